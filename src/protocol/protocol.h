@@ -1,0 +1,148 @@
+// The sbxd <-> sbx-agent protocol: versioned, length-prefixed frames over a stream socket (a
+// unix socket for the ns runtime, virtio-serial/vsock for microVMs later).
+//
+// Wire format of one frame (all integers big-endian):
+//   u32 payload_length | u8 version (kVersion) | u8 type (FrameType) | u16 reserved (0) | payload
+// A receiver rejects a frame with another version, an unknown type, a non-zero reserved field
+// or a payload longer than kMaxPayload, and then closes the connection.
+//
+// One connection carries one request. The host sends kHello then kRequest without waiting; the
+// agent answers kHello then kResponse. For "attach", the response is followed by a stream of
+// kOutput / kResync frames and ends with one kExit frame, after which the agent closes.
+//
+// Requests (kRequest payload, JSON object with "op"):
+//   {"op":"ping"}                                  -> {"ok":true}
+//   {"op":"attach","session_id":S,"after_event_id":N,
+//    "spec":{"argv":[...],"cwd":"/","env":{...},"user":"root"}}
+//       The first attach of S starts the process (spec required then); later attaches never
+//       restart it and may omit spec. Response {"ok":true,"started":bool,"pid":P}, then every
+//       retained event with id > N in order (kResync first if N+1 is older than the oldest
+//       retained event), then live events until kExit.
+//   {"op":"status","session_id":S}
+//       -> {"ok":true,"state":"created|running|exited","pid":P,"exit_code":int|null,
+//           "signal":"SIGKILL"|null,"started_at":RFC3339|null,"exited_at":RFC3339|null}
+//       state "unknown" when the agent never saw S.
+//   {"op":"signal","session_id":S,"signal":15}     -> {"ok":true}
+// Errors: {"ok":false,"error":{"code":"snake_case","message":"..."}}.
+//
+// Event ids start at 1 and increase by one per event, per session, across stdout, stderr and
+// the exit event. Offsets count bytes per stream from 0.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace sbx::protocol {
+
+using Json = nlohmann::json;
+
+inline constexpr uint8_t kVersion = 1;
+inline constexpr size_t kHeaderSize = 8;
+inline constexpr uint32_t kMaxPayload = 16u << 20;
+
+enum class FrameType : uint8_t {
+  kHello = 1,     // JSON {"version":1,"role":"host"|"agent"}
+  kRequest = 2,   // JSON, see above
+  kResponse = 3,  // JSON, see above
+  kOutput = 4,    // binary, see OutputEvent
+  kExit = 5,      // JSON ExitEvent
+  kResync = 6,    // JSON ResyncEvent
+};
+
+struct Frame {
+  FrameType type;
+  std::string payload;
+};
+
+enum class Stream : uint8_t { kStdout = 1, kStderr = 2 };
+
+// kOutput payload: u64 event_id | u8 stream | u64 offset | data bytes.
+struct OutputEvent {
+  uint64_t event_id = 0;
+  Stream stream = Stream::kStdout;
+  uint64_t offset = 0;
+  std::string data;
+};
+
+// kExit payload (JSON): {"event_id","exit_code","signal","timed_out","oom_killed"}.
+struct ExitEvent {
+  uint64_t event_id = 0;
+  std::optional<int> exit_code;       // set when the process exited normally
+  std::optional<std::string> signal;  // "SIGKILL" when killed by a signal
+  bool timed_out = false;
+  bool oom_killed = false;
+};
+
+// kResync payload (JSON): {"oldest_available_id","stdout_offset","stderr_offset"}.
+struct ResyncEvent {
+  uint64_t oldest_available_id = 0;
+  uint64_t stdout_offset = 0;  // offset of the first retained stdout byte
+  uint64_t stderr_offset = 0;
+};
+
+std::string EncodeFrame(FrameType type, std::string_view payload);
+// Validates the 8 header bytes; returns the type and payload length.
+absl::StatusOr<std::pair<FrameType, uint32_t>> DecodeHeader(const uint8_t* header);
+
+// Incremental decoder for a byte stream (used by the agent's event loop and by the fuzzer).
+class FrameDecoder {
+ public:
+  void Feed(std::string_view bytes);
+  // A complete frame, nullopt if more bytes are needed, or an error (the stream is then dead).
+  absl::StatusOr<std::optional<Frame>> Next();
+  size_t buffered() const { return buf_.size() - pos_; }
+
+ private:
+  std::string buf_;
+  size_t pos_ = 0;
+};
+
+std::string EncodeOutput(const OutputEvent& ev);
+absl::StatusOr<OutputEvent> DecodeOutput(std::string_view payload);
+std::string EncodeExit(const ExitEvent& ev);
+absl::StatusOr<ExitEvent> DecodeExit(std::string_view payload);
+std::string EncodeResync(const ResyncEvent& ev);
+absl::StatusOr<ResyncEvent> DecodeResync(std::string_view payload);
+
+// Signal numbers <-> "SIGTERM" names, for the signals a session can receive or die from.
+std::optional<std::string> SignalName(int signo);
+std::optional<int> SignalNumber(std::string_view name);  // accepts "TERM" and "SIGTERM"
+
+// A blocking client for one request on one connection; used by runtimes (readiness), the
+// service layer's short calls, tests and the fuzz corpus generator. The asynchronous attach
+// stream in sbxd uses the codec above directly.
+class AgentConnection {
+ public:
+  // Connects to the agent's unix socket; `timeout_ms` bounds connect and every read/write.
+  static absl::StatusOr<AgentConnection> Connect(const std::string& socket_path,
+                                                 int timeout_ms = 5000);
+  AgentConnection(AgentConnection&&) noexcept;
+  AgentConnection& operator=(AgentConnection&&) noexcept;
+  ~AgentConnection();
+
+  // Sends hello + request, reads the agent's hello and the response. A response with
+  // "ok":false becomes an error status carrying the agent's code and message.
+  absl::StatusOr<Json> Call(const Json& request);
+  // After an attach Call(): the next event frame; NotFound-free EOF is reported as
+  // Unavailable("agent closed the stream").
+  absl::StatusOr<Frame> ReadFrame();
+
+ private:
+  explicit AgentConnection(int fd) : fd_(fd) {}
+  int fd_ = -1;
+  FrameDecoder decoder_;
+};
+
+// Convenience: one request on a fresh connection.
+absl::StatusOr<Json> CallAgent(const std::string& socket_path, const Json& request,
+                               int timeout_ms = 5000);
+
+}  // namespace sbx::protocol

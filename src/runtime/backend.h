@@ -1,0 +1,99 @@
+// Backend: one isolation technology (namespaces, microVM, fake) behind one interface. The
+// service layer picks a backend per sandbox (`runtime` field, deployment default) and never
+// knows which kernel objects it uses.
+//
+// Every backend starts sbx-agent as the sandbox's first process and hands back the path of a
+// unix socket on which that agent speaks the framed protocol of src/protocol/. Exec, output
+// and exit reporting are therefore the same for every backend.
+//
+// Thread safety: a Backend is safe for concurrent use from several worker threads.
+// Instances are owned by the service layer and used from one thread at a time.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace sbx::runtime {
+
+using Json = nlohmann::json;
+
+struct Resources {
+  int vcpu = 1;           // CPU quota in whole CPUs
+  int memory_mib = 512;   // hard memory limit
+  int disk_mib = 1024;    // writable layer (enforced from the isolation issue on)
+  int pids = 512;         // pids.max
+};
+
+struct BindMount {
+  std::string host_path;     // absolute path on the host
+  std::string sandbox_path;  // absolute path inside the sandbox
+  bool read_only = true;
+};
+
+// A template resolved to what a backend needs to build a root filesystem.
+struct TemplateSpec {
+  std::string name;    // "base"
+  std::string digest;  // "sha256:..."
+  // Read-only lower layer of the overlay root (a directory on the host). For `base` it is a
+  // skeleton with the merged-/usr symlinks and empty mount points.
+  std::string rootfs_dir;
+  // Read-only views mounted on top of the overlay, e.g. host /usr -> /usr for `base`.
+  std::vector<BindMount> binds;
+  std::string workdir = "/";
+  std::string default_user = "root";
+};
+
+struct SandboxSpec {
+  std::string id;  // "sbx_...": names every kernel object the backend creates
+  TemplateSpec tmpl;
+  Resources resources;
+  std::map<std::string, std::string> env;  // default environment of every process
+  std::string hostname;                    // defaults to a prefix of the id
+};
+
+struct Capabilities {
+  bool pause = false;
+  bool snapshots = false;
+  bool egress_policy = false;
+};
+
+class Instance {
+ public:
+  virtual ~Instance() = default;
+  virtual const std::string& id() const = 0;
+  // Unix socket on which the sandbox's agent accepts protocol connections.
+  virtual std::string AgentSocketPath() const = 0;
+  // What the store keeps so that Adopt() can find this sandbox again after sbxd restarts.
+  virtual Json Persist() const = 0;
+  // Kills every process of the sandbox and removes every kernel object and file it owns.
+  // Idempotent: safe on a half-built or already destroyed sandbox.
+  virtual absl::Status Destroy() = 0;
+};
+using InstancePtr = std::unique_ptr<Instance>;
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string Name() const = 0;
+  virtual Capabilities GetCapabilities() const = 0;
+  // Checks that this host can run the backend; the message says what is missing.
+  virtual absl::Status Probe() = 0;
+  // Builds and starts the sandbox; returns once its agent has answered the protocol hello.
+  // On failure nothing is left behind and the status names the step that failed.
+  virtual absl::StatusOr<InstancePtr> Create(const SandboxSpec& spec) = 0;
+  // Re-attaches to a sandbox started by an earlier sbxd process. NotFound if it is gone.
+  virtual absl::StatusOr<InstancePtr> Adopt(const std::string& id, const Json& persisted) = 0;
+  // Removes every kernel object and state file named after a sandbox not in `known_ids`.
+  virtual absl::Status Sweep(const std::set<std::string>& known_ids) = 0;
+};
+using BackendPtr = std::unique_ptr<Backend>;
+
+}  // namespace sbx::runtime

@@ -1,0 +1,145 @@
+// Store: the durable truth of sbxd. Sandboxes, operations, sessions and idempotency keys are
+// rows; every state change happens inside Transact(), so a crash leaves either the whole change
+// or none of it. Output never goes through the store (it lives in the agents' buffers).
+//
+// Implementations: SqliteStore (embedded default, WAL). PostgreSQL comes with scale-out.
+//
+// Thread safety: a Store is safe for concurrent use; transactions are serialized.
+//
+// Usage:
+//   SBX_RETURN_IF_ERROR(store.Transact([&](Tx& tx) -> absl::Status {
+//     SBX_ASSIGN_OR_RETURN(SandboxRecord sb, tx.GetSandbox(id));
+//     sb.state = "deleting";
+//     return tx.PutSandbox(sb);
+//   }));
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace sbx::store {
+
+using Json = nlohmann::json;
+
+struct SandboxRecord {
+  std::string id;         // "sbx_..."
+  std::string tenant_id;  // "ten_..." or "default"
+  std::string state;      // creating | running | deleting | deleted | failed (service/sandbox_state.h)
+  std::string template_ref;     // as requested, e.g. "base" or "base:latest"
+  std::string template_digest;  // resolved at create, never re-resolved
+  std::string runtime;          // "ns", "fake", ...
+  Json resources = Json::object();            // as requested; null where omitted
+  Json effective_resources = Json::object();  // after defaults
+  std::string egress_profile;
+  Json env = Json::object();
+  Json labels = Json::object();
+  std::optional<int64_t> timeout_s;
+  std::string created_at;  // RFC 3339
+  std::string updated_at;
+  std::optional<std::string> current_operation_id;
+  Json error = nullptr;          // null, or {"code": ..., "message": ...}
+  Json runtime_state = nullptr;  // what the backend needs to Adopt() the sandbox after a restart
+};
+
+struct OperationRecord {
+  std::string id;  // "op_..."
+  std::string tenant_id;
+  std::string kind;  // create | delete | pause | suspend | wake
+  std::string sandbox_id;
+  std::string state;  // pending | running | succeeded | failed
+  Json error = nullptr;
+  Json result = nullptr;
+  std::string created_at;
+  std::string updated_at;
+  std::optional<std::string> completed_at;
+};
+
+struct SessionRecord {
+  std::string id;  // "ses_..."
+  std::string tenant_id;
+  std::string sandbox_id;
+  std::string state;  // created | running | exited
+  Json spec = Json::object();  // {argv, cwd, env, user, tty, stdin, timeout_s}
+  std::optional<int> exit_code;
+  std::optional<std::string> signal;  // "SIGKILL"
+  bool timed_out = false;
+  bool oom_killed = false;
+  std::string created_at;
+  std::optional<std::string> started_at;
+  std::optional<std::string> exited_at;
+};
+
+struct IdempotencyRecord {
+  std::string tenant_id;
+  std::string key;
+  std::string method;  // "POST"
+  std::string route;   // route template, e.g. "/v1/sandboxes"
+  std::string body_hash;
+  int status = 0;
+  std::string response_body;
+  std::string created_at;
+};
+
+struct SandboxFilter {
+  std::string tenant_id;
+  std::optional<std::string> state;
+  std::optional<std::pair<std::string, std::string>> label;  // key, value
+  bool include_deleted = false;
+  int limit = 50;
+  std::string page_token;  // opaque; empty for the first page
+};
+
+template <typename T>
+struct Page {
+  std::vector<T> items;
+  std::optional<std::string> next_page_token;
+};
+
+// One transaction. Getters return NotFound when the row does not exist. Put* are upserts.
+class Tx {
+ public:
+  virtual ~Tx() = default;
+
+  virtual absl::StatusOr<SandboxRecord> GetSandbox(const std::string& id) = 0;
+  virtual absl::StatusOr<Page<SandboxRecord>> ListSandboxes(const SandboxFilter& filter) = 0;
+  // Every sandbox not in state "deleted" (all tenants): the start-up reconciler's input.
+  virtual absl::StatusOr<std::vector<SandboxRecord>> ListLiveSandboxes() = 0;
+  virtual absl::Status PutSandbox(const SandboxRecord& rec) = 0;
+
+  virtual absl::StatusOr<OperationRecord> GetOperation(const std::string& id) = 0;
+  virtual absl::Status PutOperation(const OperationRecord& rec) = 0;
+  // Operations in state pending or running (all tenants): re-driven after a restart.
+  virtual absl::StatusOr<std::vector<OperationRecord>> ListUnfinishedOperations() = 0;
+
+  virtual absl::StatusOr<SessionRecord> GetSession(const std::string& id) = 0;
+  virtual absl::Status PutSession(const SessionRecord& rec) = 0;
+  virtual absl::StatusOr<std::vector<SessionRecord>> ListSessions(const std::string& sandbox_id) = 0;
+
+  virtual absl::StatusOr<std::optional<IdempotencyRecord>> GetIdempotency(
+      const std::string& tenant_id, const std::string& key, const std::string& method,
+      const std::string& route) = 0;
+  virtual absl::Status PutIdempotency(const IdempotencyRecord& rec) = 0;
+  // Removes keys created before `before` (RFC 3339); returns how many.
+  virtual absl::StatusOr<int64_t> PurgeIdempotency(const std::string& before) = 0;
+};
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  // Runs `fn` in one transaction: commits if it returns OK, rolls back otherwise and returns
+  // its status. SQLITE_BUSY and similar are retried inside; never returned as success.
+  virtual absl::Status Transact(const std::function<absl::Status(Tx&)>& fn) = 0;
+};
+
+using StorePtr = std::unique_ptr<Store>;
+
+}  // namespace sbx::store
