@@ -18,11 +18,16 @@
 //       restart it and may omit spec. Response {"ok":true,"started":bool,"pid":P}, then every
 //       retained event with id > N in order (kResync first if N+1 is older than the oldest
 //       retained event), then live events until kExit.
+//       A kResync can also come mid-stream: retention follows the fastest connection, so a
+//       connection that falls behind another one may find its next events evicted. Ids and
+//       offsets then continue from the kResync's values.
 //   {"op":"status","session_id":S}
 //       -> {"ok":true,"state":"created|running|exited","pid":P,"exit_code":int|null,
 //           "signal":"SIGKILL"|null,"started_at":RFC3339|null,"exited_at":RFC3339|null}
 //       state "unknown" when the agent never saw S.
 //   {"op":"signal","session_id":S,"signal":15}     -> {"ok":true}
+//       Sent to the session's process group; "signal" may also be a name ("TERM", "SIGTERM").
+//       failed_precondition once the session has exited, not_found for an unknown S.
 // Errors: {"ok":false,"error":{"code":"snake_case","message":"..."}}.
 //
 // Event ids start at 1 and increase by one per event, per session, across stdout, stderr and

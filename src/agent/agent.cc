@@ -1,0 +1,943 @@
+#include "agent/agent.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "agent/event_log.h"
+#include "agent/spawn.h"
+#include "agent/users.h"
+#include "common/status_util.h"
+#include "common/time_util.h"
+#include "common/unique_fd.h"
+#include "protocol/protocol.h"
+
+extern char** environ;
+
+namespace sbx::agent {
+namespace {
+
+using protocol::EncodeFrame;
+using protocol::FrameType;
+using protocol::Json;
+using protocol::Stream;
+
+constexpr size_t kReadChunk = 64 * 1024;        // one pipe read = one output event
+constexpr size_t kOutBufferTarget = 256 * 1024;  // frames queued per connection at a time
+constexpr int kReadsPerWakeup = 16;              // fairness between pipes and sockets
+constexpr size_t kMaxConnections = 1024;
+constexpr size_t kMaxSessionIdLength = 256;
+
+std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+std::string StatusCodeName(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kNotFound: return "not_found";
+    case absl::StatusCode::kInvalidArgument: return "invalid_argument";
+    case absl::StatusCode::kFailedPrecondition: return "failed_precondition";
+    case absl::StatusCode::kAlreadyExists: return "already_exists";
+    case absl::StatusCode::kPermissionDenied: return "permission_denied";
+    case absl::StatusCode::kResourceExhausted: return "resource_exhausted";
+    case absl::StatusCode::kUnavailable: return "unavailable";
+    case absl::StatusCode::kDeadlineExceeded: return "deadline_exceeded";
+    case absl::StatusCode::kUnimplemented: return "unimplemented";
+    default: return "internal";
+  }
+}
+
+Json ErrorJson(const absl::Status& s) {
+  return Json{{"ok", false},
+              {"error", {{"code", StatusCodeName(s.code())}, {"message", std::string(s.message())}}}};
+}
+
+bool HasNul(const std::string& s) { return s.find('\0') != std::string::npos; }
+
+struct Session {
+  explicit Session(size_t budget) : log(budget) {}
+  std::string id;
+  pid_t pid = -1;
+  bool exited = false;
+  int wait_status = 0;
+  std::string started_at;
+  std::string exited_at;
+  EventLog log;
+  UniqueFd pipe_fd[2];      // stdout, stderr read ends; closed at EOF or exit
+  uint64_t pipe_token[2] = {0, 0};  // epoll registration, 0 = not watched (paused or closed)
+  std::vector<uint64_t> conns;      // ids of attached connections
+  bool finished = false;            // exit event delivered: in Agent::finished_
+};
+
+struct Connection {
+  uint64_t id = 0;
+  UniqueFd fd;
+  uint64_t token = 0;
+  bool want_out = false;  // EPOLLOUT registered
+  protocol::FrameDecoder decoder;
+  int frames_seen = 0;  // hello, then request; anything later is ignored for now
+  std::string out;
+  size_t out_off = 0;
+  uint64_t out_last_id = 0;  // highest event id in `out`
+  bool close_after_flush = false;
+  Session* session = nullptr;  // set while streaming an attach
+  uint64_t cursor = 0;         // next event id to queue
+  bool exit_queued = false;
+};
+
+class Agent {
+ public:
+  explicit Agent(AgentOptions opts) : opts_(std::move(opts)) {}
+  absl::Status Init();
+  int Run();
+
+ private:
+  enum class Kind { kListen, kSignal, kConn, kPipe };
+  struct Watch {
+    Kind kind;
+    uint64_t conn_id = 0;
+    Session* session = nullptr;
+    int stream_index = 0;
+  };
+
+  void Log(std::string_view msg) {
+    std::string line = fmt::format("sbx-agent: {}\n", msg);
+    (void)!::write(opts_.log_fd, line.data(), line.size());
+  }
+
+  uint64_t AddWatch(int fd, uint32_t events, Watch w);
+  void DelWatch(int fd, uint64_t& token);
+
+  void OnListen();
+  void OnSignal();
+  void OnConnReadable(Connection& c);
+  void OnPipe(Session& s, int idx);
+
+  void HandleFrame(Connection& c, protocol::Frame frame);
+  void HandleRequest(Connection& c, const std::string& payload);
+  Json HandleAttach(Connection& c, const Json& req, bool& streaming);
+  Json HandleStatus(const Json& req);
+  Json HandleSignal(const Json& req);
+  absl::StatusOr<Session*> StartSession(const std::string& id, const Json& spec);
+
+  void Pump(Connection& c);
+  void Refill(Connection& c);
+  void PumpSession(Session& s);
+  void CloseConn(uint64_t id);
+  void UpdateConnEvents(Connection& c, bool want_out);
+
+  void PausePipe(Session& s, int idx);
+  void ResumePipes(Session& s);
+  void ClosePipe(Session& s, int idx);
+  void DrainPipe(Session& s, int idx);
+  void Reap();
+  void OnSessionExit(Session& s, int status);
+  void OnDelivered(Session& s);
+  void Shutdown();
+
+  AgentOptions opts_;
+  UniqueFd epoll_;
+  UniqueFd signal_fd_;
+  UniqueFd listen_fd_;
+  bool listen_paused_ = false;
+  std::chrono::steady_clock::time_point listen_resume_at_;
+  bool bound_path_ = false;
+  bool stop_ = false;
+  uint64_t next_token_ = 1;
+  uint64_t next_conn_id_ = 1;
+  std::unordered_map<uint64_t, Watch> watches_;
+  std::unordered_map<uint64_t, std::unique_ptr<Connection>> conns_;
+  std::map<std::string, std::unique_ptr<Session>> sessions_;
+  std::unordered_map<pid_t, Session*> by_pid_;  // running sessions only
+  std::vector<Session*> finished_;  // sessions whose exit event was delivered, oldest first
+  char read_buf_[kReadChunk];
+};
+
+uint64_t Agent::AddWatch(int fd, uint32_t events, Watch w) {
+  const uint64_t token = next_token_++;
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.u64 = token;
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+    Log(fmt::format("epoll_ctl(ADD, {}): {}", fd, ErrnoMessage(errno)));
+    return 0;
+  }
+  watches_[token] = w;
+  return token;
+}
+
+void Agent::DelWatch(int fd, uint64_t& token) {
+  if (token == 0) return;
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
+  watches_.erase(token);
+  token = 0;
+}
+
+absl::Status Agent::Init() {
+  // Session processes inherit 0-2 only through dup2; keeping them open here guarantees that
+  // pipe ends are >= 3.
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+      int n = ::open("/dev/null", O_RDWR);
+      if (n >= 0 && n != fd) {
+        ::dup2(n, fd);
+        ::close(n);
+      }
+    }
+  }
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  // Outside a pid namespace, orphans of sessions would go to the host's init; become their
+  // reaper so that the agent behaves the same as PID 1.
+  if (::getpid() != 1) ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+  ::signal(SIGPIPE, SIG_IGN);
+  // An inherited SIG_IGN for SIGCHLD would make the kernel auto-reap and hide exit statuses.
+  ::signal(SIGCHLD, SIG_DFL);
+
+  epoll_.Reset(::epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll_) return ErrnoStatus(errno, "agent init: epoll_create1");
+
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGCHLD);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGINT);
+  if (::sigprocmask(SIG_BLOCK, &mask, nullptr) != 0) {
+    return ErrnoStatus(errno, "agent init: sigprocmask");
+  }
+  signal_fd_.Reset(::signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC));
+  if (!signal_fd_) return ErrnoStatus(errno, "agent init: signalfd");
+  if (AddWatch(signal_fd_.get(), EPOLLIN, {Kind::kSignal}) == 0) {
+    return absl::InternalError("agent init: cannot watch the signalfd");
+  }
+
+  if (opts_.listen_fd >= 0) {
+    int accepting = 0;
+    socklen_t len = sizeof(accepting);
+    if (::getsockopt(opts_.listen_fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) != 0) {
+      return ErrnoStatus(errno, fmt::format("agent init: getsockopt(--listen-fd {})",
+                                            opts_.listen_fd));
+    }
+    if (!accepting) {
+      return absl::InvalidArgumentError(
+          fmt::format("agent init: --listen-fd {} is not a listening socket", opts_.listen_fd));
+    }
+    listen_fd_.Reset(opts_.listen_fd);
+  } else {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (opts_.listen_path.empty() || opts_.listen_path.size() >= sizeof(addr.sun_path)) {
+      return absl::InvalidArgumentError(fmt::format(
+          "agent init: socket path \"{}\" is empty or too long", opts_.listen_path));
+    }
+    std::memcpy(addr.sun_path, opts_.listen_path.data(), opts_.listen_path.size());
+    struct stat st {};
+    if (::lstat(opts_.listen_path.c_str(), &st) == 0) {
+      if (!S_ISSOCK(st.st_mode)) {
+        return absl::FailedPreconditionError(fmt::format(
+            "agent init: {} exists and is not a socket", opts_.listen_path));
+      }
+      ::unlink(opts_.listen_path.c_str());  // a stale socket from an earlier agent
+    }
+    listen_fd_.Reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!listen_fd_) return ErrnoStatus(errno, "agent init: socket(AF_UNIX)");
+    const mode_t old_umask = ::umask(0077);
+    const int rc = ::bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    const int bind_errno = errno;
+    ::umask(old_umask);
+    if (rc != 0) {
+      return ErrnoStatus(bind_errno, fmt::format("agent init: bind({})", opts_.listen_path));
+    }
+    bound_path_ = true;
+    if (::listen(listen_fd_.get(), SOMAXCONN) != 0) {
+      return ErrnoStatus(errno, fmt::format("agent init: listen({})", opts_.listen_path));
+    }
+  }
+  ::fcntl(listen_fd_.get(), F_SETFD, FD_CLOEXEC);
+  ::fcntl(listen_fd_.get(), F_SETFL, ::fcntl(listen_fd_.get(), F_GETFL) | O_NONBLOCK);
+  if (AddWatch(listen_fd_.get(), EPOLLIN, {Kind::kListen}) == 0) {
+    return absl::InternalError("agent init: cannot watch the listening socket");
+  }
+  return absl::OkStatus();
+}
+
+int Agent::Run() {
+  Log(fmt::format("ready (pid {}, buffer {} bytes per stream)", ::getpid(), opts_.buffer_bytes));
+  epoll_event events[64];
+  while (!stop_) {
+    // The only timer: a listening socket paused after EMFILE is retried after 100 ms.
+    int timeout = -1;
+    if (listen_paused_) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          listen_resume_at_ - std::chrono::steady_clock::now());
+      timeout = static_cast<int>(std::max<int64_t>(0, left.count()));
+    }
+    int n = ::epoll_wait(epoll_.get(), events, 64, timeout);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      Log(fmt::format("epoll_wait: {}", ErrnoMessage(errno)));
+      return 1;
+    }
+    if (listen_paused_ && std::chrono::steady_clock::now() >= listen_resume_at_) {
+      listen_paused_ = false;
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      for (auto& [token, w] : watches_) {
+        if (w.kind == Kind::kListen) ev.data.u64 = token;
+      }
+      ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, listen_fd_.get(), &ev);
+    }
+    for (int i = 0; i < n && !stop_; ++i) {
+      // A handler earlier in this batch may have closed the target: look it up again.
+      auto it = watches_.find(events[i].data.u64);
+      if (it == watches_.end()) continue;
+      const Watch w = it->second;
+      switch (w.kind) {
+        case Kind::kListen:
+          OnListen();
+          break;
+        case Kind::kSignal:
+          OnSignal();
+          break;
+        case Kind::kConn: {
+          auto c = conns_.find(w.conn_id);
+          if (c == conns_.end()) break;
+          if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP)) {
+            OnConnReadable(*c->second);
+          }
+          c = conns_.find(w.conn_id);
+          if (c != conns_.end() && (events[i].events & EPOLLOUT)) Pump(*c->second);
+          break;
+        }
+        case Kind::kPipe:
+          OnPipe(*w.session, w.stream_index);
+          break;
+      }
+    }
+  }
+  Shutdown();
+  return 0;
+}
+
+void Agent::OnListen() {
+  for (int i = 0; i < 64; ++i) {
+    int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // Level-triggered epoll would spin on the pending connection: back off a little.
+        Log(fmt::format("accept: {}; pausing for 100 ms", ErrnoMessage(errno)));
+        epoll_event ev{};
+        ev.events = 0;
+        for (auto& [token, w] : watches_) {
+          if (w.kind == Kind::kListen) ev.data.u64 = token;
+        }
+        ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, listen_fd_.get(), &ev);
+        listen_paused_ = true;
+        listen_resume_at_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        Log(fmt::format("accept: {}", ErrnoMessage(errno)));
+      }
+      return;
+    }
+    if (conns_.size() >= kMaxConnections) {
+      ::close(fd);
+      continue;
+    }
+    auto c = std::make_unique<Connection>();
+    c->id = next_conn_id_++;
+    c->fd.Reset(fd);
+    Watch w{Kind::kConn};
+    w.conn_id = c->id;
+    c->token = AddWatch(fd, EPOLLIN | EPOLLRDHUP, w);
+    if (c->token == 0) continue;  // closes fd
+    conns_[c->id] = std::move(c);
+  }
+}
+
+void Agent::OnSignal() {
+  signalfd_siginfo info[16];
+  bool reap = false;
+  for (;;) {
+    ssize_t n = ::read(signal_fd_.get(), info, sizeof(info));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (n <= 0) break;
+    for (size_t i = 0; i < static_cast<size_t>(n) / sizeof(info[0]); ++i) {
+      if (info[i].ssi_signo == SIGCHLD) {
+        reap = true;
+      } else if (info[i].ssi_signo == SIGTERM || info[i].ssi_signo == SIGINT) {
+        Log(fmt::format("received signal {}, shutting down", info[i].ssi_signo));
+        stop_ = true;
+      }
+    }
+  }
+  // SIGCHLDs coalesce: one notification may stand for many exits.
+  if (reap) Reap();
+}
+
+void Agent::Reap() {
+  for (;;) {
+    int status = 0;
+    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid < 0 && errno == EINTR) continue;
+    if (pid <= 0) return;
+    auto it = by_pid_.find(pid);
+    if (it == by_pid_.end()) continue;  // an orphan reparented to us: reaping is all it needs
+    Session* s = it->second;
+    by_pid_.erase(it);
+    OnSessionExit(*s, status);
+  }
+}
+
+void Agent::OnSessionExit(Session& s, int status) {
+  s.exited = true;
+  s.wait_status = status;
+  s.exited_at = NowRfc3339();
+  // Whatever the process wrote before it exited is already in the pipes: take it all, budget
+  // or not, so the exit event really is last. Grandchildren still holding the write ends may
+  // keep writing; DrainPipe stops at the pipe's capacity so they cannot delay the exit event.
+  DrainPipe(s, 0);
+  DrainPipe(s, 1);
+  protocol::ExitEvent ev;
+  if (WIFEXITED(status)) {
+    ev.exit_code = WEXITSTATUS(status);
+  } else if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    ev.signal = protocol::SignalName(sig).value_or(fmt::format("SIG{}", sig));
+  }
+  const uint64_t id = s.log.AppendExit(ev);
+  Log(fmt::format("session {} pid {} exited ({}), exit event {}", s.id, s.pid,
+                  ev.exit_code ? fmt::format("code {}", *ev.exit_code) : *ev.signal, id));
+  PumpSession(s);
+}
+
+void Agent::DrainPipe(Session& s, int idx) {
+  if (!s.pipe_fd[idx]) return;
+  const Stream stream = idx == 0 ? Stream::kStdout : Stream::kStderr;
+  int capacity = ::fcntl(s.pipe_fd[idx].get(), F_GETPIPE_SZ);
+  size_t left = capacity > 0 ? static_cast<size_t>(capacity) : 1u << 20;
+  while (left > 0) {
+    ssize_t n = ::read(s.pipe_fd[idx].get(), read_buf_, std::min(left, sizeof(read_buf_)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    s.log.AppendOutput(stream, std::string(read_buf_, static_cast<size_t>(n)));
+    left -= static_cast<size_t>(n);
+  }
+  ClosePipe(s, idx);
+}
+
+void Agent::ClosePipe(Session& s, int idx) {
+  DelWatch(s.pipe_fd[idx].get(), s.pipe_token[idx]);
+  s.pipe_fd[idx].Reset();
+}
+
+void Agent::PausePipe(Session& s, int idx) { DelWatch(s.pipe_fd[idx].get(), s.pipe_token[idx]); }
+
+void Agent::ResumePipes(Session& s) {
+  for (int idx = 0; idx < 2; ++idx) {
+    const Stream stream = idx == 0 ? Stream::kStdout : Stream::kStderr;
+    if (s.pipe_fd[idx] && s.pipe_token[idx] == 0 && s.log.CanRead(stream)) {
+      Watch w{Kind::kPipe};
+      w.session = &s;
+      w.stream_index = idx;
+      s.pipe_token[idx] = AddWatch(s.pipe_fd[idx].get(), EPOLLIN, w);
+    }
+  }
+}
+
+void Agent::OnPipe(Session& s, int idx) {
+  const Stream stream = idx == 0 ? Stream::kStdout : Stream::kStderr;
+  bool appended = false;
+  for (int i = 0; i < kReadsPerWakeup && s.pipe_fd[idx]; ++i) {
+    if (!s.log.CanRead(stream)) {
+      PausePipe(s, idx);
+      break;
+    }
+    ssize_t n = ::read(s.pipe_fd[idx].get(), read_buf_, sizeof(read_buf_));
+    if (n > 0) {
+      s.log.AppendOutput(stream, std::string(read_buf_, static_cast<size_t>(n)));
+      appended = true;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    if (n < 0) Log(fmt::format("session {}: read pipe: {}", s.id, ErrnoMessage(errno)));
+    ClosePipe(s, idx);  // EOF: every writer is gone
+  }
+  if (appended) PumpSession(s);
+  // The pump may have freed room for a pipe paused above.
+  if (s.pipe_fd[idx] && s.pipe_token[idx] == 0) ResumePipes(s);
+}
+
+void Agent::OnConnReadable(Connection& c) {
+  const uint64_t id = c.id;
+  for (int i = 0; i < kReadsPerWakeup; ++i) {
+    ssize_t n = ::recv(c.fd.get(), read_buf_, sizeof(read_buf_), 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      CloseConn(id);
+      return;
+    }
+    if (n == 0) {  // the client went away; its session keeps running
+      CloseConn(id);
+      return;
+    }
+    if (c.frames_seen >= 2) continue;  // nothing is expected after the request (yet)
+    c.decoder.Feed(std::string_view(read_buf_, static_cast<size_t>(n)));
+    while (c.frames_seen < 2) {
+      auto next = c.decoder.Next();
+      if (!next.ok()) {
+        Log(fmt::format("connection {}: {}; closing it", id, std::string(next.status().message())));
+        CloseConn(id);
+        return;
+      }
+      if (!next->has_value()) break;
+      HandleFrame(c, std::move(**next));
+      if (conns_.find(id) == conns_.end()) return;
+    }
+  }
+}
+
+void Agent::HandleFrame(Connection& c, protocol::Frame frame) {
+  const int expected_index = c.frames_seen++;
+  if (expected_index == 0) {
+    if (frame.type != FrameType::kHello) {
+      Log(fmt::format("connection {}: first frame has type {}, not hello; closing it", c.id,
+                      static_cast<int>(frame.type)));
+      CloseConn(c.id);
+    }
+    return;
+  }
+  if (frame.type != FrameType::kRequest) {
+    Log(fmt::format("connection {}: second frame has type {}, not request; closing it", c.id,
+                    static_cast<int>(frame.type)));
+    CloseConn(c.id);
+    return;
+  }
+  c.decoder = protocol::FrameDecoder();  // release the request's buffer
+  HandleRequest(c, frame.payload);
+}
+
+void Agent::HandleRequest(Connection& c, const std::string& payload) {
+  Json resp;
+  bool streaming = false;
+  try {
+    Json req = Json::parse(payload, nullptr, /*allow_exceptions=*/false);
+    if (req.is_discarded() || !req.is_object()) {
+      resp = ErrorJson(absl::InvalidArgumentError("request is not a JSON object"));
+    } else if (auto op = req.find("op"); op == req.end() || !op->is_string()) {
+      resp = ErrorJson(absl::InvalidArgumentError("request has no string \"op\""));
+    } else if (*op == "ping") {
+      resp = Json{{"ok", true}};
+    } else if (*op == "attach") {
+      resp = HandleAttach(c, req, streaming);
+    } else if (*op == "status") {
+      resp = HandleStatus(req);
+    } else if (*op == "signal") {
+      resp = HandleSignal(req);
+    } else {
+      resp = ErrorJson(absl::InvalidArgumentError(
+          fmt::format("unknown op \"{}\"", op->get<std::string>())));
+    }
+  } catch (const std::exception& e) {
+    streaming = false;
+    resp = ErrorJson(absl::InternalError(fmt::format("request failed: {}", e.what())));
+  }
+  c.out += EncodeFrame(FrameType::kHello, Dump(Json{{"version", protocol::kVersion},
+                                                    {"role", "agent"}}));
+  c.out += EncodeFrame(FrameType::kResponse, Dump(resp));
+  if (!streaming) c.close_after_flush = true;
+  Pump(c);
+}
+
+absl::StatusOr<Session*> Agent::StartSession(const std::string& id, const Json& spec) {
+  if (!spec.is_object()) {
+    return absl::InvalidArgumentError("spec must be an object");
+  }
+  SpawnSpec ss;
+  auto argv = spec.find("argv");
+  if (argv == spec.end() || !argv->is_array() || argv->empty()) {
+    return absl::InvalidArgumentError("spec.argv must be a non-empty array of strings");
+  }
+  for (const auto& a : *argv) {
+    if (!a.is_string() || HasNul(a.get_ref<const std::string&>())) {
+      return absl::InvalidArgumentError("spec.argv must hold strings without NUL bytes");
+    }
+    ss.argv.push_back(a.get<std::string>());
+  }
+  if (ss.argv[0].empty()) return absl::InvalidArgumentError("spec.argv[0] is empty");
+  if (auto cwd = spec.find("cwd"); cwd != spec.end() && !cwd->is_null()) {
+    if (!cwd->is_string() || HasNul(cwd->get_ref<const std::string&>())) {
+      return absl::InvalidArgumentError("spec.cwd must be a string");
+    }
+    // SpawnSpec's default "/" stays for an empty cwd.
+    if (!cwd->get_ref<const std::string&>().empty()) ss.cwd = cwd->get<std::string>();
+  }
+  std::map<std::string, std::string> env;
+  if (auto e = spec.find("env"); e != spec.end() && !e->is_null()) {
+    if (!e->is_object()) return absl::InvalidArgumentError("spec.env must be an object");
+    for (const auto& [k, v] : e->items()) {
+      if (k.empty() || k.find('=') != std::string::npos || HasNul(k) || !v.is_string() ||
+          HasNul(v.get_ref<const std::string&>())) {
+        return absl::InvalidArgumentError(fmt::format(
+            "spec.env[\"{}\"]: keys must be non-empty without '=' and values strings", k));
+      }
+      env[k] = v.get<std::string>();
+    }
+  }
+  ss.env = BuildEnv(environ, env);
+  if (auto u = spec.find("user"); u != spec.end() && !u->is_null()) {
+    if (!u->is_string()) return absl::InvalidArgumentError("spec.user must be a string");
+    const std::string user = u->get<std::string>();
+    if (!user.empty() && opts_.switch_user) {
+      SBX_ASSIGN_OR_RETURN(ResolvedUser ru, ResolveUserFromFiles(user));
+      ss.user = std::move(ru);
+    }
+  }
+
+  SBX_ASSIGN_OR_RETURN(SpawnedProcess p, Spawn(ss));
+  auto s = std::make_unique<Session>(opts_.buffer_bytes);
+  s->id = id;
+  s->pid = p.pid;
+  s->started_at = NowRfc3339();
+  s->pipe_fd[0] = std::move(p.stdout_fd);
+  s->pipe_fd[1] = std::move(p.stderr_fd);
+  Session* raw = s.get();
+  sessions_[id] = std::move(s);
+  by_pid_[raw->pid] = raw;
+  ResumePipes(*raw);
+  Log(fmt::format("session {} started pid {}: {}", id, raw->pid, ss.argv[0]));
+  return raw;
+}
+
+Json Agent::HandleAttach(Connection& c, const Json& req, bool& streaming) {
+  auto sid = req.find("session_id");
+  if (sid == req.end() || !sid->is_string() || sid->get_ref<const std::string&>().empty() ||
+      sid->get_ref<const std::string&>().size() > kMaxSessionIdLength) {
+    return ErrorJson(absl::InvalidArgumentError("attach: session_id must be a non-empty string"));
+  }
+  const std::string id = sid->get<std::string>();
+  uint64_t after = 0;
+  if (auto a = req.find("after_event_id"); a != req.end() && !a->is_null()) {
+    if (!a->is_number_unsigned()) {
+      return ErrorJson(
+          absl::InvalidArgumentError("attach: after_event_id must be a non-negative integer"));
+    }
+    after = a->get<uint64_t>();
+  }
+
+  bool started = false;
+  Session* s = nullptr;
+  if (auto it = sessions_.find(id); it != sessions_.end()) {
+    s = it->second.get();
+  } else {
+    auto spec = req.find("spec");
+    if (spec == req.end() || spec->is_null()) {
+      return ErrorJson(absl::NotFoundError(
+          fmt::format("unknown session \"{}\" (its first attach needs a spec)", id)));
+    }
+    auto r = StartSession(id, *spec);
+    if (!r.ok()) {
+      return ErrorJson(absl::Status(r.status().code(),
+                                    fmt::format("attach {}: {}", id,
+                                                std::string(r.status().message()))));
+    }
+    s = *r;
+    started = true;
+  }
+
+  c.session = s;
+  c.cursor = after == UINT64_MAX ? after : after + 1;
+  s->conns.push_back(c.id);
+  streaming = true;
+  return Json{{"ok", true}, {"started", started}, {"pid", s->pid}};
+}
+
+Json Agent::HandleStatus(const Json& req) {
+  auto sid = req.find("session_id");
+  if (sid == req.end() || !sid->is_string()) {
+    return ErrorJson(absl::InvalidArgumentError("status: session_id must be a string"));
+  }
+  Json r = {{"ok", true},         {"state", "unknown"},    {"pid", nullptr},
+            {"exit_code", nullptr}, {"signal", nullptr},   {"started_at", nullptr},
+            {"exited_at", nullptr}};
+  auto it = sessions_.find(sid->get<std::string>());
+  if (it == sessions_.end()) return r;
+  const Session& s = *it->second;
+  r["state"] = s.exited ? "exited" : "running";
+  r["pid"] = s.pid;
+  r["started_at"] = s.started_at;
+  if (s.exited) {
+    r["exited_at"] = s.exited_at;
+    if (WIFEXITED(s.wait_status)) {
+      r["exit_code"] = WEXITSTATUS(s.wait_status);
+    } else if (WIFSIGNALED(s.wait_status)) {
+      const int sig = WTERMSIG(s.wait_status);
+      r["signal"] = protocol::SignalName(sig).value_or(fmt::format("SIG{}", sig));
+    }
+  }
+  return r;
+}
+
+Json Agent::HandleSignal(const Json& req) {
+  auto sid = req.find("session_id");
+  if (sid == req.end() || !sid->is_string()) {
+    return ErrorJson(absl::InvalidArgumentError("signal: session_id must be a string"));
+  }
+  int sig = 0;
+  auto sj = req.find("signal");
+  if (sj != req.end() && sj->is_number_integer()) {
+    const int64_t v = sj->get<int64_t>();
+    if (v >= 1 && v <= SIGRTMAX) sig = static_cast<int>(v);
+  } else if (sj != req.end() && sj->is_string()) {
+    sig = protocol::SignalNumber(sj->get<std::string>()).value_or(0);
+  }
+  if (sig == 0) {
+    return ErrorJson(absl::InvalidArgumentError(
+        "signal: \"signal\" must be a signal number (1-64) or name"));
+  }
+  auto it = sessions_.find(sid->get<std::string>());
+  if (it == sessions_.end()) {
+    return ErrorJson(absl::NotFoundError(
+        fmt::format("signal: unknown session \"{}\"", sid->get<std::string>())));
+  }
+  const Session& s = *it->second;
+  // Once the leader is reaped its pid (= the group id) may be reused, outside a pid namespace
+  // even by an unrelated process: never signal a group after the leader's exit.
+  if (s.exited) {
+    return ErrorJson(absl::FailedPreconditionError(
+        fmt::format("signal: session \"{}\" has exited", s.id)));
+  }
+  if (::kill(-s.pid, sig) != 0) {
+    return ErrorJson(ErrnoStatus(errno, fmt::format("signal: kill(-{}, {})", s.pid, sig)));
+  }
+  return Json{{"ok", true}};
+}
+
+void Agent::Refill(Connection& c) {
+  if (!c.session || c.exit_queued) return;
+  EventLog& log = c.session->log;
+  if (c.cursor < log.oldest_id()) {
+    // Events this connection has not seen were evicted (after an old after_event_id, or
+    // because a faster connection let them go): say where the retained data starts.
+    auto resync = log.ResyncFor(c.cursor - 1);
+    if (resync) c.out += EncodeFrame(FrameType::kResync, protocol::EncodeResync(*resync));
+    c.cursor = log.oldest_id();
+  }
+  while (c.out.size() - c.out_off < kOutBufferTarget) {
+    const LogEvent* e = log.Get(c.cursor);
+    if (!e) break;
+    if (e->is_exit) {
+      c.out += EncodeFrame(FrameType::kExit, protocol::EncodeExit(e->exit));
+      c.exit_queued = true;
+    } else {
+      c.out += EncodeFrame(FrameType::kOutput,
+                           protocol::EncodeOutput({e->id, e->stream, e->offset, e->data}));
+    }
+    c.out_last_id = e->id;
+    ++c.cursor;
+    if (c.exit_queued) break;
+  }
+}
+
+void Agent::Pump(Connection& c) {
+  const uint64_t id = c.id;
+  for (;;) {
+    if (c.out_off == c.out.size()) {
+      c.out.clear();
+      c.out_off = 0;
+      Refill(c);
+      if (c.out.empty()) {
+        const bool done =
+            c.close_after_flush || c.exit_queued ||
+            (c.session && c.session->log.has_exit() && c.cursor > c.session->log.exit_id());
+        if (done) {
+          CloseConn(id);
+        } else {
+          UpdateConnEvents(c, false);
+        }
+        return;
+      }
+    }
+    ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_off, c.out.size() - c.out_off,
+                       MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        UpdateConnEvents(c, true);
+        return;
+      }
+      CloseConn(id);  // EPIPE/ECONNRESET: the client is gone
+      return;
+    }
+    c.out_off += static_cast<size_t>(n);
+    if (c.out_off == c.out.size() && c.out_last_id != 0 && c.session) {
+      Session& s = *c.session;
+      s.log.MarkDelivered(c.out_last_id);
+      c.out_last_id = 0;
+      OnDelivered(s);
+    }
+  }
+}
+
+void Agent::OnDelivered(Session& s) {
+  ResumePipes(s);
+  if (s.finished || !s.log.has_exit() || s.log.delivered() < s.log.exit_id()) return;
+  // The host has had everything of this session. Its log stays for replays, but the agent
+  // lives inside the sandbox's memory limit, so finished sessions share a total of twice the
+  // per-stream budget; beyond it the oldest lose their output (a later attach then gets a
+  // kResync straight to the exit event). Exit status and times are kept for good, so a
+  // re-sent attach never restarts the command.
+  s.finished = true;
+  finished_.push_back(&s);
+  size_t total = 0;
+  for (Session* f : finished_) {
+    total += f->log.retained_bytes(Stream::kStdout) + f->log.retained_bytes(Stream::kStderr);
+  }
+  for (Session* f : finished_) {
+    if (total <= 2 * opts_.buffer_bytes) break;
+    total -= f->log.DropDelivered();
+  }
+  // Keep the vector from growing with sessions that hold nothing any more.
+  std::erase_if(finished_, [](Session* f) {
+    return f->log.retained_bytes(Stream::kStdout) + f->log.retained_bytes(Stream::kStderr) == 0;
+  });
+}
+
+void Agent::PumpSession(Session& s) {
+  // Pump may close connections and so edit s.conns: iterate over a copy.
+  const std::vector<uint64_t> ids = s.conns;
+  for (uint64_t id : ids) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) continue;
+    Connection& c = *it->second;
+    if (!c.want_out) Pump(c);  // a connection waiting for EPOLLOUT resumes from there
+  }
+}
+
+void Agent::UpdateConnEvents(Connection& c, bool want_out) {
+  if (c.want_out == want_out) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP | (want_out ? uint32_t{EPOLLOUT} : 0u);
+  ev.data.u64 = c.token;
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, c.fd.get(), &ev);
+  c.want_out = want_out;
+}
+
+void Agent::CloseConn(uint64_t id) {
+  auto it = conns_.find(id);
+  if (it == conns_.end()) return;
+  Connection& c = *it->second;
+  if (c.session) {
+    auto& v = c.session->conns;
+    v.erase(std::remove(v.begin(), v.end(), id), v.end());
+  }
+  DelWatch(c.fd.get(), c.token);
+  conns_.erase(it);  // closes the socket
+}
+
+// Pids of the live (non-zombie) processes descending from `root`, from /proc.
+std::vector<pid_t> LiveDescendants(pid_t root) {
+  std::unordered_map<pid_t, pid_t> parent;
+  std::vector<pid_t> live;
+  DIR* d = ::opendir("/proc");
+  if (!d) return {};
+  while (dirent* e = ::readdir(d)) {
+    char* end = nullptr;
+    long pid = std::strtol(e->d_name, &end, 10);
+    if (pid <= 0 || *end != '\0') continue;
+    char path[64];
+    std::snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+    UniqueFd fd(::open(path, O_RDONLY | O_CLOEXEC));
+    if (!fd) continue;
+    char buf[512];
+    ssize_t n = ::read(fd.get(), buf, sizeof(buf) - 1);
+    if (n <= 0) continue;
+    buf[n] = '\0';
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so parse after the
+    // last ')'.
+    char* close = std::strrchr(buf, ')');
+    if (!close) continue;
+    char state = 0;
+    int ppid = 0;
+    if (std::sscanf(close + 1, " %c %d", &state, &ppid) != 2) continue;
+    parent[static_cast<pid_t>(pid)] = ppid;
+    if (state != 'Z' && state != 'X') live.push_back(static_cast<pid_t>(pid));
+  }
+  ::closedir(d);
+  std::vector<pid_t> out;
+  for (pid_t p : live) {
+    for (pid_t q = parent.count(p) ? parent[p] : 0, hops = 0; q > 0 && hops < 4096; ++hops) {
+      if (q == root) {
+        out.push_back(p);
+        break;
+      }
+      auto it = parent.find(q);
+      q = it == parent.end() ? 0 : it->second;
+    }
+  }
+  return out;
+}
+
+void Agent::Shutdown() {
+  for (auto& [id, s] : sessions_) {
+    if (!s->exited) ::kill(-s->pid, SIGKILL);
+  }
+  // Leftovers of exited sessions (background jobs, double-forked daemons) are still our
+  // descendants: as a subreaper or PID 1 every orphan is re-parented to us. Kill them too,
+  // repeating while forks race with the scan.
+  if (::getpid() != 1) {
+    for (int round = 0; round < 50; ++round) {
+      std::vector<pid_t> left = LiveDescendants(::getpid());
+      if (left.empty()) break;
+      for (pid_t p : left) ::kill(p, SIGKILL);
+      Reap();
+      ::usleep(1000);
+    }
+  }
+  // As PID 1 our exit makes the kernel kill every process of the namespace.
+  if (bound_path_) ::unlink(opts_.listen_path.c_str());
+  Log("stopped");
+}
+
+}  // namespace
+
+int RunAgent(const AgentOptions& options) {
+  Agent agent(options);
+  if (auto s = agent.Init(); !s.ok()) {
+    std::string line = fmt::format("sbx-agent: {}\n", std::string(s.message()));
+    (void)!::write(options.log_fd, line.data(), line.size());
+    return 1;
+  }
+  return agent.Run();
+}
+
+}  // namespace sbx::agent

@@ -1,0 +1,31 @@
+// sbx-agent's event loop: one thread, one epoll set holding a signalfd (SIGCHLD, SIGTERM,
+// SIGINT), the listening socket, every client connection and every session's output pipes.
+//
+// Sessions are keyed by the host's session_id. Each keeps an EventLog (see event_log.h); each
+// attached connection has a cursor into it and a small output buffer, written non-blocking,
+// so a slow client never stalls the loop or other clients. Pipes are only read while the log
+// has room (back-pressure instead of loss).
+//
+// As PID 1 of the sandbox (or as a child subreaper elsewhere) the agent reaps every process
+// that ends up its child, not only session leaders.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace sbx::agent {
+
+struct AgentOptions {
+  int listen_fd = -1;        // an inherited, bound and listening unix socket
+  std::string listen_path;   // or: bind this path ourselves
+  size_t buffer_bytes = 8u << 20;  // retention budget per session and stream
+  int log_fd = 2;
+  // When false the `user` field of a spec is ignored and processes keep the agent's
+  // credentials (the fake runtime, which runs without privileges or isolation).
+  bool switch_user = true;
+};
+
+// Runs until SIGTERM/SIGINT; returns the process exit code.
+int RunAgent(const AgentOptions& options);
+
+}  // namespace sbx::agent

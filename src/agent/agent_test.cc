@@ -1,0 +1,749 @@
+// Runs the real sbx-agent binary as an ordinary child process (no namespaces) with --listen in
+// a temporary directory and drives it through AgentConnection.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/encoding.h"
+#include "protocol/protocol.h"
+
+#ifndef SBX_AGENT_PATH
+#error "SBX_AGENT_PATH must point at the sbx-agent binary"
+#endif
+
+extern char** environ;
+
+namespace sbx::agent {
+namespace {
+
+using namespace std::chrono_literals;
+using protocol::AgentConnection;
+using protocol::ExitEvent;
+using protocol::Frame;
+using protocol::FrameType;
+using protocol::Json;
+using protocol::ResyncEvent;
+using protocol::Stream;
+
+class AgentProcess {
+ public:
+  explicit AgentProcess(std::vector<std::string> extra_args = {},
+                        std::vector<std::string> extra_env = {}) {
+    static int counter = 0;
+    dir_ = std::filesystem::temp_directory_path() /
+           ("sbx-agent-test." + std::to_string(::getpid()) + "." + std::to_string(counter++));
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    socket_ = (dir_ / "agent.sock").string();
+    log_ = (dir_ / "agent.log").string();
+
+    std::vector<std::string> args = {SBX_AGENT_PATH, "--listen", socket_};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::vector<std::string> env = {"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/tmp",
+                                    "LANG=C"};
+    env.insert(env.end(), extra_env.begin(), extra_env.end());
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 2, log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+    int rc = posix_spawn(&pid_, SBX_AGENT_PATH, &fa, nullptr, argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) {
+      ADD_FAILURE() << "posix_spawn(" << SBX_AGENT_PATH << "): " << std::strerror(rc);
+      pid_ = -1;
+      return;
+    }
+    // Ready once a ping answers; short backoff, bounded.
+    auto deadline = std::chrono::steady_clock::now() + 5s;
+    auto backoff = 1ms;
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto r = protocol::CallAgent(socket_, Json{{"op", "ping"}}, 1000);
+      if (r.ok()) return;
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min<std::chrono::milliseconds>(backoff * 2, 50ms);
+    }
+    ADD_FAILURE() << "agent did not answer a ping within 5 s; log:\n" << Log();
+  }
+
+  ~AgentProcess() {
+    if (pid_ > 0) {
+      // SIGTERM lets the agent kill its sessions' process groups; SIGKILL is the backstop.
+      ::kill(pid_, SIGTERM);
+      int status = 0;
+      auto deadline = std::chrono::steady_clock::now() + 3s;
+      bool reaped = false;
+      while (std::chrono::steady_clock::now() < deadline) {
+        if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+          reaped = true;
+          break;
+        }
+        std::this_thread::sleep_for(5ms);
+      }
+      if (!reaped) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, &status, 0);
+      }
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  pid_t pid() const { return pid_; }
+  const std::string& socket() const { return socket_; }
+  const std::filesystem::path& dir() const { return dir_; }
+  std::string Log() const {
+    std::ifstream f(log_);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  }
+
+  AgentConnection Connect() const {
+    auto c = AgentConnection::Connect(socket_, 10000);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return std::move(*c);
+  }
+
+ private:
+  std::filesystem::path dir_;
+  std::string socket_;
+  std::string log_;
+  pid_t pid_ = -1;
+};
+
+Json Spec(std::vector<std::string> argv, Json extra = Json::object()) {
+  Json spec = {{"argv", argv}, {"cwd", "/"}, {"env", Json::object()}};
+  for (auto& [k, v] : extra.items()) spec[k] = v;
+  return spec;
+}
+
+Json AttachReq(const std::string& sid, uint64_t after, std::optional<Json> spec = std::nullopt) {
+  Json req = {{"op", "attach"}, {"session_id", sid}, {"after_event_id", after}};
+  if (spec) req["spec"] = *spec;
+  return req;
+}
+
+struct Chunk {
+  Stream stream;
+  uint64_t offset;  // stream offset reported by the agent
+  size_t pos;       // where its bytes start in Collected::out / err
+  size_t len;
+};
+
+struct Collected {
+  std::string out, err;
+  std::vector<uint64_t> ids;  // every event id in order, output and exit
+  std::vector<Chunk> chunks;
+  std::optional<ResyncEvent> resync;  // the first one
+  int resyncs = 0;
+  std::optional<ExitEvent> exit;
+  bool closed_after_exit = false;
+  std::string error;
+};
+
+// Reads the stream after an attach response until kExit and the agent's close. Checks on the
+// way that ids increase by one and that offsets are contiguous per stream, except across a
+// kResync, after which ids and offsets restart where the resync says.
+Collected ReadStream(AgentConnection& c, size_t max_events = SIZE_MAX, bool from_start = true) {
+  Collected r;
+  std::optional<uint64_t> next_offset[3];
+  if (from_start) next_offset[1] = next_offset[2] = 0;
+  std::optional<uint64_t> next_id;
+  while (max_events-- > 0) {
+    auto f = c.ReadFrame();
+    if (!f.ok()) {
+      r.error = std::string(f.status().message());
+      return r;
+    }
+    switch (f->type) {
+      case FrameType::kResync: {
+        auto ev = protocol::DecodeResync(f->payload);
+        EXPECT_TRUE(ev.ok());
+        if (!r.resync) r.resync = *ev;
+        ++r.resyncs;
+        next_offset[1] = ev->stdout_offset;
+        next_offset[2] = ev->stderr_offset;
+        next_id = ev->oldest_available_id;
+        break;
+      }
+      case FrameType::kOutput: {
+        auto ev = protocol::DecodeOutput(f->payload);
+        EXPECT_TRUE(ev.ok());
+        if (next_id) {
+          EXPECT_EQ(ev->event_id, *next_id);
+        }
+        next_id = ev->event_id + 1;
+        r.ids.push_back(ev->event_id);
+        const int s = static_cast<int>(ev->stream);
+        if (next_offset[s]) {
+          EXPECT_EQ(ev->offset, *next_offset[s]) << "event " << ev->event_id;
+        }
+        next_offset[s] = ev->offset + ev->data.size();
+        std::string& dst = ev->stream == Stream::kStdout ? r.out : r.err;
+        r.chunks.push_back({ev->stream, ev->offset, dst.size(), ev->data.size()});
+        dst += ev->data;
+        break;
+      }
+      case FrameType::kExit: {
+        auto ev = protocol::DecodeExit(f->payload);
+        EXPECT_TRUE(ev.ok());
+        if (next_id) {
+          EXPECT_EQ(ev->event_id, *next_id);
+        }
+        r.ids.push_back(ev->event_id);
+        r.exit = *ev;
+        auto eof = c.ReadFrame();
+        r.closed_after_exit =
+            !eof.ok() && eof.status().code() == absl::StatusCode::kUnavailable;
+        return r;
+      }
+      default:
+        ADD_FAILURE() << "unexpected frame type " << static_cast<int>(f->type);
+        return r;
+    }
+  }
+  return r;
+}
+
+// Every stdout chunk holds the bytes of `file` at its offset, and the last one ends the file.
+void ExpectStdoutMatches(const Collected& r, const std::string& file) {
+  uint64_t end = 0;
+  for (const Chunk& ch : r.chunks) {
+    if (ch.stream != Stream::kStdout) continue;
+    ASSERT_LE(ch.offset + ch.len, file.size());
+    ASSERT_TRUE(std::memcmp(r.out.data() + ch.pos, file.data() + ch.offset, ch.len) == 0)
+        << "chunk at offset " << ch.offset;
+    end = ch.offset + ch.len;
+  }
+  EXPECT_EQ(end, file.size());
+}
+
+// Starts (or re-attaches to) a session and reads it to the end.
+Collected RunSession(const AgentProcess& agent, const std::string& sid, const Json& spec,
+                     uint64_t after = 0) {
+  AgentConnection c = agent.Connect();
+  auto resp = c.Call(AttachReq(sid, after, spec));
+  EXPECT_TRUE(resp.ok()) << resp.status();
+  if (!resp.ok()) return {};
+  return ReadStream(c);
+}
+
+Json Status(const AgentProcess& agent, const std::string& sid) {
+  auto r = protocol::CallAgent(agent.socket(), Json{{"op", "status"}, {"session_id", sid}});
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : Json();
+}
+
+std::string WriteFile(const std::filesystem::path& p, const std::string& data) {
+  std::ofstream f(p, std::ios::binary);
+  f.write(data.data(), static_cast<std::streamsize>(data.size()));
+  return p.string();
+}
+
+std::string RandomBytes(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::string s(n, '\0');
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    uint64_t v = rng();
+    std::memcpy(&s[i], &v, 8);
+  }
+  return s;
+}
+
+TEST(Agent, EchoOutputAndExitZero) {
+  AgentProcess agent;
+  AgentConnection c = agent.Connect();
+  auto resp = c.Call(AttachReq("s1", 0, Spec({"echo", "hello", "world"})));
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  EXPECT_EQ((*resp)["started"], true);
+  EXPECT_GT((*resp)["pid"].get<int>(), 0);
+  Collected r = ReadStream(c);
+  EXPECT_EQ(r.out, "hello world\n");
+  EXPECT_EQ(r.err, "");
+  ASSERT_TRUE(r.exit.has_value()) << r.error;
+  EXPECT_EQ(r.exit->exit_code, 0);
+  EXPECT_FALSE(r.exit->signal.has_value());
+  EXPECT_EQ(r.ids.front(), 1u);
+  EXPECT_EQ(r.exit->event_id, r.ids.back());
+  EXPECT_TRUE(r.closed_after_exit);
+
+  Json st = Status(agent, "s1");
+  EXPECT_EQ(st["state"], "exited");
+  EXPECT_EQ(st["exit_code"], 0);
+  EXPECT_TRUE(st["signal"].is_null());
+  EXPECT_EQ(st["pid"], (*resp)["pid"]);
+  EXPECT_TRUE(st["started_at"].is_string());
+  EXPECT_TRUE(st["exited_at"].is_string());
+  EXPECT_EQ(st["exited_at"].get<std::string>().back(), 'Z');
+}
+
+TEST(Agent, NonZeroExitAndStderr) {
+  AgentProcess agent;
+  Collected r = RunSession(agent, "s", Spec({"sh", "-c", "echo out; echo err >&2; exit 3"}));
+  EXPECT_EQ(r.out, "out\n");
+  EXPECT_EQ(r.err, "err\n");
+  ASSERT_TRUE(r.exit.has_value()) << r.error;
+  EXPECT_EQ(r.exit->exit_code, 3);
+}
+
+TEST(Agent, KilledBySignal) {
+  AgentProcess agent;
+  Collected r = RunSession(agent, "s", Spec({"sh", "-c", "kill -9 $$"}));
+  ASSERT_TRUE(r.exit.has_value()) << r.error;
+  EXPECT_FALSE(r.exit->exit_code.has_value());
+  EXPECT_EQ(r.exit->signal, "SIGKILL");
+  Json st = Status(agent, "s");
+  EXPECT_EQ(st["signal"], "SIGKILL");
+  EXPECT_TRUE(st["exit_code"].is_null());
+}
+
+TEST(Agent, SignalOpReachesTheProcessGroup) {
+  AgentProcess agent;
+  AgentConnection c = agent.Connect();
+  // The shell waits on a child in the same group: both must get the signal.
+  ASSERT_TRUE(c.Call(AttachReq("s", 0, Spec({"sh", "-c", "sleep 30; echo survived"}))).ok());
+  EXPECT_EQ(Status(agent, "s")["state"], "running");
+  auto r = protocol::CallAgent(agent.socket(),
+                               Json{{"op", "signal"}, {"session_id", "s"}, {"signal", 15}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  Collected col = ReadStream(c);
+  ASSERT_TRUE(col.exit.has_value()) << col.error;
+  EXPECT_EQ(col.exit->signal, "SIGTERM");
+  EXPECT_EQ(col.out, "");
+
+  auto again = protocol::CallAgent(agent.socket(),
+                                   Json{{"op", "signal"}, {"session_id", "s"}, {"signal", 9}});
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition) << again.status();
+  auto unknown = protocol::CallAgent(
+      agent.socket(), Json{{"op", "signal"}, {"session_id", "nope"}, {"signal", 9}});
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  auto bad = protocol::CallAgent(agent.socket(),
+                                 Json{{"op", "signal"}, {"session_id", "s"}, {"signal", 0}});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Agent, BinaryOutputIsByteExact) {
+  AgentProcess agent;
+  std::string all;
+  for (int rep = 0; rep < 3; ++rep) {
+    for (int i = 0; i < 256; ++i) all.push_back(static_cast<char>(i));
+  }
+  std::string path = WriteFile(agent.dir() / "bytes.bin", all);
+  Collected r = RunSession(agent, "s", Spec({"sh", "-c", "cat \"$0\"; cat \"$0\" >&2", path}));
+  ASSERT_TRUE(r.exit.has_value()) << r.error;
+  EXPECT_EQ(r.out, all);
+  EXPECT_EQ(r.err, all);
+}
+
+TEST(Agent, FiftyMegabytesOfStdoutAreByteExactWithBackPressure) {
+  // A 1 MiB budget against 50 MiB: the agent must stall the writer instead of losing data.
+  AgentProcess agent({"--buffer-bytes", "1048576"});
+  const size_t kSize = 50u << 20;
+  std::string data = RandomBytes(kSize, 42);
+  const std::string want = Sha256Hex(data);
+  std::string path = WriteFile(agent.dir() / "big.bin", data);
+  data.clear();
+  data.shrink_to_fit();
+
+  AgentConnection c = agent.Connect();
+  ASSERT_TRUE(c.Call(AttachReq("big", 0, Spec({"cat", path}))).ok());
+  // Stay away for a while: the process must block, not lose output.
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(Status(agent, "big")["state"], "running");
+  Collected r = ReadStream(c);
+  ASSERT_TRUE(r.exit.has_value()) << r.error;
+  EXPECT_EQ(r.exit->exit_code, 0);
+  EXPECT_EQ(r.resyncs, 0);
+  EXPECT_EQ(r.out.size(), kSize);
+  EXPECT_EQ(Sha256Hex(r.out), want);
+
+  // Memory stayed bounded by the budget, not by the output volume. (ASan's quarantine keeps
+  // freed memory resident, so the peak means nothing there.)
+#ifndef __SANITIZE_ADDRESS__
+  std::ifstream st("/proc/" + std::to_string(agent.pid()) + "/status");
+  std::string line;
+  while (std::getline(st, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) {
+      long kb = std::stol(line.substr(6));
+      EXPECT_LT(kb, 32 * 1024) << line;
+    }
+  }
+#endif
+}
+
+TEST(Agent, ReattachAfterDisconnectWithAndWithoutAfterEventId) {
+  AgentProcess agent;
+  const Json spec = Spec({"sh", "-c", "echo a; sleep 0.4; echo b >&2; sleep 0.2; echo c"});
+  uint64_t first_id = 0;
+  {
+    AgentConnection c = agent.Connect();
+    auto resp = c.Call(AttachReq("s", 0, spec));
+    ASSERT_TRUE(resp.ok());
+    Collected part = ReadStream(c, 1);
+    ASSERT_EQ(part.out, "a\n");
+    first_id = part.ids.at(0);
+  }  // disconnect mid-run: the process must keep running
+  EXPECT_EQ(Status(agent, "s")["state"], "running");
+
+  // Re-attach live, resuming after what was seen. Spec is ignored: no restart.
+  {
+    AgentConnection c = agent.Connect();
+    auto resp = c.Call(AttachReq("s", first_id, spec));
+    ASSERT_TRUE(resp.ok());
+    EXPECT_EQ((*resp)["started"], false);
+    Collected r = ReadStream(c, SIZE_MAX, /*from_start=*/false);
+    EXPECT_EQ(r.out, "c\n");
+    EXPECT_EQ(r.err, "b\n");
+    ASSERT_TRUE(r.exit.has_value()) << r.error;
+    EXPECT_EQ(r.ids.front(), first_id + 1);
+    EXPECT_EQ(r.exit->exit_code, 0);
+  }
+  // Attach after exit, from the start: everything is replayed, then the exit event.
+  {
+    AgentConnection c = agent.Connect();
+    auto resp = c.Call(AttachReq("s", 0));  // no spec needed any more
+    ASSERT_TRUE(resp.ok()) << resp.status();
+    EXPECT_EQ((*resp)["started"], false);
+    Collected r = ReadStream(c);
+    EXPECT_EQ(r.out, "a\nc\n");
+    EXPECT_EQ(r.err, "b\n");
+    EXPECT_EQ(r.ids, (std::vector<uint64_t>{1, 2, 3, 4}));
+    ASSERT_TRUE(r.exit.has_value());
+    EXPECT_TRUE(r.closed_after_exit);
+  }
+  // Attach after exit having seen everything but the exit event.
+  {
+    AgentConnection c = agent.Connect();
+    ASSERT_TRUE(c.Call(AttachReq("s", 3)).ok());
+    Collected r = ReadStream(c, SIZE_MAX, false);
+    EXPECT_EQ(r.ids, (std::vector<uint64_t>{4}));
+    EXPECT_TRUE(r.exit.has_value());
+  }
+}
+
+TEST(Agent, ResyncWhenAfterEventIdIsOlderThanRetained) {
+  AgentProcess agent({"--buffer-bytes", "4096"});
+  // ~109 KB of stdout in many events; a reader consumes it all so it may be evicted.
+  Collected full = RunSession(agent, "s", Spec({"sh", "-c", "seq 1 20000; echo done >&2"}));
+  ASSERT_TRUE(full.exit.has_value()) << full.error;
+  ASSERT_GT(full.out.size(), 100000u);
+  ASSERT_EQ(full.err, "done\n");
+
+  AgentConnection c = agent.Connect();
+  ASSERT_TRUE(c.Call(AttachReq("s", 0)).ok());
+  Collected r = ReadStream(c);
+  ASSERT_TRUE(r.resync.has_value());
+  ASSERT_TRUE(r.exit.has_value()) << r.error;
+  EXPECT_GT(r.resync->oldest_available_id, 1u);
+  EXPECT_GT(r.resync->stdout_offset, 0u);
+  EXPECT_EQ(r.out, full.out.substr(r.resync->stdout_offset));
+  EXPECT_EQ(r.err, full.err.substr(r.resync->stderr_offset));
+  EXPECT_LE(r.out.size(), 4096u + 65536u);
+  EXPECT_EQ(r.exit->event_id, full.exit->event_id);
+
+  // Exactly at the oldest retained event: no resync.
+  AgentConnection c2 = agent.Connect();
+  ASSERT_TRUE(c2.Call(AttachReq("s", r.resync->oldest_available_id - 1)).ok());
+  Collected r2 = ReadStream(c2, SIZE_MAX, false);
+  EXPECT_FALSE(r2.resync.has_value());
+  EXPECT_EQ(r2.out, r.out);
+}
+
+TEST(Agent, FinishedSessionsShareABoundedRetention) {
+  // 64 KiB per stream: finished sessions may keep 128 KiB in total.
+  AgentProcess agent({"--buffer-bytes", "65536"});
+  const Json spec = Spec({"sh", "-c", "seq 1 20000; exit 5"});  // ~109 KB each
+  for (int i = 0; i < 5; ++i) {
+    Collected r = RunSession(agent, "s" + std::to_string(i), spec);
+    ASSERT_TRUE(r.exit.has_value()) << r.error;
+  }
+  // The oldest lost its output but not its exit, and is not run again.
+  AgentConnection c = agent.Connect();
+  auto resp = c.Call(AttachReq("s0", 0, spec));
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  EXPECT_EQ((*resp)["started"], false);
+  Collected old = ReadStream(c);
+  ASSERT_TRUE(old.resync.has_value());
+  EXPECT_EQ(old.resync->oldest_available_id, old.exit->event_id);
+  EXPECT_EQ(old.out, "");
+  EXPECT_EQ(old.exit->exit_code, 5);
+  EXPECT_EQ(Status(agent, "s0")["exit_code"], 5);
+  // The newest still has its tail for replay.
+  AgentConnection c4 = agent.Connect();
+  ASSERT_TRUE(c4.Call(AttachReq("s4", 0)).ok());
+  Collected last = ReadStream(c4);
+  EXPECT_GT(last.out.size(), 0u);
+  EXPECT_TRUE(last.exit.has_value());
+}
+
+TEST(Agent, ExecOfMissingBinary) {
+  AgentProcess agent;
+  Collected r = RunSession(agent, "a", Spec({"/nonexistent/bin/tool", "x"}));
+  ASSERT_TRUE(r.exit.has_value()) << r.error;
+  EXPECT_EQ(r.exit->exit_code, 127);
+  EXPECT_EQ(r.err, "sbx-agent: exec /nonexistent/bin/tool: No such file or directory\n");
+
+  Collected p = RunSession(agent, "b", Spec({"no-such-command-sbx"}));
+  ASSERT_TRUE(p.exit.has_value()) << p.error;
+  EXPECT_EQ(p.exit->exit_code, 127);
+  EXPECT_EQ(p.err, "sbx-agent: exec no-such-command-sbx: No such file or directory\n");
+
+  Collected d = RunSession(agent, "c", Spec({"true"}, {{"cwd", "/nonexistent-dir"}}));
+  ASSERT_TRUE(d.exit.has_value()) << d.error;
+  EXPECT_EQ(d.exit->exit_code, 126);
+  EXPECT_EQ(d.err, "sbx-agent: chdir /nonexistent-dir: No such file or directory\n");
+
+  std::string not_exec = WriteFile(agent.dir() / "script", "#!/bin/sh\necho hi\n");
+  Collected e = RunSession(agent, "d", Spec({not_exec}));
+  ASSERT_TRUE(e.exit.has_value()) << e.error;
+  EXPECT_EQ(e.exit->exit_code, 127);
+  EXPECT_NE(e.err.find("Permission denied"), std::string::npos) << e.err;
+}
+
+TEST(Agent, EnvironmentCwdAndSpecValidation) {
+  AgentProcess agent({}, {"FOO=from-agent", "SBX_AGENT_SECRET=hidden"});
+  Collected r = RunSession(
+      agent, "s",
+      Spec({"sh", "-c", "echo \"$FOO|$BAR|${SBX_AGENT_SECRET-unset}|$(pwd)\""},
+           {{"env", {{"BAR", "from-spec"}}}, {"cwd", "/tmp"}}));
+  EXPECT_EQ(r.out, "from-agent|from-spec|unset|/tmp\n");
+
+  Collected o = RunSession(agent, "o", Spec({"sh", "-c", "echo $FOO"},
+                                            {{"env", {{"FOO", "overridden"}}}}));
+  EXPECT_EQ(o.out, "overridden\n");
+
+  // Only fds 0-2 reach the process.
+  Collected fds = RunSession(agent, "fds", Spec({"sh", "-c", "ls /proc/self/fd | wc -l"}));
+  EXPECT_EQ(fds.out, "4\n");  // 0, 1, 2 and ls's own directory fd
+
+  for (const Json& bad :
+       {Json{{"argv", Json::array()}}, Json{{"argv", {1, 2}}}, Json{{"argv", {"x"}}, {"env", {{"A", 1}}}},
+        Json{{"argv", {"x"}}, {"cwd", 5}}, Json{{"argv", {""}}}, Json("string"),
+        Json{{"argv", {"x"}}, {"user", "no-such-user-sbx"}}}) {
+    auto resp = protocol::CallAgent(agent.socket(), AttachReq("bad", 0, bad));
+    EXPECT_FALSE(resp.ok()) << bad.dump();
+    EXPECT_EQ(Status(agent, "bad")["state"], "unknown") << bad.dump();
+  }
+  auto nospec = protocol::CallAgent(agent.socket(), AttachReq("never-started", 0));
+  EXPECT_EQ(nospec.status().code(), absl::StatusCode::kNotFound) << nospec.status();
+}
+
+TEST(Agent, UserSwitch) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to switch users";
+  AgentProcess agent;
+  Collected r = RunSession(agent, "s", Spec({"id", "-u"}, {{"user", "nobody"}}));
+  EXPECT_EQ(r.out, "65534\n");
+  Collected n = RunSession(agent, "n", Spec({"id", "-u"}, {{"user", "4321"}}));
+  EXPECT_EQ(n.out, "4321\n");
+}
+
+TEST(Agent, NoUserSwitchOptionIgnoresUser) {
+  AgentProcess agent({"--no-user-switch"});
+  Collected r = RunSession(agent, "s", Spec({"id", "-u"}, {{"user", "no-such-user-sbx"}}));
+  EXPECT_EQ(r.out, std::to_string(::geteuid()) + "\n");
+}
+
+TEST(Agent, TwoSessionsConcurrently) {
+  AgentProcess agent;
+  const char* script =
+      "i=0; while [ $i -lt 40 ]; do echo \"$0 $i\"; i=$((i+1)); sleep 0.005; done";
+  AgentConnection a = agent.Connect();
+  AgentConnection b = agent.Connect();
+  ASSERT_TRUE(a.Call(AttachReq("A", 0, Spec({"sh", "-c", script, "A"}))).ok());
+  ASSERT_TRUE(b.Call(AttachReq("B", 0, Spec({"sh", "-c", script, "B"}))).ok());
+  Collected ra, rb;
+  std::thread ta([&] { ra = ReadStream(a); });
+  std::thread tb([&] { rb = ReadStream(b); });
+  ta.join();
+  tb.join();
+  std::string want_a, want_b;
+  for (int i = 0; i < 40; ++i) {
+    want_a += "A " + std::to_string(i) + "\n";
+    want_b += "B " + std::to_string(i) + "\n";
+  }
+  EXPECT_EQ(ra.out, want_a);
+  EXPECT_EQ(rb.out, want_b);
+  ASSERT_TRUE(ra.exit && rb.exit);
+  EXPECT_EQ(ra.exit->exit_code, 0);
+  EXPECT_EQ(rb.exit->exit_code, 0);
+  EXPECT_EQ(ra.ids.front(), 1u);  // ids are per session
+  EXPECT_EQ(rb.ids.front(), 1u);
+}
+
+TEST(Agent, TwoConnectionsOnOneSessionEachGetEverything) {
+  AgentProcess agent;
+  AgentConnection a = agent.Connect();
+  AgentConnection b = agent.Connect();
+  ASSERT_TRUE(a.Call(AttachReq("s", 0, Spec({"sh", "-c", "sleep 0.2; seq 1 3000"}))).ok());
+  ASSERT_TRUE(b.Call(AttachReq("s", 0)).ok());
+  Collected ra, rb;
+  std::thread ta([&] { ra = ReadStream(a); });
+  std::thread tb([&] { rb = ReadStream(b); });
+  ta.join();
+  tb.join();
+  EXPECT_EQ(ra.out, rb.out);
+  EXPECT_EQ(ra.ids, rb.ids);
+  EXPECT_TRUE(ra.exit.has_value());
+}
+
+TEST(Agent, OrphansAreReaped) {
+  AgentProcess agent;
+  Collected r = RunSession(agent, "s", Spec({"sh", "-c", "sleep 0.5 & echo $!"}));
+  ASSERT_TRUE(r.exit.has_value()) << r.error;
+  const std::string orphan = r.out.substr(0, r.out.find('\n'));
+  ASSERT_FALSE(orphan.empty());
+  // The orphan was reparented to the agent (a child subreaper when not PID 1) ...
+  {
+    std::ifstream stat("/proc/" + orphan + "/stat");
+    std::string s((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    if (!s.empty()) {
+      std::istringstream fields(s.substr(s.rfind(')') + 2));
+      char state;
+      pid_t ppid;
+      fields >> state >> ppid;
+      EXPECT_EQ(ppid, agent.pid());
+    }
+  }
+  // ... and once it exits it does not stay a zombie.
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (std::filesystem::exists("/proc/" + orphan) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_FALSE(std::filesystem::exists("/proc/" + orphan)) << "orphan " << orphan << " not reaped";
+}
+
+TEST(Agent, BackgroundChildHoldingThePipeDoesNotDelayExit) {
+  AgentProcess agent;
+  auto start = std::chrono::steady_clock::now();
+  Collected r = RunSession(agent, "s", Spec({"sh", "-c", "echo before; sleep 5 & exit 4"}));
+  ASSERT_TRUE(r.exit.has_value()) << r.error;
+  EXPECT_EQ(r.exit->exit_code, 4);
+  EXPECT_EQ(r.out, "before\n");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+}
+
+TEST(Agent, ProtocolErrorsOnlyCloseThatConnection) {
+  AgentProcess agent;
+  auto unknown = protocol::CallAgent(agent.socket(), Json{{"op", "dance"}});
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(unknown.status().message()).find("agent: invalid_argument: "),
+            std::string::npos);
+  auto noop = protocol::CallAgent(agent.socket(), Json{{"no", "op"}});
+  EXPECT_EQ(noop.status().code(), absl::StatusCode::kInvalidArgument);
+
+  auto raw = [&](const std::string& bytes) {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strcpy(addr.sun_path, agent.socket().c_str());
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    (void)!::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    char buf[256];
+    std::string got;
+    ssize_t n;
+    while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) got.append(buf, static_cast<size_t>(n));
+    EXPECT_EQ(n, 0) << "the agent should close the connection";
+    EXPECT_EQ(got, "");
+    ::close(fd);
+  };
+  raw(std::string("\0\0\0\0\x07\x01\0\0", 8));                          // bad version
+  raw(std::string("\0\0\0\0\x01\x09\0\0", 8));                          // bad type
+  raw(std::string("\0\0\0\0\x01\x01\0\x01", 8));                        // reserved != 0
+  raw(std::string("\x7f\0\0\0\x01\x01\0\0", 8));                        // oversize
+  raw(protocol::EncodeFrame(FrameType::kRequest, R"({"op":"ping"})"));  // no hello
+  raw(protocol::EncodeFrame(FrameType::kHello, "{}") +
+      protocol::EncodeFrame(FrameType::kOutput, "x"));                  // not a request
+
+  // Invalid JSON in a well-formed request gets an error response.
+  {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strcpy(addr.sun_path, agent.socket().c_str());
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    std::string bytes = protocol::EncodeFrame(FrameType::kHello, "{}") +
+                        protocol::EncodeFrame(FrameType::kRequest, "{not json");
+    (void)!::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    protocol::FrameDecoder d;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) d.Feed(std::string_view(buf, static_cast<size_t>(n)));
+    ::close(fd);
+    auto hello = d.Next();
+    ASSERT_TRUE(hello.ok() && hello->has_value());
+    auto resp = d.Next();
+    ASSERT_TRUE(resp.ok() && resp->has_value());
+    Json j = Json::parse((*resp)->payload);
+    EXPECT_EQ(j["ok"], false);
+    EXPECT_EQ(j["error"]["code"], "invalid_argument");
+  }
+
+  // A client that connects and vanishes mid-frame.
+  {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strcpy(addr.sun_path, agent.socket().c_str());
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    (void)!::send(fd, "\0\0\0\x10\x01", 5, MSG_NOSIGNAL);
+    ::close(fd);
+  }
+
+  auto ping = protocol::CallAgent(agent.socket(), Json{{"op", "ping"}});
+  EXPECT_TRUE(ping.ok()) << ping.status();
+  EXPECT_EQ(Status(agent, "nothing")["state"], "unknown");
+}
+
+TEST(Agent, SlowReaderDoesNotBlockOthers) {
+  AgentProcess agent({"--buffer-bytes", "1048576"});
+  const std::string file = RandomBytes(8u << 20, 7);
+  std::string path = WriteFile(agent.dir() / "big.bin", file);
+  // A connection that does not read while the session produces 8 MiB.
+  AgentConnection slow = agent.Connect();
+  ASSERT_TRUE(slow.Call(AttachReq("big", 0, Spec({"cat", path}))).ok());
+  // Meanwhile other sessions and requests are served promptly.
+  auto start = std::chrono::steady_clock::now();
+  Collected r = RunSession(agent, "quick", Spec({"echo", "quick"}));
+  EXPECT_EQ(r.out, "quick\n");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+  // A second reader of the big session drives it to the end. Events only the slow reader
+  // has not had may be evicted meanwhile (retention follows the fastest reader): both
+  // streams must stay consistent, with a kResync wherever a gap is.
+  Collected fast = RunSession(agent, "big", Json(), 0);
+  ASSERT_TRUE(fast.exit.has_value()) << fast.error;
+  ExpectStdoutMatches(fast, file);
+  Collected late = ReadStream(slow);
+  ASSERT_TRUE(late.exit.has_value()) << late.error;
+  ExpectStdoutMatches(late, file);
+  EXPECT_GT(late.resyncs, 0);
+}
+
+}  // namespace
+}  // namespace sbx::agent

@@ -1,0 +1,88 @@
+// EventLog: the retained output of one session, and the arithmetic behind "no lost output".
+//
+// Events get ids 1, 2, 3, ... across stdout chunks, stderr chunks and finally the exit event.
+// Memory is bounded per stream by `budget` bytes, but an event is only ever evicted
+//   - from the front (so the retained ids are always one contiguous range), and
+//   - once some connection has been sent it (id <= delivered()).
+// When a stream is at or over budget and nothing more can be evicted, CanRead() turns false
+// and the caller stops reading that stream's pipe: the process then blocks in write() instead
+// of its output being dropped. A reader that keeps up therefore receives every byte.
+//
+// No I/O here; the agent's event loop owns the pipes and sockets.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+
+#include "protocol/protocol.h"
+
+namespace sbx::agent {
+
+struct LogEvent {
+  uint64_t id = 0;
+  bool is_exit = false;
+  protocol::Stream stream = protocol::Stream::kStdout;  // output events only
+  uint64_t offset = 0;                                  // output events only
+  std::string data;                                     // output events only
+  protocol::ExitEvent exit;                             // exit event only
+};
+
+class EventLog {
+ public:
+  explicit EventLog(size_t budget_per_stream);
+
+  // Appends one chunk of output; always accepted (the exit drain ignores the budget).
+  // Returns its id. Empty chunks are not logged and return 0.
+  uint64_t AppendOutput(protocol::Stream stream, std::string data);
+  // Appends the final event; fills in ev.event_id. Nothing may be appended afterwards.
+  uint64_t AppendExit(protocol::ExitEvent ev);
+
+  // Records that every event up to `id` has been fully written to some connection, then
+  // evicts what the budget requires. Returns true when something was evicted.
+  bool MarkDelivered(uint64_t id);
+
+  // Evicts every delivered output event, whatever the budget (memory pressure from finished
+  // sessions). Returns the number of bytes freed.
+  size_t DropDelivered();
+
+  // False when `stream` holds at least `budget` bytes that cannot be evicted yet.
+  bool CanRead(protocol::Stream stream) const;
+
+  // Replay: the first id a connection that has seen everything up to `after` should get,
+  // and the resync it must be sent first when some of those events are gone.
+  std::optional<protocol::ResyncEvent> ResyncFor(uint64_t after) const;
+  // The retained event with this id, or nullptr if evicted or not yet appended.
+  const LogEvent* Get(uint64_t id) const;
+
+  uint64_t oldest_id() const { return first_id_; }          // == next_id() when empty
+  uint64_t next_id() const { return first_id_ + events_.size(); }
+  uint64_t delivered() const { return delivered_; }
+  bool has_exit() const { return exit_id_ != 0; }
+  uint64_t exit_id() const { return exit_id_; }
+  size_t retained_bytes(protocol::Stream s) const { return retained_[Index(s)]; }
+  // Bytes ever appended to / evicted from a stream; the latter is the offset of the first
+  // retained byte of that stream (or of the next byte when none is retained).
+  uint64_t total_bytes(protocol::Stream s) const { return total_[Index(s)]; }
+  uint64_t evicted_bytes(protocol::Stream s) const { return evicted_[Index(s)]; }
+  size_t budget() const { return budget_; }
+
+ private:
+  static size_t Index(protocol::Stream s) { return s == protocol::Stream::kStderr ? 1 : 0; }
+  bool OverBudget() const;
+  bool EvictFront();
+  bool Trim();
+
+  size_t budget_;
+  std::deque<LogEvent> events_;
+  uint64_t first_id_ = 1;
+  uint64_t delivered_ = 0;
+  uint64_t exit_id_ = 0;
+  size_t retained_[2] = {0, 0};
+  uint64_t total_[2] = {0, 0};
+  uint64_t evicted_[2] = {0, 0};
+};
+
+}  // namespace sbx::agent

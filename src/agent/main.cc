@@ -1,0 +1,85 @@
+// sbx-agent: the first process of every sandbox. See agent.h for the design and
+// src/protocol/protocol.h for what it speaks.
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "agent/agent.h"
+
+namespace {
+
+void Usage(FILE* out) {
+  std::fputs(
+      "usage: sbx-agent (--listen-fd N | --listen PATH) [--buffer-bytes N] [--log-fd N]\n"
+      "                 [--no-user-switch]\n"
+      "  --listen-fd N       serve on an inherited, listening unix socket (ns runtime)\n"
+      "  --listen PATH       bind and serve on a unix socket at PATH\n"
+      "  --buffer-bytes N    output retained per session and stream (default 8388608)\n"
+      "  --log-fd N          write logs to fd N instead of stderr\n"
+      "  --no-user-switch    ignore spec.user; run processes with the agent's credentials\n",
+      out);
+}
+
+bool ParseNumber(const char* s, long long min, long long max, long long* out) {
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(s, &end, 10);
+  if (errno != 0 || end == s || *end != '\0' || v < min || v > max) return false;
+  *out = v;
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  sbx::agent::AgentOptions opts;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&](const char* name) -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "sbx-agent: %s needs a value\n", name);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    long long n = 0;
+    if (arg == "--listen-fd") {
+      if (!ParseNumber(value("--listen-fd"), 0, 1 << 20, &n)) {
+        std::fprintf(stderr, "sbx-agent: bad --listen-fd\n");
+        return 2;
+      }
+      opts.listen_fd = static_cast<int>(n);
+    } else if (arg == "--listen") {
+      opts.listen_path = value("--listen");
+    } else if (arg == "--buffer-bytes") {
+      if (!ParseNumber(value("--buffer-bytes"), 1, 1LL << 40, &n)) {
+        std::fprintf(stderr, "sbx-agent: bad --buffer-bytes\n");
+        return 2;
+      }
+      opts.buffer_bytes = static_cast<size_t>(n);
+    } else if (arg == "--log-fd") {
+      if (!ParseNumber(value("--log-fd"), 0, 1 << 20, &n)) {
+        std::fprintf(stderr, "sbx-agent: bad --log-fd\n");
+        return 2;
+      }
+      opts.log_fd = static_cast<int>(n);
+    } else if (arg == "--no-user-switch") {
+      opts.switch_user = false;
+    } else if (arg == "--help" || arg == "-h") {
+      Usage(stdout);
+      return 0;
+    } else {
+      std::fprintf(stderr, "sbx-agent: unknown argument %s\n", arg.c_str());
+      Usage(stderr);
+      return 2;
+    }
+  }
+  if ((opts.listen_fd >= 0) == !opts.listen_path.empty()) {
+    std::fprintf(stderr, "sbx-agent: exactly one of --listen-fd and --listen is required\n");
+    Usage(stderr);
+    return 2;
+  }
+  return sbx::agent::RunAgent(opts);
+}

@@ -1,0 +1,204 @@
+#include "agent/spawn.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <fmt/format.h>
+
+#include "common/status_util.h"
+
+namespace sbx::agent {
+namespace {
+
+// A fixed-size message builder for the child: no allocation, only write(2).
+class ChildMessage {
+ public:
+  ChildMessage& Add(const char* s) {
+    while (*s && len_ < sizeof(buf_)) buf_[len_++] = *s++;
+    return *this;
+  }
+  void WriteTo(int fd) {
+    size_t off = 0;
+    while (off < len_) {
+      ssize_t n = ::write(fd, buf_ + off, len_ - off);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;
+      off += static_cast<size_t>(n);
+    }
+  }
+
+ private:
+  char buf_[1024];
+  size_t len_ = 0;
+};
+
+// strerrordesc_np returns a static, locale-independent string: safe between fork and exec,
+// unlike strerror.
+const char* ErrText(int err) {
+  const char* s = ::strerrordesc_np(err);
+  return s ? s : "Unknown error";
+}
+
+[[noreturn]] void ChildFail(const char* step, const char* what, int err, int code) {
+  ChildMessage().Add("sbx-agent: ").Add(step).Add(" ").Add(what).Add(": ").Add(ErrText(err))
+      .Add("\n").WriteTo(STDERR_FILENO);
+  ::_exit(code);
+}
+
+void CloseFrom(int lowfd) {
+  if (::syscall(SYS_close_range, lowfd, ~0U, 0) == 0) return;
+  // Kernels before 5.9: close a bounded range one by one.
+  long max = ::sysconf(_SC_OPEN_MAX);
+  if (max < 0 || max > 65536) max = 65536;
+  for (int fd = lowfd; fd < max; ++fd) ::close(fd);
+}
+
+}  // namespace
+
+std::vector<std::string> BuildEnv(char** base, const std::map<std::string, std::string>& overlay) {
+  std::map<std::string, std::string> merged;
+  for (char** e = base; e && *e; ++e) {
+    std::string_view entry(*e);
+    size_t eq = entry.find('=');
+    if (eq == std::string_view::npos || eq == 0) continue;
+    std::string key(entry.substr(0, eq));
+    if (key.rfind("SBX_AGENT_", 0) == 0) continue;
+    merged.emplace(std::move(key), std::string(entry.substr(eq + 1)));
+  }
+  for (const auto& [k, v] : overlay) merged[k] = v;
+  std::vector<std::string> out;
+  out.reserve(merged.size());
+  for (const auto& [k, v] : merged) out.push_back(k + "=" + v);
+  return out;
+}
+
+std::vector<std::string> ExecCandidates(const std::string& argv0, const std::string& path) {
+  if (argv0.find('/') != std::string::npos) return {argv0};
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (;;) {
+    size_t colon = path.find(':', start);
+    std::string dir = path.substr(start, colon == std::string::npos ? std::string::npos
+                                                                    : colon - start);
+    out.push_back(dir.empty() ? argv0 : (dir.back() == '/' ? dir + argv0 : dir + "/" + argv0));
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  return out;
+}
+
+absl::StatusOr<SpawnedProcess> Spawn(const SpawnSpec& spec) {
+  if (spec.argv.empty() || spec.argv[0].empty()) {
+    return absl::InvalidArgumentError("spawn: argv is empty");
+  }
+
+  // Everything the child touches is built here, before fork.
+  std::string path = kDefaultPath;
+  for (const auto& e : spec.env) {
+    if (e.rfind("PATH=", 0) == 0) path = e.substr(5);
+  }
+  const std::vector<std::string> candidates = ExecCandidates(spec.argv[0], path);
+  std::vector<const char*> cand_ptrs;
+  for (const auto& c : candidates) cand_ptrs.push_back(c.c_str());
+  std::vector<char*> argv;
+  for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (const auto& e : spec.env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  const char* cwd = spec.cwd.empty() ? "/" : spec.cwd.c_str();
+  const char* argv0 = spec.argv[0].c_str();
+
+  const bool switch_user = spec.user.has_value();
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::vector<gid_t> groups;
+  if (switch_user) {
+    uid = spec.user->uid;
+    gid = spec.user->gid;
+    groups = spec.user->groups;
+  }
+  char uid_text[32];
+  fmt::format_to_n(uid_text, sizeof(uid_text) - 1, "{}:{}", uid, gid).out[0] = '\0';
+
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigset_t empty_mask;
+  sigemptyset(&empty_mask);
+
+  int out_pipe[2], err_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0) return ErrnoStatus(errno, "spawn: pipe2(stdout)");
+  UniqueFd out_r(out_pipe[0]), out_w(out_pipe[1]);
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) return ErrnoStatus(errno, "spawn: pipe2(stderr)");
+  UniqueFd err_r(err_pipe[0]), err_w(err_pipe[1]);
+  // stdin: /dev/null, or the read end of an already closed pipe if the rootfs lacks it.
+  UniqueFd in_fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!in_fd) {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) return ErrnoStatus(errno, "spawn: pipe2(stdin)");
+    in_fd.Reset(p[0]);
+    ::close(p[1]);
+  }
+
+  const pid_t pid = ::fork();
+  if (pid < 0) return ErrnoStatus(errno, "spawn: fork");
+  if (pid == 0) {
+    // Child: async-signal-safe calls only from here to exec.
+    ::setpgid(0, 0);
+    for (int sig = 1; sig < NSIG; ++sig) {
+      if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &dfl, nullptr);
+    }
+    ::sigprocmask(SIG_SETMASK, &empty_mask, nullptr);
+    // The agent keeps fds 0-2 open, so the pipe ends are >= 3 and dup2 clears CLOEXEC.
+    if (::dup2(in_fd.get(), STDIN_FILENO) < 0 || ::dup2(out_w.get(), STDOUT_FILENO) < 0 ||
+        ::dup2(err_w.get(), STDERR_FILENO) < 0) {
+      ::_exit(126);
+    }
+    CloseFrom(3);
+    if (switch_user) {
+      if (::setgroups(groups.size(), groups.data()) != 0) {
+        ChildFail("setgroups for", uid_text, errno, 126);
+      }
+      if (::setgid(gid) != 0) ChildFail("setgid for", uid_text, errno, 126);
+      if (::setuid(uid) != 0) ChildFail("setuid for", uid_text, errno, 126);
+    }
+    if (::chdir(cwd) != 0) ChildFail("chdir", cwd, errno, 126);
+    int err = ENOENT;
+    bool saw_eacces = false;
+    for (const char* c : cand_ptrs) {
+      ::execve(c, argv.data(), envp.data());
+      err = errno;
+      if (err == EACCES) {
+        saw_eacces = true;
+        continue;
+      }
+      // Like execvp: keep searching past entries that do not hold the file.
+      if (err == ENOENT || err == ENOTDIR || err == ESTALE || err == ENODEV ||
+          err == ETIMEDOUT || err == ELOOP || err == ENAMETOOLONG) {
+        continue;
+      }
+      break;
+    }
+    if (saw_eacces && (err == ENOENT || err == ENOTDIR)) err = EACCES;
+    ChildFail("exec", argv0, err, 127);
+  }
+
+  // Parent. Also set the group here so that a signal sent right after fork finds it.
+  ::setpgid(pid, pid);
+  ::fcntl(out_r.get(), F_SETFL, O_NONBLOCK);
+  ::fcntl(err_r.get(), F_SETFL, O_NONBLOCK);
+  SpawnedProcess p;
+  p.pid = pid;
+  p.stdout_fd = std::move(out_r);
+  p.stderr_fd = std::move(err_r);
+  return p;
+}
+
+}  // namespace sbx::agent

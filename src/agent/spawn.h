@@ -1,0 +1,47 @@
+// Starting a session's process: fork + exec with everything the child needs prepared before
+// fork, so that the child only makes async-signal-safe calls.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "agent/users.h"
+#include "common/unique_fd.h"
+
+namespace sbx::agent {
+
+inline constexpr const char* kDefaultPath =
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+struct SpawnSpec {
+  std::vector<std::string> argv;  // non-empty; argv[0] is searched in the env's PATH
+  std::string cwd = "/";
+  std::vector<std::string> env;  // "KEY=value"
+  std::optional<ResolvedUser> user;  // nullopt: keep the agent's own credentials
+};
+
+struct SpawnedProcess {
+  pid_t pid = -1;  // also the process group id
+  UniqueFd stdout_fd;  // read ends, non-blocking, close-on-exec
+  UniqueFd stderr_fd;
+};
+
+// The session environment: `base` (the agent's environ) without SBX_AGENT_* entries,
+// overlaid with `overlay`. Sorted by key.
+std::vector<std::string> BuildEnv(char** base, const std::map<std::string, std::string>& overlay);
+
+// execvpe-style candidates for argv0: argv0 itself when it contains '/', else every PATH entry
+// joined with it (an empty entry means the current directory).
+std::vector<std::string> ExecCandidates(const std::string& argv0, const std::string& path);
+
+// Starts the process in its own process group with stdin = /dev/null and stdout/stderr on
+// fresh pipes. Exec failures are reported by the child on its stderr (exit 127, 126 for
+// cwd/credential failures), not here.
+absl::StatusOr<SpawnedProcess> Spawn(const SpawnSpec& spec);
+
+}  // namespace sbx::agent

@@ -1,0 +1,88 @@
+#include "agent/users.h"
+
+#include <map>
+
+#include <gtest/gtest.h>
+
+#include "agent/spawn.h"
+
+namespace sbx::agent {
+namespace {
+
+constexpr const char* kPasswd =
+    "root:x:0:0:root:/root:/bin/bash\n"
+    "# comment\n"
+    "broken line\n"
+    "daemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n"
+    "alice:x:1000:1000:Alice,,,:/home/alice:/bin/sh\r\n"
+    "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
+constexpr const char* kGroup =
+    "root:x:0:\n"
+    "adm:x:4:syslog,alice\n"
+    "alice:x:1000:\n"
+    "docker:x:999:bob,alice\n"
+    "users:x:100:\n";
+
+TEST(ResolveUser, ByName) {
+  auto u = ResolveUser("alice", kPasswd, kGroup);
+  ASSERT_TRUE(u.ok()) << u.status();
+  EXPECT_EQ(u->uid, 1000u);
+  EXPECT_EQ(u->gid, 1000u);
+  EXPECT_EQ(u->home, "/home/alice");
+  EXPECT_EQ(u->groups, (std::vector<gid_t>{1000, 4, 999}));
+  auto root = ResolveUser("root", kPasswd, kGroup);
+  ASSERT_TRUE(root.ok());
+  EXPECT_EQ(root->uid, 0u);
+  EXPECT_EQ(root->groups, (std::vector<gid_t>{0}));
+}
+
+TEST(ResolveUser, ByNumber) {
+  auto known = ResolveUser("65534", kPasswd, kGroup);
+  ASSERT_TRUE(known.ok());
+  EXPECT_EQ(known->name, "nobody");
+  EXPECT_EQ(known->gid, 65534u);
+  auto unknown = ResolveUser("4242", kPasswd, kGroup);
+  ASSERT_TRUE(unknown.ok());
+  EXPECT_EQ(unknown->uid, 4242u);
+  EXPECT_EQ(unknown->gid, 4242u);
+  EXPECT_TRUE(unknown->name.empty());
+  EXPECT_EQ(unknown->groups, (std::vector<gid_t>{4242}));
+}
+
+TEST(ResolveUser, WithGroup) {
+  auto a = ResolveUser("alice:users", kPasswd, kGroup);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->gid, 100u);
+  EXPECT_EQ(a->groups.front(), 100u);
+  auto b = ResolveUser("1000:5000", kPasswd, kGroup);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->gid, 5000u);
+}
+
+TEST(ResolveUser, Rejects) {
+  EXPECT_EQ(ResolveUser("mallory", kPasswd, kGroup).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ResolveUser("alice:nogroup", kPasswd, kGroup).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_FALSE(ResolveUser("", kPasswd, kGroup).ok());
+  EXPECT_FALSE(ResolveUser(":1", kPasswd, kGroup).ok());
+  EXPECT_FALSE(ResolveUser("alice:", kPasswd, kGroup).ok());
+  EXPECT_FALSE(ResolveUser("99999999999", kPasswd, kGroup).ok());
+  EXPECT_FALSE(ResolveUser("broken line", kPasswd, kGroup).ok());
+}
+
+TEST(BuildEnv, StripsAgentVariablesAndOverlays) {
+  const char* base[] = {"PATH=/bin", "HOME=/root", "SBX_AGENT_TOKEN=secret", "SBX_OTHER=1",
+                        "NOEQUALS", "=bad", nullptr};
+  auto env = BuildEnv(const_cast<char**>(base), {{"HOME", "/home/x"}, {"NEW", "a=b"}});
+  EXPECT_EQ(env, (std::vector<std::string>{"HOME=/home/x", "NEW=a=b", "PATH=/bin",
+                                           "SBX_OTHER=1"}));
+}
+
+TEST(ExecCandidates, SearchesPathUnlessArgv0HasASlash) {
+  EXPECT_EQ(ExecCandidates("./run", "/bin"), (std::vector<std::string>{"./run"}));
+  EXPECT_EQ(ExecCandidates("ls", "/usr/bin:/bin/::x"),
+            (std::vector<std::string>{"/usr/bin/ls", "/bin/ls", "ls", "x/ls"}));
+}
+
+}  // namespace
+}  // namespace sbx::agent

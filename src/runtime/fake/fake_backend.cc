@@ -1,0 +1,390 @@
+#include "runtime/fake/fake_backend.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/status_util.h"
+#include "protocol/protocol.h"
+
+namespace sbx::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+constexpr auto kReadyTimeout = 5s;
+constexpr const char* kDefaultPath =
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+bool ValidId(const std::string& id) {
+  if (id.empty() || id.size() > 128 || id == "." || id == "..") return false;
+  for (char c : id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '-' || c == '.';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+std::string ReadSmallFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return {};
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+std::string Tail(const std::string& s, size_t n) {
+  return s.size() <= n ? s : "..." + s.substr(s.size() - n);
+}
+
+struct ProcStat {
+  char state = 0;
+  pid_t ppid = 0;
+  pid_t pgid = 0;
+  pid_t sid = 0;
+};
+
+std::optional<ProcStat> ReadProcStat(pid_t pid) {
+  std::string s = ReadSmallFile(fmt::format("/proc/{}/stat", pid));
+  // "pid (comm) state ppid pgrp session ...": comm may contain anything, parse after the
+  // last ')'.
+  size_t close = s.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  ProcStat st;
+  if (std::sscanf(s.c_str() + close + 1, " %c %d %d %d", &st.state, &st.ppid, &st.pgid,
+                  &st.sid) != 4) {
+    return std::nullopt;
+  }
+  return st;
+}
+
+// True when `pid` is a live sbx-agent serving `socket`: guards every kill of a pid read from
+// a file or the store against pid reuse.
+bool IsOurAgent(pid_t pid, const std::string& socket) {
+  if (pid <= 0) return false;
+  std::string cmdline = ReadSmallFile(fmt::format("/proc/{}/cmdline", pid));
+  std::vector<std::string> args;
+  size_t start = 0;
+  while (start < cmdline.size()) {
+    size_t end = cmdline.find('\0', start);
+    if (end == std::string::npos) end = cmdline.size();
+    args.push_back(cmdline.substr(start, end - start));
+    start = end + 1;
+  }
+  for (size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] == "--listen" && args[i + 1] == socket) return true;
+  }
+  return false;
+}
+
+// Kills every process whose session id is `sid` (the agent and all its sessions), repeating
+// while forks race with the scan. Returns once none is left alive (zombies do not count).
+void KillSession(pid_t sid) {
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    bool found = false;
+    DIR* d = ::opendir("/proc");
+    if (!d) return;
+    while (dirent* e = ::readdir(d)) {
+      char* end = nullptr;
+      long pid = std::strtol(e->d_name, &end, 10);
+      if (pid <= 0 || *end != '\0') continue;
+      auto st = ReadProcStat(static_cast<pid_t>(pid));
+      if (!st || st->sid != sid || st->state == 'Z' || st->state == 'X') continue;
+      found = true;
+      ::kill(static_cast<pid_t>(pid), SIGKILL);
+    }
+    ::closedir(d);
+    if (!found) return;
+    std::this_thread::sleep_for(2ms);
+  }
+}
+
+class FakeInstance : public Instance {
+ public:
+  FakeInstance(std::string id, std::string dir, pid_t pid, bool our_child)
+      : id_(std::move(id)), dir_(std::move(dir)), pid_(pid), our_child_(our_child) {}
+  ~FakeInstance() override = default;
+
+  const std::string& id() const override { return id_; }
+  std::string AgentSocketPath() const override { return dir_ + "/agent.sock"; }
+  Json Persist() const override {
+    return Json{{"pid", pid_}, {"socket", AgentSocketPath()}, {"dir", dir_}};
+  }
+
+  absl::Status Destroy() override {
+    if (pid_ > 0) {
+      int status;
+      // Our own child cannot have been replaced by another process while unreaped; anything
+      // else (adopted, or reaped elsewhere by Remove/Sweep) is checked by command line.
+      const pid_t r = our_child_ ? ::waitpid(pid_, &status, WNOHANG) : -1;
+      if (r == 0 || (r < 0 && IsOurAgent(pid_, AgentSocketPath()))) {
+        ::kill(pid_, SIGKILL);
+        KillSession(pid_);
+        if (r == 0) {
+          while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+          }
+        }
+      } else if (r == pid_) {
+        // The agent had died on its own (just reaped): its sessions still carry its sid.
+        KillSession(pid_);
+      }
+      pid_ = 0;
+    }
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+    if (ec) {
+      return absl::InternalError(
+          fmt::format("destroy sandbox {}: remove {}: {}", id_, dir_, ec.message()));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string id_;
+  std::string dir_;
+  pid_t pid_;
+  bool our_child_;
+};
+
+absl::Status Ping(const std::string& socket, int timeout_ms) {
+  auto r = protocol::CallAgent(socket, protocol::Json{{"op", "ping"}}, timeout_ms);
+  return r.ok() ? absl::OkStatus() : r.status();
+}
+
+}  // namespace
+
+FakeBackend::FakeBackend(std::string state_dir, std::string agent_path)
+    : state_dir_(std::move(state_dir)), agent_path_(std::move(agent_path)) {}
+
+std::string FakeBackend::SandboxDir(const std::string& id) const {
+  return fmt::format("{}/sandboxes/{}", state_dir_, id);
+}
+
+absl::Status FakeBackend::Probe() {
+  if (::access(agent_path_.c_str(), X_OK) != 0) {
+    return ErrnoStatus(errno, fmt::format("fake runtime: agent binary: access({})", agent_path_));
+  }
+  std::error_code ec;
+  fs::create_directories(state_dir_ + "/sandboxes", ec);
+  if (ec) {
+    return absl::FailedPreconditionError(fmt::format(
+        "fake runtime: create {}/sandboxes: {}", state_dir_, ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<InstancePtr> FakeBackend::Create(const SandboxSpec& spec) {
+  if (!ValidId(spec.id)) {
+    return absl::InvalidArgumentError(fmt::format("create sandbox: invalid id \"{}\"", spec.id));
+  }
+  const std::string dir = SandboxDir(spec.id);
+  const std::string socket = dir + "/agent.sock";
+  if (socket.size() >= sizeof(sockaddr_un::sun_path)) {
+    return absl::InvalidArgumentError(fmt::format(
+        "create sandbox {}: socket path {} is longer than {} bytes", spec.id, socket,
+        sizeof(sockaddr_un::sun_path) - 1));
+  }
+  std::error_code ec;
+  fs::create_directories(state_dir_ + "/sandboxes", ec);
+  if (ec) {
+    return absl::InternalError(fmt::format("create sandbox {}: create {}/sandboxes: {}",
+                                           spec.id, state_dir_, ec.message()));
+  }
+  if (::mkdir(dir.c_str(), 0700) != 0) {
+    return ErrnoStatus(errno, fmt::format("create sandbox {}: mkdir({})", spec.id, dir));
+  }
+  // From here on, a failure removes everything created so far.
+  auto instance = std::make_unique<FakeInstance>(spec.id, dir, 0, false);
+  auto fail = [&](absl::Status s) -> absl::Status {
+    (void)instance->Destroy();
+    return s;
+  };
+  if (::mkdir((dir + "/home").c_str(), 0700) != 0) {
+    return fail(ErrnoStatus(errno, fmt::format("create sandbox {}: mkdir({}/home)", spec.id, dir)));
+  }
+
+  // The agent sees only the sandbox's environment, never sbxd's.
+  std::map<std::string, std::string> env_map = spec.env;
+  env_map.emplace("PATH", kDefaultPath);
+  env_map.emplace("HOME", dir + "/home");
+  std::vector<std::string> env;
+  for (const auto& [k, v] : env_map) env.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = {agent_path_, "--listen", socket, "--no-user-switch"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string log_path = dir + "/agent.log";
+
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawnattr_init(&attr);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+  // setsid: the agent leads a session that all its processes share, for Destroy(). Default
+  // signal dispositions and an empty mask: sbxd's own (e.g. ignored SIGCHLD) must not leak.
+  sigset_t all, none;
+  sigfillset(&all);
+  sigemptyset(&none);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF |
+                                      POSIX_SPAWN_SETSIGMASK);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, agent_path_.c_str(), &fa, &attr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) {
+    return fail(ErrnoStatus(rc, fmt::format("create sandbox {}: start agent: posix_spawn({})",
+                                            spec.id, agent_path_)));
+  }
+  instance = std::make_unique<FakeInstance>(spec.id, dir, pid, true);
+
+  {
+    std::ofstream pid_file(dir + "/agent.pid");
+    pid_file << pid << "\n";
+    if (!pid_file) {
+      return fail(absl::InternalError(
+          fmt::format("create sandbox {}: write {}/agent.pid", spec.id, dir)));
+    }
+  }
+
+  // Ready when a ping answers. Poll with a short backoff, bounded; stop early if the agent
+  // died (its log says why).
+  const auto deadline = std::chrono::steady_clock::now() + kReadyTimeout;
+  auto backoff = 1ms;
+  absl::Status last = absl::UnavailableError("no attempt");
+  for (;;) {
+    last = Ping(socket, 1000);
+    if (last.ok()) break;
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      // Reaped here: Destroy must not wait for it again.
+      instance = std::make_unique<FakeInstance>(spec.id, dir, 0, false);
+      return fail(absl::UnavailableError(fmt::format(
+          "create sandbox {}: agent exited ({}) before answering: {}", spec.id,
+          WIFEXITED(status) ? fmt::format("code {}", WEXITSTATUS(status))
+                            : fmt::format("signal {}", WTERMSIG(status)),
+          Tail(ReadSmallFile(log_path), 1000))));
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return fail(absl::DeadlineExceededError(fmt::format(
+          "create sandbox {}: agent did not answer a ping within {} s: {}", spec.id,
+          std::chrono::duration_cast<std::chrono::seconds>(kReadyTimeout).count(),
+          std::string(last.message()))));
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min<std::chrono::milliseconds>(backoff * 2, 50ms);
+  }
+  return InstancePtr(std::move(instance));
+}
+
+absl::StatusOr<InstancePtr> FakeBackend::Adopt(const std::string& id, const Json& persisted) {
+  if (!ValidId(id)) {
+    return absl::InvalidArgumentError(fmt::format("adopt sandbox: invalid id \"{}\"", id));
+  }
+  const std::string dir = SandboxDir(id);
+  pid_t pid = 0;
+  try {
+    if (!persisted.is_object() || !persisted.contains("pid") ||
+        !persisted["pid"].is_number_integer()) {
+      return absl::InvalidArgumentError(
+          fmt::format("adopt sandbox {}: persisted state has no integer \"pid\"", id));
+    }
+    pid = persisted["pid"].get<pid_t>();
+    if (persisted.contains("dir") && persisted["dir"] != dir) {
+      return absl::InvalidArgumentError(fmt::format(
+          "adopt sandbox {}: persisted dir {} is not {}", id, persisted["dir"].dump(), dir));
+    }
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(fmt::format("adopt sandbox {}: {}", id, e.what()));
+  }
+  const std::string socket = dir + "/agent.sock";
+  if (!fs::exists(dir)) {
+    return absl::NotFoundError(fmt::format("adopt sandbox {}: {} is gone", id, dir));
+  }
+  if (!IsOurAgent(pid, socket)) {
+    return absl::NotFoundError(
+        fmt::format("adopt sandbox {}: agent pid {} is not running", id, pid));
+  }
+  if (auto s = Ping(socket, 2000); !s.ok()) {
+    return absl::UnavailableError(fmt::format("adopt sandbox {}: agent pid {} does not answer: {}",
+                                              id, pid, std::string(s.message())));
+  }
+  // A child of this very process (same sbxd, e.g. tests) must still be reaped by us.
+  int status;
+  const bool our_child = ::waitpid(pid, &status, WNOHANG) == 0;
+  return InstancePtr(std::make_unique<FakeInstance>(id, dir, pid, our_child));
+}
+
+absl::Status FakeBackend::RemoveDir(const std::string& dir) {
+  const std::string socket = dir + "/agent.sock";
+  const pid_t pid = static_cast<pid_t>(std::atol(ReadSmallFile(dir + "/agent.pid").c_str()));
+  if (IsOurAgent(pid, socket)) {
+    ::kill(pid, SIGKILL);
+    KillSession(pid);
+    int status;
+    ::waitpid(pid, &status, WNOHANG);  // in case it was our own child
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  if (ec) return absl::InternalError(fmt::format("remove {}: {}", dir, ec.message()));
+  return absl::OkStatus();
+}
+
+absl::Status FakeBackend::Remove(const std::string& id) {
+  if (!ValidId(id)) {
+    return absl::InvalidArgumentError(fmt::format("remove sandbox: invalid id \"{}\"", id));
+  }
+  if (auto s = RemoveDir(SandboxDir(id)); !s.ok()) {
+    return Annotate(s, fmt::format("remove sandbox {}", id));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FakeBackend::Sweep(const std::set<std::string>& known_ids) {
+  const std::string root = state_dir_ + "/sandboxes";
+  std::error_code ec;
+  if (!fs::exists(root, ec)) return absl::OkStatus();
+  absl::Status first_error;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string id = entry.path().filename().string();
+    if (known_ids.count(id)) continue;
+    if (auto s = RemoveDir(entry.path().string()); !s.ok() && first_error.ok()) {
+      first_error = Annotate(s, "sweep fake sandboxes");
+    }
+  }
+  if (ec && first_error.ok()) {
+    first_error = absl::InternalError(
+        fmt::format("sweep fake sandboxes: list {}: {}", root, ec.message()));
+  }
+  return first_error;
+}
+
+}  // namespace sbx::runtime
