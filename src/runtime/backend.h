@@ -91,6 +91,11 @@ class Backend {
   virtual absl::StatusOr<InstancePtr> Create(const SandboxSpec& spec) = 0;
   // Re-attaches to a sandbox started by an earlier sbxd process. NotFound if it is gone.
   virtual absl::StatusOr<InstancePtr> Adopt(const std::string& id, const Json& persisted) = 0;
+  // Removes every kernel object and state file still named after sandbox `id` when no live
+  // instance can be adopted (a crashed agent, a half-built sandbox). Idempotent.
+  virtual absl::Status Remove(const std::string& id) {
+    return absl::UnimplementedError(Name() + ": Remove(" + id + ") is not implemented");
+  }
   // Removes every kernel object and state file named after a sandbox not in `known_ids`.
   virtual absl::Status Sweep(const std::set<std::string>& known_ids) = 0;
 };

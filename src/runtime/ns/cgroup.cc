@@ -1,0 +1,365 @@
+#include "runtime/ns/cgroup.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include "common/status_util.h"
+#include "runtime/ns/fsutil.h"
+
+namespace sbx::runtime::ns {
+
+namespace cgroup_internal {
+
+std::string Join(const std::string& a, const std::string& b) {
+  if (b.empty() || b == "/") return a;
+  if (a.empty()) return b;
+  std::string out = a;
+  while (out.size() > 1 && out.back() == '/') out.pop_back();
+  size_t start = 0;
+  while (start < b.size() && b[start] == '/') ++start;
+  if (out != "/") out.push_back('/');
+  out.append(b, start, std::string::npos);
+  return out;
+}
+
+absl::Status WriteControl(const CgroupEnv& env, const std::string& dir, const std::string& file,
+                          const std::string& value) {
+  return WriteStringToFile(Join(dir, file), value, env.create_control_files);
+}
+
+bool FileExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace cgroup_internal
+
+using cgroup_internal::Join;
+
+namespace {
+
+std::vector<std::string> Split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  for (;;) {
+    size_t next = s.find(sep, pos);
+    out.push_back(s.substr(pos, next == std::string::npos ? std::string::npos : next - pos));
+    if (next == std::string::npos) break;
+    pos = next + 1;
+  }
+  return out;
+}
+
+// /proc/mounts escapes space, tab, newline and backslash as \ooo.
+std::string Unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 3 < s.size() &&
+        std::isdigit(static_cast<unsigned char>(s[i + 1])) &&
+        std::isdigit(static_cast<unsigned char>(s[i + 2])) &&
+        std::isdigit(static_cast<unsigned char>(s[i + 3]))) {
+      out.push_back(static_cast<char>((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0')));
+      i += 3;
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
+std::string Rebase(const CgroupEnv& env, const std::string& mount_point) {
+  if (env.cgroupfs_root.empty()) return mount_point;
+  static constexpr char kSysCgroup[] = "/sys/fs/cgroup";
+  if (mount_point.rfind(kSysCgroup, 0) == 0) {
+    return Join(env.cgroupfs_root, mount_point.substr(sizeof(kSysCgroup) - 1));
+  }
+  return Join(env.cgroupfs_root, mount_point);
+}
+
+struct MountEntry {
+  std::string point;
+  std::string type;
+  std::set<std::string> options;
+};
+
+constexpr const char* kV1Controllers[] = {"memory", "pids", "cpu"};
+
+}  // namespace
+
+absl::StatusOr<CgroupLayout> DetectCgroupLayout(const CgroupEnv& env) {
+  const std::string self_path = fmt::format("{}/self/cgroup", env.proc_root);
+  const std::string mounts_path = fmt::format("{}/mounts", env.proc_root);
+  SBX_ASSIGN_OR_RETURN(std::string self, ReadFileToString(self_path));
+  SBX_ASSIGN_OR_RETURN(std::string mounts_text, ReadFileToString(mounts_path));
+
+  std::vector<MountEntry> mounts;
+  std::istringstream ms(mounts_text);
+  for (std::string line; std::getline(ms, line);) {
+    std::istringstream ls(line);
+    std::string dev, point, type, opts;
+    if (!(ls >> dev >> point >> type >> opts)) continue;
+    if (type != "cgroup" && type != "cgroup2") continue;
+    MountEntry e{Rebase(env, Unescape(point)), type, {}};
+    for (auto& o : Split(opts, ',')) e.options.insert(o);
+    mounts.push_back(std::move(e));
+  }
+
+  CgroupLayout layout;
+  bool have_v2_line = false;
+  std::istringstream ss(self);
+  for (std::string line; std::getline(ss, line);) {
+    // hierarchy-id:controller-list:path (the path may contain ':').
+    size_t c1 = line.find(':');
+    if (c1 == std::string::npos) continue;
+    size_t c2 = line.find(':', c1 + 1);
+    if (c2 == std::string::npos) continue;
+    std::string hid = line.substr(0, c1);
+    std::string ctrl = line.substr(c1 + 1, c2 - c1 - 1);
+    std::string path = line.substr(c2 + 1);
+    if (hid == "0" && ctrl.empty()) {
+      have_v2_line = true;
+      layout.v2_own = path;
+      continue;
+    }
+    if (ctrl.empty() || ctrl.rfind("name=", 0) == 0) continue;
+    std::vector<std::string> controllers = Split(ctrl, ',');
+    bool wanted = false;
+    for (const char* c : kV1Controllers) {
+      if (std::find(controllers.begin(), controllers.end(), c) != controllers.end()) wanted = true;
+    }
+    if (!wanted) continue;
+    const MountEntry* m = nullptr;
+    for (const auto& e : mounts) {
+      if (e.type != "cgroup") continue;
+      bool all = std::all_of(controllers.begin(), controllers.end(),
+                             [&](const std::string& c) { return e.options.count(c) > 0; });
+      if (all) {
+        m = &e;
+        break;
+      }
+    }
+    if (m == nullptr) continue;  // the hierarchy exists in the kernel but is not mounted here
+    for (const char* c : kV1Controllers) {
+      if (std::find(controllers.begin(), controllers.end(), c) != controllers.end()) {
+        layout.v1[c] = CgroupLayout::V1Hierarchy{m->point, path, controllers};
+      }
+    }
+  }
+  for (const auto& e : mounts) {
+    if (e.type == "cgroup2" && have_v2_line) {
+      layout.has_v2 = true;
+      layout.v2_mount = e.point;
+      break;
+    }
+  }
+  if (layout.v1.empty() && !layout.has_v2) {
+    return absl::FailedPreconditionError(fmt::format(
+        "cgroup detection: neither a cgroup v1 memory/pids/cpu hierarchy nor cgroup2 is mounted "
+        "(read {} and {}); mount cgroupfs at /sys/fs/cgroup",
+        self_path, mounts_path));
+  }
+  return layout;
+}
+
+// ---------------------------------------------------------------------------------------------
+// SandboxCgroup
+
+SandboxCgroup::SandboxCgroup(std::string id, std::vector<Dir> dirs)
+    : id_(std::move(id)), dirs_(std::move(dirs)) {}
+
+SandboxCgroup::~SandboxCgroup() {
+  if (!armed_) return;
+  bool any = std::any_of(dirs_.begin(), dirs_.end(), [](const Dir& d) { return d.created; });
+  if (!any) return;
+  if (absl::Status s = Destroy(); !s.ok()) {
+    spdlog::error("cgroup cleanup of {} failed: {}", id_, std::string(s.message()));
+  }
+}
+
+nlohmann::json SandboxCgroup::ToJson() const {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& d : dirs_) j[d.key] = d.path;
+  return j;
+}
+
+std::string SandboxCgroup::v2_path() const {
+  for (const auto& d : dirs_) {
+    if (d.v2) return d.path;
+  }
+  return "";
+}
+
+absl::StatusOr<std::vector<UniqueFd>> SandboxCgroup::OpenProcsFiles(bool skip_v2) const {
+  std::vector<UniqueFd> out;
+  for (const auto& d : dirs_) {
+    if (d.v2 && skip_v2) continue;
+    std::string p = Join(d.path, "cgroup.procs");
+    UniqueFd fd(::open(p.c_str(), O_WRONLY | O_CLOEXEC));
+    if (!fd) return ErrnoStatus(errno, fmt::format("join cgroup: open({})", p));
+    out.push_back(std::move(fd));
+  }
+  return out;
+}
+
+absl::StatusOr<UniqueFd> SandboxCgroup::OpenV2Dir() const {
+  std::string p = v2_path();
+  if (p.empty()) return absl::FailedPreconditionError("join cgroup: no cgroup v2 directory");
+  UniqueFd fd(::open(p.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!fd) return ErrnoStatus(errno, fmt::format("join cgroup: open({})", p));
+  return fd;
+}
+
+namespace {
+
+absl::StatusOr<std::vector<pid_t>> ReadProcs(const std::string& dir) {
+  auto text = ReadFileToString(Join(dir, "cgroup.procs"));
+  if (!text.ok()) {
+    if (absl::IsNotFound(text.status())) return std::vector<pid_t>{};
+    return text.status();
+  }
+  return ParsePidList(*text);
+}
+
+void SleepFor(std::chrono::microseconds d) {
+  struct timespec ts{static_cast<time_t>(d.count() / 1000000),
+                     static_cast<long>((d.count() % 1000000) * 1000)};
+  while (::nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+int RemainingMs(std::chrono::steady_clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  return left.count() < 0 ? 0 : static_cast<int>(left.count()) + 1;
+}
+
+}  // namespace
+
+absl::Status SandboxCgroup::Kill() const {
+  std::string v2 = v2_path();
+  if (!v2.empty() && cgroup_internal::FileExists(Join(v2, "cgroup.kill"))) {
+    absl::Status s = WriteStringToFile(Join(v2, "cgroup.kill"), "1");
+    if (s.ok() || absl::IsNotFound(s)) return absl::OkStatus();
+    return Annotate(s, fmt::format("kill sandbox {}", id_));
+  }
+  // No cgroup.kill (v1 only, or a kernel older than 5.14): signal every listed pid.
+  for (const auto& d : dirs_) {
+    SBX_ASSIGN_OR_RETURN(std::vector<pid_t> pids, ReadProcs(d.path));
+    for (pid_t p : pids) ::kill(p, SIGKILL);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SandboxCgroup::WaitEmpty(std::chrono::steady_clock::time_point deadline) const {
+  std::string v2 = v2_path();
+  if (!v2.empty()) {
+    std::string events = Join(v2, "cgroup.events");
+    UniqueFd fd(::open(events.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd) {
+      for (;;) {
+        char buf[256];
+        ssize_t n = ::pread(fd.get(), buf, sizeof(buf) - 1, 0);
+        if (n < 0) return ErrnoStatus(errno, fmt::format("wait for cgroup: read({})", events));
+        buf[n] = '\0';
+        const char* p = std::strstr(buf, "populated ");
+        if (p == nullptr || p[10] == '0') break;
+        int ms = RemainingMs(deadline);
+        if (ms == 0) {
+          return absl::DeadlineExceededError(fmt::format(
+              "wait for cgroup: {} still populated after {} ms", v2, kCgroupDrainTimeout.count()));
+        }
+        // kernfs signals a change of cgroup.events with POLLPRI.
+        struct pollfd pfd{fd.get(), POLLPRI, 0};
+        if (::poll(&pfd, 1, std::min(ms, 100)) < 0 && errno != EINTR) {
+          return ErrnoStatus(errno, fmt::format("wait for cgroup: poll({})", events));
+        }
+      }
+    } else if (errno != ENOENT) {
+      return ErrnoStatus(errno, fmt::format("wait for cgroup: open({})", events));
+    }
+  }
+  // v1 has no notification; an exiting task leaves cgroup.procs within microseconds, so a short
+  // backoff loop is enough. Stragglers (a fork racing the first kill) are killed again.
+  for (const auto& d : dirs_) {
+    if (d.v2 && !v2.empty()) continue;
+    auto backoff = std::chrono::microseconds(100);
+    for (;;) {
+      SBX_ASSIGN_OR_RETURN(std::vector<pid_t> pids, ReadProcs(d.path));
+      if (pids.empty()) break;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return absl::DeadlineExceededError(
+            fmt::format("wait for cgroup: {} still has processes {} after {} ms", d.path,
+                        fmt::join(pids, ","), kCgroupDrainTimeout.count()));
+      }
+      for (pid_t p : pids) ::kill(p, SIGKILL);
+      SleepFor(backoff);
+      backoff = std::min(backoff * 2, std::chrono::microseconds(10000));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SandboxCgroup::Remove(std::chrono::steady_clock::time_point deadline) {
+  absl::Status result = absl::OkStatus();
+  for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) {
+    if (!it->created) continue;
+    auto backoff = std::chrono::microseconds(100);
+    for (;;) {
+      if (::rmdir(it->path.c_str()) == 0 || errno == ENOENT) {
+        it->created = false;
+        break;
+      }
+      int err = errno;
+      // EBUSY: a task is still on its way out (or a zombie not yet released).
+      if (err != EBUSY || std::chrono::steady_clock::now() >= deadline) {
+        if (result.ok()) result = ErrnoStatus(err, fmt::format("remove cgroup: rmdir({})", it->path));
+        break;
+      }
+      SleepFor(backoff);
+      backoff = std::min(backoff * 2, std::chrono::microseconds(10000));
+    }
+  }
+  return result;
+}
+
+absl::Status SandboxCgroup::Destroy() {
+  auto deadline = std::chrono::steady_clock::now() + kCgroupDrainTimeout;
+  absl::Status s = Kill();
+  if (s.ok()) s = WaitEmpty(deadline);
+  absl::Status r = Remove(deadline);
+  if (!s.ok()) return s;
+  if (!r.ok()) return r;
+  armed_ = false;
+  return absl::OkStatus();
+}
+
+std::unique_ptr<SandboxCgroup> CgroupDriver::Existing(const std::string& id) const {
+  std::vector<SandboxCgroup::Dir> dirs = SandboxDirs(id);
+  for (auto& d : dirs) d.created = true;
+  auto cg = std::make_unique<SandboxCgroup>(id, std::move(dirs));
+  cg->Release();
+  return cg;
+}
+
+absl::StatusOr<std::unique_ptr<CgroupDriver>> MakeCgroupDriver(const CgroupEnv& env) {
+  SBX_ASSIGN_OR_RETURN(CgroupLayout layout, DetectCgroupLayout(env));
+  if (layout.pure_v2()) return MakeV2Driver(layout, env);
+  return MakeV1HybridDriver(layout, env);
+}
+
+}  // namespace sbx::runtime::ns

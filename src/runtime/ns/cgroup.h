@@ -1,0 +1,162 @@
+// Cgroups of the ns runtime: layout detection, the CgroupDriver interface and the RAII owner
+// of one sandbox's cgroup directories.
+//
+// Two drivers sit behind CgroupDriver:
+//   * v1 / hybrid (cgroup_v1_hybrid.cc): memory, pids and cpu controllers of cgroup v1, each
+//     under the process's own cgroup of that hierarchy, plus a directory in the v2 unified
+//     hierarchy when one is mounted (it has no controllers on hybrid hosts but provides
+//     cgroup.kill, cgroup.events and CLONE_INTO_CGROUP).
+//   * pure v2 (cgroup_v2.cc): memory.max, memory.oom.group, pids.max, cpu.max.
+// Either way a sandbox's directories are `<own cgroup>/sbx/<sandbox id>` in every hierarchy.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/unique_fd.h"
+
+namespace sbx::runtime::ns {
+
+// Name of the per-process parent directory that holds every sandbox cgroup.
+inline constexpr char kCgroupParentName[] = "sbx";
+// On pure v2 the daemon moves itself into this leaf when its own cgroup must become an inner
+// node (no-internal-processes rule).
+inline constexpr char kCgroupDaemonLeaf[] = "sbxd";
+// Hierarchy key of the v2 directory in Paths() and Persist() output.
+inline constexpr char kUnifiedKey[] = "unified";
+
+struct CgroupLimits {
+  int64_t memory_bytes = 0;  // > 0
+  int64_t pids = 0;          // > 0
+  int64_t cpu_quota_us = 0;  // > 0, per cpu_period_us
+  int64_t cpu_period_us = 100000;
+};
+
+// Where to look. Real hosts use the defaults; unit tests point both at a fake tree.
+struct CgroupEnv {
+  std::string proc_root = "/proc";
+  // Empty: mount points are used as /proc/mounts lists them. Otherwise mount points under
+  // /sys/fs/cgroup (or any other path) are looked up below this directory instead.
+  std::string cgroupfs_root;
+  // Fake trees are plain directories whose control files do not appear by themselves.
+  bool create_control_files = false;
+};
+
+// What /proc/self/cgroup and /proc/mounts say.
+struct CgroupLayout {
+  struct V1Hierarchy {
+    std::string mount;                     // mount point (rebased), e.g. /sys/fs/cgroup/memory
+    std::string own;                       // our cgroup in it, e.g. /process_api/<hash>
+    std::vector<std::string> controllers;  // e.g. {"cpu","cpuacct"}
+  };
+  // Keyed by the controllers the runtime uses: "memory", "pids", "cpu". Missing keys are
+  // controllers that are not mounted.
+  std::map<std::string, V1Hierarchy> v1;
+  bool has_v2 = false;
+  std::string v2_mount;  // e.g. /sys/fs/cgroup/unified or /sys/fs/cgroup
+  std::string v2_own;    // our cgroup in it, from the "0::" line
+  bool pure_v2() const { return has_v2 && v1.empty(); }
+};
+
+absl::StatusOr<CgroupLayout> DetectCgroupLayout(const CgroupEnv& env);
+
+// Owns the cgroup directories of one sandbox (one per hierarchy). The destructor kills what
+// runs in them and removes the directories it created unless Release() handed them to a
+// long-lived sandbox, which then calls Destroy() explicitly.
+class SandboxCgroup {
+ public:
+  struct Dir {
+    std::string key;   // "memory", "pids", "cpu" or "unified"
+    std::string path;  // absolute directory
+    bool v2 = false;
+    bool created = false;  // made by us (or adopted): Destroy() removes only these
+  };
+
+  SandboxCgroup(std::string id, std::vector<Dir> dirs);
+  ~SandboxCgroup();
+  SandboxCgroup(const SandboxCgroup&) = delete;
+  SandboxCgroup& operator=(const SandboxCgroup&) = delete;
+
+  const std::string& id() const { return id_; }
+  const std::vector<Dir>& dirs() const { return dirs_; }
+  std::vector<Dir>& mutable_dirs() { return dirs_; }
+  // {"memory": path, ...}
+  nlohmann::json ToJson() const;
+  // The v2 directory, "" when the host has none.
+  std::string v2_path() const;
+
+  // cgroup.procs of every directory to join by writing "0" from the child, except the v2
+  // directory when `skip_v2` (the child is then placed with CLONE_INTO_CGROUP).
+  absl::StatusOr<std::vector<UniqueFd>> OpenProcsFiles(bool skip_v2) const;
+  // O_PATH|O_DIRECTORY fd of the v2 directory for clone3's CLONE_INTO_CGROUP.
+  absl::StatusOr<UniqueFd> OpenV2Dir() const;
+
+  // SIGKILLs every process in the sandbox's cgroups: cgroup.kill where there is a v2
+  // directory, otherwise every pid listed in cgroup.procs.
+  absl::Status Kill() const;
+  // Waits until no process is left (v2 cgroup.events "populated 0", else empty v1
+  // cgroup.procs, re-killing stragglers), at most until `deadline`.
+  absl::Status WaitEmpty(std::chrono::steady_clock::time_point deadline) const;
+  // rmdir of every directory we created; missing ones are fine.
+  absl::Status Remove(std::chrono::steady_clock::time_point deadline);
+  // Kill + WaitEmpty + Remove with the default deadline. Idempotent.
+  absl::Status Destroy();
+
+  void Release() { armed_ = false; }
+
+ private:
+  std::string id_;
+  std::vector<Dir> dirs_;
+  bool armed_ = true;
+};
+
+// How long Destroy() waits for a cgroup to empty before failing loudly.
+inline constexpr std::chrono::milliseconds kCgroupDrainTimeout{5000};
+
+class CgroupDriver {
+ public:
+  virtual ~CgroupDriver() = default;
+  virtual std::string Name() const = 0;
+  // One-time preparation of the host (parent `sbx` directories; on v2 the subtree_control
+  // delegation). Idempotent.
+  virtual absl::Status Setup() = 0;
+  // Fails with a message naming the missing controller when a limit cannot be enforced.
+  virtual absl::Status CheckLimits(const CgroupLimits& limits) const = 0;
+  // The directories a sandbox with this id has (or would have), keyed by hierarchy.
+  virtual std::vector<SandboxCgroup::Dir> SandboxDirs(const std::string& id) const = 0;
+  // Directories whose subdirectories are sandbox cgroups (for Sweep).
+  virtual std::vector<std::string> ParentDirs() const = 0;
+  // mkdir + write the limits. On error nothing is left behind.
+  virtual absl::StatusOr<std::unique_ptr<SandboxCgroup>> Create(const std::string& id,
+                                                                const CgroupLimits& limits) = 0;
+  // True when children should be placed with clone3(CLONE_INTO_CGROUP) in the v2 directory.
+  virtual bool UseCloneIntoCgroup() const = 0;
+
+  // An owner for existing directories of `id` (Adopt, Sweep): all are treated as ours.
+  std::unique_ptr<SandboxCgroup> Existing(const std::string& id) const;
+};
+
+std::unique_ptr<CgroupDriver> MakeV1HybridDriver(const CgroupLayout& layout, const CgroupEnv& env);
+std::unique_ptr<CgroupDriver> MakeV2Driver(const CgroupLayout& layout, const CgroupEnv& env);
+// Detects the layout and picks the driver: pure v2 when no v1 controller we use is mounted.
+absl::StatusOr<std::unique_ptr<CgroupDriver>> MakeCgroupDriver(const CgroupEnv& env);
+
+// Helpers shared by the drivers.
+namespace cgroup_internal {
+std::string Join(const std::string& a, const std::string& b);
+absl::Status WriteControl(const CgroupEnv& env, const std::string& dir, const std::string& file,
+                          const std::string& value);
+bool FileExists(const std::string& path);
+}  // namespace cgroup_internal
+
+}  // namespace sbx::runtime::ns

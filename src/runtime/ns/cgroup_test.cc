@@ -1,0 +1,316 @@
+// Cgroup layout detection and path building against fake /proc + cgroupfs trees (no root).
+#include "runtime/ns/cgroup.h"
+
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "common/ids.h"
+#include "runtime/ns/fsutil.h"
+
+namespace sbx::runtime::ns {
+namespace {
+
+// This machine: hybrid, cpu and cpuacct mounted separately, memory nested under a machine
+// agent's cgroup, an empty v2 hierarchy at /sys/fs/cgroup/unified.
+constexpr char kHybridMounts[] =
+    "/dev/vda / ext4 rw,relatime 0 0\n"
+    "proc /proc proc rw,relatime 0 0\n"
+    "tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0\n"
+    "cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0\n"
+    "cgroup /sys/fs/cgroup/cpuacct cgroup rw,relatime,cpuacct 0 0\n"
+    "cgroup /sys/fs/cgroup/cpuset cgroup rw,relatime,cpuset 0 0\n"
+    "cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0\n"
+    "cgroup /sys/fs/cgroup/devices cgroup rw,relatime,devices 0 0\n"
+    "cgroup /sys/fs/cgroup/freezer cgroup rw,relatime,freezer 0 0\n"
+    "cgroup /sys/fs/cgroup/blkio cgroup rw,relatime,blkio 0 0\n"
+    "cgroup /sys/fs/cgroup/pids cgroup rw,relatime,pids 0 0\n"
+    "cgroup /sys/fs/cgroup/systemd cgroup rw,relatime,name=systemd 0 0\n"
+    "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0\n";
+constexpr char kHybridSelf[] =
+    "9:name=systemd:/\n"
+    "8:pids:/\n"
+    "7:blkio:/\n"
+    "6:freezer:/\n"
+    "5:devices:/\n"
+    "4:memory:/process_api/b393e8e0\n"
+    "3:cpuset:/\n"
+    "2:cpuacct:/\n"
+    "1:cpu:/\n"
+    "0::/\n";
+
+class FakeHost {
+ public:
+  FakeHost() {
+    char tmpl[] = "/tmp/sbx-cgroup-test-XXXXXX";
+    const char* d = ::mkdtemp(tmpl);
+    EXPECT_NE(d, nullptr);
+    root_ = d;
+  }
+  ~FakeHost() { EXPECT_TRUE(RemoveTree(root_).ok()); }
+
+  void Write(const std::string& rel, const std::string& content) {
+    std::string path = root_ + "/" + rel;
+    ASSERT_TRUE(MkdirAll(path.substr(0, path.rfind('/')), 0755).ok());
+    ASSERT_TRUE(WriteStringToFile(path, content, /*create=*/true).ok());
+  }
+  void Mkdir(const std::string& rel) { ASSERT_TRUE(MkdirAll(root_ + "/" + rel, 0755).ok()); }
+  std::string Read(const std::string& rel) {
+    auto s = ReadFileToString(root_ + "/" + rel);
+    return s.ok() ? *s : "<" + std::string(s.status().message()) + ">";
+  }
+  bool Exists(const std::string& rel) {
+    struct stat st;
+    return ::stat((root_ + "/" + rel).c_str(), &st) == 0;
+  }
+  std::string cg(const std::string& rel = "") const {
+    return rel.empty() ? root_ + "/cg" : root_ + "/cg/" + rel;
+  }
+  CgroupEnv env() const { return CgroupEnv{root_ + "/proc", root_ + "/cg", true}; }
+
+ private:
+  std::string root_;
+};
+
+CgroupLimits Limits() {
+  CgroupLimits l;
+  l.memory_bytes = 256 << 20;
+  l.pids = 64;
+  l.cpu_quota_us = 200000;
+  l.cpu_period_us = 100000;
+  return l;
+}
+
+std::map<std::string, std::string> ByKey(const std::vector<SandboxCgroup::Dir>& dirs) {
+  std::map<std::string, std::string> out;
+  for (const auto& d : dirs) out[d.key] = d.path;
+  return out;
+}
+
+TEST(CgroupDetect, HybridLikeThisMachine) {
+  FakeHost h;
+  h.Write("proc/mounts", kHybridMounts);
+  h.Write("proc/self/cgroup", kHybridSelf);
+  auto layout = DetectCgroupLayout(h.env());
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_FALSE(layout->pure_v2());
+  ASSERT_EQ(layout->v1.count("memory"), 1u);
+  EXPECT_EQ(layout->v1.at("memory").mount, h.cg("memory"));
+  EXPECT_EQ(layout->v1.at("memory").own, "/process_api/b393e8e0");
+  EXPECT_EQ(layout->v1.at("cpu").mount, h.cg("cpu"));
+  EXPECT_EQ(layout->v1.at("pids").own, "/");
+  EXPECT_TRUE(layout->has_v2);
+  EXPECT_EQ(layout->v2_mount, h.cg("unified"));
+  EXPECT_EQ(layout->v2_own, "/");
+
+  auto driver = MakeCgroupDriver(h.env());
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  EXPECT_EQ((*driver)->Name(), "cgroup-v1+v2-hybrid");
+  EXPECT_TRUE((*driver)->UseCloneIntoCgroup());
+  const std::string id = NewId("sbx");
+  auto dirs = ByKey((*driver)->SandboxDirs(id));
+  EXPECT_EQ(dirs.size(), 4u);
+  EXPECT_EQ(dirs["memory"], h.cg("memory/process_api/b393e8e0/sbx/" + id));
+  EXPECT_EQ(dirs["pids"], h.cg("pids/sbx/" + id));
+  EXPECT_EQ(dirs["cpu"], h.cg("cpu/sbx/" + id));
+  EXPECT_EQ(dirs["unified"], h.cg("unified/sbx/" + id));
+
+  ASSERT_TRUE((*driver)->Setup().ok());
+  EXPECT_TRUE(h.Exists("cg/memory/process_api/b393e8e0/sbx"));
+  EXPECT_TRUE(h.Exists("cg/unified/sbx"));
+  auto cg = (*driver)->Create(id, Limits());
+  ASSERT_TRUE(cg.ok()) << cg.status();
+  EXPECT_EQ(h.Read("cg/memory/process_api/b393e8e0/sbx/" + id + "/memory.limit_in_bytes"),
+            std::to_string(256 << 20));
+  EXPECT_EQ(h.Read("cg/pids/sbx/" + id + "/pids.max"), "64");
+  EXPECT_EQ(h.Read("cg/cpu/sbx/" + id + "/cpu.cfs_period_us"), "100000");
+  EXPECT_EQ(h.Read("cg/cpu/sbx/" + id + "/cpu.cfs_quota_us"), "200000");
+  EXPECT_EQ((*cg)->v2_path(), h.cg("unified/sbx/" + id));
+  auto json = (*cg)->ToJson();
+  EXPECT_EQ(json["memory"], dirs["memory"]);
+  (*cg)->Release();  // fake dirs hold plain files; rmdir would fail
+
+  // A second create of the same id is refused rather than sharing a leftover.
+  auto again = (*driver)->Create(id, Limits());
+  EXPECT_FALSE(again.ok());
+  EXPECT_TRUE(absl::IsAlreadyExists(again.status())) << again.status();
+}
+
+TEST(CgroupDetect, CoMountedCpuCpuacct) {
+  FakeHost h;
+  h.Write("proc/mounts",
+          "cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,nosuid,nodev,noexec,relatime,cpu,cpuacct 0 0\n"
+          "cgroup /sys/fs/cgroup/memory cgroup rw,nosuid,nodev,noexec,relatime,memory 0 0\n"
+          "cgroup /sys/fs/cgroup/pids cgroup rw,nosuid,nodev,noexec,relatime,pids 0 0\n"
+          "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,nosuid,nodev,noexec,relatime 0 0\n");
+  h.Write("proc/self/cgroup",
+          "4:pids:/system.slice/sbxd.service\n"
+          "3:memory:/system.slice/sbxd.service\n"
+          "2:cpu,cpuacct:/system.slice/sbxd.service\n"
+          "0::/system.slice/sbxd.service\n");
+  auto driver = MakeCgroupDriver(h.env());
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  const std::string id = NewId("sbx");
+  auto dirs = ByKey((*driver)->SandboxDirs(id));
+  EXPECT_EQ(dirs.size(), 4u);
+  EXPECT_EQ(dirs["cpu"], h.cg("cpu,cpuacct/system.slice/sbxd.service/sbx/" + id));
+  EXPECT_EQ(dirs["memory"], h.cg("memory/system.slice/sbxd.service/sbx/" + id));
+  EXPECT_EQ(dirs["unified"], h.cg("unified/system.slice/sbxd.service/sbx/" + id));
+  ASSERT_TRUE((*driver)->Setup().ok());
+  auto cg = (*driver)->Create(id, Limits());
+  ASSERT_TRUE(cg.ok()) << cg.status();
+  EXPECT_EQ(h.Read("cg/cpu,cpuacct/system.slice/sbxd.service/sbx/" + id + "/cpu.cfs_quota_us"),
+            "200000");
+  (*cg)->Release();
+}
+
+TEST(CgroupDetect, PureV2MovesDaemonIntoLeaf) {
+  FakeHost h;
+  h.Write("proc/mounts",
+          "sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0\n"
+          "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nodev,noexec,relatime,nsdelegate 0 0\n");
+  h.Write("proc/self/cgroup", "0::/system.slice/sbxd.service\n");
+  const std::string own = "cg/system.slice/sbxd.service";
+  h.Write(own + "/cgroup.controllers", "cpuset cpu io memory hugetlb pids rdma misc\n");
+  h.Write(own + "/cgroup.subtree_control", "\n");
+  h.Write(own + "/cgroup.procs", "4242\n4243\n");
+
+  auto layout = DetectCgroupLayout(h.env());
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_TRUE(layout->pure_v2());
+  auto driver = MakeCgroupDriver(h.env());
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  EXPECT_EQ((*driver)->Name(), "cgroup-v2");
+  EXPECT_TRUE((*driver)->UseCloneIntoCgroup());
+
+  // Before Setup nothing is delegated: creating must fail rather than run unlimited.
+  EXPECT_FALSE((*driver)->CheckLimits(Limits()).ok());
+  ASSERT_TRUE((*driver)->Setup().ok());
+  // The daemon's processes went to the leaf, then the controllers were enabled.
+  EXPECT_EQ(h.Read(own + "/sbxd/cgroup.procs"), "4243");  // one pid per write; the last remains
+  EXPECT_EQ(h.Read(own + "/cgroup.subtree_control"), "+memory +pids +cpu");
+  EXPECT_EQ(h.Read(own + "/sbx/cgroup.subtree_control"), "+memory +pids +cpu");
+
+  const std::string id = NewId("sbx");
+  auto dirs = ByKey((*driver)->SandboxDirs(id));
+  ASSERT_EQ(dirs.size(), 1u);
+  EXPECT_EQ(dirs["unified"], h.cg("system.slice/sbxd.service/sbx/" + id));
+  EXPECT_EQ((*driver)->ParentDirs(), std::vector<std::string>{h.cg("system.slice/sbxd.service/sbx")});
+  auto cg = (*driver)->Create(id, Limits());
+  ASSERT_TRUE(cg.ok()) << cg.status();
+  const std::string dir = own + "/sbx/" + id;
+  EXPECT_EQ(h.Read(dir + "/memory.max"), std::to_string(256 << 20));
+  EXPECT_EQ(h.Read(dir + "/memory.oom.group"), "1");
+  EXPECT_EQ(h.Read(dir + "/pids.max"), "64");
+  EXPECT_EQ(h.Read(dir + "/cpu.max"), "200000 100000");
+  (*cg)->Release();
+}
+
+TEST(CgroupDetect, PureV2AfterRestartUsesParentOfLeaf) {
+  FakeHost h;
+  h.Write("proc/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nodev,noexec,relatime 0 0\n");
+  h.Write("proc/self/cgroup", "0::/system.slice/sbxd.service/sbxd\n");
+  const std::string own = "cg/system.slice/sbxd.service";
+  h.Write(own + "/cgroup.controllers", "cpu memory pids\n");
+  h.Write(own + "/cgroup.subtree_control", "cpu memory pids\n");
+  auto driver = MakeCgroupDriver(h.env());
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  ASSERT_TRUE((*driver)->Setup().ok());
+  EXPECT_FALSE(h.Exists(own + "/sbxd/cgroup.procs"));  // already delegated: nothing moved
+  const std::string id = NewId("sbx");
+  EXPECT_EQ(ByKey((*driver)->SandboxDirs(id))["unified"], h.cg("system.slice/sbxd.service/sbx/" + id));
+}
+
+TEST(CgroupDetect, PureV2MissingControllerIsAnError) {
+  FakeHost h;
+  h.Write("proc/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n");
+  h.Write("proc/self/cgroup", "0::/\n");
+  h.Write("cg/cgroup.controllers", "cpu memory\n");
+  h.Write("cg/cgroup.subtree_control", "");
+  auto driver = MakeCgroupDriver(h.env());
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  absl::Status s = (*driver)->Setup();
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("pids"), std::string::npos) << s;
+  EXPECT_FALSE((*driver)->Create(NewId("sbx"), Limits()).ok());
+}
+
+TEST(CgroupDetect, V1WithoutV2) {
+  FakeHost h;
+  h.Write("proc/mounts",
+          "cgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\n"
+          "cgroup /sys/fs/cgroup/pids cgroup rw,pids 0 0\n"
+          "cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,cpuacct,cpu 0 0\n");
+  h.Write("proc/self/cgroup", "3:memory:/\n2:pids:/\n1:cpu,cpuacct:/\n");
+  auto driver = MakeCgroupDriver(h.env());
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  EXPECT_EQ((*driver)->Name(), "cgroup-v1");
+  EXPECT_FALSE((*driver)->UseCloneIntoCgroup());
+  const std::string id = NewId("sbx");
+  auto dirs = ByKey((*driver)->SandboxDirs(id));
+  EXPECT_EQ(dirs.size(), 3u);
+  EXPECT_EQ(dirs.count("unified"), 0u);
+  EXPECT_EQ(dirs["cpu"], h.cg("cpu,cpuacct/sbx/" + id));
+  ASSERT_TRUE((*driver)->Setup().ok());
+  auto cg = (*driver)->Create(id, Limits());
+  ASSERT_TRUE(cg.ok()) << cg.status();
+  EXPECT_EQ((*cg)->v2_path(), "");
+  (*cg)->Release();
+}
+
+TEST(CgroupDetect, MissingPidsControllerFailsCreate) {
+  FakeHost h;
+  h.Write("proc/mounts",
+          "cgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\n"
+          "cgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n"
+          "cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n");
+  h.Write("proc/self/cgroup", "3:memory:/\n2:pids:/\n1:cpu:/\n0::/\n");
+  auto driver = MakeCgroupDriver(h.env());
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  ASSERT_TRUE((*driver)->Setup().ok());
+  absl::Status check = (*driver)->CheckLimits(Limits());
+  ASSERT_FALSE(check.ok());
+  EXPECT_EQ(check.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(check.message().find("pids controller is not mounted"), std::string::npos) << check;
+  const std::string id = NewId("sbx");
+  auto cg = (*driver)->Create(id, Limits());
+  EXPECT_FALSE(cg.ok());
+  // Nothing was created for the refused sandbox.
+  EXPECT_FALSE(h.Exists("cg/memory/sbx/" + id));
+  EXPECT_FALSE(h.Exists("cg/unified/sbx/" + id));
+}
+
+TEST(CgroupDetect, NoCgroupsAtAll) {
+  FakeHost h;
+  h.Write("proc/mounts", "proc /proc proc rw 0 0\n");
+  h.Write("proc/self/cgroup", "");
+  auto driver = MakeCgroupDriver(h.env());
+  EXPECT_FALSE(driver.ok());
+  EXPECT_NE(driver.status().message().find("cgroup"), std::string::npos);
+}
+
+TEST(CgroupDetect, EscapedMountPoint) {
+  FakeHost h;
+  h.Write("proc/mounts",
+          "cgroup /sys/fs/cgroup/my\\040memory cgroup rw,memory 0 0\n"
+          "cgroup /sys/fs/cgroup/pids cgroup rw,pids 0 0\n"
+          "cgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n");
+  h.Write("proc/self/cgroup", "3:memory:/a:b\n2:pids:/\n1:cpu:/\n");
+  auto layout = DetectCgroupLayout(h.env());
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_EQ(layout->v1.at("memory").mount, h.cg("my memory"));
+  EXPECT_EQ(layout->v1.at("memory").own, "/a:b");  // ':' inside the path survives
+}
+
+TEST(CgroupInternal, Join) {
+  using cgroup_internal::Join;
+  EXPECT_EQ(Join("/sys/fs/cgroup/pids", "/"), "/sys/fs/cgroup/pids");
+  EXPECT_EQ(Join("/sys/fs/cgroup/pids/", "/a/b"), "/sys/fs/cgroup/pids/a/b");
+  EXPECT_EQ(Join("/", "sbx"), "/sbx");
+}
+
+}  // namespace
+}  // namespace sbx::runtime::ns

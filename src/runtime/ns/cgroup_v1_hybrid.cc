@@ -1,0 +1,144 @@
+// cgroup v1 driver, with the v2 unified hierarchy alongside when it is mounted (hybrid hosts
+// such as the project's machines: memory, pids and cpu live on v1; /sys/fs/cgroup/unified has
+// no controllers but gives cgroup.kill, cgroup.events and CLONE_INTO_CGROUP).
+//
+// Each controller's directory sits under the process's OWN cgroup of that hierarchy: on hosts
+// where a machine agent owns part of the tree (here memory is nested at /process_api/<hash>),
+// creating groups at the hierarchy root or beside the agent's groups would escape or disturb it.
+#include <sys/stat.h>
+
+#include <cerrno>
+
+#include <fmt/format.h>
+
+#include "common/status_util.h"
+#include "runtime/ns/cgroup.h"
+#include "runtime/ns/fsutil.h"
+
+namespace sbx::runtime::ns {
+
+using cgroup_internal::Join;
+using cgroup_internal::WriteControl;
+
+namespace {
+
+class V1HybridDriver : public CgroupDriver {
+ public:
+  V1HybridDriver(CgroupLayout layout, CgroupEnv env)
+      : layout_(std::move(layout)), env_(std::move(env)) {}
+
+  std::string Name() const override {
+    return layout_.has_v2 ? "cgroup-v1+v2-hybrid" : "cgroup-v1";
+  }
+
+  absl::Status Setup() override {
+    for (const std::string& dir : ParentDirs()) {
+      SBX_RETURN_IF_ERROR(Annotate(MkdirAll(dir, 0755), "cgroup setup"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckLimits(const CgroupLimits& l) const override {
+    struct Need {
+      const char* controller;
+      bool wanted;
+      const char* what;
+    } needs[] = {{"memory", l.memory_bytes > 0, "memory"},
+                 {"pids", l.pids > 0, "process-count"},
+                 {"cpu", l.cpu_quota_us > 0, "CPU"}};
+    for (const auto& n : needs) {
+      if (n.wanted && layout_.v1.count(n.controller) == 0) {
+        return absl::FailedPreconditionError(fmt::format(
+            "cgroup: the {0} controller is not mounted (no cgroup v1 hierarchy with '{0}' in "
+            "/proc/mounts), so the sandbox's {1} limit cannot be enforced; mount it (e.g. "
+            "mount -t cgroup -o {0} cgroup /sys/fs/cgroup/{0}) or use a pure cgroup v2 host",
+            n.controller, n.what));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<SandboxCgroup::Dir> SandboxDirs(const std::string& id) const override {
+    std::vector<SandboxCgroup::Dir> out;
+    for (const auto& [key, parent] : Parents()) {
+      out.push_back(SandboxCgroup::Dir{key, Join(parent, id), key == kUnifiedKey, false});
+    }
+    return out;
+  }
+
+  std::vector<std::string> ParentDirs() const override {
+    std::vector<std::string> out;
+    for (const auto& [key, parent] : Parents()) out.push_back(parent);
+    return out;
+  }
+
+  absl::StatusOr<std::unique_ptr<SandboxCgroup>> Create(const std::string& id,
+                                                        const CgroupLimits& l) override {
+    SBX_RETURN_IF_ERROR(CheckLimits(l));
+    auto cg = std::make_unique<SandboxCgroup>(id, SandboxDirs(id));
+    for (auto& d : cg->mutable_dirs()) {
+      if (::mkdir(d.path.c_str(), 0755) != 0) {
+        return ErrnoStatus(errno, fmt::format("create cgroup: mkdir({})", d.path));
+      }
+      d.created = true;
+    }
+    for (const auto& d : cg->dirs()) {
+      if (d.key == "memory" && l.memory_bytes > 0) {
+        const std::string v = std::to_string(l.memory_bytes);
+        SBX_RETURN_IF_ERROR(Annotate(WriteControl(env_, d.path, "memory.limit_in_bytes", v),
+                                     "cgroup memory limit"));
+        // Without this a sandbox could spill past its limit into swap where swap exists.
+        if (cgroup_internal::FileExists(Join(d.path, "memory.memsw.limit_in_bytes"))) {
+          SBX_RETURN_IF_ERROR(Annotate(
+              WriteControl(env_, d.path, "memory.memsw.limit_in_bytes", v), "cgroup memory limit"));
+        }
+      }
+      if (d.key == "pids" && l.pids > 0) {
+        SBX_RETURN_IF_ERROR(Annotate(
+            WriteControl(env_, d.path, "pids.max", std::to_string(l.pids)), "cgroup pids limit"));
+      }
+      if (d.key == "cpu" && l.cpu_quota_us > 0) {
+        SBX_RETURN_IF_ERROR(
+            Annotate(WriteControl(env_, d.path, "cpu.cfs_period_us", std::to_string(l.cpu_period_us)),
+                     "cgroup cpu limit"));
+        SBX_RETURN_IF_ERROR(
+            Annotate(WriteControl(env_, d.path, "cpu.cfs_quota_us", std::to_string(l.cpu_quota_us)),
+                     "cgroup cpu limit"));
+      }
+    }
+    return cg;
+  }
+
+  bool UseCloneIntoCgroup() const override { return layout_.has_v2; }
+
+ private:
+  // (key, `<mount><own>/sbx`), one per distinct hierarchy: co-mounted controllers such as
+  // cpu,cpuacct share one directory.
+  std::vector<std::pair<std::string, std::string>> Parents() const {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const char* key : {"memory", "pids", "cpu"}) {
+      auto it = layout_.v1.find(key);
+      if (it == layout_.v1.end()) continue;
+      std::string parent = Join(Join(it->second.mount, it->second.own), kCgroupParentName);
+      bool dup = false;
+      for (const auto& p : out) dup = dup || p.second == parent;
+      if (!dup) out.emplace_back(key, parent);
+    }
+    if (layout_.has_v2) {
+      out.emplace_back(kUnifiedKey,
+                       Join(Join(layout_.v2_mount, layout_.v2_own), kCgroupParentName));
+    }
+    return out;
+  }
+
+  CgroupLayout layout_;
+  CgroupEnv env_;
+};
+
+}  // namespace
+
+std::unique_ptr<CgroupDriver> MakeV1HybridDriver(const CgroupLayout& layout, const CgroupEnv& env) {
+  return std::make_unique<V1HybridDriver>(layout, env);
+}
+
+}  // namespace sbx::runtime::ns

@@ -1,0 +1,187 @@
+// Pure cgroup v2 driver (hosts with cgroup2 at /sys/fs/cgroup).
+//
+// v2's no-internal-processes rule: a cgroup that enables controllers for its children in
+// cgroup.subtree_control may not itself hold processes (the root excepted). sbxd normally sits
+// in its own cgroup (e.g. a systemd service with Delegate=yes), so before enabling
+// +memory +pids +cpu there, Setup() moves the processes of that cgroup into a leaf
+// `<own>/sbxd`. Sandboxes then live in `<own>/sbx/<id>`.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "common/status_util.h"
+#include "runtime/ns/cgroup.h"
+#include "runtime/ns/fsutil.h"
+
+namespace sbx::runtime::ns {
+
+using cgroup_internal::Join;
+using cgroup_internal::WriteControl;
+
+namespace {
+
+constexpr const char* kNeeded[] = {"memory", "pids", "cpu"};
+
+std::set<std::string> Words(const std::string& s) {
+  std::set<std::string> out;
+  std::istringstream is(s);
+  for (std::string w; is >> w;) out.insert(w);
+  return out;
+}
+
+class V2Driver : public CgroupDriver {
+ public:
+  V2Driver(const CgroupLayout& layout, CgroupEnv env) : env_(std::move(env)) {
+    std::string own = layout.v2_own.empty() ? "/" : layout.v2_own;
+    // After a restart sbxd already sits in the leaf it moved itself into: the sandbox parent
+    // belongs to the cgroup above it.
+    size_t slash = own.rfind('/');
+    if (slash != std::string::npos && own.substr(slash + 1) == kCgroupDaemonLeaf) {
+      own = slash == 0 ? "/" : own.substr(0, slash);
+    }
+    own_ = own;
+    base_ = Join(layout.v2_mount, own_);
+  }
+
+  std::string Name() const override { return "cgroup-v2"; }
+
+  absl::Status Setup() override {
+    SBX_ASSIGN_OR_RETURN(std::string controllers,
+                         ReadFileToString(Join(base_, "cgroup.controllers")));
+    std::set<std::string> available = Words(controllers);
+    std::vector<std::string> missing;
+    for (const char* c : kNeeded) {
+      if (available.count(c) == 0) missing.push_back(c);
+    }
+    available_ = available;
+    if (!missing.empty()) {
+      return absl::FailedPreconditionError(fmt::format(
+          "cgroup v2 setup: controller(s) {} not available in {} (cgroup.controllers: \"{}\"); "
+          "delegate them to sbxd's cgroup (systemd: Delegate=yes on the service)",
+          fmt::join(missing, ", "), base_, Trim(controllers)));
+    }
+
+    const std::string enable = "+memory +pids +cpu";
+    SBX_ASSIGN_OR_RETURN(std::string subtree,
+                         ReadFileToString(Join(base_, "cgroup.subtree_control")));
+    if (!HasAll(Words(subtree))) {
+      if (own_ != "/") {
+        SBX_ASSIGN_OR_RETURN(std::string procs, ReadFileToString(Join(base_, "cgroup.procs")));
+        std::vector<pid_t> pids = ParsePidList(procs);
+        if (!pids.empty()) {
+          std::string leaf = Join(base_, kCgroupDaemonLeaf);
+          if (::mkdir(leaf.c_str(), 0755) != 0 && errno != EEXIST) {
+            return ErrnoStatus(errno, fmt::format("cgroup v2 setup: mkdir({})", leaf));
+          }
+          for (pid_t p : pids) {
+            absl::Status s = WriteControl(env_, leaf, "cgroup.procs", std::to_string(p));
+            // ESRCH: the process exited meanwhile.
+            if (!s.ok() && !absl::IsNotFound(s)) return Annotate(s, "cgroup v2 setup: move sbxd to its leaf");
+          }
+        }
+      }
+      SBX_RETURN_IF_ERROR(Annotate(WriteControl(env_, base_, "cgroup.subtree_control", enable),
+                                   "cgroup v2 setup: enable controllers"));
+    }
+    std::string parent = Join(base_, kCgroupParentName);
+    if (::mkdir(parent.c_str(), 0755) != 0 && errno != EEXIST) {
+      return ErrnoStatus(errno, fmt::format("cgroup v2 setup: mkdir({})", parent));
+    }
+    std::string parent_subtree =
+        ReadFileToString(Join(parent, "cgroup.subtree_control")).value_or("");
+    if (!HasAll(Words(parent_subtree))) {
+      SBX_RETURN_IF_ERROR(Annotate(WriteControl(env_, parent, "cgroup.subtree_control", enable),
+                                   "cgroup v2 setup: enable controllers for sandboxes"));
+    }
+    setup_done_ = true;
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckLimits(const CgroupLimits& l) const override {
+    if (!setup_done_) {
+      return absl::FailedPreconditionError(fmt::format(
+          "cgroup v2: controllers were not delegated to {} (setup failed or not run)", base_));
+    }
+    for (const char* c : kNeeded) {
+      if (available_.count(c) == 0) {
+        return absl::FailedPreconditionError(
+            fmt::format("cgroup v2: the {} controller is not available in {}", c, base_));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<SandboxCgroup::Dir> SandboxDirs(const std::string& id) const override {
+    return {SandboxCgroup::Dir{kUnifiedKey, Join(Join(base_, kCgroupParentName), id), true, false}};
+  }
+
+  std::vector<std::string> ParentDirs() const override {
+    return {Join(base_, kCgroupParentName)};
+  }
+
+  absl::StatusOr<std::unique_ptr<SandboxCgroup>> Create(const std::string& id,
+                                                        const CgroupLimits& l) override {
+    SBX_RETURN_IF_ERROR(CheckLimits(l));
+    auto cg = std::make_unique<SandboxCgroup>(id, SandboxDirs(id));
+    auto& d = cg->mutable_dirs()[0];
+    if (::mkdir(d.path.c_str(), 0755) != 0) {
+      return ErrnoStatus(errno, fmt::format("create cgroup: mkdir({})", d.path));
+    }
+    d.created = true;
+    if (l.memory_bytes > 0) {
+      SBX_RETURN_IF_ERROR(Annotate(
+          WriteControl(env_, d.path, "memory.max", std::to_string(l.memory_bytes)),
+          "cgroup memory limit"));
+      // One OOM kill takes the whole sandbox down instead of leaving it half-alive.
+      SBX_RETURN_IF_ERROR(
+          Annotate(WriteControl(env_, d.path, "memory.oom.group", "1"), "cgroup memory limit"));
+      if (cgroup_internal::FileExists(Join(d.path, "memory.swap.max"))) {
+        SBX_RETURN_IF_ERROR(
+            Annotate(WriteControl(env_, d.path, "memory.swap.max", "0"), "cgroup memory limit"));
+      }
+    }
+    if (l.pids > 0) {
+      SBX_RETURN_IF_ERROR(Annotate(
+          WriteControl(env_, d.path, "pids.max", std::to_string(l.pids)), "cgroup pids limit"));
+    }
+    if (l.cpu_quota_us > 0) {
+      SBX_RETURN_IF_ERROR(Annotate(
+          WriteControl(env_, d.path, "cpu.max",
+                       fmt::format("{} {}", l.cpu_quota_us, l.cpu_period_us)),
+          "cgroup cpu limit"));
+    }
+    return cg;
+  }
+
+  bool UseCloneIntoCgroup() const override { return true; }
+
+ private:
+  static std::string Trim(std::string s) {
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+    return s;
+  }
+  static bool HasAll(const std::set<std::string>& enabled) {
+    return std::all_of(std::begin(kNeeded), std::end(kNeeded),
+                       [&](const char* c) { return enabled.count(c) > 0; });
+  }
+
+  CgroupEnv env_;
+  std::string own_;
+  std::string base_;
+  std::set<std::string> available_;
+  bool setup_done_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<CgroupDriver> MakeV2Driver(const CgroupLayout& layout, const CgroupEnv& env) {
+  return std::make_unique<V2Driver>(layout, env);
+}
+
+}  // namespace sbx::runtime::ns

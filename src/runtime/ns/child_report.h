@@ -1,0 +1,53 @@
+// What the child (between clone3 and execveat) reports to the parent when a step fails: a
+// fixed-size record written to the CLOEXEC sync pipe, turned into a Status by the parent.
+#pragma once
+
+#include <cstdint>
+
+namespace sbx::runtime::ns {
+
+// Child steps in execution order (see docs/isolation.md).
+enum class Step : uint16_t {
+  kNone = 0,
+  kSignals,           // reset signal mask and dispositions
+  kSetsid,            // own session: host terminal signals never reach the sandbox
+  kJoinCgroup,        // write "0" to a pre-opened cgroup.procs (index = which)
+  kUnshareCgroupNs,   // unshare(CLONE_NEWCGROUP)
+  kMakeRootPrivate,   // mount("", "/", MS_REC|MS_PRIVATE)
+  kMountOverlay,      // overlay at rootfs
+  kBindMkdir,         // create the mount point of a bind (index = bind)
+  kBindMount,         // bind mount (index = bind)
+  kBindRemount,       // read-only/nosuid/nodev remount (index = bind)
+  kMkdirMountpoint,   // proc/dev/tmp mount points (index: 0 proc, 1 dev, 2 tmp)
+  kMountProc,
+  kMountDev,
+  kMknod,             // index = device
+  kSymlink,           // index = link
+  kMountDevpts,
+  kMountShm,
+  kMaskProc,          // index = masked path
+  kReadonlyProc,      // index = read-only path
+  kMountTmp,
+  kChdirRootfs,
+  kPivotRoot,
+  kDetachOldRoot,
+  kChdirNewRoot,
+  kSethostname,
+  kLoopbackUp,
+  kStdio,             // stdin /dev/null, stdout/stderr agent.log, fd 3 the socket
+  kCapsBounding,
+  kCapsAmbient,
+  kCapset,
+  kNoNewPrivs,
+  kSeccomp,
+  kCloseRange,
+  kExec,
+};
+
+struct ChildReport {
+  uint16_t step = 0;
+  uint16_t index = 0;
+  int32_t err = 0;
+};
+
+}  // namespace sbx::runtime::ns

@@ -1,0 +1,373 @@
+#include "runtime/ns/launcher.h"
+
+#include <fcntl.h>
+#include <linux/close_range.h>
+#include <linux/sched.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include "runtime/ns/pidfd.h"
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <type_traits>
+
+#include <fmt/format.h>
+
+#include "common/status_util.h"
+#include "runtime/ns/netns.h"
+
+namespace sbx::runtime::ns {
+
+void LaunchPlan::FinalizeArrays() {
+  argv.clear();
+  envp.clear();
+  for (auto& s : argv_storage) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  for (auto& s : env_storage) envp.push_back(s.data());
+  envp.push_back(nullptr);
+}
+
+// ---------------------------------------------------------------------------------------------
+// ChildProcess
+
+ChildProcess::ChildProcess(ChildProcess&& o) noexcept
+    : pid_(std::exchange(o.pid_, -1)), pidfd_(std::move(o.pidfd_)) {}
+
+ChildProcess& ChildProcess::operator=(ChildProcess&& o) noexcept {
+  if (this != &o) {
+    KillAndReap();
+    pid_ = std::exchange(o.pid_, -1);
+    pidfd_ = std::move(o.pidfd_);
+  }
+  return *this;
+}
+
+ChildProcess::~ChildProcess() { KillAndReap(); }
+
+UniqueFd ChildProcess::Release() {
+  pid_ = -1;
+  return std::move(pidfd_);
+}
+
+void ChildProcess::KillAndReap() {
+  if (!pidfd_) return;
+  PidfdSendSignal(pidfd_.get(), SIGKILL);
+  WaitPidfdExit(pidfd_.get(), 5000);
+  pidfd_.Reset();
+  pid_ = -1;
+}
+
+bool WaitPidfdExit(int pidfd, int timeout_ms) {
+  struct pollfd pfd{pidfd, POLLIN, 0};
+  for (;;) {
+    int rc = ::poll(&pfd, 1, timeout_ms);
+    if (rc > 0) break;
+    if (rc == 0) return false;
+    if (errno != EINTR) return false;
+  }
+  siginfo_t info;
+  std::memset(&info, 0, sizeof(info));
+  // ECHILD: not our child (adopted after a restart) or already reaped; the exit is what counts.
+  while (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd), &info, WEXITED) != 0 &&
+         errno == EINTR) {
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Child side: from clone3 to execveat. Syscalls only: no allocation, no locks, no logging, no
+// exceptions.
+
+namespace {
+
+inline int Fail(ChildReport* r, Step step, int err, size_t index = 0) {
+  r->step = static_cast<uint16_t>(step);
+  r->index = static_cast<uint16_t>(index);
+  r->err = err == 0 ? EIO : err;
+  return r->err;
+}
+
+inline void Mark(const LaunchPlan& p, TraceSlot slot) {
+  if (p.trace == nullptr) return;
+  struct timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  p.trace[slot] = static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// Moves an fd to >= 10 so that dup2 onto 0..3 cannot clobber it (the parent's fds may sit
+// anywhere, including 0..3 in a process started with closed std fds).
+inline int Lift(int fd) { return ::fcntl(fd, F_DUPFD_CLOEXEC, 10); }
+
+int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
+  Mark(p, kTraceStart);
+  ::umask(0);
+
+  // The clone inherited the calling thread's signal mask (sbxd blocks signals in its workers)
+  // and ignored dispositions (SIGPIPE); both would pass through exec into every sandbox process.
+  sigset_t empty;
+  sigemptyset(&empty);
+  if (::sigprocmask(SIG_SETMASK, &empty, nullptr) != 0) return Fail(r, Step::kSignals, errno);
+  struct sigaction dfl;
+  std::memset(&dfl, 0, sizeof(dfl));
+  dfl.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig == SIGKILL || sig == SIGSTOP) continue;
+    ::sigaction(sig, &dfl, nullptr);  // EINVAL for libc-reserved signals: nothing to reset
+  }
+  if (::setsid() < 0) return Fail(r, Step::kSetsid, errno);
+  Mark(p, kTraceSignals);
+
+  int rfd = Lift(*report_fd);
+  if (rfd >= 0) *report_fd = rfd;
+  const int sock = Lift(p.listen_fd);
+  const int log = Lift(p.log_fd);
+  const int agent = Lift(p.agent_fd);
+  if (sock < 0 || log < 0 || agent < 0) return Fail(r, Step::kStdio, errno);
+
+  for (size_t i = 0; i < p.cgroup_procs_fds.size(); ++i) {
+    if (::write(p.cgroup_procs_fds[i], "0", 1) != 1) return Fail(r, Step::kJoinCgroup, errno, i);
+  }
+  Mark(p, kTraceJoined);
+  // After joining: the namespace's root is then the sandbox's own cgroup in every hierarchy.
+  if (::unshare(CLONE_NEWCGROUP) != 0) return Fail(r, Step::kUnshareCgroupNs, errno);
+
+  Mark(p, kTraceCgroupNs);
+  if (int err = SetupMounts(p.mounts, r); err != 0) return err;
+  Mark(p, kTraceMounts);
+  if (int err = PivotRoot(p.mounts, r); err != 0) return err;
+  Mark(p, kTracePivot);
+
+  if (::sethostname(p.hostname.c_str(), p.hostname.size()) != 0) return Fail(r, Step::kSethostname, errno);
+  if (int err = BringLoopbackUp(); err != 0) return Fail(r, Step::kLoopbackUp, err);
+  Mark(p, kTraceHostNet);
+
+  // /dev/null of the sandbox (our node on the sandbox's /dev tmpfs).
+  int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (null_fd < 0) return Fail(r, Step::kStdio, errno, 0);
+  if (::dup2(null_fd, 0) < 0) return Fail(r, Step::kStdio, errno, 1);
+  if (::dup2(log, 1) < 0 || ::dup2(log, 2) < 0) return Fail(r, Step::kStdio, errno, 2);
+  if (::dup2(sock, kAgentListenFd) < 0) return Fail(r, Step::kStdio, errno, 3);
+
+  Mark(p, kTraceStdio);
+  int cap_step = 0;
+  if (int err = ApplyCaps(*p.caps, &cap_step); err != 0) {
+    return Fail(r, cap_step == 0 ? Step::kCapsBounding : cap_step == 1 ? Step::kCapsAmbient : Step::kCapset, err);
+  }
+  // Required to install seccomp without CAP_SYS_ADMIN, and it stops setuid/file-capability
+  // binaries from regaining what was just dropped.
+  Mark(p, kTraceCaps);
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return Fail(r, Step::kNoNewPrivs, errno);
+  if (int err = InstallSeccomp(*p.seccomp); err != 0) return Fail(r, Step::kSeccomp, err);
+
+  // Everything above fd 3 (the report pipe, the memfd, fds other threads opened concurrently
+  // without O_CLOEXEC) is closed by the exec itself; the memfd must survive until then.
+  Mark(p, kTraceSeccomp);
+  if (::close_range(kAgentListenFd + 1, ~0U, CLOSE_RANGE_CLOEXEC) != 0) return Fail(r, Step::kCloseRange, errno);
+  ::umask(022);
+  Mark(p, kTraceExec);
+  ::execveat(agent, "", p.argv.data(), p.envp.data(), AT_EMPTY_PATH);
+  return Fail(r, Step::kExec, errno);
+}
+
+[[noreturn]] void ChildMain(const LaunchPlan& p, int report_fd) {
+  ChildReport r;
+  RunChild(p, &report_fd, &r);
+  ssize_t n;
+  do {
+    n = ::write(report_fd, &r, sizeof(r));
+  } while (n < 0 && errno == EINTR);
+  ::_exit(127);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Parent side
+
+absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
+  const auto& m = p.mounts;
+  const size_t i = r.index;
+  auto at = [](const auto& v, size_t idx) -> std::string {
+    if constexpr (std::is_same_v<std::decay_t<decltype(v[0])>, std::string>) {
+      return idx < v.size() ? v[idx] : std::string("?");
+    } else {
+      return idx < v.size() ? v[idx].path : std::string("?");
+    }
+  };
+  std::string what;
+  switch (static_cast<Step>(r.step)) {
+    case Step::kNone:
+      what = "launch: unknown step";
+      break;
+    case Step::kSignals:
+      what = "reset signals: sigprocmask(SIG_SETMASK, {})";
+      break;
+    case Step::kSetsid:
+      what = "new session: setsid()";
+      break;
+    case Step::kJoinCgroup:
+      what = fmt::format("join cgroup: write({}, \"0\")", at(p.cgroup_procs_paths, i));
+      break;
+    case Step::kUnshareCgroupNs:
+      what = "cgroup namespace: unshare(CLONE_NEWCGROUP)";
+      break;
+    case Step::kMakeRootPrivate:
+      what = "make / private: mount(/, MS_REC|MS_PRIVATE)";
+      break;
+    case Step::kMountOverlay:
+      what = fmt::format("mount overlay: mount(overlay -> {}, {})", m.rootfs, m.overlay_data);
+      break;
+    case Step::kBindMkdir:
+    case Step::kBindMount:
+    case Step::kBindRemount: {
+      if (i >= m.binds.size()) {
+        what = "bind: ?";
+        break;
+      }
+      const auto& b = m.binds[i];
+      if (static_cast<Step>(r.step) == Step::kBindMkdir) {
+        what = fmt::format("bind {}: create mount point {}", b.sandbox_path, b.target);
+      } else if (static_cast<Step>(r.step) == Step::kBindMount) {
+        what = fmt::format("bind {}: mount({} -> {}, MS_BIND)", b.sandbox_path, b.source, b.target);
+      } else {
+        what = fmt::format("bind {}: mount({}, MS_BIND|MS_REMOUNT{}|MS_NOSUID|MS_NODEV)",
+                           b.sandbox_path, b.target, b.read_only ? "|MS_RDONLY" : "");
+      }
+      break;
+    }
+    case Step::kMkdirMountpoint:
+      what = fmt::format("mount point: mkdir({})", i == 0 ? m.proc : i == 1 ? m.dev : m.tmp);
+      break;
+    case Step::kMountProc:
+      what = fmt::format("mount proc: mount(proc -> {})", m.proc);
+      break;
+    case Step::kMountDev:
+      what = fmt::format("mount /dev: mount(tmpfs -> {}, {})", m.dev, m.dev_data);
+      break;
+    case Step::kMknod:
+      what = fmt::format("populate /dev: mknod({})", at(m.nodes, i));
+      break;
+    case Step::kSymlink:
+      what = fmt::format("populate /dev: symlink({})", at(m.links, i));
+      break;
+    case Step::kMountDevpts:
+      what = fmt::format("mount /dev/pts: mount(devpts -> {}, {})", m.dev_pts, m.devpts_data);
+      break;
+    case Step::kMountShm:
+      what = fmt::format("mount /dev/shm: mount(tmpfs -> {}, {})", m.dev_shm, m.shm_data);
+      break;
+    case Step::kMaskProc:
+      what = fmt::format("mask /proc: mount(-> {})", at(m.masked, i));
+      break;
+    case Step::kReadonlyProc:
+      what = fmt::format("read-only /proc: mount({}, MS_BIND|MS_REMOUNT|MS_RDONLY)", at(m.read_only, i));
+      break;
+    case Step::kMountTmp:
+      what = fmt::format("mount /tmp: mount(tmpfs -> {}, {})", m.tmp, m.tmp_data);
+      break;
+    case Step::kChdirRootfs:
+      what = fmt::format("pivot root: chdir({})", m.rootfs);
+      break;
+    case Step::kPivotRoot:
+      what = fmt::format("pivot root: pivot_root(., .) in {}", m.rootfs);
+      break;
+    case Step::kDetachOldRoot:
+      what = "pivot root: umount2(old root, MNT_DETACH)";
+      break;
+    case Step::kChdirNewRoot:
+      what = "pivot root: chdir(/)";
+      break;
+    case Step::kSethostname:
+      what = fmt::format("set hostname: sethostname({})", p.hostname);
+      break;
+    case Step::kLoopbackUp:
+      what = "loopback: ioctl(lo, SIOCSIFFLAGS, IFF_UP)";
+      break;
+    case Step::kStdio:
+      what = fmt::format("agent fds: {}",
+                         i == 0 ? "open(/dev/null)" : i == 1 ? "dup2(/dev/null, 0)"
+                                  : i == 2 ? "dup2(agent.log, 1/2)" : "dup2(socket, 3)");
+      break;
+    case Step::kCapsBounding:
+      what = "capabilities: prctl(PR_CAPBSET_DROP)";
+      break;
+    case Step::kCapsAmbient:
+      what = "capabilities: prctl(PR_CAP_AMBIENT_CLEAR_ALL)";
+      break;
+    case Step::kCapset:
+      what = "capabilities: capset()";
+      break;
+    case Step::kNoNewPrivs:
+      what = "no_new_privs: prctl(PR_SET_NO_NEW_PRIVS)";
+      break;
+    case Step::kSeccomp:
+      what = "seccomp: prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER)";
+      break;
+    case Step::kCloseRange:
+      what = "close fds: close_range(4, ~0, CLOSE_RANGE_CLOEXEC)";
+      break;
+    case Step::kExec:
+      what = fmt::format("exec agent: execveat(memfd of {}, AT_EMPTY_PATH)", p.agent_path);
+      break;
+  }
+  return ErrnoStatus(r.err, what);
+}
+
+absl::StatusOr<ChildProcess> Launch(const LaunchPlan& plan) {
+  if (plan.caps == nullptr || plan.seccomp == nullptr || plan.argv.empty() || plan.envp.empty()) {
+    return absl::InternalError("launch: incomplete plan");
+  }
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return ErrnoStatus(errno, "launch: pipe2(sync pipe)");
+  UniqueFd rd(fds[0]);
+  UniqueFd wr(fds[1]);
+
+  int pidfd = -1;
+  struct clone_args args;
+  std::memset(&args, 0, sizeof(args));
+  // User namespaces come with the isolation issue: CLONE_NEWUSER then joins these flags and the
+  // parent writes uid_map/gid_map before releasing the child.
+  args.flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | CLONE_PIDFD;
+  args.pidfd = reinterpret_cast<uint64_t>(&pidfd);
+  args.exit_signal = SIGCHLD;
+  if (plan.cgroup_v2_dir_fd >= 0) {
+    args.flags |= CLONE_INTO_CGROUP;
+    args.cgroup = static_cast<uint64_t>(plan.cgroup_v2_dir_fd);
+  }
+  long rc = ::syscall(SYS_clone3, &args, sizeof(args));
+  if (rc < 0) {
+    int err = errno;
+    return ErrnoStatus(err, fmt::format("clone: clone3(NEWNS|NEWPID|NEWIPC|NEWUTS|NEWNET|PIDFD{})",
+                                        plan.cgroup_v2_dir_fd >= 0
+                                            ? fmt::format("|INTO_CGROUP {}", plan.cgroup_v2_path)
+                                            : std::string()));
+  }
+  if (rc == 0) ChildMain(plan, wr.get());
+
+  ChildProcess child(static_cast<pid_t>(rc), UniqueFd(pidfd));
+  wr.Reset();
+  ChildReport report;
+  ssize_t n;
+  do {
+    n = ::read(rd.get(), &report, sizeof(report));
+  } while (n < 0 && errno == EINTR);
+  if (n == 0) return child;  // CLOEXEC pipe closed by a successful execveat
+  if (n < 0) {
+    int err = errno;
+    return ErrnoStatus(err, "launch: read(sync pipe)");
+  }
+  if (n != static_cast<ssize_t>(sizeof(report))) {
+    return absl::InternalError(fmt::format("launch: short report ({} bytes) from the child", n));
+  }
+  // `child` is killed and reaped by its destructor.
+  return DescribeChildFailure(plan, report);
+}
+
+}  // namespace sbx::runtime::ns

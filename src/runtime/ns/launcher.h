@@ -1,0 +1,109 @@
+// clone3 + the child's ordered pipeline + parent/child synchronisation.
+//
+// The parent (an sbxd worker thread, in a multi-threaded process) prepares a LaunchPlan holding
+// every string, array and fd the child needs. After clone3 the child is a copy of one thread
+// of a multi-threaded process: another thread may have held the malloc lock, a logger's mutex
+// or anything else at that instant, so the child runs syscalls only, reads the plan, and
+// reports a failure as a fixed-size ChildReport on a CLOEXEC pipe. A successful execveat
+// closes the pipe, so the parent reads EOF.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/unique_fd.h"
+#include "runtime/ns/caps.h"
+#include "runtime/ns/child_report.h"
+#include "runtime/ns/mounts.h"
+#include "runtime/ns/seccomp.h"
+
+namespace sbx::runtime::ns {
+
+inline constexpr int kAgentListenFd = 3;
+
+struct LaunchPlan {
+  MountPlan mounts;
+  // cgroup.procs files the child joins by writing "0" (v1 hierarchies).
+  std::vector<int> cgroup_procs_fds;
+  std::vector<std::string> cgroup_procs_paths;  // for messages
+  // v2 directory for CLONE_INTO_CGROUP, -1 when not used.
+  int cgroup_v2_dir_fd = -1;
+  std::string cgroup_v2_path;  // for messages
+
+  std::string hostname;
+  int listen_fd = -1;  // becomes fd 3 of the agent
+  int log_fd = -1;     // becomes stdout and stderr of the agent
+  int agent_fd = -1;   // sealed memfd of sbx-agent
+  std::string agent_path;  // for messages
+
+  const CapsPlan* caps = nullptr;
+  const SeccompProgram* seccomp = nullptr;
+
+  // Storage and the NULL-terminated arrays execveat gets.
+  std::vector<std::string> argv_storage;
+  std::vector<std::string> env_storage;
+  std::vector<char*> argv;
+  std::vector<char*> envp;
+
+  // Optional profiling: when set (a MAP_SHARED page), the child stores CLOCK_MONOTONIC
+  // timestamps (ns) of its milestones in it; see TraceSlot.
+  uint64_t* trace = nullptr;
+
+  // Fills argv/envp from the storage vectors (call after the last change to them).
+  void FinalizeArrays();
+};
+
+// Milestones of the child recorded in LaunchPlan::trace.
+enum TraceSlot : int {
+  kTraceStart = 0,
+  kTraceSignals,
+  kTraceJoined,
+  kTraceCgroupNs,
+  kTraceMounts,
+  kTracePivot,
+  kTraceHostNet,
+  kTraceStdio,
+  kTraceCaps,
+  kTraceSeccomp,
+  kTraceExec,
+  kTraceSlots,
+};
+
+// The agent process, owned: the destructor SIGKILLs it (which, as PID 1 of its pid namespace,
+// takes every process inside with it) and reaps it, unless Release() handed it over.
+class ChildProcess {
+ public:
+  ChildProcess() = default;
+  ChildProcess(pid_t pid, UniqueFd pidfd) : pid_(pid), pidfd_(std::move(pidfd)) {}
+  ChildProcess(ChildProcess&& o) noexcept;
+  ChildProcess& operator=(ChildProcess&& o) noexcept;
+  ~ChildProcess();
+
+  pid_t pid() const { return pid_; }
+  int pidfd() const { return pidfd_.get(); }
+  // Hands over ownership of the pidfd; the process is no longer killed by the destructor.
+  UniqueFd Release();
+  // SIGKILL + wait for exit + reap (when it is our child). Idempotent.
+  void KillAndReap();
+
+ private:
+  pid_t pid_ = -1;
+  UniqueFd pidfd_;
+};
+
+// Clones the child into new mount/pid/ipc/uts/net namespaces, runs the pipeline and waits until
+// the agent was exec'd. On failure the child is reaped and the status names the failed step,
+// its syscall and errno.
+absl::StatusOr<ChildProcess> Launch(const LaunchPlan& plan);
+
+// Turns a child's failure report into a Status naming the step (exposed for tests).
+absl::Status DescribeChildFailure(const LaunchPlan& plan, const ChildReport& report);
+
+// Waits (poll on the pidfd, bounded) until the process exited, then reaps it when it is our
+// child. Returns false on timeout.
+bool WaitPidfdExit(int pidfd, int timeout_ms);
+
+}  // namespace sbx::runtime::ns

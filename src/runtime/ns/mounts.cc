@@ -1,0 +1,261 @@
+#include "runtime/ns/mounts.h"
+
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <fmt/format.h>
+
+#include "common/status_util.h"
+#include "runtime/backend.h"
+
+namespace sbx::runtime::ns {
+
+namespace {
+
+// Characters overlayfs' option parser treats specially; refusing them keeps escaping out of it.
+absl::Status CheckOverlayPath(const std::string& what, const std::string& p) {
+  if (p.empty() || p[0] != '/') {
+    return absl::InvalidArgumentError(fmt::format("{} must be an absolute path, got \"{}\"", what, p));
+  }
+  if (p.find_first_of(",:\\") != std::string::npos) {
+    return absl::InvalidArgumentError(
+        fmt::format("{} \"{}\" contains ',', ':' or '\\', which overlayfs options cannot carry", what, p));
+  }
+  return absl::OkStatus();
+}
+
+// "/a/b/c" -> {"a","b","c"}; rejects relative paths, "." and ".." components.
+absl::StatusOr<std::vector<std::string>> SandboxPathComponents(const std::string& p) {
+  if (p.empty() || p[0] != '/') {
+    return absl::InvalidArgumentError(fmt::format("template bind: sandbox path \"{}\" is not absolute", p));
+  }
+  std::vector<std::string> out;
+  size_t pos = 1;
+  while (pos <= p.size()) {
+    size_t slash = p.find('/', pos);
+    if (slash == std::string::npos) slash = p.size();
+    std::string c = p.substr(pos, slash - pos);
+    if (c == "." || c == "..") {
+      return absl::InvalidArgumentError(
+          fmt::format("template bind: sandbox path \"{}\" contains '.' or '..'", p));
+    }
+    if (!c.empty()) out.push_back(std::move(c));
+    pos = slash + 1;
+  }
+  if (out.empty()) {
+    return absl::InvalidArgumentError("template bind: cannot bind over the sandbox's root");
+  }
+  const std::string& top = out[0];
+  if (top == "proc" || top == "dev" || top == "tmp") {
+    return absl::InvalidArgumentError(fmt::format(
+        "template bind: sandbox path \"{}\" is under /{}, which the runtime mounts itself", p, top));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<MountPlan> BuildMountPlan(const TemplateSpec& tmpl, const std::string& sandbox_dir) {
+  SBX_RETURN_IF_ERROR(CheckOverlayPath("template rootfs_dir", tmpl.rootfs_dir));
+  SBX_RETURN_IF_ERROR(CheckOverlayPath("sandbox directory", sandbox_dir));
+  MountPlan plan;
+  plan.rootfs = sandbox_dir + "/rootfs";
+  // volatile: upper and work are thrown away with the sandbox, so the syncfs of the whole
+  // upper file system that overlayfs otherwise does on every sync and unmount is pure cost.
+  plan.overlay_data = fmt::format("lowerdir={},upperdir={}/upper,workdir={}/work,volatile",
+                                  tmpl.rootfs_dir, sandbox_dir, sandbox_dir);
+  if (plan.overlay_data.size() >= 4000) {
+    return absl::InvalidArgumentError("mount overlay: option string longer than a page");
+  }
+
+  for (const BindMount& b : tmpl.binds) {
+    if (b.host_path.empty() || b.host_path[0] != '/') {
+      return absl::InvalidArgumentError(
+          fmt::format("template bind: host path \"{}\" is not absolute", b.host_path));
+    }
+    SBX_ASSIGN_OR_RETURN(std::vector<std::string> comps, SandboxPathComponents(b.sandbox_path));
+    struct stat st;
+    if (::stat(b.host_path.c_str(), &st) != 0) {
+      return ErrnoStatus(errno, fmt::format("template bind: stat({})", b.host_path));
+    }
+    MountPlan::Bind bind;
+    bind.source = b.host_path;
+    bind.sandbox_path = b.sandbox_path;
+    bind.is_dir = S_ISDIR(st.st_mode);
+    bind.read_only = b.read_only;
+    std::string cur = plan.rootfs;
+    for (size_t i = 0; i < comps.size(); ++i) {
+      cur += "/" + comps[i];
+      if (i + 1 < comps.size() || bind.is_dir) bind.mkdirs.push_back(cur);
+    }
+    bind.target = cur;
+    plan.binds.push_back(std::move(bind));
+  }
+
+  plan.proc = plan.rootfs + "/proc";
+  plan.dev = plan.rootfs + "/dev";
+  plan.tmp = plan.rootfs + "/tmp";
+  plan.dev_pts = plan.dev + "/pts";
+  plan.dev_shm = plan.dev + "/shm";
+  plan.dev_null = plan.dev + "/null";
+  plan.dev_data = fmt::format("mode=755,size={}", kDevSizeBytes);
+  plan.tmp_data = fmt::format("mode=1777,size={}", kTmpSizeBytes);
+  plan.shm_data = fmt::format("mode=1777,size={}", kShmSizeBytes);
+  // gid 5 is "tty" on Debian-family templates; a missing group only affects `ls -l`.
+  plan.devpts_data = "newinstance,ptmxmode=0666,mode=0620,gid=5";
+
+  const struct {
+    const char* name;
+    unsigned major, minor;
+  } nodes[] = {{"null", 1, 3},   {"zero", 1, 5},    {"full", 1, 7},
+               {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}};
+  for (const auto& n : nodes) {
+    plan.nodes.push_back({plan.dev + "/" + n.name, S_IFCHR | 0666, makedev(n.major, n.minor)});
+  }
+  const struct {
+    const char* target;
+    const char* name;
+  } links[] = {{"/proc/self/fd", "fd"},
+               {"/proc/self/fd/0", "stdin"},
+               {"/proc/self/fd/1", "stdout"},
+               {"/proc/self/fd/2", "stderr"},
+               {"pts/ptmx", "ptmx"}};
+  for (const auto& l : links) plan.links.push_back({l.target, plan.dev + "/" + l.name});
+
+  // Docker's masked and read-only /proc paths. Without a user namespace sandbox root is uid 0,
+  // and the file modes alone would let it write /proc/sysrq-trigger or
+  // /proc/sys/kernel/core_pattern (code execution on the host).
+  for (const char* p : {"asound", "acpi", "kcore", "keys", "latency_stats", "timer_list",
+                        "timer_stats", "sched_debug", "scsi"}) {
+    plan.masked.push_back(plan.proc + "/" + p);
+  }
+  for (const char* p : {"bus", "fs", "irq", "sys", "sysrq-trigger"}) {
+    plan.read_only.push_back(plan.proc + "/" + p);
+  }
+  return plan;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Child side: syscalls only, no allocation, no logging.
+
+namespace {
+
+inline int Fail(ChildReport* r, Step step, size_t index = 0) {
+  r->step = static_cast<uint16_t>(step);
+  r->index = static_cast<uint16_t>(index);
+  r->err = errno;
+  return r->err == 0 ? EIO : r->err;
+}
+
+inline bool MkdirOk(const char* path, mode_t mode) {
+  return ::mkdir(path, mode) == 0 || errno == EEXIST;
+}
+
+}  // namespace
+
+int SetupMounts(const MountPlan& p, ChildReport* r) {
+  if (::mount("", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return Fail(r, Step::kMakeRootPrivate);
+  if (::mount("overlay", p.rootfs.c_str(), "overlay", MS_NOSUID | MS_NODEV, p.overlay_data.c_str()) != 0) {
+    return Fail(r, Step::kMountOverlay);
+  }
+
+  for (size_t i = 0; i < p.binds.size(); ++i) {
+    const auto& b = p.binds[i];
+    for (const auto& d : b.mkdirs) {
+      if (!MkdirOk(d.c_str(), 0755)) return Fail(r, Step::kBindMkdir, i);
+    }
+    if (!b.is_dir) {
+      // The mount point may already exist inside an earlier read-only bind (a mask over
+      // /etc/shadow inside the /etc view): opening it for writing would fail with EROFS.
+      int fd = ::open(b.target.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+      if (fd < 0 && errno == ENOENT) {
+        fd = ::open(b.target.c_str(), O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+      }
+      if (fd < 0) return Fail(r, Step::kBindMkdir, i);
+      ::close(fd);
+    }
+    if (::mount(b.source.c_str(), b.target.c_str(), nullptr, MS_BIND, nullptr) != 0) {
+      return Fail(r, Step::kBindMount, i);
+    }
+    unsigned long flags = MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | (b.read_only ? MS_RDONLY : 0);
+    if (::mount(nullptr, b.target.c_str(), nullptr, flags, nullptr) != 0) {
+      return Fail(r, Step::kBindRemount, i);
+    }
+  }
+
+  if (!MkdirOk(p.proc.c_str(), 0555)) return Fail(r, Step::kMkdirMountpoint, 0);
+  if (!MkdirOk(p.dev.c_str(), 0755)) return Fail(r, Step::kMkdirMountpoint, 1);
+  if (!MkdirOk(p.tmp.c_str(), 01777)) return Fail(r, Step::kMkdirMountpoint, 2);
+
+  // This proc instance belongs to the new pid namespace: the sandbox sees only its processes.
+  if (::mount("proc", p.proc.c_str(), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) {
+    return Fail(r, Step::kMountProc);
+  }
+
+  if (::mount("tmpfs", p.dev.c_str(), "tmpfs", MS_NOSUID | MS_NOEXEC, p.dev_data.c_str()) != 0) {
+    return Fail(r, Step::kMountDev);
+  }
+  for (size_t i = 0; i < p.nodes.size(); ++i) {
+    if (::mknod(p.nodes[i].path.c_str(), p.nodes[i].mode, p.nodes[i].rdev) != 0) {
+      return Fail(r, Step::kMknod, i);
+    }
+  }
+  for (size_t i = 0; i < p.links.size(); ++i) {
+    if (::symlink(p.links[i].target.c_str(), p.links[i].path.c_str()) != 0) return Fail(r, Step::kSymlink, i);
+  }
+  if (!MkdirOk(p.dev_pts.c_str(), 0755) ||
+      ::mount("devpts", p.dev_pts.c_str(), "devpts", MS_NOSUID | MS_NOEXEC, p.devpts_data.c_str()) != 0) {
+    return Fail(r, Step::kMountDevpts);
+  }
+  if (!MkdirOk(p.dev_shm.c_str(), 01777) ||
+      ::mount("shm", p.dev_shm.c_str(), "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, p.shm_data.c_str()) != 0) {
+    return Fail(r, Step::kMountShm);
+  }
+
+  for (size_t i = 0; i < p.masked.size(); ++i) {
+    struct stat st;
+    if (::stat(p.masked[i].c_str(), &st) != 0) {
+      if (errno == ENOENT) continue;
+      return Fail(r, Step::kMaskProc, i);
+    }
+    int rc = S_ISDIR(st.st_mode)
+                 ? ::mount("tmpfs", p.masked[i].c_str(), "tmpfs",
+                           MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr)
+                 : ::mount(p.dev_null.c_str(), p.masked[i].c_str(), nullptr, MS_BIND, nullptr);
+    if (rc != 0) return Fail(r, Step::kMaskProc, i);
+  }
+  for (size_t i = 0; i < p.read_only.size(); ++i) {
+    const char* path = p.read_only[i].c_str();
+    if (::mount(path, path, nullptr, MS_BIND, nullptr) != 0) {
+      if (errno == ENOENT) continue;
+      return Fail(r, Step::kReadonlyProc, i);
+    }
+    if (::mount(nullptr, path, nullptr,
+                MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) {
+      return Fail(r, Step::kReadonlyProc, i);
+    }
+  }
+
+  if (::mount("tmpfs", p.tmp.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, p.tmp_data.c_str()) != 0) {
+    return Fail(r, Step::kMountTmp);
+  }
+  return 0;
+}
+
+int PivotRoot(const MountPlan& p, ChildReport* r) {
+  if (::chdir(p.rootfs.c_str()) != 0) return Fail(r, Step::kChdirRootfs);
+  // pivot_root(".", "."): the old root ends up stacked under the new one at "/", from where a
+  // lazy unmount removes it without needing a directory to park it in.
+  if (::syscall(SYS_pivot_root, ".", ".") != 0) return Fail(r, Step::kPivotRoot);
+  if (::umount2(".", MNT_DETACH) != 0) return Fail(r, Step::kDetachOldRoot);
+  if (::chdir("/") != 0) return Fail(r, Step::kChdirNewRoot);
+  return 0;
+}
+
+}  // namespace sbx::runtime::ns

@@ -1,0 +1,71 @@
+// The sandbox's file system, built in the child inside its new mount namespace:
+//   / private (nothing propagates back to the host) -> overlay rootfs (lower = template,
+//   upper/work in the sandbox dir) -> template binds (read-only, nosuid, nodev) -> /proc ->
+//   tmpfs /dev with a fixed set of nodes, devpts, /dev/shm -> /proc masks -> tmpfs /tmp ->
+//   pivot_root into the overlay and detach the old root.
+//
+// The parent builds a MountPlan (every path and option string); the child only reads it, so
+// nothing allocates between clone and exec.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/ns/child_report.h"
+
+namespace sbx::runtime {
+struct TemplateSpec;
+}
+
+namespace sbx::runtime::ns {
+
+// Sizes of the sandbox's tmpfs mounts (charged to the sandbox's memory cgroup).
+inline constexpr size_t kTmpSizeBytes = 256u << 20;
+inline constexpr size_t kShmSizeBytes = 64u << 20;
+inline constexpr size_t kDevSizeBytes = 64u << 10;
+
+struct MountPlan {
+  std::string rootfs;        // <dir>/rootfs, the overlay mount point (host path)
+  std::string overlay_data;  // lowerdir=...,upperdir=...,workdir=...
+
+  struct Bind {
+    std::string source;               // host path
+    std::string target;               // rootfs + sandbox path
+    std::string sandbox_path;         // for messages
+    std::vector<std::string> mkdirs;  // components to create below rootfs, outermost first
+    bool is_dir = true;
+    bool read_only = true;
+  };
+  std::vector<Bind> binds;
+
+  std::string proc, dev, tmp;  // rootfs + /proc, /dev, /tmp
+  std::string dev_data, tmp_data, shm_data, devpts_data;
+  std::string dev_pts, dev_shm, dev_null;
+
+  struct Node {
+    std::string path;
+    mode_t mode;
+    dev_t rdev;
+  };
+  std::vector<Node> nodes;
+  struct Link {
+    std::string target;  // what the link points to
+    std::string path;
+  };
+  std::vector<Link> links;
+  std::vector<std::string> masked;     // rootfs/proc/...: hidden (tmpfs or /dev/null on top)
+  std::vector<std::string> read_only;  // rootfs/proc/...: read-only bind on itself
+};
+
+// Validates the template and computes every path. `sandbox_dir` is <state>/sandboxes/<id>.
+absl::StatusOr<MountPlan> BuildMountPlan(const TemplateSpec& tmpl, const std::string& sandbox_dir);
+
+// Child side (async-signal-safe). Returns 0, or an errno value with *report filled.
+int SetupMounts(const MountPlan& plan, ChildReport* report);
+// Child side: pivot_root into plan.rootfs, detach the old root, chdir("/").
+int PivotRoot(const MountPlan& plan, ChildReport* report);
+
+}  // namespace sbx::runtime::ns

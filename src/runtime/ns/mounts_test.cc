@@ -1,0 +1,87 @@
+// Mount plan building and the parent's rendering of child failures (no root).
+#include "runtime/ns/mounts.h"
+
+#include <gtest/gtest.h>
+
+#include "runtime/backend.h"
+#include "runtime/ns/launcher.h"
+
+namespace sbx::runtime::ns {
+namespace {
+
+TemplateSpec BaseTemplate() {
+  TemplateSpec t;
+  t.name = "base";
+  t.rootfs_dir = "/var/lib/sbx/templates/base";
+  t.binds = {{"/usr", "/usr", true}, {"/etc/hostname", "/etc/host/name", true}};
+  return t;
+}
+
+TEST(MountPlan, BuildsPaths) {
+  auto plan = BuildMountPlan(BaseTemplate(), "/var/lib/sbx/sandboxes/sbx_x");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->rootfs, "/var/lib/sbx/sandboxes/sbx_x/rootfs");
+  EXPECT_EQ(plan->overlay_data,
+            "lowerdir=/var/lib/sbx/templates/base,upperdir=/var/lib/sbx/sandboxes/sbx_x/upper,"
+            "workdir=/var/lib/sbx/sandboxes/sbx_x/work,volatile");
+  ASSERT_EQ(plan->binds.size(), 2u);
+  EXPECT_TRUE(plan->binds[0].is_dir);
+  EXPECT_EQ(plan->binds[0].target, plan->rootfs + "/usr");
+  EXPECT_EQ(plan->binds[0].mkdirs, std::vector<std::string>{plan->rootfs + "/usr"});
+  // A file bind: parents are created, the target itself becomes an empty file.
+  EXPECT_FALSE(plan->binds[1].is_dir);
+  EXPECT_EQ(plan->binds[1].mkdirs,
+            (std::vector<std::string>{plan->rootfs + "/etc", plan->rootfs + "/etc/host"}));
+  EXPECT_EQ(plan->binds[1].target, plan->rootfs + "/etc/host/name");
+  EXPECT_EQ(plan->nodes.size(), 6u);
+  EXPECT_FALSE(plan->masked.empty());
+  EXPECT_FALSE(plan->read_only.empty());
+}
+
+TEST(MountPlan, RejectsBadInput) {
+  TemplateSpec t = BaseTemplate();
+  t.rootfs_dir = "relative/dir";
+  EXPECT_FALSE(BuildMountPlan(t, "/s").ok());
+  t.rootfs_dir = "/a,upperdir=/evil";
+  EXPECT_FALSE(BuildMountPlan(t, "/s").ok());
+  t = BaseTemplate();
+  EXPECT_FALSE(BuildMountPlan(t, "/s:x").ok());
+  for (const char* bad : {"/proc/x", "/dev", "/tmp/y", "/", "/usr/../etc", "rel", "/a/./b"}) {
+    t = BaseTemplate();
+    t.binds = {{"/usr", bad, true}};
+    EXPECT_FALSE(BuildMountPlan(t, "/s").ok()) << bad;
+  }
+  t = BaseTemplate();
+  t.binds = {{"/does/not/exist", "/x", true}};
+  auto r = BuildMountPlan(t, "/s");
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("/does/not/exist"), std::string::npos);
+}
+
+TEST(ChildFailure, NamesStepSyscallAndErrno) {
+  LaunchPlan plan;
+  auto mp = BuildMountPlan(BaseTemplate(), "/var/lib/sbx/sandboxes/sbx_x");
+  ASSERT_TRUE(mp.ok());
+  plan.mounts = *mp;
+  ChildReport r;
+  r.step = static_cast<uint16_t>(Step::kMountOverlay);
+  r.err = ENODEV;
+  absl::Status s = DescribeChildFailure(plan, r);
+  EXPECT_EQ(s.message().substr(0, 70),
+            "mount overlay: mount(overlay -> /var/lib/sbx/sandboxes/sbx_x/rootfs, l");
+  EXPECT_NE(s.message().find("No such device (errno 19)"), std::string::npos) << s;
+
+  r.step = static_cast<uint16_t>(Step::kBindRemount);
+  r.index = 0;
+  r.err = EPERM;
+  s = DescribeChildFailure(plan, r);
+  EXPECT_NE(s.message().find("bind /usr: mount("), std::string::npos) << s;
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+
+  r.step = static_cast<uint16_t>(Step::kBindMount);
+  r.index = 7;  // out of range: still a message, never a crash
+  EXPECT_FALSE(DescribeChildFailure(plan, r).ok());
+}
+
+}  // namespace
+}  // namespace sbx::runtime::ns

@@ -1,0 +1,78 @@
+// The `ns` runtime: each sandbox is sbx-agent running as PID 1 of fresh mount, pid, ipc, uts,
+// net and cgroup namespaces, on an overlay root, inside its own cgroups, with a reduced
+// capability set, no_new_privs and a seccomp filter. docs/isolation.md walks through every
+// privileged step.
+//
+// Layout on the host, per sandbox `<id>`:
+//   <state_dir>/sandboxes/<id>/{upper,work,rootfs}   overlay layers and mount point
+//   <state_dir>/sandboxes/<id>/agent.sock            the agent's listening socket (mode 0600)
+//   <state_dir>/sandboxes/<id>/agent.log             the agent's stdout/stderr
+//   <cgroup of each hierarchy>/<own>/sbx/<id>        see cgroup.h
+// Mounts exist only inside the sandbox's mount namespace and vanish with its last process.
+//
+// One sbxd per host owns the `sbx` cgroup parents: Sweep() removes every sandbox cgroup it does
+// not know.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "runtime/backend.h"
+
+namespace sbx::runtime::ns {
+
+// Defaults for Resources fields that are 0.
+inline constexpr int kDefaultVcpu = 1;
+inline constexpr int kDefaultMemoryMib = 512;
+inline constexpr int kDefaultPids = 512;
+inline constexpr int64_t kCpuPeriodUs = 100000;
+// Per-stream output buffer of the agent when NsOptions::agent_buffer_bytes is 0.
+inline constexpr size_t kDefaultAgentBufferBytes = 8u << 20;
+// How long Create() waits for the agent's first ping answer.
+inline constexpr int kAgentReadyTimeoutMs = 10000;
+// How long Adopt() waits for a ping answer.
+inline constexpr int kAdoptPingTimeoutMs = 2000;
+
+struct NsOptions {
+  std::string state_dir;             // e.g. /var/lib/sbx
+  std::string agent_path;            // e.g. build/bin/sbx-agent; read once at construction
+  std::string cgroup_root_override;  // cgroupfs root instead of the mount points in /proc/mounts
+  size_t agent_buffer_bytes = 0;     // 0 = kDefaultAgentBufferBytes
+  std::string proc_root = "/proc";   // tests only: where /proc/self/cgroup and mounts are read
+};
+
+class NsBackend : public Backend {
+ public:
+  // Loads the agent into a sealed memfd, builds the seccomp filter, detects the cgroup layout
+  // and prepares the `sbx` cgroup parents. Failures are kept and reported by Probe() and
+  // Create(), so constructing never fails.
+  explicit NsBackend(NsOptions options);
+  ~NsBackend() override;
+
+  std::string Name() const override { return "ns"; }
+  Capabilities GetCapabilities() const override;
+  absl::Status Probe() override;
+  absl::StatusOr<InstancePtr> Create(const SandboxSpec& spec) override;
+  absl::StatusOr<InstancePtr> Adopt(const std::string& id, const Json& persisted) override;
+  // Kills and removes whatever is left of sandbox `id` (processes in its cgroups, the cgroups,
+  // its state dir), without needing a live agent. Idempotent.
+  absl::Status Remove(const std::string& id) override;
+  absl::Status Sweep(const std::set<std::string>& known_ids) override;
+
+  // For tests and diagnostics: the cgroup directories a sandbox with this id uses, keyed by
+  // hierarchy ("memory", "pids", "cpu", "unified"); the agent's socket and the sandbox dir.
+  std::map<std::string, std::string> CgroupPaths(const std::string& id) const;
+  std::string SandboxDir(const std::string& id) const;
+  // Name of the cgroup driver in use ("cgroup-v1+v2-hybrid", "cgroup-v2", ...), "" if none.
+  std::string CgroupDriverName() const;
+
+  struct Shared;
+
+ private:
+  absl::Status RemoveById(const std::string& id);
+
+  std::shared_ptr<Shared> shared_;
+};
+
+}  // namespace sbx::runtime::ns

@@ -1,0 +1,602 @@
+// End-to-end tests of the ns runtime with the real sbx-agent. Root only: they skip otherwise,
+// and fail instead when SBX_TESTS_MUST_RUN=1.
+//
+// The `base` template used here: a skeleton lower dir made in a temp dir plus read-only binds of
+// the host's /usr and /etc.
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <spdlog/spdlog.h>
+
+#include "common/ids.h"
+#include "common/status_util.h"
+#include "protocol/protocol.h"
+#include "runtime/ns/fsutil.h"
+#include "runtime/ns/ns_backend.h"
+
+#ifndef SBX_AGENT_PATH
+#define SBX_AGENT_PATH ""
+#endif
+
+namespace sbx::runtime::ns {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using protocol::Json;
+
+bool MustRun() {
+  const char* v = std::getenv("SBX_TESTS_MUST_RUN");
+  return v != nullptr && std::string(v) == "1";
+}
+
+bool PathExists(const std::string& p) {
+  struct stat st;
+  return ::lstat(p.c_str(), &st) == 0;
+}
+
+double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+struct RunResult {
+  int exit_code = -1;
+  std::string signal;
+  std::string out;
+  std::string err;
+};
+
+// One command through the agent's attach stream, collected until its exit event.
+absl::StatusOr<RunResult> Run(const std::string& socket, const std::vector<std::string>& argv) {
+  SBX_ASSIGN_OR_RETURN(protocol::AgentConnection conn,
+                       protocol::AgentConnection::Connect(socket, 20000));
+  Json req = {{"op", "attach"},
+              {"session_id", NewId("ses")},
+              {"after_event_id", 0},
+              {"spec", {{"argv", argv}, {"cwd", "/"}, {"env", Json::object()}, {"user", "root"}}}};
+  SBX_ASSIGN_OR_RETURN(Json resp, conn.Call(req));
+  (void)resp;
+  RunResult r;
+  for (;;) {
+    SBX_ASSIGN_OR_RETURN(protocol::Frame f, conn.ReadFrame());
+    if (f.type == protocol::FrameType::kOutput) {
+      SBX_ASSIGN_OR_RETURN(protocol::OutputEvent ev, protocol::DecodeOutput(f.payload));
+      (ev.stream == protocol::Stream::kStdout ? r.out : r.err) += ev.data;
+    } else if (f.type == protocol::FrameType::kExit) {
+      SBX_ASSIGN_OR_RETURN(protocol::ExitEvent ex, protocol::DecodeExit(f.payload));
+      r.exit_code = ex.exit_code.value_or(-1);
+      r.signal = ex.signal.value_or("");
+      return r;
+    }
+  }
+}
+
+RunResult MustRunCmd(const Instance& inst, const std::vector<std::string>& argv) {
+  auto r = Run(inst.AgentSocketPath(), argv);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : RunResult{};
+}
+
+class NsRuntimeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) {
+      if (MustRun()) FAIL() << "ns runtime tests need root (SBX_TESTS_MUST_RUN=1)";
+      GTEST_SKIP() << "ns runtime tests need root";
+    }
+    const char* env_agent = std::getenv("SBX_AGENT_PATH");
+    agent_ = env_agent != nullptr ? env_agent : SBX_AGENT_PATH;
+    if (agent_.empty() || !PathExists(agent_)) {
+      if (MustRun()) FAIL() << "sbx-agent not found at '" << agent_ << "'";
+      GTEST_SKIP() << "sbx-agent not built (" << agent_ << ")";
+    }
+    // SBX_TEST_DEBUG=1 shows the runtime's per-step timings.
+    if (std::getenv("SBX_TEST_DEBUG") != nullptr) spdlog::set_level(spdlog::level::debug);
+    char tmpl[] = "/tmp/sbx-ns-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    base_ = tmpl;
+    lower_ = base_ + "/lower";
+    for (const char* d : {"", "/usr", "/etc", "/proc", "/dev", "/tmp", "/root", "/home"}) {
+      ASSERT_EQ(::mkdir((lower_ + d).c_str(), 0755), 0) << d;
+    }
+    ASSERT_EQ(::chmod((lower_ + "/tmp").c_str(), 01777), 0);
+    ASSERT_EQ(::chmod((lower_ + "/root").c_str(), 0700), 0);
+    ASSERT_EQ(::symlink("usr/bin", (lower_ + "/bin").c_str()), 0);
+    ASSERT_EQ(::symlink("usr/sbin", (lower_ + "/sbin").c_str()), 0);
+    ASSERT_EQ(::symlink("usr/lib", (lower_ + "/lib").c_str()), 0);
+    if (PathExists("/lib64")) {
+      ASSERT_EQ(::symlink("usr/lib64", (lower_ + "/lib64").c_str()), 0);
+    }
+
+    NsOptions opts;
+    opts.state_dir = base_ + "/state";
+    opts.agent_path = agent_;
+    backend_ = std::make_unique<NsBackend>(opts);
+    absl::Status probe = backend_->Probe();
+    ASSERT_TRUE(probe.ok()) << probe;
+  }
+
+  void TearDown() override {
+    for (auto& inst : live_) {
+      if (!inst) continue;
+      absl::Status s = inst->Destroy();
+      EXPECT_TRUE(s.ok()) << s;
+    }
+    live_.clear();
+    for (const auto& id : forgotten_) {
+      // Ids whose instance object was dropped on purpose: Sweep them with every other id known.
+      std::set<std::string> known = OtherIds(id);
+      EXPECT_TRUE(backend_->Sweep(known).ok());
+    }
+    backend_.reset();
+    if (!base_.empty()) {
+      EXPECT_TRUE(RemoveTree(base_).ok());
+    }
+  }
+
+  SandboxSpec Spec() {
+    SandboxSpec s;
+    s.id = NewId("sbx");
+    s.tmpl.name = "base";
+    s.tmpl.rootfs_dir = lower_;
+    s.tmpl.binds = {{"/usr", "/usr", true}, {"/etc", "/etc", true}};
+    s.resources.vcpu = 1;
+    s.resources.memory_mib = 256;
+    s.resources.pids = 128;
+    return s;
+  }
+
+  Instance* Keep(InstancePtr p) {
+    live_.push_back(std::move(p));
+    return live_.back().get();
+  }
+
+  // Every sandbox id present on this host except `except`, so that a test's Sweep never
+  // touches sandboxes of other processes sharing the cgroup parents.
+  std::set<std::string> OtherIds(const std::string& except) {
+    std::set<std::string> ids;
+    std::vector<std::string> parents;
+    for (const auto& [key, path] : backend_->CgroupPaths(except)) {
+      parents.push_back(path.substr(0, path.rfind('/')));
+    }
+    parents.push_back(base_ + "/state/sandboxes");
+    for (const auto& p : parents) {
+      auto names = ListDir(p);
+      if (!names.ok()) continue;
+      for (const auto& n : *names) {
+        if (n != except) ids.insert(n);
+      }
+    }
+    return ids;
+  }
+
+  void ExpectNothingLeft(const std::string& id, pid_t pid) {
+    if (pid > 0) {
+      errno = 0;
+      EXPECT_EQ(::kill(pid, 0), -1) << "agent pid " << pid << " still exists (zombie?)";
+      EXPECT_EQ(errno, ESRCH);
+    }
+    for (const auto& [key, path] : backend_->CgroupPaths(id)) {
+      EXPECT_FALSE(PathExists(path)) << "cgroup left: " << path;
+    }
+    auto mountinfo = ReadFileToString("/proc/self/mountinfo");
+    ASSERT_TRUE(mountinfo.ok());
+    EXPECT_EQ(mountinfo->find(id), std::string::npos) << "host mountinfo mentions " << id;
+    EXPECT_FALSE(PathExists(backend_->SandboxDir(id))) << backend_->SandboxDir(id);
+  }
+
+  static pid_t PidOf(const Instance& inst) { return inst.Persist()["pid"].get<pid_t>(); }
+
+  std::string agent_;
+  std::string base_;
+  std::string lower_;
+  std::unique_ptr<NsBackend> backend_;
+  std::vector<InstancePtr> live_;
+  std::vector<std::string> forgotten_;
+};
+
+TEST_F(NsRuntimeTest, CreatePingRunDestroy) {
+  SandboxSpec spec = Spec();
+  const auto t0 = Clock::now();
+  auto created = backend_->Create(spec);
+  const auto t1 = Clock::now();
+  ASSERT_TRUE(created.ok()) << created.status();
+  Instance* inst = Keep(std::move(*created));
+  const pid_t pid = PidOf(*inst);
+
+  auto ping = protocol::CallAgent(inst->AgentSocketPath(), Json{{"op", "ping"}});
+  ASSERT_TRUE(ping.ok()) << ping.status();
+
+  RunResult r = MustRunCmd(*inst, {"python3", "-c", "print('hi')"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "hi\n");
+
+  // While it runs, the host's mount table never shows the sandbox's mounts.
+  auto mountinfo = ReadFileToString("/proc/self/mountinfo");
+  ASSERT_TRUE(mountinfo.ok());
+  EXPECT_EQ(mountinfo->find(spec.id), std::string::npos);
+
+  const auto t2 = Clock::now();
+  absl::Status d = inst->Destroy();
+  const auto t3 = Clock::now();
+  ASSERT_TRUE(d.ok()) << d;
+  EXPECT_TRUE(inst->Destroy().ok());  // idempotent
+  ExpectNothingLeft(spec.id, pid);
+  std::cout << fmt::format("[timing] create {:.2f} ms, destroy {:.2f} ms (informational)\n",
+                           Ms(t1 - t0), Ms(t3 - t2));
+}
+
+TEST_F(NsRuntimeTest, IsolationInsideTheSandbox) {
+  SandboxSpec spec = Spec();
+  spec.hostname = "sbx-test-host";
+  auto created = backend_->Create(spec);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Instance* inst = Keep(std::move(*created));
+  const pid_t pid = PidOf(*inst);
+
+  // The agent is PID 1: the shell's parent is pid 1, and pid 1 is sbx-agent.
+  RunResult r = MustRunCmd(*inst, {"sh", "-c", "echo $PPID $$; tr '\\0' ' ' < /proc/1/cmdline"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  {
+    std::istringstream is(r.out);
+    int ppid = 0, self = 0;
+    std::string argv0;
+    is >> ppid >> self >> argv0;
+    EXPECT_EQ(ppid, 1) << r.out;
+    EXPECT_GT(self, 1) << r.out;
+    EXPECT_EQ(argv0, "sbx-agent") << r.out;
+  }
+
+  r = MustRunCmd(*inst, {"cat", "/proc/sys/kernel/hostname"});
+  EXPECT_EQ(r.out, "sbx-test-host\n");
+
+  // /usr is a read-only bind; the overlay root and /tmp are writable.
+  r = MustRunCmd(*inst, {"touch", "/usr/sbx-should-fail"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("Read-only file system"), std::string::npos) << r.err;
+  EXPECT_FALSE(PathExists("/usr/sbx-should-fail"));
+  r = MustRunCmd(*inst, {"sh", "-c", "echo ok > /tmp/f && cat /tmp/f && touch /root/x /home/y"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "ok\n");
+
+  // Mounting is refused (capability dropped and seccomp).
+  r = MustRunCmd(*inst, {"mount", "-t", "tmpfs", "x", "/tmp"});
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  r = MustRunCmd(*inst, {"python3", "-c",
+                         "import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
+                         "rc = libc.mount(b'x', b'/tmp', b'tmpfs', 0, None); "
+                         "print(rc, ctypes.get_errno())"});
+  EXPECT_EQ(r.out, "-1 1\n") << r.err;  // EPERM
+
+  // Only lo, and it is up.
+  r = MustRunCmd(*inst, {"cat", "/proc/net/dev"});
+  {
+    std::istringstream is(r.out);
+    std::string line;
+    std::set<std::string> ifaces;
+    int n = 0;
+    while (std::getline(is, line)) {
+      if (n++ < 2) continue;
+      auto colon = line.find(':');
+      std::string name = line.substr(0, colon);
+      name.erase(0, name.find_first_not_of(' '));
+      ifaces.insert(name);
+    }
+    EXPECT_EQ(ifaces, std::set<std::string>{"lo"}) << r.out;
+  }
+  r = MustRunCmd(*inst, {"python3", "-c",
+                         "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); "
+                         "s.listen(); c = socket.create_connection(s.getsockname()); "
+                         "print('lo-ok')"});
+  EXPECT_EQ(r.out, "lo-ok\n") << r.err;
+
+  // Reduced capabilities, no_new_privs, seccomp filter.
+  r = MustRunCmd(*inst, {"grep", "-E", "^(CapEff|CapBnd|NoNewPrivs|Seccomp):", "/proc/self/status"});
+  EXPECT_NE(r.out.find("CapEff:\t00000000a00405fb"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("CapBnd:\t00000000a00405fb"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("NoNewPrivs:\t1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Seccomp:\t2"), std::string::npos) << r.out;
+
+  // The agent runs from a sealed memfd: /proc/1/exe cannot be opened for writing
+  // (CVE-2019-5736), whatever the sandbox's root tries.
+  r = MustRunCmd(*inst, {"python3", "-c",
+                         "import os\n"
+                         "try:\n"
+                         "    open('/proc/1/exe', 'r+b'); print('writable')\n"
+                         "except OSError as e:\n"
+                         "    print('denied', os.readlink('/proc/1/exe'))"});
+  EXPECT_EQ(r.out.rfind("denied /memfd:sbx-agent", 0), 0u) << r.out << r.err;
+
+  // /proc/sys is read-only, /proc/kcore is masked.
+  r = MustRunCmd(*inst, {"sh", "-c", "echo evil > /proc/sys/kernel/hostname"});
+  EXPECT_NE(r.exit_code, 0);
+  for (const char* masked : {"/proc/kcore", "/proc/timer_list", "/proc/sched_debug", "/proc/keys"}) {
+    if (!PathExists(masked)) continue;  // not built into this kernel
+    r = MustRunCmd(*inst, {"sh", "-c", fmt::format("wc -c < {}", masked)});
+    EXPECT_EQ(r.out, "0\n") << masked << ": " << r.err;
+  }
+
+  // The cgroup namespace hides the host's cgroup paths.
+  r = MustRunCmd(*inst, {"cat", "/proc/self/cgroup"});
+  for (std::istringstream is(r.out); !is.eof();) {
+    std::string line;
+    std::getline(is, line);
+    if (line.empty()) continue;
+    EXPECT_EQ(line.substr(line.rfind(':')), ":/") << line;
+  }
+
+  // The memory limit is in the sandbox's cgroup, and the agent is in it.
+  auto paths = backend_->CgroupPaths(spec.id);
+  if (paths.count("memory")) {
+    auto limit = ReadFileToString(paths["memory"] + "/memory.limit_in_bytes");
+    ASSERT_TRUE(limit.ok()) << limit.status();
+    EXPECT_EQ(std::stoll(*limit), 256LL << 20);
+    auto procs = ReadFileToString(paths["memory"] + "/cgroup.procs");
+    ASSERT_TRUE(procs.ok());
+    auto pids = ParsePidList(*procs);
+    EXPECT_NE(std::find(pids.begin(), pids.end(), pid), pids.end());
+  } else {
+    auto limit = ReadFileToString(paths["unified"] + "/memory.max");
+    ASSERT_TRUE(limit.ok()) << limit.status();
+    EXPECT_EQ(std::stoll(*limit), 256LL << 20);
+  }
+  if (paths.count("pids")) {
+    auto max = ReadFileToString(paths["pids"] + "/pids.max");
+    ASSERT_TRUE(max.ok());
+    EXPECT_EQ(*max, "128\n");
+  }
+
+  // The limits are enforced: an allocation over the memory limit is OOM-killed (and the agent
+  // survives it); forking stops at pids.max with EAGAIN.
+  r = MustRunCmd(*inst, {"python3", "-c",
+                         "b = bytearray(400 * 1024 * 1024)\nprint('allocated')"});
+  EXPECT_EQ(r.signal, "SIGKILL") << r.exit_code << " " << r.out << r.err;
+  EXPECT_EQ(r.out.find("allocated"), std::string::npos);
+  auto ping = protocol::CallAgent(inst->AgentSocketPath(), Json{{"op", "ping"}});
+  EXPECT_TRUE(ping.ok()) << ping.status();
+  r = MustRunCmd(*inst, {"python3", "-c",
+                         "import os, time\n"
+                         "n = 0\n"
+                         "try:\n"
+                         "    while n < 1000:\n"
+                         "        if os.fork() == 0:\n"
+                         "            time.sleep(1)\n"
+                         "            os._exit(0)\n"
+                         "        n += 1\n"
+                         "except OSError as e:\n"
+                         "    print(n, e.errno)\n"});
+  {
+    std::istringstream is(r.out);
+    int forked = 0, err = 0;
+    is >> forked >> err;
+    EXPECT_EQ(err, EAGAIN) << r.out << r.err;
+    EXPECT_GT(forked, 50) << r.out;
+    EXPECT_LT(forked, 128) << r.out;
+  }
+
+  ASSERT_TRUE(inst->Destroy().ok());
+  ExpectNothingLeft(spec.id, pid);
+}
+
+TEST_F(NsRuntimeTest, FailedCreateNamesStepAndLeavesNothing) {
+  SandboxSpec spec = Spec();
+  spec.tmpl.rootfs_dir = base_ + "/does-not-exist";
+  auto created = backend_->Create(spec);
+  ASSERT_FALSE(created.ok());
+  const std::string msg(created.status().message());
+  EXPECT_NE(msg.find("mount overlay: mount(overlay -> "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(errno 2)"), std::string::npos) << msg;
+  ExpectNothingLeft(spec.id, -1);
+
+  std::cout << "[message] " << msg << "\n";
+
+  spec = Spec();
+  spec.id = "sbx_../../etc";
+  created = backend_->Create(spec);
+  EXPECT_EQ(created.status().code(), absl::StatusCode::kInvalidArgument);
+
+  spec = Spec();
+  spec.tmpl.binds.push_back({"/nonexistent-host-path", "/opt/x", true});
+  created = backend_->Create(spec);
+  EXPECT_FALSE(created.ok());
+  ExpectNothingLeft(spec.id, -1);
+}
+
+TEST_F(NsRuntimeTest, AgentThatExitsFailsReadiness) {
+  // An "agent" that exits at once: the readiness ping fails fast (the listening socket dies
+  // with it) and everything is rolled back.
+  NsOptions opts;
+  opts.state_dir = base_ + "/state";
+  opts.agent_path = "/usr/bin/false";
+  NsBackend backend(opts);
+  SandboxSpec spec = Spec();
+  const auto t0 = Clock::now();
+  auto created = backend.Create(spec);
+  const auto t1 = Clock::now();
+  ASSERT_FALSE(created.ok());
+  EXPECT_NE(created.status().message().find("wait for agent"), std::string::npos) << created.status();
+  EXPECT_LT(Ms(t1 - t0), kAgentReadyTimeoutMs / 2) << "readiness waited for its timeout";
+  std::cout << "[message] " << created.status().message() << "\n";
+  ExpectNothingLeft(spec.id, -1);
+}
+
+TEST_F(NsRuntimeTest, AdoptAfterForgetting) {
+  SandboxSpec spec = Spec();
+  auto created = backend_->Create(spec);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Json persisted = (*created)->Persist();
+  const pid_t pid = persisted["pid"].get<pid_t>();
+  EXPECT_TRUE(persisted.contains("start_time"));
+  EXPECT_TRUE(persisted["cgroups"].is_object());
+  created->reset();  // forget: the sandbox keeps running
+
+  // A fresh backend, as after a restart of sbxd.
+  NsOptions opts;
+  opts.state_dir = base_ + "/state";
+  opts.agent_path = agent_;
+  backend_ = std::make_unique<NsBackend>(opts);
+
+  Json wrong = persisted;
+  wrong["start_time"] = persisted["start_time"].get<uint64_t>() + 1;
+  auto bad = backend_->Adopt(spec.id, wrong);
+  EXPECT_TRUE(absl::IsNotFound(bad.status())) << bad.status();
+
+  auto adopted = backend_->Adopt(spec.id, persisted);
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  Instance* inst = Keep(std::move(*adopted));
+  RunResult r = MustRunCmd(*inst, {"sh", "-c", "echo adopted"});
+  EXPECT_EQ(r.out, "adopted\n");
+  ASSERT_TRUE(inst->Destroy().ok());
+  ExpectNothingLeft(spec.id, pid);
+
+  auto gone = backend_->Adopt(spec.id, persisted);
+  EXPECT_TRUE(absl::IsNotFound(gone.status())) << gone.status();
+}
+
+TEST_F(NsRuntimeTest, SweepRemovesLeftovers) {
+  auto keep = backend_->Create(Spec());
+  ASSERT_TRUE(keep.ok()) << keep.status();
+  Instance* kept = Keep(std::move(*keep));
+
+  SandboxSpec spec = Spec();
+  auto leftover = backend_->Create(spec);
+  ASSERT_TRUE(leftover.ok()) << leftover.status();
+  forgotten_.push_back(spec.id);  // TearDown sweeps it if the test fails early
+  const pid_t pid = PidOf(**leftover);
+  leftover->reset();  // knowledge of the id is dropped
+
+  // A half-made leftover too: only a state dir.
+  const std::string stray = NewId("sbx");
+  ASSERT_TRUE(MkdirAll(backend_->SandboxDir(stray) + "/work/work", 0755).ok());
+  ASSERT_EQ(::chmod((backend_->SandboxDir(stray) + "/work/work").c_str(), 0), 0);
+
+  std::set<std::string> known = OtherIds(spec.id);
+  known.erase(stray);
+  absl::Status s = backend_->Sweep(known);
+  ASSERT_TRUE(s.ok()) << s;
+  ExpectNothingLeft(spec.id, pid);
+  EXPECT_FALSE(PathExists(backend_->SandboxDir(stray)));
+  forgotten_.clear();
+
+  // The known sandbox is untouched.
+  auto ping = protocol::CallAgent(kept->AgentSocketPath(), Json{{"op", "ping"}});
+  EXPECT_TRUE(ping.ok()) << ping.status();
+}
+
+TEST_F(NsRuntimeTest, RemoveByIdWithoutInstance) {
+  SandboxSpec spec = Spec();
+  auto created = backend_->Create(spec);
+  ASSERT_TRUE(created.ok()) << created.status();
+  forgotten_.push_back(spec.id);
+  const pid_t pid = PidOf(**created);
+  created->reset();
+  absl::Status s = backend_->Remove(spec.id);
+  ASSERT_TRUE(s.ok()) << s;
+  ExpectNothingLeft(spec.id, pid);
+  EXPECT_TRUE(backend_->Remove(spec.id).ok());  // idempotent
+  EXPECT_EQ(backend_->Remove("../etc").code(), absl::StatusCode::kInvalidArgument);
+  forgotten_.clear();
+}
+
+TEST_F(NsRuntimeTest, ConcurrentCreateAndDestroy) {
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 5;
+  std::mutex mu;
+  std::vector<InstancePtr> made;
+  std::vector<std::string> errors;
+  std::vector<std::string> ids;
+  auto fds_before = ListDir("/proc/self/fd");
+  ASSERT_TRUE(fds_before.ok());
+  const auto t0 = Clock::now();
+  {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&] {
+        for (int i = 0; i < kPerThread; ++i) {
+          SandboxSpec spec = Spec();
+          auto r = backend_->Create(spec);
+          std::lock_guard<std::mutex> lock(mu);
+          ids.push_back(spec.id);
+          if (r.ok()) {
+            made.push_back(std::move(*r));
+          } else {
+            errors.push_back(std::string(r.status().message()));
+          }
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  const auto t1 = Clock::now();
+  for (auto& m : made) live_.push_back(std::move(m));
+  EXPECT_TRUE(errors.empty()) << errors.front();
+  EXPECT_EQ(live_.size(), static_cast<size_t>(kThreads * kPerThread));
+
+  std::vector<pid_t> pids;
+  for (const auto& inst : live_) {
+    pids.push_back(PidOf(*inst));
+    auto ping = protocol::CallAgent(inst->AgentSocketPath(), Json{{"op", "ping"}});
+    EXPECT_TRUE(ping.ok()) << ping.status();
+  }
+
+  const auto t2 = Clock::now();
+  {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        for (size_t i = static_cast<size_t>(t); i < live_.size(); i += kThreads) {
+          absl::Status s = live_[i]->Destroy();
+          EXPECT_TRUE(s.ok()) << s;
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  const auto t3 = Clock::now();
+  for (size_t i = 0; i < live_.size(); ++i) ExpectNothingLeft(live_[i]->id(), pids[i]);
+  for (const auto& id : ids) ExpectNothingLeft(id, -1);
+  // No descriptor leaked by Create/Destroy (pidfds, sockets, cgroup files, pipes).
+  auto fds_after = ListDir("/proc/self/fd");
+  ASSERT_TRUE(fds_after.ok());
+  EXPECT_EQ(fds_after->size(), fds_before->size());
+  std::cout << fmt::format(
+      "[timing] {} sandboxes from {} threads: create {:.1f} ms, destroy {:.1f} ms (informational)\n",
+      kThreads * kPerThread, kThreads, Ms(t1 - t0), Ms(t3 - t2));
+}
+
+TEST_F(NsRuntimeTest, TimingCreateDestroyCycles) {
+  std::vector<double> create_ms, destroy_ms;
+  for (int i = 0; i < 10; ++i) {
+    SandboxSpec spec = Spec();
+    const auto t0 = Clock::now();
+    auto created = backend_->Create(spec);
+    const auto t1 = Clock::now();
+    ASSERT_TRUE(created.ok()) << created.status();
+    Instance* inst = Keep(std::move(*created));
+    const auto t2 = Clock::now();
+    ASSERT_TRUE(inst->Destroy().ok());
+    const auto t3 = Clock::now();
+    create_ms.push_back(Ms(t1 - t0));
+    destroy_ms.push_back(Ms(t3 - t2));
+  }
+  std::sort(create_ms.begin(), create_ms.end());
+  std::sort(destroy_ms.begin(), destroy_ms.end());
+  std::cout << fmt::format(
+      "[timing] 10 cycles: create min {:.2f} / median {:.2f} ms, destroy min {:.2f} / median "
+      "{:.2f} ms (informational; includes the agent's first ping)\n",
+      create_ms.front(), create_ms[5], destroy_ms.front(), destroy_ms[5]);
+}
+
+}  // namespace
+}  // namespace sbx::runtime::ns
