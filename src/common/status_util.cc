@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "absl/strings/cord.h"
+
 namespace sbx {
 
 absl::StatusCode ErrnoToCode(int err) {
@@ -59,6 +61,48 @@ absl::Status ErrnoStatus(int err, std::string_view what) {
 absl::Status Annotate(const absl::Status& s, std::string_view context) {
   if (s.ok()) return s;
   return absl::Status(s.code(), fmt::format("{}: {}", context, std::string(s.message())));
+}
+
+}  // namespace sbx
+
+namespace sbx {
+namespace {
+constexpr char kCodeKey[] = "sbx.code";
+constexpr char kFieldKey[] = "sbx.field";
+std::string DetailKey(std::string_view key) { return fmt::format("sbx.detail.{}", key); }
+}  // namespace
+
+absl::Status ApiError(absl::StatusCode code, std::string_view api_code, std::string_view message,
+                      std::string_view field) {
+  absl::Status s(code, std::string(message));
+  s.SetPayload(kCodeKey, absl::Cord(std::string(api_code)));
+  if (!field.empty()) s.SetPayload(kFieldKey, absl::Cord(std::string(field)));
+  return s;
+}
+
+absl::Status FieldError(std::string_view field, std::string_view message) {
+  return ApiError(absl::StatusCode::kInvalidArgument, "invalid_argument",
+                  fmt::format("{}: {}", field, message), field);
+}
+
+std::string ApiErrorCode(const absl::Status& s) {
+  auto p = s.GetPayload(kCodeKey);
+  return p ? std::string(*p) : std::string();
+}
+
+std::string ApiErrorField(const absl::Status& s) {
+  auto p = s.GetPayload(kFieldKey);
+  return p ? std::string(*p) : std::string();
+}
+
+std::string ApiErrorDetail(const absl::Status& s, std::string_view key) {
+  auto p = s.GetPayload(DetailKey(key));
+  return p ? std::string(*p) : std::string();
+}
+
+absl::Status WithDetail(absl::Status s, std::string_view key, std::string_view value) {
+  s.SetPayload(DetailKey(key), absl::Cord(std::string(value)));
+  return s;
 }
 
 }  // namespace sbx

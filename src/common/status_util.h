@@ -46,3 +46,21 @@ absl::Status Annotate(const absl::Status& s, std::string_view context);
   auto tmp = (expr);                               \
   if (!tmp.ok()) return tmp.status();              \
   lhs = std::move(tmp).value()
+
+namespace sbx {
+
+// An error carrying an API error code ("sandbox_not_running") and, when a request field is at
+// fault, its dotted path ("resources.vcpu"). The HTTP status is still chosen from the canonical
+// code, in api/status_to_http.cc only.
+absl::Status ApiError(absl::StatusCode code, std::string_view api_code, std::string_view message,
+                      std::string_view field = {});
+// Shorthand for the most common case: 400 invalid_argument naming the field.
+absl::Status FieldError(std::string_view field, std::string_view message);
+std::string ApiErrorCode(const absl::Status& s);   // "" when none was attached
+std::string ApiErrorField(const absl::Status& s);  // "" when none was attached
+std::string ApiErrorDetail(const absl::Status& s, std::string_view key);  // extra details
+
+// Attaches an extra detail (e.g. "operation_id") to an error; shown under error.details.
+absl::Status WithDetail(absl::Status s, std::string_view key, std::string_view value);
+
+}  // namespace sbx

@@ -1,0 +1,333 @@
+#include "api/api.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "api/status_to_http.h"
+#include "api/target.h"
+#include "common/encoding.h"
+#include "common/status_util.h"
+#include "service/agent_stream.h"
+#include "service/views.h"
+
+namespace sbx::api {
+namespace {
+
+namespace bhttp = http::bhttp;
+using nlohmann::json;
+using Awaitable = http::asio::awaitable<std::optional<http::Response>>;
+
+http::Response Ok(bhttp::status status, const json& body) {
+  return JsonResponse(status, body.dump(-1, ' ', false, json::error_handler_t::replace));
+}
+
+http::Response Stored(const service::StoredResponse& r) {
+  auto res = JsonResponse(static_cast<bhttp::status>(r.status), r.body);
+  if (r.replayed) res.set("Idempotent-Replayed", "true");
+  return res;
+}
+
+std::optional<std::string> Header(const http::Request& req, std::string_view name) {
+  auto it = req.find(name);
+  if (it == req.end()) return std::nullopt;
+  return std::string(it->value());
+}
+
+absl::Status MethodNotAllowed(const http::Request& req) {
+  return ApiError(absl::StatusCode::kInvalidArgument, "method_not_allowed",
+                  fmt::format("method {} is not allowed on {}", std::string(req.method_string()),
+                              std::string(req.target())));
+}
+
+absl::StatusOr<std::optional<std::string>> IdempotencyKey(const http::Request& req) {
+  auto key = Header(req, "Idempotency-Key");
+  if (!key) return std::optional<std::string>();
+  SBX_RETURN_IF_ERROR(ValidateIdempotencyKey(*key));
+  return key;
+}
+
+json ExitJson(const protocol::ExitEvent& ev) {
+  return {{"exit_code", ev.exit_code ? json(*ev.exit_code) : json(nullptr)},
+          {"signal", ev.signal ? json(*ev.signal) : json(nullptr)},
+          {"timed_out", ev.timed_out},
+          {"oom_killed", ev.oom_killed}};
+}
+
+}  // namespace
+
+Api::Api(service::SandboxService& svc, ApiOptions opts)
+    : svc_(svc), opts_(std::move(opts)), admin_token_hash_(Sha256Hex(opts_.admin_token)) {}
+
+absl::StatusOr<service::Caller> Api::Authenticate(const http::Request& req,
+                                                  const std::optional<std::string>& query_token,
+                                                  bool allow_attach_token) const {
+  std::optional<std::string> token;
+  if (auto auth = Header(req, "Authorization")) {
+    constexpr std::string_view kBearer = "Bearer ";
+    if (auth->size() > kBearer.size() &&
+        strncasecmp(auth->c_str(), kBearer.data(), kBearer.size()) == 0) {
+      token = auth->substr(kBearer.size());
+    }
+  }
+  if (!token && allow_attach_token && query_token) token = query_token;
+  if (!token) {
+    return ApiError(absl::StatusCode::kUnauthenticated, "unauthenticated",
+                    "missing bearer token (Authorization: Bearer <token>)");
+  }
+  if (allow_attach_token && token->rfind("sat1.", 0) == 0) {
+    SBX_ASSIGN_OR_RETURN(auto claims, svc_.attach_tokens().Verify(*token));
+    return service::Caller{claims.tenant_id, claims.session_id};
+  }
+  // Hashing first makes the comparison length-independent as well as constant-time.
+  if (!ConstantTimeEquals(Sha256Hex(*token), admin_token_hash_)) {
+    return ApiError(absl::StatusCode::kUnauthenticated, "unauthenticated", "invalid token");
+  }
+  return service::Caller{"default", std::nullopt};
+}
+
+Awaitable Api::Handle(http::RequestContext& ctx) {
+  auto started = std::chrono::steady_clock::now();
+  auto res = co_await Route(ctx);
+  auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started);
+  spdlog::debug("{} {} {} -> {} ({:.2f} ms)", ctx.request_id, std::string(ctx.req.method_string()),
+                std::string(ctx.req.target()), res ? static_cast<int>(res->result_int()) : 200,
+                ms.count());
+  co_return res;
+}
+
+Awaitable Api::Route(http::RequestContext& ctx) {
+  const http::Request& req = ctx.req;
+  const std::string& rid = ctx.request_id;
+  auto fail = [&](const absl::Status& s) -> std::optional<http::Response> {
+    return ErrorResponse(s, rid);
+  };
+
+  auto parsed = ParseTarget(req.target());
+  if (!parsed.ok()) co_return fail(parsed.status());
+  const Target& t = *parsed;
+  const auto& seg = t.segments;
+  const auto method = req.method();
+
+  if (seg.size() == 1 && (seg[0] == "healthz" || seg[0] == "readyz")) {
+    if (method != bhttp::verb::get && method != bhttp::verb::head) {
+      co_return fail(MethodNotAllowed(req));
+    }
+    if (seg[0] == "healthz") co_return Ok(bhttp::status::ok, {{"status", "ok"}});
+    if (!svc_.ready()) {
+      co_return fail(ApiError(absl::StatusCode::kUnavailable, "unavailable",
+                              "sbxd is reconciling its sandboxes"));
+    }
+    co_return Ok(bhttp::status::ok, {{"status", "ready"}});
+  }
+
+  if (seg.empty() || seg[0] != "v1") {
+    co_return fail(ApiError(absl::StatusCode::kNotFound, "not_found",
+                            fmt::format("no route for {}", t.path)));
+  }
+
+  // The attach route also accepts the session's attach token.
+  const bool is_attach = seg.size() == 4 && seg[1] == "sessions" && seg[3] == "attach";
+  auto caller = Authenticate(req, t.Query("token"), is_attach);
+  if (!caller.ok()) co_return fail(caller.status());
+  if (caller->session_scope && !is_attach) {
+    co_return fail(ApiError(absl::StatusCode::kUnauthenticated, "unauthenticated",
+                            "an attach token is valid only for its session's attach stream"));
+  }
+
+  // /v1/sandboxes
+  if (seg.size() == 2 && seg[1] == "sandboxes") {
+    if (method == bhttp::verb::post) {
+      auto body = ParseCreateSandbox(req.body(), opts_.limits);
+      if (!body.ok()) co_return fail(body.status());
+      auto key = IdempotencyKey(req);
+      if (!key.ok()) co_return fail(key.status());
+      auto r = svc_.CreateSandbox(*caller, *body, *key);
+      if (!r.ok()) co_return fail(r.status());
+      co_return Stored(*r);
+    }
+    if (method == bhttp::verb::get) {
+      store::SandboxFilter f;
+      auto limit = ParseLimit(t.Query("limit"));
+      if (!limit.ok()) co_return fail(limit.status());
+      f.limit = *limit;
+      f.state = t.Query("state");
+      if (auto label = t.Query("label")) {
+        auto l = ParseLabelFilter(*label);
+        if (!l.ok()) co_return fail(l.status());
+        f.label = *l;
+      }
+      f.page_token = t.Query("page_token").value_or("");
+      auto page = svc_.ListSandboxes(*caller, f);
+      if (!page.ok()) co_return fail(page.status());
+      json list = json::array();
+      for (const auto& sb : page->items) list.push_back(service::SandboxView(sb));
+      co_return Ok(bhttp::status::ok,
+                   {{"sandboxes", list},
+                    {"next_page_token", page->next_page_token ? json(*page->next_page_token)
+                                                              : json(nullptr)}});
+    }
+    co_return fail(MethodNotAllowed(req));
+  }
+
+  // /v1/sandboxes/{id}
+  if (seg.size() == 3 && seg[1] == "sandboxes") {
+    if (method == bhttp::verb::get) {
+      auto sb = svc_.GetSandbox(*caller, seg[2]);
+      if (!sb.ok()) co_return fail(sb.status());
+      co_return Ok(bhttp::status::ok, service::SandboxView(*sb));
+    }
+    if (method == bhttp::verb::delete_) {
+      auto key = IdempotencyKey(req);
+      if (!key.ok()) co_return fail(key.status());
+      auto r = svc_.DeleteSandbox(*caller, seg[2], *key);
+      if (!r.ok()) co_return fail(r.status());
+      co_return Stored(*r);
+    }
+    co_return fail(MethodNotAllowed(req));
+  }
+
+  // /v1/sandboxes/{id}/sessions
+  if (seg.size() == 4 && seg[1] == "sandboxes" && seg[3] == "sessions") {
+    if (method != bhttp::verb::post) co_return fail(MethodNotAllowed(req));
+    auto body = ParseCreateSession(req.body());
+    if (!body.ok()) co_return fail(body.status());
+    auto key = IdempotencyKey(req);
+    if (!key.ok()) co_return fail(key.status());
+    auto r = svc_.CreateSession(*caller, seg[2], *body, *key);
+    if (!r.ok()) co_return fail(r.status());
+    co_return Stored(*r);
+  }
+
+  // /v1/operations/{id}
+  if (seg.size() == 3 && seg[1] == "operations") {
+    if (method != bhttp::verb::get) co_return fail(MethodNotAllowed(req));
+    auto op = svc_.GetOperation(*caller, seg[2]);
+    if (!op.ok()) co_return fail(op.status());
+    co_return Ok(bhttp::status::ok, service::OperationView(*op));
+  }
+
+  // /v1/sessions/{id}[/attach]
+  if (seg.size() == 3 && seg[1] == "sessions") {
+    if (method != bhttp::verb::get) co_return fail(MethodNotAllowed(req));
+    co_return co_await GetSession(ctx, *caller, seg[2]);
+  }
+  if (is_attach) {
+    if (method != bhttp::verb::get) co_return fail(MethodNotAllowed(req));
+    if (caller->session_scope && *caller->session_scope != seg[2]) {
+      co_return fail(ApiError(absl::StatusCode::kNotFound, "not_found",
+                              fmt::format("session {} not found", seg[2])));
+    }
+    co_return co_await Attach(ctx, *caller, seg[2], t);
+  }
+
+  co_return fail(ApiError(absl::StatusCode::kNotFound, "not_found",
+                          fmt::format("no route for {}", t.path)));
+}
+
+Awaitable Api::GetSession(http::RequestContext& ctx, const service::Caller& caller,
+                          const std::string& id) {
+  auto s = svc_.GetSession(caller, id);
+  if (!s.ok()) co_return ErrorResponse(s.status(), ctx.request_id);
+  if (s->state != "exited") {
+    // The agent knows whether the process is still running; the store may lag behind it when
+    // no client was attached at exit.
+    if (auto sock = svc_.AgentSocketFor(s->sandbox_id)) {
+      json request = {{"op", "status"}, {"session_id", id}};
+      auto status = co_await service::AsyncCallAgent(ctx.executor, *sock, std::move(request),
+                                                     std::chrono::milliseconds(2000));
+      if (status.ok()) {
+        svc_.RecordSessionStatus(id, *status);
+        auto again = svc_.GetSession(caller, id);
+        if (again.ok()) s = std::move(again);
+      }
+    }
+  }
+  co_return Ok(bhttp::status::ok, service::SessionView(*s));
+}
+
+Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
+                      const std::string& session_id, const Target& t) {
+  const std::string& rid = ctx.request_id;
+  auto target = svc_.PrepareAttach(caller, session_id);
+  if (!target.ok()) co_return ErrorResponse(target.status(), rid);
+
+  uint64_t after = 0;
+  std::optional<std::string> last = Header(ctx.req, "Last-Event-ID");
+  if (!last) last = t.Query("last_event_id");
+  if (last) {
+    auto v = ParseLastEventId(*last);
+    if (!v.ok()) co_return ErrorResponse(v.status(), rid);
+    after = *v;
+  }
+  json request = {{"op", "attach"},
+                  {"session_id", session_id},
+                  {"after_event_id", after},
+                  {"spec", target->session.spec}};
+  auto stream = co_await service::AgentStream::Open(ctx.executor, target->agent_socket, request);
+  if (!stream.ok()) {
+    co_return ErrorResponse(Annotate(stream.status(), fmt::format("attach {}", session_id)), rid);
+  }
+  svc_.RecordSessionStarted(session_id, (*stream)->response());
+
+  bhttp::response_header<> header;
+  header.result(bhttp::status::ok);
+  header.version(ctx.req.version());
+  header.set(bhttp::field::content_type, "text/event-stream");
+  header.set(bhttp::field::cache_control, "no-store");
+  header.set("X-Accel-Buffering", "no");
+  header.set("X-Request-Id", rid);
+  if (!ctx.req.keep_alive()) header.set(bhttp::field::connection, "close");
+  if (!co_await ctx.stream.Begin(std::move(header))) co_return std::nullopt;
+
+  for (;;) {
+    auto frame = co_await (*stream)->Next(opts_.keepalive_interval);
+    if (!frame.ok()) {
+      // The agent went away before the exit event: the sandbox was deleted or crashed.
+      bool running = svc_.AgentSocketFor(target->session.sandbox_id).has_value();
+      json err = {{"code", running ? "agent_unavailable" : "sandbox_not_running"},
+                  {"message", std::string(frame.status().message())}};
+      co_await ctx.stream.Write(SseEvent(0, "error", err.dump()));
+      break;
+    }
+    if (!*frame) {
+      if (!co_await ctx.stream.Write(": keepalive\n\n")) co_return std::nullopt;
+      continue;
+    }
+    const protocol::Frame& f = **frame;
+    std::string event;
+    bool exited = false;
+    if (f.type == protocol::FrameType::kOutput) {
+      auto out = protocol::DecodeOutput(f.payload);
+      if (!out.ok()) break;
+      json data = {{"data_b64", Base64Encode(out->data)}, {"offset", out->offset}};
+      event = SseEvent(out->event_id,
+                       out->stream == protocol::Stream::kStderr ? "stderr" : "stdout",
+                       data.dump());
+    } else if (f.type == protocol::FrameType::kResync) {
+      auto rs = protocol::DecodeResync(f.payload);
+      if (!rs.ok()) break;
+      json data = {{"oldest_available_id", rs->oldest_available_id},
+                   {"stdout_offset", rs->stdout_offset},
+                   {"stderr_offset", rs->stderr_offset}};
+      event = SseEvent(0, "resync_required", data.dump());
+    } else if (f.type == protocol::FrameType::kExit) {
+      auto ev = protocol::DecodeExit(f.payload);
+      if (!ev.ok()) break;
+      svc_.RecordSessionExit(session_id, *ev);
+      event = SseEvent(ev->event_id, "process_exited", ExitJson(*ev).dump());
+      exited = true;
+    } else {
+      continue;
+    }
+    if (!co_await ctx.stream.Write(std::move(event))) {
+      (*stream)->Close();  // client gone; the process keeps running
+      co_return std::nullopt;
+    }
+    if (exited) break;
+  }
+  (*stream)->Close();
+  co_await ctx.stream.End();
+  co_return std::nullopt;
+}
+
+}  // namespace sbx::api

@@ -1,0 +1,45 @@
+// The v1 HTTP API: one route table, one parser per request body (requests.h), one place that
+// maps errors to HTTP (status_to_http.h). Handlers call the service layer and never block on
+// runtime work: lifecycle changes become operations, data-plane calls are asynchronous.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "api/requests.h"
+#include "api/target.h"
+#include "http/server.h"
+#include "service/sandbox_service.h"
+
+namespace sbx::api {
+
+struct ApiOptions {
+  std::string admin_token;  // acts for tenant "default"
+  ResourceLimits limits;
+  std::chrono::seconds keepalive_interval{15};
+};
+
+class Api {
+ public:
+  Api(service::SandboxService& svc, ApiOptions opts);
+  http::asio::awaitable<std::optional<http::Response>> Handle(http::RequestContext& ctx);
+
+ private:
+  http::asio::awaitable<std::optional<http::Response>> Route(http::RequestContext& ctx);
+  http::asio::awaitable<std::optional<http::Response>> Attach(http::RequestContext& ctx,
+                                                              const service::Caller& caller,
+                                                              const std::string& session_id,
+                                                              const Target& target);
+  http::asio::awaitable<std::optional<http::Response>> GetSession(http::RequestContext& ctx,
+                                                                  const service::Caller& caller,
+                                                                  const std::string& id);
+  absl::StatusOr<service::Caller> Authenticate(const http::Request& req,
+                                               const std::optional<std::string>& query_token,
+                                               bool allow_attach_token) const;
+
+  service::SandboxService& svc_;
+  ApiOptions opts_;
+  std::string admin_token_hash_;
+};
+
+}  // namespace sbx::api

@@ -1,0 +1,305 @@
+#include "api/requests.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <limits>
+
+#include "common/status_util.h"
+
+namespace sbx::api {
+namespace {
+
+using Json = nlohmann::json;
+
+const char* TypeName(const Json& v) {
+  switch (v.type()) {
+    case Json::value_t::null:
+      return "null";
+    case Json::value_t::boolean:
+      return "boolean";
+    case Json::value_t::number_integer:
+    case Json::value_t::number_unsigned:
+      return "integer";
+    case Json::value_t::number_float:
+      return "number";
+    case Json::value_t::string:
+      return "string";
+    case Json::value_t::array:
+      return "array";
+    case Json::value_t::object:
+      return "object";
+    default:
+      return "value";
+  }
+}
+
+absl::StatusOr<Json> ParseObject(const std::string& body, bool empty_ok) {
+  if (body.empty() && empty_ok) return Json::object();
+  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    return ApiError(absl::StatusCode::kInvalidArgument, "invalid_argument",
+                    "request body is not valid JSON");
+  }
+  if (!j.is_object()) {
+    return ApiError(absl::StatusCode::kInvalidArgument, "invalid_argument",
+                    fmt::format("request body must be a JSON object, got {}", TypeName(j)));
+  }
+  return j;
+}
+
+absl::Status CheckKnown(const Json& obj, std::initializer_list<const char*> known,
+                        const std::string& prefix) {
+  for (const auto& [key, value] : obj.items()) {
+    bool ok = false;
+    for (const char* k : known) ok = ok || key == k;
+    if (!ok) return FieldError(prefix + key, "unknown field");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> GetString(const Json& v, const std::string& field, size_t max_len) {
+  if (!v.is_string()) {
+    return FieldError(field, fmt::format("must be a string, got {}", TypeName(v)));
+  }
+  const auto& s = v.get_ref<const std::string&>();
+  if (s.size() > max_len) {
+    return FieldError(field, fmt::format("must be at most {} bytes", max_len));
+  }
+  if (s.find('\0') != std::string::npos) return FieldError(field, "must not contain NUL bytes");
+  return s;
+}
+
+absl::StatusOr<int64_t> GetInt(const Json& v, const std::string& field, int64_t lo, int64_t hi) {
+  if (!v.is_number_integer()) {
+    return FieldError(field, fmt::format("must be an integer, got {}", TypeName(v)));
+  }
+  int64_t x;
+  if (v.is_number_unsigned()) {
+    uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return FieldError(field, fmt::format("must be between {} and {}", lo, hi));
+    }
+    x = static_cast<int64_t>(u);
+  } else {
+    x = v.get<int64_t>();
+  }
+  if (x < lo || x > hi) return FieldError(field, fmt::format("must be between {} and {}", lo, hi));
+  return x;
+}
+
+absl::StatusOr<bool> GetBool(const Json& v, const std::string& field) {
+  if (!v.is_boolean()) {
+    return FieldError(field, fmt::format("must be a boolean, got {}", TypeName(v)));
+  }
+  return v.get<bool>();
+}
+
+bool IsEnvName(const std::string& k) {
+  if (k.empty() || k.size() > 255) return false;
+  if (!(std::isalpha(static_cast<unsigned char>(k[0])) || k[0] == '_')) return false;
+  for (char c : k) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
+  }
+  return true;
+}
+
+bool IsLabelKey(const std::string& k) {
+  if (k.empty() || k.size() > 63) return false;
+  for (char c : k) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '/' ||
+          c == '-')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+absl::StatusOr<std::map<std::string, std::string>> GetEnv(const Json& v,
+                                                          const std::string& field) {
+  if (!v.is_object()) {
+    return FieldError(field, fmt::format("must be an object, got {}", TypeName(v)));
+  }
+  if (v.size() > 256) return FieldError(field, "at most 256 variables");
+  std::map<std::string, std::string> out;
+  for (const auto& [k, val] : v.items()) {
+    if (!IsEnvName(k)) {
+      return FieldError(field + "." + k, "variable names match [A-Za-z_][A-Za-z0-9_]*");
+    }
+    SBX_ASSIGN_OR_RETURN(out[k], GetString(val, field + "." + k, 32 << 10));
+  }
+  return out;
+}
+
+absl::StatusOr<std::map<std::string, std::string>> GetLabels(const Json& v,
+                                                             const std::string& field) {
+  if (!v.is_object()) {
+    return FieldError(field, fmt::format("must be an object, got {}", TypeName(v)));
+  }
+  if (v.size() > 64) return FieldError(field, "at most 64 labels");
+  std::map<std::string, std::string> out;
+  for (const auto& [k, val] : v.items()) {
+    if (!IsLabelKey(k)) {
+      return FieldError(field + "." + k, "label keys are 1-63 characters of [A-Za-z0-9._/-]");
+    }
+    SBX_ASSIGN_OR_RETURN(out[k], GetString(val, field + "." + k, 255));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<CreateSandboxRequest> ParseCreateSandbox(const std::string& body,
+                                                        const ResourceLimits& limits) {
+  SBX_ASSIGN_OR_RETURN(Json j, ParseObject(body, /*empty_ok=*/true));
+  SBX_RETURN_IF_ERROR(CheckKnown(j,
+                                 {"template", "resources", "egress_profile", "env", "labels",
+                                  "runtime", "timeout_s", "idle_suspend_s"},
+                                 ""));
+  CreateSandboxRequest r;
+  if (j.contains("template")) {
+    SBX_ASSIGN_OR_RETURN(r.template_ref, GetString(j["template"], "template", 255));
+    if (r.template_ref.empty()) return FieldError("template", "must not be empty");
+  }
+  if (j.contains("resources") && !j["resources"].is_null()) {
+    const Json& res = j["resources"];
+    if (!res.is_object()) {
+      return FieldError("resources", fmt::format("must be an object, got {}", TypeName(res)));
+    }
+    SBX_RETURN_IF_ERROR(CheckKnown(res, {"vcpu", "memory_mib", "disk_mib"}, "resources."));
+    if (res.contains("vcpu") && !res["vcpu"].is_null()) {
+      SBX_ASSIGN_OR_RETURN(int64_t v, GetInt(res["vcpu"], "resources.vcpu", 1, limits.max_vcpu));
+      r.vcpu = static_cast<int>(v);
+    }
+    if (res.contains("memory_mib") && !res["memory_mib"].is_null()) {
+      SBX_ASSIGN_OR_RETURN(int64_t v, GetInt(res["memory_mib"], "resources.memory_mib",
+                                             limits.min_memory_mib, limits.max_memory_mib));
+      r.memory_mib = static_cast<int>(v);
+    }
+    if (res.contains("disk_mib") && !res["disk_mib"].is_null()) {
+      SBX_ASSIGN_OR_RETURN(int64_t v, GetInt(res["disk_mib"], "resources.disk_mib",
+                                             limits.min_disk_mib, limits.max_disk_mib));
+      r.disk_mib = static_cast<int>(v);
+    }
+  }
+  if (j.contains("egress_profile") && !j["egress_profile"].is_null()) {
+    SBX_ASSIGN_OR_RETURN(r.egress_profile, GetString(j["egress_profile"], "egress_profile", 63));
+    if (r.egress_profile != "none") {
+      return ApiError(absl::StatusCode::kInvalidArgument, "invalid_argument",
+                      fmt::format("egress_profile: unknown profile '{}' (available: none)",
+                                  r.egress_profile),
+                      "egress_profile");
+    }
+  }
+  if (j.contains("env") && !j["env"].is_null()) {
+    SBX_ASSIGN_OR_RETURN(r.env, GetEnv(j["env"], "env"));
+  }
+  if (j.contains("labels") && !j["labels"].is_null()) {
+    SBX_ASSIGN_OR_RETURN(r.labels, GetLabels(j["labels"], "labels"));
+  }
+  if (j.contains("runtime") && !j["runtime"].is_null()) {
+    SBX_ASSIGN_OR_RETURN(std::string rt, GetString(j["runtime"], "runtime", 32));
+    r.runtime = rt;
+  }
+  if (j.contains("timeout_s") && !j["timeout_s"].is_null()) {
+    SBX_ASSIGN_OR_RETURN(r.timeout_s, GetInt(j["timeout_s"], "timeout_s", 1, 30LL * 86400));
+  }
+  if (j.contains("idle_suspend_s") && !j["idle_suspend_s"].is_null()) {
+    SBX_ASSIGN_OR_RETURN(r.idle_suspend_s,
+                         GetInt(j["idle_suspend_s"], "idle_suspend_s", 0, 30LL * 86400));
+  }
+  r.canonical = std::move(j);
+  return r;
+}
+
+absl::StatusOr<CreateSessionRequest> ParseCreateSession(const std::string& body) {
+  SBX_ASSIGN_OR_RETURN(Json j, ParseObject(body, /*empty_ok=*/false));
+  SBX_RETURN_IF_ERROR(
+      CheckKnown(j, {"argv", "cwd", "env", "user", "tty", "stdin", "timeout_s"}, ""));
+  CreateSessionRequest r;
+  if (!j.contains("argv")) return FieldError("argv", "is required");
+  const Json& argv = j["argv"];
+  if (!argv.is_array()) {
+    return FieldError("argv", fmt::format("must be an array of strings, got {}", TypeName(argv)));
+  }
+  if (argv.empty()) return FieldError("argv", "must not be empty");
+  if (argv.size() > 4096) return FieldError("argv", "at most 4096 arguments");
+  size_t total = 0;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    SBX_ASSIGN_OR_RETURN(std::string a, GetString(argv[i], fmt::format("argv[{}]", i), 128 << 10));
+    total += a.size();
+    r.argv.push_back(std::move(a));
+  }
+  if (r.argv[0].empty()) return FieldError("argv[0]", "must not be empty");
+  if (total > (512 << 10)) return FieldError("argv", "at most 512 KiB in total");
+  if (j.contains("cwd") && !j["cwd"].is_null()) {
+    SBX_ASSIGN_OR_RETURN(std::string cwd, GetString(j["cwd"], "cwd", 4096));
+    if (cwd.empty() || cwd[0] != '/') return FieldError("cwd", "must be an absolute path");
+    r.cwd = cwd;
+  }
+  if (j.contains("env") && !j["env"].is_null()) {
+    SBX_ASSIGN_OR_RETURN(r.env, GetEnv(j["env"], "env"));
+  }
+  if (j.contains("user") && !j["user"].is_null()) {
+    SBX_ASSIGN_OR_RETURN(std::string user, GetString(j["user"], "user", 32));
+    if (user.empty()) return FieldError("user", "must not be empty");
+    for (char c : user) {
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) {
+        return FieldError("user", "must be a user name or a numeric uid");
+      }
+    }
+    r.user = user;
+  }
+  if (j.contains("tty") && !j["tty"].is_null()) {
+    SBX_ASSIGN_OR_RETURN(r.tty, GetBool(j["tty"], "tty"));
+  }
+  if (j.contains("stdin") && !j["stdin"].is_null()) {
+    SBX_ASSIGN_OR_RETURN(r.stdin_open, GetBool(j["stdin"], "stdin"));
+  }
+  if (j.contains("timeout_s") && !j["timeout_s"].is_null()) {
+    SBX_ASSIGN_OR_RETURN(r.timeout_s, GetInt(j["timeout_s"], "timeout_s", 1, 30LL * 86400));
+  }
+  r.canonical = std::move(j);
+  return r;
+}
+
+absl::StatusOr<int> ParseLimit(const std::optional<std::string>& value) {
+  if (!value) return 50;
+  int v = 0;
+  auto [p, ec] = std::from_chars(value->data(), value->data() + value->size(), v);
+  if (ec != std::errc() || p != value->data() + value->size() || v < 1 || v > 500) {
+    return FieldError("limit", "must be an integer between 1 and 500");
+  }
+  return v;
+}
+
+absl::StatusOr<std::pair<std::string, std::string>> ParseLabelFilter(const std::string& value) {
+  auto eq = value.find('=');
+  if (eq == std::string::npos || eq == 0) return FieldError("label", "must be key=value");
+  std::string key = value.substr(0, eq);
+  if (!IsLabelKey(key)) return FieldError("label", "label keys are 1-63 characters of [A-Za-z0-9._/-]");
+  return std::make_pair(key, value.substr(eq + 1));
+}
+
+absl::Status ValidateIdempotencyKey(const std::string& key) {
+  if (key.empty() || key.size() > 255) {
+    return FieldError("Idempotency-Key", "must be 1-255 printable ASCII characters");
+  }
+  for (char c : key) {
+    if (c < 0x20 || c > 0x7e) {
+      return FieldError("Idempotency-Key", "must be 1-255 printable ASCII characters");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> ParseLastEventId(const std::string& value) {
+  uint64_t v = 0;
+  auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+  if (value.empty() || ec != std::errc() || p != value.data() + value.size()) {
+    return FieldError("Last-Event-ID", "must be a non-negative integer");
+  }
+  return v;
+}
+
+}  // namespace sbx::api

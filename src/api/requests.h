@@ -1,0 +1,44 @@
+// Request parsers: JSON text -> validated request structs. They are the only code that looks at
+// untrusted request bodies, so they reject anything unexpected (unknown fields, wrong types,
+// out-of-range values) with a 400 naming the field, and they never throw.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "service/inputs.h"
+
+namespace sbx::api {
+
+struct ResourceLimits {
+  int max_vcpu = 64;
+  int max_memory_mib = 65536;
+  int min_memory_mib = 32;
+  int max_disk_mib = 1 << 20;
+  int min_disk_mib = 64;
+};
+
+using CreateSandboxRequest = service::CreateSandboxRequest;
+using CreateSessionRequest = service::CreateSessionRequest;
+
+// An empty body is accepted as "{}" for create-sandbox (every field has a default).
+absl::StatusOr<CreateSandboxRequest> ParseCreateSandbox(const std::string& body,
+                                                        const ResourceLimits& limits);
+absl::StatusOr<CreateSessionRequest> ParseCreateSession(const std::string& body);
+
+// Query parameters: "limit" 1..500 (default 50).
+absl::StatusOr<int> ParseLimit(const std::optional<std::string>& value);
+// "label=key=value" filter.
+absl::StatusOr<std::pair<std::string, std::string>> ParseLabelFilter(const std::string& value);
+// Idempotency-Key: 1..255 printable ASCII.
+absl::Status ValidateIdempotencyKey(const std::string& key);
+// Last-Event-ID: a non-negative integer.
+absl::StatusOr<uint64_t> ParseLastEventId(const std::string& value);
+
+}  // namespace sbx::api

@@ -1,0 +1,119 @@
+#include "api/requests.h"
+
+#include <gtest/gtest.h>
+
+#include "common/status_util.h"
+
+namespace sbx::api {
+namespace {
+
+ResourceLimits kLimits;
+
+std::string FieldOf(const absl::Status& s) { return ApiErrorField(s); }
+
+TEST(ParseCreateSandbox, DefaultsFromEmptyBody) {
+  auto r = ParseCreateSandbox("", kLimits);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->template_ref, "base");
+  EXPECT_FALSE(r->vcpu.has_value());
+  EXPECT_EQ(r->egress_profile, "none");
+}
+
+TEST(ParseCreateSandbox, FullBody) {
+  auto r = ParseCreateSandbox(
+      R"({"template":"base:latest","resources":{"vcpu":2,"memory_mib":256,"disk_mib":null},
+          "env":{"A":"1"},"labels":{"team":"x"},"runtime":"ns"})",
+      kLimits);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r->vcpu, 2);
+  EXPECT_EQ(*r->memory_mib, 256);
+  EXPECT_FALSE(r->disk_mib.has_value());
+  EXPECT_EQ(r->env.at("A"), "1");
+  EXPECT_EQ(r->labels.at("team"), "x");
+  EXPECT_EQ(*r->runtime, "ns");
+}
+
+TEST(ParseCreateSandbox, RejectsWithFieldNames) {
+  struct Case {
+    const char* body;
+    const char* field;
+  } cases[] = {
+      {R"({"nope":1})", "nope"},
+      {R"({"template":5})", "template"},
+      {R"({"template":""})", "template"},
+      {R"({"resources":{"vcpu":0}})", "resources.vcpu"},
+      {R"({"resources":{"vcpu":"2"}})", "resources.vcpu"},
+      {R"({"resources":{"vcpu":1.5}})", "resources.vcpu"},
+      {R"({"resources":{"memory_mib":1000000000}})", "resources.memory_mib"},
+      {R"({"resources":{"memory_mib":-5}})", "resources.memory_mib"},
+      {R"({"resources":{"memory_mib":18446744073709551615}})", "resources.memory_mib"},
+      {R"({"resources":{"gpus":1}})", "resources.gpus"},
+      {R"({"resources":[]})", "resources"},
+      {R"({"env":{"1BAD":"x"}})", "env.1BAD"},
+      {R"({"env":{"OK":1}})", "env.OK"},
+      {R"({"labels":{"k":["v"]}})", "labels.k"},
+      {R"({"egress_profile":"open"})", "egress_profile"},
+      {R"({"timeout_s":-1})", "timeout_s"},
+  };
+  for (const auto& c : cases) {
+    auto r = ParseCreateSandbox(c.body, kLimits);
+    ASSERT_FALSE(r.ok()) << c.body;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << c.body;
+    EXPECT_EQ(FieldOf(r.status()), c.field) << c.body << ": " << r.status();
+  }
+}
+
+TEST(ParseCreateSandbox, RejectsNonObjects) {
+  for (const char* body : {"[]", "null", "\"x\"", "{", "{\"a\":}", "\xff\xfe"}) {
+    auto r = ParseCreateSandbox(body, kLimits);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << body;
+  }
+}
+
+TEST(ParseCreateSession, ArgvRules) {
+  auto ok = ParseCreateSession(R"json({"argv":["python3","-c","print(1)"],"cwd":"/tmp"})json");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->argv.size(), 3u);
+  EXPECT_EQ(*ok->cwd, "/tmp");
+  struct Case {
+    const char* body;
+    const char* field;
+  } cases[] = {
+      {R"({})", "argv"},
+      {R"({"argv":[]})", "argv"},
+      {R"({"argv":"ls"})", "argv"},
+      {R"({"argv":["ls",1]})", "argv[1]"},
+      {R"({"argv":[""]})", "argv[0]"},
+      {R"({"argv":["ls"],"cwd":"rel"})", "cwd"},
+      {R"({"argv":["ls"],"tty":"yes"})", "tty"},
+      {R"({"argv":["ls"],"user":"a b"})", "user"},
+      {R"({"argv":["ls"],"extra":true})", "extra"},
+  };
+  for (const auto& c : cases) {
+    auto r = ParseCreateSession(c.body);
+    ASSERT_FALSE(r.ok()) << c.body;
+    EXPECT_EQ(FieldOf(r.status()), c.field) << c.body << ": " << r.status();
+  }
+  EXPECT_FALSE(ParseCreateSession("").ok());
+}
+
+TEST(QueryParsers, LimitLabelKeyLastEventId) {
+  EXPECT_EQ(*ParseLimit(std::nullopt), 50);
+  EXPECT_EQ(*ParseLimit("500"), 500);
+  EXPECT_FALSE(ParseLimit("0").ok());
+  EXPECT_FALSE(ParseLimit("501").ok());
+  EXPECT_FALSE(ParseLimit("5x").ok());
+  EXPECT_EQ(ParseLabelFilter("a=b=c")->second, "b=c");
+  EXPECT_FALSE(ParseLabelFilter("=b").ok());
+  EXPECT_FALSE(ParseLabelFilter("ab").ok());
+  EXPECT_TRUE(ValidateIdempotencyKey("k-1").ok());
+  EXPECT_FALSE(ValidateIdempotencyKey("").ok());
+  EXPECT_FALSE(ValidateIdempotencyKey(std::string(256, 'a')).ok());
+  EXPECT_FALSE(ValidateIdempotencyKey("a\nb").ok());
+  EXPECT_EQ(*ParseLastEventId("42"), 42u);
+  EXPECT_FALSE(ParseLastEventId("-1").ok());
+  EXPECT_FALSE(ParseLastEventId("").ok());
+}
+
+}  // namespace
+}  // namespace sbx::api

@@ -1,0 +1,209 @@
+// sbxd: wires the store, the runtimes, the operation engine, the service and the HTTP API, then
+// waits for SIGTERM/SIGINT. Sandboxes outlive this process: stopping sbxd stops the API only,
+// and the next start re-adopts what is still running.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "api/api.h"
+#include "api/status_to_http.h"
+#include "common/ids.h"
+#include "common/status_util.h"
+#include "daemon/state_files.h"
+#include "http/server.h"
+#include "ops/operation_engine.h"
+#include "runtime/fake/fake_backend.h"
+#include "runtime/ns/ns_backend.h"
+#include "service/sandbox_service.h"
+#include "service/templates.h"
+#include "store/sqlite_store.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Flags {
+  std::string listen = "127.0.0.1:7070";
+  std::string state_dir = "/var/lib/sbx";
+  std::string admin_token;
+  std::string runtime = "ns";
+  std::string agent_path;
+  std::string log_level = "info";
+  int workers = 4;
+  int http_threads = 2;
+  size_t buffer_bytes = 8 << 20;
+};
+
+std::string DefaultAgentPath() {
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return "sbx-agent";
+  return (self.parent_path() / "sbx-agent").string();
+}
+
+absl::StatusOr<std::pair<std::string, uint16_t>> SplitListen(const std::string& listen) {
+  auto colon = listen.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return absl::InvalidArgumentError(
+        fmt::format("--listen '{}': expected HOST:PORT, e.g. 127.0.0.1:7070", listen));
+  }
+  std::string host = listen.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  int port = -1;
+  try {
+    size_t used = 0;
+    port = std::stoi(listen.substr(colon + 1), &used);
+    if (used != listen.size() - colon - 1) port = -1;
+  } catch (const std::exception&) {
+    port = -1;
+  }
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(fmt::format("--listen '{}': bad port", listen));
+  }
+  return std::make_pair(host, static_cast<uint16_t>(port));
+}
+
+int Fail(const absl::Status& s) {
+  spdlog::critical("sbxd: {}", std::string(s.message()));
+  std::fprintf(stderr, "sbxd: %s\n", std::string(s.message()).c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  CLI::App app{"sbxd: runs untrusted code in isolated sandboxes behind an HTTP API"};
+  app.add_option("--listen", f.listen, "HOST:PORT to serve the API on (port 0 picks one)")
+      ->capture_default_str();
+  app.add_option("--state-dir", f.state_dir, "where the database, tokens and sandboxes live")
+      ->capture_default_str();
+  app.add_option("--admin-token", f.admin_token,
+                 "admin token (default: $SBX_ADMIN_TOKEN, else generated into "
+                 "STATE_DIR/admin-token)");
+  app.add_option("--runtime", f.runtime, "default runtime: ns (namespaces) or fake (no isolation, "
+                                         "tests only)")
+      ->capture_default_str();
+  app.add_option("--agent-path", f.agent_path, "sbx-agent binary (default: beside sbxd)");
+  app.add_option("--log-level", f.log_level, "trace, debug, info, warn, error")
+      ->capture_default_str();
+  app.add_option("--workers", f.workers, "threads running lifecycle operations")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  app.add_option("--http-threads", f.http_threads, "threads serving HTTP")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  app.add_option("--output-buffer-bytes", f.buffer_bytes,
+                 "output retained per session stream by the agent")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{64 << 10}, size_t{1} << 30));
+  CLI11_PARSE(app, argc, argv);
+
+  // A client that disconnects mid-write must cost an error code, not the daemon.
+  signal(SIGPIPE, SIG_IGN);
+  // Block the stop signals before any thread starts so that only sigwait below sees them.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  spdlog::set_level(spdlog::level::from_str(f.log_level));
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%eZ %^%l%$ %v", spdlog::pattern_time_type::utc);
+  if (f.agent_path.empty()) f.agent_path = DefaultAgentPath();
+  if (f.runtime != "ns" && f.runtime != "fake") {
+    return Fail(absl::InvalidArgumentError(
+        fmt::format("--runtime '{}': expected ns or fake", f.runtime)));
+  }
+
+  auto listen = SplitListen(f.listen);
+  if (!listen.ok()) return Fail(listen.status());
+  if (auto st = sbx::daemon::EnsureStateDir(f.state_dir); !st.ok()) return Fail(st);
+  if (f.admin_token.empty()) {
+    if (const char* env = std::getenv("SBX_ADMIN_TOKEN"); env && *env) f.admin_token = env;
+  }
+  auto admin = sbx::daemon::LoadOrCreateSecret(fs::path(f.state_dir) / "admin-token",
+                                               f.admin_token);
+  if (!admin.ok()) return Fail(admin.status());
+  auto attach_key = sbx::daemon::LoadOrCreateSecret(fs::path(f.state_dir) / "attach-key", "");
+  if (!attach_key.ok()) return Fail(attach_key.status());
+
+  auto store = sbx::store::OpenSqliteStore((fs::path(f.state_dir) / "sbx.db").string());
+  if (!store.ok()) return Fail(store.status());
+  auto templates = sbx::service::TemplateRegistry::Create(f.state_dir);
+  if (!templates.ok()) return Fail(templates.status());
+
+  std::map<std::string, sbx::runtime::Backend*> backends;
+  std::unique_ptr<sbx::runtime::Backend> ns_backend, fake_backend;
+  if (f.runtime == "ns") {
+    sbx::runtime::ns::NsOptions nopts;
+    nopts.state_dir = f.state_dir;
+    nopts.agent_path = f.agent_path;
+    nopts.agent_buffer_bytes = f.buffer_bytes;
+    ns_backend = std::make_unique<sbx::runtime::ns::NsBackend>(nopts);
+    if (auto st = ns_backend->Probe(); !st.ok()) {
+      return Fail(sbx::Annotate(st, "runtime ns cannot work on this host"));
+    }
+    backends["ns"] = ns_backend.get();
+  } else {
+    fake_backend = std::make_unique<sbx::runtime::FakeBackend>(f.state_dir, f.agent_path);
+    if (auto st = fake_backend->Probe(); !st.ok()) return Fail(sbx::Annotate(st, "runtime fake"));
+    backends["fake"] = fake_backend.get();
+  }
+
+  sbx::ops::OperationEngine engine(f.workers);
+  sbx::service::ServiceOptions sopts;
+  sopts.default_runtime = f.runtime;
+  sopts.attach_key = *attach_key;
+  sbx::service::SandboxService svc(sopts, **store, engine, std::move(*templates), backends);
+
+  sbx::api::ApiOptions aopts;
+  aopts.admin_token = *admin;
+  sbx::api::Api api(svc, aopts);
+  sbx::http::ServerOptions hopts;
+  hopts.host = listen->first;
+  hopts.port = listen->second;
+  hopts.threads = f.http_threads;
+  sbx::http::Server server(
+      hopts, [&api](sbx::http::RequestContext& ctx) { return api.Handle(ctx); },
+      sbx::api::RawErrorResponse);
+  if (auto st = server.Listen(); !st.ok()) return Fail(st);
+  server.Start();
+  // /healthz answers from here on; /readyz once the reconcile below is done.
+  if (auto st = svc.Reconcile(); !st.ok()) {
+    server.Stop();
+    return Fail(sbx::Annotate(st, "start-up reconcile"));
+  }
+
+  std::string host = hopts.host.find(':') != std::string::npos ? "[" + hopts.host + "]" : hopts.host;
+  std::cout << "sbxd listening on http://" << host << ":" << server.port() << std::endl;
+  spdlog::info("sbxd ready: runtime {}, state dir {}, admin token in {}", f.runtime, f.state_dir,
+               f.admin_token.empty() ? (fs::path(f.state_dir) / "admin-token").string()
+                                     : std::string("--admin-token/SBX_ADMIN_TOKEN"));
+
+  for (;;) {
+    int sig = 0;
+    sigwait(&stop, &sig);
+    if (sig == SIGHUP) {
+      spdlog::info("SIGHUP: nothing to reload yet");
+      continue;
+    }
+    spdlog::info("signal {}: stopping the API; sandboxes keep running", sig);
+    break;
+  }
+  server.Stop();
+  engine.Shutdown();
+  return 0;
+}

@@ -1,0 +1,232 @@
+#include "http/server.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "common/ids.h"
+
+namespace sbx::http {
+namespace {
+
+using asio::use_awaitable;
+constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
+
+class ChunkedStream : public ResponseStream {
+ public:
+  ChunkedStream(beast::tcp_stream& stream, std::chrono::seconds write_timeout)
+      : stream_(stream), write_timeout_(write_timeout) {}
+
+  asio::awaitable<bool> Begin(bhttp::response_header<> header) override {
+    bhttp::response<bhttp::empty_body> res{std::move(header)};
+    res.chunked(true);
+    bhttp::response_serializer<bhttp::empty_body> sr{res};
+    stream_.expires_after(write_timeout_);
+    auto [ec, n] = co_await bhttp::async_write_header(stream_, sr, kTuple);
+    began_ = !ec;
+    keep_alive_ = res.keep_alive();
+    if (ec) failed_ = true;
+    co_return !ec;
+  }
+
+  asio::awaitable<bool> Write(std::string data) override {
+    if (failed_ || data.empty()) co_return !failed_;
+    stream_.expires_after(write_timeout_);
+    auto [ec, n] = co_await asio::async_write(stream_, bhttp::make_chunk(asio::buffer(data)), kTuple);
+    if (ec) failed_ = true;
+    co_return !ec;
+  }
+
+  asio::awaitable<void> End() override {
+    if (failed_ || ended_) co_return;
+    ended_ = true;
+    stream_.expires_after(write_timeout_);
+    auto [ec, n] = co_await asio::async_write(stream_, bhttp::make_chunk_last(), kTuple);
+    if (ec) failed_ = true;
+  }
+
+  bool began() const { return began_; }
+  // The connection can serve another request only after a complete, successful stream.
+  bool reusable() const { return began_ && ended_ && !failed_ && keep_alive_; }
+
+ private:
+  beast::tcp_stream& stream_;
+  std::chrono::seconds write_timeout_;
+  bool began_ = false;
+  bool ended_ = false;
+  bool failed_ = false;
+  bool keep_alive_ = false;
+};
+
+bool PrintableId(std::string_view s) {
+  if (s.empty() || s.size() > 128) return false;
+  for (char c : s) {
+    if (c < 0x21 || c > 0x7e) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string RequestIdFor(const Request& req) {
+  auto it = req.find("X-Request-Id");
+  if (it != req.end()) {
+    std::string_view v(it->value().data(), it->value().size());
+    if (PrintableId(v)) return std::string(v);
+  }
+  return NewId("req");
+}
+
+Server::Server(ServerOptions opts, Handler handler, ErrorResponder errors)
+    : opts_(std::move(opts)),
+      handler_(std::move(handler)),
+      errors_(std::move(errors)),
+      ioc_(opts_.threads),
+      acceptor_(ioc_) {}
+
+Server::~Server() { Stop(); }
+
+absl::Status Server::Listen() {
+  boost::system::error_code ec;
+  auto addr = asio::ip::make_address(opts_.host, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        fmt::format("listen address '{}' is not an IP address: {}", opts_.host, ec.message()));
+  }
+  asio::ip::tcp::endpoint ep(addr, opts_.port);
+  acceptor_.open(ep.protocol(), ec);
+  if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(ep, ec);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        fmt::format("listen on {}:{}: {}", opts_.host, opts_.port, ec.message()));
+  }
+  bound_port_ = acceptor_.local_endpoint().port();
+  return absl::OkStatus();
+}
+
+void Server::Start() {
+  asio::co_spawn(ioc_, AcceptLoop(), asio::detached);
+  for (int i = 0; i < std::max(1, opts_.threads); ++i) {
+    threads_.emplace_back([this] { ioc_.run(); });
+  }
+}
+
+void Server::Stop() {
+  if (stopped_.exchange(true)) return;
+  asio::post(ioc_, [this] {
+    boost::system::error_code ec;
+    acceptor_.close(ec);
+  });
+  ioc_.stop();
+  for (auto& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+}
+
+asio::awaitable<void> Server::AcceptLoop() {
+  for (;;) {
+    auto [ec, socket] = co_await acceptor_.async_accept(asio::make_strand(ioc_), kTuple);
+    if (ec) {
+      if (ec == asio::error::operation_aborted || stopped_) co_return;
+      // EMFILE and friends: log, back off briefly, keep accepting.
+      spdlog::warn("accept: {}", ec.message());
+      asio::steady_timer t(co_await asio::this_coro::executor, std::chrono::milliseconds(50));
+      co_await t.async_wait(kTuple);
+      continue;
+    }
+    socket.set_option(asio::ip::tcp::no_delay(true), ec);
+    auto ex = socket.get_executor();
+    asio::co_spawn(ex, Serve(std::move(socket)), asio::detached);
+  }
+}
+
+asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
+  beast::tcp_stream stream(std::move(socket));
+  beast::flat_buffer buffer;
+  auto executor = co_await asio::this_coro::executor;
+
+  auto send = [&](Response res) -> asio::awaitable<bool> {
+    res.prepare_payload();
+    stream.expires_after(opts_.write_timeout);
+    bool keep = res.keep_alive();
+    auto [ec, n] = co_await bhttp::async_write(stream, res, kTuple);
+    co_return !ec && keep;
+  };
+
+  for (;;) {
+    bhttp::request_parser<bhttp::string_body> parser;
+    parser.body_limit(opts_.max_body_bytes);
+    parser.header_limit(static_cast<uint32_t>(opts_.max_header_bytes));
+
+    // Wait for the first byte of the next request with the idle timeout, then give the whole
+    // request the read timeout.
+    stream.expires_after(buffer.size() > 0 ? opts_.read_timeout : opts_.idle_timeout);
+    auto [hec, hn] = co_await bhttp::async_read_header(stream, buffer, parser, kTuple);
+    if (!hec && !parser.is_done()) {
+      stream.expires_after(opts_.read_timeout);
+      auto [bec, bn] = co_await bhttp::async_read(stream, buffer, parser, kTuple);
+      hec = bec;
+    }
+    if (hec) {
+      if (hec == bhttp::error::end_of_stream || hec == asio::error::eof ||
+          hec == asio::error::connection_reset || hec == asio::error::operation_aborted) {
+        break;
+      }
+      if (hec == beast::error::timeout) {
+        if (buffer.size() > 0 || parser.got_some()) {
+          co_await send(errors_(bhttp::status::request_timeout, "request_timeout",
+                                "the request did not arrive in time", NewId("req")));
+        }
+        break;
+      }
+      std::string rid = parser.is_header_done() ? RequestIdFor(parser.get()) : NewId("req");
+      if (hec == bhttp::error::body_limit) {
+        co_await send(errors_(bhttp::status::payload_too_large, "payload_too_large",
+                              fmt::format("request body is larger than {} bytes",
+                                          opts_.max_body_bytes),
+                              rid));
+      } else if (hec == bhttp::error::header_limit) {
+        co_await send(errors_(bhttp::status::request_header_fields_too_large, "invalid_argument",
+                              "request headers are too large", rid));
+      } else {
+        co_await send(errors_(bhttp::status::bad_request, "invalid_argument",
+                              fmt::format("malformed HTTP request: {}", hec.message()), rid));
+      }
+      break;  // the framing of anything after a bad request cannot be trusted
+    }
+
+    Request req = parser.release();
+    std::string rid = RequestIdFor(req);
+    ChunkedStream chunked(stream, opts_.write_timeout);
+    RequestContext ctx{req, rid, chunked, executor};
+    // Handlers may stream for a long time (SSE): no read deadline while they run.
+    stream.expires_never();
+    std::optional<Response> res;
+    try {
+      res = co_await handler_(ctx);
+    } catch (const std::exception& e) {
+      // Our handlers do not throw; this is the last line of defence for library exceptions.
+      spdlog::error("request {} {}: handler threw: {}", std::string(req.method_string()),
+                    std::string(req.target()), e.what());
+      if (!chunked.began()) {
+        res = errors_(bhttp::status::internal_server_error, "internal", "internal error", rid);
+      } else {
+        break;
+      }
+    }
+    if (res) {
+      res->version(req.version());
+      res->keep_alive(res->keep_alive() && req.keep_alive());
+      res->set("X-Request-Id", rid);
+      if (!co_await send(std::move(*res))) break;
+    } else if (!chunked.reusable()) {
+      break;
+    }
+  }
+  boost::system::error_code ec;
+  stream.socket().shutdown(asio::ip::tcp::socket::shutdown_send, ec);
+  stream.close();
+}
+
+}  // namespace sbx::http

@@ -1,0 +1,101 @@
+// A small asynchronous HTTP/1.1 server on Boost.Beast with C++20 coroutines. It knows HTTP
+// (keep-alive, chunked bodies both ways, size limits, timeouts) and nothing about sandboxes:
+// the api/ layer hands it one Handler.
+//
+// Threads: the server runs an io_context on `threads` threads; each connection lives on its own
+// strand, so a handler's coroutine never runs concurrently with itself.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <boost/asio.hpp>
+#include <boost/beast.hpp>
+
+#include "absl/status/statusor.h"
+
+namespace sbx::http {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+
+using Request = bhttp::request<bhttp::string_body>;
+using Response = bhttp::response<bhttp::string_body>;
+
+// Writes a streamed (chunked) response. Used by handlers that return no Response, like SSE.
+class ResponseStream {
+ public:
+  virtual ~ResponseStream() = default;
+  // Sends the status line and headers with Transfer-Encoding: chunked. False if the client is
+  // gone.
+  virtual asio::awaitable<bool> Begin(bhttp::response_header<> header) = 0;
+  // Sends one chunk; false if the client is gone (the handler should stop).
+  virtual asio::awaitable<bool> Write(std::string data) = 0;
+  // Ends the chunked body; the connection may then serve the next request.
+  virtual asio::awaitable<void> End() = 0;
+};
+
+struct RequestContext {
+  Request& req;
+  std::string request_id;
+  ResponseStream& stream;
+  asio::any_io_executor executor;
+};
+
+// Returns the full response, or nullopt after streaming one through ctx.stream.
+using Handler = std::function<asio::awaitable<std::optional<Response>>(RequestContext&)>;
+// Builds the error response the server itself sends (400, 408, 413) in the API's JSON shape.
+using ErrorResponder =
+    std::function<Response(bhttp::status status, std::string_view code, std::string_view message,
+                           const std::string& request_id)>;
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 7070;  // 0 picks a free port; see Server::port()
+  int threads = 2;
+  size_t max_body_bytes = 1 << 20;
+  size_t max_header_bytes = 16 << 10;
+  std::chrono::seconds read_timeout{30};   // a whole request must arrive within this
+  std::chrono::seconds idle_timeout{75};   // keep-alive connection with no request
+  std::chrono::seconds write_timeout{60};  // one write must complete within this
+};
+
+class Server {
+ public:
+  Server(ServerOptions opts, Handler handler, ErrorResponder errors);
+  ~Server();
+
+  // Binds and listens; fails with the address and errno text when the port is taken.
+  absl::Status Listen();
+  uint16_t port() const { return bound_port_; }
+  // Runs the io_context on opts.threads threads; returns immediately.
+  void Start();
+  // Stops accepting, cancels connections and joins the threads.
+  void Stop();
+  asio::io_context& io_context() { return ioc_; }
+
+ private:
+  asio::awaitable<void> AcceptLoop();
+  asio::awaitable<void> Serve(asio::ip::tcp::socket socket);
+
+  ServerOptions opts_;
+  Handler handler_;
+  ErrorResponder errors_;
+  asio::io_context ioc_;
+  asio::ip::tcp::acceptor acceptor_;
+  uint16_t bound_port_ = 0;
+  std::vector<std::thread> threads_;
+  std::atomic<bool> stopped_{false};
+};
+
+// A request id: the client's X-Request-Id when it is 1-128 printable ASCII, else a new one.
+std::string RequestIdFor(const Request& req);
+
+}  // namespace sbx::http

@@ -1,0 +1,84 @@
+#include "ops/operation_engine.h"
+
+#include <spdlog/spdlog.h>
+
+namespace sbx::ops {
+
+OperationEngine::OperationEngine(int workers) {
+  for (int i = 0; i < std::max(1, workers); ++i) {
+    workers_.emplace_back([this] { WorkerLoop(); });
+  }
+}
+
+OperationEngine::~OperationEngine() { Shutdown(); }
+
+void OperationEngine::Submit(const std::string& key, std::function<void()> job) {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) {
+      spdlog::warn("operation engine is stopping; job for {} dropped", key);
+      return;
+    }
+    auto& q = queues_[key];
+    q.push_back(std::move(job));
+    ++pending_;
+    if (q.size() == 1 && !running_[key]) ready_.push_back(key);
+  }
+  cv_.notify_one();
+}
+
+size_t OperationEngine::pending() const {
+  std::lock_guard lock(mu_);
+  return pending_;
+}
+
+void OperationEngine::Shutdown() {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_ && workers_.empty()) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) {
+    if (t.joinable()) t.join();
+  }
+  workers_.clear();
+}
+
+void OperationEngine::WorkerLoop() {
+  for (;;) {
+    std::function<void()> job;
+    std::string key;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [this] { return !ready_.empty() || (stopping_ && pending_ == 0); });
+      if (ready_.empty()) return;
+      key = std::move(ready_.front());
+      ready_.pop_front();
+      auto& q = queues_[key];
+      job = std::move(q.front());
+      q.pop_front();
+      running_[key] = true;
+    }
+    try {
+      job();
+    } catch (const std::exception& e) {
+      // Jobs report errors through the store; an exception here is a bug, not a result.
+      spdlog::error("operation job for {} threw: {}", key, e.what());
+    }
+    {
+      std::lock_guard lock(mu_);
+      running_.erase(key);
+      --pending_;
+      auto it = queues_.find(key);
+      if (it != queues_.end() && !it->second.empty()) {
+        ready_.push_back(key);
+      } else if (it != queues_.end()) {
+        queues_.erase(it);
+      }
+    }
+    cv_.notify_all();
+  }
+}
+
+}  // namespace sbx::ops

@@ -1,0 +1,130 @@
+#include "service/agent_stream.h"
+
+#include <fmt/format.h>
+
+#include "common/status_util.h"
+
+namespace sbx::service {
+namespace {
+constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
+
+absl::Status AgentError(const nlohmann::json& resp) {
+  std::string code = "internal";
+  std::string message = "agent refused the request";
+  if (resp.contains("error") && resp["error"].is_object()) {
+    code = resp["error"].value("code", code);
+    message = resp["error"].value("message", message);
+  }
+  absl::StatusCode canonical = absl::StatusCode::kInternal;
+  if (code == "not_found") canonical = absl::StatusCode::kNotFound;
+  if (code == "invalid_argument") canonical = absl::StatusCode::kInvalidArgument;
+  if (code == "failed_precondition") canonical = absl::StatusCode::kFailedPrecondition;
+  return ApiError(canonical, code, fmt::format("agent: {}", message));
+}
+}  // namespace
+
+asio::awaitable<absl::Status> AgentStream::ReadUntilFrame(std::optional<protocol::Frame>& out,
+                                                          std::chrono::milliseconds deadline,
+                                                          bool idle_ok) {
+  for (;;) {
+    auto next = decoder_.Next();
+    if (!next.ok()) co_return Annotate(next.status(), "agent protocol");
+    if (*next) {
+      out = std::move(**next);
+      co_return absl::OkStatus();
+    }
+    // Cancelling a pending read_some loses no bytes: either the read completed (and its
+    // handler runs with the data) or it had not started transferring. A timer completion that
+    // was already queued when the read finished must not cancel a later read: the generation
+    // counter tells them apart, and the weak pointer keeps it from touching a dead stream.
+    const uint64_t gen = ++read_gen_;
+    timer_.expires_after(deadline);
+    timer_.async_wait([weak = std::weak_ptr<State>(state_), gen](boost::system::error_code ec) {
+      auto st = weak.lock();
+      if (ec || !st || st->gen != gen) return;
+      st->timed_out = true;
+      boost::system::error_code ignored;
+      st->socket->cancel(ignored);
+    });
+    state_->gen = gen;
+    state_->timed_out = false;
+    auto [ec, n] = co_await socket_.async_read_some(asio::buffer(buf_), kTuple);
+    state_->gen = 0;
+    timer_.cancel();
+    if (ec == asio::error::operation_aborted && state_->timed_out) {
+      if (idle_ok) co_return absl::OkStatus();  // out stays empty: idle
+      co_return absl::DeadlineExceededError("agent did not answer in time");
+    }
+    if (ec == asio::error::eof || ec == asio::error::connection_reset) {
+      co_return absl::UnavailableError("agent closed the stream");
+    }
+    if (ec) co_return absl::UnavailableError(fmt::format("agent read: {}", ec.message()));
+    decoder_.Feed(std::string_view(buf_.data(), n));
+  }
+}
+
+asio::awaitable<absl::StatusOr<std::unique_ptr<AgentStream>>> AgentStream::Open(
+    asio::any_io_executor ex, std::string socket_path, nlohmann::json request,
+    std::chrono::milliseconds timeout) {
+  auto s = std::make_unique<AgentStream>(ex);
+  auto [cec] = co_await s->socket_.async_connect(
+      asio::local::stream_protocol::endpoint(socket_path), kTuple);
+  if (cec) {
+    co_return absl::UnavailableError(
+        fmt::format("connect to agent ({}): {}", socket_path, cec.message()));
+  }
+  std::string out = protocol::EncodeFrame(
+      protocol::FrameType::kHello,
+      nlohmann::json{{"version", protocol::kVersion}, {"role", "host"}}.dump());
+  out += protocol::EncodeFrame(protocol::FrameType::kRequest, request.dump());
+  auto [wec, wn] = co_await asio::async_write(s->socket_, asio::buffer(out), kTuple);
+  if (wec) co_return absl::UnavailableError(fmt::format("write to agent: {}", wec.message()));
+
+  bool got_hello = false;
+  for (;;) {
+    std::optional<protocol::Frame> f;
+    absl::Status st = co_await s->ReadUntilFrame(f, timeout, /*idle_ok=*/false);
+    if (!st.ok()) co_return st;
+    if (f->type == protocol::FrameType::kHello) {
+      got_hello = true;
+      continue;
+    }
+    if (f->type != protocol::FrameType::kResponse || !got_hello) {
+      co_return absl::InternalError("agent protocol: expected hello then response");
+    }
+    auto resp = nlohmann::json::parse(f->payload, nullptr, false);
+    if (resp.is_discarded() || !resp.is_object()) {
+      co_return absl::InternalError("agent protocol: response is not a JSON object");
+    }
+    if (!resp.value("ok", false)) co_return AgentError(resp);
+    s->response_ = std::move(resp);
+    co_return s;
+  }
+}
+
+asio::awaitable<absl::StatusOr<std::optional<protocol::Frame>>> AgentStream::Next(
+    std::chrono::milliseconds idle) {
+  std::optional<protocol::Frame> f;
+  absl::Status st = co_await ReadUntilFrame(f, idle, /*idle_ok=*/true);
+  if (!st.ok()) co_return st;
+  co_return f;
+}
+
+void AgentStream::Close() {
+  boost::system::error_code ec;
+  timer_.cancel();
+  socket_.close(ec);
+}
+
+asio::awaitable<absl::StatusOr<nlohmann::json>> AsyncCallAgent(asio::any_io_executor ex,
+                                                              std::string socket_path,
+                                                              nlohmann::json request,
+                                                              std::chrono::milliseconds timeout) {
+  auto s = co_await AgentStream::Open(ex, std::move(socket_path), std::move(request), timeout);
+  if (!s.ok()) co_return s.status();
+  nlohmann::json resp = (*s)->response();
+  (*s)->Close();
+  co_return resp;
+}
+
+}  // namespace sbx::service

@@ -1,0 +1,64 @@
+// Asynchronous sbxd side of the agent protocol (src/protocol/protocol.h), on the caller's
+// executor, for the data plane: attach streams and short status calls from HTTP handlers
+// must never block an io thread on a slow or frozen sandbox.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <boost/asio.hpp>
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "protocol/protocol.h"
+
+namespace sbx::service {
+
+namespace asio = boost::asio;
+
+class AgentStream {
+ public:
+  // Connects, sends hello + request, and reads the agent's hello and response, all within
+  // `timeout`. An "ok":false response becomes an error status.
+  static asio::awaitable<absl::StatusOr<std::unique_ptr<AgentStream>>> Open(
+      asio::any_io_executor ex, std::string socket_path, nlohmann::json request,
+      std::chrono::milliseconds timeout = std::chrono::seconds(10));
+
+  explicit AgentStream(asio::any_io_executor ex)
+      : socket_(ex), timer_(ex), state_(std::make_shared<State>(State{0, false, &socket_})) {}
+
+  const nlohmann::json& response() const { return response_; }
+  // The next frame; nullopt when nothing arrived within `idle` (the caller may send a
+  // keep-alive and call again; no bytes are lost). Unavailable when the agent closed.
+  asio::awaitable<absl::StatusOr<std::optional<protocol::Frame>>> Next(
+      std::chrono::milliseconds idle);
+  void Close();
+
+ private:
+  asio::awaitable<absl::Status> ReadUntilFrame(std::optional<protocol::Frame>& out,
+                                               std::chrono::milliseconds deadline,
+                                               bool idle_ok);
+
+  struct State {
+    uint64_t gen;
+    bool timed_out;
+    asio::local::stream_protocol::socket* socket;
+  };
+
+  asio::local::stream_protocol::socket socket_;
+  asio::steady_timer timer_;
+  std::shared_ptr<State> state_;
+  uint64_t read_gen_ = 0;
+  protocol::FrameDecoder decoder_;
+  nlohmann::json response_;
+  std::string buf_ = std::string(256 << 10, '\0');
+};
+
+// One request on a fresh connection (status, signal, ping).
+asio::awaitable<absl::StatusOr<nlohmann::json>> AsyncCallAgent(
+    asio::any_io_executor ex, std::string socket_path, nlohmann::json request,
+    std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
+}  // namespace sbx::service

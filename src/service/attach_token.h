@@ -1,0 +1,41 @@
+// Attach tokens authorize one session's data-plane routes without a store lookup: an
+// HMAC-SHA256 over {session, tenant, expiry}, keyed by a secret kept in the state dir so tokens
+// survive an sbxd restart. Management tokens never enter a sandbox; attach tokens are what a
+// client may hand to a less trusted component that only needs the stream.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace sbx::service {
+
+class AttachTokens {
+ public:
+  AttachTokens(std::string key, std::chrono::seconds ttl) : key_(std::move(key)), ttl_(ttl) {}
+
+  struct Minted {
+    std::string token;
+    std::string expires_at;  // RFC 3339
+  };
+  struct Claims {
+    std::string session_id;
+    std::string tenant_id;
+    int64_t expires_unix = 0;
+  };
+
+  Minted Mint(const std::string& session_id, const std::string& tenant_id) const;
+  Minted MintAt(const std::string& session_id, const std::string& tenant_id,
+                std::chrono::system_clock::time_point now) const;
+  // Unauthenticated on a bad signature, malformed token or expiry.
+  absl::StatusOr<Claims> Verify(const std::string& token) const;
+  absl::StatusOr<Claims> VerifyAt(const std::string& token,
+                                  std::chrono::system_clock::time_point now) const;
+
+ private:
+  std::string key_;
+  std::chrono::seconds ttl_;
+};
+
+}  // namespace sbx::service

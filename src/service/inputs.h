@@ -1,0 +1,44 @@
+// Validated inputs of the service's calls. The api/ layer parses untrusted JSON into these;
+// the service trusts their shape but still checks everything that depends on state.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace sbx::service {
+
+struct CreateSandboxRequest {
+  std::string template_ref = "base";
+  std::optional<int> vcpu, memory_mib, disk_mib;  // as requested
+  std::string egress_profile = "none";
+  std::map<std::string, std::string> env;
+  std::map<std::string, std::string> labels;
+  std::optional<std::string> runtime;
+  std::optional<int64_t> timeout_s;
+  std::optional<int64_t> idle_suspend_s;
+  nlohmann::json canonical;  // the parsed body, for idempotency hashing
+};
+
+struct CreateSessionRequest {
+  std::vector<std::string> argv;
+  std::optional<std::string> cwd;
+  std::map<std::string, std::string> env;
+  std::optional<std::string> user;
+  bool tty = false;
+  bool stdin_open = false;
+  std::optional<int64_t> timeout_s;
+  nlohmann::json canonical;
+};
+
+// Who is calling: a tenant (management token) or the holder of one session's attach token.
+struct Caller {
+  std::string tenant_id;
+  std::optional<std::string> session_scope;  // set for attach tokens: the only session allowed
+};
+
+}  // namespace sbx::service

@@ -1,0 +1,685 @@
+#include "service/sandbox_service.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <set>
+
+#include "common/encoding.h"
+#include "common/ids.h"
+#include "common/status_util.h"
+#include "common/time_util.h"
+#include "service/sandbox_state.h"
+#include "service/views.h"
+
+namespace sbx::service {
+namespace {
+
+using nlohmann::json;
+using store::OperationRecord;
+using store::SandboxRecord;
+using store::SessionRecord;
+using store::Tx;
+
+absl::Status NotFound(std::string_view kind, const std::string& id) {
+  return ApiError(absl::StatusCode::kNotFound, "not_found",
+                  fmt::format("{} {} not found", kind, id));
+}
+
+json ErrorJson(std::string_view code, const absl::Status& s) {
+  return {{"code", code}, {"message", std::string(s.message())}};
+}
+
+// Idempotency scope is (tenant, method, route template, key); the body hash decides between a
+// replay and a conflict.
+struct IdemScope {
+  std::string method;
+  std::string route;
+};
+
+absl::StatusOr<std::optional<StoredResponse>> CheckIdempotency(Tx& tx, const Caller& caller,
+                                                               const std::optional<std::string>& key,
+                                                               const IdemScope& scope,
+                                                               const std::string& body_hash) {
+  if (!key) return std::optional<StoredResponse>();
+  SBX_ASSIGN_OR_RETURN(auto rec,
+                       tx.GetIdempotency(caller.tenant_id, *key, scope.method, scope.route));
+  if (!rec) return std::optional<StoredResponse>();
+  if (rec->body_hash != body_hash) {
+    return ApiError(absl::StatusCode::kFailedPrecondition, "idempotency_key_reused",
+                    "Idempotency-Key was already used with a different request body");
+  }
+  return std::optional<StoredResponse>(StoredResponse{rec->status, rec->response_body, true});
+}
+
+absl::Status SaveIdempotency(Tx& tx, const Caller& caller, const std::optional<std::string>& key,
+                             const IdemScope& scope, const std::string& body_hash,
+                             const StoredResponse& resp) {
+  if (!key) return absl::OkStatus();
+  store::IdempotencyRecord rec;
+  rec.tenant_id = caller.tenant_id;
+  rec.key = *key;
+  rec.method = scope.method;
+  rec.route = scope.route;
+  rec.body_hash = body_hash;
+  rec.status = resp.status;
+  rec.response_body = resp.body;
+  rec.created_at = NowRfc3339();
+  return tx.PutIdempotency(rec);
+}
+
+OperationRecord NewOperation(const std::string& tenant, const std::string& kind,
+                             const std::string& sandbox_id, const std::string& now) {
+  OperationRecord op;
+  op.id = NewId("op");
+  op.tenant_id = tenant;
+  op.kind = kind;
+  op.sandbox_id = sandbox_id;
+  op.state = "pending";
+  op.created_at = now;
+  op.updated_at = now;
+  return op;
+}
+
+void Finish(OperationRecord& op, bool ok, json error, const std::string& now) {
+  op.state = ok ? "succeeded" : "failed";
+  op.error = std::move(error);
+  op.updated_at = now;
+  op.completed_at = now;
+}
+
+}  // namespace
+
+SandboxService::SandboxService(ServiceOptions opts, store::Store& store,
+                               ops::OperationEngine& engine, TemplateRegistry templates,
+                               std::map<std::string, runtime::Backend*> backends)
+    : opts_(std::move(opts)),
+      store_(store),
+      engine_(engine),
+      templates_(std::move(templates)),
+      backends_(std::move(backends)),
+      tokens_(opts_.attach_key, opts_.attach_token_ttl) {}
+
+bool SandboxService::ready() const {
+  std::lock_guard lock(mu_);
+  return ready_;
+}
+
+absl::StatusOr<runtime::Backend*> SandboxService::BackendFor(const std::string& name) const {
+  auto it = backends_.find(name);
+  if (it == backends_.end()) {
+    std::string have;
+    for (const auto& [n, b] : backends_) have += (have.empty() ? "" : ", ") + n;
+    return ApiError(absl::StatusCode::kUnimplemented, "not_implemented",
+                    fmt::format("runtime '{}' is not available on this host (available: {})",
+                                name, have),
+                    "runtime");
+  }
+  return it->second;
+}
+
+absl::StatusOr<SandboxRecord> SandboxService::VisibleSandbox(Tx& tx, const Caller& caller,
+                                                             const std::string& id) {
+  if (!IsValidId(id, "sbx")) return NotFound("sandbox", id);
+  auto sb = tx.GetSandbox(id);
+  // Another tenant's sandbox is indistinguishable from a missing one.
+  if (!sb.ok() || sb->tenant_id != caller.tenant_id) return NotFound("sandbox", id);
+  return sb;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Create
+
+absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
+    const Caller& caller, const CreateSandboxRequest& req,
+    const std::optional<std::string>& idem_key) {
+  static const IdemScope kScope{"POST", "/v1/sandboxes"};
+  const std::string body_hash = Sha256Hex(req.canonical.dump());
+  if (req.timeout_s) {
+    return ApiError(absl::StatusCode::kUnimplemented, "not_implemented",
+                    "timeout_s (sandbox TTL) is not supported yet", "timeout_s");
+  }
+  if (req.idle_suspend_s) {
+    return ApiError(absl::StatusCode::kUnimplemented, "not_implemented",
+                    "idle_suspend_s is not supported yet", "idle_suspend_s");
+  }
+
+  StoredResponse out;
+  std::optional<std::pair<std::string, std::string>> submit;  // op id, sandbox id
+  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(auto replay, CheckIdempotency(tx, caller, idem_key, kScope, body_hash));
+    if (replay) {
+      out = *replay;
+      return absl::OkStatus();
+    }
+    SBX_ASSIGN_OR_RETURN(runtime::TemplateSpec tmpl, templates_.Resolve(req.template_ref));
+    const std::string runtime_name = req.runtime.value_or(opts_.default_runtime);
+    SBX_RETURN_IF_ERROR(BackendFor(runtime_name).status());
+
+    const std::string now = NowRfc3339();
+    SandboxRecord sb;
+    sb.id = NewId("sbx");
+    sb.tenant_id = caller.tenant_id;
+    sb.state = std::string(kCreating);
+    sb.template_ref = req.template_ref;
+    sb.template_digest = tmpl.digest;
+    sb.runtime = runtime_name;
+    sb.resources = json::object();
+    if (req.vcpu) sb.resources["vcpu"] = *req.vcpu;
+    if (req.memory_mib) sb.resources["memory_mib"] = *req.memory_mib;
+    if (req.disk_mib) sb.resources["disk_mib"] = *req.disk_mib;
+    sb.effective_resources = {{"vcpu", req.vcpu.value_or(opts_.defaults.vcpu)},
+                              {"memory_mib", req.memory_mib.value_or(opts_.defaults.memory_mib)},
+                              {"disk_mib", req.disk_mib.value_or(opts_.defaults.disk_mib)},
+                              {"pids", opts_.defaults.pids}};
+    sb.egress_profile = req.egress_profile;
+    sb.env = req.env;
+    sb.labels = req.labels;
+    sb.created_at = now;
+    sb.updated_at = now;
+    OperationRecord op = NewOperation(caller.tenant_id, "create", sb.id, now);
+    sb.current_operation_id = op.id;
+    SBX_RETURN_IF_ERROR(tx.PutSandbox(sb));
+    SBX_RETURN_IF_ERROR(tx.PutOperation(op));
+    out.status = 202;
+    out.body = json{{"sandbox", SandboxView(sb)}, {"operation", OperationView(op)}}.dump();
+    SBX_RETURN_IF_ERROR(SaveIdempotency(tx, caller, idem_key, kScope, body_hash, out));
+    submit = {op.id, sb.id};
+    return absl::OkStatus();
+  }));
+  if (submit) {
+    auto [op_id, sb_id] = *submit;
+    engine_.Submit(sb_id, [this, op_id, sb_id] { RunCreate(op_id, sb_id); });
+  }
+  return out;
+}
+
+void SandboxService::RunCreate(const std::string& op_id, const std::string& sandbox_id) {
+  SandboxRecord sb;
+  bool proceed = false;
+  absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
+    SBX_ASSIGN_OR_RETURN(sb, tx.GetSandbox(sandbox_id));
+    if (op.state != "pending") return absl::OkStatus();
+    const std::string now = NowRfc3339();
+    if (sb.state != kCreating) {
+      // A delete overtook this create before it started: nothing to build.
+      Finish(op, false, {{"code", "cancelled"}, {"message", "sandbox was deleted before it started"}},
+             now);
+      return tx.PutOperation(op);
+    }
+    op.state = "running";
+    op.updated_at = now;
+    proceed = true;
+    return tx.PutOperation(op);
+  });
+  if (!st.ok() || !proceed) {
+    if (!st.ok()) spdlog::error("create {}: store: {}", sandbox_id, std::string(st.message()));
+    return;
+  }
+
+  auto started = std::chrono::steady_clock::now();
+  absl::StatusOr<runtime::InstancePtr> inst = absl::InternalError("unset");
+  auto backend = BackendFor(sb.runtime);
+  auto tmpl = templates_.Resolve(sb.template_ref);
+  if (!backend.ok()) {
+    inst = backend.status();
+  } else if (!tmpl.ok()) {
+    inst = tmpl.status();
+  } else if (tmpl->digest != sb.template_digest) {
+    inst = absl::FailedPreconditionError(
+        fmt::format("template {} changed since the sandbox was requested", sb.template_ref));
+  } else {
+    runtime::SandboxSpec spec;
+    spec.id = sb.id;
+    spec.tmpl = *tmpl;
+    spec.resources.vcpu = sb.effective_resources.value("vcpu", opts_.defaults.vcpu);
+    spec.resources.memory_mib = sb.effective_resources.value("memory_mib", opts_.defaults.memory_mib);
+    spec.resources.disk_mib = sb.effective_resources.value("disk_mib", opts_.defaults.disk_mib);
+    spec.resources.pids = sb.effective_resources.value("pids", opts_.defaults.pids);
+    for (const auto& [k, v] : sb.env.items()) spec.env[k] = v.get<std::string>();
+    spec.hostname = sb.id.substr(0, 16);
+    inst = (*backend)->Create(spec);
+  }
+  auto elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started);
+
+  json runtime_state = inst.ok() ? (*inst)->Persist() : json(nullptr);
+  bool keep_instance = false;
+  st = store_.Transact([&](Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
+    SBX_ASSIGN_OR_RETURN(SandboxRecord cur, tx.GetSandbox(sandbox_id));
+    const std::string now = NowRfc3339();
+    cur.updated_at = now;
+    if (!inst.ok()) {
+      json err = ErrorJson("create_failed", inst.status());
+      Finish(op, false, err, now);
+      if (cur.state == kCreating) {
+        cur.state = std::string(kFailed);
+        cur.error = err;
+        cur.current_operation_id.reset();
+      }
+    } else if (cur.state == kCreating) {
+      Finish(op, true, nullptr, now);
+      cur.state = std::string(kRunning);
+      cur.runtime_state = runtime_state;
+      cur.current_operation_id.reset();
+      keep_instance = true;
+    } else {
+      // Deleted while being built: the queued delete destroys the instance we keep for it.
+      Finish(op, false, {{"code", "cancelled"}, {"message", "sandbox was deleted while starting"}},
+             now);
+      cur.runtime_state = runtime_state;
+      keep_instance = true;
+    }
+    SBX_RETURN_IF_ERROR(tx.PutOperation(op));
+    return tx.PutSandbox(cur);
+  });
+  if (!st.ok()) {
+    spdlog::error("create {}: store: {}", sandbox_id, std::string(st.message()));
+    if (inst.ok()) (void)(*inst)->Destroy();
+    return;
+  }
+  if (inst.ok() && keep_instance) {
+    std::lock_guard lock(mu_);
+    instances_[sandbox_id] = std::move(*inst);
+  }
+  if (inst.ok()) {
+    spdlog::info("sandbox {} running ({:.1f} ms in the runtime)", sandbox_id, elapsed.count());
+  } else {
+    spdlog::warn("sandbox {} failed to start: {}", sandbox_id, std::string(inst.status().message()));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Read
+
+absl::StatusOr<SandboxRecord> SandboxService::GetSandbox(const Caller& caller,
+                                                         const std::string& id) {
+  SandboxRecord out;
+  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(out, VisibleSandbox(tx, caller, id));
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::StatusOr<store::Page<SandboxRecord>> SandboxService::ListSandboxes(
+    const Caller& caller, store::SandboxFilter filter) {
+  filter.tenant_id = caller.tenant_id;
+  if (filter.state && *filter.state == kDeleted) filter.include_deleted = true;
+  if (filter.state && !IsSandboxState(*filter.state)) {
+    return FieldError("state", fmt::format("unknown state '{}'", *filter.state));
+  }
+  store::Page<SandboxRecord> page;
+  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(page, tx.ListSandboxes(filter));
+    return absl::OkStatus();
+  }));
+  return page;
+}
+
+absl::StatusOr<OperationRecord> SandboxService::GetOperation(const Caller& caller,
+                                                             const std::string& id) {
+  if (!IsValidId(id, "op")) return NotFound("operation", id);
+  OperationRecord out;
+  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+    auto op = tx.GetOperation(id);
+    if (!op.ok() || op->tenant_id != caller.tenant_id) return NotFound("operation", id);
+    out = *op;
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Delete
+
+absl::StatusOr<StoredResponse> SandboxService::DeleteSandbox(
+    const Caller& caller, const std::string& id, const std::optional<std::string>& idem_key) {
+  const IdemScope scope{"DELETE", "/v1/sandboxes/" + id};
+  const std::string body_hash = Sha256Hex("");
+  StoredResponse out;
+  std::optional<std::string> submit;
+  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(auto replay, CheckIdempotency(tx, caller, idem_key, scope, body_hash));
+    if (replay) {
+      out = *replay;
+      return absl::OkStatus();
+    }
+    SBX_ASSIGN_OR_RETURN(SandboxRecord sb, VisibleSandbox(tx, caller, id));
+    const std::string now = NowRfc3339();
+    OperationRecord op;
+    if (sb.current_operation_id) {
+      SBX_ASSIGN_OR_RETURN(OperationRecord cur, tx.GetOperation(*sb.current_operation_id));
+      if (cur.kind == "delete" && (cur.state == "pending" || cur.state == "running")) {
+        op = cur;  // a repeat of the same kind returns the in-flight operation
+      }
+    }
+    if (op.id.empty() && sb.state == kDeleted) {
+      // Deleting is idempotent: report a delete that has nothing left to do.
+      op = NewOperation(caller.tenant_id, "delete", sb.id, now);
+      Finish(op, true, nullptr, now);
+      SBX_RETURN_IF_ERROR(tx.PutOperation(op));
+    } else if (op.id.empty()) {
+      // Delete wins over any other in-flight operation: it is queued behind it on the same
+      // key, and the other operation sees the new state when it finishes.
+      op = NewOperation(caller.tenant_id, "delete", sb.id, now);
+      sb.state = std::string(kDeleting);
+      sb.current_operation_id = op.id;
+      sb.updated_at = now;
+      SBX_RETURN_IF_ERROR(tx.PutOperation(op));
+      SBX_RETURN_IF_ERROR(tx.PutSandbox(sb));
+      submit = op.id;
+    }
+    out.status = 202;
+    out.body = json{{"operation", OperationView(op)}}.dump();
+    return SaveIdempotency(tx, caller, idem_key, scope, body_hash, out);
+  }));
+  if (submit) {
+    std::string op_id = *submit;
+    engine_.Submit(id, [this, op_id, id] { RunDelete(op_id, id); });
+  }
+  return out;
+}
+
+absl::Status SandboxService::DestroyRuntime(const SandboxRecord& sb) {
+  runtime::InstancePtr inst;
+  {
+    std::lock_guard lock(mu_);
+    auto it = instances_.find(sb.id);
+    if (it != instances_.end()) {
+      inst = std::move(it->second);
+      instances_.erase(it);
+    }
+  }
+  SBX_ASSIGN_OR_RETURN(runtime::Backend * backend, BackendFor(sb.runtime));
+  if (!inst && !sb.runtime_state.is_null()) {
+    auto adopted = backend->Adopt(sb.id, sb.runtime_state);
+    if (adopted.ok()) inst = std::move(*adopted);
+  }
+  if (inst) return inst->Destroy();
+  // Nothing alive to adopt: remove whatever is still named after the sandbox.
+  return backend->Remove(sb.id);
+}
+
+void SandboxService::RunDelete(const std::string& op_id, const std::string& sandbox_id) {
+  SandboxRecord sb;
+  absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
+    SBX_ASSIGN_OR_RETURN(sb, tx.GetSandbox(sandbox_id));
+    op.state = "running";
+    op.updated_at = NowRfc3339();
+    return tx.PutOperation(op);
+  });
+  if (!st.ok()) {
+    spdlog::error("delete {}: store: {}", sandbox_id, std::string(st.message()));
+    return;
+  }
+  absl::Status destroyed = DestroyRuntime(sb);
+  st = store_.Transact([&](Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
+    SBX_ASSIGN_OR_RETURN(SandboxRecord cur, tx.GetSandbox(sandbox_id));
+    const std::string now = NowRfc3339();
+    cur.updated_at = now;
+    cur.current_operation_id.reset();
+    if (destroyed.ok()) {
+      Finish(op, true, nullptr, now);
+      cur.state = std::string(kDeleted);
+      cur.runtime_state = nullptr;
+      // Sessions end with their sandbox.
+      SBX_ASSIGN_OR_RETURN(auto sessions, tx.ListSessions(sandbox_id));
+      for (auto& s : sessions) {
+        if (s.state == "exited") continue;
+        s.state = "exited";
+        if (!s.exit_code && !s.signal) s.signal = "SIGKILL";
+        s.exited_at = now;
+        SBX_RETURN_IF_ERROR(tx.PutSession(s));
+      }
+    } else {
+      json err = ErrorJson("delete_failed", destroyed);
+      Finish(op, false, err, now);
+      cur.state = std::string(kFailed);
+      cur.error = err;
+    }
+    SBX_RETURN_IF_ERROR(tx.PutOperation(op));
+    return tx.PutSandbox(cur);
+  });
+  if (!st.ok()) spdlog::error("delete {}: store: {}", sandbox_id, std::string(st.message()));
+  if (!destroyed.ok()) {
+    spdlog::error("delete {}: {}", sandbox_id, std::string(destroyed.message()));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sessions
+
+absl::StatusOr<StoredResponse> SandboxService::CreateSession(
+    const Caller& caller, const std::string& sandbox_id, const CreateSessionRequest& req,
+    const std::optional<std::string>& idem_key) {
+  const IdemScope scope{"POST", "/v1/sandboxes/" + sandbox_id + "/sessions"};
+  const std::string body_hash = Sha256Hex(req.canonical.dump());
+  if (req.tty) {
+    return ApiError(absl::StatusCode::kUnimplemented, "not_implemented",
+                    "tty sessions are not supported yet", "tty");
+  }
+  if (req.stdin_open) {
+    return ApiError(absl::StatusCode::kUnimplemented, "not_implemented",
+                    "stdin is not supported yet", "stdin");
+  }
+  if (req.timeout_s) {
+    return ApiError(absl::StatusCode::kUnimplemented, "not_implemented",
+                    "session timeout_s is not supported yet", "timeout_s");
+  }
+  StoredResponse out;
+  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(auto replay, CheckIdempotency(tx, caller, idem_key, scope, body_hash));
+    if (replay) {
+      out = *replay;
+      return absl::OkStatus();
+    }
+    SBX_ASSIGN_OR_RETURN(SandboxRecord sb, VisibleSandbox(tx, caller, sandbox_id));
+    if (sb.state != kRunning) {
+      return ApiError(absl::StatusCode::kFailedPrecondition, "sandbox_not_running",
+                      fmt::format("sandbox {} is {}, not running", sb.id, sb.state));
+    }
+    const std::string now = NowRfc3339();
+    SessionRecord s;
+    s.id = NewId("ses");
+    s.tenant_id = caller.tenant_id;
+    s.sandbox_id = sb.id;
+    s.state = "created";
+    s.spec = {{"argv", req.argv},
+              {"cwd", req.cwd.value_or("/")},
+              {"env", req.env},
+              {"user", req.user.value_or("root")}};
+    s.created_at = now;
+    SBX_RETURN_IF_ERROR(tx.PutSession(s));
+    auto minted = tokens_.Mint(s.id, caller.tenant_id);
+    out.status = 201;
+    out.body = json{{"session_id", s.id},
+                    {"sandbox_id", sb.id},
+                    {"state", s.state},
+                    {"attach",
+                     {{"url", fmt::format("/v1/sessions/{}/attach", s.id)},
+                      {"token", minted.token},
+                      {"expires_at", minted.expires_at}}}}
+                   .dump();
+    return SaveIdempotency(tx, caller, idem_key, scope, body_hash, out);
+  }));
+  return out;
+}
+
+absl::StatusOr<SessionRecord> SandboxService::GetSession(const Caller& caller,
+                                                         const std::string& id) {
+  if (!IsValidId(id, "ses")) return NotFound("session", id);
+  if (caller.session_scope && *caller.session_scope != id) return NotFound("session", id);
+  SessionRecord out;
+  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+    auto s = tx.GetSession(id);
+    if (!s.ok() || s->tenant_id != caller.tenant_id) return NotFound("session", id);
+    out = *s;
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::StatusOr<SandboxService::AttachTarget> SandboxService::PrepareAttach(
+    const Caller& caller, const std::string& session_id) {
+  SBX_ASSIGN_OR_RETURN(SessionRecord s, GetSession(caller, session_id));
+  auto sock = AgentSocketFor(s.sandbox_id);
+  if (!sock) {
+    SandboxRecord sb;
+    (void)store_.Transact([&](Tx& tx) -> absl::Status {
+      auto r = tx.GetSandbox(s.sandbox_id);
+      if (r.ok()) sb = *r;
+      return absl::OkStatus();
+    });
+    return ApiError(absl::StatusCode::kFailedPrecondition, "sandbox_not_running",
+                    fmt::format("sandbox {} is {}, not running", s.sandbox_id,
+                                sb.state.empty() ? "gone" : sb.state));
+  }
+  return AttachTarget{std::move(s), *sock};
+}
+
+std::optional<std::string> SandboxService::AgentSocketFor(const std::string& sandbox_id) const {
+  std::lock_guard lock(mu_);
+  auto it = instances_.find(sandbox_id);
+  if (it == instances_.end()) return std::nullopt;
+  return it->second->AgentSocketPath();
+}
+
+void SandboxService::RecordSessionStarted(const std::string& session_id,
+                                          const json& attach_response) {
+  if (!attach_response.value("started", false)) return;
+  absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(SessionRecord s, tx.GetSession(session_id));
+    if (s.state != "created") return absl::OkStatus();
+    s.state = "running";
+    s.started_at = NowRfc3339();
+    return tx.PutSession(s);
+  });
+  if (!st.ok()) spdlog::warn("session {}: {}", session_id, std::string(st.message()));
+}
+
+void SandboxService::RecordSessionExit(const std::string& session_id,
+                                       const protocol::ExitEvent& ev) {
+  absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(SessionRecord s, tx.GetSession(session_id));
+    if (s.state == "exited") return absl::OkStatus();
+    const std::string now = NowRfc3339();
+    if (!s.started_at) s.started_at = now;
+    s.state = "exited";
+    s.exit_code = ev.exit_code;
+    s.signal = ev.signal;
+    s.timed_out = ev.timed_out;
+    s.oom_killed = ev.oom_killed;
+    s.exited_at = now;
+    return tx.PutSession(s);
+  });
+  if (!st.ok()) spdlog::warn("session {}: {}", session_id, std::string(st.message()));
+}
+
+void SandboxService::RecordSessionStatus(const std::string& session_id, const json& status) {
+  const std::string state = status.value("state", "");
+  if (state != "running" && state != "exited") return;
+  absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(SessionRecord s, tx.GetSession(session_id));
+    if (s.state == "exited" || s.state == state) return absl::OkStatus();
+    s.state = state;
+    if (status.contains("started_at") && status["started_at"].is_string()) {
+      s.started_at = status["started_at"].get<std::string>();
+    }
+    if (state == "exited") {
+      if (status.contains("exit_code") && status["exit_code"].is_number_integer()) {
+        s.exit_code = status["exit_code"].get<int>();
+      }
+      if (status.contains("signal") && status["signal"].is_string()) {
+        s.signal = status["signal"].get<std::string>();
+      }
+      s.exited_at = status.contains("exited_at") && status["exited_at"].is_string()
+                        ? status["exited_at"].get<std::string>()
+                        : NowRfc3339();
+    }
+    return tx.PutSession(s);
+  });
+  if (!st.ok()) spdlog::warn("session {}: {}", session_id, std::string(st.message()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Start-up
+
+absl::Status SandboxService::Reconcile() {
+  std::vector<SandboxRecord> live;
+  std::vector<OperationRecord> unfinished;
+  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(live, tx.ListLiveSandboxes());
+    SBX_ASSIGN_OR_RETURN(unfinished, tx.ListUnfinishedOperations());
+    return absl::OkStatus();
+  }));
+
+  std::map<std::string, std::set<std::string>> known;  // runtime -> ids it may keep
+  std::vector<std::pair<std::string, std::string>> redrive_deletes;
+  for (SandboxRecord& sb : live) {
+    known[sb.runtime].insert(sb.id);
+    auto backend = BackendFor(sb.runtime);
+    if (sb.state == kRunning && backend.ok()) {
+      auto inst = (*backend)->Adopt(sb.id, sb.runtime_state);
+      if (inst.ok()) {
+        std::lock_guard lock(mu_);
+        instances_[sb.id] = std::move(*inst);
+        continue;
+      }
+      spdlog::warn("sandbox {} could not be re-adopted: {}", sb.id,
+                   std::string(inst.status().message()));
+      sb.error = {{"code", "sandbox_lost"},
+                  {"message", fmt::format("lost across an sbxd restart: {}",
+                                          std::string(inst.status().message()))}};
+    } else if (sb.state == kRunning) {
+      sb.error = {{"code", "sandbox_lost"},
+                  {"message", fmt::format("runtime {} is not available", sb.runtime)}};
+    } else if (sb.state == kCreating) {
+      sb.error = {{"code", "create_failed"},
+                  {"message", "sbxd restarted while the sandbox was being created"}};
+    } else if (sb.state == kDeleting && sb.current_operation_id) {
+      redrive_deletes.emplace_back(*sb.current_operation_id, sb.id);
+      continue;
+    } else {
+      continue;  // failed sandboxes stay as they are until deleted
+    }
+    sb.state = std::string(kFailed);
+    sb.current_operation_id.reset();
+    sb.updated_at = NowRfc3339();
+    SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) { return tx.PutSandbox(sb); }));
+  }
+
+  // Operations a crash interrupted (other than the deletes re-driven below) failed.
+  std::set<std::string> redriven;
+  for (const auto& [op, sb] : redrive_deletes) redriven.insert(op);
+  for (OperationRecord& op : unfinished) {
+    if (redriven.count(op.id)) continue;
+    const std::string now = NowRfc3339();
+    Finish(op, false, {{"code", "interrupted"}, {"message", "sbxd restarted during the operation"}},
+           now);
+    SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) { return tx.PutOperation(op); }));
+  }
+
+  for (const auto& [name, backend] : backends_) {
+    absl::Status st = backend->Sweep(known[name]);
+    if (!st.ok()) {
+      spdlog::warn("sweep of runtime {}: {}", name, std::string(st.message()));
+    }
+  }
+  for (const auto& [op_id, sb_id] : redrive_deletes) {
+    std::string op = op_id, id = sb_id;
+    engine_.Submit(id, [this, op, id] { RunDelete(op, id); });
+  }
+  {
+    std::lock_guard lock(mu_);
+    ready_ = true;
+  }
+  spdlog::info("reconciled: {} sandboxes adopted, {} deletes re-driven", instances_.size(),
+               redrive_deletes.size());
+  return absl::OkStatus();
+}
+
+}  // namespace sbx::service

@@ -1,0 +1,106 @@
+// SandboxService: the lifecycle of sandboxes, their operations and command sessions. It owns
+// the rules (which transitions are allowed, who may see what, idempotency) and drives the
+// runtimes through durable operations on the OperationEngine. It knows neither HTTP nor
+// syscalls.
+//
+// Thread safety: all methods are safe to call concurrently.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "ops/operation_engine.h"
+#include "protocol/protocol.h"
+#include "runtime/backend.h"
+#include "service/attach_token.h"
+#include "service/inputs.h"
+#include "service/templates.h"
+#include "store/store.h"
+
+namespace sbx::service {
+
+struct ServiceOptions {
+  std::string default_runtime = "ns";
+  runtime::Resources defaults;  // applied where a request omits a resource
+  std::chrono::seconds attach_token_ttl{900};
+  std::string attach_key;  // HMAC key for attach tokens
+};
+
+// A response the API returns verbatim: the first response of an idempotent call is stored and
+// replayed byte for byte.
+struct StoredResponse {
+  int status = 200;
+  std::string body;
+  bool replayed = false;
+};
+
+class SandboxService {
+ public:
+  SandboxService(ServiceOptions opts, store::Store& store, ops::OperationEngine& engine,
+                 TemplateRegistry templates, std::map<std::string, runtime::Backend*> backends);
+
+  // Start-up: re-adopts running sandboxes, fails what a crash interrupted, re-drives deletes and
+  // sweeps kernel objects that no stored sandbox owns.
+  absl::Status Reconcile();
+  bool ready() const;
+
+  absl::StatusOr<StoredResponse> CreateSandbox(const Caller& caller,
+                                               const CreateSandboxRequest& req,
+                                               const std::optional<std::string>& idem_key);
+  absl::StatusOr<store::SandboxRecord> GetSandbox(const Caller& caller, const std::string& id);
+  absl::StatusOr<store::Page<store::SandboxRecord>> ListSandboxes(
+      const Caller& caller, store::SandboxFilter filter);
+  absl::StatusOr<StoredResponse> DeleteSandbox(const Caller& caller, const std::string& id,
+                                               const std::optional<std::string>& idem_key);
+  absl::StatusOr<store::OperationRecord> GetOperation(const Caller& caller, const std::string& id);
+
+  absl::StatusOr<StoredResponse> CreateSession(const Caller& caller, const std::string& sandbox_id,
+                                               const CreateSessionRequest& req,
+                                               const std::optional<std::string>& idem_key);
+  absl::StatusOr<store::SessionRecord> GetSession(const Caller& caller, const std::string& id);
+
+  // What an attach needs: the session, and the agent socket of its running sandbox.
+  struct AttachTarget {
+    store::SessionRecord session;
+    std::string agent_socket;
+  };
+  absl::StatusOr<AttachTarget> PrepareAttach(const Caller& caller, const std::string& session_id);
+  // The agent's view of a session that is not known to have exited (nullopt when the sandbox
+  // is not running).
+  std::optional<std::string> AgentSocketFor(const std::string& sandbox_id) const;
+  // Record what the data plane observed.
+  void RecordSessionStarted(const std::string& session_id, const nlohmann::json& attach_response);
+  void RecordSessionExit(const std::string& session_id, const protocol::ExitEvent& ev);
+  void RecordSessionStatus(const std::string& session_id, const nlohmann::json& status);
+
+  const AttachTokens& attach_tokens() const { return tokens_; }
+
+ private:
+  void RunCreate(const std::string& op_id, const std::string& sandbox_id);
+  void RunDelete(const std::string& op_id, const std::string& sandbox_id);
+  absl::StatusOr<runtime::Backend*> BackendFor(const std::string& name) const;
+  // Destroys whatever the runtime still holds for a sandbox (instance in memory, or adopted).
+  absl::Status DestroyRuntime(const store::SandboxRecord& sb);
+  absl::StatusOr<store::SandboxRecord> VisibleSandbox(store::Tx& tx, const Caller& caller,
+                                                      const std::string& id);
+
+  ServiceOptions opts_;
+  store::Store& store_;
+  ops::OperationEngine& engine_;
+  TemplateRegistry templates_;
+  std::map<std::string, runtime::Backend*> backends_;
+  AttachTokens tokens_;
+
+  mutable std::mutex mu_;
+  std::map<std::string, runtime::InstancePtr> instances_;  // running sandboxes, by id
+  bool ready_ = false;
+};
+
+}  // namespace sbx::service

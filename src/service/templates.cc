@@ -1,0 +1,116 @@
+#include "service/templates.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+
+#include "common/encoding.h"
+#include "common/status_util.h"
+
+namespace sbx::service {
+namespace fs = std::filesystem;
+namespace {
+
+absl::Status MkdirAll(const fs::path& p, mode_t mode) {
+  std::error_code ec;
+  fs::create_directories(p, ec);
+  if (ec) return ErrnoStatus(ec.value(), fmt::format("template: mkdir({})", p.string()));
+  if (::chmod(p.c_str(), mode) != 0) {
+    return ErrnoStatus(errno, fmt::format("template: chmod({})", p.string()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Symlink(const std::string& target, const fs::path& link) {
+  std::error_code ec;
+  if (fs::is_symlink(link, ec)) {
+    if (fs::read_symlink(link, ec) == target) return absl::OkStatus();
+    fs::remove(link, ec);
+  }
+  if (::symlink(target.c_str(), link.c_str()) != 0) {
+    return ErrnoStatus(errno, fmt::format("template: symlink({} -> {})", link.string(), target));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TemplateRegistry> TemplateRegistry::Create(const std::string& state_dir,
+                                                          const std::string& host_root) {
+  const fs::path base = fs::path(state_dir) / "templates" / "base";
+  const fs::path rootfs = base / "rootfs";
+  const fs::path host(host_root);
+  SBX_RETURN_IF_ERROR(MkdirAll(rootfs, 0755));
+  // Mount points for the views and the runtime's own mounts.
+  for (const char* d : {"usr", "etc", "proc", "dev", "sys", "run", "var", "mnt", "opt", "srv",
+                        "home", "media"}) {
+    SBX_RETURN_IF_ERROR(MkdirAll(rootfs / d, 0755));
+  }
+  SBX_RETURN_IF_ERROR(MkdirAll(rootfs / "root", 0700));
+  SBX_RETURN_IF_ERROR(MkdirAll(rootfs / "tmp", 01777));
+  SBX_RETURN_IF_ERROR(MkdirAll(rootfs / "var" / "tmp", 01777));
+
+  runtime::TemplateSpec spec;
+  spec.name = "base";
+  spec.rootfs_dir = rootfs.string();
+  spec.workdir = "/";
+  spec.default_user = "root";
+  nlohmann::json descriptor = {{"name", "base"}, {"links", nlohmann::json::array()}};
+
+  // merged-/usr: /bin, /sbin, /lib, /lib64, ... are symlinks into /usr on Debian 12. Mirror the
+  // host so binaries find their interpreter and libraries at the usual paths.
+  for (const char* d : {"bin", "sbin", "lib", "lib32", "lib64", "libx32"}) {
+    std::error_code ec;
+    fs::path usr_dir = host / "usr" / d;
+    if (!fs::is_directory(usr_dir, ec)) continue;
+    SBX_RETURN_IF_ERROR(Symlink(std::string("usr/") + d, rootfs / d));
+    descriptor["links"].push_back(d);
+  }
+  spec.binds.push_back({(host / "usr").string(), "/usr", true});
+  spec.binds.push_back({(host / "etc").string(), "/etc", true});
+
+  // The /etc view must not leak the host's secrets: mask them with an empty, read-only file.
+  const fs::path empty = base / "empty";
+  {
+    int fd = ::open(empty.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0444);
+    if (fd < 0) return ErrnoStatus(errno, fmt::format("template: open({})", empty.string()));
+    ::close(fd);
+  }
+  const fs::path empty_dir = base / "empty.d";
+  SBX_RETURN_IF_ERROR(MkdirAll(empty_dir, 0555));
+  nlohmann::json masked = nlohmann::json::array();
+  for (const char* secret : {"etc/shadow", "etc/gshadow", "etc/shadow-", "etc/gshadow-",
+                             "etc/ssh/ssh_host_rsa_key", "etc/ssh/ssh_host_ecdsa_key",
+                             "etc/ssh/ssh_host_ed25519_key", "etc/ssl/private"}) {
+    std::error_code ec;
+    fs::path p = host / secret;
+    if (!fs::exists(p, ec)) continue;
+    const fs::path& mask = fs::is_directory(p, ec) ? empty_dir : empty;
+    spec.binds.push_back({mask.string(), std::string("/") + secret, true});
+    masked.push_back(secret);
+  }
+  descriptor["binds"] = {"/usr", "/etc"};
+  descriptor["masked"] = masked;
+  spec.digest = "sha256:" + Sha256Hex(descriptor.dump());
+
+  TemplateRegistry reg;
+  reg.templates_["base:latest"] = spec;
+  return reg;
+}
+
+absl::StatusOr<runtime::TemplateSpec> TemplateRegistry::Resolve(const std::string& ref) const {
+  std::string key = ref.find(':') == std::string::npos ? ref + ":latest" : ref;
+  auto it = templates_.find(key);
+  if (it == templates_.end()) {
+    return ApiError(absl::StatusCode::kFailedPrecondition, "template_not_found",
+                    fmt::format("template '{}' not found (available: base)", ref), "template");
+  }
+  return it->second;
+}
+
+}  // namespace sbx::service

@@ -1,0 +1,69 @@
+#include "service/views.h"
+
+namespace sbx::service {
+namespace {
+template <typename T>
+nlohmann::json OrNull(const std::optional<T>& v) {
+  return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+}
+}  // namespace
+
+nlohmann::json SandboxView(const store::SandboxRecord& r) {
+  nlohmann::json requested = {{"vcpu", nullptr}, {"memory_mib", nullptr}, {"disk_mib", nullptr}};
+  for (const char* k : {"vcpu", "memory_mib", "disk_mib"}) {
+    if (r.resources.is_object() && r.resources.contains(k)) requested[k] = r.resources[k];
+  }
+  return {
+      {"id", r.id},
+      {"tenant_id", r.tenant_id},
+      {"state", r.state},
+      {"template", r.template_ref},
+      {"template_digest", r.template_digest},
+      {"runtime", r.runtime},
+      {"resources", requested},
+      {"effective_resources", r.effective_resources},
+      {"egress_profile", r.egress_profile},
+      {"env", r.env.is_object() ? r.env : nlohmann::json::object()},
+      {"labels", r.labels.is_object() ? r.labels : nlohmann::json::object()},
+      {"timeout_s", OrNull(r.timeout_s)},
+      {"created_at", r.created_at},
+      {"updated_at", r.updated_at},
+      {"current_operation_id", OrNull(r.current_operation_id)},
+      {"error", r.error},
+  };
+}
+
+nlohmann::json OperationView(const store::OperationRecord& r) {
+  return {
+      {"id", r.id},
+      {"kind", r.kind},
+      {"sandbox_id", r.sandbox_id},
+      {"state", r.state},
+      {"error", r.error},
+      {"result", r.result},
+      {"created_at", r.created_at},
+      {"updated_at", r.updated_at},
+      {"completed_at", OrNull(r.completed_at)},
+  };
+}
+
+nlohmann::json SessionView(const store::SessionRecord& r) {
+  const auto& spec = r.spec;
+  return {
+      {"id", r.id},
+      {"sandbox_id", r.sandbox_id},
+      {"state", r.state},
+      {"argv", spec.value("argv", nlohmann::json::array())},
+      {"cwd", spec.value("cwd", "/")},
+      {"user", spec.value("user", "root")},
+      {"exit_code", OrNull(r.exit_code)},
+      {"signal", OrNull(r.signal)},
+      {"timed_out", r.timed_out},
+      {"oom_killed", r.oom_killed},
+      {"created_at", r.created_at},
+      {"started_at", OrNull(r.started_at)},
+      {"exited_at", OrNull(r.exited_at)},
+  };
+}
+
+}  // namespace sbx::service

@@ -1,0 +1,15 @@
+// Record -> API JSON. One function per resource, used by handlers and by the idempotency
+// records (which store the exact first response).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "store/store.h"
+
+namespace sbx::service {
+
+nlohmann::json SandboxView(const store::SandboxRecord& r);
+nlohmann::json OperationView(const store::OperationRecord& r);
+nlohmann::json SessionView(const store::SessionRecord& r);
+
+}  // namespace sbx::service

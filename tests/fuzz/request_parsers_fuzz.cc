@@ -1,0 +1,34 @@
+// Fuzz target for everything sbxd parses from an HTTP request: the request target (path and
+// query), the create-sandbox and create-session bodies, and the header values it interprets.
+// The property is "never crashes, never throws, always returns a value or a Status".
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "api/requests.h"
+#include "api/target.h"
+
+extern const char* const kFuzzSeeds[] = {
+    R"j({"template":"base","resources":{"vcpu":2,"memory_mib":512,"disk_mib":1024}})j",
+    R"j({"env":{"A":"1","B_2":"x"},"labels":{"team":"ml","a/b":"c"},"runtime":"ns"})j",
+    R"j({"timeout_s":60,"idle_suspend_s":0,"egress_profile":"none"})j",
+    R"j({"argv":["python3","-c","print('hi')"],"cwd":"/tmp","env":{"X":"y"},"user":"root"})j",
+    R"j({"argv":["sh"],"tty":false,"stdin":false,"timeout_s":null})j",
+    "/v1/sandboxes?state=running&label=team%3Dml&limit=10&page_token=abc",
+    "/v1/sessions/ses_aaaaaaaaaaaaaaaaaaaa/attach?token=sat1.x.y&last_event_id=42",
+    "42", "team=ml", "Idempotency-Key-1",
+};
+extern const size_t kFuzzSeedCount = sizeof(kFuzzSeeds) / sizeof(kFuzzSeeds[0]);
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  std::string in(reinterpret_cast<const char*>(data), size);
+  sbx::api::ResourceLimits limits;
+  (void)sbx::api::ParseCreateSandbox(in, limits);
+  (void)sbx::api::ParseCreateSession(in);
+  (void)sbx::api::ParseTarget(in);
+  (void)sbx::api::ParseLastEventId(in);
+  (void)sbx::api::ParseLabelFilter(in);
+  (void)sbx::api::ValidateIdempotencyKey(in);
+  (void)sbx::api::ParseLimit(in);
+  return 0;
+}
