@@ -1,0 +1,110 @@
+#include "cli/sse_parser.h"
+
+#include <fmt/format.h>
+
+namespace sbx::cli {
+namespace {
+
+constexpr std::string_view kBom = "\xEF\xBB\xBF";
+
+}  // namespace
+
+absl::Status SseParser::Feed(std::string_view bytes, std::vector<SseEvent>* out) {
+  if (!bom_checked_) {
+    // The BOM may itself be split across chunks: wait until three bytes (or a mismatch) decide.
+    std::string probe = line_ + std::string(bytes.substr(0, kBom.size()));
+    if (probe.size() < kBom.size() && kBom.substr(0, probe.size()) == probe) {
+      line_ = std::move(probe);
+      return absl::OkStatus();
+    }
+    bom_checked_ = true;
+    if (probe.compare(0, kBom.size(), kBom) == 0) {
+      size_t from_bytes = kBom.size() - line_.size();
+      line_.clear();
+      bytes.remove_prefix(from_bytes);
+    }
+  }
+  size_t start = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    char c = bytes[i];
+    if (c != '\r' && c != '\n') {
+      after_cr_ = false;
+      continue;
+    }
+    if (c == '\n' && after_cr_ && i == start && line_.empty()) {
+      // Second half of a CRLF whose CR ended the previous line.
+      after_cr_ = false;
+      start = i + 1;
+      continue;
+    }
+    after_cr_ = (c == '\r');
+    if (line_.empty()) {
+      ProcessLine(bytes.substr(start, i - start), out);
+    } else {
+      line_.append(bytes.substr(start, i - start));
+      std::string line = std::move(line_);
+      line_.clear();
+      ProcessLine(line, out);
+    }
+    start = i + 1;
+  }
+  if (start < bytes.size()) {
+    line_.append(bytes.substr(start));
+    after_cr_ = false;
+    if (line_.size() > max_line_bytes_) {
+      return absl::ResourceExhaustedError(
+          fmt::format("event stream: a line exceeds {} bytes", max_line_bytes_));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void SseParser::ProcessLine(std::string_view line, std::vector<SseEvent>* out) {
+  if (line.empty()) {
+    event_started_ = false;
+    if (!has_data_) {
+      // An event without data is not dispatched; its type is forgotten, its id is kept.
+      type_.clear();
+      return;
+    }
+    SseEvent ev;
+    ev.id = last_event_id_;
+    ev.type = type_.empty() ? "message" : std::move(type_);
+    if (!data_.empty() && data_.back() == '\n') data_.pop_back();
+    ev.data = std::move(data_);
+    out->push_back(std::move(ev));
+    data_.clear();
+    type_.clear();
+    has_data_ = false;
+    return;
+  }
+  if (line.front() == ':') {
+    ++comments_;
+    return;
+  }
+  std::string_view field = line;
+  std::string_view value;
+  if (size_t colon = line.find(':'); colon != std::string_view::npos) {
+    field = line.substr(0, colon);
+    value = line.substr(colon + 1);
+    if (!value.empty() && value.front() == ' ') value.remove_prefix(1);
+  }
+  event_started_ = true;
+  if (field == "data") {
+    data_.append(value);
+    data_.push_back('\n');
+    has_data_ = true;
+  } else if (field == "event") {
+    type_ = std::string(value);
+  } else if (field == "id") {
+    if (value.find('\0') == std::string_view::npos) last_event_id_ = std::string(value);
+  } else if (field == "retry") {
+    if (!value.empty() && value.size() <= 18 &&
+        value.find_first_not_of("0123456789") == std::string_view::npos) {
+      retry_ms_ = std::stoull(std::string(value));
+    }
+  }
+  // Other fields are ignored, as the spec requires.
+}
+
+}  // namespace sbx::cli

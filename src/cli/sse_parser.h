@@ -1,0 +1,62 @@
+// Incremental parser for a text/event-stream body (the attach stream), following the WHATWG
+// "event stream interpretation" rules. It is a pure byte-fed state machine so that it can be
+// tested with arbitrary chunk boundaries, independent of any socket.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace sbx::cli {
+
+struct SseEvent {
+  std::string id;     // the stream's last event id when this event was dispatched ("" if none)
+  std::string type;   // "message" when the event had no `event:` field
+  std::string data;   // `data:` lines joined with '\n' (no trailing newline)
+};
+
+class SseParser {
+ public:
+  // A single line longer than this is treated as a protocol error rather than buffered
+  // without bound: a hostile or broken server must not make the client use unbounded memory.
+  static constexpr size_t kDefaultMaxLineBytes = 64u << 20;
+
+  explicit SseParser(size_t max_line_bytes = kDefaultMaxLineBytes)
+      : max_line_bytes_(max_line_bytes) {}
+
+  // Consumes `bytes` and appends every event completed by them to `out`. Bytes that do not
+  // complete a line are kept for the next call. After an error the parser must not be fed again.
+  absl::Status Feed(std::string_view bytes, std::vector<SseEvent>* out);
+
+  // True when some field of an event was seen but its terminating blank line was not: the
+  // stream ended in the middle of an event (which is then discarded, as the spec requires).
+  bool HasPartialEvent() const { return !line_.empty() || event_started_; }
+
+  // Number of comment lines seen (the server's ": keepalive").
+  uint64_t comments() const { return comments_; }
+  // The last `retry:` value, in milliseconds.
+  std::optional<uint64_t> retry_ms() const { return retry_ms_; }
+  const std::string& last_event_id() const { return last_event_id_; }
+
+ private:
+  void ProcessLine(std::string_view line, std::vector<SseEvent>* out);
+
+  size_t max_line_bytes_;
+  std::string line_;         // bytes of the current, unterminated line
+  bool after_cr_ = false;    // the previous byte was a CR: a following LF belongs to it
+  bool bom_checked_ = false;
+  bool event_started_ = false;
+  std::string data_;
+  bool has_data_ = false;
+  std::string type_;
+  std::string last_event_id_;
+  std::optional<uint64_t> retry_ms_;
+  uint64_t comments_ = 0;
+};
+
+}  // namespace sbx::cli

@@ -1,0 +1,186 @@
+#include "cli/sse_parser.h"
+
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace sbx::cli {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::FieldsAre;
+
+// Feeds `input` cut at every position in `cuts` and returns the events.
+std::vector<SseEvent> FeedInPieces(std::string_view input, const std::vector<size_t>& cuts,
+                                   SseParser* parser = nullptr) {
+  SseParser local;
+  SseParser& p = parser ? *parser : local;
+  std::vector<SseEvent> out;
+  size_t prev = 0;
+  for (size_t c : cuts) {
+    EXPECT_TRUE(p.Feed(input.substr(prev, c - prev), &out).ok());
+    prev = c;
+  }
+  EXPECT_TRUE(p.Feed(input.substr(prev), &out).ok());
+  return out;
+}
+
+std::vector<SseEvent> FeedBytewise(std::string_view input, SseParser* parser = nullptr) {
+  std::vector<size_t> cuts;
+  for (size_t i = 1; i < input.size(); ++i) cuts.push_back(i);
+  return FeedInPieces(input, cuts, parser);
+}
+
+constexpr std::string_view kStream =
+    "id: 1\nevent: stdout\ndata: {\"data_b64\":\"aGk=\",\"offset\":0}\n\n"
+    ": keepalive\n\n"
+    "id: 2\nevent: process_exited\ndata: {\"exit_code\":0}\n\n";
+
+TEST(SseParser, WholeStream) {
+  SseParser p;
+  std::vector<SseEvent> out;
+  ASSERT_TRUE(p.Feed(kStream, &out).ok());
+  EXPECT_THAT(out, ElementsAre(FieldsAre("1", "stdout", "{\"data_b64\":\"aGk=\",\"offset\":0}"),
+                               FieldsAre("2", "process_exited", "{\"exit_code\":0}")));
+  EXPECT_EQ(p.comments(), 1u);
+  EXPECT_FALSE(p.HasPartialEvent());
+}
+
+TEST(SseParser, EveryChunkBoundaryGivesTheSameEvents) {
+  SseParser whole;
+  std::vector<SseEvent> expected;
+  ASSERT_TRUE(whole.Feed(kStream, &expected).ok());
+  for (size_t a = 0; a <= kStream.size(); ++a) {
+    for (size_t b = a; b <= kStream.size(); b += 7) {
+      auto got = FeedInPieces(kStream, {a, b});
+      ASSERT_EQ(got.size(), expected.size()) << "cuts " << a << "," << b;
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_EQ(got[i].id, expected[i].id);
+        EXPECT_EQ(got[i].type, expected[i].type);
+        EXPECT_EQ(got[i].data, expected[i].data);
+      }
+    }
+  }
+  EXPECT_EQ(FeedBytewise(kStream).size(), expected.size());
+}
+
+TEST(SseParser, EventsAreDeliveredAsSoonAsTheyComplete) {
+  SseParser p;
+  std::vector<SseEvent> out;
+  ASSERT_TRUE(p.Feed("id: 1\nevent: stdout\ndata: a\n", &out).ok());
+  EXPECT_TRUE(out.empty());
+  EXPECT_TRUE(p.HasPartialEvent());
+  ASSERT_TRUE(p.Feed("\n", &out).ok());
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].data, "a");
+  EXPECT_FALSE(p.HasPartialEvent());
+}
+
+TEST(SseParser, CrLfAndCrLineEndings) {
+  std::string crlf =
+      "id: 7\r\nevent: stderr\r\ndata: x\r\n\r\nid: 8\r\nevent: stdout\r\ndata: y\r\n\r\n";
+  std::string cr = "id: 7\revent: stderr\rdata: x\r\rid: 8\revent: stdout\rdata: y\r\r";
+  for (const std::string& in : {crlf, cr}) {
+    for (auto got : {FeedInPieces(in, {}), FeedBytewise(in)}) {
+      EXPECT_THAT(got, ElementsAre(FieldsAre("7", "stderr", "x"), FieldsAre("8", "stdout", "y")))
+          << in;
+    }
+  }
+  // A CRLF split exactly between CR and LF must not produce an extra blank line, which would
+  // dispatch the event early.
+  auto got = FeedInPieces("data: a\r\ndata: b\r\n\r\n", {8});
+  EXPECT_THAT(got, ElementsAre(FieldsAre("", "message", "a\nb")));
+}
+
+TEST(SseParser, MixedLineEndings) {
+  auto got = FeedBytewise("data: 1\ndata: 2\r\ndata: 3\r\n\n");
+  EXPECT_THAT(got, ElementsAre(FieldsAre("", "message", "1\n2\n3")));
+}
+
+TEST(SseParser, CommentsAndUnknownFieldsAreIgnored) {
+  SseParser p;
+  auto got = FeedBytewise(": hello\n:\nfoo: bar\nevent: stdout\n: mid-event comment\ndata: z\n\n",
+                          &p);
+  EXPECT_THAT(got, ElementsAre(FieldsAre("", "stdout", "z")));
+  EXPECT_EQ(p.comments(), 3u);
+}
+
+TEST(SseParser, MultiLineData) {
+  auto got = FeedBytewise("event: x\ndata: line1\ndata:line2\ndata\ndata:  spaced\n\n");
+  EXPECT_THAT(got, ElementsAre(FieldsAre("", "x", "line1\nline2\n\n spaced")));
+}
+
+TEST(SseParser, FieldWithoutValueAndColonInValue) {
+  auto got = FeedBytewise("data: {\"a\": \"b:c\"}\n\ndata\n\n");
+  EXPECT_THAT(got, ElementsAre(FieldsAre("", "message", "{\"a\": \"b:c\"}"),
+                               FieldsAre("", "message", "")));
+}
+
+TEST(SseParser, IdPersistsAndEventTypeResets) {
+  auto got = FeedBytewise("id: 5\nevent: stdout\ndata: a\n\ndata: b\n\nid\ndata: c\n\n");
+  EXPECT_THAT(got, ElementsAre(FieldsAre("5", "stdout", "a"), FieldsAre("5", "message", "b"),
+                               FieldsAre("", "message", "c")));
+}
+
+TEST(SseParser, EventWithoutDataIsNotDispatched) {
+  SseParser p;
+  auto got = FeedBytewise("id: 3\nevent: stdout\n\ndata: x\n\n", &p);
+  EXPECT_THAT(got, ElementsAre(FieldsAre("3", "message", "x")));
+  EXPECT_EQ(p.last_event_id(), "3");
+}
+
+TEST(SseParser, IncompleteEventAtEndIsReportedNotDispatched) {
+  SseParser p;
+  auto got = FeedBytewise("id: 1\nevent: stdout\ndata: a\n\nid: 2\nevent: process_exited\ndata: {",
+                          &p);
+  EXPECT_THAT(got, ElementsAre(FieldsAre("1", "stdout", "a")));
+  EXPECT_TRUE(p.HasPartialEvent());
+}
+
+TEST(SseParser, ByteOrderMarkIsSkippedEvenWhenSplit) {
+  std::string in = "\xEF\xBB\xBF" "data: a\n\n";
+  EXPECT_THAT(FeedBytewise(in), ElementsAre(FieldsAre("", "message", "a")));
+  EXPECT_THAT(FeedInPieces(in, {2}), ElementsAre(FieldsAre("", "message", "a")));
+  // Only at the very start.
+  EXPECT_THAT(FeedBytewise("data: a\n\n\xEF\xBB\xBF" "data: b\n\n"),
+              ElementsAre(FieldsAre("", "message", "a")));
+}
+
+TEST(SseParser, RetryField) {
+  SseParser p;
+  std::vector<SseEvent> out;
+  ASSERT_TRUE(p.Feed("retry: 1500\n\nretry: x\n\n", &out).ok());
+  EXPECT_EQ(p.retry_ms(), 1500u);
+  EXPECT_TRUE(out.empty());
+}
+
+TEST(SseParser, BinarySafeData) {
+  std::string in = "data: a";
+  in.push_back('\0');
+  in += "\xff\n\n";
+  auto got = FeedBytewise(in);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].data, std::string("a\0\xff", 3));
+}
+
+TEST(SseParser, OverlongLineIsAnError) {
+  SseParser p(16);
+  std::vector<SseEvent> out;
+  EXPECT_TRUE(p.Feed("data: 0123456789", &out).ok());
+  EXPECT_FALSE(p.Feed("abcdef", &out).ok());
+}
+
+TEST(SseParser, LargeDataAcrossManyChunks) {
+  std::string payload(200000, 'q');
+  std::string in = "id: 9\nevent: stdout\ndata: " + payload + "\n\n";
+  std::vector<size_t> cuts;
+  for (size_t i = 4093; i < in.size(); i += 4093) cuts.push_back(i);
+  auto got = FeedInPieces(in, cuts);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].data, payload);
+}
+
+}  // namespace
+}  // namespace sbx::cli
