@@ -913,13 +913,19 @@ void Agent::Shutdown() {
   }
   // Leftovers of exited sessions (background jobs, double-forked daemons) are still our
   // descendants: as a subreaper or PID 1 every orphan is re-parented to us. Kill them too,
-  // repeating while forks race with the scan.
+  // repeating while forks race with the scan, and reap until we have no child at all so that
+  // no zombie is handed to the host's init.
   if (::getpid() != 1) {
-    for (int round = 0; round < 50; ++round) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    for (;;) {
       std::vector<pid_t> left = LiveDescendants(::getpid());
-      if (left.empty()) break;
       for (pid_t p : left) ::kill(p, SIGKILL);
       Reap();
+      if (left.empty() && ::waitpid(-1, nullptr, WNOHANG) < 0 && errno == ECHILD) break;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        Log("shutdown: descendants still present after 2 s");
+        break;
+      }
       ::usleep(1000);
     }
   }

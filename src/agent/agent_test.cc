@@ -476,7 +476,10 @@ TEST(Agent, ResyncWhenAfterEventIdIsOlderThanRetained) {
 TEST(Agent, FinishedSessionsShareABoundedRetention) {
   // 64 KiB per stream: finished sessions may keep 128 KiB in total.
   AgentProcess agent({"--buffer-bytes", "65536"});
-  const Json spec = Spec({"sh", "-c", "seq 1 20000; exit 5"});  // ~109 KB each
+  // 40000 bytes each: below the per-stream budget, so each session keeps all of it until the
+  // total of finished sessions (5 x 40000) goes over 128 KiB and the oldest two are dropped.
+  std::string path = WriteFile(agent.dir() / "40k", std::string(40000, 'x'));
+  const Json spec = Spec({"sh", "-c", "cat \"$0\"; exit 5", path});
   for (int i = 0; i < 5; ++i) {
     Collected r = RunSession(agent, "s" + std::to_string(i), spec);
     ASSERT_TRUE(r.exit.has_value()) << r.error;
@@ -489,15 +492,17 @@ TEST(Agent, FinishedSessionsShareABoundedRetention) {
   Collected old = ReadStream(c);
   ASSERT_TRUE(old.resync.has_value());
   EXPECT_EQ(old.resync->oldest_available_id, old.exit->event_id);
-  EXPECT_EQ(old.out, "");
+  EXPECT_EQ(old.out.size(), 0u);
   EXPECT_EQ(old.exit->exit_code, 5);
   EXPECT_EQ(Status(agent, "s0")["exit_code"], 5);
-  // The newest still has its tail for replay.
-  AgentConnection c4 = agent.Connect();
-  ASSERT_TRUE(c4.Call(AttachReq("s4", 0)).ok());
-  Collected last = ReadStream(c4);
-  EXPECT_GT(last.out.size(), 0u);
-  EXPECT_TRUE(last.exit.has_value());
+  // The newer ones still replay in full.
+  for (const char* sid : {"s1", "s2", "s4"}) {
+    AgentConnection ci = agent.Connect();
+    ASSERT_TRUE(ci.Call(AttachReq(sid, 0)).ok());
+    Collected r = ReadStream(ci);
+    EXPECT_TRUE(r.exit.has_value());
+    EXPECT_EQ(r.out.size(), std::string(sid) == "s1" ? 0u : 40000u) << sid;
+  }
 }
 
 TEST(Agent, ExecOfMissingBinary) {

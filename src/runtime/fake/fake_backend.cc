@@ -120,10 +120,45 @@ void KillSession(pid_t sid) {
   }
 }
 
+// Stops the agent `pid` serving `socket` and every process of its session. SIGTERM first:
+// the agent then kills and reaps all its descendants itself (it is their subreaper), so no
+// orphan or zombie is handed to the host's init. SIGKILL and a scan by session id after 2 s.
+void StopAgent(pid_t pid, const std::string& socket) {
+  int status;
+  // 0: our own live child (cannot have been replaced by another process); -1: not ours, so
+  // only its command line proves it is still that agent.
+  pid_t r = ::waitpid(pid, &status, WNOHANG);
+  const bool our_child = r == 0;
+  if (r == pid) {
+    // It had died on its own: its sessions still carry its session id.
+    KillSession(pid);
+    return;
+  }
+  if (!our_child && !IsOurAgent(pid, socket)) return;
+  ::kill(pid, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + 2s;
+  bool gone = false;
+  while (!gone && std::chrono::steady_clock::now() < deadline) {
+    if (our_child) {
+      gone = ::waitpid(pid, &status, WNOHANG) == pid;
+    } else {
+      auto st = ReadProcStat(pid);
+      gone = !st || st->state == 'Z' || st->state == 'X';
+    }
+    if (!gone) std::this_thread::sleep_for(2ms);
+  }
+  if (!gone) ::kill(pid, SIGKILL);
+  KillSession(pid);
+  if (our_child && !gone) {
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+}
+
 class FakeInstance : public Instance {
  public:
-  FakeInstance(std::string id, std::string dir, pid_t pid, bool our_child)
-      : id_(std::move(id)), dir_(std::move(dir)), pid_(pid), our_child_(our_child) {}
+  FakeInstance(std::string id, std::string dir, pid_t pid)
+      : id_(std::move(id)), dir_(std::move(dir)), pid_(pid) {}
   ~FakeInstance() override = default;
 
   const std::string& id() const override { return id_; }
@@ -134,21 +169,7 @@ class FakeInstance : public Instance {
 
   absl::Status Destroy() override {
     if (pid_ > 0) {
-      int status;
-      // Our own child cannot have been replaced by another process while unreaped; anything
-      // else (adopted, or reaped elsewhere by Remove/Sweep) is checked by command line.
-      const pid_t r = our_child_ ? ::waitpid(pid_, &status, WNOHANG) : -1;
-      if (r == 0 || (r < 0 && IsOurAgent(pid_, AgentSocketPath()))) {
-        ::kill(pid_, SIGKILL);
-        KillSession(pid_);
-        if (r == 0) {
-          while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-          }
-        }
-      } else if (r == pid_) {
-        // The agent had died on its own (just reaped): its sessions still carry its sid.
-        KillSession(pid_);
-      }
+      StopAgent(pid_, AgentSocketPath());
       pid_ = 0;
     }
     std::error_code ec;
@@ -164,7 +185,6 @@ class FakeInstance : public Instance {
   std::string id_;
   std::string dir_;
   pid_t pid_;
-  bool our_child_;
 };
 
 absl::Status Ping(const std::string& socket, int timeout_ms) {
@@ -215,7 +235,7 @@ absl::StatusOr<InstancePtr> FakeBackend::Create(const SandboxSpec& spec) {
     return ErrnoStatus(errno, fmt::format("create sandbox {}: mkdir({})", spec.id, dir));
   }
   // From here on, a failure removes everything created so far.
-  auto instance = std::make_unique<FakeInstance>(spec.id, dir, 0, false);
+  auto instance = std::make_unique<FakeInstance>(spec.id, dir, 0);
   auto fail = [&](absl::Status s) -> absl::Status {
     (void)instance->Destroy();
     return s;
@@ -264,7 +284,7 @@ absl::StatusOr<InstancePtr> FakeBackend::Create(const SandboxSpec& spec) {
     return fail(ErrnoStatus(rc, fmt::format("create sandbox {}: start agent: posix_spawn({})",
                                             spec.id, agent_path_)));
   }
-  instance = std::make_unique<FakeInstance>(spec.id, dir, pid, true);
+  instance = std::make_unique<FakeInstance>(spec.id, dir, pid);
 
   {
     std::ofstream pid_file(dir + "/agent.pid");
@@ -286,7 +306,7 @@ absl::StatusOr<InstancePtr> FakeBackend::Create(const SandboxSpec& spec) {
     int status = 0;
     if (::waitpid(pid, &status, WNOHANG) == pid) {
       // Reaped here: Destroy must not wait for it again.
-      instance = std::make_unique<FakeInstance>(spec.id, dir, 0, false);
+      instance = std::make_unique<FakeInstance>(spec.id, dir, 0);
       return fail(absl::UnavailableError(fmt::format(
           "create sandbox {}: agent exited ({}) before answering: {}", spec.id,
           WIFEXITED(status) ? fmt::format("code {}", WEXITSTATUS(status))
@@ -337,21 +357,13 @@ absl::StatusOr<InstancePtr> FakeBackend::Adopt(const std::string& id, const Json
     return absl::UnavailableError(fmt::format("adopt sandbox {}: agent pid {} does not answer: {}",
                                               id, pid, std::string(s.message())));
   }
-  // A child of this very process (same sbxd, e.g. tests) must still be reaped by us.
-  int status;
-  const bool our_child = ::waitpid(pid, &status, WNOHANG) == 0;
-  return InstancePtr(std::make_unique<FakeInstance>(id, dir, pid, our_child));
+  return InstancePtr(std::make_unique<FakeInstance>(id, dir, pid));
 }
 
 absl::Status FakeBackend::RemoveDir(const std::string& dir) {
   const std::string socket = dir + "/agent.sock";
   const pid_t pid = static_cast<pid_t>(std::atol(ReadSmallFile(dir + "/agent.pid").c_str()));
-  if (IsOurAgent(pid, socket)) {
-    ::kill(pid, SIGKILL);
-    KillSession(pid);
-    int status;
-    ::waitpid(pid, &status, WNOHANG);  // in case it was our own child
-  }
+  if (pid > 0) StopAgent(pid, socket);
   std::error_code ec;
   fs::remove_all(dir, ec);
   if (ec) return absl::InternalError(fmt::format("remove {}: {}", dir, ec.message()));
