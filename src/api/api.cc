@@ -214,8 +214,8 @@ Awaitable Api::Route(http::RequestContext& ctx) {
   if (is_attach) {
     if (method != bhttp::verb::get) co_return fail(MethodNotAllowed(req));
     if (caller->session_scope && *caller->session_scope != seg[2]) {
-      co_return fail(ApiError(absl::StatusCode::kNotFound, "not_found",
-                              fmt::format("session {} not found", seg[2])));
+      co_return fail(ApiError(absl::StatusCode::kUnauthenticated, "unauthenticated",
+                              "the attach token belongs to another session"));
     }
     co_return co_await Attach(ctx, *caller, seg[2], t);
   }

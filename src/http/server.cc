@@ -193,7 +193,21 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
         co_await send(errors_(bhttp::status::bad_request, "invalid_argument",
                               fmt::format("malformed HTTP request: {}", hec.message()), rid));
       }
-      break;  // the framing of anything after a bad request cannot be trusted
+      // The framing of anything after a bad request cannot be trusted, so the connection ends.
+      // Read and discard what the client is still sending (bounded in bytes and time) before
+      // closing: a client blocked writing a large body would otherwise get EPIPE instead of
+      // reading our 4xx.
+      boost::system::error_code ignored;
+      stream.socket().shutdown(asio::ip::tcp::socket::shutdown_send, ignored);
+      stream.expires_after(std::chrono::seconds(2));
+      size_t drained = 0;
+      std::vector<char> sink(64 << 10);
+      while (drained < (16u << 20)) {
+        auto [dec, dn] = co_await stream.async_read_some(asio::buffer(sink), kTuple);
+        if (dec) break;
+        drained += dn;
+      }
+      break;
     }
 
     Request req = parser.release();

@@ -21,6 +21,12 @@ using store::SandboxRecord;
 using store::SessionRecord;
 using store::Tx;
 
+absl::Status BadId(std::string_view kind, const std::string& id) {
+  std::string shown = id.size() > 64 ? id.substr(0, 64) + "..." : id;
+  return ApiError(absl::StatusCode::kInvalidArgument, "invalid_argument",
+                  fmt::format("'{}' is not a {} id", shown, kind), "id");
+}
+
 absl::Status NotFound(std::string_view kind, const std::string& id) {
   return ApiError(absl::StatusCode::kNotFound, "not_found",
                   fmt::format("{} {} not found", kind, id));
@@ -120,7 +126,7 @@ absl::StatusOr<runtime::Backend*> SandboxService::BackendFor(const std::string& 
 
 absl::StatusOr<SandboxRecord> SandboxService::VisibleSandbox(Tx& tx, const Caller& caller,
                                                              const std::string& id) {
-  if (!IsValidId(id, "sbx")) return NotFound("sandbox", id);
+  if (!IsValidId(id, "sbx")) return BadId("sandbox", id);
   auto sb = tx.GetSandbox(id);
   // Another tenant's sandbox is indistinguishable from a missing one.
   if (!sb.ok() || sb->tenant_id != caller.tenant_id) return NotFound("sandbox", id);
@@ -320,7 +326,7 @@ absl::StatusOr<store::Page<SandboxRecord>> SandboxService::ListSandboxes(
 
 absl::StatusOr<OperationRecord> SandboxService::GetOperation(const Caller& caller,
                                                              const std::string& id) {
-  if (!IsValidId(id, "op")) return NotFound("operation", id);
+  if (!IsValidId(id, "op")) return BadId("operation", id);
   OperationRecord out;
   SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
     auto op = tx.GetOperation(id);
@@ -356,10 +362,18 @@ absl::StatusOr<StoredResponse> SandboxService::DeleteSandbox(
       }
     }
     if (op.id.empty() && sb.state == kDeleted) {
-      // Deleting is idempotent: report a delete that has nothing left to do.
-      op = NewOperation(caller.tenant_id, "delete", sb.id, now);
-      Finish(op, true, nullptr, now);
-      SBX_RETURN_IF_ERROR(tx.PutOperation(op));
+      // Deleting is idempotent: a deleted sandbox answers with the delete that removed it.
+      SBX_ASSIGN_OR_RETURN(auto ops, tx.ListOperations(sb.id));
+      for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
+        if (it->kind == "delete" && it->state == "succeeded") {
+          op = *it;
+          break;
+        }
+      }
+    }
+    if (op.id.empty() && sb.state == kDeleted) {
+      return absl::InternalError(fmt::format("sandbox {} is deleted but has no delete operation",
+                                             sb.id));
     } else if (op.id.empty()) {
       // Delete wins over any other in-flight operation: it is queued behind it on the same
       // key, and the other operation sees the new state when it finishes.
@@ -511,7 +525,7 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSession(
 
 absl::StatusOr<SessionRecord> SandboxService::GetSession(const Caller& caller,
                                                          const std::string& id) {
-  if (!IsValidId(id, "ses")) return NotFound("session", id);
+  if (!IsValidId(id, "ses")) return BadId("session", id);
   if (caller.session_scope && *caller.session_scope != id) return NotFound("session", id);
   SessionRecord out;
   SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {

@@ -158,6 +158,8 @@ constexpr char kGetOperation[] = "SELECT " SBX_OPERATION_COLS " FROM operations 
 constexpr char kListUnfinishedOperations[] =
     "SELECT " SBX_OPERATION_COLS
     " FROM operations WHERE state IN ('pending', 'running') ORDER BY created_at, id";
+constexpr char kListOperations[] =
+    "SELECT " SBX_OPERATION_COLS " FROM operations WHERE sandbox_id = ?1 ORDER BY created_at, id";
 constexpr char kPutOperation[] = "INSERT INTO operations (" SBX_OPERATION_COLS R"sql()
 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
 ON CONFLICT (id) DO UPDATE SET
@@ -618,6 +620,12 @@ class SqliteTx final : public Tx {
   absl::StatusOr<std::vector<OperationRecord>> ListUnfinishedOperations() override {
     return ListAll<OperationRecord>(kListUnfinishedOperations, "list unfinished operations",
                                     ReadOperation);
+  }
+
+  absl::StatusOr<std::vector<OperationRecord>> ListOperations(
+      const std::string& sandbox_id) override {
+    return ListAll<OperationRecord>(kListOperations, "list operations", ReadOperation,
+                                    &sandbox_id);
   }
 
   absl::StatusOr<SessionRecord> GetSession(const std::string& id) override {

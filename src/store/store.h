@@ -117,6 +117,9 @@ class Tx {
 
   virtual absl::StatusOr<OperationRecord> GetOperation(const std::string& id) = 0;
   virtual absl::Status PutOperation(const OperationRecord& rec) = 0;
+  // Every operation of one sandbox, oldest first.
+  virtual absl::StatusOr<std::vector<OperationRecord>> ListOperations(
+      const std::string& sandbox_id) = 0;
   // Operations in state pending or running (all tenants): re-driven after a restart.
   virtual absl::StatusOr<std::vector<OperationRecord>> ListUnfinishedOperations() = 0;
 
