@@ -1,0 +1,254 @@
+"""End-to-end fixtures: one real sbxd per test session, a contract-checking client per test.
+
+Environment:
+  SBX_BUILD_DIR        build tree holding bin/sbxd (default: <repo>/build)
+  SBX_E2E_RUNTIME      `fake` adds `--runtime fake` (no root needed); default: the real `ns`
+  SBX_TESTS_MUST_RUN   1: a test that cannot run (not root) fails instead of skipping
+  SBX_E2E_OPENAPI      contract file (default: <repo>/docs/api/openapi.yaml)
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from openapi_validator import OpenApiValidator  # noqa: E402
+from sbx_client import SbxClient  # noqa: E402
+import hostcheck  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+MUST_RUN = os.environ.get("SBX_TESTS_MUST_RUN") == "1"
+RUNTIME = os.environ.get("SBX_E2E_RUNTIME", "ns")
+LISTEN_TIMEOUT_S = 30
+STOP_GRACE_S = 15
+
+# Numbers the tests want shown in the terminal summary (e.g. throughput).
+METRICS: list[str] = []
+# Every sandbox id any client created in this session (for the final sweep).
+ALL_SANDBOXES: list[str] = []
+_ALL_LOCK = threading.Lock()
+
+
+def build_dir() -> Path:
+    d = Path(os.environ.get("SBX_BUILD_DIR", REPO / "build"))
+    return d if d.is_absolute() else REPO / d
+
+
+def skip_or_fail(reason: str) -> None:
+    if MUST_RUN:
+        pytest.fail(f"{reason} (SBX_TESTS_MUST_RUN=1: this test may not skip)")
+    pytest.skip(reason)
+
+
+class Daemon:
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+        self.token = secrets.token_urlsafe(32)
+        self.tmp = Path(tempfile.mkdtemp(prefix="sbx-e2e-"))
+        self.state_dir = self.tmp / "state"
+        self.state_dir.mkdir()
+        self.log_path = self.tmp / "sbxd.log"
+        self.runtime = RUNTIME
+        self.binary = build_dir() / "bin" / "sbxd"
+        self._listen_line = threading.Event()
+        self._reader: threading.Thread | None = None
+
+    def start(self) -> None:
+        if not self.binary.is_file():
+            pytest.fail(f"{self.binary} not found: build first (bash tools/build.sh) or set SBX_BUILD_DIR")
+        argv = [str(self.binary), "--listen", "127.0.0.1:0", "--state-dir", str(self.state_dir),
+                "--admin-token", self.token]
+        if self.runtime == "fake":
+            argv += ["--runtime", "fake"]
+        env = {k: v for k, v in os.environ.items() if k not in ("SBX_ADMIN_TOKEN", "SBX_TOKEN")}
+        log = open(self.log_path, "ab", buffering=0)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, env=env, cwd=str(self.tmp),
+                                     start_new_session=True)
+
+        def reader():
+            # Keeps draining the daemon's output into the log so it never blocks on a full pipe.
+            prefix = b"sbxd listening on http://127.0.0.1:"
+            for line in self.proc.stdout:
+                log.write(line)
+                if not self._listen_line.is_set():
+                    text = line.strip()
+                    idx = text.find(prefix)
+                    if idx >= 0:
+                        port = text[idx + len(prefix):].split(b"/")[0].decode(errors="replace")
+                        if port.isdigit():
+                            self.url = f"http://127.0.0.1:{port}"
+                            self._listen_line.set()
+            log.close()
+
+        self._reader = threading.Thread(target=reader, name="sbxd-log", daemon=True)
+        self._reader.start()
+        deadline = time.monotonic() + LISTEN_TIMEOUT_S
+        while not self._listen_line.wait(0.1):
+            if self.proc.poll() is not None:
+                self._reader.join(2)
+                pytest.fail(f"sbxd exited with {self.proc.returncode} before listening; "
+                            f"output:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"sbxd printed no 'sbxd listening on http://127.0.0.1:PORT' line within "
+                            f"{LISTEN_TIMEOUT_S}s; output:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        if self._reader:
+            self._reader.join(5)
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def validator() -> OpenApiValidator:
+    return OpenApiValidator(Path(os.environ.get("SBX_E2E_OPENAPI", REPO / "docs/api/openapi.yaml")))
+
+
+@pytest.fixture(scope="session")
+def sbxd(validator):
+    if RUNTIME != "fake" and os.geteuid() != 0:
+        skip_or_fail("the ns runtime needs root (or set SBX_E2E_RUNTIME=fake)")
+    daemon = Daemon()
+    try:
+        daemon.start()
+        yield daemon
+    finally:
+        problems = []
+        if daemon.url:
+            problems += _delete_leftovers(daemon, validator)
+        rc = daemon.stop()
+        if daemon.proc is not None and rc not in (0, None, -signal.SIGTERM):
+            problems.append(f"sbxd exited with {rc} on SIGTERM")
+        with _ALL_LOCK:
+            ids = list(ALL_SANDBOXES)
+        swept = hostcheck.sweep(ids, daemon.state_dir)
+        if swept:
+            problems.append("host objects left behind after sbxd stopped (removed now): " + "; ".join(swept))
+        if hostcheck.mounts_under(daemon.tmp):
+            problems.append(f"mounts still under {daemon.tmp}; leaving it in place")
+        else:
+            shutil.copy(daemon.log_path, Path(tempfile.gettempdir()) / "sbx-e2e-last-sbxd.log") \
+                if daemon.log_path.exists() else None
+            shutil.rmtree(daemon.tmp, ignore_errors=True)
+        for p in problems:
+            METRICS.append(f"PROBLEM: {p}")
+        if problems:
+            pytest.fail("end of session: " + "; ".join(problems), pytrace=False)
+
+
+def _delete_leftovers(daemon: Daemon, validator) -> list[str]:
+    """Deletes, through the API, every sandbox not yet deleted."""
+    problems = []
+    client = SbxClient(daemon.url, daemon.token, validator)
+    try:
+        leftovers = [s for s in client.list_sandboxes() if s["state"] != "deleted"]
+        ops = []
+        for sb in leftovers:
+            problems.append(f"sandbox {sb['id']} ({sb['state']}) was left by a test")
+            try:
+                ops.append(client.delete_sandbox(sb["id"], wait=False))
+            except AssertionError as e:
+                problems.append(f"final delete of {sb['id']}: {e}")
+        for op in ops:
+            try:
+                op = client.wait_operation(op["id"], timeout=60)
+                if op["state"] != "succeeded":
+                    problems.append(f"final delete failed: {op}")
+            except AssertionError as e:
+                problems.append(str(e))
+    except Exception as e:  # noqa: BLE001 - the sweep must not hide the daemon shutdown
+        problems.append(f"listing leftovers failed: {e}")
+    finally:
+        client.close()
+    return problems
+
+
+@pytest.fixture
+def api(sbxd, validator):
+    """A client for one test; every sandbox it created is deleted at the end, even on failure."""
+    client = SbxClient(sbxd.url, sbxd.token, validator)
+    yield client
+    ids = list(client.created_sandboxes)
+    with _ALL_LOCK:
+        ALL_SANDBOXES.extend(ids)
+    cleanup_errors = []
+    ops = []
+    for sid in ids:
+        try:
+            sb = client.call("GET", f"/v1/sandboxes/{sid}", validate=False).body
+            if isinstance(sb, dict) and sb.get("state") == "deleted":
+                continue
+            resp = client.call("DELETE", f"/v1/sandboxes/{sid}", validate=False)
+            if resp.status_code == 202:
+                ops.append(resp.body["operation"]["id"])
+            elif resp.status_code != 404:
+                cleanup_errors.append(f"DELETE {sid} -> {resp.status_code} {resp.body}")
+        except Exception as e:  # noqa: BLE001
+            cleanup_errors.append(f"cleanup of {sid}: {e}")
+    for op_id in ops:
+        try:
+            client.wait_operation(op_id, timeout=60)
+        except Exception as e:  # noqa: BLE001
+            cleanup_errors.append(f"cleanup wait {op_id}: {e}")
+    client.close()
+    if cleanup_errors:
+        pytest.fail("cleaning up this test's sandboxes failed:\n" + "\n".join(cleanup_errors))
+
+
+@pytest.fixture
+def sandbox(api) -> dict:
+    """A running sandbox, deleted after the test."""
+    return api.create_sandbox({"labels": {"e2e": "1"}})["sandbox"]
+
+
+@pytest.fixture
+def metrics():
+    return METRICS
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and report.when in ("call", "teardown"):
+        daemon = getattr(item, "funcargs", {}).get("sbxd")
+        if isinstance(daemon, Daemon):
+            report.sections.append(("sbxd log (tail)", daemon.log_tail(80)))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if METRICS:
+        terminalreporter.section("sbx e2e notes")
+        for line in METRICS:
+            terminalreporter.write_line(line)

@@ -1,0 +1,262 @@
+"""Bad requests are rejected with the documented status, code and field, and leave nothing behind."""
+
+import json
+import secrets
+
+import pytest
+
+from sbx_client import check_error_body
+
+ALPHABET = "abcdefghijklmnopqrstuvwxyz234567"
+
+
+def fake_id(prefix: str) -> str:
+    """Well-formed but unknown id."""
+    return prefix + "_" + "".join(secrets.choice(ALPHABET) for _ in range(20))
+
+
+def validate_as_error(api, resp):
+    """Responses to undocumented routes/methods still use the documented error schema."""
+    check_error_body(resp, resp.json())
+    _, documented = api.validator.find_response("GET", "/v1/sandboxes", 401)
+    schema = documented["content"]["application/json"]["schema"]
+    api.validator.validate_schema(schema, resp.json(), f"{resp.request.method} {resp.request.path_url}")
+
+
+def all_sandbox_ids(api) -> set:
+    return {s["id"] for s in api.list_sandboxes()} | {s["id"] for s in api.list_sandboxes(state="deleted")}
+
+
+@pytest.fixture
+def nothing_created(api):
+    """Fails the test if it left any new sandbox (in any state) or the daemon unhealthy."""
+    before = all_sandbox_ids(api)
+    yield
+    api.call("GET", "/healthz", token=None, expect=200)
+    new = all_sandbox_ids(api) - before
+    leftovers = [api.get_sandbox(i) for i in new]
+    api.created_sandboxes.extend(new)
+    assert not new, f"rejected requests left sandboxes behind: {[(s['id'], s['state']) for s in leftovers]}"
+
+
+CREATE_CASES = [
+    # (name, body bytes or object, status, code, field)
+    ("malformed_json", b'{"template": ', 400, "invalid_argument", None),
+    ("not_an_object", b"[1, 2]", 400, "invalid_argument", None),
+    ("trailing_garbage", b"{} x", 400, "invalid_argument", None),
+    ("unknown_field", {"bogus": 1}, 400, "invalid_argument", "bogus"),
+    ("unknown_nested_field", {"resources": {"gpu": 1}}, 400, "invalid_argument", "resources.gpu"),
+    ("template_wrong_type", {"template": 5}, 400, "invalid_argument", "template"),
+    ("vcpu_string", {"resources": {"vcpu": "2"}}, 400, "invalid_argument", "resources.vcpu"),
+    ("vcpu_float", {"resources": {"vcpu": 1.5}}, 400, "invalid_argument", "resources.vcpu"),
+    ("vcpu_bool", {"resources": {"vcpu": True}}, 400, "invalid_argument", "resources.vcpu"),
+    ("resources_not_object", {"resources": [1]}, 400, "invalid_argument", "resources"),
+    ("env_not_object", {"env": ["A=1"]}, 400, "invalid_argument", "env"),
+    ("env_value_not_string", {"env": {"A": 1}}, 400, "invalid_argument", "env*"),
+    ("env_bad_key", {"env": {"1BAD": "x"}}, 400, "invalid_argument", "env*"),
+    ("labels_bad_key", {"labels": {"bad key!": "x"}}, 400, "invalid_argument", "labels*"),
+    ("labels_value_too_long", {"labels": {"k": "v" * 256}}, 400, "invalid_argument", "labels*"),
+    ("vcpu_zero", {"resources": {"vcpu": 0}}, 400, "invalid_argument", "resources.vcpu"),
+    ("vcpu_too_many", {"resources": {"vcpu": 65}}, 400, "invalid_argument", "resources.vcpu"),
+    ("memory_absurd", {"resources": {"memory_mib": 10 ** 9}}, 400, "invalid_argument", "resources.memory_mib"),
+    ("memory_huge_int", {"resources": {"memory_mib": 10 ** 30}}, 400, "invalid_argument", "resources.memory_mib"),
+    ("memory_negative", {"resources": {"memory_mib": -512}}, 400, "invalid_argument", "resources.memory_mib"),
+    ("memory_too_small", {"resources": {"memory_mib": 31}}, 400, "invalid_argument", "resources.memory_mib"),
+    ("disk_negative", {"resources": {"disk_mib": -1}}, 400, "invalid_argument", "resources.disk_mib"),
+    ("unknown_template", {"template": "no-such-template"}, 422, "template_not_found", "template"),
+    ("unknown_template_tag", {"template": "base:no-such-tag"}, 422, "template_not_found", "template"),
+    ("unsupported_runtime", {"runtime": "microvm"}, 501, "not_implemented", "runtime"),
+    ("ttl_not_enforced", {"timeout_s": 60}, 501, "not_implemented", "timeout_s"),
+    ("idle_suspend_not_enforced", {"idle_suspend_s": 60}, 501, "not_implemented", "idle_suspend_s"),
+]
+
+
+@pytest.mark.parametrize("name,body,status,code,field", CREATE_CASES, ids=[c[0] for c in CREATE_CASES])
+def test_create_rejects(api, nothing_created, name, body, status, code, field):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    resp = api.call("POST", "/v1/sandboxes", data=data, headers={"Content-Type": "application/json"})
+    assert resp.status_code == status, f"{name}: expected {status}, got {resp.status_code}: {resp.body}"
+    check_error_body(resp, resp.body, code, field)
+
+
+SESSION_CASES = [
+    ("malformed_json", b'{"argv": [', "argv"),
+    ("missing_argv", {}, "argv"),
+    ("empty_argv", {"argv": []}, "argv"),
+    ("argv_string", {"argv": "echo hi"}, "argv"),
+    ("argv_non_string", {"argv": ["echo", 5]}, "argv*"),
+    ("argv_null_element", {"argv": ["echo", None]}, "argv*"),
+    ("argv_empty_program", {"argv": [""]}, "argv*"),
+    ("unknown_field", {"argv": ["true"], "shell": True}, "shell"),
+    ("relative_cwd", {"argv": ["true"], "cwd": "tmp"}, "cwd"),
+    ("env_not_object", {"argv": ["true"], "env": "A=1"}, "env"),
+    ("tty_wrong_type", {"argv": ["true"], "tty": "yes"}, "tty"),
+]
+
+
+@pytest.mark.parametrize("name,body,field", SESSION_CASES, ids=[c[0] for c in SESSION_CASES])
+def test_session_create_rejects(api, sandbox, name, body, field):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    resp = api.call("POST", f"/v1/sandboxes/{sandbox['id']}/sessions", data=data,
+                    headers={"Content-Type": "application/json"})
+    assert resp.status_code == 400, f"{name}: expected 400, got {resp.status_code}: {resp.body}"
+    check_error_body(resp, resp.body, "invalid_argument", None if name == "malformed_json" else field)
+
+
+@pytest.mark.parametrize("fields,field", [({"tty": True}, "tty"), ({"stdin": True}, "stdin"),
+                                          ({"timeout_s": 5}, "timeout_s")], ids=["tty", "stdin", "timeout_s"])
+def test_session_not_implemented_fields(api, sandbox, fields, field):
+    resp = api.call("POST", f"/v1/sandboxes/{sandbox['id']}/sessions", json_body={"argv": ["true"], **fields})
+    assert resp.status_code == 501, f"{fields}: expected 501, got {resp.status_code}: {resp.body}"
+    check_error_body(resp, resp.body, "not_implemented", field)
+
+
+def test_unknown_ids_are_404(api):
+    sbx, op, ses = fake_id("sbx"), fake_id("op"), fake_id("ses")
+    cases = [
+        ("GET", f"/v1/sandboxes/{sbx}", None),
+        ("DELETE", f"/v1/sandboxes/{sbx}", None),
+        ("POST", f"/v1/sandboxes/{sbx}/sessions", {"argv": ["true"]}),
+        ("GET", f"/v1/operations/{op}", None),
+        ("GET", f"/v1/sessions/{ses}", None),
+        ("GET", f"/v1/sessions/{ses}/attach", None),
+    ]
+    failures = []
+    for method, path, body in cases:
+        kwargs = {"json_body": body} if body is not None else {}
+        resp = api.call(method, path, **kwargs)
+        try:
+            assert resp.status_code == 404, f"{method} {path}: expected 404, got {resp.status_code}: {resp.body}"
+            check_error_body(resp, resp.body, "not_found")
+        except AssertionError as e:
+            failures.append(str(e))
+    assert not failures, "\n".join(failures)
+
+
+def test_malformed_ids_are_400(api):
+    cases = [
+        ("GET", "/v1/sandboxes/not-an-id"),
+        ("GET", f"/v1/sandboxes/{fake_id('op')}"),  # wrong prefix
+        ("GET", "/v1/sandboxes/sbx_" + "A" * 20),
+        ("GET", "/v1/sessions/ses_" + "x" * 300),
+        ("GET", "/v1/operations/op_..%2F..%2Fetc"),  # decoded, it may not match a route: 404 is fine
+    ]
+    failures = []
+    for method, path in cases:
+        resp = api.call(method, path, validate="%2F" not in path)
+        try:
+            if "%2F" in path and resp.status_code == 404:
+                check_error_body(resp, resp.body, "not_found")
+                continue
+            assert resp.status_code == 400, f"{method} {path}: expected 400, got {resp.status_code}: {resp.body}"
+            check_error_body(resp, resp.body, "invalid_argument")
+        except AssertionError as e:
+            failures.append(str(e))
+    assert not failures, "\n".join(failures)
+
+
+def test_missing_or_wrong_token_is_401(api, sandbox, nothing_created):
+    session = api.create_session(sandbox["id"], ["echo", "x"])
+    sbx = sandbox["id"]
+    routes = [
+        ("GET", "/v1/sandboxes", None),
+        ("POST", "/v1/sandboxes", {}),
+        ("GET", f"/v1/sandboxes/{sbx}", None),
+        ("DELETE", f"/v1/sandboxes/{sbx}", None),
+        ("POST", f"/v1/sandboxes/{sbx}/sessions", {"argv": ["true"]}),
+        ("GET", f"/v1/operations/{fake_id('op')}", None),
+        ("GET", f"/v1/sessions/{session['session_id']}", None),
+        ("GET", f"/v1/sessions/{session['session_id']}/attach", None),
+        ("GET", f"/v1/sandboxes/{fake_id('sbx')}", None),  # auth is checked before lookup
+    ]
+    bad_auth = [
+        ("no header", None, None),
+        ("wrong token", "wrong-" + api.token, None),
+        ("empty bearer", "", None),
+        ("basic scheme", None, {"Authorization": f"Basic {api.token}"}),
+        ("token without scheme", None, {"Authorization": api.token}),
+    ]
+    failures = []
+    for method, path, body in routes:
+        for label, tok, headers in bad_auth:
+            kwargs = {"json_body": body} if body is not None else {}
+            resp = api.call(method, path, token=tok, headers=headers, **kwargs)
+            try:
+                assert resp.status_code == 401, f"{method} {path} ({label}): expected 401, got {resp.status_code}"
+                check_error_body(resp, resp.body, "unauthenticated")
+                assert api.token not in resp.text, "an error body echoes the token"
+            except AssertionError as e:
+                failures.append(str(e))
+    assert api.get_sandbox(sbx)["state"] == "running", "an unauthenticated DELETE had an effect"
+    assert api.get_session(session["session_id"])["state"] == "created", "an unauthenticated attach started it"
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures)
+
+
+def test_body_over_1mib_is_413(api, nothing_created):
+    big = json.dumps({"labels": {"k": "v" * (1024 * 1024)}}).encode()
+    assert len(big) > 1024 * 1024
+    resp = api.call("POST", "/v1/sandboxes", data=big, headers={"Content-Type": "application/json"})
+    assert resp.status_code == 413, f"expected 413, got {resp.status_code}: {resp.body}"
+    check_error_body(resp, resp.body, "payload_too_large")
+
+
+def test_chunked_body_over_1mib_is_413(api, nothing_created):
+    def chunks():
+        yield b'{"labels": {"k": "'
+        for _ in range(20):
+            yield b"v" * 65536
+        yield b'"}}'
+    resp = api.call("POST", "/v1/sandboxes", data=chunks(), headers={"Content-Type": "application/json"})
+    assert resp.request.headers.get("Transfer-Encoding") == "chunked"
+    assert resp.status_code == 413, f"expected 413, got {resp.status_code}: {resp.body}"
+    check_error_body(resp, resp.body, "payload_too_large")
+
+
+def test_chunked_body_accepted(api):
+    def chunks():
+        yield b'{"labels": '
+        yield b'{"e2e": "chunked"}}'
+    resp = api.call("POST", "/v1/sandboxes", data=chunks(), headers={"Content-Type": "application/json"},
+                    expect=202)
+    api.created_sandboxes.append(resp.body["sandbox"]["id"])
+    assert resp.body["sandbox"]["labels"] == {"e2e": "chunked"}
+
+
+def test_wrong_method_is_405(api, sandbox, nothing_created):
+    sbx = sandbox["id"]
+    cases = [
+        ("PUT", "/v1/sandboxes"),
+        ("PATCH", f"/v1/sandboxes/{sbx}"),
+        ("PUT", f"/v1/sandboxes/{sbx}"),
+        ("GET", f"/v1/sandboxes/{sbx}/sessions"),
+        ("DELETE", f"/v1/operations/{fake_id('op')}"),
+        ("POST", f"/v1/sessions/{fake_id('ses')}"),
+        ("POST", "/healthz"),
+    ]
+    failures = []
+    for method, path in cases:
+        kwargs = {"json_body": {}} if method in ("POST", "PUT", "PATCH") else {}
+        resp = api.call(method, path, validate=False, **kwargs)
+        try:
+            assert resp.status_code == 405, f"{method} {path}: expected 405, got {resp.status_code}"
+            check_error_body(resp, resp.body, "method_not_allowed")
+            validate_as_error(api, resp)
+        except AssertionError as e:
+            failures.append(str(e))
+    assert api.get_sandbox(sbx)["state"] == "running"
+    assert not failures, "\n".join(failures)
+
+
+def test_unknown_route_is_404(api):
+    for path in ("/v1/nope", "/v2/sandboxes", "/", "/v1/sandboxes/x/y/z"):
+        resp = api.call("GET", path, validate=False)
+        assert resp.status_code == 404, f"GET {path}: expected 404, got {resp.status_code}"
+        check_error_body(resp, resp.body, "not_found")
+        validate_as_error(api, resp)
+
+
+def test_limit_out_of_range(api):
+    for limit in ("0", "501", "abc", "-1"):
+        resp = api.call("GET", "/v1/sandboxes", params={"limit": limit})
+        assert resp.status_code == 400, f"limit={limit}: expected 400, got {resp.status_code}"
+        check_error_body(resp, resp.body, "invalid_argument")

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Installs the packages, builds, and runs every test suite:
+#   1. ctest on build/ (unit tests and the root integration tests, label `root`)
+#   2. the end-to-end suite (tests/e2e, pytest) against a real sbxd
+#   3. (CI, or SBX_TEST_ASAN=1) an ASan/UBSan build in build-asan/ running the unit tests
+# Ends with one line "summary: N passed, N failed[, N skipped]" counting suites, and exits
+# non-zero if any suite failed.
+#
+# Environment:
+#   CI=true               also sets SBX_TESTS_MUST_RUN=1 (root tests fail instead of skipping)
+#                         and turns the sanitizer suite on by default
+#   SBX_TEST_ASAN=0|1     force the sanitizer suite off/on
+#   SBX_TEST_BUDGET_S     the sanitizer suite starts only if the time spent so far plus its
+#                         predicted duration (1.5x the main build, plus 2 min) fits in this many
+#                         seconds (default 1800), to keep CI well under 40 minutes
+#   SBX_SKIP_INSTALL=1    do not run tools/install-deps.sh
+#   PYTEST_ARGS           extra arguments for pytest (e.g. "-k attach")
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+START=$(date +%s)
+PY=/usr/bin/python3  # Debian's python has pytest; a pyenv python on PATH may not
+
+if [[ "${CI:-}" == "true" ]]; then
+  export SBX_TESTS_MUST_RUN=1
+  : "${SBX_TEST_ASAN:=1}"
+fi
+: "${SBX_TEST_ASAN:=0}"
+: "${SBX_TEST_BUDGET_S:=1800}"
+
+declare -a NAMES=() RESULTS=()
+record() { NAMES+=("$1"); RESULTS+=("$2"); }
+elapsed() { echo $(( $(date +%s) - START )); }
+banner() { printf '\n===== %s (t+%ss) =====\n' "$*" "$(elapsed)"; }
+
+finish() {
+  local passed=0 failed=0 skipped=0 i
+  banner "results"
+  for i in "${!NAMES[@]}"; do
+    printf '  %-28s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}"
+    case "${RESULTS[$i]}" in
+      passed) passed=$((passed + 1)) ;;
+      skipped*) skipped=$((skipped + 1)) ;;
+      *) failed=$((failed + 1)) ;;
+    esac
+  done
+  echo "total time: $(elapsed)s"
+  if [[ $skipped -gt 0 ]]; then
+    echo "summary: $passed passed, $failed failed, $skipped skipped"
+  else
+    echo "summary: $passed passed, $failed failed"
+  fi
+  [[ $failed -eq 0 && $passed -gt 0 ]]
+  exit $?
+}
+
+echo "sbx tests: $(uname -srm), $(nproc) cores, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), CI=${CI:-}, SBX_TESTS_MUST_RUN=${SBX_TESTS_MUST_RUN:-0}, uid $(id -u)"
+
+# ---- packages --------------------------------------------------------------------------------
+if [[ "${SBX_SKIP_INSTALL:-0}" != "1" ]]; then
+  banner "install packages"
+  if ! bash tools/install-deps.sh; then
+    record install failed
+    record build "failed (not run)"
+    finish
+  fi
+fi
+
+# ---- build -----------------------------------------------------------------------------------
+banner "build (build/, RelWithDebInfo)"
+build_start=$(date +%s)
+if bash tools/build.sh build; then
+  BUILD_S=$(( $(date +%s) - build_start ))
+  record build passed
+else
+  record build failed
+  record ctest "failed (not run: no build)"
+  record e2e "failed (not run: no build)"
+  finish
+fi
+
+# ---- ctest: unit + root integration tests ------------------------------------------------------
+banner "ctest (unit + root integration)"
+if ctest --test-dir build --output-on-failure -j2 --no-tests=error --timeout 600; then
+  record ctest passed
+else
+  record ctest failed
+fi
+
+# ---- end-to-end --------------------------------------------------------------------------------
+banner "e2e (pytest tests/e2e)"
+export SBX_BUILD_DIR="$ROOT/build"  # the tree built above, whatever the caller had set
+# shellcheck disable=SC2086
+timeout -k 30 "${SBX_E2E_TIMEOUT_S:-1200}" "$PY" -m pytest tests/e2e -v ${PYTEST_ARGS:-}
+rc=$?
+case $rc in
+  0) record e2e passed ;;
+  5) echo "pytest collected no tests: that is a failure"; record e2e "failed (no tests ran)" ;;
+  124|137) record e2e "failed (timed out)" ;;
+  *) record e2e "failed (pytest exit $rc)" ;;
+esac
+
+# ---- sanitizers --------------------------------------------------------------------------------
+if [[ "$SBX_TEST_ASAN" == "1" ]]; then
+  predicted=$(( BUILD_S * 3 / 2 + 120 ))
+  if (( $(elapsed) + predicted > SBX_TEST_BUDGET_S )); then
+    echo "asan: skipped: $(elapsed)s spent + ~${predicted}s predicted > budget ${SBX_TEST_BUDGET_S}s"
+    record asan-unit "skipped (time budget)"
+  else
+    banner "ASan/UBSan build (build-asan/) + unit tests (ctest -LE root)"
+    if bash tools/build.sh build-asan -DSBX_SANITIZE=ON; then
+      if ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:strict_string_checks=1}" \
+         UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \
+         ctest --test-dir build-asan --output-on-failure -j2 --no-tests=error --timeout 600 -LE root; then
+        record asan-unit passed
+      else
+        record asan-unit failed
+      fi
+    else
+      record asan-unit "failed (build)"
+    fi
+  fi
+else
+  record asan-unit "skipped (SBX_TEST_ASAN=0)"
+fi
+
+finish
