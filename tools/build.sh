@@ -15,6 +15,11 @@ for tool in cmake ninja; do
   command -v "$tool" >/dev/null 2>&1 || { echo "build: ERROR: $tool not found; run: bash tools/install-deps.sh" >&2; exit 1; }
 done
 
+# ccache keys on paths relative to the repository and ignores the working directory, so a
+# fresh clone elsewhere (as CI makes) reuses what an earlier build of the same sources cached.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$ROOT}"
+export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
+
 build_type=RelWithDebInfo
 for a in "$@"; do
   [[ "$a" == -DCMAKE_BUILD_TYPE=* ]] && build_type=${a#-DCMAKE_BUILD_TYPE=}

@@ -158,8 +158,6 @@ def sbxd(validator):
         if hostcheck.mounts_under(daemon.tmp):
             problems.append(f"mounts still under {daemon.tmp}; leaving it in place")
         else:
-            shutil.copy(daemon.log_path, Path(tempfile.gettempdir()) / "sbx-e2e-last-sbxd.log") \
-                if daemon.log_path.exists() else None
             shutil.rmtree(daemon.tmp, ignore_errors=True)
         for p in problems:
             METRICS.append(f"PROBLEM: {p}")

@@ -4,6 +4,7 @@ import json
 import secrets
 
 import pytest
+import requests
 
 from sbx_client import check_error_body
 
@@ -192,12 +193,32 @@ def test_missing_or_wrong_token_is_401(api, sandbox, nothing_created):
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures)
 
 
+def _post_oversized(api, data) -> None:
+    """POSTs an oversized body on its own connection, expects 413, then checks that the
+    connection is either still usable or was announced as closing (Connection: close)."""
+    client = api.clone()
+    try:
+        try:
+            resp = client.call("POST", "/v1/sandboxes", data=data, headers={"Content-Type": "application/json"})
+        except requests.exceptions.ConnectionError as e:
+            pytest.fail("sbxd closed the connection while the client was still sending the body, so no "
+                        f"413 could be read ({e}); a server rejecting a body early should drain it or "
+                        "close lingeringly (RFC 9112 section 9.6)")
+        assert resp.status_code == 413, f"expected 413, got {resp.status_code}: {resp.body}"
+        check_error_body(resp, resp.body, "payload_too_large")
+        try:
+            client.call("GET", "/healthz", token=None, expect=200)
+        except requests.exceptions.ConnectionError as e:
+            pytest.fail("after the 413 sbxd closed the connection without sending `Connection: close`, "
+                        f"so a client reusing it fails ({e}); headers were {dict(resp.headers)}")
+    finally:
+        client.close()
+
+
 def test_body_over_1mib_is_413(api, nothing_created):
     big = json.dumps({"labels": {"k": "v" * (1024 * 1024)}}).encode()
     assert len(big) > 1024 * 1024
-    resp = api.call("POST", "/v1/sandboxes", data=big, headers={"Content-Type": "application/json"})
-    assert resp.status_code == 413, f"expected 413, got {resp.status_code}: {resp.body}"
-    check_error_body(resp, resp.body, "payload_too_large")
+    _post_oversized(api, big)
 
 
 def test_chunked_body_over_1mib_is_413(api, nothing_created):
@@ -206,10 +227,7 @@ def test_chunked_body_over_1mib_is_413(api, nothing_created):
         for _ in range(20):
             yield b"v" * 65536
         yield b'"}}'
-    resp = api.call("POST", "/v1/sandboxes", data=chunks(), headers={"Content-Type": "application/json"})
-    assert resp.request.headers.get("Transfer-Encoding") == "chunked"
-    assert resp.status_code == 413, f"expected 413, got {resp.status_code}: {resp.body}"
-    check_error_body(resp, resp.body, "payload_too_large")
+    _post_oversized(api, chunks())
 
 
 def test_chunked_body_accepted(api):

@@ -84,7 +84,8 @@ def test_first_sandbox_flow(api, sbxd):
     assert sb["id"] in [s["id"] for s in api.list_sandboxes(state="deleted")], "deleted sandbox not in ?state=deleted"
     # Deleting again returns the same delete operation.
     again = api.delete_sandbox(sb["id"], wait=False)
-    assert again["id"] == del_op["id"], (again, del_op)
+    assert again["id"] == del_op["id"], \
+        f"deleting a deleted sandbox must return its delete operation again: got {again}, first {del_op}"
 
 
 def _strings(obj):
