@@ -69,7 +69,10 @@ fi
 
 # ---- build -----------------------------------------------------------------------------------
 banner "build (build/, RelWithDebInfo)"
+build_start=$(date +%s)
+BUILD_S=0
 if bash tools/build.sh build; then
+  BUILD_S=$(( $(date +%s) - build_start ))
   record build passed
 else
   record build failed
@@ -101,12 +104,16 @@ esac
 
 # ---- sanitizers --------------------------------------------------------------------------------
 if [[ "$SBX_TEST_ASAN" == "1" ]]; then
-  # The sanitizer build may take as long as the main one (longer with a cold ccache), so it
-  # gets what is left of the budget, minus a reserve for running the tests; a build that does
-  # not fit is cut off and reported as skipped (ccache keeps what it compiled for next time).
+  # The sanitizer build takes at least as long as the main one did (a slow main build means a
+  # cold ccache, and then the sanitizer tree is cold too). It gets what is left of the budget,
+  # minus a reserve for running the tests, and starts only if that covers 1.2x the main build;
+  # a build that still does not fit is cut off and reported as skipped (ccache keeps what it
+  # compiled, so the next run gets further).
   remaining=$(( SBX_TEST_BUDGET_S - $(elapsed) - 180 ))
-  if (( remaining < 300 )); then
-    echo "asan: skipped: $(elapsed)s spent, budget ${SBX_TEST_BUDGET_S}s leaves too little for a build"
+  needed=$(( BUILD_S * 6 / 5 ))
+  (( needed < 300 )) && needed=300
+  if (( remaining < needed )); then
+    echo "asan: skipped: ${remaining}s left in the ${SBX_TEST_BUDGET_S}s budget, a build needs ~${needed}s (main build took ${BUILD_S}s)"
     record asan-unit "skipped (time budget)"
   else
     banner "ASan/UBSan build (build-asan/, at most ${remaining}s) + unit tests (ctest -LE root)"
