@@ -42,15 +42,12 @@ class Client:
         return json.loads(payload) if payload else None
 
     def wait_op(self, op_id):
-        delay = 0.0005
-        while True:
-            op = self.call("GET", f"/v1/operations/{op_id}")
+        while True:  # the server holds the request until the operation ends
+            op = self.call("GET", f"/v1/operations/{op_id}?wait_ms=30000")
             if op["state"] == "succeeded":
                 return op
             if op["state"] == "failed":
                 raise RuntimeError(f"operation {op_id} failed: {op['error']}")
-            time.sleep(delay)
-            delay = min(delay * 2, 0.02)
 
     def first_output(self, session):
         conn = http.client.HTTPConnection(self.host, self.port, timeout=60)

@@ -178,10 +178,9 @@ class Api:
         return self.request("GET", path)[1]
 
     def wait_operation(self, op, timeout=OPERATION_TIMEOUT_S):
-        """Polls until the operation is done (backoff 50 ms -> 1 s); returns it, raises if it
+        """Waits (server-side long poll) until the operation is done; returns it, raises if it
         failed or did not finish in time."""
         deadline = time.monotonic() + timeout
-        delay = 0.05
         while True:
             state = op.get("state")
             if state == "succeeded":
@@ -194,9 +193,9 @@ class Api:
                 raise Failure("%s operation %s is still %s after %.0f s (a timeout does not mean "
                               "it failed: inspect it)" % (op.get("kind"), op.get("id"), state,
                                                           timeout))
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
-            op = self.get("/v1/operations/" + op["id"])
+            # The server holds this request until the operation ends (or wait_ms passes).
+            wait_ms = int(max(0.0, min(deadline - time.monotonic(), 10.0)) * 1000)
+            op = self.get("/v1/operations/%s?wait_ms=%d" % (op["id"], wait_ms))
 
     def attach(self, attach_url, attach_token, on_event):
         """Reads the SSE attach stream incrementally and calls on_event(id, type, data) as each

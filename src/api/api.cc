@@ -201,7 +201,9 @@ Awaitable Api::Route(http::RequestContext& ctx) {
   // /v1/operations/{id}
   if (seg.size() == 3 && seg[1] == "operations") {
     if (method != bhttp::verb::get) co_return fail(MethodNotAllowed(req));
-    auto op = svc_.GetOperation(*caller, seg[2]);
+    auto wait_ms = ParseWaitMs(t.Query("wait_ms"));
+    if (!wait_ms.ok()) co_return fail(wait_ms.status());
+    auto op = co_await WaitForOperation(ctx, *caller, seg[2], std::chrono::milliseconds(*wait_ms));
     if (!op.ok()) co_return fail(op.status());
     co_return Ok(bhttp::status::ok, service::OperationView(*op));
   }
@@ -222,6 +224,36 @@ Awaitable Api::Route(http::RequestContext& ctx) {
 
   co_return fail(ApiError(absl::StatusCode::kNotFound, "not_found",
                           fmt::format("no route for {}", t.path)));
+}
+
+http::asio::awaitable<absl::StatusOr<store::OperationRecord>> Api::WaitForOperation(
+    http::RequestContext& ctx, const service::Caller& caller, const std::string& id,
+    std::chrono::milliseconds wait) {
+  namespace asio = http::asio;
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  auto& waiters = svc_.job_waiters();
+  for (;;) {
+    auto op = svc_.GetOperation(caller, id);
+    if (!op.ok() || op->state == "succeeded" || op->state == "failed" ||
+        std::chrono::steady_clock::now() >= deadline) {
+      co_return op;
+    }
+    // The timer lives on this connection's strand; the wake-up arrives on a worker thread.
+    auto timer = std::make_shared<asio::steady_timer>(ctx.executor, deadline);
+    const uint64_t handle = waiters.Add(op->sandbox_id, [timer, ex = ctx.executor] {
+      asio::post(ex, [timer] { timer->cancel(); });
+    });
+    // Re-read once registered: a job that finished between the first read and the
+    // registration woke nobody.
+    op = svc_.GetOperation(caller, id);
+    if (!op.ok() || op->state == "succeeded" || op->state == "failed") {
+      waiters.Remove(handle);
+      co_return op;
+    }
+    boost::system::error_code ec;
+    co_await timer->async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    waiters.Remove(handle);
+  }
 }
 
 Awaitable Api::GetSession(http::RequestContext& ctx, const service::Caller& caller,

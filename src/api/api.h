@@ -33,6 +33,10 @@ class Api {
   http::asio::awaitable<std::optional<http::Response>> GetSession(http::RequestContext& ctx,
                                                                   const service::Caller& caller,
                                                                   const std::string& id);
+  // The operation once it is finished, or as it is when `wait` runs out (wait 0: at once).
+  http::asio::awaitable<absl::StatusOr<store::OperationRecord>> WaitForOperation(
+      http::RequestContext& ctx, const service::Caller& caller, const std::string& id,
+      std::chrono::milliseconds wait);
   absl::StatusOr<service::Caller> Authenticate(const http::Request& req,
                                                const std::optional<std::string>& query_token,
                                                bool allow_attach_token) const;

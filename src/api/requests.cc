@@ -273,6 +273,16 @@ absl::StatusOr<int> ParseLimit(const std::optional<std::string>& value) {
   return v;
 }
 
+absl::StatusOr<int> ParseWaitMs(const std::optional<std::string>& value) {
+  if (!value) return 0;
+  int v = 0;
+  auto [p, ec] = std::from_chars(value->data(), value->data() + value->size(), v);
+  if (ec != std::errc() || p != value->data() + value->size() || v < 0 || v > kMaxWaitMs) {
+    return FieldError("wait_ms", fmt::format("must be an integer between 0 and {}", kMaxWaitMs));
+  }
+  return v;
+}
+
 absl::StatusOr<std::pair<std::string, std::string>> ParseLabelFilter(const std::string& value) {
   auto eq = value.find('=');
   if (eq == std::string::npos || eq == 0) return FieldError("label", "must be key=value");

@@ -34,6 +34,10 @@ absl::StatusOr<CreateSessionRequest> ParseCreateSession(const std::string& body)
 
 // Query parameters: "limit" 1..500 (default 50).
 absl::StatusOr<int> ParseLimit(const std::optional<std::string>& value);
+// `?wait_ms=` of GET /v1/operations/{id}: how long to hold the request until the operation is
+// finished (0, the default, answers at once).
+inline constexpr int kMaxWaitMs = 60000;
+absl::StatusOr<int> ParseWaitMs(const std::optional<std::string>& value);
 // "label=key=value" filter.
 absl::StatusOr<std::pair<std::string, std::string>> ParseLabelFilter(const std::string& value);
 // Idempotency-Key: 1..255 printable ASCII.

@@ -1,5 +1,6 @@
 #include "cli/cli_common.h"
 
+#include <algorithm>
 #include <unistd.h>
 
 #include <cerrno>
@@ -86,7 +87,6 @@ absl::StatusOr<nlohmann::json> WaitOperation(Client& client, const nlohmann::jso
     return absl::InternalError(fmt::format("sbxd returned a bad operation id: {}", Msg(s)));
   }
   auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::chrono::milliseconds delay(2);
   nlohmann::json op = initial;
   for (;;) {
     std::string state = JsonString(op, "state");
@@ -107,9 +107,12 @@ absl::StatusOr<nlohmann::json> WaitOperation(Client& client, const nlohmann::jso
           "{} operation {} is still {} after {} s; check it with: sbx op {}",
           JsonString(op, "kind"), id, state.empty() ? "unknown" : state, timeout.count(), id));
     }
-    if (absl::Status s = client.Sleep(delay); !s.ok()) return s;
-    delay = std::min(delay * 2, std::chrono::milliseconds(100));
-    auto next = client.Get("/v1/operations/" + id);
+    // sbxd holds the request until the operation ends (wait_ms): no polling delay, and short
+    // slices keep the overall timeout honest.
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    auto slice = std::clamp<int64_t>(left.count(), 0, 5000);
+    auto next = client.Get(fmt::format("/v1/operations/{}?wait_ms={}", id, slice));
     if (!next.ok()) {
       return absl::Status(next.status().code(),
                           fmt::format("poll operation {}: {}", id, Msg(next.status())));

@@ -45,6 +45,11 @@ void OperationEngine::Shutdown() {
   workers_.clear();
 }
 
+void OperationEngine::SetJobDoneHook(std::function<void(const std::string& key)> hook) {
+  std::lock_guard lock(mu_);
+  job_done_ = std::move(hook);
+}
+
 void OperationEngine::WorkerLoop() {
   for (;;) {
     std::function<void()> job;
@@ -66,6 +71,7 @@ void OperationEngine::WorkerLoop() {
       // Jobs report errors through the store; an exception here is a bug, not a result.
       spdlog::error("operation job for {} threw: {}", key, e.what());
     }
+    if (job_done_) job_done_(key);
     {
       std::lock_guard lock(mu_);
       running_.erase(key);

@@ -24,6 +24,10 @@ class OperationEngine {
   ~OperationEngine();  // finishes queued jobs, then joins
 
   void Submit(const std::string& key, std::function<void()> job);
+  // Called on the worker thread after every job, with the job's key, once the job's own store
+  // commits are done: lets long-polling readers re-read instead of polling. Set it before the
+  // first Submit; it must not call back into the engine.
+  void SetJobDoneHook(std::function<void(const std::string& key)> hook);
   // Stops accepting jobs, runs what is queued, joins the workers.
   void Shutdown();
   // Jobs queued or running (for /readyz and tests).
@@ -40,6 +44,7 @@ class OperationEngine {
   size_t pending_ = 0;
   bool stopping_ = false;
   std::vector<std::thread> workers_;
+  std::function<void(const std::string&)> job_done_;
 };
 
 }  // namespace sbx::ops

@@ -33,6 +33,25 @@ TEST(OperationEngine, SameKeyRunsInOrderOneAtATime) {
   for (int i = 0; i < 50; ++i) EXPECT_EQ(order[i], i);
 }
 
+TEST(OperationEngine, JobDoneHookSeesTheKeyAfterTheJob) {
+  std::mutex mu;
+  std::vector<std::string> events;
+  {
+    OperationEngine engine(2);
+    engine.SetJobDoneHook([&](const std::string& key) {
+      std::lock_guard lock(mu);
+      events.push_back("done " + key);
+    });
+    engine.Submit("sbx_a", [&] {
+      std::lock_guard lock(mu);
+      events.push_back("job sbx_a");
+    });
+  }
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0], "job sbx_a");
+  EXPECT_EQ(events[1], "done sbx_a");
+}
+
 TEST(OperationEngine, DifferentKeysRunInParallel) {
   OperationEngine engine(2);
   // Two jobs with different keys that each wait for the other: they can only both finish if

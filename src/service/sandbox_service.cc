@@ -104,7 +104,9 @@ SandboxService::SandboxService(ServiceOptions opts, store::Store& store,
       engine_(engine),
       templates_(std::move(templates)),
       backends_(std::move(backends)),
-      tokens_(opts_.attach_key, opts_.attach_token_ttl) {}
+      tokens_(opts_.attach_key, opts_.attach_token_ttl) {
+  engine_.SetJobDoneHook([this](const std::string& sandbox_id) { waiters_.Notify(sandbox_id); });
+}
 
 bool SandboxService::ready() const {
   std::lock_guard lock(mu_);

@@ -21,6 +21,7 @@
 #include "runtime/backend.h"
 #include "service/attach_token.h"
 #include "service/inputs.h"
+#include "service/job_waiters.h"
 #include "service/templates.h"
 #include "store/store.h"
 
@@ -81,6 +82,8 @@ class SandboxService {
   void RecordSessionStatus(const std::string& session_id, const nlohmann::json& status);
 
   const AttachTokens& attach_tokens() const { return tokens_; }
+  // Readers waiting for a sandbox's operations to move (keyed by sandbox id).
+  JobWaiters& job_waiters() { return waiters_; }
 
  private:
   void RunCreate(const std::string& op_id, const std::string& sandbox_id);
@@ -97,6 +100,7 @@ class SandboxService {
   TemplateRegistry templates_;
   std::map<std::string, runtime::Backend*> backends_;
   AttachTokens tokens_;
+  JobWaiters waiters_;
 
   mutable std::mutex mu_;
   std::map<std::string, runtime::InstancePtr> instances_;  // running sandboxes, by id

@@ -299,20 +299,20 @@ class SbxClient:
                 return out
         raise AssertionError("GET /v1/sandboxes: pagination did not end after 1000 pages")
 
-    def get_operation(self, op_id: str) -> dict:
-        return self.call("GET", f"/v1/operations/{op_id}", expect=200).body
+    def get_operation(self, op_id: str, wait_ms: int | None = None) -> dict:
+        params = {"wait_ms": str(wait_ms)} if wait_ms is not None else None
+        return self.call("GET", f"/v1/operations/{op_id}", params=params, expect=200).body
 
     def wait_operation(self, op_id: str, timeout: float = 120.0) -> dict:
+        """Long-polls (server-side wait_ms) until the operation is finished."""
         deadline = time.monotonic() + timeout
-        delay = 0.02
         while True:
-            op = self.get_operation(op_id)
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            op = self.get_operation(op_id, wait_ms=max(0, min(left_ms, 10000)))
             if op["state"] in ("succeeded", "failed"):
                 return op
             if time.monotonic() > deadline:
                 raise AssertionError(f"operation {op_id} not finished after {timeout}s: {op}")
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.25)
 
     def delete_sandbox(self, sandbox_id: str, *, wait: bool = True, idempotency_key: str | None = None,
                        timeout: float = 120.0) -> dict:
