@@ -41,6 +41,7 @@ struct Flags {
   int workers = 4;
   int http_threads = 2;
   size_t buffer_bytes = 8 << 20;
+  bool cgroup_favor_dynmods = true;
 };
 
 std::string DefaultAgentPath() {
@@ -108,6 +109,11 @@ int main(int argc, char** argv) {
                  "output retained per session stream by the agent")
       ->capture_default_str()
       ->check(CLI::Range(size_t{64 << 10}, size_t{1} << 30));
+  app.add_option("--cgroup-favor-dynmods", f.cgroup_favor_dynmods,
+                 "on hybrid cgroup v1/v2 hosts, remount the host's cgroup2 with favordynmods so "
+                 "that joining a sandbox's cgroups skips an RCU grace period (host-wide; "
+                 "false leaves the host's mount alone)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   // A client that disconnects mid-write must cost an error code, not the daemon.
@@ -152,6 +158,7 @@ int main(int argc, char** argv) {
     nopts.state_dir = f.state_dir;
     nopts.agent_path = f.agent_path;
     nopts.agent_buffer_bytes = f.buffer_bytes;
+    nopts.cgroup_favor_dynmods = f.cgroup_favor_dynmods;
     ns_backend = std::make_unique<sbx::runtime::ns::NsBackend>(nopts);
     if (auto st = ns_backend->Probe(); !st.ok()) {
       return Fail(sbx::Annotate(st, "runtime ns cannot work on this host"));

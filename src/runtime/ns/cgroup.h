@@ -141,6 +141,9 @@ class CgroupDriver {
                                                                 const CgroupLimits& limits) = 0;
   // True when children should be placed with clone3(CLONE_INTO_CGROUP) in the v2 directory.
   virtual bool UseCloneIntoCgroup() const = 0;
+  // True when a launch joins some hierarchy by writing cgroup.procs (v1 controllers), which is
+  // what cgroup_favor.h speeds up.
+  virtual bool JoinsByWritingProcs() const = 0;
 
   // An owner for existing directories of `id` (Adopt, Sweep): all are treated as ours.
   std::unique_ptr<SandboxCgroup> Existing(const std::string& id) const;

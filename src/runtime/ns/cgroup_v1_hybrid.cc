@@ -110,6 +110,7 @@ class V1HybridDriver : public CgroupDriver {
   }
 
   bool UseCloneIntoCgroup() const override { return layout_.has_v2; }
+  bool JoinsByWritingProcs() const override { return true; }
 
  private:
   // (key, `<mount><own>/sbx`), one per distinct hierarchy: co-mounted controllers such as

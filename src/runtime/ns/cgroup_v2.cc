@@ -160,6 +160,7 @@ class V2Driver : public CgroupDriver {
   }
 
   bool UseCloneIntoCgroup() const override { return true; }
+  bool JoinsByWritingProcs() const override { return false; }
 
  private:
   static std::string Trim(std::string s) {

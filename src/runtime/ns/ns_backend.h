@@ -40,6 +40,9 @@ struct NsOptions {
   std::string cgroup_root_override;  // cgroupfs root instead of the mount points in /proc/mounts
   size_t agent_buffer_bytes = 0;     // 0 = kDefaultAgentBufferBytes
   std::string proc_root = "/proc";   // tests only: where /proc/self/cgroup and mounts are read
+  // Remount the host's cgroup2 with `favordynmods` when launches join cgroups by writing
+  // cgroup.procs (hybrid v1 layouts): see cgroup_favor.h. Host-wide; off keeps the host as is.
+  bool cgroup_favor_dynmods = false;
 };
 
 class NsBackend : public Backend {
