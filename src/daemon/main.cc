@@ -1,6 +1,7 @@
 // sbxd: wires the store, the runtimes, the operation engine, the service and the HTTP API, then
 // waits for SIGTERM/SIGINT. Sandboxes outlive this process: stopping sbxd stops the API only,
 // and the next start re-adopts what is still running.
+#include <charconv>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -42,7 +43,30 @@ struct Flags {
   int http_threads = 2;
   size_t buffer_bytes = 8 << 20;
   bool cgroup_favor_dynmods = true;
+  std::vector<std::string> warm_pools = {"base=2"};
 };
+
+// "TEMPLATE=N" -> a pool of N ready sandboxes of TEMPLATE on the default runtime.
+absl::StatusOr<sbx::service::WarmPoolConfig> ParseWarmPool(const std::string& spec,
+                                                          const std::string& runtime) {
+  auto eq = spec.find('=');
+  sbx::service::WarmPoolConfig c;
+  c.runtime = runtime;
+  c.template_name = spec.substr(0, eq);
+  int n = -1;
+  if (eq != std::string::npos) {
+    const char* b = spec.data() + eq + 1;
+    const char* e = spec.data() + spec.size();
+    auto [p, ec] = std::from_chars(b, e, n);
+    if (ec != std::errc() || p != e) n = -1;
+  }
+  if (c.template_name.empty() || n < 0 || n > 256) {
+    return absl::InvalidArgumentError(
+        fmt::format("--warm-pool '{}': expected TEMPLATE=N with N from 0 to 256", spec));
+  }
+  c.size = n;
+  return c;
+}
 
 std::string DefaultAgentPath() {
   std::error_code ec;
@@ -114,6 +138,10 @@ int main(int argc, char** argv) {
                  "that joining a sandbox's cgroups skips an RCU grace period (host-wide; "
                  "false leaves the host's mount alone)")
       ->capture_default_str();
+  app.add_option("--warm-pool", f.warm_pools,
+                 "TEMPLATE=N: keep N sandboxes of TEMPLATE ready so that creates with the default "
+                 "resources skip the launch (repeatable; N=0 turns a pool off)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   // A client that disconnects mid-write must cost an error code, not the daemon.
@@ -174,6 +202,11 @@ int main(int argc, char** argv) {
   sbx::service::ServiceOptions sopts;
   sopts.default_runtime = f.runtime;
   sopts.attach_key = *attach_key;
+  for (const auto& spec : f.warm_pools) {
+    auto pool = ParseWarmPool(spec, f.runtime);
+    if (!pool.ok()) return Fail(pool.status());
+    sopts.warm_pools.push_back(*pool);
+  }
   sbx::service::SandboxService svc(sopts, **store, engine, std::move(*templates), backends);
 
   sbx::api::ApiOptions aopts;
@@ -193,6 +226,8 @@ int main(int argc, char** argv) {
     server.Stop();
     return Fail(sbx::Annotate(st, "start-up reconcile"));
   }
+
+  svc.StartWarmPools();
 
   std::string host = hopts.host.find(':') != std::string::npos ? "[" + hopts.host + "]" : hopts.host;
   std::cout << "sbxd listening on http://" << host << ":" << server.port() << std::endl;

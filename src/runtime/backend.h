@@ -73,6 +73,8 @@ class Instance {
   virtual std::string AgentSocketPath() const = 0;
   // What the store keeps so that Adopt() can find this sandbox again after sbxd restarts.
   virtual Json Persist() const = 0;
+  // False once the sandbox's agent is known to have exited (a cheap check, no I/O to the agent).
+  virtual bool Alive() const { return true; }
   // Kills every process of the sandbox and removes every kernel object and file it owns.
   // Idempotent: safe on a half-built or already destroyed sandbox.
   virtual absl::Status Destroy() = 0;

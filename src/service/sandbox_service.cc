@@ -106,6 +106,40 @@ SandboxService::SandboxService(ServiceOptions opts, store::Store& store,
       backends_(std::move(backends)),
       tokens_(opts_.attach_key, opts_.attach_token_ttl) {
   engine_.SetJobDoneHook([this](const std::string& sandbox_id) { waiters_.Notify(sandbox_id); });
+  pool_ = std::make_unique<WarmPool>(
+      opts_.warm_pools, [this](const WarmPoolConfig& c) { return BuildWarm(c); });
+}
+
+void SandboxService::StartWarmPools() {
+  if (!ready()) {
+    spdlog::error("warm pools not started: the service has not reconciled yet");
+    return;
+  }
+  pool_->Start();
+}
+
+absl::StatusOr<WarmSandbox> SandboxService::BuildWarm(const WarmPoolConfig& config) {
+  SBX_ASSIGN_OR_RETURN(runtime::Backend* backend, BackendFor(config.runtime));
+  SBX_ASSIGN_OR_RETURN(runtime::TemplateSpec tmpl, templates_.Resolve(config.template_name));
+  runtime::SandboxSpec spec;
+  spec.id = NewId("sbx");
+  spec.tmpl = tmpl;
+  spec.resources = opts_.defaults;
+  spec.hostname = spec.id.substr(0, 16);
+  SBX_ASSIGN_OR_RETURN(runtime::InstancePtr inst, backend->Create(spec));
+  return WarmSandbox{std::move(inst), config.runtime, config.template_name, tmpl.digest};
+}
+
+std::optional<WarmSandbox> SandboxService::TakeWarm(const CreateSandboxRequest& req) {
+  // Pooled sandboxes have the default limits; any other request is built cold.
+  if ((req.vcpu && *req.vcpu != opts_.defaults.vcpu) ||
+      (req.memory_mib && *req.memory_mib != opts_.defaults.memory_mib) ||
+      (req.disk_mib && *req.disk_mib != opts_.defaults.disk_mib)) {
+    return std::nullopt;
+  }
+  auto tmpl = templates_.Resolve(req.template_ref);
+  if (!tmpl.ok()) return std::nullopt;
+  return pool_->Take(req.runtime.value_or(opts_.default_runtime), tmpl->name, tmpl->digest);
 }
 
 bool SandboxService::ready() const {
@@ -154,7 +188,13 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
 
   StoredResponse out;
   std::optional<std::pair<std::string, std::string>> submit;  // op id, sandbox id
-  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+  // Taken before the transaction, which may run more than once (busy retries); it goes back to
+  // the pool unless the transaction records it.
+  std::optional<WarmSandbox> warm = TakeWarm(req);
+  bool warm_used = false;
+  absl::Status tx_status = store_.Transact([&](Tx& tx) -> absl::Status {
+    warm_used = false;
+    submit.reset();
     SBX_ASSIGN_OR_RETURN(auto replay, CheckIdempotency(tx, caller, idem_key, kScope, body_hash));
     if (replay) {
       out = *replay;
@@ -166,7 +206,7 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
 
     const std::string now = NowRfc3339();
     SandboxRecord sb;
-    sb.id = NewId("sbx");
+    sb.id = warm ? warm->instance->id() : NewId("sbx");
     sb.tenant_id = caller.tenant_id;
     sb.state = std::string(kCreating);
     sb.template_ref = req.template_ref;
@@ -186,15 +226,34 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
     sb.created_at = now;
     sb.updated_at = now;
     OperationRecord op = NewOperation(caller.tenant_id, "create", sb.id, now);
-    sb.current_operation_id = op.id;
+    if (warm) {
+      // Already running: the create is done in this transaction.
+      sb.state = std::string(kRunning);
+      sb.runtime_state = warm->instance->Persist();
+      Finish(op, true, nullptr, now);
+      op.result = {{"warm_pool", true}};
+      warm_used = true;
+    } else {
+      sb.current_operation_id = op.id;
+      submit = {op.id, sb.id};
+    }
     SBX_RETURN_IF_ERROR(tx.PutSandbox(sb));
     SBX_RETURN_IF_ERROR(tx.PutOperation(op));
     out.status = 202;
     out.body = json{{"sandbox", SandboxView(sb)}, {"operation", OperationView(op)}}.dump();
     SBX_RETURN_IF_ERROR(SaveIdempotency(tx, caller, idem_key, kScope, body_hash, out));
-    submit = {op.id, sb.id};
     return absl::OkStatus();
-  }));
+  });
+  if (warm) {
+    if (tx_status.ok() && warm_used) {
+      spdlog::info("sandbox {} running (from the warm pool)", warm->instance->id());
+      std::lock_guard lock(mu_);
+      instances_[warm->instance->id()] = std::move(warm->instance);
+    } else {
+      pool_->Return(std::move(*warm));
+    }
+  }
+  SBX_RETURN_IF_ERROR(tx_status);
   if (submit) {
     auto [op_id, sb_id] = *submit;
     engine_.Submit(sb_id, [this, op_id, sb_id] { RunCreate(op_id, sb_id); });
@@ -504,9 +563,13 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSession(
     s.tenant_id = caller.tenant_id;
     s.sandbox_id = sb.id;
     s.state = "created";
+    // The sandbox's env under the session's: a sandbox from the warm pool was started before
+    // its env was known, so the agent's own environment cannot carry it.
+    json env = sb.env.is_object() ? sb.env : json::object();
+    for (const auto& [k, v] : req.env) env[k] = v;
     s.spec = {{"argv", req.argv},
               {"cwd", req.cwd.value_or("/")},
-              {"env", req.env},
+              {"env", env},
               {"user", req.user.value_or("root")}};
     s.created_at = now;
     SBX_RETURN_IF_ERROR(tx.PutSession(s));

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -22,6 +23,7 @@
 #include "service/attach_token.h"
 #include "service/inputs.h"
 #include "service/job_waiters.h"
+#include "service/warm_pool.h"
 #include "service/templates.h"
 #include "store/store.h"
 
@@ -32,6 +34,9 @@ struct ServiceOptions {
   runtime::Resources defaults;  // applied where a request omits a resource
   std::chrono::seconds attach_token_ttl{900};
   std::string attach_key;  // HMAC key for attach tokens
+  // Sandboxes kept ready per runtime and template (warm_pool.h); a create with the default
+  // resources is served from them.
+  std::vector<WarmPoolConfig> warm_pools;
 };
 
 // A response the API returns verbatim: the first response of an idempotent call is stored and
@@ -51,6 +56,11 @@ class SandboxService {
   // sweeps kernel objects that no stored sandbox owns.
   absl::Status Reconcile();
   bool ready() const;
+  // Starts filling the warm pools; call after Reconcile (its sweep would take pooled sandboxes
+  // for leftovers). Stopped and emptied when the service is destroyed.
+  void StartWarmPools();
+  // Ready sandboxes per "runtime/template".
+  std::map<std::string, int> WarmPoolReady() const { return pool_->Ready(); }
 
   absl::StatusOr<StoredResponse> CreateSandbox(const Caller& caller,
                                                const CreateSandboxRequest& req,
@@ -94,6 +104,10 @@ class SandboxService {
   absl::StatusOr<store::SandboxRecord> VisibleSandbox(store::Tx& tx, const Caller& caller,
                                                       const std::string& id);
 
+  absl::StatusOr<WarmSandbox> BuildWarm(const WarmPoolConfig& config);
+  // A pooled sandbox that can serve `req` as requested, or nullopt.
+  std::optional<WarmSandbox> TakeWarm(const CreateSandboxRequest& req);
+
   ServiceOptions opts_;
   store::Store& store_;
   ops::OperationEngine& engine_;
@@ -105,6 +119,8 @@ class SandboxService {
   mutable std::mutex mu_;
   std::map<std::string, runtime::InstancePtr> instances_;  // running sandboxes, by id
   bool ready_ = false;
+  // Last member: destroyed first, while the backends and templates it uses still exist.
+  std::unique_ptr<WarmPool> pool_;
 };
 
 }  // namespace sbx::service

@@ -152,6 +152,13 @@ def sbxd(validator):
             problems.append(f"sbxd exited with {rc} on SIGTERM")
         with _ALL_LOCK:
             ids = list(ALL_SANDBOXES)
+        # Warm-pool sandboxes never reach the API's list: a clean stop must remove them itself.
+        sandboxes_dir = daemon.state_dir / "sandboxes"
+        if sandboxes_dir.is_dir() and rc in (0, -signal.SIGTERM):
+            pooled = sorted(p.name for p in sandboxes_dir.iterdir() if p.name not in ids)
+            if pooled:
+                problems.append(f"sandboxes never handed out (warm pool) left after SIGTERM: {pooled}")
+            ids += pooled
         swept = hostcheck.sweep(ids, daemon.state_dir)
         if swept:
             problems.append("host objects left behind after sbxd stopped (removed now): " + "; ".join(swept))

@@ -201,6 +201,13 @@ class NsInstance : public Instance {
                 {"socket", socket_}};
   }
 
+  bool Alive() const override {
+    if (destroyed_ || !pidfd_) return false;
+    // A pidfd polls readable once the process has exited.
+    struct pollfd pfd{pidfd_.get(), POLLIN, 0};
+    return ::poll(&pfd, 1, 0) == 0;
+  }
+
   absl::Status Destroy() override {
     if (destroyed_) return absl::OkStatus();
     const auto t0 = Clock::now();

@@ -1,0 +1,169 @@
+#include "service/warm_pool.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+
+namespace sbx::service {
+
+WarmPool::WarmPool(std::vector<WarmPoolConfig> configs, Builder build) : build_(std::move(build)) {
+  for (auto& c : configs) {
+    if (c.size <= 0) continue;
+    std::string key = Key(c.runtime, c.template_name);
+    pools_[key].config = std::move(c);
+  }
+}
+
+WarmPool::~WarmPool() { Stop(); }
+
+void WarmPool::Start() {
+  std::lock_guard lock(mu_);
+  if (pools_.empty() || filler_.joinable() || stopping_) return;
+  filler_ = std::thread([this] { FillLoop(); });
+}
+
+void WarmPool::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (filler_.joinable()) filler_.join();
+  std::vector<WarmSandbox> doomed;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [key, pool] : pools_) {
+      for (auto& sb : pool.ready) doomed.push_back(std::move(sb));
+      pool.ready.clear();
+    }
+  }
+  DestroyAll(std::move(doomed));
+}
+
+std::optional<WarmSandbox> WarmPool::Take(const std::string& runtime,
+                                          const std::string& template_name,
+                                          const std::string& digest) {
+  std::vector<WarmSandbox> doomed;
+  std::optional<WarmSandbox> out;
+  {
+    std::lock_guard lock(mu_);
+    auto it = pools_.find(Key(runtime, template_name));
+    if (it == pools_.end()) return std::nullopt;
+    auto& ready = it->second.ready;
+    while (!ready.empty()) {
+      WarmSandbox sb = std::move(ready.front());
+      ready.pop_front();
+      if (sb.template_digest == digest && sb.instance->Alive()) {
+        out = std::move(sb);
+        break;
+      }
+      doomed.push_back(std::move(sb));
+    }
+  }
+  cv_.notify_all();  // the pool is one short now
+  if (!doomed.empty()) {
+    spdlog::warn("warm pool {}/{}: dropped {} stale sandbox(es) (template changed or agent gone)",
+                 runtime, template_name, doomed.size());
+    DestroyAll(std::move(doomed));
+  }
+  return out;
+}
+
+void WarmPool::Return(WarmSandbox sb) {
+  {
+    std::lock_guard lock(mu_);
+    auto it = pools_.find(Key(sb.runtime, sb.template_name));
+    if (it != pools_.end() && !stopping_) {
+      it->second.ready.push_front(std::move(sb));
+      cv_.notify_all();
+      return;
+    }
+  }
+  std::vector<WarmSandbox> doomed;
+  doomed.push_back(std::move(sb));
+  DestroyAll(std::move(doomed));
+}
+
+std::map<std::string, int> WarmPool::Ready() const {
+  std::lock_guard lock(mu_);
+  std::map<std::string, int> out;
+  for (const auto& [key, pool] : pools_) out[key] = static_cast<int>(pool.ready.size());
+  return out;
+}
+
+void WarmPool::FillLoop() {
+  // Refills compete with launches that a client is waiting for: let those win the CPU.
+  // (setpriority on a thread id changes only this thread on Linux.)
+  ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    // The pool missing the most sandboxes, among those not backing off.
+    const auto now = std::chrono::steady_clock::now();
+    Pool* next = nullptr;
+    int missing_most = 0;
+    auto wake_at = std::chrono::steady_clock::time_point::max();
+    for (auto& [key, pool] : pools_) {
+      int missing = pool.config.size - static_cast<int>(pool.ready.size()) - pool.building;
+      if (missing <= 0) continue;
+      if (pool.retry_at > now) {
+        wake_at = std::min(wake_at, pool.retry_at);
+        continue;
+      }
+      if (missing > missing_most) {
+        missing_most = missing;
+        next = &pool;
+      }
+    }
+    if (next == nullptr) {
+      if (wake_at == std::chrono::steady_clock::time_point::max()) {
+        cv_.wait(lock);
+      } else {
+        cv_.wait_until(lock, wake_at);
+      }
+      continue;
+    }
+    WarmPoolConfig config = next->config;
+    ++next->building;
+    lock.unlock();
+    auto built = build_(config);
+    lock.lock();
+    --next->building;
+    if (!built.ok()) {
+      ++next->failures;
+      // 0.5 s, 1 s, 2 s ... 30 s: a broken runtime must not turn into a busy loop.
+      auto backoff = std::chrono::milliseconds(
+          std::min<int64_t>(30000, int64_t{500} << std::min(next->failures - 1, 6)));
+      next->retry_at = std::chrono::steady_clock::now() + backoff;
+      spdlog::warn("warm pool {}/{}: build failed ({} in a row), retrying in {} ms: {}",
+                   config.runtime, config.template_name, next->failures, backoff.count(),
+                   std::string(built.status().message()));
+      continue;
+    }
+    next->failures = 0;
+    if (stopping_) {
+      lock.unlock();
+      std::vector<WarmSandbox> doomed;
+      doomed.push_back(std::move(*built));
+      DestroyAll(std::move(doomed));
+      lock.lock();
+      continue;
+    }
+    next->ready.push_back(std::move(*built));
+  }
+}
+
+void WarmPool::DestroyAll(std::vector<WarmSandbox> doomed) {
+  for (auto& sb : doomed) {
+    if (!sb.instance) continue;
+    absl::Status st = sb.instance->Destroy();
+    if (!st.ok()) {
+      spdlog::warn("warm pool: destroy {}: {} (the next start-up sweep retries)",
+                   sb.instance->id(), std::string(st.message()));
+    }
+  }
+}
+
+}  // namespace sbx::service

@@ -1,0 +1,136 @@
+#include "service/warm_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <set>
+#include <thread>
+
+namespace sbx::service {
+namespace {
+
+using namespace std::chrono_literals;
+
+class CountingInstance : public runtime::Instance {
+ public:
+  CountingInstance(std::string id, std::atomic<int>* destroyed) : id_(std::move(id)), destroyed_(destroyed) {}
+  const std::string& id() const override { return id_; }
+  std::string AgentSocketPath() const override { return "/nonexistent"; }
+  runtime::Json Persist() const override { return runtime::Json::object(); }
+  bool Alive() const override { return alive; }
+  absl::Status Destroy() override {
+    if (!done_) ++*destroyed_;
+    done_ = true;
+    return absl::OkStatus();
+  }
+  bool alive = true;
+
+ private:
+  std::string id_;
+  std::atomic<int>* destroyed_;
+  bool done_ = false;
+};
+
+struct Fixture {
+  std::atomic<int> built{0};
+  std::atomic<int> destroyed{0};
+  std::atomic<bool> fail{false};
+  std::string digest = "sha256:a";
+  WarmPool::Builder Builder() {
+    return [this](const WarmPoolConfig& c) -> absl::StatusOr<WarmSandbox> {
+      if (fail) return absl::UnavailableError("runtime broken");
+      int n = built++;
+      return WarmSandbox{std::make_unique<CountingInstance>("sbx_" + std::to_string(n), &destroyed),
+                         c.runtime, c.template_name, digest};
+    };
+  }
+};
+
+// Waits (bounded) until the pool reports `n` ready sandboxes.
+bool WaitReady(const WarmPool& pool, int n) {
+  for (int i = 0; i < 500; ++i) {
+    if (pool.Ready().at("ns/base") == n) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+TEST(WarmPool, FillsHandsOutEachOnceAndRefills) {
+  Fixture f;
+  WarmPool pool({{"ns", "base", 3}}, f.Builder());
+  pool.Start();
+  ASSERT_TRUE(WaitReady(pool, 3));
+  std::set<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    auto sb = pool.Take("ns", "base", "sha256:a");
+    ASSERT_TRUE(sb.has_value());
+    EXPECT_TRUE(ids.insert(sb->instance->id()).second) << "handed out twice: " << sb->instance->id();
+  }
+  ASSERT_TRUE(WaitReady(pool, 3));  // refilled in the background
+  EXPECT_EQ(f.built.load(), 6);
+  EXPECT_FALSE(pool.Take("ns", "other", "sha256:a").has_value());
+  EXPECT_FALSE(pool.Take("fake", "base", "sha256:a").has_value());
+}
+
+TEST(WarmPool, StopDestroysWhatIsPooledButNotWhatWasHandedOut) {
+  Fixture f;
+  std::optional<WarmSandbox> taken;
+  {
+    WarmPool pool({{"ns", "base", 2}}, f.Builder());
+    pool.Start();
+    ASSERT_TRUE(WaitReady(pool, 2));
+    taken = pool.Take("ns", "base", "sha256:a");
+    ASSERT_TRUE(taken.has_value());
+  }
+  // Whatever the pool held at Stop (2, if the refill finished) is destroyed; the taken one is not.
+  EXPECT_EQ(f.destroyed.load(), f.built.load() - 1);
+}
+
+TEST(WarmPool, StaleDigestAndDeadAgentsAreDroppedNotHandedOut) {
+  Fixture f;
+  WarmPool pool({{"ns", "base", 1}}, f.Builder());
+  pool.Start();
+  ASSERT_TRUE(WaitReady(pool, 1));
+  // Everything pooled was built from sha256:a: nothing matches, and what was looked at is gone.
+  EXPECT_FALSE(pool.Take("ns", "base", "sha256:changed").has_value());
+  EXPECT_GE(f.destroyed.load(), 1);
+
+  ASSERT_TRUE(WaitReady(pool, 1));
+  auto sb = pool.Take("ns", "base", "sha256:a");
+  ASSERT_TRUE(sb.has_value());
+  const std::string dead_id = sb->instance->id();
+  static_cast<CountingInstance*>(sb->instance.get())->alive = false;
+  const int destroyed_before = f.destroyed.load();
+  pool.Return(std::move(*sb));
+  // The refill may have built a fresh one meanwhile; the dead one is never handed out.
+  auto next = pool.Take("ns", "base", "sha256:a");
+  if (next.has_value()) EXPECT_NE(next->instance->id(), dead_id);
+  EXPECT_EQ(f.destroyed.load(), destroyed_before + 1);
+}
+
+TEST(WarmPool, FailingBuilderBacksOffInsteadOfSpinning) {
+  Fixture f;
+  f.fail = true;
+  std::atomic<int> calls{0};
+  WarmPool pool({{"ns", "base", 2}}, [&](const WarmPoolConfig& c) -> absl::StatusOr<WarmSandbox> {
+    ++calls;
+    return absl::UnavailableError("runtime broken");
+  });
+  pool.Start();
+  std::this_thread::sleep_for(300ms);
+  EXPECT_LE(calls.load(), 2) << "builder retried without backing off";
+  EXPECT_EQ(pool.Ready().at("ns/base"), 0);
+}
+
+TEST(WarmPool, SizeZeroIsNoPool) {
+  Fixture f;
+  WarmPool pool({{"ns", "base", 0}}, f.Builder());
+  pool.Start();
+  EXPECT_TRUE(pool.Ready().empty());
+  EXPECT_FALSE(pool.Take("ns", "base", "sha256:a").has_value());
+  EXPECT_EQ(f.built.load(), 0);
+}
+
+}  // namespace
+}  // namespace sbx::service

@@ -1,0 +1,104 @@
+"""The warm pool (sbxd's default --warm-pool base=2): creates with the default resources are
+served by a sandbox built in advance, which is handed out once, belongs to nobody before that,
+and behaves like any other sandbox afterwards."""
+
+import concurrent.futures
+import time
+
+import pytest
+
+import hostcheck
+
+POOL_REFILL_TIMEOUT_S = 30
+
+
+def create_warm(api, body=None):
+    """Creates until one create is served from the pool (it refills in the background)."""
+    deadline = time.monotonic() + POOL_REFILL_TIMEOUT_S
+    while True:
+        created = api.create_sandbox(dict(body or {}), wait=False)
+        if created["operation"]["result"] == {"warm_pool": True}:
+            return created
+        api.wait_operation(created["operation"]["id"])
+        if time.monotonic() > deadline:
+            pytest.fail(f"no create was served by the warm pool within {POOL_REFILL_TIMEOUT_S}s")
+        time.sleep(0.5)
+
+
+@pytest.fixture
+def ns_only(sbxd):
+    if sbxd.runtime == "fake":
+        pytest.skip("host objects are checked on the ns runtime only")
+
+
+def test_warm_create_is_running_in_the_202_and_works(api, sbxd):
+    created = create_warm(api, {"env": {"FROM_SANDBOX": "yes", "BOTH": "sandbox"}, "labels": {"k": "v"}})
+    sb, op = created["sandbox"], created["operation"]
+    assert sb["state"] == "running" and sb["current_operation_id"] is None, sb
+    assert op["state"] == "succeeded" and op["completed_at"] is not None, op
+    assert sb["labels"] == {"k": "v"} and sb["env"] == {"FROM_SANDBOX": "yes", "BOTH": "sandbox"}, sb
+    assert api.get_operation(op["id"]) == op
+    # The sandbox's env reaches its sessions although the sandbox was started before it was known;
+    # a session's own env wins.
+    r = api.run(sb["id"], ["sh", "-c", "echo $FROM_SANDBOX $BOTH $HOSTNAME"], env={"BOTH": "session"})
+    assert r.exit["exit_code"] == 0, r.exit
+    expected = ["yes", "session"] + ([sb["id"][:16]] if sbxd.runtime != "fake" else [])
+    assert r.stdout.decode().split() == expected, r.stdout
+
+
+def test_non_default_resources_are_built_cold(api):
+    created = api.create_sandbox({"resources": {"memory_mib": 256}}, wait=False)
+    assert created["operation"]["result"] is None, created["operation"]
+    op = api.wait_operation(created["operation"]["id"])
+    assert op["state"] == "succeeded" and op["result"] is None, op
+    assert api.get_sandbox(created["sandbox"]["id"])["effective_resources"]["memory_mib"] == 256
+
+
+def test_pooled_sandboxes_are_invisible_until_handed_out(api, sbxd):
+    # Let the pool fill, then nothing but what this tenant created is listed.
+    create_warm(api)
+    time.sleep(1)
+    listed = {s["id"] for s in api.list_sandboxes()}
+    assert listed >= set(api.created_sandboxes)
+    if sbxd.runtime == "fake":
+        return  # the fake runtime keeps no per-sandbox directory to find pooled ones by
+    pooled_dirs = {p.name for p in (sbxd.state_dir / "sandboxes").iterdir()} - listed
+    pooled_dirs -= {s["id"] for s in api.list_sandboxes(state="deleted")}
+    assert pooled_dirs, "the pool should hold built sandboxes that are not listed"
+    for pid in pooled_dirs:
+        resp = api.call("GET", f"/v1/sandboxes/{pid}", expect=404)
+        assert resp.body["error"]["code"] == "not_found"
+
+
+def test_concurrent_creates_never_share_a_sandbox(api, sbxd):
+    with concurrent.futures.ThreadPoolExecutor(8) as ex:
+        results = list(ex.map(lambda _: api.create_sandbox({}), range(8)))
+    ids = [r["sandbox"]["id"] for r in results]
+    assert len(set(ids)) == 8, ids
+    if sbxd.runtime == "fake":
+        return  # no filesystem isolation to check
+    # Each sandbox has its own root: a file written in one is not seen in another.
+    api.run(ids[0], ["sh", "-c", "echo mine > /tmp/owner"])
+    for sid in ids[1:]:
+        r = api.run(sid, ["sh", "-c", "cat /tmp/owner 2>/dev/null || echo none"])
+        assert r.stdout == b"none\n", (sid, r.stdout)
+
+
+def test_warm_sandbox_is_fully_removed_by_delete(api, sbxd, ns_only):
+    sid = create_warm(api)["sandbox"]["id"]
+    assert hostcheck.leftovers(sid, sbxd.state_dir).get("cgroups"), "no cgroup found for the warm sandbox"
+    op = api.delete_sandbox(sid)
+    assert op["state"] == "succeeded", op
+    assert not hostcheck.leftovers(sid, sbxd.state_dir), hostcheck.leftovers(sid, sbxd.state_dir)
+
+
+def test_idempotent_replay_of_a_warm_create(api):
+    # The replay takes a pooled sandbox before it knows it is a replay, then puts it back.
+    key = "warm-replay-1"
+    first = api.call("POST", "/v1/sandboxes", json_body={"labels": {"idem": "w"}},
+                     headers={"Idempotency-Key": key}, expect=202).body
+    api.created_sandboxes.append(first["sandbox"]["id"])
+    again = api.call("POST", "/v1/sandboxes", json_body={"labels": {"idem": "w"}},
+                     headers={"Idempotency-Key": key}, expect=202).body
+    assert again["sandbox"]["id"] == first["sandbox"]["id"]
+    assert again["operation"]["id"] == first["operation"]["id"]
