@@ -186,6 +186,18 @@ Awaitable Api::Route(http::RequestContext& ctx) {
     co_return fail(MethodNotAllowed(req));
   }
 
+  // /v1/sandboxes/{id}/{pause,suspend,wake}
+  if (seg.size() == 4 && seg[1] == "sandboxes" &&
+      (seg[3] == "pause" || seg[3] == "suspend" || seg[3] == "wake")) {
+    if (method != bhttp::verb::post) co_return fail(MethodNotAllowed(req));
+    if (auto b = ParseLifecycleBody(req.body()); !b.ok()) co_return fail(b);
+    auto key = IdempotencyKey(req);
+    if (!key.ok()) co_return fail(key.status());
+    auto r = svc_.RequestLifecycle(*caller, seg[2], seg[3], *key);
+    if (!r.ok()) co_return fail(r.status());
+    co_return Stored(*r);
+  }
+
   // /v1/sandboxes/{id}/sessions
   if (seg.size() == 4 && seg[1] == "sandboxes" && seg[3] == "sessions") {
     if (method != bhttp::verb::post) co_return fail(MethodNotAllowed(req));

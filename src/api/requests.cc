@@ -212,6 +212,11 @@ absl::StatusOr<CreateSandboxRequest> ParseCreateSandbox(const std::string& body,
   return r;
 }
 
+absl::Status ParseLifecycleBody(const std::string& body) {
+  SBX_ASSIGN_OR_RETURN(Json j, ParseObject(body, /*empty_ok=*/true));
+  return CheckKnown(j, {}, "");
+}
+
 absl::StatusOr<CreateSessionRequest> ParseCreateSession(const std::string& body) {
   SBX_ASSIGN_OR_RETURN(Json j, ParseObject(body, /*empty_ok=*/false));
   SBX_RETURN_IF_ERROR(

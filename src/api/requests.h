@@ -31,6 +31,8 @@ using CreateSessionRequest = service::CreateSessionRequest;
 absl::StatusOr<CreateSandboxRequest> ParseCreateSandbox(const std::string& body,
                                                         const ResourceLimits& limits);
 absl::StatusOr<CreateSessionRequest> ParseCreateSession(const std::string& body);
+// pause, suspend and wake take no fields: an empty body or an empty JSON object.
+absl::Status ParseLifecycleBody(const std::string& body);
 
 // Query parameters: "limit" 1..500 (default 50).
 absl::StatusOr<int> ParseLimit(const std::optional<std::string>& value);

@@ -1,4 +1,4 @@
-// Sandbox lifecycle commands: run, create, ls, inspect, rm, op, version.
+// Sandbox lifecycle commands: run, create, ls, inspect, rm, pause, suspend, wake, op, version.
 #include <algorithm>
 #include <memory>
 
@@ -428,6 +428,74 @@ void RegisterRm(CLI::App& app, Context& ctx) {
   });
 }
 
+// pause, suspend and wake share one shape: POST /v1/sandboxes/{id}/<kind> for each id, then
+// wait for the operations, like rm.
+void RegisterLifecycle(CLI::App& app, Context& ctx, const std::string& kind,
+                       const std::string& help) {
+  struct Opts {
+    std::vector<std::string> ids;
+    bool no_wait = false;
+    int wait_timeout_s = 300;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* cmd = app.add_subcommand(kind, help);
+  cmd->add_option("sandboxes", o->ids, "Sandbox ids (sbx_…)")->required();
+  cmd->add_flag("--no-wait", o->no_wait, fmt::format("Do not wait for the {} operations", kind));
+  cmd->add_option("--wait-timeout", o->wait_timeout_s, "Seconds to wait for each operation")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->callback([o, &ctx, kind] {
+    for (const std::string& id : o->ids) {
+      if (absl::Status s = CheckId(id, "sbx"); !s.ok()) {
+        ctx.usage_errors.push_back({fmt::format("{}: {}", kind, Msg(s))});
+        return;
+      }
+    }
+    ctx.action = [o, kind](Client& client) -> absl::StatusOr<int> {
+      int rc = 0;
+      std::vector<std::pair<std::string, nlohmann::json>> pending;
+      for (const std::string& id : o->ids) {
+        auto res = client.Request("POST", fmt::format("/v1/sandboxes/{}/{}", id, kind), nullptr,
+                                  NewIdempotencyKey());
+        if (!res.ok()) {
+          if (absl::IsCancelled(res.status())) {
+            PrintError(fmt::format("interrupted; the {} of {} may or may not have started", kind,
+                                   id));
+            return 128 + client.interrupt_signal();
+          }
+          PrintError(fmt::format("{} {}: {}", kind, id, Msg(res.status())));
+          rc = kExitFailure;
+          continue;
+        }
+        if (!res->body.is_object() || !res->body.contains("operation") ||
+            !res->body["operation"].is_object()) {
+          PrintError(fmt::format("{} {}: sbxd returned no operation", kind, id));
+          rc = kExitFailure;
+          continue;
+        }
+        pending.emplace_back(id, res->body["operation"]);
+      }
+      for (auto& [id, op] : pending) {
+        if (!o->no_wait) {
+          auto done = WaitOperation(client, op, std::chrono::seconds(o->wait_timeout_s));
+          if (!done.ok()) {
+            if (absl::IsCancelled(done.status())) {
+              PrintError(fmt::format("interrupted; {} of {} still in progress: sbx op {}", kind,
+                                     id, JsonString(op, "id")));
+              return 128 + client.interrupt_signal();
+            }
+            PrintError(fmt::format("{} {}: {}", kind, id, Msg(done.status())));
+            rc = kExitFailure;
+            continue;
+          }
+        }
+        SBX_RETURN_IF_ERROR(WriteAll(1, id + "\n"));
+      }
+      return rc;
+    };
+  });
+}
+
 void RegisterVersion(CLI::App& app, Context& ctx) {
   CLI::App* cmd = app.add_subcommand("version", "Print the client version");
   cmd->callback([&ctx] {
@@ -447,6 +515,11 @@ void RegisterSandboxCommands(CLI::App& app, Context& ctx) {
   RegisterLs(app, ctx);
   RegisterInspect(app, ctx);
   RegisterRm(app, ctx);
+  RegisterLifecycle(app, ctx, "pause",
+                    "Pause sandboxes: freeze every process, memory stays resident (waits)");
+  RegisterLifecycle(app, ctx, "suspend",
+                    "Suspend sandboxes: release what the runtime can (ns: same as pause) (waits)");
+  RegisterLifecycle(app, ctx, "wake", "Wake paused or suspended sandboxes (waits)");
   RegisterOp(app, ctx);
   RegisterVersion(app, ctx);
 }

@@ -60,7 +60,7 @@ struct SandboxSpec {
 };
 
 struct Capabilities {
-  bool pause = false;
+  bool pause = false;  // Instance::Freeze/Thaw work (pause, suspend and wake)
   bool snapshots = false;
   bool egress_policy = false;
 };
@@ -76,8 +76,22 @@ class Instance {
   // False once the sandbox's agent is known to have exited (a cheap check, no I/O to the agent).
   virtual bool Alive() const { return true; }
   // Kills every process of the sandbox and removes every kernel object and file it owns.
-  // Idempotent: safe on a half-built or already destroyed sandbox.
+  // Idempotent: safe on a half-built or already destroyed sandbox, frozen ones included.
   virtual absl::Status Destroy() = 0;
+
+  // Pause support (Capabilities::pause). Freeze stops every process of the sandbox where it
+  // stands and returns once the kernel reports all of them stopped; memory stays resident and
+  // open connections (the agent's socket included) stay open but unanswered. On failure the
+  // sandbox is left running. Thaw lets them continue. Both are idempotent.
+  virtual absl::Status Freeze() {
+    return absl::UnimplementedError("freeze: this runtime cannot pause sandboxes");
+  }
+  virtual absl::Status Thaw() {
+    return absl::UnimplementedError("thaw: this runtime cannot pause sandboxes");
+  }
+  // What the kernel says now: true once a freeze was requested (done or in progress) and not
+  // undone. The service trusts this over its store after a restart.
+  virtual absl::StatusOr<bool> IsFrozen() const { return false; }
 };
 using InstancePtr = std::unique_ptr<Instance>;
 

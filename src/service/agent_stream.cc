@@ -52,6 +52,7 @@ asio::awaitable<absl::Status> AgentStream::ReadUntilFrame(std::optional<protocol
     state_->gen = 0;
     timer_.cancel();
     if (ec == asio::error::operation_aborted && state_->timed_out) {
+      // Idle is not failure: a paused (frozen) sandbox is idle for as long as the pause lasts.
       if (idle_ok) co_return absl::OkStatus();  // out stays empty: idle
       co_return absl::DeadlineExceededError("agent did not answer in time");
     }

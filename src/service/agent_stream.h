@@ -32,6 +32,12 @@ class AgentStream {
   const nlohmann::json& response() const { return response_; }
   // The next frame; nullopt when nothing arrived within `idle` (the caller may send a
   // keep-alive and call again; no bytes are lost). Unavailable when the agent closed.
+  //
+  // Pause: a frozen agent sends nothing but keeps its end of the socket open, so a stream that
+  // is open when the sandbox is paused just sees idle periods here (never an error) for as
+  // long as the pause lasts; the agent's output resumes, from where it stopped, after wake.
+  // Only Open()'s `timeout` is a hard deadline, and sbxd does not open new agent
+  // connections to a frozen sandbox (SandboxService::AgentSocketFor).
   asio::awaitable<absl::StatusOr<std::optional<protocol::Frame>>> Next(
       std::chrono::milliseconds idle);
   void Close();

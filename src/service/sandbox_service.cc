@@ -466,6 +466,7 @@ absl::Status SandboxService::DestroyRuntime(const SandboxRecord& sb) {
       inst = std::move(it->second);
       instances_.erase(it);
     }
+    frozen_.erase(sb.id);  // Destroy kills frozen sandboxes too (kill, then thaw)
   }
   SBX_ASSIGN_OR_RETURN(runtime::Backend * backend, BackendFor(sb.runtime));
   if (!inst && !sb.runtime_state.is_null()) {
@@ -522,6 +523,164 @@ void SandboxService::RunDelete(const std::string& op_id, const std::string& sand
   if (!st.ok()) spdlog::error("delete {}: store: {}", sandbox_id, std::string(st.message()));
   if (!destroyed.ok()) {
     spdlog::error("delete {}: {}", sandbox_id, std::string(destroyed.message()));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pause, suspend, wake
+
+absl::StatusOr<StoredResponse> SandboxService::RequestLifecycle(
+    const Caller& caller, const std::string& id, const std::string& kind,
+    const std::optional<std::string>& idem_key) {
+  if (kind != "pause" && kind != "suspend" && kind != "wake") {
+    return absl::InternalError(fmt::format("lifecycle: unknown operation kind '{}'", kind));
+  }
+  // These calls take no body: every repeat of one is the same request.
+  const IdemScope scope{"POST", fmt::format("/v1/sandboxes/{}/{}", id, kind)};
+  const std::string body_hash = Sha256Hex("");
+  StoredResponse out;
+  std::optional<std::string> submit;
+  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(auto replay, CheckIdempotency(tx, caller, idem_key, scope, body_hash));
+    if (replay) {
+      out = *replay;
+      return absl::OkStatus();
+    }
+    SBX_ASSIGN_OR_RETURN(SandboxRecord sb, VisibleSandbox(tx, caller, id));
+    SBX_ASSIGN_OR_RETURN(runtime::Backend * backend, BackendFor(sb.runtime));
+    if (!backend->GetCapabilities().pause) {
+      return ApiError(absl::StatusCode::kUnimplemented, "not_implemented",
+                      fmt::format("runtime '{}' of sandbox {} cannot pause, suspend or wake "
+                                  "sandboxes",
+                                  sb.runtime, sb.id));
+    }
+    OperationRecord op;
+    if (sb.current_operation_id) {
+      SBX_ASSIGN_OR_RETURN(OperationRecord cur, tx.GetOperation(*sb.current_operation_id));
+      if (cur.state == "pending" || cur.state == "running") {
+        if (cur.kind != kind) {
+          return WithDetail(
+              ApiError(absl::StatusCode::kFailedPrecondition, "operation_in_progress",
+                       fmt::format("sandbox {} has a {} operation in flight ({}); {} it when "
+                                   "that one has finished",
+                                   sb.id, cur.kind, cur.id, kind)),
+              "operation_id", cur.id);
+        }
+        op = cur;  // a repeat of the same kind returns the in-flight operation
+      }
+    }
+    if (op.id.empty()) {
+      const bool allowed = kind == "wake" ? IsFrozenState(sb.state) : sb.state == kRunning;
+      if (!allowed) {
+        return ApiError(absl::StatusCode::kFailedPrecondition, "invalid_state",
+                        fmt::format("cannot {} sandbox {}: it is {} ({})", kind, sb.id, sb.state,
+                                    kind == "wake" ? "only a paused or suspended sandbox wakes"
+                                                   : "only a running sandbox can be paused or "
+                                                     "suspended"));
+      }
+      const std::string now = NowRfc3339();
+      op = NewOperation(caller.tenant_id, kind, sb.id, now);
+      sb.current_operation_id = op.id;
+      sb.updated_at = now;
+      SBX_RETURN_IF_ERROR(tx.PutOperation(op));
+      SBX_RETURN_IF_ERROR(tx.PutSandbox(sb));
+      submit = op.id;
+    }
+    out.status = 202;
+    out.body = json{{"operation", OperationView(op)}}.dump();
+    return SaveIdempotency(tx, caller, idem_key, scope, body_hash, out);
+  }));
+  if (submit) {
+    std::string op_id = *submit;
+    engine_.Submit(id, [this, op_id, id, kind] { RunLifecycle(op_id, id, kind); });
+  }
+  return out;
+}
+
+void SandboxService::RunLifecycle(const std::string& op_id, const std::string& sandbox_id,
+                                  const std::string& kind) {
+  bool proceed = false;
+  absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
+    SBX_ASSIGN_OR_RETURN(SandboxRecord sb, tx.GetSandbox(sandbox_id));
+    if (op.state != "pending") return absl::OkStatus();
+    const std::string now = NowRfc3339();
+    if (sb.current_operation_id != op_id) {
+      // A delete took over before this operation started: nothing to do.
+      Finish(op, false, {{"code", "cancelled"}, {"message", "sandbox was deleted first"}}, now);
+      return tx.PutOperation(op);
+    }
+    op.state = "running";
+    op.updated_at = now;
+    proceed = true;
+    return tx.PutOperation(op);
+  });
+  if (!st.ok() || !proceed) {
+    if (!st.ok()) spdlog::error("{} {}: store: {}", kind, sandbox_id, std::string(st.message()));
+    return;
+  }
+
+  // Jobs of one sandbox run one at a time (OperationEngine), and only a delete job removes the
+  // instance: the pointer stays valid for this job without holding mu_ across the runtime call.
+  runtime::Instance* inst = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    auto it = instances_.find(sandbox_id);
+    if (it != instances_.end()) inst = it->second.get();
+    // Data-plane calls stop going to the agent before it freezes, not after.
+    if (inst && kind != "wake") frozen_.insert(sandbox_id);
+  }
+  const bool freeze = kind != "wake";
+  auto started = std::chrono::steady_clock::now();
+  absl::Status done =
+      inst == nullptr
+          ? absl::FailedPreconditionError(
+                fmt::format("{} {}: sbxd holds no runtime instance for it", kind, sandbox_id))
+          : (freeze ? inst->Freeze() : inst->Thaw());
+  auto elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started);
+  // What the kernel says decides where the sandbox stands, also after a failure.
+  bool frozen = freeze ? done.ok() : !done.ok();
+  if (inst && !done.ok()) {
+    auto k = inst->IsFrozen();
+    if (k.ok()) frozen = *k;
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (frozen) {
+      frozen_.insert(sandbox_id);
+    } else {
+      frozen_.erase(sandbox_id);
+    }
+  }
+
+  st = store_.Transact([&](Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
+    SBX_ASSIGN_OR_RETURN(SandboxRecord cur, tx.GetSandbox(sandbox_id));
+    const std::string now = NowRfc3339();
+    if (done.ok()) {
+      Finish(op, true, nullptr, now);
+    } else {
+      Finish(op, false, ErrorJson(fmt::format("{}_failed", kind), done), now);
+    }
+    SBX_RETURN_IF_ERROR(tx.PutOperation(op));
+    // A delete that took over meanwhile owns the sandbox's state now.
+    if (cur.current_operation_id != op_id) return absl::OkStatus();
+    cur.current_operation_id.reset();
+    cur.updated_at = now;
+    if (!frozen) {
+      cur.state = std::string(kRunning);
+    } else if (done.ok()) {
+      cur.state = std::string(kind == "suspend" ? kSuspended : kPaused);
+    } else if (!IsFrozenState(cur.state)) {
+      cur.state = std::string(kPaused);  // failed to thaw a sandbox the store thought running
+    }
+    return tx.PutSandbox(cur);
+  });
+  if (!st.ok()) spdlog::error("{} {}: store: {}", kind, sandbox_id, std::string(st.message()));
+  if (done.ok()) {
+    spdlog::info("sandbox {}: {} done ({:.2f} ms in the runtime)", sandbox_id, kind, elapsed.count());
+  } else {
+    spdlog::warn("sandbox {}: {} failed: {}", sandbox_id, kind, std::string(done.message()));
   }
 }
 
@@ -613,9 +772,10 @@ absl::StatusOr<SandboxService::AttachTarget> SandboxService::PrepareAttach(
       if (r.ok()) sb = *r;
       return absl::OkStatus();
     });
+    // Running in the store but without a socket: a pause is freezing it right now.
+    std::string state = sb.state.empty() ? "gone" : sb.state == kRunning ? "being paused" : sb.state;
     return ApiError(absl::StatusCode::kFailedPrecondition, "sandbox_not_running",
-                    fmt::format("sandbox {} is {}, not running", s.sandbox_id,
-                                sb.state.empty() ? "gone" : sb.state));
+                    fmt::format("sandbox {} is {}, not running", s.sandbox_id, state));
   }
   return AttachTarget{std::move(s), *sock};
 }
@@ -623,7 +783,7 @@ absl::StatusOr<SandboxService::AttachTarget> SandboxService::PrepareAttach(
 std::optional<std::string> SandboxService::AgentSocketFor(const std::string& sandbox_id) const {
   std::lock_guard lock(mu_);
   auto it = instances_.find(sandbox_id);
-  if (it == instances_.end()) return std::nullopt;
+  if (it == instances_.end() || frozen_.count(sandbox_id)) return std::nullopt;
   return it->second->AgentSocketPath();
 }
 
@@ -701,11 +861,40 @@ absl::Status SandboxService::Reconcile() {
   for (SandboxRecord& sb : live) {
     known[sb.runtime].insert(sb.id);
     auto backend = BackendFor(sb.runtime);
-    if (sb.state == kRunning && backend.ok()) {
+    const bool alive = sb.state == kRunning || IsFrozenState(sb.state);
+    if (alive && backend.ok()) {
       auto inst = (*backend)->Adopt(sb.id, sb.runtime_state);
       if (inst.ok()) {
+        // The kernel knows whether the sandbox is frozen; the store may not (a pause, suspend
+        // or wake interrupted by the restart is failed below).
+        bool interrupted = false;
+        if (sb.current_operation_id) {
+          for (const auto& op : unfinished) {
+            if (op.id == *sb.current_operation_id &&
+                (op.kind == "pause" || op.kind == "suspend" || op.kind == "wake")) {
+              interrupted = true;
+            }
+          }
+        }
+        std::string state = sb.state;
+        auto frozen = (*inst)->IsFrozen();
+        if (frozen.ok()) {
+          state = *frozen ? (IsFrozenState(sb.state) ? sb.state : std::string(kPaused))
+                          : std::string(kRunning);
+        } else {
+          spdlog::warn("sandbox {}: freezer state unknown, keeping '{}': {}", sb.id, sb.state,
+                       std::string(frozen.status().message()));
+        }
+        if (state != sb.state || interrupted) {
+          spdlog::info("sandbox {}: {} in the store, {} after the restart", sb.id, sb.state, state);
+          sb.state = state;
+          if (interrupted) sb.current_operation_id.reset();
+          sb.updated_at = NowRfc3339();
+          SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) { return tx.PutSandbox(sb); }));
+        }
         std::lock_guard lock(mu_);
         instances_[sb.id] = std::move(*inst);
+        if (IsFrozenState(state)) frozen_.insert(sb.id);
         continue;
       }
       spdlog::warn("sandbox {} could not be re-adopted: {}", sb.id,
@@ -713,7 +902,7 @@ absl::Status SandboxService::Reconcile() {
       sb.error = {{"code", "sandbox_lost"},
                   {"message", fmt::format("lost across an sbxd restart: {}",
                                           std::string(inst.status().message()))}};
-    } else if (sb.state == kRunning) {
+    } else if (alive) {
       sb.error = {{"code", "sandbox_lost"},
                   {"message", fmt::format("runtime {} is not available", sb.runtime)}};
     } else if (sb.state == kCreating) {

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,13 @@ class SandboxService {
   absl::StatusOr<StoredResponse> DeleteSandbox(const Caller& caller, const std::string& id,
                                                const std::optional<std::string>& idem_key);
   absl::StatusOr<store::OperationRecord> GetOperation(const Caller& caller, const std::string& id);
+  // POST /v1/sandboxes/{id}/{pause|suspend|wake}: `kind` is "pause", "suspend" or "wake". The
+  // runtime must have Capabilities::pause (501 otherwise, before any change). pause/suspend need
+  // a running sandbox, wake a paused or suspended one (409 invalid_state); another lifecycle
+  // operation in flight is 409 operation_in_progress, the same kind returns it.
+  absl::StatusOr<StoredResponse> RequestLifecycle(const Caller& caller, const std::string& id,
+                                                  const std::string& kind,
+                                                  const std::optional<std::string>& idem_key);
 
   absl::StatusOr<StoredResponse> CreateSession(const Caller& caller, const std::string& sandbox_id,
                                                const CreateSessionRequest& req,
@@ -83,8 +91,9 @@ class SandboxService {
     std::string agent_socket;
   };
   absl::StatusOr<AttachTarget> PrepareAttach(const Caller& caller, const std::string& session_id);
-  // The agent's view of a session that is not known to have exited (nullopt when the sandbox
-  // is not running).
+  // The agent's socket of a running sandbox; nullopt when the sandbox is not running, and
+  // while it is frozen (paused, suspended, or a pause in progress): a frozen agent would leave
+  // a caller waiting for its timeout.
   std::optional<std::string> AgentSocketFor(const std::string& sandbox_id) const;
   // Record what the data plane observed.
   void RecordSessionStarted(const std::string& session_id, const nlohmann::json& attach_response);
@@ -98,6 +107,8 @@ class SandboxService {
  private:
   void RunCreate(const std::string& op_id, const std::string& sandbox_id);
   void RunDelete(const std::string& op_id, const std::string& sandbox_id);
+  void RunLifecycle(const std::string& op_id, const std::string& sandbox_id,
+                    const std::string& kind);
   absl::StatusOr<runtime::Backend*> BackendFor(const std::string& name) const;
   // Destroys whatever the runtime still holds for a sandbox (instance in memory, or adopted).
   absl::Status DestroyRuntime(const store::SandboxRecord& sb);
@@ -118,6 +129,7 @@ class SandboxService {
 
   mutable std::mutex mu_;
   std::map<std::string, runtime::InstancePtr> instances_;  // running sandboxes, by id
+  std::set<std::string> frozen_;  // ids whose instance is frozen or being frozen
   bool ready_ = false;
   // Last member: destroyed first, while the backends and templates it uses still exist.
   std::unique_ptr<WarmPool> pool_;

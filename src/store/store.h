@@ -33,7 +33,8 @@ using Json = nlohmann::json;
 struct SandboxRecord {
   std::string id;         // "sbx_..."
   std::string tenant_id;  // "ten_..." or "default"
-  std::string state;      // creating | running | deleting | deleted | failed (service/sandbox_state.h)
+  std::string state;      // creating | running | paused | suspended | deleting | deleted | failed
+                          // (service/sandbox_state.h)
   std::string template_ref;     // as requested, e.g. "base" or "base:latest"
   std::string template_digest;  // resolved at create, never re-resolved
   std::string runtime;          // "ns", "fake", ...

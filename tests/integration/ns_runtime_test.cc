@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +26,7 @@
 #include "common/ids.h"
 #include "common/status_util.h"
 #include "protocol/protocol.h"
+#include "runtime/ns/cgroup.h"
 #include "runtime/ns/fsutil.h"
 #include "runtime/ns/ns_backend.h"
 
@@ -86,6 +88,55 @@ RunResult MustRunCmd(const Instance& inst, const std::vector<std::string>& argv)
   auto r = Run(inst.AgentSocketPath(), argv);
   EXPECT_TRUE(r.ok()) << r.status();
   return r.ok() ? *r : RunResult{};
+}
+
+// utime + stime of a host pid, in clock ticks (-1 when it is gone).
+int64_t CpuTicks(pid_t pid) {
+  auto stat = ReadFileToString(fmt::format("/proc/{}/stat", pid));
+  if (!stat.ok()) return -1;
+  // Fields after "(comm)": state is field 3, utime 14, stime 15.
+  std::istringstream is(stat->substr(stat->rfind(')') + 2));
+  std::string field;
+  int64_t utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && is >> field; ++i) {
+    if (i == 14) utime = std::stoll(field);
+    if (i == 15) stime = std::stoll(field);
+  }
+  return utime + stime;
+}
+
+// Starts `argv` through the agent and keeps the attach stream open; returns after the first
+// output (the command prints something once it is going).
+absl::StatusOr<protocol::AgentConnection> StartAttached(const std::string& socket,
+                                                       const std::vector<std::string>& argv) {
+  SBX_ASSIGN_OR_RETURN(protocol::AgentConnection conn,
+                       protocol::AgentConnection::Connect(socket, 20000));
+  Json req = {{"op", "attach"},
+              {"session_id", NewId("ses")},
+              {"after_event_id", 0},
+              {"spec", {{"argv", argv}, {"cwd", "/"}, {"env", Json::object()}, {"user", "root"}}}};
+  SBX_ASSIGN_OR_RETURN(Json resp, conn.Call(req));
+  (void)resp;
+  for (;;) {
+    SBX_ASSIGN_OR_RETURN(protocol::Frame f, conn.ReadFrame());
+    if (f.type == protocol::FrameType::kOutput) return conn;
+    if (f.type == protocol::FrameType::kExit) return absl::InternalError("command exited early");
+  }
+}
+
+// Host pids in the sandbox's v2 (or any) cgroup whose command line contains `needle`.
+std::vector<pid_t> PidsMatching(const std::map<std::string, std::string>& cgroups,
+                                const std::string& needle) {
+  std::set<pid_t> out;
+  for (const auto& [key, path] : cgroups) {
+    auto procs = ReadFileToString(path + "/cgroup.procs");
+    if (!procs.ok()) continue;
+    for (pid_t p : ParsePidList(*procs)) {
+      auto cmd = ReadFileToString(fmt::format("/proc/{}/cmdline", p));
+      if (cmd.ok() && cmd->find(needle) != std::string::npos) out.insert(p);
+    }
+  }
+  return {out.begin(), out.end()};
 }
 
 class NsRuntimeTest : public ::testing::Test {
@@ -596,6 +647,189 @@ TEST_F(NsRuntimeTest, TimingCreateDestroyCycles) {
       "[timing] 10 cycles: create min {:.2f} / median {:.2f} ms, destroy min {:.2f} / median "
       "{:.2f} ms (informational; includes the agent's first ping)\n",
       create_ms.front(), create_ms[5], destroy_ms.front(), destroy_ms[5]);
+}
+
+}  // namespace
+}  // namespace sbx::runtime::ns
+
+namespace sbx::runtime::ns {
+namespace {
+
+constexpr char kBusyLoop[] = "echo go; while :; do :; done";
+
+TEST_F(NsRuntimeTest, FreezeStopsCpuAndThawResumes) {
+  ASSERT_TRUE(backend_->GetCapabilities().pause) << "driver " << backend_->CgroupDriverName();
+  SandboxSpec spec = Spec();
+  auto created = backend_->Create(spec);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Instance* inst = Keep(std::move(*created));
+  auto conn = StartAttached(inst->AgentSocketPath(), {"sh", "-c", kBusyLoop});
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  auto pids = PidsMatching(backend_->CgroupPaths(spec.id), "while :");
+  ASSERT_EQ(pids.size(), 1u);
+  const pid_t busy = pids[0];
+
+  const int64_t a = CpuTicks(busy);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const int64_t b = CpuTicks(busy);
+  EXPECT_GT(b, a) << "the busy loop does not run before the freeze";
+
+  auto frozen0 = inst->IsFrozen();
+  ASSERT_TRUE(frozen0.ok()) << frozen0.status();
+  EXPECT_FALSE(*frozen0);
+  const auto t0 = Clock::now();
+  absl::Status f = inst->Freeze();
+  const auto t1 = Clock::now();
+  ASSERT_TRUE(f.ok()) << f;
+  auto frozen1 = inst->IsFrozen();
+  ASSERT_TRUE(frozen1.ok()) << frozen1.status();
+  EXPECT_TRUE(*frozen1);
+  EXPECT_TRUE(inst->Freeze().ok());  // idempotent
+
+  const int64_t c = CpuTicks(busy);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const int64_t d = CpuTicks(busy);
+  EXPECT_EQ(c, d) << "CPU ticks moved while frozen";
+  // The agent is frozen too: it does not answer.
+  auto ping = protocol::CallAgent(inst->AgentSocketPath(), Json{{"op", "ping"}}, 300);
+  EXPECT_FALSE(ping.ok()) << "a frozen agent answered a ping";
+
+  const auto t2 = Clock::now();
+  absl::Status t = inst->Thaw();
+  const auto t3 = Clock::now();
+  ASSERT_TRUE(t.ok()) << t;
+  auto frozen2 = inst->IsFrozen();
+  ASSERT_TRUE(frozen2.ok()) << frozen2.status();
+  EXPECT_FALSE(*frozen2);
+  EXPECT_TRUE(inst->Thaw().ok());  // idempotent
+  const int64_t e = CpuTicks(busy);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const int64_t g = CpuTicks(busy);
+  EXPECT_GT(g, e) << "the busy loop does not run again after the thaw";
+  ping = protocol::CallAgent(inst->AgentSocketPath(), Json{{"op", "ping"}}, 5000);
+  EXPECT_TRUE(ping.ok()) << ping.status();
+  std::cout << fmt::format(
+      "[timing] freeze {:.2f} ms, thaw {:.2f} ms; ticks {}->{} running, {}->{} frozen, {}->{} "
+      "thawed (informational)\n",
+      Ms(t1 - t0), Ms(t3 - t2), a, b, c, d, e, g);
+}
+
+TEST_F(NsRuntimeTest, DestroyOfFrozenSandboxLeavesNothing) {
+  SandboxSpec spec = Spec();
+  auto created = backend_->Create(spec);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Instance* inst = Keep(std::move(*created));
+  const pid_t pid = PidOf(*inst);
+  auto conn = StartAttached(inst->AgentSocketPath(),
+                            {"sh", "-c", std::string("sleep 1000 & ") + kBusyLoop});
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  auto pids = PidsMatching(backend_->CgroupPaths(spec.id), "");
+  ASSERT_GE(pids.size(), 3u);  // agent, sh, sleep
+  ASSERT_TRUE(inst->Freeze().ok());
+
+  const auto t0 = Clock::now();
+  absl::Status d = inst->Destroy();
+  const auto t1 = Clock::now();
+  ASSERT_TRUE(d.ok()) << d;
+  ExpectNothingLeft(spec.id, pid);
+  for (pid_t p : pids) {
+    EXPECT_EQ(CpuTicks(p), -1) << "sandbox process " << p << " survived the destroy";
+  }
+  std::cout << fmt::format("[timing] destroy of a frozen sandbox {:.2f} ms (informational)\n",
+                           Ms(t1 - t0));
+}
+
+TEST_F(NsRuntimeTest, AdoptKeepsFrozenSandboxFrozen) {
+  SandboxSpec spec = Spec();
+  auto created = backend_->Create(spec);
+  ASSERT_TRUE(created.ok()) << created.status();
+  forgotten_.push_back(spec.id);
+  Json persisted = (*created)->Persist();
+  ASSERT_TRUE((*created)->Freeze().ok());
+  created->reset();  // forget it frozen, as a crashed sbxd would
+
+  NsOptions opts;
+  opts.state_dir = base_ + "/state";
+  opts.agent_path = agent_;
+  backend_ = std::make_unique<NsBackend>(opts);
+  auto adopted = backend_->Adopt(spec.id, persisted);
+  ASSERT_TRUE(adopted.ok()) << adopted.status();  // no ping answer needed
+  Instance* inst = Keep(std::move(*adopted));
+  forgotten_.clear();
+  auto frozen = inst->IsFrozen();
+  ASSERT_TRUE(frozen.ok()) << frozen.status();
+  EXPECT_TRUE(*frozen) << "adopting thawed the sandbox";
+  ASSERT_TRUE(inst->Thaw().ok());
+  RunResult r = MustRunCmd(*inst, {"sh", "-c", "echo awake"});
+  EXPECT_EQ(r.out, "awake\n");
+}
+
+// The v1 freezer path (used on v1 hosts without cgroup v2) on a real v1 freezer hierarchy,
+// including kill-then-thaw: a SIGKILLed v1-frozen task dies only once thawed.
+TEST_F(NsRuntimeTest, V1FreezerFreezesAndKillThaws) {
+  auto self = ReadFileToString("/proc/self/cgroup");
+  ASSERT_TRUE(self.ok());
+  std::string own;
+  std::istringstream is(*self);
+  for (std::string line; std::getline(is, line);) {
+    auto p = line.find(":freezer:");
+    if (p != std::string::npos) own = line.substr(p + 9);
+  }
+  if (own.empty() || !PathExists("/sys/fs/cgroup/freezer/cgroup.procs")) {
+    GTEST_SKIP() << "no v1 freezer hierarchy at /sys/fs/cgroup/freezer";
+  }
+  const std::string id = NewId("sbx");
+  const std::string dir =
+      fmt::format("/sys/fs/cgroup/freezer{}/sbx-test-{}", own == "/" ? "" : own, id);
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0) << dir;
+  SandboxCgroup cg(id, {SandboxCgroup::Dir{kFreezerKey, dir, false, true}});  // rmdirs at exit
+
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    for (;;) {
+    }
+  }
+  // Whatever fails below, the busy child does not outlive the test (declared after `cg`, so
+  // it runs first and thaws before killing).
+  struct Reaper {
+    SandboxCgroup& cg;
+    pid_t pid;
+    ~Reaper() {
+      if (pid <= 0) return;
+      (void)cg.Thaw(Clock::now() + kCgroupFreezeTimeout);
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } reaper{cg, child};
+  ASSERT_TRUE(WriteStringToFile(dir + "/cgroup.procs", std::to_string(child)).ok());
+  ASSERT_TRUE(cg.CanFreeze());
+  const auto t0 = Clock::now();
+  absl::Status f = cg.Freeze(Clock::now() + kCgroupFreezeTimeout);
+  const auto t1 = Clock::now();
+  ASSERT_TRUE(f.ok()) << f;
+  EXPECT_EQ(ReadFileToString(dir + "/freezer.state").value_or(""), "FROZEN\n");
+  EXPECT_TRUE(cg.FreezeRequested().value_or(false));
+  const int64_t a = CpuTicks(child);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(CpuTicks(child), a) << "CPU ticks moved while v1-frozen";
+  ASSERT_TRUE(cg.Thaw(Clock::now() + kCgroupFreezeTimeout).ok());
+  EXPECT_FALSE(cg.FreezeRequested().value_or(true));
+  const int64_t b = CpuTicks(child);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_GT(CpuTicks(child), b) << "no CPU after the v1 thaw";
+
+  // Frozen again, then destroyed: Kill signals, then thaws.
+  ASSERT_TRUE(cg.Freeze(Clock::now() + kCgroupFreezeTimeout).ok());
+  absl::Status d = cg.Destroy();
+  EXPECT_TRUE(d.ok()) << d;
+  int status = 0;
+  EXPECT_EQ(::waitpid(child, &status, 0), child);
+  reaper.pid = 0;
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  EXPECT_FALSE(PathExists(dir));
+  std::cout << fmt::format("[timing] v1 freeze of one busy task {:.2f} ms (informational)\n",
+                           Ms(t1 - t0));
 }
 
 }  // namespace

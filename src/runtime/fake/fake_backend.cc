@@ -120,6 +120,34 @@ void KillSession(pid_t sid) {
   }
 }
 
+// Sends `sig` to every live process whose session id is `sid`. With SIGSTOP it repeats until
+// every one of them is stopped, so a fork racing the scan is caught too (bounded by 5 s).
+absl::Status SignalSession(pid_t sid, int sig) {
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  for (;;) {
+    bool all_stopped = true;
+    DIR* d = ::opendir("/proc");
+    if (!d) return ErrnoStatus(errno, "signal sandbox: opendir(/proc)");
+    while (dirent* e = ::readdir(d)) {
+      char* end = nullptr;
+      long pid = std::strtol(e->d_name, &end, 10);
+      if (pid <= 0 || *end != '\0') continue;
+      auto st = ReadProcStat(static_cast<pid_t>(pid));
+      if (!st || st->sid != sid || st->state == 'Z' || st->state == 'X') continue;
+      if (sig == SIGSTOP && st->state == 'T') continue;
+      all_stopped = false;
+      ::kill(static_cast<pid_t>(pid), sig);
+    }
+    ::closedir(d);
+    if (sig != SIGSTOP || all_stopped) return absl::OkStatus();
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return absl::DeadlineExceededError(
+          fmt::format("freeze: processes of session {} still not stopped after 5 s", sid));
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+}
+
 // Stops the agent `pid` serving `socket` and every process of its session. SIGTERM first:
 // the agent then kills and reaps all its descendants itself (it is their subreaper), so no
 // orphan or zombie is handed to the host's init. SIGKILL and a scan by session id after 2 s.
@@ -136,6 +164,7 @@ void StopAgent(pid_t pid, const std::string& socket) {
   }
   if (!our_child && !IsOurAgent(pid, socket)) return;
   ::kill(pid, SIGTERM);
+  ::kill(pid, SIGCONT);  // a paused (stopped) agent must run to handle the SIGTERM
   const auto deadline = std::chrono::steady_clock::now() + 2s;
   bool gone = false;
   while (!gone && std::chrono::steady_clock::now() < deadline) {
@@ -179,6 +208,26 @@ class FakeInstance : public Instance {
           fmt::format("destroy sandbox {}: remove {}: {}", id_, dir_, ec.message()));
     }
     return absl::OkStatus();
+  }
+
+  // No cgroup here: pause stops the agent's whole session with SIGSTOP. Unlike a freezer, a
+  // stopped process is visible to its parent, which is fine for tests.
+  absl::Status Freeze() override {
+    if (pid_ <= 0) return absl::FailedPreconditionError(fmt::format("freeze {}: no agent", id_));
+    absl::Status st = SignalSession(pid_, SIGSTOP);
+    if (!st.ok()) {
+      (void)SignalSession(pid_, SIGCONT);
+      return Annotate(st, fmt::format("freeze {}", id_));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Thaw() override {
+    if (pid_ <= 0) return absl::FailedPreconditionError(fmt::format("thaw {}: no agent", id_));
+    return Annotate(SignalSession(pid_, SIGCONT), fmt::format("thaw {}", id_));
+  }
+  absl::StatusOr<bool> IsFrozen() const override {
+    auto st = ReadProcStat(pid_);
+    return st.has_value() && st->state == 'T';
   }
 
  private:
@@ -353,7 +402,10 @@ absl::StatusOr<InstancePtr> FakeBackend::Adopt(const std::string& id, const Json
     return absl::NotFoundError(
         fmt::format("adopt sandbox {}: agent pid {} is not running", id, pid));
   }
-  if (auto s = Ping(socket, 2000); !s.ok()) {
+  // A paused agent is stopped and cannot answer; it stays paused.
+  auto proc = ReadProcStat(pid);
+  const bool stopped = proc.has_value() && proc->state == 'T';
+  if (auto s = stopped ? absl::OkStatus() : Ping(socket, 2000); !s.ok()) {
     return absl::UnavailableError(fmt::format("adopt sandbox {}: agent pid {} does not answer: {}",
                                               id, pid, std::string(s.message())));
   }

@@ -4,7 +4,8 @@
 //
 // Layout: <state_dir>/sandboxes/<id>/{agent.sock, agent.pid, agent.log, home/}.
 // The agent is started with setsid, so it and every session process share its session id;
-// Destroy() kills by session id (the agent puts each session in its own process group).
+// Destroy() kills by session id (the agent puts each session in its own process group), and
+// Freeze()/Thaw() stop and continue that whole session with SIGSTOP/SIGCONT.
 #pragma once
 
 #include <set>
@@ -19,7 +20,7 @@ class FakeBackend : public Backend {
   FakeBackend(std::string state_dir, std::string agent_path);
 
   std::string Name() const override { return "fake"; }
-  Capabilities GetCapabilities() const override { return {}; }
+  Capabilities GetCapabilities() const override { return Capabilities{.pause = true}; }
   absl::Status Probe() override;
   absl::StatusOr<InstancePtr> Create(const SandboxSpec& spec) override;
   absl::StatusOr<InstancePtr> Adopt(const std::string& id, const Json& persisted) override;

@@ -97,7 +97,7 @@ struct MountEntry {
   std::set<std::string> options;
 };
 
-constexpr const char* kV1Controllers[] = {"memory", "pids", "cpu"};
+constexpr const char* kV1Controllers[] = {"memory", "pids", "cpu", "freezer"};
 
 }  // namespace
 
@@ -254,7 +254,10 @@ absl::Status SandboxCgroup::Kill() const {
   std::string v2 = v2_path();
   if (!v2.empty() && cgroup_internal::FileExists(Join(v2, "cgroup.kill"))) {
     absl::Status s = WriteStringToFile(Join(v2, "cgroup.kill"), "1");
-    if (s.ok() || absl::IsNotFound(s)) return absl::OkStatus();
+    if (s.ok() || absl::IsNotFound(s)) {
+      ThawAfterKill();
+      return absl::OkStatus();
+    }
     return Annotate(s, fmt::format("kill sandbox {}", id_));
   }
   // No cgroup.kill (v1 only, or a kernel older than 5.14): signal every listed pid.
@@ -262,6 +265,7 @@ absl::Status SandboxCgroup::Kill() const {
     SBX_ASSIGN_OR_RETURN(std::vector<pid_t> pids, ReadProcs(d.path));
     for (pid_t p : pids) ::kill(p, SIGKILL);
   }
+  ThawAfterKill();
   return absl::OkStatus();
 }
 

@@ -59,13 +59,16 @@ struct CgroupLayout {
     std::string own;                       // our cgroup in it, e.g. /process_api/<hash>
     std::vector<std::string> controllers;  // e.g. {"cpu","cpuacct"}
   };
-  // Keyed by the controllers the runtime uses: "memory", "pids", "cpu". Missing keys are
-  // controllers that are not mounted.
+  // Keyed by the controllers the runtime uses: "memory", "pids", "cpu", "freezer". Missing keys
+  // are controllers that are not mounted.
   std::map<std::string, V1Hierarchy> v1;
   bool has_v2 = false;
   std::string v2_mount;  // e.g. /sys/fs/cgroup/unified or /sys/fs/cgroup
   std::string v2_own;    // our cgroup in it, from the "0::" line
-  bool pure_v2() const { return has_v2 && v1.empty(); }
+  // v1 "freezer" alone (it is detected too) does not make a host hybrid.
+  bool pure_v2() const {
+    return has_v2 && !v1.count("memory") && !v1.count("pids") && !v1.count("cpu");
+  }
 };
 
 absl::StatusOr<CgroupLayout> DetectCgroupLayout(const CgroupEnv& env);
@@ -76,7 +79,7 @@ absl::StatusOr<CgroupLayout> DetectCgroupLayout(const CgroupEnv& env);
 class SandboxCgroup {
  public:
   struct Dir {
-    std::string key;   // "memory", "pids", "cpu" or "unified"
+    std::string key;   // "memory", "pids", "cpu", "freezer" or "unified"
     std::string path;  // absolute directory
     bool v2 = false;
     bool created = false;  // made by us (or adopted): Destroy() removes only these
@@ -112,9 +115,23 @@ class SandboxCgroup {
   // Kill + WaitEmpty + Remove with the default deadline. Idempotent.
   absl::Status Destroy();
 
+  // Freezer (cgroup_freezer.cc): v2 `cgroup.freeze` where the sandbox has a v2 directory (also
+  // on hybrid hosts: it needs no controller), else the v1 freezer hierarchy's `freezer.state`.
+  bool CanFreeze() const;
+  // Returns once the kernel reports every task frozen (v2: cgroup.events "frozen 1"; v1:
+  // freezer.state FROZEN), at most until `deadline`. Does not undo a partial freeze on error.
+  absl::Status Freeze(std::chrono::steady_clock::time_point deadline) const;
+  absl::Status Thaw(std::chrono::steady_clock::time_point deadline) const;
+  // True when a freeze is requested (v2 cgroup.freeze 1; v1 FREEZING or FROZEN).
+  absl::StatusOr<bool> FreezeRequested() const;
+
   void Release() { armed_ = false; }
 
  private:
+  // Frozen tasks of the v1 freezer die of SIGKILL only once thawed: Kill() thaws after it has
+  // signalled everything, so nothing runs again in between. Best effort.
+  void ThawAfterKill() const;
+
   std::string id_;
   std::vector<Dir> dirs_;
   bool armed_ = true;
@@ -122,6 +139,10 @@ class SandboxCgroup {
 
 // How long Destroy() waits for a cgroup to empty before failing loudly.
 inline constexpr std::chrono::milliseconds kCgroupDrainTimeout{5000};
+// How long Freeze()/Thaw() callers give the kernel (a few ms is normal, feasibility 2f/2i).
+inline constexpr std::chrono::milliseconds kCgroupFreezeTimeout{5000};
+// Hierarchy key of the v1 freezer directory (only on v1 hosts without a v2 hierarchy).
+inline constexpr char kFreezerKey[] = "freezer";
 
 class CgroupDriver {
  public:
@@ -144,6 +165,8 @@ class CgroupDriver {
   // True when a launch joins some hierarchy by writing cgroup.procs (v1 controllers), which is
   // what cgroup_favor.h speeds up.
   virtual bool JoinsByWritingProcs() const = 0;
+  // True when sandboxes can be frozen (a v2 hierarchy or the v1 freezer is mounted).
+  virtual bool CanFreeze() const = 0;
 
   // An owner for existing directories of `id` (Adopt, Sweep): all are treated as ours.
   std::unique_ptr<SandboxCgroup> Existing(const std::string& id) const;

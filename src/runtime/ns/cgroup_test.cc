@@ -261,6 +261,75 @@ TEST(CgroupDetect, V1WithoutV2) {
   (*cg)->Release();
 }
 
+TEST(CgroupFreezer, V1OnlyHostsGetAFreezerDirectory) {
+  FakeHost h;
+  h.Write("proc/mounts",
+          "cgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\n"
+          "cgroup /sys/fs/cgroup/pids cgroup rw,pids 0 0\n"
+          "cgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n"
+          "cgroup /sys/fs/cgroup/freezer cgroup rw,freezer 0 0\n");
+  h.Write("proc/self/cgroup", "4:freezer:/svc\n3:memory:/\n2:pids:/\n1:cpu:/\n");
+  auto layout = DetectCgroupLayout(h.env());
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_FALSE(layout->pure_v2());
+  auto driver = MakeCgroupDriver(h.env());
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  EXPECT_TRUE((*driver)->CanFreeze());
+  const std::string id = NewId("sbx");
+  auto dirs = ByKey((*driver)->SandboxDirs(id));
+  EXPECT_EQ(dirs.size(), 4u);
+  EXPECT_EQ(dirs[kFreezerKey], h.cg("freezer/svc/sbx/" + id));
+
+  // Freeze/thaw through freezer.state (a plain file here: it reads back what was written).
+  const std::string rel = "cg/freezer/svc/sbx/" + id;
+  h.Write(rel + "/freezer.state", "THAWED\n");
+  SandboxCgroup cg(id, {SandboxCgroup::Dir{kFreezerKey, h.cg("freezer/svc/sbx/" + id), false, false}});
+  EXPECT_TRUE(cg.CanFreeze());
+  EXPECT_FALSE(cg.FreezeRequested().value_or(true));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  ASSERT_TRUE(cg.Freeze(deadline).ok());
+  EXPECT_EQ(h.Read(rel + "/freezer.state"), "FROZEN");
+  EXPECT_TRUE(cg.FreezeRequested().value_or(false));
+  ASSERT_TRUE(cg.Thaw(deadline).ok());
+  EXPECT_EQ(h.Read(rel + "/freezer.state"), "THAWED");
+  // Kill thaws after signalling, so that v1-frozen tasks can die.
+  h.Write(rel + "/freezer.state", "FROZEN\n");
+  ASSERT_TRUE(cg.Kill().ok());
+  EXPECT_EQ(h.Read(rel + "/freezer.state"), "THAWED");
+}
+
+TEST(CgroupFreezer, HybridAndPureV2UseCgroupFreeze) {
+  FakeHost h;
+  h.Write("proc/mounts", kHybridMounts);
+  h.Write("proc/self/cgroup", kHybridSelf);
+  auto driver = MakeCgroupDriver(h.env());
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  EXPECT_TRUE((*driver)->CanFreeze());
+  const std::string id = NewId("sbx");
+  // No v1 freezer directory where v2 is there: cgroup.freeze reports completion by itself.
+  EXPECT_EQ(ByKey((*driver)->SandboxDirs(id)).count(kFreezerKey), 0u);
+
+  const std::string rel = "cg/unified/sbx/" + id;
+  h.Write(rel + "/cgroup.freeze", "0\n");
+  h.Write(rel + "/cgroup.events", "populated 1\nfrozen 1\n");
+  SandboxCgroup cg(id, {SandboxCgroup::Dir{kUnifiedKey, h.cg("unified/sbx/" + id), true, false}});
+  const auto soon = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  ASSERT_TRUE(cg.Freeze(soon).ok());
+  EXPECT_EQ(h.Read(rel + "/cgroup.freeze"), "1");
+  EXPECT_TRUE(cg.FreezeRequested().value_or(false));
+  // cgroup.events of this fake never changes to "frozen 0": the wait ends at the deadline
+  // with an error naming the file.
+  absl::Status thaw = cg.Thaw(std::chrono::steady_clock::now() + std::chrono::milliseconds(50));
+  EXPECT_EQ(thaw.code(), absl::StatusCode::kDeadlineExceeded) << thaw;
+  EXPECT_NE(thaw.message().find("cgroup.events"), std::string::npos) << thaw;
+  EXPECT_NE(thaw.message().find(id), std::string::npos) << thaw;
+  EXPECT_EQ(h.Read(rel + "/cgroup.freeze"), "0");
+
+  SandboxCgroup none(id, {SandboxCgroup::Dir{"memory", h.cg("memory/x"), false, false}});
+  EXPECT_FALSE(none.CanFreeze());
+  EXPECT_EQ(none.Freeze(soon).code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(CgroupDetect, MissingPidsControllerFailsCreate) {
   FakeHost h;
   h.Write("proc/mounts",

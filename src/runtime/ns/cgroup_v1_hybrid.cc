@@ -1,6 +1,7 @@
 // cgroup v1 driver, with the v2 unified hierarchy alongside when it is mounted (hybrid hosts
 // such as the project's machines: memory, pids and cpu live on v1; /sys/fs/cgroup/unified has
-// no controllers but gives cgroup.kill, cgroup.events and CLONE_INTO_CGROUP).
+// no controllers but gives cgroup.kill, cgroup.events, cgroup.freeze and CLONE_INTO_CGROUP).
+// Without v2, the v1 freezer hierarchy (when mounted) provides pause.
 //
 // Each controller's directory sits under the process's OWN cgroup of that hierarchy: on hosts
 // where a machine agent owns part of the tree (here memory is nested at /process_api/<hash>),
@@ -112,6 +113,8 @@ class V1HybridDriver : public CgroupDriver {
   bool UseCloneIntoCgroup() const override { return layout_.has_v2; }
   bool JoinsByWritingProcs() const override { return true; }
 
+  bool CanFreeze() const override { return layout_.has_v2 || layout_.v1.count(kFreezerKey) > 0; }
+
  private:
   // (key, `<mount><own>/sbx`), one per distinct hierarchy: co-mounted controllers such as
   // cpu,cpuacct share one directory.
@@ -128,6 +131,11 @@ class V1HybridDriver : public CgroupDriver {
     if (layout_.has_v2) {
       out.emplace_back(kUnifiedKey,
                        Join(Join(layout_.v2_mount, layout_.v2_own), kCgroupParentName));
+    } else if (auto it = layout_.v1.find(kFreezerKey); it != layout_.v1.end()) {
+      // Pause needs a freezer. v2's cgroup.freeze reports completion through cgroup.events;
+      // the v1 freezer has to be polled, so it is used only on hosts without v2.
+      out.emplace_back(kFreezerKey,
+                       Join(Join(it->second.mount, it->second.own), kCgroupParentName));
     }
     return out;
   }

@@ -162,6 +162,8 @@ class V2Driver : public CgroupDriver {
   bool UseCloneIntoCgroup() const override { return true; }
   bool JoinsByWritingProcs() const override { return false; }
 
+  bool CanFreeze() const override { return true; }  // cgroup.freeze needs no controller
+
  private:
   static std::string Trim(std::string s) {
     while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();

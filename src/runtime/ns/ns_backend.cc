@@ -246,6 +246,30 @@ class NsInstance : public Instance {
     return absl::OkStatus();
   }
 
+  // Pause is the cgroup freezer (cgroup_freezer.cc). The agent freezes with the rest: its
+  // socket stays connected, and what sbxd asks meanwhile waits in the socket buffers.
+  absl::Status Freeze() override {
+    const auto t0 = Clock::now();
+    absl::Status st = cgroup_->Freeze(t0 + kCgroupFreezeTimeout);
+    if (!st.ok()) {
+      // A half-frozen sandbox is neither paused nor usable: undo, report the freeze error.
+      absl::Status undo = cgroup_->Thaw(Clock::now() + kCgroupFreezeTimeout);
+      if (!undo.ok()) spdlog::error("ns: {}: undo of a failed freeze: {}", id_, std::string(undo.message()));
+      return st;
+    }
+    spdlog::debug("ns: froze {} in {:.2f} ms", id_, MsSince(t0));
+    return absl::OkStatus();
+  }
+
+  absl::Status Thaw() override {
+    const auto t0 = Clock::now();
+    SBX_RETURN_IF_ERROR(cgroup_->Thaw(t0 + kCgroupFreezeTimeout));
+    spdlog::debug("ns: thawed {} in {:.2f} ms", id_, MsSince(t0));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<bool> IsFrozen() const override { return cgroup_->FreezeRequested(); }
+
  private:
   std::shared_ptr<NsBackend::Shared> shared_;
   std::string id_;
@@ -338,7 +362,11 @@ NsBackend::NsBackend(NsOptions options) : shared_(std::make_shared<Shared>()) {
 
 NsBackend::~NsBackend() = default;
 
-Capabilities NsBackend::GetCapabilities() const { return Capabilities{}; }
+Capabilities NsBackend::GetCapabilities() const {
+  Capabilities caps;
+  caps.pause = shared_->cgroups != nullptr && shared_->cgroups->CanFreeze();
+  return caps;
+}
 
 std::map<std::string, std::string> NsBackend::CgroupPaths(const std::string& id) const {
   std::map<std::string, std::string> out;
@@ -565,13 +593,6 @@ absl::StatusOr<InstancePtr> NsBackend::Adopt(const std::string& id, const Json& 
     return absl::Status(pidfd.status().code(),
                         fmt::format("adopt {}: {}", id, std::string(pidfd.status().message())));
   }
-  const std::string socket_path = fmt::format("{}/{}", shared_->DirOf(id), kSocketName);
-  auto ping = protocol::CallAgent(socket_path, Json{{"op", "ping"}}, kAdoptPingTimeoutMs);
-  if (!ping.ok()) {
-    return absl::NotFoundError(fmt::format("adopt {}: agent does not answer on {}: {}", id,
-                                           socket_path, std::string(ping.status().message())));
-  }
-
   // The cgroup paths recorded at creation win over today's layout (sbxd may have moved, e.g.
   // into its v2 leaf); they must still name this sandbox.
   std::unique_ptr<SandboxCgroup> cgroup;
@@ -590,8 +611,21 @@ absl::StatusOr<InstancePtr> NsBackend::Adopt(const std::string& id, const Json& 
       dirs.push_back(SandboxCgroup::Dir{key, path, key == kUnifiedKey, true});
     }
     cgroup = std::make_unique<SandboxCgroup>(id, std::move(dirs));
+    cgroup->Release();  // a failed adopt must not kill what it could not adopt
   } else {
     cgroup = shared_->cgroups->Existing(id);
+  }
+
+  // A paused sandbox's agent cannot answer: the verified pidfd is proof enough that it lives,
+  // and it must stay frozen (waking it is the client's call, not the restart's).
+  auto frozen = cgroup->FreezeRequested();
+  if (!frozen.ok() || !*frozen) {
+    const std::string socket_path = fmt::format("{}/{}", shared_->DirOf(id), kSocketName);
+    auto ping = protocol::CallAgent(socket_path, Json{{"op", "ping"}}, kAdoptPingTimeoutMs);
+    if (!ping.ok()) {
+      return absl::NotFoundError(fmt::format("adopt {}: agent does not answer on {}: {}", id,
+                                             socket_path, std::string(ping.status().message())));
+    }
   }
   return InstancePtr(std::make_unique<NsInstance>(shared_, id, pid, start_time,
                                                   std::move(*pidfd), std::move(cgroup)));

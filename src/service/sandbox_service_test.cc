@@ -1,0 +1,323 @@
+// SandboxService lifecycle paths (pause, suspend, wake, delete-wins, restart) on the fake
+// runtime and a real SQLite store in a temp dir. No root needed.
+#include "service/sandbox_service.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "common/ids.h"
+#include "common/status_util.h"
+#include "runtime/fake/fake_backend.h"
+#include "service/sandbox_state.h"
+#include "store/sqlite_store.h"
+
+#ifndef SBX_AGENT_PATH
+#error "SBX_AGENT_PATH must point at the sbx-agent binary"
+#endif
+
+namespace sbx::service {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+// The fake runtime without pause support: requests must be refused before any change.
+class NoPauseBackend : public runtime::Backend {
+ public:
+  explicit NoPauseBackend(runtime::Backend& inner) : inner_(inner) {}
+  std::string Name() const override { return "nopause"; }
+  runtime::Capabilities GetCapabilities() const override { return {}; }
+  absl::Status Probe() override { return inner_.Probe(); }
+  absl::StatusOr<runtime::InstancePtr> Create(const runtime::SandboxSpec& s) override {
+    return inner_.Create(s);
+  }
+  absl::StatusOr<runtime::InstancePtr> Adopt(const std::string& id, const json& p) override {
+    return inner_.Adopt(id, p);
+  }
+  absl::Status Remove(const std::string& id) override { return inner_.Remove(id); }
+  absl::Status Sweep(const std::set<std::string>&) override { return absl::OkStatus(); }
+
+ private:
+  runtime::Backend& inner_;
+};
+
+class SandboxServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("sbx-service-test." + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    auto store = store::OpenSqliteStore((dir_ / "sbx.db").string());
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    fake_ = std::make_unique<runtime::FakeBackend>(dir_.string(), SBX_AGENT_PATH);
+    ASSERT_TRUE(fake_->Probe().ok());
+    nopause_ = std::make_unique<NoPauseBackend>(*fake_);
+    Start();
+  }
+
+  void TearDown() override {
+    // Delete whatever is left through the service (paused sandboxes included), then sweep.
+    if (svc_) {
+      store::SandboxFilter f;
+      f.tenant_id = "default";
+      auto page = svc_->ListSandboxes(caller_, f);
+      if (page.ok()) {
+        for (const auto& sb : page->items) {
+          auto r = svc_->DeleteSandbox(caller_, sb.id, std::nullopt);
+          if (r.ok()) WaitOp(json::parse(r->body)["operation"]["id"]);
+        }
+      }
+    }
+    Stop();
+    (void)fake_->Sweep({});
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  // A fresh service and engine over the same store and runtimes, as after an sbxd restart.
+  void Start() {
+    engine_ = std::make_unique<ops::OperationEngine>(2);
+    auto templates = TemplateRegistry::Create(dir_.string());
+    ASSERT_TRUE(templates.ok()) << templates.status();
+    ServiceOptions opts;
+    opts.default_runtime = "fake";
+    opts.attach_key = "test-key";
+    svc_ = std::make_unique<SandboxService>(
+        opts, *store_, *engine_, std::move(*templates),
+        std::map<std::string, runtime::Backend*>{{"fake", fake_.get()}, {"nopause", nopause_.get()}});
+    ASSERT_TRUE(svc_->Reconcile().ok());
+  }
+  void Stop() {
+    if (engine_) engine_->Shutdown();
+    svc_.reset();  // instances are dropped, sandboxes keep running (like a killed sbxd)
+    engine_.reset();
+  }
+
+  store::OperationRecord WaitOp(const std::string& id) {
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    for (;;) {
+      auto op = svc_->GetOperation(caller_, id);
+      EXPECT_TRUE(op.ok()) << op.status();
+      if (!op.ok() || op->state == "succeeded" || op->state == "failed") return op.value_or(store::OperationRecord{});
+      if (std::chrono::steady_clock::now() > deadline) {
+        ADD_FAILURE() << "operation " << id << " still " << op->state;
+        return *op;
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+  }
+
+  std::string CreateRunning(const std::string& runtime = "fake") {
+    CreateSandboxRequest req;
+    req.runtime = runtime;
+    req.canonical = json{{"runtime", runtime}};
+    auto r = svc_->CreateSandbox(caller_, req, std::nullopt);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return "";
+    json body = json::parse(r->body);
+    EXPECT_EQ(WaitOp(body["operation"]["id"]).state, "succeeded");
+    return body["sandbox"]["id"];
+  }
+
+  // Starts `kind` and returns the operation JSON of the 202.
+  absl::StatusOr<json> Request(const std::string& id, const std::string& kind,
+                               std::optional<std::string> key = std::nullopt) {
+    SBX_ASSIGN_OR_RETURN(StoredResponse r, svc_->RequestLifecycle(caller_, id, kind, key));
+    EXPECT_EQ(r.status, 202);
+    return json::parse(r.body)["operation"];
+  }
+
+  void Do(const std::string& id, const std::string& kind) {
+    auto op = Request(id, kind);
+    ASSERT_TRUE(op.ok()) << op.status();
+    EXPECT_EQ((*op)["kind"], kind);
+    auto done = WaitOp((*op)["id"]);
+    EXPECT_EQ(done.state, "succeeded") << done.error.dump();
+  }
+
+  std::string StateOf(const std::string& id) {
+    auto sb = svc_->GetSandbox(caller_, id);
+    EXPECT_TRUE(sb.ok()) << sb.status();
+    return sb.ok() ? sb->state : "";
+  }
+
+  absl::Status NewSession(const std::string& id) {
+    CreateSessionRequest req;
+    req.argv = {"true"};
+    req.canonical = json{{"argv", req.argv}};
+    return svc_->CreateSession(caller_, id, req, std::nullopt).status();
+  }
+
+  fs::path dir_;
+  Caller caller_{"default", std::nullopt};
+  store::StorePtr store_;
+  std::unique_ptr<runtime::FakeBackend> fake_;
+  std::unique_ptr<NoPauseBackend> nopause_;
+  std::unique_ptr<ops::OperationEngine> engine_;
+  std::unique_ptr<SandboxService> svc_;
+};
+
+TEST_F(SandboxServiceTest, PauseRefusesSessionsUntilWake) {
+  const std::string id = CreateRunning();
+  ASSERT_TRUE(svc_->AgentSocketFor(id).has_value());
+  Do(id, "pause");
+  EXPECT_EQ(StateOf(id), kPaused);
+  EXPECT_FALSE(svc_->AgentSocketFor(id).has_value()) << "data plane must not call a frozen agent";
+  absl::Status s = NewSession(id);
+  EXPECT_EQ(ApiErrorCode(s), "sandbox_not_running") << s;
+  EXPECT_NE(s.message().find("paused"), std::string::npos) << s;
+
+  Do(id, "wake");
+  EXPECT_EQ(StateOf(id), kRunning);
+  EXPECT_TRUE(svc_->AgentSocketFor(id).has_value());
+  EXPECT_TRUE(NewSession(id).ok());
+}
+
+TEST_F(SandboxServiceTest, SuspendAndInvalidStates) {
+  const std::string id = CreateRunning();
+  auto wake = Request(id, "wake");
+  EXPECT_EQ(ApiErrorCode(wake.status()), "invalid_state") << wake.status();
+  EXPECT_EQ(wake.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(wake.status().message().find("running"), std::string::npos) << wake.status();
+
+  Do(id, "suspend");
+  EXPECT_EQ(StateOf(id), kSuspended);
+  for (const char* kind : {"pause", "suspend"}) {
+    auto again = Request(id, kind);
+    EXPECT_EQ(ApiErrorCode(again.status()), "invalid_state") << again.status();
+    EXPECT_NE(again.status().message().find("suspended"), std::string::npos) << again.status();
+  }
+  Do(id, "wake");
+  EXPECT_EQ(StateOf(id), kRunning);
+}
+
+TEST_F(SandboxServiceTest, RuntimeWithoutPauseIs501BeforeAnyChange) {
+  const std::string id = CreateRunning("nopause");
+  auto r = Request(id, "pause");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented) << r.status();
+  EXPECT_EQ(ApiErrorCode(r.status()), "not_implemented");
+  auto sb = svc_->GetSandbox(caller_, id);
+  ASSERT_TRUE(sb.ok());
+  EXPECT_EQ(sb->state, kRunning);
+  EXPECT_FALSE(sb->current_operation_id.has_value());
+}
+
+TEST_F(SandboxServiceTest, UnknownAndForeignSandboxesAreNotFound) {
+  const std::string id = CreateRunning();
+  EXPECT_EQ(Request(NewId("sbx"), "pause").status().code(), absl::StatusCode::kNotFound);
+  auto other = svc_->RequestLifecycle(Caller{"ten_other", std::nullopt}, id, "pause", std::nullopt);
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kNotFound) << other.status();
+  EXPECT_EQ(Request("not-an-id", "wake").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SandboxServiceTest, InFlightConflictsRepeatsAndDeleteWins) {
+  const std::string id = CreateRunning();
+  // Hold the sandbox's operation queue so that the pause stays pending.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  engine_->Submit(id, [&] {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return release; });
+  });
+  auto pause = Request(id, "pause", "key-1");
+  ASSERT_TRUE(pause.ok()) << pause.status();
+  EXPECT_EQ((*pause)["state"], "pending");
+
+  // Same kind: the in-flight operation. Same key: a replay.
+  auto repeat = Request(id, "pause");
+  ASSERT_TRUE(repeat.ok()) << repeat.status();
+  EXPECT_EQ((*repeat)["id"], (*pause)["id"]);
+  auto replay = svc_->RequestLifecycle(caller_, id, "pause", "key-1");
+  ASSERT_TRUE(replay.ok());
+  EXPECT_TRUE(replay->replayed);
+  // Another kind: 409 naming the operation in flight.
+  auto wake = Request(id, "wake");
+  EXPECT_EQ(ApiErrorCode(wake.status()), "operation_in_progress") << wake.status();
+  EXPECT_EQ(ApiErrorDetail(wake.status(), "operation_id"), (*pause)["id"].get<std::string>());
+
+  // Delete wins: accepted while the pause is queued; the pause is then cancelled.
+  auto del = svc_->DeleteSandbox(caller_, id, std::nullopt);
+  ASSERT_TRUE(del.ok()) << del.status();
+  auto suspend = Request(id, "suspend");
+  EXPECT_EQ(ApiErrorCode(suspend.status()), "operation_in_progress") << suspend.status();
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  auto paused = WaitOp((*pause)["id"]);
+  EXPECT_EQ(paused.state, "failed");
+  EXPECT_EQ(paused.error.value("code", ""), "cancelled");
+  EXPECT_EQ(WaitOp(json::parse(del->body)["operation"]["id"]).state, "succeeded");
+  EXPECT_EQ(StateOf(id), kDeleted);
+}
+
+TEST_F(SandboxServiceTest, DeleteOfPausedSandbox) {
+  const std::string id = CreateRunning();
+  Do(id, "pause");
+  auto del = svc_->DeleteSandbox(caller_, id, std::nullopt);
+  ASSERT_TRUE(del.ok()) << del.status();
+  EXPECT_EQ(WaitOp(json::parse(del->body)["operation"]["id"]).state, "succeeded");
+  EXPECT_EQ(StateOf(id), kDeleted);
+  EXPECT_FALSE(fs::exists(dir_ / "sandboxes" / id));
+}
+
+TEST_F(SandboxServiceTest, RestartKeepsPausedSandboxFrozenAndFailsInterruptedOps) {
+  const std::string paused = CreateRunning();
+  const std::string running = CreateRunning();
+  Do(paused, "pause");
+  // A wake of `paused` and a pause of `running` were in flight when sbxd died.
+  std::string wake_op, pause_op;
+  ASSERT_TRUE(store_->Transact([&](store::Tx& tx) -> absl::Status {
+    for (auto [id, kind, out] : {std::tuple{paused, "wake", &wake_op},
+                                 std::tuple{running, "pause", &pause_op}}) {
+      store::OperationRecord op;
+      op.id = NewId("op");
+      op.tenant_id = "default";
+      op.kind = kind;
+      op.sandbox_id = id;
+      op.state = "running";
+      op.created_at = op.updated_at = "2026-01-01T00:00:00.000Z";
+      SBX_RETURN_IF_ERROR(tx.PutOperation(op));
+      SBX_ASSIGN_OR_RETURN(store::SandboxRecord sb, tx.GetSandbox(id));
+      sb.current_operation_id = op.id;
+      SBX_RETURN_IF_ERROR(tx.PutSandbox(sb));
+      *out = op.id;
+    }
+    return absl::OkStatus();
+  }).ok());
+
+  Stop();
+  Start();
+  for (const auto& op_id : {wake_op, pause_op}) {
+    auto op = svc_->GetOperation(caller_, op_id);
+    ASSERT_TRUE(op.ok()) << op.status();
+    EXPECT_EQ(op->state, "failed");
+    EXPECT_EQ(op->error.value("code", ""), "interrupted");
+  }
+  // The kernel (here: the stopped fake agent) decides: still frozen -> paused; else running.
+  auto sb = svc_->GetSandbox(caller_, paused);
+  ASSERT_TRUE(sb.ok());
+  EXPECT_EQ(sb->state, kPaused);
+  EXPECT_FALSE(sb->current_operation_id.has_value());
+  EXPECT_FALSE(svc_->AgentSocketFor(paused).has_value());
+  EXPECT_EQ(StateOf(running), kRunning);
+  EXPECT_TRUE(svc_->AgentSocketFor(running).has_value());
+
+  Do(paused, "wake");
+  EXPECT_EQ(StateOf(paused), kRunning);
+  EXPECT_TRUE(NewSession(paused).ok());
+}
+
+}  // namespace
+}  // namespace sbx::service
