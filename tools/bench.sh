@@ -139,6 +139,7 @@ if build/bin/sbxd --help 2>&1 | grep -q -- '--warm-pool'; then
   start_daemon warm --warm-pool "${SBX_BENCH_WARM_POOL:-base=8}"
 else
   log "this sbxd has no --warm-pool: the warm sbxd runs without one (create_warm: 0 pool hits)"
+  extra=(--note "this sbxd build has no --warm-pool: create_warm ran against an sbxd without a pool" "${extra[@]}")
   start_daemon warm
 fi
 WARM_URL=${URLS[1]}

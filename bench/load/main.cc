@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
   CLI::App app{"sbx-load: the sbx benchmark suite (HTTP load against a running sbxd, plus peers)",
                "sbx-load"};
   std::string url, token, warm_url, out_path, scenarios_flag, peers_flag;
+  std::vector<std::string> extra_notes;
   int sbxd_pid = 0;
   bool quick = false, require_peers = false;
   // Count overrides: unset means the mode's default.
@@ -71,6 +72,7 @@ int main(int argc, char** argv) {
                "attach 16 MiB)");
   app.add_flag("--require-peers", require_peers, "fail when a peer's binary is missing");
   app.add_option("--out", out_path, "write the JSON results here");
+  app.add_option("--note", extra_notes, "a note for the results' meta block (repeatable)");
   app.add_option("--sbxd-pid", sbxd_pid, "PID of the sbxd at --url (its RSS and memory cgroup)");
   app.add_option("--create-n", create_n, "create_cold iterations (200)");
   app.add_option("--warm-n", warm_n, "create_warm iterations (200)");
@@ -177,7 +179,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::vector<std::string> notes;
+  std::vector<std::string> notes = extra_notes;
   if (quick) notes.push_back("quick mode: a few iterations each; numbers are not comparable");
   nlohmann::json peers_json = nlohmann::json::object();
   bool failed = false;
@@ -245,7 +247,8 @@ int main(int argc, char** argv) {
   }
   fmt::print("targets:\n");
   for (const auto& t : report["targets"]) {
-    std::string met = t["met"].is_null() ? "not measured" : (t["met"].get<bool>() ? "met" : "MISSED");
+    std::string met =
+        t["met"].is_null() ? "not measured" : (t["met"].get<bool>() ? "met" : "MISSED");
     std::string measured =
         t["measured"].is_null() ? "-" : fmt::format("{:.2f}", t["measured"].get<double>());
     fmt::print("  {:<46} {} {} {} (measured {}): {}\n", t["name"].get<std::string>(),

@@ -45,7 +45,8 @@ std::string Quote(const std::vector<std::string>& argv) {
 std::string FindBinary(const std::string& name) {
   if (name.find('/') != std::string::npos) return ::access(name.c_str(), X_OK) == 0 ? name : "";
   const char* path = std::getenv("PATH");
-  std::string dirs = fmt::format("{}:/usr/local/sbin:/usr/sbin:/sbin", path ? path : "/usr/bin:/bin");
+  std::string dirs =
+      fmt::format("{}:/usr/local/sbin:/usr/sbin:/sbin", path ? path : "/usr/bin:/bin");
   size_t start = 0;
   while (start <= dirs.size()) {
     size_t end = dirs.find(':', start);
@@ -97,8 +98,8 @@ absl::StatusOr<SpawnOutcome> SpawnAndRead(const std::vector<std::string>& argv,
     ssize_t n = ::read(rd.get(), buf.data(), buf.size());
     if (n > 0) {
       if (out.stdout_head.size() < 4096) {
-        out.stdout_head.append(buf.data(),
-                               std::min<size_t>(static_cast<size_t>(n), 4096 - out.stdout_head.size()));
+        size_t keep = std::min<size_t>(static_cast<size_t>(n), 4096 - out.stdout_head.size());
+        out.stdout_head.append(buf.data(), keep);
       }
       out.stdout_bytes += static_cast<uint64_t>(n);
       continue;
@@ -211,11 +212,15 @@ class RuncBundle {
     const std::string rootfs = dir_ + "/rootfs";
     for (const char* d : {"usr", "etc", "proc", "dev", "sys", "tmp"}) {
       fs::create_directories(rootfs + "/" + d, ec);
-      if (ec) return absl::InternalError(fmt::format("runc bundle: mkdir {}: {}", d, ec.message()));
+      if (ec) {
+        return absl::InternalError(fmt::format("runc bundle: mkdir {}: {}", d, ec.message()));
+      }
     }
     for (const char* l : {"bin", "lib", "lib64", "sbin"}) {
       fs::create_symlink(fmt::format("usr/{}", l), rootfs + "/" + l, ec);
-      if (ec) return absl::InternalError(fmt::format("runc bundle: symlink {}: {}", l, ec.message()));
+      if (ec) {
+        return absl::InternalError(fmt::format("runc bundle: symlink {}: {}", l, ec.message()));
+      }
     }
     fs::create_directories(state(), ec);
     SBX_RETURN_IF_ERROR(Annotate(SpawnAndRead({runc_, "spec", "--bundle", dir_}).status(),

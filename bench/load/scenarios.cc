@@ -91,7 +91,7 @@ void Cleanup(Api& api, Janitor& janitor, Result& r, const std::string& id) {
   }
 }
 
-// --- 1. create → running ----------------------------------------------------------------------
+// --- 1. create → running -------------------------------------------------------------------------
 
 Result CreateLoop(const cli::Endpoint& ep, const std::string& token, int n, int pace_ms,
                   bool count_warm) {
@@ -161,7 +161,7 @@ void CreateWarm(const Config& cfg, Results& out) {
   out["create_warm"] = std::move(r);
 }
 
-// --- 2. create → first stdout byte of `echo hi` → exit -----------------------------------------
+// --- 2. create → first stdout byte of `echo hi` → exit -------------------------------------------
 
 void FirstOutput(const Config& cfg, Results& out) {
   Result first, exit;
@@ -470,7 +470,8 @@ void Density(const Config& cfg, Results& out) {
     if (cfg.sbxd_pid > 0) {
       auto cg = MemoryCgroupOf(cfg.sbxd_pid);
       if (!cg.ok()) {
-        notes.push_back(fmt::format("no cgroup accounting: {}", std::string(cg.status().message())));
+        notes.push_back(
+            fmt::format("no cgroup accounting: {}", std::string(cg.status().message())));
       } else {
         uint64_t cg_sum = 0, rss_sum = 0;
         size_t measured = 0, agents = 0;
