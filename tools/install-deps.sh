@@ -12,6 +12,7 @@ PACKAGES=(
   libsqlite3-dev libssl-dev
   python3 python3-pytest python3-yaml python3-jsonschema python3-requests
   bubblewrap procps iproute2 util-linux
+  gnuplot-nox runc
 )
 
 die() { echo "install-deps: ERROR: $*" >&2; exit 1; }

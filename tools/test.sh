@@ -2,6 +2,7 @@
 # Installs the packages, builds, and runs every test suite:
 #   1. ctest on build/ (unit tests and the root integration tests, label `root`)
 #   2. the end-to-end suite (tests/e2e, pytest) against a real sbxd
+#   2b. bench-smoke: tools/bench.sh --quick (the benchmark suite, a few iterations each)
 #   3. (CI, or SBX_TEST_ASAN=1) an ASan/UBSan build in build-asan/ running the unit tests
 # Ends with one line "summary: N passed, N failed[, N skipped]" counting suites, and exits
 # non-zero if any suite failed.
@@ -78,6 +79,7 @@ else
   record build failed
   record ctest "failed (not run: no build)"
   record e2e "failed (not run: no build)"
+  record bench-smoke "failed (not run: no build)"
   finish
 fi
 
@@ -101,6 +103,18 @@ case $rc in
   124|137) record e2e "failed (timed out)" ;;
   *) record e2e "failed (pytest exit $rc)" ;;
 esac
+
+# ---- benchmark smoke run -----------------------------------------------------------------------
+# The suite in its quick mode (a few iterations each): proves that sbx-load runs every scenario
+# and peer against real daemons and that the results file and the plot are produced. It
+# asserts nothing about time; it writes only under build/bench-quick/.
+banner "bench-smoke (tools/bench.sh --quick)"
+if SBX_SKIP_INSTALL=1 timeout -k 15 "${SBX_BENCH_TIMEOUT_S:-420}" bash tools/bench.sh --quick &&
+   "$PY" bench/check_results.py "$ROOT/build/bench-quick"; then
+  record bench-smoke passed
+else
+  record bench-smoke failed
+fi
 
 # ---- sanitizers --------------------------------------------------------------------------------
 if [[ "$SBX_TEST_ASAN" == "1" ]]; then

@@ -1,0 +1,133 @@
+#include "load/report.h"
+
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "load/stats.h"
+
+namespace sbx::load {
+namespace {
+
+std::optional<double> Number(const nlohmann::json& j, const std::string& name,
+                             const std::string& key) {
+  if (!j.is_object() || !j.contains(name)) return std::nullopt;
+  const auto& r = j[name];
+  if (!r.is_object() || !r.contains(key) || !r[key].is_number()) return std::nullopt;
+  return r[key].get<double>();
+}
+
+std::optional<double> Throughput(const nlohmann::json& j, const std::string& name) {
+  if (!j.is_object() || !j.contains(name)) return std::nullopt;
+  const auto& r = j[name];
+  if (!r.is_object() || !r.contains("throughput") || !r["throughput"].is_object()) {
+    return std::nullopt;
+  }
+  const auto& t = r["throughput"];
+  if (!t.contains("value") || !t["value"].is_number()) return std::nullopt;
+  return t["value"].get<double>();
+}
+
+std::optional<double> Extra(const nlohmann::json& j, const std::string& name,
+                            const std::string& key) {
+  if (!j.is_object() || !j.contains(name) || !j[name].contains("extra")) return std::nullopt;
+  const auto& e = j[name]["extra"];
+  if (!e.is_object() || !e.contains(key) || !e[key].is_number()) return std::nullopt;
+  return e[key].get<double>();
+}
+
+}  // namespace
+
+nlohmann::json BuildRatios(const nlohmann::json& scenarios, const nlohmann::json& peers) {
+  nlohmann::json out = nlohmann::json::object();
+  auto latency = [&](const std::string& name, const std::string& num, const std::string& den) {
+    auto a = Number(scenarios, num, "p50_ms");
+    auto b = Number(peers, den, "p50_ms");
+    if (!a || !b || *b <= 0) return;
+    out[name] = {{"value", Round(*a / *b, 3)},
+                 {"numerator", fmt::format("scenario {} p50 ({} ms)", num, Round(*a))},
+                 {"denominator", fmt::format("peer {} p50 ({} ms)", den, Round(*b))},
+                 {"basis", "p50 latency, lower is better"}};
+  };
+  latency("create_cold_vs_bwrap", "create_cold", "bwrap_echo");
+  latency("create_cold_vs_unshare", "create_cold", "unshare_echo");
+  latency("create_cold_vs_runc", "create_cold", "runc_echo");
+  latency("first_output_vs_bwrap", "first_output", "bwrap_echo");
+  latency("first_output_vs_unshare", "first_output", "unshare_echo");
+  latency("first_output_vs_runc", "first_output", "runc_echo");
+  latency("exec_vs_fork_exec", "exec", "fork_exec_true");
+  auto a = Throughput(scenarios, "attach");
+  auto b = Throughput(peers, "pipe");
+  if (a && b && *b > 0) {
+    out["attach_vs_pipe"] = {{"value", Round(*a / *b, 3)},
+                             {"numerator", fmt::format("scenario attach ({} MB/s)", Round(*a, 1))},
+                             {"denominator", fmt::format("peer pipe ({} MB/s)", Round(*b, 1))},
+                             {"basis", "throughput, higher is better"}};
+  }
+  return out;
+}
+
+nlohmann::json BuildTargets(const nlohmann::json& scenarios, const nlohmann::json& ratios) {
+  nlohmann::json out = nlohmann::json::array();
+  auto add = [&](std::string name, std::string op, double target, std::optional<double> measured,
+                 std::string unit, std::string basis) {
+    nlohmann::json t = {{"name", std::move(name)}, {"op", op},       {"target", target},
+                        {"unit", std::move(unit)}, {"basis", std::move(basis)}};
+    if (measured) {
+      t["measured"] = Round(*measured, 3);
+      t["met"] = op == "<=" ? *measured <= target : *measured >= target;
+    } else {
+      t["measured"] = nullptr;
+      t["met"] = nullptr;
+    }
+    out.push_back(std::move(t));
+  };
+  auto ratio = [&](const char* name) -> std::optional<double> {
+    if (!ratios.contains(name)) return std::nullopt;
+    return ratios[name]["value"].get<double>();
+  };
+  add("create → running, cold", "<=", 10, Number(scenarios, "create_cold", "p50_ms"), "ms",
+      "create_cold p50");
+  add("create → running, warm pool", "<=", 3, Number(scenarios, "create_warm", "p50_ms"), "ms",
+      "create_warm p50");
+  add("create → first output of echo hi vs bwrap", "<=", 2.5, ratio("first_output_vs_bwrap"),
+      "×", "first_output p50 / bwrap_echo p50");
+  add("exec round trip vs fork+exec of /bin/true", "<=", 3, ratio("exec_vs_fork_exec"), "×",
+      "exec p50 / fork_exec_true p50");
+  auto conc = Extra(scenarios, "concurrent_create", "concurrency");
+  add(fmt::format("{} concurrent creates, p99", conc ? static_cast<long>(*conc) : 50), "<=", 150,
+      Number(scenarios, "concurrent_create", "p99_ms"), "ms", "concurrent_create p99");
+  add("sustained create+exec+delete", ">=", 100, Throughput(scenarios, "sustained"),
+      "cycles/s", "sustained throughput");
+  add("attach throughput vs a pipe", ">=", 0.4, ratio("attach_vs_pipe"), "×",
+      "attach MB/s / pipe MB/s");
+  add("host memory per idle sandbox", "<=", 3,
+      Extra(scenarios, "density", "host_mem_per_sandbox_mib"), "MiB",
+      "density: MemAvailable drop / sandboxes");
+  auto n = Extra(scenarios, "density", "running");
+  add(fmt::format("sbxd RSS with {} sandboxes", n ? static_cast<long>(*n) : 500), "<=", 150,
+      Extra(scenarios, "density", "sbxd_rss_mib"), "MiB", "density: sbxd VmRSS");
+  return out;
+}
+
+std::string FormatSummaryLine(const std::string& name, const nlohmann::json& r) {
+  for (const char* why : {"failure", "missing", "skipped"}) {
+    if (r.contains(why)) {
+      return fmt::format("{:<20} {}: {}", name, why, r[why].get<std::string>());
+    }
+  }
+  auto f = [&](const char* key) {
+    return r.contains(key) && r[key].is_number() ? fmt::format("{:9.2f}", r[key].get<double>())
+                                                 : std::string("        -");
+  };
+  std::string tp = "-";
+  if (r.contains("throughput") && r["throughput"].is_object()) {
+    tp = fmt::format("{:.1f} {}", r["throughput"]["value"].get<double>(),
+                     r["throughput"]["unit"].get<std::string>());
+  }
+  return fmt::format("{:<20} n={:<5} err={:<3} p50 {} p90 {} p99 {} ms  {}", name,
+                     r.value("n", 0), r.value("errors", 0), f("p50_ms"), f("p90_ms"),
+                     f("p99_ms"), tp);
+}
+
+}  // namespace sbx::load

@@ -1,0 +1,20 @@
+// Assembles latest.json from the results: ratios against the peers and the targets,
+// computed on the JSON form so that they are tested on hand-written inputs.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace sbx::load {
+
+// {name: {value, numerator, denominator, basis}} for every ratio whose two sides were measured.
+nlohmann::json BuildRatios(const nlohmann::json& scenarios, const nlohmann::json& peers);
+
+// [{name, target, op, measured, unit, met, …}]: `met` is null when the measurement is missing.
+nlohmann::json BuildTargets(const nlohmann::json& scenarios, const nlohmann::json& ratios);
+
+// One line per result for the terminal.
+std::string FormatSummaryLine(const std::string& name, const nlohmann::json& result);
+
+}  // namespace sbx::load

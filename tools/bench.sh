@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# Runs the benchmark suite (docs/benchmarks.md): installs the packages, builds, starts two
+# sbxd on free loopback ports (the second with a warm pool when this build has --warm-pool),
+# runs build/bin/sbx-load against them with every peer required, and renders the results.
+#
+# Usage (as root, from anywhere):
+#   bash tools/bench.sh            standard suite: writes bench/results/latest.json,
+#                                  bench/results/latency.png and the tables in docs/benchmarks.md
+#   bash tools/bench.sh --quick    a few iterations of each (what CI runs): writes
+#                                  build/bench-quick/{latest.json,latency.png,benchmarks-tables.md}
+#                                  and never touches the tracked tree
+#   bash tools/bench.sh [--quick] -- ARGS...   extra sbx-load flags (e.g. --scenarios exec)
+#
+# Environment: SBX_SKIP_INSTALL=1 skips tools/install-deps.sh; SBX_BENCH_WARM_POOL (default
+# base=8) is the warm sbxd's --warm-pool value.
+# Both daemons are stopped by PID, after their sandboxes are deleted, and their state
+# directories removed, also when something fails.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+quick=0
+extra=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --quick) quick=1; shift ;;
+    --) shift; extra=("$@"); break ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    *) echo "bench: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+log() { echo "bench: $*"; }
+
+if [[ "${SBX_SKIP_INSTALL:-0}" != "1" ]]; then
+  bash tools/install-deps.sh
+fi
+bash tools/build.sh build
+
+if [[ $quick -eq 1 ]]; then
+  OUT_DIR="$ROOT/build/bench-quick"
+  mkdir -p "$OUT_DIR"
+  JSON="$OUT_DIR/latest.json"
+  PNG="$OUT_DIR/latency.png"
+  REPORT_ARGS=(--tables-out "$OUT_DIR/benchmarks-tables.md")
+  LOAD_MODE=(--quick)
+else
+  OUT_DIR="$ROOT/bench/results"
+  mkdir -p "$OUT_DIR"
+  JSON="$OUT_DIR/latest.json"
+  PNG="$OUT_DIR/latency.png"
+  REPORT_ARGS=(--docs "$ROOT/docs/benchmarks.md")
+  LOAD_MODE=()
+fi
+rm -f "$JSON" "$PNG"
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/sbx-bench.XXXXXX")
+TOKEN="bench-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+declare -a PIDS=() URLS=()
+
+stop_daemon() {  # $1 = index
+  local pid=${PIDS[$1]:-} url=${URLS[$1]:-} ids i
+  [[ -n "$pid" ]] || return 0
+  if [[ -n "$url" ]] && kill -0 "$pid" 2>/dev/null; then
+    # Whatever a failed scenario left behind: delete it through the API, so every kernel
+    # object is released by sbxd itself before it stops.
+    ids=$(SBX_URL="$url" SBX_TOKEN="$TOKEN" build/bin/sbx ls --json 2>/dev/null |
+          python3 -c 'import json,sys; print(" ".join(s["id"] for s in json.load(sys.stdin)))' 2>/dev/null || true)
+    if [[ -n "$ids" ]]; then
+      log "deleting leftover sandboxes on $url: $ids"
+      # shellcheck disable=SC2086
+      SBX_URL="$url" SBX_TOKEN="$TOKEN" timeout 120 build/bin/sbx rm $ids >/dev/null || true
+    fi
+  fi
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for i in $(seq 1 100); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+      log "sbxd $pid did not stop within 10 s; killing it"
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  fi
+  wait "$pid" 2>/dev/null || true
+  PIDS[$1]=""
+}
+
+cleanup() {
+  local rc=$?
+  set +e
+  local i
+  for i in "${!PIDS[@]}"; do stop_daemon "$i"; done
+  if grep -q " ${WORK}/" /proc/self/mountinfo; then
+    log "WARNING: mounts remain under $WORK; leaving it in place"
+  else
+    rm -rf "$WORK"
+  fi
+  exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+start_daemon() {  # $1 = name, rest = extra sbxd flags; sets PIDS/URLS
+  local name=$1 i url=""
+  shift
+  # In its own session: a timeout or Ctrl-C signals our whole process group, and sbxd must
+  # outlive that long enough for the trap to delete its sandboxes through the API.
+  setsid build/bin/sbxd --listen 127.0.0.1:0 --state-dir "$WORK/$name" --admin-token "$TOKEN" \
+    "$@" >"$WORK/$name.log" 2>&1 &
+  local pid=$!
+  PIDS+=("$pid")
+  URLS+=("")
+  for i in $(seq 1 300); do
+    url=$(sed -n 's/^sbxd listening on \(http:\/\/[^ ]*\).*/\1/p' "$WORK/$name.log" | head -n1)
+    [[ -n "$url" ]] && break
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "bench: sbxd ($name) exited at start-up; its log:" >&2
+      cat "$WORK/$name.log" >&2
+      return 1
+    fi
+    sleep 0.1
+  done
+  if [[ -z "$url" ]]; then
+    echo "bench: sbxd ($name) did not report its address within 30 s; its log:" >&2
+    tail -n 40 "$WORK/$name.log" >&2
+    return 1
+  fi
+  URLS[${#URLS[@]}-1]=$url
+  log "sbxd ($name) pid $pid at $url"
+}
+
+start_daemon main
+MAIN_PID=${PIDS[0]}
+MAIN_URL=${URLS[0]}
+if build/bin/sbxd --help 2>&1 | grep -q -- '--warm-pool'; then
+  start_daemon warm --warm-pool "${SBX_BENCH_WARM_POOL:-base=8}"
+else
+  log "this sbxd has no --warm-pool: the warm sbxd runs without one (create_warm: 0 pool hits)"
+  extra=(--note "this sbxd build has no --warm-pool: create_warm ran against an sbxd without a pool" "${extra[@]}")
+  start_daemon warm
+fi
+WARM_URL=${URLS[1]}
+
+log "running sbx-load${LOAD_MODE[*]:+ ${LOAD_MODE[*]}} (results: $JSON)"
+rc=0
+build/bin/sbx-load --url "$MAIN_URL" --token "$TOKEN" --warm-url "$WARM_URL" \
+  --sbxd-pid "$MAIN_PID" --require-peers --out "$JSON" "${LOAD_MODE[@]}" "${extra[@]}" || rc=$?
+if [[ ! -s "$JSON" ]]; then
+  echo "bench: sbx-load wrote no results (exit $rc)" >&2
+  exit 1
+fi
+python3 bench/report.py --in "$JSON" --png "$PNG" "${REPORT_ARGS[@]}"
+if [[ $rc -ne 0 ]]; then
+  echo "bench: sbx-load exited $rc: some scenario or peer could not run (see above)" >&2
+  exit "$rc"
+fi
+log "done: $JSON, $PNG"
