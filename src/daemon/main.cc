@@ -44,6 +44,7 @@ struct Flags {
   size_t buffer_bytes = 8 << 20;
   bool cgroup_favor_dynmods = true;
   std::vector<std::string> warm_pools = {"base=2"};
+  int netns_pool = 4;
 };
 
 // "TEMPLATE=N" -> a pool of N ready sandboxes of TEMPLATE on the default runtime.
@@ -138,6 +139,11 @@ int main(int argc, char** argv) {
                  "that joining a sandbox's cgroups skips an RCU grace period (host-wide; "
                  "false leaves the host's mount alone)")
       ->capture_default_str();
+  app.add_option("--netns-pool", f.netns_pool,
+                 "network namespaces (lo up) kept ready for launches by an idle-priority thread; "
+                 "0 creates each one during the launch")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 256));
   app.add_option("--warm-pool", f.warm_pools,
                  "TEMPLATE=N: keep N sandboxes of TEMPLATE ready so that creates with the default "
                  "resources skip the launch (repeatable; N=0 turns a pool off)")
@@ -187,6 +193,7 @@ int main(int argc, char** argv) {
     nopts.agent_path = f.agent_path;
     nopts.agent_buffer_bytes = f.buffer_bytes;
     nopts.cgroup_favor_dynmods = f.cgroup_favor_dynmods;
+    nopts.netns_pool_size = f.netns_pool;
     ns_backend = std::make_unique<sbx::runtime::ns::NsBackend>(nopts);
     if (auto st = ns_backend->Probe(); !st.ok()) {
       return Fail(sbx::Annotate(st, "runtime ns cannot work on this host"));

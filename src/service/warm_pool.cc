@@ -1,5 +1,7 @@
 #include "service/warm_pool.h"
 
+#include <pthread.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -95,9 +97,13 @@ std::map<std::string, int> WarmPool::Ready() const {
 }
 
 void WarmPool::FillLoop() {
-  // Refills compete with launches that a client is waiting for: let those win the CPU.
-  // (setpriority on a thread id changes only this thread on Linux.)
-  ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+  // Refills compete with the requests a client is waiting for (often the session that follows
+  // the create that emptied a slot): run only when the CPU is otherwise idle. SCHED_IDLE where
+  // allowed, else the lowest nice; both change only this thread on Linux.
+  struct sched_param param{};
+  if (::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &param) != 0) {
+    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);
+  }
   std::unique_lock lock(mu_);
   while (!stopping_) {
     // The pool missing the most sandboxes, among those not backing off.

@@ -11,6 +11,7 @@ enum class Step : uint16_t {
   kNone = 0,
   kSignals,           // reset signal mask and dispositions
   kSetsid,            // own session: host terminal signals never reach the sandbox
+  kJoinNetns,         // setns into a network namespace built ahead (netns_pool.h)
   kJoinCgroup,        // write "0" to a pre-opened cgroup.procs (index = which)
   kUnshareCgroupNs,   // unshare(CLONE_NEWCGROUP)
   kMakeRootPrivate,   // mount("", "/", MS_REC|MS_PRIVATE)

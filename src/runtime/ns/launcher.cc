@@ -122,6 +122,7 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
     ::sigaction(sig, &dfl, nullptr);  // EINVAL for libc-reserved signals: nothing to reset
   }
   if (::setsid() < 0) return Fail(r, Step::kSetsid, errno);
+  if (p.netns_fd >= 0 && ::setns(p.netns_fd, CLONE_NEWNET) != 0) return Fail(r, Step::kJoinNetns, errno);
   Mark(p, kTraceSignals);
 
   int rfd = Lift(*report_fd);
@@ -145,7 +146,9 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
   Mark(p, kTracePivot);
 
   if (::sethostname(p.hostname.c_str(), p.hostname.size()) != 0) return Fail(r, Step::kSethostname, errno);
-  if (int err = BringLoopbackUp(); err != 0) return Fail(r, Step::kLoopbackUp, err);
+  if (p.netns_fd < 0) {
+    if (int err = BringLoopbackUp(); err != 0) return Fail(r, Step::kLoopbackUp, err);
+  }
   Mark(p, kTraceHostNet);
 
   // /dev/null of the sandbox (our node on the sandbox's /dev tmpfs).
@@ -287,6 +290,9 @@ absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
     case Step::kSethostname:
       what = fmt::format("set hostname: sethostname({})", p.hostname);
       break;
+    case Step::kJoinNetns:
+      what = "network namespace: setns(pooled netns fd, CLONE_NEWNET)";
+      break;
     case Step::kLoopbackUp:
       what = "loopback: ioctl(lo, SIOCSIFFLAGS, IFF_UP)";
       break;
@@ -334,7 +340,8 @@ absl::StatusOr<ChildProcess> Launch(const LaunchPlan& plan) {
   std::memset(&args, 0, sizeof(args));
   // User namespaces come with the isolation issue: CLONE_NEWUSER then joins these flags and the
   // parent writes uid_map/gid_map before releasing the child.
-  args.flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | CLONE_PIDFD;
+  args.flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_PIDFD;
+  if (plan.netns_fd < 0) args.flags |= CLONE_NEWNET;
   args.pidfd = reinterpret_cast<uint64_t>(&pidfd);
   args.exit_signal = SIGCHLD;
   if (plan.cgroup_v2_dir_fd >= 0) {
@@ -344,7 +351,8 @@ absl::StatusOr<ChildProcess> Launch(const LaunchPlan& plan) {
   long rc = ::syscall(SYS_clone3, &args, sizeof(args));
   if (rc < 0) {
     int err = errno;
-    return ErrnoStatus(err, fmt::format("clone: clone3(NEWNS|NEWPID|NEWIPC|NEWUTS|NEWNET|PIDFD{})",
+    return ErrnoStatus(err, fmt::format("clone: clone3(NEWNS|NEWPID|NEWIPC|NEWUTS{}|PIDFD{})",
+                                        plan.netns_fd < 0 ? "|NEWNET" : "",
                                         plan.cgroup_v2_dir_fd >= 0
                                             ? fmt::format("|INTO_CGROUP {}", plan.cgroup_v2_path)
                                             : std::string()));

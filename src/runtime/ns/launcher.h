@@ -34,6 +34,9 @@ struct LaunchPlan {
   std::string cgroup_v2_path;  // for messages
 
   std::string hostname;
+  // A network namespace built ahead with `lo` up (netns_pool.h), or -1: then clone3 makes a
+  // fresh one and the child brings its `lo` up.
+  int netns_fd = -1;
   int listen_fd = -1;  // becomes fd 3 of the agent
   int log_fd = -1;     // becomes stdout and stderr of the agent
   int agent_fd = -1;   // sealed memfd of sbx-agent

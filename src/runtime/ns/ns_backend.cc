@@ -31,6 +31,7 @@
 #include "runtime/ns/caps.h"
 #include "runtime/ns/cgroup.h"
 #include "runtime/ns/cgroup_favor.h"
+#include "runtime/ns/netns_pool.h"
 #include "runtime/ns/fsutil.h"
 #include "runtime/ns/launcher.h"
 #include "runtime/ns/mounts.h"
@@ -159,6 +160,7 @@ struct NsBackend::Shared {
   CapsPlan caps;
   absl::Status cgroup_status = absl::OkStatus();
   std::unique_ptr<CgroupDriver> cgroups;
+  std::unique_ptr<NetnsPool> netns_pool;  // null when NsOptions::netns_pool_size is 0
 
   std::string DirOf(const std::string& id) const { return fmt::format("{}/{}", sandboxes_dir, id); }
 
@@ -357,6 +359,9 @@ NsBackend::NsBackend(NsOptions options) : shared_(std::make_shared<Shared>()) {
   }
   if (!s.Ready().ok()) {
     spdlog::warn("ns runtime not usable: {}", std::string(s.Ready().message()));
+  } else if (s.opts.netns_pool_size > 0) {
+    s.netns_pool = std::make_unique<NetnsPool>(s.opts.netns_pool_size);
+    s.netns_pool->Start();
   }
 }
 
@@ -504,8 +509,12 @@ absl::StatusOr<InstancePtr> NsBackend::Create(const SandboxSpec& spec) {
     }
   } trace_unmap{trace_page};
 
+  UniqueFd netns = s.netns_pool ? s.netns_pool->Take() : UniqueFd();
+  plan.netns_fd = netns ? netns.get() : -1;
+
   const auto t_prep = Clock::now();
   SBX_ASSIGN_OR_RETURN(ChildProcess child, Launch(plan));
+  netns.Reset();  // the sandbox's processes hold it now
   const auto t_exec = Clock::now();
   if (plan.trace != nullptr) {
     const uint64_t base = static_cast<uint64_t>(
