@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "api/attach_events.h"
 #include "api/status_to_http.h"
 #include "api/target.h"
 #include "common/encoding.h"
@@ -299,10 +300,7 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
     if (f.type == protocol::FrameType::kOutput) {
       auto out = protocol::DecodeOutput(f.payload);
       if (!out.ok()) break;
-      json data = {{"data_b64", Base64Encode(out->data)}, {"offset", out->offset}};
-      event = SseEvent(out->event_id,
-                       out->stream == protocol::Stream::kStderr ? "stderr" : "stdout",
-                       data.dump());
+      event = SseOutputEvent(out->event_id, out->stream, out->offset, out->data);
     } else if (f.type == protocol::FrameType::kResync) {
       auto rs = protocol::DecodeResync(f.payload);
       if (!rs.ok()) break;
