@@ -11,7 +11,12 @@
 
 namespace sbx::api {
 
-// "id: <id>\nevent: stdout|stderr\ndata: {"data_b64":"<base64>","offset":<offset>}\n\n"
+// Appends "id: <id>\nevent: stdout|stderr\ndata: {"data_b64":"<base64>","offset":<offset>}\n\n"
+// to `out`: byte for byte what SseEvent() with nlohmann's compact dump of that object gives,
+// built in place (base64 never needs JSON escaping), so that several events can share one
+// buffer and one write. `id` 0 means no id line, as in SseEvent().
+void AppendSseOutputEvent(std::string& out, uint64_t id, protocol::Stream stream,
+                          uint64_t offset, std::string_view data);
 std::string SseOutputEvent(uint64_t id, protocol::Stream stream, uint64_t offset,
                            std::string_view data);
 

@@ -89,6 +89,20 @@ TEST(Base64, DecodeToLargeBuffer) {
   EXPECT_EQ(out, in);
 }
 
+TEST(Base64, EncodeAppendAndUrlVariant) {
+  std::string out = "x";
+  Base64EncodeAppend("hi\n", out);
+  Base64EncodeAppend("", out);
+  Base64EncodeAppend("h", out);
+  EXPECT_EQ(out, "xaGkKaA==");
+  EXPECT_EQ(Base64UrlEncode("\xfb\xff"), "-_8");  // no padding, URL alphabet
+  EXPECT_EQ(Base64Encode("\xfb\xff"), "+/8=");
+  // Every byte value in every position of a 3-byte group, against the decoder.
+  std::string all;
+  for (int i = 0; i < 256 * 3; ++i) all.push_back(static_cast<char>(i / 3 + i % 3 * 85));
+  EXPECT_EQ(Base64Decode(Base64Encode(all)).value(), all);
+}
+
 TEST(Errno, MapsToCanonicalCodes) {
   auto s = ErrnoStatus(ENOENT, "open template: open(/x)");
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);

@@ -7,43 +7,72 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 
 namespace sbx {
 namespace {
 constexpr char kStd[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 constexpr char kUrl[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 
-std::string Encode(std::string_view in, const char* alphabet, bool pad) {
-  std::string out;
-  out.reserve((in.size() + 2) / 3 * 4);
-  size_t i = 0;
+// Every 12-bit value -> its two base64 characters, so that three input bytes take two table
+// loads and two 2-byte stores (1-1.6 GB/s on the project's loaded 2-core machine, against
+// 0.17 GB/s for a push_back per character; see BM_Base64Encode in bench/micro).
+using PairTable = std::array<char, 2 * 4096>;
+
+constexpr PairTable MakePairTable(const char* alphabet) {
+  PairTable t{};
+  for (int v = 0; v < 4096; ++v) {
+    t[2 * v] = alphabet[v >> 6];
+    t[2 * v + 1] = alphabet[v & 63];
+  }
+  return t;
+}
+constexpr PairTable kStdPairs = MakePairTable(kStd);
+constexpr PairTable kUrlPairs = MakePairTable(kUrl);
+
+void EncodeAppend(std::string_view in, const char* alphabet, const PairTable& pairs, bool pad,
+                  std::string& out) {
+  const size_t full = in.size() / 3 * 3;
+  const size_t rest = in.size() - full;
+  const size_t old_size = out.size();
+  out.resize(old_size + full / 3 * 4 + (rest == 0 ? 0 : pad ? 4 : rest + 1));
+  char* o = out.data() + old_size;
   const auto* p = reinterpret_cast<const uint8_t*>(in.data());
-  for (; i + 3 <= in.size(); i += 3) {
-    uint32_t v = (uint32_t{p[i]} << 16) | (uint32_t{p[i + 1]} << 8) | p[i + 2];
-    out.push_back(alphabet[(v >> 18) & 63]);
-    out.push_back(alphabet[(v >> 12) & 63]);
-    out.push_back(alphabet[(v >> 6) & 63]);
-    out.push_back(alphabet[v & 63]);
+  for (size_t i = 0; i < full; i += 3, o += 4) {
+    const uint32_t v = (uint32_t{p[i]} << 16) | (uint32_t{p[i + 1]} << 8) | p[i + 2];
+    std::memcpy(o, &pairs[2 * (v >> 12)], 2);
+    std::memcpy(o + 2, &pairs[2 * (v & 0xfff)], 2);
   }
-  size_t rest = in.size() - i;
   if (rest > 0) {
-    uint32_t v = uint32_t{p[i]} << 16;
-    if (rest == 2) v |= uint32_t{p[i + 1]} << 8;
-    out.push_back(alphabet[(v >> 18) & 63]);
-    out.push_back(alphabet[(v >> 12) & 63]);
-    if (rest == 2) out.push_back(alphabet[(v >> 6) & 63]);
-    if (pad) out.append(rest == 1 ? "==" : "=");
+    uint32_t v = uint32_t{p[full]} << 16;
+    if (rest == 2) v |= uint32_t{p[full + 1]} << 8;
+    *o++ = alphabet[(v >> 18) & 63];
+    *o++ = alphabet[(v >> 12) & 63];
+    if (rest == 2) *o++ = alphabet[(v >> 6) & 63];
+    if (pad) {
+      *o++ = '=';
+      if (rest == 1) *o++ = '=';
+    }
   }
-  return out;
 }
 
-using DecodeTable = std::array<int8_t, 256>;
+// Four tables, one per position in a 4-character group, holding the 6-bit value already
+// shifted into place; an invalid character has bit 24 set, so one OR of four loads both builds
+// the 24 output bits and flags bad input, with a single well-predicted branch per group.
+struct DecodeTable {
+  std::array<uint32_t, 256> at[4];
+};
+constexpr uint32_t kBad = 1u << 24;
 
 constexpr DecodeTable MakeDecodeTable(const char* alphabet) {
-  DecodeTable rev{};
-  for (auto& v : rev) v = -1;
-  for (int i = 0; i < 64; ++i) rev[static_cast<uint8_t>(alphabet[i])] = static_cast<int8_t>(i);
-  return rev;
+  DecodeTable t{};
+  for (int pos = 0; pos < 4; ++pos) {
+    for (auto& v : t.at[pos]) v = kBad;
+    for (int i = 0; i < 64; ++i) {
+      t.at[pos][static_cast<uint8_t>(alphabet[i])] = static_cast<uint32_t>(i) << (18 - 6 * pos);
+    }
+  }
+  return t;
 }
 constexpr DecodeTable kStdRev = MakeDecodeTable(kStd);
 constexpr DecodeTable kUrlRev = MakeDecodeTable(kUrl);
@@ -53,28 +82,27 @@ constexpr DecodeTable kUrlRev = MakeDecodeTable(kUrl);
 bool DecodeTo(std::string_view in, const DecodeTable& rev, std::string& out) {
   while (!in.empty() && in.back() == '=') in.remove_suffix(1);
   if (in.size() % 4 == 1) return false;
-  out.resize(in.size() / 4 * 3 + (in.size() % 4 == 0 ? 0 : in.size() % 4 - 1));
-  const auto* p = reinterpret_cast<const uint8_t*>(in.data());
-  auto* o = reinterpret_cast<uint8_t*>(out.data());
   const size_t full = in.size() / 4 * 4;
-  // One OR of the four table values per group catches any invalid byte (-1 has the sign bit),
-  // so the loop has a single, well-predicted branch.
-  for (size_t i = 0; i < full; i += 4, o += 3) {
-    const int32_t a = rev[p[i]], b = rev[p[i + 1]], c = rev[p[i + 2]], d = rev[p[i + 3]];
-    if ((a | b | c | d) < 0) return false;
-    const uint32_t v = (uint32_t(a) << 18) | (uint32_t(b) << 12) | (uint32_t(c) << 6) | uint32_t(d);
-    o[0] = static_cast<uint8_t>(v >> 16);
-    o[1] = static_cast<uint8_t>(v >> 8);
-    o[2] = static_cast<uint8_t>(v);
-  }
   const size_t rest = in.size() - full;
+  out.resize(full / 4 * 3 + (rest == 0 ? 0 : rest - 1));
+  const auto* p = reinterpret_cast<const uint8_t*>(in.data());
+  char* o = out.data();
+  const auto& t0 = rev.at[0];
+  const auto& t1 = rev.at[1];
+  const auto& t2 = rev.at[2];
+  const auto& t3 = rev.at[3];
+  for (size_t i = 0; i < full; i += 4, o += 3) {
+    const uint32_t v = t0[p[i]] | t1[p[i + 1]] | t2[p[i + 2]] | t3[p[i + 3]];
+    if (v & kBad) return false;
+    o[0] = static_cast<char>(v >> 16);
+    o[1] = static_cast<char>(v >> 8);
+    o[2] = static_cast<char>(v);
+  }
   if (rest > 0) {
-    const int32_t a = rev[p[full]], b = rev[p[full + 1]];
-    const int32_t c = rest == 3 ? rev[p[full + 2]] : 0;
-    if ((a | b | c) < 0) return false;
-    const uint32_t v = (uint32_t(a) << 18) | (uint32_t(b) << 12) | (uint32_t(c) << 6);
-    o[0] = static_cast<uint8_t>(v >> 16);
-    if (rest == 3) o[1] = static_cast<uint8_t>(v >> 8);
+    const uint32_t v = t0[p[full]] | t1[p[full + 1]] | (rest == 3 ? t2[p[full + 2]] : 0);
+    if (v & kBad) return false;
+    o[0] = static_cast<char>(v >> 16);
+    if (rest == 3) o[1] = static_cast<char>(v >> 8);
   }
   return true;
 }
@@ -86,10 +114,21 @@ std::optional<std::string> Decode(std::string_view in, const DecodeTable& rev) {
 }
 }  // namespace
 
-std::string Base64Encode(std::string_view in) { return Encode(in, kStd, true); }
+std::string Base64Encode(std::string_view in) {
+  std::string out;
+  EncodeAppend(in, kStd, kStdPairs, /*pad=*/true, out);
+  return out;
+}
+void Base64EncodeAppend(std::string_view in, std::string& out) {
+  EncodeAppend(in, kStd, kStdPairs, /*pad=*/true, out);
+}
 std::optional<std::string> Base64Decode(std::string_view in) { return Decode(in, kStdRev); }
 bool Base64DecodeTo(std::string_view in, std::string& out) { return DecodeTo(in, kStdRev, out); }
-std::string Base64UrlEncode(std::string_view in) { return Encode(in, kUrl, false); }
+std::string Base64UrlEncode(std::string_view in) {
+  std::string out;
+  EncodeAppend(in, kUrl, kUrlPairs, /*pad=*/false, out);
+  return out;
+}
 std::optional<std::string> Base64UrlDecode(std::string_view in) { return Decode(in, kUrlRev); }
 
 std::string Sha256Hex(std::string_view in) {
