@@ -1,5 +1,6 @@
 #include "api/attach_events.h"
 
+#include <algorithm>
 #include <charconv>
 
 #include "common/encoding.h"
@@ -17,8 +18,10 @@ void AppendUint(std::string& out, uint64_t v) {
 
 void AppendSseOutputEvent(std::string& out, uint64_t id, protocol::Stream stream,
                           uint64_t offset, std::string_view data) {
-  // One reservation for the whole event: base64 output plus at most ~90 bytes of framing.
-  out.reserve(out.size() + (data.size() + 2) / 3 * 4 + 96);
+  // Room for the whole event (base64 plus at most ~90 bytes of framing) at once, growing
+  // geometrically: an exact reserve per event would copy a batch of n events n times.
+  const size_t need = out.size() + SseOutputEventSizeBound(data.size());
+  if (out.capacity() < need) out.reserve(std::max(need, 2 * out.capacity()));
   if (id > 0) {
     out.append("id: ");
     AppendUint(out, id);

@@ -17,6 +17,10 @@ namespace sbx::api {
 // buffer and one write. `id` 0 means no id line, as in SseEvent().
 void AppendSseOutputEvent(std::string& out, uint64_t id, protocol::Stream stream,
                           uint64_t offset, std::string_view data);
+// An upper bound of what AppendSseOutputEvent appends for `data_bytes` bytes of output.
+inline size_t SseOutputEventSizeBound(size_t data_bytes) {
+  return (data_bytes + 2) / 3 * 4 + 96;  // two 20-digit numbers and the fixed text fit in 96
+}
 std::string SseOutputEvent(uint64_t id, protocol::Stream stream, uint64_t offset,
                            std::string_view data);
 

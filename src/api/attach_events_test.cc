@@ -40,6 +40,8 @@ TEST(SseOutputEvent, MatchesTheJsonBuiltEventForAnyBytes) {
     const uint64_t offset = rng();
     for (Stream s : {Stream::kStdout, Stream::kStderr}) {
       EXPECT_EQ(SseOutputEvent(id, s, offset, data), Reference(id, s, offset, data)) << n;
+      EXPECT_LE(SseOutputEvent(UINT64_MAX, s, UINT64_MAX, data).size(),
+                SseOutputEventSizeBound(n));
     }
   }
 }
