@@ -6,19 +6,30 @@ namespace sbx::agent {
 
 using protocol::Stream;
 
-EventLog::EventLog(size_t budget_per_stream)
-    : budget_(budget_per_stream == 0 ? 1 : budget_per_stream) {}
+EventLog::EventLog(size_t budget_per_stream, size_t merge_up_to)
+    : budget_(budget_per_stream == 0 ? 1 : budget_per_stream), merge_up_to_(merge_up_to) {}
 
-uint64_t EventLog::AppendOutput(Stream stream, std::string data) {
+uint64_t EventLog::AppendOutput(Stream stream, std::string_view data) {
   if (data.empty() || has_exit()) return 0;
   const size_t i = Index(stream);
+  total_[i] += data.size();
+  retained_[i] += data.size();
+  if (!events_.empty()) {
+    LogEvent& last = events_.back();
+    // The exit event is never last here (has_exit() returned above), and an unsealed event
+    // cannot have been delivered, so growing it changes nothing anyone has seen.
+    if (last.id > sealed_ && last.stream == stream &&
+        last.data.size() + data.size() <= merge_up_to_) {
+      last.data.append(data);
+      Trim();
+      return last.id;
+    }
+  }
   LogEvent ev;
   ev.id = next_id();
   ev.stream = stream;
-  ev.offset = total_[i];
-  total_[i] += data.size();
-  retained_[i] += data.size();
-  ev.data = std::move(data);
+  ev.offset = total_[i] - data.size();
+  ev.data.assign(data);
   events_.push_back(std::move(ev));
   const uint64_t id = events_.back().id;
   // Growth can make already-delivered events at the front evictable.
@@ -60,6 +71,7 @@ bool EventLog::EvictFront() {
 bool EventLog::MarkDelivered(uint64_t id) {
   if (id >= next_id()) id = next_id() - 1;
   if (id > delivered_) delivered_ = id;
+  Seal(id);
   return Trim();
 }
 

@@ -16,6 +16,7 @@
 #include <deque>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "protocol/protocol.h"
 
@@ -32,11 +33,24 @@ struct LogEvent {
 
 class EventLog {
  public:
-  explicit EventLog(size_t budget_per_stream);
+  // `merge_up_to` > 0 lets AppendOutput grow the newest event instead of adding one, see there.
+  explicit EventLog(size_t budget_per_stream, size_t merge_up_to = 0);
 
   // Appends one chunk of output; always accepted (the exit drain ignores the budget).
   // Returns its id. Empty chunks are not logged and return 0.
-  uint64_t AppendOutput(protocol::Stream stream, std::string data);
+  // While no connection has taken the newest event yet (its id > sealed()), a chunk of the same
+  // stream is added to it as long as it stays within `merge_up_to` bytes, and its id is
+  // returned. Output that piles up while every reader is busy thus leaves as a few large
+  // events instead of many small ones (each event costs a frame, an SSE event and a write on
+  // the way to the client), while a reader that keeps up still gets every chunk at once.
+  uint64_t AppendOutput(protocol::Stream stream, std::string_view data);
+
+  // Freezes every event up to `id`: called before an event is handed to any connection, since
+  // ids and bytes a client has seen must be replayed exactly.
+  void Seal(uint64_t id) {
+    if (id > sealed_) sealed_ = id;
+  }
+  uint64_t sealed() const { return sealed_; }
   // Appends the final event; fills in ev.event_id. Nothing may be appended afterwards.
   uint64_t AppendExit(protocol::ExitEvent ev);
 
@@ -76,7 +90,9 @@ class EventLog {
   bool Trim();
 
   size_t budget_;
+  size_t merge_up_to_;
   std::deque<LogEvent> events_;
+  uint64_t sealed_ = 0;
   uint64_t first_id_ = 1;
   uint64_t delivered_ = 0;
   uint64_t exit_id_ = 0;

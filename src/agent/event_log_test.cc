@@ -222,3 +222,79 @@ TEST(EventLog, ReaderThatKeepsUpGetsEveryByte) {
 
 }  // namespace
 }  // namespace sbx::agent
+
+namespace sbx::agent {
+namespace {
+
+TEST(EventLogMerge, GrowsTheUnsealedNewestEventOfTheSameStream) {
+  EventLog log(1 << 20, /*merge_up_to=*/10);
+  EXPECT_EQ(log.AppendOutput(Stream::kStdout, "abc"), 1u);
+  EXPECT_EQ(log.AppendOutput(Stream::kStdout, "def"), 1u);  // merged
+  EXPECT_EQ(log.AppendOutput(Stream::kStderr, "E"), 2u);    // other stream: a new event
+  EXPECT_EQ(log.AppendOutput(Stream::kStdout, "ghi"), 3u);  // not the newest any more
+  EXPECT_EQ(log.Get(1)->data, "abcdef");
+  EXPECT_EQ(log.Get(1)->offset, 0u);
+  EXPECT_EQ(log.Get(3)->offset, 6u);
+  EXPECT_EQ(log.Get(2)->offset, 0u);
+  EXPECT_EQ(log.AppendOutput(Stream::kStderr, "F"), 4u);
+  EXPECT_EQ(log.AppendOutput(Stream::kStderr, "G"), 4u);
+  EXPECT_EQ(log.Get(4)->offset, 1u);
+  EXPECT_EQ(log.Get(4)->data, "FG");
+  EXPECT_EQ(log.total_bytes(Stream::kStdout), 9u);
+  EXPECT_EQ(log.retained_bytes(Stream::kStdout), 9u);
+  EXPECT_EQ(log.total_bytes(Stream::kStderr), 3u);
+  EXPECT_EQ(log.next_id(), 5u);
+}
+
+TEST(EventLogMerge, RespectsTheCap) {
+  EventLog log(1 << 20, /*merge_up_to=*/8);
+  EXPECT_EQ(log.AppendOutput(Stream::kStdout, "12345"), 1u);
+  EXPECT_EQ(log.AppendOutput(Stream::kStdout, "678"), 1u);  // exactly 8
+  EXPECT_EQ(log.AppendOutput(Stream::kStdout, "9"), 2u);
+  EXPECT_EQ(log.AppendOutput(Stream::kStdout, std::string(20, 'x')), 3u);  // larger than the cap
+  EXPECT_EQ(log.AppendOutput(Stream::kStdout, "y"), 4u);
+  EXPECT_EQ(log.Get(1)->data, "12345678");
+  EXPECT_EQ(log.Get(3)->data.size(), 20u);
+  EXPECT_EQ(log.Get(4)->offset, 29u);
+}
+
+TEST(EventLogMerge, NeverChangesASealedOrDeliveredEvent) {
+  EventLog log(1 << 20, /*merge_up_to=*/1 << 10);
+  EXPECT_EQ(log.AppendOutput(Stream::kStdout, "seen"), 1u);
+  log.Seal(1);  // a connection took it
+  EXPECT_EQ(log.AppendOutput(Stream::kStdout, "more"), 2u);
+  EXPECT_EQ(log.Get(1)->data, "seen");
+  EXPECT_EQ(log.AppendOutput(Stream::kStdout, "+"), 2u);
+  EXPECT_TRUE(!log.MarkDelivered(2));  // delivered implies sealed
+  EXPECT_EQ(log.sealed(), 2u);
+  EXPECT_EQ(log.AppendOutput(Stream::kStdout, "next"), 3u);
+  EXPECT_EQ(log.Get(2)->data, "more+");
+  EXPECT_EQ(log.Get(3)->offset, 9u);
+}
+
+TEST(EventLogMerge, MergedBytesCountAgainstTheBudget) {
+  EventLog log(100, /*merge_up_to=*/1 << 10);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(log.AppendOutput(Stream::kStdout, Bytes(30)), 1u);
+  EXPECT_FALSE(log.CanRead(Stream::kStdout));  // back-pressure as without merging
+  EXPECT_EQ(log.retained_bytes(Stream::kStdout), 150u);
+  log.Seal(1);
+  log.MarkDelivered(1);
+  // The single 150-byte event was delivered: evicted whole, the stream may be read again.
+  EXPECT_EQ(log.retained_bytes(Stream::kStdout), 0u);
+  EXPECT_TRUE(log.CanRead(Stream::kStdout));
+  EXPECT_EQ(log.AppendOutput(Stream::kStdout, "z"), 2u);
+  EXPECT_EQ(log.Get(2)->offset, 150u);
+}
+
+TEST(EventLogMerge, NothingMergesIntoOrAfterTheExit) {
+  EventLog log(1 << 20, /*merge_up_to=*/1 << 10);
+  EXPECT_EQ(log.AppendOutput(Stream::kStdout, "a"), 1u);
+  protocol::ExitEvent ev;
+  ev.exit_code = 0;
+  EXPECT_EQ(log.AppendExit(ev), 2u);
+  EXPECT_EQ(log.AppendOutput(Stream::kStdout, "b"), 0u);
+  EXPECT_EQ(log.Get(1)->data, "a");
+}
+
+}  // namespace
+}  // namespace sbx::agent

@@ -1,8 +1,11 @@
 #include "api/api.h"
 
+#include <vector>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "api/attach_events.h"
 #include "api/status_to_http.h"
 #include "api/target.h"
 #include "common/encoding.h"
@@ -16,6 +19,9 @@ namespace {
 namespace bhttp = http::bhttp;
 using nlohmann::json;
 using Awaitable = http::asio::awaitable<std::optional<http::Response>>;
+
+// Upper bound of one attach write; an event is never split, so a batch may exceed it by one.
+constexpr size_t kMaxAttachBatchBytes = 1 << 20;
 
 http::Response Ok(bhttp::status status, const json& body) {
   return JsonResponse(status, body.dump(-1, ' ', false, json::error_handler_t::replace));
@@ -44,6 +50,12 @@ absl::StatusOr<std::optional<std::string>> IdempotencyKey(const http::Request& r
   if (!key) return std::optional<std::string>();
   SBX_RETURN_IF_ERROR(ValidateIdempotencyKey(*key));
   return key;
+}
+
+// At least the size of the SSE event a frame becomes (see the append_event in Attach).
+size_t SseSizeBound(const protocol::Frame& f) {
+  if (f.type == protocol::FrameType::kOutput) return SseOutputEventSizeBound(f.payload.size());
+  return f.payload.size() + 256;  // small JSON re-encoded with a few more keys at most
 }
 
 json ExitJson(const protocol::ExitEvent& ev) {
@@ -323,6 +335,30 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
   if (!ctx.req.keep_alive()) header.set(bhttp::field::connection, "close");
   if (!co_await ctx.stream.Begin(std::move(header))) co_return std::nullopt;
 
+  // Appends the SSE form of one agent frame to `batch`; false when the stream ends with it
+  // (the exit event, which is appended, or a frame that does not decode, which is not).
+  auto append_event = [&](const protocol::Frame& f, std::string& batch) -> bool {
+    if (f.type == protocol::FrameType::kOutput) {
+      auto out = protocol::DecodeOutputView(f.payload);
+      if (!out.ok()) return false;
+      AppendSseOutputEvent(batch, out->event_id, out->stream, out->offset, out->data);
+    } else if (f.type == protocol::FrameType::kResync) {
+      auto rs = protocol::DecodeResync(f.payload);
+      if (!rs.ok()) return false;
+      json data = {{"oldest_available_id", rs->oldest_available_id},
+                   {"stdout_offset", rs->stdout_offset},
+                   {"stderr_offset", rs->stderr_offset}};
+      batch += SseEvent(0, "resync_required", data.dump());
+    } else if (f.type == protocol::FrameType::kExit) {
+      auto ev = protocol::DecodeExit(f.payload);
+      if (!ev.ok()) return false;
+      svc_.RecordSessionExit(session_id, *ev);
+      batch += SseEvent(ev->event_id, "process_exited", ExitJson(*ev).dump());
+      return false;
+    }
+    return true;
+  };
+
   for (;;) {
     auto frame = co_await (*stream)->Next(opts_.keepalive_interval);
     if (!frame.ok()) {
@@ -337,37 +373,31 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
       if (!co_await ctx.stream.Write(": keepalive\n\n")) co_return std::nullopt;
       continue;
     }
-    const protocol::Frame& f = **frame;
-    std::string event;
-    bool exited = false;
-    if (f.type == protocol::FrameType::kOutput) {
-      auto out = protocol::DecodeOutput(f.payload);
-      if (!out.ok()) break;
-      json data = {{"data_b64", Base64Encode(out->data)}, {"offset", out->offset}};
-      event = SseEvent(out->event_id,
-                       out->stream == protocol::Stream::kStderr ? "stderr" : "stdout",
-                       data.dump());
-    } else if (f.type == protocol::FrameType::kResync) {
-      auto rs = protocol::DecodeResync(f.payload);
-      if (!rs.ok()) break;
-      json data = {{"oldest_available_id", rs->oldest_available_id},
-                   {"stdout_offset", rs->stdout_offset},
-                   {"stderr_offset", rs->stderr_offset}};
-      event = SseEvent(0, "resync_required", data.dump());
-    } else if (f.type == protocol::FrameType::kExit) {
-      auto ev = protocol::DecodeExit(f.payload);
-      if (!ev.ok()) break;
-      svc_.RecordSessionExit(session_id, *ev);
-      event = SseEvent(ev->event_id, "process_exited", ExitJson(*ev).dump());
-      exited = true;
-    } else {
-      continue;
+    // Whatever the agent sent in the same read goes out as one HTTP chunk: one write per
+    // batch instead of one per event. Back-pressure is unchanged: nothing more is read from
+    // the agent until the client has taken the batch. The frames are collected first so that
+    // the batch is allocated once at its final size.
+    std::vector<protocol::Frame> frames;
+    frames.push_back(std::move(**frame));
+    size_t size = SseSizeBound(frames.back());
+    while (size < kMaxAttachBatchBytes) {
+      std::optional<protocol::Frame> next = (*stream)->TryNext();
+      if (!next) break;
+      size += SseSizeBound(*next);
+      frames.push_back(std::move(*next));
     }
-    if (!co_await ctx.stream.Write(std::move(event))) {
+    std::string batch;
+    batch.reserve(size);
+    bool more = true;
+    for (const protocol::Frame& f : frames) {
+      more = append_event(f, batch);
+      if (!more) break;
+    }
+    if (!batch.empty() && !co_await ctx.stream.Write(std::move(batch))) {
       (*stream)->Close();  // client gone; the process keeps running
       co_return std::nullopt;
     }
-    if (exited) break;
+    if (!more) break;
   }
   (*stream)->Close();
   co_await ctx.stream.End();

@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -201,14 +202,31 @@ std::string EncodeOutput(const OutputEvent& ev) {
   return out;
 }
 
-absl::StatusOr<OutputEvent> DecodeOutput(std::string_view payload) {
+void AppendOutputFrame(std::string& out, uint64_t event_id, Stream stream, uint64_t offset,
+                       std::string_view data) {
+  const size_t payload = kOutputHeader + data.size();
+  // Geometric growth: `out` collects many frames, and an exact reserve per frame would copy
+  // everything queued before it each time.
+  const size_t need = out.size() + kHeaderSize + payload;
+  if (out.capacity() < need) out.reserve(std::max(need, 2 * out.capacity()));
+  PutU32(out, static_cast<uint32_t>(payload));
+  out.push_back(static_cast<char>(kVersion));
+  out.push_back(static_cast<char>(FrameType::kOutput));
+  PutU16(out, 0);
+  PutU64(out, event_id);
+  out.push_back(static_cast<char>(stream));
+  PutU64(out, offset);
+  out.append(data);
+}
+
+absl::StatusOr<OutputEventView> DecodeOutputView(std::string_view payload) {
   if (payload.size() < kOutputHeader) {
     return absl::InvalidArgumentError(fmt::format(
         "output event: payload of {} bytes is shorter than the {}-byte header", payload.size(),
         kOutputHeader));
   }
   const auto* p = reinterpret_cast<const uint8_t*>(payload.data());
-  OutputEvent ev;
+  OutputEventView ev;
   ev.event_id = GetBE(p, 8);
   const uint8_t stream = p[8];
   if (stream != static_cast<uint8_t>(Stream::kStdout) &&
@@ -217,8 +235,13 @@ absl::StatusOr<OutputEvent> DecodeOutput(std::string_view payload) {
   }
   ev.stream = static_cast<Stream>(stream);
   ev.offset = GetBE(p + 9, 8);
-  ev.data.assign(payload.substr(kOutputHeader));
+  ev.data = payload.substr(kOutputHeader);
   return ev;
+}
+
+absl::StatusOr<OutputEvent> DecodeOutput(std::string_view payload) {
+  SBX_ASSIGN_OR_RETURN(OutputEventView v, DecodeOutputView(payload));
+  return OutputEvent{v.event_id, v.stream, v.offset, std::string(v.data)};
 }
 
 std::string EncodeExit(const ExitEvent& ev) {

@@ -111,7 +111,20 @@ class FrameDecoder {
 };
 
 std::string EncodeOutput(const OutputEvent& ev);
+// Appends a whole kOutput frame (header and payload) to `out`: the agent's streaming path,
+// which copies the output bytes once instead of building the payload and then the frame.
+// Same bytes as EncodeFrame(kOutput, EncodeOutput(...)).
+void AppendOutputFrame(std::string& out, uint64_t event_id, Stream stream, uint64_t offset,
+                       std::string_view data);
 absl::StatusOr<OutputEvent> DecodeOutput(std::string_view payload);
+// DecodeOutput without copying the data: `data` points into `payload`.
+struct OutputEventView {
+  uint64_t event_id = 0;
+  Stream stream = Stream::kStdout;
+  uint64_t offset = 0;
+  std::string_view data;
+};
+absl::StatusOr<OutputEventView> DecodeOutputView(std::string_view payload);
 std::string EncodeExit(const ExitEvent& ev);
 absl::StatusOr<ExitEvent> DecodeExit(std::string_view payload);
 std::string EncodeResync(const ResyncEvent& ev);

@@ -203,6 +203,36 @@ TEST(Output, RejectsShortPayloadAndBadStream) {
   }
 }
 
+TEST(Output, AppendOutputFrameMatchesEncodeFrame) {
+  std::string all;
+  for (int i = 0; i < 256; ++i) all.push_back(static_cast<char>(i));
+  std::string out = "prefix";
+  AppendOutputFrame(out, 0x0102030405060708ull, Stream::kStderr, 77, all);
+  AppendOutputFrame(out, 9, Stream::kStdout, 0, "");
+  EXPECT_EQ(out, "prefix" +
+                     EncodeFrame(FrameType::kOutput,
+                                 EncodeOutput({0x0102030405060708ull, Stream::kStderr, 77, all})) +
+                     EncodeFrame(FrameType::kOutput, EncodeOutput({9, Stream::kStdout, 0, ""})));
+  FrameDecoder d;
+  d.Feed(std::string_view(out).substr(6));
+  auto f = d.Next();
+  ASSERT_TRUE(f.ok() && f->has_value());
+  auto v = DecodeOutputView((*f)->payload);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->event_id, 0x0102030405060708ull);
+  EXPECT_EQ(v->stream, Stream::kStderr);
+  EXPECT_EQ(v->offset, 77u);
+  EXPECT_EQ(v->data, all);
+  EXPECT_EQ(v->data.data(), (*f)->payload.data() + 17);  // a view, not a copy
+}
+
+TEST(Output, ViewRejectsWhatDecodeRejects) {
+  EXPECT_FALSE(DecodeOutputView(std::string(16, '\0')).ok());
+  std::string p = EncodeOutput({1, Stream::kStdout, 0, "x"});
+  p[8] = 3;
+  EXPECT_FALSE(DecodeOutputView(p).ok());
+}
+
 TEST(Exit, RoundTrips) {
   ExitEvent code{7, 3, std::nullopt, false, false};
   auto a = DecodeExit(EncodeExit(code));

@@ -111,6 +111,12 @@ asio::awaitable<absl::StatusOr<std::optional<protocol::Frame>>> AgentStream::Nex
   co_return f;
 }
 
+std::optional<protocol::Frame> AgentStream::TryNext() {
+  auto next = decoder_.Next();
+  if (!next.ok() || !*next) return std::nullopt;
+  return std::move(**next);
+}
+
 void AgentStream::Close() {
   boost::system::error_code ec;
   timer_.cancel();

@@ -40,6 +40,10 @@ class AgentStream {
   // connections to a frozen sandbox (SandboxService::AgentSocketFor).
   asio::awaitable<absl::StatusOr<std::optional<protocol::Frame>>> Next(
       std::chrono::milliseconds idle);
+  // A frame that already arrived with an earlier read, without waiting: lets the caller batch
+  // what the agent sent together. nullopt when no complete frame is buffered, and also when
+  // the buffered bytes are malformed (the next Next() then reports that error).
+  std::optional<protocol::Frame> TryNext();
   void Close();
 
  private:

@@ -23,11 +23,18 @@ def test_nothing_left_on_host_after_delete(api, sbxd):
     assert first.event == "stdout" and base64.b64decode(first.data["data_b64"]) == b"started\n", first
     stream.close()
 
-    before = hostcheck.leftovers(sid, sbxd.state_dir)
+    # `sh` has forked both children before it echoes, but a child may not have reached exec
+    # yet (it then still shows as `sh -c ...`): give them a moment on a loaded machine.
+    deadline = time.monotonic() + 10
+    while True:
+        before = hostcheck.leftovers(sid, sbxd.state_dir)
+        sleepers = [p for p in before.get("processes", []) if p["cmdline"] == "sleep 1000"]
+        if len(sleepers) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     # The check below is only meaningful if the sandbox's objects can be found by its id.
     assert before.get("processes"), f"no host process is in a cgroup named after {sid}: {before}"
     assert before.get("cgroups"), f"no cgroup directory named after {sid}"
-    sleepers = [p for p in before["processes"] if p["cmdline"] == "sleep 1000"]
     assert len(sleepers) == 2, f"expected the two sleep processes in the sandbox's cgroup: {before['processes']}"
 
     op = api.delete_sandbox(sid)
