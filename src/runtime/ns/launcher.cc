@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <signal.h>
 #include "runtime/ns/pidfd.h"
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -189,6 +190,52 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
   ::_exit(127);
 }
 
+struct ChildArgs {
+  const LaunchPlan* plan;
+  int report_fd;
+};
+
+int ChildEntry(void* raw) {
+  auto* a = static_cast<ChildArgs*>(raw);
+  ChildMain(*a->plan, a->report_fd);
+}
+
+// The child shares sbxd's memory until its execveat (posix_spawn's model): clone3 then copies
+// no page tables and the exec tears none down, which on these VMs is most of a launch's clone
+// and exec time. CLONE_VFORK keeps this thread (and the child's stack and plan) still until the
+// child has exec'd or exited; the child writes nothing but its own stack, the report pipe and
+// the trace page. Sanitizer runtimes do not expect a second task on their thread's memory, so
+// those builds keep the copying clone.
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__) && \
+    !defined(SBX_LAUNCH_COPIES_VM)
+#define SBX_LAUNCH_SHARES_VM 1
+constexpr size_t kChildStackBytes = 256 << 10;
+
+// clone3 whose child starts on args->stack: it must not return into this frame (which lives
+// on the parent's stack), so it calls fn(arg) from assembly and exits if fn ever returns.
+__attribute__((noinline)) long Clone3OnStack(struct clone_args* args, int (*fn)(void*), void* arg) {
+  long ret;
+  register int (*entry)(void*) asm("r12") = fn;
+  register void* entry_arg asm("r13") = arg;
+  asm volatile(
+      "syscall\n\t"
+      "test %%rax, %%rax\n\t"
+      "jnz 1f\n\t"
+      "xor %%ebp, %%ebp\n\t"
+      "mov %%r13, %%rdi\n\t"
+      "call *%%r12\n\t"
+      "mov %%eax, %%edi\n\t"
+      "mov $60, %%eax\n\t"  // SYS_exit
+      "syscall\n\t"
+      "hlt\n\t"
+      "1:\n\t"
+      : "=a"(ret)
+      : "0"(static_cast<long>(SYS_clone3)), "D"(args), "S"(sizeof(*args)), "r"(entry), "r"(entry_arg)
+      : "rcx", "r11", "memory");
+  return ret;
+}
+#endif
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -348,7 +395,29 @@ absl::StatusOr<ChildProcess> Launch(const LaunchPlan& plan) {
     args.flags |= CLONE_INTO_CGROUP;
     args.cgroup = static_cast<uint64_t>(plan.cgroup_v2_dir_fd);
   }
+#ifdef SBX_LAUNCH_SHARES_VM
+  void* stack = ::mmap(nullptr, kChildStackBytes, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  if (stack == MAP_FAILED) return ErrnoStatus(errno, "launch: mmap(child stack)");
+  struct StackUnmap {
+    void* p;
+    ~StackUnmap() { ::munmap(p, kChildStackBytes); }
+  } stack_unmap{stack};
+  // The lowest page stays a guard: an overflow faults instead of writing into other memory.
+  if (::mprotect(stack, 4096, PROT_NONE) != 0) return ErrnoStatus(errno, "launch: mprotect(stack guard)");
+  args.flags |= CLONE_VM | CLONE_VFORK;
+  args.stack = reinterpret_cast<uint64_t>(stack);
+  args.stack_size = kChildStackBytes;
+  ChildArgs child_args{&plan, wr.get()};
+  long rc = Clone3OnStack(&args, ChildEntry, &child_args);
+  if (rc < 0) {
+    errno = static_cast<int>(-rc);
+    rc = -1;
+  }
+#else
   long rc = ::syscall(SYS_clone3, &args, sizeof(args));
+  if (rc == 0) ChildMain(plan, wr.get());
+#endif
   if (rc < 0) {
     int err = errno;
     return ErrnoStatus(err, fmt::format("clone: clone3(NEWNS|NEWPID|NEWIPC|NEWUTS{}|PIDFD{})",
@@ -357,7 +426,6 @@ absl::StatusOr<ChildProcess> Launch(const LaunchPlan& plan) {
                                             ? fmt::format("|INTO_CGROUP {}", plan.cgroup_v2_path)
                                             : std::string()));
   }
-  if (rc == 0) ChildMain(plan, wr.get());
 
   ChildProcess child(static_cast<pid_t>(rc), UniqueFd(pidfd));
   wr.Reset();
