@@ -114,6 +114,7 @@ absl::StatusOr<Session> Api::CreateSession(const std::string& sandbox_id,
 absl::StatusOr<AttachResult> Api::Attach(const Session& session) {
   AttachResult out;
   bool exited = false;
+  std::string decoded;
   absl::Status st = conn_.Stream(
       session.attach_url, session.attach_token,
       [&](const cli::SseEvent& ev) -> absl::StatusOr<bool> {
@@ -130,15 +131,15 @@ absl::StatusOr<AttachResult> Api::Attach(const Session& session) {
                 "{}: stdout event {} has offset {}, expected {} (gap or duplicate)", session.id,
                 ev.id, offset, out.stdout_bytes));
           }
-          std::optional<std::string> bytes = Base64Decode(d->data_b64);
-          if (!bytes) {
+          // One buffer for the whole stream: events run to hundreds of KiB.
+          if (!Base64DecodeTo(d->data_b64, decoded)) {
             return absl::InternalError(
                 fmt::format("{}: stdout event {} has invalid base64", session.id, ev.id));
           }
-          out.stdout_bytes += bytes->size();
+          out.stdout_bytes += decoded.size();
           if (out.stdout_head.size() < AttachResult::kHeadBytes) {
-            out.stdout_head.append(
-                bytes->substr(0, AttachResult::kHeadBytes - out.stdout_head.size()));
+            out.stdout_head.append(std::string_view(decoded).substr(
+                0, AttachResult::kHeadBytes - out.stdout_head.size()));
           }
         } else if (ev.type == "process_exited") {
           out.exited = Clock::now();

@@ -39,7 +39,7 @@ std::vector<std::string> UnshareEchoArgv();
 // read-only, its own network namespace), a unique container id per run; everything removed.
 Result RunRuncPeer(int iterations);
 
-// `head -c BYTES /dev/zero` read through a pipe into a 1 MiB buffer: the ceiling for attach
+// `cat /dev/zero | head -c BYTES` read through a pipe into a 1 MiB buffer: the ceiling for attach
 // throughput on this machine. Throughput in MB/s (10^6 bytes).
 Result RunPipePeer(uint64_t bytes, int iterations);
 

@@ -1,5 +1,8 @@
 #include "cli/sse_parser.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include <fmt/format.h>
 
 namespace sbx::cli {
@@ -25,12 +28,23 @@ absl::Status SseParser::Feed(std::string_view bytes, std::vector<SseEvent>* out)
     }
   }
   size_t start = 0;
-  for (size_t i = 0; i < bytes.size(); ++i) {
-    char c = bytes[i];
-    if (c != '\r' && c != '\n') {
-      after_cr_ = false;
-      continue;
-    }
+  // Jump from line end to line end with memchr (data lines run to hundreds of KiB); the next
+  // CR and LF positions are each searched once and reused until passed.
+  const size_t n = bytes.size();
+  auto find = [&](char ch, size_t from) -> size_t {
+    if (from >= n) return n;
+    const void* p = std::memchr(bytes.data() + from, ch, n - from);
+    return p == nullptr ? n : static_cast<size_t>(static_cast<const char*>(p) - bytes.data());
+  };
+  size_t next_lf = find('\n', 0);
+  size_t next_cr = find('\r', 0);
+  for (;;) {
+    const size_t i = std::min(next_lf, next_cr);
+    if (i >= n) break;
+    const char c = bytes[i];
+    if (i == next_lf) next_lf = find('\n', i + 1);
+    if (i == next_cr) next_cr = find('\r', i + 1);
+    if (i > start) after_cr_ = false;  // ordinary characters came before this line end
     if (c == '\n' && after_cr_ && i == start && line_.empty()) {
       // Second half of a CRLF whose CR ended the previous line.
       after_cr_ = false;
