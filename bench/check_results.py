@@ -9,7 +9,7 @@ import os
 import sys
 
 SCENARIOS = ["create_cold", "create_warm", "first_output", "first_output_exit", "exec",
-             "concurrent_create", "sustained", "attach", "density", "pause", "pause_wake",
+             "concurrent_create", "concurrent_create_warm", "sustained", "attach", "density", "pause", "pause_wake",
              "pause_delete"]
 PEERS = ["fork_exec_true", "bwrap_echo", "unshare_echo", "runc_echo", "pipe"]
 # The pause routes come from another branch: until they are merged, sbxd answers 404 and the

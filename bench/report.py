@@ -29,6 +29,7 @@ SCENARIOS = [
     ("first_output_exit", "create → `echo hi` exited"),
     ("exec", "exec `true` in a running sandbox (session + attach)"),
     ("concurrent_create", "concurrent creates → running"),
+    ("concurrent_create_warm", "concurrent creates → running (warm pool)"),
     ("sustained", "create + exec + delete cycle, sustained"),
     ("attach", "attach throughput (first byte → exit)"),
     ("density", "create → running while filling (density)"),
@@ -88,8 +89,11 @@ def scenario_note(name, r):
     notes = []
     if name == "create_warm" and "warm_pool_hits" in e:
         notes.append(f"{e['warm_pool_hits']}/{r['n']} from the pool, {e.get('pace_ms', 0)} ms pacing")
-    if name == "concurrent_create" and "concurrency" in e:
+    if name in ("concurrent_create", "concurrent_create_warm") and "concurrency" in e:
         notes.append(f"{e['concurrency']} at once, rounds: {e.get('rounds', 1)}")
+        if name == "concurrent_create_warm":
+            notes.append(f"{e.get('warm_pool_hits', 0)}/{r['n']} from the pool, "
+                         f"{e.get('settle_ms_before_each_round', 0)} ms to refill before each round")
     if name == "sustained" and "workers" in e:
         notes.append(f"{e['workers']} workers, {e.get('duration_s', '?')} s")
     if name == "attach" and "bytes" in e:

@@ -12,7 +12,7 @@
 #   bash tools/bench.sh [--quick] -- ARGS...   extra sbx-load flags (e.g. --scenarios exec)
 #
 # Environment: SBX_SKIP_INSTALL=1 skips tools/install-deps.sh; SBX_BENCH_WARM_POOL (default
-# base=8) is the warm sbxd's --warm-pool value.
+# base=64, enough for the 50-create burst) is the warm sbxd's --warm-pool value.
 # Both daemons are stopped by PID, after their sandboxes are deleted, and their state
 # directories removed, also when something fails.
 set -euo pipefail
@@ -136,7 +136,7 @@ start_daemon() {  # $1 = name, rest = extra sbxd flags; sets PIDS/URLS
 start_daemon main --warm-pool base=0
 MAIN_PID=${PIDS[0]}
 MAIN_URL=${URLS[0]}
-start_daemon warm --warm-pool "${SBX_BENCH_WARM_POOL:-base=8}"
+start_daemon warm --warm-pool "${SBX_BENCH_WARM_POOL:-base=64}"
 WARM_URL=${URLS[1]}
 
 log "running sbx-load${LOAD_MODE[*]:+ ${LOAD_MODE[*]}} (results: $JSON)"

@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
                  "a second sbxd started with a warm pool: create_warm runs against it only");
   app.add_option("--scenarios", scenarios_flag,
                  "comma-separated subset of: create_cold,create_warm,first_output,exec,"
-                 "concurrent_create,sustained,attach,density,pause (default: all)");
+                 "concurrent_create,sustained,attach,density,pause,concurrent_create_warm (default: all)");
   app.add_option("--peers", peers_flag,
                  "comma-separated subset of: fork_exec_true,bwrap_echo,unshare_echo,runc_echo,"
                  "pipe (default: all; \"none\" for none)");

@@ -241,10 +241,13 @@ void Exec(const Config& cfg, Results& out) {
 
 // --- 4a. concurrent creates ----------------------------------------------------------------------
 
-void ConcurrentCreate(const Config& cfg, Results& out) {
+// `settle_ms` before each round lets a warm pool refill after the previous burst.
+Result ConcurrentCreateOn(const Config& cfg, const cli::Endpoint& endpoint, const std::string& token,
+                          int settle_ms) {
   Result r;
   const int n = cfg.concurrency;
-  Janitor janitor(cfg.endpoint, cfg.token);
+  int warm_hits = 0;
+  Janitor janitor(endpoint, token);
   std::mutex mu;
   std::vector<double> round_wall_ms;
   std::vector<Clock::time_point> done(n);
@@ -256,10 +259,11 @@ void ConcurrentCreate(const Config& cfg, Results& out) {
   std::vector<std::thread> threads;
   for (int t = 0; t < n; ++t) {
     threads.emplace_back([&, t] {
-      HttpConn conn(cfg.endpoint, cfg.token);
+      HttpConn conn(endpoint, token);
       Api api(conn);
       absl::Status connected = conn.Connect();
       for (int round = 0; round < cfg.concurrent_rounds; ++round) {
+        if (settle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
         go.arrive_and_wait();
         std::optional<std::string> id;
         const auto t0 = Clock::now();
@@ -275,6 +279,7 @@ void ConcurrentCreate(const Config& cfg, Results& out) {
           done[t] = t1;
           if (c.ok()) {
             r.samples_ms.push_back(MsBetween(t0, t1));
+            if (c->warm_pool) ++warm_hits;
           } else {
             r.AddError(Msg(c.status()));
           }
@@ -308,7 +313,27 @@ void ConcurrentCreate(const Config& cfg, Results& out) {
   nlohmann::json walls = nlohmann::json::array();
   for (double w : round_wall_ms) walls.push_back(Round(w));
   r.extra["round_wall_ms"] = walls;
-  out["concurrent_create"] = std::move(r);
+  r.extra["warm_pool_hits"] = warm_hits;
+  return r;
+}
+
+void ConcurrentCreate(const Config& cfg, Results& out) {
+  out["concurrent_create"] = ConcurrentCreateOn(cfg, cfg.endpoint, cfg.token, 0);
+}
+
+// The same burst against the sbxd with a warm pool (sized for the burst by tools/bench.sh).
+void ConcurrentCreateWarm(const Config& cfg, Results& out) {
+  if (!cfg.warm_endpoint) {
+    Result r;
+    r.skipped = "no --warm-url (an sbxd started with a warm pool)";
+    out["concurrent_create_warm"] = std::move(r);
+    return;
+  }
+  constexpr int kSettleMs = 3000;
+  Result r = ConcurrentCreateOn(cfg, *cfg.warm_endpoint, cfg.warm_token, kSettleMs);
+  r.extra["settle_ms_before_each_round"] = kSettleMs;
+  r.extra["sbxd_url"] = cfg.warm_endpoint->url;
+  out["concurrent_create_warm"] = std::move(r);
 }
 
 // --- 4b. sustained create + exec + delete --------------------------------------------------------
@@ -649,7 +674,7 @@ void Pause(const Config& cfg, Results& out) {
 const std::vector<std::string>& ScenarioNames() {
   static const std::vector<std::string> kNames = {
       "create_cold", "create_warm", "first_output", "exec",  "concurrent_create",
-      "sustained",   "attach",      "density",      "pause"};
+      "sustained",   "attach",      "density",      "pause", "concurrent_create_warm"};
   return kNames;
 }
 
@@ -659,6 +684,7 @@ void RunScenario(const std::string& name, const Config& cfg, Results& out) {
   if (name == "first_output") return FirstOutput(cfg, out);
   if (name == "exec") return Exec(cfg, out);
   if (name == "concurrent_create") return ConcurrentCreate(cfg, out);
+  if (name == "concurrent_create_warm") return ConcurrentCreateWarm(cfg, out);
   if (name == "sustained") return Sustained(cfg, out);
   if (name == "attach") return Attach(cfg, out);
   if (name == "density") return Density(cfg, out);
