@@ -42,7 +42,7 @@ PEERS = [
     ("bwrap_echo", "`bwrap --unshare-all … echo hi`"),
     ("unshare_echo", "`unshare --fork --pid --mount --net … echo hi`"),
     ("runc_echo", "`runc run` of an `echo hi` bundle"),
-    ("pipe", "`cat /dev/zero | head -c N` through a pipe"),
+    ("pipe", "`cat /dev/zero \\| head -c N` through a pipe"),
 ]
 # Throughput-only entries: one long sample each, not a latency distribution.
 NOT_PLOTTED = {"attach", "pipe"}
