@@ -39,6 +39,14 @@ def main():
             elif not r.get("n"):
                 why = r.get("failure") or r.get("missing") or r.get("skipped") or "n = 0"
                 problems.append(f"{section}.{name}: no samples ({why})")
+    micro = os.path.join(d, "micro.json")
+    try:
+        with open(micro) as f:
+            benches = [b for b in json.load(f).get("benchmarks", []) if b.get("iterations")]
+        if not benches:
+            problems.append(f"{micro}: no benchmark ran")
+    except (OSError, ValueError) as e:
+        problems.append(f"cannot read {micro}: {e}")
     png = os.path.join(d, "latency.png")
     if not os.path.isfile(png) or os.path.getsize(png) == 0:
         problems.append(f"{png} is missing or empty")
@@ -46,7 +54,8 @@ def main():
         print(f"check: FAIL: {p}")
     if problems:
         sys.exit(1)
-    print(f"check: {d}: {len(SCENARIOS)} scenarios, {len(PEERS)} peers and the plot are there")
+    print(f"check: {d}: {len(SCENARIOS)} scenarios, {len(PEERS)} peers, the micro-benchmarks "
+          f"and the plot are there")
 
 
 if __name__ == "__main__":

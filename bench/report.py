@@ -186,6 +186,26 @@ def tables(d):
     return "\n\n".join(parts) + "\n"
 
 
+def micro_table(m):
+    """Google Benchmark results: time per iteration and the throughput counters it reports."""
+    rows = []
+    for b in m.get("benchmarks", []):
+        if b.get("run_type", "iteration") != "iteration":
+            continue
+        unit = b.get("time_unit", "ns")
+        rate = ""
+        if "bytes_per_second" in b:
+            rate = f"{b['bytes_per_second'] / 1e6:,.0f} MB/s"
+        elif "items_per_second" in b:
+            rate = f"{b['items_per_second']:,.0f} items/s"
+        rows.append([f"`{b['name']}`", f"{b['real_time']:,.1f} {unit}", f"{b['cpu_time']:,.1f} {unit}",
+                     str(b.get("iterations", "")), rate])
+    ctx = m.get("context", {})
+    head = (f"### Micro-benchmarks (`sbx-micro-bench`, Google Benchmark, {ctx.get('num_cpus', '?')} CPUs, "
+            f"libbenchmark build type {ctx.get('library_build_type', '?')})\n\n")
+    return head + table(["benchmark", "real time", "CPU time", "iterations", "throughput"], rows) + "\n"
+
+
 def series(d):
     out = []
     for section, known, kind in (("scenarios", SCENARIOS, "sbx"), ("peers", PEERS, "peer")):
@@ -254,6 +274,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--in", dest="inp", default="bench/results/latest.json")
     ap.add_argument("--png", default="bench/results/latency.png")
+    ap.add_argument("--micro", help="Google Benchmark JSON of sbx-micro-bench (optional)")
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--docs", help="update the generated block of this Markdown file in place")
     g.add_argument("--tables-out", help="write the tables to this file")
@@ -262,6 +283,9 @@ def main():
         d = json.load(f)
     plot(d, os.path.abspath(args.png))
     block = tables(d)
+    if args.micro and os.path.exists(args.micro):
+        with open(args.micro) as f:
+            block += "\n" + micro_table(json.load(f))
     if args.docs:
         update_docs(args.docs, block)
     elif args.tables_out:

@@ -43,6 +43,8 @@ if [[ $quick -eq 1 ]]; then
   mkdir -p "$OUT_DIR"
   JSON="$OUT_DIR/latest.json"
   PNG="$OUT_DIR/latency.png"
+  MICRO="$OUT_DIR/micro.json"
+  MICRO_ARGS=(--benchmark_min_time=0.01)
   REPORT_ARGS=(--tables-out "$OUT_DIR/benchmarks-tables.md")
   LOAD_MODE=(--quick)
 else
@@ -50,6 +52,8 @@ else
   mkdir -p "$OUT_DIR"
   JSON="$OUT_DIR/latest.json"
   PNG="$OUT_DIR/latency.png"
+  MICRO="$OUT_DIR/micro.json"
+  MICRO_ARGS=()
   REPORT_ARGS=(--docs "$ROOT/docs/benchmarks.md")
   LOAD_MODE=()
 fi
@@ -147,7 +151,15 @@ if [[ ! -s "$JSON" ]]; then
   echo "bench: sbx-load wrote no results (exit $rc)" >&2
   exit 1
 fi
-python3 bench/report.py --in "$JSON" --png "$PNG" "${REPORT_ARGS[@]}"
+# Hot-path micro-benchmarks (Google Benchmark), after the load so they do not share the CPU.
+log "running sbx-micro-bench (results: $MICRO)"
+if ! build/bin/sbx-micro-bench --benchmark_out="$MICRO" --benchmark_out_format=json \
+    "${MICRO_ARGS[@]}" > "$WORK/micro.txt" 2>&1; then
+  echo "bench: sbx-micro-bench failed; its output:" >&2
+  tail -n 30 "$WORK/micro.txt" >&2
+  exit 1
+fi
+python3 bench/report.py --in "$JSON" --micro "$MICRO" --png "$PNG" "${REPORT_ARGS[@]}"
 if [[ $rc -ne 0 ]]; then
   echo "bench: sbx-load exited $rc: some scenario or peer could not run (see above)" >&2
   exit "$rc"
