@@ -105,7 +105,9 @@ TEST(WarmPool, StaleDigestAndDeadAgentsAreDroppedNotHandedOut) {
   pool.Return(std::move(*sb));
   // The refill may have built a fresh one meanwhile; the dead one is never handed out.
   auto next = pool.Take("ns", "base", "sha256:a");
-  if (next.has_value()) EXPECT_NE(next->instance->id(), dead_id);
+  if (next.has_value()) {
+    EXPECT_NE(next->instance->id(), dead_id);
+  }
   EXPECT_EQ(f.destroyed.load(), destroyed_before + 1);
 }
 
