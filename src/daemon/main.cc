@@ -184,6 +184,20 @@ int main(int argc, char** argv) {
   if (!store.ok()) return Fail(store.status());
   auto templates = sbx::service::TemplateRegistry::Create(f.state_dir);
   if (!templates.ok()) return Fail(templates.status());
+  // Checked before the runtime touches the host.
+  std::vector<sbx::service::WarmPoolConfig> warm_pools;
+  for (const auto& spec : f.warm_pools) {
+    auto pool = ParseWarmPool(spec, f.runtime);
+    if (!pool.ok()) return Fail(pool.status());
+    if (pool->size > 0) {
+      // A pool of a template that does not exist would only log failed builds forever.
+      if (auto t = templates->Resolve(pool->template_name); !t.ok()) {
+        return Fail(absl::InvalidArgumentError(
+            fmt::format("--warm-pool '{}': {}", spec, std::string(t.status().message()))));
+      }
+    }
+    warm_pools.push_back(*pool);
+  }
 
   std::map<std::string, sbx::runtime::Backend*> backends;
   std::unique_ptr<sbx::runtime::Backend> ns_backend, fake_backend;
@@ -209,11 +223,7 @@ int main(int argc, char** argv) {
   sbx::service::ServiceOptions sopts;
   sopts.default_runtime = f.runtime;
   sopts.attach_key = *attach_key;
-  for (const auto& spec : f.warm_pools) {
-    auto pool = ParseWarmPool(spec, f.runtime);
-    if (!pool.ok()) return Fail(pool.status());
-    sopts.warm_pools.push_back(*pool);
-  }
+  sopts.warm_pools = std::move(warm_pools);
   sbx::service::SandboxService svc(sopts, **store, engine, std::move(*templates), backends);
 
   sbx::api::ApiOptions aopts;

@@ -102,3 +102,19 @@ def test_idempotent_replay_of_a_warm_create(api):
                      headers={"Idempotency-Key": key}, expect=202).body
     assert again["sandbox"]["id"] == first["sandbox"]["id"]
     assert again["operation"]["id"] == first["operation"]["id"]
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("nope=2", "template 'nope' not found"),
+    ("base=x", "expected TEMPLATE=N"),
+    ("base=257", "expected TEMPLATE=N"),
+])
+def test_bad_warm_pool_flag_stops_sbxd_before_it_starts(tmp_path, flag, message):
+    import subprocess
+    from conftest import build_dir
+    r = subprocess.run([str(build_dir() / "bin" / "sbxd"), "--listen", "127.0.0.1:0",
+                        "--state-dir", str(tmp_path / "state"), "--admin-token", "t",
+                        "--warm-pool", flag], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert message in r.stderr and f"--warm-pool '{flag}'" in r.stderr, r.stderr
+    assert "listening" not in r.stdout
