@@ -386,6 +386,9 @@ absl::Status Client::Stream(const StreamOptions& opts, const SseHandler& handler
   if (ec) return TransportError(ec, "attach", request_timeout);
 
   std::array<char, 64 * 1024> buf;
+  // Beast sizes each socket read by the buffer's free capacity (at least 512 bytes): without
+  // room, a stream of 200 KiB events is read 512 bytes per syscall.
+  impl_->buffer.reserve(256 << 10);
   // Reads whatever is available into `buf` (at most one socket read): returns the byte count.
   auto read_some = [&](std::chrono::seconds timeout, error_code& read_ec) -> size_t {
     parser.get().body().data = buf.data();
