@@ -304,7 +304,7 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
     spec.resources.memory_mib = sb.effective_resources.value("memory_mib", opts_.defaults.memory_mib);
     spec.resources.disk_mib = sb.effective_resources.value("disk_mib", opts_.defaults.disk_mib);
     spec.resources.pids = sb.effective_resources.value("pids", opts_.defaults.pids);
-    for (const auto& [k, v] : sb.env.items()) spec.env[k] = v.get<std::string>();
+    // The sandbox env is applied per session (CreateSession), as for pooled sandboxes.
     spec.hostname = sb.id.substr(0, 16);
     inst = (*backend)->Create(spec);
   }

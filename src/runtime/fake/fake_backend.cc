@@ -97,24 +97,35 @@ bool IsOurAgent(pid_t pid, const std::string& socket) {
   return false;
 }
 
+// Calls fn(pid, state) for every live process (zombies skipped) whose session id is `sid`.
+template <typename Fn>
+absl::Status ForEachLiveInSession(pid_t sid, Fn fn) {
+  DIR* d = ::opendir("/proc");
+  if (!d) return ErrnoStatus(errno, "opendir(/proc)");
+  while (dirent* e = ::readdir(d)) {
+    char* end = nullptr;
+    long pid = std::strtol(e->d_name, &end, 10);
+    if (pid <= 0 || *end != '\0') continue;
+    auto st = ReadProcStat(static_cast<pid_t>(pid));
+    if (!st || st->sid != sid || st->state == 'Z' || st->state == 'X') continue;
+    fn(static_cast<pid_t>(pid), st->state);
+  }
+  ::closedir(d);
+  return absl::OkStatus();
+}
+
 // Kills every process whose session id is `sid` (the agent and all its sessions), repeating
 // while forks race with the scan. Returns once none is left alive (zombies do not count).
 void KillSession(pid_t sid) {
   const auto deadline = std::chrono::steady_clock::now() + 5s;
   while (std::chrono::steady_clock::now() < deadline) {
     bool found = false;
-    DIR* d = ::opendir("/proc");
-    if (!d) return;
-    while (dirent* e = ::readdir(d)) {
-      char* end = nullptr;
-      long pid = std::strtol(e->d_name, &end, 10);
-      if (pid <= 0 || *end != '\0') continue;
-      auto st = ReadProcStat(static_cast<pid_t>(pid));
-      if (!st || st->sid != sid || st->state == 'Z' || st->state == 'X') continue;
-      found = true;
-      ::kill(static_cast<pid_t>(pid), SIGKILL);
+    if (!ForEachLiveInSession(sid, [&](pid_t pid, char) {
+          found = true;
+          ::kill(pid, SIGKILL);
+        }).ok()) {
+      return;
     }
-    ::closedir(d);
     if (!found) return;
     std::this_thread::sleep_for(2ms);
   }
@@ -126,19 +137,12 @@ absl::Status SignalSession(pid_t sid, int sig) {
   const auto deadline = std::chrono::steady_clock::now() + 5s;
   for (;;) {
     bool all_stopped = true;
-    DIR* d = ::opendir("/proc");
-    if (!d) return ErrnoStatus(errno, "signal sandbox: opendir(/proc)");
-    while (dirent* e = ::readdir(d)) {
-      char* end = nullptr;
-      long pid = std::strtol(e->d_name, &end, 10);
-      if (pid <= 0 || *end != '\0') continue;
-      auto st = ReadProcStat(static_cast<pid_t>(pid));
-      if (!st || st->sid != sid || st->state == 'Z' || st->state == 'X') continue;
-      if (sig == SIGSTOP && st->state == 'T') continue;
-      all_stopped = false;
-      ::kill(static_cast<pid_t>(pid), sig);
-    }
-    ::closedir(d);
+    SBX_RETURN_IF_ERROR(Annotate(ForEachLiveInSession(sid, [&](pid_t pid, char state) {
+                                   if (sig == SIGSTOP && state == 'T') return;
+                                   all_stopped = false;
+                                   ::kill(pid, sig);
+                                 }),
+                                 "signal sandbox"));
     if (sig != SIGSTOP || all_stopped) return absl::OkStatus();
     if (std::chrono::steady_clock::now() >= deadline) {
       return absl::DeadlineExceededError(
