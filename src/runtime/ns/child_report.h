@@ -15,10 +15,12 @@ enum class Step : uint16_t {
   kJoinCgroup,        // write "0" to a pre-opened cgroup.procs (index = which)
   kUnshareCgroupNs,   // unshare(CLONE_NEWCGROUP)
   kMakeRootPrivate,   // mount("", "/", MS_REC|MS_PRIVATE)
+  kIdmapLower,        // template rootfs -> <dir>/lower (index: 0 open_tree, 1 mount_setattr, 2 move_mount)
   kMountOverlay,      // overlay at rootfs
   kBindMkdir,         // create the mount point of a bind (index = bind)
-  kBindMount,         // bind mount (index = bind)
-  kBindRemount,       // read-only/nosuid/nodev remount (index = bind)
+  kBindMount,         // open_tree(OPEN_TREE_CLONE) of the bind's source (index = bind)
+  kBindSetattr,       // mount_setattr: idmap, read-only, nosuid, nodev (index = bind)
+  kBindMove,          // move_mount onto the mount point (index = bind)
   kMkdirMountpoint,   // proc/dev/tmp mount points (index: 0 proc, 1 dev, 2 tmp)
   kMountProc,
   kMountDev,
@@ -36,6 +38,11 @@ enum class Step : uint16_t {
   kSethostname,
   kLoopbackUp,
   kStdio,             // stdin /dev/null, stdout/stderr agent.log, fd 3 the socket
+  kRlimit,            // setrlimit (index: 0 RLIMIT_NOFILE, 1 RLIMIT_CORE)
+  kJoinUserns,        // setns(user namespace fd, CLONE_NEWUSER)
+  kSetgroups,         // setgroups(0, NULL) inside the user namespace
+  kSetresgid,         // setresgid(0, 0, 0)
+  kSetresuid,         // setresuid(0, 0, 0)
   kCapsBounding,
   kCapsAmbient,
   kCapset,

@@ -9,6 +9,7 @@
 #include "runtime/ns/pidfd.h"
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -17,11 +18,13 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <optional>
 #include <type_traits>
 
 #include <fmt/format.h>
 
 #include "common/status_util.h"
+#include "runtime/ns/clone_vm.h"
 #include "runtime/ns/netns.h"
 
 namespace sbx::runtime::ns {
@@ -131,7 +134,8 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
   const int sock = Lift(p.listen_fd);
   const int log = Lift(p.log_fd);
   const int agent = Lift(p.agent_fd);
-  if (sock < 0 || log < 0 || agent < 0) return Fail(r, Step::kStdio, errno);
+  const int oom = p.oom_fd >= 0 ? Lift(p.oom_fd) : -1;
+  if (sock < 0 || log < 0 || agent < 0 || (p.oom_fd >= 0 && oom < 0)) return Fail(r, Step::kStdio, errno);
 
   for (size_t i = 0; i < p.cgroup_procs_fds.size(); ++i) {
     if (::write(p.cgroup_procs_fds[i], "0", 1) != 1) return Fail(r, Step::kJoinCgroup, errno, i);
@@ -141,7 +145,7 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
   if (::unshare(CLONE_NEWCGROUP) != 0) return Fail(r, Step::kUnshareCgroupNs, errno);
 
   Mark(p, kTraceCgroupNs);
-  if (int err = SetupMounts(p.mounts, r); err != 0) return err;
+  if (int err = SetupMounts(p.mounts, p.userns_fd, r); err != 0) return err;
   Mark(p, kTraceMounts);
   if (int err = PivotRoot(p.mounts, r); err != 0) return err;
   Mark(p, kTracePivot);
@@ -158,6 +162,28 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
   if (::dup2(null_fd, 0) < 0) return Fail(r, Step::kStdio, errno, 1);
   if (::dup2(log, 1) < 0 || ::dup2(log, 2) < 0) return Fail(r, Step::kStdio, errno, 2);
   if (::dup2(sock, kAgentListenFd) < 0) return Fail(r, Step::kStdio, errno, 3);
+  if (oom >= 0 && ::dup2(oom, kAgentOomFd) < 0) return Fail(r, Step::kStdio, errno, 4);
+
+  // Lowering limits needs no privilege, so sandbox root (not host root, below) cannot raise
+  // them again. No core files: a crash inside must not write outside the sandbox's limits.
+  if (p.nofile != 0) {
+    struct rlimit rl{p.nofile, p.nofile};
+    if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) return Fail(r, Step::kRlimit, errno, 0);
+  }
+  struct rlimit no_core{0, 0};
+  if (::setrlimit(RLIMIT_CORE, &no_core) != 0) return Fail(r, Step::kRlimit, errno, 1);
+
+  // Last of the steps that need host root: everything mounted, named and joined above stays
+  // owned by the host's user namespace, out of reach of sandbox root. setns gives full
+  // capabilities inside the new namespace; the ids are still host root's (unmapped there), so
+  // switch to the namespace's root, which the kernel maps to the sandbox's host uid range.
+  if (p.userns_fd >= 0) {
+    if (::setns(p.userns_fd, CLONE_NEWUSER) != 0) return Fail(r, Step::kJoinUserns, errno);
+    if (::syscall(SYS_setgroups, 0, nullptr) != 0) return Fail(r, Step::kSetgroups, errno);
+    // The raw syscalls: glibc's wrappers would signal every thread of the process (it has one).
+    if (::syscall(SYS_setresgid, 0, 0, 0) != 0) return Fail(r, Step::kSetresgid, errno);
+    if (::syscall(SYS_setresuid, 0, 0, 0) != 0) return Fail(r, Step::kSetresuid, errno);
+  }
 
   Mark(p, kTraceStdio);
   int cap_step = 0;
@@ -173,7 +199,8 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
   // Everything above fd 3 (the report pipe, the memfd, fds other threads opened concurrently
   // without O_CLOEXEC) is closed by the exec itself; the memfd must survive until then.
   Mark(p, kTraceSeccomp);
-  if (::close_range(kAgentListenFd + 1, ~0U, CLOSE_RANGE_CLOEXEC) != 0) return Fail(r, Step::kCloseRange, errno);
+  const unsigned first_closed = oom >= 0 ? kAgentOomFd + 1 : kAgentListenFd + 1;
+  if (::close_range(first_closed, ~0U, CLOSE_RANGE_CLOEXEC) != 0) return Fail(r, Step::kCloseRange, errno);
   ::umask(022);
   Mark(p, kTraceExec);
   ::execveat(agent, "", p.argv.data(), p.envp.data(), AT_EMPTY_PATH);
@@ -200,41 +227,12 @@ int ChildEntry(void* raw) {
   ChildMain(*a->plan, a->report_fd);
 }
 
-// The child shares sbxd's memory until its execveat (posix_spawn's model): clone3 then copies
-// no page tables and the exec tears none down, which on these VMs is most of a launch's clone
-// and exec time. CLONE_VFORK keeps this thread (and the child's stack and plan) still until the
-// child has exec'd or exited; the child writes nothing but its own stack, the report pipe and
-// the trace page. Sanitizer runtimes do not expect a second task on their thread's memory, so
-// those builds keep the copying clone.
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__) && \
-    !defined(SBX_LAUNCH_COPIES_VM)
-#define SBX_LAUNCH_SHARES_VM 1
+// The child shares sbxd's memory until its execveat (posix_spawn's model, clone_vm.h): clone3
+// then copies no page tables and the exec tears none down, which on these VMs is most of a
+// launch's clone and exec time. CLONE_VFORK keeps this thread (and the child's stack and plan)
+// still until the child has exec'd or exited; the child writes nothing but its own stack, the
+// report pipe and the trace page.
 constexpr size_t kChildStackBytes = 256 << 10;
-
-// clone3 whose child starts on args->stack: it must not return into this frame (which lives
-// on the parent's stack), so it calls fn(arg) from assembly and exits if fn ever returns.
-__attribute__((noinline)) long Clone3OnStack(struct clone_args* args, int (*fn)(void*), void* arg) {
-  long ret;
-  register int (*entry)(void*) asm("r12") = fn;
-  register void* entry_arg asm("r13") = arg;
-  asm volatile(
-      "syscall\n\t"
-      "test %%rax, %%rax\n\t"
-      "jnz 1f\n\t"
-      "xor %%ebp, %%ebp\n\t"
-      "mov %%r13, %%rdi\n\t"
-      "call *%%r12\n\t"
-      "mov %%eax, %%edi\n\t"
-      "mov $60, %%eax\n\t"  // SYS_exit
-      "syscall\n\t"
-      "hlt\n\t"
-      "1:\n\t"
-      : "=a"(ret)
-      : "0"(static_cast<long>(SYS_clone3)), "D"(args), "S"(sizeof(*args)), "r"(entry), "r"(entry_arg)
-      : "rcx", "r11", "memory");
-  return ret;
-}
-#endif
 
 }  // namespace
 
@@ -271,12 +269,22 @@ absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
     case Step::kMakeRootPrivate:
       what = "make / private: mount(/, MS_REC|MS_PRIVATE)";
       break;
+    case Step::kIdmapLower:
+      what = fmt::format("idmapped lower: {}({} -> {})",
+                         i == 0 ? "open_tree" : i == 1 ? "mount_setattr(MOUNT_ATTR_IDMAP)" : "move_mount",
+                         m.lower_source, m.lower);
+      if (r.err == EINVAL && i == 1) {
+        what += " (the file system of the template cannot be idmapped: needs Linux 5.12+ and "
+                "ext4, xfs, btrfs or tmpfs on 6.3+)";
+      }
+      break;
     case Step::kMountOverlay:
       what = fmt::format("mount overlay: mount(overlay -> {}, {})", m.rootfs, m.overlay_data);
       break;
     case Step::kBindMkdir:
     case Step::kBindMount:
-    case Step::kBindRemount: {
+    case Step::kBindSetattr:
+    case Step::kBindMove: {
       if (i >= m.binds.size()) {
         what = "bind: ?";
         break;
@@ -285,10 +293,12 @@ absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
       if (static_cast<Step>(r.step) == Step::kBindMkdir) {
         what = fmt::format("bind {}: create mount point {}", b.sandbox_path, b.target);
       } else if (static_cast<Step>(r.step) == Step::kBindMount) {
-        what = fmt::format("bind {}: mount({} -> {}, MS_BIND)", b.sandbox_path, b.source, b.target);
+        what = fmt::format("bind {}: open_tree({}, OPEN_TREE_CLONE)", b.sandbox_path, b.source);
+      } else if (static_cast<Step>(r.step) == Step::kBindSetattr) {
+        what = fmt::format("bind {}: mount_setattr({}IDMAP|NOSUID|NODEV)", b.sandbox_path,
+                           b.read_only ? "RDONLY|" : "");
       } else {
-        what = fmt::format("bind {}: mount({}, MS_BIND|MS_REMOUNT{}|MS_NOSUID|MS_NODEV)",
-                           b.sandbox_path, b.target, b.read_only ? "|MS_RDONLY" : "");
+        what = fmt::format("bind {}: move_mount(-> {})", b.sandbox_path, b.target);
       }
       break;
     }
@@ -346,7 +356,24 @@ absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
     case Step::kStdio:
       what = fmt::format("agent fds: {}",
                          i == 0 ? "open(/dev/null)" : i == 1 ? "dup2(/dev/null, 0)"
-                                  : i == 2 ? "dup2(agent.log, 1/2)" : "dup2(socket, 3)");
+                                  : i == 2 ? "dup2(agent.log, 1/2)"
+                                  : i == 3 ? "dup2(socket, 3)" : "dup2(oom counter, 4)");
+      break;
+    case Step::kRlimit:
+      what = i == 0 ? fmt::format("limits: setrlimit(RLIMIT_NOFILE, {})", p.nofile)
+                    : std::string("limits: setrlimit(RLIMIT_CORE, 0)");
+      break;
+    case Step::kJoinUserns:
+      what = "user namespace: setns(userns fd, CLONE_NEWUSER)";
+      break;
+    case Step::kSetgroups:
+      what = "user namespace: setgroups(0, NULL)";
+      break;
+    case Step::kSetresgid:
+      what = "user namespace: setresgid(0, 0, 0)";
+      break;
+    case Step::kSetresuid:
+      what = "user namespace: setresuid(0, 0, 0)";
       break;
     case Step::kCapsBounding:
       what = "capabilities: prctl(PR_CAPBSET_DROP)";
@@ -364,7 +391,8 @@ absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
       what = "seccomp: prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER)";
       break;
     case Step::kCloseRange:
-      what = "close fds: close_range(4, ~0, CLOSE_RANGE_CLOEXEC)";
+      what = fmt::format("close fds: close_range({}, ~0, CLOSE_RANGE_CLOEXEC)",
+                         p.oom_fd >= 0 ? kAgentOomFd + 1 : kAgentListenFd + 1);
       break;
     case Step::kExec:
       what = fmt::format("exec agent: execveat(memfd of {}, AT_EMPTY_PATH)", p.agent_path);
@@ -385,43 +413,37 @@ absl::StatusOr<ChildProcess> Launch(const LaunchPlan& plan) {
   int pidfd = -1;
   struct clone_args args;
   std::memset(&args, 0, sizeof(args));
-  // User namespaces come with the isolation issue: CLONE_NEWUSER then joins these flags and the
-  // parent writes uid_map/gid_map before releasing the child.
+  // No CLONE_NEWUSER: the child joins the sandbox's user namespace by setns() at the end, so
+  // these namespaces belong to the host's. With CLONE_VM the child itself stays in our time
+  // namespace; its execveat moves it into the new one (exec_task_namespaces, Linux 6.0+).
   args.flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_PIDFD;
   if (plan.netns_fd < 0) args.flags |= CLONE_NEWNET;
+  if (plan.new_time_ns) args.flags |= CLONE_NEWTIME;
   args.pidfd = reinterpret_cast<uint64_t>(&pidfd);
   args.exit_signal = SIGCHLD;
   if (plan.cgroup_v2_dir_fd >= 0) {
     args.flags |= CLONE_INTO_CGROUP;
     args.cgroup = static_cast<uint64_t>(plan.cgroup_v2_dir_fd);
   }
-#ifdef SBX_LAUNCH_SHARES_VM
-  void* stack = ::mmap(nullptr, kChildStackBytes, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-  if (stack == MAP_FAILED) return ErrnoStatus(errno, "launch: mmap(child stack)");
-  struct StackUnmap {
-    void* p;
-    ~StackUnmap() { ::munmap(p, kChildStackBytes); }
-  } stack_unmap{stack};
-  // The lowest page stays a guard: an overflow faults instead of writing into other memory.
-  if (::mprotect(stack, 4096, PROT_NONE) != 0) return ErrnoStatus(errno, "launch: mprotect(stack guard)");
-  args.flags |= CLONE_VM | CLONE_VFORK;
-  args.stack = reinterpret_cast<uint64_t>(stack);
-  args.stack_size = kChildStackBytes;
+  std::optional<ChildStack> stack;
+  if constexpr (kCloneSharesVm) {
+    SBX_ASSIGN_OR_RETURN(ChildStack st, ChildStack::Make(kChildStackBytes));
+    stack.emplace(std::move(st));
+    args.flags |= CLONE_VM | CLONE_VFORK;
+    args.stack = reinterpret_cast<uint64_t>(stack->base());
+    args.stack_size = stack->size();
+  }
   ChildArgs child_args{&plan, wr.get()};
-  long rc = Clone3OnStack(&args, ChildEntry, &child_args);
+  long rc = CloneRun(&args, ChildEntry, &child_args);
   if (rc < 0) {
     errno = static_cast<int>(-rc);
     rc = -1;
   }
-#else
-  long rc = ::syscall(SYS_clone3, &args, sizeof(args));
-  if (rc == 0) ChildMain(plan, wr.get());
-#endif
   if (rc < 0) {
     int err = errno;
-    return ErrnoStatus(err, fmt::format("clone: clone3(NEWNS|NEWPID|NEWIPC|NEWUTS{}|PIDFD{})",
+    return ErrnoStatus(err, fmt::format("clone: clone3(NEWNS|NEWPID|NEWIPC|NEWUTS{}{}|PIDFD{})",
                                         plan.netns_fd < 0 ? "|NEWNET" : "",
+                                        plan.new_time_ns ? "|NEWTIME" : "",
                                         plan.cgroup_v2_dir_fd >= 0
                                             ? fmt::format("|INTO_CGROUP {}", plan.cgroup_v2_path)
                                             : std::string()));

@@ -23,6 +23,8 @@
 namespace sbx::runtime::ns {
 
 inline constexpr int kAgentListenFd = 3;
+// The sandbox memory cgroup's OOM counter file (read-only), when LaunchPlan::oom_fd is set.
+inline constexpr int kAgentOomFd = 4;
 
 struct LaunchPlan {
   MountPlan mounts;
@@ -40,7 +42,16 @@ struct LaunchPlan {
   int listen_fd = -1;  // becomes fd 3 of the agent
   int log_fd = -1;     // becomes stdout and stderr of the agent
   int agent_fd = -1;   // sealed memfd of sbx-agent
+  int oom_fd = -1;     // becomes kAgentOomFd of the agent, or -1
   std::string agent_path;  // for messages
+
+  // The sandbox's user namespace (userns.h), joined after the mounts; -1 = none (the agent
+  // then runs as host root with the reduced capability set).
+  int userns_fd = -1;
+  // A new time namespace (CLONE_NEWTIME): the sandbox's CLOCK_MONOTONIC/BOOTTIME are its own.
+  bool new_time_ns = true;
+  // RLIMIT_NOFILE (soft = hard) of every process in the sandbox; 0 keeps sbxd's.
+  uint64_t nofile = 0;
 
   const CapsPlan* caps = nullptr;
   const SeccompProgram* seccomp = nullptr;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -61,15 +62,23 @@ absl::StatusOr<std::vector<std::string>> SandboxPathComponents(const std::string
 
 }  // namespace
 
-absl::StatusOr<MountPlan> BuildMountPlan(const TemplateSpec& tmpl, const std::string& sandbox_dir) {
+absl::StatusOr<MountPlan> BuildMountPlan(const TemplateSpec& tmpl, const std::string& sandbox_dir,
+                                         const MountOptions& o) {
   SBX_RETURN_IF_ERROR(CheckOverlayPath("template rootfs_dir", tmpl.rootfs_dir));
   SBX_RETURN_IF_ERROR(CheckOverlayPath("sandbox directory", sandbox_dir));
   MountPlan plan;
   plan.rootfs = sandbox_dir + "/rootfs";
+  plan.uid_base = o.uid_base;
+  std::string lowerdir = tmpl.rootfs_dir;
+  if (o.uid_base != 0) {
+    plan.lower_source = tmpl.rootfs_dir;
+    plan.lower = sandbox_dir + "/lower";
+    lowerdir = plan.lower;
+  }
   // volatile: upper and work are thrown away with the sandbox, so the syncfs of the whole
   // upper file system that overlayfs otherwise does on every sync and unmount is pure cost.
   plan.overlay_data = fmt::format("lowerdir={},upperdir={}/upper,workdir={}/work,volatile",
-                                  tmpl.rootfs_dir, sandbox_dir, sandbox_dir);
+                                  lowerdir, sandbox_dir, sandbox_dir);
   if (plan.overlay_data.size() >= 4000) {
     return absl::InvalidArgumentError("mount overlay: option string longer than a page");
   }
@@ -104,11 +113,15 @@ absl::StatusOr<MountPlan> BuildMountPlan(const TemplateSpec& tmpl, const std::st
   plan.dev_pts = plan.dev + "/pts";
   plan.dev_shm = plan.dev + "/shm";
   plan.dev_null = plan.dev + "/null";
-  plan.dev_data = fmt::format("mode=755,size={}", kDevSizeBytes);
-  plan.tmp_data = fmt::format("mode=1777,size={}", kTmpSizeBytes);
-  plan.shm_data = fmt::format("mode=1777,size={}", kShmSizeBytes);
+  // tmpfs and devpts take their owners in the mounter's (the host's) ids: with a user namespace
+  // the roots belong to the sandbox's root, as they would on a normal machine.
+  const std::string owner =
+      o.uid_base != 0 ? fmt::format(",uid={},gid={}", o.uid_base, o.uid_base) : std::string();
+  plan.dev_data = fmt::format("mode=755,size={}{}", kDevSizeBytes, owner);
+  plan.tmp_data = fmt::format("mode=1777,size={}{}", o.tmp_bytes, owner);
+  plan.shm_data = fmt::format("mode=1777,size={}{}", o.shm_bytes, owner);
   // gid 5 is "tty" on Debian-family templates; a missing group only affects `ls -l`.
-  plan.devpts_data = "newinstance,ptmxmode=0666,mode=0620,gid=5";
+  plan.devpts_data = fmt::format("newinstance,ptmxmode=0666,mode=0620,gid={}", o.uid_base + 5);
 
   const struct {
     const char* name;
@@ -157,10 +170,53 @@ inline bool MkdirOk(const char* path, mode_t mode) {
   return ::mkdir(path, mode) == 0 || errno == EEXIST;
 }
 
+// Attaches a clone of `source` at `target` with `attrs` (MOUNT_ATTR_*), idmapped into
+// `userns_fd` when that is >= 0. A file system that cannot be idmapped (EINVAL) is attached
+// plain when `idmap_optional`. Returns 0, or -1 with errno set and *stage = 0 open_tree,
+// 1 mount_setattr, 2 move_mount.
+int AttachClone(const char* source, const char* target, uint64_t attrs, int userns_fd,
+                bool idmap_optional, int* stage) {
+  *stage = 0;
+  int fd = static_cast<int>(::syscall(SYS_open_tree, AT_FDCWD, source, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
+  if (fd < 0) return -1;
+  struct mount_attr attr;
+  std::memset(&attr, 0, sizeof(attr));
+  attr.attr_set = attrs;
+  if (userns_fd >= 0) {
+    attr.attr_set |= MOUNT_ATTR_IDMAP;
+    attr.userns_fd = static_cast<uint64_t>(userns_fd);
+  }
+  *stage = 1;
+  int rc = static_cast<int>(::syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &attr, sizeof(attr)));
+  if (rc != 0 && userns_fd >= 0 && idmap_optional && errno == EINVAL) {
+    attr.attr_set &= ~static_cast<uint64_t>(MOUNT_ATTR_IDMAP);
+    attr.userns_fd = 0;
+    rc = static_cast<int>(::syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &attr, sizeof(attr)));
+  }
+  if (rc == 0) {
+    *stage = 2;
+    rc = static_cast<int>(::syscall(SYS_move_mount, fd, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH));
+  }
+  int err = errno;
+  ::close(fd);
+  errno = err;
+  return rc;
+}
+
 }  // namespace
 
-int SetupMounts(const MountPlan& p, ChildReport* r) {
+int SetupMounts(const MountPlan& p, int userns_fd, ChildReport* r) {
   if (::mount("", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return Fail(r, Step::kMakeRootPrivate);
+  if (!p.lower.empty()) {
+    // The overlay's copy-up keeps the lower's owners as seen through this mount: host root's
+    // files become the sandbox root's, so sandbox root can change its /etc, /root, ...
+    int stage = 0;
+    if (AttachClone(p.lower_source.c_str(), p.lower.c_str(),
+                    MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, userns_fd,
+                    /*idmap_optional=*/false, &stage) != 0) {
+      return Fail(r, Step::kIdmapLower, static_cast<size_t>(stage));
+    }
+  }
   if (::mount("overlay", p.rootfs.c_str(), "overlay", MS_NOSUID | MS_NODEV, p.overlay_data.c_str()) != 0) {
     return Fail(r, Step::kMountOverlay);
   }
@@ -180,12 +236,11 @@ int SetupMounts(const MountPlan& p, ChildReport* r) {
       if (fd < 0) return Fail(r, Step::kBindMkdir, i);
       ::close(fd);
     }
-    if (::mount(b.source.c_str(), b.target.c_str(), nullptr, MS_BIND, nullptr) != 0) {
-      return Fail(r, Step::kBindMount, i);
-    }
-    unsigned long flags = MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | (b.read_only ? MS_RDONLY : 0);
-    if (::mount(nullptr, b.target.c_str(), nullptr, flags, nullptr) != 0) {
-      return Fail(r, Step::kBindRemount, i);
+    int stage = 0;
+    const uint64_t attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (b.read_only ? MOUNT_ATTR_RDONLY : 0);
+    if (AttachClone(b.source.c_str(), b.target.c_str(), attrs, userns_fd, /*idmap_optional=*/true,
+                    &stage) != 0) {
+      return Fail(r, stage == 0 ? Step::kBindMount : stage == 1 ? Step::kBindSetattr : Step::kBindMove, i);
     }
   }
 
@@ -203,6 +258,10 @@ int SetupMounts(const MountPlan& p, ChildReport* r) {
   }
   for (size_t i = 0; i < p.nodes.size(); ++i) {
     if (::mknod(p.nodes[i].path.c_str(), p.nodes[i].mode, p.nodes[i].rdev) != 0) {
+      return Fail(r, Step::kMknod, i);
+    }
+    // Cosmetic (the modes are 0666): `ls -l /dev` inside shows root, not nobody.
+    if (p.uid_base != 0 && ::lchown(p.nodes[i].path.c_str(), p.uid_base, p.uid_base) != 0) {
       return Fail(r, Step::kMknod, i);
     }
   }

@@ -1,6 +1,7 @@
 // The sandbox's file system, built in the child inside its new mount namespace:
-//   / private (nothing propagates back to the host) -> overlay rootfs (lower = template,
-//   upper/work in the sandbox dir) -> template binds (read-only, nosuid, nodev) -> /proc ->
+//   / private (nothing propagates back to the host) -> the template's rootfs, idmapped into the
+//   sandbox's user namespace, at <dir>/lower -> overlay rootfs (lower = that, upper/work in the
+//   sandbox dir) -> template binds (idmapped, read-only, nosuid, nodev) -> /proc ->
 //   tmpfs /dev with a fixed set of nodes, devpts, /dev/shm -> /proc masks -> tmpfs /tmp ->
 //   pivot_root into the overlay and detach the old root.
 //
@@ -10,6 +11,8 @@
 
 #include <sys/types.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -27,10 +30,27 @@ inline constexpr size_t kTmpSizeBytes = 256u << 20;
 inline constexpr size_t kShmSizeBytes = 64u << 20;
 inline constexpr size_t kDevSizeBytes = 64u << 10;
 
+struct MountOptions {
+  // Host uid/gid that the sandbox's root maps to; 0 = no user namespace (tests of the mount
+  // code alone): nothing is idmapped and the tmpfs roots stay owned by host root.
+  uint32_t uid_base = 0;
+  size_t tmp_bytes = kTmpSizeBytes;
+  size_t shm_bytes = kShmSizeBytes;
+};
+
 struct MountPlan {
   std::string rootfs;        // <dir>/rootfs, the overlay mount point (host path)
   std::string overlay_data;  // lowerdir=...,upperdir=...,workdir=...
+  // With a user namespace: the template's rootfs is cloned (open_tree), idmapped into the
+  // sandbox's namespace and attached at `lower`, which is the overlay's lowerdir; without one
+  // both are empty and the overlay reads the template directory directly.
+  std::string lower_source;
+  std::string lower;
+  uint32_t uid_base = 0;
 
+  // Binds are attached as clones (open_tree + mount_setattr + move_mount), idmapped when there
+  // is a user namespace so that host root's files show as the sandbox root's; a file system
+  // that cannot be idmapped is attached plain (its files then show as nobody).
   struct Bind {
     std::string source;               // host path
     std::string target;               // rootfs + sandbox path
@@ -61,10 +81,12 @@ struct MountPlan {
 };
 
 // Validates the template and computes every path. `sandbox_dir` is <state>/sandboxes/<id>.
-absl::StatusOr<MountPlan> BuildMountPlan(const TemplateSpec& tmpl, const std::string& sandbox_dir);
+absl::StatusOr<MountPlan> BuildMountPlan(const TemplateSpec& tmpl, const std::string& sandbox_dir,
+                                         const MountOptions& options = {});
 
-// Child side (async-signal-safe). Returns 0, or an errno value with *report filled.
-int SetupMounts(const MountPlan& plan, ChildReport* report);
+// Child side (async-signal-safe). `userns_fd` is the sandbox's user namespace (idmaps the lower
+// and the binds), or -1. Returns 0, or an errno value with *report filled.
+int SetupMounts(const MountPlan& plan, int userns_fd, ChildReport* report);
 // Child side: pivot_root into plan.rootfs, detach the old root, chdir("/").
 int PivotRoot(const MountPlan& plan, ChildReport* report);
 

@@ -71,16 +71,34 @@ TEST(ChildFailure, NamesStepSyscallAndErrno) {
             "mount overlay: mount(overlay -> /var/lib/sbx/sandboxes/sbx_x/rootfs, l");
   EXPECT_NE(s.message().find("No such device (errno 19)"), std::string::npos) << s;
 
-  r.step = static_cast<uint16_t>(Step::kBindRemount);
+  r.step = static_cast<uint16_t>(Step::kBindSetattr);
   r.index = 0;
   r.err = EPERM;
   s = DescribeChildFailure(plan, r);
-  EXPECT_NE(s.message().find("bind /usr: mount("), std::string::npos) << s;
+  EXPECT_NE(s.message().find("bind /usr: mount_setattr(RDONLY|IDMAP"), std::string::npos) << s;
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
 
   r.step = static_cast<uint16_t>(Step::kBindMount);
   r.index = 7;  // out of range: still a message, never a crash
   EXPECT_FALSE(DescribeChildFailure(plan, r).ok());
+}
+
+TEST(MountPlan, UserNamespaceIdmapsTheLowerAndOwnsTheTmpfsRoots) {
+  MountOptions o;
+  o.uid_base = 589824;
+  o.tmp_bytes = 8u << 20;
+  auto plan = BuildMountPlan(BaseTemplate(), "/var/lib/sbx/sandboxes/sbx_x", o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->lower, "/var/lib/sbx/sandboxes/sbx_x/lower");
+  EXPECT_EQ(plan->lower_source, "/var/lib/sbx/templates/base");
+  EXPECT_EQ(plan->overlay_data.rfind("lowerdir=/var/lib/sbx/sandboxes/sbx_x/lower,", 0), 0u) << plan->overlay_data;
+  EXPECT_EQ(plan->tmp_data, "mode=1777,size=8388608,uid=589824,gid=589824");
+  EXPECT_NE(plan->devpts_data.find("gid=589829"), std::string::npos) << plan->devpts_data;
+
+  auto plain = BuildMountPlan(BaseTemplate(), "/var/lib/sbx/sandboxes/sbx_x");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(plain->lower.empty());
+  EXPECT_EQ(plain->tmp_data.find("uid="), std::string::npos);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include "runtime/ns/pidfd.h"
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -36,6 +37,7 @@
 #include "runtime/ns/launcher.h"
 #include "runtime/ns/mounts.h"
 #include "runtime/ns/seccomp.h"
+#include "runtime/ns/userns.h"
 
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
@@ -110,7 +112,7 @@ class SandboxDirOwner {
       }
       return ErrnoStatus(err, fmt::format("sandbox dir: mkdir({})", path_));
     }
-    for (const char* sub : {"upper", "work", "rootfs"}) {
+    for (const char* sub : {"upper", "work", "rootfs", "lower"}) {
       std::string p = fmt::format("{}/{}", path_, sub);
       if (::mkdir(p.c_str(), 0755) != 0) return ErrnoStatus(errno, fmt::format("sandbox dir: mkdir({})", p));
     }
@@ -122,6 +124,47 @@ class SandboxDirOwner {
   std::string path_;
   bool armed_ = true;
 };
+
+// The sandbox's host uid range: released on destruction unless Release()d.
+class UidClaim {
+ public:
+  UidClaim(UidRanges* ranges, uint32_t base, std::string owner)
+      : ranges_(ranges), base_(base), owner_(std::move(owner)) {}
+  ~UidClaim() {
+    if (ranges_ == nullptr) return;
+    if (absl::Status s = ranges_->Release(base_, owner_); !s.ok()) {
+      spdlog::error("ns: {}", std::string(s.message()));
+    }
+  }
+  UidClaim(const UidClaim&) = delete;
+  UidClaim& operator=(const UidClaim&) = delete;
+  uint32_t base() const { return base_; }
+  void Release() { ranges_ = nullptr; }
+
+ private:
+  UidRanges* ranges_;
+  uint32_t base_;
+  std::string owner_;
+};
+
+// Whether the state dir's file system can be idmapped: tried once on a detached clone (never
+// attached anywhere), so a host that cannot is told at start-up, not at the first create.
+absl::Status ProbeIdmap(const std::string& dir) {
+  SBX_ASSIGN_OR_RETURN(UniqueFd userns, MakeUserNamespace(kUidRangeFirst));
+  UniqueFd tree(static_cast<int>(::syscall(SYS_open_tree, AT_FDCWD, dir.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)));
+  if (!tree) return ErrnoStatus(errno, fmt::format("idmap probe: open_tree({}, OPEN_TREE_CLONE)", dir));
+  struct mount_attr attr;
+  std::memset(&attr, 0, sizeof(attr));
+  attr.attr_set = MOUNT_ATTR_IDMAP;
+  attr.userns_fd = static_cast<uint64_t>(userns.get());
+  if (::syscall(SYS_mount_setattr, tree.get(), "", AT_EMPTY_PATH, &attr, sizeof(attr)) != 0) {
+    return ErrnoStatus(errno, fmt::format(
+        "idmap probe: mount_setattr(MOUNT_ATTR_IDMAP) on {}: this file system cannot be idmapped "
+        "(needs Linux 5.12+ and ext4, xfs, btrfs, or tmpfs on 6.3+); put the state dir on one, "
+        "or run with --userns=false (weaker: sandbox root is then host root)", dir));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<UniqueFd> ListenUnix(const std::string& path) {
   sockaddr_un addr{};
@@ -161,6 +204,10 @@ struct NsBackend::Shared {
   absl::Status cgroup_status = absl::OkStatus();
   std::unique_ptr<CgroupDriver> cgroups;
   std::unique_ptr<NetnsPool> netns_pool;  // null when NsOptions::netns_pool_size is 0
+  absl::Status userns_status = absl::OkStatus();
+  // Host-wide claims of uid ranges; meaningful only with opts.user_namespaces. Its methods
+  // touch only files, so the const Shared& of Create may use it.
+  mutable UidRanges uid_ranges;
 
   std::string DirOf(const std::string& id) const { return fmt::format("{}/{}", sandboxes_dir, id); }
 
@@ -170,6 +217,7 @@ struct NsBackend::Shared {
     SBX_RETURN_IF_ERROR(seccomp_status);
     SBX_RETURN_IF_ERROR(caps_status);
     SBX_RETURN_IF_ERROR(cgroup_status);
+    SBX_RETURN_IF_ERROR(userns_status);
     return absl::OkStatus();
   }
 };
@@ -179,7 +227,8 @@ namespace {
 class NsInstance : public Instance {
  public:
   NsInstance(std::shared_ptr<NsBackend::Shared> shared, std::string id, pid_t pid,
-             uint64_t start_time, UniqueFd pidfd, std::unique_ptr<SandboxCgroup> cgroup)
+             uint64_t start_time, UniqueFd pidfd, std::unique_ptr<SandboxCgroup> cgroup,
+             uint32_t uid_base)
       : shared_(std::move(shared)),
         id_(std::move(id)),
         dir_(shared_->DirOf(id_)),
@@ -187,7 +236,8 @@ class NsInstance : public Instance {
         pid_(pid),
         start_time_(start_time),
         pidfd_(std::move(pidfd)),
-        cgroup_(std::move(cgroup)) {
+        cgroup_(std::move(cgroup)),
+        uid_base_(uid_base) {
     cgroup_->Release();  // the sandbox outlives this object (and sbxd); Destroy() is explicit
   }
 
@@ -200,7 +250,8 @@ class NsInstance : public Instance {
                 {"cgroups", cgroup_->ToJson()},
                 {"cgroup_driver", shared_->cgroups ? shared_->cgroups->Name() : ""},
                 {"dir", dir_},
-                {"socket", socket_}};
+                {"socket", socket_},
+                {"uid_base", uid_base_}};
   }
 
   bool Alive() const override {
@@ -237,7 +288,11 @@ class NsInstance : public Instance {
     // 4-5. Wait for the cgroups to empty, remove them.
     SBX_RETURN_IF_ERROR(Annotate(cgroup_->Destroy(), fmt::format("destroy {}", id_)));
     const auto t_cgroups = Clock::now();
-    // 6. The sandbox's files (upper layer, socket, log). The mounts lived only in the
+    // 6. The uid range: free for another sandbox now that no process of this one is left.
+    if (uid_base_ != 0) {
+      SBX_RETURN_IF_ERROR(Annotate(shared_->uid_ranges.Release(uid_base_, dir_), fmt::format("destroy {}", id_)));
+    }
+    // 7. The sandbox's files (upper layer, socket, log). The mounts lived only in the
     //    sandbox's mount namespace, which died with its last process.
     SBX_RETURN_IF_ERROR(Annotate(RemoveTree(dir_), fmt::format("destroy {}", id_)));
     destroyed_ = true;
@@ -281,6 +336,7 @@ class NsInstance : public Instance {
   uint64_t start_time_;
   UniqueFd pidfd_;
   std::unique_ptr<SandboxCgroup> cgroup_;
+  uint32_t uid_base_;  // 0 without a user namespace
   bool destroyed_ = false;
 };
 
@@ -357,6 +413,11 @@ NsBackend::NsBackend(NsOptions options) : shared_(std::make_shared<Shared>()) {
   } else {
     s.state_status = Annotate(MkdirAll(s.sandboxes_dir, 0700), "ns runtime: state dir");
   }
+  s.uid_ranges = UidRanges(s.opts.uid_claim_dir);
+  if (s.opts.user_namespaces && s.state_status.ok()) {
+    s.userns_status = s.uid_ranges.Init();
+    if (s.userns_status.ok()) s.userns_status = ProbeIdmap(s.sandboxes_dir);
+  }
   if (!s.Ready().ok()) {
     spdlog::warn("ns runtime not usable: {}", std::string(s.Ready().message()));
   } else if (s.opts.netns_pool_size > 0) {
@@ -419,6 +480,7 @@ absl::Status NsBackend::Probe() {
                                    std::string(s.agent_status.message())));
   }
   if (!s.state_status.ok()) problems.push_back(std::string(s.state_status.message()));
+  if (!s.userns_status.ok()) problems.push_back(std::string(s.userns_status.message()));
   if (!s.seccomp_status.ok()) problems.push_back(std::string(s.seccomp_status.message()));
   if (!s.caps_status.ok()) problems.push_back(std::string(s.caps_status.message()));
   if (problems.empty()) return absl::OkStatus();
@@ -445,7 +507,6 @@ absl::StatusOr<InstancePtr> NsBackend::Create(const SandboxSpec& spec) {
   const std::string log_path = fmt::format("{}/{}", dir, kLogName);
 
   LaunchPlan plan;
-  SBX_ASSIGN_OR_RETURN(plan.mounts, BuildMountPlan(spec.tmpl, dir));
   plan.hostname = hostname;
   plan.agent_path = s.opts.agent_path;
   plan.agent_fd = s.agent->fd();
@@ -472,6 +533,25 @@ absl::StatusOr<InstancePtr> NsBackend::Create(const SandboxSpec& spec) {
   // Owners in creation order; on any error below they unwind in reverse.
   SandboxDirOwner dir_owner(dir);
   SBX_RETURN_IF_ERROR(dir_owner.Make());
+  // The uid range is claimed after the directory exists: a claim whose owner directory is
+  // missing counts as stale for every sbxd's sweep.
+  std::optional<UidClaim> uid_claim;
+  UniqueFd userns;
+  MountOptions mount_opts;
+  if (s.opts.user_namespaces) {
+    SBX_ASSIGN_OR_RETURN(uint32_t base, s.uid_ranges.Claim(dir));
+    uid_claim.emplace(&s.uid_ranges, base, dir);
+    SBX_ASSIGN_OR_RETURN(userns, MakeUserNamespace(base));
+    // The overlay's root directory is the upper's: owned by sandbox root like any root fs.
+    const std::string upper = fmt::format("{}/upper", dir);
+    if (::chown(upper.c_str(), base, base) != 0) {
+      return ErrnoStatus(errno, fmt::format("user namespace: chown({}, {})", upper, base));
+    }
+    mount_opts.uid_base = base;
+    plan.userns_fd = userns.get();
+  }
+  SBX_ASSIGN_OR_RETURN(plan.mounts, BuildMountPlan(spec.tmpl, dir, mount_opts));
+  plan.nofile = kDefaultOpenFiles;
   const auto t_dir = Clock::now();
   SBX_ASSIGN_OR_RETURN(std::unique_ptr<SandboxCgroup> cgroup, s.cgroups->Create(spec.id, limits));
   const auto t_cg = Clock::now();
@@ -564,8 +644,13 @@ absl::StatusOr<InstancePtr> NsBackend::Create(const SandboxSpec& spec) {
   pid_t pid = child.pid();
   UniqueFd pidfd = child.Release();
   dir_owner.Release();
+  uint32_t uid_base = 0;
+  if (uid_claim) {
+    uid_base = uid_claim->base();
+    uid_claim->Release();
+  }
   auto inst = std::make_unique<NsInstance>(shared_, spec.id, pid, *start_time, std::move(pidfd),
-                                           std::move(cgroup));
+                                           std::move(cgroup), uid_base);
   spdlog::debug(
       "ns: created {} (pid {}) in {:.2f} ms: dir {:.2f}, cgroups {:.2f}, prepare {:.2f}, "
       "clone..exec {:.2f}, agent ready {:.2f}",
@@ -636,8 +721,21 @@ absl::StatusOr<InstancePtr> NsBackend::Adopt(const std::string& id, const Json& 
                                              socket_path, std::string(ping.status().message())));
     }
   }
+  // The uid range stays this sandbox's: claim it again (a sweep by another sbxd may have
+  // dropped the claim while we were down; the range is still in use by these processes).
+  uint32_t uid_base = 0;
+  auto ub_it = persisted.find("uid_base");
+  if (ub_it != persisted.end() && ub_it->is_number_unsigned()) {
+    uid_base = ub_it->get<uint32_t>();
+  } else if (auto read = ReadUidBase(pid); read.ok() && *read != 0) {
+    uid_base = *read;
+  }
+  if (uid_base != 0) {
+    absl::Status claim = shared_->uid_ranges.Reclaim(uid_base, shared_->DirOf(id));
+    if (!claim.ok()) spdlog::error("ns: adopt {}: {}", id, std::string(claim.message()));
+  }
   return InstancePtr(std::make_unique<NsInstance>(shared_, id, pid, start_time,
-                                                  std::move(*pidfd), std::move(cgroup)));
+                                                  std::move(*pidfd), std::move(cgroup), uid_base));
 }
 
 absl::Status NsBackend::Remove(const std::string& id) {
@@ -672,6 +770,7 @@ absl::Status NsBackend::RemoveById(const std::string& id) {
     }
   }
   SBX_RETURN_IF_ERROR(cg->Destroy());
+  SBX_RETURN_IF_ERROR(s.uid_ranges.ReleaseOwner(s.DirOf(id)));
   return RemoveTree(s.DirOf(id));
 }
 
@@ -701,6 +800,11 @@ absl::Status NsBackend::Sweep(const std::set<std::string>& known_ids) {
       spdlog::error("ns: sweep of {} failed: {}", id, std::string(st.message()));
       if (result.ok()) result = Annotate(st, fmt::format("sweep {}", id));
     }
+  }
+  // After the strays are gone: a range is free only once no process of its sandbox is left.
+  if (s.opts.user_namespaces) {
+    absl::Status st = s.uid_ranges.Sweep(s.sandboxes_dir, known_ids);
+    if (!st.ok() && result.ok()) result = Annotate(st, "sweep");
   }
   return result;
 }

@@ -5,6 +5,8 @@
 //
 // Layout on the host, per sandbox `<id>`:
 //   <state_dir>/sandboxes/<id>/{upper,work,rootfs}   overlay layers and mount point
+//   <state_dir>/sandboxes/<id>/lower                 mount point of the idmapped template
+//   /run/sbx/uid-ranges/<base>                       the sandbox's host uid range (userns.h)
 //   <state_dir>/sandboxes/<id>/agent.sock            the agent's listening socket (mode 0600)
 //   <state_dir>/sandboxes/<id>/agent.log             the agent's stdout/stderr
 //   <cgroup of each hierarchy>/<own>/sbx/<id>        see cgroup.h
@@ -26,6 +28,7 @@ namespace sbx::runtime::ns {
 inline constexpr int kDefaultVcpu = 1;
 inline constexpr int kDefaultMemoryMib = 512;
 inline constexpr int kDefaultPids = 512;
+inline constexpr int kDefaultOpenFiles = 4096;
 inline constexpr int64_t kCpuPeriodUs = 100000;
 // Per-stream output buffer of the agent when NsOptions::agent_buffer_bytes is 0.
 inline constexpr size_t kDefaultAgentBufferBytes = 8u << 20;
@@ -45,6 +48,12 @@ struct NsOptions {
   bool cgroup_favor_dynmods = false;
   // Network namespaces kept ready for launches (netns_pool.h); 0 creates each at launch.
   int netns_pool_size = 0;
+  // Each sandbox in its own user namespace with its own host uid range (userns.h). Off only
+  // for hosts that cannot idmap the state dir's file system: sandbox root is then host root
+  // with a reduced capability set.
+  bool user_namespaces = true;
+  // Where host-wide uid range claims live (userns.h); tests point it elsewhere.
+  std::string uid_claim_dir = "/run/sbx/uid-ranges";
 };
 
 class NsBackend : public Backend {

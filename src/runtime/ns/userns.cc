@@ -1,0 +1,236 @@
+#include "runtime/ns/userns.h"
+
+#include <fcntl.h>
+#include <linux/sched.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <optional>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "common/status_util.h"
+#include "runtime/ns/clone_vm.h"
+#include "runtime/ns/fsutil.h"
+
+namespace sbx::runtime::ns {
+
+namespace {
+
+constexpr uint32_t kSlots = (kUidRangeEnd - kUidRangeFirst) / kUidRangeSize;
+
+std::atomic<uint32_t>& Cursor() {
+  // A random start: two sbxd started together do not race for the same first ranges.
+  static std::atomic<uint32_t> cursor{std::random_device{}() % kSlots};
+  return cursor;
+}
+
+bool ParseBase(const std::string& name, uint32_t* out) {
+  if (name.empty() || name.size() > 10) return false;
+  uint64_t v = 0;
+  for (char c : name) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + static_cast<uint64_t>(c - '0');
+  }
+  if (v < kUidRangeFirst || v >= kUidRangeEnd || (v - kUidRangeFirst) % kUidRangeSize != 0) return false;
+  *out = static_cast<uint32_t>(v);
+  return true;
+}
+
+// O_EXCL create + write of the owner; EEXIST is reported as AlreadyExists.
+absl::Status CreateClaim(const std::string& path, const std::string& owner) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    if (errno == EEXIST) return absl::AlreadyExistsError(path);
+    return ErrnoStatus(errno, fmt::format("uid range: open({}, O_CREAT|O_EXCL)", path));
+  }
+  std::string text = owner + "\n";
+  ssize_t n = ::write(fd, text.data(), text.size());
+  int err = errno;
+  ::close(fd);
+  if (n != static_cast<ssize_t>(text.size())) {
+    ::unlink(path.c_str());
+    return ErrnoStatus(n < 0 ? err : EIO, fmt::format("uid range: write({})", path));
+  }
+  return absl::OkStatus();
+}
+
+std::string ClaimOwner(const std::string& path) {
+  auto text = ReadFileToString(path);
+  if (!text.ok()) return "";
+  std::string s = *text;
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+UidRanges::UidRanges(std::string claim_dir) : dir_(std::move(claim_dir)) {}
+
+std::string UidRanges::PathOf(uint32_t base) const { return fmt::format("{}/{}", dir_, base); }
+
+absl::Status UidRanges::Init() { return Annotate(MkdirAll(dir_, 0700), "uid ranges: claim dir"); }
+
+absl::StatusOr<uint32_t> UidRanges::Claim(const std::string& owner) {
+  for (uint32_t tries = 0; tries < kSlots; ++tries) {
+    const uint32_t slot = Cursor().fetch_add(1) % kSlots;
+    const uint32_t base = kUidRangeFirst + slot * kUidRangeSize;
+    absl::Status st = CreateClaim(PathOf(base), owner);
+    if (st.ok()) return base;
+    if (!absl::IsAlreadyExists(st)) return st;
+  }
+  return absl::ResourceExhaustedError(fmt::format(
+      "uid range: all {} ranges of {} uids are claimed (see {})", kSlots, kUidRangeSize, dir_));
+}
+
+absl::Status UidRanges::Reclaim(uint32_t base, const std::string& owner) {
+  uint32_t check;
+  if (!ParseBase(std::to_string(base), &check)) {
+    return absl::InvalidArgumentError(fmt::format("uid range: {} is not a range base", base));
+  }
+  absl::Status st = CreateClaim(PathOf(base), owner);
+  if (st.ok() || !absl::IsAlreadyExists(st)) return st;
+  std::string holder = ClaimOwner(PathOf(base));
+  if (holder == owner) return absl::OkStatus();
+  return absl::AlreadyExistsError(
+      fmt::format("uid range {} is claimed by {}, not {}", base, holder, owner));
+}
+
+absl::Status UidRanges::Release(uint32_t base, const std::string& owner) {
+  const std::string path = PathOf(base);
+  std::string holder = ClaimOwner(path);
+  if (holder.empty() || holder != owner) return absl::OkStatus();
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoStatus(errno, fmt::format("uid range: unlink({})", path));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UidRanges::ReleaseOwner(const std::string& owner) {
+  auto names = ListDir(dir_);
+  if (!names.ok()) return absl::IsNotFound(names.status()) ? absl::OkStatus() : names.status();
+  for (const std::string& n : *names) {
+    uint32_t base;
+    if (ParseBase(n, &base)) SBX_RETURN_IF_ERROR(Release(base, owner));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UidRanges::Sweep(const std::string& sandboxes_dir, const std::set<std::string>& known_ids) {
+  auto names = ListDir(dir_);
+  if (!names.ok()) return absl::IsNotFound(names.status()) ? absl::OkStatus() : names.status();
+  const std::string prefix = sandboxes_dir + "/";
+  for (const std::string& n : *names) {
+    uint32_t base;
+    if (!ParseBase(n, &base)) continue;
+    const std::string path = PathOf(base);
+    const std::string owner = ClaimOwner(path);
+    bool stale = false;
+    if (owner.compare(0, prefix.size(), prefix) == 0) {
+      stale = known_ids.count(owner.substr(prefix.size())) == 0;
+    } else {
+      struct stat st;
+      stale = owner.empty() || (::stat(owner.c_str(), &st) != 0 && errno == ENOENT);
+    }
+    if (stale) {
+      spdlog::info("ns: releasing stale uid range {} (owner {})", base, owner.empty() ? "?" : owner);
+      if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+        return ErrnoStatus(errno, fmt::format("uid range sweep: unlink({})", path));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+struct HolderArgs {
+  int wait_fd;
+  int write_fd;  // the child's copy of the pipe's write end: closed, or EOF never comes
+};
+
+// The holder only keeps its new user namespace alive until the parent has written the maps
+// and opened the namespace: it blocks on a pipe the parent then closes. Syscalls only (it may
+// share our memory).
+int HoldUserns(void* raw) {
+  auto* a = static_cast<HolderArgs*>(raw);
+  ::close(a->write_fd);
+  char c;
+  while (::read(a->wait_fd, &c, 1) < 0 && errno == EINTR) {
+  }
+  return 0;
+}
+
+absl::Status WriteMap(pid_t pid, const char* file, uint32_t base, uint32_t count) {
+  const std::string path = fmt::format("/proc/{}/{}", pid, file);
+  return Annotate(WriteStringToFile(path, fmt::format("0 {} {}\n", base, count)), "user namespace");
+}
+
+}  // namespace
+
+absl::StatusOr<UniqueFd> MakeUserNamespace(uint32_t base, uint32_t count) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return ErrnoStatus(errno, "user namespace: pipe2");
+  UniqueFd rd(fds[0]);
+  UniqueFd wr(fds[1]);
+
+  int pidfd = -1;
+  struct clone_args args;
+  std::memset(&args, 0, sizeof(args));
+  args.flags = CLONE_NEWUSER | CLONE_PIDFD;
+  args.pidfd = reinterpret_cast<uint64_t>(&pidfd);
+  args.exit_signal = SIGCHLD;
+  std::optional<ChildStack> stack;
+  if constexpr (kCloneSharesVm) {
+    SBX_ASSIGN_OR_RETURN(ChildStack s, ChildStack::Make(64 << 10));
+    stack.emplace(std::move(s));
+    args.flags |= CLONE_VM;
+    args.stack = reinterpret_cast<uint64_t>(stack->base());
+    args.stack_size = stack->size();
+  }
+  HolderArgs holder{rd.get(), wr.get()};
+  long rc = CloneRun(&args, HoldUserns, &holder);
+  if (rc < 0) return ErrnoStatus(static_cast<int>(-rc), "user namespace: clone3(CLONE_NEWUSER)");
+  const pid_t pid = static_cast<pid_t>(rc);
+  UniqueFd pfd(pidfd);
+
+  absl::StatusOr<UniqueFd> result = [&]() -> absl::StatusOr<UniqueFd> {
+    SBX_RETURN_IF_ERROR(WriteMap(pid, "uid_map", base, count));
+    SBX_RETURN_IF_ERROR(WriteMap(pid, "gid_map", base, count));
+    const std::string ns_path = fmt::format("/proc/{}/ns/user", pid);
+    UniqueFd ns(::open(ns_path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!ns) return ErrnoStatus(errno, fmt::format("user namespace: open({})", ns_path));
+    return ns;
+  }();
+
+  // Release the holder and reap it before its stack goes away.
+  wr.Reset();
+  siginfo_t info;
+  std::memset(&info, 0, sizeof(info));
+  while (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pfd.get()), &info, WEXITED) != 0 &&
+         errno == EINTR) {
+  }
+  return result;
+}
+
+absl::StatusOr<uint32_t> ReadUidBase(pid_t pid) {
+  SBX_ASSIGN_OR_RETURN(std::string text, ReadFileToString(fmt::format("/proc/{}/uid_map", pid)));
+  unsigned long inside = 0, outside = 0, count = 0;
+  if (std::sscanf(text.c_str(), "%lu %lu %lu", &inside, &outside, &count) != 3 || inside != 0) {
+    return absl::InvalidArgumentError(fmt::format("uid_map of pid {}: unexpected \"{}\"", pid, text));
+  }
+  return static_cast<uint32_t>(outside);
+}
+
+}  // namespace sbx::runtime::ns
