@@ -45,6 +45,8 @@ struct NsOptions {
   bool cgroup_favor_dynmods = false;
   // Network namespaces kept ready for launches (netns_pool.h); 0 creates each at launch.
   int netns_pool_size = 0;
+  // Seccomp policy file (format: seccomp_policy.json); empty = the policy embedded at build time.
+  std::string seccomp_policy_path;
 };
 
 class NsBackend : public Backend {
