@@ -24,6 +24,7 @@
 #include "ops/operation_engine.h"
 #include "runtime/fake/fake_backend.h"
 #include "runtime/ns/ns_backend.h"
+#include "runtime/ns/seccomp.h"
 #include "service/sandbox_service.h"
 #include "service/templates.h"
 #include "store/sqlite_store.h"
@@ -45,6 +46,7 @@ struct Flags {
   bool cgroup_favor_dynmods = true;
   std::vector<std::string> warm_pools = {"base=2"};
   int netns_pool = 4;
+  std::string seccomp_policy;  // empty: the policy embedded at build time
 };
 
 // "TEMPLATE=N" -> a pool of N ready sandboxes of TEMPLATE on the default runtime.
@@ -148,6 +150,9 @@ int main(int argc, char** argv) {
                  "TEMPLATE=N: keep N sandboxes of TEMPLATE ready so that creates with the default "
                  "resources skip the launch (repeatable; N=0 turns a pool off)")
       ->capture_default_str();
+  app.add_option("--seccomp-policy", f.seccomp_policy,
+                 "seccomp policy JSON for sandboxes (format: src/runtime/ns/seccomp_policy.json; "
+                 "default: that file, embedded at build time)");
   CLI11_PARSE(app, argc, argv);
 
   // A client that disconnects mid-write must cost an error code, not the daemon.
@@ -168,6 +173,12 @@ int main(int argc, char** argv) {
         fmt::format("--runtime '{}': expected ns or fake", f.runtime)));
   }
 
+  // A policy that does not compile stops sbxd before anything touches the host.
+  if (!f.seccomp_policy.empty()) {
+    if (auto p = sbx::runtime::ns::BuildSeccompProgramFromFile(f.seccomp_policy); !p.ok()) {
+      return Fail(sbx::Annotate(p.status(), "--seccomp-policy"));
+    }
+  }
   auto listen = SplitListen(f.listen);
   if (!listen.ok()) return Fail(listen.status());
   if (auto st = sbx::daemon::EnsureStateDir(f.state_dir); !st.ok()) return Fail(st);
@@ -208,6 +219,7 @@ int main(int argc, char** argv) {
     nopts.agent_buffer_bytes = f.buffer_bytes;
     nopts.cgroup_favor_dynmods = f.cgroup_favor_dynmods;
     nopts.netns_pool_size = f.netns_pool;
+    nopts.seccomp_policy_path = f.seccomp_policy;
     ns_backend = std::make_unique<sbx::runtime::ns::NsBackend>(nopts);
     if (auto st = ns_backend->Probe(); !st.ok()) {
       return Fail(sbx::Annotate(st, "runtime ns cannot work on this host"));

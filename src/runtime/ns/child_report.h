@@ -47,6 +47,7 @@ enum class Step : uint16_t {
   kCapsAmbient,
   kCapset,
   kNoNewPrivs,
+  kLandlock,          // landlock_create_ruleset / add_rule / restrict_self
   kSeccomp,
   kCloseRange,
   kExec,

@@ -194,6 +194,10 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
   // binaries from regaining what was just dropped.
   Mark(p, kTraceCaps);
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return Fail(r, Step::kNoNewPrivs, errno);
+  // Before seccomp, whose filter need not allow the landlock_* syscalls of the launcher.
+  if (p.landlock != nullptr) {
+    if (int err = ApplyLandlock(*p.landlock); err != 0) return Fail(r, Step::kLandlock, err);
+  }
   if (int err = InstallSeccomp(*p.seccomp); err != 0) return Fail(r, Step::kSeccomp, err);
 
   // Everything above fd 3 (the report pipe, the memfd, fds other threads opened concurrently
@@ -386,6 +390,10 @@ absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
       break;
     case Step::kNoNewPrivs:
       what = "no_new_privs: prctl(PR_SET_NO_NEW_PRIVS)";
+      break;
+    case Step::kLandlock:
+      what = fmt::format("landlock: landlock_create_ruleset/add_rule(\"/\")/restrict_self ({})",
+                         p.landlock != nullptr ? DescribeLandlockPlan(*p.landlock) : "no plan");
       break;
     case Step::kSeccomp:
       what = "seccomp: prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER)";

@@ -17,6 +17,7 @@
 #include "common/unique_fd.h"
 #include "runtime/ns/caps.h"
 #include "runtime/ns/child_report.h"
+#include "runtime/ns/landlock.h"
 #include "runtime/ns/mounts.h"
 #include "runtime/ns/seccomp.h"
 
@@ -55,6 +56,7 @@ struct LaunchPlan {
 
   const CapsPlan* caps = nullptr;
   const SeccompProgram* seccomp = nullptr;
+  const LandlockPlan* landlock = nullptr;  // null: no Landlock
 
   // Storage and the NULL-terminated arrays execveat gets.
   std::vector<std::string> argv_storage;

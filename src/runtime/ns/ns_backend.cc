@@ -36,6 +36,7 @@
 #include "runtime/ns/fsutil.h"
 #include "runtime/ns/launcher.h"
 #include "runtime/ns/mounts.h"
+#include "runtime/ns/landlock.h"
 #include "runtime/ns/seccomp.h"
 #include "runtime/ns/userns.h"
 
@@ -199,6 +200,7 @@ struct NsBackend::Shared {
   std::optional<AgentImage> agent;
   absl::Status seccomp_status = absl::OkStatus();
   SeccompProgram seccomp;
+  LandlockPlan landlock;  // abi 0: not used
   absl::Status caps_status = absl::OkStatus();
   CapsPlan caps;
   absl::Status cgroup_status = absl::OkStatus();
@@ -374,12 +376,15 @@ NsBackend::NsBackend(NsOptions options) : shared_(std::make_shared<Shared>()) {
   } else {
     s.agent_status = agent.status();
   }
-  auto seccomp = BuildSeccompProgram();
+  auto seccomp = s.opts.seccomp_policy_path.empty() ? BuildSeccompProgram()
+                                                    : BuildSeccompProgramFromFile(s.opts.seccomp_policy_path);
   if (seccomp.ok()) {
     s.seccomp = std::move(*seccomp);
   } else {
     s.seccomp_status = seccomp.status();
   }
+  s.landlock = BuildLandlockPlan();
+  spdlog::info("ns runtime: {}", DescribeLandlockPlan(s.landlock));
   auto caps = BuildCapsPlan();
   if (caps.ok()) {
     s.caps = *caps;
@@ -512,6 +517,7 @@ absl::StatusOr<InstancePtr> NsBackend::Create(const SandboxSpec& spec) {
   plan.agent_fd = s.agent->fd();
   plan.caps = &s.caps;
   plan.seccomp = &s.seccomp;
+  plan.landlock = &s.landlock;
   plan.argv_storage = {"sbx-agent", "--listen-fd", std::to_string(kAgentListenFd), "--buffer-bytes",
                        std::to_string(s.opts.agent_buffer_bytes)};
   std::map<std::string, std::string> env = {

@@ -54,6 +54,8 @@ struct NsOptions {
   bool user_namespaces = true;
   // Where host-wide uid range claims live (userns.h); tests point it elsewhere.
   std::string uid_claim_dir = "/run/sbx/uid-ranges";
+  // Seccomp policy file (format: seccomp_policy.json); empty = the policy embedded at build time.
+  std::string seccomp_policy_path;
 };
 
 class NsBackend : public Backend {

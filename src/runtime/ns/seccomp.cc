@@ -9,18 +9,28 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <set>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "common/status_util.h"
 #include "common/unique_fd.h"
+#include "runtime/ns/fsutil.h"
+#include "runtime/ns/seccomp_policy_embed.h"  // generated: kSeccompPolicyJson
 
 namespace sbx::runtime::ns {
 
 namespace {
+
+using nlohmann::json;
 
 #if defined(__x86_64__)
 constexpr uint32_t kAuditArch = AUDIT_ARCH_X86_64;
@@ -38,79 +48,254 @@ constexpr uint32_t kArg0Lo = offsetof(struct seccomp_data, args[0]) + 4;
 constexpr uint32_t kArg0Hi = offsetof(struct seccomp_data, args[0]);
 #endif
 
-// clone() flags that create namespaces. CLONE_NEWTIME (0x80) is absent: in clone() it overlaps
-// the exit-signal bits and the kernel rejects it there; unshare/clone3 are denied anyway.
-constexpr uint64_t kCloneNewFlags[] = {CLONE_NEWNS,  CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC,
-                                       CLONE_NEWUSER, CLONE_NEWPID,   CLONE_NEWNET};
-
-std::vector<sock_filter> PersonalityFilter() {
-  const uint32_t deny = SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA);
-  return {
-      /* 0 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
-      // Other architectures are killed by the main filter; not this filter's business.
-      /* 1 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kAuditArch, 0, 8),
-      /* 2 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-      /* 3 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_personality, 0, 6),
-      // The kernel reads an unsigned int; any high bits mean a caller playing games: deny.
-      /* 4 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, kArg0Hi),
-      /* 5 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 5),
-      /* 6 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, kArg0Lo),
-      /* 7 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0x0, 2, 0),
-      /* 8 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0x8, 1, 0),
-      /* 9 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0xffffffff, 0, 1),
-      /* 10 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-      /* 11 */ BPF_STMT(BPF_RET | BPF_K, deny),
+// errno names a policy may use. A short list on purpose: a seccomp errno other than these
+// would confuse programs more than it helps.
+const std::map<std::string, int>& ErrnoNames() {
+  static const std::map<std::string, int> kNames = {
+      {"EPERM", EPERM},   {"ENOSYS", ENOSYS},           {"EACCES", EACCES},
+      {"EINVAL", EINVAL}, {"EOPNOTSUPP", EOPNOTSUPP}, {"EAFNOSUPPORT", EAFNOSUPPORT},
   };
+  return kNames;
+}
+
+bool ValidName(const std::string& s) {
+  if (s.empty() || s.size() > 64) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+absl::Status PolicyError(const std::string& where, const std::string& what) {
+  return absl::InvalidArgumentError(fmt::format("seccomp policy: {}: {}", where, what));
+}
+
+absl::StatusOr<std::string> GetName(const json& v, const std::string& where) {
+  if (!v.is_string()) return PolicyError(where, fmt::format("expected a syscall name (string), got {}", v.dump()));
+  std::string name = v.get<std::string>();
+  if (!ValidName(name)) return PolicyError(where, fmt::format("\"{}\" is not a syscall name", name));
+  return name;
+}
+
+absl::StatusOr<uint64_t> GetU64(const json& v, const std::string& where) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>();
+  if (v.is_number_integer() && v.get<int64_t>() >= 0) return static_cast<uint64_t>(v.get<int64_t>());
+  if (v.is_string()) {
+    const std::string s = v.get<std::string>();
+    char* end = nullptr;
+    errno = 0;
+    unsigned long long n = std::strtoull(s.c_str(), &end, 0);
+    if (!s.empty() && s[0] != '-' && errno == 0 && end != nullptr && *end == '\0') return n;
+  }
+  return PolicyError(where, fmt::format("expected a non-negative number or \"0x...\" string, got {}", v.dump()));
+}
+
+absl::StatusOr<int> GetErrno(const json& v, const std::string& where) {
+  if (v.is_string()) {
+    auto it = ErrnoNames().find(v.get<std::string>());
+    if (it != ErrnoNames().end()) return it->second;
+  }
+  std::vector<std::string> known;
+  for (const auto& [k, _] : ErrnoNames()) known.push_back(k);
+  return PolicyError(where, fmt::format("expected one of {}, got {}", fmt::join(known, " "), v.dump()));
+}
+
+absl::StatusOr<SeccompPolicy::Op> GetOp(const json& v, const std::string& where) {
+  static const std::map<std::string, SeccompPolicy::Op> kOps = {
+      {"eq", SeccompPolicy::Op::kEq}, {"ne", SeccompPolicy::Op::kNe}, {"lt", SeccompPolicy::Op::kLt},
+      {"le", SeccompPolicy::Op::kLe}, {"gt", SeccompPolicy::Op::kGt}, {"ge", SeccompPolicy::Op::kGe},
+      {"masked_eq", SeccompPolicy::Op::kMaskedEq}};
+  if (v.is_string()) {
+    auto it = kOps.find(v.get<std::string>());
+    if (it != kOps.end()) return it->second;
+  }
+  return PolicyError(where, fmt::format("expected op eq|ne|lt|le|gt|ge|masked_eq, got {}", v.dump()));
+}
+
+absl::Status CheckKeys(const json& obj, const std::string& where, std::initializer_list<const char*> known) {
+  for (const auto& [key, _] : obj.items()) {
+    if (!key.empty() && key[0] == '_') continue;
+    if (std::none_of(known.begin(), known.end(), [&](const char* k) { return key == k; })) {
+      return PolicyError(where, fmt::format("unknown key \"{}\"", key));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const json*> GetArray(const json& obj, const char* key, const std::string& where, bool required) {
+  static const json kEmpty = json::array();
+  auto it = obj.find(key);
+  if (it == obj.end()) {
+    if (required) return PolicyError(where, fmt::format("missing \"{}\"", key));
+    return &kEmpty;
+  }
+  if (!it->is_array()) return PolicyError(fmt::format("{}{}", where == "top level" ? "" : where + ".", key), "expected an array");
+  return &*it;
 }
 
 struct CtxDeleter {
   void operator()(void* ctx) const { seccomp_release(ctx); }
 };
 
-}  // namespace
-
-const std::vector<std::string>& SeccompDeniedSyscalls() {
-  static const std::vector<std::string> kDenied = {
-      // mounts and the new mount API: the sandbox's mount table is final at exec
-      "mount", "umount2", "pivot_root", "fsopen", "fsconfig", "fsmount", "fspick", "move_mount",
-      "open_tree", "mount_setattr",
-      // namespaces: no nesting, no joining (clone flags are checked separately)
-      "unshare", "setns",
-      // host administration
-      "swapon", "swapoff", "reboot", "kexec_load", "kexec_file_load", "init_module",
-      "finit_module", "delete_module", "acct", "quotactl", "quotactl_fd", "settimeofday",
-      "clock_settime", "clock_adjtime", "adjtimex", "syslog", "lookup_dcookie",
-      // large kernel attack surface that sandboxed code does not need
-      "bpf", "perf_event_open", "keyctl", "add_key", "request_key", "userfaultfd",
-      "io_uring_setup", "io_uring_enter", "io_uring_register",
-      // file handles bypass path-based checks (the "shocker" escape)
-      "open_by_handle_at", "name_to_handle_at",
-      // cross-process memory access
-      "ptrace", "process_vm_readv", "process_vm_writev",
-  };
-  return kDenied;
+scmp_compare ToScmp(SeccompPolicy::Op op) {
+  switch (op) {
+    case SeccompPolicy::Op::kEq: return SCMP_CMP_EQ;
+    case SeccompPolicy::Op::kNe: return SCMP_CMP_NE;
+    case SeccompPolicy::Op::kLt: return SCMP_CMP_LT;
+    case SeccompPolicy::Op::kLe: return SCMP_CMP_LE;
+    case SeccompPolicy::Op::kGt: return SCMP_CMP_GT;
+    case SeccompPolicy::Op::kGe: return SCMP_CMP_GE;
+    case SeccompPolicy::Op::kMaskedEq: return SCMP_CMP_MASKED_EQ;
+  }
+  return SCMP_CMP_EQ;
 }
 
-absl::StatusOr<SeccompProgram> BuildSeccompProgram() {
-  std::unique_ptr<void, CtxDeleter> ctx(seccomp_init(SCMP_ACT_ALLOW));
-  if (!ctx) return absl::InternalError("seccomp: seccomp_init failed");
-  for (const std::string& name : SeccompDeniedSyscalls()) {
-    int nr = seccomp_syscall_resolve_name(name.c_str());
-    if (nr == __NR_SCMP_ERROR) {
-      // Older libseccomp that does not know a newer syscall; the kernel may still have it.
-      spdlog::warn("seccomp: libseccomp does not know syscall {}; it stays allowed", name);
-      continue;
+// A tiny forward-only BPF assembler: jump targets are labels resolved at the end.
+class BpfAsm {
+ public:
+  static constexpr int kNext = -1;  // fall through
+  int NewLabel() {
+    labels_.push_back(-1);
+    return static_cast<int>(labels_.size()) - 1;
+  }
+  void Bind(int label) { labels_[static_cast<size_t>(label)] = static_cast<int>(code_.size()); }
+  void Stmt(uint16_t code, uint32_t k) { code_.push_back({BPF_STMT(code, k), kNext, kNext}); }
+  void Jump(uint16_t code, uint32_t k, int jt, int jf) { code_.push_back({BPF_JUMP(code, k, 0, 0), jt, jf}); }
+
+  absl::StatusOr<std::vector<sock_filter>> Finish() {
+    std::vector<sock_filter> out;
+    for (size_t pc = 0; pc < code_.size(); ++pc) {
+      sock_filter f = code_[pc].f;
+      for (auto [label, field] : {std::pair{code_[pc].jt, &f.jt}, std::pair{code_[pc].jf, &f.jf}}) {
+        if (label == kNext) continue;
+        const int target = labels_[static_cast<size_t>(label)];
+        const int off = target - static_cast<int>(pc) - 1;
+        if (target < 0 || off < 0 || off > 255) {
+          return absl::InternalError(fmt::format("seccomp: hand-written filter: bad jump at {}", pc));
+        }
+        *field = static_cast<uint8_t>(off);
+      }
+      out.push_back(f);
     }
-    int rc = seccomp_rule_add(ctx.get(), SCMP_ACT_ERRNO(EPERM), nr, 0);
-    if (rc < 0) return ErrnoStatus(-rc, fmt::format("seccomp: seccomp_rule_add({})", name));
+    return out;
   }
-  for (uint64_t flag : kCloneNewFlags) {
-    int rc = seccomp_rule_add(ctx.get(), SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
-                              SCMP_A0(SCMP_CMP_MASKED_EQ, flag, flag));
-    if (rc < 0) return ErrnoStatus(-rc, fmt::format("seccomp: seccomp_rule_add(clone & {:#x})", flag));
+
+ private:
+  struct Insn {
+    sock_filter f;
+    int jt, jf;
+  };
+  std::vector<Insn> code_;
+  std::vector<int> labels_;
+};
+
+absl::StatusOr<std::vector<sock_filter>> HandwrittenFilter(const SeccompPolicy& policy,
+                                                           const std::vector<std::pair<int, std::vector<uint32_t>>>& deny_arg0) {
+  const uint32_t deny = SECCOMP_RET_ERRNO | (static_cast<uint32_t>(policy.default_errno) & SECCOMP_RET_DATA);
+  const uint32_t enosys = SECCOMP_RET_ERRNO | (ENOSYS & SECCOMP_RET_DATA);
+  BpfAsm a;
+  const int allow_l = a.NewLabel();
+  const int deny_l = a.NewLabel();
+  const int enosys_l = a.NewLabel();
+  constexpr uint16_t kLd = BPF_LD | BPF_W | BPF_ABS;
+  constexpr uint16_t kJeq = BPF_JMP | BPF_JEQ | BPF_K;
+
+  a.Stmt(kLd, offsetof(struct seccomp_data, arch));
+  // Other architectures are killed by the main filter; not this filter's business.
+  a.Jump(kJeq, kAuditArch, BpfAsm::kNext, allow_l);
+  a.Stmt(kLd, offsetof(struct seccomp_data, nr));
+
+  // personality: the kernel reads an unsigned int; any high bits mean a caller playing games.
+  int next = a.NewLabel();
+  a.Jump(kJeq, __NR_personality, BpfAsm::kNext, next);
+  a.Stmt(kLd, kArg0Hi);
+  a.Jump(kJeq, 0, BpfAsm::kNext, deny_l);
+  a.Stmt(kLd, kArg0Lo);
+  a.Jump(kJeq, 0x0, allow_l, BpfAsm::kNext);
+  a.Jump(kJeq, 0x8, allow_l, BpfAsm::kNext);
+  a.Jump(kJeq, 0xffffffff, allow_l, deny_l);
+  a.Bind(next);
+
+  for (const auto& [nr, values] : deny_arg0) {
+    next = a.NewLabel();
+    a.Jump(kJeq, static_cast<uint32_t>(nr), BpfAsm::kNext, next);
+    a.Stmt(kLd, kArg0Lo);
+    for (uint32_t v : values) a.Jump(kJeq, v, deny_l, BpfAsm::kNext);
+    a.Stmt(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+    a.Bind(next);
   }
-  int rc = seccomp_rule_add(ctx.get(), SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
-  if (rc < 0) return ErrnoStatus(-rc, "seccomp: seccomp_rule_add(clone3)");
+  if (policy.enosys_from_nr > 0) {
+    a.Jump(BPF_JMP | BPF_JGE | BPF_K, static_cast<uint32_t>(policy.enosys_from_nr), enosys_l, allow_l);
+  }
+  a.Bind(allow_l);
+  a.Stmt(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+  a.Bind(deny_l);
+  a.Stmt(BPF_RET | BPF_K, deny);
+  a.Bind(enosys_l);
+  a.Stmt(BPF_RET | BPF_K, enosys);
+  return a.Finish();
+}
+
+// Resolves a name for this architecture: the syscall number, or nullopt (with a warning) when
+// libseccomp does not know it. Negative "pseudo" numbers are names libseccomp knows from other
+// architectures (e.g. `_llseek` on x86_64); rules on them are accepted and do nothing.
+std::optional<int> Resolve(const std::string& name, std::vector<std::string>* skipped) {
+  int nr = seccomp_syscall_resolve_name(name.c_str());
+  if (nr == __NR_SCMP_ERROR) {
+    spdlog::warn("seccomp: libseccomp does not know syscall {}; skipped (it gets the default errno)", name);
+    skipped->push_back(name);
+    return std::nullopt;
+  }
+  return nr;
+}
+
+absl::StatusOr<SeccompProgram> Compile(const SeccompPolicy& policy) {
+  SeccompProgram prog;
+  std::unique_ptr<void, CtxDeleter> ctx(seccomp_init(SCMP_ACT_ERRNO(static_cast<uint32_t>(policy.default_errno))));
+  if (!ctx) return absl::InternalError("seccomp: seccomp_init failed");
+  // A binary tree of syscall numbers instead of a linear chain: ~9 compares instead of up to ~300.
+  int rc = seccomp_attr_set(ctx.get(), SCMP_FLTATR_CTL_OPTIMIZE, 2);
+  if (rc < 0) return ErrnoStatus(-rc, "seccomp: seccomp_attr_set(SCMP_FLTATR_CTL_OPTIMIZE, 2)");
+
+  for (size_t i = 0; i < policy.allow.size(); ++i) {
+    const std::string& name = policy.allow[i];
+    auto nr = Resolve(name, &prog.skipped);
+    if (!nr) continue;
+    rc = seccomp_rule_add(ctx.get(), SCMP_ACT_ALLOW, *nr, 0);
+    if (rc < 0) return ErrnoStatus(-rc, fmt::format("seccomp policy: allow[{}] ({}): seccomp_rule_add", i, name));
+  }
+  for (size_t i = 0; i < policy.allow_if.size(); ++i) {
+    const auto& r = policy.allow_if[i];
+    auto nr = Resolve(r.name, &prog.skipped);
+    if (!nr) continue;
+    std::vector<scmp_arg_cmp> conds;
+    for (const auto& c : r.all) {
+      scmp_arg_cmp cmp{};
+      cmp.arg = c.arg;
+      cmp.op = ToScmp(c.op);
+      cmp.datum_a = c.op == SeccompPolicy::Op::kMaskedEq ? c.mask : c.value;
+      cmp.datum_b = c.op == SeccompPolicy::Op::kMaskedEq ? c.value : 0;
+      conds.push_back(cmp);
+    }
+    rc = seccomp_rule_add_array(ctx.get(), SCMP_ACT_ALLOW, *nr, static_cast<unsigned>(conds.size()), conds.data());
+    if (rc < 0) return ErrnoStatus(-rc, fmt::format("seccomp policy: allow_if[{}] ({}): seccomp_rule_add", i, r.name));
+  }
+  for (size_t i = 0; i < policy.errno_rules.size(); ++i) {
+    const auto& r = policy.errno_rules[i];
+    auto nr = Resolve(r.name, &prog.skipped);
+    if (!nr) continue;
+    rc = seccomp_rule_add(ctx.get(), SCMP_ACT_ERRNO(static_cast<uint32_t>(r.err)), *nr, 0);
+    if (rc < 0) return ErrnoStatus(-rc, fmt::format("seccomp policy: errno[{}] ({}): seccomp_rule_add", i, r.name));
+  }
+  std::vector<std::pair<int, std::vector<uint32_t>>> deny_arg0;
+  for (const auto& r : policy.deny_arg0) {
+    auto nr = Resolve(r.name, &prog.skipped);
+    if (nr && *nr >= 0) deny_arg0.emplace_back(*nr, r.values);
+  }
+  // Explicit denials need no rule (the default denies them); resolving them only reports names
+  // this libseccomp cannot check.
+  for (const std::string& name : policy.deny) {
+    if (seccomp_syscall_resolve_name(name.c_str()) == __NR_SCMP_ERROR) prog.skipped.push_back(name);
+  }
 
   // libseccomp 2.5 can only export to an fd.
   UniqueFd mfd(static_cast<int>(::syscall(SYS_memfd_create, "sbx-seccomp", MFD_CLOEXEC)));
@@ -121,16 +306,201 @@ absl::StatusOr<SeccompProgram> BuildSeccompProgram() {
   if (size <= 0 || size % static_cast<off_t>(sizeof(sock_filter)) != 0) {
     return absl::InternalError(fmt::format("seccomp: exported BPF has odd size {}", size));
   }
-  SeccompProgram prog;
   prog.main.resize(static_cast<size_t>(size) / sizeof(sock_filter));
   ssize_t n = ::pread(mfd.get(), prog.main.data(), static_cast<size_t>(size), 0);
   if (n != size) return ErrnoStatus(n < 0 ? errno : EIO, "seccomp: read exported BPF");
-  prog.personality = PersonalityFilter();
+  if (prog.main.size() > BPF_MAXINSNS) {
+    return absl::InvalidArgumentError(fmt::format("seccomp policy: filter has {} instructions, the kernel takes {}",
+                                                  prog.main.size(), BPF_MAXINSNS));
+  }
+  SBX_ASSIGN_OR_RETURN(prog.handwritten, HandwrittenFilter(policy, deny_arg0));
+  return prog;
+}
+
+struct EmbeddedLists {
+  std::vector<std::string> denied;
+  std::vector<std::string> allowed;
+};
+
+const EmbeddedLists& Embedded() {
+  static const EmbeddedLists kLists = [] {
+    EmbeddedLists l;
+    auto p = ParseSeccompPolicy(EmbeddedSeccompPolicyJson());
+    if (!p.ok()) return l;
+    l.denied = p->deny;
+    std::set<std::string> allowed(p->allow.begin(), p->allow.end());
+    for (const auto& r : p->allow_if) allowed.insert(r.name);
+    l.allowed.assign(allowed.begin(), allowed.end());
+    return l;
+  }();
+  return kLists;
+}
+
+}  // namespace
+
+absl::StatusOr<SeccompPolicy> ParseSeccompPolicy(const std::string& json_text) {
+  json doc;
+  try {
+    doc = json::parse(json_text);
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(fmt::format("seccomp policy: not valid JSON: {}", e.what()));
+  }
+  if (!doc.is_object()) return PolicyError("top level", "expected an object");
+  SBX_RETURN_IF_ERROR(CheckKeys(doc, "top level",
+                                {"default_errno", "enosys_from_nr", "allow", "allow_if", "deny_arg0", "errno", "deny"}));
+  SeccompPolicy p;
+  if (!doc.contains("default_errno")) return PolicyError("top level", "missing \"default_errno\"");
+  SBX_ASSIGN_OR_RETURN(p.default_errno, GetErrno(doc["default_errno"], "default_errno"));
+  if (doc.contains("enosys_from_nr")) {
+    SBX_ASSIGN_OR_RETURN(uint64_t from, GetU64(doc["enosys_from_nr"], "enosys_from_nr"));
+    // Below 424 numbers differ between architectures, and a low value would deny the basics.
+    if (from != 0 && (from < 424 || from > 4095)) {
+      return PolicyError("enosys_from_nr", fmt::format("{} is outside 424..4095 (or 0 for none)", from));
+    }
+    p.enosys_from_nr = static_cast<int>(from);
+  }
+
+  // Which list first claimed each name: a name may sit in only one list (allow_if and
+  // deny_arg0 may repeat a name, and deny_arg0 names must be allowed).
+  std::map<std::string, std::string> owner;
+  auto claim = [&](const std::string& name, const std::string& where, bool repeat_ok) -> absl::Status {
+    auto [it, fresh] = owner.emplace(name, where);
+    if (fresh) return absl::OkStatus();
+    if (repeat_ok && it->second.rfind(where.substr(0, where.find('[')), 0) == 0) return absl::OkStatus();
+    return PolicyError(where, fmt::format("{} is already listed at {}", name, it->second));
+  };
+
+  SBX_ASSIGN_OR_RETURN(const json* allow, GetArray(doc, "allow", "top level", true));
+  for (size_t i = 0; i < allow->size(); ++i) {
+    const std::string where = fmt::format("allow[{}]", i);
+    SBX_ASSIGN_OR_RETURN(std::string name, GetName((*allow)[i], where));
+    SBX_RETURN_IF_ERROR(claim(name, where, false));
+    p.allow.push_back(std::move(name));
+  }
+
+  SBX_ASSIGN_OR_RETURN(const json* allow_if, GetArray(doc, "allow_if", "top level", false));
+  for (size_t i = 0; i < allow_if->size(); ++i) {
+    const std::string where = fmt::format("allow_if[{}]", i);
+    const json& e = (*allow_if)[i];
+    if (!e.is_object()) return PolicyError(where, "expected an object {name, why, all}");
+    SBX_RETURN_IF_ERROR(CheckKeys(e, where, {"name", "why", "all"}));
+    SeccompPolicy::AllowIf r;
+    SBX_ASSIGN_OR_RETURN(r.name, GetName(e.value("name", json()), where + ".name"));
+    SBX_RETURN_IF_ERROR(claim(r.name, where, true));
+    SBX_ASSIGN_OR_RETURN(const json* all, GetArray(e, "all", where, true));
+    if (all->empty() || all->size() > 6) return PolicyError(where + ".all", "expected 1..6 conditions");
+    std::set<unsigned> args_seen;
+    for (size_t j = 0; j < all->size(); ++j) {
+      const std::string cw = fmt::format("{}.all[{}]", where, j);
+      const json& c = (*all)[j];
+      if (!c.is_object()) return PolicyError(cw, "expected an object {arg, op, value, mask?}");
+      SBX_RETURN_IF_ERROR(CheckKeys(c, cw, {"arg", "op", "value", "mask"}));
+      SeccompPolicy::Condition cond;
+      SBX_ASSIGN_OR_RETURN(uint64_t arg, GetU64(c.value("arg", json()), cw + ".arg"));
+      if (arg > 5) return PolicyError(cw + ".arg", fmt::format("{} is not an argument index 0..5", arg));
+      cond.arg = static_cast<unsigned>(arg);
+      // libseccomp 2.5 rejects two comparisons of one argument in one rule (EINVAL); say so here.
+      if (!args_seen.insert(cond.arg).second) {
+        return PolicyError(cw, fmt::format("second condition on arg {} (use another allow_if entry, or deny_arg0)", arg));
+      }
+      SBX_ASSIGN_OR_RETURN(cond.op, GetOp(c.value("op", json()), cw + ".op"));
+      SBX_ASSIGN_OR_RETURN(cond.value, GetU64(c.value("value", json()), cw + ".value"));
+      if (cond.op == SeccompPolicy::Op::kMaskedEq) {
+        SBX_ASSIGN_OR_RETURN(cond.mask, GetU64(c.value("mask", json()), cw + ".mask"));
+      } else if (c.contains("mask")) {
+        return PolicyError(cw, "mask is only for op masked_eq");
+      }
+      r.all.push_back(cond);
+    }
+    p.allow_if.push_back(std::move(r));
+  }
+
+  SBX_ASSIGN_OR_RETURN(const json* errno_rules, GetArray(doc, "errno", "top level", false));
+  for (size_t i = 0; i < errno_rules->size(); ++i) {
+    const std::string where = fmt::format("errno[{}]", i);
+    const json& e = (*errno_rules)[i];
+    if (!e.is_object()) return PolicyError(where, "expected an object {name, errno, why}");
+    SBX_RETURN_IF_ERROR(CheckKeys(e, where, {"name", "errno", "why"}));
+    SeccompPolicy::ErrnoRule r;
+    SBX_ASSIGN_OR_RETURN(r.name, GetName(e.value("name", json()), where + ".name"));
+    SBX_RETURN_IF_ERROR(claim(r.name, where, false));
+    SBX_ASSIGN_OR_RETURN(r.err, GetErrno(e.value("errno", json()), where + ".errno"));
+    p.errno_rules.push_back(std::move(r));
+  }
+
+  SBX_ASSIGN_OR_RETURN(const json* deny, GetArray(doc, "deny", "top level", false));
+  for (size_t i = 0; i < deny->size(); ++i) {
+    const std::string where = fmt::format("deny[{}]", i);
+    const json& g = (*deny)[i];
+    if (!g.is_object()) return PolicyError(where, "expected an object {why, names}");
+    SBX_RETURN_IF_ERROR(CheckKeys(g, where, {"why", "names"}));
+    if (!g.contains("why") || !g["why"].is_string() || g["why"].get<std::string>().empty()) {
+      return PolicyError(where, "every denial group needs a \"why\"");
+    }
+    SBX_ASSIGN_OR_RETURN(const json* names, GetArray(g, "names", where, true));
+    for (size_t j = 0; j < names->size(); ++j) {
+      const std::string nw = fmt::format("{}.names[{}]", where, j);
+      SBX_ASSIGN_OR_RETURN(std::string name, GetName((*names)[j], nw));
+      SBX_RETURN_IF_ERROR(claim(name, nw, false));
+      p.deny.push_back(std::move(name));
+    }
+  }
+
+  // Last: deny_arg0 refines names that must already be allowed unconditionally.
+  SBX_ASSIGN_OR_RETURN(const json* deny_arg0, GetArray(doc, "deny_arg0", "top level", false));
+  for (size_t i = 0; i < deny_arg0->size(); ++i) {
+    const std::string where = fmt::format("deny_arg0[{}]", i);
+    const json& e = (*deny_arg0)[i];
+    if (!e.is_object()) return PolicyError(where, "expected an object {name, values, why}");
+    SBX_RETURN_IF_ERROR(CheckKeys(e, where, {"name", "values", "why"}));
+    SeccompPolicy::DenyArg0 r;
+    SBX_ASSIGN_OR_RETURN(r.name, GetName(e.value("name", json()), where + ".name"));
+    auto it = owner.find(r.name);
+    if (it == owner.end() || it->second.rfind("allow[", 0) != 0) {
+      return PolicyError(where, fmt::format("{} must be in \"allow\" (deny_arg0 narrows an allowed syscall)", r.name));
+    }
+    if (r.name == "personality") return PolicyError(where, "personality has its own hand-written check");
+    SBX_ASSIGN_OR_RETURN(const json* values, GetArray(e, "values", where, true));
+    if (values->empty() || values->size() > 32) return PolicyError(where + ".values", "expected 1..32 values");
+    for (size_t j = 0; j < values->size(); ++j) {
+      SBX_ASSIGN_OR_RETURN(uint64_t v, GetU64((*values)[j], fmt::format("{}.values[{}]", where, j)));
+      if (v > 0xffffffffu) return PolicyError(fmt::format("{}.values[{}]", where, j), "compares 32 bits: value > 0xffffffff");
+      r.values.push_back(static_cast<uint32_t>(v));
+    }
+    p.deny_arg0.push_back(std::move(r));
+  }
+  return p;
+}
+
+const std::string& EmbeddedSeccompPolicyJson() {
+  static const std::string kJson(kSeccompPolicyJson);
+  return kJson;
+}
+
+const std::vector<std::string>& SeccompDeniedSyscalls() { return Embedded().denied; }
+const std::vector<std::string>& SeccompAllowedSyscalls() { return Embedded().allowed; }
+
+absl::StatusOr<SeccompProgram> BuildSeccompProgramFromPolicy(const std::string& json_text) {
+  SBX_ASSIGN_OR_RETURN(SeccompPolicy policy, ParseSeccompPolicy(json_text));
+  return Compile(policy);
+}
+
+absl::StatusOr<SeccompProgram> BuildSeccompProgram() {
+  return BuildSeccompProgramFromPolicy(EmbeddedSeccompPolicyJson());
+}
+
+absl::StatusOr<SeccompProgram> BuildSeccompProgramFromFile(const std::string& path) {
+  auto text = ReadFileToString(path);
+  if (!text.ok()) return Annotate(text.status(), fmt::format("seccomp policy {}", path));
+  auto prog = BuildSeccompProgramFromPolicy(*text);
+  if (!prog.ok()) return Annotate(prog.status(), path);
   return prog;
 }
 
 int InstallSeccomp(const SeccompProgram& prog) {
-  const std::vector<sock_filter>* filters[] = {&prog.personality, &prog.main};
+  // main first: on equal actions the most recently installed filter's errno wins, and the
+  // hand-written ENOSYS must win over main's default EPERM.
+  const std::vector<sock_filter>* filters[] = {&prog.main, &prog.handwritten};
   for (const auto* f : filters) {
     struct sock_fprog fprog;
     fprog.len = static_cast<unsigned short>(f->size());
