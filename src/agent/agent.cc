@@ -28,6 +28,7 @@
 #include <fmt/format.h>
 
 #include "agent/event_log.h"
+#include "agent/oom.h"
 #include "agent/spawn.h"
 #include "agent/users.h"
 #include "common/status_util.h"
@@ -85,6 +86,8 @@ struct Session {
   pid_t pid = -1;
   bool exited = false;
   int wait_status = 0;
+  uint64_t oom_kills_at_start = 0;  // the sandbox's OOM counter before the spawn
+  bool oom_killed = false;
   std::string started_at;
   std::string exited_at;
   EventLog log;
@@ -164,6 +167,7 @@ class Agent {
   UniqueFd epoll_;
   UniqueFd signal_fd_;
   UniqueFd listen_fd_;
+  UniqueFd oom_fd_;
   bool listen_paused_ = false;
   std::chrono::steady_clock::time_point listen_resume_at_;
   bool bound_path_ = false;
@@ -237,6 +241,17 @@ absl::Status Agent::Init() {
   if (!signal_fd_) return ErrnoStatus(errno, "agent init: signalfd");
   if (AddWatch(signal_fd_.get(), EPOLLIN, {Kind::kSignal}) == 0) {
     return absl::InternalError("agent init: cannot watch the signalfd");
+  }
+
+  if (opts_.oom_counter_fd >= 0) {
+    // sbxd passes an fd it opened; one that cannot be read is a wiring bug worth failing on
+    // rather than silently losing OOM reports.
+    if (!ReadOomKillCount(opts_.oom_counter_fd)) {
+      return ErrnoStatus(errno, fmt::format("agent init: pread(--oom-counter-fd {})",
+                                            opts_.oom_counter_fd));
+    }
+    oom_fd_.Reset(opts_.oom_counter_fd);
+    ::fcntl(oom_fd_.get(), F_SETFD, FD_CLOEXEC);
   }
 
   if (opts_.listen_fd >= 0) {
@@ -408,13 +423,32 @@ void Agent::OnSignal() {
 
 void Agent::Reap() {
   for (;;) {
-    int status = 0;
-    pid_t pid = ::waitpid(-1, &status, WNOHANG);
-    if (pid < 0 && errno == EINTR) continue;
+    // Peek first (WNOWAIT): while the leader is an unreaped zombie its pid, which is also the
+    // session's process group id, cannot be reused, so the group can still be killed safely.
+    siginfo_t info{};
+    if (::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    const pid_t pid = info.si_pid;
     if (pid <= 0) return;
     auto it = by_pid_.find(pid);
-    if (it == by_pid_.end()) continue;  // an orphan reparented to us: reaping is all it needs
-    Session* s = it->second;
+    Session* s = it == by_pid_.end() ? nullptr : it->second;
+    if (s && oom_fd_ && info.si_code == CLD_KILLED && info.si_status == SIGKILL) {
+      const std::optional<uint64_t> now = ReadOomKillCount(oom_fd_.get());
+      if (now && *now > s->oom_kills_at_start) {
+        s->oom_killed = true;
+        // oom.group semantics for the session: what is left of it would run on half-broken.
+        ::kill(-pid, SIGKILL);
+      }
+    }
+    int status = 0;
+    pid_t reaped;
+    do {
+      reaped = ::waitpid(pid, &status, WNOHANG);
+    } while (reaped < 0 && errno == EINTR);
+    if (reaped != pid) return;  // cannot happen: waitid just reported it
+    if (!s) continue;  // an orphan reparented to us: reaping is all it needs
     by_pid_.erase(it);
     OnSessionExit(*s, status);
   }
@@ -436,9 +470,11 @@ void Agent::OnSessionExit(Session& s, int status) {
     const int sig = WTERMSIG(status);
     ev.signal = protocol::SignalName(sig).value_or(fmt::format("SIG{}", sig));
   }
+  ev.oom_killed = s.oom_killed;
   const uint64_t id = s.log.AppendExit(ev);
-  Log(fmt::format("session {} pid {} exited ({}), exit event {}", s.id, s.pid,
-                  ev.exit_code ? fmt::format("code {}", *ev.exit_code) : *ev.signal, id));
+  Log(fmt::format("session {} pid {} exited ({}{}), exit event {}", s.id, s.pid,
+                  ev.exit_code ? fmt::format("code {}", *ev.exit_code) : *ev.signal,
+                  ev.oom_killed ? ", OOM-killed" : "", id));
   PumpSession(s);
 }
 
@@ -627,8 +663,11 @@ absl::StatusOr<Session*> Agent::StartSession(const std::string& id, const Json& 
     }
   }
 
+  // Read before the fork, so that a kill right after exec is seen as growth.
+  const uint64_t oom_before = oom_fd_ ? ReadOomKillCount(oom_fd_.get()).value_or(0) : 0;
   SBX_ASSIGN_OR_RETURN(SpawnedProcess p, Spawn(ss));
   auto s = std::make_unique<Session>(opts_.buffer_bytes);
+  s->oom_kills_at_start = oom_before;
   s->id = id;
   s->pid = p.pid;
   s->started_at = NowRfc3339();
@@ -692,7 +731,7 @@ Json Agent::HandleStatus(const Json& req) {
   }
   Json r = {{"ok", true},         {"state", "unknown"},    {"pid", nullptr},
             {"exit_code", nullptr}, {"signal", nullptr},   {"started_at", nullptr},
-            {"exited_at", nullptr}};
+            {"exited_at", nullptr}, {"oom_killed", false}};
   auto it = sessions_.find(sid->get<std::string>());
   if (it == sessions_.end()) return r;
   const Session& s = *it->second;
@@ -701,6 +740,7 @@ Json Agent::HandleStatus(const Json& req) {
   r["started_at"] = s.started_at;
   if (s.exited) {
     r["exited_at"] = s.exited_at;
+    r["oom_killed"] = s.oom_killed;
     if (WIFEXITED(s.wait_status)) {
       r["exit_code"] = WEXITSTATUS(s.wait_status);
     } else if (WIFSIGNALED(s.wait_status)) {

@@ -23,6 +23,8 @@ struct AgentOptions {
   // When false the `user` field of a spec is ignored and processes keep the agent's
   // credentials (the fake runtime, which runs without privileges or isolation).
   bool switch_user = true;
+  // Read-only fd of the sandbox's OOM counter (oom.h); -1 turns OOM attribution off.
+  int oom_counter_fd = -1;
 };
 
 // Runs until SIGTERM/SIGINT; returns the process exit code.

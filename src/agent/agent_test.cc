@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -44,8 +45,10 @@ using protocol::Stream;
 
 class AgentProcess {
  public:
+  // `oom_counter`: a file the agent gets read-only as fd 7 with --oom-counter-fd 7, standing
+  // in for the cgroup's memory.oom_control.
   explicit AgentProcess(std::vector<std::string> extra_args = {},
-                        std::vector<std::string> extra_env = {}) {
+                        std::vector<std::string> extra_env = {}, std::string oom_counter = "") {
     static int counter = 0;
     dir_ = std::filesystem::temp_directory_path() /
            ("sbx-agent-test." + std::to_string(::getpid()) + "." + std::to_string(counter++));
@@ -56,6 +59,10 @@ class AgentProcess {
 
     std::vector<std::string> args = {SBX_AGENT_PATH, "--listen", socket_};
     args.insert(args.end(), extra_args.begin(), extra_args.end());
+    if (!oom_counter.empty()) {
+      args.push_back("--oom-counter-fd");
+      args.push_back(std::to_string(kOomFd));
+    }
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -70,6 +77,9 @@ class AgentProcess {
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_addopen(&fa, 2, log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+    if (!oom_counter.empty()) {
+      posix_spawn_file_actions_addopen(&fa, kOomFd, oom_counter.c_str(), O_RDONLY, 0);
+    }
     int rc = posix_spawn(&pid_, SBX_AGENT_PATH, &fa, nullptr, argv.data(), envp.data());
     posix_spawn_file_actions_destroy(&fa);
     if (rc != 0) {
@@ -111,6 +121,8 @@ class AgentProcess {
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
   }
+
+  static constexpr int kOomFd = 7;
 
   pid_t pid() const { return pid_; }
   const std::string& socket() const { return socket_; }
@@ -319,6 +331,185 @@ TEST(Agent, KilledBySignal) {
   Json st = Status(agent, "s");
   EXPECT_EQ(st["signal"], "SIGKILL");
   EXPECT_TRUE(st["exit_code"].is_null());
+}
+
+// --- OOM attribution (oom.h): a regular file stands in for the cgroup's OOM counter. ---
+
+class OomCounterFile {
+ public:
+  OomCounterFile() {
+    static int counter = 0;
+    path_ = (std::filesystem::temp_directory_path() /
+             ("sbx-agent-oom." + std::to_string(::getpid()) + "." + std::to_string(counter++)))
+                .string();
+    Set("oom_kill_disable 0\nunder_oom 0\noom_kill 0\n");
+  }
+  ~OomCounterFile() { std::filesystem::remove(path_); }
+  // Rewritten in place: the agent keeps the inode open and preads it.
+  void Set(const std::string& text) {
+    std::ofstream f(path_, std::ios::binary | std::ios::trunc);
+    f << text;
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// 'R', 'S', 'Z', ... of a process, or 0 once it is gone (reaped).
+char ProcState(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(f, line)) return 0;
+  size_t close = line.rfind(')');
+  return close == std::string::npos || close + 2 >= line.size() ? 0 : line[close + 2];
+}
+
+bool GoneWithin(pid_t pid, std::chrono::milliseconds limit) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    char st = ProcState(pid);
+    if (st == 0 || st == 'Z') return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+}
+
+pid_t ReadPidFile(const std::filesystem::path& p) {
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream f(p);
+    pid_t pid = 0;
+    if (f >> pid && pid > 0) return pid;
+    std::this_thread::sleep_for(5ms);
+  }
+  ADD_FAILURE() << "no pid in " << p;
+  return -1;
+}
+
+struct OomRun {
+  std::optional<ExitEvent> exit;
+  pid_t background = -1;
+  std::string error;
+};
+
+// A session that starts a background child in its process group, waits for `go`, then
+// either SIGKILLs itself or runs `finish`. `between` runs after the session has started and
+// before `go` is created (where the test bumps the counter).
+OomRun RunOomSession(const AgentProcess& agent, const std::string& sid,
+                     const std::function<void()>& between, const std::string& finish = "kill -9 $$") {
+  const std::filesystem::path dir = agent.dir() / sid;
+  std::filesystem::create_directories(dir);
+  const std::string script =
+      "sleep 300 >/dev/null 2>&1 & echo $! > \"$0/bg.pid\"\n"
+      "while [ ! -e \"$0/go\" ]; do sleep 0.01; done\n" + finish + "\n";
+  AgentConnection c = agent.Connect();
+  OomRun run;
+  auto resp = c.Call(AttachReq(sid, 0, Spec({"sh", "-c", script, dir.string()})));
+  EXPECT_TRUE(resp.ok()) << resp.status();
+  if (!resp.ok()) return run;
+  run.background = ReadPidFile(dir / "bg.pid");
+  between();
+  WriteFile(dir / "go", "");
+  Collected col = ReadStream(c);
+  run.exit = col.exit;
+  run.error = col.error;
+  return run;
+}
+
+TEST(AgentOom, SigkillAfterTheCounterGrewIsOomAndKillsTheSession) {
+  OomCounterFile counter;
+  AgentProcess agent({}, {}, counter.path());
+  OomRun r = RunOomSession(agent, "s", [&] {
+    counter.Set("oom_kill_disable 0\nunder_oom 0\noom_kill 1\n");
+  });
+  ASSERT_TRUE(r.exit.has_value()) << r.error;
+  EXPECT_EQ(r.exit->signal, "SIGKILL");
+  EXPECT_TRUE(r.exit->oom_killed);
+  // The rest of the session's process group goes with it.
+  ASSERT_GT(r.background, 0);
+  EXPECT_TRUE(GoneWithin(r.background, 3s)) << "background child " << r.background << " survived";
+  Json st = Status(agent, "s");
+  EXPECT_EQ(st["oom_killed"], true);
+  EXPECT_EQ(st["signal"], "SIGKILL");
+  // The agent lives on and a later session starts with the counter as it is now.
+  OomRun next = RunOomSession(agent, "t", [] {});
+  ASSERT_TRUE(next.exit.has_value()) << next.error;
+  EXPECT_FALSE(next.exit->oom_killed);
+  EXPECT_NE(agent.Log().find("OOM-killed"), std::string::npos) << agent.Log();
+}
+
+TEST(AgentOom, SigkillWithoutGrowthIsNotOomAndLeavesTheGroupAlone) {
+  OomCounterFile counter;
+  AgentProcess agent({}, {}, counter.path());
+  OomRun r = RunOomSession(agent, "s", [] {});
+  ASSERT_TRUE(r.exit.has_value()) << r.error;
+  EXPECT_EQ(r.exit->signal, "SIGKILL");
+  EXPECT_FALSE(r.exit->oom_killed);
+  ASSERT_GT(r.background, 0);
+  char st = ProcState(r.background);
+  EXPECT_TRUE(st != 0 && st != 'Z') << "state " << st;
+  EXPECT_EQ(Status(agent, "s")["oom_killed"], false);
+}
+
+TEST(AgentOom, OnlyADeathBySigkillCounts) {
+  OomCounterFile counter;
+  AgentProcess agent({}, {}, counter.path());
+  OomRun r = RunOomSession(agent, "s", [&] { counter.Set("oom_kill 5\n"); }, "exit 3");
+  ASSERT_TRUE(r.exit.has_value()) << r.error;
+  EXPECT_EQ(r.exit->exit_code, 3);
+  EXPECT_FALSE(r.exit->oom_killed);
+  OomRun t = RunOomSession(agent, "t", [&] { counter.Set("oom_kill 6\n"); }, "kill -15 $$");
+  ASSERT_TRUE(t.exit.has_value()) << t.error;
+  EXPECT_EQ(t.exit->signal, "SIGTERM");
+  EXPECT_FALSE(t.exit->oom_killed);
+}
+
+TEST(AgentOom, MalformedCounterIsNeverOom) {
+  OomCounterFile counter;
+  counter.Set("garbage\n");
+  AgentProcess agent({}, {}, counter.path());
+  OomRun r = RunOomSession(agent, "s", [&] { counter.Set("oom_kill lots\n\x01\x02"); });
+  ASSERT_TRUE(r.exit.has_value()) << r.error;
+  EXPECT_EQ(r.exit->signal, "SIGKILL");
+  EXPECT_FALSE(r.exit->oom_killed);
+  OomRun t = RunOomSession(agent, "t", [&] { counter.Set(""); });
+  ASSERT_TRUE(t.exit.has_value()) << t.error;
+  EXPECT_FALSE(t.exit->oom_killed);
+  EXPECT_TRUE(protocol::CallAgent(agent.socket(), Json{{"op", "ping"}}).ok());
+}
+
+TEST(AgentOom, WithoutTheFlagOomDetectionIsOff) {
+  AgentProcess agent;
+  Collected r = RunSession(agent, "s", Spec({"sh", "-c", "kill -9 $$"}));
+  ASSERT_TRUE(r.exit.has_value()) << r.error;
+  EXPECT_FALSE(r.exit->oom_killed);
+}
+
+TEST(AgentOom, AnUnreadableCounterFdFailsStartUp) {
+  std::vector<std::string> args = {SBX_AGENT_PATH, "--listen", "/nonexistent/agent.sock",
+                                   "--oom-counter-fd", "9"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addclose(&fa, 9);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid = -1;
+  ASSERT_EQ(posix_spawn(&pid, SBX_AGENT_PATH, &fa, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+}
+
+TEST(Agent, SessionProcessesAreTheOomKillersFirstChoice) {
+  AgentProcess agent;
+  Collected r = RunSession(agent, "s", Spec({"cat", "/proc/self/oom_score_adj"}));
+  ASSERT_TRUE(r.exit.has_value()) << r.error;
+  EXPECT_EQ(r.out, "500\n");
 }
 
 TEST(Agent, SignalOpReachesTheProcessGroup) {

@@ -162,6 +162,19 @@ absl::StatusOr<SpawnedProcess> Spawn(const SpawnSpec& spec) {
       ::_exit(126);
     }
     CloseFrom(3);
+    // Make workload processes the OOM killer's first choice over the agent (PID 1, holding
+    // every session's output), so that an OOM kill takes the workload and the agent lives to
+    // report it. Lowering the agent's own score instead would need CAP_SYS_RESOURCE, which
+    // root lacks on the project's hosts; raising one's own needs no privilege. Before the user
+    // switch: a non-root process may lose write access to its /proc/self files. Best effort
+    // (a rootfs without /proc): the only cost is a worse victim choice.
+    {
+      int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+      if (fd >= 0) {
+        (void)!::write(fd, "500", 3);
+        ::close(fd);
+      }
+    }
     if (switch_user) {
       if (::setgroups(groups.size(), groups.data()) != 0) {
         ChildFail("setgroups for", uid_text, errno, 126);

@@ -3,6 +3,7 @@
 // and the next start re-adopts what is still running.
 #include <charconv>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -47,7 +48,39 @@ struct Flags {
   std::vector<std::string> warm_pools = {"base=2"};
   int netns_pool = 4;
   std::string seccomp_policy;  // empty: the policy embedded at build time
+  // Deployment-wide limits of every sandbox (runtime::Resources; not requestable).
+  int default_pids = sbx::runtime::Resources{}.pids;
+  int default_open_files = sbx::runtime::Resources{}.open_files;
+  int tmp_mib = sbx::runtime::Resources{}.tmp_mib;
+  int shm_mib = sbx::runtime::Resources{}.shm_mib;
 };
+
+// Range checks with messages that name the flag; run before the runtime touches the host.
+absl::Status CheckFlagRange(const char* flag, int64_t v, int64_t lo, int64_t hi,
+                            const char* why) {
+  if (v >= lo && v <= hi) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      fmt::format("{} {}: must be between {} and {} ({})", flag, v, lo, hi, why));
+}
+
+// A sandbox cannot get more open files than sbxd's own hard RLIMIT_NOFILE: raising a hard limit
+// needs CAP_SYS_RESOURCE, which root lacks on some hosts (20000 on the project's machines).
+// Clamped with a warning rather than refused, so the default works on such hosts.
+int ClampOpenFiles(int wanted) {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+    spdlog::warn("--default-open-files: getrlimit(RLIMIT_NOFILE): {}; keeping {}",
+                 sbx::ErrnoMessage(errno), wanted);
+    return wanted;
+  }
+  if (rl.rlim_max != RLIM_INFINITY && static_cast<rlim_t>(wanted) > rl.rlim_max) {
+    spdlog::warn("--default-open-files {} exceeds sbxd's hard RLIMIT_NOFILE {}, which cannot be "
+                 "raised here; sandboxes get {}",
+                 wanted, static_cast<uint64_t>(rl.rlim_max), static_cast<uint64_t>(rl.rlim_max));
+    return static_cast<int>(rl.rlim_max);
+  }
+  return wanted;
+}
 
 // "TEMPLATE=N" -> a pool of N ready sandboxes of TEMPLATE on the default runtime.
 absl::StatusOr<sbx::service::WarmPoolConfig> ParseWarmPool(const std::string& spec,
@@ -146,6 +179,21 @@ int main(int argc, char** argv) {
                  "0 creates each one during the launch")
       ->capture_default_str()
       ->check(CLI::Range(0, 256));
+  app.add_option("--default-pids", f.default_pids,
+                 "pids.max of every sandbox: a fork bomb stops there (16 to 4194304)")
+      ->capture_default_str();
+  app.add_option("--default-open-files", f.default_open_files,
+                 "RLIMIT_NOFILE of sandbox processes (64 to 1048576; lowered to sbxd's own hard "
+                 "limit with a warning when above it)")
+      ->capture_default_str();
+  app.add_option("--tmp-mib", f.tmp_mib,
+                 "size of each sandbox's tmpfs /tmp in MiB (1 to 1048576; pages in it count "
+                 "against the sandbox's memory limit)")
+      ->capture_default_str();
+  app.add_option("--shm-mib", f.shm_mib,
+                 "size of each sandbox's tmpfs /dev/shm in MiB (1 to 1048576; also counted as "
+                 "memory)")
+      ->capture_default_str();
   app.add_option("--warm-pool", f.warm_pools,
                  "TEMPLATE=N: keep N sandboxes of TEMPLATE ready so that creates with the default "
                  "resources skip the launch (repeatable; N=0 turns a pool off)")
@@ -181,6 +229,20 @@ int main(int argc, char** argv) {
   }
   auto listen = SplitListen(f.listen);
   if (!listen.ok()) return Fail(listen.status());
+  for (const absl::Status& st :
+       {CheckFlagRange("--default-pids", f.default_pids, 16, 4194304,
+                       "the agent and a shell need a few; the kernel's pid_max caps the rest"),
+        CheckFlagRange("--default-open-files", f.default_open_files, 64, 1048576,
+                       "below 64 ordinary programs fail; 1048576 is the kernel's default nr_open"),
+        CheckFlagRange("--tmp-mib", f.tmp_mib, 1, 1048576, "a tmpfs size in MiB"),
+        CheckFlagRange("--shm-mib", f.shm_mib, 1, 1048576, "a tmpfs size in MiB")}) {
+    if (!st.ok()) return Fail(st);
+  }
+  sbx::runtime::Resources defaults;
+  defaults.pids = f.default_pids;
+  defaults.open_files = ClampOpenFiles(f.default_open_files);
+  defaults.tmp_mib = f.tmp_mib;
+  defaults.shm_mib = f.shm_mib;
   if (auto st = sbx::daemon::EnsureStateDir(f.state_dir); !st.ok()) return Fail(st);
   if (f.admin_token.empty()) {
     if (const char* env = std::getenv("SBX_ADMIN_TOKEN"); env && *env) f.admin_token = env;
@@ -226,7 +288,8 @@ int main(int argc, char** argv) {
     }
     backends["ns"] = ns_backend.get();
   } else {
-    fake_backend = std::make_unique<sbx::runtime::FakeBackend>(f.state_dir, f.agent_path);
+    fake_backend =
+        std::make_unique<sbx::runtime::FakeBackend>(f.state_dir, f.agent_path, f.buffer_bytes);
     if (auto st = fake_backend->Probe(); !st.ok()) return Fail(sbx::Annotate(st, "runtime fake"));
     backends["fake"] = fake_backend.get();
   }
@@ -236,6 +299,8 @@ int main(int argc, char** argv) {
   sopts.default_runtime = f.runtime;
   sopts.attach_key = *attach_key;
   sopts.warm_pools = std::move(warm_pools);
+  sopts.defaults = defaults;
+  sopts.output_buffer_bytes = static_cast<int64_t>(f.buffer_bytes);
   sbx::service::SandboxService svc(sopts, **store, engine, std::move(*templates), backends);
 
   sbx::api::ApiOptions aopts;

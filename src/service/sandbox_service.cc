@@ -27,6 +27,54 @@ absl::Status BadId(std::string_view kind, const std::string& id) {
                   fmt::format("'{}' is not a {} id", shown, kind), "id");
 }
 
+// effective_resources of a new sandbox: what it was asked for, the rest from the deployment.
+json EffectiveResources(const CreateSandboxRequest& req, const ServiceOptions& o) {
+  return {{"vcpu", req.vcpu.value_or(o.defaults.vcpu)},
+          {"memory_mib", req.memory_mib.value_or(o.defaults.memory_mib)},
+          {"disk_mib", req.disk_mib.value_or(o.defaults.disk_mib)},
+          {"pids", o.defaults.pids},
+          {"open_files", o.defaults.open_files},
+          {"tmp_mib", o.defaults.tmp_mib},
+          {"shm_mib", o.defaults.shm_mib},
+          {"output_buffer_bytes", o.output_buffer_bytes}};
+}
+
+// Sandboxes stored before a key existed get today's deployment default for it, both when
+// (re)launched and when shown.
+int IntOr(const json& eff, const char* key, int fallback) {
+  if (!eff.is_object()) return fallback;
+  auto it = eff.find(key);
+  return it != eff.end() && it->is_number_integer() ? it->get<int>() : fallback;
+}
+
+runtime::Resources ResourcesOf(const json& eff, const runtime::Resources& d) {
+  runtime::Resources r;
+  r.vcpu = IntOr(eff, "vcpu", d.vcpu);
+  r.memory_mib = IntOr(eff, "memory_mib", d.memory_mib);
+  r.disk_mib = IntOr(eff, "disk_mib", d.disk_mib);
+  r.pids = IntOr(eff, "pids", d.pids);
+  r.open_files = IntOr(eff, "open_files", d.open_files);
+  r.tmp_mib = IntOr(eff, "tmp_mib", d.tmp_mib);
+  r.shm_mib = IntOr(eff, "shm_mib", d.shm_mib);
+  return r;
+}
+
+void FillEffectiveDefaults(SandboxRecord& sb, const ServiceOptions& o) {
+  const runtime::Resources r = ResourcesOf(sb.effective_resources, o.defaults);
+  json eff = sb.effective_resources.is_object() ? sb.effective_resources : json::object();
+  for (const auto& [k, v] : {std::pair<const char*, int>{"vcpu", r.vcpu},
+                             {"memory_mib", r.memory_mib},
+                             {"disk_mib", r.disk_mib},
+                             {"pids", r.pids},
+                             {"open_files", r.open_files},
+                             {"tmp_mib", r.tmp_mib},
+                             {"shm_mib", r.shm_mib}}) {
+    if (!eff.contains(k)) eff[k] = v;
+  }
+  if (!eff.contains("output_buffer_bytes")) eff["output_buffer_bytes"] = o.output_buffer_bytes;
+  sb.effective_resources = std::move(eff);
+}
+
 absl::Status NotFound(std::string_view kind, const std::string& id) {
   return ApiError(absl::StatusCode::kNotFound, "not_found",
                   fmt::format("{} {} not found", kind, id));
@@ -216,10 +264,7 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
     if (req.vcpu) sb.resources["vcpu"] = *req.vcpu;
     if (req.memory_mib) sb.resources["memory_mib"] = *req.memory_mib;
     if (req.disk_mib) sb.resources["disk_mib"] = *req.disk_mib;
-    sb.effective_resources = {{"vcpu", req.vcpu.value_or(opts_.defaults.vcpu)},
-                              {"memory_mib", req.memory_mib.value_or(opts_.defaults.memory_mib)},
-                              {"disk_mib", req.disk_mib.value_or(opts_.defaults.disk_mib)},
-                              {"pids", opts_.defaults.pids}};
+    sb.effective_resources = EffectiveResources(req, opts_);
     sb.egress_profile = req.egress_profile;
     sb.env = req.env;
     sb.labels = req.labels;
@@ -300,10 +345,7 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
     runtime::SandboxSpec spec;
     spec.id = sb.id;
     spec.tmpl = *tmpl;
-    spec.resources.vcpu = sb.effective_resources.value("vcpu", opts_.defaults.vcpu);
-    spec.resources.memory_mib = sb.effective_resources.value("memory_mib", opts_.defaults.memory_mib);
-    spec.resources.disk_mib = sb.effective_resources.value("disk_mib", opts_.defaults.disk_mib);
-    spec.resources.pids = sb.effective_resources.value("pids", opts_.defaults.pids);
+    spec.resources = ResourcesOf(sb.effective_resources, opts_.defaults);
     // The sandbox env is applied per session (CreateSession), as for pooled sandboxes.
     spec.hostname = sb.id.substr(0, 16);
     inst = (*backend)->Create(spec);
@@ -367,6 +409,7 @@ absl::StatusOr<SandboxRecord> SandboxService::GetSandbox(const Caller& caller,
     SBX_ASSIGN_OR_RETURN(out, VisibleSandbox(tx, caller, id));
     return absl::OkStatus();
   }));
+  FillEffectiveDefaults(out, opts_);
   return out;
 }
 
@@ -382,6 +425,7 @@ absl::StatusOr<store::Page<SandboxRecord>> SandboxService::ListSandboxes(
     SBX_ASSIGN_OR_RETURN(page, tx.ListSandboxes(filter));
     return absl::OkStatus();
   }));
+  for (auto& sb : page.items) FillEffectiveDefaults(sb, opts_);
   return page;
 }
 
@@ -834,6 +878,9 @@ void SandboxService::RecordSessionStatus(const std::string& session_id, const js
       }
       if (status.contains("signal") && status["signal"].is_string()) {
         s.signal = status["signal"].get<std::string>();
+      }
+      if (status.contains("oom_killed") && status["oom_killed"].is_boolean()) {
+        s.oom_killed = status["oom_killed"].get<bool>();
       }
       s.exited_at = status.contains("exited_at") && status["exited_at"].is_string()
                         ? status["exited_at"].get<std::string>()

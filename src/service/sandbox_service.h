@@ -32,7 +32,12 @@ namespace sbx::service {
 
 struct ServiceOptions {
   std::string default_runtime = "ns";
-  runtime::Resources defaults;  // applied where a request omits a resource
+  // Applied where a request omits a resource; pids, open_files, tmp_mib and shm_mib are not
+  // requestable and always come from here.
+  runtime::Resources defaults;
+  // The agent's per-stream output buffer (sbxd --output-buffer-bytes), reported in every
+  // sandbox's effective_resources.
+  int64_t output_buffer_bytes = 8 << 20;
   std::chrono::seconds attach_token_ttl{900};
   std::string attach_key;  // HMAC key for attach tokens
   // Sandboxes kept ready per runtime and template (warm_pool.h); a create with the default

@@ -49,6 +49,28 @@ class NoPauseBackend : public runtime::Backend {
   runtime::Backend& inner_;
 };
 
+// The fake runtime, remembering the spec of the last create.
+class RecordingBackend : public NoPauseBackend {
+ public:
+  explicit RecordingBackend(runtime::Backend& inner) : NoPauseBackend(inner) {}
+  std::string Name() const override { return "recording"; }
+  absl::StatusOr<runtime::InstancePtr> Create(const runtime::SandboxSpec& s) override {
+    {
+      std::lock_guard lock(mu_);
+      last_ = s;
+    }
+    return NoPauseBackend::Create(s);
+  }
+  runtime::SandboxSpec last() {
+    std::lock_guard lock(mu_);
+    return last_;
+  }
+
+ private:
+  std::mutex mu_;
+  runtime::SandboxSpec last_;
+};
+
 class SandboxServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -61,6 +83,7 @@ class SandboxServiceTest : public ::testing::Test {
     fake_ = std::make_unique<runtime::FakeBackend>(dir_.string(), SBX_AGENT_PATH);
     ASSERT_TRUE(fake_->Probe().ok());
     nopause_ = std::make_unique<NoPauseBackend>(*fake_);
+    recording_ = std::make_unique<RecordingBackend>(*fake_);
     Start();
   }
 
@@ -90,10 +113,14 @@ class SandboxServiceTest : public ::testing::Test {
     ASSERT_TRUE(templates.ok()) << templates.status();
     ServiceOptions opts;
     opts.default_runtime = "fake";
+    opts.defaults = defaults_;
+    opts.output_buffer_bytes = output_buffer_bytes_;
     opts.attach_key = "test-key";
     svc_ = std::make_unique<SandboxService>(
         opts, *store_, *engine_, std::move(*templates),
-        std::map<std::string, runtime::Backend*>{{"fake", fake_.get()}, {"nopause", nopause_.get()}});
+        std::map<std::string, runtime::Backend*>{{"fake", fake_.get()},
+                                                 {"nopause", nopause_.get()},
+                                                 {"recording", recording_.get()}});
     ASSERT_TRUE(svc_->Reconcile().ok());
   }
   void Stop() {
@@ -162,9 +189,67 @@ class SandboxServiceTest : public ::testing::Test {
   store::StorePtr store_;
   std::unique_ptr<runtime::FakeBackend> fake_;
   std::unique_ptr<NoPauseBackend> nopause_;
+  std::unique_ptr<RecordingBackend> recording_;
+  runtime::Resources defaults_;  // ServiceOptions of the next Start()
+  int64_t output_buffer_bytes_ = 8 << 20;
   std::unique_ptr<ops::OperationEngine> engine_;
   std::unique_ptr<SandboxService> svc_;
 };
+
+TEST_F(SandboxServiceTest, EffectiveResourcesCombineTheRequestAndDeploymentDefaults) {
+  Stop();
+  defaults_.pids = 100;
+  defaults_.open_files = 1000;
+  defaults_.tmp_mib = 32;
+  defaults_.shm_mib = 16;
+  output_buffer_bytes_ = 1 << 20;
+  Start();
+  CreateSandboxRequest req;
+  req.runtime = "recording";
+  req.memory_mib = 256;
+  req.canonical = json{{"runtime", "recording"}, {"resources", {{"memory_mib", 256}}}};
+  auto r = svc_->CreateSandbox(caller_, req, std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status();
+  json body = json::parse(r->body);
+  const json want = {{"vcpu", 1},      {"memory_mib", 256}, {"disk_mib", 1024},
+                     {"pids", 100},    {"open_files", 1000}, {"tmp_mib", 32},
+                     {"shm_mib", 16},  {"output_buffer_bytes", 1 << 20}};
+  EXPECT_EQ(body["sandbox"]["effective_resources"], want);
+  ASSERT_EQ(WaitOp(body["operation"]["id"]).state, "succeeded");
+  const std::string id = body["sandbox"]["id"];
+  auto sb = svc_->GetSandbox(caller_, id);
+  ASSERT_TRUE(sb.ok()) << sb.status();
+  EXPECT_EQ(sb->effective_resources, want);
+  // The runtime gets the same numbers.
+  runtime::Resources got = recording_->last().resources;
+  EXPECT_EQ(got.memory_mib, 256);
+  EXPECT_EQ(got.pids, 100);
+  EXPECT_EQ(got.open_files, 1000);
+  EXPECT_EQ(got.tmp_mib, 32);
+  EXPECT_EQ(got.shm_mib, 16);
+}
+
+TEST_F(SandboxServiceTest, SandboxesStoredBeforeNewResourceKeysShowDefaults) {
+  const std::string id = CreateRunning();
+  // What a record written by an older sbxd holds.
+  ASSERT_TRUE(store_->Transact([&](store::Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(store::SandboxRecord sb, tx.GetSandbox(id));
+    sb.effective_resources = {{"vcpu", 2}, {"memory_mib", 300}, {"disk_mib", 1024}, {"pids", 64}};
+    return tx.PutSandbox(sb);
+  }).ok());
+  const runtime::Resources d;
+  auto sb = svc_->GetSandbox(caller_, id);
+  ASSERT_TRUE(sb.ok()) << sb.status();
+  EXPECT_EQ(sb->effective_resources,
+            (json{{"vcpu", 2}, {"memory_mib", 300}, {"disk_mib", 1024}, {"pids", 64},
+                  {"open_files", d.open_files}, {"tmp_mib", d.tmp_mib}, {"shm_mib", d.shm_mib},
+                  {"output_buffer_bytes", 8 << 20}}));
+  store::SandboxFilter f;
+  auto page = svc_->ListSandboxes(caller_, f);
+  ASSERT_TRUE(page.ok()) << page.status();
+  ASSERT_EQ(page->items.size(), 1u);
+  EXPECT_EQ(page->items[0].effective_resources["open_files"], d.open_files);
+}
 
 TEST_F(SandboxServiceTest, PauseRefusesSessionsUntilWake) {
   const std::string id = CreateRunning();

@@ -2,6 +2,7 @@
 
 import json
 import secrets
+import subprocess
 
 import pytest
 import requests
@@ -64,6 +65,34 @@ CREATE_CASES = [
     ("memory_negative", {"resources": {"memory_mib": -512}}, 400, "invalid_argument", "resources.memory_mib"),
     ("memory_too_small", {"resources": {"memory_mib": 31}}, 400, "invalid_argument", "resources.memory_mib"),
     ("disk_negative", {"resources": {"disk_mib": -1}}, 400, "invalid_argument", "resources.disk_mib"),
+    # Integers only (docs/api.md): whole floats and exponents are refused too.
+    ("memory_float", {"resources": {"memory_mib": 256.5}}, 400, "invalid_argument", "resources.memory_mib"),
+    ("memory_whole_float", b'{"resources": {"memory_mib": 256.0}}', 400, "invalid_argument", "resources.memory_mib"),
+    ("disk_exponent", b'{"resources": {"disk_mib": 1e3}}', 400, "invalid_argument", "resources.disk_mib"),
+    ("vcpu_whole_float", b'{"resources": {"vcpu": 2.0}}', 400, "invalid_argument", "resources.vcpu"),
+    ("memory_1e300", b'{"resources": {"memory_mib": 1e300}}', 400, "invalid_argument", "resources.memory_mib"),
+    ("memory_2pow63", {"resources": {"memory_mib": 2 ** 63}}, 400, "invalid_argument", "resources.memory_mib"),
+    ("disk_2pow64", {"resources": {"disk_mib": 2 ** 64}}, 400, "invalid_argument", "resources.disk_mib"),
+    ("vcpu_min_int64", {"resources": {"vcpu": -(2 ** 63)}}, 400, "invalid_argument", "resources.vcpu"),
+    ("memory_string", {"resources": {"memory_mib": "512"}}, 400, "invalid_argument", "resources.memory_mib"),
+    ("disk_string", {"resources": {"disk_mib": "1G"}}, 400, "invalid_argument", "resources.disk_mib"),
+    ("memory_bool", {"resources": {"memory_mib": False}}, 400, "invalid_argument", "resources.memory_mib"),
+    ("disk_bool", {"resources": {"disk_mib": True}}, 400, "invalid_argument", "resources.disk_mib"),
+    ("memory_zero", {"resources": {"memory_mib": 0}}, 400, "invalid_argument", "resources.memory_mib"),
+    ("disk_zero", {"resources": {"disk_mib": 0}}, 400, "invalid_argument", "resources.disk_mib"),
+    ("vcpu_negative", {"resources": {"vcpu": -1}}, 400, "invalid_argument", "resources.vcpu"),
+    ("disk_too_large", {"resources": {"disk_mib": 1048577}}, 400, "invalid_argument", "resources.disk_mib"),
+    ("memory_nested_object", {"resources": {"memory_mib": {"value": 512}}}, 400, "invalid_argument",
+     "resources.memory_mib"),
+    ("vcpu_array", {"resources": {"vcpu": [2]}}, 400, "invalid_argument", "resources.vcpu"),
+    # Deployment settings, not requestable (DESIGN.md §3).
+    ("pids_not_requestable", {"resources": {"pids": 64}}, 400, "invalid_argument", "resources.pids"),
+    ("open_files_not_requestable", {"resources": {"open_files": 64}}, 400, "invalid_argument",
+     "resources.open_files"),
+    ("tmp_not_requestable", {"resources": {"tmp_mib": 64}}, 400, "invalid_argument", "resources.tmp_mib"),
+    ("shm_not_requestable", {"resources": {"shm_mib": 64}}, 400, "invalid_argument", "resources.shm_mib"),
+    ("output_buffer_not_requestable", {"resources": {"output_buffer_bytes": 1}}, 400, "invalid_argument",
+     "resources.output_buffer_bytes"),
     ("unknown_template", {"template": "no-such-template"}, 422, "template_not_found", "template"),
     ("unknown_template_tag", {"template": "base:no-such-tag"}, 422, "template_not_found", "template"),
     ("unsupported_runtime", {"runtime": "microvm"}, 501, "not_implemented", "runtime"),
@@ -278,3 +307,26 @@ def test_limit_out_of_range(api):
         resp = api.call("GET", "/v1/sandboxes", params={"limit": limit})
         assert resp.status_code == 400, f"limit={limit}: expected 400, got {resp.status_code}"
         check_error_body(resp, resp.body, "invalid_argument")
+
+
+@pytest.mark.parametrize("flag,value,words", [
+    ("--default-pids", "0", "between 16 and 4194304"),
+    ("--default-pids", "10", "between 16 and 4194304"),
+    ("--default-open-files", "3", "between 64 and 1048576"),
+    ("--default-open-files", "2000000", "between 64 and 1048576"),
+    ("--tmp-mib", "0", "between 1 and 1048576"),
+    ("--shm-mib", "-1", "between 1 and 1048576"),
+    ("--tmp-mib", "lots", "--tmp-mib"),
+])
+def test_sbxd_rejects_bad_limit_flags_before_touching_the_host(tmp_path, flag, value, words):
+    """A bad deployment limit stops sbxd at start-up with a message naming the flag, before the
+    state directory or the runtime is touched."""
+    from conftest import build_dir
+    state = tmp_path / "state"
+    proc = subprocess.run([str(build_dir() / "bin" / "sbxd"), "--listen", "127.0.0.1:0", "--state-dir", str(state),
+                           "--admin-token", "x" * 32, "--runtime", "fake", flag, value],
+                          capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert proc.returncode != 0, f"{flag} {value} was accepted: {proc.stdout}{proc.stderr}"
+    out = proc.stdout + proc.stderr
+    assert flag in out and words in out, out
+    assert not state.exists(), "the state directory was created before the flags were checked"

@@ -247,8 +247,10 @@ absl::Status Ping(const std::string& socket, int timeout_ms) {
 
 }  // namespace
 
-FakeBackend::FakeBackend(std::string state_dir, std::string agent_path)
-    : state_dir_(std::move(state_dir)), agent_path_(std::move(agent_path)) {}
+FakeBackend::FakeBackend(std::string state_dir, std::string agent_path, size_t agent_buffer_bytes)
+    : state_dir_(std::move(state_dir)),
+      agent_path_(std::move(agent_path)),
+      agent_buffer_bytes_(agent_buffer_bytes) {}
 
 std::string FakeBackend::SandboxDir(const std::string& id) const {
   return fmt::format("{}/sandboxes/{}", state_dir_, id);
@@ -307,6 +309,10 @@ absl::StatusOr<InstancePtr> FakeBackend::Create(const SandboxSpec& spec) {
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
   std::vector<std::string> args = {agent_path_, "--listen", socket, "--no-user-switch"};
+  if (agent_buffer_bytes_ > 0) {
+    args.push_back("--buffer-bytes");
+    args.push_back(std::to_string(agent_buffer_bytes_));
+  }
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

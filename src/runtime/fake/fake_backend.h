@@ -17,7 +17,9 @@ namespace sbx::runtime {
 
 class FakeBackend : public Backend {
  public:
-  FakeBackend(std::string state_dir, std::string agent_path);
+  // agent_buffer_bytes: the agent's --buffer-bytes (0 keeps the agent's default), so that
+  // sbxd's --output-buffer-bytes means the same on every runtime.
+  FakeBackend(std::string state_dir, std::string agent_path, size_t agent_buffer_bytes = 0);
 
   std::string Name() const override { return "fake"; }
   Capabilities GetCapabilities() const override { return Capabilities{.pause = true}; }
@@ -35,6 +37,7 @@ class FakeBackend : public Backend {
 
   std::string state_dir_;
   std::string agent_path_;
+  size_t agent_buffer_bytes_ = 0;
 };
 
 }  // namespace sbx::runtime

@@ -204,6 +204,14 @@ std::string SandboxCgroup::v2_path() const {
   return "";
 }
 
+std::string SandboxCgroup::OomCounterPath() const {
+  for (const auto& d : dirs_) {
+    if (d.key == "memory" && !d.v2) return Join(d.path, "memory.oom_control");
+  }
+  std::string v2 = v2_path();
+  return v2.empty() ? "" : Join(v2, "memory.events");
+}
+
 absl::StatusOr<std::vector<UniqueFd>> SandboxCgroup::OpenProcsFiles(bool skip_v2) const {
   std::vector<UniqueFd> out;
   for (const auto& d : dirs_) {

@@ -6,7 +6,7 @@
 //     under the process's own cgroup of that hierarchy, plus a directory in the v2 unified
 //     hierarchy when one is mounted (it has no controllers on hybrid hosts but provides
 //     cgroup.kill, cgroup.events and CLONE_INTO_CGROUP).
-//   * pure v2 (cgroup_v2.cc): memory.max, memory.oom.group, pids.max, cpu.max.
+//   * pure v2 (cgroup_v2.cc): memory.max, pids.max, cpu.max.
 // Either way a sandbox's directories are `<own cgroup>/sbx/<sandbox id>` in every hierarchy.
 #pragma once
 
@@ -97,6 +97,11 @@ class SandboxCgroup {
   nlohmann::json ToJson() const;
   // The v2 directory, "" when the host has none.
   std::string v2_path() const;
+  // The file whose `oom_kill N` line counts the OOM kills inside this sandbox: v1
+  // `memory.oom_control` where a v1 memory directory exists (hybrid hosts; their v2 directory
+  // has no memory controller), else v2 `memory.events`. "" without either. sbxd hands it to
+  // the agent (read-only fd), which attributes kills to sessions; see src/agent/oom.h.
+  std::string OomCounterPath() const;
 
   // cgroup.procs of every directory to join by writing "0" from the child, except the v2
   // directory when `skip_v2` (the child is then placed with CLONE_INTO_CGROUP).

@@ -129,6 +129,9 @@ TEST(CgroupDetect, HybridLikeThisMachine) {
   EXPECT_EQ(h.Read("cg/cpu/sbx/" + id + "/cpu.cfs_period_us"), "100000");
   EXPECT_EQ(h.Read("cg/cpu/sbx/" + id + "/cpu.cfs_quota_us"), "200000");
   EXPECT_EQ((*cg)->v2_path(), h.cg("unified/sbx/" + id));
+  // The v2 directory of a hybrid host has no memory controller: OOM kills count in v1.
+  EXPECT_EQ((*cg)->OomCounterPath(),
+            h.cg("memory/process_api/b393e8e0/sbx/" + id + "/memory.oom_control"));
   auto json = (*cg)->ToJson();
   EXPECT_EQ(json["memory"], dirs["memory"]);
   (*cg)->Release();  // fake dirs hold plain files; rmdir would fail
@@ -203,7 +206,9 @@ TEST(CgroupDetect, PureV2MovesDaemonIntoLeaf) {
   ASSERT_TRUE(cg.ok()) << cg.status();
   const std::string dir = own + "/sbx/" + id;
   EXPECT_EQ(h.Read(dir + "/memory.max"), std::to_string(256 << 20));
-  EXPECT_EQ(h.Read(dir + "/memory.oom.group"), "1");
+  // memory.oom.group would take the agent down with an OOM-killed workload: never set.
+  EXPECT_FALSE(h.Exists(dir + "/memory.oom.group"));
+  EXPECT_EQ((*cg)->OomCounterPath(), h.cg("system.slice/sbxd.service/sbx/" + id + "/memory.events"));
   EXPECT_EQ(h.Read(dir + "/pids.max"), "64");
   EXPECT_EQ(h.Read(dir + "/cpu.max"), "200000 100000");
   (*cg)->Release();
@@ -258,7 +263,13 @@ TEST(CgroupDetect, V1WithoutV2) {
   auto cg = (*driver)->Create(id, Limits());
   ASSERT_TRUE(cg.ok()) << cg.status();
   EXPECT_EQ((*cg)->v2_path(), "");
+  EXPECT_EQ((*cg)->OomCounterPath(), h.cg("memory/sbx/" + id + "/memory.oom_control"));
   (*cg)->Release();
+}
+
+TEST(CgroupOom, NoMemoryDirectoryMeansNoCounter) {
+  SandboxCgroup none("sbx_x", {SandboxCgroup::Dir{"pids", "/x/pids/sbx/sbx_x", false, false}});
+  EXPECT_EQ(none.OomCounterPath(), "");
 }
 
 TEST(CgroupFreezer, V1OnlyHostsGetAFreezerDirectory) {
@@ -350,6 +361,71 @@ TEST(CgroupDetect, MissingPidsControllerFailsCreate) {
   // Nothing was created for the refused sandbox.
   EXPECT_FALSE(h.Exists("cg/memory/sbx/" + id));
   EXPECT_FALSE(h.Exists("cg/unified/sbx/" + id));
+}
+
+// Every limit a sandbox gets must be enforced or the create must fail: a hybrid/v1 host
+// lacking any one of the three controllers refuses, and the message names it.
+TEST(CgroupLimitsCheck, V1MissingEachControllerFailsCreate) {
+  struct Case {
+    const char* missing;
+    const char* what;
+  } cases[] = {{"memory", "memory limit"}, {"pids", "process-count limit"}, {"cpu", "CPU limit"}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.missing);
+    FakeHost h;
+    std::string mounts = "cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n";
+    for (const char* ctl : {"memory", "pids", "cpu"}) {
+      if (std::string(ctl) != c.missing) {
+        mounts += fmt::format("cgroup /sys/fs/cgroup/{0} cgroup rw,{0} 0 0\n", ctl);
+      }
+    }
+    h.Write("proc/mounts", mounts);
+    h.Write("proc/self/cgroup", "3:memory:/\n2:pids:/\n1:cpu:/\n0::/\n");
+    auto driver = MakeCgroupDriver(h.env());
+    ASSERT_TRUE(driver.ok()) << driver.status();
+    ASSERT_TRUE((*driver)->Setup().ok());
+    absl::Status check = (*driver)->CheckLimits(Limits());
+    EXPECT_EQ(check.code(), absl::StatusCode::kFailedPrecondition) << check;
+    EXPECT_NE(check.message().find(fmt::format("the {} controller is not mounted", c.missing)),
+              std::string::npos)
+        << check;
+    EXPECT_NE(check.message().find(c.what), std::string::npos) << check;
+    const std::string id = NewId("sbx");
+    auto cg = (*driver)->Create(id, Limits());
+    EXPECT_EQ(cg.status().code(), absl::StatusCode::kFailedPrecondition) << cg.status();
+    EXPECT_FALSE(h.Exists("cg/unified/sbx/" + id));
+    // A limit that is not asked for needs no controller.
+    CgroupLimits without = Limits();
+    if (std::string(c.missing) == "memory") without.memory_bytes = 0;
+    if (std::string(c.missing) == "pids") without.pids = 0;
+    if (std::string(c.missing) == "cpu") without.cpu_quota_us = 0;
+    EXPECT_TRUE((*driver)->CheckLimits(without).ok());
+  }
+}
+
+TEST(CgroupLimitsCheck, V2MissingEachControllerFailsCreate) {
+  for (const char* missing : {"memory", "pids", "cpu"}) {
+    SCOPED_TRACE(missing);
+    FakeHost h;
+    h.Write("proc/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n");
+    h.Write("proc/self/cgroup", "0::/\n");
+    std::string controllers = "io hugetlb";
+    for (const char* ctl : {"memory", "pids", "cpu"}) {
+      if (std::string(ctl) != missing) controllers += fmt::format(" {}", ctl);
+    }
+    h.Write("cg/cgroup.controllers", controllers + "\n");
+    h.Write("cg/cgroup.subtree_control", "");
+    auto driver = MakeCgroupDriver(h.env());
+    ASSERT_TRUE(driver.ok()) << driver.status();
+    absl::Status setup = (*driver)->Setup();
+    EXPECT_EQ(setup.code(), absl::StatusCode::kFailedPrecondition) << setup;
+    EXPECT_NE(setup.message().find(missing), std::string::npos) << setup;
+    absl::Status check = (*driver)->CheckLimits(Limits());
+    EXPECT_EQ(check.code(), absl::StatusCode::kFailedPrecondition) << check;
+    const std::string id = NewId("sbx");
+    EXPECT_FALSE((*driver)->Create(id, Limits()).ok());
+    EXPECT_FALSE(h.Exists("cg/sbx/" + id));
+  }
 }
 
 TEST(CgroupDetect, NoCgroupsAtAll) {

@@ -138,9 +138,11 @@ class V2Driver : public CgroupDriver {
       SBX_RETURN_IF_ERROR(Annotate(
           WriteControl(env_, d.path, "memory.max", std::to_string(l.memory_bytes)),
           "cgroup memory limit"));
-      // One OOM kill takes the whole sandbox down instead of leaving it half-alive.
-      SBX_RETURN_IF_ERROR(
-          Annotate(WriteControl(env_, d.path, "memory.oom.group", "1"), "cgroup memory limit"));
+      // No memory.oom.group=1: it would make one OOM kill take the agent (PID 1, holding every
+      // session's buffered output) down with the workload, losing the sandbox and the output
+      // that says what happened; the agent cannot be exempted (oom_score_adj -1000 needs
+      // CAP_SYS_RESOURCE, which root lacks on the project's hosts). Instead the agent watches
+      // memory.events (OomCounterPath) and kills the rest of the OOM-killed session itself.
       if (cgroup_internal::FileExists(Join(d.path, "memory.swap.max"))) {
         SBX_RETURN_IF_ERROR(
             Annotate(WriteControl(env_, d.path, "memory.swap.max", "0"), "cgroup memory limit"));
