@@ -49,6 +49,7 @@ import secutil  # noqa: E402
 validator = e2e.validator
 sbxd = e2e.sbxd
 api = e2e.api
+metrics = e2e.metrics
 skip_or_fail = e2e.skip_or_fail
 
 REPORT_PATH = e2e.build_dir() / "security-report.json"

@@ -139,7 +139,7 @@ STALL_SECONDS = 3
 
 
 @attack("output-flood", "write 1 GiB to stdout while the client first stops reading, then reads all")
-def test_output_flood(api, sbxd):
+def test_output_flood(api, sbxd, metrics):
     """sbxd relays output from the agent's bounded buffer (8 MiB per stream) to the client and
     must never hold more than a small window of it: bounded by RSS_BOUND_MIB (1/16 of the
     output). An sbxd that buffered what the client had not read yet would grow by up to 1 GiB."""
@@ -193,6 +193,9 @@ def test_output_flood(api, sbxd):
     assert seen_exit == {"exit_code": 0, "signal": None, "timed_out": False, "oom_killed": False}, seen_exit
     assert total == FLOOD_BYTES, f"received {total} bytes of {FLOOD_BYTES}"
     growth_mib = (peak - rss_base) / 1024
+    metrics.append(f"output flood: 1 GiB in {time.monotonic() - started:.1f}s after a {STALL_SECONDS}s stall; "
+                   f"sbxd VmRSS {rss_base // 1024} MiB -> peak {peak // 1024} MiB "
+                   f"(stalled peak {stalled_peak // 1024} MiB, bound +{RSS_BOUND_MIB} MiB)")
     assert growth_mib < RSS_BOUND_MIB, \
         f"sbxd's VmRSS grew by {growth_mib:.1f} MiB (base {rss_base} KiB, peak while stalled " \
         f"{stalled_peak} KiB, overall {peak} KiB)"
