@@ -2,6 +2,7 @@
 # Installs the packages, builds, and runs every test suite:
 #   1. ctest on build/ (unit tests and the root integration tests, label `root`)
 #   2. the end-to-end suite (tests/e2e, pytest) against a real sbxd
+#   2a. the escape and abuse suite (tests/security, pytest): attacks from inside real sandboxes
 #   2b. bench-smoke: tools/bench.sh --quick (the benchmark suite, a few iterations each)
 #   3. (CI, or SBX_TEST_ASAN=1) an ASan/UBSan build in build-asan/ running the unit tests
 # Ends with one line "summary: N passed, N failed[, N skipped]" counting suites, and exits
@@ -79,6 +80,7 @@ else
   record build failed
   record ctest "failed (not run: no build)"
   record e2e "failed (not run: no build)"
+  record security "failed (not run: no build)"
   record bench-smoke "failed (not run: no build)"
   finish
 fi
@@ -102,6 +104,21 @@ case $rc in
   5) echo "pytest collected no tests: that is a failure"; record e2e "failed (no tests ran)" ;;
   124|137) record e2e "failed (timed out)" ;;
   *) record e2e "failed (pytest exit $rc)" ;;
+esac
+
+# ---- escape and abuse suite ---------------------------------------------------------------------
+# Every case runs one attack inside a real sandbox and checks that it failed the expected way
+# and that sbxd, a bystander sandbox and the host state it aimed at are unaffected. Writes
+# build/security-report.json and prints "security: N attacks tried, N contained".
+banner "security (pytest tests/security)"
+# shellcheck disable=SC2086
+timeout -k 30 "${SBX_SECURITY_TIMEOUT_S:-600}" "$PY" -m pytest tests/security -v ${PYTEST_ARGS:-}
+rc=$?
+case $rc in
+  0) record security passed ;;
+  5) echo "pytest collected no tests: that is a failure"; record security "failed (no tests ran)" ;;
+  124|137) record security "failed (timed out)" ;;
+  *) record security "failed (pytest exit $rc)" ;;
 esac
 
 # ---- benchmark smoke run -----------------------------------------------------------------------

@@ -1,0 +1,99 @@
+"""Kernel interfaces beyond a sandbox's business: keyrings, bpf, perf, io_uring, userfaultfd,
+modules, kexec, reboot, the kernel log, sysrq and host sysctls."""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+import pytest
+
+import secutil
+from secutil import attack, run_script
+
+# (result key, attack class, what it tries). Every call must fail with EPERM: the seccomp filter
+# (src/runtime/ns/seccomp.cc) or a dropped capability refuses it. Arguments are chosen so that a
+# call that got past both would fail harmlessly with another errno (see attacks/kernel_surface.py).
+DENIED = [
+    ("keyctl_get_keyring_id", "keyring", "keyctl(KEYCTL_GET_KEYRING_ID, session keyring)"),
+    ("keyctl_join_session", "keyring", "keyctl(KEYCTL_JOIN_SESSION_KEYRING)"),
+    ("add_key", "keyring", "add_key(\"user\") into the session keyring"),
+    ("request_key", "keyring", "request_key(\"user\")"),
+    ("bpf_map_create", "bpf", "bpf(BPF_MAP_CREATE)"),
+    ("bpf_prog_load", "bpf", "bpf(BPF_PROG_LOAD)"),
+    ("perf_event_open", "perf", "perf_event_open on any CPU"),
+    ("io_uring_setup", "io_uring", "io_uring_setup(8 entries)"),
+    ("userfaultfd", "userfaultfd", "userfaultfd(0)"),
+    ("init_module", "kernel-modules", "init_module"),
+    ("finit_module", "kernel-modules", "finit_module"),
+    ("delete_module", "kernel-modules", "delete_module"),
+    ("kexec_load", "kexec", "kexec_load"),
+    ("kexec_file_load", "kexec", "kexec_file_load"),
+    ("reboot", "reboot", "reboot(2)"),
+    ("syslog_size_buffer", "kernel-log", "syslog(SYSLOG_ACTION_SIZE_BUFFER) (klogctl)"),
+    ("syslog_read_all", "kernel-log", "syslog(SYSLOG_ACTION_READ_ALL) (klogctl)"),
+    ("syslog_clear", "kernel-log", "syslog(SYSLOG_ACTION_CLEAR) (klogctl)"),
+    ("acct", "host-admin", "acct(2): process accounting to a sandbox file"),
+    ("swapon", "host-admin", "swapon(2)"),
+    ("personality_read_implies_exec", "personality", "personality(READ_IMPLIES_EXEC)"),
+]
+
+
+@pytest.fixture(scope="module")
+def kernel_attack(sclient, target):
+    return run_script(sclient, target["id"], "kernel_surface")[1]
+
+
+def _case(key, cls, tried):
+    return pytest.param(key, marks=attack(cls, tried), id=key)
+
+
+@pytest.mark.parametrize("key", [_case(*d) for d in DENIED])
+def test_kernel_interface_denied(kernel_attack, key):
+    assert kernel_attack[key] == "EPERM", f"{key}: expected EPERM, got {kernel_attack[key]}"
+
+
+@attack("kernel-log", "open /proc/kmsg (needs CAP_SYSLOG) and /dev/kmsg (absent)")
+def test_kernel_log_files(kernel_attack):
+    assert kernel_attack["open_proc_kmsg"] == "EPERM", kernel_attack["open_proc_kmsg"]
+    assert kernel_attack["open_dev_kmsg"] == "ENOENT", kernel_attack["open_dev_kmsg"]
+
+
+@attack("sysrq", "write 'h' to /proc/sysrq-trigger")
+def test_sysrq_trigger(kernel_attack):
+    # A read-only self-bind covers it; a kernel built without CONFIG_MAGIC_SYSRQ has no file.
+    expected = "EROFS" if os.path.exists("/proc/sysrq-trigger") else "ENOENT"
+    assert kernel_attack["open_sysrq_trigger"] == expected, \
+        f"open(/proc/sysrq-trigger, O_WRONLY): expected {expected}, got {kernel_attack['open_sysrq_trigger']}"
+    assert "write_sysrq_trigger" not in kernel_attack, kernel_attack
+
+
+SYSCTLS = {
+    "core_pattern": "/proc/sys/kernel/core_pattern",
+    "ip_forward": "/proc/sys/net/ipv4/ip_forward",
+}
+
+
+@pytest.fixture(scope="module")
+def sysctl_attack(sclient, target):
+    evil = "|/tmp/sbxsec-" + secrets.token_hex(4) + " %p"
+    before = {k: secutil.read_text(p) for k, p in SYSCTLS.items()}
+    try:
+        out = run_script(sclient, target["id"], "sysctl", evil)[1]
+    finally:
+        after = {k: secutil.read_text(p) for k, p in SYSCTLS.items()}
+        for k, p in SYSCTLS.items():
+            if after[k] != before[k]:  # undo what a successful attack did to this host
+                with open(p, "w") as f:
+                    f.write(before[k])
+    return out, before, after
+
+
+@pytest.mark.parametrize("key", ["core_pattern", "drop_caches", "ip_forward", "hostname"])
+@attack("sysctl", "write kernel.core_pattern (a pipe to a program), vm.drop_caches, "
+                  "net.ipv4.ip_forward, kernel.hostname through /proc/sys")
+def test_sysctl_write(sysctl_attack, key):
+    out, before, after = sysctl_attack
+    assert out[f"open_{key}"] == "EROFS", f"open {key} for writing: expected EROFS, got {out[f'open_{key}']}"
+    if key in SYSCTLS:
+        assert after[key] == before[key], f"host {key} changed: {before[key]!r} -> {after[key]!r}"
