@@ -1,5 +1,7 @@
 // sbx-agent: the first process of every sandbox. See agent.h for the design and
 // src/protocol/protocol.h for what it speaks.
+#include <sys/prctl.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +38,14 @@ bool ParseNumber(const char* s, long long min, long long max, long long* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Sandbox root runs with the agent's uid, so without this it could open /proc/1/mem (rewrite
+  // the agent), /proc/1/fd/* (the host-side agent.log, the socket sbxd talks on) and ptrace it.
+  // Non-dumpable makes those need CAP_SYS_PTRACE, which no sandbox process has. Children get
+  // their dumpable flag back at exec.
+  if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) {
+    std::fprintf(stderr, "sbx-agent: prctl(PR_SET_DUMPABLE, 0): %s\n", std::strerror(errno));
+    return 1;
+  }
   sbx::agent::AgentOptions opts;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];

@@ -47,6 +47,8 @@ struct Flags {
   bool cgroup_favor_dynmods = true;
   std::vector<std::string> warm_pools = {"base=2"};
   int netns_pool = 4;
+  int disk_pool = 2;
+  bool userns = true;
   std::string seccomp_policy;  // empty: the policy embedded at build time
   // Deployment-wide limits of every sandbox (runtime::Resources; not requestable).
   int default_pids = sbx::runtime::Resources{}.pids;
@@ -179,6 +181,16 @@ int main(int argc, char** argv) {
                  "0 creates each one during the launch")
       ->capture_default_str()
       ->check(CLI::Range(0, 256));
+  app.add_option("--disk-pool", f.disk_pool,
+                 "sandbox disks (ext4 images of the default disk_mib, loop-mounted) kept ready by "
+                 "an idle-priority thread; 0 makes each one during the launch")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
+  app.add_option("--userns", f.userns,
+                 "run each sandbox in its own user namespace and host uid range (false only for "
+                 "hosts whose state dir file system cannot be idmapped: sandbox root is then "
+                 "host root with fewer capabilities)")
+      ->capture_default_str();
   app.add_option("--default-pids", f.default_pids,
                  "pids.max of every sandbox: a fork bomb stops there (16 to 4194304)")
       ->capture_default_str();
@@ -281,6 +293,8 @@ int main(int argc, char** argv) {
     nopts.agent_buffer_bytes = f.buffer_bytes;
     nopts.cgroup_favor_dynmods = f.cgroup_favor_dynmods;
     nopts.netns_pool_size = f.netns_pool;
+    nopts.disk_pool_size = f.disk_pool;
+    nopts.user_namespaces = f.userns;
     nopts.seccomp_policy_path = f.seccomp_policy;
     ns_backend = std::make_unique<sbx::runtime::ns::NsBackend>(nopts);
     if (auto st = ns_backend->Probe(); !st.ok()) {

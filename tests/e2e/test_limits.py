@@ -37,8 +37,6 @@ def test_partial_request_keeps_the_other_defaults(api):
 
 
 @pytest.mark.skipif(RUNTIME == "fake", reason="the fake runtime has no memory limit")
-@pytest.mark.xfail(strict=True, reason="needs sbxd to pass the sandbox's OOM counter to the agent "
-                   "(--oom-counter-fd, ns_backend.cc); remove this marker when wired")
 def test_oom_kill_is_reported_and_the_sandbox_survives(api):
     sb = api.create_sandbox({"resources": {"memory_mib": 64}})["sandbox"]
     # A child in the same session keeps running unless the agent contains the session.

@@ -359,15 +359,21 @@ TEST_F(NsRuntimeTest, IsolationInsideTheSandbox) {
   EXPECT_NE(r.out.find("NoNewPrivs:\t1"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("Seccomp:\t2"), std::string::npos) << r.out;
 
-  // The agent runs from a sealed memfd: /proc/1/exe cannot be opened for writing
-  // (CVE-2019-5736), whatever the sandbox's root tries.
+  // The agent runs from a sealed memfd and is not dumpable: /proc/1/exe cannot be opened for
+  // writing (CVE-2019-5736), nor its memory or fds, whatever the sandbox's root tries.
   r = MustRunCmd(*inst, {"python3", "-c",
-                         "import os\n"
-                         "try:\n"
-                         "    open('/proc/1/exe', 'r+b'); print('writable')\n"
-                         "except OSError as e:\n"
-                         "    print('denied', os.readlink('/proc/1/exe'))"});
-  EXPECT_EQ(r.out.rfind("denied /memfd:sbx-agent", 0), 0u) << r.out << r.err;
+                         "import errno\n"
+                         "for p, mode in (('/proc/1/exe', 'r+b'), ('/proc/1/mem', 'r+b'), ('/proc/1/fd/1', 'ab')):\n"
+                         "    try:\n"
+                         "        open(p, mode); print(p, 'opened')\n"
+                         "    except OSError as e:\n"
+                         "        print(p, errno.errorcode[e.errno])"});
+  EXPECT_EQ(r.out, "/proc/1/exe EACCES\n/proc/1/mem EACCES\n/proc/1/fd/1 EACCES\n") << r.err;
+  std::string agent_exe(256, '\0');
+  ssize_t n = ::readlink(fmt::format("/proc/{}/exe", pid).c_str(), agent_exe.data(), agent_exe.size());
+  ASSERT_GT(n, 0);
+  agent_exe.resize(static_cast<size_t>(n));
+  EXPECT_EQ(agent_exe.rfind("/memfd:sbx-agent", 0), 0u) << agent_exe;
 
   // /proc/sys is read-only, /proc/kcore is masked.
   r = MustRunCmd(*inst, {"sh", "-c", "echo evil > /proc/sys/kernel/hostname"});
@@ -465,7 +471,8 @@ TEST_F(NsRuntimeTest, UserAndTimeNamespaces) {
   EXPECT_EQ(r.out, "0\n0:0\n0:0\n0:0\nmade\n") << r.err;
   // ...and what sandbox root writes belongs to its own host uid.
   struct stat st;
-  ASSERT_EQ(::stat((backend_->SandboxDir(a_spec.id) + "/upper/root/mine").c_str(), &st), 0);
+  // The upper layer is on the sandbox's own disk, mounted only in its mount namespace.
+  ASSERT_EQ(::stat(fmt::format("/proc/{}/root/root/mine", PidOf(*inst)).c_str(), &st), 0);
   EXPECT_EQ(st.st_uid, base);
   EXPECT_EQ(st.st_gid, base);
 

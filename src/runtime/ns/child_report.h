@@ -15,6 +15,7 @@ enum class Step : uint16_t {
   kJoinCgroup,        // write "0" to a pre-opened cgroup.procs (index = which)
   kUnshareCgroupNs,   // unshare(CLONE_NEWCGROUP)
   kMakeRootPrivate,   // mount("", "/", MS_REC|MS_PRIVATE)
+  kMountDisk,         // move_mount of the sandbox's disk to <dir>/disk
   kIdmapLower,        // template rootfs -> <dir>/lower (index: 0 open_tree, 1 mount_setattr, 2 move_mount)
   kMountOverlay,      // overlay at rootfs
   kBindMkdir,         // create the mount point of a bind (index = bind)

@@ -145,7 +145,7 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
   if (::unshare(CLONE_NEWCGROUP) != 0) return Fail(r, Step::kUnshareCgroupNs, errno);
 
   Mark(p, kTraceCgroupNs);
-  if (int err = SetupMounts(p.mounts, p.userns_fd, r); err != 0) return err;
+  if (int err = SetupMounts(p.mounts, p.userns_fd, p.disk_fd, r); err != 0) return err;
   Mark(p, kTraceMounts);
   if (int err = PivotRoot(p.mounts, r); err != 0) return err;
   Mark(p, kTracePivot);
@@ -272,6 +272,9 @@ absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
       break;
     case Step::kMakeRootPrivate:
       what = "make / private: mount(/, MS_REC|MS_PRIVATE)";
+      break;
+    case Step::kMountDisk:
+      what = fmt::format("mount disk: move_mount(disk -> {})", m.disk);
       break;
     case Step::kIdmapLower:
       what = fmt::format("idmapped lower: {}({} -> {})",

@@ -49,6 +49,8 @@ struct LaunchPlan {
   // The sandbox's user namespace (userns.h), joined after the mounts; -1 = none (the agent
   // then runs as host root with the reduced capability set).
   int userns_fd = -1;
+  // The sandbox's disk as a detached mount (disk_image.h), or -1.
+  int disk_fd = -1;
   // A new time namespace (CLONE_NEWTIME): the sandbox's CLOCK_MONOTONIC/BOOTTIME are its own.
   bool new_time_ns = true;
   // RLIMIT_NOFILE (soft = hard) of every process in the sandbox; 0 keeps sbxd's.

@@ -75,10 +75,12 @@ absl::StatusOr<MountPlan> BuildMountPlan(const TemplateSpec& tmpl, const std::st
     plan.lower = sandbox_dir + "/lower";
     lowerdir = plan.lower;
   }
+  const std::string layers = o.disk ? sandbox_dir + "/disk" : sandbox_dir;
+  if (o.disk) plan.disk = layers;
   // volatile: upper and work are thrown away with the sandbox, so the syncfs of the whole
   // upper file system that overlayfs otherwise does on every sync and unmount is pure cost.
   plan.overlay_data = fmt::format("lowerdir={},upperdir={}/upper,workdir={}/work,volatile",
-                                  lowerdir, sandbox_dir, sandbox_dir);
+                                  lowerdir, layers, layers);
   if (plan.overlay_data.size() >= 4000) {
     return absl::InvalidArgumentError("mount overlay: option string longer than a page");
   }
@@ -205,8 +207,14 @@ int AttachClone(const char* source, const char* target, uint64_t attrs, int user
 
 }  // namespace
 
-int SetupMounts(const MountPlan& p, int userns_fd, ChildReport* r) {
+int SetupMounts(const MountPlan& p, int userns_fd, int disk_fd, ChildReport* r) {
   if (::mount("", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return Fail(r, Step::kMakeRootPrivate);
+  // The disk joins this namespace only: the host never sees it mounted, and it goes (with its
+  // loop device) when the sandbox's last process does.
+  if (disk_fd >= 0 &&
+      ::syscall(SYS_move_mount, disk_fd, "", AT_FDCWD, p.disk.c_str(), MOVE_MOUNT_F_EMPTY_PATH) != 0) {
+    return Fail(r, Step::kMountDisk);
+  }
   if (!p.lower.empty()) {
     // The overlay's copy-up keeps the lower's owners as seen through this mount: host root's
     // files become the sandbox root's, so sandbox root can change its /etc, /root, ...

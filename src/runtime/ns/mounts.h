@@ -36,6 +36,9 @@ struct MountOptions {
   uint32_t uid_base = 0;
   size_t tmp_bytes = kTmpSizeBytes;
   size_t shm_bytes = kShmSizeBytes;
+  // The overlay's upper and work live on the sandbox's own disk (disk_image.h), attached by the
+  // child at <dir>/disk; false keeps them as plain directories of the sandbox dir (tests).
+  bool disk = false;
 };
 
 struct MountPlan {
@@ -47,6 +50,9 @@ struct MountPlan {
   std::string lower_source;
   std::string lower;
   uint32_t uid_base = 0;
+  // Mount point of the sandbox's disk (the child move_mount()s LaunchPlan::disk_fd there);
+  // empty without one.
+  std::string disk;
 
   // Binds are attached as clones (open_tree + mount_setattr + move_mount), idmapped when there
   // is a user namespace so that host root's files show as the sandbox root's; a file system
@@ -86,7 +92,8 @@ absl::StatusOr<MountPlan> BuildMountPlan(const TemplateSpec& tmpl, const std::st
 
 // Child side (async-signal-safe). `userns_fd` is the sandbox's user namespace (idmaps the lower
 // and the binds), or -1. Returns 0, or an errno value with *report filled.
-int SetupMounts(const MountPlan& plan, int userns_fd, ChildReport* report);
+// `disk_fd` is the sandbox's detached disk mount, or -1.
+int SetupMounts(const MountPlan& plan, int userns_fd, int disk_fd, ChildReport* report);
 // Child side: pivot_root into plan.rootfs, detach the old root, chdir("/").
 int PivotRoot(const MountPlan& plan, ChildReport* report);
 

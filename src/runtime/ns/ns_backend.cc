@@ -36,6 +36,7 @@
 #include "runtime/ns/fsutil.h"
 #include "runtime/ns/launcher.h"
 #include "runtime/ns/mounts.h"
+#include "runtime/ns/disk_image.h"
 #include "runtime/ns/landlock.h"
 #include "runtime/ns/seccomp.h"
 #include "runtime/ns/userns.h"
@@ -113,7 +114,8 @@ class SandboxDirOwner {
       }
       return ErrnoStatus(err, fmt::format("sandbox dir: mkdir({})", path_));
     }
-    for (const char* sub : {"upper", "work", "rootfs", "lower"}) {
+    // upper and work live on the sandbox's disk (disk_image.h), mounted at `disk`.
+    for (const char* sub : {"disk", "rootfs", "lower"}) {
       std::string p = fmt::format("{}/{}", path_, sub);
       if (::mkdir(p.c_str(), 0755) != 0) return ErrnoStatus(errno, fmt::format("sandbox dir: mkdir({})", p));
     }
@@ -207,6 +209,8 @@ struct NsBackend::Shared {
   std::unique_ptr<CgroupDriver> cgroups;
   std::unique_ptr<NetnsPool> netns_pool;  // null when NsOptions::netns_pool_size is 0
   absl::Status userns_status = absl::OkStatus();
+  absl::Status disk_status = absl::OkStatus();
+  std::unique_ptr<DiskProvider> disks;
   // Host-wide claims of uid ranges; meaningful only with opts.user_namespaces. Its methods
   // touch only files, so the const Shared& of Create may use it.
   mutable UidRanges uid_ranges;
@@ -220,6 +224,7 @@ struct NsBackend::Shared {
     SBX_RETURN_IF_ERROR(caps_status);
     SBX_RETURN_IF_ERROR(cgroup_status);
     SBX_RETURN_IF_ERROR(userns_status);
+    SBX_RETURN_IF_ERROR(disk_status);
     return absl::OkStatus();
   }
 };
@@ -423,12 +428,20 @@ NsBackend::NsBackend(NsOptions options) : shared_(std::make_shared<Shared>()) {
     s.userns_status = s.uid_ranges.Init();
     if (s.userns_status.ok()) s.userns_status = ProbeIdmap(s.sandboxes_dir);
   }
+  if (s.state_status.ok()) {
+    s.disks = std::make_unique<DiskProvider>(s.opts.state_dir, s.opts.disk_pool_size, s.opts.disk_pool_mib);
+    s.disk_status = s.disks->Probe();
+    // This state dir's disk-images/ is only ours; loop devices still mounted (sandboxes that
+    // outlived an sbxd) are left alone by the sweep.
+    if (s.disk_status.ok()) s.disk_status = Annotate(s.disks->Sweep(), "disk images");
+  }
   if (!s.Ready().ok()) {
     spdlog::warn("ns runtime not usable: {}", std::string(s.Ready().message()));
   } else if (s.opts.netns_pool_size > 0) {
     s.netns_pool = std::make_unique<NetnsPool>(s.opts.netns_pool_size);
     s.netns_pool->Start();
   }
+  if (s.Ready().ok() && s.opts.disk_pool_size > 0) s.disks->Start();
 }
 
 NsBackend::~NsBackend() = default;
@@ -486,6 +499,7 @@ absl::Status NsBackend::Probe() {
   }
   if (!s.state_status.ok()) problems.push_back(std::string(s.state_status.message()));
   if (!s.userns_status.ok()) problems.push_back(std::string(s.userns_status.message()));
+  if (!s.disk_status.ok()) problems.push_back(fmt::format("disk caps: {}", std::string(s.disk_status.message())));
   if (!s.seccomp_status.ok()) problems.push_back(std::string(s.seccomp_status.message()));
   if (!s.caps_status.ok()) problems.push_back(std::string(s.caps_status.message()));
   if (problems.empty()) return absl::OkStatus();
@@ -544,20 +558,25 @@ absl::StatusOr<InstancePtr> NsBackend::Create(const SandboxSpec& spec) {
   std::optional<UidClaim> uid_claim;
   UniqueFd userns;
   MountOptions mount_opts;
+  mount_opts.tmp_bytes = static_cast<size_t>(spec.resources.tmp_mib > 0 ? spec.resources.tmp_mib : 256) << 20;
+  mount_opts.shm_bytes = static_cast<size_t>(spec.resources.shm_mib > 0 ? spec.resources.shm_mib : 64) << 20;
+  mount_opts.disk = true;
+  // The writable layer's hard cap: an ext4 image of exactly disk_mib (from the pool when the
+  // size matches); unmounted and detached with the sandbox's mount namespace.
+  SBX_RETURN_IF_ERROR(ValidateDiskMib(spec.resources.disk_mib));
+  SBX_ASSIGN_OR_RETURN(PreparedDisk disk, s.disks->Take(spec.resources.disk_mib, dir + "/disk.img"));
+  plan.disk_fd = disk.mount_fd();
   if (s.opts.user_namespaces) {
     SBX_ASSIGN_OR_RETURN(uint32_t base, s.uid_ranges.Claim(dir));
     uid_claim.emplace(&s.uid_ranges, base, dir);
     SBX_ASSIGN_OR_RETURN(userns, MakeUserNamespace(base));
     // The overlay's root directory is the upper's: owned by sandbox root like any root fs.
-    const std::string upper = fmt::format("{}/upper", dir);
-    if (::chown(upper.c_str(), base, base) != 0) {
-      return ErrnoStatus(errno, fmt::format("user namespace: chown({}, {})", upper, base));
-    }
+    SBX_RETURN_IF_ERROR(Annotate(disk.Chown(base, base), "user namespace"));
     mount_opts.uid_base = base;
     plan.userns_fd = userns.get();
   }
   SBX_ASSIGN_OR_RETURN(plan.mounts, BuildMountPlan(spec.tmpl, dir, mount_opts));
-  plan.nofile = kDefaultOpenFiles;
+  plan.nofile = static_cast<uint64_t>(spec.resources.open_files > 0 ? spec.resources.open_files : kDefaultOpenFiles);
   const auto t_dir = Clock::now();
   SBX_ASSIGN_OR_RETURN(std::unique_ptr<SandboxCgroup> cgroup, s.cgroups->Create(spec.id, limits));
   const auto t_cg = Clock::now();
@@ -574,6 +593,17 @@ absl::StatusOr<InstancePtr> NsBackend::Create(const SandboxSpec& spec) {
     plan.cgroup_procs_paths.push_back(fmt::format("{}/cgroup.procs", d.path));
   }
   for (const auto& fd : procs_fds) plan.cgroup_procs_fds.push_back(fd.get());
+  // The agent tells an OOM kill from another SIGKILL by this counter (read-only: the file is
+  // host root's, and the fd gives no write access however it is reopened).
+  UniqueFd oom_fd;
+  if (const std::string oom_path = cgroup->OomCounterPath(); !oom_path.empty()) {
+    oom_fd.Reset(::open(oom_path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!oom_fd) return ErrnoStatus(errno, fmt::format("oom counter: open({})", oom_path));
+    plan.oom_fd = oom_fd.get();
+    plan.argv_storage.push_back("--oom-counter-fd");
+    plan.argv_storage.push_back(std::to_string(kAgentOomFd));
+    plan.FinalizeArrays();
+  }
 
   SBX_ASSIGN_OR_RETURN(UniqueFd listen_fd, ListenUnix(socket_path));
   plan.listen_fd = listen_fd.get();
@@ -618,6 +648,8 @@ absl::StatusOr<InstancePtr> NsBackend::Create(const SandboxSpec& spec) {
   // instead of waiting for the readiness timeout.
   listen_fd.Reset();
   log_fd.Reset();
+  oom_fd.Reset();
+  disk.Release();  // the sandbox's mount namespace holds it now; Destroy removes disk.img
   procs_fds.clear();
   v2_dir.Reset();
 

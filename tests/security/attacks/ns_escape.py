@@ -5,7 +5,12 @@ CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x10000000, 0x
 try_sc("unshare_user", "unshare", CLONE_NEWUSER)
 try_sc("unshare_mnt", "unshare", CLONE_NEWNS)
 try_sc("unshare_net", "unshare", CLONE_NEWNET)
-fd = os.open("/proc/1/ns/net", os.O_RDONLY)
+# The agent is not dumpable: its /proc/1/ns entries are closed to sandbox processes. The
+# setns is tried anyway, with the process's own net namespace when that open fails.
+o, fd = oserr(os.open, "/proc/1/ns/net", os.O_RDONLY)
+RESULT["open_agent_netns"] = o
+if fd is None:
+    fd = os.open("/proc/self/ns/net", os.O_RDONLY)
 try_sc("setns_net_agent", "setns", fd, 0)
 fd = os.open("/proc/self/ns/mnt", os.O_RDONLY)
 try_sc("setns_mnt_self", "setns", fd, 0)
