@@ -11,7 +11,7 @@ PACKAGES=(
   libspdlog-dev libfmt-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
   libsqlite3-dev libssl-dev
   python3 python3-pytest python3-yaml python3-jsonschema python3-requests
-  bubblewrap procps iproute2 util-linux
+  bubblewrap procps iproute2 util-linux e2fsprogs
   gnuplot-nox runc
 )
 
