@@ -1,7 +1,7 @@
 // The hard disk cap of a sandbox (resources.disk_mib): its writable layer lives in an ext4 file
 // system of exactly that size, in a sparse image file, on a loop device. Writes past the cap get
 // ENOSPC inside the sandbox and touch nothing else. No quotas are involved (this kernel has
-// none for ext4, xfs or tmpfs: docs/isolation-disk.md).
+// none for ext4, xfs or tmpfs: docs/isolation.md §4.4).
 //
 // Per size, one "golden" empty image is made once with mke2fs (<state>/disk-images/
 // golden-<size>m.img, holding the empty directories `upper` and `work`). A sandbox's image is a

@@ -511,7 +511,7 @@ TEST_F(DiskImageTest, SweepRemovesPoolImagesAndDetachesLeftoverDevices) {
   ASSERT_TRUE(disk.ok()) << disk.status();
 }
 
-// The numbers docs/isolation-disk.md quotes. Bounds are loose (2 shared, noisy cores); the
+// The numbers docs/isolation.md §4.4 and §7 quote. Bounds are loose (2 shared, noisy cores); the
 // point is that they are measured on every run and printed.
 TEST_F(DiskImageTest, Measurements) {
   constexpr int kSize = 1024;  // the default disk_mib

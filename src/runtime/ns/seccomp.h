@@ -6,7 +6,7 @@
 // Every syscall not allowed fails with ERRNO(EPERM) (never a kill, for compatibility); syscalls
 // newer than the review (numbers >= enosys_from_nr) fail with ENOSYS so that libc falls back.
 // clone3 returns ENOSYS so that libc falls back to clone(), whose flags a classic BPF filter can
-// inspect (clone3 passes them in memory). docs/isolation-seccomp-landlock.md explains each
+// inspect (clone3 passes them in memory). docs/isolation.md §5.1 explains each
 // denial and how to change the policy.
 #pragma once
 

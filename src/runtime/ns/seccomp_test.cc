@@ -28,7 +28,7 @@
 namespace sbx::runtime::ns {
 namespace {
 
-// The denials docs/isolation-seccomp-landlock.md promises; each must be in the policy's "deny".
+// The denials docs/isolation.md §5.1 promises; each must be in the policy's "deny".
 const char* const kRequiredDenials[] = {
     "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "perf_event_open", "keyctl",
     "add_key", "request_key", "userfaultfd", "kexec_load", "kexec_file_load", "init_module",
