@@ -115,9 +115,8 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
 
   // The clone inherited the calling thread's signal mask (sbxd blocks signals in its workers)
   // and ignored dispositions (SIGPIPE); both would pass through exec into every sandbox process.
-  sigset_t empty;
-  sigemptyset(&empty);
-  if (::sigprocmask(SIG_SETMASK, &empty, nullptr) != 0) return Fail(r, Step::kSignals, errno);
+  // Dispositions first, then the mask: a signal pending or arriving in between must not run
+  // one of sbxd's handlers in this child (which may share sbxd's memory).
   struct sigaction dfl;
   std::memset(&dfl, 0, sizeof(dfl));
   dfl.sa_handler = SIG_DFL;
@@ -125,8 +124,17 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
     if (sig == SIGKILL || sig == SIGSTOP) continue;
     ::sigaction(sig, &dfl, nullptr);  // EINVAL for libc-reserved signals: nothing to reset
   }
+  sigset_t empty;
+  sigemptyset(&empty);
+  if (::sigprocmask(SIG_SETMASK, &empty, nullptr) != 0) return Fail(r, Step::kSignals, errno);
   if (::setsid() < 0) return Fail(r, Step::kSetsid, errno);
   if (p.netns_fd >= 0 && ::setns(p.netns_fd, CLONE_NEWNET) != 0) return Fail(r, Step::kJoinNetns, errno);
+  if (p.netns_fd < 0) {
+    // A fresh namespace from clone3: set up here, while the host's /proc/sys is still
+    // writable to this (host root) process.
+    int stage = 0;
+    if (int err = PrepareSandboxNetns(&stage); err != 0) return Fail(r, Step::kPrepareNetns, err, static_cast<size_t>(stage));
+  }
   Mark(p, kTraceSignals);
 
   int rfd = Lift(*report_fd);
@@ -151,9 +159,6 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
   Mark(p, kTracePivot);
 
   if (::sethostname(p.hostname.c_str(), p.hostname.size()) != 0) return Fail(r, Step::kSethostname, errno);
-  if (p.netns_fd < 0) {
-    if (int err = BringLoopbackUp(); err != 0) return Fail(r, Step::kLoopbackUp, err);
-  }
   Mark(p, kTraceHostNet);
 
   // /dev/null of the sandbox (our node on the sandbox's /dev tmpfs).
@@ -357,8 +362,9 @@ absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
     case Step::kJoinNetns:
       what = "network namespace: setns(pooled netns fd, CLONE_NEWNET)";
       break;
-    case Step::kLoopbackUp:
-      what = "loopback: ioctl(lo, SIOCSIFFLAGS, IFF_UP)";
+    case Step::kPrepareNetns:
+      what = i == 0 ? "network namespace: ioctl(lo, SIOCSIFFLAGS, IFF_UP)"
+                    : "network namespace: write(/proc/sys/net/ipv4/ip_unprivileged_port_start, 0)";
       break;
     case Step::kStdio:
       what = fmt::format("agent fds: {}",

@@ -23,6 +23,7 @@
 #include "common/status_util.h"
 #include "runtime/ns/clone_vm.h"
 #include "runtime/ns/fsutil.h"
+#include "runtime/ns/pidfd.h"
 
 namespace sbx::runtime::ns {
 
@@ -155,21 +156,14 @@ absl::Status UidRanges::Sweep(const std::string& sandboxes_dir, const std::set<s
 
 namespace {
 
-struct HolderArgs {
-  int wait_fd;
-  int write_fd;  // the child's copy of the pipe's write end: closed, or EOF never comes
-};
-
 // The holder only keeps its new user namespace alive until the parent has written the maps
-// and opened the namespace: it blocks on a pipe the parent then closes. Syscalls only (it may
-// share our memory).
-int HoldUserns(void* raw) {
-  auto* a = static_cast<HolderArgs*>(raw);
-  ::close(a->write_fd);
-  char c;
-  while (::read(a->wait_fd, &c, 1) < 0 && errno == EINTR) {
-  }
-  return 0;
+// and opened the namespace; then the parent SIGKILLs it. It must not wait for a pipe's EOF:
+// children cloned concurrently by other sbxd threads get copies of that pipe's write end (they
+// share no fd table but copy it), and two holders could then wait on each other forever.
+// Syscalls only (it may share our memory); it runs with the creating thread's signal mask,
+// which in sbxd blocks everything but SIGKILL.
+int HoldUserns(void*) {
+  for (;;) ::pause();
 }
 
 absl::Status WriteMap(pid_t pid, const char* file, uint32_t base, uint32_t count) {
@@ -180,11 +174,6 @@ absl::Status WriteMap(pid_t pid, const char* file, uint32_t base, uint32_t count
 }  // namespace
 
 absl::StatusOr<UniqueFd> MakeUserNamespace(uint32_t base, uint32_t count) {
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return ErrnoStatus(errno, "user namespace: pipe2");
-  UniqueFd rd(fds[0]);
-  UniqueFd wr(fds[1]);
-
   int pidfd = -1;
   struct clone_args args;
   std::memset(&args, 0, sizeof(args));
@@ -199,8 +188,7 @@ absl::StatusOr<UniqueFd> MakeUserNamespace(uint32_t base, uint32_t count) {
     args.stack = reinterpret_cast<uint64_t>(stack->base());
     args.stack_size = stack->size();
   }
-  HolderArgs holder{rd.get(), wr.get()};
-  long rc = CloneRun(&args, HoldUserns, &holder);
+  long rc = CloneRun(&args, HoldUserns, nullptr);
   if (rc < 0) return ErrnoStatus(static_cast<int>(-rc), "user namespace: clone3(CLONE_NEWUSER)");
   const pid_t pid = static_cast<pid_t>(rc);
   UniqueFd pfd(pidfd);
@@ -214,8 +202,8 @@ absl::StatusOr<UniqueFd> MakeUserNamespace(uint32_t base, uint32_t count) {
     return ns;
   }();
 
-  // Release the holder and reap it before its stack goes away.
-  wr.Reset();
+  // End the holder and reap it before its stack goes away.
+  PidfdSendSignal(pfd.get(), SIGKILL);
   siginfo_t info;
   std::memset(&info, 0, sizeof(info));
   while (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pfd.get()), &info, WEXITED) != 0 &&
