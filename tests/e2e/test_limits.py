@@ -62,3 +62,20 @@ def test_oom_kill_is_reported_and_the_sandbox_survives(api):
     assert after.exit["exit_code"] == 0, (after.exit, after.stderr)
     assert after.stdout.strip() == b"0", after.stdout
     assert api.get_sandbox(sb["id"])["state"] == "running"
+
+
+@pytest.mark.skipif(RUNTIME == "fake", reason="the fake runtime has no namespaces")
+def test_root_inside_binds_low_ports_and_writes_its_files(api):
+    # Sandbox root is an unprivileged host uid whose CAP_NET_BIND_SERVICE does not count in the
+    # host-owned network namespace; sbxd lowers ip_unprivileged_port_start there so that a web
+    # server on :80 still works, and the idmapped template lets root change its own files.
+    sb = api.create_sandbox({})["sandbox"]
+    script = ("import socket, os\n"
+              "s = socket.socket(); s.bind(('127.0.0.1', 80)); s.listen()\n"
+              "c = socket.create_connection(('127.0.0.1', 80)); a, _ = s.accept()\n"
+              "c.sendall(b'hi'); print(a.recv(2).decode(), os.getuid())\n"
+              "open('/root/f', 'w').write('x')\n"
+              "os.chown('/root', 0, 0); print(os.stat('/root/f').st_uid)\n")
+    r = api.run(sb["id"], ["python3", "-c", script])
+    assert r.exit["exit_code"] == 0, r.stderr
+    assert r.stdout == b"hi 0\n0\n", r.stdout

@@ -22,6 +22,7 @@
 #include <gtest/gtest.h>
 
 #include "common/ids.h"
+#include "common/test_util.h"
 #include "protocol/protocol.h"
 #include "runtime/ns/cgroup.h"
 #include "runtime/ns/fsutil.h"
@@ -35,11 +36,6 @@ namespace {
 
 using namespace std::chrono_literals;
 using protocol::Json;
-
-bool MustRun() {
-  const char* v = std::getenv("SBX_TESTS_MUST_RUN");
-  return v != nullptr && std::string(v) == "1";
-}
 
 struct Exit {
   protocol::ExitEvent ev;
@@ -75,8 +71,7 @@ class AgentOomTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (::geteuid() != 0) {
-      if (MustRun()) FAIL() << "the agent OOM test needs root (SBX_TESTS_MUST_RUN=1)";
-      GTEST_SKIP() << "needs root";
+      SBX_SKIP_OR_FAIL("needs root");
     }
     ASSERT_STRNE(SBX_AGENT_PATH, "");
     auto layout = DetectCgroupLayout(CgroupEnv{});
@@ -90,15 +85,13 @@ class AgentOomTest : public ::testing::Test {
       const std::string own = cgroup_internal::Join(layout->v2_mount, layout->v2_own);
       auto subtree = ReadFileToString(own + "/cgroup.subtree_control");
       if (!subtree.ok() || subtree->find("memory") == std::string::npos) {
-        if (MustRun()) FAIL() << "no memory controller delegated to " << own;
-        GTEST_SKIP() << "no memory controller delegated to " << own;
+        SBX_SKIP_OR_FAIL("no memory controller delegated to " << own);
       }
       cg_ = cgroup_internal::Join(own, name);
       limit_file_ = "memory.max";
       counter_file_ = "memory.events";
     } else {
-      if (MustRun()) FAIL() << "no memory cgroup controller on this host";
-      GTEST_SKIP() << "no memory cgroup controller on this host";
+      SBX_SKIP_OR_FAIL("no memory cgroup controller on this host");
     }
     ASSERT_EQ(::mkdir(cg_.c_str(), 0755), 0) << cg_ << ": " << std::strerror(errno);
     made_cg_ = true;

@@ -12,6 +12,7 @@ enum class Step : uint16_t {
   kSignals,           // reset signal mask and dispositions
   kSetsid,            // own session: host terminal signals never reach the sandbox
   kJoinNetns,         // setns into a network namespace built ahead (netns_pool.h)
+  kPrepareNetns,      // fresh netns only: lo up, then ip_unprivileged_port_start=0 (index = stage)
   kJoinCgroup,        // write "0" to a pre-opened cgroup.procs (index = which)
   kUnshareCgroupNs,   // unshare(CLONE_NEWCGROUP)
   kMakeRootPrivate,   // mount("", "/", MS_REC|MS_PRIVATE)
@@ -37,8 +38,7 @@ enum class Step : uint16_t {
   kDetachOldRoot,
   kChdirNewRoot,
   kSethostname,
-  kLoopbackUp,
-  kStdio,             // stdin /dev/null, stdout/stderr agent.log, fd 3 the socket
+  kStdio,             // stdin /dev/null, stdout/stderr agent.log, fd 3 the socket, fd 4 the OOM counter
   kRlimit,            // setrlimit (index: 0 RLIMIT_NOFILE, 1 RLIMIT_CORE)
   kJoinUserns,        // setns(user namespace fd, CLONE_NEWUSER)
   kSetgroups,         // setgroups(0, NULL) inside the user namespace

@@ -63,7 +63,7 @@ class PreparedDisk {
   int size_mib() const { return size_mib_; }
   const std::string& loop_name() const { return loop_name_; }  // "loop3"
 
-  // Makes the file system root, `upper` and `work` owned by uid:gid (through the mount fd, not
+  // Makes `upper` and `work` (not the file system root) owned by uid:gid (through the mount fd, not
   // a path): for a sandbox whose root is an unprivileged host uid (user namespaces).
   absl::Status Chown(uid_t uid, gid_t gid);
 

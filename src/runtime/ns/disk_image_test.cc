@@ -24,6 +24,7 @@
 #include <gtest/gtest.h>
 
 #include "common/status_util.h"
+#include "common/test_util.h"
 #include "runtime/ns/fsutil.h"
 #include "runtime/ns/loop_device.h"
 
@@ -32,11 +33,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr int64_t kMiB = 1024 * 1024;
-
-bool MustRun() {
-  const char* v = std::getenv("SBX_TESTS_MUST_RUN");
-  return v != nullptr && std::string(v) == "1";
-}
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
@@ -96,14 +92,12 @@ class DiskImageTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (::geteuid() != 0) {
-      if (MustRun()) FAIL() << "disk image tests need root (SBX_TESTS_MUST_RUN=1)";
-      GTEST_SKIP() << "disk image tests need root";
+      SBX_SKIP_OR_FAIL("disk image tests need root");
     }
     DiskProvider probe("/nonexistent", 0, 32);
     absl::Status st = probe.Probe();
     if (!st.ok()) {
-      if (MustRun()) FAIL() << "disk caps unavailable: " << st;
-      GTEST_SKIP() << "disk caps unavailable: " << st;
+      SBX_SKIP_OR_FAIL("disk caps unavailable: " << st);
     }
     char tmpl[] = "/tmp/sbx-disk-XXXXXX";
     ASSERT_NE(::mkdtemp(tmpl), nullptr);

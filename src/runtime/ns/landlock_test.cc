@@ -21,13 +21,10 @@
 
 #include <gtest/gtest.h>
 
+#include "common/test_util.h"
+
 namespace sbx::runtime::ns {
 namespace {
-
-bool MustRun() {
-  const char* v = std::getenv("SBX_TESTS_MUST_RUN");
-  return v != nullptr && std::string(v) == "1";
-}
 
 class LandlockTest : public ::testing::Test {
  protected:
@@ -36,8 +33,7 @@ class LandlockTest : public ::testing::Test {
     plan_ = BuildLandlockPlan(&why);
     if (::geteuid() != 0 || plan_.abi == 0) {
       const std::string reason = ::geteuid() != 0 ? "needs root (CAP_MKNOD)" : why;
-      if (MustRun()) FAIL() << "Landlock test cannot run: " << reason << " (SBX_TESTS_MUST_RUN=1)";
-      GTEST_SKIP() << reason;
+      SBX_SKIP_OR_FAIL(reason);
     }
     char tmpl[] = "/tmp/sbx-landlock-test-XXXXXX";
     ASSERT_NE(::mkdtemp(tmpl), nullptr);
@@ -114,8 +110,7 @@ TEST_F(LandlockTest, DeviceNodesDeniedEverythingElseWorks) {
 
 TEST_F(LandlockTest, ScopedSignalsAndAbstractSockets) {
   if (plan_.abi < 6) {
-    if (MustRun()) FAIL() << "Landlock ABI " << plan_.abi << " has no scopes (SBX_TESTS_MUST_RUN=1)";
-    GTEST_SKIP() << "Landlock ABI " << plan_.abi << " has no scopes";
+    SBX_SKIP_OR_FAIL("Landlock ABI " << plan_.abi << " has no scopes");
   }
   // An abstract socket outside the child's domain (this process's).
   int srv = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -51,7 +51,9 @@ struct LaunchPlan {
   int userns_fd = -1;
   // The sandbox's disk as a detached mount (disk_image.h), or -1.
   int disk_fd = -1;
-  // A new time namespace (CLONE_NEWTIME): the sandbox's CLOCK_MONOTONIC/BOOTTIME are its own.
+  // A new time namespace (CLONE_NEWTIME), owned by the host's user namespace. Its offsets stay
+  // zero (the clocks read as the host's); what it buys is that nothing inside can ever set
+  // offsets that other sandboxes or the host would see.
   bool new_time_ns = true;
   // RLIMIT_NOFILE (soft = hard) of every process in the sandbox; 0 keeps sbxd's.
   uint64_t nofile = 0;

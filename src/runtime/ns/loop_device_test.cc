@@ -18,15 +18,12 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "common/test_util.h"
+
 #include "runtime/ns/fsutil.h"
 
 namespace sbx::runtime::ns {
 namespace {
-
-bool MustRun() {
-  const char* v = std::getenv("SBX_TESTS_MUST_RUN");
-  return v != nullptr && std::string(v) == "1";
-}
 
 // Polls: the kernel detaches an autoclear device at the last close, but give slow kernels time.
 bool WaitDetached(const std::string& loop_name) {
@@ -52,12 +49,10 @@ class LoopDeviceTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (::geteuid() != 0) {
-      if (MustRun()) FAIL() << "loop device tests need root (SBX_TESTS_MUST_RUN=1)";
-      GTEST_SKIP() << "loop device tests need root";
+      SBX_SKIP_OR_FAIL("loop device tests need root");
     }
     if (::access("/dev/loop-control", R_OK | W_OK) != 0) {
-      if (MustRun()) FAIL() << "no /dev/loop-control";
-      GTEST_SKIP() << "no /dev/loop-control";
+      SBX_SKIP_OR_FAIL("no /dev/loop-control");
     }
     char tmpl[] = "/tmp/sbx-loop-XXXXXX";
     ASSERT_NE(::mkdtemp(tmpl), nullptr);

@@ -143,9 +143,11 @@ absl::StatusOr<MountPlan> BuildMountPlan(const TemplateSpec& tmpl, const std::st
                {"pts/ptmx", "ptmx"}};
   for (const auto& l : links) plan.links.push_back({l.target, plan.dev + "/" + l.name});
 
-  // Docker's masked and read-only /proc paths. Without a user namespace sandbox root is uid 0,
-  // and the file modes alone would let it write /proc/sysrq-trigger or
-  // /proc/sys/kernel/core_pattern (code execution on the host).
+  // Docker's masked and read-only /proc paths. In a user namespace these files are host root's
+  // and closed to sandbox root already; the masks still hide what is readable (sched_debug,
+  // timer_list: host-wide scheduling and timer data), and they are the whole defence with
+  // --userns=false, where sandbox root is uid 0 and the file modes alone would let it write
+  // /proc/sysrq-trigger or /proc/sys/kernel/core_pattern (code execution on the host).
   for (const char* p : {"asound", "acpi", "kcore", "keys", "latency_stats", "timer_list",
                         "timer_stats", "sched_debug", "scsi"}) {
     plan.masked.push_back(plan.proc + "/" + p);

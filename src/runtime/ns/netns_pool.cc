@@ -25,8 +25,9 @@ absl::StatusOr<UniqueFd> BuildNetns() {
   UniqueFd fresh(::open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC));
   if (!fresh) {
     st = ErrnoStatus(errno, "netns pool: open(/proc/thread-self/ns/net) of the new namespace");
-  } else if (int err = BringLoopbackUp(); err != 0) {
-    st = ErrnoStatus(err, "netns pool: ioctl(lo, SIOCSIFFLAGS, IFF_UP)");
+  } else if (int stage = 0, err = PrepareSandboxNetns(&stage); err != 0) {
+    st = ErrnoStatus(err, stage == 0 ? "netns pool: ioctl(lo, SIOCSIFFLAGS, IFF_UP)"
+                                     : "netns pool: write(net.ipv4.ip_unprivileged_port_start, 0)");
   }
   if (::setns(original.get(), CLONE_NEWNET) != 0) {
     // This thread would stay in a sandbox's namespace: nothing it does later may rely on that.
