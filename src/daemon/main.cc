@@ -48,6 +48,7 @@ struct Flags {
   std::vector<std::string> warm_pools = {"base=2"};
   int netns_pool = 4;
   int disk_pool = 2;
+  int userns_pool = 4;
   bool userns = true;
   std::string seccomp_policy;  // empty: the policy embedded at build time
   // Deployment-wide limits of every sandbox (runtime::Resources; not requestable).
@@ -186,6 +187,11 @@ int main(int argc, char** argv) {
                  "an idle-priority thread; 0 makes each one during the launch")
       ->capture_default_str()
       ->check(CLI::Range(0, 64));
+  app.add_option("--userns-pool", f.userns_pool,
+                 "uid ranges claimed and user namespaces built ahead by an idle-priority thread; 0 "
+                 "builds each one during the launch")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 256));
   app.add_option("--userns", f.userns,
                  "run each sandbox in its own user namespace and host uid range (false only for "
                  "hosts whose state dir file system cannot be idmapped: sandbox root is then "
@@ -295,6 +301,7 @@ int main(int argc, char** argv) {
     nopts.netns_pool_size = f.netns_pool;
     nopts.disk_pool_size = f.disk_pool;
     nopts.user_namespaces = f.userns;
+    nopts.userns_pool_size = f.userns_pool;
     nopts.seccomp_policy_path = f.seccomp_policy;
     ns_backend = std::make_unique<sbx::runtime::ns::NsBackend>(nopts);
     if (auto st = ns_backend->Probe(); !st.ok()) {

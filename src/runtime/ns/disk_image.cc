@@ -451,7 +451,19 @@ absl::StatusOr<PreparedDisk> DiskProvider::Build(int size_mib, const std::string
   }
   SBX_RETURN_IF_ERROR(SparseCopy(golden, image_path));
   auto disk = MountDiskImage(image_path, size_mib);
-  if (!disk.ok()) ::unlink(image_path.c_str());
+  if (!disk.ok()) {
+    ::unlink(image_path.c_str());
+    return disk;
+  }
+  // A fresh file system has nothing cached: the first chown of `upper` and the overlay's
+  // set-up in `work` (a directory, a whiteout, xattrs) would each wait for inode-table and
+  // bitmap reads from the image, on the launch path (measured 0.5-1.5 ms for the chown
+  // alone). Touch them here, where a pooled disk is built off that path.
+  struct stat st;
+  for (const char* dir : {"upper", "work"}) (void)::fstatat(disk->mount_fd(), dir, &st, AT_SYMLINK_NOFOLLOW);
+  if (::mkdirat(disk->mount_fd(), "work/.warm", 0700) == 0) {
+    (void)::unlinkat(disk->mount_fd(), "work/.warm", AT_REMOVEDIR);
+  }
   return disk;
 }
 

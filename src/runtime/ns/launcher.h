@@ -91,6 +91,7 @@ enum TraceSlot : int {
   kTraceExec,
   kTraceSlots,
 };
+static_assert(kTraceSlots <= kMountTraceFirst, "mount trace slots overlap the launcher's");
 
 // The agent process, owned: the destructor SIGKILLs it (which, as PID 1 of its pid namespace,
 // takes every process inside with it) and reaps it, unless Release() handed it over.

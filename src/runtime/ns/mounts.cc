@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 
 #include <fmt/format.h>
 
@@ -170,6 +171,14 @@ inline int Fail(ChildReport* r, Step step, size_t index = 0) {
   return r->err == 0 ? EIO : r->err;
 }
 
+inline void MarkMount(const MountPlan& p, MountTraceSlot slot) {
+  if (p.trace == nullptr) return;
+  struct timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  p.trace[kMountTraceFirst + slot] =
+      static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
 inline bool MkdirOk(const char* path, mode_t mode) {
   return ::mkdir(path, mode) == 0 || errno == EEXIST;
 }
@@ -217,6 +226,7 @@ int SetupMounts(const MountPlan& p, int userns_fd, int disk_fd, ChildReport* r) 
       ::syscall(SYS_move_mount, disk_fd, "", AT_FDCWD, p.disk.c_str(), MOVE_MOUNT_F_EMPTY_PATH) != 0) {
     return Fail(r, Step::kMountDisk);
   }
+  MarkMount(p, kMtDisk);
   if (!p.lower.empty()) {
     // The overlay's copy-up keeps the lower's owners as seen through this mount: host root's
     // files become the sandbox root's, so sandbox root can change its /etc, /root, ...
@@ -227,9 +237,11 @@ int SetupMounts(const MountPlan& p, int userns_fd, int disk_fd, ChildReport* r) 
       return Fail(r, Step::kIdmapLower, static_cast<size_t>(stage));
     }
   }
+  MarkMount(p, kMtLower);
   if (::mount("overlay", p.rootfs.c_str(), "overlay", MS_NOSUID | MS_NODEV, p.overlay_data.c_str()) != 0) {
     return Fail(r, Step::kMountOverlay);
   }
+  MarkMount(p, kMtOverlay);
 
   for (size_t i = 0; i < p.binds.size(); ++i) {
     const auto& b = p.binds[i];
@@ -254,6 +266,7 @@ int SetupMounts(const MountPlan& p, int userns_fd, int disk_fd, ChildReport* r) 
     }
   }
 
+  MarkMount(p, kMtBinds);
   if (!MkdirOk(p.proc.c_str(), 0555)) return Fail(r, Step::kMkdirMountpoint, 0);
   if (!MkdirOk(p.dev.c_str(), 0755)) return Fail(r, Step::kMkdirMountpoint, 1);
   if (!MkdirOk(p.tmp.c_str(), 01777)) return Fail(r, Step::kMkdirMountpoint, 2);
@@ -263,6 +276,7 @@ int SetupMounts(const MountPlan& p, int userns_fd, int disk_fd, ChildReport* r) 
     return Fail(r, Step::kMountProc);
   }
 
+  MarkMount(p, kMtProc);
   if (::mount("tmpfs", p.dev.c_str(), "tmpfs", MS_NOSUID | MS_NOEXEC, p.dev_data.c_str()) != 0) {
     return Fail(r, Step::kMountDev);
   }
@@ -287,6 +301,7 @@ int SetupMounts(const MountPlan& p, int userns_fd, int disk_fd, ChildReport* r) 
     return Fail(r, Step::kMountShm);
   }
 
+  MarkMount(p, kMtDev);
   for (size_t i = 0; i < p.masked.size(); ++i) {
     struct stat st;
     if (::stat(p.masked[i].c_str(), &st) != 0) {
@@ -311,9 +326,11 @@ int SetupMounts(const MountPlan& p, int userns_fd, int disk_fd, ChildReport* r) 
     }
   }
 
+  MarkMount(p, kMtMasks);
   if (::mount("tmpfs", p.tmp.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, p.tmp_data.c_str()) != 0) {
     return Fail(r, Step::kMountTmp);
   }
+  MarkMount(p, kMtTmp);
   return 0;
 }
 

@@ -30,6 +30,10 @@ inline constexpr size_t kTmpSizeBytes = 256u << 20;
 inline constexpr size_t kShmSizeBytes = 64u << 20;
 inline constexpr size_t kDevSizeBytes = 64u << 10;
 
+// Sub-steps of SetupMounts in the launch trace (after the launcher's own slots).
+inline constexpr int kMountTraceFirst = 16;
+enum MountTraceSlot : int { kMtDisk = 0, kMtLower, kMtOverlay, kMtBinds, kMtProc, kMtDev, kMtMasks, kMtTmp, kMtSlots };
+
 struct MountOptions {
   // Host uid/gid that the sandbox's root maps to; 0 = no user namespace (tests of the mount
   // code alone): nothing is idmapped and the tmpfs roots stay owned by host root.
@@ -50,6 +54,9 @@ struct MountPlan {
   std::string lower_source;
   std::string lower;
   uint32_t uid_base = 0;
+  // Optional profiling page (LaunchPlan::trace): SetupMounts stamps its sub-steps at
+  // kMountTraceFirst + MountTraceSlot.
+  uint64_t* trace = nullptr;
   // Mount point of the sandbox's disk (the child move_mount()s LaunchPlan::disk_fd there);
   // empty without one.
   std::string disk;

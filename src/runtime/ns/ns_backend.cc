@@ -214,6 +214,7 @@ struct NsBackend::Shared {
   // Host-wide claims of uid ranges; meaningful only with opts.user_namespaces. Its methods
   // touch only files, so the const Shared& of Create may use it.
   mutable UidRanges uid_ranges;
+  std::unique_ptr<UsernsPool> userns_pool;  // after uid_ranges: destroyed before it
 
   std::string DirOf(const std::string& id) const { return fmt::format("{}/{}", sandboxes_dir, id); }
 
@@ -427,6 +428,11 @@ NsBackend::NsBackend(NsOptions options) : shared_(std::make_shared<Shared>()) {
   if (s.opts.user_namespaces && s.state_status.ok()) {
     s.userns_status = s.uid_ranges.Init();
     if (s.userns_status.ok()) s.userns_status = ProbeIdmap(s.sandboxes_dir);
+    // Ranges pooled by an earlier run of this sbxd that died are nobody's now.
+    const std::string pool_owner = fmt::format("{}/uid-pool", s.opts.state_dir);
+    if (s.userns_status.ok()) s.userns_status = Annotate(MkdirAll(pool_owner, 0700), "uid range pool");
+    if (s.userns_status.ok()) s.userns_status = s.uid_ranges.ReleaseOwner(pool_owner);
+    s.userns_pool = std::make_unique<UsernsPool>(&s.uid_ranges, pool_owner, s.opts.userns_pool_size);
   }
   if (s.state_status.ok()) {
     s.disks = std::make_unique<DiskProvider>(s.opts.state_dir, s.opts.disk_pool_size, s.opts.disk_pool_mib);
@@ -442,6 +448,7 @@ NsBackend::NsBackend(NsOptions options) : shared_(std::make_shared<Shared>()) {
     s.netns_pool->Start();
   }
   if (s.Ready().ok() && s.opts.disk_pool_size > 0) s.disks->Start();
+  if (s.Ready().ok() && s.userns_pool) s.userns_pool->Start();
 }
 
 NsBackend::~NsBackend() = default;
@@ -564,17 +571,23 @@ absl::StatusOr<InstancePtr> NsBackend::Create(const SandboxSpec& spec) {
   // The writable layer's hard cap: an ext4 image of exactly disk_mib (from the pool when the
   // size matches); unmounted and detached with the sandbox's mount namespace.
   SBX_RETURN_IF_ERROR(ValidateDiskMib(spec.resources.disk_mib));
+  const auto t_mkdir = Clock::now();
   SBX_ASSIGN_OR_RETURN(PreparedDisk disk, s.disks->Take(spec.resources.disk_mib, dir + "/disk.img"));
   plan.disk_fd = disk.mount_fd();
+  const auto t_disk = Clock::now();
+  auto t_take = Clock::now();
   if (s.opts.user_namespaces) {
-    SBX_ASSIGN_OR_RETURN(uint32_t base, s.uid_ranges.Claim(dir));
+    SBX_ASSIGN_OR_RETURN(PreparedUserns prepared, s.userns_pool->Take(dir));
+    const uint32_t base = prepared.base;
     uid_claim.emplace(&s.uid_ranges, base, dir);
-    SBX_ASSIGN_OR_RETURN(userns, MakeUserNamespace(base));
+    userns = std::move(prepared.fd);
+    t_take = Clock::now();
     // The overlay's root directory is the upper's: owned by sandbox root like any root fs.
     SBX_RETURN_IF_ERROR(Annotate(disk.Chown(base, base), "user namespace"));
     mount_opts.uid_base = base;
     plan.userns_fd = userns.get();
   }
+  const auto t_userns = Clock::now();
   SBX_ASSIGN_OR_RETURN(plan.mounts, BuildMountPlan(spec.tmpl, dir, mount_opts));
   plan.nofile = static_cast<uint64_t>(spec.resources.open_files > 0 ? spec.resources.open_files : kDefaultOpenFiles);
   const auto t_dir = Clock::now();
@@ -616,7 +629,10 @@ absl::StatusOr<InstancePtr> NsBackend::Create(const SandboxSpec& spec) {
   void* trace_page = MAP_FAILED;
   if (spdlog::should_log(spdlog::level::debug)) {
     trace_page = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (trace_page != MAP_FAILED) plan.trace = static_cast<uint64_t*>(trace_page);
+    if (trace_page != MAP_FAILED) {
+      plan.trace = static_cast<uint64_t*>(trace_page);
+      plan.mounts.trace = plan.trace;
+    }
   }
   struct TraceUnmap {
     void* p;
@@ -641,6 +657,12 @@ absl::StatusOr<InstancePtr> NsBackend::Create(const SandboxSpec& spec) {
     for (int i = 0; i < kTraceSlots; ++i) {
       if (plan.trace[i] == 0) continue;
       steps += fmt::format(" {} +{:.2f}", kNames[i], (static_cast<double>(plan.trace[i]) - static_cast<double>(base)) / 1e6);
+    }
+    static constexpr const char* kMountNames[] = {"disk", "lower", "overlay", "binds", "proc", "dev", "masks", "tmp"};
+    steps += " | mounts:";
+    for (int i = 0; i < kMtSlots; ++i) {
+      const uint64_t t = plan.trace[kMountTraceFirst + i];
+      if (t != 0) steps += fmt::format(" {} +{:.2f}", kMountNames[i], (static_cast<double>(t) - static_cast<double>(base)) / 1e6);
     }
     spdlog::debug("ns: {} child milestones (ms after clone):{}", spec.id, steps);
   }
@@ -690,9 +712,13 @@ absl::StatusOr<InstancePtr> NsBackend::Create(const SandboxSpec& spec) {
   auto inst = std::make_unique<NsInstance>(shared_, spec.id, pid, *start_time, std::move(pidfd),
                                            std::move(cgroup), uid_base);
   spdlog::debug(
-      "ns: created {} (pid {}) in {:.2f} ms: dir {:.2f}, cgroups {:.2f}, prepare {:.2f}, "
-      "clone..exec {:.2f}, agent ready {:.2f}",
+      "ns: created {} (pid {}) in {:.2f} ms: dir {:.2f} (mkdir {:.2f}, disk {:.2f}, userns {:.2f}, chown {:.2f}), "
+      "cgroups {:.2f}, prepare {:.2f}, clone..exec {:.2f}, agent ready {:.2f}",
       spec.id, pid, MsSince(t0), std::chrono::duration<double, std::milli>(t_dir - t0).count(),
+      std::chrono::duration<double, std::milli>(t_mkdir - t0).count(),
+      std::chrono::duration<double, std::milli>(t_disk - t_mkdir).count(),
+      std::chrono::duration<double, std::milli>(t_take - t_disk).count(),
+      std::chrono::duration<double, std::milli>(t_userns - t_take).count(),
       std::chrono::duration<double, std::milli>(t_cg - t_dir).count(),
       std::chrono::duration<double, std::milli>(t_prep - t_cg).count(),
       std::chrono::duration<double, std::milli>(t_exec - t_prep).count(),

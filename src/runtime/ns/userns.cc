@@ -3,6 +3,9 @@
 #include <fcntl.h>
 #include <linux/sched.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/resource.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -128,6 +131,33 @@ absl::Status UidRanges::ReleaseOwner(const std::string& owner) {
   return absl::OkStatus();
 }
 
+absl::Status UidRanges::Transfer(uint32_t base, const std::string& from, const std::string& to) {
+  const std::string path = PathOf(base);
+  const std::string holder = ClaimOwner(path);
+  if (holder != from) {
+    return absl::FailedPreconditionError(
+        fmt::format("uid range {}: claimed by \"{}\", not \"{}\"", base, holder, from));
+  }
+  // Not a valid base name, so sweeps skip it.
+  const std::string tmp = fmt::format("{}/.{}.tmp", dir_, base);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoStatus(errno, fmt::format("uid range: open({})", tmp));
+  const std::string text = to + "\n";
+  ssize_t n = ::write(fd, text.data(), text.size());
+  int err = errno;
+  ::close(fd);
+  if (n != static_cast<ssize_t>(text.size())) {
+    ::unlink(tmp.c_str());
+    return ErrnoStatus(n < 0 ? err : EIO, fmt::format("uid range: write({})", tmp));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    err = errno;
+    ::unlink(tmp.c_str());
+    return ErrnoStatus(err, fmt::format("uid range: rename({} -> {})", tmp, path));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status UidRanges::Sweep(const std::string& sandboxes_dir, const std::set<std::string>& known_ids) {
   auto names = ListDir(dir_);
   if (!names.ok()) return absl::IsNotFound(names.status()) ? absl::OkStatus() : names.status();
@@ -210,6 +240,89 @@ absl::StatusOr<UniqueFd> MakeUserNamespace(uint32_t base, uint32_t count) {
          errno == EINTR) {
   }
   return result;
+}
+
+UsernsPool::UsernsPool(UidRanges* ranges, std::string pool_owner, int size)
+    : ranges_(ranges), pool_owner_(std::move(pool_owner)), size_(size < 0 ? 0 : size) {}
+
+UsernsPool::~UsernsPool() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (filler_.joinable()) filler_.join();
+  for (const PreparedUserns& u : ready_) {
+    if (absl::Status st = ranges_->Release(u.base, pool_owner_); !st.ok()) {
+      spdlog::warn("userns pool: {}", std::string(st.message()));
+    }
+  }
+}
+
+void UsernsPool::Start() {
+  std::lock_guard lock(mu_);
+  if (size_ == 0 || filler_.joinable()) return;
+  filler_ = std::thread([this] { FillLoop(); });
+}
+
+int UsernsPool::ready() const {
+  std::lock_guard lock(mu_);
+  return static_cast<int>(ready_.size());
+}
+
+absl::StatusOr<PreparedUserns> UsernsPool::Make(const std::string& owner) {
+  SBX_ASSIGN_OR_RETURN(uint32_t base, ranges_->Claim(owner));
+  auto fd = MakeUserNamespace(base);
+  if (!fd.ok()) {
+    (void)ranges_->Release(base, owner);
+    return fd.status();
+  }
+  return PreparedUserns{base, std::move(*fd)};
+}
+
+absl::StatusOr<PreparedUserns> UsernsPool::Take(const std::string& owner) {
+  std::optional<PreparedUserns> pooled;
+  {
+    std::lock_guard lock(mu_);
+    if (!ready_.empty()) {
+      pooled.emplace(std::move(ready_.front()));
+      ready_.pop_front();
+    }
+  }
+  if (!pooled) return Make(owner);
+  cv_.notify_all();
+  if (absl::Status st = ranges_->Transfer(pooled->base, pool_owner_, owner); !st.ok()) {
+    (void)ranges_->Release(pooled->base, pool_owner_);
+    return st;
+  }
+  return std::move(*pooled);
+}
+
+void UsernsPool::FillLoop() {
+  // Launches that a client waits for come first.
+  struct sched_param param{};
+  if (::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &param) != 0) {
+    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);
+  }
+  int failures = 0;
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    if (static_cast<int>(ready_.size()) >= size_) {
+      cv_.wait(lock);
+      continue;
+    }
+    lock.unlock();
+    auto u = Make(pool_owner_);
+    lock.lock();
+    if (!u.ok()) {
+      ++failures;
+      spdlog::warn("userns pool: {} (launches make their own meanwhile)", std::string(u.status().message()));
+      cv_.wait_for(lock, std::chrono::milliseconds(std::min(30000, 500 << std::min(failures, 6))));
+      continue;
+    }
+    failures = 0;
+    ready_.push_back(std::move(*u));
+  }
 }
 
 absl::StatusOr<uint32_t> ReadUidBase(pid_t pid) {

@@ -92,6 +92,53 @@ TEST_F(UidRangesTest, ReclaimAndSweep) {
   EXPECT_FALSE(Claimed(*ba));
 }
 
+TEST_F(UidRangesTest, TransferIsAtomicAndChecksTheHolder) {
+  const std::string pool = root_ + "/pool", a = Owner("sbx_a");
+  ASSERT_TRUE(MkdirAll(pool, 0700).ok());
+  auto b = ranges_.Claim(pool);
+  ASSERT_TRUE(b.ok());
+  EXPECT_FALSE(ranges_.Transfer(*b, "/not/the/holder", a).ok());
+  ASSERT_TRUE(ranges_.Transfer(*b, pool, a).ok());
+  EXPECT_TRUE(ranges_.Release(*b, pool).ok());  // no longer the pool's: stays
+  EXPECT_TRUE(Claimed(*b));
+  EXPECT_TRUE(ranges_.Release(*b, a).ok());
+  EXPECT_FALSE(Claimed(*b));
+  auto names = ListDir(root_ + "/claims");
+  ASSERT_TRUE(names.ok());
+  EXPECT_TRUE(names->empty()) << "temporary files left behind";
+}
+
+TEST_F(UidRangesTest, PoolHandsOutTransferredClaimsAndReleasesTheRest) {
+  if (::geteuid() != 0) SBX_SKIP_OR_FAIL("user namespace creation with maps needs root");
+  const std::string pool_owner = root_ + "/uid-pool";
+  ASSERT_TRUE(MkdirAll(pool_owner, 0700).ok());
+  std::set<uint32_t> pooled_bases;
+  {
+    UsernsPool pool(&ranges_, pool_owner, 3);
+    pool.Start();
+    for (int i = 0; i < 200 && pool.ready() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_EQ(pool.ready(), 3);
+    const std::string a = Owner("sbx_a");
+    auto u = pool.Take(a);
+    ASSERT_TRUE(u.ok()) << u.status();
+    EXPECT_GE(u->fd.get(), 0);
+    EXPECT_TRUE(Claimed(u->base));
+    // Now the sandbox's: the pool's release at destruction must leave it.
+    EXPECT_TRUE(ranges_.Release(u->base, pool_owner).ok());
+    EXPECT_TRUE(Claimed(u->base));
+    pooled_bases.insert(u->base);
+    // An empty pool (size 0) still serves, inline.
+    UsernsPool empty(&ranges_, pool_owner, 0);
+    auto v = empty.Take(Owner("sbx_b"));
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_NE(v->base, u->base);
+  }
+  // Destruction released the two unused pooled claims; the two taken ones remain.
+  auto names = ListDir(root_ + "/claims");
+  ASSERT_TRUE(names.ok());
+  EXPECT_EQ(names->size(), 2u);
+}
+
 // Concurrent creates from several threads: each holder child must end even though other
 // threads clone theirs at the same time (a pipe-EOF design deadlocked exactly here).
 TEST(UserNamespace, ConcurrentCreationNeverHangsAndMapsTheRange) {
