@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from secutil import attack, run_script
+from secutil import attack, run_script, sh
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +60,20 @@ def test_only_loopback(network_attack):
     assert out["interfaces"] == ["lo"], f"interfaces besides lo: {out['interfaces']}"
     assert out["ipv4_routes"] == [], f"IPv4 routes in the sandbox: {out['ipv4_routes']}"
     assert out["ipv6_routes_not_lo"] == [], f"IPv6 routes not on lo: {out['ipv6_routes_not_lo']}"
+
+
+@attack("network", "take lo down, add an address, add a default route (SIOCSIFFLAGS, SIOCSIFADDR, "
+                   "SIOCADDRT) as sandbox root")
+def test_network_config_denied(sclient, target):
+    # The network namespace belongs to the host's user namespace: sandbox root's capabilities
+    # do not count in it.
+    out = run_script(sclient, target["id"], "net_admin")[1]
+    for key in ("lo_down", "add_address", "add_default_route"):
+        assert out[key] == "EPERM", f"{key}: expected EPERM, got {out[key]}"
+    assert out["ipv4_routes"] == [], f"a route appeared: {out['ipv4_routes']}"
+    res = sh(sclient, target["id"], "python3 -c \"import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); "
+                                    "s.listen(); socket.create_connection(s.getsockname()); print('lo ok')\"")
+    assert res.stdout == b"lo ok\n", (res.stdout, res.stderr)
 
 
 @pytest.fixture(scope="module")
