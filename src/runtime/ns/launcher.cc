@@ -143,7 +143,11 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
   const int log = Lift(p.log_fd);
   const int agent = Lift(p.agent_fd);
   const int oom = p.oom_fd >= 0 ? Lift(p.oom_fd) : -1;
-  if (sock < 0 || log < 0 || agent < 0 || (p.oom_fd >= 0 && oom < 0)) return Fail(r, Step::kStdio, errno);
+  // Used after the dup2s onto 0..4 below, which would replace it if it sat there.
+  const int userns = p.userns_fd >= 0 ? Lift(p.userns_fd) : -1;
+  if (sock < 0 || log < 0 || agent < 0 || (p.oom_fd >= 0 && oom < 0) || (p.userns_fd >= 0 && userns < 0)) {
+    return Fail(r, Step::kStdio, errno);
+  }
 
   for (size_t i = 0; i < p.cgroup_procs_fds.size(); ++i) {
     if (::write(p.cgroup_procs_fds[i], "0", 1) != 1) return Fail(r, Step::kJoinCgroup, errno, i);
@@ -153,7 +157,7 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
   if (::unshare(CLONE_NEWCGROUP) != 0) return Fail(r, Step::kUnshareCgroupNs, errno);
 
   Mark(p, kTraceCgroupNs);
-  if (int err = SetupMounts(p.mounts, p.userns_fd, p.disk_fd, r); err != 0) return err;
+  if (int err = SetupMounts(p.mounts, userns, p.disk_fd, r); err != 0) return err;
   Mark(p, kTraceMounts);
   if (int err = PivotRoot(p.mounts, r); err != 0) return err;
   Mark(p, kTracePivot);
@@ -182,8 +186,8 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
   // owned by the host's user namespace, out of reach of sandbox root. setns gives full
   // capabilities inside the new namespace; the ids are still host root's (unmapped there), so
   // switch to the namespace's root, which the kernel maps to the sandbox's host uid range.
-  if (p.userns_fd >= 0) {
-    if (::setns(p.userns_fd, CLONE_NEWUSER) != 0) return Fail(r, Step::kJoinUserns, errno);
+  if (userns >= 0) {
+    if (::setns(userns, CLONE_NEWUSER) != 0) return Fail(r, Step::kJoinUserns, errno);
     if (::syscall(SYS_setgroups, 0, nullptr) != 0) return Fail(r, Step::kSetgroups, errno);
     // The raw syscalls: glibc's wrappers would signal every thread of the process (it has one).
     if (::syscall(SYS_setresgid, 0, 0, 0) != 0) return Fail(r, Step::kSetresgid, errno);
