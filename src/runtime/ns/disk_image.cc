@@ -1,11 +1,8 @@
 #include "runtime/ns/disk_image.h"
 
 #include <fcntl.h>
-#include <pthread.h>
-#include <sched.h>
 #include <spawn.h>
 #include <sys/mount.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -316,18 +313,20 @@ DiskProvider::DiskProvider(std::string state_dir, int pool_size, int pool_size_m
       images_dir_(state_dir_ + "/disk-images"),
       pool_dir_(images_dir_ + "/pool"),
       pool_size_(std::max(0, pool_size)),
-      pool_size_mib_(pool_size_mib) {}
+      pool_size_mib_(pool_size_mib),
+      pool_(pool_size_, [this] { return BuildPooled(); }, [this](const absl::Status& st) {
+        std::string msg(st.message());
+        // One warning per kind of error (its step), not per attempt.
+        if (logged_.insert(msg.substr(0, msg.find(':'))).second) {
+          spdlog::warn("disk pool: {} (launches make their disks in place meanwhile)", msg);
+        } else {
+          spdlog::debug("disk pool: {}", msg);
+        }
+        return true;
+      }) {}
 
-DiskProvider::~DiskProvider() {
-  {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  if (filler_.joinable()) filler_.join();
-  std::lock_guard lock(mu_);
-  ready_.clear();  // each unmounts and removes its image
-}
+// The pool's destructor stops the filler; each pooled disk then unmounts and removes its image.
+DiskProvider::~DiskProvider() = default;
 
 std::string DiskProvider::GoldenPath(int size_mib) const {
   return fmt::format("{}/golden-{}m.img", images_dir_, size_mib);
@@ -474,16 +473,9 @@ absl::StatusOr<PreparedDisk> DiskProvider::Take(int size_mib, const std::string&
     if (::lstat(dest_image_path.c_str(), &st) == 0) {
       return ErrnoStatus(EEXIST, fmt::format("disk image: {} exists", dest_image_path));
     }
-    PreparedDisk disk;
-    {
-      std::lock_guard lock(mu_);
-      if (!ready_.empty()) {
-        disk = std::move(ready_.front());
-        ready_.pop_front();
-      }
-    }
-    if (disk.valid()) {
-      cv_.notify_all();
+    std::optional<PreparedDisk> pooled = pool_.Take();
+    if (pooled && pooled->valid()) {
+      PreparedDisk disk = std::move(*pooled);
       absl::Status st = disk.RenameImage(dest_image_path);
       if (st.ok()) return disk;
       // e.g. EXDEV (the sandbox dir on another file system): the pooled disk is dropped (its
@@ -494,54 +486,18 @@ absl::StatusOr<PreparedDisk> DiskProvider::Take(int size_mib, const std::string&
   return Build(size_mib, dest_image_path);
 }
 
-int DiskProvider::ready() const {
-  std::lock_guard lock(mu_);
-  return static_cast<int>(ready_.size());
-}
+int DiskProvider::ready() const { return pool_.ready(); }
 
 void DiskProvider::Start() {
-  std::lock_guard lock(mu_);
-  if (pool_size_ == 0 || filler_.joinable()) return;
-  filler_ = std::thread([this] { FillLoop(); });
-}
-
-void DiskProvider::FillLoop() {
   // The golden image first, at normal priority: a launch needing the same size would wait for
   // it, and must not wait behind an idle-priority thread.
-  (void)EnsureGolden(pool_size_mib_);
-  struct sched_param param{};
-  if (::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &param) != 0) {
-    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);
-  }
-  int failures = 0;
-  std::set<std::string> logged;  // one warning per kind of error (its step), not per attempt
-  std::unique_lock lock(mu_);
-  while (!stopping_) {
-    if (static_cast<int>(ready_.size()) >= pool_size_) {
-      cv_.wait(lock);
-      continue;
-    }
-    std::string path = fmt::format("{}/{}.img", pool_dir_, next_pool_id_++);
-    lock.unlock();
-    absl::Status dir = MkdirAll(pool_dir_, 0700);
-    absl::StatusOr<PreparedDisk> disk =
-        dir.ok() ? Build(pool_size_mib_, path) : Annotate(dir, "disk pool");
-    lock.lock();
-    if (!disk.ok()) {
-      ++failures;
-      std::string msg(disk.status().message());
-      std::string kind = msg.substr(0, msg.find(':'));
-      if (logged.insert(kind).second) {
-        spdlog::warn("disk pool: {} (launches make their disks in place meanwhile)", msg);
-      } else {
-        spdlog::debug("disk pool: {}", msg);
-      }
-      cv_.wait_for(lock, std::chrono::milliseconds(std::min(30000, 500 << std::min(failures, 6))));
-      continue;
-    }
-    failures = 0;
-    ready_.push_back(std::move(*disk));
-  }
+  pool_.Start([this] { (void)EnsureGolden(pool_size_mib_); });
+}
+
+absl::StatusOr<PreparedDisk> DiskProvider::BuildPooled() {
+  const std::string path = fmt::format("{}/{}.img", pool_dir_, next_pool_id_++);
+  SBX_RETURN_IF_ERROR(Annotate(MkdirAll(pool_dir_, 0700), "disk pool"));
+  return Build(pool_size_mib_, path);
 }
 
 }  // namespace sbx::runtime::ns

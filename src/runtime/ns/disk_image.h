@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -30,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "common/unique_fd.h"
 #include "runtime/ns/loop_device.h"
+#include "runtime/ns/ready_pool.h"
 
 namespace sbx::runtime::ns {
 
@@ -136,7 +138,7 @@ class DiskProvider {
   absl::StatusOr<std::string> EnsureGolden(int size_mib);
   absl::StatusOr<PreparedDisk> Build(int size_mib, const std::string& image_path);
   absl::StatusOr<std::string> Mke2fs();
-  void FillLoop();
+  absl::StatusOr<PreparedDisk> BuildPooled();
 
   const std::string state_dir_;
   const std::string images_dir_;
@@ -148,12 +150,9 @@ class DiskProvider {
   std::map<int, std::shared_ptr<Golden>> goldens_;
   std::string mke2fs_;    // resolved on first use, under golden_mu_
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<PreparedDisk> ready_;
-  uint64_t next_pool_id_ = 0;
-  bool stopping_ = false;
-  std::thread filler_;
+  std::atomic<uint64_t> next_pool_id_{0};
+  std::set<std::string> logged_;  // kinds of filler errors already warned about (filler only)
+  ReadyPool<PreparedDisk> pool_;  // last: its filler stops before the members above go
 };
 
 }  // namespace sbx::runtime::ns

@@ -1,9 +1,6 @@
 #include "runtime/ns/netns_pool.h"
 
 #include <fcntl.h>
-#include <pthread.h>
-#include <sched.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -37,71 +34,26 @@ absl::StatusOr<UniqueFd> BuildNetns() {
   return fresh;
 }
 
-NetnsPool::NetnsPool(int size) : size_(size < 0 ? 0 : size) {}
+NetnsPool::NetnsPool(int size)
+    : pool_(size, BuildNetns, [](const absl::Status& st) {
+        spdlog::warn("{} (launches create their own network namespace meanwhile)", std::string(st.message()));
+        if (st.message().find("setns back") != std::string::npos) {
+          // Never build again from a thread stuck in the wrong namespace.
+          spdlog::error("netns pool: stopped");
+          return false;
+        }
+        return true;
+      }) {}
 
-NetnsPool::~NetnsPool() {
-  {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  if (filler_.joinable()) filler_.join();
-}
+NetnsPool::~NetnsPool() = default;
 
-void NetnsPool::Start() {
-  std::lock_guard lock(mu_);
-  if (size_ == 0 || filler_.joinable()) return;
-  filler_ = std::thread([this] { FillLoop(); });
-}
+void NetnsPool::Start() { pool_.Start(); }
 
 UniqueFd NetnsPool::Take() {
-  UniqueFd fd;
-  {
-    std::lock_guard lock(mu_);
-    if (ready_.empty()) return fd;
-    fd = std::move(ready_.front());
-    ready_.pop_front();
-  }
-  cv_.notify_all();
-  return fd;
+  std::optional<UniqueFd> fd = pool_.Take();
+  return fd ? std::move(*fd) : UniqueFd();
 }
 
-int NetnsPool::ready() const {
-  std::lock_guard lock(mu_);
-  return static_cast<int>(ready_.size());
-}
-
-void NetnsPool::FillLoop() {
-  // Launches that a client waits for come first.
-  struct sched_param param{};
-  if (::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &param) != 0) {
-    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);
-  }
-  int failures = 0;
-  std::unique_lock lock(mu_);
-  while (!stopping_) {
-    if (static_cast<int>(ready_.size()) >= size_) {
-      cv_.wait(lock);
-      continue;
-    }
-    lock.unlock();
-    auto fd = BuildNetns();
-    lock.lock();
-    if (!fd.ok()) {
-      ++failures;
-      spdlog::warn("{} (launches create their own network namespace meanwhile)",
-                   std::string(fd.status().message()));
-      if (fd.status().message().find("setns back") != std::string::npos) {
-        // Never build again from a thread stuck in the wrong namespace.
-        spdlog::error("netns pool: stopped");
-        return;
-      }
-      cv_.wait_for(lock, std::chrono::milliseconds(std::min(30000, 500 << std::min(failures, 6))));
-      continue;
-    }
-    failures = 0;
-    ready_.push_back(std::move(*fd));
-  }
-}
+int NetnsPool::ready() const { return pool_.ready(); }
 
 }  // namespace sbx::runtime::ns

@@ -10,13 +10,9 @@
 // Thread safety: all methods are safe to call concurrently.
 #pragma once
 
-#include <condition_variable>
-#include <deque>
-#include <mutex>
-#include <thread>
-
 #include "absl/status/statusor.h"
 #include "common/unique_fd.h"
+#include "runtime/ns/ready_pool.h"
 
 namespace sbx::runtime::ns {
 
@@ -35,14 +31,7 @@ class NetnsPool {
   int ready() const;
 
  private:
-  void FillLoop();
-
-  const int size_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<UniqueFd> ready_;
-  bool stopping_ = false;
-  std::thread filler_;
+  ReadyPool<UniqueFd> pool_;
 };
 
 }  // namespace sbx::runtime::ns

@@ -3,9 +3,6 @@
 #include <fcntl.h>
 #include <linux/sched.h>
 #include <poll.h>
-#include <pthread.h>
-#include <sched.h>
-#include <sys/resource.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -243,32 +240,25 @@ absl::StatusOr<UniqueFd> MakeUserNamespace(uint32_t base, uint32_t count) {
 }
 
 UsernsPool::UsernsPool(UidRanges* ranges, std::string pool_owner, int size)
-    : ranges_(ranges), pool_owner_(std::move(pool_owner)), size_(size < 0 ? 0 : size) {}
+    : ranges_(ranges),
+      pool_owner_(std::move(pool_owner)),
+      pool_(size, [this] { return Make(pool_owner_); }, [](const absl::Status& st) {
+        spdlog::warn("userns pool: {} (launches make their own meanwhile)", std::string(st.message()));
+        return true;
+      }) {}
 
 UsernsPool::~UsernsPool() {
-  {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  if (filler_.joinable()) filler_.join();
-  for (const PreparedUserns& u : ready_) {
+  pool_.Stop();
+  for (const PreparedUserns& u : pool_.Drain()) {
     if (absl::Status st = ranges_->Release(u.base, pool_owner_); !st.ok()) {
       spdlog::warn("userns pool: {}", std::string(st.message()));
     }
   }
 }
 
-void UsernsPool::Start() {
-  std::lock_guard lock(mu_);
-  if (size_ == 0 || filler_.joinable()) return;
-  filler_ = std::thread([this] { FillLoop(); });
-}
+void UsernsPool::Start() { pool_.Start(); }
 
-int UsernsPool::ready() const {
-  std::lock_guard lock(mu_);
-  return static_cast<int>(ready_.size());
-}
+int UsernsPool::ready() const { return pool_.ready(); }
 
 absl::StatusOr<PreparedUserns> UsernsPool::Make(const std::string& owner) {
   SBX_ASSIGN_OR_RETURN(uint32_t base, ranges_->Claim(owner));
@@ -281,48 +271,13 @@ absl::StatusOr<PreparedUserns> UsernsPool::Make(const std::string& owner) {
 }
 
 absl::StatusOr<PreparedUserns> UsernsPool::Take(const std::string& owner) {
-  std::optional<PreparedUserns> pooled;
-  {
-    std::lock_guard lock(mu_);
-    if (!ready_.empty()) {
-      pooled.emplace(std::move(ready_.front()));
-      ready_.pop_front();
-    }
-  }
+  std::optional<PreparedUserns> pooled = pool_.Take();
   if (!pooled) return Make(owner);
-  cv_.notify_all();
   if (absl::Status st = ranges_->Transfer(pooled->base, pool_owner_, owner); !st.ok()) {
     (void)ranges_->Release(pooled->base, pool_owner_);
     return st;
   }
   return std::move(*pooled);
-}
-
-void UsernsPool::FillLoop() {
-  // Launches that a client waits for come first.
-  struct sched_param param{};
-  if (::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &param) != 0) {
-    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);
-  }
-  int failures = 0;
-  std::unique_lock lock(mu_);
-  while (!stopping_) {
-    if (static_cast<int>(ready_.size()) >= size_) {
-      cv_.wait(lock);
-      continue;
-    }
-    lock.unlock();
-    auto u = Make(pool_owner_);
-    lock.lock();
-    if (!u.ok()) {
-      ++failures;
-      spdlog::warn("userns pool: {} (launches make their own meanwhile)", std::string(u.status().message()));
-      cv_.wait_for(lock, std::chrono::milliseconds(std::min(30000, 500 << std::min(failures, 6))));
-      continue;
-    }
-    failures = 0;
-    ready_.push_back(std::move(*u));
-  }
 }
 
 absl::StatusOr<uint32_t> ReadUidBase(pid_t pid) {

@@ -18,16 +18,13 @@
 
 #include <sys/types.h>
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <mutex>
 #include <set>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
 #include "common/unique_fd.h"
+#include "runtime/ns/ready_pool.h"
 
 namespace sbx::runtime::ns {
 
@@ -95,16 +92,10 @@ class UsernsPool {
 
  private:
   absl::StatusOr<PreparedUserns> Make(const std::string& owner);
-  void FillLoop();
 
   UidRanges* ranges_;
   const std::string pool_owner_;
-  const int size_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<PreparedUserns> ready_;
-  bool stopping_ = false;
-  std::thread filler_;
+  ReadyPool<PreparedUserns> pool_;  // last: its filler stops before the members above go
 };
 
 // The host uid that uid 0 of `pid`'s user namespace maps to (first line of uid_map), for

@@ -1,0 +1,126 @@
+// ReadyPool<T>: a bounded set of kernel objects built ahead of launches by one thread at idle
+// CPU priority, so that a launch takes one instead of building it while a client waits.
+// NetnsPool, UsernsPool and DiskProvider keep their objects in one.
+//
+// The filler builds with `make` outside the lock; on an error it backs off (0.5 s, doubling up
+// to 30 s) and reports it to `on_error`, which returns false to stop the filler for good (a
+// thread left in a bad state must not build again). Items still pooled at destruction are
+// destroyed with the pool (their RAII owners release them).
+//
+// Thread safety: all methods may be called concurrently.
+#pragma once
+
+#include <pthread.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "absl/status/statusor.h"
+
+namespace sbx::runtime::ns {
+
+template <typename T>
+class ReadyPool {
+ public:
+  using MakeFn = std::function<absl::StatusOr<T>()>;
+  using ErrorFn = std::function<bool(const absl::Status&)>;
+
+  ReadyPool(int size, MakeFn make, ErrorFn on_error)
+      : size_(size < 0 ? 0 : size), make_(std::move(make)), on_error_(std::move(on_error)) {}
+  ~ReadyPool() { Stop(); }
+  ReadyPool(const ReadyPool&) = delete;
+  ReadyPool& operator=(const ReadyPool&) = delete;
+
+  // `first` runs on the filler thread before it lowers its priority (work a launch might
+  // otherwise wait for, such as a golden image).
+  void Start(std::function<void()> first = {}) {
+    std::lock_guard lock(mu_);
+    if (size_ == 0 || filler_.joinable()) return;
+    filler_ = std::thread([this, first = std::move(first)] {
+      if (first) first();
+      FillLoop();
+    });
+  }
+
+  // Stops and joins the filler; pooled items stay until Take or destruction.
+  void Stop() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (filler_.joinable()) filler_.join();
+  }
+
+  std::optional<T> Take() {
+    std::optional<T> item;
+    {
+      std::lock_guard lock(mu_);
+      if (ready_.empty()) return item;
+      item.emplace(std::move(ready_.front()));
+      ready_.pop_front();
+    }
+    cv_.notify_all();
+    return item;
+  }
+
+  // Everything pooled, for an owner that must release items itself before they are destroyed.
+  std::deque<T> Drain() {
+    std::lock_guard lock(mu_);
+    return std::exchange(ready_, {});
+  }
+
+  int ready() const {
+    std::lock_guard lock(mu_);
+    return static_cast<int>(ready_.size());
+  }
+
+ private:
+  void FillLoop() {
+    // Launches that a client waits for come first.
+    struct sched_param param{};
+    if (::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &param) != 0) {
+      ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);
+    }
+    int failures = 0;
+    std::unique_lock lock(mu_);
+    while (!stopping_) {
+      if (static_cast<int>(ready_.size()) >= size_) {
+        cv_.wait(lock);
+        continue;
+      }
+      lock.unlock();
+      absl::StatusOr<T> item = make_();
+      lock.lock();
+      if (!item.ok()) {
+        ++failures;
+        if (!on_error_(item.status())) return;
+        cv_.wait_for(lock, std::chrono::milliseconds(std::min(30000, 500 << std::min(failures, 6))));
+        continue;
+      }
+      failures = 0;
+      ready_.push_back(std::move(*item));
+    }
+  }
+
+  const int size_;
+  const MakeFn make_;
+  const ErrorFn on_error_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<T> ready_;
+  bool stopping_ = false;
+  std::thread filler_;
+};
+
+}  // namespace sbx::runtime::ns
