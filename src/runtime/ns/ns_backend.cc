@@ -555,28 +555,27 @@ absl::StatusOr<InstancePtr> NsBackend::Create(const SandboxSpec& spec) {
     env[k] = v;
   }
   for (const auto& [k, v] : env) plan.env_storage.push_back(fmt::format("{}={}", k, v));
-  plan.FinalizeArrays();
 
   // Owners in creation order; on any error below they unwind in reverse.
   SandboxDirOwner dir_owner(dir);
   SBX_RETURN_IF_ERROR(dir_owner.Make());
-  // The uid range is claimed after the directory exists: a claim whose owner directory is
-  // missing counts as stale for every sbxd's sweep.
   std::optional<UidClaim> uid_claim;
   UniqueFd userns;
   MountOptions mount_opts;
-  mount_opts.tmp_bytes = static_cast<size_t>(spec.resources.tmp_mib > 0 ? spec.resources.tmp_mib : 256) << 20;
-  mount_opts.shm_bytes = static_cast<size_t>(spec.resources.shm_mib > 0 ? spec.resources.shm_mib : 64) << 20;
+  if (spec.resources.tmp_mib > 0) mount_opts.tmp_bytes = static_cast<size_t>(spec.resources.tmp_mib) << 20;
+  if (spec.resources.shm_mib > 0) mount_opts.shm_bytes = static_cast<size_t>(spec.resources.shm_mib) << 20;
   mount_opts.disk = true;
   // The writable layer's hard cap: an ext4 image of exactly disk_mib (from the pool when the
-  // size matches); unmounted and detached with the sandbox's mount namespace.
-  SBX_RETURN_IF_ERROR(ValidateDiskMib(spec.resources.disk_mib));
+  // size matches; Take validates the size); unmounted and detached with the sandbox's mount
+  // namespace.
   const auto t_mkdir = Clock::now();
   SBX_ASSIGN_OR_RETURN(PreparedDisk disk, s.disks->Take(spec.resources.disk_mib, dir + "/disk.img"));
   plan.disk_fd = disk.mount_fd();
   const auto t_disk = Clock::now();
   auto t_take = Clock::now();
   if (s.opts.user_namespaces) {
+    // After the directory exists: a claim whose owner directory is missing counts as stale for
+    // every sbxd's sweep.
     SBX_ASSIGN_OR_RETURN(PreparedUserns prepared, s.userns_pool->Take(dir));
     const uint32_t base = prepared.base;
     uid_claim.emplace(&s.uid_ranges, base, dir);
@@ -615,8 +614,8 @@ absl::StatusOr<InstancePtr> NsBackend::Create(const SandboxSpec& spec) {
     plan.oom_fd = oom_fd.get();
     plan.argv_storage.push_back("--oom-counter-fd");
     plan.argv_storage.push_back(std::to_string(kAgentOomFd));
-    plan.FinalizeArrays();
   }
+  plan.FinalizeArrays();
 
   SBX_ASSIGN_OR_RETURN(UniqueFd listen_fd, ListenUnix(socket_path));
   plan.listen_fd = listen_fd.get();

@@ -49,14 +49,15 @@ bool ParseBase(const std::string& name, uint32_t* out) {
   return true;
 }
 
-// O_EXCL create + write of the owner; EEXIST is reported as AlreadyExists.
-absl::Status CreateClaim(const std::string& path, const std::string& owner) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+// Opens `path` with `flags` (plus O_WRONLY|O_CREAT|O_CLOEXEC) and writes the owner line; the
+// file is removed again if the write fails. EEXIST (with O_EXCL) is reported as AlreadyExists.
+absl::Status WriteOwnerFile(const std::string& path, const std::string& owner, int flags) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | flags, 0600);
   if (fd < 0) {
     if (errno == EEXIST) return absl::AlreadyExistsError(path);
-    return ErrnoStatus(errno, fmt::format("uid range: open({}, O_CREAT|O_EXCL)", path));
+    return ErrnoStatus(errno, fmt::format("uid range: open({})", path));
   }
-  std::string text = owner + "\n";
+  const std::string text = owner + "\n";
   ssize_t n = ::write(fd, text.data(), text.size());
   int err = errno;
   ::close(fd);
@@ -65,6 +66,10 @@ absl::Status CreateClaim(const std::string& path, const std::string& owner) {
     return ErrnoStatus(n < 0 ? err : EIO, fmt::format("uid range: write({})", path));
   }
   return absl::OkStatus();
+}
+
+absl::Status CreateClaim(const std::string& path, const std::string& owner) {
+  return WriteOwnerFile(path, owner, O_EXCL);
 }
 
 std::string ClaimOwner(const std::string& path) {
@@ -137,18 +142,9 @@ absl::Status UidRanges::Transfer(uint32_t base, const std::string& from, const s
   }
   // Not a valid base name, so sweeps skip it.
   const std::string tmp = fmt::format("{}/.{}.tmp", dir_, base);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return ErrnoStatus(errno, fmt::format("uid range: open({})", tmp));
-  const std::string text = to + "\n";
-  ssize_t n = ::write(fd, text.data(), text.size());
-  int err = errno;
-  ::close(fd);
-  if (n != static_cast<ssize_t>(text.size())) {
-    ::unlink(tmp.c_str());
-    return ErrnoStatus(n < 0 ? err : EIO, fmt::format("uid range: write({})", tmp));
-  }
+  SBX_RETURN_IF_ERROR(WriteOwnerFile(tmp, to, O_TRUNC));
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    err = errno;
+    const int err = errno;
     ::unlink(tmp.c_str());
     return ErrnoStatus(err, fmt::format("uid range: rename({} -> {})", tmp, path));
   }
