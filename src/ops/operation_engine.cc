@@ -12,15 +12,16 @@ OperationEngine::OperationEngine(int workers) {
 
 OperationEngine::~OperationEngine() { Shutdown(); }
 
-void OperationEngine::Submit(const std::string& key, std::function<void()> job) {
+void OperationEngine::Submit(const std::string& key, std::function<void()> job,
+                             log::Context log_ctx) {
   {
     std::lock_guard lock(mu_);
     if (stopping_) {
-      spdlog::warn("operation engine is stopping; job for {} dropped", key);
+      SBX_LOG_WARN(log_ctx, "operation engine is stopping; job for {} dropped", key);
       return;
     }
     auto& q = queues_[key];
-    q.push_back(std::move(job));
+    q.push_back(Job{std::move(job), std::move(log_ctx)});
     ++pending_;
     if (q.size() == 1 && !running_[key]) ready_.push_back(key);
   }
@@ -52,7 +53,7 @@ void OperationEngine::SetJobDoneHook(std::function<void(const std::string& key)>
 
 void OperationEngine::WorkerLoop() {
   for (;;) {
-    std::function<void()> job;
+    Job job;
     std::string key;
     {
       std::unique_lock lock(mu_);
@@ -65,13 +66,16 @@ void OperationEngine::WorkerLoop() {
       q.pop_front();
       running_[key] = true;
     }
-    try {
-      job();
-    } catch (const std::exception& e) {
-      // Jobs report errors through the store; an exception here is a bug, not a result.
-      spdlog::error("operation job for {} threw: {}", key, e.what());
+    {
+      log::Scope scope(job.log_ctx);
+      try {
+        job.run();
+      } catch (const std::exception& e) {
+        // Jobs report errors through the store; an exception here is a bug, not a result.
+        spdlog::error("operation job for {} threw: {}", key, e.what());
+      }
+      if (job_done_) job_done_(key);
     }
-    if (job_done_) job_done_(key);
     {
       std::lock_guard lock(mu_);
       running_.erase(key);

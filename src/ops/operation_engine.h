@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/log.h"
+
 namespace sbx::ops {
 
 class OperationEngine {
@@ -23,7 +25,9 @@ class OperationEngine {
   explicit OperationEngine(int workers);
   ~OperationEngine();  // finishes queued jobs, then joins
 
-  void Submit(const std::string& key, std::function<void()> job);
+  // `log_ctx` is in scope (log::Scope) on the worker while the job runs: every line logged
+  // there, the runtime's included, names the operation, its sandbox and tenant.
+  void Submit(const std::string& key, std::function<void()> job, log::Context log_ctx = {});
   // Called on the worker thread after every job, with the job's key, once the job's own store
   // commits are done: lets long-polling readers re-read instead of polling. Set it before the
   // first Submit; it must not call back into the engine.
@@ -38,7 +42,11 @@ class OperationEngine {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::map<std::string, std::deque<std::function<void()>>> queues_;  // per key
+  struct Job {
+    std::function<void()> run;
+    log::Context log_ctx;
+  };
+  std::map<std::string, std::deque<Job>> queues_;  // per key
   std::deque<std::string> ready_;  // keys with queued jobs and no running job
   std::map<std::string, bool> running_;
   size_t pending_ = 0;

@@ -2,9 +2,15 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 namespace sbx::ops {
 namespace {
@@ -80,6 +86,48 @@ TEST(OperationEngine, ThrowingJobDoesNotKillTheWorker) {
   engine.Submit("k", [&] { ran = true; });
   engine.Shutdown();
   EXPECT_TRUE(ran);
+}
+
+// Every line a job logs, even a plain spdlog call with no idea of operations (as runtime code
+// makes), carries the job's context; the worker's next job does not inherit it.
+TEST(OperationEngine, JobLinesCarryTheirLogContext) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("sbx-engine-log-" + std::to_string(::getpid()) + ".log"))
+                               .string();
+  std::filesystem::remove(path);
+  ASSERT_TRUE(log::Init(log::Options{"json", "info", path}).ok());
+  {
+    OperationEngine engine(1);
+    log::Context ctx;
+    ctx.operation = "op_1";
+    ctx.sandbox = "sbx_1";
+    ctx.tenant = "t";
+    engine.Submit("sbx_1", [] { spdlog::info("inside the job"); }, ctx);
+    engine.Submit("sbx_1", [] { throw std::runtime_error("boom"); }, ctx);
+    engine.Submit("sbx_2", [] { spdlog::info("no context"); });
+    engine.Shutdown();
+  }
+  ASSERT_TRUE(log::Init(log::Options{"json", "info", ""}).ok());
+  std::ifstream f(path);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(f, line);) lines.push_back(nlohmann::json::parse(line));
+  std::filesystem::remove(path);
+  // Keys take turns on the one worker: find the lines by message, not position.
+  ASSERT_EQ(lines.size(), 3u);
+  int with_context = 0;
+  for (const auto& l : lines) {
+    const std::string msg = l["msg"];
+    if (msg == "no context") {
+      EXPECT_FALSE(l.contains("operation")) << l.dump();
+      continue;
+    }
+    EXPECT_TRUE(msg == "inside the job" || msg.find("threw: boom") != std::string::npos) << msg;
+    EXPECT_EQ(l["operation"], "op_1") << l.dump();
+    EXPECT_EQ(l["sandbox"], "sbx_1") << l.dump();
+    EXPECT_EQ(l["tenant"], "t") << l.dump();
+    ++with_context;
+  }
+  EXPECT_EQ(with_context, 2);
 }
 
 }  // namespace
