@@ -9,6 +9,8 @@
 #include "api/status_to_http.h"
 #include "api/target.h"
 #include "common/encoding.h"
+#include "common/ids.h"
+#include "common/log.h"
 #include "common/status_util.h"
 #include "service/agent_stream.h"
 #include "service/views.h"
@@ -58,6 +60,17 @@ size_t SseSizeBound(const protocol::Frame& f) {
   return f.payload.size() + 256;  // small JSON re-encoded with a few more keys at most
 }
 
+// The error response for `s`. A 500 is a bug or a broken host, which only the log can explain
+// to an operator (the client sees "internal"); the other errors are the client's business and
+// the access-log line records their status.
+http::Response Fail(const http::RequestContext& ctx, const absl::Status& s) {
+  http::Response res = ErrorResponse(s, ctx.request_id);
+  if (res.result() == bhttp::status::internal_server_error) {
+    SBX_LOG_ERROR(ctx.log, "internal error: {}", std::string(s.message()));
+  }
+  return res;
+}
+
 json ExitJson(const protocol::ExitEvent& ev) {
   return {{"exit_code", ev.exit_code ? json(*ev.exit_code) : json(nullptr)},
           {"signal", ev.signal ? json(*ev.signal) : json(nullptr)},
@@ -97,21 +110,13 @@ absl::StatusOr<service::Caller> Api::Authenticate(const http::Request& req,
   return service::Caller{"default", std::nullopt};
 }
 
-Awaitable Api::Handle(http::RequestContext& ctx) {
-  auto started = std::chrono::steady_clock::now();
-  auto res = co_await Route(ctx);
-  auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started);
-  spdlog::debug("{} {} {} -> {} ({:.2f} ms)", ctx.request_id, std::string(ctx.req.method_string()),
-                std::string(ctx.req.target()), res ? static_cast<int>(res->result_int()) : 200,
-                ms.count());
-  co_return res;
-}
+// The access-log line is the server's (http/server.cc), with what Route added to ctx.log.
+Awaitable Api::Handle(http::RequestContext& ctx) { return Route(ctx); }
 
 Awaitable Api::Route(http::RequestContext& ctx) {
   const http::Request& req = ctx.req;
-  const std::string& rid = ctx.request_id;
   auto fail = [&](const absl::Status& s) -> std::optional<http::Response> {
-    return ErrorResponse(s, rid);
+    return Fail(ctx, s);
   };
 
   auto parsed = ParseTarget(req.target());
@@ -141,6 +146,19 @@ Awaitable Api::Route(http::RequestContext& ctx) {
   const bool is_attach = seg.size() == 4 && seg[1] == "sessions" && seg[3] == "attach";
   auto caller = Authenticate(req, t.Query("token"), is_attach);
   if (!caller.ok()) co_return fail(caller.status());
+  // Every line about this request from here on names the tenant and the object in the path.
+  // Handlers are coroutines: ctx.log goes along explicitly, and service calls (synchronous)
+  // run inside log::With, whose scope cannot span a co_await (common/log.h).
+  ctx.log.tenant = caller->tenant_id;
+  if (seg.size() >= 3) {
+    std::string* field = seg[1] == "sandboxes"    ? &ctx.log.sandbox
+                         : seg[1] == "sessions"   ? &ctx.log.session
+                         : seg[1] == "operations" ? &ctx.log.operation
+                                                  : nullptr;
+    const char* prefix = seg[1] == "sandboxes" ? "sbx" : seg[1] == "sessions" ? "ses" : "op";
+    // Only well-formed ids: the path is the client's, and the log is not its notepad.
+    if (field && IsValidId(seg[2], prefix)) *field = seg[2];
+  }
   if (caller->session_scope && !is_attach) {
     co_return fail(ApiError(absl::StatusCode::kUnauthenticated, "unauthenticated",
                             "an attach token is valid only for its session's attach stream"));
@@ -153,7 +171,7 @@ Awaitable Api::Route(http::RequestContext& ctx) {
       if (!body.ok()) co_return fail(body.status());
       auto key = IdempotencyKey(req);
       if (!key.ok()) co_return fail(key.status());
-      auto r = svc_.CreateSandbox(*caller, *body, *key);
+      auto r = log::With(ctx.log, [&] { return svc_.CreateSandbox(*caller, *body, *key); });
       if (!r.ok()) co_return fail(r.status());
       co_return Stored(*r);
     }
@@ -169,7 +187,7 @@ Awaitable Api::Route(http::RequestContext& ctx) {
         f.label = *l;
       }
       f.page_token = t.Query("page_token").value_or("");
-      auto page = svc_.ListSandboxes(*caller, f);
+      auto page = log::With(ctx.log, [&] { return svc_.ListSandboxes(*caller, f); });
       if (!page.ok()) co_return fail(page.status());
       json list = json::array();
       for (const auto& sb : page->items) list.push_back(service::SandboxView(sb));
@@ -184,14 +202,14 @@ Awaitable Api::Route(http::RequestContext& ctx) {
   // /v1/sandboxes/{id}
   if (seg.size() == 3 && seg[1] == "sandboxes") {
     if (method == bhttp::verb::get) {
-      auto sb = svc_.GetSandbox(*caller, seg[2]);
+      auto sb = log::With(ctx.log, [&] { return svc_.GetSandbox(*caller, seg[2]); });
       if (!sb.ok()) co_return fail(sb.status());
       co_return Ok(bhttp::status::ok, service::SandboxView(*sb));
     }
     if (method == bhttp::verb::delete_) {
       auto key = IdempotencyKey(req);
       if (!key.ok()) co_return fail(key.status());
-      auto r = svc_.DeleteSandbox(*caller, seg[2], *key);
+      auto r = log::With(ctx.log, [&] { return svc_.DeleteSandbox(*caller, seg[2], *key); });
       if (!r.ok()) co_return fail(r.status());
       co_return Stored(*r);
     }
@@ -205,7 +223,8 @@ Awaitable Api::Route(http::RequestContext& ctx) {
     if (auto b = ParseLifecycleBody(req.body()); !b.ok()) co_return fail(b);
     auto key = IdempotencyKey(req);
     if (!key.ok()) co_return fail(key.status());
-    auto r = svc_.RequestLifecycle(*caller, seg[2], seg[3], *key);
+    auto r = log::With(ctx.log,
+                       [&] { return svc_.RequestLifecycle(*caller, seg[2], seg[3], *key); });
     if (!r.ok()) co_return fail(r.status());
     co_return Stored(*r);
   }
@@ -217,7 +236,7 @@ Awaitable Api::Route(http::RequestContext& ctx) {
     if (!body.ok()) co_return fail(body.status());
     auto key = IdempotencyKey(req);
     if (!key.ok()) co_return fail(key.status());
-    auto r = svc_.CreateSession(*caller, seg[2], *body, *key);
+    auto r = log::With(ctx.log, [&] { return svc_.CreateSession(*caller, seg[2], *body, *key); });
     if (!r.ok()) co_return fail(r.status());
     co_return Stored(*r);
   }
@@ -283,7 +302,8 @@ http::asio::awaitable<absl::StatusOr<store::OperationRecord>> Api::WaitForOperat
 Awaitable Api::GetSession(http::RequestContext& ctx, const service::Caller& caller,
                           const std::string& id) {
   auto s = svc_.GetSession(caller, id);
-  if (!s.ok()) co_return ErrorResponse(s.status(), ctx.request_id);
+  if (!s.ok()) co_return Fail(ctx, s.status());
+  ctx.log.sandbox = s->sandbox_id;
   if (s->state != "exited") {
     // The agent knows whether the process is still running; the store may lag behind it when
     // no client was attached at exit.
@@ -292,7 +312,7 @@ Awaitable Api::GetSession(http::RequestContext& ctx, const service::Caller& call
       auto status = co_await service::AsyncCallAgent(ctx.executor, *sock, std::move(request),
                                                      std::chrono::milliseconds(2000));
       if (status.ok()) {
-        svc_.RecordSessionStatus(id, *status);
+        log::With(ctx.log, [&] { svc_.RecordSessionStatus(id, *status); });
         auto again = svc_.GetSession(caller, id);
         if (again.ok()) s = std::move(again);
       }
@@ -304,15 +324,16 @@ Awaitable Api::GetSession(http::RequestContext& ctx, const service::Caller& call
 Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
                       const std::string& session_id, const Target& t) {
   const std::string& rid = ctx.request_id;
-  auto target = svc_.PrepareAttach(caller, session_id);
-  if (!target.ok()) co_return ErrorResponse(target.status(), rid);
+  auto target = log::With(ctx.log, [&] { return svc_.PrepareAttach(caller, session_id); });
+  if (!target.ok()) co_return Fail(ctx, target.status());
+  ctx.log.sandbox = target->session.sandbox_id;
 
   uint64_t after = 0;
   std::optional<std::string> last = Header(ctx.req, "Last-Event-ID");
   if (!last) last = t.Query("last_event_id");
   if (last) {
     auto v = ParseLastEventId(*last);
-    if (!v.ok()) co_return ErrorResponse(v.status(), rid);
+    if (!v.ok()) co_return Fail(ctx, v.status());
     after = *v;
   }
   json request = {{"op", "attach"},
@@ -321,9 +342,9 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
                   {"spec", target->session.spec}};
   auto stream = co_await service::AgentStream::Open(ctx.executor, target->agent_socket, request);
   if (!stream.ok()) {
-    co_return ErrorResponse(Annotate(stream.status(), fmt::format("attach {}", session_id)), rid);
+    co_return Fail(ctx, Annotate(stream.status(), fmt::format("attach {}", session_id)));
   }
-  svc_.RecordSessionStarted(session_id, (*stream)->response());
+  log::With(ctx.log, [&] { svc_.RecordSessionStarted(session_id, (*stream)->response()); });
 
   bhttp::response_header<> header;
   header.result(bhttp::status::ok);
@@ -352,7 +373,7 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
     } else if (f.type == protocol::FrameType::kExit) {
       auto ev = protocol::DecodeExit(f.payload);
       if (!ev.ok()) return false;
-      svc_.RecordSessionExit(session_id, *ev);
+      log::With(ctx.log, [&] { svc_.RecordSessionExit(session_id, *ev); });
       batch += SseEvent(ev->event_id, "process_exited", ExitJson(*ev).dump());
       return false;
     }

@@ -19,6 +19,7 @@
 #include "api/api.h"
 #include "api/status_to_http.h"
 #include "common/ids.h"
+#include "common/log.h"
 #include "common/status_util.h"
 #include "daemon/state_files.h"
 #include "http/server.h"
@@ -41,6 +42,7 @@ struct Flags {
   std::string runtime = "ns";
   std::string agent_path;
   std::string log_level = "info";
+  sbx::log::Options log;
   int workers = 4;
   int http_threads = 2;
   size_t buffer_bytes = 8 << 20;
@@ -162,6 +164,10 @@ int main(int argc, char** argv) {
   app.add_option("--agent-path", f.agent_path, "sbx-agent binary (default: beside sbxd)");
   app.add_option("--log-level", f.log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
+  app.add_option("--log-format", f.log.format, "json, text, or auto (text on a terminal)")
+      ->capture_default_str();
+  app.add_option("--log-file", f.log.file, "append the log here instead of stderr; SIGHUP "
+                                           "reopens it");
   app.add_option("--workers", f.workers, "threads running lifecycle operations")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
@@ -231,8 +237,8 @@ int main(int argc, char** argv) {
   sigaddset(&stop, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
-  spdlog::set_level(spdlog::level::from_str(f.log_level));
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%eZ %^%l%$ %v", spdlog::pattern_time_type::utc);
+  f.log.level = f.log_level;
+  if (auto st = sbx::log::Init(f.log); !st.ok()) return Fail(st);
   if (f.agent_path.empty()) f.agent_path = DefaultAgentPath();
   if (f.runtime != "ns" && f.runtime != "fake") {
     return Fail(absl::InvalidArgumentError(
@@ -354,7 +360,8 @@ int main(int argc, char** argv) {
     int sig = 0;
     sigwait(&stop, &sig);
     if (sig == SIGHUP) {
-      spdlog::info("SIGHUP: nothing to reload yet");
+      sbx::log::Reopen();
+      spdlog::info("SIGHUP: log file reopened; nothing else to reload yet");
       continue;
     }
     spdlog::info("signal {}: stopping the API; sandboxes keep running", sig);

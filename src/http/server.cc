@@ -17,6 +17,7 @@ class ChunkedStream : public ResponseStream {
       : stream_(stream), write_timeout_(write_timeout) {}
 
   asio::awaitable<bool> Begin(bhttp::response_header<> header) override {
+    status_ = header.result_int();
     bhttp::response<bhttp::empty_body> res{std::move(header)};
     res.chunked(true);
     bhttp::response_serializer<bhttp::empty_body> sr{res};
@@ -45,6 +46,7 @@ class ChunkedStream : public ResponseStream {
   }
 
   bool began() const { return began_; }
+  unsigned status() const { return status_; }
   // The connection can serve another request only after a complete, successful stream.
   bool reusable() const { return began_ && ended_ && !failed_ && keep_alive_; }
 
@@ -55,6 +57,7 @@ class ChunkedStream : public ResponseStream {
   bool ended_ = false;
   bool failed_ = false;
   bool keep_alive_ = false;
+  unsigned status_ = 0;
 };
 
 bool PrintableId(std::string_view s) {
@@ -63,6 +66,31 @@ bool PrintableId(std::string_view s) {
     if (c < 0x21 || c > 0x7e) return false;
   }
   return true;
+}
+
+std::string_view Sv(beast::string_view s) { return std::string_view(s.data(), s.size()); }
+
+double MsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+// The path of a request target, for logs: never the query, which may hold an attach token
+// (?token=) or anything else a client put there; bounded, since a target may be 16 KiB.
+std::string_view LoggedPath(std::string_view target) {
+  std::string_view path = target.substr(0, target.find_first_of("?#"));
+  return path.substr(0, 256);
+}
+
+// The access log: one line per request once its response is complete (a stream: once it
+// ended). A plain function, not a coroutine: the scope it opens cannot span a co_await.
+void LogAccess(const log::Context& ctx, std::string_view method, std::string_view target,
+               unsigned status, double ms) {
+  if (!spdlog::should_log(spdlog::level::info)) return;
+  const std::string_view path = LoggedPath(target);
+  log::Scope scope(ctx);
+  log::Event(spdlog::level::info,
+             {{"method", method}, {"path", path}, {"status", status}, {"duration_ms", ms}},
+             "{} {} {} {:.1f} ms", method, path, status, ms);
 }
 
 }  // namespace
@@ -173,26 +201,40 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
           hec == asio::error::connection_reset || hec == asio::error::operation_aborted) {
         break;
       }
+      const auto failed_at = std::chrono::steady_clock::now();
+      std::string method = "-", target = "-";
+      if (parser.is_header_done()) {
+        method = std::string(Sv(parser.get().method_string()));
+        target = std::string(Sv(parser.get().target()));
+      }
+      log::Context lctx;
       if (hec == beast::error::timeout) {
         if (buffer.size() > 0 || parser.got_some()) {
+          lctx.request_id = NewId("req");
           co_await send(errors_(bhttp::status::request_timeout, "request_timeout",
-                                "the request did not arrive in time", NewId("req")));
+                                "the request did not arrive in time", lctx.request_id));
+          LogAccess(lctx, method, target, 408, MsSince(failed_at));
         }
         break;
       }
       std::string rid = parser.is_header_done() ? RequestIdFor(parser.get()) : NewId("req");
+      lctx.request_id = rid;
+      bhttp::status status;
       if (hec == bhttp::error::body_limit) {
-        co_await send(errors_(bhttp::status::payload_too_large, "payload_too_large",
+        status = bhttp::status::payload_too_large;
+        co_await send(errors_(status, "payload_too_large",
                               fmt::format("request body is larger than {} bytes",
                                           opts_.max_body_bytes),
                               rid));
       } else if (hec == bhttp::error::header_limit) {
-        co_await send(errors_(bhttp::status::request_header_fields_too_large, "invalid_argument",
-                              "request headers are too large", rid));
+        status = bhttp::status::request_header_fields_too_large;
+        co_await send(errors_(status, "invalid_argument", "request headers are too large", rid));
       } else {
-        co_await send(errors_(bhttp::status::bad_request, "invalid_argument",
+        status = bhttp::status::bad_request;
+        co_await send(errors_(status, "invalid_argument",
                               fmt::format("malformed HTTP request: {}", hec.message()), rid));
       }
+      LogAccess(lctx, method, target, static_cast<unsigned>(status), MsSince(failed_at));
       // The framing of anything after a bad request cannot be trusted, so the connection ends.
       // Read and discard what the client is still sending (bounded in bytes and time) before
       // closing: a client blocked writing a large body would otherwise get EPIPE instead of
@@ -214,29 +256,37 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
     std::string rid = RequestIdFor(req);
     ChunkedStream chunked(stream, opts_.write_timeout);
     RequestContext ctx{req, rid, chunked, executor};
+    ctx.log.request_id = rid;
+    const auto started = std::chrono::steady_clock::now();
     // Handlers may stream for a long time (SSE): no read deadline while they run.
     stream.expires_never();
     std::optional<Response> res;
+    bool keep = true;
+    unsigned status = 0;
     try {
       res = co_await handler_(ctx);
     } catch (const std::exception& e) {
       // Our handlers do not throw; this is the last line of defence for library exceptions.
-      spdlog::error("request {} {}: handler threw: {}", std::string(req.method_string()),
-                    std::string(req.target()), e.what());
+      SBX_LOG_ERROR(ctx.log, "request {} {}: handler threw: {}", Sv(req.method_string()),
+                    LoggedPath(Sv(req.target())), e.what());
       if (!chunked.began()) {
         res = errors_(bhttp::status::internal_server_error, "internal", "internal error", rid);
       } else {
-        break;
+        keep = false;
       }
     }
     if (res) {
       res->version(req.version());
       res->keep_alive(res->keep_alive() && req.keep_alive());
       res->set("X-Request-Id", rid);
-      if (!co_await send(std::move(*res))) break;
-    } else if (!chunked.reusable()) {
-      break;
+      status = res->result_int();
+      keep = co_await send(std::move(*res));
+    } else {
+      status = chunked.status();
+      keep = keep && chunked.reusable();
     }
+    LogAccess(ctx.log, Sv(req.method_string()), Sv(req.target()), status, MsSince(started));
+    if (!keep) break;
   }
   boost::system::error_code ec;
   stream.socket().shutdown(asio::ip::tcp::socket::shutdown_send, ec);

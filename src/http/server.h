@@ -19,6 +19,7 @@
 #include <boost/beast.hpp>
 
 #include "absl/status/statusor.h"
+#include "common/log.h"
 
 namespace sbx::http {
 
@@ -47,6 +48,10 @@ struct RequestContext {
   std::string request_id;
   ResponseStream& stream;
   asio::any_io_executor executor;
+  // The request's log context (request_id filled in by the server). Handlers add what they
+  // learn (tenant, sandbox, session); the access-log line at the end of the request carries
+  // it. Handlers are coroutines: pass it explicitly (SBX_LOG_*, log::With), see common/log.h.
+  log::Context log;
 };
 
 // Returns the full response, or nullopt after streaming one through ctx.stream.

@@ -7,6 +7,7 @@
 
 #include "common/encoding.h"
 #include "common/ids.h"
+#include "common/log.h"
 #include "common/status_util.h"
 #include "common/time_util.h"
 #include "service/sandbox_state.h"
@@ -135,6 +136,60 @@ OperationRecord NewOperation(const std::string& tenant, const std::string& kind,
   return op;
 }
 
+// The log context of an operation's job: the request that asked for it (its request_id comes
+// from the caller's scope, see api.cc) plus the operation, its sandbox and tenant.
+log::Context OperationLog(const std::string& op_id, const std::string& sandbox_id,
+                          const std::string& tenant) {
+  log::Context c = log::Current();
+  c.operation = op_id;
+  c.sandbox = sandbox_id;
+  c.tenant = tenant;
+  return c;
+}
+
+// One line per committed state change of a sandbox ("" is a sandbox that did not exist).
+void LogStateChange(const std::string& sandbox_id, std::string_view from, std::string_view to,
+                    std::string_view why = {}) {
+  if (!spdlog::should_log(spdlog::level::info) || from == to) return;
+  log::Context c;
+  c.sandbox = sandbox_id;
+  log::Scope scope(c);
+  log::Event(spdlog::level::info, {{"from", from}, {"to", to}}, "sandbox {}: {} -> {}{}{}{}",
+             sandbox_id, from.empty() ? "new" : from, to, why.empty() ? "" : " (", why,
+             why.empty() ? "" : ")");
+}
+
+using Clock = std::chrono::steady_clock;
+
+double MsSince(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+// "operation <kind> started" and "operation <kind> <result> in N ms": the two lines an operator
+// looks for when a sandbox seems stuck. Logged on the engine's worker, whose scope supplies the
+// operation, sandbox and tenant fields.
+void LogOperationStarted(std::string_view kind) {
+  log::Event(spdlog::level::info, {{"kind", kind}}, "operation {} started", kind);
+}
+
+void LogOperationFinished(std::string_view kind, std::string_view result, Clock::time_point started,
+                          double runtime_ms = -1, std::string_view error = {}) {
+  const double ms = MsSince(started);
+  const auto level = result == "failed" ? spdlog::level::warn : spdlog::level::info;
+  const std::string runtime =
+      runtime_ms >= 0 ? fmt::format(" ({:.1f} ms in the runtime)", runtime_ms) : std::string();
+  if (runtime_ms >= 0) {
+    log::Event(level,
+               {{"kind", kind}, {"result", result}, {"duration_ms", ms}, {"runtime_ms", runtime_ms}},
+               "operation {} {} in {:.1f} ms{}{}{}", kind, result, ms, runtime,
+               error.empty() ? "" : ": ", error);
+  } else {
+    log::Event(level, {{"kind", kind}, {"result", result}, {"duration_ms", ms}},
+               "operation {} {} in {:.1f} ms{}{}", kind, result, ms, error.empty() ? "" : ": ",
+               error);
+  }
+}
+
 void Finish(OperationRecord& op, bool ok, json error, const std::string& now) {
   op.state = ok ? "succeeded" : "failed";
   op.error = std::move(error);
@@ -174,6 +229,10 @@ absl::StatusOr<WarmSandbox> SandboxService::BuildWarm(const WarmPoolConfig& conf
   spec.tmpl = tmpl;
   spec.resources = opts_.defaults;
   spec.hostname = spec.id.substr(0, 16);
+  // The runtime's lines during the build name the sandbox, as in an operation.
+  log::Context lctx;
+  lctx.sandbox = spec.id;
+  log::Scope scope(lctx);
   SBX_ASSIGN_OR_RETURN(runtime::InstancePtr inst, backend->Create(spec));
   return WarmSandbox{std::move(inst), config.runtime, config.template_name, tmpl.digest};
 }
@@ -236,6 +295,10 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
 
   StoredResponse out;
   std::optional<std::pair<std::string, std::string>> submit;  // op id, sandbox id
+  struct Created {
+    std::string sandbox_id, state, op_id;
+  };
+  std::optional<Created> created;
   // Taken before the transaction, which may run more than once (busy retries); it goes back to
   // the pool unless the transaction records it.
   std::optional<WarmSandbox> warm = TakeWarm(req);
@@ -243,6 +306,7 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
   absl::Status tx_status = store_.Transact([&](Tx& tx) -> absl::Status {
     warm_used = false;
     submit.reset();
+    created.reset();
     SBX_ASSIGN_OR_RETURN(auto replay, CheckIdempotency(tx, caller, idem_key, kScope, body_hash));
     if (replay) {
       out = *replay;
@@ -284,14 +348,21 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
     }
     SBX_RETURN_IF_ERROR(tx.PutSandbox(sb));
     SBX_RETURN_IF_ERROR(tx.PutOperation(op));
+    created = Created{sb.id, sb.state, op.id};
     out.status = 202;
     out.body = json{{"sandbox", SandboxView(sb)}, {"operation", OperationView(op)}}.dump();
     SBX_RETURN_IF_ERROR(SaveIdempotency(tx, caller, idem_key, kScope, body_hash, out));
     return absl::OkStatus();
   });
+  if (tx_status.ok() && created) {
+    log::Context lctx;
+    lctx.operation = created->op_id;
+    log::Scope scope(lctx);
+    LogStateChange(created->sandbox_id, "", created->state,
+                   warm_used ? "from the warm pool" : std::string_view());
+  }
   if (warm) {
     if (tx_status.ok() && warm_used) {
-      spdlog::info("sandbox {} running (from the warm pool)", warm->instance->id());
       std::lock_guard lock(mu_);
       instances_[warm->instance->id()] = std::move(warm->instance);
     } else {
@@ -301,14 +372,17 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
   SBX_RETURN_IF_ERROR(tx_status);
   if (submit) {
     auto [op_id, sb_id] = *submit;
-    engine_.Submit(sb_id, [this, op_id, sb_id] { RunCreate(op_id, sb_id); });
+    engine_.Submit(sb_id, [this, op_id, sb_id] { RunCreate(op_id, sb_id); },
+                   OperationLog(op_id, sb_id, caller.tenant_id));
   }
   return out;
 }
 
 void SandboxService::RunCreate(const std::string& op_id, const std::string& sandbox_id) {
+  const auto job_started = Clock::now();
   SandboxRecord sb;
   bool proceed = false;
+  bool cancelled = false;
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
     SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
     SBX_ASSIGN_OR_RETURN(sb, tx.GetSandbox(sandbox_id));
@@ -318,6 +392,7 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
       // A delete overtook this create before it started: nothing to build.
       Finish(op, false, {{"code", "cancelled"}, {"message", "sandbox was deleted before it started"}},
              now);
+      cancelled = true;
       return tx.PutOperation(op);
     }
     op.state = "running";
@@ -327,8 +402,13 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
   });
   if (!st.ok() || !proceed) {
     if (!st.ok()) spdlog::error("create {}: store: {}", sandbox_id, std::string(st.message()));
+    if (st.ok() && cancelled) {
+      LogOperationFinished("create", "cancelled", job_started, -1,
+                           "sandbox was deleted before it started");
+    }
     return;
   }
+  LogOperationStarted("create");
 
   auto started = std::chrono::steady_clock::now();
   absl::StatusOr<runtime::InstancePtr> inst = absl::InternalError("unset");
@@ -354,10 +434,12 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
 
   json runtime_state = inst.ok() ? (*inst)->Persist() : json(nullptr);
   bool keep_instance = false;
+  std::string from, to, result;
   st = store_.Transact([&](Tx& tx) -> absl::Status {
     SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
     SBX_ASSIGN_OR_RETURN(SandboxRecord cur, tx.GetSandbox(sandbox_id));
     const std::string now = NowRfc3339();
+    from = cur.state;
     cur.updated_at = now;
     if (!inst.ok()) {
       json err = ErrorJson("create_failed", inst.status());
@@ -380,23 +462,27 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
       cur.runtime_state = runtime_state;
       keep_instance = true;
     }
+    to = cur.state;
+    result = op.state == "succeeded" ? "succeeded"
+             : op.error.is_object() && op.error.value("code", "") == "cancelled" ? "cancelled"
+                                                                                : "failed";
     SBX_RETURN_IF_ERROR(tx.PutOperation(op));
     return tx.PutSandbox(cur);
   });
   if (!st.ok()) {
     spdlog::error("create {}: store: {}", sandbox_id, std::string(st.message()));
     if (inst.ok()) (void)(*inst)->Destroy();
+    LogOperationFinished("create", "failed", job_started, elapsed.count(),
+                         fmt::format("store: {}", std::string(st.message())));
     return;
   }
   if (inst.ok() && keep_instance) {
     std::lock_guard lock(mu_);
     instances_[sandbox_id] = std::move(*inst);
   }
-  if (inst.ok()) {
-    spdlog::info("sandbox {} running ({:.1f} ms in the runtime)", sandbox_id, elapsed.count());
-  } else {
-    spdlog::warn("sandbox {} failed to start: {}", sandbox_id, std::string(inst.status().message()));
-  }
+  LogStateChange(sandbox_id, from, to);
+  LogOperationFinished("create", result, job_started, elapsed.count(),
+                       inst.ok() ? std::string() : std::string(inst.status().message()));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -451,6 +537,7 @@ absl::StatusOr<StoredResponse> SandboxService::DeleteSandbox(
   const std::string body_hash = Sha256Hex("");
   StoredResponse out;
   std::optional<std::string> submit;
+  std::string from;
   SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
     SBX_ASSIGN_OR_RETURN(auto replay, CheckIdempotency(tx, caller, idem_key, scope, body_hash));
     if (replay) {
@@ -483,6 +570,7 @@ absl::StatusOr<StoredResponse> SandboxService::DeleteSandbox(
       // Delete wins over any other in-flight operation: it is queued behind it on the same
       // key, and the other operation sees the new state when it finishes.
       op = NewOperation(caller.tenant_id, "delete", sb.id, now);
+      from = sb.state;
       sb.state = std::string(kDeleting);
       sb.current_operation_id = op.id;
       sb.updated_at = now;
@@ -496,7 +584,12 @@ absl::StatusOr<StoredResponse> SandboxService::DeleteSandbox(
   }));
   if (submit) {
     std::string op_id = *submit;
-    engine_.Submit(id, [this, op_id, id] { RunDelete(op_id, id); });
+    log::Context lctx = OperationLog(op_id, id, caller.tenant_id);
+    {
+      log::Scope scope(lctx);
+      LogStateChange(id, from, kDeleting);
+    }
+    engine_.Submit(id, [this, op_id, id] { RunDelete(op_id, id); }, std::move(lctx));
   }
   return out;
 }
@@ -523,6 +616,7 @@ absl::Status SandboxService::DestroyRuntime(const SandboxRecord& sb) {
 }
 
 void SandboxService::RunDelete(const std::string& op_id, const std::string& sandbox_id) {
+  const auto job_started = Clock::now();
   SandboxRecord sb;
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
     SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
@@ -535,11 +629,16 @@ void SandboxService::RunDelete(const std::string& op_id, const std::string& sand
     spdlog::error("delete {}: store: {}", sandbox_id, std::string(st.message()));
     return;
   }
+  LogOperationStarted("delete");
+  const auto runtime_started = Clock::now();
   absl::Status destroyed = DestroyRuntime(sb);
+  const double runtime_ms = MsSince(runtime_started);
+  std::string from, to;
   st = store_.Transact([&](Tx& tx) -> absl::Status {
     SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
     SBX_ASSIGN_OR_RETURN(SandboxRecord cur, tx.GetSandbox(sandbox_id));
     const std::string now = NowRfc3339();
+    from = cur.state;
     cur.updated_at = now;
     cur.current_operation_id.reset();
     if (destroyed.ok()) {
@@ -561,13 +660,21 @@ void SandboxService::RunDelete(const std::string& op_id, const std::string& sand
       cur.state = std::string(kFailed);
       cur.error = err;
     }
+    to = cur.state;
     SBX_RETURN_IF_ERROR(tx.PutOperation(op));
     return tx.PutSandbox(cur);
   });
-  if (!st.ok()) spdlog::error("delete {}: store: {}", sandbox_id, std::string(st.message()));
-  if (!destroyed.ok()) {
-    spdlog::error("delete {}: {}", sandbox_id, std::string(destroyed.message()));
+  if (!st.ok()) {
+    spdlog::error("delete {}: store: {}", sandbox_id, std::string(st.message()));
+  } else {
+    LogStateChange(sandbox_id, from, to);
   }
+  const bool ok = st.ok() && destroyed.ok();
+  LogOperationFinished(
+      "delete", ok ? "succeeded" : "failed", job_started, runtime_ms,
+      !destroyed.ok() ? std::string(destroyed.message())
+      : !st.ok()      ? fmt::format("store: {}", std::string(st.message()))
+                      : std::string());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -636,14 +743,17 @@ absl::StatusOr<StoredResponse> SandboxService::RequestLifecycle(
   }));
   if (submit) {
     std::string op_id = *submit;
-    engine_.Submit(id, [this, op_id, id, kind] { RunLifecycle(op_id, id, kind); });
+    engine_.Submit(id, [this, op_id, id, kind] { RunLifecycle(op_id, id, kind); },
+                   OperationLog(op_id, id, caller.tenant_id));
   }
   return out;
 }
 
 void SandboxService::RunLifecycle(const std::string& op_id, const std::string& sandbox_id,
                                   const std::string& kind) {
+  const auto job_started = Clock::now();
   bool proceed = false;
+  bool cancelled = false;
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
     SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
     SBX_ASSIGN_OR_RETURN(SandboxRecord sb, tx.GetSandbox(sandbox_id));
@@ -652,6 +762,7 @@ void SandboxService::RunLifecycle(const std::string& op_id, const std::string& s
     if (sb.current_operation_id != op_id) {
       // A delete took over before this operation started: nothing to do.
       Finish(op, false, {{"code", "cancelled"}, {"message", "sandbox was deleted first"}}, now);
+      cancelled = true;
       return tx.PutOperation(op);
     }
     op.state = "running";
@@ -661,8 +772,12 @@ void SandboxService::RunLifecycle(const std::string& op_id, const std::string& s
   });
   if (!st.ok() || !proceed) {
     if (!st.ok()) spdlog::error("{} {}: store: {}", kind, sandbox_id, std::string(st.message()));
+    if (st.ok() && cancelled) {
+      LogOperationFinished(kind, "cancelled", job_started, -1, "sandbox was deleted first");
+    }
     return;
   }
+  LogOperationStarted(kind);
 
   // Jobs of one sandbox run one at a time (OperationEngine), and only a delete job removes the
   // instance: the pointer stays valid for this job without holding mu_ across the runtime call.
@@ -697,10 +812,12 @@ void SandboxService::RunLifecycle(const std::string& op_id, const std::string& s
     }
   }
 
+  std::string from, to;
   st = store_.Transact([&](Tx& tx) -> absl::Status {
     SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
     SBX_ASSIGN_OR_RETURN(SandboxRecord cur, tx.GetSandbox(sandbox_id));
     const std::string now = NowRfc3339();
+    from = to = cur.state;
     if (done.ok()) {
       Finish(op, true, nullptr, now);
     } else {
@@ -718,14 +835,19 @@ void SandboxService::RunLifecycle(const std::string& op_id, const std::string& s
     } else if (!IsFrozenState(cur.state)) {
       cur.state = std::string(kPaused);  // failed to thaw a sandbox the store thought running
     }
+    to = cur.state;
     return tx.PutSandbox(cur);
   });
-  if (!st.ok()) spdlog::error("{} {}: store: {}", kind, sandbox_id, std::string(st.message()));
-  if (done.ok()) {
-    spdlog::info("sandbox {}: {} done ({:.2f} ms in the runtime)", sandbox_id, kind, elapsed.count());
+  if (!st.ok()) {
+    spdlog::error("{} {}: store: {}", kind, sandbox_id, std::string(st.message()));
   } else {
-    spdlog::warn("sandbox {}: {} failed: {}", sandbox_id, kind, std::string(done.message()));
+    LogStateChange(sandbox_id, from, to);
   }
+  const bool ok = st.ok() && done.ok();
+  LogOperationFinished(kind, ok ? "succeeded" : "failed", job_started, elapsed.count(),
+                       !done.ok() ? std::string(done.message())
+                       : !st.ok() ? fmt::format("store: {}", std::string(st.message()))
+                                  : std::string());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -904,8 +1026,16 @@ absl::Status SandboxService::Reconcile() {
   }));
 
   std::map<std::string, std::set<std::string>> known;  // runtime -> ids it may keep
-  std::vector<std::pair<std::string, std::string>> redrive_deletes;
+  struct Redrive {
+    std::string op_id, sandbox_id, tenant;
+  };
+  std::vector<Redrive> redrive_deletes;
   for (SandboxRecord& sb : live) {
+    // What the runtime logs while adopting names the sandbox.
+    log::Context lctx;
+    lctx.sandbox = sb.id;
+    lctx.tenant = sb.tenant_id;
+    log::Scope scope(lctx);
     known[sb.runtime].insert(sb.id);
     auto backend = BackendFor(sb.runtime);
     const bool alive = sb.state == kRunning || IsFrozenState(sb.state);
@@ -933,11 +1063,12 @@ absl::Status SandboxService::Reconcile() {
                        std::string(frozen.status().message()));
         }
         if (state != sb.state || interrupted) {
-          spdlog::info("sandbox {}: {} in the store, {} after the restart", sb.id, sb.state, state);
+          const std::string from = sb.state;
           sb.state = state;
           if (interrupted) sb.current_operation_id.reset();
           sb.updated_at = NowRfc3339();
           SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) { return tx.PutSandbox(sb); }));
+          LogStateChange(sb.id, from, state, "what the kernel says after the restart");
         }
         std::lock_guard lock(mu_);
         instances_[sb.id] = std::move(*inst);
@@ -956,26 +1087,35 @@ absl::Status SandboxService::Reconcile() {
       sb.error = {{"code", "create_failed"},
                   {"message", "sbxd restarted while the sandbox was being created"}};
     } else if (sb.state == kDeleting && sb.current_operation_id) {
-      redrive_deletes.emplace_back(*sb.current_operation_id, sb.id);
+      redrive_deletes.push_back(Redrive{*sb.current_operation_id, sb.id, sb.tenant_id});
       continue;
     } else {
       continue;  // failed sandboxes stay as they are until deleted
     }
+    const std::string from = sb.state;
     sb.state = std::string(kFailed);
     sb.current_operation_id.reset();
     sb.updated_at = NowRfc3339();
     SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) { return tx.PutSandbox(sb); }));
+    LogStateChange(sb.id, from, kFailed, sb.error.value("message", ""));
   }
 
   // Operations a crash interrupted (other than the deletes re-driven below) failed.
   std::set<std::string> redriven;
-  for (const auto& [op, sb] : redrive_deletes) redriven.insert(op);
+  for (const auto& r : redrive_deletes) redriven.insert(r.op_id);
   for (OperationRecord& op : unfinished) {
     if (redriven.count(op.id)) continue;
     const std::string now = NowRfc3339();
     Finish(op, false, {{"code", "interrupted"}, {"message", "sbxd restarted during the operation"}},
            now);
     SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) { return tx.PutOperation(op); }));
+    log::Context lctx;
+    lctx.operation = op.id;
+    lctx.sandbox = op.sandbox_id;
+    lctx.tenant = op.tenant_id;
+    log::Scope scope(lctx);
+    log::Event(spdlog::level::warn, {{"kind", op.kind}, {"result", "failed"}},
+               "operation {} failed: sbxd restarted during it", op.kind);
   }
 
   for (const auto& [name, backend] : backends_) {
@@ -984,9 +1124,9 @@ absl::Status SandboxService::Reconcile() {
       spdlog::warn("sweep of runtime {}: {}", name, std::string(st.message()));
     }
   }
-  for (const auto& [op_id, sb_id] : redrive_deletes) {
-    std::string op = op_id, id = sb_id;
-    engine_.Submit(id, [this, op, id] { RunDelete(op, id); });
+  for (const auto& r : redrive_deletes) {
+    std::string op = r.op_id, id = r.sandbox_id;
+    engine_.Submit(id, [this, op, id] { RunDelete(op, id); }, OperationLog(op, id, r.tenant));
   }
   {
     std::lock_guard lock(mu_);
