@@ -31,6 +31,7 @@
 #include "agent/oom.h"
 #include "agent/spawn.h"
 #include "agent/users.h"
+#include "common/log_format.h"
 #include "common/status_util.h"
 #include "common/time_util.h"
 #include "common/unique_fd.h"
@@ -57,6 +58,18 @@ constexpr size_t kMaxConnections = 1024;
 constexpr size_t kMaxSessionIdLength = 256;
 
 std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+// agent.log gets the JSON lines of sbxd's own log (common/log_format.h), so that one tool reads
+// both: every line names the sandbox, a session's lines the session too.
+void WriteLogLine(const AgentOptions& opts, std::string_view level, std::string_view msg,
+                  std::string_view session) {
+  const log::Field fields[] = {{"sandbox", opts.sandbox_id}, {"session", session}};
+  const log::Attr attrs[] = {log::Attr("component", "sbx-agent")};
+  std::string line;
+  log::AppendRecord(line, log::Format::kJson,
+                    log::Record{std::chrono::system_clock::now(), level, msg, fields, attrs});
+  (void)!::write(opts.log_fd, line.data(), line.size());
+}
 
 std::string StatusCodeName(absl::StatusCode code) {
   switch (code) {
@@ -128,9 +141,8 @@ class Agent {
     int stream_index = 0;
   };
 
-  void Log(std::string_view msg) {
-    std::string line = fmt::format("sbx-agent: {}\n", msg);
-    (void)!::write(opts_.log_fd, line.data(), line.size());
+  void Log(std::string_view level, std::string_view msg, std::string_view session = {}) {
+    WriteLogLine(opts_, level, msg, session);
   }
 
   uint64_t AddWatch(int fd, uint32_t events, Watch w);
@@ -188,7 +200,7 @@ uint64_t Agent::AddWatch(int fd, uint32_t events, Watch w) {
   ev.events = events;
   ev.data.u64 = token;
   if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
-    Log(fmt::format("epoll_ctl(ADD, {}): {}", fd, ErrnoMessage(errno)));
+    Log("error", fmt::format("epoll_ctl(ADD, {}): {}", fd, ErrnoMessage(errno)));
     return 0;
   }
   watches_[token] = w;
@@ -305,7 +317,7 @@ absl::Status Agent::Init() {
 }
 
 int Agent::Run() {
-  Log(fmt::format("ready (pid {}, buffer {} bytes per stream)", ::getpid(), opts_.buffer_bytes));
+  Log("info", fmt::format("ready (pid {}, buffer {} bytes per stream)", ::getpid(), opts_.buffer_bytes));
   epoll_event events[64];
   while (!stop_) {
     // The only timer: a listening socket paused after EMFILE is retried after 100 ms.
@@ -318,7 +330,7 @@ int Agent::Run() {
     int n = ::epoll_wait(epoll_.get(), events, 64, timeout);
     if (n < 0) {
       if (errno == EINTR) continue;
-      Log(fmt::format("epoll_wait: {}", ErrnoMessage(errno)));
+      Log("error", fmt::format("epoll_wait: {}", ErrnoMessage(errno)));
       return 1;
     }
     if (listen_paused_ && std::chrono::steady_clock::now() >= listen_resume_at_) {
@@ -369,7 +381,7 @@ void Agent::OnListen() {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
         // Level-triggered epoll would spin on the pending connection: back off a little.
-        Log(fmt::format("accept: {}; pausing for 100 ms", ErrnoMessage(errno)));
+        Log("warn", fmt::format("accept: {}; pausing for 100 ms", ErrnoMessage(errno)));
         epoll_event ev{};
         ev.events = 0;
         for (auto& [token, w] : watches_) {
@@ -379,7 +391,7 @@ void Agent::OnListen() {
         listen_paused_ = true;
         listen_resume_at_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
       } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        Log(fmt::format("accept: {}", ErrnoMessage(errno)));
+        Log("warn", fmt::format("accept: {}", ErrnoMessage(errno)));
       }
       return;
     }
@@ -412,7 +424,7 @@ void Agent::OnSignal() {
       if (info[i].ssi_signo == SIGCHLD) {
         reap = true;
       } else if (info[i].ssi_signo == SIGTERM || info[i].ssi_signo == SIGINT) {
-        Log(fmt::format("received signal {}, shutting down", info[i].ssi_signo));
+        Log("info", fmt::format("received signal {}, shutting down", info[i].ssi_signo));
         stop_ = true;
       }
     }
@@ -472,9 +484,11 @@ void Agent::OnSessionExit(Session& s, int status) {
   }
   ev.oom_killed = s.oom_killed;
   const uint64_t id = s.log.AppendExit(ev);
-  Log(fmt::format("session {} pid {} exited ({}{}), exit event {}", s.id, s.pid,
+  Log("info",
+      fmt::format("session {} pid {} exited ({}{}), exit event {}", s.id, s.pid,
                   ev.exit_code ? fmt::format("code {}", *ev.exit_code) : *ev.signal,
-                  ev.oom_killed ? ", OOM-killed" : "", id));
+                  ev.oom_killed ? ", OOM-killed" : "", id),
+      s.id);
   PumpSession(s);
 }
 
@@ -528,7 +542,7 @@ void Agent::OnPipe(Session& s, int idx) {
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-    if (n < 0) Log(fmt::format("session {}: read pipe: {}", s.id, ErrnoMessage(errno)));
+    if (n < 0) Log("warn", fmt::format("session {}: read pipe: {}", s.id, ErrnoMessage(errno)), s.id);
     ClosePipe(s, idx);  // EOF: every writer is gone
   }
   if (appended) PumpSession(s);
@@ -555,7 +569,7 @@ void Agent::OnConnReadable(Connection& c) {
     while (c.frames_seen < 2) {
       auto next = c.decoder.Next();
       if (!next.ok()) {
-        Log(fmt::format("connection {}: {}; closing it", id, std::string(next.status().message())));
+        Log("warn", fmt::format("connection {}: {}; closing it", id, std::string(next.status().message())));
         CloseConn(id);
         return;
       }
@@ -570,14 +584,14 @@ void Agent::HandleFrame(Connection& c, protocol::Frame frame) {
   const int expected_index = c.frames_seen++;
   if (expected_index == 0) {
     if (frame.type != FrameType::kHello) {
-      Log(fmt::format("connection {}: first frame has type {}, not hello; closing it", c.id,
+      Log("warn", fmt::format("connection {}: first frame has type {}, not hello; closing it", c.id,
                       static_cast<int>(frame.type)));
       CloseConn(c.id);
     }
     return;
   }
   if (frame.type != FrameType::kRequest) {
-    Log(fmt::format("connection {}: second frame has type {}, not request; closing it", c.id,
+    Log("warn", fmt::format("connection {}: second frame has type {}, not request; closing it", c.id,
                     static_cast<int>(frame.type)));
     CloseConn(c.id);
     return;
@@ -677,7 +691,8 @@ absl::StatusOr<Session*> Agent::StartSession(const std::string& id, const Json& 
   sessions_[id] = std::move(s);
   by_pid_[raw->pid] = raw;
   ResumePipes(*raw);
-  Log(fmt::format("session {} started pid {}: {}", id, raw->pid, ss.argv[0]));
+  // argv[0] only: the rest of argv and the environment may carry the caller's secrets.
+  Log("info", fmt::format("session {} started pid {}: {}", id, raw->pid, ss.argv[0]), id);
   return raw;
 }
 
@@ -967,7 +982,7 @@ void Agent::Shutdown() {
       Reap();
       if (left.empty() && ::waitpid(-1, nullptr, WNOHANG) < 0 && errno == ECHILD) break;
       if (std::chrono::steady_clock::now() >= deadline) {
-        Log("shutdown: descendants still present after 2 s");
+        Log("warn", "shutdown: descendants still present after 2 s");
         break;
       }
       ::usleep(1000);
@@ -975,7 +990,7 @@ void Agent::Shutdown() {
   }
   // As PID 1 our exit makes the kernel kill every process of the namespace.
   if (bound_path_) ::unlink(opts_.listen_path.c_str());
-  Log("stopped");
+  Log("info", "stopped");
 }
 
 }  // namespace
@@ -983,8 +998,7 @@ void Agent::Shutdown() {
 int RunAgent(const AgentOptions& options) {
   Agent agent(options);
   if (auto s = agent.Init(); !s.ok()) {
-    std::string line = fmt::format("sbx-agent: {}\n", std::string(s.message()));
-    (void)!::write(options.log_fd, line.data(), line.size());
+    WriteLogLine(options, "error", std::string(s.message()), {});
     return 1;
   }
   return agent.Run();

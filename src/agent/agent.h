@@ -19,7 +19,8 @@ struct AgentOptions {
   int listen_fd = -1;        // an inherited, bound and listening unix socket
   std::string listen_path;   // or: bind this path ourselves
   size_t buffer_bytes = 8u << 20;  // retention budget per session and stream
-  int log_fd = 2;
+  int log_fd = 2;  // JSON lines (common/log_format.h)
+  std::string sandbox_id;  // for the log lines only
   // When false the `user` field of a spec is ignored and processes keep the agent's
   // credentials (the fake runtime, which runs without privileges or isolation).
   bool switch_user = true;

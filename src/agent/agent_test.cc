@@ -313,6 +313,37 @@ TEST(Agent, EchoOutputAndExitZero) {
   EXPECT_EQ(st["exited_at"].get<std::string>().back(), 'Z');
 }
 
+// agent.log is sbxd's JSON format: one object per line, the sandbox on each, the session on a
+// session's lines, and of the command only argv[0] (the rest may hold the caller's secrets, as
+// the environment does).
+TEST(Agent, LogLinesAreJsonWithSandboxAndSession) {
+  AgentProcess agent({"--sandbox-id", "sbx_logtest"});
+  Json spec = Spec({"sh", "-c", "echo \"$SECRET\"", "argv-secret-1"},
+                   Json{{"env", {{"SECRET", "env-secret-2"}}}});
+  Collected r = RunSession(agent, "ses_log1", spec);
+  ASSERT_TRUE(r.exit.has_value()) << r.error;
+  EXPECT_EQ(r.out, "env-secret-2\n");
+  std::vector<Json> lines;
+  std::istringstream in(agent.Log());
+  for (std::string line; std::getline(in, line);) {
+    auto j = Json::parse(line, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << "not JSON: " << line;
+    lines.push_back(j);
+  }
+  int session_lines = 0;
+  for (const Json& j : lines) {
+    EXPECT_EQ(j["sandbox"], "sbx_logtest") << j.dump();
+    EXPECT_TRUE(j["ts"].is_string() && j["level"].is_string() && j["msg"].is_string()) << j.dump();
+    const std::string msg = j["msg"];
+    if (msg.rfind("session ses_log1 ", 0) == 0) {
+      ++session_lines;
+      EXPECT_EQ(j["session"], "ses_log1") << j.dump();
+    }
+  }
+  EXPECT_EQ(session_lines, 2) << agent.Log();  // started, exited
+  EXPECT_EQ(agent.Log().find("secret"), std::string::npos) << agent.Log();
+}
+
 TEST(Agent, NonZeroExitAndStderr) {
   AgentProcess agent;
   Collected r = RunSession(agent, "s", Spec({"sh", "-c", "echo out; echo err >&2; exit 3"}));
