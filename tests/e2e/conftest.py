@@ -69,8 +69,10 @@ class Daemon:
     def start(self) -> None:
         if not self.binary.is_file():
             pytest.fail(f"{self.binary} not found: build first (bash tools/build.sh) or set SBX_BUILD_DIR")
+        # JSON explicitly (auto would pick it too: stderr is a pipe): test_logs.py parses every
+        # line of this log.
         argv = [str(self.binary), "--listen", "127.0.0.1:0", "--state-dir", str(self.state_dir),
-                "--admin-token", self.token]
+                "--admin-token", self.token, "--log-format", "json"]
         if self.runtime == "fake":
             argv += ["--runtime", "fake"]
         env = {k: v for k, v in os.environ.items() if k not in ("SBX_ADMIN_TOKEN", "SBX_TOKEN")}
