@@ -59,7 +59,7 @@ void Reopen();
 // Changes the active level at run time (a configuration reload).
 absl::Status SetLevel(std::string_view level);
 absl::StatusOr<spdlog::level::level_enum> ParseLevel(std::string_view level);
-// `stderr_is_tty` decides "auto".
+// `destination_is_tty` decides "auto".
 absl::StatusOr<Format> ParseFormat(std::string_view format, bool destination_is_tty);
 
 // Puts `ctx` on this thread's context stack until destroyed. Inner scopes win field by field.
