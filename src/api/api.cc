@@ -306,6 +306,8 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
   const std::string& rid = ctx.request_id;
   auto target = svc_.PrepareAttach(caller, session_id);
   if (!target.ok()) co_return ErrorResponse(target.status(), rid);
+  // An attached client keeps the sandbox from being suspended for idleness.
+  auto awake = svc_.activity().StreamOpened(target->session.sandbox_id);
 
   uint64_t after = 0;
   std::optional<std::string> last = Header(ctx.req, "Last-Event-ID");
