@@ -327,6 +327,8 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
   auto target = log::With(ctx.log, [&] { return svc_.PrepareAttach(caller, session_id); });
   if (!target.ok()) co_return Fail(ctx, target.status());
   ctx.log.sandbox = target->session.sandbox_id;
+  // An attached client keeps the sandbox from being suspended for idleness.
+  auto awake = svc_.activity().StreamOpened(target->session.sandbox_id);
 
   uint64_t after = 0;
   std::optional<std::string> last = Header(ctx.req, "Last-Event-ID");

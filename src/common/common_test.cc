@@ -5,6 +5,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/time_util.h"
 #include "common/encoding.h"
 #include "common/ids.h"
 #include "common/status_util.h"
@@ -116,6 +117,27 @@ TEST(Crypto, HmacAndCompare) {
   EXPECT_FALSE(ConstantTimeEquals("abc", "abd"));
   EXPECT_FALSE(ConstantTimeEquals("abc", "ab"));
   EXPECT_EQ(HmacSha256("k", "m").size(), 32u);
+}
+
+}  // namespace
+}  // namespace sbx
+
+namespace sbx {
+namespace {
+
+TEST(TimeUtilTest, ParseRfc3339InvertsFormat) {
+  using std::chrono::system_clock;
+  const auto t = system_clock::time_point(std::chrono::milliseconds(1796017886123));
+  const std::string s = FormatRfc3339(t);
+  EXPECT_EQ(s, "2026-11-30T05:51:26.123Z");
+  auto back = ParseRfc3339(s);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(*back, t);
+  for (const char* bad : {"", "2026-11-30T05:51:26Z", "2026-11-30T05:51:26.123+01:00",
+                          "2026-13-30T05:51:26.123Z", "2026-11-30T05:51:26.123Zx",
+                          "2026-11-30 05:51:26.123Z", "garbage garbage garbage!"}) {
+    EXPECT_FALSE(ParseRfc3339(bad).has_value()) << bad;
+  }
 }
 
 }  // namespace

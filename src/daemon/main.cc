@@ -349,6 +349,7 @@ int main(int argc, char** argv) {
   }
 
   svc.StartWarmPools();
+  svc.StartTimers();
 
   std::string host = hopts.host.find(':') != std::string::npos ? "[" + hopts.host + "]" : hopts.host;
   std::cout << "sbxd listening on http://" << host << ":" << server.port() << std::endl;

@@ -39,6 +39,9 @@ struct CreateSessionRequest {
 struct Caller {
   std::string tenant_id;
   std::optional<std::string> session_scope;  // set for attach tokens: the only session allowed
+  // Recorded on the operations this caller starts: "api" for clients, "ttl" and "idle" for the
+  // server's own timers (whose calls do not count as activity on the sandbox).
+  std::string initiator = "api";
 };
 
 }  // namespace sbx::service

@@ -273,6 +273,7 @@ absl::StatusOr<SandboxRecord> SandboxService::VisibleSandbox(Tx& tx, const Calle
   auto sb = tx.GetSandbox(id);
   // Another tenant's sandbox is indistinguishable from a missing one.
   if (!sb.ok() || sb->tenant_id != caller.tenant_id) return NotFound("sandbox", id);
+  if (caller.initiator == "api") activity_.Touch(id);
   return sb;
 }
 
@@ -284,14 +285,6 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
     const std::optional<std::string>& idem_key) {
   static const IdemScope kScope{"POST", "/v1/sandboxes"};
   const std::string body_hash = Sha256Hex(req.canonical.dump());
-  if (req.timeout_s) {
-    return ApiError(absl::StatusCode::kUnimplemented, "not_implemented",
-                    "timeout_s (sandbox TTL) is not supported yet", "timeout_s");
-  }
-  if (req.idle_suspend_s) {
-    return ApiError(absl::StatusCode::kUnimplemented, "not_implemented",
-                    "idle_suspend_s is not supported yet", "idle_suspend_s");
-  }
 
   StoredResponse out;
   std::optional<std::pair<std::string, std::string>> submit;  // op id, sandbox id
@@ -332,6 +325,11 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
     sb.egress_profile = req.egress_profile;
     sb.env = req.env;
     sb.labels = req.labels;
+    // Stored as effective values, so a later change of the defaults (SIGHUP) does not move the
+    // deadline of a sandbox that already exists.
+    const int64_t ttl = req.timeout_s.value_or(opts_.default_timeout_s);
+    if (ttl > 0) sb.timeout_s = ttl;
+    sb.idle_suspend_s = req.idle_suspend_s.value_or(opts_.default_idle_suspend_s);
     sb.created_at = now;
     sb.updated_at = now;
     OperationRecord op = NewOperation(caller.tenant_id, "create", sb.id, now);
@@ -570,6 +568,7 @@ absl::StatusOr<StoredResponse> SandboxService::DeleteSandbox(
       // Delete wins over any other in-flight operation: it is queued behind it on the same
       // key, and the other operation sees the new state when it finishes.
       op = NewOperation(caller.tenant_id, "delete", sb.id, now);
+      op.initiator = caller.initiator;
       from = sb.state;
       sb.state = std::string(kDeleting);
       sb.current_operation_id = op.id;
@@ -664,6 +663,7 @@ void SandboxService::RunDelete(const std::string& op_id, const std::string& sand
     SBX_RETURN_IF_ERROR(tx.PutOperation(op));
     return tx.PutSandbox(cur);
   });
+  if (destroyed.ok()) activity_.Forget(sandbox_id);
   if (!st.ok()) {
     spdlog::error("delete {}: store: {}", sandbox_id, std::string(st.message()));
   } else {
@@ -731,6 +731,7 @@ absl::StatusOr<StoredResponse> SandboxService::RequestLifecycle(
       }
       const std::string now = NowRfc3339();
       op = NewOperation(caller.tenant_id, kind, sb.id, now);
+      op.initiator = caller.initiator;
       sb.current_operation_id = op.id;
       sb.updated_at = now;
       SBX_RETURN_IF_ERROR(tx.PutOperation(op));
@@ -922,6 +923,7 @@ absl::StatusOr<SessionRecord> SandboxService::GetSession(const Caller& caller,
     auto s = tx.GetSession(id);
     if (!s.ok() || s->tenant_id != caller.tenant_id) return NotFound("session", id);
     out = *s;
+    if (caller.initiator == "api") activity_.Touch(s->sandbox_id);
     return absl::OkStatus();
   }));
   return out;

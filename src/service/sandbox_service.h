@@ -21,6 +21,8 @@
 #include "ops/operation_engine.h"
 #include "protocol/protocol.h"
 #include "runtime/backend.h"
+#include "common/ticker.h"
+#include "service/activity.h"
 #include "service/attach_token.h"
 #include "service/inputs.h"
 #include "service/job_waiters.h"
@@ -43,6 +45,15 @@ struct ServiceOptions {
   // Sandboxes kept ready per runtime and template (warm_pool.h); a create with the default
   // resources is served from them.
   std::vector<WarmPoolConfig> warm_pools;
+  // Server-side timers (timers.cc). A create without timeout_s gets default_timeout_s (0: no
+  // TTL); without idle_suspend_s, default_idle_suspend_s (0: never suspended for idleness).
+  int64_t default_timeout_s = 0;
+  int64_t default_idle_suspend_s = 6 * 3600;
+  // How long records are kept: idempotency keys (replays of a retried call), and deleted
+  // sandboxes with their operations and sessions (GET still answers for them until then).
+  std::chrono::seconds idempotency_retention{24 * 3600};
+  std::chrono::seconds deleted_retention{7 * 24 * 3600};
+  std::chrono::milliseconds timer_interval{1000};
 };
 
 // A response the API returns verbatim: the first response of an idempotent call is stored and
@@ -65,6 +76,14 @@ class SandboxService {
   // Starts filling the warm pools; call after Reconcile (its sweep would take pooled sandboxes
   // for leftovers). Stopped and emptied when the service is destroyed.
   void StartWarmPools();
+  // Starts the timers: TTL deletes, idle suspension, retention purges (timers.cc). Call after
+  // Reconcile. Stopped when the service is destroyed.
+  void StartTimers();
+  // One pass of the timers at the given clocks (what the timer thread runs; tests call it).
+  void RunTimersOnce(std::chrono::system_clock::time_point wall,
+                     ActivityTracker::Clock::time_point mono);
+  // Data-plane activity the API sees (attach streams) keeps sandboxes from idling.
+  ActivityTracker& activity() { return activity_; }
   // Ready sandboxes per "runtime/template".
   std::map<std::string, int> WarmPoolReady() const { return pool_->Ready(); }
 
@@ -117,6 +136,9 @@ class SandboxService {
   absl::StatusOr<runtime::Backend*> BackendFor(const std::string& name) const;
   // Destroys whatever the runtime still holds for a sandbox (instance in memory, or adopted).
   absl::Status DestroyRuntime(const store::SandboxRecord& sb);
+  // Whether a session process of the sandbox still runs (asks the agent when the store says
+  // so; true when that cannot be known).
+  bool HasRunningSession(const std::string& sandbox_id);
   absl::StatusOr<store::SandboxRecord> VisibleSandbox(store::Tx& tx, const Caller& caller,
                                                       const std::string& id);
 
@@ -136,8 +158,12 @@ class SandboxService {
   std::map<std::string, runtime::InstancePtr> instances_;  // running sandboxes, by id
   std::set<std::string> frozen_;  // ids whose instance is frozen or being frozen
   bool ready_ = false;
-  // Last member: destroyed first, while the backends and templates it uses still exist.
+  ActivityTracker activity_;
+  std::chrono::system_clock::time_point last_purge_{};
+  // Destroyed before everything they use: the pool's builds and the timers' calls need the
+  // store, the engine, the backends and the templates.
   std::unique_ptr<WarmPool> pool_;
+  std::unique_ptr<Ticker> timers_;  // last member: stopped first
 };
 
 }  // namespace sbx::service

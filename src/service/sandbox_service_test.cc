@@ -14,8 +14,10 @@
 
 #include "common/ids.h"
 #include "common/status_util.h"
+#include "common/time_util.h"
 #include "runtime/fake/fake_backend.h"
 #include "service/sandbox_state.h"
+#include "service/views.h"
 #include "store/sqlite_store.h"
 
 #ifndef SBX_AGENT_PATH
@@ -116,6 +118,7 @@ class SandboxServiceTest : public ::testing::Test {
     opts.defaults = defaults_;
     opts.output_buffer_bytes = output_buffer_bytes_;
     opts.attach_key = "test-key";
+    opts.default_timeout_s = default_timeout_s_;
     svc_ = std::make_unique<SandboxService>(
         opts, *store_, *engine_, std::move(*templates),
         std::map<std::string, runtime::Backend*>{{"fake", fake_.get()},
@@ -192,6 +195,7 @@ class SandboxServiceTest : public ::testing::Test {
   std::unique_ptr<RecordingBackend> recording_;
   runtime::Resources defaults_;  // ServiceOptions of the next Start()
   int64_t output_buffer_bytes_ = 8 << 20;
+  int64_t default_timeout_s_ = 0;
   std::unique_ptr<ops::OperationEngine> engine_;
   std::unique_ptr<SandboxService> svc_;
 };
@@ -402,6 +406,111 @@ TEST_F(SandboxServiceTest, RestartKeepsPausedSandboxFrozenAndFailsInterruptedOps
   Do(paused, "wake");
   EXPECT_EQ(StateOf(paused), kRunning);
   EXPECT_TRUE(NewSession(paused).ok());
+}
+
+}  // namespace
+}  // namespace sbx::service
+
+namespace sbx::service {
+namespace {
+
+class SandboxTimersTest : public SandboxServiceTest {
+ protected:
+  std::string Create(std::optional<int64_t> timeout_s, std::optional<int64_t> idle_s) {
+    CreateSandboxRequest req;
+    req.runtime = "fake";
+    req.timeout_s = timeout_s;
+    req.idle_suspend_s = idle_s;
+    req.canonical = json{{"runtime", "fake"}, {"timeout_s", timeout_s ? json(*timeout_s) : json()},
+                         {"idle_suspend_s", idle_s ? json(*idle_s) : json()}};
+    auto r = svc_->CreateSandbox(caller_, req, std::nullopt);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return "";
+    json body = json::parse(r->body);
+    EXPECT_EQ(WaitOp(body["operation"]["id"]).state, "succeeded");
+    return body["sandbox"]["id"];
+  }
+  // The operation the timers started on `id`, waited for.
+  store::OperationRecord TimerOp(const std::string& id) {
+    auto sb = svc_->GetSandbox(caller_, id);
+    EXPECT_TRUE(sb.ok() && sb->current_operation_id) << id << " has no operation in flight";
+    if (!sb.ok() || !sb->current_operation_id) return {};
+    return WaitOp(*sb->current_operation_id);
+  }
+  std::chrono::system_clock::time_point wall_ = std::chrono::system_clock::now();
+  ActivityTracker::Clock::time_point mono_ = ActivityTracker::Clock::now();
+};
+
+TEST_F(SandboxTimersTest, TtlDeletesTheSandboxAtItsDeadlineAndNotBefore) {
+  const std::string id = Create(60, 0);
+  auto sb = svc_->GetSandbox(caller_, id);
+  ASSERT_TRUE(sb.ok());
+  EXPECT_EQ(sb->timeout_s, 60);
+  EXPECT_EQ(ExpiresAt(*sb), FormatRfc3339(*ParseRfc3339(sb->created_at) + 60s));
+  svc_->RunTimersOnce(wall_ + 55s, mono_);
+  EXPECT_EQ(StateOf(id), kRunning);
+  svc_->RunTimersOnce(wall_ + 61s, mono_);
+  store::OperationRecord op = TimerOp(id);
+  EXPECT_EQ(op.kind, "delete");
+  EXPECT_EQ(op.initiator, "ttl");
+  EXPECT_EQ(op.state, "succeeded");
+  EXPECT_EQ(StateOf(id), kDeleted);
+}
+
+TEST_F(SandboxTimersTest, DeploymentDefaultTtlAppliesWhenTheRequestHasNone) {
+  Stop();
+  default_timeout_s_ = 30;
+  Start();
+  const std::string with_default = Create(std::nullopt, 0);
+  const std::string own = Create(3600, 0);
+  auto sb = svc_->GetSandbox(caller_, with_default);
+  ASSERT_TRUE(sb.ok());
+  EXPECT_EQ(sb->timeout_s, 30);
+  svc_->RunTimersOnce(wall_ + 31s, mono_);
+  EXPECT_EQ(TimerOp(with_default).initiator, "ttl");
+  EXPECT_EQ(StateOf(with_default), kDeleted);
+  EXPECT_EQ(StateOf(own), kRunning);
+}
+
+TEST_F(SandboxTimersTest, IdleSandboxIsSuspendedUnlessAStreamIsOpen) {
+  const std::string id = Create(std::nullopt, 30);
+  const std::string never = Create(std::nullopt, 0);
+  // A call on the sandbox restarts its idle count.
+  ASSERT_TRUE(svc_->GetSandbox(caller_, id).ok());
+  const auto touched = ActivityTracker::Clock::now();
+  {
+    auto stream = svc_->activity().StreamOpened(id);
+    svc_->RunTimersOnce(wall_, touched + 1h);
+    EXPECT_EQ(StateOf(id), kRunning);
+  }
+  const auto closed = ActivityTracker::Clock::now();
+  svc_->RunTimersOnce(wall_, closed + 20s);
+  EXPECT_EQ(StateOf(id), kRunning);
+  svc_->RunTimersOnce(wall_, closed + 31s);
+  store::OperationRecord op = TimerOp(id);
+  EXPECT_EQ(op.kind, "suspend");
+  EXPECT_EQ(op.initiator, "idle");
+  EXPECT_EQ(op.state, "succeeded") << op.error.dump();
+  EXPECT_EQ(StateOf(id), kSuspended);
+  EXPECT_EQ(StateOf(never), kRunning);
+  // A suspended sandbox is left alone by later ticks, and wakes on request.
+  svc_->RunTimersOnce(wall_, closed + 1h);
+  EXPECT_EQ(StateOf(id), kSuspended);
+  Do(id, "wake");
+  EXPECT_EQ(StateOf(id), kRunning);
+}
+
+TEST_F(SandboxTimersTest, RetentionPurgesDeletedSandboxesOnly) {
+  const std::string gone = CreateRunning();
+  const std::string kept = CreateRunning();
+  auto r = svc_->DeleteSandbox(caller_, gone, std::nullopt);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(WaitOp(json::parse(r->body)["operation"]["id"]).state, "succeeded");
+  svc_->RunTimersOnce(wall_ + 24h, mono_);  // inside the 7-day retention
+  EXPECT_EQ(StateOf(gone), kDeleted);
+  svc_->RunTimersOnce(wall_ + 8 * 24h, mono_);
+  EXPECT_TRUE(absl::IsNotFound(svc_->GetSandbox(caller_, gone).status()));
+  EXPECT_EQ(StateOf(kept), kRunning);
 }
 
 }  // namespace

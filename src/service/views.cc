@@ -1,5 +1,7 @@
 #include "service/views.h"
 
+#include "common/time_util.h"
+
 namespace sbx::service {
 namespace {
 template <typename T>
@@ -7,6 +9,13 @@ nlohmann::json OrNull(const std::optional<T>& v) {
   return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
 }
 }  // namespace
+
+nlohmann::json ExpiresAt(const store::SandboxRecord& r) {
+  if (!r.timeout_s) return nullptr;
+  auto created = ParseRfc3339(r.created_at);
+  if (!created) return nullptr;
+  return FormatRfc3339(*created + std::chrono::seconds(*r.timeout_s));
+}
 
 nlohmann::json SandboxView(const store::SandboxRecord& r) {
   nlohmann::json requested = {{"vcpu", nullptr}, {"memory_mib", nullptr}, {"disk_mib", nullptr}};
@@ -26,6 +35,8 @@ nlohmann::json SandboxView(const store::SandboxRecord& r) {
       {"env", r.env.is_object() ? r.env : nlohmann::json::object()},
       {"labels", r.labels.is_object() ? r.labels : nlohmann::json::object()},
       {"timeout_s", OrNull(r.timeout_s)},
+      {"expires_at", ExpiresAt(r)},
+      {"idle_suspend_s", OrNull(r.idle_suspend_s)},
       {"created_at", r.created_at},
       {"updated_at", r.updated_at},
       {"current_operation_id", OrNull(r.current_operation_id)},
@@ -44,6 +55,7 @@ nlohmann::json OperationView(const store::OperationRecord& r) {
       {"created_at", r.created_at},
       {"updated_at", r.updated_at},
       {"completed_at", OrNull(r.completed_at)},
+      {"initiator", r.initiator},
   };
 }
 

@@ -8,6 +8,8 @@
 
 namespace sbx::service {
 
+// created_at + timeout_s (RFC 3339), or null without a TTL.
+nlohmann::json ExpiresAt(const store::SandboxRecord& r);
 nlohmann::json SandboxView(const store::SandboxRecord& r);
 nlohmann::json OperationView(const store::OperationRecord& r);
 nlohmann::json SessionView(const store::SessionRecord& r);

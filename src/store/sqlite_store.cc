@@ -101,6 +101,13 @@ CREATE TABLE idempotency_keys (
 ) STRICT;
 CREATE INDEX idempotency_by_created ON idempotency_keys (created_at);
 )sql",
+    // 2: idle suspension per sandbox (null: the deployment default), and who started an
+    // operation ("api", or the server's own timers: "ttl", "idle").
+    R"sql(
+ALTER TABLE sandboxes ADD COLUMN idle_suspend_s INTEGER;
+ALTER TABLE operations ADD COLUMN initiator TEXT NOT NULL DEFAULT 'api';
+CREATE INDEX sandboxes_deleted ON sandboxes (updated_at) WHERE state = 'deleted';
+)sql",
 };
 constexpr int kSchemaVersion = static_cast<int>(std::size(kMigrations));
 
@@ -112,9 +119,10 @@ constexpr char kRollback[] = "ROLLBACK";
 #define SBX_SANDBOX_COLS                                                                     \
   "id, tenant_id, state, template_ref, template_digest, runtime, resources, "                \
   "effective_resources, egress_profile, env, labels, timeout_s, created_at, updated_at, "    \
-  "current_operation_id, error, runtime_state"
-#define SBX_OPERATION_COLS \
-  "id, tenant_id, kind, sandbox_id, state, error, result, created_at, updated_at, completed_at"
+  "current_operation_id, error, runtime_state, idle_suspend_s"
+#define SBX_OPERATION_COLS                                                                 \
+  "id, tenant_id, kind, sandbox_id, state, error, result, created_at, updated_at, "          \
+  "completed_at, initiator"
 #define SBX_SESSION_COLS                                                                     \
   "id, tenant_id, sandbox_id, state, spec, exit_code, signal, timed_out, oom_killed, "        \
   "created_at, started_at, exited_at"
@@ -143,7 +151,7 @@ constexpr char kListLiveSandboxes[] = "SELECT " SBX_SANDBOX_COLS
                                       " FROM sandboxes WHERE state <> 'deleted'"
                                       " ORDER BY created_at, id";
 constexpr char kPutSandbox[] = "INSERT INTO sandboxes (" SBX_SANDBOX_COLS R"sql()
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)
 ON CONFLICT (id) DO UPDATE SET
   tenant_id = excluded.tenant_id, state = excluded.state,
   template_ref = excluded.template_ref, template_digest = excluded.template_digest,
@@ -152,7 +160,7 @@ ON CONFLICT (id) DO UPDATE SET
   env = excluded.env, labels = excluded.labels, timeout_s = excluded.timeout_s,
   created_at = excluded.created_at, updated_at = excluded.updated_at,
   current_operation_id = excluded.current_operation_id, error = excluded.error,
-  runtime_state = excluded.runtime_state)sql";
+  runtime_state = excluded.runtime_state, idle_suspend_s = excluded.idle_suspend_s)sql";
 
 constexpr char kGetOperation[] = "SELECT " SBX_OPERATION_COLS " FROM operations WHERE id = ?1";
 constexpr char kListUnfinishedOperations[] =
@@ -161,12 +169,12 @@ constexpr char kListUnfinishedOperations[] =
 constexpr char kListOperations[] =
     "SELECT " SBX_OPERATION_COLS " FROM operations WHERE sandbox_id = ?1 ORDER BY created_at, id";
 constexpr char kPutOperation[] = "INSERT INTO operations (" SBX_OPERATION_COLS R"sql()
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
 ON CONFLICT (id) DO UPDATE SET
   tenant_id = excluded.tenant_id, kind = excluded.kind, sandbox_id = excluded.sandbox_id,
   state = excluded.state, error = excluded.error, result = excluded.result,
   created_at = excluded.created_at, updated_at = excluded.updated_at,
-  completed_at = excluded.completed_at)sql";
+  completed_at = excluded.completed_at, initiator = excluded.initiator)sql";
 
 constexpr char kGetSession[] = "SELECT " SBX_SESSION_COLS " FROM sessions WHERE id = ?1";
 constexpr char kListSessions[] = "SELECT " SBX_SESSION_COLS
@@ -190,6 +198,15 @@ ON CONFLICT (tenant_id, key, method, route) DO UPDATE SET
   body_hash = excluded.body_hash, status = excluded.status,
   response_body = excluded.response_body, created_at = excluded.created_at)sql";
 constexpr char kPurgeIdempotency[] = "DELETE FROM idempotency_keys WHERE created_at < ?1";
+// Children first: the foreign keys are checked at COMMIT, but a dangling row must never exist.
+constexpr char kPurgeDeletedSessions[] =
+    "DELETE FROM sessions WHERE sandbox_id IN"
+    " (SELECT id FROM sandboxes WHERE state = 'deleted' AND updated_at < ?1)";
+constexpr char kPurgeDeletedOperations[] =
+    "DELETE FROM operations WHERE sandbox_id IN"
+    " (SELECT id FROM sandboxes WHERE state = 'deleted' AND updated_at < ?1)";
+constexpr char kPurgeDeletedSandboxes[] =
+    "DELETE FROM sandboxes WHERE state = 'deleted' AND updated_at < ?1";
 
 #undef SBX_SANDBOX_COLS
 #undef SBX_OPERATION_COLS
@@ -287,6 +304,7 @@ absl::StatusOr<SandboxRecord> ReadSandbox(const StmtCursor& q) {
   r.current_operation_id = q.OptText(14);
   SBX_ASSIGN_OR_RETURN(r.error, ColumnJson(q, 15, what + " error"));
   SBX_ASSIGN_OR_RETURN(r.runtime_state, ColumnJson(q, 16, what + " runtime_state"));
+  r.idle_suspend_s = q.OptInt(17);
   return r;
 }
 
@@ -303,6 +321,7 @@ absl::StatusOr<OperationRecord> ReadOperation(const StmtCursor& q) {
   r.created_at = q.Text(7);
   r.updated_at = q.Text(8);
   r.completed_at = q.OptText(9);
+  r.initiator = q.Text(10);
   return r;
 }
 
@@ -591,6 +610,7 @@ class SqliteTx final : public Tx {
     q.Bind(15, r.current_operation_id);
     SBX_RETURN_IF_ERROR(BindJson(q, 16, r.error, what + " error"));
     SBX_RETURN_IF_ERROR(BindJson(q, 17, r.runtime_state, what + " runtime_state"));
+    q.Bind(18, r.idle_suspend_s);
     return Done(q, kStep);
   }
 
@@ -614,6 +634,7 @@ class SqliteTx final : public Tx {
     SBX_RETURN_IF_ERROR(BindJson(q, 6, r.error, what + " error"));
     SBX_RETURN_IF_ERROR(BindJson(q, 7, r.result, what + " result"));
     q.Bind(8, r.created_at).Bind(9, r.updated_at).Bind(10, r.completed_at);
+    q.Bind(11, r.initiator);
     return Done(q, kStep);
   }
 
@@ -679,6 +700,21 @@ class SqliteTx final : public Tx {
   absl::StatusOr<int64_t> PurgeIdempotency(const std::string& before) override {
     constexpr std::string_view kStep = "purge idempotency keys";
     SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(kPurgeIdempotency, kStep));
+    StmtCursor q(stmt);
+    q.Bind(1, before);
+    SBX_RETURN_IF_ERROR(Done(q, kStep));
+    return static_cast<int64_t>(sqlite3_changes64(store_.db()));
+  }
+
+  absl::StatusOr<int64_t> PurgeDeletedSandboxes(const std::string& before) override {
+    constexpr std::string_view kStep = "purge deleted sandboxes";
+    for (const char* sql : {kPurgeDeletedSessions, kPurgeDeletedOperations}) {
+      SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(sql, kStep));
+      StmtCursor q(stmt);
+      q.Bind(1, before);
+      SBX_RETURN_IF_ERROR(Done(q, kStep));
+    }
+    SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(kPurgeDeletedSandboxes, kStep));
     StmtCursor q(stmt);
     q.Bind(1, before);
     SBX_RETURN_IF_ERROR(Done(q, kStep));

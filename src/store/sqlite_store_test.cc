@@ -1,5 +1,7 @@
 #include "store/sqlite_store.h"
 
+#include "common/status_util.h"
+
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 #include <stdlib.h>
@@ -80,6 +82,7 @@ SandboxRecord FullSandbox(const std::string& id) {
   r.env = {{"LANG", "C.UTF-8"}, {"EMPTY", ""}, {"UNI", "h\u00e9llo \u2603"}};
   r.labels = {{"team", "red"}, {"tier", "gold"}};
   r.timeout_s = 3600;
+  r.idle_suspend_s = 0;
   r.created_at = Ts(1);
   r.updated_at = Ts(2);
   r.current_operation_id = "op_1";
@@ -136,6 +139,7 @@ void ExpectSandboxEq(const SandboxRecord& a, const SandboxRecord& b) {
   EXPECT_EQ(a.env, b.env);
   EXPECT_EQ(a.labels, b.labels);
   EXPECT_EQ(a.timeout_s, b.timeout_s);
+  EXPECT_EQ(a.idle_suspend_s, b.idle_suspend_s);
   EXPECT_EQ(a.created_at, b.created_at);
   EXPECT_EQ(a.updated_at, b.updated_at);
   EXPECT_EQ(a.current_operation_id, b.current_operation_id);
@@ -154,6 +158,7 @@ void ExpectOperationEq(const OperationRecord& a, const OperationRecord& b) {
   EXPECT_EQ(a.created_at, b.created_at);
   EXPECT_EQ(a.updated_at, b.updated_at);
   EXPECT_EQ(a.completed_at, b.completed_at);
+  EXPECT_EQ(a.initiator, b.initiator);
 }
 
 void ExpectSessionEq(const SessionRecord& a, const SessionRecord& b) {
@@ -706,7 +711,7 @@ TEST_F(SqliteStoreTest, ReopenKeepsDataAndSchemaVersion) {
   store_.reset();
   {
     RawDb raw(path_);
-    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "1");
+    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "2");
     EXPECT_EQ(raw.QueryText("PRAGMA journal_mode"), "wal");
   }
   Open();
@@ -715,7 +720,67 @@ TEST_F(SqliteStoreTest, ReopenKeepsDataAndSchemaVersion) {
   ExpectSandboxEq(*got, FullSandbox("sbx_1"));
   store_.reset();
   RawDb raw(path_);
-  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "1");
+  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "2");
+}
+
+// A database written by the first release (schema 1) opens: rows keep their values and the new
+// columns read as "not set" (idle_suspend_s null, initiator "api").
+TEST_F(SqliteStoreTest, SchemaOneDatabaseIsMigrated) {
+  Open();
+  SandboxRecord sb = FullSandbox("sbx_1");
+  ASSERT_TRUE(Put(sb).ok());
+  OperationRecord op = MakeOperation("op_1", "sbx_1", "succeeded", 3);
+  ASSERT_TRUE(store_->Transact([&](Tx& tx) { return tx.PutOperation(op); }).ok());
+  store_.reset();
+  {
+    RawDb raw(path_);  // undo migration 2 by hand
+    raw.Exec("DROP INDEX sandboxes_deleted; ALTER TABLE sandboxes DROP COLUMN idle_suspend_s; "
+             "ALTER TABLE operations DROP COLUMN initiator; PRAGMA user_version = 1;");
+  }
+  Open();
+  auto got = Read([&](Tx& tx) { return tx.GetSandbox("sbx_1"); });
+  ASSERT_TRUE(got.ok()) << got.status();
+  sb.idle_suspend_s.reset();
+  ExpectSandboxEq(*got, sb);
+  auto got_op = Read([&](Tx& tx) { return tx.GetOperation("op_1"); });
+  ASSERT_TRUE(got_op.ok()) << got_op.status();
+  EXPECT_EQ(got_op->initiator, "api");
+}
+
+TEST_F(SqliteStoreTest, PurgeDeletedSandboxesTakesTheirOperationsAndSessions) {
+  Open();
+  for (const auto& [id, state, t] : {std::tuple{"sbx_old", "deleted", 5},
+                                     std::tuple{"sbx_new", "deleted", 50},
+                                     std::tuple{"sbx_live", "running", 1}}) {
+    SandboxRecord sb = MinimalSandbox(id);
+    sb.state = state;
+    sb.updated_at = Ts(t);
+    ASSERT_TRUE(Put(sb).ok());
+    OperationRecord op = MakeOperation(std::string("op_") + id, id, "succeeded", t);
+    op.initiator = "ttl";
+    SessionRecord ses = MakeSession(std::string("ses_") + id, id, t);
+    ASSERT_TRUE(store_->Transact([&](Tx& tx) -> absl::Status {
+      SBX_RETURN_IF_ERROR(tx.PutOperation(op));
+      return tx.PutSession(ses);
+    }).ok());
+  }
+  auto purged = Read([&](Tx& tx) { return tx.PurgeDeletedSandboxes(Ts(10)); });
+  ASSERT_TRUE(purged.ok()) << purged.status();
+  EXPECT_EQ(*purged, 1);
+  EXPECT_TRUE(absl::IsNotFound(Read([&](Tx& tx) { return tx.GetSandbox("sbx_old"); }).status()));
+  EXPECT_TRUE(
+      absl::IsNotFound(Read([&](Tx& tx) { return tx.GetOperation("op_sbx_old"); }).status()));
+  EXPECT_TRUE(
+      absl::IsNotFound(Read([&](Tx& tx) { return tx.GetSession("ses_sbx_old"); }).status()));
+  for (const char* id : {"sbx_new", "sbx_live"}) {
+    EXPECT_TRUE(Read([&](Tx& tx) { return tx.GetSandbox(id); }).ok()) << id;
+    auto op = Read([&](Tx& tx) { return tx.GetOperation(std::string("op_") + id); });
+    ASSERT_TRUE(op.ok()) << id;
+    EXPECT_EQ(op->initiator, "ttl");
+  }
+  purged = Read([&](Tx& tx) { return tx.PurgeDeletedSandboxes(Ts(10)); });
+  ASSERT_TRUE(purged.ok());
+  EXPECT_EQ(*purged, 0);
 }
 
 TEST_F(SqliteStoreTest, GarbageFileFailsCleanly) {

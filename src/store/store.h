@@ -43,7 +43,8 @@ struct SandboxRecord {
   std::string egress_profile;
   Json env = Json::object();
   Json labels = Json::object();
-  std::optional<int64_t> timeout_s;
+  std::optional<int64_t> timeout_s;       // TTL: deleted this long after created_at
+  std::optional<int64_t> idle_suspend_s;  // null: the deployment default; 0: never
   std::string created_at;  // RFC 3339
   std::string updated_at;
   std::optional<std::string> current_operation_id;
@@ -62,6 +63,7 @@ struct OperationRecord {
   std::string created_at;
   std::string updated_at;
   std::optional<std::string> completed_at;
+  std::string initiator = "api";  // api | ttl | idle (the server's own timers)
 };
 
 struct SessionRecord {
@@ -134,6 +136,9 @@ class Tx {
   virtual absl::Status PutIdempotency(const IdempotencyRecord& rec) = 0;
   // Removes keys created before `before` (RFC 3339); returns how many.
   virtual absl::StatusOr<int64_t> PurgeIdempotency(const std::string& before) = 0;
+  // Removes sandboxes deleted (state "deleted", updated_at) before `before`, with their
+  // operations and sessions; returns how many sandboxes.
+  virtual absl::StatusOr<int64_t> PurgeDeletedSandboxes(const std::string& before) = 0;
 };
 
 class Store {

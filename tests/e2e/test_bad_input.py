@@ -96,8 +96,10 @@ CREATE_CASES = [
     ("unknown_template", {"template": "no-such-template"}, 422, "template_not_found", "template"),
     ("unknown_template_tag", {"template": "base:no-such-tag"}, 422, "template_not_found", "template"),
     ("unsupported_runtime", {"runtime": "microvm"}, 501, "not_implemented", "runtime"),
-    ("ttl_not_enforced", {"timeout_s": 60}, 501, "not_implemented", "timeout_s"),
-    ("idle_suspend_not_enforced", {"idle_suspend_s": 60}, 501, "not_implemented", "idle_suspend_s"),
+    ("ttl_zero", {"timeout_s": 0}, 400, "invalid_argument", "timeout_s"),
+    ("ttl_over_30_days", {"timeout_s": 30 * 86400 + 1}, 400, "invalid_argument", "timeout_s"),
+    ("ttl_string", {"timeout_s": "60"}, 400, "invalid_argument", "timeout_s"),
+    ("idle_suspend_negative", {"idle_suspend_s": -1}, 400, "invalid_argument", "idle_suspend_s"),
 ]
 
 

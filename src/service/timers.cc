@@ -1,0 +1,147 @@
+// The server's own clock-driven work, one pass per tick:
+//   - TTL: a sandbox whose created_at + timeout_s has passed is deleted (initiator "ttl").
+//   - Idle: a running sandbox unused for idle_suspend_s is suspended (initiator "idle"): no
+//     management call, no attach stream, and no session process running. Processes started in
+//     the background do not keep it awake, as in SPACE.
+//   - Retention: idempotency keys and deleted sandboxes older than their retention are purged,
+//     once a minute.
+// Everything goes through the same calls as the API, so the operation history, the per-sandbox
+// ordering and the state checks are the same as for a client's request.
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "common/log.h"
+#include "common/time_util.h"
+#include "service/agent_stream.h"
+#include "service/sandbox_service.h"
+#include "service/sandbox_state.h"
+
+namespace sbx::service {
+
+using store::SandboxRecord;
+using store::Tx;
+
+void SandboxService::StartTimers() {
+  if (timers_) return;
+  timers_ = std::make_unique<Ticker>(opts_.timer_interval, [this] {
+    RunTimersOnce(std::chrono::system_clock::now(), ActivityTracker::Clock::now());
+  });
+}
+
+namespace {
+
+// One status call to the agent from this (non-Asio) thread.
+absl::StatusOr<nlohmann::json> CallAgentSync(const std::string& socket, nlohmann::json request) {
+  asio::io_context ioc;
+  absl::StatusOr<nlohmann::json> out = absl::UnknownError("agent call did not run");
+  asio::co_spawn(
+      ioc,
+      [&]() -> asio::awaitable<void> {
+        out = co_await AsyncCallAgent(ioc.get_executor(), socket, std::move(request),
+                                      std::chrono::milliseconds(2000));
+      },
+      asio::detached);
+  ioc.run();
+  return out;
+}
+
+}  // namespace
+
+bool SandboxService::HasRunningSession(const std::string& sandbox_id) {
+  std::vector<std::string> running;
+  absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    auto sessions = tx.ListSessions(sandbox_id);
+    if (!sessions.ok()) return sessions.status();
+    running.clear();
+    for (const auto& s : *sessions) {
+      if (s.state == "running") running.push_back(s.id);
+    }
+    return absl::OkStatus();
+  });
+  if (!st.ok()) return true;  // unknown: never suspend on a guess
+  // The store learns of an exit only when a client is attached or asks; the agent knows.
+  for (const std::string& id : running) {
+    auto sock = AgentSocketFor(sandbox_id);
+    if (!sock) return true;
+    auto status = CallAgentSync(*sock, {{"op", "status"}, {"session_id", id}});
+    if (!status.ok()) return true;
+    RecordSessionStatus(id, *status);
+    if (status->value("state", "") != "exited") return true;
+  }
+  return false;
+}
+
+void SandboxService::RunTimersOnce(std::chrono::system_clock::time_point wall,
+                                   ActivityTracker::Clock::time_point mono) {
+  std::vector<SandboxRecord> live;
+  absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    auto all = tx.ListLiveSandboxes();
+    if (!all.ok()) return all.status();
+    live = std::move(*all);
+    return absl::OkStatus();
+  });
+  if (!st.ok()) {
+    spdlog::warn("timers: list sandboxes: {}", std::string(st.message()));
+    live.clear();
+  }
+  for (const SandboxRecord& sb : live) {
+    if (sb.state == kDeleting || sb.state == kDeleted) continue;
+    log::Context lctx;
+    lctx.tenant = sb.tenant_id;
+    lctx.sandbox = sb.id;
+    log::Scope scope(lctx);
+    Caller system{sb.tenant_id, std::nullopt, ""};
+    if (sb.timeout_s) {
+      auto created = ParseRfc3339(sb.created_at);
+      if (created && wall >= *created + std::chrono::seconds(*sb.timeout_s)) {
+        system.initiator = "ttl";
+        auto r = DeleteSandbox(system, sb.id, std::nullopt);
+        if (r.ok()) {
+          spdlog::info("sandbox {}: TTL of {} s reached; deleting", sb.id, *sb.timeout_s);
+        } else {
+          spdlog::warn("sandbox {}: TTL delete: {}", sb.id, std::string(r.status().message()));
+        }
+        continue;
+      }
+    }
+    const int64_t idle_s = sb.idle_suspend_s.value_or(opts_.default_idle_suspend_s);
+    if (idle_s <= 0 || sb.state != kRunning || sb.current_operation_id) continue;
+    auto idle = activity_.IdleFor(sb.id, mono);
+    if (!idle || *idle < std::chrono::seconds(idle_s)) continue;
+    auto backend = BackendFor(sb.runtime);
+    if (!backend.ok() || !(*backend)->GetCapabilities().pause) continue;
+    if (HasRunningSession(sb.id)) continue;
+    system.initiator = "idle";
+    auto r = RequestLifecycle(system, sb.id, "suspend", std::nullopt);
+    if (r.ok()) {
+      spdlog::info("sandbox {}: idle for {} s; suspending", sb.id, idle_s);
+    } else {
+      // A client's call may have raced us (409): the next tick looks again.
+      spdlog::debug("sandbox {}: idle suspend: {}", sb.id, std::string(r.status().message()));
+    }
+  }
+
+  if (wall - last_purge_ < std::chrono::minutes(1)) return;
+  last_purge_ = wall;
+  int64_t keys = 0, sandboxes = 0;
+  st = store_.Transact([&](Tx& tx) -> absl::Status {
+    auto k = tx.PurgeIdempotency(FormatRfc3339(wall - opts_.idempotency_retention));
+    if (!k.ok()) return k.status();
+    auto d = tx.PurgeDeletedSandboxes(FormatRfc3339(wall - opts_.deleted_retention));
+    if (!d.ok()) return d.status();
+    keys = *k;
+    sandboxes = *d;
+    return absl::OkStatus();
+  });
+  if (!st.ok()) {
+    spdlog::warn("timers: retention purge: {}", std::string(st.message()));
+  } else if (keys > 0 || sandboxes > 0) {
+    spdlog::info("retention: purged {} idempotency keys and {} deleted sandboxes", keys,
+                 sandboxes);
+  }
+}
+
+}  // namespace sbx::service
