@@ -45,6 +45,15 @@ struct ServiceOptions {
   std::vector<WarmPoolConfig> warm_pools;
 };
 
+// What sbxd's configuration reload (SIGHUP) can change while sandboxes run. Everything else in
+// ServiceOptions is fixed for the life of the service.
+struct LiveOptions {
+  runtime::Resources defaults;  // for sandboxes created from now on
+  std::chrono::seconds attach_token_ttl{900};
+  // The pools wanted now; a pool missing here is turned off.
+  std::vector<WarmPoolConfig> warm_pools;
+};
+
 // A response the API returns verbatim: the first response of an idempotent call is stored and
 // replayed byte for byte.
 struct StoredResponse {
@@ -67,6 +76,14 @@ class SandboxService {
   void StartWarmPools();
   // Ready sandboxes per "runtime/template".
   std::map<std::string, int> WarmPoolReady() const { return pool_->Ready(); }
+  // The size each pool is kept at, per "runtime/template".
+  std::map<std::string, int> WarmPoolSizes() const { return pool_->Sizes(); }
+
+  // Applies `live` to what happens from now on (sandboxes already created keep their limits).
+  // Every warm pool's template and runtime is checked first: on error nothing changes.
+  absl::Status Reconfigure(const LiveOptions& live);
+  // The defaults applied to a new sandbox now.
+  runtime::Resources defaults() const;
 
   absl::StatusOr<StoredResponse> CreateSandbox(const Caller& caller,
                                                const CreateSandboxRequest& req,
@@ -121,16 +138,21 @@ class SandboxService {
                                                       const std::string& id);
 
   absl::StatusOr<WarmSandbox> BuildWarm(const WarmPoolConfig& config);
-  // A pooled sandbox that can serve `req` as requested, or nullopt.
-  std::optional<WarmSandbox> TakeWarm(const CreateSandboxRequest& req);
+  // A pooled sandbox that can serve `req` as requested with `defaults`, or nullopt.
+  std::optional<WarmSandbox> TakeWarm(const CreateSandboxRequest& req,
+                                      const runtime::Resources& defaults);
 
-  ServiceOptions opts_;
+  ServiceOptions opts_;  // opts_.defaults is the start-up value only: see defaults_
   store::Store& store_;
   ops::OperationEngine& engine_;
   TemplateRegistry templates_;
   std::map<std::string, runtime::Backend*> backends_;
   AttachTokens tokens_;
   JobWaiters waiters_;
+
+  // Its own lock: read by every create and sandbox view, written by Reconfigure only.
+  mutable std::mutex defaults_mu_;
+  runtime::Resources defaults_;
 
   mutable std::mutex mu_;
   std::map<std::string, runtime::InstancePtr> instances_;  // running sandboxes, by id
