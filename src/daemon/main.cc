@@ -192,6 +192,7 @@ int main(int argc, char** argv) {
   auto loaded = sbx::daemon::Load(cl, Environment());
   if (!loaded.ok()) return Fail(loaded.status());
   if (cl.print_config) {
+    for (const auto& w : loaded->warnings) std::cerr << "sbxd: warning: " << w << "\n";
     std::cout << sbx::daemon::ToToml(loaded->config) << std::flush;
     return 0;
   }
