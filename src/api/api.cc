@@ -83,6 +83,16 @@ json ExitJson(const protocol::ExitEvent& ev) {
 Api::Api(service::SandboxService& svc, ApiOptions opts)
     : svc_(svc), opts_(std::move(opts)), admin_token_hash_(Sha256Hex(opts_.admin_token)) {}
 
+void Api::SetLimits(const ResourceLimits& limits) {
+  std::lock_guard lock(limits_mu_);
+  opts_.limits = limits;
+}
+
+ResourceLimits Api::limits() const {
+  std::lock_guard lock(limits_mu_);
+  return opts_.limits;
+}
+
 absl::StatusOr<service::Caller> Api::Authenticate(const http::Request& req,
                                                   const std::optional<std::string>& query_token,
                                                   bool allow_attach_token) const {
@@ -167,7 +177,7 @@ Awaitable Api::Route(http::RequestContext& ctx) {
   // /v1/sandboxes
   if (seg.size() == 2 && seg[1] == "sandboxes") {
     if (method == bhttp::verb::post) {
-      auto body = ParseCreateSandbox(req.body(), opts_.limits);
+      auto body = ParseCreateSandbox(req.body(), limits());
       if (!body.ok()) co_return fail(body.status());
       auto key = IdempotencyKey(req);
       if (!key.ok()) co_return fail(key.status());

@@ -3,6 +3,7 @@
 // runtime work: lifecycle changes become operations, data-plane calls are asynchronous.
 #pragma once
 
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -15,7 +16,7 @@ namespace sbx::api {
 
 struct ApiOptions {
   std::string admin_token;  // acts for tenant "default"
-  ResourceLimits limits;
+  ResourceLimits limits;    // the start-up value; SetLimits replaces it
   std::chrono::seconds keepalive_interval{15};
 };
 
@@ -23,6 +24,10 @@ class Api {
  public:
   Api(service::SandboxService& svc, ApiOptions opts);
   http::asio::awaitable<std::optional<http::Response>> Handle(http::RequestContext& ctx);
+
+  // For requests parsed from now on (sbxd's configuration reload); safe while requests run.
+  void SetLimits(const ResourceLimits& limits);
+  ResourceLimits limits() const;
 
  private:
   http::asio::awaitable<std::optional<http::Response>> Route(http::RequestContext& ctx);
@@ -42,7 +47,8 @@ class Api {
                                                bool allow_attach_token) const;
 
   service::SandboxService& svc_;
-  ApiOptions opts_;
+  ApiOptions opts_;  // opts_.limits only under limits_mu_
+  mutable std::mutex limits_mu_;
   std::string admin_token_hash_;
 };
 

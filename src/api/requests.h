@@ -16,6 +16,8 @@
 
 namespace sbx::api {
 
+// What a create may ask for. These are the defaults of sbxd's [sandbox.limits] configuration
+// (docs/config.md), which replaces them at start-up and on a reload.
 struct ResourceLimits {
   int max_vcpu = 64;
   int max_memory_mib = 65536;

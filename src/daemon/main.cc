@@ -1,7 +1,7 @@
-// sbxd: wires the store, the runtimes, the operation engine, the service and the HTTP API, then
-// waits for SIGTERM/SIGINT. Sandboxes outlive this process: stopping sbxd stops the API only,
+// sbxd: loads its configuration (daemon/config.h), wires the store, the runtimes, the operation
+// engine, the service and the HTTP API, then waits for SIGTERM/SIGINT, and reloads the
+// configuration on SIGHUP. Sandboxes outlive this process: stopping sbxd stops the API only,
 // and the next start re-adopts what is still running.
-#include <charconv>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -9,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include "common/ids.h"
 #include "common/log.h"
 #include "common/status_util.h"
+#include "daemon/config.h"
 #include "daemon/state_files.h"
 #include "http/server.h"
 #include "ops/operation_engine.h"
@@ -34,79 +36,25 @@
 namespace {
 
 namespace fs = std::filesystem;
-
-struct Flags {
-  std::string listen = "127.0.0.1:7070";
-  std::string state_dir = "/var/lib/sbx";
-  std::string admin_token;
-  std::string runtime = "ns";
-  std::string agent_path;
-  std::string log_level = "info";
-  sbx::log::Options log;
-  int workers = 4;
-  int http_threads = 2;
-  size_t buffer_bytes = 8 << 20;
-  bool cgroup_favor_dynmods = true;
-  std::vector<std::string> warm_pools = {"base=2"};
-  int netns_pool = 4;
-  int disk_pool = 2;
-  int userns_pool = 4;
-  bool userns = true;
-  std::string seccomp_policy;  // empty: the policy embedded at build time
-  // Deployment-wide limits of every sandbox (runtime::Resources; not requestable).
-  int default_pids = sbx::runtime::Resources{}.pids;
-  int default_open_files = sbx::runtime::Resources{}.open_files;
-  int tmp_mib = sbx::runtime::Resources{}.tmp_mib;
-  int shm_mib = sbx::runtime::Resources{}.shm_mib;
-};
-
-// Range checks with messages that name the flag; run before the runtime touches the host.
-absl::Status CheckFlagRange(const char* flag, int64_t v, int64_t lo, int64_t hi,
-                            const char* why) {
-  if (v >= lo && v <= hi) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      fmt::format("{} {}: must be between {} and {} ({})", flag, v, lo, hi, why));
-}
+using sbx::daemon::Config;
 
 // A sandbox cannot get more open files than sbxd's own hard RLIMIT_NOFILE: raising a hard limit
 // needs CAP_SYS_RESOURCE, which root lacks on some hosts (20000 on the project's machines).
 // Clamped with a warning rather than refused, so the default works on such hosts.
-int ClampOpenFiles(int wanted) {
+int ClampOpenFiles(int wanted, const std::string& label) {
   rlimit rl{};
   if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) {
-    spdlog::warn("--default-open-files: getrlimit(RLIMIT_NOFILE): {}; keeping {}",
+    spdlog::warn("{}: getrlimit(RLIMIT_NOFILE): {}; keeping {}", label,
                  sbx::ErrnoMessage(errno), wanted);
     return wanted;
   }
   if (rl.rlim_max != RLIM_INFINITY && static_cast<rlim_t>(wanted) > rl.rlim_max) {
-    spdlog::warn("--default-open-files {} exceeds sbxd's hard RLIMIT_NOFILE {}, which cannot be "
-                 "raised here; sandboxes get {}",
-                 wanted, static_cast<uint64_t>(rl.rlim_max), static_cast<uint64_t>(rl.rlim_max));
+    spdlog::warn("{} exceeds sbxd's hard RLIMIT_NOFILE {}, which cannot be raised here; "
+                 "sandboxes get {}",
+                 label, static_cast<uint64_t>(rl.rlim_max), static_cast<uint64_t>(rl.rlim_max));
     return static_cast<int>(rl.rlim_max);
   }
   return wanted;
-}
-
-// "TEMPLATE=N" -> a pool of N ready sandboxes of TEMPLATE on the default runtime.
-absl::StatusOr<sbx::service::WarmPoolConfig> ParseWarmPool(const std::string& spec,
-                                                          const std::string& runtime) {
-  auto eq = spec.find('=');
-  sbx::service::WarmPoolConfig c;
-  c.runtime = runtime;
-  c.template_name = spec.substr(0, eq);
-  int n = -1;
-  if (eq != std::string::npos) {
-    const char* b = spec.data() + eq + 1;
-    const char* e = spec.data() + spec.size();
-    auto [p, ec] = std::from_chars(b, e, n);
-    if (ec != std::errc() || p != e) n = -1;
-  }
-  if (c.template_name.empty() || n < 0 || n > 256) {
-    return absl::InvalidArgumentError(
-        fmt::format("--warm-pool '{}': expected TEMPLATE=N with N from 0 to 256", spec));
-  }
-  c.size = n;
-  return c;
 }
 
 std::string DefaultAgentPath() {
@@ -116,28 +64,10 @@ std::string DefaultAgentPath() {
   return (self.parent_path() / "sbx-agent").string();
 }
 
-absl::StatusOr<std::pair<std::string, uint16_t>> SplitListen(const std::string& listen) {
-  auto colon = listen.rfind(':');
-  if (colon == std::string::npos || colon == 0) {
-    return absl::InvalidArgumentError(
-        fmt::format("--listen '{}': expected HOST:PORT, e.g. 127.0.0.1:7070", listen));
-  }
-  std::string host = listen.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  int port = -1;
-  try {
-    size_t used = 0;
-    port = std::stoi(listen.substr(colon + 1), &used);
-    if (used != listen.size() - colon - 1) port = -1;
-  } catch (const std::exception&) {
-    port = -1;
-  }
-  if (port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(fmt::format("--listen '{}': bad port", listen));
-  }
-  return std::make_pair(host, static_cast<uint16_t>(port));
+std::vector<std::string> Environment() {
+  std::vector<std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) env.emplace_back(*e);
+  return env;
 }
 
 int Fail(const absl::Status& s) {
@@ -146,86 +76,143 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
+// ---------------------------------------------------------------------------------------------
+// The configuration applied to the layers: at start-up, and for the live keys on SIGHUP. The
+// keys themselves are defined in config.cc.
+
+sbx::runtime::Resources ResourcesOf(const Config& c) {
+  const auto& d = c.sandbox.defaults;
+  sbx::runtime::Resources r;
+  r.vcpu = static_cast<int>(d.vcpu);
+  r.memory_mib = static_cast<int>(d.memory_mib);
+  r.disk_mib = static_cast<int>(d.disk_mib);
+  r.pids = static_cast<int>(d.pids);
+  r.open_files = ClampOpenFiles(static_cast<int>(d.open_files),
+                                sbx::daemon::Describe(c, "sandbox.defaults.open_files"));
+  r.tmp_mib = static_cast<int>(d.tmp_mib);
+  r.shm_mib = static_cast<int>(d.shm_mib);
+  return r;
+}
+
+sbx::api::ResourceLimits LimitsOf(const Config& c) {
+  const auto& l = c.sandbox.limits;
+  sbx::api::ResourceLimits r;
+  r.max_vcpu = static_cast<int>(l.max_vcpu);
+  r.min_memory_mib = static_cast<int>(l.min_memory_mib);
+  r.max_memory_mib = static_cast<int>(l.max_memory_mib);
+  r.min_disk_mib = static_cast<int>(l.min_disk_mib);
+  r.max_disk_mib = static_cast<int>(l.max_disk_mib);
+  return r;
+}
+
+// Pools run on the default runtime; entries of size 0 turn a pool off.
+std::vector<sbx::service::WarmPoolConfig> WarmPoolsOf(const Config& c) {
+  std::vector<sbx::service::WarmPoolConfig> out;
+  for (const auto& [name, size] : c.warm_pool) {
+    out.push_back({c.runtime.default_runtime, name, static_cast<int>(size)});
+  }
+  return out;
+}
+
+sbx::service::TimerSettings TimersOf(const Config& c) {
+  sbx::service::TimerSettings t;
+  t.default_timeout_s = c.sandbox.timers.timeout_s;
+  t.default_idle_suspend_s = c.sandbox.timers.idle_suspend_s;
+  t.idempotency_retention = std::chrono::seconds(c.retention.idempotency_keys_s);
+  t.deleted_retention = std::chrono::seconds(c.retention.deleted_sandboxes_s);
+  return t;
+}
+
+sbx::service::LiveOptions LiveOptionsOf(const Config& c) {
+  sbx::service::LiveOptions live;
+  live.defaults = ResourcesOf(c);
+  live.timers = TimersOf(c);
+  live.attach_token_ttl = std::chrono::seconds(c.sessions.attach_token_ttl_s);
+  live.warm_pools = WarmPoolsOf(c);
+  return live;
+}
+
+sbx::runtime::ns::NsOptions NsOptionsOf(const Config& c, const std::string& agent_path) {
+  const auto& ns = c.runtime.ns;
+  sbx::runtime::ns::NsOptions o;
+  o.state_dir = c.state.dir;
+  o.agent_path = agent_path;
+  o.agent_buffer_bytes = static_cast<size_t>(c.sessions.output_buffer_bytes);
+  o.cgroup_favor_dynmods = ns.cgroup_favor_dynmods;
+  o.netns_pool_size = static_cast<int>(ns.netns_pool);
+  o.disk_pool_size = static_cast<int>(ns.disk_pool);
+  o.disk_pool_mib = static_cast<int>(c.sandbox.defaults.disk_mib);
+  o.user_namespaces = ns.user_namespaces;
+  o.userns_pool_size = static_cast<int>(ns.userns_pool);
+  o.seccomp_policy_path = ns.seccomp_policy;
+  return o;
+}
+
+void SetLogLevel(const Config& c) {
+  if (auto st = sbx::log::SetLevel(c.log.level); !st.ok()) {
+    spdlog::error("SIGHUP: log.level: {}", std::string(st.message()));
+  }
+}
+
+// SIGHUP: re-reads the file and the environment over the same flags and applies what can change
+// while sbxd runs. Any error leaves the running configuration as it was.
+void Reload(const sbx::daemon::CommandLine& cl, Config& running, sbx::api::Api& api,
+            sbx::service::SandboxService& svc) {
+  auto loaded = sbx::daemon::Load(cl, Environment());
+  if (!loaded.ok()) {
+    spdlog::error("SIGHUP: configuration not reloaded, the running one stays: {}",
+                  std::string(loaded.status().message()));
+    return;
+  }
+  for (const auto& w : loaded->warnings) spdlog::warn("SIGHUP: {}", w);
+  sbx::daemon::ReloadPlan plan = sbx::daemon::PlanReload(running, loaded->config);
+  if (auto st = svc.Reconfigure(LiveOptionsOf(plan.config)); !st.ok()) {
+    spdlog::error("SIGHUP: configuration not reloaded, the running one stays: {}",
+                  std::string(st.message()));
+    return;
+  }
+  api.SetLimits(LimitsOf(plan.config));
+  SetLogLevel(plan.config);
+  for (const auto& ch : plan.needs_restart) {
+    spdlog::warn("SIGHUP: {} changed ({} -> {}) but needs a restart; keeping {}", ch.key,
+                 ch.from, ch.to, ch.from);
+  }
+  std::vector<std::string> applied;
+  for (const auto& ch : plan.applied) {
+    applied.push_back(fmt::format("{} {} -> {}", ch.key, ch.from, ch.to));
+    if (ch.key == "sandbox.defaults.disk_mib" && plan.config.runtime.default_runtime == "ns" &&
+        plan.config.runtime.ns.disk_pool > 0) {
+      spdlog::warn("SIGHUP: runtime.ns.disk_pool keeps making {} MiB disks until a restart; "
+                   "creates with the new default make theirs during the launch",
+                   ch.from);
+    }
+  }
+  running = std::move(plan.config);
+  spdlog::info("SIGHUP: configuration reloaded ({}): {}",
+               loaded->file.empty() ? std::string("no file") : loaded->file,
+               applied.empty() ? std::string("nothing to change")
+                               : fmt::format("{}", fmt::join(applied, ", ")));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  Flags f;
-  CLI::App app{"sbxd: runs untrusted code in isolated sandboxes behind an HTTP API"};
-  app.add_option("--listen", f.listen, "HOST:PORT to serve the API on (port 0 picks one)")
-      ->capture_default_str();
-  app.add_option("--state-dir", f.state_dir, "where the database, tokens and sandboxes live")
-      ->capture_default_str();
-  app.add_option("--admin-token", f.admin_token,
-                 "admin token (default: $SBX_ADMIN_TOKEN, else generated into "
-                 "STATE_DIR/admin-token)");
-  app.add_option("--runtime", f.runtime, "default runtime: ns (namespaces) or fake (no isolation, "
-                                         "tests only)")
-      ->capture_default_str();
-  app.add_option("--agent-path", f.agent_path, "sbx-agent binary (default: beside sbxd)");
-  app.add_option("--log-level", f.log_level, "trace, debug, info, warn, error")
-      ->capture_default_str();
-  app.add_option("--log-format", f.log.format, "json, text, or auto (text on a terminal)")
-      ->capture_default_str();
-  app.add_option("--log-file", f.log.file, "append the log here instead of stderr; SIGHUP "
-                                           "reopens it");
-  app.add_option("--workers", f.workers, "threads running lifecycle operations")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 64));
-  app.add_option("--http-threads", f.http_threads, "threads serving HTTP")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 64));
-  app.add_option("--output-buffer-bytes", f.buffer_bytes,
-                 "output retained per session stream by the agent")
-      ->capture_default_str()
-      ->check(CLI::Range(size_t{64 << 10}, size_t{1} << 30));
-  app.add_option("--cgroup-favor-dynmods", f.cgroup_favor_dynmods,
-                 "on hybrid cgroup v1/v2 hosts, remount the host's cgroup2 with favordynmods so "
-                 "that joining a sandbox's cgroups skips an RCU grace period (host-wide; "
-                 "false leaves the host's mount alone)")
-      ->capture_default_str();
-  app.add_option("--netns-pool", f.netns_pool,
-                 "network namespaces (lo up) kept ready for launches by an idle-priority thread; "
-                 "0 creates each one during the launch")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 256));
-  app.add_option("--disk-pool", f.disk_pool,
-                 "sandbox disks (ext4 images of the default disk_mib, loop-mounted) kept ready by "
-                 "an idle-priority thread; 0 makes each one during the launch")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 64));
-  app.add_option("--userns-pool", f.userns_pool,
-                 "uid ranges claimed and user namespaces built ahead by an idle-priority thread; 0 "
-                 "builds each one during the launch")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 256));
-  app.add_option("--userns", f.userns,
-                 "run each sandbox in its own user namespace and host uid range (false only for "
-                 "hosts whose state dir file system cannot be idmapped: sandbox root is then "
-                 "host root with fewer capabilities)")
-      ->capture_default_str();
-  app.add_option("--default-pids", f.default_pids,
-                 "pids.max of every sandbox: a fork bomb stops there (16 to 4194304)")
-      ->capture_default_str();
-  app.add_option("--default-open-files", f.default_open_files,
-                 "RLIMIT_NOFILE of sandbox processes (64 to 1048576; lowered to sbxd's own hard "
-                 "limit with a warning when above it)")
-      ->capture_default_str();
-  app.add_option("--tmp-mib", f.tmp_mib,
-                 "size of each sandbox's tmpfs /tmp in MiB (1 to 1048576; pages in it count "
-                 "against the sandbox's memory limit)")
-      ->capture_default_str();
-  app.add_option("--shm-mib", f.shm_mib,
-                 "size of each sandbox's tmpfs /dev/shm in MiB (1 to 1048576; also counted as "
-                 "memory)")
-      ->capture_default_str();
-  app.add_option("--warm-pool", f.warm_pools,
-                 "TEMPLATE=N: keep N sandboxes of TEMPLATE ready so that creates with the default "
-                 "resources skip the launch (repeatable; N=0 turns a pool off)")
-      ->capture_default_str();
-  app.add_option("--seccomp-policy", f.seccomp_policy,
-                 "seccomp policy JSON for sandboxes (format: src/runtime/ns/seccomp_policy.json; "
-                 "default: that file, embedded at build time)");
+  sbx::daemon::CommandLine cl;
+  CLI::App app{"sbxd: runs untrusted code in isolated sandboxes behind an HTTP API. Settings come "
+               "from the built-in defaults, the configuration file, SBX_* variables and these "
+               "flags, each over the one before (docs/config.md)"};
+  sbx::daemon::AddFlags(app, cl);
   CLI11_PARSE(app, argc, argv);
+
+  auto loaded = sbx::daemon::Load(cl, Environment());
+  if (!loaded.ok()) return Fail(loaded.status());
+  if (cl.print_config) {
+    for (const auto& w : loaded->warnings) std::cerr << "sbxd: warning: " << w << "\n";
+    std::cout << sbx::daemon::ToToml(loaded->config) << std::flush;
+    return 0;
+  }
+  // The running configuration: a SIGHUP replaces its live keys.
+  Config cfg = loaded->config;
 
   // A client that disconnects mid-write must cost an error code, not the daemon.
   signal(SIGPIPE, SIG_IGN);
@@ -237,106 +224,83 @@ int main(int argc, char** argv) {
   sigaddset(&stop, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
-  f.log.level = f.log_level;
-  if (auto st = sbx::log::Init(f.log); !st.ok()) return Fail(st);
-  if (f.agent_path.empty()) f.agent_path = DefaultAgentPath();
-  if (f.runtime != "ns" && f.runtime != "fake") {
-    return Fail(absl::InvalidArgumentError(
-        fmt::format("--runtime '{}': expected ns or fake", f.runtime)));
-  }
+  sbx::log::Options log_opts;
+  log_opts.level = cfg.log.level;
+  log_opts.format = cfg.log.format;
+  log_opts.file = cfg.log.file;
+  if (auto st = sbx::log::Init(log_opts); !st.ok()) return Fail(st);
+  for (const auto& w : loaded->warnings) spdlog::warn("{}", w);
+  const std::string agent_path =
+      cfg.runtime.agent_path.empty() ? DefaultAgentPath() : cfg.runtime.agent_path;
 
   // A policy that does not compile stops sbxd before anything touches the host.
-  if (!f.seccomp_policy.empty()) {
-    if (auto p = sbx::runtime::ns::BuildSeccompProgramFromFile(f.seccomp_policy); !p.ok()) {
-      return Fail(sbx::Annotate(p.status(), "--seccomp-policy"));
+  if (!cfg.runtime.ns.seccomp_policy.empty()) {
+    if (auto p = sbx::runtime::ns::BuildSeccompProgramFromFile(cfg.runtime.ns.seccomp_policy);
+        !p.ok()) {
+      return Fail(sbx::Annotate(p.status(),
+                                sbx::daemon::Describe(cfg, "runtime.ns.seccomp_policy")));
     }
   }
-  auto listen = SplitListen(f.listen);
+  auto listen = sbx::daemon::SplitListen(cfg.server.listen);
   if (!listen.ok()) return Fail(listen.status());
-  for (const absl::Status& st :
-       {CheckFlagRange("--default-pids", f.default_pids, 16, 4194304,
-                       "the agent and a shell need a few; the kernel's pid_max caps the rest"),
-        CheckFlagRange("--default-open-files", f.default_open_files, 64, 1048576,
-                       "below 64 ordinary programs fail; 1048576 is the kernel's default nr_open"),
-        CheckFlagRange("--tmp-mib", f.tmp_mib, 1, 1048576, "a tmpfs size in MiB"),
-        CheckFlagRange("--shm-mib", f.shm_mib, 1, 1048576, "a tmpfs size in MiB")}) {
-    if (!st.ok()) return Fail(st);
-  }
-  sbx::runtime::Resources defaults;
-  defaults.pids = f.default_pids;
-  defaults.open_files = ClampOpenFiles(f.default_open_files);
-  defaults.tmp_mib = f.tmp_mib;
-  defaults.shm_mib = f.shm_mib;
-  if (auto st = sbx::daemon::EnsureStateDir(f.state_dir); !st.ok()) return Fail(st);
-  if (f.admin_token.empty()) {
-    if (const char* env = std::getenv("SBX_ADMIN_TOKEN"); env && *env) f.admin_token = env;
-  }
-  auto admin = sbx::daemon::LoadOrCreateSecret(fs::path(f.state_dir) / "admin-token",
-                                               f.admin_token);
+  const sbx::runtime::Resources defaults = ResourcesOf(cfg);
+  const std::string& state_dir = cfg.state.dir;
+  if (auto st = sbx::daemon::EnsureStateDir(state_dir); !st.ok()) return Fail(st);
+  auto admin = sbx::daemon::LoadOrCreateSecret(fs::path(state_dir) / "admin-token",
+                                               cfg.server.admin_token);
   if (!admin.ok()) return Fail(admin.status());
-  auto attach_key = sbx::daemon::LoadOrCreateSecret(fs::path(f.state_dir) / "attach-key", "");
+  auto attach_key = sbx::daemon::LoadOrCreateSecret(fs::path(state_dir) / "attach-key", "");
   if (!attach_key.ok()) return Fail(attach_key.status());
 
-  auto store = sbx::store::OpenSqliteStore((fs::path(f.state_dir) / "sbx.db").string());
+  auto store = sbx::store::OpenSqliteStore((fs::path(state_dir) / "sbx.db").string());
   if (!store.ok()) return Fail(store.status());
-  auto templates = sbx::service::TemplateRegistry::Create(f.state_dir);
+  auto templates = sbx::service::TemplateRegistry::Create(state_dir);
   if (!templates.ok()) return Fail(templates.status());
-  // Checked before the runtime touches the host.
-  std::vector<sbx::service::WarmPoolConfig> warm_pools;
-  for (const auto& spec : f.warm_pools) {
-    auto pool = ParseWarmPool(spec, f.runtime);
-    if (!pool.ok()) return Fail(pool.status());
-    if (pool->size > 0) {
-      // A pool of a template that does not exist would only log failed builds forever.
-      if (auto t = templates->Resolve(pool->template_name); !t.ok()) {
-        return Fail(absl::InvalidArgumentError(
-            fmt::format("--warm-pool '{}': {}", spec, std::string(t.status().message()))));
-      }
+  // Checked before the runtime touches the host: a pool of a template that does not exist
+  // would only log failed builds forever.
+  for (const auto& pool : WarmPoolsOf(cfg)) {
+    if (pool.size == 0) continue;
+    if (auto t = templates->Resolve(pool.template_name); !t.ok()) {
+      return Fail(absl::InvalidArgumentError(
+          fmt::format("{}: {}", sbx::daemon::Describe(cfg, "warm_pool." + pool.template_name),
+                      std::string(t.status().message()))));
     }
-    warm_pools.push_back(*pool);
   }
 
   std::map<std::string, sbx::runtime::Backend*> backends;
   std::unique_ptr<sbx::runtime::Backend> ns_backend, fake_backend;
-  if (f.runtime == "ns") {
-    sbx::runtime::ns::NsOptions nopts;
-    nopts.state_dir = f.state_dir;
-    nopts.agent_path = f.agent_path;
-    nopts.agent_buffer_bytes = f.buffer_bytes;
-    nopts.cgroup_favor_dynmods = f.cgroup_favor_dynmods;
-    nopts.netns_pool_size = f.netns_pool;
-    nopts.disk_pool_size = f.disk_pool;
-    nopts.user_namespaces = f.userns;
-    nopts.userns_pool_size = f.userns_pool;
-    nopts.seccomp_policy_path = f.seccomp_policy;
-    ns_backend = std::make_unique<sbx::runtime::ns::NsBackend>(nopts);
+  if (cfg.runtime.default_runtime == "ns") {
+    ns_backend = std::make_unique<sbx::runtime::ns::NsBackend>(NsOptionsOf(cfg, agent_path));
     if (auto st = ns_backend->Probe(); !st.ok()) {
       return Fail(sbx::Annotate(st, "runtime ns cannot work on this host"));
     }
     backends["ns"] = ns_backend.get();
   } else {
-    fake_backend =
-        std::make_unique<sbx::runtime::FakeBackend>(f.state_dir, f.agent_path, f.buffer_bytes);
+    fake_backend = std::make_unique<sbx::runtime::FakeBackend>(
+        state_dir, agent_path, static_cast<size_t>(cfg.sessions.output_buffer_bytes));
     if (auto st = fake_backend->Probe(); !st.ok()) return Fail(sbx::Annotate(st, "runtime fake"));
     backends["fake"] = fake_backend.get();
   }
 
-  sbx::ops::OperationEngine engine(f.workers);
+  sbx::ops::OperationEngine engine(static_cast<int>(cfg.runtime.workers));
   sbx::service::ServiceOptions sopts;
-  sopts.default_runtime = f.runtime;
+  sopts.default_runtime = cfg.runtime.default_runtime;
   sopts.attach_key = *attach_key;
-  sopts.warm_pools = std::move(warm_pools);
+  sopts.attach_token_ttl = std::chrono::seconds(cfg.sessions.attach_token_ttl_s);
+  sopts.warm_pools = WarmPoolsOf(cfg);
   sopts.defaults = defaults;
-  sopts.output_buffer_bytes = static_cast<int64_t>(f.buffer_bytes);
+  sopts.output_buffer_bytes = cfg.sessions.output_buffer_bytes;
+  sopts.timers = TimersOf(cfg);
   sbx::service::SandboxService svc(sopts, **store, engine, std::move(*templates), backends);
 
   sbx::api::ApiOptions aopts;
   aopts.admin_token = *admin;
+  aopts.limits = LimitsOf(cfg);
   sbx::api::Api api(svc, aopts);
   sbx::http::ServerOptions hopts;
   hopts.host = listen->first;
   hopts.port = listen->second;
-  hopts.threads = f.http_threads;
+  hopts.threads = static_cast<int>(cfg.server.http_threads);
   sbx::http::Server server(
       hopts, [&api](sbx::http::RequestContext& ctx) { return api.Handle(ctx); },
       sbx::api::RawErrorResponse);
@@ -353,16 +317,20 @@ int main(int argc, char** argv) {
 
   std::string host = hopts.host.find(':') != std::string::npos ? "[" + hopts.host + "]" : hopts.host;
   std::cout << "sbxd listening on http://" << host << ":" << server.port() << std::endl;
-  spdlog::info("sbxd ready: runtime {}, state dir {}, admin token in {}", f.runtime, f.state_dir,
-               f.admin_token.empty() ? (fs::path(f.state_dir) / "admin-token").string()
-                                     : std::string("--admin-token/SBX_ADMIN_TOKEN"));
+  auto token_origin = cfg.origins.find("server.admin_token");
+  spdlog::info("sbxd ready: runtime {}, state dir {}, configuration file {}, admin token from {}",
+               cfg.runtime.default_runtime, state_dir,
+               loaded->file.empty() ? std::string("none") : loaded->file,
+               cfg.server.admin_token.empty() || token_origin == cfg.origins.end()
+                   ? (fs::path(state_dir) / "admin-token").string()
+                   : token_origin->second.where);
 
   for (;;) {
     int sig = 0;
     sigwait(&stop, &sig);
     if (sig == SIGHUP) {
       sbx::log::Reopen();
-      spdlog::info("SIGHUP: log file reopened; nothing else to reload yet");
+      Reload(cl, cfg, api, svc);
       continue;
     }
     spdlog::info("signal {}: stopping the API; sandboxes keep running", sig);

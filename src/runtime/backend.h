@@ -37,6 +37,9 @@ struct Resources {
   int open_files = 4096;
   int tmp_mib = 256;      // size of the tmpfs on /tmp (charged to the memory limit when used)
   int shm_mib = 64;       // size of the tmpfs on /dev/shm (likewise)
+
+  // Defaulted so that a field added later is compared too (warm pools match on all of them).
+  friend bool operator==(const Resources&, const Resources&) = default;
 };
 
 struct BindMount {

@@ -24,7 +24,7 @@ AttachTokens::Minted AttachTokens::Mint(const std::string& session_id,
 AttachTokens::Minted AttachTokens::MintAt(const std::string& session_id,
                                           const std::string& tenant_id,
                                           std::chrono::system_clock::time_point now) const {
-  auto exp = now + ttl_;
+  auto exp = now + ttl();
   int64_t exp_unix =
       std::chrono::duration_cast<std::chrono::seconds>(exp.time_since_epoch()).count();
   nlohmann::json claims = {{"sid", session_id}, {"ten", tenant_id}, {"exp", exp_unix}};

@@ -4,6 +4,7 @@
 // client may hand to a less trusted component that only needs the stream.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <string>
 
@@ -13,7 +14,15 @@ namespace sbx::service {
 
 class AttachTokens {
  public:
-  AttachTokens(std::string key, std::chrono::seconds ttl) : key_(std::move(key)), ttl_(ttl) {}
+  AttachTokens(std::string key, std::chrono::seconds ttl)
+      : key_(std::move(key)), ttl_s_(ttl.count()) {}
+
+  // For tokens minted from now on (sbxd's configuration reload); tokens already out keep the
+  // expiry they carry.
+  void SetTtl(std::chrono::seconds ttl) { ttl_s_.store(ttl.count(), std::memory_order_relaxed); }
+  std::chrono::seconds ttl() const {
+    return std::chrono::seconds(ttl_s_.load(std::memory_order_relaxed));
+  }
 
   struct Minted {
     std::string token;
@@ -35,7 +44,7 @@ class AttachTokens {
 
  private:
   std::string key_;
-  std::chrono::seconds ttl_;
+  std::atomic<int64_t> ttl_s_;
 };
 
 }  // namespace sbx::service

@@ -29,15 +29,16 @@ absl::Status BadId(std::string_view kind, const std::string& id) {
 }
 
 // effective_resources of a new sandbox: what it was asked for, the rest from the deployment.
-json EffectiveResources(const CreateSandboxRequest& req, const ServiceOptions& o) {
-  return {{"vcpu", req.vcpu.value_or(o.defaults.vcpu)},
-          {"memory_mib", req.memory_mib.value_or(o.defaults.memory_mib)},
-          {"disk_mib", req.disk_mib.value_or(o.defaults.disk_mib)},
-          {"pids", o.defaults.pids},
-          {"open_files", o.defaults.open_files},
-          {"tmp_mib", o.defaults.tmp_mib},
-          {"shm_mib", o.defaults.shm_mib},
-          {"output_buffer_bytes", o.output_buffer_bytes}};
+json EffectiveResources(const CreateSandboxRequest& req, const runtime::Resources& d,
+                        int64_t output_buffer_bytes) {
+  return {{"vcpu", req.vcpu.value_or(d.vcpu)},
+          {"memory_mib", req.memory_mib.value_or(d.memory_mib)},
+          {"disk_mib", req.disk_mib.value_or(d.disk_mib)},
+          {"pids", d.pids},
+          {"open_files", d.open_files},
+          {"tmp_mib", d.tmp_mib},
+          {"shm_mib", d.shm_mib},
+          {"output_buffer_bytes", output_buffer_bytes}};
 }
 
 // Sandboxes stored before a key existed get today's deployment default for it, both when
@@ -60,8 +61,9 @@ runtime::Resources ResourcesOf(const json& eff, const runtime::Resources& d) {
   return r;
 }
 
-void FillEffectiveDefaults(SandboxRecord& sb, const ServiceOptions& o) {
-  const runtime::Resources r = ResourcesOf(sb.effective_resources, o.defaults);
+void FillEffectiveDefaults(SandboxRecord& sb, const runtime::Resources& defaults,
+                           int64_t output_buffer_bytes) {
+  const runtime::Resources r = ResourcesOf(sb.effective_resources, defaults);
   json eff = sb.effective_resources.is_object() ? sb.effective_resources : json::object();
   for (const auto& [k, v] : {std::pair<const char*, int>{"vcpu", r.vcpu},
                              {"memory_mib", r.memory_mib},
@@ -72,7 +74,7 @@ void FillEffectiveDefaults(SandboxRecord& sb, const ServiceOptions& o) {
                              {"shm_mib", r.shm_mib}}) {
     if (!eff.contains(k)) eff[k] = v;
   }
-  if (!eff.contains("output_buffer_bytes")) eff["output_buffer_bytes"] = o.output_buffer_bytes;
+  if (!eff.contains("output_buffer_bytes")) eff["output_buffer_bytes"] = output_buffer_bytes;
   sb.effective_resources = std::move(eff);
 }
 
@@ -207,7 +209,9 @@ SandboxService::SandboxService(ServiceOptions opts, store::Store& store,
       engine_(engine),
       templates_(std::move(templates)),
       backends_(std::move(backends)),
-      tokens_(opts_.attach_key, opts_.attach_token_ttl) {
+      tokens_(opts_.attach_key, opts_.attach_token_ttl),
+      defaults_(opts_.defaults),
+      timer_settings_(opts_.timers) {
   engine_.SetJobDoneHook([this](const std::string& sandbox_id) { waiters_.Notify(sandbox_id); });
   pool_ = std::make_unique<WarmPool>(
       opts_.warm_pools, [this](const WarmPoolConfig& c) { return BuildWarm(c); });
@@ -221,32 +225,66 @@ void SandboxService::StartWarmPools() {
   pool_->Start();
 }
 
+runtime::Resources SandboxService::defaults() const {
+  std::lock_guard lock(defaults_mu_);
+  return defaults_;
+}
+
+TimerSettings SandboxService::timer_settings() const {
+  std::lock_guard lock(defaults_mu_);
+  return timer_settings_;
+}
+
+absl::Status SandboxService::Reconfigure(const LiveOptions& live) {
+  for (const auto& p : live.warm_pools) {
+    if (p.size <= 0) continue;
+    const std::string what = fmt::format("warm pool {}={}", p.template_name, p.size);
+    SBX_RETURN_IF_ERROR(Annotate(templates_.Resolve(p.template_name).status(), what));
+    SBX_RETURN_IF_ERROR(Annotate(BackendFor(p.runtime).status(), what));
+  }
+  bool defaults_changed = false;
+  {
+    std::lock_guard lock(defaults_mu_);
+    defaults_changed = !(defaults_ == live.defaults);
+    defaults_ = live.defaults;
+    timer_settings_ = live.timers;
+  }
+  tokens_.SetTtl(live.attach_token_ttl);
+  pool_->Resize(live.warm_pools);
+  // Pooled sandboxes carry the old limits: Take would skip them anyway, one create at a time.
+  if (defaults_changed) pool_->Flush();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<WarmSandbox> SandboxService::BuildWarm(const WarmPoolConfig& config) {
   SBX_ASSIGN_OR_RETURN(runtime::Backend* backend, BackendFor(config.runtime));
   SBX_ASSIGN_OR_RETURN(runtime::TemplateSpec tmpl, templates_.Resolve(config.template_name));
   runtime::SandboxSpec spec;
   spec.id = NewId("sbx");
   spec.tmpl = tmpl;
-  spec.resources = opts_.defaults;
+  spec.resources = defaults();
   spec.hostname = spec.id.substr(0, 16);
   // The runtime's lines during the build name the sandbox, as in an operation.
   log::Context lctx;
   lctx.sandbox = spec.id;
   log::Scope scope(lctx);
   SBX_ASSIGN_OR_RETURN(runtime::InstancePtr inst, backend->Create(spec));
-  return WarmSandbox{std::move(inst), config.runtime, config.template_name, tmpl.digest};
+  return WarmSandbox{std::move(inst), config.runtime, config.template_name, tmpl.digest,
+                     spec.resources};
 }
 
-std::optional<WarmSandbox> SandboxService::TakeWarm(const CreateSandboxRequest& req) {
+std::optional<WarmSandbox> SandboxService::TakeWarm(const CreateSandboxRequest& req,
+                                                    const runtime::Resources& defaults) {
   // Pooled sandboxes have the default limits; any other request is built cold.
-  if ((req.vcpu && *req.vcpu != opts_.defaults.vcpu) ||
-      (req.memory_mib && *req.memory_mib != opts_.defaults.memory_mib) ||
-      (req.disk_mib && *req.disk_mib != opts_.defaults.disk_mib)) {
+  if ((req.vcpu && *req.vcpu != defaults.vcpu) ||
+      (req.memory_mib && *req.memory_mib != defaults.memory_mib) ||
+      (req.disk_mib && *req.disk_mib != defaults.disk_mib)) {
     return std::nullopt;
   }
   auto tmpl = templates_.Resolve(req.template_ref);
   if (!tmpl.ok()) return std::nullopt;
-  return pool_->Take(req.runtime.value_or(opts_.default_runtime), tmpl->name, tmpl->digest);
+  return pool_->Take(req.runtime.value_or(opts_.default_runtime), tmpl->name, tmpl->digest,
+                     defaults);
 }
 
 bool SandboxService::ready() const {
@@ -294,7 +332,10 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
   std::optional<Created> created;
   // Taken before the transaction, which may run more than once (busy retries); it goes back to
   // the pool unless the transaction records it.
-  std::optional<WarmSandbox> warm = TakeWarm(req);
+  // One snapshot for the whole create: a reload meanwhile must not give a pooled sandbox built
+  // with the old defaults the new ones' effective_resources.
+  const runtime::Resources defaults = this->defaults();
+  std::optional<WarmSandbox> warm = TakeWarm(req, defaults);
   bool warm_used = false;
   absl::Status tx_status = store_.Transact([&](Tx& tx) -> absl::Status {
     warm_used = false;
@@ -321,15 +362,16 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
     if (req.vcpu) sb.resources["vcpu"] = *req.vcpu;
     if (req.memory_mib) sb.resources["memory_mib"] = *req.memory_mib;
     if (req.disk_mib) sb.resources["disk_mib"] = *req.disk_mib;
-    sb.effective_resources = EffectiveResources(req, opts_);
+    sb.effective_resources = EffectiveResources(req, defaults, opts_.output_buffer_bytes);
     sb.egress_profile = req.egress_profile;
     sb.env = req.env;
     sb.labels = req.labels;
     // Stored as effective values, so a later change of the defaults (SIGHUP) does not move the
     // deadline of a sandbox that already exists.
-    const int64_t ttl = req.timeout_s.value_or(opts_.default_timeout_s);
+    const TimerSettings timers = timer_settings();
+    const int64_t ttl = req.timeout_s.value_or(timers.default_timeout_s);
     if (ttl > 0) sb.timeout_s = ttl;
-    sb.idle_suspend_s = req.idle_suspend_s.value_or(opts_.default_idle_suspend_s);
+    sb.idle_suspend_s = req.idle_suspend_s.value_or(timers.default_idle_suspend_s);
     sb.created_at = now;
     sb.updated_at = now;
     OperationRecord op = NewOperation(caller.tenant_id, "create", sb.id, now);
@@ -423,7 +465,7 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
     runtime::SandboxSpec spec;
     spec.id = sb.id;
     spec.tmpl = *tmpl;
-    spec.resources = ResourcesOf(sb.effective_resources, opts_.defaults);
+    spec.resources = ResourcesOf(sb.effective_resources, defaults());
     // The sandbox env is applied per session (CreateSession), as for pooled sandboxes.
     spec.hostname = sb.id.substr(0, 16);
     inst = (*backend)->Create(spec);
@@ -493,7 +535,7 @@ absl::StatusOr<SandboxRecord> SandboxService::GetSandbox(const Caller& caller,
     SBX_ASSIGN_OR_RETURN(out, VisibleSandbox(tx, caller, id));
     return absl::OkStatus();
   }));
-  FillEffectiveDefaults(out, opts_);
+  FillEffectiveDefaults(out, defaults(), opts_.output_buffer_bytes);
   return out;
 }
 
@@ -509,7 +551,8 @@ absl::StatusOr<store::Page<SandboxRecord>> SandboxService::ListSandboxes(
     SBX_ASSIGN_OR_RETURN(page, tx.ListSandboxes(filter));
     return absl::OkStatus();
   }));
-  for (auto& sb : page.items) FillEffectiveDefaults(sb, opts_);
+  const runtime::Resources d = defaults();
+  for (auto& sb : page.items) FillEffectiveDefaults(sb, d, opts_.output_buffer_bytes);
   return page;
 }
 

@@ -32,6 +32,17 @@
 
 namespace sbx::service {
 
+// Server-side timers (timers.cc). A create without timeout_s gets default_timeout_s (0: no
+// TTL); without idle_suspend_s, default_idle_suspend_s (0: never suspended for idleness). The
+// retentions say how long records are kept: idempotency keys (replays of a retried call), and
+// deleted sandboxes with their operations and sessions (GET still answers for them until then).
+struct TimerSettings {
+  int64_t default_timeout_s = 0;
+  int64_t default_idle_suspend_s = 6 * 3600;
+  std::chrono::seconds idempotency_retention{24 * 3600};
+  std::chrono::seconds deleted_retention{7 * 24 * 3600};
+};
+
 struct ServiceOptions {
   std::string default_runtime = "ns";
   // Applied where a request omits a resource; pids, open_files, tmp_mib and shm_mib are not
@@ -45,15 +56,18 @@ struct ServiceOptions {
   // Sandboxes kept ready per runtime and template (warm_pool.h); a create with the default
   // resources is served from them.
   std::vector<WarmPoolConfig> warm_pools;
-  // Server-side timers (timers.cc). A create without timeout_s gets default_timeout_s (0: no
-  // TTL); without idle_suspend_s, default_idle_suspend_s (0: never suspended for idleness).
-  int64_t default_timeout_s = 0;
-  int64_t default_idle_suspend_s = 6 * 3600;
-  // How long records are kept: idempotency keys (replays of a retried call), and deleted
-  // sandboxes with their operations and sessions (GET still answers for them until then).
-  std::chrono::seconds idempotency_retention{24 * 3600};
-  std::chrono::seconds deleted_retention{7 * 24 * 3600};
+  TimerSettings timers;
   std::chrono::milliseconds timer_interval{1000};
+};
+
+// What sbxd's configuration reload (SIGHUP) can change while sandboxes run. Everything else in
+// ServiceOptions is fixed for the life of the service.
+struct LiveOptions {
+  runtime::Resources defaults;  // for sandboxes created from now on
+  TimerSettings timers;
+  std::chrono::seconds attach_token_ttl{900};
+  // The pools wanted now; a pool missing here is turned off.
+  std::vector<WarmPoolConfig> warm_pools;
 };
 
 // A response the API returns verbatim: the first response of an idempotent call is stored and
@@ -86,6 +100,15 @@ class SandboxService {
   ActivityTracker& activity() { return activity_; }
   // Ready sandboxes per "runtime/template".
   std::map<std::string, int> WarmPoolReady() const { return pool_->Ready(); }
+  // The size each pool is kept at, per "runtime/template".
+  std::map<std::string, int> WarmPoolSizes() const { return pool_->Sizes(); }
+
+  // Applies `live` to what happens from now on (sandboxes already created keep their limits).
+  // Every warm pool's template and runtime is checked first: on error nothing changes.
+  absl::Status Reconfigure(const LiveOptions& live);
+  // The defaults applied to a new sandbox now.
+  runtime::Resources defaults() const;
+  TimerSettings timer_settings() const;
 
   absl::StatusOr<StoredResponse> CreateSandbox(const Caller& caller,
                                                const CreateSandboxRequest& req,
@@ -143,16 +166,22 @@ class SandboxService {
                                                       const std::string& id);
 
   absl::StatusOr<WarmSandbox> BuildWarm(const WarmPoolConfig& config);
-  // A pooled sandbox that can serve `req` as requested, or nullopt.
-  std::optional<WarmSandbox> TakeWarm(const CreateSandboxRequest& req);
+  // A pooled sandbox that can serve `req` as requested with `defaults`, or nullopt.
+  std::optional<WarmSandbox> TakeWarm(const CreateSandboxRequest& req,
+                                      const runtime::Resources& defaults);
 
-  ServiceOptions opts_;
+  ServiceOptions opts_;  // opts_.defaults is the start-up value only: see defaults_
   store::Store& store_;
   ops::OperationEngine& engine_;
   TemplateRegistry templates_;
   std::map<std::string, runtime::Backend*> backends_;
   AttachTokens tokens_;
   JobWaiters waiters_;
+
+  // Its own lock: read by every create and sandbox view, written by Reconfigure only.
+  mutable std::mutex defaults_mu_;
+  runtime::Resources defaults_;
+  TimerSettings timer_settings_;
 
   mutable std::mutex mu_;
   std::map<std::string, runtime::InstancePtr> instances_;  // running sandboxes, by id

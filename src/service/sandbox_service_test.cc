@@ -118,7 +118,7 @@ class SandboxServiceTest : public ::testing::Test {
     opts.defaults = defaults_;
     opts.output_buffer_bytes = output_buffer_bytes_;
     opts.attach_key = "test-key";
-    opts.default_timeout_s = default_timeout_s_;
+    opts.timers.default_timeout_s = default_timeout_s_;
     svc_ = std::make_unique<SandboxService>(
         opts, *store_, *engine_, std::move(*templates),
         std::map<std::string, runtime::Backend*>{{"fake", fake_.get()},
@@ -231,6 +231,42 @@ TEST_F(SandboxServiceTest, EffectiveResourcesCombineTheRequestAndDeploymentDefau
   EXPECT_EQ(got.open_files, 1000);
   EXPECT_EQ(got.tmp_mib, 32);
   EXPECT_EQ(got.shm_mib, 16);
+}
+
+TEST_F(SandboxServiceTest, ReconfigureChangesWhatNewCreatesGetAndNothingOnError) {
+  const std::string before = CreateRunning("recording");
+  LiveOptions live;
+  live.defaults.pids = 77;
+  live.defaults.memory_mib = 300;
+  live.attach_token_ttl = 60s;
+  live.warm_pools = {{"fake", "base", 1}};
+  ASSERT_TRUE(svc_->Reconfigure(live).ok());
+  EXPECT_EQ(svc_->attach_tokens().ttl(), 60s);
+  EXPECT_EQ(svc_->WarmPoolSizes().at("fake/base"), 1);
+
+  const std::string after = CreateRunning("recording");
+  EXPECT_EQ(recording_->last().resources.pids, 77);
+  EXPECT_EQ(recording_->last().resources.memory_mib, 300);
+  auto sb = svc_->GetSandbox(caller_, after);
+  ASSERT_TRUE(sb.ok()) << sb.status();
+  EXPECT_EQ(sb->effective_resources["pids"], 77);
+  EXPECT_EQ(sb->effective_resources["memory_mib"], 300);
+  // A sandbox that exists keeps what it was created with.
+  sb = svc_->GetSandbox(caller_, before);
+  ASSERT_TRUE(sb.ok()) << sb.status();
+  EXPECT_EQ(sb->effective_resources["pids"], runtime::Resources{}.pids);
+
+  // A pool of a template that does not exist: refused, and nothing else changes either.
+  LiveOptions bad = live;
+  bad.defaults.pids = 99;
+  bad.attach_token_ttl = 5s;
+  bad.warm_pools = {{"fake", "base", 0}, {"fake", "nope", 1}};
+  absl::Status st = svc_->Reconfigure(bad);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(std::string(st.message()).find("warm pool nope=1"), std::string::npos) << st;
+  EXPECT_EQ(svc_->defaults().pids, 77);
+  EXPECT_EQ(svc_->attach_tokens().ttl(), 60s);
+  EXPECT_EQ(svc_->WarmPoolSizes().at("fake/base"), 1);
 }
 
 TEST_F(SandboxServiceTest, SandboxesStoredBeforeNewResourceKeysShowDefaults) {

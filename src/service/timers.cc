@@ -107,7 +107,7 @@ void SandboxService::RunTimersOnce(std::chrono::system_clock::time_point wall,
         continue;
       }
     }
-    const int64_t idle_s = sb.idle_suspend_s.value_or(opts_.default_idle_suspend_s);
+    const int64_t idle_s = sb.idle_suspend_s.value_or(timer_settings().default_idle_suspend_s);
     if (idle_s <= 0 || sb.state != kRunning || sb.current_operation_id) continue;
     auto idle = activity_.IdleFor(sb.id, mono);
     if (!idle || *idle < std::chrono::seconds(idle_s)) continue;
@@ -127,10 +127,11 @@ void SandboxService::RunTimersOnce(std::chrono::system_clock::time_point wall,
   if (wall - last_purge_ < std::chrono::minutes(1)) return;
   last_purge_ = wall;
   int64_t keys = 0, sandboxes = 0;
+  const TimerSettings timers = timer_settings();
   st = store_.Transact([&](Tx& tx) -> absl::Status {
-    auto k = tx.PurgeIdempotency(FormatRfc3339(wall - opts_.idempotency_retention));
+    auto k = tx.PurgeIdempotency(FormatRfc3339(wall - timers.idempotency_retention));
     if (!k.ok()) return k.status();
-    auto d = tx.PurgeDeletedSandboxes(FormatRfc3339(wall - opts_.deleted_retention));
+    auto d = tx.PurgeDeletedSandboxes(FormatRfc3339(wall - timers.deleted_retention));
     if (!d.ok()) return d.status();
     keys = *k;
     sandboxes = *d;

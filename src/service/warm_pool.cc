@@ -23,8 +23,64 @@ WarmPool::~WarmPool() { Stop(); }
 
 void WarmPool::Start() {
   std::lock_guard lock(mu_);
-  if (pools_.empty() || filler_.joinable() || stopping_) return;
-  filler_ = std::thread([this] { FillLoop(); });
+  started_ = true;
+  StartLocked();
+}
+
+void WarmPool::StartLocked() {
+  if (!started_ || filler_.joinable() || stopping_) return;
+  bool any = false;
+  for (const auto& [key, pool] : pools_) any = any || pool.config.size > 0;
+  if (any) filler_ = std::thread([this] { FillLoop(); });
+}
+
+void WarmPool::Resize(const std::vector<WarmPoolConfig>& configs) {
+  std::vector<WarmSandbox> doomed;
+  {
+    std::lock_guard lock(mu_);
+    std::map<std::string, int> sizes;
+    for (const auto& c : configs) sizes[Key(c.runtime, c.template_name)] = std::max(0, c.size);
+    for (auto& [key, pool] : pools_) {
+      if (!sizes.count(key)) sizes[key] = 0;
+    }
+    for (const auto& c : configs) {
+      std::string key = Key(c.runtime, c.template_name);
+      if (sizes[key] > 0 && !pools_.count(key)) {
+        pools_[key].config = c;
+        pools_[key].config.size = 0;  // set below, with the others
+      }
+    }
+    for (auto& [key, pool] : pools_) {
+      const int size = sizes[key];
+      if (pool.config.size != size) {
+        spdlog::info("warm pool {}: size {} -> {}", key, pool.config.size, size);
+      }
+      pool.config.size = size;
+      // A new size deserves a new try at once, not after a failed pool's backoff.
+      pool.failures = 0;
+      pool.retry_at = {};
+      while (static_cast<int>(pool.ready.size()) > size) {
+        doomed.push_back(std::move(pool.ready.back()));
+        pool.ready.pop_back();
+      }
+    }
+    StartLocked();
+  }
+  cv_.notify_all();
+  DestroyAll(std::move(doomed));
+}
+
+void WarmPool::Flush() {
+  std::vector<WarmSandbox> doomed;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [key, pool] : pools_) {
+      for (auto& sb : pool.ready) doomed.push_back(std::move(sb));
+      pool.ready.clear();
+    }
+  }
+  cv_.notify_all();
+  DestroyAll(std::move(doomed));
 }
 
 void WarmPool::Stop() {
@@ -47,7 +103,8 @@ void WarmPool::Stop() {
 
 std::optional<WarmSandbox> WarmPool::Take(const std::string& runtime,
                                           const std::string& template_name,
-                                          const std::string& digest) {
+                                          const std::string& digest,
+                                          const runtime::Resources& resources) {
   std::vector<WarmSandbox> doomed;
   std::optional<WarmSandbox> out;
   {
@@ -58,7 +115,7 @@ std::optional<WarmSandbox> WarmPool::Take(const std::string& runtime,
     while (!ready.empty()) {
       WarmSandbox sb = std::move(ready.front());
       ready.pop_front();
-      if (sb.template_digest == digest && sb.instance->Alive()) {
+      if (sb.template_digest == digest && sb.resources == resources && sb.instance->Alive()) {
         out = std::move(sb);
         break;
       }
@@ -67,7 +124,8 @@ std::optional<WarmSandbox> WarmPool::Take(const std::string& runtime,
   }
   cv_.notify_all();  // the pool is one short now
   if (!doomed.empty()) {
-    spdlog::warn("warm pool {}/{}: dropped {} stale sandbox(es) (template changed or agent gone)",
+    spdlog::warn("warm pool {}/{}: dropped {} stale sandbox(es) (template or default resources "
+                 "changed, or agent gone)",
                  runtime, template_name, doomed.size());
     DestroyAll(std::move(doomed));
   }
@@ -78,7 +136,8 @@ void WarmPool::Return(WarmSandbox sb) {
   {
     std::lock_guard lock(mu_);
     auto it = pools_.find(Key(sb.runtime, sb.template_name));
-    if (it != pools_.end() && !stopping_) {
+    // A pool turned off meanwhile (Resize) does not take it back.
+    if (it != pools_.end() && !stopping_ && it->second.config.size > 0) {
       it->second.ready.push_front(std::move(sb));
       cv_.notify_all();
       return;
@@ -92,7 +151,16 @@ void WarmPool::Return(WarmSandbox sb) {
 std::map<std::string, int> WarmPool::Ready() const {
   std::lock_guard lock(mu_);
   std::map<std::string, int> out;
-  for (const auto& [key, pool] : pools_) out[key] = static_cast<int>(pool.ready.size());
+  for (const auto& [key, pool] : pools_) {
+    if (pool.config.size > 0 || !pool.ready.empty()) out[key] = static_cast<int>(pool.ready.size());
+  }
+  return out;
+}
+
+std::map<std::string, int> WarmPool::Sizes() const {
+  std::lock_guard lock(mu_);
+  std::map<std::string, int> out;
+  for (const auto& [key, pool] : pools_) out[key] = pool.config.size;
   return out;
 }
 
@@ -149,7 +217,8 @@ void WarmPool::FillLoop() {
       continue;
     }
     next->failures = 0;
-    if (stopping_) {
+    // A Resize may have shrunk the pool while this one was being built.
+    if (stopping_ || static_cast<int>(next->ready.size()) >= next->config.size) {
       lock.unlock();
       std::vector<WarmSandbox> doomed;
       doomed.push_back(std::move(*built));

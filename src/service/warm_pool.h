@@ -31,12 +31,13 @@ struct WarmPoolConfig {
   int size = 0;               // sandboxes kept ready
 };
 
-// One pooled sandbox, built from the template with this digest.
+// One pooled sandbox, built from the template with this digest and with these resources.
 struct WarmSandbox {
   runtime::InstancePtr instance;
   std::string runtime;
   std::string template_name;
   std::string template_digest;
+  runtime::Resources resources;
 };
 
 class WarmPool {
@@ -47,20 +48,31 @@ class WarmPool {
   WarmPool(std::vector<WarmPoolConfig> configs, Builder build);
   ~WarmPool();  // Stop()
 
-  // Starts the refill thread (no-op when every size is 0).
+  // Starts the refill thread (deferred until a Resize gives some pool a size when every size is
+  // 0).
   void Start();
   // Stops refilling and destroys every sandbox still pooled.
   void Stop();
 
-  // A ready sandbox of `runtime`/`template_name` built from `digest`, or nullopt. Pooled
-  // sandboxes of another digest (the template changed) or whose agent died are destroyed.
+  // A ready sandbox of `runtime`/`template_name` built from `digest` with `resources`, or
+  // nullopt. Pooled sandboxes of another digest (the template changed) or other resources (the
+  // deployment defaults changed), or whose agent died, are destroyed.
   std::optional<WarmSandbox> Take(const std::string& runtime, const std::string& template_name,
-                                  const std::string& digest);
+                                  const std::string& digest, const runtime::Resources& resources);
   // Puts back a sandbox whose hand-out could not be recorded.
   void Return(WarmSandbox sb);
 
-  // "runtime/template" -> sandboxes ready now.
+  // New sizes (sbxd's configuration reload): pools not in `configs` get size 0. Sandboxes above
+  // a smaller size are destroyed; a larger one is filled in the background.
+  void Resize(const std::vector<WarmPoolConfig>& configs);
+  // Destroys every ready sandbox; the refill rebuilds them (after the defaults they were built
+  // with changed, so that the next creates do not pay for destroying them).
+  void Flush();
+
+  // "runtime/template" -> sandboxes ready now, for every pool with a size or a ready sandbox.
   std::map<std::string, int> Ready() const;
+  // "runtime/template" -> the size each pool is kept at (0 for pools turned off).
+  std::map<std::string, int> Sizes() const;
 
  private:
   struct Pool {
@@ -74,13 +86,17 @@ class WarmPool {
     return runtime + "/" + template_name;
   }
   void FillLoop();
+  void StartLocked();
   // Destroys outside the lock (it can take tens of ms).
   static void DestroyAll(std::vector<WarmSandbox> doomed);
 
   Builder build_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  // Entries are never erased (FillLoop keeps a pointer across a build): a pool turned off keeps
+  // its entry with size 0.
   std::map<std::string, Pool> pools_;
+  bool started_ = false;
   bool stopping_ = false;
   std::thread filler_;
 };

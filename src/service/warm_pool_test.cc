@@ -12,6 +12,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
+const runtime::Resources kRes{};
+
 class CountingInstance : public runtime::Instance {
  public:
   CountingInstance(std::string id, std::atomic<int>* destroyed) : id_(std::move(id)), destroyed_(destroyed) {}
@@ -37,20 +39,34 @@ struct Fixture {
   std::atomic<int> destroyed{0};
   std::atomic<bool> fail{false};
   std::string digest = "sha256:a";
+  std::atomic<int> pids{kRes.pids};  // of what the builder makes from now on
   WarmPool::Builder Builder() {
     return [this](const WarmPoolConfig& c) -> absl::StatusOr<WarmSandbox> {
       if (fail) return absl::UnavailableError("runtime broken");
       int n = built++;
+      runtime::Resources r = kRes;
+      r.pids = pids;
       return WarmSandbox{std::make_unique<CountingInstance>("sbx_" + std::to_string(n), &destroyed),
-                         c.runtime, c.template_name, digest};
+                         c.runtime, c.template_name, digest, r};
     };
   }
 };
 
+// Waits (bounded) until `pred` holds.
+template <class Pred>
+bool Eventually(Pred pred) {
+  for (int i = 0; i < 500; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
 // Waits (bounded) until the pool reports `n` ready sandboxes.
 bool WaitReady(const WarmPool& pool, int n) {
   for (int i = 0; i < 500; ++i) {
-    if (pool.Ready().at("ns/base") == n) return true;
+    auto ready = pool.Ready();
+    if (ready.count("ns/base") ? ready.at("ns/base") == n : n == 0) return true;
     std::this_thread::sleep_for(10ms);
   }
   return false;
@@ -63,14 +79,14 @@ TEST(WarmPool, FillsHandsOutEachOnceAndRefills) {
   ASSERT_TRUE(WaitReady(pool, 3));
   std::set<std::string> ids;
   for (int i = 0; i < 3; ++i) {
-    auto sb = pool.Take("ns", "base", "sha256:a");
+    auto sb = pool.Take("ns", "base", "sha256:a", kRes);
     ASSERT_TRUE(sb.has_value());
     EXPECT_TRUE(ids.insert(sb->instance->id()).second) << "handed out twice: " << sb->instance->id();
   }
   ASSERT_TRUE(WaitReady(pool, 3));  // refilled in the background
   EXPECT_EQ(f.built.load(), 6);
-  EXPECT_FALSE(pool.Take("ns", "other", "sha256:a").has_value());
-  EXPECT_FALSE(pool.Take("fake", "base", "sha256:a").has_value());
+  EXPECT_FALSE(pool.Take("ns", "other", "sha256:a", kRes).has_value());
+  EXPECT_FALSE(pool.Take("fake", "base", "sha256:a", kRes).has_value());
 }
 
 TEST(WarmPool, StopDestroysWhatIsPooledButNotWhatWasHandedOut) {
@@ -80,7 +96,7 @@ TEST(WarmPool, StopDestroysWhatIsPooledButNotWhatWasHandedOut) {
     WarmPool pool({{"ns", "base", 2}}, f.Builder());
     pool.Start();
     ASSERT_TRUE(WaitReady(pool, 2));
-    taken = pool.Take("ns", "base", "sha256:a");
+    taken = pool.Take("ns", "base", "sha256:a", kRes);
     ASSERT_TRUE(taken.has_value());
   }
   // Whatever the pool held at Stop (2, if the refill finished) is destroyed; the taken one is not.
@@ -93,18 +109,18 @@ TEST(WarmPool, StaleDigestAndDeadAgentsAreDroppedNotHandedOut) {
   pool.Start();
   ASSERT_TRUE(WaitReady(pool, 1));
   // Everything pooled was built from sha256:a: nothing matches, and what was looked at is gone.
-  EXPECT_FALSE(pool.Take("ns", "base", "sha256:changed").has_value());
+  EXPECT_FALSE(pool.Take("ns", "base", "sha256:changed", kRes).has_value());
   EXPECT_GE(f.destroyed.load(), 1);
 
   ASSERT_TRUE(WaitReady(pool, 1));
-  auto sb = pool.Take("ns", "base", "sha256:a");
+  auto sb = pool.Take("ns", "base", "sha256:a", kRes);
   ASSERT_TRUE(sb.has_value());
   const std::string dead_id = sb->instance->id();
   static_cast<CountingInstance*>(sb->instance.get())->alive = false;
   const int destroyed_before = f.destroyed.load();
   pool.Return(std::move(*sb));
   // The refill may have built a fresh one meanwhile; the dead one is never handed out.
-  auto next = pool.Take("ns", "base", "sha256:a");
+  auto next = pool.Take("ns", "base", "sha256:a", kRes);
   if (next.has_value()) {
     EXPECT_NE(next->instance->id(), dead_id);
   }
@@ -130,8 +146,71 @@ TEST(WarmPool, SizeZeroIsNoPool) {
   WarmPool pool({{"ns", "base", 0}}, f.Builder());
   pool.Start();
   EXPECT_TRUE(pool.Ready().empty());
-  EXPECT_FALSE(pool.Take("ns", "base", "sha256:a").has_value());
+  EXPECT_FALSE(pool.Take("ns", "base", "sha256:a", kRes).has_value());
   EXPECT_EQ(f.built.load(), 0);
+}
+
+TEST(WarmPool, OtherResourcesAreDroppedNotHandedOut) {
+  Fixture f;
+  WarmPool pool({{"ns", "base", 1}}, f.Builder());
+  pool.Start();
+  ASSERT_TRUE(WaitReady(pool, 1));
+  runtime::Resources bigger = kRes;
+  bigger.memory_mib *= 2;
+  // The defaults changed after it was built: its limits are not what the create would record.
+  EXPECT_FALSE(pool.Take("ns", "base", "sha256:a", bigger).has_value());
+  EXPECT_GE(f.destroyed.load(), 1);
+}
+
+TEST(WarmPool, ResizeGrowsShrinksAndTurnsOnAPoolThatStartedOff) {
+  Fixture f;
+  WarmPool pool({{"ns", "base", 0}}, f.Builder());
+  pool.Start();
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(f.built.load(), 0);
+
+  pool.Resize({{"ns", "base", 3}});
+  EXPECT_EQ(pool.Sizes().at("ns/base"), 3);
+  ASSERT_TRUE(WaitReady(pool, 3));
+
+  pool.Resize({{"ns", "base", 1}});
+  EXPECT_EQ(pool.Ready().at("ns/base"), 1);
+  EXPECT_EQ(f.destroyed.load(), f.built.load() - 1);
+
+  // Missing from the new list: turned off, and what it held is destroyed.
+  pool.Resize({});
+  EXPECT_EQ(pool.Sizes().at("ns/base"), 0);
+  EXPECT_TRUE(pool.Ready().empty());
+  EXPECT_FALSE(pool.Take("ns", "base", "sha256:a", kRes).has_value());
+  EXPECT_TRUE(Eventually([&] { return f.destroyed.load() == f.built.load(); }));
+}
+
+TEST(WarmPool, ReturnToAPoolTurnedOffDestroysTheSandbox) {
+  Fixture f;
+  WarmPool pool({{"ns", "base", 1}}, f.Builder());
+  pool.Start();
+  ASSERT_TRUE(WaitReady(pool, 1));
+  auto sb = pool.Take("ns", "base", "sha256:a", kRes);
+  ASSERT_TRUE(sb.has_value());
+  pool.Resize({{"ns", "base", 0}});
+  pool.Return(std::move(*sb));
+  EXPECT_TRUE(pool.Ready().empty());
+  // A refill that was under way when the pool was turned off is destroyed when it finishes.
+  EXPECT_TRUE(Eventually([&] { return f.destroyed.load() == f.built.load(); }));
+}
+
+TEST(WarmPool, FlushDestroysWhatIsReadyAndRefills) {
+  Fixture f;
+  WarmPool pool({{"ns", "base", 2}}, f.Builder());
+  pool.Start();
+  ASSERT_TRUE(WaitReady(pool, 2));
+  f.pids = 7;
+  pool.Flush();
+  EXPECT_GE(f.destroyed.load(), 2);
+  runtime::Resources now = kRes;
+  now.pids = 7;
+  ASSERT_TRUE(WaitReady(pool, 2));
+  EXPECT_TRUE(pool.Take("ns", "base", "sha256:a", now).has_value());
 }
 
 }  // namespace

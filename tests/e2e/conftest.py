@@ -53,8 +53,10 @@ def skip_or_fail(reason: str) -> None:
 
 
 class Daemon:
-    def __init__(self):
+    def __init__(self, extra_args: list[str] | None = None, extra_env: dict[str, str] | None = None):
         self.proc: subprocess.Popen | None = None
+        self.extra_args = list(extra_args or [])
+        self.extra_env = dict(extra_env or {})
         self.url = ""
         self.token = secrets.token_urlsafe(32)
         self.tmp = Path(tempfile.mkdtemp(prefix="sbx-e2e-"))
@@ -75,7 +77,9 @@ class Daemon:
                 "--admin-token", self.token, "--log-format", "json"]
         if self.runtime == "fake":
             argv += ["--runtime", "fake"]
+        argv += self.extra_args
         env = {k: v for k, v in os.environ.items() if k not in ("SBX_ADMIN_TOKEN", "SBX_TOKEN")}
+        env.update(self.extra_env)
         log = open(self.log_path, "ab", buffering=0)
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, env=env, cwd=str(self.tmp),
@@ -146,32 +150,41 @@ def sbxd(validator):
         daemon.start()
         yield daemon
     finally:
-        problems = []
-        if daemon.url:
-            problems += _delete_leftovers(daemon, validator)
-        rc = daemon.stop()
-        if daemon.proc is not None and rc not in (0, None, -signal.SIGTERM):
-            problems.append(f"sbxd exited with {rc} on SIGTERM")
         with _ALL_LOCK:
             ids = list(ALL_SANDBOXES)
-        # Warm-pool sandboxes never reach the API's list: a clean stop must remove them itself.
-        sandboxes_dir = daemon.state_dir / "sandboxes"
-        if sandboxes_dir.is_dir() and rc in (0, -signal.SIGTERM):
-            pooled = sorted(p.name for p in sandboxes_dir.iterdir() if p.name not in ids)
-            if pooled:
-                problems.append(f"sandboxes never handed out (warm pool) left after SIGTERM: {pooled}")
-            ids += pooled
-        swept = hostcheck.sweep(ids, daemon.state_dir)
-        if swept:
-            problems.append("host objects left behind after sbxd stopped (removed now): " + "; ".join(swept))
-        if hostcheck.mounts_under(daemon.tmp):
-            problems.append(f"mounts still under {daemon.tmp}; leaving it in place")
-        else:
-            shutil.rmtree(daemon.tmp, ignore_errors=True)
+        problems = shutdown(daemon, validator, ids)
         for p in problems:
             METRICS.append(f"PROBLEM: {p}")
         if problems:
             pytest.fail("end of session: " + "; ".join(problems), pytrace=False)
+
+
+def shutdown(daemon: Daemon, validator, ids: list[str]) -> list[str]:
+    """Deletes what is left through the API, stops sbxd by its PID, removes whatever it left on
+    the host (`ids`: every sandbox created through it) and its temporary directory. Returns the
+    problems found."""
+    problems = []
+    if daemon.url:
+        problems += _delete_leftovers(daemon, validator)
+    rc = daemon.stop()
+    if daemon.proc is not None and rc not in (0, None, -signal.SIGTERM):
+        problems.append(f"sbxd exited with {rc} on SIGTERM")
+    ids = list(ids)
+    # Warm-pool sandboxes never reach the API's list: a clean stop must remove them itself.
+    sandboxes_dir = daemon.state_dir / "sandboxes"
+    if sandboxes_dir.is_dir() and rc in (0, -signal.SIGTERM):
+        pooled = sorted(p.name for p in sandboxes_dir.iterdir() if p.name not in ids)
+        if pooled:
+            problems.append(f"sandboxes never handed out (warm pool) left after SIGTERM: {pooled}")
+        ids += pooled
+    swept = hostcheck.sweep(ids, daemon.state_dir)
+    if swept:
+        problems.append("host objects left behind after sbxd stopped (removed now): " + "; ".join(swept))
+    if hostcheck.mounts_under(daemon.tmp):
+        problems.append(f"mounts still under {daemon.tmp}; leaving it in place")
+    else:
+        shutil.rmtree(daemon.tmp, ignore_errors=True)
+    return problems
 
 
 def _delete_leftovers(daemon: Daemon, validator) -> list[str]:

@@ -1,0 +1,222 @@
+// sbxd's configuration: built-in defaults, overridden by one TOML file, overridden by SBX_*
+// environment variables, overridden by command-line flags. docs/config.md is the operator's
+// reference; config_test checks that it and deploy/sbxd.toml name every key.
+//
+// Every setting is one key in the table in config.cc (its TOML path, flag, type, range, whether
+// a reload applies it): adding a setting is a field in Config plus one row there. The environment
+// name derives from the path (EnvName); the three sources share one parser per type and one
+// Validate(), so a value is checked the same way wherever it came from.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace CLI {
+class App;
+}
+
+namespace sbx::daemon {
+
+// Read when it exists and neither --config nor SBX_CONFIG names another file.
+inline constexpr char kDefaultConfigFile[] = "/etc/sbx/sbxd.toml";
+
+// Where a value came from, for messages and --print-config.
+struct Origin {
+  enum class Source { kDefault, kFile, kEnv, kFlag };
+  Source source = Source::kDefault;
+  std::string where;  // "/etc/sbx/sbxd.toml:12:8", "SBX_SERVER_LISTEN", "--listen"
+  // How to name the value in a message: "--default-pids 10", "SBX_LOG_LEVEL='loud'",
+  // "sandbox.defaults.pids = 10 in /etc/sbx/sbxd.toml:12:8" (never a secret's value).
+  std::string label;
+};
+
+struct Config {
+  struct Server {
+    std::string listen = "127.0.0.1:7070";
+    int64_t http_threads = 2;
+    // Secret. Empty: the token in STATE_DIR/admin-token, generated there on first start.
+    std::string admin_token;
+    bool operator==(const Server&) const = default;
+  };
+  struct State {
+    std::string dir = "/var/lib/sbx";
+    bool operator==(const State&) const = default;
+  };
+  struct Ns {
+    bool user_namespaces = true;
+    int64_t userns_pool = 4;
+    int64_t netns_pool = 4;
+    int64_t disk_pool = 2;
+    std::string seccomp_policy;  // empty: the policy embedded at build time
+    bool cgroup_favor_dynmods = true;
+    bool operator==(const Ns&) const = default;
+  };
+  struct Runtime {
+    std::string default_runtime = "ns";  // key runtime.default
+    std::string agent_path;              // empty: sbx-agent beside sbxd
+    int64_t workers = 4;
+    Ns ns;
+    bool operator==(const Runtime&) const = default;
+  };
+  // Applied where a create omits a resource; the last four are not requestable. The same
+  // numbers as runtime::Resources{} (config_test checks it).
+  struct SandboxDefaults {
+    int64_t vcpu = 1;
+    int64_t memory_mib = 512;
+    int64_t disk_mib = 1024;
+    int64_t pids = 512;
+    int64_t open_files = 4096;
+    int64_t tmp_mib = 256;
+    int64_t shm_mib = 64;
+    bool operator==(const SandboxDefaults&) const = default;
+  };
+  // What a create may ask for; the same numbers as api::ResourceLimits{}.
+  struct SandboxLimits {
+    int64_t max_vcpu = 64;
+    int64_t min_memory_mib = 32;
+    int64_t max_memory_mib = 65536;
+    int64_t min_disk_mib = 64;
+    int64_t max_disk_mib = 1 << 20;
+    bool operator==(const SandboxLimits&) const = default;
+  };
+  // Server-side timers of new sandboxes (keys sandbox.defaults.timeout_s and idle_suspend_s).
+  struct SandboxTimers {
+    int64_t timeout_s = 0;             // TTL when a create has none; 0: no TTL
+    int64_t idle_suspend_s = 6 * 3600;  // idle suspension when a create has none; 0: never
+    bool operator==(const SandboxTimers&) const = default;
+  };
+  struct Sandbox {
+    SandboxDefaults defaults;
+    SandboxLimits limits;
+    SandboxTimers timers;
+    bool operator==(const Sandbox&) const = default;
+  };
+  struct Sessions {
+    int64_t output_buffer_bytes = 8 << 20;
+    int64_t attach_token_ttl_s = 900;
+    bool operator==(const Sessions&) const = default;
+  };
+  struct Retention {
+    int64_t idempotency_keys_s = 24 * 3600;
+    int64_t deleted_sandboxes_s = 7 * 24 * 3600;
+    bool operator==(const Retention&) const = default;
+  };
+  struct Log {
+    std::string level = "info";
+    std::string format = "auto";  // json, text, auto (text on a terminal)
+    std::string file;             // empty: stderr
+    bool operator==(const Log&) const = default;
+  };
+
+  Server server;
+  State state;
+  Runtime runtime;
+  Sandbox sandbox;
+  Sessions sessions;
+  Retention retention;
+  // Template name -> sandboxes kept ready on the default runtime. Each entry is its own key
+  // (warm_pool.<template>): layers override entries, not the whole table.
+  std::map<std::string, int64_t> warm_pool = {{"base", 2}};
+  Log log;
+
+  // Key path -> where its value came from; absent: the built-in default.
+  std::map<std::string, Origin> origins;
+
+  // Equal settings, wherever they came from.
+  bool SameSettings(const Config& o) const {
+    return server == o.server && state == o.state && runtime == o.runtime &&
+           sandbox == o.sandbox && sessions == o.sessions && retention == o.retention &&
+           warm_pool == o.warm_pool && log == o.log;
+  }
+};
+
+// One setting. Every key has a flag; the environment name is EnvName(path).
+struct KeyInfo {
+  enum class Type { kString, kInt, kBool };
+  const char* path = "";  // "sandbox.defaults.memory_mib"
+  Type type = Type::kString;
+  const char* flag = "";      // "--default-memory-mib"
+  bool reloadable = false;    // a SIGHUP applies it; otherwise a change waits for a restart
+  bool secret = false;        // never printed or logged
+  int64_t min = 0, max = 0;   // kInt: the accepted range
+  const char* why = "";       // kInt: why that range, shown with a range error
+  const char* choices = "";   // kString: "ns|fake" when only these are valid, else ""
+  const char* help = "";
+  // The field in a Config (exactly one is set, by type).
+  std::string* (*str)(Config&) = nullptr;
+  int64_t* (*num)(Config&) = nullptr;
+  bool* (*boolean)(Config&) = nullptr;
+};
+
+// Every key but the warm_pool.<template> entries, in --print-config order.
+const std::vector<KeyInfo>& Keys();
+const KeyInfo* FindKey(std::string_view path);
+// "sandbox.defaults.memory_mib" -> "SBX_SANDBOX_DEFAULTS_MEMORY_MIB". A warm pool entry is
+// SBX_WARM_POOL_<TEMPLATE> (the template name upper-cased).
+std::string EnvName(std::string_view path);
+// Variables read besides the keys': SBX_CONFIG (the file) and SBX_ADMIN_TOKEN (an alias of
+// SBX_SERVER_ADMIN_TOKEN, kept from before the configuration file).
+inline constexpr char kConfigEnv[] = "SBX_CONFIG";
+inline constexpr char kAdminTokenAliasEnv[] = "SBX_ADMIN_TOKEN";
+
+// The command line as given, before it is applied over the file and the environment.
+struct CommandLine {
+  std::optional<std::string> config_file;  // --config FILE ("" reads no file)
+  bool print_config = false;               // --print-config
+  std::vector<std::pair<const KeyInfo*, std::string>> values;  // key flags, as given
+  std::vector<std::string> warm_pools;                          // --warm-pool TEMPLATE=N
+};
+// Registers --config, --print-config and every key's flag on `app`; parsing fills `cl`.
+void AddFlags(CLI::App& app, CommandLine& cl);
+
+// The layers, for Load and for tests. Each reports every problem it finds, joined by "; ".
+absl::Status ApplyToml(Config& c, std::string_view text, const std::string& file_name);
+// `env`: "NAME=VALUE" entries (environ). A variable is a configuration override when its name
+// starts with SBX_ and a table's name (SBX_SERVER_, SBX_STATE_, SBX_RUNTIME_, SBX_SANDBOX_,
+// SBX_SESSIONS_, SBX_WARM_POOL_, SBX_LOG_): it must then name a key. Other SBX_ variables
+// (SBX_TOKEN, SBX_TESTS_MUST_RUN, ...) belong to other tools and are ignored.
+absl::Status ApplyEnv(Config& c, const std::vector<std::string>& env);
+absl::Status ApplyFlags(Config& c, const CommandLine& cl);
+// Ranges, choices, HOST:PORT and the relations between keys (defaults within limits).
+absl::Status Validate(const Config& c);
+// server.listen -> host (brackets of an IPv6 literal removed) and port.
+absl::StatusOr<std::pair<std::string, uint16_t>> SplitListen(const std::string& listen);
+
+struct Loaded {
+  Config config;
+  std::string file;                   // the file read; empty: none
+  std::vector<std::string> warnings;  // to log (e.g. a readable file holding the admin token)
+};
+// Picks the file (--config, else $SBX_CONFIG, else kDefaultConfigFile if it exists), applies
+// the layers in order and validates the result. `default_file` is a parameter for tests.
+absl::StatusOr<Loaded> Load(const CommandLine& cl, const std::vector<std::string>& env,
+                            const std::string& default_file = kDefaultConfigFile);
+
+// The configuration as TOML that Load reads back, every key present, with where each value
+// came from as a comment. Secrets print as "<redacted>" unless `redact` is false (tests).
+std::string ToToml(const Config& c, bool redact = true);
+// A key's value as TOML ("<redacted>" for a set secret); also "warm_pool.<template>".
+std::string ShowValue(const Config& c, const std::string& path);
+// How a message names a key's value and where it came from, e.g. "--seccomp-policy '/x.json'"
+// or "warm_pool.python = 2 in /etc/sbx/sbxd.toml:9:10" (never a secret's value).
+std::string Describe(const Config& c, const std::string& path);
+
+// What a reload applies: `loaded` for the reloadable keys, `running` for the rest.
+struct ReloadPlan {
+  struct Change {
+    std::string key, from, to;  // values as ShowValue prints them
+  };
+  Config config;
+  std::vector<Change> applied;        // reloadable keys that changed
+  std::vector<Change> needs_restart;  // other keys that changed; kept as running
+};
+ReloadPlan PlanReload(const Config& running, const Config& loaded);
+
+}  // namespace sbx::daemon
