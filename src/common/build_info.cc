@@ -1,6 +1,6 @@
 #include "common/build_info.h"
 
-// Set for this file only (src/common/CMakeLists.txt), so a new commit recompiles one object.
+// Defined for this file's library only (src/common/CMakeLists.txt).
 #ifndef SBX_VERSION
 #error "SBX_VERSION must be defined by the build"
 #endif

@@ -154,8 +154,48 @@ SandboxService::SandboxService(ServiceOptions opts, store::Store& store,
       backends_(std::move(backends)),
       tokens_(opts_.attach_key, opts_.attach_token_ttl) {
   engine_.SetJobDoneHook([this](const std::string& sandbox_id) { waiters_.Notify(sandbox_id); });
+  std::vector<std::string> runtimes;
+  for (const auto& [name, backend] : backends_) runtimes.push_back(name);
+  metrics_ = std::make_unique<ServiceMetrics>(
+      opts_.metrics != nullptr ? *opts_.metrics : metrics::Default(), runtimes,
+      opts_.default_runtime);
   pool_ = std::make_unique<WarmPool>(
       opts_.warm_pools, [this](const WarmPoolConfig& c) { return BuildWarm(c); });
+  RegisterMetricCallbacks();
+}
+
+void SandboxService::RegisterMetricCallbacks() {
+  metrics::Registry& registry = metrics_->registry();
+  metric_callbacks_.push_back(registry.AddCallback(
+      "sbx_sandboxes",
+      "Sandboxes by state, read from the store at scrape time (deleted ones are not counted).",
+      metrics::Type::kGauge, {"state"}, [this](metrics::CallbackSamples& out) {
+        std::map<std::string, int64_t> counts;
+        absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+          SBX_ASSIGN_OR_RETURN(counts, tx.CountLiveSandboxesByState());
+          return absl::OkStatus();
+        });
+        if (!st.ok()) {
+          // Absent rather than wrong: a scrape without the series shows the gap.
+          spdlog::warn("metrics: sbx_sandboxes: {}", std::string(st.message()));
+          return;
+        }
+        for (std::string_view state : kLiveStates) {
+          auto it = counts.find(std::string(state));
+          out.Add({std::string(state)}, it == counts.end() ? 0.0 : static_cast<double>(it->second));
+        }
+      }));
+  metric_callbacks_.push_back(registry.AddCallback(
+      "sbx_warm_pool_ready", "Sandboxes ready in the warm pool, by runtime and template.",
+      metrics::Type::kGauge, {"runtime", "template"}, [this](metrics::CallbackSamples& out) {
+        for (const auto& p : pool_->Stats()) out.Add({p.runtime, p.template_name}, p.ready);
+      }));
+  metric_callbacks_.push_back(registry.AddCallback(
+      "sbx_warm_pool_target",
+      "The number of sandboxes the warm pool keeps ready, by runtime and template.",
+      metrics::Type::kGauge, {"runtime", "template"}, [this](metrics::CallbackSamples& out) {
+        for (const auto& p : pool_->Stats()) out.Add({p.runtime, p.template_name}, p.target);
+      }));
 }
 
 void SandboxService::StartWarmPools() {
@@ -224,6 +264,7 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
     const Caller& caller, const CreateSandboxRequest& req,
     const std::optional<std::string>& idem_key) {
   static const IdemScope kScope{"POST", "/v1/sandboxes"};
+  const TimePoint requested = ServiceMetrics::Clock::now();
   const std::string body_hash = Sha256Hex(req.canonical.dump());
   if (req.timeout_s) {
     return ApiError(absl::StatusCode::kUnimplemented, "not_implemented",
@@ -240,9 +281,11 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
   // the pool unless the transaction records it.
   std::optional<WarmSandbox> warm = TakeWarm(req);
   bool warm_used = false;
+  std::optional<OperationRecord> finished;  // the create, when the warm pool served it
   absl::Status tx_status = store_.Transact([&](Tx& tx) -> absl::Status {
     warm_used = false;
     submit.reset();
+    finished.reset();
     SBX_ASSIGN_OR_RETURN(auto replay, CheckIdempotency(tx, caller, idem_key, kScope, body_hash));
     if (replay) {
       out = *replay;
@@ -278,6 +321,7 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
       Finish(op, true, nullptr, now);
       op.result = {{"warm_pool", true}};
       warm_used = true;
+      finished = op;
     } else {
       sb.current_operation_id = op.id;
       submit = {op.id, sb.id};
@@ -292,6 +336,8 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
   if (warm) {
     if (tx_status.ok() && warm_used) {
       spdlog::info("sandbox {} running (from the warm pool)", warm->instance->id());
+      metrics_->OperationFinished(*finished, requested);
+      metrics_->SandboxRunning(warm->runtime, /*warm=*/true, requested);
       std::lock_guard lock(mu_);
       instances_[warm->instance->id()] = std::move(warm->instance);
     } else {
@@ -301,15 +347,18 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
   SBX_RETURN_IF_ERROR(tx_status);
   if (submit) {
     auto [op_id, sb_id] = *submit;
-    engine_.Submit(sb_id, [this, op_id, sb_id] { RunCreate(op_id, sb_id); });
+    engine_.Submit(sb_id, [this, op_id, sb_id, requested] { RunCreate(op_id, sb_id, requested); });
   }
   return out;
 }
 
-void SandboxService::RunCreate(const std::string& op_id, const std::string& sandbox_id) {
+void SandboxService::RunCreate(const std::string& op_id, const std::string& sandbox_id,
+                               TimePoint requested) {
   SandboxRecord sb;
   bool proceed = false;
+  std::optional<OperationRecord> finished;
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    finished.reset();
     SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
     SBX_ASSIGN_OR_RETURN(sb, tx.GetSandbox(sandbox_id));
     if (op.state != "pending") return absl::OkStatus();
@@ -318,6 +367,7 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
       // A delete overtook this create before it started: nothing to build.
       Finish(op, false, {{"code", "cancelled"}, {"message", "sandbox was deleted before it started"}},
              now);
+      finished = op;
       return tx.PutOperation(op);
     }
     op.state = "running";
@@ -325,6 +375,7 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
     proceed = true;
     return tx.PutOperation(op);
   });
+  if (st.ok() && finished) metrics_->OperationFinished(*finished, requested);
   if (!st.ok() || !proceed) {
     if (!st.ok()) spdlog::error("create {}: store: {}", sandbox_id, std::string(st.message()));
     return;
@@ -355,6 +406,7 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
   json runtime_state = inst.ok() ? (*inst)->Persist() : json(nullptr);
   bool keep_instance = false;
   st = store_.Transact([&](Tx& tx) -> absl::Status {
+    finished.reset();
     SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
     SBX_ASSIGN_OR_RETURN(SandboxRecord cur, tx.GetSandbox(sandbox_id));
     const std::string now = NowRfc3339();
@@ -380,6 +432,7 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
       cur.runtime_state = runtime_state;
       keep_instance = true;
     }
+    finished = op;
     SBX_RETURN_IF_ERROR(tx.PutOperation(op));
     return tx.PutSandbox(cur);
   });
@@ -388,6 +441,8 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
     if (inst.ok()) (void)(*inst)->Destroy();
     return;
   }
+  metrics_->OperationFinished(*finished, requested);
+  if (finished->state == "succeeded") metrics_->SandboxRunning(sb.runtime, /*warm=*/false, requested);
   if (inst.ok() && keep_instance) {
     std::lock_guard lock(mu_);
     instances_[sandbox_id] = std::move(*inst);
@@ -448,6 +503,7 @@ absl::StatusOr<OperationRecord> SandboxService::GetOperation(const Caller& calle
 absl::StatusOr<StoredResponse> SandboxService::DeleteSandbox(
     const Caller& caller, const std::string& id, const std::optional<std::string>& idem_key) {
   const IdemScope scope{"DELETE", "/v1/sandboxes/" + id};
+  const TimePoint requested = ServiceMetrics::Clock::now();
   const std::string body_hash = Sha256Hex("");
   StoredResponse out;
   std::optional<std::string> submit;
@@ -496,7 +552,7 @@ absl::StatusOr<StoredResponse> SandboxService::DeleteSandbox(
   }));
   if (submit) {
     std::string op_id = *submit;
-    engine_.Submit(id, [this, op_id, id] { RunDelete(op_id, id); });
+    engine_.Submit(id, [this, op_id, id, requested] { RunDelete(op_id, id, requested); });
   }
   return out;
 }
@@ -522,7 +578,8 @@ absl::Status SandboxService::DestroyRuntime(const SandboxRecord& sb) {
   return backend->Remove(sb.id);
 }
 
-void SandboxService::RunDelete(const std::string& op_id, const std::string& sandbox_id) {
+void SandboxService::RunDelete(const std::string& op_id, const std::string& sandbox_id,
+                               TimePoint requested) {
   SandboxRecord sb;
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
     SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
@@ -536,7 +593,11 @@ void SandboxService::RunDelete(const std::string& op_id, const std::string& sand
     return;
   }
   absl::Status destroyed = DestroyRuntime(sb);
+  std::optional<OperationRecord> finished;
+  std::vector<std::string> ended_sessions;
   st = store_.Transact([&](Tx& tx) -> absl::Status {
+    finished.reset();
+    ended_sessions.clear();
     SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
     SBX_ASSIGN_OR_RETURN(SandboxRecord cur, tx.GetSandbox(sandbox_id));
     const std::string now = NowRfc3339();
@@ -554,6 +615,7 @@ void SandboxService::RunDelete(const std::string& op_id, const std::string& sand
         if (!s.exit_code && !s.signal) s.signal = "SIGKILL";
         s.exited_at = now;
         SBX_RETURN_IF_ERROR(tx.PutSession(s));
+        ended_sessions.push_back(s.id);
       }
     } else {
       json err = ErrorJson("delete_failed", destroyed);
@@ -561,9 +623,14 @@ void SandboxService::RunDelete(const std::string& op_id, const std::string& sand
       cur.state = std::string(kFailed);
       cur.error = err;
     }
+    finished = op;
     SBX_RETURN_IF_ERROR(tx.PutOperation(op));
     return tx.PutSandbox(cur);
   });
+  if (st.ok()) {
+    metrics_->OperationFinished(*finished, requested);
+    for (const std::string& s : ended_sessions) metrics_->SessionExited(s, /*oom_killed=*/false);
+  }
   if (!st.ok()) spdlog::error("delete {}: store: {}", sandbox_id, std::string(st.message()));
   if (!destroyed.ok()) {
     spdlog::error("delete {}: {}", sandbox_id, std::string(destroyed.message()));
@@ -581,6 +648,7 @@ absl::StatusOr<StoredResponse> SandboxService::RequestLifecycle(
   }
   // These calls take no body: every repeat of one is the same request.
   const IdemScope scope{"POST", fmt::format("/v1/sandboxes/{}/{}", id, kind)};
+  const TimePoint requested = ServiceMetrics::Clock::now();
   const std::string body_hash = Sha256Hex("");
   StoredResponse out;
   std::optional<std::string> submit;
@@ -636,15 +704,19 @@ absl::StatusOr<StoredResponse> SandboxService::RequestLifecycle(
   }));
   if (submit) {
     std::string op_id = *submit;
-    engine_.Submit(id, [this, op_id, id, kind] { RunLifecycle(op_id, id, kind); });
+    engine_.Submit(id, [this, op_id, id, kind, requested] {
+      RunLifecycle(op_id, id, kind, requested);
+    });
   }
   return out;
 }
 
 void SandboxService::RunLifecycle(const std::string& op_id, const std::string& sandbox_id,
-                                  const std::string& kind) {
+                                  const std::string& kind, TimePoint requested) {
   bool proceed = false;
+  std::optional<OperationRecord> finished;
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    finished.reset();
     SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
     SBX_ASSIGN_OR_RETURN(SandboxRecord sb, tx.GetSandbox(sandbox_id));
     if (op.state != "pending") return absl::OkStatus();
@@ -652,6 +724,7 @@ void SandboxService::RunLifecycle(const std::string& op_id, const std::string& s
     if (sb.current_operation_id != op_id) {
       // A delete took over before this operation started: nothing to do.
       Finish(op, false, {{"code", "cancelled"}, {"message", "sandbox was deleted first"}}, now);
+      finished = op;
       return tx.PutOperation(op);
     }
     op.state = "running";
@@ -659,6 +732,7 @@ void SandboxService::RunLifecycle(const std::string& op_id, const std::string& s
     proceed = true;
     return tx.PutOperation(op);
   });
+  if (st.ok() && finished) metrics_->OperationFinished(*finished, requested);
   if (!st.ok() || !proceed) {
     if (!st.ok()) spdlog::error("{} {}: store: {}", kind, sandbox_id, std::string(st.message()));
     return;
@@ -698,6 +772,7 @@ void SandboxService::RunLifecycle(const std::string& op_id, const std::string& s
   }
 
   st = store_.Transact([&](Tx& tx) -> absl::Status {
+    finished.reset();
     SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
     SBX_ASSIGN_OR_RETURN(SandboxRecord cur, tx.GetSandbox(sandbox_id));
     const std::string now = NowRfc3339();
@@ -706,6 +781,7 @@ void SandboxService::RunLifecycle(const std::string& op_id, const std::string& s
     } else {
       Finish(op, false, ErrorJson(fmt::format("{}_failed", kind), done), now);
     }
+    finished = op;
     SBX_RETURN_IF_ERROR(tx.PutOperation(op));
     // A delete that took over meanwhile owns the sandbox's state now.
     if (cur.current_operation_id != op_id) return absl::OkStatus();
@@ -720,6 +796,7 @@ void SandboxService::RunLifecycle(const std::string& op_id, const std::string& s
     }
     return tx.PutSandbox(cur);
   });
+  if (st.ok()) metrics_->OperationFinished(*finished, requested);
   if (!st.ok()) spdlog::error("{} {}: store: {}", kind, sandbox_id, std::string(st.message()));
   if (done.ok()) {
     spdlog::info("sandbox {}: {} done ({:.2f} ms in the runtime)", sandbox_id, kind, elapsed.count());
@@ -834,21 +911,28 @@ std::optional<std::string> SandboxService::AgentSocketFor(const std::string& san
 void SandboxService::RecordSessionStarted(const std::string& session_id,
                                           const json& attach_response) {
   if (!attach_response.value("started", false)) return;
+  bool started = false;
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    started = false;
     SBX_ASSIGN_OR_RETURN(SessionRecord s, tx.GetSession(session_id));
     if (s.state != "created") return absl::OkStatus();
     s.state = "running";
     s.started_at = NowRfc3339();
+    started = true;
     return tx.PutSession(s);
   });
+  if (st.ok() && started) metrics_->SessionStarted(session_id);
   if (!st.ok()) spdlog::warn("session {}: {}", session_id, std::string(st.message()));
 }
 
 void SandboxService::RecordSessionExit(const std::string& session_id,
                                        const protocol::ExitEvent& ev) {
+  std::string was;  // the state this call moved the session from to exited
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    was.clear();
     SBX_ASSIGN_OR_RETURN(SessionRecord s, tx.GetSession(session_id));
     if (s.state == "exited") return absl::OkStatus();
+    was = s.state;
     const std::string now = NowRfc3339();
     if (!s.started_at) s.started_at = now;
     s.state = "exited";
@@ -859,15 +943,23 @@ void SandboxService::RecordSessionExit(const std::string& session_id,
     s.exited_at = now;
     return tx.PutSession(s);
   });
+  if (st.ok() && !was.empty()) {
+    if (was == "created") metrics_->SessionStarted(session_id);  // its start went unrecorded
+    metrics_->SessionExited(session_id, ev.oom_killed);
+  }
   if (!st.ok()) spdlog::warn("session {}: {}", session_id, std::string(st.message()));
 }
 
 void SandboxService::RecordSessionStatus(const std::string& session_id, const json& status) {
   const std::string state = status.value("state", "");
   if (state != "running" && state != "exited") return;
+  std::string was;  // the state this call moved the session from
+  bool oom_killed = false;
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    was.clear();
     SBX_ASSIGN_OR_RETURN(SessionRecord s, tx.GetSession(session_id));
     if (s.state == "exited" || s.state == state) return absl::OkStatus();
+    was = s.state;
     s.state = state;
     if (status.contains("started_at") && status["started_at"].is_string()) {
       s.started_at = status["started_at"].get<std::string>();
@@ -886,8 +978,13 @@ void SandboxService::RecordSessionStatus(const std::string& session_id, const js
                         ? status["exited_at"].get<std::string>()
                         : NowRfc3339();
     }
+    oom_killed = s.oom_killed;
     return tx.PutSession(s);
   });
+  if (st.ok() && !was.empty()) {
+    if (was == "created") metrics_->SessionStarted(session_id);
+    if (state == "exited") metrics_->SessionExited(session_id, oom_killed);
+  }
   if (!st.ok()) spdlog::warn("session {}: {}", session_id, std::string(st.message()));
 }
 
@@ -905,6 +1002,7 @@ absl::Status SandboxService::Reconcile() {
 
   std::map<std::string, std::set<std::string>> known;  // runtime -> ids it may keep
   std::vector<std::pair<std::string, std::string>> redrive_deletes;
+  std::vector<std::string> adopted;
   for (SandboxRecord& sb : live) {
     known[sb.runtime].insert(sb.id);
     auto backend = BackendFor(sb.runtime);
@@ -939,6 +1037,7 @@ absl::Status SandboxService::Reconcile() {
           sb.updated_at = NowRfc3339();
           SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) { return tx.PutSandbox(sb); }));
         }
+        adopted.push_back(sb.id);
         std::lock_guard lock(mu_);
         instances_[sb.id] = std::move(*inst);
         if (IsFrozenState(state)) frozen_.insert(sb.id);
@@ -976,6 +1075,28 @@ absl::Status SandboxService::Reconcile() {
     Finish(op, false, {{"code", "interrupted"}, {"message", "sbxd restarted during the operation"}},
            now);
     SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) { return tx.PutOperation(op); }));
+    // When it was accepted is not known to this process: counted, no duration.
+    metrics_->OperationFinished(op, std::nullopt);
+  }
+
+  // Sessions still running in the re-adopted sandboxes are active again. Only a metric
+  // depends on it, so a failure is logged, not fatal.
+  std::vector<std::string> running_sessions;
+  absl::Status listed = store_.Transact([&](Tx& tx) -> absl::Status {
+    running_sessions.clear();
+    for (const std::string& id : adopted) {
+      SBX_ASSIGN_OR_RETURN(std::vector<SessionRecord> sessions, tx.ListSessions(id));
+      for (const SessionRecord& s : sessions) {
+        if (s.state == "running") running_sessions.push_back(s.id);
+      }
+    }
+    return absl::OkStatus();
+  });
+  if (listed.ok()) {
+    for (const std::string& id : running_sessions) metrics_->SessionStarted(id, /*count_start=*/false);
+  } else {
+    spdlog::warn("sbx_sessions_active starts without the sessions of re-adopted sandboxes: {}",
+                 std::string(listed.message()));
   }
 
   for (const auto& [name, backend] : backends_) {
@@ -986,7 +1107,8 @@ absl::Status SandboxService::Reconcile() {
   }
   for (const auto& [op_id, sb_id] : redrive_deletes) {
     std::string op = op_id, id = sb_id;
-    engine_.Submit(id, [this, op, id] { RunDelete(op, id); });
+    const TimePoint requested = ServiceMetrics::Clock::now();
+    engine_.Submit(id, [this, op, id, requested] { RunDelete(op, id, requested); });
   }
   {
     std::lock_guard lock(mu_);

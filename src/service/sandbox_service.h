@@ -18,12 +18,14 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "common/metrics.h"
 #include "ops/operation_engine.h"
 #include "protocol/protocol.h"
 #include "runtime/backend.h"
 #include "service/attach_token.h"
 #include "service/inputs.h"
 #include "service/job_waiters.h"
+#include "service/service_metrics.h"
 #include "service/warm_pool.h"
 #include "service/templates.h"
 #include "store/store.h"
@@ -43,6 +45,8 @@ struct ServiceOptions {
   // Sandboxes kept ready per runtime and template (warm_pool.h); a create with the default
   // resources is served from them.
   std::vector<WarmPoolConfig> warm_pools;
+  // Where the service's metrics go (docs/metrics.md); nullptr: metrics::Default().
+  metrics::Registry* metrics = nullptr;
 };
 
 // A response the API returns verbatim: the first response of an idempotent call is stored and
@@ -110,15 +114,20 @@ class SandboxService {
   JobWaiters& job_waiters() { return waiters_; }
 
  private:
-  void RunCreate(const std::string& op_id, const std::string& sandbox_id);
-  void RunDelete(const std::string& op_id, const std::string& sandbox_id);
+  // `requested`: when the operation was accepted (or re-driven), for its duration metrics.
+  using TimePoint = ServiceMetrics::Clock::time_point;
+  void RunCreate(const std::string& op_id, const std::string& sandbox_id, TimePoint requested);
+  void RunDelete(const std::string& op_id, const std::string& sandbox_id, TimePoint requested);
   void RunLifecycle(const std::string& op_id, const std::string& sandbox_id,
-                    const std::string& kind);
+                    const std::string& kind, TimePoint requested);
   absl::StatusOr<runtime::Backend*> BackendFor(const std::string& name) const;
   // Destroys whatever the runtime still holds for a sandbox (instance in memory, or adopted).
   absl::Status DestroyRuntime(const store::SandboxRecord& sb);
   absl::StatusOr<store::SandboxRecord> VisibleSandbox(store::Tx& tx, const Caller& caller,
                                                       const std::string& id);
+
+  // sbx_sandboxes and the warm pool gauges: read at scrape time from the store and the pool.
+  void RegisterMetricCallbacks();
 
   absl::StatusOr<WarmSandbox> BuildWarm(const WarmPoolConfig& config);
   // A pooled sandbox that can serve `req` as requested, or nullopt.
@@ -136,8 +145,12 @@ class SandboxService {
   std::map<std::string, runtime::InstancePtr> instances_;  // running sandboxes, by id
   std::set<std::string> frozen_;  // ids whose instance is frozen or being frozen
   bool ready_ = false;
-  // Last member: destroyed first, while the backends and templates it uses still exist.
+  std::unique_ptr<ServiceMetrics> metrics_;
+  // Destroyed right after the metric callbacks below and before everything else, while the
+  // backends and templates it uses still exist.
   std::unique_ptr<WarmPool> pool_;
+  // Last: unregistered first, so that no scrape reads the store or the pool during teardown.
+  std::vector<metrics::CallbackHandle> metric_callbacks_;
 };
 
 }  // namespace sbx::service

@@ -61,6 +61,14 @@ class WarmPool {
 
   // "runtime/template" -> sandboxes ready now.
   std::map<std::string, int> Ready() const;
+  struct PoolStats {
+    std::string runtime;
+    std::string template_name;
+    int ready = 0;   // sandboxes ready now
+    int target = 0;  // the size the pool is refilled to
+  };
+  // Every configured pool (size > 0).
+  std::vector<PoolStats> Stats() const;
 
  private:
   struct Pool {
