@@ -171,8 +171,8 @@ void Histogram::Observe(double v) {
   const std::vector<double>& b = *bounds_;
   // `le` is inclusive: the first bound >= v. NaN compares false with everything and lands in
   // +Inf, where it can be told apart from real observations.
-  size_t i = std::isnan(v) ? b.size()
-                           : static_cast<size_t>(std::lower_bound(b.begin(), b.end(), v) - b.begin());
+  const auto at = std::isnan(v) ? b.end() : std::lower_bound(b.begin(), b.end(), v);
+  const size_t i = static_cast<size_t>(at - b.begin());
   buckets_[i].fetch_add(1, std::memory_order_relaxed);
   sum_.fetch_add(v, std::memory_order_relaxed);
 }
@@ -351,7 +351,9 @@ Family<Histogram>& Registry::AddHistogram(const std::string& name, const std::st
 
 CallbackHandle Registry::AddCallback(const std::string& name, const std::string& help, Type type,
                                      std::vector<std::string> label_names, CallbackFn fn) {
-  if (type == Type::kHistogram) Die(fmt::format("{}: a callback metric cannot be a histogram", name));
+  if (type == Type::kHistogram) {
+    Die(fmt::format("{}: a callback metric cannot be a histogram", name));
+  }
   if (!fn) Die(fmt::format("{}: empty callback", name));
   Register(name, help, type, std::move(label_names), {}, std::move(fn));
   return CallbackHandle(this, name);
@@ -460,7 +462,8 @@ std::optional<double> ProcessStartTime() {
   auto btime = ParseNumber<uint64_t>(btime_text);
   const long ticks = ::sysconf(_SC_CLK_TCK);
   if (!btime || ticks <= 0) return std::nullopt;
-  return static_cast<double>(*btime) + static_cast<double>(*start_ticks) / static_cast<double>(ticks);
+  return static_cast<double>(*btime) +
+         static_cast<double>(*start_ticks) / static_cast<double>(ticks);
 }
 
 std::optional<int64_t> OpenFds() {

@@ -157,7 +157,8 @@ class Registry;
 class CallbackHandle {
  public:
   CallbackHandle() = default;
-  CallbackHandle(Registry* registry, std::string name) : registry_(registry), name_(std::move(name)) {}
+  CallbackHandle(Registry* registry, std::string name)
+      : registry_(registry), name_(std::move(name)) {}
   CallbackHandle(CallbackHandle&& o) noexcept { *this = std::move(o); }
   CallbackHandle& operator=(CallbackHandle&& o) noexcept;
   CallbackHandle(const CallbackHandle&) = delete;

@@ -442,7 +442,9 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
     return;
   }
   metrics_->OperationFinished(*finished, requested);
-  if (finished->state == "succeeded") metrics_->SandboxRunning(sb.runtime, /*warm=*/false, requested);
+  if (finished->state == "succeeded") {
+    metrics_->SandboxRunning(sb.runtime, /*warm=*/false, requested);
+  }
   if (inst.ok() && keep_instance) {
     std::lock_guard lock(mu_);
     instances_[sandbox_id] = std::move(*inst);
@@ -1093,7 +1095,9 @@ absl::Status SandboxService::Reconcile() {
     return absl::OkStatus();
   });
   if (listed.ok()) {
-    for (const std::string& id : running_sessions) metrics_->SessionStarted(id, /*count_start=*/false);
+    for (const std::string& id : running_sessions) {
+      metrics_->SessionStarted(id, /*count_start=*/false);
+    }
   } else {
     spdlog::warn("sbx_sessions_active starts without the sessions of re-adopted sandboxes: {}",
                  std::string(listed.message()));

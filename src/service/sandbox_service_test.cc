@@ -606,7 +606,8 @@ TEST_F(SandboxServiceTest, SessionMetricsFollowTheDataPlane) {
 
   // The status path (no client attached at exit) ends b, and starts and ends c at once.
   svc_->RecordSessionStatus(b, json{{"state", "exited"}, {"exit_code", 0}, {"oom_killed", false}});
-  svc_->RecordSessionStatus(c, json{{"state", "exited"}, {"signal", "SIGKILL"}, {"oom_killed", true}});
+  svc_->RecordSessionStatus(c,
+                            json{{"state", "exited"}, {"signal", "SIGKILL"}, {"oom_killed", true}});
   EXPECT_EQ(Metric("sbx_sessions_started_total"), "3");
   EXPECT_EQ(Metric("sbx_sessions_active"), "0");
   EXPECT_EQ(Metric("sbx_oom_kills_total"), "2");

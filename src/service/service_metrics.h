@@ -39,7 +39,8 @@ class ServiceMetrics {
   // An operation the service finished (its row is committed as succeeded or failed).
   // `requested`: when it was accepted (or re-driven); nullopt when this process does not know
   // (failed at start-up after a crash): counted, but no duration is observed.
-  void OperationFinished(const store::OperationRecord& op, std::optional<Clock::time_point> requested);
+  void OperationFinished(const store::OperationRecord& op,
+                         std::optional<Clock::time_point> requested);
   // A create that reached running: `warm` when a pooled sandbox served it.
   void SandboxRunning(const std::string& runtime, bool warm, Clock::time_point requested);
 

@@ -834,7 +834,8 @@ TEST_F(SqliteStoreTest, CountsLiveSandboxesByStateAcrossTenants) {
   }
   auto counts = Read([](Tx& tx) { return tx.CountLiveSandboxesByState(); });
   ASSERT_TRUE(counts.ok()) << counts.status();
-  EXPECT_EQ(*counts, (std::map<std::string, int64_t>{{"failed", 1}, {"paused", 1}, {"running", 2}}));
+  EXPECT_EQ(*counts,
+            (std::map<std::string, int64_t>{{"failed", 1}, {"paused", 1}, {"running", 2}}));
 
   // Every statement was timed under its method's name, each transaction's BEGIN and COMMIT too.
   const std::string text = registry.Expose();
