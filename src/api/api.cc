@@ -71,6 +71,13 @@ http::Response Fail(const http::RequestContext& ctx, const absl::Status& s) {
   return res;
 }
 
+metrics::Family<metrics::Counter>& StreamedBytes(metrics::Registry& registry) {
+  return registry.AddCounter("sbx_streamed_bytes_total",
+                             "Session output delivered to clients over attach streams, in bytes "
+                             "of process output (before base64 and SSE framing).",
+                             {"stream"});
+}
+
 json ExitJson(const protocol::ExitEvent& ev) {
   return {{"exit_code", ev.exit_code ? json(*ev.exit_code) : json(nullptr)},
           {"signal", ev.signal ? json(*ev.signal) : json(nullptr)},
@@ -81,7 +88,16 @@ json ExitJson(const protocol::ExitEvent& ev) {
 }  // namespace
 
 Api::Api(service::SandboxService& svc, ApiOptions opts)
-    : svc_(svc), opts_(std::move(opts)), admin_token_hash_(Sha256Hex(opts_.admin_token)) {}
+    : svc_(svc),
+      opts_(std::move(opts)),
+      admin_token_hash_(Sha256Hex(opts_.admin_token)),
+      registry_(opts_.metrics != nullptr ? *opts_.metrics : metrics::Default()),
+      attach_streams_(registry_
+                          .AddGauge("sbx_attach_streams_active",
+                                    "Attach (SSE) streams open to clients.")
+                          .WithLabels()),
+      streamed_stdout_(StreamedBytes(registry_).WithLabels({"stdout"})),
+      streamed_stderr_(StreamedBytes(registry_).WithLabels({"stderr"})) {}
 
 void Api::SetLimits(const ResourceLimits& limits) {
   std::lock_guard lock(limits_mu_);
@@ -145,6 +161,20 @@ Awaitable Api::Route(http::RequestContext& ctx) {
                               "sbxd is reconciling its sandboxes"));
     }
     co_return Ok(bhttp::status::ok, {{"status", "ready"}});
+  }
+
+  if (seg.size() == 1 && seg[0] == "metrics") {
+    if (!opts_.metrics_public) {
+      // Admin token only: an attach token names one session, not the deployment.
+      auto caller = Authenticate(req, std::nullopt, /*allow_attach_token=*/false);
+      if (!caller.ok()) co_return fail(caller.status());
+    }
+    if (method != bhttp::verb::get) co_return fail(MethodNotAllowed(req));
+    http::Response res{bhttp::status::ok, 11};
+    res.set(bhttp::field::content_type, metrics::kContentType);
+    res.set(bhttp::field::cache_control, "no-store");
+    res.body() = registry_.Expose();
+    co_return res;
   }
 
   if (seg.empty() || seg[0] != "v1") {
@@ -367,6 +397,13 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
   header.set("X-Request-Id", rid);
   if (!ctx.req.keep_alive()) header.set(bhttp::field::connection, "close");
   if (!co_await ctx.stream.Begin(std::move(header))) co_return std::nullopt;
+  attach_streams_.Inc();
+  struct OpenStream {
+    metrics::Gauge& gauge;
+    ~OpenStream() { gauge.Dec(); }
+  } open_stream{attach_streams_};
+  // Output bytes of the batch being built, counted once the client has taken it.
+  uint64_t batch_stdout = 0, batch_stderr = 0;
 
   // Appends the SSE form of one agent frame to `batch`; false when the stream ends with it
   // (the exit event, which is appended, or a frame that does not decode, which is not).
@@ -375,6 +412,7 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
       auto out = protocol::DecodeOutputView(f.payload);
       if (!out.ok()) return false;
       AppendSseOutputEvent(batch, out->event_id, out->stream, out->offset, out->data);
+      (out->stream == protocol::Stream::kStderr ? batch_stderr : batch_stdout) += out->data.size();
     } else if (f.type == protocol::FrameType::kResync) {
       auto rs = protocol::DecodeResync(f.payload);
       if (!rs.ok()) return false;
@@ -421,6 +459,7 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
     }
     std::string batch;
     batch.reserve(size);
+    batch_stdout = batch_stderr = 0;
     bool more = true;
     for (const protocol::Frame& f : frames) {
       more = append_event(f, batch);
@@ -430,6 +469,8 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
       (*stream)->Close();  // client gone; the process keeps running
       co_return std::nullopt;
     }
+    if (batch_stdout > 0) streamed_stdout_.Inc(batch_stdout);
+    if (batch_stderr > 0) streamed_stderr_.Inc(batch_stderr);
     if (!more) break;
   }
   (*stream)->Close();

@@ -9,6 +9,7 @@
 
 #include "api/requests.h"
 #include "api/target.h"
+#include "common/metrics.h"
 #include "http/server.h"
 #include "service/sandbox_service.h"
 
@@ -18,6 +19,11 @@ struct ApiOptions {
   std::string admin_token;  // acts for tenant "default"
   ResourceLimits limits;    // the start-up value; SetLimits replaces it
   std::chrono::seconds keepalive_interval{15};
+  // GET /metrics without the admin token (config key metrics.public): for a scraper on a
+  // trusted network that should not hold a token that can create and delete sandboxes.
+  bool metrics_public = false;
+  // What GET /metrics serves and where the API's own metrics go; nullptr: metrics::Default().
+  metrics::Registry* metrics = nullptr;
 };
 
 class Api {
@@ -50,6 +56,10 @@ class Api {
   ApiOptions opts_;  // opts_.limits only under limits_mu_
   mutable std::mutex limits_mu_;
   std::string admin_token_hash_;
+  metrics::Registry& registry_;
+  metrics::Gauge& attach_streams_;
+  metrics::Counter& streamed_stdout_;
+  metrics::Counter& streamed_stderr_;
 };
 
 }  // namespace sbx::api

@@ -13,11 +13,13 @@ constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
 
 class ChunkedStream : public ResponseStream {
  public:
-  ChunkedStream(beast::tcp_stream& stream, std::chrono::seconds write_timeout)
-      : stream_(stream), write_timeout_(write_timeout) {}
+  ChunkedStream(beast::tcp_stream& stream, std::chrono::seconds write_timeout,
+                RequestCounter& requests, bhttp::verb method)
+      : stream_(stream), write_timeout_(write_timeout), requests_(requests), method_(method) {}
 
   asio::awaitable<bool> Begin(bhttp::response_header<> header) override {
     status_ = header.result_int();
+    requests_.Count(method_, header.result_int());
     bhttp::response<bhttp::empty_body> res{std::move(header)};
     res.chunked(true);
     bhttp::response_serializer<bhttp::empty_body> sr{res};
@@ -53,6 +55,8 @@ class ChunkedStream : public ResponseStream {
  private:
   beast::tcp_stream& stream_;
   std::chrono::seconds write_timeout_;
+  RequestCounter& requests_;
+  bhttp::verb method_;
   bool began_ = false;
   bool ended_ = false;
   bool failed_ = false;
@@ -95,6 +99,48 @@ void LogAccess(const log::Context& ctx, std::string_view method, std::string_vie
 
 }  // namespace
 
+RequestCounter::RequestCounter(metrics::Registry& registry)
+    : family_(registry.AddCounter("sbx_http_requests_total",
+                                  "HTTP responses sent, by request method and status code.",
+                                  {"method", "code"})) {}
+
+size_t RequestCounter::MethodIndex(bhttp::verb method) {
+  switch (method) {
+    case bhttp::verb::get:
+      return 0;
+    case bhttp::verb::head:
+      return 1;
+    case bhttp::verb::post:
+      return 2;
+    case bhttp::verb::put:
+      return 3;
+    case bhttp::verb::delete_:
+      return 4;
+    case bhttp::verb::patch:
+      return 5;
+    case bhttp::verb::options:
+      return 6;
+    default:
+      return kMethods.size() - 1;
+  }
+}
+
+void RequestCounter::Count(bhttp::verb method, unsigned code) {
+  const size_t m = MethodIndex(method);
+  if (code < kFirstCode || code > kLastCode) {
+    family_.WithLabels({kMethods[m], std::to_string(code)}).Inc();
+    return;
+  }
+  std::atomic<metrics::Counter*>& slot = table_[m][code - kFirstCode];
+  metrics::Counter* c = slot.load(std::memory_order_acquire);
+  if (c == nullptr) {
+    // Racing first uses find the same child; either store is right.
+    c = &family_.WithLabels({kMethods[m], std::to_string(code)});
+    slot.store(c, std::memory_order_release);
+  }
+  c->Inc();
+}
+
 std::string RequestIdFor(const Request& req) {
   auto it = req.find("X-Request-Id");
   if (it != req.end()) {
@@ -106,6 +152,7 @@ std::string RequestIdFor(const Request& req) {
 
 Server::Server(ServerOptions opts, Handler handler, ErrorResponder errors)
     : opts_(std::move(opts)),
+      requests_(opts_.metrics != nullptr ? *opts_.metrics : metrics::Default()),
       handler_(std::move(handler)),
       errors_(std::move(errors)),
       ioc_(opts_.threads),
@@ -174,7 +221,8 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
   beast::flat_buffer buffer;
   auto executor = co_await asio::this_coro::executor;
 
-  auto send = [&](Response res) -> asio::awaitable<bool> {
+  auto send = [&](Response res, bhttp::verb method) -> asio::awaitable<bool> {
+    requests_.Count(method, res.result_int());
     res.prepare_payload();
     stream.expires_after(opts_.write_timeout);
     bool keep = res.keep_alive();
@@ -212,7 +260,8 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
         if (buffer.size() > 0 || parser.got_some()) {
           lctx.request_id = NewId("req");
           co_await send(errors_(bhttp::status::request_timeout, "request_timeout",
-                                "the request did not arrive in time", lctx.request_id));
+                                "the request did not arrive in time", lctx.request_id),
+                        parser.is_header_done() ? parser.get().method() : bhttp::verb::unknown);
           LogAccess(lctx, method, target, 408, MsSince(failed_at));
         }
         break;
@@ -220,19 +269,24 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
       std::string rid = parser.is_header_done() ? RequestIdFor(parser.get()) : NewId("req");
       lctx.request_id = rid;
       bhttp::status status;
+      const bhttp::verb verb =
+          parser.is_header_done() ? parser.get().method() : bhttp::verb::unknown;
       if (hec == bhttp::error::body_limit) {
         status = bhttp::status::payload_too_large;
         co_await send(errors_(status, "payload_too_large",
                               fmt::format("request body is larger than {} bytes",
                                           opts_.max_body_bytes),
-                              rid));
+                              rid),
+                      verb);
       } else if (hec == bhttp::error::header_limit) {
         status = bhttp::status::request_header_fields_too_large;
-        co_await send(errors_(status, "invalid_argument", "request headers are too large", rid));
+        co_await send(errors_(status, "invalid_argument", "request headers are too large", rid),
+                      verb);
       } else {
         status = bhttp::status::bad_request;
         co_await send(errors_(status, "invalid_argument",
-                              fmt::format("malformed HTTP request: {}", hec.message()), rid));
+                              fmt::format("malformed HTTP request: {}", hec.message()), rid),
+                      verb);
       }
       LogAccess(lctx, method, target, static_cast<unsigned>(status), MsSince(failed_at));
       // The framing of anything after a bad request cannot be trusted, so the connection ends.
@@ -254,7 +308,7 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
 
     Request req = parser.release();
     std::string rid = RequestIdFor(req);
-    ChunkedStream chunked(stream, opts_.write_timeout);
+    ChunkedStream chunked(stream, opts_.write_timeout, requests_, req.method());
     RequestContext ctx{req, rid, chunked, executor};
     ctx.log.request_id = rid;
     const auto started = std::chrono::steady_clock::now();
@@ -280,7 +334,7 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
       res->keep_alive(res->keep_alive() && req.keep_alive());
       res->set("X-Request-Id", rid);
       status = res->result_int();
-      keep = co_await send(std::move(*res));
+      keep = co_await send(std::move(*res), req.method());
     } else {
       status = chunked.status();
       keep = keep && chunked.reusable();

@@ -6,12 +6,14 @@
 // strand, so a handler's coroutine never runs concurrently with itself.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -20,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/log.h"
+#include "common/metrics.h"
 
 namespace sbx::http {
 
@@ -70,6 +73,29 @@ struct ServerOptions {
   std::chrono::seconds read_timeout{30};   // a whole request must arrive within this
   std::chrono::seconds idle_timeout{75};   // keep-alive connection with no request
   std::chrono::seconds write_timeout{60};  // one write must complete within this
+  // Where sbx_http_requests_total goes; nullptr: metrics::Default().
+  metrics::Registry* metrics = nullptr;
+};
+
+// sbx_http_requests_total{method,code}: every response the server sends, its own errors (400,
+// 408, 413) included. Label values are bounded: the method is one of a fixed set or "other",
+// the code a status the server produced. A child is looked up once per (method, code) and
+// then found in a fixed table without a lock.
+class RequestCounter {
+ public:
+  explicit RequestCounter(metrics::Registry& registry);
+  void Count(bhttp::verb method, unsigned code);
+
+ private:
+  static constexpr std::array<std::string_view, 8> kMethods = {
+      "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "other"};
+  static constexpr unsigned kFirstCode = 100, kLastCode = 599;
+  static size_t MethodIndex(bhttp::verb method);
+
+  metrics::Family<metrics::Counter>& family_;
+  std::array<std::array<std::atomic<metrics::Counter*>, kLastCode - kFirstCode + 1>,
+             kMethods.size()>
+      table_{};
 };
 
 class Server {
@@ -91,6 +117,7 @@ class Server {
   asio::awaitable<void> Serve(asio::ip::tcp::socket socket);
 
   ServerOptions opts_;
+  RequestCounter requests_;
   Handler handler_;
   ErrorResponder errors_;
   asio::io_context ioc_;

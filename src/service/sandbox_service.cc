@@ -213,8 +213,48 @@ SandboxService::SandboxService(ServiceOptions opts, store::Store& store,
       defaults_(opts_.defaults),
       timer_settings_(opts_.timers) {
   engine_.SetJobDoneHook([this](const std::string& sandbox_id) { waiters_.Notify(sandbox_id); });
+  std::vector<std::string> runtimes;
+  for (const auto& [name, backend] : backends_) runtimes.push_back(name);
+  metrics_ = std::make_unique<ServiceMetrics>(
+      opts_.metrics != nullptr ? *opts_.metrics : metrics::Default(), runtimes,
+      opts_.default_runtime);
   pool_ = std::make_unique<WarmPool>(
       opts_.warm_pools, [this](const WarmPoolConfig& c) { return BuildWarm(c); });
+  RegisterMetricCallbacks();
+}
+
+void SandboxService::RegisterMetricCallbacks() {
+  metrics::Registry& registry = metrics_->registry();
+  metric_callbacks_.push_back(registry.AddCallback(
+      "sbx_sandboxes",
+      "Sandboxes by state, read from the store at scrape time (deleted ones are not counted).",
+      metrics::Type::kGauge, {"state"}, [this](metrics::CallbackSamples& out) {
+        std::map<std::string, int64_t> counts;
+        absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+          SBX_ASSIGN_OR_RETURN(counts, tx.CountLiveSandboxesByState());
+          return absl::OkStatus();
+        });
+        if (!st.ok()) {
+          // Absent rather than wrong: a scrape without the series shows the gap.
+          spdlog::warn("metrics: sbx_sandboxes: {}", std::string(st.message()));
+          return;
+        }
+        for (std::string_view state : kLiveStates) {
+          auto it = counts.find(std::string(state));
+          out.Add({std::string(state)}, it == counts.end() ? 0.0 : static_cast<double>(it->second));
+        }
+      }));
+  metric_callbacks_.push_back(registry.AddCallback(
+      "sbx_warm_pool_ready", "Sandboxes ready in the warm pool, by runtime and template.",
+      metrics::Type::kGauge, {"runtime", "template"}, [this](metrics::CallbackSamples& out) {
+        for (const auto& p : pool_->Stats()) out.Add({p.runtime, p.template_name}, p.ready);
+      }));
+  metric_callbacks_.push_back(registry.AddCallback(
+      "sbx_warm_pool_target",
+      "The number of sandboxes the warm pool keeps ready, by runtime and template.",
+      metrics::Type::kGauge, {"runtime", "template"}, [this](metrics::CallbackSamples& out) {
+        for (const auto& p : pool_->Stats()) out.Add({p.runtime, p.template_name}, p.target);
+      }));
 }
 
 void SandboxService::StartWarmPools() {
@@ -322,6 +362,7 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
     const Caller& caller, const CreateSandboxRequest& req,
     const std::optional<std::string>& idem_key) {
   static const IdemScope kScope{"POST", "/v1/sandboxes"};
+  const TimePoint requested = ServiceMetrics::Clock::now();
   const std::string body_hash = Sha256Hex(req.canonical.dump());
 
   StoredResponse out;
@@ -337,10 +378,12 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
   const runtime::Resources defaults = this->defaults();
   std::optional<WarmSandbox> warm = TakeWarm(req, defaults);
   bool warm_used = false;
+  std::optional<OperationRecord> finished;  // the create, when the warm pool served it
   absl::Status tx_status = store_.Transact([&](Tx& tx) -> absl::Status {
     warm_used = false;
     submit.reset();
     created.reset();
+    finished.reset();
     SBX_ASSIGN_OR_RETURN(auto replay, CheckIdempotency(tx, caller, idem_key, kScope, body_hash));
     if (replay) {
       out = *replay;
@@ -382,6 +425,7 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
       Finish(op, true, nullptr, now);
       op.result = {{"warm_pool", true}};
       warm_used = true;
+      finished = op;
     } else {
       sb.current_operation_id = op.id;
       submit = {op.id, sb.id};
@@ -403,6 +447,8 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
   }
   if (warm) {
     if (tx_status.ok() && warm_used) {
+      metrics_->OperationFinished(*finished, requested);
+      metrics_->SandboxRunning(warm->runtime, /*warm=*/true, requested);
       std::lock_guard lock(mu_);
       instances_[warm->instance->id()] = std::move(warm->instance);
     } else {
@@ -412,18 +458,21 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
   SBX_RETURN_IF_ERROR(tx_status);
   if (submit) {
     auto [op_id, sb_id] = *submit;
-    engine_.Submit(sb_id, [this, op_id, sb_id] { RunCreate(op_id, sb_id); },
+    engine_.Submit(sb_id, [this, op_id, sb_id, requested] { RunCreate(op_id, sb_id, requested); },
                    OperationLog(op_id, sb_id, caller.tenant_id));
   }
   return out;
 }
 
-void SandboxService::RunCreate(const std::string& op_id, const std::string& sandbox_id) {
+void SandboxService::RunCreate(const std::string& op_id, const std::string& sandbox_id,
+                               TimePoint requested) {
   const auto job_started = Clock::now();
   SandboxRecord sb;
   bool proceed = false;
   bool cancelled = false;
+  std::optional<OperationRecord> finished;
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    finished.reset();
     SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
     SBX_ASSIGN_OR_RETURN(sb, tx.GetSandbox(sandbox_id));
     if (op.state != "pending") return absl::OkStatus();
@@ -433,6 +482,7 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
       Finish(op, false, {{"code", "cancelled"}, {"message", "sandbox was deleted before it started"}},
              now);
       cancelled = true;
+      finished = op;
       return tx.PutOperation(op);
     }
     op.state = "running";
@@ -440,6 +490,7 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
     proceed = true;
     return tx.PutOperation(op);
   });
+  if (st.ok() && finished) metrics_->OperationFinished(*finished, requested);
   if (!st.ok() || !proceed) {
     if (!st.ok()) spdlog::error("create {}: store: {}", sandbox_id, std::string(st.message()));
     if (st.ok() && cancelled) {
@@ -476,6 +527,7 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
   bool keep_instance = false;
   std::string from, to, result;
   st = store_.Transact([&](Tx& tx) -> absl::Status {
+    finished.reset();
     SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
     SBX_ASSIGN_OR_RETURN(SandboxRecord cur, tx.GetSandbox(sandbox_id));
     const std::string now = NowRfc3339();
@@ -506,6 +558,7 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
     result = op.state == "succeeded" ? "succeeded"
              : op.error.is_object() && op.error.value("code", "") == "cancelled" ? "cancelled"
                                                                                 : "failed";
+    finished = op;
     SBX_RETURN_IF_ERROR(tx.PutOperation(op));
     return tx.PutSandbox(cur);
   });
@@ -515,6 +568,10 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
     LogOperationFinished("create", "failed", job_started, elapsed.count(),
                          fmt::format("store: {}", std::string(st.message())));
     return;
+  }
+  metrics_->OperationFinished(*finished, requested);
+  if (finished->state == "succeeded") {
+    metrics_->SandboxRunning(sb.runtime, /*warm=*/false, requested);
   }
   if (inst.ok() && keep_instance) {
     std::lock_guard lock(mu_);
@@ -575,6 +632,7 @@ absl::StatusOr<OperationRecord> SandboxService::GetOperation(const Caller& calle
 absl::StatusOr<StoredResponse> SandboxService::DeleteSandbox(
     const Caller& caller, const std::string& id, const std::optional<std::string>& idem_key) {
   const IdemScope scope{"DELETE", "/v1/sandboxes/" + id};
+  const TimePoint requested = ServiceMetrics::Clock::now();
   const std::string body_hash = Sha256Hex("");
   StoredResponse out;
   std::optional<std::string> submit;
@@ -631,7 +689,8 @@ absl::StatusOr<StoredResponse> SandboxService::DeleteSandbox(
       log::Scope scope(lctx);
       LogStateChange(id, from, kDeleting);
     }
-    engine_.Submit(id, [this, op_id, id] { RunDelete(op_id, id); }, std::move(lctx));
+    engine_.Submit(id, [this, op_id, id, requested] { RunDelete(op_id, id, requested); },
+                   std::move(lctx));
   }
   return out;
 }
@@ -657,7 +716,8 @@ absl::Status SandboxService::DestroyRuntime(const SandboxRecord& sb) {
   return backend->Remove(sb.id);
 }
 
-void SandboxService::RunDelete(const std::string& op_id, const std::string& sandbox_id) {
+void SandboxService::RunDelete(const std::string& op_id, const std::string& sandbox_id,
+                               TimePoint requested) {
   const auto job_started = Clock::now();
   SandboxRecord sb;
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
@@ -676,7 +736,11 @@ void SandboxService::RunDelete(const std::string& op_id, const std::string& sand
   absl::Status destroyed = DestroyRuntime(sb);
   const double runtime_ms = MsSince(runtime_started);
   std::string from, to;
+  std::optional<OperationRecord> finished;
+  std::vector<std::string> ended_sessions;
   st = store_.Transact([&](Tx& tx) -> absl::Status {
+    finished.reset();
+    ended_sessions.clear();
     SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
     SBX_ASSIGN_OR_RETURN(SandboxRecord cur, tx.GetSandbox(sandbox_id));
     const std::string now = NowRfc3339();
@@ -695,6 +759,7 @@ void SandboxService::RunDelete(const std::string& op_id, const std::string& sand
         if (!s.exit_code && !s.signal) s.signal = "SIGKILL";
         s.exited_at = now;
         SBX_RETURN_IF_ERROR(tx.PutSession(s));
+        ended_sessions.push_back(s.id);
       }
     } else {
       json err = ErrorJson("delete_failed", destroyed);
@@ -703,10 +768,15 @@ void SandboxService::RunDelete(const std::string& op_id, const std::string& sand
       cur.error = err;
     }
     to = cur.state;
+    finished = op;
     SBX_RETURN_IF_ERROR(tx.PutOperation(op));
     return tx.PutSandbox(cur);
   });
   if (destroyed.ok()) activity_.Forget(sandbox_id);
+  if (st.ok()) {
+    metrics_->OperationFinished(*finished, requested);
+    for (const std::string& s : ended_sessions) metrics_->SessionExited(s, /*oom_killed=*/false);
+  }
   if (!st.ok()) {
     spdlog::error("delete {}: store: {}", sandbox_id, std::string(st.message()));
   } else {
@@ -731,6 +801,7 @@ absl::StatusOr<StoredResponse> SandboxService::RequestLifecycle(
   }
   // These calls take no body: every repeat of one is the same request.
   const IdemScope scope{"POST", fmt::format("/v1/sandboxes/{}/{}", id, kind)};
+  const TimePoint requested = ServiceMetrics::Clock::now();
   const std::string body_hash = Sha256Hex("");
   StoredResponse out;
   std::optional<std::string> submit;
@@ -787,18 +858,21 @@ absl::StatusOr<StoredResponse> SandboxService::RequestLifecycle(
   }));
   if (submit) {
     std::string op_id = *submit;
-    engine_.Submit(id, [this, op_id, id, kind] { RunLifecycle(op_id, id, kind); },
-                   OperationLog(op_id, id, caller.tenant_id));
+    engine_.Submit(id, [this, op_id, id, kind, requested] {
+      RunLifecycle(op_id, id, kind, requested);
+    }, OperationLog(op_id, id, caller.tenant_id));
   }
   return out;
 }
 
 void SandboxService::RunLifecycle(const std::string& op_id, const std::string& sandbox_id,
-                                  const std::string& kind) {
+                                  const std::string& kind, TimePoint requested) {
   const auto job_started = Clock::now();
   bool proceed = false;
   bool cancelled = false;
+  std::optional<OperationRecord> finished;
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    finished.reset();
     SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
     SBX_ASSIGN_OR_RETURN(SandboxRecord sb, tx.GetSandbox(sandbox_id));
     if (op.state != "pending") return absl::OkStatus();
@@ -807,6 +881,7 @@ void SandboxService::RunLifecycle(const std::string& op_id, const std::string& s
       // A delete took over before this operation started: nothing to do.
       Finish(op, false, {{"code", "cancelled"}, {"message", "sandbox was deleted first"}}, now);
       cancelled = true;
+      finished = op;
       return tx.PutOperation(op);
     }
     op.state = "running";
@@ -814,6 +889,7 @@ void SandboxService::RunLifecycle(const std::string& op_id, const std::string& s
     proceed = true;
     return tx.PutOperation(op);
   });
+  if (st.ok() && finished) metrics_->OperationFinished(*finished, requested);
   if (!st.ok() || !proceed) {
     if (!st.ok()) spdlog::error("{} {}: store: {}", kind, sandbox_id, std::string(st.message()));
     if (st.ok() && cancelled) {
@@ -858,6 +934,7 @@ void SandboxService::RunLifecycle(const std::string& op_id, const std::string& s
 
   std::string from, to;
   st = store_.Transact([&](Tx& tx) -> absl::Status {
+    finished.reset();
     SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
     SBX_ASSIGN_OR_RETURN(SandboxRecord cur, tx.GetSandbox(sandbox_id));
     const std::string now = NowRfc3339();
@@ -867,6 +944,7 @@ void SandboxService::RunLifecycle(const std::string& op_id, const std::string& s
     } else {
       Finish(op, false, ErrorJson(fmt::format("{}_failed", kind), done), now);
     }
+    finished = op;
     SBX_RETURN_IF_ERROR(tx.PutOperation(op));
     // A delete that took over meanwhile owns the sandbox's state now.
     if (cur.current_operation_id != op_id) return absl::OkStatus();
@@ -882,6 +960,7 @@ void SandboxService::RunLifecycle(const std::string& op_id, const std::string& s
     to = cur.state;
     return tx.PutSandbox(cur);
   });
+  if (st.ok()) metrics_->OperationFinished(*finished, requested);
   if (!st.ok()) {
     spdlog::error("{} {}: store: {}", kind, sandbox_id, std::string(st.message()));
   } else {
@@ -1001,21 +1080,28 @@ std::optional<std::string> SandboxService::AgentSocketFor(const std::string& san
 void SandboxService::RecordSessionStarted(const std::string& session_id,
                                           const json& attach_response) {
   if (!attach_response.value("started", false)) return;
+  bool started = false;
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    started = false;
     SBX_ASSIGN_OR_RETURN(SessionRecord s, tx.GetSession(session_id));
     if (s.state != "created") return absl::OkStatus();
     s.state = "running";
     s.started_at = NowRfc3339();
+    started = true;
     return tx.PutSession(s);
   });
+  if (st.ok() && started) metrics_->SessionStarted(session_id);
   if (!st.ok()) spdlog::warn("session {}: {}", session_id, std::string(st.message()));
 }
 
 void SandboxService::RecordSessionExit(const std::string& session_id,
                                        const protocol::ExitEvent& ev) {
+  std::string was;  // the state this call moved the session from to exited
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    was.clear();
     SBX_ASSIGN_OR_RETURN(SessionRecord s, tx.GetSession(session_id));
     if (s.state == "exited") return absl::OkStatus();
+    was = s.state;
     const std::string now = NowRfc3339();
     if (!s.started_at) s.started_at = now;
     s.state = "exited";
@@ -1026,15 +1112,23 @@ void SandboxService::RecordSessionExit(const std::string& session_id,
     s.exited_at = now;
     return tx.PutSession(s);
   });
+  if (st.ok() && !was.empty()) {
+    if (was == "created") metrics_->SessionStarted(session_id);  // its start went unrecorded
+    metrics_->SessionExited(session_id, ev.oom_killed);
+  }
   if (!st.ok()) spdlog::warn("session {}: {}", session_id, std::string(st.message()));
 }
 
 void SandboxService::RecordSessionStatus(const std::string& session_id, const json& status) {
   const std::string state = status.value("state", "");
   if (state != "running" && state != "exited") return;
+  std::string was;  // the state this call moved the session from
+  bool oom_killed = false;
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    was.clear();
     SBX_ASSIGN_OR_RETURN(SessionRecord s, tx.GetSession(session_id));
     if (s.state == "exited" || s.state == state) return absl::OkStatus();
+    was = s.state;
     s.state = state;
     if (status.contains("started_at") && status["started_at"].is_string()) {
       s.started_at = status["started_at"].get<std::string>();
@@ -1053,8 +1147,13 @@ void SandboxService::RecordSessionStatus(const std::string& session_id, const js
                         ? status["exited_at"].get<std::string>()
                         : NowRfc3339();
     }
+    oom_killed = s.oom_killed;
     return tx.PutSession(s);
   });
+  if (st.ok() && !was.empty()) {
+    if (was == "created") metrics_->SessionStarted(session_id);
+    if (state == "exited") metrics_->SessionExited(session_id, oom_killed);
+  }
   if (!st.ok()) spdlog::warn("session {}: {}", session_id, std::string(st.message()));
 }
 
@@ -1075,6 +1174,7 @@ absl::Status SandboxService::Reconcile() {
     std::string op_id, sandbox_id, tenant;
   };
   std::vector<Redrive> redrive_deletes;
+  std::vector<std::string> adopted;
   for (SandboxRecord& sb : live) {
     // What the runtime logs while adopting names the sandbox.
     log::Context lctx;
@@ -1115,6 +1215,7 @@ absl::Status SandboxService::Reconcile() {
           SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) { return tx.PutSandbox(sb); }));
           LogStateChange(sb.id, from, state, "what the kernel says after the restart");
         }
+        adopted.push_back(sb.id);
         std::lock_guard lock(mu_);
         instances_[sb.id] = std::move(*inst);
         if (IsFrozenState(state)) frozen_.insert(sb.id);
@@ -1161,6 +1262,30 @@ absl::Status SandboxService::Reconcile() {
     log::Scope scope(lctx);
     log::Event(spdlog::level::warn, {{"kind", op.kind}, {"result", "failed"}},
                "operation {} failed: sbxd restarted during it", op.kind);
+    // When it was accepted is not known to this process: counted, no duration.
+    metrics_->OperationFinished(op, std::nullopt);
+  }
+
+  // Sessions still running in the re-adopted sandboxes are active again. Only a metric
+  // depends on it, so a failure is logged, not fatal.
+  std::vector<std::string> running_sessions;
+  absl::Status listed = store_.Transact([&](Tx& tx) -> absl::Status {
+    running_sessions.clear();
+    for (const std::string& id : adopted) {
+      SBX_ASSIGN_OR_RETURN(std::vector<SessionRecord> sessions, tx.ListSessions(id));
+      for (const SessionRecord& s : sessions) {
+        if (s.state == "running") running_sessions.push_back(s.id);
+      }
+    }
+    return absl::OkStatus();
+  });
+  if (listed.ok()) {
+    for (const std::string& id : running_sessions) {
+      metrics_->SessionStarted(id, /*count_start=*/false);
+    }
+  } else {
+    spdlog::warn("sbx_sessions_active starts without the sessions of re-adopted sandboxes: {}",
+                 std::string(listed.message()));
   }
 
   for (const auto& [name, backend] : backends_) {
@@ -1171,7 +1296,9 @@ absl::Status SandboxService::Reconcile() {
   }
   for (const auto& r : redrive_deletes) {
     std::string op = r.op_id, id = r.sandbox_id;
-    engine_.Submit(id, [this, op, id] { RunDelete(op, id); }, OperationLog(op, id, r.tenant));
+    const TimePoint requested = ServiceMetrics::Clock::now();
+    engine_.Submit(id, [this, op, id, requested] { RunDelete(op, id, requested); },
+                   OperationLog(op, id, r.tenant));
   }
   {
     std::lock_guard lock(mu_);

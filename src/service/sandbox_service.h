@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "common/metrics.h"
 #include "ops/operation_engine.h"
 #include "protocol/protocol.h"
 #include "runtime/backend.h"
@@ -26,6 +27,7 @@
 #include "service/attach_token.h"
 #include "service/inputs.h"
 #include "service/job_waiters.h"
+#include "service/service_metrics.h"
 #include "service/warm_pool.h"
 #include "service/templates.h"
 #include "store/store.h"
@@ -58,6 +60,8 @@ struct ServiceOptions {
   std::vector<WarmPoolConfig> warm_pools;
   TimerSettings timers;
   std::chrono::milliseconds timer_interval{1000};
+  // Where the service's metrics go (docs/metrics.md); nullptr: metrics::Default().
+  metrics::Registry* metrics = nullptr;
 };
 
 // What sbxd's configuration reload (SIGHUP) can change while sandboxes run. Everything else in
@@ -152,10 +156,12 @@ class SandboxService {
   JobWaiters& job_waiters() { return waiters_; }
 
  private:
-  void RunCreate(const std::string& op_id, const std::string& sandbox_id);
-  void RunDelete(const std::string& op_id, const std::string& sandbox_id);
+  // `requested`: when the operation was accepted (or re-driven), for its duration metrics.
+  using TimePoint = ServiceMetrics::Clock::time_point;
+  void RunCreate(const std::string& op_id, const std::string& sandbox_id, TimePoint requested);
+  void RunDelete(const std::string& op_id, const std::string& sandbox_id, TimePoint requested);
   void RunLifecycle(const std::string& op_id, const std::string& sandbox_id,
-                    const std::string& kind);
+                    const std::string& kind, TimePoint requested);
   absl::StatusOr<runtime::Backend*> BackendFor(const std::string& name) const;
   // Destroys whatever the runtime still holds for a sandbox (instance in memory, or adopted).
   absl::Status DestroyRuntime(const store::SandboxRecord& sb);
@@ -164,6 +170,9 @@ class SandboxService {
   bool HasRunningSession(const std::string& sandbox_id);
   absl::StatusOr<store::SandboxRecord> VisibleSandbox(store::Tx& tx, const Caller& caller,
                                                       const std::string& id);
+
+  // sbx_sandboxes and the warm pool gauges: read at scrape time from the store and the pool.
+  void RegisterMetricCallbacks();
 
   absl::StatusOr<WarmSandbox> BuildWarm(const WarmPoolConfig& config);
   // A pooled sandbox that can serve `req` as requested with `defaults`, or nullopt.
@@ -189,10 +198,16 @@ class SandboxService {
   bool ready_ = false;
   ActivityTracker activity_;
   std::chrono::system_clock::time_point last_purge_{};
-  // Destroyed before everything they use: the pool's builds and the timers' calls need the
-  // store, the engine, the backends and the templates.
+  std::unique_ptr<ServiceMetrics> metrics_;
+  // Destroyed right after the timers and the metric callbacks below and before everything
+  // else, while the backends and templates it uses still exist.
   std::unique_ptr<WarmPool> pool_;
-  std::unique_ptr<Ticker> timers_;  // last member: stopped first
+  // Unregistered before the pool goes, so that no scrape reads the store or the pool during
+  // teardown.
+  std::vector<metrics::CallbackHandle> metric_callbacks_;
+  // Last member: stopped first. Its passes call the service like a client (store, engine,
+  // backends, pool, metrics).
+  std::unique_ptr<Ticker> timers_;
 };
 
 }  // namespace sbx::service

@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/build_info.h"
 #include "common/ids.h"
 #include "common/status_util.h"
 #include "common/time_util.h"
@@ -79,7 +80,7 @@ class SandboxServiceTest : public ::testing::Test {
     dir_ = fs::temp_directory_path() / ("sbx-service-test." + std::to_string(::getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    auto store = store::OpenSqliteStore((dir_ / "sbx.db").string());
+    auto store = store::OpenSqliteStore((dir_ / "sbx.db").string(), registry_);
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
     fake_ = std::make_unique<runtime::FakeBackend>(dir_.string(), SBX_AGENT_PATH);
@@ -119,6 +120,8 @@ class SandboxServiceTest : public ::testing::Test {
     opts.output_buffer_bytes = output_buffer_bytes_;
     opts.attach_key = "test-key";
     opts.timers.default_timeout_s = default_timeout_s_;
+    opts.warm_pools = warm_pools_;
+    opts.metrics = &registry_;
     svc_ = std::make_unique<SandboxService>(
         opts, *store_, *engine_, std::move(*templates),
         std::map<std::string, runtime::Backend*>{{"fake", fake_.get()},
@@ -187,8 +190,20 @@ class SandboxServiceTest : public ::testing::Test {
     return svc_->CreateSession(caller_, id, req, std::nullopt).status();
   }
 
+  // The value of one series in this test's registry ("" when absent).
+  std::string Metric(const std::string& series) {
+    const std::string text = "\n" + registry_.Expose();
+    const std::string key = "\n" + series + " ";
+    size_t at = text.find(key);
+    if (at == std::string::npos) return "";
+    at += key.size();
+    return text.substr(at, text.find('\n', at) - at);
+  }
+
   fs::path dir_;
   Caller caller_{"default", std::nullopt};
+  metrics::Registry registry_;  // before the store and the service, which hold its children
+  std::vector<WarmPoolConfig> warm_pools_;  // ServiceOptions of the next Start()
   store::StorePtr store_;
   std::unique_ptr<runtime::FakeBackend> fake_;
   std::unique_ptr<NoPauseBackend> nopause_;
@@ -442,6 +457,214 @@ TEST_F(SandboxServiceTest, RestartKeepsPausedSandboxFrozenAndFailsInterruptedOps
   Do(paused, "wake");
   EXPECT_EQ(StateOf(paused), kRunning);
   EXPECT_TRUE(NewSession(paused).ok());
+}
+
+TEST_F(SandboxServiceTest, OperationMetricsCountWhatFinished) {
+  EXPECT_EQ(Metric("sbx_sandboxes{state=\"running\"}"), "0");
+  EXPECT_EQ(Metric("sbx_operations_total{kind=\"create\",result=\"succeeded\"}"), "0");
+  EXPECT_EQ(Metric("sbx_build_info{version=\"" + std::string(BuildVersion()) + "\",commit=\"" +
+                   std::string(BuildCommit()) + "\",runtime=\"fake\"}"),
+            "1");
+
+  const std::string id = CreateRunning();
+  EXPECT_EQ(Metric("sbx_operations_total{kind=\"create\",result=\"succeeded\"}"), "1");
+  EXPECT_EQ(Metric("sbx_operation_duration_seconds_count{kind=\"create\"}"), "1");
+  EXPECT_EQ(Metric("sbx_sandbox_create_to_running_seconds_count{runtime=\"fake\",source=\"cold\"}"),
+            "1");
+  EXPECT_EQ(Metric("sbx_sandbox_create_to_running_seconds_count{runtime=\"fake\",source=\"warm\"}"),
+            "0");
+  // Every live state is reported, the empty ones as 0.
+  for (std::string_view state : kLiveStates) {
+    EXPECT_EQ(Metric("sbx_sandboxes{state=\"" + std::string(state) + "\"}"),
+              state == kRunning ? "1" : "0")
+        << state;
+  }
+  EXPECT_EQ(Metric("sbx_sandboxes{state=\"deleted\"}"), "");
+
+  Do(id, "pause");
+  EXPECT_EQ(Metric("sbx_sandboxes{state=\"paused\"}"), "1");
+  EXPECT_EQ(Metric("sbx_sandboxes{state=\"running\"}"), "0");
+  Do(id, "wake");
+  auto wake = Request(id, "wake");  // refused before it became an operation: not counted
+  EXPECT_FALSE(wake.ok());
+  EXPECT_EQ(Metric("sbx_operations_total{kind=\"pause\",result=\"succeeded\"}"), "1");
+  EXPECT_EQ(Metric("sbx_operations_total{kind=\"wake\",result=\"succeeded\"}"), "1");
+  EXPECT_EQ(Metric("sbx_operation_duration_seconds_count{kind=\"wake\"}"), "1");
+
+  auto del = svc_->DeleteSandbox(caller_, id, std::nullopt);
+  ASSERT_TRUE(del.ok()) << del.status();
+  EXPECT_EQ(WaitOp(json::parse(del->body)["operation"]["id"]).state, "succeeded");
+  EXPECT_EQ(Metric("sbx_operations_total{kind=\"delete\",result=\"succeeded\"}"), "1");
+  EXPECT_EQ(Metric("sbx_sandboxes{state=\"running\"}"), "0");
+  // A repeated delete answers with the finished operation and counts nothing new.
+  ASSERT_TRUE(svc_->DeleteSandbox(caller_, id, std::nullopt).ok());
+  EXPECT_EQ(Metric("sbx_operations_total{kind=\"delete\",result=\"succeeded\"}"), "1");
+  EXPECT_EQ(Metric("sbx_operation_duration_seconds_count{kind=\"delete\"}"), "1");
+  EXPECT_EQ(Metric("sbx_operations_total{kind=\"create\",result=\"failed\"}"), "0");
+  // The store timed the statements of all this.
+  EXPECT_NE(Metric("sbx_store_query_duration_seconds_count{op=\"PutOperation\"}"), "0");
+}
+
+TEST_F(SandboxServiceTest, FailedAndCancelledOperationsAreCountedApart) {
+  const std::string id = CreateRunning();
+  // A pause queued behind a blocker, then overtaken by a delete: cancelled.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  engine_->Submit(id, [&] {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return release; });
+  });
+  auto pause = Request(id, "pause");
+  ASSERT_TRUE(pause.ok()) << pause.status();
+  auto del = svc_->DeleteSandbox(caller_, id, std::nullopt);
+  ASSERT_TRUE(del.ok()) << del.status();
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  EXPECT_EQ(WaitOp((*pause)["id"]).error.value("code", ""), "cancelled");
+  EXPECT_EQ(WaitOp(json::parse(del->body)["operation"]["id"]).state, "succeeded");
+  EXPECT_EQ(Metric("sbx_operations_total{kind=\"pause\",result=\"cancelled\"}"), "1");
+  EXPECT_EQ(Metric("sbx_operations_total{kind=\"pause\",result=\"failed\"}"), "0");
+  EXPECT_EQ(Metric("sbx_operations_total{kind=\"pause\",result=\"succeeded\"}"), "0");
+
+  // A create whose template changed while it was queued fails in its job. Both engine workers
+  // are held so that the job waits behind them.
+  release = false;
+  for (const char* key : {"blocker-1", "blocker-2"}) {
+    engine_->Submit(key, [&] {
+      std::unique_lock lock(mu);
+      cv.wait(lock, [&] { return release; });
+    });
+  }
+  CreateSandboxRequest req;
+  req.runtime = "fake";
+  req.canonical = json{{"runtime", "fake"}};
+  auto r = svc_->CreateSandbox(caller_, req, std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status();
+  json body = json::parse(r->body);
+  ASSERT_TRUE(store_->Transact([&](store::Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(store::SandboxRecord sb, tx.GetSandbox(body["sandbox"]["id"]));
+    sb.template_digest = "sha256:changed";
+    return tx.PutSandbox(sb);
+  }).ok());
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  EXPECT_EQ(WaitOp(body["operation"]["id"]).state, "failed");
+  EXPECT_EQ(Metric("sbx_operations_total{kind=\"create\",result=\"failed\"}"), "1");
+  EXPECT_EQ(Metric("sbx_operations_total{kind=\"create\",result=\"succeeded\"}"), "1");
+  EXPECT_EQ(Metric("sbx_operation_duration_seconds_count{kind=\"create\"}"), "2");
+  // Only the create that reached running has a create-to-running time.
+  EXPECT_EQ(Metric("sbx_sandbox_create_to_running_seconds_count{runtime=\"fake\",source=\"cold\"}"),
+            "1");
+  EXPECT_EQ(Metric("sbx_sandboxes{state=\"failed\"}"), "1");
+}
+
+TEST_F(SandboxServiceTest, InterruptedOperationsAreCountedAsFailedAfterARestart) {
+  const std::string id = CreateRunning();
+  ASSERT_TRUE(store_->Transact([&](store::Tx& tx) -> absl::Status {
+    store::OperationRecord op;
+    op.id = NewId("op");
+    op.tenant_id = "default";
+    op.kind = "suspend";
+    op.sandbox_id = id;
+    op.state = "running";
+    op.created_at = op.updated_at = "2026-01-01T00:00:00.000Z";
+    SBX_RETURN_IF_ERROR(tx.PutOperation(op));
+    SBX_ASSIGN_OR_RETURN(store::SandboxRecord sb, tx.GetSandbox(id));
+    sb.current_operation_id = op.id;
+    return tx.PutSandbox(sb);
+  }).ok());
+  Stop();
+  Start();
+  EXPECT_EQ(Metric("sbx_operations_total{kind=\"suspend\",result=\"failed\"}"), "1");
+  // Accepted by another process: no duration to observe.
+  EXPECT_EQ(Metric("sbx_operation_duration_seconds_count{kind=\"suspend\"}"), "0");
+}
+
+TEST_F(SandboxServiceTest, WarmPoolMetricsAndWarmCreates) {
+  Stop();
+  warm_pools_ = {WarmPoolConfig{"fake", "base", 1}};
+  Start();
+  EXPECT_EQ(Metric("sbx_warm_pool_target{runtime=\"fake\",template=\"base\"}"), "1");
+  EXPECT_EQ(Metric("sbx_warm_pool_ready{runtime=\"fake\",template=\"base\"}"), "0");
+  svc_->StartWarmPools();
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (Metric("sbx_warm_pool_ready{runtime=\"fake\",template=\"base\"}") != "1") {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the pool never filled";
+    std::this_thread::sleep_for(10ms);
+  }
+  CreateSandboxRequest req;
+  req.canonical = json::object();
+  auto r = svc_->CreateSandbox(caller_, req, std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status();
+  json body = json::parse(r->body);
+  ASSERT_EQ(body["operation"]["state"], "succeeded") << "not served from the pool: " << body;
+  EXPECT_EQ(Metric("sbx_sandbox_create_to_running_seconds_count{runtime=\"fake\",source=\"warm\"}"),
+            "1");
+  EXPECT_EQ(Metric("sbx_sandbox_create_to_running_seconds_count{runtime=\"fake\",source=\"cold\"}"),
+            "0");
+  EXPECT_EQ(Metric("sbx_operations_total{kind=\"create\",result=\"succeeded\"}"), "1");
+  EXPECT_EQ(Metric("sbx_sandboxes{state=\"running\"}"), "1");
+}
+
+TEST_F(SandboxServiceTest, SessionMetricsFollowTheDataPlane) {
+  const std::string id = CreateRunning();
+  auto started = [&](const std::string& sid) {
+    svc_->RecordSessionStarted(sid, json{{"ok", true}, {"started", true}});
+  };
+  auto session = [&]() -> std::string {
+    CreateSessionRequest req;
+    req.argv = {"true"};
+    req.canonical = json{{"argv", req.argv}, {"n", NewId("x")}};
+    auto r = svc_->CreateSession(caller_, id, req, std::nullopt);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? json::parse(r->body)["session_id"].get<std::string>() : "";
+  };
+  const std::string a = session(), b = session(), c = session(), d = session();
+  EXPECT_EQ(Metric("sbx_sessions_active"), "0");
+  EXPECT_EQ(Metric("sbx_sessions_started_total"), "0");
+
+  started(a);
+  started(a);  // a second attach to a running session starts nothing
+  started(b);
+  EXPECT_EQ(Metric("sbx_sessions_started_total"), "2");
+  EXPECT_EQ(Metric("sbx_sessions_active"), "2");
+
+  protocol::ExitEvent oom;
+  oom.signal = "SIGKILL";
+  oom.oom_killed = true;
+  svc_->RecordSessionExit(a, oom);
+  svc_->RecordSessionExit(a, oom);  // seen again by a second attached client
+  EXPECT_EQ(Metric("sbx_oom_kills_total"), "1");
+  EXPECT_EQ(Metric("sbx_sessions_active"), "1");
+
+  // The status path (no client attached at exit) ends b, and starts and ends c at once.
+  svc_->RecordSessionStatus(b, json{{"state", "exited"}, {"exit_code", 0}, {"oom_killed", false}});
+  svc_->RecordSessionStatus(c,
+                            json{{"state", "exited"}, {"signal", "SIGKILL"}, {"oom_killed", true}});
+  EXPECT_EQ(Metric("sbx_sessions_started_total"), "3");
+  EXPECT_EQ(Metric("sbx_sessions_active"), "0");
+  EXPECT_EQ(Metric("sbx_oom_kills_total"), "2");
+
+  // A running session survives an sbxd restart: active again, but not started again.
+  started(d);
+  EXPECT_EQ(Metric("sbx_sessions_active"), "1");
+  Stop();
+  Start();
+  EXPECT_EQ(Metric("sbx_sessions_active"), "1");
+  EXPECT_EQ(Metric("sbx_sessions_started_total"), "4");
+  // Deleting the sandbox ends it.
+  auto del = svc_->DeleteSandbox(caller_, id, std::nullopt);
+  ASSERT_TRUE(del.ok()) << del.status();
+  EXPECT_EQ(WaitOp(json::parse(del->body)["operation"]["id"]).state, "succeeded");
+  EXPECT_EQ(Metric("sbx_sessions_active"), "0");
+  EXPECT_EQ(Metric("sbx_oom_kills_total"), "2");
 }
 
 }  // namespace

@@ -27,6 +27,10 @@ inline constexpr std::string_view kFailed = "failed";
 inline constexpr std::string_view kDeleting = "deleting";
 inline constexpr std::string_view kDeleted = "deleted";
 
+// Every state but deleted (deleted rows are kept for good): what sbx_sandboxes reports.
+inline constexpr std::string_view kLiveStates[] = {kCreating, kRunning, kPaused,
+                                                   kSuspended, kFailed,  kDeleting};
+
 inline bool IsSandboxState(std::string_view s) {
   return s == kCreating || s == kRunning || s == kPaused || s == kSuspended || s == kFailed ||
          s == kDeleting || s == kDeleted;

@@ -164,6 +164,16 @@ std::map<std::string, int> WarmPool::Sizes() const {
   return out;
 }
 
+std::vector<WarmPool::PoolStats> WarmPool::Stats() const {
+  std::lock_guard lock(mu_);
+  std::vector<PoolStats> out;
+  for (const auto& [key, pool] : pools_) {
+    out.push_back(PoolStats{pool.config.runtime, pool.config.template_name,
+                            static_cast<int>(pool.ready.size()), pool.config.size});
+  }
+  return out;
+}
+
 void WarmPool::FillLoop() {
   // Refills compete with the requests a client is waiting for (often the session that follows
   // the create that emptied a slot): run only when the CPU is otherwise idle. SCHED_IDLE where

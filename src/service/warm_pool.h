@@ -73,6 +73,14 @@ class WarmPool {
   std::map<std::string, int> Ready() const;
   // "runtime/template" -> the size each pool is kept at (0 for pools turned off).
   std::map<std::string, int> Sizes() const;
+  struct PoolStats {
+    std::string runtime;
+    std::string template_name;
+    int ready = 0;   // sandboxes ready now
+    int target = 0;  // the size the pool is refilled to
+  };
+  // Every configured pool (size > 0).
+  std::vector<PoolStats> Stats() const;
 
  private:
   struct Pool {

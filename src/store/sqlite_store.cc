@@ -3,6 +3,7 @@
 #include <sqlite3.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <iterator>
@@ -150,6 +151,9 @@ constexpr char kListSandboxesAfter[] = "SELECT " SBX_SANDBOX_COLS SBX_LIST_SANDB
 constexpr char kListLiveSandboxes[] = "SELECT " SBX_SANDBOX_COLS
                                       " FROM sandboxes WHERE state <> 'deleted'"
                                       " ORDER BY created_at, id";
+// The partial index sandboxes_live has the same condition, so only live rows are visited.
+constexpr char kCountLiveSandboxesByState[] =
+    "SELECT state, COUNT(*) FROM sandboxes WHERE state <> 'deleted' GROUP BY state";
 constexpr char kPutSandbox[] = "INSERT INTO sandboxes (" SBX_SANDBOX_COLS R"sql()
 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)
 ON CONFLICT (id) DO UPDATE SET
@@ -371,9 +375,50 @@ std::optional<std::pair<std::string, std::string>> DecodePageToken(const std::st
   return std::make_pair(j[0].get<std::string>(), j[1].get<std::string>());
 }
 
+// What sbx_store_query_duration_seconds{op} distinguishes: the Tx methods, BEGIN and COMMIT.
+enum class QueryOp {
+  kBegin,
+  kCommit,
+  kGetSandbox,
+  kListSandboxes,
+  kListLiveSandboxes,
+  kCountLiveSandboxesByState,
+  kPutSandbox,
+  kGetOperation,
+  kPutOperation,
+  kListOperations,
+  kListUnfinishedOperations,
+  kGetSession,
+  kPutSession,
+  kListSessions,
+  kGetIdempotency,
+  kPutIdempotency,
+  kPurgeIdempotency,
+  kCount,
+};
+constexpr std::string_view kQueryOpNames[] = {
+    "Begin", "Commit", "GetSandbox", "ListSandboxes", "ListLiveSandboxes",
+    "CountLiveSandboxesByState", "PutSandbox", "GetOperation", "PutOperation", "ListOperations",
+    "ListUnfinishedOperations", "GetSession", "PutSession", "ListSessions", "GetIdempotency",
+    "PutIdempotency", "PurgeIdempotency",
+};
+static_assert(std::size(kQueryOpNames) == static_cast<size_t>(QueryOp::kCount));
+
 class SqliteStore final : public Store {
  public:
-  SqliteStore(SqliteDb db, std::string path) : db_(std::move(db)), path_(std::move(path)) {}
+  SqliteStore(SqliteDb db, std::string path, metrics::Registry& registry)
+      : db_(std::move(db)), path_(std::move(path)) {
+    // Most statements take tens of microseconds; the top buckets catch busy waits and fsyncs.
+    auto& family = registry.AddHistogram(
+        "sbx_store_query_duration_seconds",
+        "Time of one store statement (op: the store method, or Begin/Commit of a transaction).",
+        {"op"},
+        {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+         1, 5});
+    for (size_t i = 0; i < timers_.size(); ++i) timers_[i] = &family.WithLabels({kQueryOpNames[i]});
+  }
+
+  metrics::Histogram& Timer(QueryOp op) { return *timers_[static_cast<size_t>(op)]; }
 
   absl::Status Init();
   absl::Status Transact(const std::function<absl::Status(Tx&)>& fn) override;
@@ -398,6 +443,7 @@ class SqliteStore final : public Store {
   // Declared after db_ so the statements are finalized before the connection closes.
   std::unordered_map<const char*, SqliteStmt> stmts_;
   std::string path_;
+  std::array<metrics::Histogram*, static_cast<size_t>(QueryOp::kCount)> timers_{};
 };
 
 absl::StatusOr<sqlite3_stmt*> SqliteStore::Prepare(const char* sql, std::string_view step) {
@@ -502,6 +548,7 @@ absl::Status SqliteStore::Init() {
 }
 
 absl::Status SqliteStore::Begin() {
+  metrics::ScopedTimer timer(Timer(QueryOp::kBegin));
   for (int attempt = 0;; ++attempt) {
     SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kBegin, "begin"));
     StmtCursor q(stmt);
@@ -513,6 +560,7 @@ absl::Status SqliteStore::Begin() {
 }
 
 absl::Status SqliteStore::Commit() {
+  metrics::ScopedTimer timer(Timer(QueryOp::kCommit));
   for (int attempt = 0;; ++attempt) {
     int rc;
     {
@@ -542,6 +590,7 @@ class SqliteTx final : public Tx {
   explicit SqliteTx(SqliteStore& store) : store_(store) {}
 
   absl::StatusOr<SandboxRecord> GetSandbox(const std::string& id) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kGetSandbox));
     constexpr std::string_view kStep = "get sandbox";
     SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(kGetSandbox, kStep));
     StmtCursor q(stmt);
@@ -553,6 +602,7 @@ class SqliteTx final : public Tx {
   }
 
   absl::StatusOr<Page<SandboxRecord>> ListSandboxes(const SandboxFilter& filter) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kListSandboxes));
     constexpr std::string_view kStep = "list sandboxes";
     std::optional<std::pair<std::string, std::string>> after;
     if (!filter.page_token.empty()) {
@@ -591,10 +641,27 @@ class SqliteTx final : public Tx {
   }
 
   absl::StatusOr<std::vector<SandboxRecord>> ListLiveSandboxes() override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kListLiveSandboxes));
     return ListAll<SandboxRecord>(kListLiveSandboxes, "list live sandboxes", ReadSandbox);
   }
 
+  absl::StatusOr<std::map<std::string, int64_t>> CountLiveSandboxesByState() override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kCountLiveSandboxesByState));
+    constexpr std::string_view kStep = "count live sandboxes by state";
+    SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(kCountLiveSandboxesByState, kStep));
+    StmtCursor q(stmt);
+    std::map<std::string, int64_t> out;
+    int rc;
+    while ((rc = q.Step()) == SQLITE_ROW) {
+      const auto* state = reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0));
+      out[state != nullptr ? state : ""] = sqlite3_column_int64(stmt, 1);
+    }
+    if (rc != SQLITE_DONE) return Error(rc, kStep);
+    return out;
+  }
+
   absl::Status PutSandbox(const SandboxRecord& r) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kPutSandbox));
     constexpr std::string_view kStep = "put sandbox";
     SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(kPutSandbox, kStep));
     StmtCursor q(stmt);
@@ -615,6 +682,7 @@ class SqliteTx final : public Tx {
   }
 
   absl::StatusOr<OperationRecord> GetOperation(const std::string& id) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kGetOperation));
     constexpr std::string_view kStep = "get operation";
     SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(kGetOperation, kStep));
     StmtCursor q(stmt);
@@ -626,6 +694,7 @@ class SqliteTx final : public Tx {
   }
 
   absl::Status PutOperation(const OperationRecord& r) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kPutOperation));
     constexpr std::string_view kStep = "put operation";
     SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(kPutOperation, kStep));
     StmtCursor q(stmt);
@@ -639,17 +708,20 @@ class SqliteTx final : public Tx {
   }
 
   absl::StatusOr<std::vector<OperationRecord>> ListUnfinishedOperations() override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kListUnfinishedOperations));
     return ListAll<OperationRecord>(kListUnfinishedOperations, "list unfinished operations",
                                     ReadOperation);
   }
 
   absl::StatusOr<std::vector<OperationRecord>> ListOperations(
       const std::string& sandbox_id) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kListOperations));
     return ListAll<OperationRecord>(kListOperations, "list operations", ReadOperation,
                                     &sandbox_id);
   }
 
   absl::StatusOr<SessionRecord> GetSession(const std::string& id) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kGetSession));
     constexpr std::string_view kStep = "get session";
     SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(kGetSession, kStep));
     StmtCursor q(stmt);
@@ -661,6 +733,7 @@ class SqliteTx final : public Tx {
   }
 
   absl::Status PutSession(const SessionRecord& r) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kPutSession));
     constexpr std::string_view kStep = "put session";
     SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(kPutSession, kStep));
     StmtCursor q(stmt);
@@ -672,12 +745,14 @@ class SqliteTx final : public Tx {
   }
 
   absl::StatusOr<std::vector<SessionRecord>> ListSessions(const std::string& sandbox_id) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kListSessions));
     return ListAll<SessionRecord>(kListSessions, "list sessions", ReadSession, &sandbox_id);
   }
 
   absl::StatusOr<std::optional<IdempotencyRecord>> GetIdempotency(
       const std::string& tenant_id, const std::string& key, const std::string& method,
       const std::string& route) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kGetIdempotency));
     constexpr std::string_view kStep = "get idempotency key";
     SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(kGetIdempotency, kStep));
     StmtCursor q(stmt);
@@ -689,6 +764,7 @@ class SqliteTx final : public Tx {
   }
 
   absl::Status PutIdempotency(const IdempotencyRecord& r) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kPutIdempotency));
     constexpr std::string_view kStep = "put idempotency key";
     SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(kPutIdempotency, kStep));
     StmtCursor q(stmt);
@@ -698,6 +774,7 @@ class SqliteTx final : public Tx {
   }
 
   absl::StatusOr<int64_t> PurgeIdempotency(const std::string& before) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kPurgeIdempotency));
     constexpr std::string_view kStep = "purge idempotency keys";
     SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(kPurgeIdempotency, kStep));
     StmtCursor q(stmt);
@@ -789,7 +866,7 @@ absl::Status SqliteStore::Transact(const std::function<absl::Status(Tx&)>& fn) {
 
 }  // namespace
 
-absl::StatusOr<StorePtr> OpenSqliteStore(const std::string& path) {
+absl::StatusOr<StorePtr> OpenSqliteStore(const std::string& path, metrics::Registry& registry) {
   sqlite3* raw = nullptr;
   int rc = sqlite3_open_v2(path.c_str(), &raw,
                            SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX |
@@ -797,7 +874,7 @@ absl::StatusOr<StorePtr> OpenSqliteStore(const std::string& path) {
                            nullptr);
   SqliteDb db(raw);  // sqlite3_open_v2 allocates a handle even when it fails
   if (rc != SQLITE_OK) return SqliteError(raw, rc, fmt::format("open {}", path));
-  auto store = std::make_unique<SqliteStore>(std::move(db), path);
+  auto store = std::make_unique<SqliteStore>(std::move(db), path, registry);
   SBX_RETURN_IF_ERROR(store->Init());
   return StorePtr(std::move(store));
 }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -17,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "common/encoding.h"
+#include "common/metrics.h"
 #include "common/status_util.h"
 
 namespace sbx::store {
@@ -875,6 +877,41 @@ TEST_F(SqliteStoreTest, TwoConnectionsOnOneFileDoNotLoseUpdates) {
   auto got = Read([&](Tx& tx) { return tx.GetSandbox("sbx_counter"); });
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(got->timeout_s, 400);
+}
+
+TEST_F(SqliteStoreTest, CountsLiveSandboxesByStateAcrossTenants) {
+  metrics::Registry registry;
+  auto opened = OpenSqliteStore(path_, registry);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  store_ = std::move(opened).value();
+
+  auto empty = Read([](Tx& tx) { return tx.CountLiveSandboxesByState(); });
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_TRUE(empty->empty());
+
+  int i = 0;
+  for (const char* state : {"running", "running", "failed", "paused", "deleted", "deleted"}) {
+    SandboxRecord r = MinimalSandbox(fmt::format("sbx_{}", i));
+    r.tenant_id = i % 2 == 0 ? "ten_a" : "ten_b";
+    r.state = state;
+    r.created_at = Ts(i++);
+    ASSERT_TRUE(Put(r).ok());
+  }
+  auto counts = Read([](Tx& tx) { return tx.CountLiveSandboxesByState(); });
+  ASSERT_TRUE(counts.ok()) << counts.status();
+  EXPECT_EQ(*counts,
+            (std::map<std::string, int64_t>{{"failed", 1}, {"paused", 1}, {"running", 2}}));
+
+  // Every statement was timed under its method's name, each transaction's BEGIN and COMMIT too.
+  const std::string text = registry.Expose();
+  for (const char* line :
+       {"sbx_store_query_duration_seconds_count{op=\"PutSandbox\"} 6\n",
+        "sbx_store_query_duration_seconds_count{op=\"CountLiveSandboxesByState\"} 2\n",
+        "sbx_store_query_duration_seconds_count{op=\"Begin\"} 8\n",
+        "sbx_store_query_duration_seconds_count{op=\"Commit\"} 8\n",
+        "sbx_store_query_duration_seconds_count{op=\"GetSandbox\"} 0\n"}) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << " not in:\n" << text;
+  }
 }
 
 }  // namespace

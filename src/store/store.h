@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -117,6 +118,10 @@ class Tx {
   // Every sandbox not in state "deleted" (all tenants): the start-up reconciler's input.
   virtual absl::StatusOr<std::vector<SandboxRecord>> ListLiveSandboxes() = 0;
   virtual absl::Status PutSandbox(const SandboxRecord& rec) = 0;
+  // Sandboxes per state (all tenants), the deleted ones left out: their rows are kept for good,
+  // and a count of them would cost a scan that grows with history. States without a sandbox
+  // are absent. Cost grows with the live sandboxes only (the sandboxes_live index).
+  virtual absl::StatusOr<std::map<std::string, int64_t>> CountLiveSandboxesByState() = 0;
 
   virtual absl::StatusOr<OperationRecord> GetOperation(const std::string& id) = 0;
   virtual absl::Status PutOperation(const OperationRecord& rec) = 0;
