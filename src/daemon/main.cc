@@ -20,6 +20,7 @@
 #include "api/status_to_http.h"
 #include "common/ids.h"
 #include "common/status_util.h"
+#include "daemon/preflight.h"
 #include "daemon/state_files.h"
 #include "http/server.h"
 #include "ops/operation_engine.h"
@@ -51,6 +52,8 @@ struct Flags {
   int userns_pool = 4;
   bool userns = true;
   std::string seccomp_policy;  // empty: the policy embedded at build time
+  bool check = false;          // --check: run the host preflight, print it, exit
+  bool check_json = false;
   // Deployment-wide limits of every sandbox (runtime::Resources; not requestable).
   int default_pids = sbx::runtime::Resources{}.pids;
   int default_open_files = sbx::runtime::Resources{}.open_files;
@@ -219,6 +222,10 @@ int main(int argc, char** argv) {
   app.add_option("--seccomp-policy", f.seccomp_policy,
                  "seccomp policy JSON for sandboxes (format: src/runtime/ns/seccomp_policy.json; "
                  "default: that file, embedded at build time)");
+  app.add_flag("--check", f.check,
+               "check this host for the selected runtime (the checks of `sbx doctor`), print the "
+               "result and exit: 0 when no required check fails, 1 otherwise");
+  app.add_flag("--json", f.check_json, "with --check: print the checks as JSON");
   CLI11_PARSE(app, argc, argv);
 
   // A client that disconnects mid-write must cost an error code, not the daemon.
@@ -238,6 +245,9 @@ int main(int argc, char** argv) {
     return Fail(absl::InvalidArgumentError(
         fmt::format("--runtime '{}': expected ns or fake", f.runtime)));
   }
+  const sbx::daemon::PreflightConfig preflight{f.state_dir, f.runtime, f.agent_path, f.userns,
+                                               f.seccomp_policy};
+  if (f.check) return sbx::daemon::RunCheckCommand(preflight, f.check_json);
 
   // A policy that does not compile stops sbxd before anything touches the host.
   if (!f.seccomp_policy.empty()) {
@@ -289,6 +299,10 @@ int main(int argc, char** argv) {
     }
     warm_pools.push_back(*pool);
   }
+
+  // A host that lacks what the runtime needs is refused here, with the doctor's diagnosis,
+  // instead of at the first create.
+  if (auto st = sbx::daemon::StartupPreflight(preflight, *templates); !st.ok()) return Fail(st);
 
   std::map<std::string, sbx::runtime::Backend*> backends;
   std::unique_ptr<sbx::runtime::Backend> ns_backend, fake_backend;
