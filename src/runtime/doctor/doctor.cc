@@ -75,6 +75,24 @@ const char* ResultColor(const Check& c) {
   return "";
 }
 
+// Kernel and library messages may quote values with newlines ("write(uid_map, \"0 524288
+// 65536\n\")"): the table keeps one logical line per cell.
+std::string OneLine(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char ch : text) {
+    if (ch == '\n') {
+      out += "\\n";
+    } else if (ch == '\t' || ch == '\r') {
+      out += ' ';
+    } else {
+      out += ch;
+    }
+  }
+  while (!out.empty() && out.back() == ' ') out.pop_back();
+  return out;
+}
+
 // A section that threw (a library's exception: our code throws none) becomes a failed row.
 void RunSection(const Context& ctx, const char* name, void (*fn)(const Context&)) {
   try {
@@ -286,10 +304,10 @@ std::string FormatTable(const Report& report, bool color, int width, bool verdic
     ++counts[static_cast<int>(c.result)];
     const std::string cell = fmt::format("{:<{}}", ResultCell(c), kResultW);
     s += fmt::format("{:<{}}  {}  ", c.id, id_w, color ? fmt::format("{}{}\x1b[0m", ResultColor(c), cell) : cell);
-    std::vector<std::string> lines = WrapText(c.detail, text_w);
+    std::vector<std::string> lines = WrapText(OneLine(c.detail), text_w);
     for (size_t i = 0; i < lines.size(); ++i) s += (i == 0 ? "" : pad) + lines[i] + "\n";
     if (!c.remedy.empty() && c.result != CheckResult::kOk) {
-      std::vector<std::string> fix = WrapText("fix: " + c.remedy, text_w);
+      std::vector<std::string> fix = WrapText("fix: " + OneLine(c.remedy), text_w);
       for (size_t i = 0; i < fix.size(); ++i) {
         s += pad + (i == 0 ? "" : "     ") + fix[i] + "\n";
       }

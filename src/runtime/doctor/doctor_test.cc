@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -425,6 +426,15 @@ TEST(DoctorOutput, TableIsAlignedAndColoredOnlyWhenAsked) {
   }
   const std::string colored = FormatTable(r, true);
   EXPECT_NE(colored.find("\x1b[1;31mFAIL"), std::string::npos);
+}
+
+TEST(DoctorOutput, NewlinesInMessagesStayInTheirCell) {
+  Report r;
+  r.checks.push_back(Check{"fs.idmap", "idmapped mounts", CheckResult::kFail,
+                           "write(/proc/1/uid_map, \"0 524288 65536\n\"): EPERM", "run as root", true});
+  const std::string table = FormatTable(r, false);
+  EXPECT_NE(table.find("65536\\n\"): EPERM"), std::string::npos) << table;
+  EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 4) << table;  // header, row, fix, verdict
 }
 
 TEST(DoctorPure, KernelRelease) {
