@@ -16,16 +16,18 @@ function(sbx_cc_library)
   target_link_libraries(${A_NAME} PUBLIC ${A_DEPS})
 endfunction()
 
-# sbx_cc_test(NAME name SRCS ... DEPS ...): a GoogleTest binary registered with ctest.
+# sbx_cc_test(NAME name SRCS ... DEPS ... [LABELS ...] [TEST_PREFIX p]): a GoogleTest binary
+# registered with ctest; TEST_PREFIX goes in front of every test's name (ctest -R selects by it).
 function(sbx_cc_test)
   if(NOT SBX_BUILD_TESTS)
     return()
   endif()
-  cmake_parse_arguments(A "" "NAME" "SRCS;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(A "" "NAME;TEST_PREFIX" "SRCS;DEPS;LABELS" ${ARGN})
   add_executable(${A_NAME} ${A_SRCS})
   set_target_properties(${A_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   target_compile_options(${A_NAME} PRIVATE ${SBX_WARNINGS})
   target_link_libraries(${A_NAME} PRIVATE ${A_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
   include(GoogleTest)
-  gtest_discover_tests(${A_NAME} DISCOVERY_TIMEOUT 30 PROPERTIES LABELS "${A_LABELS}")
+  gtest_discover_tests(${A_NAME} DISCOVERY_TIMEOUT 30 TEST_PREFIX "${A_TEST_PREFIX}"
+                       PROPERTIES LABELS "${A_LABELS}")
 endfunction()

@@ -42,6 +42,8 @@ struct Context {
 
 void RegisterSandboxCommands(CLI::App& app, Context& ctx);
 void RegisterSessionCommands(CLI::App& app, Context& ctx);
+// `sbx doctor`: local, links the doctor library (the only command that does not talk HTTP).
+void RegisterDoctorCommand(CLI::App& app, Context& ctx);
 
 // The message of a status as a std::string (fmt cannot format Debian's absl::string_view).
 inline std::string Msg(const absl::Status& s) { return std::string(s.message()); }

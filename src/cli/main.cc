@@ -45,6 +45,7 @@ int main(int argc, char** argv) {
   app.add_option("--token", ctx.token_flag, "API token (overrides SBX_TOKEN)");
   RegisterSandboxCommands(app, ctx);
   RegisterSessionCommands(app, ctx);
+  RegisterDoctorCommand(app, ctx);
 
   try {
     app.parse(argc, argv);

@@ -168,6 +168,11 @@ const std::vector<KeyInfo> kKeys = {
      .help = "how long a deleted sandbox (with its operations and sessions) stays readable "
              "before it is purged from the database",
      SBX_NUM(retention.deleted_sandboxes_s)},
+    {.path = "metrics.public", .type = Type::kBool, .flag = "--metrics-public",
+     .reloadable = false,
+     .help = "serve GET /metrics without the admin token (for a scraper on a trusted network; "
+             "the counts it shows are deployment-wide, never per tenant)",
+     SBX_BOOL(metrics.public_endpoint)},
     {.path = "log.level", .type = Type::kString, .flag = "--log-level", .reloadable = true,
      .choices = "trace|debug|info|warn|error", .help = "trace, debug, info, warn or error",
      SBX_STR(log.level)},

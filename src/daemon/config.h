@@ -108,6 +108,10 @@ struct Config {
     int64_t deleted_sandboxes_s = 7 * 24 * 3600;
     bool operator==(const Retention&) const = default;
   };
+  struct Metrics {
+    bool public_endpoint = false;  // key metrics.public: /metrics without the admin token
+    bool operator==(const Metrics&) const = default;
+  };
   struct Log {
     std::string level = "info";
     std::string format = "auto";  // json, text, auto (text on a terminal)
@@ -121,6 +125,7 @@ struct Config {
   Sandbox sandbox;
   Sessions sessions;
   Retention retention;
+  Metrics metrics;
   // Template name -> sandboxes kept ready on the default runtime. Each entry is its own key
   // (warm_pool.<template>): layers override entries, not the whole table.
   std::map<std::string, int64_t> warm_pool = {{"base", 2}};
@@ -132,7 +137,7 @@ struct Config {
   // Equal settings, wherever they came from.
   bool SameSettings(const Config& o) const {
     return server == o.server && state == o.state && runtime == o.runtime &&
-           sandbox == o.sandbox && sessions == o.sessions && retention == o.retention &&
+           sandbox == o.sandbox && sessions == o.sessions && retention == o.retention && metrics == o.metrics &&
            warm_pool == o.warm_pool && log == o.log;
   }
 };

@@ -23,6 +23,7 @@
 #include "common/log.h"
 #include "common/status_util.h"
 #include "daemon/config.h"
+#include "daemon/preflight.h"
 #include "daemon/state_files.h"
 #include "http/server.h"
 #include "ops/operation_engine.h"
@@ -202,6 +203,11 @@ int main(int argc, char** argv) {
                "from the built-in defaults, the configuration file, SBX_* variables and these "
                "flags, each over the one before (docs/config.md)"};
   sbx::daemon::AddFlags(app, cl);
+  bool check = false, check_json = false;
+  app.add_flag("--check", check,
+               "check this host for the selected runtime (the checks of `sbx doctor`), print the "
+               "result and exit: 0 when no required check fails, 1 otherwise");
+  app.add_flag("--json", check_json, "with --check: print the checks as JSON");
   CLI11_PARSE(app, argc, argv);
 
   auto loaded = sbx::daemon::Load(cl, Environment());
@@ -232,6 +238,10 @@ int main(int argc, char** argv) {
   for (const auto& w : loaded->warnings) spdlog::warn("{}", w);
   const std::string agent_path =
       cfg.runtime.agent_path.empty() ? DefaultAgentPath() : cfg.runtime.agent_path;
+  const sbx::daemon::PreflightConfig preflight{cfg.state.dir, cfg.runtime.default_runtime,
+                                               agent_path, cfg.runtime.ns.user_namespaces,
+                                               cfg.runtime.ns.seccomp_policy};
+  if (check) return sbx::daemon::RunCheckCommand(preflight, check_json);
 
   // A policy that does not compile stops sbxd before anything touches the host.
   if (!cfg.runtime.ns.seccomp_policy.empty()) {
@@ -267,6 +277,10 @@ int main(int argc, char** argv) {
     }
   }
 
+  // A host that lacks what the runtime needs is refused here, with the doctor's diagnosis,
+  // instead of at the first create.
+  if (auto st = sbx::daemon::StartupPreflight(preflight, *templates); !st.ok()) return Fail(st);
+
   std::map<std::string, sbx::runtime::Backend*> backends;
   std::unique_ptr<sbx::runtime::Backend> ns_backend, fake_backend;
   if (cfg.runtime.default_runtime == "ns") {
@@ -296,6 +310,7 @@ int main(int argc, char** argv) {
   sbx::api::ApiOptions aopts;
   aopts.admin_token = *admin;
   aopts.limits = LimitsOf(cfg);
+  aopts.metrics_public = cfg.metrics.public_endpoint;
   sbx::api::Api api(svc, aopts);
   sbx::http::ServerOptions hopts;
   hopts.host = listen->first;

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
 #include <filesystem>
 
 #include "common/encoding.h"
@@ -111,6 +112,37 @@ absl::StatusOr<runtime::TemplateSpec> TemplateRegistry::Resolve(const std::strin
                     fmt::format("template '{}' not found (available: base)", ref), "template");
   }
   return it->second;
+}
+
+absl::Status TemplateRegistry::Check(const std::string& ref) const {
+  SBX_ASSIGN_OR_RETURN(runtime::TemplateSpec spec, Resolve(ref));
+  struct stat st;
+  if (::stat(spec.rootfs_dir.c_str(), &st) != 0) {
+    return ErrnoStatus(errno, fmt::format("template '{}': its rootfs: stat({})", ref, spec.rootfs_dir));
+  }
+  for (const auto& bind : spec.binds) {
+    if (::stat(bind.host_path.c_str(), &st) != 0) {
+      return ErrnoStatus(errno, fmt::format("template '{}': the source of its view {}: stat({})", ref,
+                                            bind.sandbox_path, bind.host_path));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTemplateForDoctor(const std::string& state_dir, const std::string& ref) {
+  std::error_code ec;
+  if (fs::is_directory(state_dir, ec)) {
+    SBX_ASSIGN_OR_RETURN(TemplateRegistry reg, TemplateRegistry::Create(state_dir));
+    return reg.Check(ref);
+  }
+  char tmpl[] = "/tmp/sbx-doctor-template-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) return ErrnoStatus(errno, "template check: mkdtemp(/tmp/sbx-doctor-template-XXXXXX)");
+  absl::Status st = [&]() -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(TemplateRegistry reg, TemplateRegistry::Create(tmpl));
+    return reg.Check(ref);
+  }();
+  fs::remove_all(tmpl, ec);
+  return st;
 }
 
 }  // namespace sbx::service

@@ -19,9 +19,17 @@ class TemplateRegistry {
                                                  const std::string& host_root = "/");
   // "base", "base:latest" -> the spec; unknown names or tags -> 422 template_not_found.
   absl::StatusOr<runtime::TemplateSpec> Resolve(const std::string& ref) const;
+  // Resolve, plus what a launch would find missing only at the first create: the skeleton
+  // lower layer and every bind's host path must exist (sbx doctor, sbxd start-up).
+  absl::Status Check(const std::string& ref) const;
 
  private:
   std::map<std::string, runtime::TemplateSpec> templates_;  // by "name:tag"
 };
+
+// For preflight checks (sbx doctor, sbxd --check): builds the registry as sbxd's start-up would
+// and Check()s `ref`. A state dir that does not exist yet is left alone: the skeleton is then
+// built in a temporary directory (removed afterwards), which tests the same host views.
+absl::Status CheckTemplateForDoctor(const std::string& state_dir, const std::string& ref = "base");
 
 }  // namespace sbx::service

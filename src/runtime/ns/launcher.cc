@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <ctime>
 #include <optional>
@@ -420,6 +421,25 @@ absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
       break;
   }
   return ErrnoStatus(r.err, what);
+}
+
+absl::Status ProbeClone3() {
+  // clone3(NULL, 0): ENOSYS without clone3, EINVAL/EFAULT with it; nothing is created.
+  if (::syscall(SYS_clone3, nullptr, 0) < 0 && errno == ENOSYS) {
+    return absl::FailedPreconditionError(
+        "clone3 is not available (ENOSYS): the ns runtime needs Linux 5.11 or newer");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ProbeCloseRangeCloexec() {
+  // An empty range far above any open fd: only the flag's support is tested.
+  if (::close_range(INT_MAX - 1, INT_MAX - 1, CLOSE_RANGE_CLOEXEC) != 0) {
+    return ErrnoStatus(errno,
+                       "close_range(CLOSE_RANGE_CLOEXEC) is not available (the ns runtime needs "
+                       "Linux 5.11 or newer)");
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ChildProcess> Launch(const LaunchPlan& plan) {

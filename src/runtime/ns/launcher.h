@@ -120,6 +120,12 @@ class ChildProcess {
 // its syscall and errno.
 absl::StatusOr<ChildProcess> Launch(const LaunchPlan& plan);
 
+// Syscalls every launch depends on, probed without side effects. FailedPrecondition naming
+// the kernel that has them when they are missing.
+//   clone3: Linux 5.3 (CLONE_INTO_CGROUP 5.7); close_range with CLOSE_RANGE_CLOEXEC: 5.11.
+absl::Status ProbeClone3();
+absl::Status ProbeCloseRangeCloexec();
+
 // Turns a child's failure report into a Status naming the step (exposed for tests).
 absl::Status DescribeChildFailure(const LaunchPlan& plan, const ChildReport& report);
 

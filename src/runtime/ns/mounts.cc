@@ -15,6 +15,7 @@
 
 #include "common/status_util.h"
 #include "runtime/backend.h"
+#include "runtime/ns/fsutil.h"
 
 namespace sbx::runtime::ns {
 
@@ -62,6 +63,17 @@ absl::StatusOr<std::vector<std::string>> SandboxPathComponents(const std::string
 }
 
 }  // namespace
+
+absl::Status ProbeOverlayfs(const std::string& proc_root) {
+  const std::string path = fmt::format("{}/filesystems", proc_root);
+  SBX_ASSIGN_OR_RETURN(std::string fs, ReadFileToString(path));
+  if (fs.find("\toverlay\n") == std::string::npos) {
+    return absl::FailedPreconditionError(fmt::format(
+        "overlayfs is missing (no 'overlay' in {}): build it into the kernel "
+        "(CONFIG_OVERLAY_FS) or load the overlay module", path));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<MountPlan> BuildMountPlan(const TemplateSpec& tmpl, const std::string& sandbox_dir,
                                          const MountOptions& o) {

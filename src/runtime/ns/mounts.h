@@ -97,6 +97,10 @@ struct MountPlan {
 absl::StatusOr<MountPlan> BuildMountPlan(const TemplateSpec& tmpl, const std::string& sandbox_dir,
                                          const MountOptions& options = {});
 
+// The root file system is an overlay: OK when `<proc_root>/filesystems` lists "overlay",
+// otherwise FailedPrecondition saying how to get it.
+absl::Status ProbeOverlayfs(const std::string& proc_root = "/proc");
+
 // Child side (async-signal-safe). `userns_fd` is the sandbox's user namespace (idmaps the lower
 // and the binds), or -1. Returns 0, or an errno value with *report filled.
 // `disk_fd` is the sandbox's detached disk mount, or -1.

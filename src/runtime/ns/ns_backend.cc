@@ -41,10 +41,6 @@
 #include "runtime/ns/seccomp.h"
 #include "runtime/ns/userns.h"
 
-#ifndef CLOSE_RANGE_CLOEXEC
-#define CLOSE_RANGE_CLOEXEC (1U << 2)
-#endif
-
 namespace sbx::runtime::ns {
 
 namespace {
@@ -149,25 +145,6 @@ class UidClaim {
   uint32_t base_;
   std::string owner_;
 };
-
-// Whether the state dir's file system can be idmapped: tried once on a detached clone (never
-// attached anywhere), so a host that cannot is told at start-up, not at the first create.
-absl::Status ProbeIdmap(const std::string& dir) {
-  SBX_ASSIGN_OR_RETURN(UniqueFd userns, MakeUserNamespace(kUidRangeFirst));
-  UniqueFd tree(static_cast<int>(::syscall(SYS_open_tree, AT_FDCWD, dir.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)));
-  if (!tree) return ErrnoStatus(errno, fmt::format("idmap probe: open_tree({}, OPEN_TREE_CLONE)", dir));
-  struct mount_attr attr;
-  std::memset(&attr, 0, sizeof(attr));
-  attr.attr_set = MOUNT_ATTR_IDMAP;
-  attr.userns_fd = static_cast<uint64_t>(userns.get());
-  if (::syscall(SYS_mount_setattr, tree.get(), "", AT_EMPTY_PATH, &attr, sizeof(attr)) != 0) {
-    return ErrnoStatus(errno, fmt::format(
-        "idmap probe: mount_setattr(MOUNT_ATTR_IDMAP) on {}: this file system cannot be idmapped "
-        "(needs Linux 5.12+ and ext4, xfs, btrfs, or tmpfs on 6.3+); put the state dir on one, "
-        "or run with --userns=false (weaker: sandbox root is then host root)", dir));
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<UniqueFd> ListenUnix(const std::string& path) {
   sockaddr_un addr{};
@@ -480,20 +457,8 @@ absl::Status NsBackend::Probe() {
         "not running as root: the ns runtime mounts, creates namespaces and cgroups; run sbxd as "
         "root (or pick another runtime)");
   }
-  auto fs = ReadFileToString(fmt::format("{}/filesystems", s.opts.proc_root));
-  if (!fs.ok() || fs->find("\toverlay\n") == std::string::npos) {
-    problems.push_back(
-        "overlayfs is missing (no 'overlay' in /proc/filesystems): build it into the kernel or "
-        "load the overlay module");
-  }
-  // clone3(NULL, 0): ENOSYS without clone3 (kernel < 5.3), EINVAL/EFAULT with it.
-  if (::syscall(SYS_clone3, nullptr, 0) < 0 && errno == ENOSYS) {
-    problems.push_back("clone3 is not available: the ns runtime needs Linux 5.11 or newer");
-  }
-  if (::close_range(INT_MAX - 1, INT_MAX - 1, CLOSE_RANGE_CLOEXEC) != 0) {
-    problems.push_back(
-        "close_range(CLOSE_RANGE_CLOEXEC) is not available: the ns runtime needs Linux 5.11 or "
-        "newer");
+  for (const absl::Status& st : {ProbeOverlayfs(s.opts.proc_root), ProbeClone3(), ProbeCloseRangeCloexec()}) {
+    if (!st.ok()) problems.push_back(std::string(st.message()));
   }
   if (!s.cgroup_status.ok()) {
     problems.push_back(fmt::format("cgroups: {}", std::string(s.cgroup_status.message())));

@@ -486,7 +486,11 @@ absl::StatusOr<SeccompProgram> BuildSeccompProgramFromPolicy(const std::string& 
 }
 
 absl::StatusOr<SeccompProgram> BuildSeccompProgram() {
-  return BuildSeccompProgramFromPolicy(EmbeddedSeccompPolicyJson());
+  // Once per process: the embedded policy cannot change, and sbxd's start-up needs it twice (the
+  // host preflight installs it in a test child, then the backend keeps it).
+  static const absl::StatusOr<SeccompProgram> kProgram =
+      BuildSeccompProgramFromPolicy(EmbeddedSeccompPolicyJson());
+  return kProgram;
 }
 
 absl::StatusOr<SeccompProgram> BuildSeccompProgramFromFile(const std::string& path) {

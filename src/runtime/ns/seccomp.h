@@ -76,7 +76,7 @@ const std::vector<std::string>& SeccompDeniedSyscalls();
 // Names the embedded policy allows (allow + allow_if), sorted and unique.
 const std::vector<std::string>& SeccompAllowedSyscalls();
 
-// Compiles the embedded policy.
+// Compiles the embedded policy (once per process; later calls return a copy).
 absl::StatusOr<SeccompProgram> BuildSeccompProgram();
 absl::StatusOr<SeccompProgram> BuildSeccompProgramFromPolicy(const std::string& json_text);
 // Reads a policy file (sbxd --seccomp-policy); errors name the file.

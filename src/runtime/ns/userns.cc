@@ -4,6 +4,7 @@
 #include <linux/sched.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -274,6 +275,23 @@ absl::StatusOr<PreparedUserns> UsernsPool::Take(const std::string& owner) {
     return st;
   }
   return std::move(*pooled);
+}
+
+absl::Status ProbeIdmap(const std::string& dir) {
+  SBX_ASSIGN_OR_RETURN(UniqueFd userns, MakeUserNamespace(kUidRangeFirst));
+  UniqueFd tree(static_cast<int>(::syscall(SYS_open_tree, AT_FDCWD, dir.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)));
+  if (!tree) return ErrnoStatus(errno, fmt::format("idmap probe: open_tree({}, OPEN_TREE_CLONE)", dir));
+  struct mount_attr attr;
+  std::memset(&attr, 0, sizeof(attr));
+  attr.attr_set = MOUNT_ATTR_IDMAP;
+  attr.userns_fd = static_cast<uint64_t>(userns.get());
+  if (::syscall(SYS_mount_setattr, tree.get(), "", AT_EMPTY_PATH, &attr, sizeof(attr)) != 0) {
+    return ErrnoStatus(errno, fmt::format(
+        "idmap probe: mount_setattr(MOUNT_ATTR_IDMAP) on {}: this file system cannot be idmapped "
+        "(needs Linux 5.12+ and ext4, xfs, btrfs, or tmpfs on 6.3+); put the state dir on one, "
+        "or run with --userns=false (weaker: sandbox root is then host root)", dir));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<uint32_t> ReadUidBase(pid_t pid) {

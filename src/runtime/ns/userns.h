@@ -98,6 +98,11 @@ class UsernsPool {
   ReadyPool<PreparedUserns> pool_;  // last: its filler stops before the members above go
 };
 
+// Whether the file system holding `dir` can be idmapped: an idmapped clone of `dir` is made
+// once, detached (never attached anywhere), so a host that cannot is told at start-up (and by
+// `sbx doctor`), not at the first create. Needs root; costs one user namespace.
+absl::Status ProbeIdmap(const std::string& dir);
+
 // The host uid that uid 0 of `pid`'s user namespace maps to (first line of uid_map), for
 // adopting sandboxes whose persisted state predates the field.
 absl::StatusOr<uint32_t> ReadUidBase(pid_t pid);

@@ -1,0 +1,163 @@
+// device.loop (the ns runtime's disk caps attach each sandbox's ext4 image to a loop device) and
+// device.kvm (what a microVM runtime would need; none exists yet, so never required, and no
+// guest is ever booted here).
+#include <fcntl.h>
+#include <linux/kvm.h>
+#include <linux/loop.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "common/unique_fd.h"
+#include "runtime/doctor/checks.h"
+
+namespace sbx::runtime::doctor {
+
+namespace {
+
+void CheckLoop(const Context& ctx) {
+  const bool required = ctx.ns;
+  if (!ctx.Wants(required)) return;
+  Check c{"device.loop", "loop devices", CheckResult::kOk, "", "", required};
+  const std::string ctl_path = "/dev/loop-control";
+  if (!ctx.Exists(ctl_path)) {
+    c.result = CheckResult::kFail;
+    c.detail = fmt::format("{} is missing: each sandbox's disk (its disk_mib cap) is an ext4 image "
+                           "on a loop device", ctx.Host(ctl_path));
+    c.remedy = "modprobe loop (CONFIG_BLK_DEV_LOOP); in a container, pass /dev/loop-control and "
+               "the /dev/loopN devices";
+    ctx.Add(std::move(c));
+    return;
+  }
+  if (!ctx.live) {
+    c.detail = fmt::format("{} present; LOOP_CTL_GET_FREE not tried: fake host root", ctx.Host(ctl_path));
+    ctx.Add(std::move(c));
+    return;
+  }
+  UniqueFd ctl(::open(ctl_path.c_str(), O_RDWR | O_CLOEXEC));
+  if (!ctl) {
+    const int err = errno;
+    c.result = CheckResult::kFail;
+    c.detail = fmt::format("open({}, O_RDWR): {}", ctl_path, ErrnoText(err));
+    c.remedy = err == EACCES || err == EPERM
+                   ? "run as root (with CAP_SYS_ADMIN); a container's device cgroup must allow the loop devices"
+                   : "check the device node (c 10:237)";
+    ctx.Add(std::move(c));
+    return;
+  }
+  // Names a free device (making one if none is free) without attaching anything.
+  const int n = ::ioctl(ctl.get(), LOOP_CTL_GET_FREE);
+  if (n < 0) {
+    c.result = CheckResult::kFail;
+    c.detail = fmt::format("ioctl({}, LOOP_CTL_GET_FREE): {}", ctl_path, ErrnoText(errno));
+    c.remedy = "raise max_loop (loop.max_loop=N on the kernel command line) or free loop devices "
+               "(losetup -D detaches unused ones)";
+    ctx.Add(std::move(c));
+    return;
+  }
+  const std::string dev = fmt::format("/dev/loop{}", n);
+  struct stat st;
+  if (::stat(dev.c_str(), &st) != 0 || !S_ISBLK(st.st_mode)) {
+    c.result = CheckResult::kFail;
+    c.detail = fmt::format("LOOP_CTL_GET_FREE named loop{}, but {} is not a block device here", n, dev);
+    c.remedy = "/dev needs the loop nodes (devtmpfs does this; a container must pass them)";
+  } else {
+    c.detail = fmt::format("{} works: LOOP_CTL_GET_FREE -> {}", ctl_path, dev);
+  }
+  ctx.Add(std::move(c));
+}
+
+struct KvmProbe {
+  int open_err = 0;
+  int api_version = -1;
+  int api_err = 0;
+  int create_err = 0;
+};
+
+void CheckKvm(const Context& ctx) {
+  if (!ctx.Wants(false)) return;
+  Check c{"device.kvm", "KVM (/dev/kvm)", CheckResult::kOk, "", "", false};
+  const bool present = ctx.Exists("/dev/kvm");
+  const bool intel = ctx.Exists("/sys/module/kvm_intel");
+  const bool amd = ctx.Exists("/sys/module/kvm_amd");
+  const bool pvm = ctx.Exists("/sys/module/kvm_pvm") && !intel && !amd;
+  if (!present) {
+    c.result = CheckResult::kWarn;
+    c.detail = fmt::format("no {}: no hardware virtualization here (only a future microVM runtime "
+                           "would need it; ns and fake do not)", ctx.Host("/dev/kvm"));
+    c.remedy = "nothing to do for the ns and fake runtimes";
+    ctx.Add(std::move(c));
+    return;
+  }
+  std::string probe;
+  bool probe_failed = false;
+  if (ctx.live) {
+    auto outcome = RunInChild(
+        [](int fd) {
+          KvmProbe r;
+          int kvm = ::open("/dev/kvm", O_RDWR | O_CLOEXEC);
+          if (kvm < 0) {
+            r.open_err = errno;
+          } else {
+            r.api_version = ::ioctl(kvm, KVM_GET_API_VERSION, 0);
+            if (r.api_version < 0) r.api_err = errno;
+            // The VM is empty (no memory, no vcpu) and dies with the child.
+            int vm = ::ioctl(kvm, KVM_CREATE_VM, 0UL);
+            r.create_err = vm < 0 ? errno : 0;
+          }
+          (void)!::write(fd, &r, sizeof(r));
+        },
+        ctx.opts.probe_timeout);
+    KvmProbe r;
+    probe_failed = true;
+    if (!outcome.ok()) {
+      probe = fmt::format("; probe failed: {}", std::string(outcome.status().message()));
+    } else if (outcome->output.size() != sizeof(r)) {
+      std::string why = DescribeAbnormal(*outcome, ctx.opts.probe_timeout);
+      probe = fmt::format("; probe failed: {}", why.empty() ? "no report" : why);
+    } else {
+      std::memcpy(&r, outcome->output.data(), sizeof(r));
+      probe_failed = r.open_err != 0 || r.api_version < 0 || r.create_err != 0;
+      if (r.open_err != 0) {
+        probe = fmt::format("; open(/dev/kvm): {}", ErrnoText(r.open_err));
+      } else {
+        probe = r.api_version >= 0 ? fmt::format("; KVM_GET_API_VERSION {}", r.api_version)
+                                   : fmt::format("; KVM_GET_API_VERSION: {}", ErrnoText(r.api_err));
+        probe += r.create_err == 0 ? ", KVM_CREATE_VM ok (empty VM, no guest)"
+                                   : fmt::format(", KVM_CREATE_VM: {}", ErrnoText(r.create_err));
+      }
+    }
+  } else {
+    probe = "; not opened: fake host root";
+  }
+  if (pvm) {
+    c.result = CheckResult::kWarn;
+    c.detail = fmt::format("PVM-only KVM: stock guest kernels cannot boot; a microVM runtime would "
+                           "need a PVM-enabled guest kernel (kvm_pvm loaded, no kvm_intel/kvm_amd{})",
+                           probe);
+    c.remedy = "nothing to do for the ns and fake runtimes; a microVM runtime would need a "
+               "PVM-enabled guest kernel";
+  } else {
+    if (probe_failed) {
+      c.result = CheckResult::kWarn;
+      c.remedy = "nothing to do for the ns and fake runtimes; a microVM runtime would need /dev/kvm usable";
+    }
+    c.detail = fmt::format("present ({}){}; no microvm runtime in this build, guest boot not attempted",
+                           intel ? "kvm_intel" : amd ? "kvm_amd" : "vendor module unknown", probe);
+  }
+  ctx.Add(std::move(c));
+}
+
+}  // namespace
+
+void CheckDevices(const Context& ctx) {
+  CheckLoop(ctx);
+  CheckKvm(ctx);
+}
+
+}  // namespace sbx::runtime::doctor
