@@ -304,7 +304,7 @@ TEST(Config, UnknownConfigVariablesAreRejectedOthersIgnored) {
   EXPECT_THAT(std::string(st.message()),
               HasSubstr("unknown configuration variable SBX_SANDBOX_DEFAULTS_MEMROY_MIB (did you "
                         "mean 'SBX_SANDBOX_DEFAULTS_MEMORY_MIB'?)"));
-  for (std::string var : {"SBX_SERVER_LISTN", "SBX_LOG_FORMAT", "SBX_RUNTIME_NS_FOO", "SBX_STATE_DIRECTORY",
+  for (std::string var : {"SBX_SERVER_LISTN", "SBX_LOG_FORMATS", "SBX_RUNTIME_NS_FOO", "SBX_STATE_DIRECTORY",
                           "SBX_SESSIONS_X", "SBX_WARM_POOL_"}) {
     EXPECT_FALSE(ApplyEnv(c, {var + "=1"}).ok()) << var;
   }

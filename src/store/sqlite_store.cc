@@ -394,13 +394,14 @@ enum class QueryOp {
   kGetIdempotency,
   kPutIdempotency,
   kPurgeIdempotency,
+  kPurgeDeletedSandboxes,
   kCount,
 };
 constexpr std::string_view kQueryOpNames[] = {
     "Begin", "Commit", "GetSandbox", "ListSandboxes", "ListLiveSandboxes",
     "CountLiveSandboxesByState", "PutSandbox", "GetOperation", "PutOperation", "ListOperations",
     "ListUnfinishedOperations", "GetSession", "PutSession", "ListSessions", "GetIdempotency",
-    "PutIdempotency", "PurgeIdempotency",
+    "PutIdempotency", "PurgeIdempotency", "PurgeDeletedSandboxes",
 };
 static_assert(std::size(kQueryOpNames) == static_cast<size_t>(QueryOp::kCount));
 
@@ -784,6 +785,7 @@ class SqliteTx final : public Tx {
   }
 
   absl::StatusOr<int64_t> PurgeDeletedSandboxes(const std::string& before) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kPurgeDeletedSandboxes));
     constexpr std::string_view kStep = "purge deleted sandboxes";
     for (const char* sql : {kPurgeDeletedSessions, kPurgeDeletedOperations}) {
       SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(sql, kStep));

@@ -4,6 +4,7 @@ a running daemon starts its own sbxd (own state dir, port 0) and stops it by PID
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -83,6 +84,14 @@ def test_print_config_layers_the_sources_and_redacts_the_token(tmp_path):
     assert f"max_memory_mib = 4096  # {conf}:5" in r.stdout, r.stdout
 
 
+def _message(line: str) -> str:
+    """The message of one log line: the "msg" of a JSON line, else the line itself."""
+    try:
+        return json.loads(line)["msg"]
+    except (ValueError, KeyError, TypeError):
+        return line
+
+
 class OwnDaemon:
     """A second sbxd with a configuration file, and a client that remembers what it created."""
 
@@ -113,8 +122,8 @@ class OwnDaemon:
             assert time.monotonic() < deadline, f"no '{marker}' line after SIGHUP:\n{self.daemon.log_tail()}"
             time.sleep(0.05)
         time.sleep(0.1)  # the warnings of the same reload
-        lines = self.log().splitlines()
-        return "\n".join(line for line in lines if "SIGHUP" in line)
+        return "\n".join(m for m in (_message(line) for line in self.log().splitlines())
+                         if "SIGHUP" in m)
 
     def close(self) -> list[str]:
         problems = []

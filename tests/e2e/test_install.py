@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -75,10 +76,13 @@ def test_unit_passes_systemd_analyze_verify(prefix):
         f"systemd-analyze verify (rc {run.returncode}):\n{run.stdout}{run.stderr}"
 
 
-def test_installed_sbxd_finds_the_installed_agent(prefix, tmp_path):
+def test_installed_sbxd_finds_the_installed_agent(prefix):
     # The fake runtime needs no root; its start-up probe fails unless the agent it would run is
-    # there: the default --agent-path is the sbx-agent beside the sbxd binary.
-    state = tmp_path / "state"
+    # there: the default --agent-path is the sbx-agent beside the sbxd binary. The state dir is
+    # short: pytest's tmp_path can be too long for the agents' unix socket paths, which sbxd's
+    # start-up preflight refuses.
+    state_root = Path(tempfile.mkdtemp(prefix="sbx-inst-", dir="/tmp"))
+    state = state_root / "state"
     proc = subprocess.Popen([str(prefix / "bin" / "sbxd"), "--runtime", "fake", "--listen",
                              "127.0.0.1:0", "--state-dir", str(state), "--warm-pool", "base=0",
                              "--admin-token", "install-test-token"],
@@ -97,3 +101,4 @@ def test_installed_sbxd_finds_the_installed_agent(prefix, tmp_path):
     finally:
         proc.terminate()
         proc.wait(15)
+        shutil.rmtree(state_root, ignore_errors=True)
