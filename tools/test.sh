@@ -59,6 +59,14 @@ finish() {
 
 echo "sbx tests: $(uname -srm), $(nproc) cores, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), CI=${CI:-}, SBX_TESTS_MUST_RUN=${SBX_TESTS_MUST_RUN:-0}, uid $(id -u)"
 
+# The names of the tests a ctest run failed, on one line: they go into the results table at
+# the end, which is what survives when only the tail of a long log is kept.
+failed_tests() {
+  local f="$1/Testing/Temporary/LastTestsFailed.log"
+  [[ -s "$f" ]] || { echo "?"; return; }
+  cut -d: -f2- "$f" | head -20 | tr '\n' ' '
+}
+
 # ---- packages --------------------------------------------------------------------------------
 if [[ "${SBX_SKIP_INSTALL:-0}" != "1" ]]; then
   banner "install packages"
@@ -90,7 +98,7 @@ banner "ctest (unit + root integration)"
 if ctest --test-dir build --output-on-failure -j2 --no-tests=error --timeout 600; then
   record ctest passed
 else
-  record ctest failed
+  record ctest "failed: $(failed_tests build)"
 fi
 
 # ---- end-to-end --------------------------------------------------------------------------------
@@ -160,7 +168,7 @@ if [[ "$SBX_TEST_ASAN" == "1" ]]; then
          ctest --test-dir build-asan --output-on-failure -j2 --no-tests=error --timeout 600 -LE root; then
       record asan-unit passed
     else
-      record asan-unit failed
+      record asan-unit "failed: $(failed_tests build-asan)"
     fi
   fi
 else

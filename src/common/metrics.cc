@@ -541,14 +541,20 @@ std::vector<CallbackHandle> RegisterProcessMetrics(Registry& registry) {
 }
 
 Registry& Default() {
-  // Never destroyed: threads still running at exit may update or scrape it.
-  static Registry* registry = [] {
-    auto* r = new Registry;
-    static auto* process = new std::vector<CallbackHandle>(RegisterProcessMetrics(*r));
-    (void)process;
+  // Never destroyed: threads still running at exit may update or scrape it. The process
+  // metrics' handles live beside the registry in one object the static pointer keeps
+  // reachable (a separate, never-read static was optimized away and LeakSanitizer then saw
+  // the handles as leaked).
+  struct DefaultRegistry {
+    Registry registry;
+    std::vector<CallbackHandle> process;
+  };
+  static DefaultRegistry* d = [] {
+    auto* r = new DefaultRegistry;
+    r->process = RegisterProcessMetrics(r->registry);
     return r;
   }();
-  return *registry;
+  return d->registry;
 }
 
 }  // namespace sbx::metrics
