@@ -71,8 +71,12 @@ std::vector<std::string> Environment() {
   return env;
 }
 
+// Set once the log goes to a file (log.file): a start-up failure is then recorded there too.
+// On stderr the plain line alone says it; a log record beside it printed every error twice.
+bool g_log_to_file = false;
+
 int Fail(const absl::Status& s) {
-  spdlog::critical("sbxd: {}", std::string(s.message()));
+  if (g_log_to_file) spdlog::critical("sbxd: {}", std::string(s.message()));
   std::fprintf(stderr, "sbxd: %s\n", std::string(s.message()).c_str());
   return 1;
 }
@@ -235,6 +239,7 @@ int main(int argc, char** argv) {
   log_opts.format = cfg.log.format;
   log_opts.file = cfg.log.file;
   if (auto st = sbx::log::Init(log_opts); !st.ok()) return Fail(st);
+  g_log_to_file = !log_opts.file.empty();
   for (const auto& w : loaded->warnings) spdlog::warn("{}", w);
   const std::string agent_path =
       cfg.runtime.agent_path.empty() ? DefaultAgentPath() : cfg.runtime.agent_path;
