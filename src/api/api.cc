@@ -205,7 +205,8 @@ Awaitable Api::Route(http::RequestContext& ctx) {
   }
   if (caller->session_scope && !is_attach && !is_session_io) {
     co_return fail(ApiError(absl::StatusCode::kUnauthenticated, "unauthenticated",
-                            "an attach token is valid only for its session's attach stream"));
+                            "an attach token is valid only for its session's data plane "
+                            "(attach, ws, stdin, signal, resize)"));
   }
 
   // /v1/sandboxes
