@@ -6,9 +6,12 @@
 #include <sys/epoll.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/ioctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/timerfd.h>
+#include <termios.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -56,6 +59,15 @@ constexpr size_t kOutBufferTarget = 256 * 1024;  // frames queued per connection
 constexpr int kReadsPerWakeup = 16;              // fairness between pipes and sockets
 constexpr size_t kMaxConnections = 1024;
 constexpr size_t kMaxSessionIdLength = 256;
+// Bytes of stdin a session may have queued and not yet taken by its process. Bounded because
+// the agent lives inside the sandbox's memory limit; a full queue is the host's signal to wait
+// (resource_exhausted), not a reason to block the loop.
+constexpr size_t kMaxStdinQueue = 1 << 20;
+// Between the SIGTERM of a session's timeout and the SIGKILL, unless the spec says otherwise.
+constexpr int kDefaultKillGraceS = 5;
+constexpr int kMaxKillGraceS = 300;
+constexpr int64_t kMaxTimeoutS = 30LL * 86400;
+constexpr size_t kMaxProcesses = 4096;
 
 std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
@@ -93,6 +105,42 @@ Json ErrorJson(const absl::Status& s) {
 
 bool HasNul(const std::string& s) { return s.find('\0') != std::string::npos; }
 
+// Standard padded base64. The agent cannot use common/encoding.cc: its object also holds the
+// OpenSSL-based digests, which the static binary does not link.
+std::optional<std::string> DecodeBase64(std::string_view in) {
+  if (in.size() % 4 != 0) return std::nullopt;
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  std::string out;
+  out.reserve(in.size() / 4 * 3);
+  for (size_t i = 0; i < in.size(); i += 4) {
+    const bool last = i + 4 == in.size();
+    int v[4];
+    int pad = 0;
+    for (int k = 0; k < 4; ++k) {
+      if (in[i + k] == '=' && last && k >= 2) {
+        v[k] = 0;
+        ++pad;
+        continue;
+      }
+      if (pad > 0) return std::nullopt;  // data after padding
+      v[k] = value(in[i + k]);
+      if (v[k] < 0) return std::nullopt;
+    }
+    const uint32_t n = (v[0] << 18) | (v[1] << 12) | (v[2] << 6) | v[3];
+    out.push_back(static_cast<char>(n >> 16));
+    if (pad < 2) out.push_back(static_cast<char>((n >> 8) & 0xff));
+    if (pad < 1) out.push_back(static_cast<char>(n & 0xff));
+  }
+  return out;
+}
+
 struct Session {
   explicit Session(size_t budget) : log(budget, kMaxEventBytes) {}
   std::string id;
@@ -108,6 +156,21 @@ struct Session {
   uint64_t pipe_token[2] = {0, 0};  // epoll registration, 0 = not watched (paused or closed)
   std::vector<uint64_t> conns;      // ids of attached connections
   bool finished = false;            // exit event delivered: in Agent::finished_
+
+  bool tty = false;            // pipe_fd[0] is the pty master (one output stream)
+  bool stdin_enabled = false;  // created with stdin (always for a tty)
+  UniqueFd stdin_fd;           // pipe write end or a dup of the pty master
+  uint64_t stdin_token = 0;    // EPOLLOUT registration while the queue waits for room
+  std::string stdin_buf;       // queued bytes from stdin_off on
+  size_t stdin_off = 0;
+  bool stdin_close_requested = false;  // stdin_close seen: fd closes once the queue drained
+  std::string stdin_error;     // why stdin stopped early (the process closed its end)
+
+  UniqueFd timer_fd;           // the timeout, then the kill grace period
+  uint64_t timer_token = 0;
+  int kill_grace_s = kDefaultKillGraceS;
+  bool timed_out = false;      // SIGTERM of the timeout sent
+  bool kill_sent = false;
 };
 
 struct Connection {
@@ -133,7 +196,7 @@ class Agent {
   int Run();
 
  private:
-  enum class Kind { kListen, kSignal, kConn, kPipe };
+  enum class Kind { kListen, kSignal, kConn, kPipe, kStdin, kTimer };
   struct Watch {
     Kind kind;
     uint64_t conn_id = 0;
@@ -152,12 +215,20 @@ class Agent {
   void OnSignal();
   void OnConnReadable(Connection& c);
   void OnPipe(Session& s, int idx);
+  void FlushStdin(Session& s);
+  void CloseStdin(Session& s);
+  void OnTimer(Session& s);
+  void ArmTimer(Session& s, int64_t seconds);
 
   void HandleFrame(Connection& c, protocol::Frame frame);
   void HandleRequest(Connection& c, const std::string& payload);
   Json HandleAttach(Connection& c, const Json& req, bool& streaming);
   Json HandleStatus(const Json& req);
   Json HandleSignal(const Json& req);
+  Json HandleStdin(const Json& req, bool close);
+  Json HandleResize(const Json& req);
+  Json HandleProcesses();
+  absl::StatusOr<Session*> FindSession(const Json& req, std::string_view op);
   absl::StatusOr<Session*> StartSession(const std::string& id, const Json& spec);
 
   void Pump(Connection& c);
@@ -320,7 +391,8 @@ int Agent::Run() {
   Log("info", fmt::format("ready (pid {}, buffer {} bytes per stream)", ::getpid(), opts_.buffer_bytes));
   epoll_event events[64];
   while (!stop_) {
-    // The only timer: a listening socket paused after EMFILE is retried after 100 ms.
+    // The loop's own timeout: a listening socket paused after EMFILE is retried after 100 ms
+    // (session timeouts are timerfds in the epoll set).
     int timeout = -1;
     if (listen_paused_) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -364,6 +436,12 @@ int Agent::Run() {
           if (c != conns_.end() && (events[i].events & EPOLLOUT)) Pump(*c->second);
           break;
         }
+        case Kind::kStdin:
+          FlushStdin(*w.session);
+          break;
+        case Kind::kTimer:
+          OnTimer(*w.session);
+          break;
         case Kind::kPipe:
           OnPipe(*w.session, w.stream_index);
           break;
@@ -475,7 +553,11 @@ void Agent::OnSessionExit(Session& s, int status) {
   // keep writing; DrainPipe stops at the pipe's capacity so they cannot delay the exit event.
   DrainPipe(s, 0);
   DrainPipe(s, 1);
+  CloseStdin(s);
+  DelWatch(s.timer_fd.get(), s.timer_token);
+  s.timer_fd.Reset();
   protocol::ExitEvent ev;
+  ev.timed_out = s.timed_out;
   if (WIFEXITED(status)) {
     ev.exit_code = WEXITSTATUS(status);
   } else if (WIFSIGNALED(status)) {
@@ -485,9 +567,9 @@ void Agent::OnSessionExit(Session& s, int status) {
   ev.oom_killed = s.oom_killed;
   const uint64_t id = s.log.AppendExit(ev);
   Log("info",
-      fmt::format("session {} pid {} exited ({}{}), exit event {}", s.id, s.pid,
+      fmt::format("session {} pid {} exited ({}{}{}), exit event {}", s.id, s.pid,
                   ev.exit_code ? fmt::format("code {}", *ev.exit_code) : *ev.signal,
-                  ev.oom_killed ? ", OOM-killed" : "", id),
+                  ev.oom_killed ? ", OOM-killed" : "", ev.timed_out ? ", timed out" : "", id),
       s.id);
   PumpSession(s);
 }
@@ -542,7 +624,10 @@ void Agent::OnPipe(Session& s, int idx) {
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-    if (n < 0) Log("warn", fmt::format("session {}: read pipe: {}", s.id, ErrnoMessage(errno)), s.id);
+    // EIO is how a pty master says that every slave fd is closed: the tty's EOF.
+    if (n < 0 && !(s.tty && errno == EIO)) {
+      Log("warn", fmt::format("session {}: read pipe: {}", s.id, ErrnoMessage(errno)), s.id);
+    }
     ClosePipe(s, idx);  // EOF: every writer is gone
   }
   if (appended) PumpSession(s);
@@ -617,6 +702,14 @@ void Agent::HandleRequest(Connection& c, const std::string& payload) {
       resp = HandleStatus(req);
     } else if (*op == "signal") {
       resp = HandleSignal(req);
+    } else if (*op == "stdin") {
+      resp = HandleStdin(req, /*close=*/false);
+    } else if (*op == "stdin_close") {
+      resp = HandleStdin(req, /*close=*/true);
+    } else if (*op == "resize") {
+      resp = HandleResize(req);
+    } else if (*op == "processes") {
+      resp = HandleProcesses();
     } else {
       resp = ErrorJson(absl::InvalidArgumentError(
           fmt::format("unknown op \"{}\"", op->get<std::string>())));
@@ -667,6 +760,49 @@ absl::StatusOr<Session*> Agent::StartSession(const std::string& id, const Json& 
       env[k] = v.get<std::string>();
     }
   }
+  // Interactive options (see protocol.h). "tty" is true or {"rows","cols"}.
+  if (auto t = spec.find("tty"); t != spec.end() && !t->is_null()) {
+    if (t->is_boolean()) {
+      ss.tty = t->get<bool>();
+    } else if (t->is_object()) {
+      ss.tty = true;
+      for (const char* key : {"rows", "cols"}) {
+        auto v = t->find(key);
+        if (v == t->end()) continue;
+        if (!v->is_number_unsigned() || v->get<uint64_t>() < 1 || v->get<uint64_t>() > 65535) {
+          return absl::InvalidArgumentError(
+              fmt::format("spec.tty.{} must be an integer from 1 to 65535", key));
+        }
+        (std::string_view(key) == "rows" ? ss.rows : ss.cols) =
+            static_cast<unsigned short>(v->get<uint64_t>());
+      }
+    } else {
+      return absl::InvalidArgumentError("spec.tty must be a boolean or {\"rows\",\"cols\"}");
+    }
+  }
+  if (auto in = spec.find("stdin"); in != spec.end() && !in->is_null()) {
+    if (!in->is_boolean()) return absl::InvalidArgumentError("spec.stdin must be a boolean");
+    ss.stdin_pipe = in->get<bool>();
+  }
+  int64_t timeout_s = 0;
+  if (auto t = spec.find("timeout_s"); t != spec.end() && !t->is_null()) {
+    if (!t->is_number_unsigned() || t->get<uint64_t>() < 1 ||
+        t->get<uint64_t>() > static_cast<uint64_t>(kMaxTimeoutS)) {
+      return absl::InvalidArgumentError(
+          fmt::format("spec.timeout_s must be an integer from 1 to {}", kMaxTimeoutS));
+    }
+    timeout_s = t->get<int64_t>();
+  }
+  int kill_grace_s = kDefaultKillGraceS;
+  if (auto g = spec.find("kill_grace_s"); g != spec.end() && !g->is_null()) {
+    if (!g->is_number_unsigned() || g->get<uint64_t>() > kMaxKillGraceS) {
+      return absl::InvalidArgumentError(
+          fmt::format("spec.kill_grace_s must be an integer from 0 to {}", kMaxKillGraceS));
+    }
+    kill_grace_s = g->get<int>();
+  }
+  // Terminal programs need TERM to draw; the caller's env wins.
+  if (ss.tty && !env.count("TERM")) env["TERM"] = "xterm-256color";
   ss.env = BuildEnv(environ, env);
   if (auto u = spec.find("user"); u != spec.end() && !u->is_null()) {
     if (!u->is_string()) return absl::InvalidArgumentError("spec.user must be a string");
@@ -687,10 +823,28 @@ absl::StatusOr<Session*> Agent::StartSession(const std::string& id, const Json& 
   s->started_at = NowRfc3339();
   s->pipe_fd[0] = std::move(p.stdout_fd);
   s->pipe_fd[1] = std::move(p.stderr_fd);
+  s->tty = ss.tty;
+  s->stdin_enabled = ss.tty || ss.stdin_pipe;
+  s->stdin_fd = std::move(p.stdin_fd);
+  s->kill_grace_s = kill_grace_s;
   Session* raw = s.get();
   sessions_[id] = std::move(s);
   by_pid_[raw->pid] = raw;
   ResumePipes(*raw);
+  if (timeout_s > 0) {
+    // A timerfd in the loop: the deadline holds with no client attached and whatever sbxd
+    // does meanwhile (it may restart; the agent does not).
+    raw->timer_fd.Reset(::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
+    if (!raw->timer_fd) {
+      const int err = errno;
+      ::kill(-raw->pid, SIGKILL);  // reaped and reported as an exit like any other
+      return ErrnoStatus(err, fmt::format("session {}: timerfd_create", id));
+    }
+    ArmTimer(*raw, timeout_s);
+    Watch w{Kind::kTimer};
+    w.session = raw;
+    raw->timer_token = AddWatch(raw->timer_fd.get(), EPOLLIN, w);
+  }
   // argv[0] only: the rest of argv and the environment may carry the caller's secrets.
   Log("info", fmt::format("session {} started pid {}: {}", id, raw->pid, ss.argv[0]), id);
   return raw;
@@ -746,13 +900,16 @@ Json Agent::HandleStatus(const Json& req) {
   }
   Json r = {{"ok", true},         {"state", "unknown"},    {"pid", nullptr},
             {"exit_code", nullptr}, {"signal", nullptr},   {"started_at", nullptr},
-            {"exited_at", nullptr}, {"oom_killed", false}};
+            {"exited_at", nullptr}, {"oom_killed", false}, {"timed_out", false}};
   auto it = sessions_.find(sid->get<std::string>());
   if (it == sessions_.end()) return r;
   const Session& s = *it->second;
   r["state"] = s.exited ? "exited" : "running";
   r["pid"] = s.pid;
   r["started_at"] = s.started_at;
+  r["timed_out"] = s.timed_out;
+  r["tty"] = s.tty;
+  r["stdin"] = s.stdin_enabled;
   if (s.exited) {
     r["exited_at"] = s.exited_at;
     r["oom_killed"] = s.oom_killed;
@@ -799,6 +956,342 @@ Json Agent::HandleSignal(const Json& req) {
     return ErrorJson(ErrnoStatus(errno, fmt::format("signal: kill(-{}, {})", s.pid, sig)));
   }
   return Json{{"ok", true}};
+}
+
+absl::StatusOr<Session*> Agent::FindSession(const Json& req, std::string_view op) {
+  auto sid = req.find("session_id");
+  if (sid == req.end() || !sid->is_string()) {
+    return absl::InvalidArgumentError(fmt::format("{}: session_id must be a string", op));
+  }
+  auto it = sessions_.find(sid->get<std::string>());
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(
+        fmt::format("{}: unknown session \"{}\"", op, sid->get<std::string>()));
+  }
+  return it->second.get();
+}
+
+Json Agent::HandleStdin(const Json& req, bool close) {
+  const std::string_view op = close ? "stdin_close" : "stdin";
+  auto found = FindSession(req, op);
+  if (!found.ok()) return ErrorJson(found.status());
+  Session& s = **found;
+  std::string data;
+  if (!close) {
+    auto d = req.find("data_b64");
+    if (d == req.end() || !d->is_string()) {
+      return ErrorJson(absl::InvalidArgumentError("stdin: data_b64 must be a base64 string"));
+    }
+    auto decoded = DecodeBase64(d->get_ref<const std::string&>());
+    if (!decoded) return ErrorJson(absl::InvalidArgumentError("stdin: data_b64 is not base64"));
+    data = std::move(*decoded);
+  }
+  if (!s.stdin_enabled) {
+    return ErrorJson(absl::FailedPreconditionError(
+        fmt::format("{}: session \"{}\" was started without stdin", op, s.id)));
+  }
+  if (s.exited) {
+    return ErrorJson(
+        absl::FailedPreconditionError(fmt::format("{}: session \"{}\" has exited", op, s.id)));
+  }
+  if (s.stdin_close_requested) {
+    return ErrorJson(absl::FailedPreconditionError(
+        fmt::format("{}: stdin of session \"{}\" is closed", op, s.id)));
+  }
+  if (!s.stdin_fd) {
+    return ErrorJson(absl::FailedPreconditionError(
+        fmt::format("{}: session \"{}\" no longer reads stdin ({})", op, s.id,
+                    s.stdin_error.empty() ? "closed" : s.stdin_error)));
+  }
+  const size_t queued = s.stdin_buf.size() - s.stdin_off;
+  if (close) {
+    s.stdin_close_requested = true;
+    // A terminal has no end of file to close: its line discipline turns VEOF (^D) at the
+    // start of a line into one for the reader, which is what a shell or cat waits for.
+    if (s.tty) s.stdin_buf += '\x04';
+  } else {
+    if (queued + data.size() > kMaxStdinQueue) {
+      return ErrorJson(absl::ResourceExhaustedError(fmt::format(
+          "stdin: session \"{}\" has {} bytes queued that its process has not read yet; "
+          "{} more would exceed the {} byte buffer",
+          s.id, queued, data.size(), kMaxStdinQueue)));
+    }
+    s.stdin_buf += data;
+  }
+  FlushStdin(s);
+  return Json{{"ok", true}, {"queued", s.stdin_buf.size() - s.stdin_off}};
+}
+
+void Agent::FlushStdin(Session& s) {
+  while (s.stdin_fd && s.stdin_off < s.stdin_buf.size()) {
+    ssize_t n = ::write(s.stdin_fd.get(), s.stdin_buf.data() + s.stdin_off,
+                        s.stdin_buf.size() - s.stdin_off);
+    if (n > 0) {
+      s.stdin_off += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (s.stdin_token == 0) {
+        Watch w{Kind::kStdin};
+        w.session = &s;
+        s.stdin_token = AddWatch(s.stdin_fd.get(), EPOLLOUT, w);
+      }
+      return;
+    }
+    // EPIPE: the process closed its stdin (or exited); what is queued has no reader.
+    s.stdin_error = fmt::format("write stdin: {}", ErrnoMessage(n < 0 ? errno : EIO));
+    Log("info", fmt::format("session {}: {}; dropping {} queued bytes", s.id, s.stdin_error,
+                            s.stdin_buf.size() - s.stdin_off),
+        s.id);
+    CloseStdin(s);
+    return;
+  }
+  s.stdin_buf.clear();
+  s.stdin_off = 0;
+  if (s.stdin_fd) DelWatch(s.stdin_fd.get(), s.stdin_token);
+  if (s.stdin_close_requested) CloseStdin(s);
+}
+
+void Agent::CloseStdin(Session& s) {
+  if (s.stdin_fd) DelWatch(s.stdin_fd.get(), s.stdin_token);
+  s.stdin_fd.Reset();  // the pipe's EOF; for a tty only our duplicate of the master
+  s.stdin_buf.clear();
+  s.stdin_buf.shrink_to_fit();
+  s.stdin_off = 0;
+}
+
+void Agent::ArmTimer(Session& s, int64_t seconds) {
+  itimerspec its{};
+  its.it_value.tv_sec = seconds;
+  // A zero it_value would disarm the timer: a zero grace period is "at once".
+  if (seconds == 0) its.it_value.tv_nsec = 1;
+  if (::timerfd_settime(s.timer_fd.get(), 0, &its, nullptr) != 0) {
+    Log("error", fmt::format("session {}: timerfd_settime: {}", s.id, ErrnoMessage(errno)), s.id);
+  }
+}
+
+void Agent::OnTimer(Session& s) {
+  uint64_t expirations = 0;
+  if (::read(s.timer_fd.get(), &expirations, sizeof(expirations)) < 0 && errno == EAGAIN) return;
+  if (s.exited) return;
+  if (!s.timed_out) {
+    s.timed_out = true;
+    Log("info", fmt::format("session {} timed out: SIGTERM to group {}, SIGKILL in {} s", s.id,
+                            s.pid, s.kill_grace_s),
+        s.id);
+    ::kill(-s.pid, SIGTERM);
+    ArmTimer(s, s.kill_grace_s);
+    return;
+  }
+  if (!s.kill_sent) {
+    s.kill_sent = true;
+    Log("info", fmt::format("session {}: still running {} s after SIGTERM: SIGKILL", s.id,
+                            s.kill_grace_s),
+        s.id);
+    ::kill(-s.pid, SIGKILL);
+  }
+  DelWatch(s.timer_fd.get(), s.timer_token);
+  s.timer_fd.Reset();
+}
+
+Json Agent::HandleResize(const Json& req) {
+  auto found = FindSession(req, "resize");
+  if (!found.ok()) return ErrorJson(found.status());
+  Session& s = **found;
+  winsize ws{};
+  for (const char* key : {"rows", "cols"}) {
+    auto v = req.find(key);
+    if (v == req.end() || !v->is_number_unsigned() || v->get<uint64_t>() < 1 ||
+        v->get<uint64_t>() > 65535) {
+      return ErrorJson(absl::InvalidArgumentError(
+          fmt::format("resize: \"{}\" must be an integer from 1 to 65535", key)));
+    }
+    (std::string_view(key) == "rows" ? ws.ws_row : ws.ws_col) =
+        static_cast<unsigned short>(v->get<uint64_t>());
+  }
+  if (!s.tty) {
+    return ErrorJson(absl::FailedPreconditionError(
+        fmt::format("resize: session \"{}\" has no terminal", s.id)));
+  }
+  if (s.exited) {
+    return ErrorJson(absl::FailedPreconditionError(
+        fmt::format("resize: session \"{}\" has exited", s.id)));
+  }
+  const int fd = s.pipe_fd[0] ? s.pipe_fd[0].get() : s.stdin_fd.get();
+  if (fd < 0) {
+    return ErrorJson(absl::FailedPreconditionError(
+        fmt::format("resize: the terminal of session \"{}\" is closed", s.id)));
+  }
+  // The kernel sends SIGWINCH to the terminal's foreground process group.
+  if (::ioctl(fd, TIOCSWINSZ, &ws) != 0) {
+    return ErrorJson(ErrnoStatus(errno, fmt::format("resize: ioctl(TIOCSWINSZ) for {}", s.id)));
+  }
+  return Json{{"ok", true}};
+}
+
+namespace {
+
+struct ProcInfo {
+  pid_t pid = 0, ppid = 0, pgrp = 0, sid = 0;
+  char state = '?';
+  uint64_t start_ticks = 0;
+  uid_t uid = 0;
+  std::vector<std::string> argv;
+  std::string comm;
+};
+
+bool ReadSmallFile(const std::string& path, std::string& out, size_t max = 64 << 10) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return false;
+  out.clear();
+  char buf[4096];
+  while (out.size() < max) {
+    ssize_t n = ::read(fd.get(), buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return true;
+}
+
+std::optional<ProcInfo> ReadProc(pid_t pid) {
+  ProcInfo p;
+  p.pid = pid;
+  std::string text;
+  if (!ReadSmallFile(fmt::format("/proc/{}/stat", pid), text)) return std::nullopt;
+  // "pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime
+  // stime cutime cstime priority nice threads itrealvalue starttime ...": comm may hold spaces
+  // and parentheses, so parse after the last ')'.
+  const size_t open = text.find('('), close = text.rfind(')');
+  if (open == std::string::npos || close == std::string::npos || close < open) return std::nullopt;
+  p.comm = text.substr(open + 1, close - open - 1);
+  int ppid = 0, pgrp = 0, sid = 0;
+  unsigned long long start = 0;
+  if (std::sscanf(text.c_str() + close + 1,
+                  " %c %d %d %d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+                  &p.state, &ppid, &pgrp, &sid, &start) != 5) {
+    return std::nullopt;
+  }
+  p.ppid = ppid;
+  p.pgrp = pgrp;
+  p.sid = sid;
+  p.start_ticks = start;
+  if (ReadSmallFile(fmt::format("/proc/{}/status", pid), text)) {
+    const size_t at = text.find("\nUid:");
+    if (at != std::string::npos) p.uid = static_cast<uid_t>(std::strtoul(text.c_str() + at + 5, nullptr, 10));
+  }
+  if (ReadSmallFile(fmt::format("/proc/{}/cmdline", pid), text)) {
+    size_t start_at = 0;
+    while (start_at < text.size()) {
+      size_t end = text.find('\0', start_at);
+      if (end == std::string::npos) end = text.size();
+      p.argv.push_back(text.substr(start_at, end - start_at));
+      start_at = end + 1;
+    }
+  }
+  return p;
+}
+
+// uid -> name from the sandbox's /etc/passwd (the agent is static: no NSS).
+std::map<uid_t, std::string> PasswdNames() {
+  std::map<uid_t, std::string> out;
+  std::string text;
+  if (!ReadSmallFile("/etc/passwd", text, 1 << 20)) return out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string_view line(text.data() + pos, end - pos);
+    pos = end + 1;
+    const size_t c1 = line.find(':');
+    const size_t c2 = c1 == std::string_view::npos ? c1 : line.find(':', c1 + 1);
+    if (c2 == std::string_view::npos) continue;
+    const std::string uid_text(line.substr(c2 + 1, line.find(':', c2 + 1) - c2 - 1));
+    char* e = nullptr;
+    const unsigned long uid = std::strtoul(uid_text.c_str(), &e, 10);
+    if (uid_text.empty() || *e != '\0') continue;
+    out.emplace(static_cast<uid_t>(uid), std::string(line.substr(0, c1)));
+  }
+  return out;
+}
+
+}  // namespace
+
+Json Agent::HandleProcesses() {
+  std::vector<ProcInfo> all;
+  DIR* d = ::opendir("/proc");
+  if (!d) return ErrorJson(ErrnoStatus(errno, "processes: opendir(/proc)"));
+  while (dirent* e = ::readdir(d)) {
+    char* end = nullptr;
+    const long pid = std::strtol(e->d_name, &end, 10);
+    if (pid <= 0 || *end != '\0') continue;
+    if (auto p = ReadProc(static_cast<pid_t>(pid))) all.push_back(std::move(*p));
+  }
+  ::closedir(d);
+  const pid_t self = ::getpid();
+  // As PID 1 every process of the namespace is the sandbox's. Elsewhere (the fake runtime on
+  // the host) only our descendants are.
+  std::unordered_map<pid_t, pid_t> parent;
+  for (const ProcInfo& p : all) parent[p.pid] = p.ppid;
+  auto ours = [&](pid_t pid) {
+    if (self == 1) return true;
+    for (pid_t q = parent.count(pid) ? parent[pid] : 0, hops = 0; q > 0 && hops < 4096; ++hops) {
+      if (q == self) return true;
+      auto it = parent.find(q);
+      q = it == parent.end() ? 0 : it->second;
+    }
+    return false;
+  };
+  // A process belongs to the session whose leader's pid is its process group or session id:
+  // both are inherited by children (unless they call setsid/setpgid themselves, then null).
+  // A group id cannot be handed to a new process while the group exists, so an exited
+  // session's leftovers are still attributed correctly; of sessions with the same leader pid
+  // (reuse after the group died), the latest started wins.
+  std::unordered_map<pid_t, const Session*> by_leader;
+  for (const auto& [id, s] : sessions_) {
+    auto [it, added] = by_leader.emplace(s->pid, s.get());
+    if (!added && it->second->started_at < s->started_at) it->second = s.get();
+  }
+  long ticks = ::sysconf(_SC_CLK_TCK);
+  if (ticks <= 0) ticks = 100;
+  std::string stat;
+  int64_t btime = 0;
+  if (ReadSmallFile("/proc/stat", stat, 1 << 20)) {
+    const size_t at = stat.find("\nbtime ");
+    if (at != std::string::npos) btime = std::strtoll(stat.c_str() + at + 7, nullptr, 10);
+  }
+  const auto names = PasswdNames();
+  Json list = Json::array();
+  for (const ProcInfo& p : all) {
+    if (p.pid == self || !ours(p.pid)) continue;
+    if (list.size() >= kMaxProcesses) break;
+    Json argv = Json::array();
+    for (const auto& a : p.argv) argv.push_back(a);
+    const Session* s = nullptr;
+    if (auto it = by_leader.find(p.pgrp); it != by_leader.end()) s = it->second;
+    if (!s) {
+      if (auto it = by_leader.find(p.sid); it != by_leader.end()) s = it->second;
+    }
+    auto name = names.find(p.uid);
+    Json j = {{"pid", p.pid},
+              {"ppid", p.ppid},
+              {"pgid", p.pgrp},
+              {"state", std::string(1, p.state)},
+              {"comm", p.comm},
+              {"argv", argv},
+              {"uid", p.uid},
+              {"user", name == names.end() ? Json(nullptr) : Json(name->second)},
+              {"started_at", nullptr},
+              {"session_id", s ? Json(s->id) : Json(nullptr)}};
+    if (btime > 0) {
+      const auto at = std::chrono::system_clock::time_point(
+          std::chrono::milliseconds(btime * 1000 + static_cast<int64_t>(p.start_ticks) * 1000 / ticks));
+      j["started_at"] = FormatRfc3339(at);
+    }
+    list.push_back(std::move(j));
+  }
+  return Json{{"ok", true}, {"processes", std::move(list)}};
 }
 
 void Agent::Refill(Connection& c) {

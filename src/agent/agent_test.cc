@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "common/encoding.h"
@@ -970,6 +971,259 @@ TEST(Agent, SlowReaderDoesNotBlockOthers) {
   ASSERT_TRUE(late.exit.has_value()) << late.error;
   ExpectStdoutMatches(late, file);
   EXPECT_GT(late.resyncs, 0);
+}
+
+// ---- Interactive sessions: stdin, timeout, pty, resize, process list ----------------------
+
+absl::StatusOr<Json> Call(const AgentProcess& agent, const Json& req) {
+  return protocol::CallAgent(agent.socket(), req);
+}
+
+Json StdinReq(const std::string& sid, std::string_view data) {
+  return Json{{"op", "stdin"}, {"session_id", sid}, {"data_b64", Base64Encode(data)}};
+}
+
+// Reads output frames until the stdout collected so far contains `needle`; false at the exit
+// event, on an error, or when the agent sends nothing for the connection's read timeout.
+bool ReadUntil(AgentConnection& c, std::string& acc, std::string_view needle,
+               std::optional<ExitEvent>* exit = nullptr) {
+  while (acc.find(needle) == std::string::npos) {
+    auto f = c.ReadFrame();
+    if (!f.ok()) return false;
+    if (f->type == FrameType::kExit) {
+      if (exit) *exit = *protocol::DecodeExit(f->payload);
+      return false;
+    }
+    if (f->type != FrameType::kOutput) continue;
+    auto ev = protocol::DecodeOutput(f->payload);
+    if (!ev.ok()) return false;
+    acc += ev->data;
+  }
+  return true;
+}
+
+TEST(AgentStdin, WritesArriveInOrderAndCloseIsEof) {
+  AgentProcess agent;
+  AgentConnection c = agent.Connect();
+  ASSERT_TRUE(c.Call(AttachReq("s", 0, Spec({"cat"}, {{"stdin", true}}))).ok());
+  std::string expected;
+  for (int i = 0; i < 50; ++i) {
+    const std::string chunk = fmt::format("line {} {}\n", i, std::string(i * 100, 'x'));
+    auto r = Call(agent, StdinReq("s", chunk));
+    ASSERT_TRUE(r.ok()) << r.status();
+    expected += chunk;
+  }
+  const std::string binary("\0\xff\x01zz", 5);
+  ASSERT_TRUE(Call(agent, StdinReq("s", binary)).ok());
+  expected += binary;
+  auto closed = Call(agent, Json{{"op", "stdin_close"}, {"session_id", "s"}});
+  ASSERT_TRUE(closed.ok()) << closed.status();
+  Collected col = ReadStream(c);
+  ASSERT_TRUE(col.exit.has_value()) << col.error;
+  EXPECT_EQ(col.exit->exit_code, 0);  // cat saw EOF
+  EXPECT_EQ(col.out, expected);
+}
+
+TEST(AgentStdin, RefusedWithoutStdinAfterCloseAndAfterExit) {
+  AgentProcess agent;
+  {
+    Collected r = RunSession(agent, "plain", Spec({"true"}));
+    ASSERT_TRUE(r.exit.has_value());
+  }
+  auto plain = Call(agent, StdinReq("plain", "x"));
+  EXPECT_EQ(plain.status().code(), absl::StatusCode::kFailedPrecondition) << plain.status();
+
+  AgentConnection c = agent.Connect();
+  ASSERT_TRUE(c.Call(AttachReq("s", 0, Spec({"cat"}, {{"stdin", true}}))).ok());
+  auto bad = Call(agent, Json{{"op", "stdin"}, {"session_id", "s"}, {"data_b64", "@@@"}});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  ASSERT_TRUE(Call(agent, Json{{"op", "stdin_close"}, {"session_id", "s"}}).ok());
+  auto after_close = Call(agent, StdinReq("s", "late"));
+  EXPECT_EQ(after_close.status().code(), absl::StatusCode::kFailedPrecondition);
+  auto close_twice = Call(agent, Json{{"op", "stdin_close"}, {"session_id", "s"}});
+  EXPECT_EQ(close_twice.status().code(), absl::StatusCode::kFailedPrecondition);
+  Collected col = ReadStream(c);
+  ASSERT_TRUE(col.exit.has_value());
+  auto after_exit = Call(agent, StdinReq("s", "x"));
+  EXPECT_EQ(after_exit.status().code(), absl::StatusCode::kFailedPrecondition);
+  auto unknown = Call(agent, StdinReq("nope", "x"));
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(AgentStdin, QueueIsBoundedWhileTheProcessDoesNotRead) {
+  AgentProcess agent;
+  AgentConnection c = agent.Connect();
+  ASSERT_TRUE(c.Call(AttachReq("s", 0, Spec({"sleep", "30"}, {{"stdin", true}}))).ok());
+  const std::string chunk(64 << 10, 'a');
+  size_t accepted = 0;
+  absl::Status refused;
+  for (int i = 0; i < 200 && refused.ok(); ++i) {
+    auto r = Call(agent, StdinReq("s", chunk));
+    if (r.ok()) {
+      accepted += chunk.size();
+    } else {
+      refused = r.status();
+    }
+  }
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  // The pipe holds some (64 KiB by default), the queue 1 MiB, and never more.
+  EXPECT_GE(accepted, size_t{1} << 20);
+  EXPECT_LE(accepted, (size_t{1} << 20) + (size_t{1} << 20));
+  // The loop is not blocked: other requests are served.
+  EXPECT_TRUE(Call(agent, Json{{"op", "ping"}}).ok());
+  ASSERT_TRUE(Call(agent, Json{{"op", "signal"}, {"session_id", "s"}, {"signal", "KILL"}}).ok());
+  Collected col = ReadStream(c);
+  ASSERT_TRUE(col.exit.has_value()) << col.error;
+  EXPECT_EQ(col.exit->signal, "SIGKILL");
+}
+
+TEST(AgentTimeout, TermEndsAProcessThatHonoursIt) {
+  AgentProcess agent;
+  Collected r = RunSession(agent, "s", Spec({"sleep", "30"}, {{"timeout_s", 1}}));
+  ASSERT_TRUE(r.exit.has_value()) << r.error;
+  EXPECT_EQ(r.exit->signal, "SIGTERM");
+  EXPECT_TRUE(r.exit->timed_out);
+  EXPECT_EQ(Status(agent, "s")["timed_out"], true);
+}
+
+TEST(AgentTimeout, KillFollowsTermAfterTheGracePeriod) {
+  AgentProcess agent;
+  // The ignored TERM is inherited by sleep through exec: only SIGKILL ends the group.
+  Collected r = RunSession(
+      agent, "s",
+      Spec({"sh", "-c", "trap '' TERM; echo ready; sleep 30; echo survived"},
+           {{"timeout_s", 1}, {"kill_grace_s", 1}}));
+  ASSERT_TRUE(r.exit.has_value()) << r.error;
+  EXPECT_EQ(r.exit->signal, "SIGKILL");
+  EXPECT_TRUE(r.exit->timed_out);
+  EXPECT_EQ(r.out, "ready\n");
+  EXPECT_NE(agent.Log().find("timed out"), std::string::npos) << agent.Log();
+}
+
+TEST(AgentTimeout, ExitBeforeTheDeadlineIsNotTimedOut) {
+  AgentProcess agent;
+  Collected r = RunSession(agent, "s", Spec({"true"}, {{"timeout_s", 60}}));
+  ASSERT_TRUE(r.exit.has_value()) << r.error;
+  EXPECT_EQ(r.exit->exit_code, 0);
+  EXPECT_FALSE(r.exit->timed_out);
+}
+
+TEST(AgentTimeout, BadValuesAreRefused) {
+  AgentProcess agent;
+  for (Json extra : {Json{{"timeout_s", 0}}, Json{{"timeout_s", -1}}, Json{{"timeout_s", "5"}},
+                     Json{{"timeout_s", 5}, {"kill_grace_s", 301}}}) {
+    AgentConnection c = agent.Connect();
+    auto r = c.Call(AttachReq("bad", 0, Spec({"true"}, extra)));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << extra.dump();
+  }
+}
+
+TEST(AgentPty, ProcessSeesATerminalAndInputIsEchoed) {
+  AgentProcess agent;
+  AgentConnection c = agent.Connect();
+  ASSERT_TRUE(c.Call(AttachReq("t", 0,
+                               Spec({"sh", "-c",
+                                     "test -t 0 && test -t 1 && echo tty:$TERM; stty size; "
+                                     "read line; echo got:$line; exit 3"},
+                                    {{"tty", {{"rows", 33}, {"cols", 101}}}})))
+                  .ok());
+  std::string out;
+  ASSERT_TRUE(ReadUntil(c, out, "33 101")) << out;
+  EXPECT_NE(out.find("tty:xterm-256color"), std::string::npos) << out;
+  ASSERT_TRUE(Call(agent, StdinReq("t", "hello\n")).ok());
+  ASSERT_TRUE(ReadUntil(c, out, "got:hello")) << out;
+  std::optional<ExitEvent> exit;
+  EXPECT_FALSE(ReadUntil(c, out, "never printed", &exit));
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit_code, 3);
+  // The line discipline echoed the input, and turned \n into \r\n on output.
+  EXPECT_NE(out.find("hello\r\n"), std::string::npos) << out;
+}
+
+TEST(AgentPty, ResizeIsVisibleToTheProcess) {
+  AgentProcess agent;
+  AgentConnection c = agent.Connect();
+  ASSERT_TRUE(c.Call(AttachReq("t", 0,
+                               Spec({"sh", "-c", "stty size; read x; stty size; read y"},
+                                    {{"tty", true}})))
+                  .ok());
+  std::string out;
+  ASSERT_TRUE(ReadUntil(c, out, "24 80")) << out;
+  auto r = Call(agent, Json{{"op", "resize"}, {"session_id", "t"}, {"rows", 40}, {"cols", 120}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(Call(agent, StdinReq("t", "\n")).ok());
+  ASSERT_TRUE(ReadUntil(c, out, "40 120")) << out;
+  // ^D at the start of a line is the terminal's EOF: `read y` fails and sh exits 1.
+  ASSERT_TRUE(Call(agent, Json{{"op", "stdin_close"}, {"session_id", "t"}}).ok());
+  std::optional<ExitEvent> exit;
+  EXPECT_FALSE(ReadUntil(c, out, "never printed", &exit));
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit_code, 1);
+
+  auto bad = Call(agent, Json{{"op", "resize"}, {"session_id", "t"}, {"rows", 0}, {"cols", 1}});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  Collected plain = RunSession(agent, "p", Spec({"true"}));
+  auto no_tty = Call(agent, Json{{"op", "resize"}, {"session_id", "p"}, {"rows", 5}, {"cols", 5}});
+  EXPECT_EQ(no_tty.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(AgentPty, CtrlCInterruptsTheForegroundJob) {
+  AgentProcess agent;
+  AgentConnection c = agent.Connect();
+  ASSERT_TRUE(c.Call(AttachReq("t", 0,
+                               Spec({"sh", "-c", "echo start; sleep 30; echo after:$?"},
+                                    {{"tty", true}})))
+                  .ok());
+  std::string out;
+  ASSERT_TRUE(ReadUntil(c, out, "start")) << out;
+  // Wait until sleep runs (the process list shows it), so that the ^C reaches it.
+  for (int i = 0; i < 500; ++i) {
+    auto p = Call(agent, Json{{"op", "processes"}});
+    ASSERT_TRUE(p.ok());
+    bool sleeping = false;
+    for (const auto& e : (*p)["processes"]) sleeping = sleeping || e["comm"] == "sleep";
+    if (sleeping) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_TRUE(Call(agent, StdinReq("t", "\x03")).ok());
+  std::optional<ExitEvent> exit;
+  ReadUntil(c, out, "never printed", &exit);
+  ASSERT_TRUE(exit.has_value()) << out;
+  // sh itself gets SIGINT too (the whole foreground group does).
+  EXPECT_EQ(exit->signal, "SIGINT") << out;
+}
+
+TEST(AgentProcesses, ListsSessionProcessesButNotTheAgent) {
+  AgentProcess agent;
+  AgentConnection c = agent.Connect();
+  ASSERT_TRUE(
+      c.Call(AttachReq("s", 0, Spec({"sh", "-c", "sleep 31 & sleep 32; wait"}))).ok());
+  Json sh, child, sleeper;
+  for (int i = 0; i < 500 && (sh.is_null() || sleeper.is_null()); ++i) {
+    auto r = Call(agent, Json{{"op", "processes"}});
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (const auto& p : (*r)["processes"]) {
+      EXPECT_NE(p["pid"], agent.pid()) << "the agent lists itself";
+      if (p["argv"] == Json::array({"sh", "-c", "sleep 31 & sleep 32; wait"})) sh = p;
+      if (p["argv"] == Json::array({"sleep", "31"})) child = p;
+      if (p["argv"] == Json::array({"sleep", "32"})) sleeper = p;
+    }
+    if (sh.is_null() || sleeper.is_null()) std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_FALSE(sh.is_null());
+  ASSERT_FALSE(sleeper.is_null());
+  EXPECT_EQ(sh["session_id"], "s");
+  EXPECT_EQ(sh["ppid"], agent.pid());
+  EXPECT_EQ(sleeper["session_id"], "s");
+  EXPECT_EQ(sleeper["ppid"], sh["pid"]);
+  if (!child.is_null()) {
+    EXPECT_EQ(child["session_id"], "s");  // a background job
+  }
+  EXPECT_EQ(sleeper["uid"], ::getuid());
+  EXPECT_TRUE(sleeper["started_at"].is_string());
+  ASSERT_TRUE(Call(agent, Json{{"op", "signal"}, {"session_id", "s"}, {"signal", "KILL"}}).ok());
+  Collected col = ReadStream(c);
+  ASSERT_TRUE(col.exit.has_value());
 }
 
 }  // namespace

@@ -4,7 +4,9 @@
 #include <grp.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/syscall.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -93,6 +95,34 @@ std::vector<std::string> ExecCandidates(const std::string& argv0, const std::str
   return out;
 }
 
+absl::StatusOr<std::pair<UniqueFd, UniqueFd>> OpenPty(unsigned short rows, unsigned short cols) {
+  UniqueFd master(::open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC));
+  if (!master) return ErrnoStatus(errno, "pty: open(/dev/ptmx)");
+  int unlock = 0;
+  if (::ioctl(master.get(), TIOCSPTLCK, &unlock) != 0) {
+    return ErrnoStatus(errno, "pty: ioctl(TIOCSPTLCK)");
+  }
+  // TIOCGPTPEER opens the slave through the master, so it works whatever devpts instance
+  // /dev/pts shows (Linux 4.13); older kernels get the path from TIOCGPTN.
+  UniqueFd slave(::ioctl(master.get(), TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC));
+  if (!slave) {
+    unsigned int n = 0;
+    if (::ioctl(master.get(), TIOCGPTN, &n) != 0) {
+      return ErrnoStatus(errno, "pty: ioctl(TIOCGPTN)");
+    }
+    const std::string path = fmt::format("/dev/pts/{}", n);
+    slave.Reset(::open(path.c_str(), O_RDWR | O_NOCTTY | O_CLOEXEC));
+    if (!slave) return ErrnoStatus(errno, fmt::format("pty: open({})", path));
+  }
+  winsize ws{};
+  ws.ws_row = rows;
+  ws.ws_col = cols;
+  if (::ioctl(master.get(), TIOCSWINSZ, &ws) != 0) {
+    return ErrnoStatus(errno, "pty: ioctl(TIOCSWINSZ)");
+  }
+  return std::make_pair(std::move(master), std::move(slave));
+}
+
 absl::StatusOr<SpawnedProcess> Spawn(const SpawnSpec& spec) {
   if (spec.argv.empty() || spec.argv[0].empty()) {
     return absl::InvalidArgumentError("spawn: argv is empty");
@@ -133,32 +163,57 @@ absl::StatusOr<SpawnedProcess> Spawn(const SpawnSpec& spec) {
   sigset_t empty_mask;
   sigemptyset(&empty_mask);
 
-  int out_pipe[2], err_pipe[2];
-  if (::pipe2(out_pipe, O_CLOEXEC) != 0) return ErrnoStatus(errno, "spawn: pipe2(stdout)");
-  UniqueFd out_r(out_pipe[0]), out_w(out_pipe[1]);
-  if (::pipe2(err_pipe, O_CLOEXEC) != 0) return ErrnoStatus(errno, "spawn: pipe2(stderr)");
-  UniqueFd err_r(err_pipe[0]), err_w(err_pipe[1]);
-  // stdin: /dev/null, or the read end of an already closed pipe if the rootfs lacks it.
-  UniqueFd in_fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-  if (!in_fd) {
-    int p[2];
-    if (::pipe2(p, O_CLOEXEC) != 0) return ErrnoStatus(errno, "spawn: pipe2(stdin)");
-    in_fd.Reset(p[0]);
-    ::close(p[1]);
+  UniqueFd out_r, out_w, err_r, err_w, in_fd, in_w, pty_master;
+  if (spec.tty) {
+    SBX_ASSIGN_OR_RETURN(auto pty, OpenPty(spec.rows, spec.cols));
+    pty_master = std::move(pty.first);
+    in_fd = std::move(pty.second);  // the slave: 0, 1 and 2 of the child
+  } else {
+    int out_pipe[2], err_pipe[2];
+    if (::pipe2(out_pipe, O_CLOEXEC) != 0) return ErrnoStatus(errno, "spawn: pipe2(stdout)");
+    out_r.Reset(out_pipe[0]);
+    out_w.Reset(out_pipe[1]);
+    if (::pipe2(err_pipe, O_CLOEXEC) != 0) return ErrnoStatus(errno, "spawn: pipe2(stderr)");
+    err_r.Reset(err_pipe[0]);
+    err_w.Reset(err_pipe[1]);
+    if (spec.stdin_pipe) {
+      int p[2];
+      if (::pipe2(p, O_CLOEXEC) != 0) return ErrnoStatus(errno, "spawn: pipe2(stdin)");
+      in_fd.Reset(p[0]);
+      in_w.Reset(p[1]);
+    } else {
+      // stdin: /dev/null, or the read end of an already closed pipe if the rootfs lacks it.
+      in_fd.Reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+      if (!in_fd) {
+        int p[2];
+        if (::pipe2(p, O_CLOEXEC) != 0) return ErrnoStatus(errno, "spawn: pipe2(stdin)");
+        in_fd.Reset(p[0]);
+        ::close(p[1]);
+      }
+    }
   }
+  const bool tty = spec.tty;
 
   const pid_t pid = ::fork();
   if (pid < 0) return ErrnoStatus(errno, "spawn: fork");
   if (pid == 0) {
     // Child: async-signal-safe calls only from here to exec.
-    ::setpgid(0, 0);
+    if (tty) {
+      // A new session (whose id is also the process group, so group signals work alike)
+      // with the pty as its controlling terminal: job control and ^C reach the foreground job.
+      if (::setsid() < 0 || ::ioctl(in_fd.get(), TIOCSCTTY, 0) != 0) ::_exit(126);
+    } else {
+      ::setpgid(0, 0);
+    }
     for (int sig = 1; sig < NSIG; ++sig) {
       if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &dfl, nullptr);
     }
     ::sigprocmask(SIG_SETMASK, &empty_mask, nullptr);
     // The agent keeps fds 0-2 open, so the pipe ends are >= 3 and dup2 clears CLOEXEC.
-    if (::dup2(in_fd.get(), STDIN_FILENO) < 0 || ::dup2(out_w.get(), STDOUT_FILENO) < 0 ||
-        ::dup2(err_w.get(), STDERR_FILENO) < 0) {
+    const int out_fd = tty ? in_fd.get() : out_w.get();
+    const int err_fd = tty ? in_fd.get() : err_w.get();
+    if (::dup2(in_fd.get(), STDIN_FILENO) < 0 || ::dup2(out_fd, STDOUT_FILENO) < 0 ||
+        ::dup2(err_fd, STDERR_FILENO) < 0) {
       ::_exit(126);
     }
     CloseFrom(3);
@@ -203,14 +258,32 @@ absl::StatusOr<SpawnedProcess> Spawn(const SpawnSpec& spec) {
     ChildFail("exec", argv0, err, 127);
   }
 
-  // Parent. Also set the group here so that a signal sent right after fork finds it.
-  ::setpgid(pid, pid);
-  ::fcntl(out_r.get(), F_SETFL, O_NONBLOCK);
-  ::fcntl(err_r.get(), F_SETFL, O_NONBLOCK);
+  // Parent. Also set the group here so that a signal sent right after fork finds it (a tty
+  // child makes its own session, which fails setpgid here harmlessly).
+  if (!tty) ::setpgid(pid, pid);
   SpawnedProcess p;
   p.pid = pid;
+  if (tty) {
+    ::fcntl(pty_master.get(), F_SETFL, O_NONBLOCK);
+    // A second descriptor for the writes: epoll watches each fd once, and input and output
+    // are paused and resumed independently.
+    p.stdin_fd.Reset(::fcntl(pty_master.get(), F_DUPFD_CLOEXEC, 3));
+    if (!p.stdin_fd) {
+      const int err = errno;
+      ::kill(pid, SIGKILL);
+      return ErrnoStatus(err, "spawn: fcntl(F_DUPFD_CLOEXEC) of the pty master");
+    }
+    p.stdout_fd = std::move(pty_master);
+    return p;
+  }
+  ::fcntl(out_r.get(), F_SETFL, O_NONBLOCK);
+  ::fcntl(err_r.get(), F_SETFL, O_NONBLOCK);
   p.stdout_fd = std::move(out_r);
   p.stderr_fd = std::move(err_r);
+  if (in_w) {
+    ::fcntl(in_w.get(), F_SETFL, O_NONBLOCK);
+    p.stdin_fd = std::move(in_w);
+  }
   return p;
 }
 

@@ -23,13 +23,26 @@ struct SpawnSpec {
   std::string cwd = "/";
   std::vector<std::string> env;  // "KEY=value"
   std::optional<ResolvedUser> user;  // nullopt: keep the agent's own credentials
+  // stdin on a pipe whose write end the caller keeps (otherwise /dev/null).
+  bool stdin_pipe = false;
+  // A pseudo-terminal instead of pipes: the child is a session leader with the pty as its
+  // controlling terminal on 0-2; the caller gets the master.
+  bool tty = false;
+  unsigned short rows = 24, cols = 80;
 };
 
 struct SpawnedProcess {
   pid_t pid = -1;  // also the process group id
   UniqueFd stdout_fd;  // read ends, non-blocking, close-on-exec
-  UniqueFd stderr_fd;
+  UniqueFd stderr_fd;   // not set for a tty
+  // Write end for stdin, non-blocking, close-on-exec: a pipe, or a dup of the pty master.
+  UniqueFd stdin_fd;
 };
+
+// Opens a pty pair by hand (the agent is static: no libutil): /dev/ptmx, unlocked, with the
+// window size set. Returns {master, slave}; both close-on-exec, the slave without O_NOCTTY
+// effects on the caller (opened O_NOCTTY, the child takes it with TIOCSCTTY).
+absl::StatusOr<std::pair<UniqueFd, UniqueFd>> OpenPty(unsigned short rows, unsigned short cols);
 
 // The session environment: `base` (the agent's environ) without SBX_AGENT_* entries,
 // overlaid with `overlay`. Sorted by key.
@@ -39,8 +52,8 @@ std::vector<std::string> BuildEnv(char** base, const std::map<std::string, std::
 // joined with it (an empty entry means the current directory).
 std::vector<std::string> ExecCandidates(const std::string& argv0, const std::string& path);
 
-// Starts the process in its own process group with stdin = /dev/null and stdout/stderr on
-// fresh pipes. Exec failures are reported by the child on its stderr (exit 127, 126 for
+// Starts the process in its own process group with stdin = /dev/null (or a pipe, see
+// SpawnSpec::stdin_pipe) and stdout/stderr on fresh pipes, or with a pty (SpawnSpec::tty). Exec failures are reported by the child on its stderr (exit 127, 126 for
 // cwd/credential failures), not here.
 absl::StatusOr<SpawnedProcess> Spawn(const SpawnSpec& spec);
 

@@ -184,7 +184,11 @@ Awaitable Api::Route(http::RequestContext& ctx) {
 
   // The attach route also accepts the session's attach token.
   const bool is_attach = seg.size() == 4 && seg[1] == "sessions" && seg[3] == "attach";
-  auto caller = Authenticate(req, t.Query("token"), is_attach);
+  // So do the session's other data-plane routes (DESIGN.md: the token authorizes them).
+  const bool is_session_io = seg.size() == 4 && seg[1] == "sessions" &&
+                             (seg[3] == "stdin" || seg[3] == "stdin:close" ||
+                              seg[3] == "signal" || seg[3] == "resize" || seg[3] == "ws");
+  auto caller = Authenticate(req, t.Query("token"), is_attach || is_session_io);
   if (!caller.ok()) co_return fail(caller.status());
   // Every line about this request from here on names the tenant and the object in the path.
   // Handlers are coroutines: ctx.log goes along explicitly, and service calls (synchronous)
@@ -199,9 +203,10 @@ Awaitable Api::Route(http::RequestContext& ctx) {
     // Only well-formed ids: the path is the client's, and the log is not its notepad.
     if (field && IsValidId(seg[2], prefix)) *field = seg[2];
   }
-  if (caller->session_scope && !is_attach) {
+  if (caller->session_scope && !is_attach && !is_session_io) {
     co_return fail(ApiError(absl::StatusCode::kUnauthenticated, "unauthenticated",
-                            "an attach token is valid only for its session's attach stream"));
+                            "an attach token is valid only for its session's data plane "
+                            "(attach, ws, stdin, signal, resize)"));
   }
 
   // /v1/sandboxes
@@ -303,6 +308,19 @@ Awaitable Api::Route(http::RequestContext& ctx) {
                               "the attach token belongs to another session"));
     }
     co_return co_await Attach(ctx, *caller, seg[2], t);
+  }
+
+  if (is_session_io) {
+    if (caller->session_scope && *caller->session_scope != seg[2]) {
+      co_return fail(ApiError(absl::StatusCode::kUnauthenticated, "unauthenticated",
+                              "the attach token belongs to another session"));
+    }
+    if (seg[3] == "ws") co_return co_await WebSocket(ctx, *caller, seg[2]);
+    co_return co_await SessionIo(ctx, *caller, seg[2], seg[3]);
+  }
+  // /v1/sandboxes/{id}/processes
+  if (seg.size() == 4 && seg[1] == "sandboxes" && seg[3] == "processes") {
+    co_return co_await Processes(ctx, *caller, seg[2]);
   }
 
   co_return fail(ApiError(absl::StatusCode::kNotFound, "not_found",

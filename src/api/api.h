@@ -44,6 +44,19 @@ class Api {
   http::asio::awaitable<std::optional<http::Response>> GetSession(http::RequestContext& ctx,
                                                                   const service::Caller& caller,
                                                                   const std::string& id);
+  // POST /v1/sessions/{id}/{stdin,stdin:close,signal,resize} (session_io.cc).
+  http::asio::awaitable<std::optional<http::Response>> SessionIo(http::RequestContext& ctx,
+                                                                 const service::Caller& caller,
+                                                                 const std::string& session_id,
+                                                                 const std::string& action);
+  // GET /v1/sessions/{id}/ws (session_ws.cc): takes the connection over.
+  http::asio::awaitable<std::optional<http::Response>> WebSocket(http::RequestContext& ctx,
+                                                                 const service::Caller& caller,
+                                                                 const std::string& session_id);
+  // GET /v1/sandboxes/{id}/processes (session_io.cc).
+  http::asio::awaitable<std::optional<http::Response>> Processes(http::RequestContext& ctx,
+                                                                 const service::Caller& caller,
+                                                                 const std::string& sandbox_id);
   // The operation once it is finished, or as it is when `wait` runs out (wait 0: at once).
   http::asio::awaitable<absl::StatusOr<store::OperationRecord>> WaitForOperation(
       http::RequestContext& ctx, const service::Caller& caller, const std::string& id,

@@ -5,7 +5,9 @@
 #include <charconv>
 #include <limits>
 
+#include "common/encoding.h"
 #include "common/status_util.h"
+#include "protocol/protocol.h"
 
 namespace sbx::api {
 namespace {
@@ -220,7 +222,8 @@ absl::Status ParseLifecycleBody(const std::string& body) {
 absl::StatusOr<CreateSessionRequest> ParseCreateSession(const std::string& body) {
   SBX_ASSIGN_OR_RETURN(Json j, ParseObject(body, /*empty_ok=*/false));
   SBX_RETURN_IF_ERROR(
-      CheckKnown(j, {"argv", "cwd", "env", "user", "tty", "stdin", "timeout_s"}, ""));
+      CheckKnown(j, {"argv", "cwd", "env", "user", "tty", "stdin", "timeout_s", "kill_grace_s"},
+                 ""));
   CreateSessionRequest r;
   if (!j.contains("argv")) return FieldError("argv", "is required");
   const Json& argv = j["argv"];
@@ -256,13 +259,32 @@ absl::StatusOr<CreateSessionRequest> ParseCreateSession(const std::string& body)
     r.user = user;
   }
   if (j.contains("tty") && !j["tty"].is_null()) {
-    SBX_ASSIGN_OR_RETURN(r.tty, GetBool(j["tty"], "tty"));
+    const Json& tty = j["tty"];
+    if (tty.is_object()) {
+      // {"rows","cols"}: a terminal of that size (each defaults to 24x80's).
+      SBX_RETURN_IF_ERROR(CheckKnown(tty, {"rows", "cols"}, "tty."));
+      r.tty = true;
+      if (tty.contains("rows")) {
+        SBX_ASSIGN_OR_RETURN(int64_t v, GetInt(tty["rows"], "tty.rows", 1, 1000));
+        r.tty_rows = static_cast<int>(v);
+      }
+      if (tty.contains("cols")) {
+        SBX_ASSIGN_OR_RETURN(int64_t v, GetInt(tty["cols"], "tty.cols", 1, 1000));
+        r.tty_cols = static_cast<int>(v);
+      }
+    } else {
+      SBX_ASSIGN_OR_RETURN(r.tty, GetBool(tty, "tty"));
+    }
   }
   if (j.contains("stdin") && !j["stdin"].is_null()) {
     SBX_ASSIGN_OR_RETURN(r.stdin_open, GetBool(j["stdin"], "stdin"));
   }
   if (j.contains("timeout_s") && !j["timeout_s"].is_null()) {
     SBX_ASSIGN_OR_RETURN(r.timeout_s, GetInt(j["timeout_s"], "timeout_s", 1, 30LL * 86400));
+  }
+  if (j.contains("kill_grace_s") && !j["kill_grace_s"].is_null()) {
+    SBX_ASSIGN_OR_RETURN(r.kill_grace_s, GetInt(j["kill_grace_s"], "kill_grace_s", 0, 300));
+    if (!r.timeout_s) return FieldError("kill_grace_s", "is only valid with timeout_s");
   }
   r.canonical = std::move(j);
   return r;
@@ -315,6 +337,67 @@ absl::StatusOr<uint64_t> ParseLastEventId(const std::string& value) {
     return FieldError("Last-Event-ID", "must be a non-negative integer");
   }
   return v;
+}
+
+absl::StatusOr<std::string> ParseStdinBody(const std::string& body, bool json_body) {
+  auto too_large = [](size_t n) {
+    return ApiError(absl::StatusCode::kInvalidArgument, "payload_too_large",
+                    fmt::format("stdin data is {} bytes; at most {} per request", n,
+                                kMaxStdinBytes),
+                    "data");
+  };
+  if (!json_body) {
+    if (body.size() > kMaxStdinBytes) return too_large(body.size());
+    return body;
+  }
+  SBX_ASSIGN_OR_RETURN(Json j, ParseObject(body, /*empty_ok=*/false));
+  SBX_RETURN_IF_ERROR(CheckKnown(j, {"data", "data_b64"}, ""));
+  const bool text = j.contains("data"), b64 = j.contains("data_b64");
+  if (text == b64) return FieldError("data", "exactly one of data and data_b64 is required");
+  std::string out;
+  if (text) {
+    SBX_ASSIGN_OR_RETURN(out, GetString(j["data"], "data", SIZE_MAX));
+  } else {
+    SBX_ASSIGN_OR_RETURN(std::string enc, GetString(j["data_b64"], "data_b64", SIZE_MAX));
+    auto dec = Base64Decode(enc);
+    if (!dec) return FieldError("data_b64", "is not valid base64 (standard alphabet, padded)");
+    out = std::move(*dec);
+  }
+  if (out.size() > kMaxStdinBytes) return too_large(out.size());
+  return out;
+}
+
+absl::StatusOr<int> ParseSignalBody(const std::string& body) {
+  SBX_ASSIGN_OR_RETURN(Json j, ParseObject(body, /*empty_ok=*/false));
+  SBX_RETURN_IF_ERROR(CheckKnown(j, {"signal"}, ""));
+  if (!j.contains("signal")) return FieldError("signal", "is required");
+  const Json& v = j["signal"];
+  std::optional<int> signo;
+  if (v.is_number_integer()) {
+    // Only numbers that have a name here: the same set as the names, whatever the platform.
+    const int64_t n = v.get<int64_t>();
+    if (n >= 1 && n <= 64 && protocol::SignalName(static_cast<int>(n))) signo = static_cast<int>(n);
+  } else if (v.is_string()) {
+    signo = protocol::SignalNumber(v.get<std::string>());
+  } else {
+    return FieldError("signal", fmt::format("must be a signal name or number, got {}", TypeName(v)));
+  }
+  if (!signo) {
+    return FieldError("signal", fmt::format("unknown signal {} (use a name like \"TERM\", "
+                                            "\"SIGINT\", \"KILL\", \"HUP\")",
+                                            v.dump()));
+  }
+  return *signo;
+}
+
+absl::StatusOr<std::pair<int, int>> ParseResizeBody(const std::string& body) {
+  SBX_ASSIGN_OR_RETURN(Json j, ParseObject(body, /*empty_ok=*/false));
+  SBX_RETURN_IF_ERROR(CheckKnown(j, {"rows", "cols"}, ""));
+  if (!j.contains("rows")) return FieldError("rows", "is required");
+  if (!j.contains("cols")) return FieldError("cols", "is required");
+  SBX_ASSIGN_OR_RETURN(int64_t rows, GetInt(j["rows"], "rows", 1, 1000));
+  SBX_ASSIGN_OR_RETURN(int64_t cols, GetInt(j["cols"], "cols", 1, 1000));
+  return std::make_pair(static_cast<int>(rows), static_cast<int>(cols));
 }
 
 }  // namespace sbx::api

@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -48,5 +49,15 @@ absl::StatusOr<std::pair<std::string, std::string>> ParseLabelFilter(const std::
 absl::Status ValidateIdempotencyKey(const std::string& key);
 // Last-Event-ID: a non-negative integer.
 absl::StatusOr<uint64_t> ParseLastEventId(const std::string& value);
+
+// POST /v1/sessions/{id}/stdin: the bytes to write. The body is the raw bytes unless the
+// Content-Type is application/json, then {"data":"text"} or {"data_b64":"base64"} (one of
+// them). At most kMaxStdinBytes per request: payload_too_large (413) otherwise.
+inline constexpr size_t kMaxStdinBytes = 512 << 10;
+absl::StatusOr<std::string> ParseStdinBody(const std::string& body, bool json_body);
+// POST /v1/sessions/{id}/signal: {"signal":"TERM"|"SIGTERM"|15}; the signal number.
+absl::StatusOr<int> ParseSignalBody(const std::string& body);
+// POST /v1/sessions/{id}/resize: {"rows":R,"cols":C}, each 1..1000.
+absl::StatusOr<std::pair<int, int>> ParseResizeBody(const std::string& body);
 
 }  // namespace sbx::api

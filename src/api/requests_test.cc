@@ -129,5 +129,74 @@ TEST(QueryParsers, LimitLabelKeyLastEventId) {
   EXPECT_FALSE(ParseLastEventId("").ok());
 }
 
+TEST(ParseCreateSession, InteractiveFields) {
+  auto r = ParseCreateSession(
+      R"({"argv":["sh"],"tty":{"rows":30,"cols":100},"stdin":true,"timeout_s":5,"kill_grace_s":0})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->tty);
+  EXPECT_EQ(r->tty_rows, 30);
+  EXPECT_EQ(r->tty_cols, 100);
+  EXPECT_TRUE(r->stdin_open);
+  EXPECT_EQ(r->timeout_s, 5);
+  EXPECT_EQ(r->kill_grace_s, 0);
+  auto plain = ParseCreateSession(R"({"argv":["sh"],"tty":true})");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(plain->tty);
+  EXPECT_FALSE(plain->tty_rows.has_value());
+  struct Case {
+    const char* body;
+    const char* field;
+  } cases[] = {
+      {R"({"argv":["sh"],"tty":{"rows":0}})", "tty.rows"},
+      {R"({"argv":["sh"],"tty":{"cols":1001}})", "tty.cols"},
+      {R"({"argv":["sh"],"tty":{"width":3}})", "tty.width"},
+      {R"({"argv":["sh"],"kill_grace_s":3})", "kill_grace_s"},
+      {R"({"argv":["sh"],"timeout_s":5,"kill_grace_s":301})", "kill_grace_s"},
+      {R"({"argv":["sh"],"timeout_s":0})", "timeout_s"},
+  };
+  for (const auto& c : cases) {
+    auto bad = ParseCreateSession(c.body);
+    ASSERT_FALSE(bad.ok()) << c.body;
+    EXPECT_EQ(FieldOf(bad.status()), c.field) << c.body;
+  }
+}
+
+TEST(ParseStdinBody, RawAndJsonForms) {
+  EXPECT_EQ(*ParseStdinBody(std::string("a\0b", 3), false), std::string("a\0b", 3));
+  EXPECT_EQ(*ParseStdinBody(R"({"data":"héllo"})", true), "héllo");
+  EXPECT_EQ(*ParseStdinBody(R"({"data_b64":"AAE="})", true), std::string("\0\1", 2));
+  EXPECT_EQ(*ParseStdinBody("", false), "");
+  for (const char* bad : {R"({"data":"x","data_b64":"eA=="})", R"({})", R"({"data_b64":"@"})",
+                          R"({"data":1})", R"({"more":"x"})", "[1]", "not json"}) {
+    EXPECT_EQ(ParseStdinBody(bad, true).status().code(), absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+  auto big = ParseStdinBody(std::string(kMaxStdinBytes + 1, 'x'), false);
+  EXPECT_EQ(ApiErrorCode(big.status()), "payload_too_large");
+  EXPECT_TRUE(ParseStdinBody(std::string(kMaxStdinBytes, 'x'), false).ok());
+}
+
+TEST(ParseSignalBody, NamesAndNumbers) {
+  EXPECT_EQ(*ParseSignalBody(R"({"signal":"TERM"})"), 15);
+  EXPECT_EQ(*ParseSignalBody(R"({"signal":"sigint"})"), 2);
+  EXPECT_EQ(*ParseSignalBody(R"({"signal":"KILL"})"), 9);
+  EXPECT_EQ(*ParseSignalBody(R"({"signal":1})"), 1);
+  for (const char* bad : {R"({"signal":"NOPE"})", R"({"signal":0})", R"({"signal":65})",
+                          R"({"signal":null})", R"({})", R"({"signal":"TERM","x":1})",
+                          R"({"signal":1.5})"}) {
+    auto r = ParseSignalBody(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(FieldOf(ParseSignalBody(R"({"signal":"NOPE"})").status()), "signal");
+}
+
+TEST(ParseResizeBody, Bounds) {
+  EXPECT_EQ(*ParseResizeBody(R"({"rows":24,"cols":80})"), std::make_pair(24, 80));
+  EXPECT_EQ(FieldOf(ParseResizeBody(R"({"rows":0,"cols":80})").status()), "rows");
+  EXPECT_EQ(FieldOf(ParseResizeBody(R"({"rows":24})").status()), "cols");
+  EXPECT_EQ(FieldOf(ParseResizeBody(R"({"rows":24,"cols":1001})").status()), "cols");
+}
+
 }  // namespace
 }  // namespace sbx::api

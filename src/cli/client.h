@@ -69,6 +69,7 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   const Endpoint& endpoint() const { return endpoint_; }
+  const std::string& token() const { return token_; }
 
   // Turns SIGINT/SIGTERM into cancellation of the current request, stream or sleep (which then
   // fail with kCancelled). A second signal while interrupted() ends the process at once with

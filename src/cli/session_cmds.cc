@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "cli/cli_common.h"
+#include "cli/ws_session.h"
 #include "common/encoding.h"
 
 namespace sbx::cli {
@@ -218,9 +219,20 @@ void RegisterSessionCommands(CLI::App& app, Context& ctx) {
       std::string cwd;
       std::string user;
       std::vector<std::string> env;
+      bool interactive = false;
+      bool tty = false;
+      int64_t timeout_s = 0;
     };
     auto o = std::make_shared<Opts>();
     CLI::App* cmd = app.add_subcommand("exec", "Run a command in an existing sandbox");
+    cmd->add_flag("-i,--interactive", o->interactive,
+                  "Send local stdin to the command (EOF closes its stdin)");
+    cmd->add_flag("-t,--tty", o->tty,
+                  "Run the command on a terminal; with a terminal here, it is put in raw mode "
+                  "(Ctrl-C goes to the command) and window size changes follow");
+    cmd->add_option("--timeout", o->timeout_s,
+                    "Kill the command after this many seconds (SIGTERM, SIGKILL 5 s later)")
+        ->check(CLI::Range(int64_t{1}, int64_t{30} * 86400));
     cmd->add_option("sandbox", o->sandbox_id, "Sandbox id (sbx_…)")->required();
     cmd->add_option("command", o->argv, "Command and arguments (after --)");
     cmd->add_option("--cwd", o->cwd, "Working directory (absolute path in the sandbox)");
@@ -245,6 +257,14 @@ void RegisterSessionCommands(CLI::App& app, Context& ctx) {
       if (!env->empty()) body["env"] = *env;
       if (!o->cwd.empty()) body["cwd"] = o->cwd;
       if (!o->user.empty()) body["user"] = o->user;
+      if (o->timeout_s > 0) body["timeout_s"] = o->timeout_s;
+      if (o->tty) {
+        auto size = TerminalSize(STDIN_FILENO);
+        body["tty"] = size ? nlohmann::json{{"rows", std::min(size->first, 1000)},
+                                            {"cols", std::min(size->second, 1000)}}
+                           : nlohmann::json(true);
+      }
+      if (o->interactive) body["stdin"] = true;
       ctx.action = [o, body](Client& client) -> absl::StatusOr<int> {
         auto res = client.Request("POST", fmt::format("/v1/sandboxes/{}/sessions", o->sandbox_id),
                                   &body, NewIdempotencyKey());
@@ -260,6 +280,12 @@ void RegisterSessionCommands(CLI::App& app, Context& ctx) {
         if (res->body.contains("attach") && res->body["attach"].is_object()) {
           t.url = JsonString(res->body["attach"], "url");
           t.token = JsonString(res->body["attach"], "token");
+        }
+        if (o->interactive || o->tty) {
+          // stdin and the terminal need the WebSocket; the attach token is enough for it.
+          return RunWebSocketSession(client.endpoint(),
+                                     t.token.empty() ? client.token() : t.token, t.session_id,
+                                     o->tty);
         }
         client.set_second_signal_note(fmt::format(
             "session {} keeps running; reattach with: sbx attach {}", t.session_id,

@@ -311,6 +311,7 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
     ChunkedStream chunked(stream, opts_.write_timeout, requests_, req.method());
     RequestContext ctx{req, rid, chunked, executor};
     ctx.log.request_id = rid;
+    ctx.connection = &stream;
     const auto started = std::chrono::steady_clock::now();
     // Handlers may stream for a long time (SSE): no read deadline while they run.
     stream.expires_never();
@@ -328,6 +329,13 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
       } else {
         keep = false;
       }
+    }
+    if (ctx.taken_status != 0) {
+      // The handler owned the connection (WebSocket): nothing of HTTP is left on it.
+      requests_.Count(req.method(), ctx.taken_status);
+      LogAccess(ctx.log, Sv(req.method_string()), Sv(req.target()), ctx.taken_status,
+                MsSince(started));
+      break;
     }
     if (res) {
       res->version(req.version());

@@ -55,6 +55,11 @@ struct RequestContext {
   // learn (tenant, sandbox, session); the access-log line at the end of the request carries
   // it. Handlers are coroutines: pass it explicitly (SBX_LOG_*, log::With), see common/log.h.
   log::Context log;
+  // For a handler that takes the connection over (a WebSocket upgrade): the connection's
+  // stream, valid while the handler runs. A handler that writes to it sets `taken_status` (101)
+  // and returns nullopt; the server then sends nothing more and closes the connection.
+  beast::tcp_stream* connection = nullptr;
+  unsigned taken_status = 0;
 };
 
 // Returns the full response, or nullopt after streaming one through ctx.stream.

@@ -28,6 +28,33 @@
 //   {"op":"signal","session_id":S,"signal":15}     -> {"ok":true}
 //       Sent to the session's process group; "signal" may also be a name ("TERM", "SIGTERM").
 //       failed_precondition once the session has exited, not_found for an unknown S.
+//   Interactive sessions (spec fields, all optional):
+//     "stdin":true        stdin is a pipe fed by the "stdin" op (else /dev/null).
+//     "tty":true | {"rows":R,"cols":C}
+//                         a pty (default 24x80) on 0-2 of a new session (setsid + TIOCSCTTY);
+//                         output is one stdout stream; stdin is the pty master, always open;
+//                         TERM=xterm-256color unless env sets it.
+//     "timeout_s":N       1..2592000 s from the process start, enforced by the agent: SIGTERM
+//                         to the group, then SIGKILL after "kill_grace_s" (0..300, default 5)
+//                         if it still runs; the exit event then has "timed_out":true.
+//   {"op":"stdin","session_id":S,"data_b64":B64}  -> {"ok":true,"queued":bytes not yet written}
+//       Appends to the session's stdin queue, written in order with non-blocking writes as the
+//       process reads. resource_exhausted when the queue (1 MiB) cannot take the data (nothing
+//       is queued then: retry later); failed_precondition when the session has no stdin, has
+//       exited, stdin was closed, or the process closed its end (EPIPE).
+//   {"op":"stdin_close","session_id":S}             -> {"ok":true,"queued":N}
+//       EOF after the queued bytes: the pipe's write end is closed; a tty gets VEOF (^D).
+//       Errors as for "stdin".
+//   {"op":"resize","session_id":S,"rows":R,"cols":C} -> {"ok":true}
+//       TIOCSWINSZ on the pty (the kernel sends SIGWINCH); failed_precondition without a tty
+//       or after the exit.
+//   {"op":"processes"}
+//       -> {"ok":true,"processes":[{"pid","ppid","pgid","state","comm","argv":[...],"uid",
+//           "user":name|null,"started_at":RFC3339|null,"session_id":S|null}]}
+//       Every process of the sandbox (the agent's descendants when it is not PID 1) except
+//       the agent. session_id: the session whose leader's pid is the process's group or
+//       session id (children inherit both), else null. At most 4096 entries.
+//   "status" also returns "timed_out", "tty" and "stdin".
 // Errors: {"ok":false,"error":{"code":"snake_case","message":"..."}}.
 //
 // Event ids start at 1 and increase by one per event, per session, across stdout, stderr and

@@ -19,6 +19,7 @@ absl::Status AgentError(const nlohmann::json& resp) {
   if (code == "not_found") canonical = absl::StatusCode::kNotFound;
   if (code == "invalid_argument") canonical = absl::StatusCode::kInvalidArgument;
   if (code == "failed_precondition") canonical = absl::StatusCode::kFailedPrecondition;
+  if (code == "resource_exhausted") canonical = absl::StatusCode::kResourceExhausted;
   return ApiError(canonical, code, fmt::format("agent: {}", message));
 }
 }  // namespace

@@ -30,8 +30,10 @@ struct CreateSessionRequest {
   std::map<std::string, std::string> env;
   std::optional<std::string> user;
   bool tty = false;
+  std::optional<int> tty_rows, tty_cols;  // tty given as {"rows","cols"}
   bool stdin_open = false;
   std::optional<int64_t> timeout_s;
+  std::optional<int64_t> kill_grace_s;  // only with timeout_s
   nlohmann::json canonical;
 };
 

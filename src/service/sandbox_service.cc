@@ -981,18 +981,6 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSession(
     const std::optional<std::string>& idem_key) {
   const IdemScope scope{"POST", "/v1/sandboxes/" + sandbox_id + "/sessions"};
   const std::string body_hash = Sha256Hex(req.canonical.dump());
-  if (req.tty) {
-    return ApiError(absl::StatusCode::kUnimplemented, "not_implemented",
-                    "tty sessions are not supported yet", "tty");
-  }
-  if (req.stdin_open) {
-    return ApiError(absl::StatusCode::kUnimplemented, "not_implemented",
-                    "stdin is not supported yet", "stdin");
-  }
-  if (req.timeout_s) {
-    return ApiError(absl::StatusCode::kUnimplemented, "not_implemented",
-                    "session timeout_s is not supported yet", "timeout_s");
-  }
   StoredResponse out;
   SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
     SBX_ASSIGN_OR_RETURN(auto replay, CheckIdempotency(tx, caller, idem_key, scope, body_hash));
@@ -1019,6 +1007,7 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSession(
               {"cwd", req.cwd.value_or("/")},
               {"env", env},
               {"user", req.user.value_or("root")}};
+    AddInteractiveSpec(req, s.spec);
     s.created_at = now;
     SBX_RETURN_IF_ERROR(tx.PutSession(s));
     auto minted = tokens_.Mint(s.id, caller.tenant_id);
@@ -1034,6 +1023,28 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSession(
     return SaveIdempotency(tx, caller, idem_key, scope, body_hash, out);
   }));
   return out;
+}
+
+void SandboxService::AddInteractiveSpec(const CreateSessionRequest& req, json& spec) {
+  // Only what was asked for: the spec of a plain session stays what it always was.
+  if (req.tty) {
+    spec["tty"] = json{{"rows", req.tty_rows.value_or(24)}, {"cols", req.tty_cols.value_or(80)}};
+  }
+  if (req.stdin_open || req.tty) spec["stdin"] = true;
+  if (req.timeout_s) spec["timeout_s"] = *req.timeout_s;
+  if (req.kill_grace_s) spec["kill_grace_s"] = *req.kill_grace_s;
+}
+
+absl::StatusOr<std::string> SandboxService::SandboxAgentSocket(const Caller& caller,
+                                                               const std::string& sandbox_id) {
+  SBX_ASSIGN_OR_RETURN(SandboxRecord sb, GetSandbox(caller, sandbox_id));
+  auto sock = AgentSocketFor(sb.id);
+  if (!sock) {
+    const std::string state = sb.state == kRunning ? "being paused" : sb.state;
+    return ApiError(absl::StatusCode::kFailedPrecondition, "sandbox_not_running",
+                    fmt::format("sandbox {} is {}, not running", sb.id, state));
+  }
+  return *sock;
 }
 
 absl::StatusOr<SessionRecord> SandboxService::GetSession(const Caller& caller,
@@ -1142,6 +1153,9 @@ void SandboxService::RecordSessionStatus(const std::string& session_id, const js
       }
       if (status.contains("oom_killed") && status["oom_killed"].is_boolean()) {
         s.oom_killed = status["oom_killed"].get<bool>();
+      }
+      if (status.contains("timed_out") && status["timed_out"].is_boolean()) {
+        s.timed_out = status["timed_out"].get<bool>();
       }
       s.exited_at = status.contains("exited_at") && status["exited_at"].is_string()
                         ? status["exited_at"].get<std::string>()

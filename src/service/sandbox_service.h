@@ -135,6 +135,10 @@ class SandboxService {
                                                const CreateSessionRequest& req,
                                                const std::optional<std::string>& idem_key);
   absl::StatusOr<store::SessionRecord> GetSession(const Caller& caller, const std::string& id);
+  // The agent socket of a sandbox the caller can see, for sandbox-wide agent calls (the
+  // process list); 409 sandbox_not_running when it is not running or frozen.
+  absl::StatusOr<std::string> SandboxAgentSocket(const Caller& caller,
+                                                 const std::string& sandbox_id);
 
   // What an attach needs: the session, and the agent socket of its running sandbox.
   struct AttachTarget {
@@ -163,6 +167,8 @@ class SandboxService {
   void RunLifecycle(const std::string& op_id, const std::string& sandbox_id,
                     const std::string& kind, TimePoint requested);
   absl::StatusOr<runtime::Backend*> BackendFor(const std::string& name) const;
+  // The agent spec fields of tty, stdin and timeout_s sessions (protocol.h).
+  static void AddInteractiveSpec(const CreateSessionRequest& req, nlohmann::json& spec);
   // Destroys whatever the runtime still holds for a sandbox (instance in memory, or adopted).
   absl::Status DestroyRuntime(const store::SandboxRecord& sb);
   // Whether a session process of the sandbox still runs (asks the agent when the store says

@@ -667,6 +667,52 @@ TEST_F(SandboxServiceTest, SessionMetricsFollowTheDataPlane) {
   EXPECT_EQ(Metric("sbx_oom_kills_total"), "2");
 }
 
+TEST_F(SandboxServiceTest, InteractiveSessionSpecAndTimedOutExitSurviveARestart) {
+  const std::string id = CreateRunning();
+  CreateSessionRequest req;
+  req.argv = {"bash"};
+  req.tty = true;
+  req.tty_cols = 120;
+  req.timeout_s = 30;
+  req.kill_grace_s = 2;
+  req.canonical = json{{"argv", req.argv}, {"tty", true}};
+  auto r = svc_->CreateSession(caller_, id, req, std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::string sid = json::parse(r->body)["session_id"];
+  auto s = svc_->GetSession(caller_, sid);
+  ASSERT_TRUE(s.ok());
+  // What the agent gets at the first attach (protocol.h); a tty always has stdin.
+  EXPECT_EQ(s->spec["tty"], (json{{"rows", 24}, {"cols", 120}}));
+  EXPECT_EQ(s->spec["stdin"], true);
+  EXPECT_EQ(s->spec["timeout_s"], 30);
+  EXPECT_EQ(s->spec["kill_grace_s"], 2);
+
+  CreateSessionRequest plain_req;
+  plain_req.argv = {"true"};
+  plain_req.canonical = json{{"argv", plain_req.argv}, {"n", 2}};
+  auto plain = svc_->CreateSession(caller_, id, plain_req, std::nullopt);
+  ASSERT_TRUE(plain.ok());
+  auto ps = svc_->GetSession(caller_, json::parse(plain->body)["session_id"]);
+  ASSERT_TRUE(ps.ok());
+  EXPECT_FALSE(ps->spec.contains("tty") || ps->spec.contains("stdin") ||
+               ps->spec.contains("timeout_s"))
+      << ps->spec;
+
+  // The agent reported the timeout while no client was attached (GET /v1/sessions path).
+  svc_->RecordSessionStarted(sid, json{{"ok", true}, {"started", true}});
+  svc_->RecordSessionStatus(sid, json{{"state", "exited"}, {"signal", "SIGTERM"},
+                                      {"timed_out", true}, {"oom_killed", false},
+                                      {"exited_at", "2026-01-02T03:04:05.000Z"}});
+  Stop();
+  Start();
+  auto after = svc_->GetSession(caller_, sid);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->state, "exited");
+  EXPECT_TRUE(after->timed_out);
+  EXPECT_EQ(after->signal, "SIGTERM");
+  EXPECT_EQ(after->exited_at, "2026-01-02T03:04:05.000Z");
+}
+
 }  // namespace
 }  // namespace sbx::service
 

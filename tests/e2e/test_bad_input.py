@@ -135,12 +135,33 @@ def test_session_create_rejects(api, sandbox, name, body, field):
     check_error_body(resp, resp.body, "invalid_argument", None if name == "malformed_json" else field)
 
 
-@pytest.mark.parametrize("fields,field", [({"tty": True}, "tty"), ({"stdin": True}, "stdin"),
-                                          ({"timeout_s": 5}, "timeout_s")], ids=["tty", "stdin", "timeout_s"])
-def test_session_not_implemented_fields(api, sandbox, fields, field):
+INTERACTIVE_CASES = [
+    ("timeout_zero", {"timeout_s": 0}, "timeout_s"),
+    ("timeout_negative", {"timeout_s": -5}, "timeout_s"),
+    ("timeout_over_30_days", {"timeout_s": 30 * 86400 + 1}, "timeout_s"),
+    ("timeout_string", {"timeout_s": "5"}, "timeout_s"),
+    ("timeout_float", {"timeout_s": 1.5}, "timeout_s"),
+    ("grace_without_timeout", {"kill_grace_s": 1}, "kill_grace_s"),
+    ("grace_over_limit", {"timeout_s": 5, "kill_grace_s": 301}, "kill_grace_s"),
+    ("stdin_wrong_type", {"stdin": "yes"}, "stdin"),
+    ("tty_rows_zero", {"tty": {"rows": 0, "cols": 80}}, "tty.rows"),
+    ("tty_unknown_key", {"tty": {"rows": 24, "width": 80}}, "tty.width"),
+]
+
+
+@pytest.mark.parametrize("name,fields,field", INTERACTIVE_CASES, ids=[c[0] for c in INTERACTIVE_CASES])
+def test_session_interactive_fields_rejected(api, sandbox, name, fields, field):
     resp = api.call("POST", f"/v1/sandboxes/{sandbox['id']}/sessions", json_body={"argv": ["true"], **fields})
-    assert resp.status_code == 501, f"{fields}: expected 501, got {resp.status_code}: {resp.body}"
-    check_error_body(resp, resp.body, "not_implemented", field)
+    assert resp.status_code == 400, f"{fields}: expected 400, got {resp.status_code}: {resp.body}"
+    check_error_body(resp, resp.body, "invalid_argument", field)
+
+
+@pytest.mark.parametrize("fields", [{"tty": True}, {"tty": {"rows": 10, "cols": 40}}, {"stdin": True},
+                                    {"timeout_s": 5}, {"timeout_s": 5, "kill_grace_s": 0}],
+                         ids=["tty", "tty_size", "stdin", "timeout_s", "kill_grace_s"])
+def test_session_interactive_fields_accepted(api, sandbox, fields):
+    resp = api.call("POST", f"/v1/sandboxes/{sandbox['id']}/sessions", json_body={"argv": ["true"], **fields})
+    assert resp.status_code == 201, f"{fields}: expected 201, got {resp.status_code}: {resp.body}"
 
 
 def test_unknown_ids_are_404(api):

@@ -1,5 +1,6 @@
 // Fuzz target for everything sbxd parses from an HTTP request: the request target (path and
-// query), the create-sandbox and create-session bodies, and the header values it interprets.
+// query), the create-sandbox and create-session bodies, the session data-plane bodies (stdin,
+// signal, resize), and the header values it interprets.
 // The property is "never crashes, never throws, always returns a value or a Status".
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +15,9 @@ extern const char* const kFuzzSeeds[] = {
     R"j({"timeout_s":60,"idle_suspend_s":0,"egress_profile":"none"})j",
     R"j({"argv":["python3","-c","print('hi')"],"cwd":"/tmp","env":{"X":"y"},"user":"root"})j",
     R"j({"argv":["sh"],"tty":false,"stdin":false,"timeout_s":null})j",
+    R"j({"argv":["bash"],"tty":{"rows":24,"cols":80},"stdin":true,"timeout_s":5,"kill_grace_s":1})j",
+    R"j({"data":"hello\n"})j", R"j({"data_b64":"aGk="})j", R"j({"signal":"SIGTERM"})j",
+    R"j({"rows":40,"cols":120})j",
     "/v1/sandboxes?state=running&label=team%3Dml&limit=10&page_token=abc",
     "/v1/sessions/ses_aaaaaaaaaaaaaaaaaaaa/attach?token=sat1.x.y&last_event_id=42",
     "42", "team=ml", "Idempotency-Key-1",
@@ -30,5 +34,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)sbx::api::ParseLabelFilter(in);
   (void)sbx::api::ValidateIdempotencyKey(in);
   (void)sbx::api::ParseLimit(in);
+  (void)sbx::api::ParseStdinBody(in, /*json_body=*/true);
+  (void)sbx::api::ParseSignalBody(in);
+  (void)sbx::api::ParseResizeBody(in);
   return 0;
 }

@@ -1,0 +1,242 @@
+#include "cli/ws_session.h"
+
+#include <fcntl.h>
+#include <sys/ioctl.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <optional>
+
+#include <boost/asio.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/beast.hpp>
+#include <boost/beast/websocket.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_common.h"
+#include "common/encoding.h"
+
+namespace sbx::cli {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace websocket = boost::beast::websocket;
+using tcp = asio::ip::tcp;
+using nlohmann::json;
+using namespace asio::experimental::awaitable_operators;
+constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
+
+// The local terminal in raw mode for as long as this object lives: every key (Ctrl-C, Ctrl-Z,
+// Ctrl-D included) becomes a byte for the remote terminal, and output is shown as it comes.
+class RawTerminal {
+ public:
+  explicit RawTerminal(int fd) : fd_(fd) {
+    if (::tcgetattr(fd_, &saved_) != 0) return;
+    termios raw = saved_;
+    ::cfmakeraw(&raw);
+    active_ = ::tcsetattr(fd_, TCSAFLUSH, &raw) == 0;
+  }
+  ~RawTerminal() {
+    if (active_) ::tcsetattr(fd_, TCSAFLUSH, &saved_);
+  }
+  RawTerminal(const RawTerminal&) = delete;
+  RawTerminal& operator=(const RawTerminal&) = delete;
+
+ private:
+  int fd_;
+  termios saved_{};
+  bool active_ = false;
+};
+
+std::string ResizeMessage(std::pair<int, int> size) {
+  // The server takes 1..1000; a larger local window is clamped, not refused.
+  return json{{"type", "resize"},
+              {"rows", std::min(size.first, 1000)},
+              {"cols", std::min(size.second, 1000)}}
+      .dump();
+}
+
+}  // namespace
+
+std::optional<std::pair<int, int>> TerminalSize(int fd) {
+  winsize ws{};
+  if (::ioctl(fd, TIOCGWINSZ, &ws) != 0 || ws.ws_row == 0 || ws.ws_col == 0) return std::nullopt;
+  return std::make_pair(static_cast<int>(ws.ws_row), static_cast<int>(ws.ws_col));
+}
+
+absl::StatusOr<int> RunWebSocketSession(const Endpoint& endpoint, const std::string& token,
+                                        const std::string& session_id, bool tty) {
+  asio::io_context ioc;
+  websocket::stream<beast::tcp_stream> ws(ioc);
+  std::optional<absl::Status> failure;
+  std::optional<int> exit_code;
+  int stopped_by_signal = 0;
+  const std::string target = fmt::format("{}/v1/sessions/{}/ws", endpoint.base_path, session_id);
+
+  auto run = [&]() -> asio::awaitable<void> {
+    tcp::resolver resolver(ioc);
+    auto [rec, results] = co_await resolver.async_resolve(endpoint.host, endpoint.port, kTuple);
+    if (rec) {
+      failure = absl::UnavailableError(
+          fmt::format("cannot reach sbxd at {}: {}", endpoint.url, rec.message()));
+      co_return;
+    }
+    beast::get_lowest_layer(ws).expires_after(std::chrono::seconds(10));
+    auto [cec, ep] = co_await beast::get_lowest_layer(ws).async_connect(results, kTuple);
+    if (cec) {
+      failure = absl::UnavailableError(
+          fmt::format("cannot reach sbxd at {}: {}", endpoint.url, cec.message()));
+      co_return;
+    }
+    beast::get_lowest_layer(ws).expires_never();
+    ws.set_option(websocket::stream_base::timeout::suggested(beast::role_type::client));
+    ws.set_option(websocket::stream_base::decorator([&token](websocket::request_type& req) {
+      req.set(beast::http::field::authorization, "Bearer " + token);
+    }));
+    websocket::response_type res;
+    auto [hec] = co_await ws.async_handshake(res, endpoint.host + ":" + endpoint.port, target,
+                                             kTuple);
+    if (hec) {
+      if (res.result_int() != 0 && res.result_int() != 101) {
+        failure = DecodeHttpError(res.result_int(), res.body(), std::string(res["X-Request-Id"]));
+      } else {
+        failure = absl::UnavailableError(
+            fmt::format("websocket to {}{}: {}", endpoint.url, target, hec.message()));
+      }
+      co_return;
+    }
+
+    std::optional<RawTerminal> raw;
+    if (tty && ::isatty(STDIN_FILENO)) raw.emplace(STDIN_FILENO);
+
+    // Server -> terminal until the exit message and the close.
+    auto output = [&]() -> asio::awaitable<void> {
+      for (;;) {
+        beast::flat_buffer buf;
+        auto [ec, n] = co_await ws.async_read(buf, kTuple);
+        if (ec) {
+          if (!exit_code && !failure) {
+            failure = absl::UnavailableError(fmt::format(
+                "the connection to sbxd ended before the process exited: {}", ec.message()));
+          }
+          co_return;
+        }
+        const std::string data = beast::buffers_to_string(buf.data());
+        if (ws.got_binary()) {
+          (void)WriteAll(STDOUT_FILENO, data);
+          continue;
+        }
+        json m = json::parse(data, nullptr, /*allow_exceptions=*/false);
+        if (m.is_discarded() || !m.is_object()) continue;
+        const std::string type = JsonString(m, "type");
+        if (type == "stderr") {
+          if (auto bytes = Base64Decode(JsonString(m, "data_b64"))) {
+            (void)WriteAll(STDERR_FILENO, *bytes);
+          }
+        } else if (type == "error") {
+          failure = absl::AbortedError(fmt::format("session {}: {}: {}", session_id,
+                                                   JsonString(m, "code"),
+                                                   JsonString(m, "message")));
+        } else if (type == "resync_required") {
+          PrintError("warning: output was lost (resync_required)");
+        } else if (type == "exit") {
+          raw.reset();  // messages below go to a cooked terminal
+          const json code = m.contains("exit_code") ? m["exit_code"] : json();
+          const json sig = m.contains("signal") ? m["signal"] : json();
+          const bool timed_out = m.value("timed_out", false) == true;
+          if (timed_out) PrintError("process was killed: its timeout expired");
+          if (m.value("oom_killed", false) == true) PrintError("process was killed: out of memory");
+          if (code.is_number_integer()) {
+            exit_code = static_cast<int>(code.get<int64_t>() & 0xff);
+          } else if (sig.is_string()) {
+            const int n = SignalNumber(sig.get<std::string>());
+            if (!timed_out) PrintError(fmt::format("process was killed by {}", sig.get<std::string>()));
+            exit_code = n > 0 ? 128 + n : kExitFailure;
+          } else {
+            exit_code = kExitFailure;
+          }
+        }
+      }
+    };
+
+    // Terminal -> server: stdin bytes, window size changes, and our own interruption.
+    auto input = [&]() -> asio::awaitable<void> {
+      asio::signal_set signals(ioc, SIGINT, SIGTERM, SIGHUP);
+      signals.add(SIGWINCH);
+      std::optional<asio::posix::stream_descriptor> in;
+      {
+        const int fd = ::fcntl(STDIN_FILENO, F_DUPFD_CLOEXEC, 3);
+        if (fd >= 0) in.emplace(ioc, fd);
+      }
+      std::string chunk(16 << 10, '\0');
+      auto send = [&](bool binary, std::string_view data) -> asio::awaitable<bool> {
+        ws.binary(binary);
+        auto [ec, n] = co_await ws.async_write(asio::buffer(data.data(), data.size()), kTuple);
+        co_return !ec;
+      };
+      for (;;) {
+        if (!in) {
+          auto [ec, sig] = co_await signals.async_wait(kTuple);
+          if (ec) co_return;
+          if (sig == SIGWINCH) {
+            if (auto size = TerminalSize(STDIN_FILENO)) {
+              const std::string m = ResizeMessage(*size);
+              if (!co_await send(false, m)) co_return;
+            }
+            continue;
+          }
+          stopped_by_signal = sig;
+          co_return;
+        }
+        auto r = co_await (in->async_read_some(asio::buffer(chunk), kTuple) ||
+                           signals.async_wait(kTuple));
+        if (r.index() == 0) {
+          auto [ec, n] = std::get<0>(r);
+          if (ec) {
+            // EOF (or an unreadable stdin): the session's stdin ends too.
+            in.reset();
+            const std::string close_message = R"({"type":"stdin_close"})";
+            if (!co_await send(false, close_message)) co_return;
+            continue;
+          }
+          if (!co_await send(true, std::string_view(chunk.data(), n))) co_return;
+          continue;
+        }
+        auto [ec, sig] = std::get<1>(r);
+        if (ec) co_return;
+        if (sig == SIGWINCH) {
+          if (auto size = TerminalSize(STDIN_FILENO)) {
+            const std::string m = ResizeMessage(*size);
+            if (!co_await send(false, m)) co_return;
+          }
+          continue;
+        }
+        stopped_by_signal = sig;
+        co_return;
+      }
+    };
+
+    co_await (output() || input());
+    if (stopped_by_signal != 0) {
+      boost::system::error_code ignored;  // the session goes on whether or not the close arrives
+      co_await ws.async_close(websocket::close_code::normal,
+                              asio::redirect_error(asio::use_awaitable, ignored));
+    }
+  };
+
+  asio::co_spawn(ioc, run(), asio::detached);
+  ioc.run();
+  if (exit_code) return *exit_code;
+  if (stopped_by_signal != 0) {
+    PrintError(fmt::format("interrupted; session {} keeps running", session_id));
+    return 128 + stopped_by_signal;
+  }
+  if (failure) return *failure;
+  return absl::InternalError("websocket session ended without a result");
+}
+
+}  // namespace sbx::cli
