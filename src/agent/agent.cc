@@ -1179,7 +1179,9 @@ std::optional<ProcInfo> ReadProc(pid_t pid) {
   p.start_ticks = start;
   if (ReadSmallFile(fmt::format("/proc/{}/status", pid), text)) {
     const size_t at = text.find("\nUid:");
-    if (at != std::string::npos) p.uid = static_cast<uid_t>(std::strtoul(text.c_str() + at + 5, nullptr, 10));
+    if (at != std::string::npos) {
+      p.uid = static_cast<uid_t>(std::strtoul(text.c_str() + at + 5, nullptr, 10));
+    }
   }
   if (ReadSmallFile(fmt::format("/proc/{}/cmdline", pid), text)) {
     size_t start_at = 0;
@@ -1285,8 +1287,8 @@ Json Agent::HandleProcesses() {
               {"started_at", nullptr},
               {"session_id", s ? Json(s->id) : Json(nullptr)}};
     if (btime > 0) {
-      const auto at = std::chrono::system_clock::time_point(
-          std::chrono::milliseconds(btime * 1000 + static_cast<int64_t>(p.start_ticks) * 1000 / ticks));
+      const int64_t ms = btime * 1000 + static_cast<int64_t>(p.start_ticks) * 1000 / ticks;
+      const auto at = std::chrono::system_clock::time_point(std::chrono::milliseconds(ms));
       j["started_at"] = FormatRfc3339(at);
     }
     list.push_back(std::move(j));

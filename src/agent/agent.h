@@ -1,5 +1,7 @@
 // sbx-agent's event loop: one thread, one epoll set holding a signalfd (SIGCHLD, SIGTERM,
-// SIGINT), the listening socket, every client connection and every session's output pipes.
+// SIGINT), the listening socket, every client connection, every session's output pipes (or
+// pty master), the stdin of sessions whose queued input waits for room (EPOLLOUT), and the
+// timerfd of each session with a timeout.
 //
 // Sessions are keyed by the host's session_id. Each keeps an EventLog (see event_log.h); each
 // attached connection has a cursor into it and a small output buffer, written non-blocking,

@@ -53,8 +53,9 @@ std::vector<std::string> BuildEnv(char** base, const std::map<std::string, std::
 std::vector<std::string> ExecCandidates(const std::string& argv0, const std::string& path);
 
 // Starts the process in its own process group with stdin = /dev/null (or a pipe, see
-// SpawnSpec::stdin_pipe) and stdout/stderr on fresh pipes, or with a pty (SpawnSpec::tty). Exec failures are reported by the child on its stderr (exit 127, 126 for
-// cwd/credential failures), not here.
+// SpawnSpec::stdin_pipe) and stdout/stderr on fresh pipes, or with a pty (SpawnSpec::tty).
+// Exec failures are reported by the child on its stderr (exit 127, 126 for cwd/credential
+// failures), not here.
 absl::StatusOr<SpawnedProcess> Spawn(const SpawnSpec& spec);
 
 }  // namespace sbx::agent

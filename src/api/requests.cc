@@ -380,7 +380,8 @@ absl::StatusOr<int> ParseSignalBody(const std::string& body) {
   } else if (v.is_string()) {
     signo = protocol::SignalNumber(v.get<std::string>());
   } else {
-    return FieldError("signal", fmt::format("must be a signal name or number, got {}", TypeName(v)));
+    return FieldError("signal",
+                      fmt::format("must be a signal name or number, got {}", TypeName(v)));
   }
   if (!signo) {
     return FieldError("signal", fmt::format("unknown signal {} (use a name like \"TERM\", "

@@ -131,7 +131,8 @@ TEST(QueryParsers, LimitLabelKeyLastEventId) {
 
 TEST(ParseCreateSession, InteractiveFields) {
   auto r = ParseCreateSession(
-      R"({"argv":["sh"],"tty":{"rows":30,"cols":100},"stdin":true,"timeout_s":5,"kill_grace_s":0})");
+      R"({"argv":["sh"],"tty":{"rows":30,"cols":100},"stdin":true,"timeout_s":5,)"
+      R"("kill_grace_s":0})");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->tty);
   EXPECT_EQ(r->tty_rows, 30);

@@ -228,8 +228,9 @@ void RegisterSessionCommands(CLI::App& app, Context& ctx) {
     cmd->add_flag("-i,--interactive", o->interactive,
                   "Send local stdin to the command (EOF closes its stdin)");
     cmd->add_flag("-t,--tty", o->tty,
-                  "Run the command on a terminal; with a terminal here, it is put in raw mode "
-                  "(Ctrl-C goes to the command) and window size changes follow");
+                  "Run the command on a terminal (implies -i); with a terminal here, it is put "
+                  "in raw mode until the command ends (Ctrl-C goes to the command) and window "
+                  "size changes follow");
     cmd->add_option("--timeout", o->timeout_s,
                     "Kill the command after this many seconds (SIGTERM, SIGKILL 5 s later)")
         ->check(CLI::Range(int64_t{1}, int64_t{30} * 86400));

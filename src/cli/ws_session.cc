@@ -154,7 +154,9 @@ absl::StatusOr<int> RunWebSocketSession(const Endpoint& endpoint, const std::str
             exit_code = static_cast<int>(code.get<int64_t>() & 0xff);
           } else if (sig.is_string()) {
             const int n = SignalNumber(sig.get<std::string>());
-            if (!timed_out) PrintError(fmt::format("process was killed by {}", sig.get<std::string>()));
+            if (!timed_out) {
+              PrintError(fmt::format("process was killed by {}", sig.get<std::string>()));
+            }
             exit_code = n > 0 ? 128 + n : kExitFailure;
           } else {
             exit_code = kExitFailure;

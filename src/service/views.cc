@@ -75,6 +75,9 @@ nlohmann::json SessionView(const store::SessionRecord& r) {
       {"created_at", r.created_at},
       {"started_at", OrNull(r.started_at)},
       {"exited_at", OrNull(r.exited_at)},
+      {"tty", spec.value("tty", nlohmann::json())},
+      {"stdin", spec.value("stdin", false)},
+      {"timeout_s", spec.value("timeout_s", nlohmann::json())},
   };
 }
 

@@ -182,6 +182,7 @@ def test_timeout_term_then_kill(api, sandbox):
     assert result.exit == {"exit_code": None, "signal": "SIGKILL", "timed_out": True, "oom_killed": False}, result.exit
     info = api.get_session(session["session_id"])
     assert info["state"] == "exited" and info["timed_out"] is True and info["signal"] == "SIGKILL", info
+    assert info["timeout_s"] == 1 and info["tty"] is None and info["stdin"] is False, info
 
 
 def test_timeout_honoured_by_term(api, sandbox):
@@ -448,6 +449,7 @@ def test_pty_shell_over_websocket(api, sandbox):
         ws.close()
     info = api.get_session(sid)
     assert info["state"] == "exited" and info["exit_code"] == 3, info
+    assert info["tty"] == {"rows": 30, "cols": 100} and info["stdin"] is True, info
     # The SSE attach replays the same terminal output after the fact.
     with api.attach(session) as stream:
         replay = api.collect(stream)

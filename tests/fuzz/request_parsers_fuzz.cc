@@ -15,7 +15,8 @@ extern const char* const kFuzzSeeds[] = {
     R"j({"timeout_s":60,"idle_suspend_s":0,"egress_profile":"none"})j",
     R"j({"argv":["python3","-c","print('hi')"],"cwd":"/tmp","env":{"X":"y"},"user":"root"})j",
     R"j({"argv":["sh"],"tty":false,"stdin":false,"timeout_s":null})j",
-    R"j({"argv":["bash"],"tty":{"rows":24,"cols":80},"stdin":true,"timeout_s":5,"kill_grace_s":1})j",
+    R"j({"argv":["bash"],"tty":{"rows":24,"cols":80},"stdin":true,"timeout_s":5,)j"
+    R"j("kill_grace_s":1})j",
     R"j({"data":"hello\n"})j", R"j({"data_b64":"aGk="})j", R"j({"signal":"SIGTERM"})j",
     R"j({"rows":40,"cols":120})j",
     "/v1/sandboxes?state=running&label=team%3Dml&limit=10&page_token=abc",
