@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/ids.h"
+#include "common/status_util.h"
 
 namespace sbx::http {
 namespace {
@@ -62,6 +63,61 @@ class ChunkedStream : public ResponseStream {
   bool failed_ = false;
   bool keep_alive_ = false;
   unsigned status_ = 0;
+};
+
+// RequestContext::body for a streamed route: reads through a buffer_body parser that took over
+// from the header parser.
+class StreamedBody : public BodyReader {
+ public:
+  StreamedBody(beast::tcp_stream& stream, beast::flat_buffer& buffer,
+               bhttp::request_parser<bhttp::buffer_body>& parser, std::chrono::seconds timeout,
+               uint64_t limit, bool expect_continue)
+      : stream_(stream),
+        buffer_(buffer),
+        parser_(parser),
+        timeout_(timeout),
+        limit_(limit),
+        expect_continue_(expect_continue) {}
+
+  asio::awaitable<absl::StatusOr<size_t>> ReadSome(char* buf, size_t cap) override {
+    if (expect_continue_) {
+      expect_continue_ = false;
+      static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+      stream_.expires_after(timeout_);
+      auto [ec, n] = co_await asio::async_write(stream_, asio::buffer(kContinue), kTuple);
+      stream_.expires_never();
+      if (ec) co_return absl::UnavailableError(fmt::format("send 100 Continue: {}", ec.message()));
+    }
+    while (!parser_.is_done()) {
+      parser_.get().body().data = buf;
+      parser_.get().body().size = cap;
+      stream_.expires_after(timeout_);
+      auto [ec, n] = co_await bhttp::async_read_some(stream_, buffer_, parser_, kTuple);
+      // No deadline while the handler works between reads (a slow agent is not the client).
+      stream_.expires_never();
+      if (ec == bhttp::error::need_buffer) ec = {};
+      if (ec == bhttp::error::body_limit) {
+        co_return ApiError(absl::StatusCode::kInvalidArgument, "payload_too_large",
+                           fmt::format("request body is larger than {} bytes", limit_));
+      }
+      if (ec == beast::error::timeout) {
+        co_return absl::DeadlineExceededError("the request body did not arrive in time");
+      }
+      if (ec) co_return absl::UnavailableError(fmt::format("read request body: {}", ec.message()));
+      const size_t got = cap - parser_.get().body().size;
+      if (got > 0) co_return got;
+    }
+    co_return size_t{0};
+  }
+  bool done() const override { return parser_.is_done(); }
+
+ private:
+  beast::tcp_stream& stream_;
+  beast::flat_buffer& buffer_;
+  bhttp::request_parser<bhttp::buffer_body>& parser_;
+  std::chrono::seconds timeout_;
+  uint64_t limit_;
+  bool expect_continue_;
 };
 
 bool PrintableId(std::string_view s) {
@@ -239,7 +295,13 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
     // request the read timeout.
     stream.expires_after(buffer.size() > 0 ? opts_.read_timeout : opts_.idle_timeout);
     auto [hec, hn] = co_await bhttp::async_read_header(stream, buffer, parser, kTuple);
-    if (!hec && !parser.is_done()) {
+    // A route that streams its body: the handler reads it (StreamedBody) after this parser
+    // hands over what it knows of the framing.
+    std::optional<bhttp::request_parser<bhttp::buffer_body>> streamed;
+    if (!hec && !parser.is_done() && opts_.stream_body && opts_.stream_body(parser.get())) {
+      streamed.emplace(std::move(parser));
+      streamed->body_limit(opts_.max_streamed_body_bytes);
+    } else if (!hec && !parser.is_done()) {
       stream.expires_after(opts_.read_timeout);
       auto [bec, bn] = co_await bhttp::async_read(stream, buffer, parser, kTuple);
       hec = bec;
@@ -306,11 +368,21 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
       break;
     }
 
-    Request req = parser.release();
+    Request req;
+    std::optional<StreamedBody> body;
+    if (streamed) {
+      req.base() = streamed->get().base();
+      const auto expect = req.find(bhttp::field::expect);
+      body.emplace(stream, buffer, *streamed, opts_.read_timeout, opts_.max_streamed_body_bytes,
+                   expect != req.end() && beast::iequals(expect->value(), "100-continue"));
+    } else {
+      req = parser.release();
+    }
     std::string rid = RequestIdFor(req);
     ChunkedStream chunked(stream, opts_.write_timeout, requests_, req.method());
     RequestContext ctx{req, rid, chunked, executor};
     ctx.log.request_id = rid;
+    if (body) ctx.body = &*body;
     const auto started = std::chrono::steady_clock::now();
     // Handlers may stream for a long time (SSE): no read deadline while they run.
     stream.expires_never();
@@ -338,6 +410,19 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
     } else {
       status = chunked.status();
       keep = keep && chunked.reusable();
+    }
+    if (body && !body->done() && keep) {
+      // The handler answered before taking the whole body (an error): read the rest, bounded,
+      // so that the client, which sends it all before reading, gets the answer instead of a
+      // broken pipe. Past the bound the connection closes.
+      std::vector<char> sink(64 << 10);
+      uint64_t drained = 0;
+      while (!body->done() && drained < (uint64_t{256} << 20)) {
+        auto n = co_await body->ReadSome(sink.data(), sink.size());
+        if (!n.ok() || *n == 0) break;
+        drained += *n;
+      }
+      keep = body->done();
     }
     LogAccess(ctx.log, Sv(req.method_string()), Sv(req.target()), status, MsSince(started));
     if (!keep) break;

@@ -1,0 +1,585 @@
+#include "agent/files.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "agent/path_resolve.h"
+#include "agent/users.h"
+#include "common/status_util.h"
+#include "common/time_util.h"
+#include "common/unique_fd.h"
+
+namespace sbx::agent {
+namespace {
+
+using protocol::EncodeFrame;
+using protocol::Frame;
+using protocol::FrameType;
+using protocol::Json;
+
+constexpr int kMaxTreeDepth = 128;
+
+std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+std::string CanonicalName(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kNotFound: return "not_found";
+    case absl::StatusCode::kInvalidArgument: return "invalid_argument";
+    case absl::StatusCode::kFailedPrecondition: return "failed_precondition";
+    case absl::StatusCode::kAlreadyExists: return "already_exists";
+    case absl::StatusCode::kPermissionDenied: return "permission_denied";
+    case absl::StatusCode::kResourceExhausted: return "resource_exhausted";
+    case absl::StatusCode::kOutOfRange: return "out_of_range";
+    case absl::StatusCode::kUnavailable: return "unavailable";
+    case absl::StatusCode::kDeadlineExceeded: return "deadline_exceeded";
+    default: return "internal";
+  }
+}
+
+Json ErrorJson(const absl::Status& s) {
+  return Json{{"ok", false},
+              {"error",
+               {{"code", CanonicalName(s.code())},
+                {"reason", FileErrorReason(s)},
+                {"message", std::string(s.message())}}}};
+}
+
+// ---- blocking frame I/O on the worker's connection -----------------------------------------
+
+class Conn {
+ public:
+  Conn(int fd, protocol::FrameDecoder rest) : fd_(fd), decoder_(std::move(rest)) {}
+
+  absl::Status Send(FrameType type, std::string_view payload) {
+    const std::string frame = EncodeFrame(type, payload);
+    size_t off = 0;
+    while (off < frame.size()) {
+      ssize_t n = ::send(fd_, frame.data() + off, frame.size() - off, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoStatus(errno, "send to host");
+      }
+      off += static_cast<size_t>(n);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status SendJson(FrameType type, const Json& j) { return Send(type, Dump(j)); }
+
+  absl::StatusOr<Frame> Read() {
+    for (;;) {
+      auto next = decoder_.Next();
+      if (!next.ok()) return next.status();
+      if (*next) return std::move(**next);
+      ssize_t n = ::recv(fd_, buf_, sizeof(buf_), 0);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoStatus(errno, "read from host");
+      }
+      if (n == 0) return absl::UnavailableError("host closed the connection mid-transfer");
+      decoder_.Feed(std::string_view(buf_, static_cast<size_t>(n)));
+    }
+  }
+
+ private:
+  int fd_;
+  protocol::FrameDecoder decoder_;
+  char buf_[64 * 1024];
+};
+
+// ---- request fields --------------------------------------------------------------------------
+
+absl::StatusOr<std::string> PathField(const Json& req, const char* key, const FileOptions& o) {
+  auto it = req.find(key);
+  if (it == req.end() || !it->is_string()) {
+    return ApiError(absl::StatusCode::kInvalidArgument, "invalid_path",
+                    fmt::format("\"{}\" must be a string", key), key);
+  }
+  return ValidatePath(it->get_ref<const std::string&>(), o.workdir);
+}
+
+bool BoolField(const Json& req, const char* key) {
+  auto it = req.find(key);
+  return it != req.end() && it->is_boolean() && it->get<bool>();
+}
+
+absl::StatusOr<std::optional<uint64_t>> UintField(const Json& req, const char* key,
+                                                  uint64_t max) {
+  auto it = req.find(key);
+  if (it == req.end() || it->is_null()) return std::optional<uint64_t>();
+  if (!it->is_number_unsigned() || it->get<uint64_t>() > max) {
+    return ApiError(absl::StatusCode::kInvalidArgument, "invalid_argument",
+                    fmt::format("\"{}\" must be an integer between 0 and {}", key, max), key);
+  }
+  return std::optional<uint64_t>(it->get<uint64_t>());
+}
+
+// ---- entries ---------------------------------------------------------------------------------
+
+const char* TypeName(mode_t m) {
+  if (S_ISREG(m)) return "file";
+  if (S_ISDIR(m)) return "directory";
+  if (S_ISLNK(m)) return "symlink";
+  return "other";
+}
+
+std::string Mtime(const struct stat& st) {
+  using namespace std::chrono;
+  auto tp = system_clock::time_point(duration_cast<system_clock::duration>(
+      seconds(st.st_mtim.tv_sec) + nanoseconds(st.st_mtim.tv_nsec)));
+  return FormatRfc3339(tp);
+}
+
+// `dir` + `name` is what `st` describes (lstat): the symlink target is read from there.
+Json EntryJson(const struct stat& st, std::string_view path, int dir, const std::string& name) {
+  const size_t slash = path.rfind('/');
+  Json e = {{"name", path == "/" ? std::string("/") : std::string(path.substr(slash + 1))},
+            {"path", std::string(path)},
+            {"type", TypeName(st.st_mode)},
+            {"size", static_cast<uint64_t>(st.st_size)},
+            {"mode", static_cast<unsigned>(st.st_mode & 07777)},
+            {"uid", static_cast<unsigned>(st.st_uid)},
+            {"gid", static_cast<unsigned>(st.st_gid)},
+            {"mtime", Mtime(st)}};
+  if (S_ISLNK(st.st_mode)) {
+    char target[4096];
+    ssize_t n = ::readlinkat(dir, name.c_str(), target, sizeof(target));
+    e["symlink_target"] = n >= 0 ? std::string(target, static_cast<size_t>(n)) : std::string();
+  }
+  return e;
+}
+
+// lstat of a resolved path: the entry describes the last component itself (a symlink is
+// reported as one, not followed).
+absl::StatusOr<Json> StatEntry(int root_fd, const std::string& path) {
+  SBX_ASSIGN_OR_RETURN(UniqueFd fd, OpenInRoot(root_fd, path, O_PATH | O_NOFOLLOW, 0, "stat"));
+  struct stat st {};
+  if (::fstatat(fd.get(), "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) {
+    return FileErrnoStatus(errno, fmt::format("stat {}: fstatat", path));
+  }
+  return EntryJson(st, path, fd.get(), "");
+}
+
+// ---- ops -------------------------------------------------------------------------------------
+
+absl::StatusOr<Json> OpStat(const Json& req, const FileOptions& o) {
+  SBX_ASSIGN_OR_RETURN(std::string path, PathField(req, "path", o));
+  SBX_ASSIGN_OR_RETURN(Json e, StatEntry(o.root_fd, path));
+  return Json{{"ok", true}, {"entry", std::move(e)}};
+}
+
+void ListDir(int dir, const std::string& path, int depth, Json& out, bool& truncated) {
+  UniqueFd copy(::openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!copy) return;
+  DIR* d = ::fdopendir(copy.get());
+  if (!d) return;
+  copy.Release();
+  std::vector<std::string> names;
+  while (dirent* de = ::readdir(d)) {
+    std::string n = de->d_name;
+    if (n != "." && n != "..") names.push_back(std::move(n));
+  }
+  std::sort(names.begin(), names.end());
+  for (const std::string& n : names) {
+    if (out.size() >= kMaxListEntries) {
+      truncated = true;
+      break;
+    }
+    struct stat st {};
+    if (::fstatat(::dirfd(d), n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    const std::string child = path == "/" ? "/" + n : path + "/" + n;
+    out.push_back(EntryJson(st, child, ::dirfd(d), n));
+    if (S_ISDIR(st.st_mode) && depth > 1) {
+      UniqueFd sub(::openat(::dirfd(d), n.c_str(),
+                            O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (sub) ListDir(sub.get(), child, depth - 1, out, truncated);
+    }
+  }
+  ::closedir(d);
+}
+
+absl::StatusOr<Json> OpList(const Json& req, const FileOptions& o) {
+  SBX_ASSIGN_OR_RETURN(std::string path, PathField(req, "path", o));
+  SBX_ASSIGN_OR_RETURN(auto depth, UintField(req, "depth", 32));
+  const int d = static_cast<int>(depth.value_or(1));
+  if (d < 1) {
+    return ApiError(absl::StatusCode::kInvalidArgument, "invalid_argument",
+                    "depth must be at least 1", "depth");
+  }
+  SBX_ASSIGN_OR_RETURN(UniqueFd dir, OpenInRoot(o.root_fd, path, O_RDONLY | O_DIRECTORY, 0, "list"));
+  Json entries = Json::array();
+  bool truncated = false;
+  ListDir(dir.get(), path, d, entries, truncated);
+  return Json{{"ok", true}, {"entries", std::move(entries)}, {"truncated", truncated}};
+}
+
+// Creates every missing directory of `path` (like mkdir -p), each resolved inside the root.
+absl::Status MkdirParents(int root_fd, const std::string& path, mode_t mode) {
+  size_t pos = 1;
+  while (pos <= path.size()) {
+    size_t slash = path.find('/', pos);
+    if (slash == std::string::npos) slash = path.size();
+    const std::string prefix = path.substr(0, slash);
+    pos = slash + 1;
+    auto existing = OpenInRoot(root_fd, prefix, O_PATH | O_DIRECTORY, 0, "mkdir");
+    if (existing.ok()) continue;
+    if (!absl::IsNotFound(existing.status())) return existing.status();
+    SBX_ASSIGN_OR_RETURN(ParentRef p, OpenParent(root_fd, prefix));
+    if (::mkdirat(p.dir.get(), p.name.c_str(), mode) != 0 && errno != EEXIST) {
+      return FileErrnoStatus(errno, fmt::format("mkdir {}: mkdirat", prefix));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Json> OpMkdir(const Json& req, const FileOptions& o) {
+  SBX_ASSIGN_OR_RETURN(std::string path, PathField(req, "path", o));
+  SBX_ASSIGN_OR_RETURN(auto mode, UintField(req, "mode", 07777));
+  const mode_t m = static_cast<mode_t>(mode.value_or(0755));
+  if (BoolField(req, "parents")) {
+    SBX_RETURN_IF_ERROR(MkdirParents(o.root_fd, path, m));
+  } else {
+    SBX_ASSIGN_OR_RETURN(ParentRef p, OpenParent(o.root_fd, path));
+    if (::mkdirat(p.dir.get(), p.name.c_str(), m) != 0) {
+      return FileErrnoStatus(errno, fmt::format("mkdir {}: mkdirat", path));
+    }
+  }
+  SBX_ASSIGN_OR_RETURN(Json e, StatEntry(o.root_fd, path));
+  if (e["type"] != "directory") {
+    return ApiError(absl::StatusCode::kAlreadyExists, "already_exists",
+                    fmt::format("mkdir {}: exists and is not a directory", path));
+  }
+  return Json{{"ok", true}, {"entry", std::move(e)}};
+}
+
+// Removes everything below `dir`'s entry `name` (a directory), then the directory itself.
+// Every step is relative to an fd opened with O_NOFOLLOW: a symlink inside is unlinked, never
+// followed.
+absl::Status RemoveTree(int dir, const std::string& name, const std::string& path, int depth) {
+  if (depth > kMaxTreeDepth) {
+    return ApiError(absl::StatusCode::kFailedPrecondition, "too_deep",
+                    fmt::format("delete {}: deeper than {} levels", path, kMaxTreeDepth));
+  }
+  UniqueFd fd(::openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) return FileErrnoStatus(errno, fmt::format("delete {}: openat", path));
+  for (;;) {
+    // Re-read after each batch of removals: readdir over a changing directory may skip.
+    UniqueFd copy(::openat(fd.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    DIR* d = copy ? ::fdopendir(copy.get()) : nullptr;
+    if (!d) return FileErrnoStatus(errno, fmt::format("delete {}: opendir", path));
+    copy.Release();
+    std::vector<std::string> names;
+    while (dirent* de = ::readdir(d)) {
+      std::string n = de->d_name;
+      if (n != "." && n != "..") names.push_back(std::move(n));
+    }
+    ::closedir(d);
+    if (names.empty()) break;
+    for (const std::string& n : names) {
+      if (::unlinkat(fd.get(), n.c_str(), 0) == 0 || errno == ENOENT) continue;
+      if (errno != EISDIR && errno != EPERM) {
+        return FileErrnoStatus(errno, fmt::format("delete {}/{}: unlinkat", path, n));
+      }
+      SBX_RETURN_IF_ERROR(RemoveTree(fd.get(), n, path + "/" + n, depth + 1));
+    }
+  }
+  if (::unlinkat(dir, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
+    return FileErrnoStatus(errno, fmt::format("delete {}: unlinkat(AT_REMOVEDIR)", path));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Json> OpDelete(const Json& req, const FileOptions& o) {
+  SBX_ASSIGN_OR_RETURN(std::string path, PathField(req, "path", o));
+  SBX_ASSIGN_OR_RETURN(ParentRef p, OpenParent(o.root_fd, path));
+  if (::unlinkat(p.dir.get(), p.name.c_str(), 0) == 0) return Json{{"ok", true}};
+  if (errno != EISDIR && errno != EPERM) {
+    return FileErrnoStatus(errno, fmt::format("delete {}: unlinkat", path));
+  }
+  if (::unlinkat(p.dir.get(), p.name.c_str(), AT_REMOVEDIR) == 0) return Json{{"ok", true}};
+  if ((errno == ENOTEMPTY || errno == EEXIST) && BoolField(req, "recursive")) {
+    SBX_RETURN_IF_ERROR(RemoveTree(p.dir.get(), p.name, path, 0));
+    return Json{{"ok", true}};
+  }
+  return FileErrnoStatus(errno == EEXIST ? ENOTEMPTY : errno,
+                         fmt::format("delete {}: unlinkat(AT_REMOVEDIR)", path));
+}
+
+absl::StatusOr<Json> OpMove(const Json& req, const FileOptions& o) {
+  SBX_ASSIGN_OR_RETURN(std::string from, PathField(req, "from", o));
+  SBX_ASSIGN_OR_RETURN(std::string to, PathField(req, "to", o));
+  if (to.size() > from.size() && to.compare(0, from.size(), from) == 0 && to[from.size()] == '/') {
+    return ApiError(absl::StatusCode::kInvalidArgument, "invalid_path",
+                    fmt::format("move {} to {}: a directory cannot move into itself", from, to),
+                    "to");
+  }
+  SBX_ASSIGN_OR_RETURN(ParentRef f, OpenParent(o.root_fd, from));
+  SBX_ASSIGN_OR_RETURN(ParentRef t, OpenParent(o.root_fd, to));
+  const unsigned flags = BoolField(req, "overwrite") ? 0 : RENAME_NOREPLACE;
+  if (::renameat2(f.dir.get(), f.name.c_str(), t.dir.get(), t.name.c_str(), flags) != 0) {
+    return FileErrnoStatus(errno, fmt::format("move {} to {}: renameat2", from, to));
+  }
+  SBX_ASSIGN_OR_RETURN(Json e, StatEntry(o.root_fd, to));
+  return Json{{"ok", true}, {"entry", std::move(e)}};
+}
+
+// read: the response, then the bytes, then kEnd. Errors before the response are returned;
+// after it, they go into kEnd.
+absl::Status OpRead(Conn& c, const Json& req, const FileOptions& o) {
+  auto fail = [&](const absl::Status& s) {
+    (void)c.SendJson(FrameType::kResponse, ErrorJson(s));
+    return s;
+  };
+  auto path = PathField(req, "path", o);
+  if (!path.ok()) return fail(path.status());
+  auto offset = UintField(req, "offset", uint64_t{1} << 62);
+  auto length = UintField(req, "length", uint64_t{1} << 62);
+  auto suffix = UintField(req, "suffix", uint64_t{1} << 62);
+  if (!offset.ok()) return fail(offset.status());
+  if (!length.ok()) return fail(length.status());
+  if (!suffix.ok()) return fail(suffix.status());
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
+  auto fd = OpenInRoot(o.root_fd, *path, O_RDONLY | O_NONBLOCK, 0, "read");
+  if (!fd.ok()) return fail(fd.status());
+  struct stat st {};
+  if (::fstat(fd->get(), &st) != 0) return fail(FileErrnoStatus(errno, "read: fstat"));
+  if (S_ISDIR(st.st_mode)) return fail(FileErrnoStatus(EISDIR, fmt::format("read {}", *path)));
+  if (!S_ISREG(st.st_mode)) {
+    return fail(ApiError(absl::StatusCode::kFailedPrecondition, "not_a_regular_file",
+                         fmt::format("read {}: not a regular file", *path)));
+  }
+  ::fcntl(fd->get(), F_SETFL, ::fcntl(fd->get(), F_GETFL) & ~O_NONBLOCK);
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  uint64_t off = 0, len = size;
+  bool satisfiable = true;
+  if (*suffix) {
+    satisfiable = **suffix > 0 && size > 0;
+    len = std::min(**suffix, size);
+    off = size - len;
+  } else if (*offset) {
+    off = **offset;
+    satisfiable = off < size;
+    len = satisfiable ? size - off : 0;
+    if (*length) len = std::min(len, **length);
+  }
+  if (!satisfiable) {
+    off = 0;
+    len = 0;
+  }
+  // The entry describes what was opened (the symlink's target when the path is a symlink).
+  Json e = EntryJson(st, *path, -1, "");
+  SBX_RETURN_IF_ERROR(c.SendJson(FrameType::kResponse, Json{{"ok", true},
+                                                           {"entry", std::move(e)},
+                                                           {"satisfiable", satisfiable},
+                                                           {"offset", off},
+                                                           {"length", len}}));
+  std::string buf(kDataChunk, '\0');
+  uint64_t left = len;
+  while (left > 0) {
+    ssize_t n = ::pread(fd->get(), buf.data(), std::min<uint64_t>(left, buf.size()),
+                        static_cast<off_t>(off));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      absl::Status s = n < 0 ? FileErrnoStatus(errno, fmt::format("read {}: pread", *path))
+                             : ApiError(absl::StatusCode::kAborted, "file_changed",
+                                        fmt::format("read {}: the file shrank while being read",
+                                                    *path));
+      (void)c.SendJson(FrameType::kEnd, ErrorJson(s));
+      return s;
+    }
+    SBX_RETURN_IF_ERROR(c.Send(FrameType::kData, std::string_view(buf.data(), n)));
+    off += static_cast<uint64_t>(n);
+    left -= static_cast<uint64_t>(n);
+  }
+  return c.SendJson(FrameType::kEnd, Json{{"ok", true}});
+}
+
+std::string RandomHex() {
+  unsigned char b[8] = {};
+  if (::getrandom(b, sizeof(b), 0) != sizeof(b)) {
+    // Uniqueness is what matters (O_EXCL checks it): fall back to pid and clock.
+    const uint64_t v = static_cast<uint64_t>(::getpid()) << 32 ^
+                       static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    std::memcpy(b, &v, sizeof(b));
+  }
+  return fmt::format("{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}", b[0], b[1], b[2], b[3],
+                     b[4], b[5], b[6], b[7]);
+}
+
+absl::Status WriteAll(int fd, std::string_view data, const std::string& path) {
+  while (!data.empty()) {
+    ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return FileErrnoStatus(errno, fmt::format("write {}: write", path));
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
+// A temporary file in the target's directory, removed unless Commit()ed.
+class TempFile {
+ public:
+  ~TempFile() {
+    if (fd && !committed) ::unlinkat(dir, name.c_str(), 0);
+  }
+  int dir = -1;
+  std::string name;
+  UniqueFd fd;
+  bool committed = false;
+};
+
+absl::Status OpWrite(Conn& c, const Json& req, const FileOptions& o) {
+  auto fail = [&](const absl::Status& s) {
+    (void)c.SendJson(FrameType::kResponse, ErrorJson(s));
+    return s;
+  };
+  auto path = PathField(req, "path", o);
+  if (!path.ok()) return fail(path.status());
+  auto mode = UintField(req, "mode", 07777);
+  auto uid = UintField(req, "uid", 0xFFFFFFFEu);
+  auto gid = UintField(req, "gid", 0xFFFFFFFEu);
+  auto max_bytes = UintField(req, "max_bytes", uint64_t{1} << 62);
+  for (auto* f : {&mode, &uid, &gid, &max_bytes}) {
+    if (!f->ok()) return fail(f->status());
+  }
+  std::optional<uid_t> owner_uid;
+  std::optional<gid_t> owner_gid;
+  if (*uid) owner_uid = static_cast<uid_t>(**uid);
+  if (*gid) owner_gid = static_cast<gid_t>(**gid);
+  if (auto u = req.find("user"); u != req.end() && u->is_string() && !u->get<std::string>().empty()) {
+    const std::string etc = o.root_path == "/" ? "/etc" : o.root_path + "/etc";
+    auto ru = ResolveUserFromFiles(u->get<std::string>(), etc + "/passwd", etc + "/group");
+    if (!ru.ok()) {
+      return fail(ApiError(absl::StatusCode::kInvalidArgument, "unknown_user",
+                           std::string(ru.status().message()), "owner"));
+    }
+    owner_uid = ru->uid;
+    owner_gid = ru->gid;
+  }
+  if (BoolField(req, "mkdirs")) {
+    auto parent = SplitParent(*path);
+    if (!parent.ok()) return fail(parent.status());
+    if (auto s = MkdirParents(o.root_fd, parent->first, 0755); !s.ok()) return fail(s);
+  }
+  auto p = OpenParent(o.root_fd, *path);
+  if (!p.ok()) return fail(p.status());
+  struct stat existing {};
+  if (::fstatat(p->dir.get(), p->name.c_str(), &existing, AT_SYMLINK_NOFOLLOW) == 0 &&
+      S_ISDIR(existing.st_mode)) {
+    return fail(FileErrnoStatus(EISDIR, fmt::format("write {}", *path)));
+  }
+  TempFile tmp;
+  tmp.dir = p->dir.get();
+  for (int attempt = 0; attempt < 8 && !tmp.fd; ++attempt) {
+    tmp.name = ".sbx-upload-" + RandomHex();
+    tmp.fd.Reset(::openat(p->dir.get(), tmp.name.c_str(),
+                          O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!tmp.fd && errno != EEXIST) break;
+  }
+  if (!tmp.fd) {
+    return fail(FileErrnoStatus(errno, fmt::format("write {}: create a temporary file", *path)));
+  }
+  SBX_RETURN_IF_ERROR(c.SendJson(FrameType::kResponse, Json{{"ok", true}}));
+
+  auto end = [&](const absl::Status& s) {
+    (void)c.SendJson(FrameType::kEnd, ErrorJson(s));
+    return s;
+  };
+  uint64_t total = 0;
+  for (;;) {
+    auto f = c.Read();
+    if (!f.ok()) return f.status();  // the host is gone: nobody to tell
+    if (f->type == FrameType::kEnd) break;
+    if (f->type != FrameType::kData) {
+      return end(absl::InvalidArgumentError(
+          fmt::format("write {}: unexpected frame type {}", *path, static_cast<int>(f->type))));
+    }
+    total += f->payload.size();
+    if (*max_bytes && total > **max_bytes) {
+      return end(ApiError(absl::StatusCode::kResourceExhausted, "payload_too_large",
+                          fmt::format("write {}: more than the sandbox's disk cap of {} bytes",
+                                      *path, **max_bytes)));
+    }
+    if (auto s = WriteAll(tmp.fd.get(), f->payload, *path); !s.ok()) return end(s);
+  }
+  if (::fchmod(tmp.fd.get(), static_cast<mode_t>(mode->value_or(0644))) != 0) {
+    return end(FileErrnoStatus(errno, fmt::format("write {}: fchmod", *path)));
+  }
+  if ((owner_uid || owner_gid) &&
+      ::fchown(tmp.fd.get(), owner_uid ? *owner_uid : static_cast<uid_t>(-1),
+               owner_gid ? *owner_gid : static_cast<gid_t>(-1)) != 0) {
+    return end(FileErrnoStatus(errno, fmt::format("write {}: fchown", *path)));
+  }
+  // fsync before the rename: after a crash the name points at the whole file or the old one.
+  if (::fsync(tmp.fd.get()) != 0) {
+    return end(FileErrnoStatus(errno, fmt::format("write {}: fsync", *path)));
+  }
+  if (::renameat(p->dir.get(), tmp.name.c_str(), p->dir.get(), p->name.c_str()) != 0) {
+    return end(FileErrnoStatus(errno, fmt::format("write {}: renameat", *path)));
+  }
+  tmp.committed = true;
+  struct stat st {};
+  if (::fstat(tmp.fd.get(), &st) != 0) {
+    return end(FileErrnoStatus(errno, fmt::format("write {}: fstat", *path)));
+  }
+  return c.SendJson(FrameType::kEnd,
+                    Json{{"ok", true}, {"entry", EntryJson(st, *path, -1, "")}});
+}
+
+}  // namespace
+
+bool IsFileOp(std::string_view op) {
+  return op == "stat" || op == "list" || op == "mkdir" || op == "delete" || op == "move" ||
+         op == "read" || op == "write";
+}
+
+void ServeFileRequest(int fd, const Json& req, protocol::FrameDecoder rest,
+                      const FileOptions& opts) {
+  timeval tv{};
+  tv.tv_sec = kFileIoTimeout.count();
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  Conn c(fd, std::move(rest));
+  if (!c.SendJson(FrameType::kHello, Json{{"version", protocol::kVersion}, {"role", "agent"}})
+           .ok()) {
+    return;
+  }
+  const std::string op = req.value("op", "");
+  try {
+    if (op == "read") {
+      (void)OpRead(c, req, opts);
+      return;
+    }
+    if (op == "write") {
+      (void)OpWrite(c, req, opts);
+      return;
+    }
+    absl::StatusOr<Json> r = absl::InvalidArgumentError(fmt::format("unknown op \"{}\"", op));
+    if (op == "stat") r = OpStat(req, opts);
+    if (op == "list") r = OpList(req, opts);
+    if (op == "mkdir") r = OpMkdir(req, opts);
+    if (op == "delete") r = OpDelete(req, opts);
+    if (op == "move") r = OpMove(req, opts);
+    (void)c.SendJson(FrameType::kResponse, r.ok() ? *r : ErrorJson(r.status()));
+  } catch (const std::exception& e) {
+    (void)c.SendJson(FrameType::kResponse,
+                     ErrorJson(absl::InternalError(fmt::format("{}: {}", op, e.what()))));
+  }
+}
+
+}  // namespace sbx::agent

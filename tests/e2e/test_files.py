@@ -1,0 +1,300 @@
+"""Guest file I/O: /v1/sandboxes/{id}/files[:list|:stat|:mkdir|:move] (docs/api.md, "Files")."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+
+import pytest
+
+from conftest import RUNTIME
+
+
+def files_url(sid: str, what: str = "files") -> str:
+    return f"/v1/sandboxes/{sid}/{what}"
+
+
+def put(api, sid, path, data, expect=200, **params):
+    return api.call("PUT", files_url(sid), params={"path": path, **params}, data=data,
+                    headers={"Content-Type": "application/octet-stream"}, expect=expect)
+
+
+def get(api, sid, path, expect=200, headers=None):
+    return api.call("GET", files_url(sid), params={"path": path}, headers=headers, expect=expect)
+
+
+def stat(api, sid, path, expect=200):
+    return api.call("GET", files_url(sid, "files:stat"), params={"path": path}, expect=expect).body
+
+
+def listing(api, sid, path, depth=None):
+    params = {"path": path}
+    if depth is not None:
+        params["depth"] = str(depth)
+    return api.call("GET", files_url(sid, "files:list"), params=params, expect=200).body
+
+
+def in_sandbox(api, sid, script: str) -> bytes:
+    r = api.run(sid, ["sh", "-c", script])
+    assert r.exit["exit_code"] == 0, (script, r.exit, r.stderr)
+    return r.stdout
+
+
+def still_works(api, sid):
+    """The sandbox keeps serving files and sessions after a bad request."""
+    probe = f"/srv/probe-{uuid.uuid4().hex}"
+    put(api, sid, probe, b"alive", mkdirs="true")
+    assert get(api, sid, probe).content == b"alive"
+    assert in_sandbox(api, sid, f"cat {probe}") == b"alive"
+    api.call("DELETE", files_url(sid), params={"path": probe}, expect=200)
+
+
+def test_write_read_stat_list_delete(api, sandbox):
+    sid = sandbox["id"]
+    body = put(api, sid, "/srv/e2e/dir/hello.txt", b"hello files\n", mkdirs="true").body
+    e = body["entry"]
+    assert e["path"] == "/srv/e2e/dir/hello.txt" and e["type"] == "file" and e["size"] == 12, e
+    assert e["mode"] == 0o644, e
+    resp = get(api, sid, "/srv/e2e/dir/hello.txt")
+    assert resp.content == b"hello files\n"
+    assert resp.headers["Content-Type"] == "application/octet-stream"
+    # The sandbox's own processes see the same file.
+    assert in_sandbox(api, sid, "cat /srv/e2e/dir/hello.txt") == b"hello files\n"
+    # Relative paths are relative to the workdir (/).
+    assert get(api, sid, "srv/e2e/dir/hello.txt").content == b"hello files\n"
+
+    st = stat(api, sid, "/srv/e2e/dir")["entry"]
+    assert st["type"] == "directory" and st["name"] == "dir", st
+    names = [x["path"] for x in listing(api, sid, "/srv/e2e")["entries"]]
+    assert names == ["/srv/e2e/dir"], names
+    deep = listing(api, sid, "/srv/e2e", depth=2)
+    assert [x["path"] for x in deep["entries"]] == ["/srv/e2e/dir", "/srv/e2e/dir/hello.txt"]
+    assert deep["truncated"] is False
+
+    # Overwrite is atomic and leaves no temporary file behind.
+    put(api, sid, "/srv/e2e/dir/hello.txt", b"second")
+    assert get(api, sid, "/srv/e2e/dir/hello.txt").content == b"second"
+    assert [x["name"] for x in listing(api, sid, "/srv/e2e/dir")["entries"]] == ["hello.txt"]
+
+    # An empty body makes an empty file.
+    put(api, sid, "/srv/e2e/empty", b"")
+    assert get(api, sid, "/srv/e2e/empty").content == b""
+
+    api.call("DELETE", files_url(sid), params={"path": "/srv/e2e/dir/hello.txt"}, expect=200)
+    r = get(api, sid, "/srv/e2e/dir/hello.txt", expect=404)
+    assert r.body["error"]["code"] == "not_found"
+    still_works(api, sid)
+
+
+def test_mode_and_owner(api, sandbox):
+    sid = sandbox["id"]
+    e = put(api, sid, "/srv/owned", b"x", mode="600", uid="1000", gid="1001").body["entry"]
+    assert e["mode"] == 0o600 and e["uid"] == 1000 and e["gid"] == 1001, e
+    assert in_sandbox(api, sid, "stat -c '%a %u %g' /srv/owned") == b"600 1000 1001\n"
+    e = put(api, sid, "/srv/rootowned", b"x", owner="root", mode="0755").body["entry"]
+    assert e["mode"] == 0o755 and e["uid"] == 0 and e["gid"] == 0, e
+    r = put(api, sid, "/srv/bad", b"x", mode="999", expect=400)
+    assert r.body["error"]["details"]["field"] == "mode"
+    r = put(api, sid, "/srv/bad", b"x", owner="no-such-user-e2e", expect=400)
+    assert r.body["error"]["code"] == "unknown_user"
+    still_works(api, sid)
+
+
+def test_range_requests(api, sandbox):
+    sid = sandbox["id"]
+    data = bytes(range(256)) * 4
+    put(api, sid, "/srv/range.bin", data)
+    r = get(api, sid, "/srv/range.bin", expect=206, headers={"Range": "bytes=10-19"})
+    assert r.content == data[10:20]
+    assert r.headers["Content-Range"] == f"bytes 10-19/{len(data)}"
+    r = get(api, sid, "/srv/range.bin", expect=206, headers={"Range": "bytes=1000-"})
+    assert r.content == data[1000:]
+    r = get(api, sid, "/srv/range.bin", expect=206, headers={"Range": "bytes=-5"})
+    assert r.content == data[-5:]
+    r = get(api, sid, "/srv/range.bin", expect=206, headers={"Range": "bytes=1020-5000"})
+    assert r.content == data[1020:]
+    r = get(api, sid, "/srv/range.bin", expect=416, headers={"Range": "bytes=1024-"})
+    assert r.headers["Content-Range"] == f"bytes */{len(data)}"
+    assert r.body["error"]["code"] == "range_not_satisfiable"
+    # Several ranges are not supported: the whole file, as RFC 9110 allows.
+    r = get(api, sid, "/srv/range.bin", expect=200, headers={"Range": "bytes=0-1,5-6"})
+    assert r.content == data
+    still_works(api, sid)
+
+
+def test_mkdir_move_delete(api, sandbox):
+    sid = sandbox["id"]
+    mk = lambda body, expect: api.call("POST", files_url(sid, "files:mkdir"), json_body=body,
+                                       expect=expect).body
+    e = mk({"path": "/srv/m/a/b", "parents": True, "mode": "0700"}, 201)["entry"]
+    assert e["type"] == "directory" and e["mode"] == 0o700, e
+    assert mk({"path": "/srv/m/a/b", "parents": True}, 201)["entry"]["type"] == "directory"
+    assert mk({"path": "/srv/m/a/b"}, 409)["error"]["code"] == "already_exists"
+    assert mk({"path": "/srv/nope/x"}, 404)["error"]["code"] == "not_found"
+    assert mk({"path": "/srv/m", "bogus": 1}, 400)["error"]["details"]["field"] == "bogus"
+
+    mv = lambda body, expect: api.call("POST", files_url(sid, "files:move"), json_body=body,
+                                       expect=expect).body
+    put(api, sid, "/srv/m/f1", b"one")
+    put(api, sid, "/srv/m/f2", b"two")
+    assert mv({"from": "/srv/m/f1", "to": "/srv/m/f2"}, 409)["error"]["code"] == "already_exists"
+    e = mv({"from": "/srv/m/f1", "to": "/srv/m/f2", "overwrite": True}, 200)["entry"]
+    assert e["path"] == "/srv/m/f2" and e["size"] == 3, e
+    assert get(api, sid, "/srv/m/f2").content == b"one"
+    get(api, sid, "/srv/m/f1", expect=404)
+    mv({"from": "/srv/m/a", "to": "/srv/m/a/b/c"}, 400)
+
+    r = api.call("DELETE", files_url(sid), params={"path": "/srv/m"}, expect=409)
+    assert r.body["error"]["code"] == "directory_not_empty"
+    api.call("DELETE", files_url(sid), params={"path": "/srv/m", "recursive": "true"}, expect=200)
+    stat(api, sid, "/srv/m", expect=404)
+    r = api.call("DELETE", files_url(sid), params={"path": "/"}, expect=400)
+    still_works(api, sid)
+
+
+def test_bad_paths(api, sandbox):
+    sid = sandbox["id"]
+    in_sandbox(api, sid, "mkdir -p /srv/d && echo hi > /srv/d/f")
+    # Missing path parameter, empty path, NUL.
+    r = api.call("GET", files_url(sid), expect=400)
+    assert r.body["error"]["code"] == "invalid_path"
+    api.call("GET", files_url(sid), params={"path": ""}, expect=400)
+    api.call("GET", files_url(sid) + "?path=/srv/d%00x", expect=400)
+    # Invalid UTF-8.
+    r = api.call("GET", files_url(sid) + "?path=/srv/%FF%FE", expect=400)
+    assert r.body["error"]["code"] == "invalid_path"
+    r = api.call("PUT", files_url(sid) + "?path=/srv/%C0%AF", data=b"x", expect=400)
+    # Climbing above the root.
+    r = get(api, sid, "../../etc/passwd", expect=400)
+    assert r.body["error"]["code"] == "path_outside_root"
+    r = get(api, sid, "/srv/../../../etc/passwd", expect=400)
+    assert r.body["error"]["code"] == "path_outside_root"
+    # Over-long names.
+    r = get(api, sid, "/srv/" + "a" * 300, expect=400)
+    # Missing file, directory where a file is expected (409 is_a_directory), file as a dir.
+    assert get(api, sid, "/srv/none", expect=404).body["error"]["code"] == "not_found"
+    assert get(api, sid, "/srv/d", expect=409).body["error"]["code"] == "is_a_directory"
+    assert put(api, sid, "/srv/d", b"x", expect=409).body["error"]["code"] == "is_a_directory"
+    assert get(api, sid, "/srv/d/f/x", expect=409).body["error"]["code"] == "not_a_directory"
+    # Unknown route under files, wrong method.
+    api.call("GET", files_url(sid, "files:nope"), params={"path": "/"}, expect=404)
+    api.call("POST", files_url(sid), params={"path": "/srv/d/f"}, expect=405)
+    # Another sandbox id that does not exist.
+    api.call("GET", files_url("sbx_doesnotexist"), params={"path": "/"}, expect=404)
+    still_works(api, sid)
+
+
+def test_symlink_escapes_stay_inside(api, sandbox, sbxd):
+    sid = sandbox["id"]
+    # A file of the host that the sandbox cannot see.
+    host_secret = sbxd.tmp / f"host-secret-{uuid.uuid4().hex}"
+    host_secret.write_bytes(b"host only\n")
+    try:
+        in_sandbox(api, sid, f"mkdir -p /srv/s && cd /srv/s && ln -s / escape && "
+                             f"ln -s {host_secret} abs && ln -s ../../../../../.. up && "
+                             f"ln -s {sbxd.tmp} hostdir && echo mine > /srv/s/own")
+        # Through `escape` (-> /) the sandbox's own files are reached, never the host's.
+        assert get(api, sid, "/srv/s/escape/srv/s/own").content == b"mine\n"
+        get(api, sid, f"/srv/s/escape{host_secret}", expect=404)
+        get(api, sid, "/srv/s/abs", expect=404)
+        get(api, sid, f"/srv/s/hostdir/{host_secret.name}", expect=404)
+        get(api, sid, f"/srv/s/up{host_secret}", expect=404)
+        assert get(api, sid, "/srv/s/up/srv/s/own").content == b"mine\n"
+        # /etc/shadow through the escape is the sandbox's view of /etc/shadow.
+        via_escape = api.call("GET", files_url(sid), params={"path": "/srv/s/escape/etc/shadow"})
+        direct = api.call("GET", files_url(sid), params={"path": "/etc/shadow"})
+        assert via_escape.status_code == direct.status_code
+        if direct.status_code == 200:
+            assert via_escape.content == direct.content
+        # Writes through symlinks land inside too, and a symlink as the last component is
+        # replaced, not followed.
+        put(api, sid, f"/srv/s/escape/srv/s/written", b"w")
+        assert in_sandbox(api, sid, "cat /srv/s/written") == b"w"
+        put(api, sid, "/srv/s/abs", b"replaced")
+        assert host_secret.read_bytes() == b"host only\n"
+        assert stat(api, sid, "/srv/s/abs")["entry"]["type"] == "file"
+        # Stat reports a symlink as one, with its target.
+        e = stat(api, sid, "/srv/s/escape")["entry"]
+        assert e["type"] == "symlink" and e["symlink_target"] == "/", e
+        # Deleting through a symlinked directory deletes inside the sandbox.
+        api.call("DELETE", files_url(sid), params={"path": "/srv/s/hostdir"}, expect=200)
+        assert host_secret.exists()
+    finally:
+        host_secret.unlink(missing_ok=True)
+    still_works(api, sid)
+
+
+def _stream(total: int, seed: bytes):
+    """Deterministic bytes generated on the fly (never all in memory)."""
+    block = hashlib.sha256(seed).digest() * 2048  # 64 KiB
+    sent = 0
+    counter = 0
+    while sent < total:
+        n = min(len(block), total - sent)
+        chunk = counter.to_bytes(8, "little") + block[8:n] if n >= 8 else block[:n]
+        counter += 1
+        sent += n
+        yield chunk
+
+
+def _vm_hwm_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return -1
+
+
+@pytest.mark.skipif(RUNTIME == "fake", reason="measured against the ns runtime's disk")
+def test_large_streamed_round_trip(api, sandbox, sbxd, metrics):
+    sid = sandbox["id"]
+    total = 300 << 20
+    want = hashlib.sha256()
+    for c in _stream(total, b"e2e-files"):
+        want.update(c)
+    hwm_before = _vm_hwm_kib(sbxd.proc.pid)
+    r = put(api, sid, "/srv/big.bin", _stream(total, b"e2e-files"))
+    assert r.body["entry"]["size"] == total
+    got = hashlib.sha256()
+    size = 0
+    with api.call("GET", files_url(sid), params={"path": "/srv/big.bin"}, stream=True,
+                  expect=200) as resp:
+        for chunk in resp.iter_content(1 << 20):
+            got.update(chunk)
+            size += len(chunk)
+    assert size == total
+    assert got.hexdigest() == want.hexdigest()
+    out = in_sandbox(api, sid, "sha256sum /srv/big.bin")
+    assert out.split()[0].decode() == want.hexdigest()
+    hwm_after = _vm_hwm_kib(sbxd.proc.pid)
+    metrics.append(f"files: 300 MiB up and down; sbxd VmHWM {hwm_before} KiB -> {hwm_after} KiB")
+    # The transfer must not have been buffered: far less than its size.
+    assert hwm_after - hwm_before < 100 * 1024, (hwm_before, hwm_after)
+
+
+@pytest.mark.skipif(RUNTIME == "fake", reason="the fake runtime has no disk cap")
+def test_upload_over_the_disk_cap(api):
+    sb = api.create_sandbox({"resources": {"disk_mib": 64}})["sandbox"]
+    sid = sb["id"]
+    # Known up front from Content-Length: 413 before anything is written.
+    r = put(api, sid, "/srv/too-big", b"\0" * ((64 << 20) + 1), expect=413)
+    assert r.body["error"]["code"] == "payload_too_large"
+    # Chunked: the disk fills up first (507), and no temporary file is left behind.
+    r = put(api, sid, "/srv/too-big", _stream(72 << 20, b"cap"), expect=(413, 507))
+    assert r.body["error"]["code"] in ("insufficient_storage", "payload_too_large"), r.body
+    assert [x["name"] for x in listing(api, sid, "/srv")["entries"]] == []
+    stat(api, sid, "/srv/too-big", expect=404)
+    still_works(api, sid)
+
+
+def test_paused_sandbox_is_409(api, sandbox):
+    sid = sandbox["id"]
+    op = api.call("POST", f"/v1/sandboxes/{sid}/pause", expect=202).body["operation"]
+    assert api.wait_operation(op["id"])["state"] == "succeeded"
+    r = api.call("GET", files_url(sid, "files:stat"), params={"path": "/"}, expect=409)
+    assert r.body["error"]["code"] == "sandbox_not_running"
+    r = put(api, sid, "/srv/x", b"x", expect=409)
+    op = api.call("POST", f"/v1/sandboxes/{sid}/wake", expect=202).body["operation"]
+    assert api.wait_operation(op["id"])["state"] == "succeeded"
+    still_works(api, sid)
