@@ -97,7 +97,14 @@ absl::StatusOr<std::string> ValidatePath(std::string_view path, std::string_view
     }
     return absl::OkStatus();
   };
-  if (path[0] != '/') SBX_RETURN_IF_ERROR(walk(workdir, true));
+  if (path[0] != '/') {
+    // The workdir comes from the agent's options, not the client; checked all the same so
+    // that the result is always well-formed.
+    if (workdir.find('\0') != std::string_view::npos || !IsValidUtf8(workdir)) {
+      return Invalid("invalid_path", "the workdir is not a valid path");
+    }
+    SBX_RETURN_IF_ERROR(walk(workdir, true));
+  }
   SBX_RETURN_IF_ERROR(walk(path, false));
   std::string out;
   for (std::string_view c : parts) {

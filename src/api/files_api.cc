@@ -408,10 +408,12 @@ Awaitable Api::FileUpload(http::RequestContext& ctx, const std::string& sandbox_
       n = *r;
     }
     const bool last = n == 0;
-    auto sent = co_await s.Send(
+    // A named frame, not a temporary in the call: GCC 12 destroys a prvalue argument of a
+    // coroutine twice when it comes from a conditional expression.
+    std::string frame =
         last ? protocol::EncodeFrame(protocol::FrameType::kEnd, "{}")
-             : protocol::EncodeFrame(protocol::FrameType::kData, std::string_view(buf.data(), n)),
-        kAgentIdle * kMaxIdlePeriods);
+             : protocol::EncodeFrame(protocol::FrameType::kData, std::string_view(buf.data(), n));
+    auto sent = co_await s.Send(std::move(frame), kAgentIdle * kMaxIdlePeriods);
     if (!sent.ok()) {
       // The agent stopped reading: it failed (disk full, too large) and said why.
       auto end = co_await ReadEnd(s);
