@@ -181,7 +181,7 @@ def test_bad_paths(api, sandbox):
     api.call("GET", files_url(sid, "files:nope"), params={"path": "/"}, expect=404, validate=False)
     api.call("POST", files_url(sid), params={"path": "/srv/d/f"}, expect=405, validate=False)
     # Another sandbox id that does not exist.
-    api.call("GET", files_url("sbx_doesnotexist"), params={"path": "/"}, expect=404)
+    api.call("GET", files_url("sbx_" + "a" * 20), params={"path": "/"}, expect=404)
     still_works(api, sid)
 
 
