@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "agent/path_resolve.h"
+#include "agent/tar.h"
 #include "agent/users.h"
 #include "common/status_util.h"
 #include "common/time_util.h"
@@ -541,11 +543,274 @@ absl::Status OpWrite(Conn& c, const Json& req, const FileOptions& o) {
                     Json{{"ok", true}, {"entry", EntryJson(st, *path, -1, "")}});
 }
 
+
+// ---- directories as tar -----------------------------------------------------------------
+
+// Buffers tar bytes into kData frames of about kDataChunk.
+class TarOut {
+ public:
+  explicit TarOut(Conn& c) : c_(c) {}
+  std::string& buf() { return buf_; }
+  absl::Status MaybeFlush() { return buf_.size() >= kDataChunk ? Flush() : absl::OkStatus(); }
+  absl::Status Flush() {
+    if (buf_.empty()) return absl::OkStatus();
+    absl::Status s = c_.Send(FrameType::kData, buf_);
+    buf_.clear();
+    return s;
+  }
+
+ private:
+  Conn& c_;
+  std::string buf_;
+};
+
+absl::Status TarDir(TarOut& out, int dir, const std::string& prefix, const std::string& path,
+                    int depth) {
+  if (depth > kMaxTreeDepth) {
+    return ApiError(absl::StatusCode::kFailedPrecondition, "too_deep",
+                    fmt::format("tar {}: deeper than {} levels", path, kMaxTreeDepth));
+  }
+  UniqueFd copy(::openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  DIR* d = copy ? ::fdopendir(copy.get()) : nullptr;
+  if (!d) return FileErrnoStatus(errno, fmt::format("tar {}: opendir", path));
+  copy.Release();
+  std::vector<std::string> names;
+  while (dirent* de = ::readdir(d)) {
+    std::string n = de->d_name;
+    if (n != "." && n != "..") names.push_back(std::move(n));
+  }
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
+  std::string data(kDataChunk, '\0');
+  for (const std::string& n : names) {
+    struct stat st {};
+    if (::fstatat(dir, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;  // gone meanwhile
+    TarEntry e;
+    e.name = prefix + n;
+    e.mode = st.st_mode & 07777;
+    e.uid = st.st_uid;
+    e.gid = st.st_gid;
+    e.mtime = st.st_mtim.tv_sec;
+    const std::string child = path == "/" ? "/" + n : path + "/" + n;
+    if (S_ISDIR(st.st_mode)) {
+      e.type = TarType::kDirectory;
+      SBX_RETURN_IF_ERROR(AppendTarHeader(out.buf(), e));
+      UniqueFd sub(::openat(dir, n.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (!sub) return FileErrnoStatus(errno, fmt::format("tar {}: openat", child));
+      SBX_RETURN_IF_ERROR(TarDir(out, sub.get(), e.name + "/", child, depth + 1));
+    } else if (S_ISLNK(st.st_mode)) {
+      char target[4096];
+      ssize_t len = ::readlinkat(dir, n.c_str(), target, sizeof(target));
+      if (len < 0) return FileErrnoStatus(errno, fmt::format("tar {}: readlinkat", child));
+      e.type = TarType::kSymlink;
+      e.linkname.assign(target, static_cast<size_t>(len));
+      SBX_RETURN_IF_ERROR(AppendTarHeader(out.buf(), e));
+    } else if (S_ISREG(st.st_mode)) {
+      UniqueFd f(::openat(dir, n.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+      if (!f) return FileErrnoStatus(errno, fmt::format("tar {}: openat", child));
+      if (::fstat(f.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+        return ApiError(absl::StatusCode::kAborted, "file_changed",
+                        fmt::format("tar {}: changed while being archived", child));
+      }
+      e.type = TarType::kFile;
+      e.size = static_cast<uint64_t>(st.st_size);
+      SBX_RETURN_IF_ERROR(AppendTarHeader(out.buf(), e));
+      uint64_t off = 0;
+      while (off < e.size) {
+        SBX_RETURN_IF_ERROR(out.MaybeFlush());
+        ssize_t r = ::pread(f.get(), data.data(), std::min<uint64_t>(data.size(), e.size - off),
+                            static_cast<off_t>(off));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return FileErrnoStatus(errno, fmt::format("tar {}: pread", child));
+        if (r == 0) {
+          return ApiError(absl::StatusCode::kAborted, "file_changed",
+                          fmt::format("tar {}: shrank while being archived", child));
+        }
+        out.buf().append(data.data(), static_cast<size_t>(r));
+        off += static_cast<uint64_t>(r);
+      }
+      out.buf().append(TarPadding(e.size));
+    }
+    // Sockets, FIFOs and devices are left out: their contents are not files.
+    SBX_RETURN_IF_ERROR(out.MaybeFlush());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OpReadTar(Conn& c, const Json& req, const FileOptions& o) {
+  auto path = PathField(req, "path", o);
+  if (!path.ok()) return c.SendJson(FrameType::kResponse, ErrorJson(path.status()));
+  auto dir = OpenInRoot(o.root_fd, *path, O_RDONLY | O_DIRECTORY, 0, "tar");
+  if (!dir.ok()) return c.SendJson(FrameType::kResponse, ErrorJson(dir.status()));
+  SBX_RETURN_IF_ERROR(c.SendJson(FrameType::kResponse, Json{{"ok", true}}));
+  TarOut out(c);
+  absl::Status s = TarDir(out, dir->get(), "", *path, 0);
+  if (s.ok()) {
+    out.buf().append(TarTrailer());
+    s = out.Flush();
+  }
+  return c.SendJson(FrameType::kEnd, s.ok() ? Json{{"ok", true}} : ErrorJson(s));
+}
+
+// Extracts a tar stream under `base` (an O_PATH fd). Every entry is resolved with `base` as
+// the root (RESOLVE_IN_ROOT), so `..`, absolute names and symlinks planted by earlier entries
+// cannot reach outside it; names that climb above it are refused, hard links are refused.
+class Extractor {
+ public:
+  Extractor(int base, std::string base_path, std::optional<uint64_t> max_bytes)
+      : base_(base), base_path_(std::move(base_path)), max_bytes_(max_bytes) {}
+
+  absl::Status OnEntry(const TarEntry& e) {
+    absl::Status s = Create(e);
+    // A path the archive itself made unusable (through a dangling symlink, or a file where a
+    // directory should be) is the archive's fault, not a missing file of the sandbox.
+    if (absl::IsNotFound(s) || ApiErrorCode(s) == "not_a_directory") {
+      return Refuse(e, fmt::format("cannot be created: {}", std::string(s.message())));
+    }
+    return s;
+  }
+
+  absl::Status Create(const TarEntry& e) {
+    if (e.name[0] == '/') return Refuse(e, "has an absolute name");
+    auto norm = ValidatePath(e.name, "/");
+    if (!norm.ok()) return Refuse(e, std::string(norm.status().message()));
+    ++entries_;
+    const std::string shown = base_path_ + (*norm == "/" ? "" : *norm);
+    switch (e.type) {
+      case TarType::kDirectory:
+        if (*norm == "/") return absl::OkStatus();
+        return MkdirParents(base_, *norm, (e.mode & 07777) | 0700);
+      case TarType::kFile: {
+        SBX_ASSIGN_OR_RETURN(ParentRef p, PrepareLeaf(*norm, shown));
+        file_.Reset(::openat(p.dir.get(), p.name.c_str(),
+                             O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+        if (!file_) return FileErrnoStatus(errno, fmt::format("untar {}: openat", shown));
+        file_mode_ = e.mode & 07777;
+        file_mtime_ = e.mtime;
+        file_path_ = shown;
+        return absl::OkStatus();
+      }
+      case TarType::kSymlink: {
+        SBX_ASSIGN_OR_RETURN(ParentRef p, PrepareLeaf(*norm, shown));
+        if (::symlinkat(e.linkname.c_str(), p.dir.get(), p.name.c_str()) != 0) {
+          return FileErrnoStatus(errno, fmt::format("untar {}: symlinkat", shown));
+        }
+        return absl::OkStatus();
+      }
+      case TarType::kHardLink:
+        return Refuse(e, "is a hard link (not supported)");
+      default:
+        --entries_;  // devices, FIFOs: skipped
+        ++skipped_;
+        return absl::OkStatus();
+    }
+  }
+
+  absl::Status OnData(std::string_view data) {
+    total_ += data.size();
+    if (max_bytes_ && total_ > *max_bytes_) {
+      return ApiError(absl::StatusCode::kResourceExhausted, "payload_too_large",
+                      fmt::format("untar {}: more than the sandbox's disk cap of {} bytes",
+                                  base_path_, *max_bytes_));
+    }
+    if (!file_) return absl::OkStatus();
+    return WriteAll(file_.get(), data, file_path_);
+  }
+
+  absl::Status OnEndEntry() {
+    if (!file_) return absl::OkStatus();
+    if (::fchmod(file_.get(), file_mode_) != 0) {
+      return FileErrnoStatus(errno, fmt::format("untar {}: fchmod", file_path_));
+    }
+    const timespec times[2] = {{0, UTIME_OMIT}, {file_mtime_, 0}};
+    (void)::futimens(file_.get(), times);
+    if (file_.Close() != 0) return FileErrnoStatus(errno, fmt::format("untar {}: close", file_path_));
+    return absl::OkStatus();
+  }
+
+  int entries() const { return entries_; }
+  int skipped() const { return skipped_; }
+
+ private:
+  absl::Status Refuse(const TarEntry& e, std::string_view why) {
+    return ApiError(absl::StatusCode::kInvalidArgument, "invalid_tar",
+                    fmt::format("untar into {}: entry \"{}\" {}", base_path_, e.name, why));
+  }
+
+  // Parents created, and whatever non-directory is at the name removed (an archive's later
+  // entry replaces an earlier one, as tar does).
+  absl::StatusOr<ParentRef> PrepareLeaf(const std::string& norm, const std::string& shown) {
+    if (norm == "/") {
+      return ApiError(absl::StatusCode::kInvalidArgument, "invalid_tar",
+                      fmt::format("untar into {}: an entry names the directory itself", base_path_));
+    }
+    SBX_ASSIGN_OR_RETURN(auto split, SplitParent(norm));
+    SBX_RETURN_IF_ERROR(MkdirParents(base_, split.first, 0755));
+    SBX_ASSIGN_OR_RETURN(ParentRef p, OpenParent(base_, norm));
+    if (::unlinkat(p.dir.get(), p.name.c_str(), 0) != 0 && errno != ENOENT) {
+      return FileErrnoStatus(errno, fmt::format("untar {}: unlinkat", shown));
+    }
+    return p;
+  }
+
+  int base_;
+  std::string base_path_;
+  std::optional<uint64_t> max_bytes_;
+  uint64_t total_ = 0;
+  int entries_ = 0, skipped_ = 0;
+  UniqueFd file_;
+  mode_t file_mode_ = 0644;
+  int64_t file_mtime_ = 0;
+  std::string file_path_;
+};
+
+absl::Status OpWriteTar(Conn& c, const Json& req, const FileOptions& o) {
+  auto fail = [&](const absl::Status& s) {
+    (void)c.SendJson(FrameType::kResponse, ErrorJson(s));
+    return s;
+  };
+  auto path = PathField(req, "path", o);
+  if (!path.ok()) return fail(path.status());
+  auto max_bytes = UintField(req, "max_bytes", uint64_t{1} << 62);
+  if (!max_bytes.ok()) return fail(max_bytes.status());
+  if (BoolField(req, "mkdirs")) {
+    if (auto s = MkdirParents(o.root_fd, *path, 0755); !s.ok()) return fail(s);
+  }
+  auto base = OpenInRoot(o.root_fd, *path, O_PATH | O_DIRECTORY, 0, "untar");
+  if (!base.ok()) return fail(base.status());
+  SBX_RETURN_IF_ERROR(c.SendJson(FrameType::kResponse, Json{{"ok", true}}));
+  Extractor x(base->get(), *path == "/" ? "" : *path, *max_bytes);
+  TarReader reader;
+  reader.on_entry = [&](const TarEntry& e) { return x.OnEntry(e); };
+  reader.on_data = [&](std::string_view d) { return x.OnData(d); };
+  reader.on_end_entry = [&] { return x.OnEndEntry(); };
+  auto end = [&](const absl::Status& s) {
+    (void)c.SendJson(FrameType::kEnd, ErrorJson(s));
+    return s;
+  };
+  for (;;) {
+    auto f = c.Read();
+    if (!f.ok()) return f.status();
+    if (f->type == FrameType::kEnd) break;
+    if (f->type != FrameType::kData) {
+      return end(absl::InvalidArgumentError("untar: unexpected frame type"));
+    }
+    if (auto s = reader.Feed(f->payload); !s.ok()) {
+      return end(s.code() == absl::StatusCode::kInvalidArgument && ApiErrorCode(s).empty()
+                     ? ApiError(s.code(), "invalid_tar", std::string(s.message()))
+                     : s);
+    }
+  }
+  if (auto s = reader.Finish(); !s.ok()) return end(ApiError(s.code(), "invalid_tar", std::string(s.message())));
+  return c.SendJson(FrameType::kEnd,
+                    Json{{"ok", true}, {"entries", x.entries()}, {"skipped", x.skipped()}});
+}
+
 }  // namespace
 
 bool IsFileOp(std::string_view op) {
   return op == "stat" || op == "list" || op == "mkdir" || op == "delete" || op == "move" ||
-         op == "read" || op == "write";
+         op == "read" || op == "write" || op == "read_tar" || op == "write_tar";
 }
 
 void ServeFileRequest(int fd, const Json& req, protocol::FrameDecoder rest,
@@ -567,6 +832,14 @@ void ServeFileRequest(int fd, const Json& req, protocol::FrameDecoder rest,
     }
     if (op == "write") {
       (void)OpWrite(c, req, opts);
+      return;
+    }
+    if (op == "read_tar") {
+      (void)OpReadTar(c, req, opts);
+      return;
+    }
+    if (op == "write_tar") {
+      (void)OpWriteTar(c, req, opts);
       return;
     }
     absl::StatusOr<Json> r = absl::InvalidArgumentError(fmt::format("unknown op \"{}\"", op));

@@ -2,6 +2,8 @@
 // sbxd only checks what the JSON transport needs (a non-empty, UTF-8 path without NUL) and the
 // sandbox's state; every path is resolved by the agent inside the sandbox's root
 // (src/agent/path_resolve.h). Downloads and uploads are streamed: neither sits in sbxd's memory.
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 
 #include <fmt/format.h>
@@ -28,6 +30,30 @@ constexpr size_t kUploadChunk = 256 * 1024;
 
 http::Response JsonOk(bhttp::status status, const json& body) {
   return JsonResponse(status, body.dump(-1, ' ', false, json::error_handler_t::replace));
+}
+
+constexpr std::string_view kTarType = "application/x-tar";
+
+// Whether a header (Accept, Content-Type) names `media` (parameters and other types aside).
+bool MediaIs(const http::Request& req, bhttp::field f, std::string_view media) {
+  auto it = req.find(f);
+  if (it == req.end()) return false;
+  std::string_view v(it->value().data(), it->value().size());
+  while (!v.empty()) {
+    const size_t comma = v.find(',');
+    std::string_view item = v.substr(0, comma);
+    item = item.substr(0, item.find(';'));
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    if (item.size() == media.size() &&
+        std::equal(item.begin(), item.end(), media.begin(),
+                   [](char a, char b) { return std::tolower(a) == std::tolower(b); })) {
+      return true;
+    }
+    if (comma == std::string_view::npos) break;
+    v.remove_prefix(comma + 1);
+  }
+  return false;
 }
 
 absl::StatusOr<std::string> PathValue(const std::optional<std::string>& v, std::string_view field) {
@@ -226,7 +252,7 @@ Awaitable Api::Files(http::RequestContext& ctx, const service::Caller& caller,
     if (method == bhttp::verb::get) co_return co_await FileDownload(ctx, sandbox_id, *sock,
                                                          request["path"].get<std::string>());
     if (method == bhttp::verb::put) {
-      request["op"] = "write";
+      request["op"] = MediaIs(ctx.req, bhttp::field::content_type, kTarType) ? "write_tar" : "write";
       auto mode = UintParam(t.Query("mode"), "mode", 8, 07777);
       auto uid = UintParam(t.Query("uid"), "uid", 10, 0xFFFFFFFEu);
       auto gid = UintParam(t.Query("gid"), "gid", 10, 0xFFFFFFFEu);
@@ -296,9 +322,11 @@ Awaitable Api::Files(http::RequestContext& ctx, const service::Caller& caller,
 
 Awaitable Api::FileDownload(http::RequestContext& ctx, const std::string& sandbox_id,
                             const std::string& socket, const std::string& path) {
-  json request = {{"op", "read"}, {"path", path}};
+  // A directory as a tar stream when the client asks for one (no ranges then).
+  const bool tar = MediaIs(ctx.req, bhttp::field::accept, kTarType);
+  json request = {{"op", tar ? "read_tar" : "read"}, {"path", path}};
   std::optional<ByteRange> range;
-  if (auto it = ctx.req.find(bhttp::field::range); it != ctx.req.end()) {
+  if (auto it = ctx.req.find(bhttp::field::range); !tar && it != ctx.req.end()) {
     range = ParseRange(std::string_view(it->value().data(), it->value().size()));
   }
   if (range) {
@@ -329,11 +357,13 @@ Awaitable Api::FileDownload(http::RequestContext& ctx, const std::string& sandbo
   bhttp::response_header<> header;
   header.result(range ? bhttp::status::partial_content : bhttp::status::ok);
   header.version(ctx.req.version());
-  header.set(bhttp::field::content_type, "application/octet-stream");
+  header.set(bhttp::field::content_type, tar ? kTarType : "application/octet-stream");
   header.set(bhttp::field::cache_control, "no-store");
-  header.set(bhttp::field::accept_ranges, "bytes");
   header.set("X-Request-Id", ctx.request_id);
-  header.set("X-Sbx-File-Size", std::to_string(size));
+  if (!tar) {
+    header.set(bhttp::field::accept_ranges, "bytes");
+    header.set("X-Sbx-File-Size", std::to_string(size));
+  }
   if (range) {
     header.set(bhttp::field::content_range,
                fmt::format("bytes {}-{}/{}", offset, offset + length - 1, size));

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
+import tarfile
 import uuid
 
 import pytest
@@ -297,4 +299,94 @@ def test_paused_sandbox_is_409(api, sandbox):
     r = put(api, sid, "/srv/x", b"x", expect=409)
     op = api.call("POST", f"/v1/sandboxes/{sid}/wake", expect=202).body["operation"]
     assert api.wait_operation(op["id"])["state"] == "succeeded"
+    still_works(api, sid)
+
+
+def _tar_bytes(members) -> bytes:
+    """members: (TarInfo, data or None)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for info, data in members:
+            if data is not None:
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+            else:
+                tf.addfile(info)
+    return buf.getvalue()
+
+
+def _info(name, kind=tarfile.REGTYPE, mode=0o644, linkname=""):
+    ti = tarfile.TarInfo(name)
+    ti.type = kind
+    ti.mode = mode
+    ti.mtime = 1700000000
+    ti.linkname = linkname
+    return ti
+
+
+def test_directory_as_tar_round_trip(api, sandbox):
+    sid = sandbox["id"]
+    long_name = "n" * 180
+    put(api, sid, f"/srv/tree/a/{long_name}", b"long name\n", mkdirs="true")
+    put(api, sid, "/srv/tree/a/exec.sh", b"#!/bin/sh\n", mode="755")
+    put(api, sid, "/srv/tree/b.bin", bytes(range(256)) * 300)
+    in_sandbox(api, sid, "cd /srv/tree && ln -s a/exec.sh link && mkdir empty && mkfifo fifo")
+    resp = api.call("GET", files_url(sid), params={"path": "/srv/tree"},
+                    headers={"Accept": "application/x-tar"}, expect=200)
+    assert resp.headers["Content-Type"] == "application/x-tar"
+    with tarfile.open(fileobj=io.BytesIO(resp.content)) as tf:
+        members = {m.name.rstrip("/"): m for m in tf.getmembers()}
+        assert set(members) == {"a", f"a/{long_name}", "a/exec.sh", "b.bin", "link", "empty"}, \
+            sorted(members)
+        assert tf.extractfile(members[f"a/{long_name}"]).read() == b"long name\n"
+        assert tf.extractfile(members["b.bin"]).read() == bytes(range(256)) * 300
+        assert members["a/exec.sh"].mode == 0o755
+        assert members["link"].issym() and members["link"].linkname == "a/exec.sh"
+        assert members["empty"].isdir()
+
+    # Extract it elsewhere in the sandbox and compare through the sandbox's own eyes.
+    r = api.call("PUT", files_url(sid), params={"path": "/srv/copy", "mkdirs": "true"},
+                 data=resp.content, headers={"Content-Type": "application/x-tar"}, expect=200)
+    assert r.body == {"entries": 6, "skipped": 0}, r.body
+    out = in_sandbox(api, sid, "cd /srv/tree && find . ! -name fifo | sort | xargs -d '\\n' ls -ld "
+                               "--time-style=+ | awk '{print $1, $NF}' > /tmp/a; "
+                               "cd /srv/copy && find . | sort | xargs -d '\\n' ls -ld --time-style=+ "
+                               "| awk '{print $1, $NF}' > /tmp/b; diff /tmp/a /tmp/b && echo same; "
+                               "cmp /srv/tree/b.bin /srv/copy/b.bin && readlink /srv/copy/link")
+    assert out == b"same\na/exec.sh\n", out
+    still_works(api, sid)
+
+
+def test_malicious_tars_are_refused_or_contained(api, sandbox):
+    sid = sandbox["id"]
+
+    def untar(dest, data, expect):
+        return api.call("PUT", files_url(sid), params={"path": dest, "mkdirs": "true"}, data=data,
+                        headers={"Content-Type": "application/x-tar"}, expect=expect)
+
+    r = untar("/srv/u1", _tar_bytes([(_info("../escaped"), b"x")]), 400)
+    assert r.body["error"]["code"] == "path_outside_root" or r.body["error"]["code"] == "invalid_tar"
+    r = untar("/srv/u1", _tar_bytes([(_info("/srv/absolute"), b"x")]), 400)
+    assert r.body["error"]["code"] == "invalid_tar"
+    stat(api, sid, "/srv/absolute", expect=404)
+    stat(api, sid, "/srv/escaped", expect=404)
+    r = untar("/srv/u1", _tar_bytes([(_info("f"), b"x"), (_info("h", tarfile.LNKTYPE, linkname="f"), None)]), 400)
+    assert r.body["error"]["code"] == "invalid_tar"
+    r = untar("/srv/u1", b"this is not a tar archive" * 40, 400)
+    assert r.body["error"]["code"] == "invalid_tar"
+
+    # A symlink pointing out, then a file written through it: resolved with the target
+    # directory as the root, so /srv means /srv/u2/srv, which does not exist: refused.
+    evil = _tar_bytes([(_info("out", tarfile.SYMTYPE, mode=0o777, linkname="/srv"), None),
+                       (_info("out/pwned"), b"escaped")])
+    r = untar("/srv/u2", evil, 400)
+    assert r.body["error"]["code"] == "invalid_tar"
+    stat(api, sid, "/srv/pwned", expect=404)
+    assert stat(api, sid, "/srv/u2/out")["entry"]["symlink_target"] == "/srv"
+    # `..` through a symlink stops at the target directory: the file lands inside it.
+    evil = _tar_bytes([(_info("up", tarfile.SYMTYPE, mode=0o777, linkname="../../.."), None),
+                       (_info("up/srv/pwned2"), b"contained")])
+    untar("/srv/u3", evil, 200)
+    stat(api, sid, "/srv/pwned2", expect=404)
+    assert get(api, sid, "/srv/u3/srv/pwned2").content == b"contained"
     still_works(api, sid)
