@@ -62,6 +62,9 @@ class Api {
   http::asio::awaitable<std::optional<http::Response>> FileDownload(
       http::RequestContext& ctx, const std::string& sandbox_id, const std::string& socket,
       const std::string& path);
+  http::asio::awaitable<std::optional<http::Response>> FileWatch(http::RequestContext& ctx,
+                                                                 const std::string& socket,
+                                                                 nlohmann::json request);
   http::asio::awaitable<std::optional<http::Response>> FileUpload(
       http::RequestContext& ctx, const std::string& sandbox_id, const std::string& socket,
       nlohmann::json request, uint64_t disk_cap_bytes);

@@ -210,7 +210,7 @@ Awaitable Api::Files(http::RequestContext& ctx, const service::Caller& caller,
     return res;
   };
   const bool known = what == "files" || what == "files:list" || what == "files:stat" ||
-                     what == "files:mkdir" || what == "files:move";
+                     what == "files:mkdir" || what == "files:move" || what == "files:watch";
   if (!known) {
     co_return fail(ApiError(absl::StatusCode::kNotFound, "not_found",
                             fmt::format("no route for {}", t.path)));
@@ -243,10 +243,17 @@ Awaitable Api::Files(http::RequestContext& ctx, const service::Caller& caller,
 
   json request;
   bhttp::status ok_status = bhttp::status::ok;
-  if (what == "files" || what == "files:list" || what == "files:stat") {
+  if (what == "files" || what == "files:list" || what == "files:stat" || what == "files:watch") {
     auto path = PathValue(t.Query("path"), "path");
     if (!path.ok()) co_return fail(path.status());
     request["path"] = *path;
+  }
+  if (what == "files:watch") {
+    auto recursive = BoolParam(t, "recursive");
+    if (!recursive.ok()) co_return fail(recursive.status());
+    request["op"] = "watch";
+    request["recursive"] = *recursive;
+    co_return co_await FileWatch(ctx, *sock, std::move(request));
   }
   if (what == "files") {
     if (method == bhttp::verb::get) co_return co_await FileDownload(ctx, sandbox_id, *sock,
@@ -400,6 +407,55 @@ Awaitable Api::FileDownload(http::RequestContext& ctx, const std::string& sandbo
   // Midway failure: the chunked body is never ended, so the connection closes and the client
   // sees a truncated transfer instead of a short file that looks whole.
   (*stream)->Close();
+  co_return std::nullopt;
+}
+
+Awaitable Api::FileWatch(http::RequestContext& ctx, const std::string& socket, json request) {
+  auto stream = co_await service::AgentStream::Open(ctx.executor, socket, std::move(request),
+                                                    kAgentCallTimeout);
+  if (!stream.ok()) co_return ErrorResponse(stream.status(), ctx.request_id);
+  bhttp::response_header<> header;
+  header.result(bhttp::status::ok);
+  header.version(ctx.req.version());
+  header.set(bhttp::field::content_type, "text/event-stream");
+  header.set(bhttp::field::cache_control, "no-store");
+  header.set("X-Accel-Buffering", "no");
+  header.set("X-Request-Id", ctx.request_id);
+  if (!ctx.req.keep_alive()) header.set(bhttp::field::connection, "close");
+  if (!co_await ctx.stream.Begin(std::move(header))) {
+    (*stream)->Close();
+    co_return std::nullopt;
+  }
+  // The watch worker in the agent lives as long as this connection to it: closing it (client
+  // gone, found at the latest by the next keep-alive) makes the worker exit.
+  uint64_t id = 0;
+  for (;;) {
+    auto f = co_await (*stream)->Next(opts_.keepalive_interval);
+    if (!f.ok()) {
+      json err = {{"code", "agent_unavailable"}, {"message", std::string(f.status().message())}};
+      co_await ctx.stream.Write(SseEvent(0, "error", err.dump()));
+      break;
+    }
+    if (!*f) {
+      if (!co_await ctx.stream.Write(": keepalive\n\n")) {
+        (*stream)->Close();
+        co_return std::nullopt;
+      }
+      continue;
+    }
+    if ((*f)->type == protocol::FrameType::kEnd) break;  // the directory itself went away
+    if ((*f)->type != protocol::FrameType::kData) continue;
+    json ev = json::parse((*f)->payload, nullptr, false);
+    if (!ev.is_object() || !ev.contains("type") || !ev["type"].is_string()) continue;
+    const std::string type = ev["type"].get<std::string>();
+    if (!co_await ctx.stream.Write(SseEvent(++id, type, ev.dump(-1, ' ', false,
+                                                                 json::error_handler_t::replace)))) {
+      (*stream)->Close();
+      co_return std::nullopt;
+    }
+  }
+  (*stream)->Close();
+  co_await ctx.stream.End();
   co_return std::nullopt;
 }
 

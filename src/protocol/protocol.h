@@ -51,6 +51,9 @@
 //   {"op":"read_tar","path":DIR} -> {"ok":true}, kData frames of a tar stream, kEnd.
 //   {"op":"write_tar","path":DIR,"mkdirs":b} -> like write: kData frames of a tar, the
 //       host's kEnd, then kEnd {"ok":true,"entries":N} or an error.
+//   {"op":"watch","path":DIR,"recursive":b} -> {"ok":true}, then one kData frame per event,
+//       JSON {"type":"create|modify|delete|move|overflow","path","is_dir"[,"from"]}, until the
+//       host closes the connection (the worker then exits) or DIR is deleted (kEnd).
 //   E = {"name","path","type":"file|directory|symlink|other","size","mode" (permission bits),
 //        "uid","gid","mtime" (RFC 3339),"symlink_target" (symlinks only)}
 //

@@ -6,11 +6,13 @@ import hashlib
 import io
 import os
 import tarfile
+import time
 import uuid
 
 import pytest
 
 from conftest import RUNTIME
+from sbx_client import SseStream
 
 
 def files_url(sid: str, what: str = "files") -> str:
@@ -389,4 +391,70 @@ def test_malicious_tars_are_refused_or_contained(api, sandbox):
     untar("/srv/u3", evil, 200)
     stat(api, sid, "/srv/pwned2", expect=404)
     assert get(api, sid, "/srv/u3/srv/pwned2").content == b"contained"
+    still_works(api, sid)
+
+
+_COUNT_WORKERS = ("me=$(cat /proc/1/comm); n=0; for d in /proc/[0-9]*; do "
+                  "[ \"${d#/proc/}\" = 1 ] && continue; "
+                  "[ \"$(cat $d/comm 2>/dev/null)\" = \"$me\" ] && "
+                  "grep -q '^PPid:[[:space:]]*1$' $d/status 2>/dev/null && n=$((n+1)); done; echo $n")
+
+
+def _agent_workers(api, sid) -> int:
+    return int(in_sandbox(api, sid, _COUNT_WORKERS).strip())
+
+
+def test_watch_reports_changes_and_ends_with_the_client(api, sandbox):
+    sid = sandbox["id"]
+    api.call("POST", files_url(sid, "files:mkdir"), json_body={"path": "/srv/w/sub", "parents": True},
+             expect=201)
+    before = _agent_workers(api, sid)
+    watcher = api.clone()
+    resp = watcher.call("GET", files_url(sid, "files:watch"),
+                        params={"path": "/srv/w", "recursive": "true"},
+                        headers={"Accept": "text/event-stream"}, stream=True, expect=200, timeout=60)
+    stream = SseStream(resp, watcher.validator)
+    assert _agent_workers(api, sid) == before + 1
+    put(api, sid, "/srv/w/a.txt", b"1")
+    put(api, sid, "/srv/w/sub/b.txt", b"2")
+    api.call("POST", files_url(sid, "files:mkdir"), json_body={"path": "/srv/w/new"}, expect=201)
+    put(api, sid, "/srv/w/new/c.txt", b"3")  # inside a directory created after the watch began
+    api.call("POST", files_url(sid, "files:move"),
+             json_body={"from": "/srv/w/a.txt", "to": "/srv/w/renamed.txt"}, expect=200)
+    api.call("DELETE", files_url(sid), params={"path": "/srv/w/sub/b.txt"}, expect=200)
+
+    wanted = [("move", "/srv/w/a.txt"), ("move", "/srv/w/sub/b.txt"), ("create", "/srv/w/new"),
+              ("move", "/srv/w/new/c.txt"), ("move", "/srv/w/renamed.txt"),
+              ("delete", "/srv/w/sub/b.txt")]
+    seen = []
+    ids = []
+    for ev in stream.events():
+        assert ev.data["type"] == ev.event, ev
+        ids.append(int(ev.id))
+        seen.append((ev.event, ev.data["path"]))
+        if ev.event == "move" and ev.data["path"] == "/srv/w/renamed.txt":
+            assert ev.data["from"] == "/srv/w/a.txt", ev.data
+        if all(w in seen for w in wanted):
+            break
+    # Uploads land by renaming a temporary file: create + modify of the temporary, then move.
+    assert [w for w in wanted if w not in seen] == [], seen
+    assert ids == list(range(1, len(ids) + 1)), ids
+    stream.close()
+    watcher.close()
+    # The worker in the sandbox exits once the client has gone (sbxd notices at its next
+    # write, a keep-alive at the latest).
+    deadline = time.monotonic() + 60
+    while _agent_workers(api, sid) != before:
+        assert time.monotonic() < deadline, "the watch worker outlived its client"
+        time.sleep(1)
+    still_works(api, sid)
+
+
+def test_watch_errors(api, sandbox):
+    sid = sandbox["id"]
+    r = api.call("GET", files_url(sid, "files:watch"), params={"path": "/srv/nope"}, expect=404)
+    assert r.body["error"]["code"] == "not_found"
+    put(api, sid, "/srv/file", b"x")
+    r = api.call("GET", files_url(sid, "files:watch"), params={"path": "/srv/file"}, expect=409)
+    assert r.body["error"]["code"] == "not_a_directory"
     still_works(api, sid)
