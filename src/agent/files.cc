@@ -23,6 +23,7 @@
 
 #include "agent/path_resolve.h"
 #include "agent/tar.h"
+#include "agent/untar.h"
 #include "agent/users.h"
 #include "common/status_util.h"
 #include "common/time_util.h"
@@ -232,25 +233,6 @@ absl::StatusOr<Json> OpList(const Json& req, const FileOptions& o) {
   return Json{{"ok", true}, {"entries", std::move(entries)}, {"truncated", truncated}};
 }
 
-// Creates every missing directory of `path` (like mkdir -p), each resolved inside the root.
-absl::Status MkdirParents(int root_fd, const std::string& path, mode_t mode) {
-  size_t pos = 1;
-  while (pos <= path.size()) {
-    size_t slash = path.find('/', pos);
-    if (slash == std::string::npos) slash = path.size();
-    const std::string prefix = path.substr(0, slash);
-    pos = slash + 1;
-    auto existing = OpenInRoot(root_fd, prefix, O_PATH | O_DIRECTORY, 0, "mkdir");
-    if (existing.ok()) continue;
-    if (!absl::IsNotFound(existing.status())) return existing.status();
-    SBX_ASSIGN_OR_RETURN(ParentRef p, OpenParent(root_fd, prefix));
-    if (::mkdirat(p.dir.get(), p.name.c_str(), mode) != 0 && errno != EEXIST) {
-      return FileErrnoStatus(errno, fmt::format("mkdir {}: mkdirat", prefix));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<Json> OpMkdir(const Json& req, const FileOptions& o) {
   SBX_ASSIGN_OR_RETURN(std::string path, PathField(req, "path", o));
   SBX_ASSIGN_OR_RETURN(auto mode, UintField(req, "mode", 07777));
@@ -423,18 +405,6 @@ std::string RandomHex() {
   }
   return fmt::format("{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}", b[0], b[1], b[2], b[3],
                      b[4], b[5], b[6], b[7]);
-}
-
-absl::Status WriteAll(int fd, std::string_view data, const std::string& path) {
-  while (!data.empty()) {
-    ssize_t n = ::write(fd, data.data(), data.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return FileErrnoStatus(errno, fmt::format("write {}: write", path));
-    }
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return absl::OkStatus();
 }
 
 // A temporary file in the target's directory, removed unless Commit()ed.
@@ -656,118 +626,6 @@ absl::Status OpReadTar(Conn& c, const Json& req, const FileOptions& o) {
   return c.SendJson(FrameType::kEnd, s.ok() ? Json{{"ok", true}} : ErrorJson(s));
 }
 
-// Extracts a tar stream under `base` (an O_PATH fd). Every entry is resolved with `base` as
-// the root (RESOLVE_IN_ROOT), so `..`, absolute names and symlinks planted by earlier entries
-// cannot reach outside it; names that climb above it are refused, hard links are refused.
-class Extractor {
- public:
-  Extractor(int base, std::string base_path, std::optional<uint64_t> max_bytes)
-      : base_(base), base_path_(std::move(base_path)), max_bytes_(max_bytes) {}
-
-  absl::Status OnEntry(const TarEntry& e) {
-    absl::Status s = Create(e);
-    // A path the archive itself made unusable (through a dangling symlink, or a file where a
-    // directory should be) is the archive's fault, not a missing file of the sandbox.
-    if (absl::IsNotFound(s) || ApiErrorCode(s) == "not_a_directory") {
-      return Refuse(e, fmt::format("cannot be created: {}", std::string(s.message())));
-    }
-    return s;
-  }
-
-  absl::Status Create(const TarEntry& e) {
-    if (e.name[0] == '/') return Refuse(e, "has an absolute name");
-    auto norm = ValidatePath(e.name, "/");
-    if (!norm.ok()) return Refuse(e, std::string(norm.status().message()));
-    ++entries_;
-    const std::string shown = base_path_ + (*norm == "/" ? "" : *norm);
-    switch (e.type) {
-      case TarType::kDirectory:
-        if (*norm == "/") return absl::OkStatus();
-        return MkdirParents(base_, *norm, (e.mode & 07777) | 0700);
-      case TarType::kFile: {
-        SBX_ASSIGN_OR_RETURN(ParentRef p, PrepareLeaf(*norm, shown));
-        file_.Reset(::openat(p.dir.get(), p.name.c_str(),
-                             O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-        if (!file_) return FileErrnoStatus(errno, fmt::format("untar {}: openat", shown));
-        file_mode_ = e.mode & 07777;
-        file_mtime_ = e.mtime;
-        file_path_ = shown;
-        return absl::OkStatus();
-      }
-      case TarType::kSymlink: {
-        SBX_ASSIGN_OR_RETURN(ParentRef p, PrepareLeaf(*norm, shown));
-        if (::symlinkat(e.linkname.c_str(), p.dir.get(), p.name.c_str()) != 0) {
-          return FileErrnoStatus(errno, fmt::format("untar {}: symlinkat", shown));
-        }
-        return absl::OkStatus();
-      }
-      case TarType::kHardLink:
-        return Refuse(e, "is a hard link (not supported)");
-      default:
-        --entries_;  // devices, FIFOs: skipped
-        ++skipped_;
-        return absl::OkStatus();
-    }
-  }
-
-  absl::Status OnData(std::string_view data) {
-    total_ += data.size();
-    if (max_bytes_ && total_ > *max_bytes_) {
-      return ApiError(absl::StatusCode::kResourceExhausted, "payload_too_large",
-                      fmt::format("untar {}: more than the sandbox's disk cap of {} bytes",
-                                  base_path_, *max_bytes_));
-    }
-    if (!file_) return absl::OkStatus();
-    return WriteAll(file_.get(), data, file_path_);
-  }
-
-  absl::Status OnEndEntry() {
-    if (!file_) return absl::OkStatus();
-    if (::fchmod(file_.get(), file_mode_) != 0) {
-      return FileErrnoStatus(errno, fmt::format("untar {}: fchmod", file_path_));
-    }
-    const timespec times[2] = {{0, UTIME_OMIT}, {file_mtime_, 0}};
-    (void)::futimens(file_.get(), times);
-    if (file_.Close() != 0) return FileErrnoStatus(errno, fmt::format("untar {}: close", file_path_));
-    return absl::OkStatus();
-  }
-
-  int entries() const { return entries_; }
-  int skipped() const { return skipped_; }
-
- private:
-  absl::Status Refuse(const TarEntry& e, std::string_view why) {
-    return ApiError(absl::StatusCode::kInvalidArgument, "invalid_tar",
-                    fmt::format("untar into {}: entry \"{}\" {}", base_path_, e.name, why));
-  }
-
-  // Parents created, and whatever non-directory is at the name removed (an archive's later
-  // entry replaces an earlier one, as tar does).
-  absl::StatusOr<ParentRef> PrepareLeaf(const std::string& norm, const std::string& shown) {
-    if (norm == "/") {
-      return ApiError(absl::StatusCode::kInvalidArgument, "invalid_tar",
-                      fmt::format("untar into {}: an entry names the directory itself", base_path_));
-    }
-    SBX_ASSIGN_OR_RETURN(auto split, SplitParent(norm));
-    SBX_RETURN_IF_ERROR(MkdirParents(base_, split.first, 0755));
-    SBX_ASSIGN_OR_RETURN(ParentRef p, OpenParent(base_, norm));
-    if (::unlinkat(p.dir.get(), p.name.c_str(), 0) != 0 && errno != ENOENT) {
-      return FileErrnoStatus(errno, fmt::format("untar {}: unlinkat", shown));
-    }
-    return p;
-  }
-
-  int base_;
-  std::string base_path_;
-  std::optional<uint64_t> max_bytes_;
-  uint64_t total_ = 0;
-  int entries_ = 0, skipped_ = 0;
-  UniqueFd file_;
-  mode_t file_mode_ = 0644;
-  int64_t file_mtime_ = 0;
-  std::string file_path_;
-};
-
 absl::Status OpWriteTar(Conn& c, const Json& req, const FileOptions& o) {
   auto fail = [&](const absl::Status& s) {
     (void)c.SendJson(FrameType::kResponse, ErrorJson(s));
@@ -784,10 +642,6 @@ absl::Status OpWriteTar(Conn& c, const Json& req, const FileOptions& o) {
   if (!base.ok()) return fail(base.status());
   SBX_RETURN_IF_ERROR(c.SendJson(FrameType::kResponse, Json{{"ok", true}}));
   Extractor x(base->get(), *path == "/" ? "" : *path, *max_bytes);
-  TarReader reader;
-  reader.on_entry = [&](const TarEntry& e) { return x.OnEntry(e); };
-  reader.on_data = [&](std::string_view d) { return x.OnData(d); };
-  reader.on_end_entry = [&] { return x.OnEndEntry(); };
   auto end = [&](const absl::Status& s) {
     (void)c.SendJson(FrameType::kEnd, ErrorJson(s));
     return s;
@@ -799,13 +653,9 @@ absl::Status OpWriteTar(Conn& c, const Json& req, const FileOptions& o) {
     if (f->type != FrameType::kData) {
       return end(absl::InvalidArgumentError("untar: unexpected frame type"));
     }
-    if (auto s = reader.Feed(f->payload); !s.ok()) {
-      return end(s.code() == absl::StatusCode::kInvalidArgument && ApiErrorCode(s).empty()
-                     ? ApiError(s.code(), "invalid_tar", std::string(s.message()))
-                     : s);
-    }
+    if (auto s = x.Feed(f->payload); !s.ok()) return end(s);
   }
-  if (auto s = reader.Finish(); !s.ok()) return end(ApiError(s.code(), "invalid_tar", std::string(s.message())));
+  if (auto s = x.Finish(); !s.ok()) return end(s);
   return c.SendJson(FrameType::kEnd,
                     Json{{"ok", true}, {"entries", x.entries()}, {"skipped", x.skipped()}});
 }

@@ -42,6 +42,9 @@ struct Context {
 
 void RegisterSandboxCommands(CLI::App& app, Context& ctx);
 void RegisterSessionCommands(CLI::App& app, Context& ctx);
+// `sbx cp`, `sbx files …` (files_cmds.cc); transfers open their own connection with *token
+// (read when the command runs, after main has found the token).
+void RegisterFilesCommands(CLI::App& app, Context& ctx, const std::string* token);
 // `sbx doctor`: local, links the doctor library (the only command that does not talk HTTP).
 void RegisterDoctorCommand(CLI::App& app, Context& ctx);
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import subprocess
 import tarfile
 import time
 import uuid
@@ -414,30 +415,40 @@ def test_watch_reports_changes_and_ends_with_the_client(api, sandbox):
                         params={"path": "/srv/w", "recursive": "true"},
                         headers={"Accept": "text/event-stream"}, stream=True, expect=200, timeout=60)
     stream = SseStream(resp, watcher.validator)
+    events = stream.events()
     assert _agent_workers(api, sid) == before + 1
+    seen = []
+    ids = []
+
+    def until(event, path):
+        """Reads events up to the one given. A sentinel file written last makes a missing event
+        fail the test instead of waiting forever (inotify reports in order)."""
+        for ev in events:
+            assert ev.data["type"] == ev.event, ev
+            ids.append(int(ev.id))
+            seen.append((ev.event, ev.data["path"], ev.data.get("from")))
+            if (ev.event, ev.data["path"]) == (event, path):
+                return
+            assert ev.data["path"] != "/srv/w/zz-sentinel", (event, path, seen)
+        raise AssertionError(f"stream ended before {event} {path}: {seen}")
+
+    # Uploads land by renaming a temporary file: create + modify of the temporary, then move.
     put(api, sid, "/srv/w/a.txt", b"1")
+    until("move", "/srv/w/a.txt")
     put(api, sid, "/srv/w/sub/b.txt", b"2")
+    until("move", "/srv/w/sub/b.txt")
     api.call("POST", files_url(sid, "files:mkdir"), json_body={"path": "/srv/w/new"}, expect=201)
-    put(api, sid, "/srv/w/new/c.txt", b"3")  # inside a directory created after the watch began
+    # Once its create event is out, a new directory is watched too.
+    until("create", "/srv/w/new")
+    put(api, sid, "/srv/w/new/c.txt", b"3")
     api.call("POST", files_url(sid, "files:move"),
              json_body={"from": "/srv/w/a.txt", "to": "/srv/w/renamed.txt"}, expect=200)
     api.call("DELETE", files_url(sid), params={"path": "/srv/w/sub/b.txt"}, expect=200)
-
-    wanted = [("move", "/srv/w/a.txt"), ("move", "/srv/w/sub/b.txt"), ("create", "/srv/w/new"),
-              ("move", "/srv/w/new/c.txt"), ("move", "/srv/w/renamed.txt"),
-              ("delete", "/srv/w/sub/b.txt")]
-    seen = []
-    ids = []
-    for ev in stream.events():
-        assert ev.data["type"] == ev.event, ev
-        ids.append(int(ev.id))
-        seen.append((ev.event, ev.data["path"]))
-        if ev.event == "move" and ev.data["path"] == "/srv/w/renamed.txt":
-            assert ev.data["from"] == "/srv/w/a.txt", ev.data
-        if all(w in seen for w in wanted):
-            break
-    # Uploads land by renaming a temporary file: create + modify of the temporary, then move.
-    assert [w for w in wanted if w not in seen] == [], seen
+    put(api, sid, "/srv/w/zz-sentinel", b"")
+    until("move", "/srv/w/new/c.txt")
+    until("move", "/srv/w/renamed.txt")
+    assert seen[-1][2] == "/srv/w/a.txt", seen[-1]
+    until("delete", "/srv/w/sub/b.txt")
     assert ids == list(range(1, len(ids) + 1)), ids
     stream.close()
     watcher.close()
@@ -457,4 +468,58 @@ def test_watch_errors(api, sandbox):
     put(api, sid, "/srv/file", b"x")
     r = api.call("GET", files_url(sid, "files:watch"), params={"path": "/srv/file"}, expect=409)
     assert r.body["error"]["code"] == "not_a_directory"
+    still_works(api, sid)
+
+
+def _sbx(sbxd, *args, check=True):
+    from conftest import build_dir
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SBX_URL": sbxd.url,
+           "SBX_TOKEN": sbxd.token}
+    proc = subprocess.run([str(build_dir() / "bin" / "sbx"), *args], env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+    if check:
+        assert proc.returncode == 0, (args, proc.returncode, proc.stderr)
+    return proc
+
+
+def test_cli_cp_ls_rm_mkdir(api, sandbox, sbxd, tmp_path):
+    sid = sandbox["id"]
+    local = tmp_path / "up"
+    (local / "sub").mkdir(parents=True)
+    (local / "a.txt").write_bytes(b"alpha\n")
+    (local / "sub" / ("n" * 150)).write_bytes(os.urandom(300_000))
+    os.symlink("a.txt", local / "link")
+    single = tmp_path / "single.bin"
+    single.write_bytes(os.urandom(1_000_000))
+
+    _sbx(sbxd, "files", "mkdir", "-p", f"{sid}:/srv/cli")
+    _sbx(sbxd, "cp", str(single), f"{sid}:/srv/cli/")       # into the directory, same name
+    _sbx(sbxd, "cp", str(local), f"{sid}:/srv/cli/tree")    # a directory, as tar
+    assert get(api, sid, "/srv/cli/single.bin").content == single.read_bytes()
+    assert get(api, sid, "/srv/cli/tree/a.txt").content == b"alpha\n"
+    assert stat(api, sid, "/srv/cli/tree/link")["entry"]["symlink_target"] == "a.txt"
+
+    out = _sbx(sbxd, "files", "ls", f"{sid}:/srv/cli").stdout.decode()
+    assert "/srv/cli/single.bin" in out and "/srv/cli/tree" in out, out
+    assert out.splitlines()[1].startswith("drwx"), out
+
+    down = tmp_path / "down"
+    down.mkdir()
+    _sbx(sbxd, "cp", f"{sid}:/srv/cli/single.bin", str(down / "s.bin"))
+    assert (down / "s.bin").read_bytes() == single.read_bytes()
+    _sbx(sbxd, "cp", f"{sid}:/srv/cli/tree", str(down))     # into the existing directory
+    got = down / "tree"
+    assert (got / "a.txt").read_bytes() == b"alpha\n"
+    assert (got / "sub" / ("n" * 150)).read_bytes() == (local / "sub" / ("n" * 150)).read_bytes()
+    assert os.readlink(got / "link") == "a.txt"
+
+    bad = _sbx(sbxd, "cp", f"{sid}:/srv/cli/missing", str(down / "x"), check=False)
+    assert bad.returncode == 1 and b"no such file" in bad.stderr, bad
+    assert not (down / "x").exists() and not (down / "x.sbx-partial").exists()
+    bad = _sbx(sbxd, "files", "rm", f"{sid}:/srv/cli/tree", check=False)
+    assert bad.returncode == 1 and b"directory_not_empty" in bad.stderr, bad
+    _sbx(sbxd, "files", "rm", "-r", f"{sid}:/srv/cli/tree")
+    stat(api, sid, "/srv/cli/tree", expect=404)
+    usage = _sbx(sbxd, "cp", "a", "b", check=False)
+    assert usage.returncode == 2, usage
     still_works(api, sid)
