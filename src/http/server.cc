@@ -288,7 +288,10 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
 
   for (;;) {
     bhttp::request_parser<bhttp::string_body> parser;
-    parser.body_limit(opts_.max_body_bytes);
+    // The body limit depends on the route (an upload that streams may be large), which is
+    // known only once the header is in: Content-Length is checked by hand below, and the
+    // parser's limit (for chunked bodies) set then.
+    parser.body_limit(boost::none);
     parser.header_limit(static_cast<uint32_t>(opts_.max_header_bytes));
 
     // Wait for the first byte of the next request with the idle timeout, then give the whole
@@ -298,9 +301,16 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
     // A route that streams its body: the handler reads it (StreamedBody) after this parser
     // hands over what it knows of the framing.
     std::optional<bhttp::request_parser<bhttp::buffer_body>> streamed;
-    if (!hec && !parser.is_done() && opts_.stream_body && opts_.stream_body(parser.get())) {
+    const bool stream_it =
+        !hec && !parser.is_done() && opts_.stream_body && opts_.stream_body(parser.get());
+    const uint64_t body_limit = stream_it ? opts_.max_streamed_body_bytes : opts_.max_body_bytes;
+    if (!hec && parser.content_length() && *parser.content_length() > body_limit) {
+      hec = bhttp::error::body_limit;
+    }
+    if (!hec) parser.body_limit(body_limit);
+    if (!hec && stream_it) {
       streamed.emplace(std::move(parser));
-      streamed->body_limit(opts_.max_streamed_body_bytes);
+      streamed->body_limit(body_limit);
     } else if (!hec && !parser.is_done()) {
       stream.expires_after(opts_.read_timeout);
       auto [bec, bn] = co_await bhttp::async_read(stream, buffer, parser, kTuple);
@@ -336,8 +346,7 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
       if (hec == bhttp::error::body_limit) {
         status = bhttp::status::payload_too_large;
         co_await send(errors_(status, "payload_too_large",
-                              fmt::format("request body is larger than {} bytes",
-                                          opts_.max_body_bytes),
+                              fmt::format("request body is larger than {} bytes", body_limit),
                               rid),
                       verb);
       } else if (hec == bhttp::error::header_limit) {

@@ -82,6 +82,18 @@ def test_write_read_stat_list_delete(api, sandbox):
     assert get(api, sid, "/srv/e2e/dir/hello.txt").content == b"second"
     assert [x["name"] for x in listing(api, sid, "/srv/e2e/dir")["entries"]] == ["hello.txt"]
 
+    # A body with a Content-Length far above the 1 MiB limit of other routes, announced with
+    # Expect: 100-continue (sbxd answers 100 before reading it).
+    big = os.urandom(3 << 20)
+    api.call("PUT", files_url(sid), params={"path": "/srv/e2e/3mib"}, data=big,
+             headers={"Content-Type": "application/octet-stream", "Expect": "100-continue"},
+             expect=200)
+    assert get(api, sid, "/srv/e2e/3mib").content == big
+    # Other routes keep their 1 MiB limit.
+    r = api.call("POST", f"/v1/sandboxes/{sid}/sessions", data=b"{" + b" " * (2 << 20) + b"}",
+                 headers={"Content-Type": "application/json"}, expect=413)
+    assert r.body["error"]["code"] == "payload_too_large"
+
     # An empty body makes an empty file.
     put(api, sid, "/srv/e2e/empty", b"")
     assert get(api, sid, "/srv/e2e/empty").content == b""
