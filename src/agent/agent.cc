@@ -31,6 +31,7 @@
 #include <fmt/format.h>
 
 #include "agent/event_log.h"
+#include "agent/files.h"
 #include "agent/oom.h"
 #include "agent/spawn.h"
 #include "agent/users.h"
@@ -68,6 +69,7 @@ constexpr int kDefaultKillGraceS = 5;
 constexpr int kMaxKillGraceS = 300;
 constexpr int64_t kMaxTimeoutS = 30LL * 86400;
 constexpr size_t kMaxProcesses = 4096;
+constexpr size_t kMaxFileWorkers = 64;
 
 std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
@@ -221,7 +223,9 @@ class Agent {
   void ArmTimer(Session& s, int64_t seconds);
 
   void HandleFrame(Connection& c, protocol::Frame frame);
-  void HandleRequest(Connection& c, const std::string& payload);
+  void HandleRequest(Connection& c, const std::string& payload, protocol::FrameDecoder& rest);
+  // Hands a file request (files.h) to a forked worker child; the loop forgets the connection.
+  void ForkFileWorker(Connection& c, const Json& req, protocol::FrameDecoder& rest);
   Json HandleAttach(Connection& c, const Json& req, bool& streaming);
   Json HandleStatus(const Json& req);
   Json HandleSignal(const Json& req);
@@ -251,6 +255,8 @@ class Agent {
   UniqueFd signal_fd_;
   UniqueFd listen_fd_;
   UniqueFd oom_fd_;
+  UniqueFd root_fd_;  // O_PATH fd of opts_.root, for file workers
+  std::unordered_map<pid_t, bool> file_workers_;  // live worker pids (not sessions)
   bool listen_paused_ = false;
   std::chrono::steady_clock::time_point listen_resume_at_;
   bool bound_path_ = false;
@@ -336,6 +342,9 @@ absl::Status Agent::Init() {
     oom_fd_.Reset(opts_.oom_counter_fd);
     ::fcntl(oom_fd_.get(), F_SETFD, FD_CLOEXEC);
   }
+
+  root_fd_.Reset(::open(opts_.root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!root_fd_) return ErrnoStatus(errno, fmt::format("agent init: open(--root {})", opts_.root));
 
   if (opts_.listen_fd >= 0) {
     int accepting = 0;
@@ -538,7 +547,8 @@ void Agent::Reap() {
       reaped = ::waitpid(pid, &status, WNOHANG);
     } while (reaped < 0 && errno == EINTR);
     if (reaped != pid) return;  // cannot happen: waitid just reported it
-    if (!s) continue;  // an orphan reparented to us: reaping is all it needs
+    file_workers_.erase(pid);
+    if (!s) continue;  // an orphan or a file worker: reaping is all it needs
     by_pid_.erase(it);
     OnSessionExit(*s, status);
   }
@@ -681,11 +691,14 @@ void Agent::HandleFrame(Connection& c, protocol::Frame frame) {
     CloseConn(c.id);
     return;
   }
-  c.decoder = protocol::FrameDecoder();  // release the request's buffer
-  HandleRequest(c, frame.payload);
+  // Release the request's buffer; bytes already read past the request (a file upload's first
+  // frames) go to the request's handler.
+  protocol::FrameDecoder rest = std::move(c.decoder);
+  c.decoder = protocol::FrameDecoder();
+  HandleRequest(c, frame.payload, rest);
 }
 
-void Agent::HandleRequest(Connection& c, const std::string& payload) {
+void Agent::HandleRequest(Connection& c, const std::string& payload, protocol::FrameDecoder& rest) {
   Json resp;
   bool streaming = false;
   try {
@@ -710,6 +723,13 @@ void Agent::HandleRequest(Connection& c, const std::string& payload) {
       resp = HandleResize(req);
     } else if (*op == "processes") {
       resp = HandleProcesses();
+    } else if (IsFileOp(op->get<std::string>())) {
+      if (file_workers_.size() < kMaxFileWorkers) {
+        ForkFileWorker(c, req, rest);
+        return;
+      }
+      resp = ErrorJson(absl::UnavailableError(
+          fmt::format("{} file transfers in progress; retry later", kMaxFileWorkers)));
     } else {
       resp = ErrorJson(absl::InvalidArgumentError(
           fmt::format("unknown op \"{}\"", op->get<std::string>())));
@@ -723,6 +743,46 @@ void Agent::HandleRequest(Connection& c, const std::string& payload) {
   c.out += EncodeFrame(FrameType::kResponse, Dump(resp));
   if (!streaming) c.close_after_flush = true;
   Pump(c);
+}
+
+void Agent::ForkFileWorker(Connection& c, const Json& req, protocol::FrameDecoder& rest) {
+  const uint64_t id = c.id;
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    Log("warn", fmt::format("connection {}: fork a file worker: {}", id, ErrnoMessage(errno)));
+    CloseConn(id);  // the host sees the connection close and reports the agent unavailable
+    return;
+  }
+  if (pid > 0) {
+    file_workers_[pid] = true;
+    CloseConn(id);  // the worker has its own copy of the socket
+    return;
+  }
+  // Worker child: keep only the connection, the root and the log; the loop's fds (other
+  // connections, pipes, the listening socket) must not stay open here, or their peers would
+  // not see them close.
+  const int keep[] = {c.fd.get(), root_fd_.get(), opts_.log_fd};
+  std::vector<int> sorted(std::begin(keep), std::end(keep));
+  std::sort(sorted.begin(), sorted.end());
+  unsigned lo = 3;
+  for (int k : sorted) {
+    if (k < static_cast<int>(lo)) continue;
+    if (static_cast<unsigned>(k) > lo) ::close_range(lo, static_cast<unsigned>(k) - 1, 0);
+    lo = static_cast<unsigned>(k) + 1;
+  }
+  ::close_range(lo, ~0U, 0);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::signal(SIGTERM, SIG_DFL);
+  ::fcntl(c.fd.get(), F_SETFL, ::fcntl(c.fd.get(), F_GETFL) & ~O_NONBLOCK);
+  FileOptions fo;
+  fo.root_fd = root_fd_.get();
+  fo.root_path = opts_.root;
+  fo.workdir = opts_.workdir;
+  ServeFileRequest(c.fd.get(), req, std::move(rest), fo);
+  ::_exit(0);
 }
 
 absl::StatusOr<Session*> Agent::StartSession(const std::string& id, const Json& spec) {

@@ -28,6 +28,11 @@ struct AgentOptions {
   bool switch_user = true;
   // Read-only fd of the sandbox's OOM counter (oom.h); -1 turns OOM attribution off.
   int oom_counter_fd = -1;
+  // The sandbox's root for file operations (files.h): "/" where the agent is PID 1 after
+  // pivot_root (ns runtime), a directory of the host for the fake runtime (--root).
+  std::string root = "/";
+  // What relative file paths are relative to: the template's workdir.
+  std::string workdir = "/";
 };
 
 // Runs until SIGTERM/SIGINT; returns the process exit code.

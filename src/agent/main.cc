@@ -16,12 +16,15 @@ void Usage(FILE* out) {
   std::fputs(
       "usage: sbx-agent (--listen-fd N | --listen PATH) [--buffer-bytes N] [--log-fd N]\n"
       "                 [--no-user-switch] [--oom-counter-fd N] [--sandbox-id ID]\n"
+      "                 [--root DIR] [--workdir PATH]\n"
       "  --listen-fd N       serve on an inherited, listening unix socket (ns runtime)\n"
       "  --listen PATH       bind and serve on a unix socket at PATH\n"
       "  --buffer-bytes N    output retained per session and stream (default 8388608)\n"
       "  --log-fd N          write logs (JSON lines) to fd N instead of stderr\n"
       "  --sandbox-id ID     the sandbox this agent serves, named on every log line\n"
       "  --no-user-switch    ignore spec.user; run processes with the agent's credentials\n"
+      "  --root DIR          the sandbox's root for file operations (default /)\n"
+      "  --workdir PATH      what relative file paths are relative to (default /)\n"
       "  --oom-counter-fd N  inherited read-only fd of the sandbox's memory.oom_control or\n"
       "                      memory.events: report OOM kills of sessions (default: off)\n",
       out);
@@ -86,6 +89,10 @@ int main(int argc, char** argv) {
       opts.oom_counter_fd = static_cast<int>(n);
     } else if (arg == "--sandbox-id") {
       opts.sandbox_id = value("--sandbox-id");
+    } else if (arg == "--root") {
+      opts.root = value("--root");
+    } else if (arg == "--workdir") {
+      opts.workdir = value("--workdir");
     } else if (arg == "--no-user-switch") {
       opts.switch_user = false;
     } else if (arg == "--help" || arg == "-h") {

@@ -322,6 +322,10 @@ Awaitable Api::Route(http::RequestContext& ctx) {
   if (seg.size() == 4 && seg[1] == "sandboxes" && seg[3] == "processes") {
     co_return co_await Processes(ctx, *caller, seg[2]);
   }
+  // /v1/sandboxes/{id}/files... (files_api.cc)
+  if (seg.size() == 4 && seg[1] == "sandboxes" && seg[3].rfind("files", 0) == 0) {
+    co_return co_await Files(ctx, *caller, seg[2], seg[3], t);
+  }
 
   co_return fail(ApiError(absl::StatusCode::kNotFound, "not_found",
                           fmt::format("no route for {}", t.path)));

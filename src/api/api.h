@@ -31,6 +31,10 @@ class Api {
   Api(service::SandboxService& svc, ApiOptions opts);
   http::asio::awaitable<std::optional<http::Response>> Handle(http::RequestContext& ctx);
 
+  // Whether the server should hand `req`'s body to its handler as a stream instead of reading
+  // it whole (file uploads): http::ServerOptions::stream_body.
+  static bool StreamsBody(const http::Request& req);
+
   // For requests parsed from now on (sbxd's configuration reload); safe while requests run.
   void SetLimits(const ResourceLimits& limits);
   ResourceLimits limits() const;
@@ -61,6 +65,22 @@ class Api {
   http::asio::awaitable<absl::StatusOr<store::OperationRecord>> WaitForOperation(
       http::RequestContext& ctx, const service::Caller& caller, const std::string& id,
       std::chrono::milliseconds wait);
+  // /v1/sandboxes/{id}/files[:list|:stat|:mkdir|:move] (files_api.cc); `what` is the last
+  // path segment.
+  http::asio::awaitable<std::optional<http::Response>> Files(http::RequestContext& ctx,
+                                                             const service::Caller& caller,
+                                                             const std::string& sandbox_id,
+                                                             const std::string& what,
+                                                             const Target& target);
+  http::asio::awaitable<std::optional<http::Response>> FileDownload(
+      http::RequestContext& ctx, const std::string& sandbox_id, const std::string& socket,
+      const std::string& path);
+  http::asio::awaitable<std::optional<http::Response>> FileWatch(http::RequestContext& ctx,
+                                                                 const std::string& socket,
+                                                                 nlohmann::json request);
+  http::asio::awaitable<std::optional<http::Response>> FileUpload(
+      http::RequestContext& ctx, const std::string& sandbox_id, const std::string& socket,
+      nlohmann::json request, uint64_t disk_cap_bytes);
   absl::StatusOr<service::Caller> Authenticate(const http::Request& req,
                                                const std::optional<std::string>& query_token,
                                                bool allow_attach_token) const;

@@ -14,6 +14,9 @@ http::bhttp::status HttpStatusFor(const absl::Status& s) {
   if (code == "template_not_found") return bhttp::unprocessable_entity;
   if (code == "payload_too_large") return bhttp::payload_too_large;
   if (code == "method_not_allowed") return bhttp::method_not_allowed;
+  // Files API (docs/api.md, "Files").
+  if (code == "insufficient_storage") return bhttp::insufficient_storage;
+  if (code == "range_not_satisfiable") return bhttp::range_not_satisfiable;
   switch (s.code()) {
     case absl::StatusCode::kOk:
       return bhttp::ok;

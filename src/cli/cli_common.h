@@ -42,6 +42,14 @@ struct Context {
 
 void RegisterSandboxCommands(CLI::App& app, Context& ctx);
 void RegisterSessionCommands(CLI::App& app, Context& ctx);
+// `sbx cp`, `sbx files …` (files_cmds.cc); transfers open their own connection with *token
+// (read when the command runs, after main has found the token).
+void RegisterFilesCommands(CLI::App& app, Context& ctx, const std::string* token);
+// "sbx_…:PATH" -> (sandbox id, path, "/" when empty); nullopt when `arg` is not one.
+std::optional<std::pair<std::string, std::string>> ParseRemotePath(const std::string& arg);
+// Prints a directory listing of a sandbox (`sbx ls ID:PATH`, `sbx files ls`).
+absl::StatusOr<int> ListFiles(Client& client, const std::string& id, const std::string& path,
+                              int depth, bool json_out);
 // `sbx doctor`: local, links the doctor library (the only command that does not talk HTTP).
 void RegisterDoctorCommand(CLI::App& app, Context& ctx);
 

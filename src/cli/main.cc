@@ -45,6 +45,8 @@ int main(int argc, char** argv) {
   app.add_option("--token", ctx.token_flag, "API token (overrides SBX_TOKEN)");
   RegisterSandboxCommands(app, ctx);
   RegisterSessionCommands(app, ctx);
+  std::string token;  // filled in below, before any command runs
+  RegisterFilesCommands(app, ctx, &token);
   RegisterDoctorCommand(app, ctx);
 
   try {
@@ -67,7 +69,6 @@ int main(int argc, char** argv) {
   }
 
   Endpoint endpoint;
-  std::string token;
   if (ctx.needs_client) {
     std::string url = !ctx.url_flag.empty() ? ctx.url_flag : Env("SBX_URL");
     if (url.empty()) url = kDefaultUrl;

@@ -262,15 +262,37 @@ void RegisterLs(CLI::App& app, Context& ctx) {
     std::string state;
     std::vector<std::string> labels;
     bool json = false;
+    std::string remote;  // SANDBOX_ID:PATH: list files instead
+    int depth = 1;
   };
   auto o = std::make_shared<Opts>();
-  CLI::App* cmd = app.add_subcommand("ls", "List sandboxes");
+  CLI::App* cmd = app.add_subcommand("ls", "List sandboxes, or with SANDBOX_ID:PATH the files of a "
+                                           "sandbox's directory");
+  cmd->add_option("target", o->remote, "SANDBOX_ID:PATH: list this directory of the sandbox");
+  cmd->add_option("--depth", o->depth, "With SANDBOX_ID:PATH: levels to descend (1-32)")
+      ->check(CLI::Range(1, 32));
   cmd->add_option("--state", o->state,
                   "Only sandboxes in this state (creating, running, failed, deleting, deleted)");
   cmd->add_option("--label", o->labels, "Only sandboxes with label key=value (repeatable)")
       ->allow_extra_args(false);
   cmd->add_flag("--json", o->json, "Print a JSON array of sandbox objects");
   cmd->callback([o, &ctx] {
+    if (!o->remote.empty()) {
+      auto ref = ParseRemotePath(o->remote);
+      if (!ref) {
+        ctx.usage_errors.push_back(
+            {fmt::format("ls: expected SANDBOX_ID:PATH (sbx_…:/dir), got \"{}\"", o->remote)});
+        return;
+      }
+      if (!o->state.empty() || !o->labels.empty()) {
+        ctx.usage_errors.push_back({"ls: --state and --label filter sandboxes, not files"});
+        return;
+      }
+      ctx.action = [o, ref = *ref](Client& client) {
+        return ListFiles(client, ref.first, ref.second, o->depth, o->json);
+      };
+      return;
+    }
     auto labels = ParseKeyValues(o->labels, "--label");
     if (!labels.ok()) {
       ctx.usage_errors.push_back({Msg(labels.status())});

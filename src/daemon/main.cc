@@ -321,6 +321,8 @@ int main(int argc, char** argv) {
   hopts.host = listen->first;
   hopts.port = listen->second;
   hopts.threads = static_cast<int>(cfg.server.http_threads);
+  // File uploads stream to the agent; the sandbox's disk cap bounds them (files_api.cc).
+  hopts.stream_body = &sbx::api::Api::StreamsBody;
   sbx::http::Server server(
       hopts, [&api](sbx::http::RequestContext& ctx) { return api.Handle(ctx); },
       sbx::api::RawErrorResponse);

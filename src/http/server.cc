@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/ids.h"
+#include "common/status_util.h"
 
 namespace sbx::http {
 namespace {
@@ -62,6 +63,61 @@ class ChunkedStream : public ResponseStream {
   bool failed_ = false;
   bool keep_alive_ = false;
   unsigned status_ = 0;
+};
+
+// RequestContext::body for a streamed route: reads through a buffer_body parser that took over
+// from the header parser.
+class StreamedBody : public BodyReader {
+ public:
+  StreamedBody(beast::tcp_stream& stream, beast::flat_buffer& buffer,
+               bhttp::request_parser<bhttp::buffer_body>& parser, std::chrono::seconds timeout,
+               uint64_t limit, bool expect_continue)
+      : stream_(stream),
+        buffer_(buffer),
+        parser_(parser),
+        timeout_(timeout),
+        limit_(limit),
+        expect_continue_(expect_continue) {}
+
+  asio::awaitable<absl::StatusOr<size_t>> ReadSome(char* buf, size_t cap) override {
+    if (expect_continue_) {
+      expect_continue_ = false;
+      static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+      stream_.expires_after(timeout_);
+      auto [ec, n] = co_await asio::async_write(stream_, asio::buffer(kContinue), kTuple);
+      stream_.expires_never();
+      if (ec) co_return absl::UnavailableError(fmt::format("send 100 Continue: {}", ec.message()));
+    }
+    while (!parser_.is_done()) {
+      parser_.get().body().data = buf;
+      parser_.get().body().size = cap;
+      stream_.expires_after(timeout_);
+      auto [ec, n] = co_await bhttp::async_read_some(stream_, buffer_, parser_, kTuple);
+      // No deadline while the handler works between reads (a slow agent is not the client).
+      stream_.expires_never();
+      if (ec == bhttp::error::need_buffer) ec = {};
+      if (ec == bhttp::error::body_limit) {
+        co_return ApiError(absl::StatusCode::kInvalidArgument, "payload_too_large",
+                           fmt::format("request body is larger than {} bytes", limit_));
+      }
+      if (ec == beast::error::timeout) {
+        co_return absl::DeadlineExceededError("the request body did not arrive in time");
+      }
+      if (ec) co_return absl::UnavailableError(fmt::format("read request body: {}", ec.message()));
+      const size_t got = cap - parser_.get().body().size;
+      if (got > 0) co_return got;
+    }
+    co_return size_t{0};
+  }
+  bool done() const override { return parser_.is_done(); }
+
+ private:
+  beast::tcp_stream& stream_;
+  beast::flat_buffer& buffer_;
+  bhttp::request_parser<bhttp::buffer_body>& parser_;
+  std::chrono::seconds timeout_;
+  uint64_t limit_;
+  bool expect_continue_;
 };
 
 bool PrintableId(std::string_view s) {
@@ -221,8 +277,12 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
   beast::flat_buffer buffer;
   auto executor = co_await asio::this_coro::executor;
 
-  auto send = [&](Response res, bhttp::verb method) -> asio::awaitable<bool> {
+  // `last`: the server closes the connection after this response (a malformed or rejected
+  // request) and says so, or a client reusing the connection finds it closed under its next
+  // request (a flaky 413 test showed it).
+  auto send = [&](Response res, bhttp::verb method, bool last = false) -> asio::awaitable<bool> {
     requests_.Count(method, res.result_int());
+    if (last) res.keep_alive(false);
     res.prepare_payload();
     stream.expires_after(opts_.write_timeout);
     bool keep = res.keep_alive();
@@ -232,14 +292,30 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
 
   for (;;) {
     bhttp::request_parser<bhttp::string_body> parser;
-    parser.body_limit(opts_.max_body_bytes);
+    // The body limit depends on the route (an upload that streams may be large), which is
+    // known only once the header is in: Content-Length is checked by hand below, and the
+    // parser's limit (for chunked bodies) set then.
+    parser.body_limit(boost::none);
     parser.header_limit(static_cast<uint32_t>(opts_.max_header_bytes));
 
     // Wait for the first byte of the next request with the idle timeout, then give the whole
     // request the read timeout.
     stream.expires_after(buffer.size() > 0 ? opts_.read_timeout : opts_.idle_timeout);
     auto [hec, hn] = co_await bhttp::async_read_header(stream, buffer, parser, kTuple);
-    if (!hec && !parser.is_done()) {
+    // A route that streams its body: the handler reads it (StreamedBody) after this parser
+    // hands over what it knows of the framing.
+    std::optional<bhttp::request_parser<bhttp::buffer_body>> streamed;
+    const bool stream_it =
+        !hec && !parser.is_done() && opts_.stream_body && opts_.stream_body(parser.get());
+    const uint64_t body_limit = stream_it ? opts_.max_streamed_body_bytes : opts_.max_body_bytes;
+    if (!hec && parser.content_length() && *parser.content_length() > body_limit) {
+      hec = bhttp::error::body_limit;
+    }
+    if (!hec) parser.body_limit(body_limit);
+    if (!hec && stream_it) {
+      streamed.emplace(std::move(parser));
+      streamed->body_limit(body_limit);
+    } else if (!hec && !parser.is_done()) {
       stream.expires_after(opts_.read_timeout);
       auto [bec, bn] = co_await bhttp::async_read(stream, buffer, parser, kTuple);
       hec = bec;
@@ -261,7 +337,8 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
           lctx.request_id = NewId("req");
           co_await send(errors_(bhttp::status::request_timeout, "request_timeout",
                                 "the request did not arrive in time", lctx.request_id),
-                        parser.is_header_done() ? parser.get().method() : bhttp::verb::unknown);
+                        parser.is_header_done() ? parser.get().method() : bhttp::verb::unknown,
+                        /*last=*/true);
           LogAccess(lctx, method, target, 408, MsSince(failed_at));
         }
         break;
@@ -274,19 +351,18 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
       if (hec == bhttp::error::body_limit) {
         status = bhttp::status::payload_too_large;
         co_await send(errors_(status, "payload_too_large",
-                              fmt::format("request body is larger than {} bytes",
-                                          opts_.max_body_bytes),
+                              fmt::format("request body is larger than {} bytes", body_limit),
                               rid),
-                      verb);
+                      verb, /*last=*/true);
       } else if (hec == bhttp::error::header_limit) {
         status = bhttp::status::request_header_fields_too_large;
         co_await send(errors_(status, "invalid_argument", "request headers are too large", rid),
-                      verb);
+                      verb, /*last=*/true);
       } else {
         status = bhttp::status::bad_request;
         co_await send(errors_(status, "invalid_argument",
                               fmt::format("malformed HTTP request: {}", hec.message()), rid),
-                      verb);
+                      verb, /*last=*/true);
       }
       LogAccess(lctx, method, target, static_cast<unsigned>(status), MsSince(failed_at));
       // The framing of anything after a bad request cannot be trusted, so the connection ends.
@@ -306,12 +382,22 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
       break;
     }
 
-    Request req = parser.release();
+    Request req;
+    std::optional<StreamedBody> body;
+    if (streamed) {
+      req.base() = streamed->get().base();
+      const auto expect = req.find(bhttp::field::expect);
+      body.emplace(stream, buffer, *streamed, opts_.read_timeout, opts_.max_streamed_body_bytes,
+                   expect != req.end() && beast::iequals(expect->value(), "100-continue"));
+    } else {
+      req = parser.release();
+    }
     std::string rid = RequestIdFor(req);
     ChunkedStream chunked(stream, opts_.write_timeout, requests_, req.method());
     RequestContext ctx{req, rid, chunked, executor};
     ctx.log.request_id = rid;
     ctx.connection = &stream;
+    if (body) ctx.body = &*body;
     const auto started = std::chrono::steady_clock::now();
     // Handlers may stream for a long time (SSE): no read deadline while they run.
     stream.expires_never();
@@ -346,6 +432,19 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
     } else {
       status = chunked.status();
       keep = keep && chunked.reusable();
+    }
+    if (body && !body->done() && keep) {
+      // The handler answered before taking the whole body (an error): read the rest, bounded,
+      // so that the client, which sends it all before reading, gets the answer instead of a
+      // broken pipe. Past the bound the connection closes.
+      std::vector<char> sink(64 << 10);
+      uint64_t drained = 0;
+      while (!body->done() && drained < (uint64_t{256} << 20)) {
+        auto n = co_await body->ReadSome(sink.data(), sink.size());
+        if (!n.ok() || *n == 0) break;
+        drained += *n;
+      }
+      keep = body->done();
     }
     LogAccess(ctx.log, Sv(req.method_string()), Sv(req.target()), status, MsSince(started));
     if (!keep) break;

@@ -46,6 +46,19 @@ class ResponseStream {
   virtual asio::awaitable<void> End() = 0;
 };
 
+// The body of a request whose route streams it (ServerOptions::stream_body): the handler reads
+// it piece by piece instead of the server reading it whole into Request::body().
+class BodyReader {
+ public:
+  virtual ~BodyReader() = default;
+  // Reads up to `cap` bytes of the body into `buf`; 0 once the body is complete. Errors: the
+  // client broke off or was too slow (Unavailable / DeadlineExceeded), or the body is larger
+  // than ServerOptions::max_streamed_body_bytes (payload_too_large). Sends "100 Continue"
+  // first when the client asked for it.
+  virtual asio::awaitable<absl::StatusOr<size_t>> ReadSome(char* buf, size_t cap) = 0;
+  virtual bool done() const = 0;
+};
+
 struct RequestContext {
   Request& req;
   std::string request_id;
@@ -60,6 +73,8 @@ struct RequestContext {
   // and returns nullopt; the server then sends nothing more and closes the connection.
   beast::tcp_stream* connection = nullptr;
   unsigned taken_status = 0;
+  // Set for routes that stream their body (req.body() is then empty); nullptr otherwise.
+  BodyReader* body = nullptr;
 };
 
 // Returns the full response, or nullopt after streaming one through ctx.stream.
@@ -80,6 +95,11 @@ struct ServerOptions {
   std::chrono::seconds write_timeout{60};  // one write must complete within this
   // Where sbx_http_requests_total goes; nullptr: metrics::Default().
   metrics::Registry* metrics = nullptr;
+  // Asked once a request's header has arrived: true makes the handler read the body through
+  // RequestContext::body (file uploads), bounded by max_streamed_body_bytes instead of
+  // max_body_bytes and by read_timeout per read instead of for the whole body.
+  std::function<bool(const Request&)> stream_body;
+  uint64_t max_streamed_body_bytes = uint64_t{64} << 30;
 };
 
 // sbx_http_requests_total{method,code}: every response the server sends, its own errors (400,

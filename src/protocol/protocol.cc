@@ -145,7 +145,7 @@ absl::StatusOr<std::pair<FrameType, uint32_t>> DecodeHeader(const uint8_t* heade
                     kVersion));
   }
   if (type < static_cast<uint8_t>(FrameType::kHello) ||
-      type > static_cast<uint8_t>(FrameType::kResync)) {
+      type > static_cast<uint8_t>(FrameType::kEnd)) {
     return absl::InvalidArgumentError(fmt::format("frame header: unknown frame type {}", type));
   }
   if (reserved != 0) {

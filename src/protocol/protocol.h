@@ -57,6 +57,33 @@
 //   "status" also returns "timed_out", "tty" and "stdin".
 // Errors: {"ok":false,"error":{"code":"snake_case","message":"..."}}.
 //
+// Files (src/agent/files.h). Each file connection is served by a forked worker child of the
+// agent, so its blocking disk I/O never stalls the event loop. "path" is resolved inside the
+// sandbox's root (src/agent/path_resolve.h); a relative path is relative to the workdir. Errors
+// carry a specific "reason" besides "code" ("is_a_directory", "insufficient_storage", ...).
+//   {"op":"stat","path":P}                         -> {"ok":true,"entry":E}
+//   {"op":"list","path":P,"depth":N}               -> {"ok":true,"entries":[E...],"truncated":b}
+//   {"op":"mkdir","path":P,"parents":b,"mode":M}   -> {"ok":true,"entry":E}
+//   {"op":"delete","path":P,"recursive":b}         -> {"ok":true}
+//   {"op":"move","from":P,"to":P,"overwrite":b}    -> {"ok":true,"entry":E}
+//   {"op":"read","path":P,"offset":O,"length":L|null}
+//       -> {"ok":true,"entry":E,"satisfiable":b,"offset":O,"length":L}, then kData frames
+//          (L bytes in all, none when unsatisfiable), then kEnd {"ok":true} or an error.
+//   {"op":"write","path":P,"mode":M|null,"uid":U|null,"gid":G|null,"user":S|null,
+//    "mkdirs":b,"max_bytes":N|null}
+//       -> {"ok":true} once a temporary file next to P exists; the host then sends kData
+//          frames and one kEnd (payload {}); the agent fsyncs and renames the temporary over P
+//          and answers kEnd {"ok":true,"entry":E} or an error (the temporary is removed). An
+//          error may come before the host's kEnd; the agent then closes the connection.
+//   {"op":"read_tar","path":DIR} -> {"ok":true}, kData frames of a tar stream, kEnd.
+//   {"op":"write_tar","path":DIR,"mkdirs":b} -> like write: kData frames of a tar, the
+//       host's kEnd, then kEnd {"ok":true,"entries":N} or an error.
+//   {"op":"watch","path":DIR,"recursive":b} -> {"ok":true}, then one kData frame per event,
+//       JSON {"type":"create|modify|delete|move|overflow","path","is_dir"[,"from"]}, until the
+//       host closes the connection (the worker then exits) or DIR is deleted (kEnd).
+//   E = {"name","path","type":"file|directory|symlink|other","size","mode" (permission bits),
+//        "uid","gid","mtime" (RFC 3339),"symlink_target" (symlinks only)}
+//
 // Event ids start at 1 and increase by one per event, per session, across stdout, stderr and
 // the exit event. Offsets count bytes per stream from 0.
 #pragma once
@@ -87,6 +114,8 @@ enum class FrameType : uint8_t {
   kOutput = 4,    // binary, see OutputEvent
   kExit = 5,      // JSON ExitEvent
   kResync = 6,    // JSON ResyncEvent
+  kData = 7,      // binary: a chunk of file (or tar) bytes, either direction; see "files"
+  kEnd = 8,       // JSON: end of a kData stream; from the agent it carries the final result
 };
 
 struct Frame {

@@ -8,6 +8,12 @@ namespace sbx::service {
 namespace {
 constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
 
+absl::Status AgentError(const nlohmann::json& resp);
+}  // namespace
+
+absl::Status AgentErrorStatus(const nlohmann::json& resp) { return AgentError(resp); }
+
+namespace {
 absl::Status AgentError(const nlohmann::json& resp) {
   std::string code = "internal";
   std::string message = "agent refused the request";
@@ -19,7 +25,17 @@ absl::Status AgentError(const nlohmann::json& resp) {
   if (code == "not_found") canonical = absl::StatusCode::kNotFound;
   if (code == "invalid_argument") canonical = absl::StatusCode::kInvalidArgument;
   if (code == "failed_precondition") canonical = absl::StatusCode::kFailedPrecondition;
+  // File operations (agent/files.h) use more codes and name the precise reason apart.
+  if (code == "already_exists") canonical = absl::StatusCode::kAlreadyExists;
+  if (code == "permission_denied") canonical = absl::StatusCode::kPermissionDenied;
   if (code == "resource_exhausted") canonical = absl::StatusCode::kResourceExhausted;
+  if (code == "out_of_range") canonical = absl::StatusCode::kOutOfRange;
+  if (code == "unavailable") canonical = absl::StatusCode::kUnavailable;
+  if (code == "aborted") canonical = absl::StatusCode::kAborted;
+  if (resp.contains("error") && resp["error"].is_object() && resp["error"].contains("reason") &&
+      resp["error"]["reason"].is_string()) {
+    code = resp["error"]["reason"].get<std::string>();
+  }
   return ApiError(canonical, code, fmt::format("agent: {}", message));
 }
 }  // namespace
@@ -116,6 +132,29 @@ std::optional<protocol::Frame> AgentStream::TryNext() {
   auto next = decoder_.Next();
   if (!next.ok() || !*next) return std::nullopt;
   return std::move(**next);
+}
+
+asio::awaitable<absl::Status> AgentStream::Send(std::string bytes,
+                                                std::chrono::milliseconds timeout) {
+  const uint64_t gen = ++read_gen_;
+  timer_.expires_after(timeout);
+  timer_.async_wait([weak = std::weak_ptr<State>(state_), gen](boost::system::error_code ec) {
+    auto st = weak.lock();
+    if (ec || !st || st->gen != gen) return;
+    st->timed_out = true;
+    boost::system::error_code ignored;
+    st->socket->cancel(ignored);
+  });
+  state_->gen = gen;
+  state_->timed_out = false;
+  auto [ec, n] = co_await asio::async_write(socket_, asio::buffer(bytes), kTuple);
+  state_->gen = 0;
+  timer_.cancel();
+  if (ec == asio::error::operation_aborted && state_->timed_out) {
+    co_return absl::DeadlineExceededError("agent did not take the data in time");
+  }
+  if (ec) co_return absl::UnavailableError(fmt::format("write to agent: {}", ec.message()));
+  co_return absl::OkStatus();
 }
 
 void AgentStream::Close() {

@@ -44,6 +44,9 @@ class AgentStream {
   // what the agent sent together. nullopt when no complete frame is buffered, and also when
   // the buffered bytes are malformed (the next Next() then reports that error).
   std::optional<protocol::Frame> TryNext();
+  // Writes bytes (encoded frames) to the agent: file uploads. Waits while the agent is slow
+  // (back-pressure), up to `timeout`.
+  asio::awaitable<absl::Status> Send(std::string bytes, std::chrono::milliseconds timeout);
   void Close();
 
  private:
@@ -65,6 +68,10 @@ class AgentStream {
   nlohmann::json response_;
   std::string buf_ = std::string(256 << 10, '\0');
 };
+
+// The error status of an agent's {"ok":false,"error":{"code","message"[,"reason"]}}: the
+// canonical code from "code", the API code from "reason" when present (file operations).
+absl::Status AgentErrorStatus(const nlohmann::json& resp);
 
 // One request on a fresh connection (status, signal, ping).
 asio::awaitable<absl::StatusOr<nlohmann::json>> AsyncCallAgent(

@@ -298,6 +298,11 @@ absl::StatusOr<InstancePtr> FakeBackend::Create(const SandboxSpec& spec) {
   if (::mkdir((dir + "/home").c_str(), 0700) != 0) {
     return fail(ErrnoStatus(errno, fmt::format("create sandbox {}: mkdir({}/home)", spec.id, dir)));
   }
+  // No isolation here, so the file API gets a directory of its own as the sandbox's root
+  // (sessions still see the host's tree).
+  if (::mkdir((dir + "/root").c_str(), 0755) != 0) {
+    return fail(ErrnoStatus(errno, fmt::format("create sandbox {}: mkdir({}/root)", spec.id, dir)));
+  }
 
   // The agent sees only the sandbox's environment, never sbxd's.
   std::map<std::string, std::string> env_map = spec.env;
@@ -309,7 +314,7 @@ absl::StatusOr<InstancePtr> FakeBackend::Create(const SandboxSpec& spec) {
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
   std::vector<std::string> args = {agent_path_, "--listen", socket, "--no-user-switch",
-                                   "--sandbox-id", spec.id};
+                                   "--sandbox-id", spec.id, "--root", dir + "/root"};
   if (agent_buffer_bytes_ > 0) {
     args.push_back("--buffer-bytes");
     args.push_back(std::to_string(agent_buffer_bytes_));

@@ -1,0 +1,208 @@
+// The agent's file operations through the real sbx-agent binary (an ordinary child process with
+// --root pointing at a temporary directory): the forked workers serve the requests, are reaped,
+// and never disturb the sessions' bookkeeping.
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/unique_fd.h"
+#include "protocol/protocol.h"
+
+#ifndef SBX_AGENT_PATH
+#error "SBX_AGENT_PATH must point at the sbx-agent binary"
+#endif
+
+namespace sbx::agent {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using protocol::EncodeFrame;
+using protocol::Frame;
+using protocol::FrameType;
+using protocol::Json;
+
+class Agent {
+ public:
+  Agent() {
+    char tmpl[] = "/tmp/sbx-agent-files-XXXXXX";
+    dir_ = ::mkdtemp(tmpl);
+    fs::create_directories(dir_ / "root" / "srv");
+    socket_ = (dir_ / "agent.sock").string();
+    std::vector<std::string> args = {SBX_AGENT_PATH, "--listen", socket_, "--no-user-switch",
+                                     "--root", (dir_ / "root").string()};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    char path_env[] = "PATH=/usr/bin:/bin";
+    char* envp[] = {path_env, nullptr};
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    const std::string log = (dir_ / "agent.log").string();
+    posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+    EXPECT_EQ(posix_spawn(&pid_, SBX_AGENT_PATH, &fa, nullptr, argv.data(), envp), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    for (int i = 0; i < 500; ++i) {
+      if (protocol::CallAgent(socket_, Json{{"op", "ping"}}, 1000).ok()) return;
+      std::this_thread::sleep_for(10ms);
+    }
+    ADD_FAILURE() << "agent did not answer a ping";
+  }
+  ~Agent() {
+    ::kill(pid_, SIGTERM);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    fs::remove_all(dir_);
+  }
+
+  // Sends hello, the request and `then` (more frames), and returns every frame the agent sent
+  // until it closed the connection.
+  std::vector<Frame> Exchange(const Json& request, const std::string& then = "") {
+    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, socket_.c_str(), sizeof(addr.sun_path) - 1);
+    EXPECT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    std::string out = EncodeFrame(FrameType::kHello, R"({"version":1,"role":"host"})") +
+                      EncodeFrame(FrameType::kRequest, request.dump()) + then;
+    EXPECT_EQ(::send(fd.get(), out.data(), out.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(out.size()));
+    protocol::FrameDecoder dec;
+    std::vector<Frame> frames;
+    char buf[65536];
+    for (;;) {
+      ssize_t n = ::recv(fd.get(), buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      dec.Feed(std::string_view(buf, static_cast<size_t>(n)));
+      for (;;) {
+        auto f = dec.Next();
+        if (!f.ok() || !*f) break;
+        frames.push_back(std::move(**f));
+      }
+    }
+    return frames;
+  }
+
+  // Children of the agent that are zombies (unreaped workers).
+  int Zombies() const {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator("/proc")) {
+      std::ifstream f(e.path() / "stat");
+      std::string line;
+      if (!std::getline(f, line)) continue;
+      const size_t close = line.rfind(')');
+      if (close == std::string::npos) continue;
+      char state = 0;
+      int ppid = 0;
+      if (std::sscanf(line.c_str() + close + 1, " %c %d", &state, &ppid) == 2 && ppid == pid_ &&
+          state == 'Z') {
+        ++n;
+      }
+    }
+    return n;
+  }
+
+  const fs::path& root_parent() const { return dir_; }
+  fs::path root() const { return dir_ / "root"; }
+
+ private:
+  fs::path dir_;
+  std::string socket_;
+  pid_t pid_ = -1;
+};
+
+Json Payload(const Frame& f) { return Json::parse(f.payload); }
+
+TEST(AgentFiles, WriteReadStatThroughWorkers) {
+  Agent a;
+  const std::string data(600 * 1024, 'x');
+  std::string frames;
+  for (size_t off = 0; off < data.size(); off += 100000) {
+    frames += EncodeFrame(FrameType::kData, data.substr(off, 100000));
+  }
+  frames += EncodeFrame(FrameType::kEnd, "{}");
+  auto w = a.Exchange(Json{{"op", "write"}, {"path", "/srv/f.bin"}, {"mode", 0600}}, frames);
+  ASSERT_EQ(w.size(), 3u);  // hello, response, end
+  EXPECT_TRUE(Payload(w[1])["ok"].get<bool>()) << w[1].payload;
+  ASSERT_EQ(w[2].type, FrameType::kEnd);
+  EXPECT_EQ(Payload(w[2])["entry"]["size"], data.size()) << w[2].payload;
+  EXPECT_EQ(Payload(w[2])["entry"]["mode"], 0600);
+
+  auto r = a.Exchange(Json{{"op", "read"}, {"path", "srv/f.bin"}, {"offset", 10}, {"length", 5}});
+  ASSERT_GE(r.size(), 3u);
+  EXPECT_EQ(Payload(r[1])["length"], 5);
+  std::string got;
+  for (const Frame& f : r) {
+    if (f.type == FrameType::kData) got += f.payload;
+  }
+  EXPECT_EQ(got, "xxxxx");
+  EXPECT_EQ(r.back().type, FrameType::kEnd);
+
+  // The host's "/" is not the agent's root.
+  auto s = a.Exchange(Json{{"op", "stat"}, {"path", a.root_parent().string() + "/agent.log"}});
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(Payload(s[1])["error"]["reason"], "not_found") << s[1].payload;
+
+  // No temporary file is left next to the target.
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(a.root() / "srv")) {
+    (void)e;
+    ++files;
+  }
+  EXPECT_EQ(files, 1);
+}
+
+TEST(AgentFiles, WorkersDoNotDisturbSessions) {
+  Agent a;
+  // A session that outlives many file workers, each of which exits and is reaped meanwhile.
+  protocol::AgentConnection c = *protocol::AgentConnection::Connect(
+      (a.root_parent() / "agent.sock").string(), 10000);
+  auto started = c.Call(Json{{"op", "attach"},
+                             {"session_id", "s1"},
+                             {"spec", {{"argv", {"sleep", "30"}}}}});
+  ASSERT_TRUE(started.ok()) << started.status();
+  for (int i = 0; i < 50; ++i) {
+    auto f = a.Exchange(Json{{"op", "mkdir"}, {"path", "/srv/d" + std::to_string(i)}});
+    ASSERT_EQ(f.size(), 2u);
+    ASSERT_TRUE(Payload(f[1])["ok"].get<bool>()) << f[1].payload;
+  }
+  auto st = protocol::CallAgent((a.root_parent() / "agent.sock").string(),
+                                Json{{"op", "status"}, {"session_id", "s1"}});
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ((*st)["state"], "running") << st->dump();
+  // Every worker has been reaped (the loop reaps on SIGCHLD; allow it a moment).
+  for (int i = 0; i < 200 && a.Zombies() > 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(a.Zombies(), 0);
+  // The session's own exit is still reported as its own.
+  auto sig = protocol::CallAgent((a.root_parent() / "agent.sock").string(),
+                                 Json{{"op", "signal"}, {"session_id", "s1"}, {"signal", "TERM"}});
+  ASSERT_TRUE(sig.ok()) << sig.status();
+  for (;;) {
+    auto f = c.ReadFrame();
+    ASSERT_TRUE(f.ok()) << f.status();
+    if (f->type != FrameType::kExit) continue;
+    auto ev = protocol::DecodeExit(f->payload);
+    ASSERT_TRUE(ev.ok());
+    EXPECT_EQ(ev->signal, "SIGTERM");
+    break;
+  }
+}
+
+}  // namespace
+}  // namespace sbx::agent

@@ -1,0 +1,174 @@
+#include "agent/tar.h"
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace sbx::agent {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Parsed {
+  TarEntry entry;
+  std::string data;
+  bool ended = false;
+};
+
+// Parses `tar` fed in pieces of `piece` bytes.
+absl::Status Parse(std::string_view tar, size_t piece, std::vector<Parsed>& out) {
+  TarReader r;
+  r.on_entry = [&](const TarEntry& e) {
+    out.push_back({e, "", false});
+    return absl::OkStatus();
+  };
+  r.on_data = [&](std::string_view d) {
+    out.back().data.append(d);
+    return absl::OkStatus();
+  };
+  r.on_end_entry = [&] {
+    out.back().ended = true;
+    return absl::OkStatus();
+  };
+  for (size_t i = 0; i < tar.size(); i += piece) {
+    absl::Status s = r.Feed(tar.substr(i, piece));
+    if (!s.ok()) return s;
+  }
+  return r.Finish();
+}
+
+std::string Build(const std::vector<std::pair<TarEntry, std::string>>& entries) {
+  std::string out;
+  for (const auto& [e, data] : entries) {
+    EXPECT_TRUE(AppendTarHeader(out, e).ok()) << e.name;
+    out += data;
+    out.append(TarPadding(data.size()));
+  }
+  out.append(TarTrailer());
+  return out;
+}
+
+TEST(Tar, RoundTrip) {
+  const std::string long_name = std::string(120, 'd') + "/" + std::string(130, 'f');
+  const std::string very_long = std::string(300, 'x');  // no '/' to split at: pax path
+  std::string big(70000, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 7);
+  TarEntry dir{"sub", TarType::kDirectory, 0750, 1000, 1000, 1700000000, 0, ""};
+  TarEntry file{"sub/a.txt", TarType::kFile, 0640, 1, 2, 1700000001, 5, ""};
+  TarEntry empty{"sub/empty", TarType::kFile, 0600, 0, 0, 5, 0, ""};
+  TarEntry link{"sub/link", TarType::kSymlink, 0777, 0, 0, 6, 0, std::string(150, 'l')};
+  TarEntry lf{long_name, TarType::kFile, 0644, 0, 0, 7, big.size(), ""};
+  TarEntry vl{very_long, TarType::kFile, 0644, 0, 0, 8, 1, ""};
+  const std::string tar =
+      Build({{dir, ""}, {file, "hello"}, {empty, ""}, {link, ""}, {lf, big}, {vl, "z"}});
+  for (size_t piece : {size_t{1}, size_t{7}, size_t{512}, size_t{4096}, tar.size()}) {
+    std::vector<Parsed> got;
+    ASSERT_TRUE(Parse(tar, piece, got).ok()) << piece;
+    ASSERT_EQ(got.size(), 6u);
+    EXPECT_EQ(got[0].entry.name, "sub");
+    EXPECT_EQ(got[0].entry.type, TarType::kDirectory);
+    EXPECT_EQ(got[0].entry.mode, 0750u);
+    EXPECT_EQ(got[0].entry.uid, 1000u);
+    EXPECT_EQ(got[1].entry.name, "sub/a.txt");
+    EXPECT_EQ(got[1].data, "hello");
+    EXPECT_EQ(got[1].entry.mtime, 1700000001);
+    EXPECT_EQ(got[1].entry.mode, 0640u);
+    EXPECT_TRUE(got[2].ended);
+    EXPECT_EQ(got[2].data, "");
+    EXPECT_EQ(got[3].entry.type, TarType::kSymlink);
+    EXPECT_EQ(got[3].entry.linkname, std::string(150, 'l'));
+    EXPECT_EQ(got[4].entry.name, long_name);
+    EXPECT_EQ(got[4].data, big);
+    EXPECT_EQ(got[5].entry.name, very_long);
+    EXPECT_EQ(got[5].data, "z");
+    for (const auto& p : got) EXPECT_TRUE(p.ended) << p.entry.name;
+  }
+}
+
+TEST(Tar, RejectsMalformed) {
+  TarEntry file{"a", TarType::kFile, 0644, 0, 0, 0, 3, ""};
+  const std::string good = Build({{file, "abc"}});
+  std::vector<Parsed> got;
+  std::string bad = good;
+  bad[0] = 'b';  // checksum no longer matches
+  EXPECT_FALSE(Parse(bad, 512, got).ok());
+  // Truncated in the middle of the data.
+  got.clear();
+  EXPECT_FALSE(Parse(good.substr(0, 512 + 2), 512, got).ok());
+  // A pax header claiming 1 GiB.
+  std::string huge;
+  TarEntry pax{"x", static_cast<TarType>('x'), 0644, 0, 0, 0, 1u << 30, ""};
+  ASSERT_TRUE(AppendTarHeader(huge, pax).ok());
+  got.clear();
+  EXPECT_FALSE(Parse(huge, 512, got).ok());
+  // Garbage in a numeric field.
+  bad = good;
+  bad[124] = 'z';
+  got.clear();
+  EXPECT_FALSE(Parse(bad, 512, got).ok());
+  // An archive without the trailer, ending at an entry boundary, is accepted.
+  got.clear();
+  EXPECT_TRUE(Parse(good.substr(0, 1024), 512, got).ok());
+  EXPECT_EQ(got.size(), 1u);
+}
+
+// GNU tar's own archives (pax and GNU long names) parse, and GNU tar reads ours.
+TEST(Tar, InteroperatesWithGnuTar) {
+  if (::access("/usr/bin/tar", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/tar";
+  char tmpl[] = "/tmp/sbx-tar-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const fs::path dir = tmpl;
+  const std::string long_name(180, 'n');
+  fs::create_directories(dir / "in" / "d");
+  std::ofstream(dir / "in" / "d" / long_name) << "long";
+  std::ofstream(dir / "in" / "f") << "file";
+  fs::create_symlink("d/" + long_name, dir / "in" / "s");
+  for (const char* format : {"gnu", "pax", "ustar"}) {
+    const fs::path archive = dir / (std::string(format) + ".tar");
+    const std::string cmd = "/usr/bin/tar --format=" + std::string(format) + " -C " +
+                            (dir / "in").string() + " -cf " + archive.string() + " . 2>/dev/null";
+    const int rc = std::system(cmd.c_str());
+    if (std::string(format) == "ustar") {
+      // ustar cannot hold a 180-byte name without a '/': GNU tar refuses; nothing to check.
+      continue;
+    }
+    ASSERT_EQ(rc, 0) << cmd;
+    std::stringstream ss;
+    ss << std::ifstream(archive, std::ios::binary).rdbuf();
+    std::vector<Parsed> got;
+    ASSERT_TRUE(Parse(ss.str(), 1000, got).ok()) << format;
+    std::map<std::string, Parsed> by_name;
+    for (auto& p : got) by_name[p.entry.name] = p;
+    ASSERT_TRUE(by_name.count("./d/" + long_name)) << format;
+    EXPECT_EQ(by_name["./d/" + long_name].data, "long");
+    EXPECT_EQ(by_name["./f"].data, "file");
+    EXPECT_EQ(by_name["./s"].entry.type, TarType::kSymlink);
+    EXPECT_EQ(by_name["./s"].entry.linkname, "d/" + long_name);
+  }
+  // Ours, read by GNU tar.
+  TarEntry e{std::string(150, 'q') + "/" + std::string(140, 'r'), TarType::kFile, 0644, 0, 0,
+             1700000000, 2, ""};
+  const std::string ours = Build({{e, "ok"}});
+  const fs::path mine = dir / "mine.tar";
+  std::ofstream(mine, std::ios::binary) << ours;
+  fs::create_directories(dir / "out");
+  const std::string cmd =
+      "/usr/bin/tar -C " + (dir / "out").string() + " -xf " + mine.string() + " 2>/dev/null";
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  std::stringstream back;
+  back << std::ifstream(dir / "out" / e.name).rdbuf();
+  EXPECT_EQ(back.str(), "ok");
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace sbx::agent

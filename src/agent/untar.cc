@@ -1,0 +1,191 @@
+#include "agent/untar.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <fmt/format.h>
+
+#include "agent/path_resolve.h"
+#include "common/status_util.h"
+#include "common/unique_fd.h"
+
+namespace sbx::agent {
+namespace {
+}  // namespace
+
+// Creates every missing directory of `path` (like mkdir -p), each resolved inside the root.
+absl::Status MkdirParents(int root_fd, const std::string& path, mode_t mode) {
+  size_t pos = 1;
+  while (pos <= path.size()) {
+    size_t slash = path.find('/', pos);
+    if (slash == std::string::npos) slash = path.size();
+    const std::string prefix = path.substr(0, slash);
+    pos = slash + 1;
+    auto existing = OpenInRoot(root_fd, prefix, O_PATH | O_DIRECTORY, 0, "mkdir");
+    if (existing.ok()) continue;
+    if (!absl::IsNotFound(existing.status())) return existing.status();
+    SBX_ASSIGN_OR_RETURN(ParentRef p, OpenParent(root_fd, prefix));
+    if (::mkdirat(p.dir.get(), p.name.c_str(), mode) != 0 && errno != EEXIST) {
+      return FileErrnoStatus(errno, fmt::format("mkdir {}: mkdirat", prefix));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteAll(int fd, std::string_view data, const std::string& path) {
+  while (!data.empty()) {
+    ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return FileErrnoStatus(errno, fmt::format("write {}: write", path));
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
+// Extracts a tar stream under `base` (an O_PATH fd). Every entry is resolved with `base` as
+// the root (RESOLVE_IN_ROOT), so `..`, absolute names and symlinks planted by earlier entries
+// cannot reach outside it; names that climb above it are refused, hard links are refused.
+class Extractor::Impl {
+ public:
+  Impl(int base, std::string base_path, std::optional<uint64_t> max_bytes)
+      : base_(base), base_path_(std::move(base_path)), max_bytes_(max_bytes) {}
+
+  absl::Status OnEntry(const TarEntry& e) {
+    absl::Status s = Create(e);
+    // A path the archive itself made unusable (through a dangling symlink, or a file where a
+    // directory should be) is the archive's fault, not a missing file of the sandbox.
+    if (absl::IsNotFound(s) || ApiErrorCode(s) == "not_a_directory") {
+      return Refuse(e, fmt::format("cannot be created: {}", std::string(s.message())));
+    }
+    return s;
+  }
+
+  absl::Status Create(const TarEntry& e) {
+    if (e.name[0] == '/') return Refuse(e, "has an absolute name");
+    auto norm = ValidatePath(e.name, "/");
+    if (!norm.ok()) return Refuse(e, std::string(norm.status().message()));
+    ++entries_;
+    const std::string shown = base_path_ + (*norm == "/" ? "" : *norm);
+    switch (e.type) {
+      case TarType::kDirectory:
+        if (*norm == "/") return absl::OkStatus();
+        return MkdirParents(base_, *norm, (e.mode & 07777) | 0700);
+      case TarType::kFile: {
+        SBX_ASSIGN_OR_RETURN(ParentRef p, PrepareLeaf(*norm, shown));
+        file_.Reset(::openat(p.dir.get(), p.name.c_str(),
+                             O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+        if (!file_) return FileErrnoStatus(errno, fmt::format("untar {}: openat", shown));
+        file_mode_ = e.mode & 07777;
+        file_mtime_ = e.mtime;
+        file_path_ = shown;
+        return absl::OkStatus();
+      }
+      case TarType::kSymlink: {
+        SBX_ASSIGN_OR_RETURN(ParentRef p, PrepareLeaf(*norm, shown));
+        if (::symlinkat(e.linkname.c_str(), p.dir.get(), p.name.c_str()) != 0) {
+          return FileErrnoStatus(errno, fmt::format("untar {}: symlinkat", shown));
+        }
+        return absl::OkStatus();
+      }
+      case TarType::kHardLink:
+        return Refuse(e, "is a hard link (not supported)");
+      default:
+        --entries_;  // devices, FIFOs: skipped
+        ++skipped_;
+        return absl::OkStatus();
+    }
+  }
+
+  absl::Status OnData(std::string_view data) {
+    total_ += data.size();
+    if (max_bytes_ && total_ > *max_bytes_) {
+      return ApiError(absl::StatusCode::kResourceExhausted, "payload_too_large",
+                      fmt::format("untar {}: more than the sandbox's disk cap of {} bytes",
+                                  base_path_, *max_bytes_));
+    }
+    if (!file_) return absl::OkStatus();
+    return WriteAll(file_.get(), data, file_path_);
+  }
+
+  absl::Status OnEndEntry() {
+    if (!file_) return absl::OkStatus();
+    if (::fchmod(file_.get(), file_mode_) != 0) {
+      return FileErrnoStatus(errno, fmt::format("untar {}: fchmod", file_path_));
+    }
+    const timespec times[2] = {{0, UTIME_OMIT}, {file_mtime_, 0}};
+    (void)::futimens(file_.get(), times);
+    if (file_.Close() != 0) return FileErrnoStatus(errno, fmt::format("untar {}: close", file_path_));
+    return absl::OkStatus();
+  }
+
+  int entries() const { return entries_; }
+  int skipped() const { return skipped_; }
+
+ private:
+  absl::Status Refuse(const TarEntry& e, std::string_view why) {
+    return ApiError(absl::StatusCode::kInvalidArgument, "invalid_tar",
+                    fmt::format("untar into {}: entry \"{}\" {}", base_path_, e.name, why));
+  }
+
+  // Parents created, and whatever non-directory is at the name removed (an archive's later
+  // entry replaces an earlier one, as tar does).
+  absl::StatusOr<ParentRef> PrepareLeaf(const std::string& norm, const std::string& shown) {
+    if (norm == "/") {
+      return ApiError(absl::StatusCode::kInvalidArgument, "invalid_tar",
+                      fmt::format("untar into {}: an entry names the directory itself", base_path_));
+    }
+    SBX_ASSIGN_OR_RETURN(auto split, SplitParent(norm));
+    SBX_RETURN_IF_ERROR(MkdirParents(base_, split.first, 0755));
+    SBX_ASSIGN_OR_RETURN(ParentRef p, OpenParent(base_, norm));
+    if (::unlinkat(p.dir.get(), p.name.c_str(), 0) != 0 && errno != ENOENT) {
+      return FileErrnoStatus(errno, fmt::format("untar {}: unlinkat", shown));
+    }
+    return p;
+  }
+
+  int base_;
+  std::string base_path_;
+  std::optional<uint64_t> max_bytes_;
+  uint64_t total_ = 0;
+  int entries_ = 0, skipped_ = 0;
+  UniqueFd file_;
+  mode_t file_mode_ = 0644;
+  int64_t file_mtime_ = 0;
+  std::string file_path_;
+};
+
+
+Extractor::Extractor(int base, std::string base_path, std::optional<uint64_t> max_bytes)
+    : impl_(std::make_unique<Impl>(base, std::move(base_path), max_bytes)) {
+  reader_.on_entry = [this](const TarEntry& e) { return impl_->OnEntry(e); };
+  reader_.on_data = [this](std::string_view d) { return impl_->OnData(d); };
+  reader_.on_end_entry = [this] { return impl_->OnEndEntry(); };
+}
+
+Extractor::~Extractor() = default;
+
+absl::Status Extractor::Feed(std::string_view bytes) {
+  absl::Status s = reader_.Feed(bytes);
+  // The reader's own errors are a malformed archive.
+  if (!s.ok() && s.code() == absl::StatusCode::kInvalidArgument && ApiErrorCode(s).empty()) {
+    return ApiError(s.code(), "invalid_tar", std::string(s.message()));
+  }
+  return s;
+}
+
+absl::Status Extractor::Finish() {
+  absl::Status s = reader_.Finish();
+  if (!s.ok()) return ApiError(s.code(), "invalid_tar", std::string(s.message()));
+  return s;
+}
+
+int Extractor::entries() const { return impl_->entries(); }
+int Extractor::skipped() const { return impl_->skipped(); }
+
+}  // namespace sbx::agent

@@ -1,0 +1,44 @@
+// Extraction of a tar stream into a directory, contained in it: every entry is resolved with
+// the directory as the root (openat2 RESOLVE_IN_ROOT, path_resolve.h), so absolute names, `..`
+// and symlinks planted by earlier entries cannot reach outside it; names that climb above it
+// and hard links are refused. Used by the agent (PUT of a tar) and by `sbx cp` (a download of
+// a sandbox's directory, whose contents are untrusted).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "agent/tar.h"
+
+namespace sbx::agent {
+
+// Creates every missing directory of `path` (like mkdir -p), each resolved inside `root_fd`.
+absl::Status MkdirParents(int root_fd, const std::string& path, mode_t mode);
+
+// Writes all of `data` to `fd`; errors name `path`.
+absl::Status WriteAll(int fd, std::string_view data, const std::string& path);
+
+class Extractor {
+ public:
+  // `base`: an O_PATH directory fd, kept open by the caller; `base_path` names it in errors.
+  // `max_bytes`: a bound on the data extracted (the sandbox's disk cap).
+  Extractor(int base, std::string base_path, std::optional<uint64_t> max_bytes);
+  ~Extractor();
+
+  // Feeds bytes of the archive; Finish() at its end.
+  absl::Status Feed(std::string_view bytes);
+  absl::Status Finish();
+  int entries() const;
+  int skipped() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+  TarReader reader_;
+};
+
+}  // namespace sbx::agent
