@@ -85,24 +85,9 @@ void WriteLogLine(const AgentOptions& opts, std::string_view level, std::string_
   (void)!::write(opts.log_fd, line.data(), line.size());
 }
 
-std::string StatusCodeName(absl::StatusCode code) {
-  switch (code) {
-    case absl::StatusCode::kNotFound: return "not_found";
-    case absl::StatusCode::kInvalidArgument: return "invalid_argument";
-    case absl::StatusCode::kFailedPrecondition: return "failed_precondition";
-    case absl::StatusCode::kAlreadyExists: return "already_exists";
-    case absl::StatusCode::kPermissionDenied: return "permission_denied";
-    case absl::StatusCode::kResourceExhausted: return "resource_exhausted";
-    case absl::StatusCode::kUnavailable: return "unavailable";
-    case absl::StatusCode::kDeadlineExceeded: return "deadline_exceeded";
-    case absl::StatusCode::kUnimplemented: return "unimplemented";
-    default: return "internal";
-  }
-}
-
 Json ErrorJson(const absl::Status& s) {
   return Json{{"ok", false},
-              {"error", {{"code", StatusCodeName(s.code())}, {"message", std::string(s.message())}}}};
+              {"error", {{"code", protocol::ErrorCodeName(s.code())}, {"message", std::string(s.message())}}}};
 }
 
 bool HasNul(const std::string& s) { return s.find('\0') != std::string::npos; }

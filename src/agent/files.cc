@@ -41,25 +41,10 @@ constexpr int kMaxTreeDepth = 128;
 
 std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
-std::string CanonicalName(absl::StatusCode code) {
-  switch (code) {
-    case absl::StatusCode::kNotFound: return "not_found";
-    case absl::StatusCode::kInvalidArgument: return "invalid_argument";
-    case absl::StatusCode::kFailedPrecondition: return "failed_precondition";
-    case absl::StatusCode::kAlreadyExists: return "already_exists";
-    case absl::StatusCode::kPermissionDenied: return "permission_denied";
-    case absl::StatusCode::kResourceExhausted: return "resource_exhausted";
-    case absl::StatusCode::kOutOfRange: return "out_of_range";
-    case absl::StatusCode::kUnavailable: return "unavailable";
-    case absl::StatusCode::kDeadlineExceeded: return "deadline_exceeded";
-    default: return "internal";
-  }
-}
-
 Json ErrorJson(const absl::Status& s) {
   return Json{{"ok", false},
               {"error",
-               {{"code", CanonicalName(s.code())},
+               {{"code", protocol::ErrorCodeName(s.code())},
                 {"reason", FileErrorReason(s)},
                 {"message", std::string(s.message())}}}};
 }

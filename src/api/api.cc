@@ -1,4 +1,5 @@
 #include "api/api.h"
+#include "api/handler_util.h"
 
 #include <vector>
 
@@ -41,12 +42,6 @@ std::optional<std::string> Header(const http::Request& req, std::string_view nam
   return std::string(it->value());
 }
 
-absl::Status MethodNotAllowed(const http::Request& req) {
-  return ApiError(absl::StatusCode::kInvalidArgument, "method_not_allowed",
-                  fmt::format("method {} is not allowed on {}", std::string(req.method_string()),
-                              std::string(req.target())));
-}
-
 absl::StatusOr<std::optional<std::string>> IdempotencyKey(const http::Request& req) {
   auto key = Header(req, "Idempotency-Key");
   if (!key) return std::optional<std::string>();
@@ -58,17 +53,6 @@ absl::StatusOr<std::optional<std::string>> IdempotencyKey(const http::Request& r
 size_t SseSizeBound(const protocol::Frame& f) {
   if (f.type == protocol::FrameType::kOutput) return SseOutputEventSizeBound(f.payload.size());
   return f.payload.size() + 256;  // small JSON re-encoded with a few more keys at most
-}
-
-// The error response for `s`. A 500 is a bug or a broken host, which only the log can explain
-// to an operator (the client sees "internal"); the other errors are the client's business and
-// the access-log line records their status.
-http::Response Fail(const http::RequestContext& ctx, const absl::Status& s) {
-  http::Response res = ErrorResponse(s, ctx.request_id);
-  if (res.result() == bhttp::status::internal_server_error) {
-    SBX_LOG_ERROR(ctx.log, "internal error: {}", std::string(s.message()));
-  }
-  return res;
 }
 
 metrics::Family<metrics::Counter>& StreamedBytes(metrics::Registry& registry) {
@@ -86,6 +70,23 @@ json ExitJson(const protocol::ExitEvent& ev) {
 }
 
 }  // namespace
+
+absl::Status MethodNotAllowed(const http::Request& req) {
+  return ApiError(absl::StatusCode::kInvalidArgument, "method_not_allowed",
+                  fmt::format("method {} is not allowed on {}", std::string(req.method_string()),
+                              std::string(req.target())));
+}
+
+// The error response for `s`. A 500 is a bug or a broken host, which only the log can explain
+// to an operator (the client sees "internal"); the other errors are the client's business and
+// the access-log line records their status.
+http::Response Fail(const http::RequestContext& ctx, const absl::Status& s) {
+  http::Response res = ErrorResponse(s, ctx.request_id);
+  if (res.result() == bhttp::status::internal_server_error) {
+    SBX_LOG_ERROR(ctx.log, "internal error: {}", std::string(s.message()));
+  }
+  return res;
+}
 
 Api::Api(service::SandboxService& svc, ApiOptions opts)
     : svc_(svc),

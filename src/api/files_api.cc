@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "api/api.h"
+#include "api/handler_util.h"
 #include "api/status_to_http.h"
 #include "common/log.h"
 #include "common/status_util.h"
@@ -203,11 +204,7 @@ Awaitable Api::Files(http::RequestContext& ctx, const service::Caller& caller,
                      const std::string& sandbox_id, const std::string& what, const Target& t) {
   const auto method = ctx.req.method();
   auto fail = [&](const absl::Status& s) -> std::optional<http::Response> {
-    http::Response res = ErrorResponse(s, ctx.request_id);
-    if (res.result() == bhttp::status::internal_server_error) {
-      SBX_LOG_ERROR(ctx.log, "internal error: {}", std::string(s.message()));
-    }
-    return res;
+    return Fail(ctx, s);
   };
   const bool known = what == "files" || what == "files:list" || what == "files:stat" ||
                      what == "files:mkdir" || what == "files:move" || what == "files:watch";

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "api/api.h"
+#include "api/handler_util.h"
 #include "api/status_to_http.h"
 #include "common/encoding.h"
 #include "common/log.h"
@@ -70,17 +71,10 @@ http::asio::awaitable<std::optional<http::Response>> Api::SessionIo(
     http::RequestContext& ctx, const service::Caller& caller, const std::string& session_id,
     const std::string& action) {
   auto fail = [&](const absl::Status& s) -> std::optional<http::Response> {
-    http::Response res = ErrorResponse(s, ctx.request_id);
-    if (res.result() == bhttp::status::internal_server_error) {
-      SBX_LOG_ERROR(ctx.log, "internal error: {}", std::string(s.message()));
-    }
-    return res;
+    return Fail(ctx, s);
   };
   if (ctx.req.method() != bhttp::verb::post) {
-    co_return fail(ApiError(absl::StatusCode::kInvalidArgument, "method_not_allowed",
-                            fmt::format("method {} is not allowed on {}",
-                                        std::string(ctx.req.method_string()),
-                                        std::string(ctx.req.target()))));
+    co_return fail(MethodNotAllowed(ctx.req));
   }
   // The body first: a malformed request is a 400 whatever the session's state.
   json request = {{"session_id", session_id}};
@@ -135,17 +129,10 @@ http::asio::awaitable<std::optional<http::Response>> Api::SessionIo(
 http::asio::awaitable<std::optional<http::Response>> Api::Processes(
     http::RequestContext& ctx, const service::Caller& caller, const std::string& sandbox_id) {
   auto fail = [&](const absl::Status& s) -> std::optional<http::Response> {
-    http::Response res = ErrorResponse(s, ctx.request_id);
-    if (res.result() == bhttp::status::internal_server_error) {
-      SBX_LOG_ERROR(ctx.log, "internal error: {}", std::string(s.message()));
-    }
-    return res;
+    return Fail(ctx, s);
   };
   if (ctx.req.method() != bhttp::verb::get) {
-    co_return fail(ApiError(absl::StatusCode::kInvalidArgument, "method_not_allowed",
-                            fmt::format("method {} is not allowed on {}",
-                                        std::string(ctx.req.method_string()),
-                                        std::string(ctx.req.target()))));
+    co_return fail(MethodNotAllowed(ctx.req));
   }
   auto sock = log::With(ctx.log, [&] { return svc_.SandboxAgentSocket(caller, sandbox_id); });
   if (!sock.ok()) co_return fail(sock.status());

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "api/api.h"
+#include "api/handler_util.h"
 #include "api/status_to_http.h"
 #include "common/encoding.h"
 #include "common/log.h"
@@ -69,17 +70,10 @@ absl::StatusOr<json> ControlRequest(std::string_view text, const std::string& se
 http::asio::awaitable<std::optional<http::Response>> Api::WebSocket(
     http::RequestContext& ctx, const service::Caller& caller, const std::string& session_id) {
   auto fail = [&](const absl::Status& s) -> std::optional<http::Response> {
-    http::Response res = ErrorResponse(s, ctx.request_id);
-    if (res.result() == bhttp::status::internal_server_error) {
-      SBX_LOG_ERROR(ctx.log, "internal error: {}", std::string(s.message()));
-    }
-    return res;
+    return Fail(ctx, s);
   };
   if (ctx.req.method() != bhttp::verb::get) {
-    co_return fail(ApiError(absl::StatusCode::kInvalidArgument, "method_not_allowed",
-                            fmt::format("method {} is not allowed on {}",
-                                        std::string(ctx.req.method_string()),
-                                        std::string(ctx.req.target()))));
+    co_return fail(MethodNotAllowed(ctx.req));
   }
   if (!websocket::is_upgrade(ctx.req)) {
     co_return fail(ApiError(absl::StatusCode::kInvalidArgument, "invalid_argument",

@@ -466,4 +466,34 @@ absl::StatusOr<Json> CallAgent(const std::string& socket_path, const Json& reque
   return conn.Call(request);
 }
 
+namespace {
+constexpr std::pair<absl::StatusCode, std::string_view> kErrorCodeNames[] = {
+    {absl::StatusCode::kNotFound, "not_found"},
+    {absl::StatusCode::kInvalidArgument, "invalid_argument"},
+    {absl::StatusCode::kFailedPrecondition, "failed_precondition"},
+    {absl::StatusCode::kAlreadyExists, "already_exists"},
+    {absl::StatusCode::kPermissionDenied, "permission_denied"},
+    {absl::StatusCode::kResourceExhausted, "resource_exhausted"},
+    {absl::StatusCode::kOutOfRange, "out_of_range"},
+    {absl::StatusCode::kUnavailable, "unavailable"},
+    {absl::StatusCode::kDeadlineExceeded, "deadline_exceeded"},
+    {absl::StatusCode::kAborted, "aborted"},
+    {absl::StatusCode::kUnimplemented, "unimplemented"},
+};
+}  // namespace
+
+std::string ErrorCodeName(absl::StatusCode code) {
+  for (const auto& [c, name] : kErrorCodeNames) {
+    if (c == code) return std::string(name);
+  }
+  return "internal";
+}
+
+absl::StatusCode ErrorCodeFromName(std::string_view name) {
+  for (const auto& [c, n] : kErrorCodeNames) {
+    if (n == name) return c;
+  }
+  return absl::StatusCode::kInternal;
+}
+
 }  // namespace sbx::protocol

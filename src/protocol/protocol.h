@@ -186,6 +186,11 @@ absl::StatusOr<ExitEvent> DecodeExit(std::string_view payload);
 std::string EncodeResync(const ResyncEvent& ev);
 absl::StatusOr<ResyncEvent> DecodeResync(std::string_view payload);
 
+// The "code" of an agent error response <-> absl codes: the agent names its errors with these,
+// sbxd maps them back. Unknown names are kInternal; codes without a name are "internal".
+std::string ErrorCodeName(absl::StatusCode code);
+absl::StatusCode ErrorCodeFromName(std::string_view name);
+
 // Signal numbers <-> "SIGTERM" names, for the signals a session can receive or die from.
 std::optional<std::string> SignalName(int signo);
 std::optional<int> SignalNumber(std::string_view name);  // accepts "TERM" and "SIGTERM"

@@ -64,7 +64,7 @@ TEST(Frame, RejectsBadVersion) {
 }
 
 TEST(Frame, RejectsUnknownType) {
-  for (uint8_t t : {0, 7, 255}) {
+  for (uint8_t t : {0, 9, 255}) {
     std::string h = Header(0, kVersion, t, 0);
     auto r = DecodeHeader(Bytes(h));
     ASSERT_FALSE(r.ok());
@@ -444,6 +444,18 @@ TEST(AgentConnection, ReadTimesOut) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
   ::close(l);
   std::filesystem::remove_all(dir);
+}
+
+TEST(ErrorCodeNames, RoundTripAndUnknownIsInternal) {
+  for (absl::StatusCode c : {absl::StatusCode::kNotFound, absl::StatusCode::kInvalidArgument,
+                             absl::StatusCode::kFailedPrecondition,
+                             absl::StatusCode::kResourceExhausted, absl::StatusCode::kOutOfRange,
+                             absl::StatusCode::kUnavailable}) {
+    EXPECT_EQ(ErrorCodeFromName(ErrorCodeName(c)), c) << ErrorCodeName(c);
+  }
+  EXPECT_EQ(ErrorCodeName(absl::StatusCode::kDataLoss), "internal");
+  EXPECT_EQ(ErrorCodeFromName("no_such_code"), absl::StatusCode::kInternal);
+  EXPECT_EQ(ErrorCodeFromName(""), absl::StatusCode::kInternal);
 }
 
 }  // namespace

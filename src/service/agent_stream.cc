@@ -21,17 +21,8 @@ absl::Status AgentError(const nlohmann::json& resp) {
     code = resp["error"].value("code", code);
     message = resp["error"].value("message", message);
   }
-  absl::StatusCode canonical = absl::StatusCode::kInternal;
-  if (code == "not_found") canonical = absl::StatusCode::kNotFound;
-  if (code == "invalid_argument") canonical = absl::StatusCode::kInvalidArgument;
-  if (code == "failed_precondition") canonical = absl::StatusCode::kFailedPrecondition;
-  // File operations (agent/files.h) use more codes and name the precise reason apart.
-  if (code == "already_exists") canonical = absl::StatusCode::kAlreadyExists;
-  if (code == "permission_denied") canonical = absl::StatusCode::kPermissionDenied;
-  if (code == "resource_exhausted") canonical = absl::StatusCode::kResourceExhausted;
-  if (code == "out_of_range") canonical = absl::StatusCode::kOutOfRange;
-  if (code == "unavailable") canonical = absl::StatusCode::kUnavailable;
-  if (code == "aborted") canonical = absl::StatusCode::kAborted;
+  const absl::StatusCode canonical = protocol::ErrorCodeFromName(code);
+  // File operations (agent/files.h) name the precise reason apart from the code.
   if (resp.contains("error") && resp["error"].is_object() && resp["error"].contains("reason") &&
       resp["error"]["reason"].is_string()) {
     code = resp["error"]["reason"].get<std::string>();
@@ -39,6 +30,20 @@ absl::Status AgentError(const nlohmann::json& resp) {
   return ApiError(canonical, code, fmt::format("agent: {}", message));
 }
 }  // namespace
+
+void AgentStream::ArmDeadline(std::chrono::milliseconds deadline) {
+  const uint64_t gen = ++read_gen_;
+  timer_.expires_after(deadline);
+  timer_.async_wait([weak = std::weak_ptr<State>(state_), gen](boost::system::error_code ec) {
+    auto st = weak.lock();
+    if (ec || !st || st->gen != gen) return;
+    st->timed_out = true;
+    boost::system::error_code ignored;
+    st->socket->cancel(ignored);
+  });
+  state_->gen = gen;
+  state_->timed_out = false;
+}
 
 asio::awaitable<absl::Status> AgentStream::ReadUntilFrame(std::optional<protocol::Frame>& out,
                                                           std::chrono::milliseconds deadline,
@@ -54,17 +59,7 @@ asio::awaitable<absl::Status> AgentStream::ReadUntilFrame(std::optional<protocol
     // handler runs with the data) or it had not started transferring. A timer completion that
     // was already queued when the read finished must not cancel a later read: the generation
     // counter tells them apart, and the weak pointer keeps it from touching a dead stream.
-    const uint64_t gen = ++read_gen_;
-    timer_.expires_after(deadline);
-    timer_.async_wait([weak = std::weak_ptr<State>(state_), gen](boost::system::error_code ec) {
-      auto st = weak.lock();
-      if (ec || !st || st->gen != gen) return;
-      st->timed_out = true;
-      boost::system::error_code ignored;
-      st->socket->cancel(ignored);
-    });
-    state_->gen = gen;
-    state_->timed_out = false;
+    ArmDeadline(deadline);
     auto [ec, n] = co_await socket_.async_read_some(asio::buffer(buf_), kTuple);
     state_->gen = 0;
     timer_.cancel();
@@ -136,17 +131,7 @@ std::optional<protocol::Frame> AgentStream::TryNext() {
 
 asio::awaitable<absl::Status> AgentStream::Send(std::string bytes,
                                                 std::chrono::milliseconds timeout) {
-  const uint64_t gen = ++read_gen_;
-  timer_.expires_after(timeout);
-  timer_.async_wait([weak = std::weak_ptr<State>(state_), gen](boost::system::error_code ec) {
-    auto st = weak.lock();
-    if (ec || !st || st->gen != gen) return;
-    st->timed_out = true;
-    boost::system::error_code ignored;
-    st->socket->cancel(ignored);
-  });
-  state_->gen = gen;
-  state_->timed_out = false;
+  ArmDeadline(timeout);
   auto [ec, n] = co_await asio::async_write(socket_, asio::buffer(bytes), kTuple);
   state_->gen = 0;
   timer_.cancel();

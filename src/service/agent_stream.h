@@ -50,6 +50,9 @@ class AgentStream {
   void Close();
 
  private:
+  // Cancels the socket's pending operation (state_->timed_out set) unless it completes within
+  // `deadline`; a generation counter keeps a late timer from cancelling a later operation.
+  void ArmDeadline(std::chrono::milliseconds deadline);
   asio::awaitable<absl::Status> ReadUntilFrame(std::optional<protocol::Frame>& out,
                                                std::chrono::milliseconds deadline,
                                                bool idle_ok);
