@@ -1003,10 +1003,13 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSession(
     // its env was known, so the agent's own environment cannot carry it.
     json env = sb.env.is_object() ? sb.env : json::object();
     for (const auto& [k, v] : req.env) env[k] = v;
+    // The template's workdir and user are the defaults, as for the files API (the agent's
+    // --workdir); a template removed since the sandbox was made leaves "/" and root.
+    auto tmpl = templates_.Resolve(sb.template_ref);
     s.spec = {{"argv", req.argv},
-              {"cwd", req.cwd.value_or("/")},
+              {"cwd", req.cwd.value_or(tmpl.ok() ? tmpl->workdir : "/")},
               {"env", env},
-              {"user", req.user.value_or("root")}};
+              {"user", req.user.value_or(tmpl.ok() ? tmpl->default_user : "root")}};
     AddInteractiveSpec(req, s.spec);
     s.created_at = now;
     SBX_RETURN_IF_ERROR(tx.PutSession(s));

@@ -314,7 +314,8 @@ absl::StatusOr<InstancePtr> FakeBackend::Create(const SandboxSpec& spec) {
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
   std::vector<std::string> args = {agent_path_, "--listen", socket, "--no-user-switch",
-                                   "--sandbox-id", spec.id, "--root", dir + "/root"};
+                                   "--sandbox-id", spec.id, "--root", dir + "/root",
+                                   "--workdir", spec.tmpl.workdir};
   if (agent_buffer_bytes_ > 0) {
     args.push_back("--buffer-bytes");
     args.push_back(std::to_string(agent_buffer_bytes_));

@@ -505,7 +505,8 @@ absl::StatusOr<InstancePtr> NsBackend::Create(const SandboxSpec& spec) {
   plan.seccomp = &s.seccomp;
   plan.landlock = &s.landlock;
   plan.argv_storage = {"sbx-agent", "--listen-fd", std::to_string(kAgentListenFd), "--buffer-bytes",
-                       std::to_string(s.opts.agent_buffer_bytes), "--sandbox-id", spec.id};
+                       std::to_string(s.opts.agent_buffer_bytes), "--sandbox-id", spec.id,
+                       "--workdir", spec.tmpl.workdir};
   std::map<std::string, std::string> env = {
       {"PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
       {"HOME", "/root"},
