@@ -200,6 +200,16 @@ class SandboxServiceTest : public ::testing::Test {
     return text.substr(at, text.find('\n', at) - at);
   }
 
+  // Metric(series) once it equals `want`, waiting at most 10 s: an operation's job counts it
+  // just after committing it, so a test that saw it finished in the store can read the
+  // counter a moment early. Any other value is returned (and fails the test) after the wait.
+  std::string MetricSoon(const std::string& series, const std::string& want) {
+    for (int i = 0; i < 2000 && Metric(series) != want; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return Metric(series);
+  }
+
   fs::path dir_;
   Caller caller_{"default", std::nullopt};
   metrics::Registry registry_;  // before the store and the service, which hold its children
@@ -461,17 +471,19 @@ TEST_F(SandboxServiceTest, RestartKeepsPausedSandboxFrozenAndFailsInterruptedOps
 
 TEST_F(SandboxServiceTest, OperationMetricsCountWhatFinished) {
   EXPECT_EQ(Metric("sbx_sandboxes{state=\"running\"}"), "0");
-  EXPECT_EQ(Metric("sbx_operations_total{kind=\"create\",result=\"succeeded\"}"), "0");
+  EXPECT_EQ(MetricSoon("sbx_operations_total{kind=\"create\",result=\"succeeded\"}", "0"), "0");
   EXPECT_EQ(Metric("sbx_build_info{version=\"" + std::string(BuildVersion()) + "\",commit=\"" +
                    std::string(BuildCommit()) + "\",runtime=\"fake\"}"),
             "1");
 
   const std::string id = CreateRunning();
-  EXPECT_EQ(Metric("sbx_operations_total{kind=\"create\",result=\"succeeded\"}"), "1");
-  EXPECT_EQ(Metric("sbx_operation_duration_seconds_count{kind=\"create\"}"), "1");
-  EXPECT_EQ(Metric("sbx_sandbox_create_to_running_seconds_count{runtime=\"fake\",source=\"cold\"}"),
+  EXPECT_EQ(MetricSoon("sbx_operations_total{kind=\"create\",result=\"succeeded\"}", "1"), "1");
+  EXPECT_EQ(MetricSoon("sbx_operation_duration_seconds_count{kind=\"create\"}", "1"), "1");
+  EXPECT_EQ(MetricSoon("sbx_sandbox_create_to_running_seconds_count"
+                       "{runtime=\"fake\",source=\"cold\"}", "1"),
             "1");
-  EXPECT_EQ(Metric("sbx_sandbox_create_to_running_seconds_count{runtime=\"fake\",source=\"warm\"}"),
+  EXPECT_EQ(MetricSoon("sbx_sandbox_create_to_running_seconds_count"
+                       "{runtime=\"fake\",source=\"warm\"}", "0"),
             "0");
   // Every live state is reported, the empty ones as 0.
   for (std::string_view state : kLiveStates) {
@@ -487,20 +499,20 @@ TEST_F(SandboxServiceTest, OperationMetricsCountWhatFinished) {
   Do(id, "wake");
   auto wake = Request(id, "wake");  // refused before it became an operation: not counted
   EXPECT_FALSE(wake.ok());
-  EXPECT_EQ(Metric("sbx_operations_total{kind=\"pause\",result=\"succeeded\"}"), "1");
-  EXPECT_EQ(Metric("sbx_operations_total{kind=\"wake\",result=\"succeeded\"}"), "1");
-  EXPECT_EQ(Metric("sbx_operation_duration_seconds_count{kind=\"wake\"}"), "1");
+  EXPECT_EQ(MetricSoon("sbx_operations_total{kind=\"pause\",result=\"succeeded\"}", "1"), "1");
+  EXPECT_EQ(MetricSoon("sbx_operations_total{kind=\"wake\",result=\"succeeded\"}", "1"), "1");
+  EXPECT_EQ(MetricSoon("sbx_operation_duration_seconds_count{kind=\"wake\"}", "1"), "1");
 
   auto del = svc_->DeleteSandbox(caller_, id, std::nullopt);
   ASSERT_TRUE(del.ok()) << del.status();
   EXPECT_EQ(WaitOp(json::parse(del->body)["operation"]["id"]).state, "succeeded");
-  EXPECT_EQ(Metric("sbx_operations_total{kind=\"delete\",result=\"succeeded\"}"), "1");
+  EXPECT_EQ(MetricSoon("sbx_operations_total{kind=\"delete\",result=\"succeeded\"}", "1"), "1");
   EXPECT_EQ(Metric("sbx_sandboxes{state=\"running\"}"), "0");
   // A repeated delete answers with the finished operation and counts nothing new.
   ASSERT_TRUE(svc_->DeleteSandbox(caller_, id, std::nullopt).ok());
-  EXPECT_EQ(Metric("sbx_operations_total{kind=\"delete\",result=\"succeeded\"}"), "1");
-  EXPECT_EQ(Metric("sbx_operation_duration_seconds_count{kind=\"delete\"}"), "1");
-  EXPECT_EQ(Metric("sbx_operations_total{kind=\"create\",result=\"failed\"}"), "0");
+  EXPECT_EQ(MetricSoon("sbx_operations_total{kind=\"delete\",result=\"succeeded\"}", "1"), "1");
+  EXPECT_EQ(MetricSoon("sbx_operation_duration_seconds_count{kind=\"delete\"}", "1"), "1");
+  EXPECT_EQ(MetricSoon("sbx_operations_total{kind=\"create\",result=\"failed\"}", "0"), "0");
   // The store timed the statements of all this.
   EXPECT_NE(Metric("sbx_store_query_duration_seconds_count{op=\"PutOperation\"}"), "0");
 }
@@ -526,9 +538,9 @@ TEST_F(SandboxServiceTest, FailedAndCancelledOperationsAreCountedApart) {
   cv.notify_all();
   EXPECT_EQ(WaitOp((*pause)["id"]).error.value("code", ""), "cancelled");
   EXPECT_EQ(WaitOp(json::parse(del->body)["operation"]["id"]).state, "succeeded");
-  EXPECT_EQ(Metric("sbx_operations_total{kind=\"pause\",result=\"cancelled\"}"), "1");
-  EXPECT_EQ(Metric("sbx_operations_total{kind=\"pause\",result=\"failed\"}"), "0");
-  EXPECT_EQ(Metric("sbx_operations_total{kind=\"pause\",result=\"succeeded\"}"), "0");
+  EXPECT_EQ(MetricSoon("sbx_operations_total{kind=\"pause\",result=\"cancelled\"}", "1"), "1");
+  EXPECT_EQ(MetricSoon("sbx_operations_total{kind=\"pause\",result=\"failed\"}", "0"), "0");
+  EXPECT_EQ(MetricSoon("sbx_operations_total{kind=\"pause\",result=\"succeeded\"}", "0"), "0");
 
   // A create whose template changed while it was queued fails in its job. Both engine workers
   // are held so that the job waits behind them.
@@ -556,11 +568,12 @@ TEST_F(SandboxServiceTest, FailedAndCancelledOperationsAreCountedApart) {
   }
   cv.notify_all();
   EXPECT_EQ(WaitOp(body["operation"]["id"]).state, "failed");
-  EXPECT_EQ(Metric("sbx_operations_total{kind=\"create\",result=\"failed\"}"), "1");
-  EXPECT_EQ(Metric("sbx_operations_total{kind=\"create\",result=\"succeeded\"}"), "1");
-  EXPECT_EQ(Metric("sbx_operation_duration_seconds_count{kind=\"create\"}"), "2");
+  EXPECT_EQ(MetricSoon("sbx_operations_total{kind=\"create\",result=\"failed\"}", "1"), "1");
+  EXPECT_EQ(MetricSoon("sbx_operations_total{kind=\"create\",result=\"succeeded\"}", "1"), "1");
+  EXPECT_EQ(MetricSoon("sbx_operation_duration_seconds_count{kind=\"create\"}", "2"), "2");
   // Only the create that reached running has a create-to-running time.
-  EXPECT_EQ(Metric("sbx_sandbox_create_to_running_seconds_count{runtime=\"fake\",source=\"cold\"}"),
+  EXPECT_EQ(MetricSoon("sbx_sandbox_create_to_running_seconds_count"
+                       "{runtime=\"fake\",source=\"cold\"}", "1"),
             "1");
   EXPECT_EQ(Metric("sbx_sandboxes{state=\"failed\"}"), "1");
 }
@@ -582,9 +595,9 @@ TEST_F(SandboxServiceTest, InterruptedOperationsAreCountedAsFailedAfterARestart)
   }).ok());
   Stop();
   Start();
-  EXPECT_EQ(Metric("sbx_operations_total{kind=\"suspend\",result=\"failed\"}"), "1");
+  EXPECT_EQ(MetricSoon("sbx_operations_total{kind=\"suspend\",result=\"failed\"}", "1"), "1");
   // Accepted by another process: no duration to observe.
-  EXPECT_EQ(Metric("sbx_operation_duration_seconds_count{kind=\"suspend\"}"), "0");
+  EXPECT_EQ(MetricSoon("sbx_operation_duration_seconds_count{kind=\"suspend\"}", "0"), "0");
 }
 
 TEST_F(SandboxServiceTest, WarmPoolMetricsAndWarmCreates) {
@@ -605,11 +618,13 @@ TEST_F(SandboxServiceTest, WarmPoolMetricsAndWarmCreates) {
   ASSERT_TRUE(r.ok()) << r.status();
   json body = json::parse(r->body);
   ASSERT_EQ(body["operation"]["state"], "succeeded") << "not served from the pool: " << body;
-  EXPECT_EQ(Metric("sbx_sandbox_create_to_running_seconds_count{runtime=\"fake\",source=\"warm\"}"),
+  EXPECT_EQ(MetricSoon("sbx_sandbox_create_to_running_seconds_count"
+                       "{runtime=\"fake\",source=\"warm\"}", "1"),
             "1");
-  EXPECT_EQ(Metric("sbx_sandbox_create_to_running_seconds_count{runtime=\"fake\",source=\"cold\"}"),
+  EXPECT_EQ(MetricSoon("sbx_sandbox_create_to_running_seconds_count"
+                       "{runtime=\"fake\",source=\"cold\"}", "0"),
             "0");
-  EXPECT_EQ(Metric("sbx_operations_total{kind=\"create\",result=\"succeeded\"}"), "1");
+  EXPECT_EQ(MetricSoon("sbx_operations_total{kind=\"create\",result=\"succeeded\"}", "1"), "1");
   EXPECT_EQ(Metric("sbx_sandboxes{state=\"running\"}"), "1");
 }
 
