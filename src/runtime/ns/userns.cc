@@ -50,14 +50,10 @@ bool ParseBase(const std::string& name, uint32_t* out) {
   return true;
 }
 
-// Opens `path` with `flags` (plus O_WRONLY|O_CREAT|O_CLOEXEC) and writes the owner line; the
-// file is removed again if the write fails. EEXIST (with O_EXCL) is reported as AlreadyExists.
-absl::Status WriteOwnerFile(const std::string& path, const std::string& owner, int flags) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | flags, 0600);
-  if (fd < 0) {
-    if (errno == EEXIST) return absl::AlreadyExistsError(path);
-    return ErrnoStatus(errno, fmt::format("uid range: open({})", path));
-  }
+// Writes the owner line to a new (truncated) `path`, which is removed again if the write fails.
+absl::Status WriteOwnerFile(const std::string& path, const std::string& owner) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoStatus(errno, fmt::format("uid range: open({})", path));
   const std::string text = owner + "\n";
   ssize_t n = ::write(fd, text.data(), text.size());
   int err = errno;
@@ -69,8 +65,25 @@ absl::Status WriteOwnerFile(const std::string& path, const std::string& owner, i
   return absl::OkStatus();
 }
 
-absl::Status CreateClaim(const std::string& path, const std::string& owner) {
-  return WriteOwnerFile(path, owner, O_EXCL);
+// A claim must never be visible without its owner line: every sbxd's sweep treats an empty
+// claim as stale and removes it, so a claim created with O_EXCL and written afterwards could be
+// swept in between (a sbxd starting while another's pool fills did exactly that). The owner is
+// therefore written to an unnamed O_TMPFILE first and linked in under the base's name; linkat
+// fails with EEXIST like O_EXCL. Linking through /proc/self/fd needs no CAP_DAC_READ_SEARCH.
+absl::Status CreateClaim(const std::string& dir, const std::string& path, const std::string& owner) {
+  UniqueFd fd(::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600));
+  if (!fd) return ErrnoStatus(errno, fmt::format("uid range: open({}, O_TMPFILE)", dir));
+  const std::string text = owner + "\n";
+  const ssize_t n = ::write(fd.get(), text.data(), text.size());
+  if (n != static_cast<ssize_t>(text.size())) {
+    return ErrnoStatus(n < 0 ? errno : EIO, fmt::format("uid range: write(claim for {})", path));
+  }
+  const std::string proc = fmt::format("/proc/self/fd/{}", fd.get());
+  if (::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, path.c_str(), AT_SYMLINK_FOLLOW) != 0) {
+    if (errno == EEXIST) return absl::AlreadyExistsError(path);
+    return ErrnoStatus(errno, fmt::format("uid range: linkat({} -> {})", proc, path));
+  }
+  return absl::OkStatus();
 }
 
 std::string ClaimOwner(const std::string& path) {
@@ -93,7 +106,7 @@ absl::StatusOr<uint32_t> UidRanges::Claim(const std::string& owner) {
   for (uint32_t tries = 0; tries < kSlots; ++tries) {
     const uint32_t slot = Cursor().fetch_add(1) % kSlots;
     const uint32_t base = kUidRangeFirst + slot * kUidRangeSize;
-    absl::Status st = CreateClaim(PathOf(base), owner);
+    absl::Status st = CreateClaim(dir_, PathOf(base), owner);
     if (st.ok()) return base;
     if (!absl::IsAlreadyExists(st)) return st;
   }
@@ -106,7 +119,7 @@ absl::Status UidRanges::Reclaim(uint32_t base, const std::string& owner) {
   if (!ParseBase(std::to_string(base), &check)) {
     return absl::InvalidArgumentError(fmt::format("uid range: {} is not a range base", base));
   }
-  absl::Status st = CreateClaim(PathOf(base), owner);
+  absl::Status st = CreateClaim(dir_, PathOf(base), owner);
   if (st.ok() || !absl::IsAlreadyExists(st)) return st;
   std::string holder = ClaimOwner(PathOf(base));
   if (holder == owner) return absl::OkStatus();
@@ -143,7 +156,7 @@ absl::Status UidRanges::Transfer(uint32_t base, const std::string& from, const s
   }
   // Not a valid base name, so sweeps skip it.
   const std::string tmp = fmt::format("{}/.{}.tmp", dir_, base);
-  SBX_RETURN_IF_ERROR(WriteOwnerFile(tmp, to, O_TRUNC));
+  SBX_RETURN_IF_ERROR(WriteOwnerFile(tmp, to));
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
@@ -271,8 +284,12 @@ absl::StatusOr<PreparedUserns> UsernsPool::Take(const std::string& owner) {
   std::optional<PreparedUserns> pooled = pool_.Take();
   if (!pooled) return Make(owner);
   if (absl::Status st = ranges_->Transfer(pooled->base, pool_owner_, owner); !st.ok()) {
+    // The pooled claim is no longer ours (removed by hand, or by a sweep of an older sbxd):
+    // that range may be someone else's now, so its namespace is dropped and the launch gets a
+    // fresh claim instead of failing.
+    spdlog::warn("userns pool: dropping pooled range: {}", std::string(st.message()));
     (void)ranges_->Release(pooled->base, pool_owner_);
-    return st;
+    return Make(owner);
   }
   return std::move(*pooled);
 }

@@ -108,6 +108,35 @@ TEST_F(UidRangesTest, TransferIsAtomicAndChecksTheHolder) {
   EXPECT_TRUE(names->empty()) << "temporary files left behind";
 }
 
+// A claim is never visible without its owner: another sbxd's sweep, running while this one
+// claims, must not take a fresh claim for stale. (Claims were once created empty and written
+// afterwards; a sbxd starting next to a filling pool swept one, and a create failed.)
+TEST_F(UidRangesTest, ConcurrentSweepNeverRemovesAFreshClaim) {
+  const std::string pool = root_ + "/pool", a = Owner("sbx_a");
+  ASSERT_TRUE(MkdirAll(pool, 0700).ok());
+  const std::string other_sandboxes = root_ + "/other-sbxd/sandboxes";
+  ASSERT_TRUE(MkdirAll(other_sandboxes, 0700).ok());
+  std::atomic<bool> done{false};
+  std::atomic<int> sweeps{0};
+  std::thread sweeper([&] {
+    while (!done.load()) {
+      ASSERT_TRUE(ranges_.Sweep(other_sandboxes, {}).ok());
+      sweeps.fetch_add(1);
+    }
+  });
+  int lost = 0;
+  for (int i = 0; i < 3000; ++i) {
+    auto b = ranges_.Claim(pool);
+    ASSERT_TRUE(b.ok()) << b.status();
+    if (!ranges_.Transfer(*b, pool, a).ok()) ++lost;
+    ASSERT_TRUE(ranges_.Release(*b, a).ok());
+  }
+  done = true;
+  sweeper.join();
+  EXPECT_EQ(lost, 0) << "claims swept while fresh, with " << sweeps.load() << " sweeps";
+  EXPECT_GT(sweeps.load(), 0);
+}
+
 TEST_F(UidRangesTest, PoolHandsOutTransferredClaimsAndReleasesTheRest) {
   if (::geteuid() != 0) SBX_SKIP_OR_FAIL("user namespace creation with maps needs root");
   const std::string pool_owner = root_ + "/uid-pool";
