@@ -20,6 +20,7 @@ struct DoctorFlags {
   std::string runtime = "ns";
   std::string agent_path;
   bool userns = true;
+  std::string cgroup_parent;
 };
 
 // sbxd's own default: sbx-agent beside the binary (sbx, sbxd and sbx-agent are built together).
@@ -51,6 +52,8 @@ void RegisterDoctorCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--agent-path", f->agent_path, "sbx-agent binary (default: beside sbx)");
   cmd->add_option("--userns", f->userns, "as sbxd --userns: whether user namespaces are required")
       ->capture_default_str();
+  cmd->add_option("--cgroup-parent", f->cgroup_parent,
+                  "as sbxd --cgroup-parent: where sandbox cgroups go (empty: <own cgroup>/sbx)");
   cmd->callback([&ctx, f] {
     ctx.needs_client = false;
     ctx.action = [f](Client&) -> absl::StatusOr<int> {
@@ -59,6 +62,7 @@ void RegisterDoctorCommand(CLI::App& app, Context& ctx) {
       o.runtime = f->runtime;
       o.agent_path = f->agent_path.empty() ? AgentBesideSelf() : f->agent_path;
       o.user_namespaces = f->userns;
+      o.cgroup_parent = f->cgroup_parent;
       const std::string state_dir = f->state_dir;
       o.template_check = [state_dir] { return service::CheckTemplateForDoctor(state_dir); };
       runtime::doctor::Report report = runtime::doctor::RunDoctor(o);

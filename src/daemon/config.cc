@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "common/status_util.h"
+#include "runtime/ns/cgroup.h"
 
 namespace sbx::daemon {
 namespace {
@@ -87,6 +88,12 @@ const std::vector<KeyInfo> kKeys = {
              "that joining a sandbox's cgroups skips an RCU grace period (host-wide; false "
              "leaves the host's mount alone)",
      SBX_BOOL(runtime.ns.cgroup_favor_dynmods)},
+    {.path = "runtime.ns.cgroup_parent", .type = Type::kString, .flag = "--cgroup-parent",
+     .reloadable = false,
+     .help = "absolute cgroup path that holds the sandbox cgroups in every hierarchy (e.g. /sbx: "
+             "outside sbxd's own cgroup, so systemd can restart sbxd on pure cgroup v2 while "
+             "sandboxes run); empty: <sbxd's own cgroup>/sbx. One sbxd per parent",
+     SBX_STR(runtime.ns.cgroup_parent)},
     {.path = "sandbox.defaults.vcpu", .type = Type::kInt, .flag = "--default-vcpu",
      .reloadable = true, .min = 1, .max = 1024, .why = "whole CPUs of CPU quota",
      .help = "CPU quota (whole CPUs) of a sandbox whose create does not ask",
@@ -735,6 +742,10 @@ absl::Status Validate(const Config& c) {
   if (auto l = SplitListen(c.server.listen); !l.ok()) {
     errors.push_back(fmt::format("{}: {}", LabelOf(c, *FindKey("server.listen")),
                                  std::string(l.status().message())));
+  }
+  if (auto st = sbx::runtime::ns::ValidateCgroupParent(c.runtime.ns.cgroup_parent); !st.ok()) {
+    errors.push_back(fmt::format("{}: {}", LabelOf(c, *FindKey("runtime.ns.cgroup_parent")),
+                                 std::string(st.message())));
   }
   if (c.state.dir.empty()) {
     errors.push_back(fmt::format("{}: must not be empty", LabelOf(c, *FindKey("state.dir"))));

@@ -56,6 +56,7 @@ struct Config {
     int64_t disk_pool = 2;
     std::string seccomp_policy;  // empty: the policy embedded at build time
     bool cgroup_favor_dynmods = true;
+    std::string cgroup_parent;  // empty: <sbxd's own cgroup>/sbx
     bool operator==(const Ns&) const = default;
   };
   struct Runtime {

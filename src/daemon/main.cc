@@ -144,6 +144,7 @@ sbx::runtime::ns::NsOptions NsOptionsOf(const Config& c, const std::string& agen
   o.agent_path = agent_path;
   o.agent_buffer_bytes = static_cast<size_t>(c.sessions.output_buffer_bytes);
   o.cgroup_favor_dynmods = ns.cgroup_favor_dynmods;
+  o.cgroup_parent = ns.cgroup_parent;
   o.netns_pool_size = static_cast<int>(ns.netns_pool);
   o.disk_pool_size = static_cast<int>(ns.disk_pool);
   o.disk_pool_mib = static_cast<int>(c.sandbox.defaults.disk_mib);
@@ -245,7 +246,8 @@ int main(int argc, char** argv) {
       cfg.runtime.agent_path.empty() ? DefaultAgentPath() : cfg.runtime.agent_path;
   const sbx::daemon::PreflightConfig preflight{cfg.state.dir, cfg.runtime.default_runtime,
                                                agent_path, cfg.runtime.ns.user_namespaces,
-                                               cfg.runtime.ns.seccomp_policy};
+                                               cfg.runtime.ns.seccomp_policy,
+                                               cfg.runtime.ns.cgroup_parent};
   if (check) return sbx::daemon::RunCheckCommand(preflight, check_json);
 
   // A policy that does not compile stops sbxd before anything touches the host.

@@ -19,6 +19,7 @@ runtime::doctor::DoctorOptions Options(const PreflightConfig& c) {
   o.agent_path = c.agent_path;
   o.user_namespaces = c.user_namespaces;
   o.seccomp_policy_path = c.seccomp_policy_path;
+  o.cgroup_parent = c.cgroup_parent;
   return o;
 }
 

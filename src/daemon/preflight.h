@@ -17,6 +17,7 @@ struct PreflightConfig {
   std::string agent_path;
   bool user_namespaces = true;
   std::string seccomp_policy_path;
+  std::string cgroup_parent;
 };
 
 // `sbxd --check`: every row, printed as a table (color on a tty) or as JSON on stdout. Touches

@@ -107,6 +107,26 @@ def test_sbx_doctor_json_and_sbxd_check_agree(tmp):
     assert "ready: no required check failed" in t.stdout
 
 
+def test_cgroup_parent_is_reported_and_checked(tmp):
+    need_root()
+    state = str(tmp / "state")
+    p = run([binary("sbx"), "doctor", "--json", "--state-dir", state, "--cgroup-parent", "/sbx"])
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = check_report(json.loads(p.stdout))
+    for controller in ("memory", "pids", "cpu"):
+        detail = rows[f"cgroup.{controller}"]["detail"]
+        assert "/sbx" in detail and "sandboxes go under" in detail, detail
+    # A bad value is a failed required row, in the doctor as in sbxd's start-up.
+    bad = run([binary("sbx"), "doctor", "--json", "--state-dir", state, "--cgroup-parent", "sbx/.."])
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    layout = check_report(json.loads(bad.stdout))["cgroup.layout"]
+    assert layout["result"] == "fail" and "not absolute" in layout["detail"], layout
+    refused = start_sbxd(tmp / "state2", "--cgroup-parent", "/a/../b")
+    assert refused.returncode != 0
+    # Named by where the value came from (here the flag), before anything touches the host.
+    assert "--cgroup-parent '/a/../b'" in refused.stderr and "'..'" in refused.stderr, refused.stderr
+
+
 def test_fake_runtime_requirements(tmp):
     # Needs no root: the fake runtime requires only the state dir, the agent and the template.
     p = run([binary("sbx"), "doctor", "--json", "--runtime", "fake", "--state-dir", str(tmp / "s")])

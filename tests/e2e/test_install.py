@@ -55,6 +55,14 @@ def test_unit_points_into_the_prefix(prefix):
     assert settings["KillMode"] == "process"
     assert settings["Delegate"] == "yes"
     assert settings["TasksMax"] == "infinity"
+    # Sandbox cgroups outside the unit's cgroup, so systemd can restart sbxd on pure cgroup v2
+    # while sandboxes run; the variable must be one the installed sbxd knows.
+    env_name, env_value = settings["Environment"].split("=", 1)
+    assert (env_name, env_value) == ("SBX_RUNTIME_NS_CGROUP_PARENT", "/sbx"), settings["Environment"]
+    run = subprocess.run([str(prefix / "bin" / "sbxd"), "--print-config"], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, env_name: env_value})
+    assert run.returncode == 0, run.stderr
+    assert re.search(r'^cgroup_parent = "/sbx"', run.stdout, re.M), run.stdout
     for forbidden in ("ProtectSystem", "PrivateTmp", "PrivateDevices", "ProtectKernelTunables",
                       "RestrictNamespaces", "MountFlags", "SystemCallFilter", "ProtectHome",
                       "MemoryDenyWriteExecute", "CapabilityBoundingSet", "DevicePolicy"):

@@ -11,8 +11,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <mutex>
 #include <set>
@@ -559,6 +561,75 @@ TEST_F(NsRuntimeTest, AdoptAfterForgetting) {
 
   auto gone = backend_->Adopt(spec.id, persisted);
   EXPECT_TRUE(absl::IsNotFound(gone.status())) << gone.status();
+}
+
+// runtime.ns.cgroup_parent: the sandbox's cgroups are `<parent>/<id>` in every hierarchy, and a
+// sandbox created there is re-adopted by an sbxd whose parent changed (paths are persisted).
+TEST_F(NsRuntimeTest, ConfiguredCgroupParentAndAdoptAfterItChanged) {
+  const std::string parent = "/" + NewId("sbx-cgparent-test");
+  NsOptions opts;
+  opts.state_dir = base_ + "/state";
+  opts.agent_path = agent_;
+  opts.cgroup_parent = parent;
+  backend_ = std::make_unique<NsBackend>(opts);
+  ASSERT_TRUE(backend_->Probe().ok()) << backend_->Probe();
+
+  SandboxSpec spec = Spec();
+  std::vector<std::string> parent_dirs;
+  Json persisted;
+  // TearDown's sweep looks under the default parent only: on a failure below, this kills and
+  // removes what was made under the configured one.
+  struct Cleanup {
+    const Json* persisted;
+    const std::vector<std::string>* parents;
+    ~Cleanup() {
+      if (persisted->contains("cgroups")) {
+        for (const auto& [key, path] : (*persisted)["cgroups"].items()) {
+          const std::string dir = path.get<std::string>();
+          if (key == "unified" && PathExists(dir)) (void)WriteStringToFile(dir + "/cgroup.kill", "1");
+        }
+        for (int i = 0; i < 50; ++i) {
+          bool left = false;
+          for (const auto& [key, path] : (*persisted)["cgroups"].items()) {
+            const std::string dir = path.get<std::string>();
+            left = left || (PathExists(dir) && ::rmdir(dir.c_str()) != 0);
+          }
+          if (!left) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+      }
+      for (const auto& dir : *parents) ::rmdir(dir.c_str());
+    }
+  } cleanup{&persisted, &parent_dirs};
+  auto created = backend_->Create(spec);
+  ASSERT_TRUE(created.ok()) << created.status();
+  forgotten_.push_back(spec.id);
+  persisted = (*created)->Persist();
+  for (const auto& [key, path] : backend_->CgroupPaths(spec.id)) {
+    const std::string dir = path.substr(0, path.rfind('/'));
+    EXPECT_EQ(dir.substr(dir.size() - parent.size()), parent) << key << ": " << path;
+    EXPECT_TRUE(PathExists(path)) << path;
+    parent_dirs.push_back(dir);
+  }
+  ASSERT_FALSE(parent_dirs.empty());
+  const pid_t pid = persisted["pid"].get<pid_t>();
+  created->reset();
+
+  opts.cgroup_parent = "";  // the default again, as after a configuration change
+  backend_ = std::make_unique<NsBackend>(opts);
+  auto adopted = backend_->Adopt(spec.id, persisted);
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  forgotten_.clear();
+  Instance* inst = Keep(std::move(*adopted));
+  EXPECT_EQ(MustRunCmd(*inst, {"sh", "-c", "echo adopted"}).out, "adopted\n");
+  ASSERT_TRUE(inst->Destroy().ok());
+  errno = 0;
+  EXPECT_EQ(::kill(pid, 0), -1);
+  for (const auto& [key, path] : persisted["cgroups"].items()) {
+    EXPECT_FALSE(PathExists(path.get<std::string>())) << "cgroup left: " << path;
+  }
+  for (const auto& dir : parent_dirs) EXPECT_EQ(::rmdir(dir.c_str()), 0) << dir << ": " << std::strerror(errno);
+  parent_dirs.clear();
 }
 
 TEST_F(NsRuntimeTest, SweepRemovesLeftovers) {

@@ -27,9 +27,11 @@ std::string Trim(std::string s) {
   return s;
 }
 
-// The v2 cgroup sandboxes would be created under (cgroup_v2.cc: a restarted sbxd already sits
-// in its `sbxd` leaf, and the parent is the cgroup above it).
-std::string V2Base(const CgroupLayout& layout) {
+// The v2 cgroup whose controllers sandboxes need (cgroup_v2.cc): with a configured parent the
+// hierarchy's root, where the parent's chain starts; else sbxd's own cgroup (a restarted sbxd
+// already sits in its `sbxd` leaf, and the parent is the cgroup above it).
+std::string V2Base(const CgroupLayout& layout, const std::string& parent) {
+  if (!parent.empty()) return layout.v2_mount;
   std::string own = layout.v2_own.empty() ? "/" : layout.v2_own;
   size_t slash = own.rfind('/');
   if (slash != std::string::npos && own.substr(slash + 1) == ns::kCgroupDaemonLeaf) {
@@ -59,7 +61,9 @@ void CheckController(const Context& ctx, const CgroupLayout& layout, const ns::C
                       : std::string(controller) == "pids" ? "process-count limit"
                                                           : "CPU limit";
   if (layout.pure_v2()) {
-    const std::string base = V2Base(layout);
+    const std::string base = V2Base(layout, env.parent);
+    const std::string sandboxes =
+        env.parent.empty() ? Join(base, ns::kCgroupParentName) : Join(layout.v2_mount, env.parent);
     const std::string file = Join(base, "cgroup.controllers");
     auto text = ns::ReadFileToString(file);
     std::set<std::string> have;
@@ -79,9 +83,9 @@ void CheckController(const Context& ctx, const CgroupLayout& layout, const ns::C
                              "cgroup.subtree_control (systemd: run sbxd as a service with Delegate=yes)",
                              controller);
     } else {
-      c.detail = fmt::format("cgroup v2: available in {} (sandboxes go under {}/{}; this is the "
-                             "cgroup of the process running the doctor, sbxd's may differ)",
-                             base, base, ns::kCgroupParentName);
+      c.detail = fmt::format("cgroup v2: available in {} (sandboxes go under {}{})", base, sandboxes,
+                             env.parent.empty() ? "; this is the cgroup of the process running the "
+                                                  "doctor, sbxd's may differ" : "");
     }
     ctx.Add(std::move(c));
     return;
@@ -114,7 +118,8 @@ void CheckController(const Context& ctx, const CgroupLayout& layout, const ns::C
     c.remedy = "run sbxd as root with a writable cgroupfs (a container needs its cgroups delegated, "
                "e.g. --cgroupns=private with a writable /sys/fs/cgroup)";
   } else {
-    c.detail = fmt::format("cgroup v1 at {}: sandboxes go under {}/{}", h.mount, dir, ns::kCgroupParentName);
+    c.detail = fmt::format("cgroup v1 at {}: sandboxes go under {}", h.mount,
+                           env.parent.empty() ? Join(dir, ns::kCgroupParentName) : Join(h.mount, env.parent));
   }
   ctx.Add(std::move(c));
 }
@@ -142,10 +147,15 @@ void CheckCgroups(const Context& ctx) {
   ns::CgroupEnv env;
   env.proc_root = ctx.Host("/proc");
   if (ctx.Host("/") != "/") env.cgroupfs_root = ctx.Host("/sys/fs/cgroup");
+  env.parent = ctx.opts.cgroup_parent;
   auto layout = ns::DetectCgroupLayout(env);
   if (ctx.Wants(required)) {
     Check c{"cgroup.layout", "cgroup layout", CheckResult::kOk, "", "", required};
-    if (!layout.ok()) {
+    if (absl::Status valid = ns::ValidateCgroupParent(env.parent); !valid.ok()) {
+      c.result = required ? CheckResult::kFail : CheckResult::kWarn;
+      c.detail = std::string(valid.message());
+      c.remedy = "fix runtime.ns.cgroup_parent (docs/config.md)";
+    } else if (!layout.ok()) {
       c.result = required ? CheckResult::kFail : CheckResult::kWarn;
       c.detail = std::string(layout.status().message());
       c.remedy = "mount cgroup2 at /sys/fs/cgroup (or the v1 memory, pids and cpu controllers)";

@@ -52,6 +52,7 @@ struct DoctorOptions {
   std::string agent_path;      // the sbx-agent binary sbxd would use
   bool user_namespaces = true;  // sbxd --userns: idmapped mounts and user namespaces needed
   std::string seccomp_policy_path;  // empty: the policy embedded at build time
+  std::string cgroup_parent;        // runtime.ns.cgroup_parent; empty: <own cgroup>/sbx
   // Resolves the `base` template (the caller owns the template code: sbxd, sbx). Unset: the
   // row reports kSkip.
   std::function<absl::Status()> template_check;

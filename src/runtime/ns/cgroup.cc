@@ -101,6 +101,22 @@ constexpr const char* kV1Controllers[] = {"memory", "pids", "cpu", "freezer"};
 
 }  // namespace
 
+absl::Status ValidateCgroupParent(const std::string& parent) {
+  if (parent.empty()) return absl::OkStatus();
+  auto bad = [&](const char* why) {
+    return absl::InvalidArgumentError(
+        fmt::format("cgroup parent \"{}\": {} (want an absolute cgroup path such as /sbx)", parent, why));
+  };
+  if (parent[0] != '/') return bad("not absolute");
+  if (parent == "/") return bad("the root cgroup cannot hold sandboxes directly");
+  if (parent.back() == '/') return bad("ends with '/'");
+  for (const std::string& part : Split(parent.substr(1), '/')) {
+    if (part.empty() || part == "." || part == "..") return bad("has an empty, '.' or '..' component");
+    if (part.find_first_of(" \t\n\\") != std::string::npos) return bad("has a blank or backslash");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<CgroupLayout> DetectCgroupLayout(const CgroupEnv& env) {
   const std::string self_path = fmt::format("{}/self/cgroup", env.proc_root);
   const std::string mounts_path = fmt::format("{}/mounts", env.proc_root);

@@ -7,7 +7,8 @@
 //     hierarchy when one is mounted (it has no controllers on hybrid hosts but provides
 //     cgroup.kill, cgroup.events and CLONE_INTO_CGROUP).
 //   * pure v2 (cgroup_v2.cc): memory.max, pids.max, cpu.max.
-// Either way a sandbox's directories are `<own cgroup>/sbx/<sandbox id>` in every hierarchy.
+// Either way a sandbox's directories are `<own cgroup>/sbx/<sandbox id>` in every hierarchy, or
+// `<cgroup parent>/<sandbox id>` when CgroupEnv::parent names one.
 #pragma once
 
 #include <sys/types.h>
@@ -50,7 +51,17 @@ struct CgroupEnv {
   std::string cgroupfs_root;
   // Fake trees are plain directories whose control files do not appear by themselves.
   bool create_control_files = false;
+  // Where sandbox cgroups go, the same path in every hierarchy. Empty: `<own cgroup>/sbx`,
+  // below the process's own cgroup. An absolute cgroup path (e.g. "/sbx"): that directory,
+  // outside sbxd's own cgroup, so the service manager can restart sbxd on pure cgroup v2 while
+  // sandboxes run (a systemd unit's cgroup that hands controllers to sandboxes may not take
+  // the new main process: status 219/CGROUP). Checked by ValidateCgroupParent.
+  std::string parent;
 };
+
+// "" or an absolute, normalized cgroup path other than "/" ("..", "." and empty components
+// refused): the value of runtime.ns.cgroup_parent.
+absl::Status ValidateCgroupParent(const std::string& parent);
 
 // What /proc/self/cgroup and /proc/mounts say.
 struct CgroupLayout {

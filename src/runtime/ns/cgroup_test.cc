@@ -229,6 +229,84 @@ TEST(CgroupDetect, PureV2AfterRestartUsesParentOfLeaf) {
   EXPECT_EQ(ByKey((*driver)->SandboxDirs(id))["unified"], h.cg("system.slice/sbxd.service/sbx/" + id));
 }
 
+// runtime.ns.cgroup_parent on pure v2: sandboxes go outside sbxd's (systemd unit's) cgroup,
+// which keeps no controllers enabled and no processes moved, so systemd can restart sbxd.
+TEST(CgroupDetect, PureV2ConfiguredParentLeavesTheUnitCgroupAlone) {
+  FakeHost h;
+  h.Write("proc/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n");
+  h.Write("proc/self/cgroup", "0::/system.slice/sbxd.service\n");
+  const std::string own = "cg/system.slice/sbxd.service";
+  h.Write(own + "/cgroup.controllers", "cpu memory pids\n");
+  h.Write(own + "/cgroup.subtree_control", "\n");
+  h.Write(own + "/cgroup.procs", "4242\n");
+  h.Write("cg/cgroup.controllers", "cpuset cpu io memory pids\n");
+  h.Write("cg/cgroup.subtree_control", "io\n");
+  // The kernel fills a new cgroup's cgroup.controllers from its parent; a fake tree cannot.
+  h.Write("cg/sbx/cgroup.controllers", "cpu memory pids\n");
+  CgroupEnv env = h.env();
+  env.parent = "/sbx";
+  auto driver = MakeCgroupDriver(env);
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  EXPECT_FALSE((*driver)->CheckLimits(Limits()).ok());
+  ASSERT_TRUE((*driver)->Setup().ok());
+  EXPECT_EQ(h.Read("cg/cgroup.subtree_control"), "+memory +pids +cpu");
+  EXPECT_EQ(h.Read("cg/sbx/cgroup.subtree_control"), "+memory +pids +cpu");
+  EXPECT_FALSE(h.Exists(own + "/sbxd")) << "sbxd moved itself although its cgroup stays a leaf";
+  EXPECT_EQ(h.Read(own + "/cgroup.subtree_control"), "\n");
+  const std::string id = NewId("sbx");
+  EXPECT_EQ(ByKey((*driver)->SandboxDirs(id))["unified"], h.cg("sbx/" + id));
+  EXPECT_EQ((*driver)->ParentDirs(), std::vector<std::string>{h.cg("sbx")});
+  auto cg = (*driver)->Create(id, Limits());
+  ASSERT_TRUE(cg.ok()) << cg.status();
+  EXPECT_EQ(h.Read("cg/sbx/" + id + "/pids.max"), "64");
+  (*cg)->Release();
+}
+
+TEST(CgroupDetect, PureV2ConfiguredParentNamesTheAncestorWithoutControllers) {
+  FakeHost h;
+  h.Write("proc/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n");
+  h.Write("proc/self/cgroup", "0::/system.slice/sbxd.service\n");
+  h.Write("cg/cgroup.controllers", "cpu memory pids\n");
+  h.Write("cg/cgroup.subtree_control", "cpu memory pids\n");
+  h.Write("cg/outer/cgroup.controllers", "cpu\n");
+  CgroupEnv env = h.env();
+  env.parent = "/outer/sandboxes";
+  auto driver = MakeCgroupDriver(env);
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  absl::Status st = (*driver)->Setup();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find(h.cg("outer")), std::string::npos) << st;
+  EXPECT_NE(st.message().find("runtime.ns.cgroup_parent"), std::string::npos) << st;
+  EXPECT_FALSE((*driver)->Create(NewId("sbx"), Limits()).ok());
+}
+
+TEST(CgroupDetect, HybridConfiguredParentIsTheSamePathInEveryHierarchy) {
+  FakeHost h;
+  h.Write("proc/mounts", kHybridMounts);
+  h.Write("proc/self/cgroup", kHybridSelf);
+  CgroupEnv env = h.env();
+  env.parent = "/sbx-sandboxes";
+  auto driver = MakeCgroupDriver(env);
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  ASSERT_TRUE((*driver)->Setup().ok());
+  const std::string id = NewId("sbx");
+  auto dirs = ByKey((*driver)->SandboxDirs(id));
+  EXPECT_EQ(dirs["memory"], h.cg("memory/sbx-sandboxes/" + id));  // not below process_api
+  EXPECT_EQ(dirs["pids"], h.cg("pids/sbx-sandboxes/" + id));
+  EXPECT_EQ(dirs["cpu"], h.cg("cpu/sbx-sandboxes/" + id));
+  EXPECT_EQ(dirs["unified"], h.cg("unified/sbx-sandboxes/" + id));
+  EXPECT_TRUE(h.Exists("cg/memory/sbx-sandboxes"));
+}
+
+TEST(CgroupParent, Validation) {
+  EXPECT_TRUE(ValidateCgroupParent("").ok());
+  EXPECT_TRUE(ValidateCgroupParent("/sbx").ok());
+  EXPECT_TRUE(ValidateCgroupParent("/sbx.slice/sandboxes").ok());
+  for (const char* bad : {"/", "sbx", "/sbx/", "//sbx", "/a/../b", "/a/./b", "/a b", "/a\\b"}) {
+    EXPECT_FALSE(ValidateCgroupParent(bad).ok()) << bad;
+  }
+}
+
 TEST(CgroupDetect, PureV2MissingControllerIsAnError) {
   FakeHost h;
   h.Write("proc/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n");

@@ -116,26 +116,29 @@ class V1HybridDriver : public CgroupDriver {
   bool CanFreeze() const override { return layout_.has_v2 || layout_.v1.count(kFreezerKey) > 0; }
 
  private:
-  // (key, `<mount><own>/sbx`), one per distinct hierarchy: co-mounted controllers such as
+  // `<mount><own>/sbx`, or `<mount><env.parent>` when configured.
+  std::string ParentIn(const std::string& mount, const std::string& own) const {
+    return env_.parent.empty() ? Join(Join(mount, own), kCgroupParentName) : Join(mount, env_.parent);
+  }
+
+  // (key, parent directory), one per distinct hierarchy: co-mounted controllers such as
   // cpu,cpuacct share one directory.
   std::vector<std::pair<std::string, std::string>> Parents() const {
     std::vector<std::pair<std::string, std::string>> out;
     for (const char* key : {"memory", "pids", "cpu"}) {
       auto it = layout_.v1.find(key);
       if (it == layout_.v1.end()) continue;
-      std::string parent = Join(Join(it->second.mount, it->second.own), kCgroupParentName);
+      std::string parent = ParentIn(it->second.mount, it->second.own);
       bool dup = false;
       for (const auto& p : out) dup = dup || p.second == parent;
       if (!dup) out.emplace_back(key, parent);
     }
     if (layout_.has_v2) {
-      out.emplace_back(kUnifiedKey,
-                       Join(Join(layout_.v2_mount, layout_.v2_own), kCgroupParentName));
+      out.emplace_back(kUnifiedKey, ParentIn(layout_.v2_mount, layout_.v2_own));
     } else if (auto it = layout_.v1.find(kFreezerKey); it != layout_.v1.end()) {
       // Pause needs a freezer. v2's cgroup.freeze reports completion through cgroup.events;
       // the v1 freezer has to be polled, so it is used only on hosts without v2.
-      out.emplace_back(kFreezerKey,
-                       Join(Join(it->second.mount, it->second.own), kCgroupParentName));
+      out.emplace_back(kFreezerKey, ParentIn(it->second.mount, it->second.own));
     }
     return out;
   }

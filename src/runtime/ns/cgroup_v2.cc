@@ -5,6 +5,11 @@
 // in its own cgroup (e.g. a systemd service with Delegate=yes), so before enabling
 // +memory +pids +cpu there, Setup() moves the processes of that cgroup into a leaf
 // `<own>/sbxd`. Sandboxes then live in `<own>/sbx/<id>`.
+//
+// With a configured parent (CgroupEnv::parent, e.g. /sbx) sandboxes live in `<parent>/<id>`
+// instead and sbxd's own cgroup is left alone: systemd (before 254's DelegateSubgroup=) puts a
+// restarted service's main process into the unit's cgroup itself, which the kernel refuses
+// while that cgroup enables controllers for sandboxes below it.
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -46,12 +51,15 @@ class V2Driver : public CgroupDriver {
       own = slash == 0 ? "/" : own.substr(0, slash);
     }
     own_ = own;
-    base_ = Join(layout.v2_mount, own_);
+    mount_ = layout.v2_mount;
+    base_ = env_.parent.empty() ? Join(layout.v2_mount, own_) : Join(mount_, env_.parent);
+    parent_ = env_.parent.empty() ? Join(base_, kCgroupParentName) : base_;
   }
 
   std::string Name() const override { return "cgroup-v2"; }
 
   absl::Status Setup() override {
+    if (!env_.parent.empty()) return SetupConfiguredParent();
     SBX_ASSIGN_OR_RETURN(std::string controllers,
                          ReadFileToString(Join(base_, "cgroup.controllers")));
     std::set<std::string> available = Words(controllers);
@@ -89,7 +97,7 @@ class V2Driver : public CgroupDriver {
       SBX_RETURN_IF_ERROR(Annotate(WriteControl(env_, base_, "cgroup.subtree_control", enable),
                                    "cgroup v2 setup: enable controllers"));
     }
-    std::string parent = Join(base_, kCgroupParentName);
+    const std::string& parent = parent_;
     if (::mkdir(parent.c_str(), 0755) != 0 && errno != EEXIST) {
       return ErrnoStatus(errno, fmt::format("cgroup v2 setup: mkdir({})", parent));
     }
@@ -118,12 +126,10 @@ class V2Driver : public CgroupDriver {
   }
 
   std::vector<SandboxCgroup::Dir> SandboxDirs(const std::string& id) const override {
-    return {SandboxCgroup::Dir{kUnifiedKey, Join(Join(base_, kCgroupParentName), id), true, false}};
+    return {SandboxCgroup::Dir{kUnifiedKey, Join(parent_, id), true, false}};
   }
 
-  std::vector<std::string> ParentDirs() const override {
-    return {Join(base_, kCgroupParentName)};
-  }
+  std::vector<std::string> ParentDirs() const override { return {parent_}; }
 
   absl::StatusOr<std::unique_ptr<SandboxCgroup>> Create(const std::string& id,
                                                         const CgroupLimits& l) override {
@@ -167,6 +173,49 @@ class V2Driver : public CgroupDriver {
   bool CanFreeze() const override { return true; }  // cgroup.freeze needs no controller
 
  private:
+  // Creates the configured parent and enables the controllers on the way down to it: in
+  // every ancestor's cgroup.subtree_control (the root's included) and in the parent's own, for
+  // the sandboxes. An ancestor other than the root that holds processes cannot enable them
+  // (no-internal-processes rule): the error names it.
+  absl::Status SetupConfiguredParent() {
+    const std::string enable = "+memory +pids +cpu";
+    std::string dir = mount_;
+    std::vector<std::string> chain = {dir};
+    std::istringstream parts(env_.parent);
+    for (std::string part; std::getline(parts, part, '/');) {
+      if (part.empty()) continue;
+      dir = Join(dir, part);
+      chain.push_back(dir);
+    }
+    for (size_t i = 0; i < chain.size(); ++i) {
+      const std::string& d = chain[i];
+      if (i > 0 && ::mkdir(d.c_str(), 0755) != 0 && errno != EEXIST) {
+        return ErrnoStatus(errno, fmt::format("cgroup v2 setup: mkdir({}) for cgroup parent {}", d, env_.parent));
+      }
+      SBX_ASSIGN_OR_RETURN(std::string controllers, ReadFileToString(Join(d, "cgroup.controllers")));
+      std::set<std::string> available = Words(controllers);
+      if (!HasAll(available)) {
+        return absl::FailedPreconditionError(fmt::format(
+            "cgroup v2 setup: memory, pids and cpu are not all available in {} (cgroup.controllers: "
+            "\"{}\"), on the way to the cgroup parent {}; enable them in its parent's "
+            "cgroup.subtree_control or choose another runtime.ns.cgroup_parent",
+            d, Trim(controllers), env_.parent));
+      }
+      if (i + 1 == chain.size()) available_ = available;
+      std::string subtree = ReadFileToString(Join(d, "cgroup.subtree_control")).value_or("");
+      if (HasAll(Words(subtree))) continue;
+      absl::Status st = WriteControl(env_, d, "cgroup.subtree_control", enable);
+      if (!st.ok()) {
+        return Annotate(st, fmt::format(
+            "cgroup v2 setup: enable controllers in {} for the cgroup parent {} (a cgroup that holds "
+            "processes cannot: choose a runtime.ns.cgroup_parent whose ancestors hold none)",
+            d, env_.parent));
+      }
+    }
+    setup_done_ = true;
+    return absl::OkStatus();
+  }
+
   static std::string Trim(std::string s) {
     while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
     return s;
@@ -178,7 +227,9 @@ class V2Driver : public CgroupDriver {
 
   CgroupEnv env_;
   std::string own_;
-  std::string base_;
+  std::string mount_;
+  std::string base_;    // where controllers must be available: sbxd's cgroup, or the parent
+  std::string parent_;  // holds the sandbox cgroups
   std::set<std::string> available_;
   bool setup_done_ = false;
 };

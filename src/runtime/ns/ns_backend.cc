@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cctype>
 #include <climits>
@@ -378,7 +379,13 @@ NsBackend::NsBackend(NsOptions options) : shared_(std::make_shared<Shared>()) {
   CgroupEnv env;
   env.proc_root = s.opts.proc_root;
   env.cgroupfs_root = s.opts.cgroup_root_override;
-  auto driver = MakeCgroupDriver(env);
+  env.parent = s.opts.cgroup_parent;
+  absl::StatusOr<std::unique_ptr<CgroupDriver>> driver = absl::UnknownError("unset");
+  if (absl::Status valid = ValidateCgroupParent(env.parent); valid.ok()) {
+    driver = MakeCgroupDriver(env);
+  } else {
+    driver = valid;
+  }
   if (driver.ok()) {
     s.cgroups = std::move(*driver);
     s.cgroup_status = s.cgroups->Setup();
@@ -717,17 +724,22 @@ absl::StatusOr<InstancePtr> NsBackend::Adopt(const std::string& id, const Json& 
                         fmt::format("adopt {}: {}", id, std::string(pidfd.status().message())));
   }
   // The cgroup paths recorded at creation win over today's layout (sbxd may have moved, e.g.
-  // into its v2 leaf); they must still name this sandbox.
+  // into its v2 leaf, or runtime.ns.cgroup_parent changed); they must still name this sandbox:
+  // the last component is its id (unique per host), so no other cgroup can be meant.
   std::unique_ptr<SandboxCgroup> cgroup;
   auto cg_it = persisted.find("cgroups");
   if (cg_it != persisted.end() && cg_it->is_object() && !cg_it->empty()) {
     std::vector<SandboxCgroup::Dir> dirs;
-    const std::string suffix = fmt::format("/{}/{}", kCgroupParentName, id);
+    auto names_this_sandbox = [&](const std::string& path) {
+      const std::string tail = "/" + id;
+      return !path.empty() && path[0] == '/' && path.find("/../") == std::string::npos &&
+             path.size() > tail.size() + 1 &&
+             path.compare(path.size() - tail.size(), tail.size(), tail) == 0;
+    };
     for (const auto& [key, val] : cg_it->items()) {
       if (!val.is_string()) return absl::InvalidArgumentError(fmt::format("adopt {}: bad cgroup path", id));
       std::string path = val.get<std::string>();
-      if (path.empty() || path[0] != '/' || path.find("/../") != std::string::npos ||
-          path.size() < suffix.size() || path.compare(path.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      if (!names_this_sandbox(path)) {
         return absl::InvalidArgumentError(
             fmt::format("adopt {}: persisted cgroup path {} does not name this sandbox", id, path));
       }

@@ -49,6 +49,8 @@ struct NsOptions {
   // Remount the host's cgroup2 with `favordynmods` when launches join cgroups by writing
   // cgroup.procs (hybrid v1 layouts): see cgroup_favor.h. Host-wide; off keeps the host as is.
   bool cgroup_favor_dynmods = false;
+  // Where sandbox cgroups go (CgroupEnv::parent): empty = <own cgroup>/sbx.
+  std::string cgroup_parent;
   // Network namespaces kept ready for launches (netns_pool.h); 0 creates each at launch.
   int netns_pool_size = 0;
   // Each sandbox in its own user namespace with its own host uid range (userns.h). Off only
