@@ -1,5 +1,6 @@
 // The live doctor on this machine (root): every probe runs for real, every check reports a row,
 // nothing crashes or hangs, and what the ns runtime requires passes on the project's hosts.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -74,6 +75,14 @@ TEST(DoctorLive, EveryCheckReportsAndNsRequirementsPass) {
   EXPECT_TRUE(r.ok());
   // The probes left nothing in the state dir they looked at.
   EXPECT_NE(::access(state.c_str(), F_OK), 0);
+  // Where /dev/kvm opens, the test guest ran, one way or the other, and the row says how.
+  if (int kvm = ::open("/dev/kvm", O_RDWR | O_CLOEXEC); kvm >= 0) {
+    ::close(kvm);
+    const std::string& d = r.Find("device.kvm")->detail;
+    EXPECT_TRUE(d.find("ran to HLT in") != std::string::npos ||
+                d.find("test guest did not run") != std::string::npos ||
+                d.find("instead of HLT") != std::string::npos) << d;
+  }
 }
 
 TEST(DoctorLive, StartupGateIsCheap) {
