@@ -211,7 +211,7 @@ TEST(DoctorFakeHost, HardwareKvmClaimsNoGuestBoot) {
   Report r = RunDoctor(h.Options());
   const Check& row = Row(r, "device.kvm");
   EXPECT_EQ(row.result, CheckResult::kOk) << row.detail;
-  EXPECT_NE(row.detail.find("guest boot not attempted"), std::string::npos) << row.detail;
+  EXPECT_NE(row.detail.find("no Linux guest boot was attempted"), std::string::npos) << row.detail;
   EXPECT_EQ(row.detail.find("PVM"), std::string::npos);
 }
 
