@@ -3,14 +3,13 @@ WebSocket, concurrent attaches, and session records across sbxd restarts."""
 
 import base64
 import json
-import shutil
 import threading
 import time
 
 import pytest
 
-from conftest import Daemon, shutdown, RUNTIME, skip_or_fail
-from sbx_client import SbxClient, check_error_body
+from conftest import RUNTIME
+from sbx_client import check_error_body
 
 
 def post(api, sid, action, *, data=None, json_body=None, expect=None, token=None, headers=None):
@@ -247,92 +246,7 @@ def test_two_concurrent_attaches_each_get_everything(api, sandbox):
     assert [e.id for e in a.events] == [e.id for e in b.events]
 
 
-# ---- sbxd restarts ---------------------------------------------------------------------------
-
-def _set_child_subreaper(on: bool) -> None:
-    import ctypes
-    PR_SET_CHILD_SUBREAPER = 36
-    libc = ctypes.CDLL(None, use_errno=True)
-    assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1 if on else 0, 0, 0, 0) == 0, ctypes.get_errno()
-
-
-def _reap_adopted_orphans(ids, daemon_pids, max_seconds=30):
-    """Sandboxes outlive the sbxd that started them: their first process is then re-parented
-    to us (a subreaper while the test runs) and, once deleted, is our zombie. Reaps those of
-    `ids` (only zombies whose parent is this process, never the daemons)."""
-    import os
-    import hostcheck
-    me = os.getpid()
-    deadline = time.monotonic() + max_seconds
-    while True:
-        alive = []
-        for sid in ids:
-            for p in hostcheck.processes_mentioning(sid):
-                try:
-                    stat = open(f"/proc/{p['pid']}/stat").read()
-                except OSError:
-                    continue
-                fields = stat.rsplit(")", 1)[-1].split()
-                state, ppid = fields[0], int(fields[1])
-                if state == "Z" and ppid == me and p["pid"] not in daemon_pids:
-                    os.waitpid(p["pid"], os.WNOHANG)
-                else:
-                    alive.append(p)
-        if not alive or time.monotonic() > deadline:
-            return
-        time.sleep(0.05)
-
-
-@pytest.fixture
-def restartable(validator):
-    """Starts sbxd on a state directory that outlives it: start() the first time, restart()
-    to stop it (SIGTERM: sandboxes keep running) and start a new one on the same state."""
-    if RUNTIME != "fake":
-        import os
-        if os.geteuid() != 0:
-            skip_or_fail("the ns runtime needs root (or set SBX_E2E_RUNTIME=fake)")
-    state = {"daemon": None, "sandboxes": [], "first_tmp": None}
-    _set_child_subreaper(True)
-
-    class Ctl:
-        def start(self):
-            d = Daemon()
-            d.start()
-            state["daemon"] = d
-            return SbxClient(d.url, d.token, validator)
-
-        def restart(self):
-            old = state["daemon"]
-            rc = old.stop()
-            assert rc in (0, -15), f"sbxd exited with {rc} on SIGTERM"
-            d = Daemon()
-            shutil.rmtree(d.tmp, ignore_errors=True)
-            d.tmp, d.state_dir, d.log_path, d.token = old.tmp, old.state_dir, old.log_path, old.token
-            d.start()
-            state["daemon"] = d
-            client = SbxClient(d.url, d.token, validator)
-            deadline = time.monotonic() + 60
-            while client.call("GET", "/readyz", token=None, validate=False).status_code != 200:
-                assert time.monotonic() < deadline, "sbxd not ready after restart"
-                time.sleep(0.1)
-            return client
-
-        def track(self, client):
-            state["sandboxes"] = client.created_sandboxes
-
-    try:
-        yield Ctl()
-    finally:
-        d = state["daemon"]
-        problems = []
-        if d is not None:
-            ids = list(state["sandboxes"])
-            _reap_adopted_orphans(ids, {d.proc.pid} if d.proc else set())
-            problems = shutdown(d, validator, ids)
-        _set_child_subreaper(False)
-    if problems:
-        pytest.fail("stopping the test's sbxd: " + "; ".join(problems))
-
+# ---- sbxd restarts (the `restartable` fixture is in conftest.py) -------------------------
 
 def test_timeout_and_exit_record_survive_sbxd_restarts(restartable):
     api = restartable.start()
