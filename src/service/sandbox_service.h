@@ -34,6 +34,10 @@
 
 namespace sbx::service {
 
+// How often the timers ask agents about sessions whose exit nobody watched: the longest that
+// sbx_sessions_active and sbx_oom_kills_total lag behind them.
+inline constexpr std::chrono::seconds kSessionRefresh{5};
+
 // Server-side timers (timers.cc). A create without timeout_s gets default_timeout_s (0: no
 // TTL); without idle_suspend_s, default_idle_suspend_s (0: never suspended for idleness). The
 // retentions say how long records are kept: idempotency keys (replays of a retried call), and
@@ -174,6 +178,11 @@ class SandboxService {
   // Whether a session process of the sandbox still runs (asks the agent when the store says
   // so; true when that cannot be known).
   bool HasRunningSession(const std::string& sandbox_id);
+  // Sessions the store says are running; nullopt when the store cannot say.
+  std::optional<std::vector<std::string>> StoreRunningSessions(const std::string& sandbox_id);
+  // Asks the agents of running sandboxes about the sessions the store thinks still run, so
+  // exits nobody watched reach the store and the metrics (timers.cc).
+  void RefreshSessionStates(const std::vector<store::SandboxRecord>& live);
   absl::StatusOr<store::SandboxRecord> VisibleSandbox(store::Tx& tx, const Caller& caller,
                                                       const std::string& id);
 
@@ -204,6 +213,7 @@ class SandboxService {
   bool ready_ = false;
   ActivityTracker activity_;
   std::chrono::system_clock::time_point last_purge_{};
+  std::chrono::system_clock::time_point last_session_refresh_{};
   std::unique_ptr<ServiceMetrics> metrics_;
   // Destroyed right after the timers and the metric callbacks below and before everything
   // else, while the backends and templates it uses still exist.

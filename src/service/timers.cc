@@ -3,6 +3,9 @@
 //   - Idle: a running sandbox unused for idle_suspend_s is suspended (initiator "idle"): no
 //     management call, no attach stream, and no session process running. Processes started in
 //     the background do not keep it awake, as in SPACE.
+//   - Sessions: a session whose process exited while no client was attached stays "running"
+//     in the store (and in sbx_sessions_active, its OOM kill uncounted) until someone asks;
+//     every kSessionRefresh the agents of running sandboxes are asked about those sessions.
 //   - Retention: idempotency keys and deleted sandboxes older than their retention are purged,
 //     once a minute.
 // Everything goes through the same calls as the API, so the operation history, the per-sandbox
@@ -50,7 +53,8 @@ absl::StatusOr<nlohmann::json> CallAgentSync(const std::string& socket, nlohmann
 
 }  // namespace
 
-bool SandboxService::HasRunningSession(const std::string& sandbox_id) {
+std::optional<std::vector<std::string>> SandboxService::StoreRunningSessions(
+    const std::string& sandbox_id) {
   std::vector<std::string> running;
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
     auto sessions = tx.ListSessions(sandbox_id);
@@ -61,9 +65,31 @@ bool SandboxService::HasRunningSession(const std::string& sandbox_id) {
     }
     return absl::OkStatus();
   });
-  if (!st.ok()) return true;  // unknown: never suspend on a guess
+  if (!st.ok()) return std::nullopt;
+  return running;
+}
+
+void SandboxService::RefreshSessionStates(const std::vector<SandboxRecord>& live) {
+  for (const SandboxRecord& sb : live) {
+    // A frozen agent cannot answer, and one in the middle of an operation may be going away.
+    if (sb.state != kRunning || sb.current_operation_id) continue;
+    auto running = StoreRunningSessions(sb.id);
+    if (!running || running->empty()) continue;
+    auto sock = AgentSocketFor(sb.id);
+    if (!sock) continue;
+    for (const std::string& id : *running) {
+      auto status = CallAgentSync(*sock, {{"op", "status"}, {"session_id", id}});
+      if (!status.ok()) break;  // busy or gone: the next round asks again
+      RecordSessionStatus(id, *status);
+    }
+  }
+}
+
+bool SandboxService::HasRunningSession(const std::string& sandbox_id) {
+  auto running = StoreRunningSessions(sandbox_id);
+  if (!running) return true;  // unknown: never suspend on a guess
   // The store learns of an exit only when a client is attached or asks; the agent knows.
-  for (const std::string& id : running) {
+  for (const std::string& id : *running) {
     auto sock = AgentSocketFor(sandbox_id);
     if (!sock) return true;
     auto status = CallAgentSync(*sock, {{"op", "status"}, {"session_id", id}});
@@ -122,6 +148,11 @@ void SandboxService::RunTimersOnce(std::chrono::system_clock::time_point wall,
       // A client's call may have raced us (409): the next tick looks again.
       spdlog::debug("sandbox {}: idle suspend: {}", sb.id, std::string(r.status().message()));
     }
+  }
+
+  if (wall - last_session_refresh_ >= kSessionRefresh) {
+    last_session_refresh_ = wall;
+    RefreshSessionStates(live);
   }
 
   if (wall - last_purge_ < std::chrono::minutes(1)) return;

@@ -211,6 +211,58 @@ def test_metrics_move_by_exactly_what_happened(api, sbxd, prom):
     assert sbxd.proc is not None and start <= t_before and start > t_before - 24 * 3600, start
 
 
+def test_exits_nobody_watched_reach_the_metrics(api, sandbox, sbxd, prom):
+    """A session that exits while no client is attached, and one killed by the OOM killer the
+    same way, leave sbx_sessions_active and reach sbx_oom_kills_total without anyone reading
+    them: the timers ask the agent every few seconds (kSessionRefresh, 5 s)."""
+    sid = sandbox["id"]
+
+    def start_and_detach(argv):
+        session = api.create_session(sid, argv)
+        with api.attach(session) as stream:
+            for ev in stream.events():
+                if ev.event == "stdout":
+                    break  # it printed: started; detach and leave it running
+                assert ev.event != "process_exited", ev
+        return session["session_id"]
+
+    # Each prints for a while after we detach, so that sbxd's next write finds the client
+    # gone and ends its side of the stream, then goes quiet and ends with nobody attached.
+    ticks = "i=0; while [ $i -lt 20 ]; do echo tick; i=$((i+1)); sleep 0.1; done; sleep 2"
+    short = start_and_detach(["sh", "-c", f"echo started; {ticks}; exit 3"])
+    oom = None
+    if sbxd.runtime == "ns":
+        bomb = ("import time\n"
+                "for _ in range(20): print('tick', flush=True); time.sleep(0.1)\n"
+                "time.sleep(2)\n"
+                "chunks = []\n"
+                "while True: chunks.append(bytearray(64 << 20))\n")
+        oom = start_and_detach(["python3", "-c", bomb])
+    mid = scrape(api)
+    ours = 1 if oom is None else 2
+    assert mid.get("sbx_sessions_active") >= ours
+
+    deadline = time.monotonic() + 60
+    while True:
+        now = scrape(api)
+        done = now.get("sbx_sessions_active") <= mid.get("sbx_sessions_active") - ours
+        if oom is not None:
+            done = done and now.get("sbx_oom_kills_total") >= mid.get("sbx_oom_kills_total") + 1
+        if done:
+            break
+        assert time.monotonic() < deadline, \
+            f"unwatched exits never reached the metrics: active {now.get('sbx_sessions_active')}, " \
+            f"oom kills {now.get('sbx_oom_kills_total')} (at start {mid.get('sbx_sessions_active')}, " \
+            f"{mid.get('sbx_oom_kills_total')})"
+        time.sleep(0.5)
+    # The store has the results too (the refresh recorded them; these reads find them there).
+    info = api.get_session(short)
+    assert info["state"] == "exited" and info["exit_code"] == 3, info
+    if oom is not None:
+        info = api.get_session(oom)
+        assert info["state"] == "exited" and info["oom_killed"] is True, info
+
+
 def test_warm_pool_gauges(api, prom):
     s = scrape(api)
     ready = s.series("sbx_warm_pool_ready")
