@@ -186,12 +186,6 @@ void Reload(const sbx::daemon::CommandLine& cl, Config& running, sbx::api::Api& 
   std::vector<std::string> applied;
   for (const auto& ch : plan.applied) {
     applied.push_back(fmt::format("{} {} -> {}", ch.key, ch.from, ch.to));
-    if (ch.key == "sandbox.defaults.disk_mib" && plan.config.runtime.default_runtime == "ns" &&
-        plan.config.runtime.ns.disk_pool > 0) {
-      spdlog::warn("SIGHUP: runtime.ns.disk_pool keeps making {} MiB disks until a restart; "
-                   "creates with the new default make theirs during the launch",
-                   ch.from);
-    }
   }
   running = std::move(plan.config);
   spdlog::info("SIGHUP: configuration reloaded ({}): {}",

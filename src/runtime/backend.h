@@ -124,6 +124,9 @@ class Backend {
   }
   // Removes every kernel object and state file named after a sandbox not in `known_ids`.
   virtual absl::Status Sweep(const std::set<std::string>& known_ids) = 0;
+  // The deployment defaults changed (SIGHUP): what a backend prepares ahead for sandboxes of
+  // the default size follows them.
+  virtual void OnDefaultsChanged(const Resources& /*defaults*/) {}
 };
 using BackendPtr = std::unique_ptr<Backend>;
 

@@ -292,7 +292,10 @@ absl::Status SandboxService::Reconfigure(const LiveOptions& live) {
   tokens_.SetTtl(live.attach_token_ttl);
   pool_->Resize(live.warm_pools);
   // Pooled sandboxes carry the old limits: Take would skip them anyway, one create at a time.
-  if (defaults_changed) pool_->Flush();
+  if (defaults_changed) {
+    pool_->Flush();
+    for (const auto& [name, backend] : backends_) backend->OnDefaultsChanged(live.defaults);
+  }
   return absl::OkStatus();
 }
 

@@ -239,6 +239,43 @@ def test_sighup_reloads_limits_pool_ttl_and_keeps_restart_only_keys(own_sbxd):
     api.wait_operation(cold["operation"]["id"])
 
 
+def test_sighup_remakes_the_disk_pool_at_the_new_default_size(own_sbxd):
+    if RUNTIME != "ns":
+        skip_or_fail("the disk pool belongs to the ns runtime")
+
+    def conf(disk_mib: int) -> str:
+        return (BASE_CONFIG.replace("disk_pool = 0", "disk_pool = 1").format(
+                    max_memory=65536, ttl=900, pool=0, level="info")
+                + f"[sandbox.defaults]\ndisk_mib = {disk_mib}\n")
+
+    d = own_sbxd(conf(512))
+    pool_dir = d.daemon.state_dir / "disk-images" / "pool"
+
+    def pooled_sizes() -> list[int]:
+        try:
+            return [p.stat().st_size >> 20 for p in pool_dir.iterdir() if p.suffix == ".img"]
+        except FileNotFoundError:
+            return []
+
+    def wait_pool(size: int) -> None:
+        deadline = time.monotonic() + POOL_TIMEOUT_S
+        while pooled_sizes() != [size]:
+            assert time.monotonic() < deadline, f"pool holds {pooled_sizes()} MiB, not [{size}]"
+            time.sleep(0.1)
+
+    wait_pool(512)
+    lines = d.reload(conf(256))
+    assert "sandbox.defaults.disk_mib 512 -> 256" in lines, lines
+    assert "disk pool: now making 256 MiB disks (1 pooled disk(s) of the old size dropped)" in \
+        [_message(line) for line in d.log().splitlines()], d.daemon.log_tail()
+    wait_pool(256)
+    # The next default create takes it: a 256 MiB writable layer.
+    sb = d.client.create_sandbox({})["sandbox"]
+    assert sb["effective_resources"]["disk_mib"] == 256, sb
+    df = d.client.run(sb["id"], ["df", "-m", "/"]).stdout.decode().splitlines()
+    assert 200 <= int(df[1].split()[1]) <= 256, df
+
+
 def test_sighup_with_a_bad_file_keeps_the_running_configuration(own_sbxd):
     d = own_sbxd(config(max_memory=1024))
     api = d.client

@@ -468,13 +468,15 @@ absl::StatusOr<PreparedDisk> DiskProvider::Build(int size_mib, const std::string
 
 absl::StatusOr<PreparedDisk> DiskProvider::Take(int size_mib, const std::string& dest_image_path) {
   SBX_RETURN_IF_ERROR(ValidateDiskMib(size_mib));
-  if (size_mib == pool_size_mib_) {
+  if (size_mib == pool_size_mib_.load()) {
     struct stat st;
     if (::lstat(dest_image_path.c_str(), &st) == 0) {
       return ErrnoStatus(EEXIST, fmt::format("disk image: {} exists", dest_image_path));
     }
     std::optional<PreparedDisk> pooled = pool_.Take();
-    if (pooled && pooled->valid()) {
+    // One of an older pool size (made while SetPoolSizeMib ran) is dropped: its destructor
+    // removes it.
+    if (pooled && pooled->valid() && pooled->size_mib() == size_mib) {
       PreparedDisk disk = std::move(*pooled);
       absl::Status st = disk.RenameImage(dest_image_path);
       if (st.ok()) return disk;
@@ -488,16 +490,23 @@ absl::StatusOr<PreparedDisk> DiskProvider::Take(int size_mib, const std::string&
 
 int DiskProvider::ready() const { return pool_.ready(); }
 
+void DiskProvider::SetPoolSizeMib(int size_mib) {
+  if (!ValidateDiskMib(size_mib).ok() || pool_size_mib_.exchange(size_mib) == size_mib) return;
+  const size_t dropped = pool_.Drain().size();  // destroyed here: unmounted, images removed
+  spdlog::info("disk pool: now making {} MiB disks ({} pooled disk(s) of the old size dropped)",
+               size_mib, dropped);
+}
+
 void DiskProvider::Start() {
   // The golden image first, at normal priority: a launch needing the same size would wait for
   // it, and must not wait behind an idle-priority thread.
-  pool_.Start([this] { (void)EnsureGolden(pool_size_mib_); });
+  pool_.Start([this] { (void)EnsureGolden(pool_size_mib_.load()); });
 }
 
 absl::StatusOr<PreparedDisk> DiskProvider::BuildPooled() {
   const std::string path = fmt::format("{}/{}.img", pool_dir_, next_pool_id_++);
   SBX_RETURN_IF_ERROR(Annotate(MkdirAll(pool_dir_, 0700), "disk pool"));
-  return Build(pool_size_mib_, path);
+  return Build(pool_size_mib_.load(), path);
 }
 
 }  // namespace sbx::runtime::ns

@@ -124,6 +124,10 @@ class DiskProvider {
   // same file system as the state dir). From the pool when it holds one of that size, otherwise
   // made here (the golden image of a size is made on its first use).
   absl::StatusOr<PreparedDisk> Take(int size_mib, const std::string& dest_image_path);
+  // The size pooled disks are made at from now on (a reload of sandbox.defaults.disk_mib): the
+  // disks pooled at the old size are dropped (unmounted, images removed) and the filler makes
+  // new ones. A disk of the old size still being built when this runs is dropped by Take.
+  void SetPoolSizeMib(int size_mib);
 
   int ready() const;
   const std::string& images_dir() const { return images_dir_; }
@@ -144,7 +148,7 @@ class DiskProvider {
   const std::string images_dir_;
   const std::string pool_dir_;
   const int pool_size_;
-  const int pool_size_mib_;
+  std::atomic<int> pool_size_mib_;
 
   std::mutex golden_mu_;  // guards goldens_ (the map), not the making of one image
   std::map<int, std::shared_ptr<Golden>> goldens_;

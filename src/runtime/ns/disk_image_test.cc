@@ -261,6 +261,47 @@ TEST_F(DiskImageTest, PoolHandsOutReadyDisksAndRefills) {
   EXPECT_TRUE(ListDir(state_ + "/sandboxes/sbx_a").value_or(std::vector<std::string>{"?"}).empty());
 }
 
+// SIGHUP changed sandbox.defaults.disk_mib: the pooled disks of the old size go, and the pool
+// refills with the new size, which Take then hands out.
+TEST_F(DiskImageTest, PoolFollowsANewSize) {
+  std::vector<std::string> loops;
+  {
+    DiskProvider provider(state_, 1, 32);
+    provider.Start();
+    auto wait_ready = [&] {
+      auto deadline = Clock::now() + std::chrono::seconds(30);
+      while (provider.ready() < 1 && Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      return provider.ready();
+    };
+    ASSERT_EQ(wait_ready(), 1);
+    auto old_pool = ListDir(provider.images_dir() + "/pool");
+    ASSERT_TRUE(old_pool.ok() && old_pool->size() == 1u);
+    const std::string old_image = provider.images_dir() + "/pool/" + old_pool->front();
+
+    provider.SetPoolSizeMib(20);
+    struct stat st;
+    EXPECT_NE(::lstat(old_image.c_str(), &st), 0) << "the old-size disk was not dropped";
+    ASSERT_EQ(wait_ready(), 1);
+    auto pool = ListDir(provider.images_dir() + "/pool");
+    ASSERT_TRUE(pool.ok() && pool->size() == 1u);
+    const std::string pooled = provider.images_dir() + "/pool/" + pool->front();
+
+    std::string image = SandboxImage();
+    auto disk = provider.Take(20, image);
+    ASSERT_TRUE(disk.ok()) << disk.status();
+    EXPECT_EQ(disk->size_mib(), 20);
+    EXPECT_NE(::lstat(pooled.c_str(), &st), 0) << "Take did not use the pooled disk";
+    struct statfs sfs;
+    ASSERT_EQ(::fstatfs(disk->mount_fd(), &sfs), 0);
+    EXPECT_LE(static_cast<int64_t>(sfs.f_blocks) * sfs.f_bsize, 20 * kMiB);
+    loops.push_back(disk->loop_name());
+  }
+  for (const auto& l : loops) EXPECT_TRUE(WaitDetached(l)) << l;
+  EXPECT_TRUE(ListDir(state_ + "/disk-images/pool").value_or(std::vector<std::string>{"?"}).empty());
+}
+
 TEST_F(DiskImageTest, ConcurrentTakesOfANewSizeShareOneGolden) {
   DiskProvider provider(state_, 0, 1024);
   constexpr int kThreads = 4;

@@ -815,6 +815,10 @@ absl::Status NsBackend::RemoveById(const std::string& id) {
   return RemoveTree(s.DirOf(id));
 }
 
+void NsBackend::OnDefaultsChanged(const Resources& defaults) {
+  if (shared_->disks) shared_->disks->SetPoolSizeMib(defaults.disk_mib);
+}
+
 absl::Status NsBackend::Sweep(const std::set<std::string>& known_ids) {
   SBX_RETURN_IF_ERROR(shared_->cgroup_status);
   const Shared& s = *shared_;

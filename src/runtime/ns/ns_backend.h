@@ -87,6 +87,8 @@ class NsBackend : public Backend {
   // its state dir), without needing a live agent. Idempotent.
   absl::Status Remove(const std::string& id) override;
   absl::Status Sweep(const std::set<std::string>& known_ids) override;
+  // The disk pool makes disks of the new default disk_mib.
+  void OnDefaultsChanged(const Resources& defaults) override;
 
   // For tests and diagnostics: the cgroup directories a sandbox with this id uses, keyed by
   // hierarchy ("memory", "pids", "cpu", "unified"); the agent's socket and the sandbox dir.

@@ -75,9 +75,15 @@ class ReadyPool {
   }
 
   // Everything pooled, for an owner that must release items itself before they are destroyed.
+  // The filler, unless stopped, then makes new ones.
   std::deque<T> Drain() {
-    std::lock_guard lock(mu_);
-    return std::exchange(ready_, {});
+    std::deque<T> out;
+    {
+      std::lock_guard lock(mu_);
+      out = std::exchange(ready_, {});
+    }
+    cv_.notify_all();
+    return out;
   }
 
   int ready() const {
