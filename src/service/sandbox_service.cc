@@ -527,7 +527,14 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
   auto elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started);
 
   json runtime_state = inst.ok() ? (*inst)->Persist() : json(nullptr);
-  bool keep_instance = false;
+  // Kept before the store says running: a client that sees the operation succeed may start a
+  // session at once, and must find the agent. No delete can take it meanwhile (the engine runs
+  // one job per sandbox at a time); if the store fails, it is taken back and destroyed.
+  const bool built = inst.ok();
+  if (built) {
+    std::lock_guard lock(mu_);
+    instances_[sandbox_id] = std::move(*inst);
+  }
   std::string from, to, result;
   st = store_.Transact([&](Tx& tx) -> absl::Status {
     finished.reset();
@@ -549,13 +556,11 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
       cur.state = std::string(kRunning);
       cur.runtime_state = runtime_state;
       cur.current_operation_id.reset();
-      keep_instance = true;
     } else {
       // Deleted while being built: the queued delete destroys the instance we keep for it.
       Finish(op, false, {{"code", "cancelled"}, {"message", "sandbox was deleted while starting"}},
              now);
       cur.runtime_state = runtime_state;
-      keep_instance = true;
     }
     to = cur.state;
     result = op.state == "succeeded" ? "succeeded"
@@ -567,7 +572,18 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
   });
   if (!st.ok()) {
     spdlog::error("create {}: store: {}", sandbox_id, std::string(st.message()));
-    if (inst.ok()) (void)(*inst)->Destroy();
+    if (built) {
+      runtime::InstancePtr mine;
+      {
+        std::lock_guard lock(mu_);
+        auto it = instances_.find(sandbox_id);
+        if (it != instances_.end()) {
+          mine = std::move(it->second);
+          instances_.erase(it);
+        }
+      }
+      if (mine) (void)mine->Destroy();
+    }
     LogOperationFinished("create", "failed", job_started, elapsed.count(),
                          fmt::format("store: {}", std::string(st.message())));
     return;
@@ -575,10 +591,6 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
   metrics_->OperationFinished(*finished, requested);
   if (finished->state == "succeeded") {
     metrics_->SandboxRunning(sb.runtime, /*warm=*/false, requested);
-  }
-  if (inst.ok() && keep_instance) {
-    std::lock_guard lock(mu_);
-    instances_[sandbox_id] = std::move(*inst);
   }
   LogStateChange(sandbox_id, from, to);
   LogOperationFinished("create", result, job_started, elapsed.count(),
