@@ -10,6 +10,7 @@
 // Instances are owned by the service layer and used from one thread at a time.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <set>
@@ -102,6 +103,13 @@ class Instance {
   // What the kernel says now: true once a freeze was requested (done or in progress) and not
   // undone. The service trusts this over its store after a restart.
   virtual absl::StatusOr<bool> IsFrozen() const { return false; }
+
+  // Packets the sandbox tried to send and its egress profile refused, counted by the kernel
+  // since the sandbox's network was made (sbx_egress_denied_total). A cheap read, no I/O to the
+  // agent; works on frozen sandboxes. Unimplemented where the runtime cannot tell.
+  virtual absl::StatusOr<uint64_t> DeniedEgress() const {
+    return absl::UnimplementedError("denied egress: this runtime does not count it");
+  }
 };
 using InstancePtr = std::unique_ptr<Instance>;
 

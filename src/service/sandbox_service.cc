@@ -711,6 +711,8 @@ absl::StatusOr<StoredResponse> SandboxService::DeleteSandbox(
 }
 
 absl::Status SandboxService::DestroyRuntime(const SandboxRecord& sb) {
+  // The last denied-egress reading, while the sandbox's network still exists.
+  ReadDeniedEgress(sb.id, /*baseline=*/false);
   runtime::InstancePtr inst;
   {
     std::lock_guard lock(mu_);
@@ -721,6 +723,7 @@ absl::Status SandboxService::DestroyRuntime(const SandboxRecord& sb) {
     }
     frozen_.erase(sb.id);  // Destroy kills frozen sandboxes too (kill, then thaw)
   }
+  metrics_->ForgetEgress(sb.id);
   SBX_ASSIGN_OR_RETURN(runtime::Backend * backend, BackendFor(sb.runtime));
   if (!inst && !sb.runtime_state.is_null()) {
     auto adopted = backend->Adopt(sb.id, sb.runtime_state);
@@ -1248,6 +1251,10 @@ absl::Status SandboxService::Reconcile() {
           LogStateChange(sb.id, from, state, "what the kernel says after the restart");
         }
         adopted.push_back(sb.id);
+        // What it was denied before the restart was counted by the previous process.
+        if (auto n = (*inst)->DeniedEgress(); n.ok()) {
+          metrics_->EgressReading(sb.id, *n, /*baseline=*/true);
+        }
         std::lock_guard lock(mu_);
         instances_[sb.id] = std::move(*inst);
         if (IsFrozenState(state)) frozen_.insert(sb.id);

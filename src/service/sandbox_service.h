@@ -183,6 +183,10 @@ class SandboxService {
   // Asks the agents of running sandboxes about the sessions the store thinks still run, so
   // exits nobody watched reach the store and the metrics (timers.cc).
   void RefreshSessionStates(const std::vector<store::SandboxRecord>& live);
+  // Reads each live sandbox's denied-egress counter into sbx_egress_denied_total (timers.cc).
+  void RefreshDeniedEgress(const std::vector<store::SandboxRecord>& live);
+  // One sandbox's reading, if it has an instance here and its runtime counts.
+  void ReadDeniedEgress(const std::string& sandbox_id, bool baseline);
   absl::StatusOr<store::SandboxRecord> VisibleSandbox(store::Tx& tx, const Caller& caller,
                                                       const std::string& id);
 

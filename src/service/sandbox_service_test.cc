@@ -4,7 +4,9 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <map>
 #include <condition_variable>
 #include <filesystem>
 #include <mutex>
@@ -74,6 +76,51 @@ class RecordingBackend : public NoPauseBackend {
   runtime::SandboxSpec last_;
 };
 
+// The fake runtime, whose instances report a denied-egress count the test sets.
+class EgressBackend : public NoPauseBackend {
+ public:
+  explicit EgressBackend(runtime::Backend& inner) : NoPauseBackend(inner) {}
+  std::string Name() const override { return "egress"; }
+  absl::StatusOr<runtime::InstancePtr> Create(const runtime::SandboxSpec& s) override {
+    SBX_ASSIGN_OR_RETURN(runtime::InstancePtr inner, NoPauseBackend::Create(s));
+    return Wrap(std::move(inner));
+  }
+  absl::StatusOr<runtime::InstancePtr> Adopt(const std::string& id, const json& p) override {
+    SBX_ASSIGN_OR_RETURN(runtime::InstancePtr inner, NoPauseBackend::Adopt(id, p));
+    return Wrap(std::move(inner));
+  }
+  void Set(const std::string& id, uint64_t n) { Counter(id)->store(n); }
+
+ private:
+  class Instance : public runtime::Instance {
+   public:
+    Instance(runtime::InstancePtr inner, std::shared_ptr<std::atomic<uint64_t>> denied)
+        : inner_(std::move(inner)), denied_(std::move(denied)) {}
+    const std::string& id() const override { return inner_->id(); }
+    std::string AgentSocketPath() const override { return inner_->AgentSocketPath(); }
+    json Persist() const override { return inner_->Persist(); }
+    bool Alive() const override { return inner_->Alive(); }
+    absl::Status Destroy() override { return inner_->Destroy(); }
+    absl::StatusOr<uint64_t> DeniedEgress() const override { return denied_->load(); }
+
+   private:
+    runtime::InstancePtr inner_;
+    std::shared_ptr<std::atomic<uint64_t>> denied_;
+  };
+  runtime::InstancePtr Wrap(runtime::InstancePtr inner) {
+    auto counter = Counter(inner->id());
+    return std::make_unique<Instance>(std::move(inner), std::move(counter));
+  }
+  std::shared_ptr<std::atomic<uint64_t>> Counter(const std::string& id) {
+    std::lock_guard lock(mu_);
+    auto& c = counters_[id];
+    if (!c) c = std::make_shared<std::atomic<uint64_t>>(0);
+    return c;
+  }
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<std::atomic<uint64_t>>> counters_;  // outlive restarts
+};
+
 class SandboxServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -87,6 +134,7 @@ class SandboxServiceTest : public ::testing::Test {
     ASSERT_TRUE(fake_->Probe().ok());
     nopause_ = std::make_unique<NoPauseBackend>(*fake_);
     recording_ = std::make_unique<RecordingBackend>(*fake_);
+    egress_ = std::make_unique<EgressBackend>(*fake_);
     Start();
   }
 
@@ -126,7 +174,8 @@ class SandboxServiceTest : public ::testing::Test {
         opts, *store_, *engine_, std::move(*templates),
         std::map<std::string, runtime::Backend*>{{"fake", fake_.get()},
                                                  {"nopause", nopause_.get()},
-                                                 {"recording", recording_.get()}});
+                                                 {"recording", recording_.get()},
+                                                 {"egress", egress_.get()}});
     ASSERT_TRUE(svc_->Reconcile().ok());
   }
   void Stop() {
@@ -218,6 +267,7 @@ class SandboxServiceTest : public ::testing::Test {
   std::unique_ptr<runtime::FakeBackend> fake_;
   std::unique_ptr<NoPauseBackend> nopause_;
   std::unique_ptr<RecordingBackend> recording_;
+  std::unique_ptr<EgressBackend> egress_;
   runtime::Resources defaults_;  // ServiceOptions of the next Start()
   int64_t output_buffer_bytes_ = 8 << 20;
   int64_t default_timeout_s_ = 0;
@@ -681,6 +731,45 @@ TEST_F(SandboxServiceTest, SessionMetricsFollowTheDataPlane) {
   // The delete job ends the sessions' gauge just after committing the operation.
   EXPECT_EQ(MetricSoon("sbx_sessions_active", "0"), "0");
   EXPECT_EQ(Metric("sbx_oom_kills_total"), "2");
+}
+
+TEST_F(SandboxServiceTest, DeniedEgressIsCountedOnceAcrossReadingsRestartsAndDelete) {
+  const auto wall = std::chrono::system_clock::now();
+  const auto mono = ActivityTracker::Clock::now();
+  const std::string a = CreateRunning("egress"), b = CreateRunning("egress");
+  EXPECT_EQ(Metric("sbx_egress_denied_total"), "0");
+  egress_->Set(a, 3);
+  egress_->Set(b, 4);
+  svc_->RunTimersOnce(wall + 10s, mono);
+  EXPECT_EQ(Metric("sbx_egress_denied_total"), "7");
+  // Each reading adds what was added since the sandbox's previous one.
+  egress_->Set(a, 5);
+  svc_->RunTimersOnce(wall + 20s, mono);
+  svc_->RunTimersOnce(wall + 30s, mono);
+  EXPECT_EQ(Metric("sbx_egress_denied_total"), "9");
+
+  // After a restart the counts found are a baseline, not new denials. (This fixture keeps one
+  // registry across restarts; a real restart starts the counter again at 0.)
+  egress_->Set(a, 8);
+  Stop();
+  Start();
+  svc_->RunTimersOnce(wall + 40s, mono);
+  EXPECT_EQ(Metric("sbx_egress_denied_total"), "9");
+
+  // A delete reads the sandbox a last time before destroying it, then forgets it.
+  egress_->Set(a, 10);
+  auto del = svc_->DeleteSandbox(caller_, a, std::nullopt);
+  ASSERT_TRUE(del.ok()) << del.status();
+  EXPECT_EQ(WaitOp(json::parse(del->body)["operation"]["id"]).state, "succeeded");
+  EXPECT_EQ(Metric("sbx_egress_denied_total"), "11");
+  egress_->Set(b, 6);
+  svc_->RunTimersOnce(wall + 50s, mono);
+  EXPECT_EQ(Metric("sbx_egress_denied_total"), "13");
+
+  // A runtime that cannot count (the fake) adds nothing and breaks nothing.
+  CreateRunning("fake");
+  svc_->RunTimersOnce(wall + 60s, mono);
+  EXPECT_EQ(Metric("sbx_egress_denied_total"), "13");
 }
 
 TEST_F(SandboxServiceTest, InteractiveSessionSpecAndTimedOutExitSurviveARestart) {

@@ -54,7 +54,14 @@ ServiceMetrics::ServiceMetrics(metrics::Registry& registry,
                      .AddCounter("sbx_oom_kills_total",
                                  "Command sessions that ended killed by the out-of-memory "
                                  "killer of their sandbox's memory limit.")
-                     .WithLabels()) {
+                     .WithLabels()),
+      egress_denied_(registry
+                         .AddCounter("sbx_egress_denied_total",
+                                     "Packets sandboxes tried to send that their egress "
+                                     "profile refused (profile none: any address but "
+                                     "loopback), as their network namespaces count them; read "
+                                     "every 5 s and at delete.")
+                         .WithLabels()) {
   for (size_t k = 0; k < kKinds.size(); ++k) {
     for (size_t r = 0; r < kResults.size(); ++r) {
       ops_[k][r] = &ops_family_.WithLabels({kKinds[k], kResults[r]});
@@ -115,6 +122,22 @@ void ServiceMetrics::SessionExited(const std::string& session_id, bool oom_kille
   std::lock_guard lock(sessions_mu_);
   active_sessions_.erase(session_id);
   sessions_active_.Set(static_cast<double>(active_sessions_.size()));
+}
+
+void ServiceMetrics::EgressReading(const std::string& sandbox_id, uint64_t count,
+                                   bool baseline) {
+  std::lock_guard lock(egress_mu_);
+  auto it = egress_seen_.try_emplace(sandbox_id, 0).first;
+  const uint64_t last = it->second;
+  it->second = count;
+  if (baseline) return;
+  // Smaller than before only if the runtime gave the sandbox a new namespace: all of it is new.
+  egress_denied_.Inc(count >= last ? count - last : count);
+}
+
+void ServiceMetrics::ForgetEgress(const std::string& sandbox_id) {
+  std::lock_guard lock(egress_mu_);
+  egress_seen_.erase(sandbox_id);
 }
 
 }  // namespace sbx::service

@@ -53,6 +53,15 @@ class ServiceMetrics {
   // gauge ignores ids it does not hold (a session of a sandbox lost across a restart).
   void SessionExited(const std::string& session_id, bool oom_killed);
 
+  // Denied egress: `count` is a sandbox's kernel counter as read now (Instance::DeniedEgress),
+  // which only grows while the sandbox lives. The metric moves by what was added since the
+  // sandbox's previous reading (the first reading of a sandbox this process created counts from
+  // 0). `baseline` records a reading without counting it: a sandbox adopted after a restart,
+  // whose earlier packets the previous process counted.
+  void EgressReading(const std::string& sandbox_id, uint64_t count, bool baseline = false);
+  // The sandbox is gone: its readings are dropped (after the final one).
+  void ForgetEgress(const std::string& sandbox_id);
+
  private:
   metrics::Registry& registry_;
   static constexpr std::array<std::string_view, 5> kKinds = {"create", "delete", "pause",
@@ -72,6 +81,10 @@ class ServiceMetrics {
   metrics::Counter& oom_kills_;
   std::mutex sessions_mu_;
   std::set<std::string, std::less<>> active_sessions_;
+
+  metrics::Counter& egress_denied_;
+  std::mutex egress_mu_;
+  std::map<std::string, uint64_t, std::less<>> egress_seen_;  // sandbox -> last reading
 };
 
 }  // namespace sbx::service

@@ -6,6 +6,8 @@
 //   - Sessions: a session whose process exited while no client was attached stays "running"
 //     in the store (and in sbx_sessions_active, its OOM kill uncounted) until someone asks;
 //     every kSessionRefresh the agents of running sandboxes are asked about those sessions.
+//   - Denied egress: every kSessionRefresh each live sandbox's kernel counter is read into
+//     sbx_egress_denied_total (and a last time just before a delete destroys the sandbox).
 //   - Retention: idempotency keys and deleted sandboxes older than their retention are purged,
 //     once a minute.
 // Everything goes through the same calls as the API, so the operation history, the per-sandbox
@@ -85,6 +87,24 @@ void SandboxService::RefreshSessionStates(const std::vector<SandboxRecord>& live
   }
 }
 
+void SandboxService::ReadDeniedEgress(const std::string& sandbox_id, bool baseline) {
+  // Held for two small procfs reads and the recording: a delete removes the instance, then
+  // forgets the sandbox's readings, so no reading lands after that and counts it all again.
+  std::lock_guard lock(mu_);
+  auto it = instances_.find(sandbox_id);
+  if (it == instances_.end()) return;
+  absl::StatusOr<uint64_t> n = it->second->DeniedEgress();
+  if (n.ok()) {
+    metrics_->EgressReading(sandbox_id, *n, baseline);
+  } else if (!absl::IsUnimplemented(n.status())) {
+    spdlog::debug("sandbox {}: {}", sandbox_id, std::string(n.status().message()));
+  }
+}
+
+void SandboxService::RefreshDeniedEgress(const std::vector<SandboxRecord>& live) {
+  for (const SandboxRecord& sb : live) ReadDeniedEgress(sb.id, /*baseline=*/false);
+}
+
 bool SandboxService::HasRunningSession(const std::string& sandbox_id) {
   auto running = StoreRunningSessions(sandbox_id);
   if (!running) return true;  // unknown: never suspend on a guess
@@ -153,6 +173,7 @@ void SandboxService::RunTimersOnce(std::chrono::system_clock::time_point wall,
   if (wall - last_session_refresh_ >= kSessionRefresh) {
     last_session_refresh_ = wall;
     RefreshSessionStates(live);
+    RefreshDeniedEgress(live);
   }
 
   if (wall - last_purge_ < std::chrono::minutes(1)) return;

@@ -7,7 +7,10 @@ around a known sequence of calls; tests run one at a time, and a test's sandboxe
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
 import time
 from collections import Counter, defaultdict
 
@@ -270,6 +273,117 @@ def test_exits_nobody_watched_reach_the_metrics(api, sandbox, sbxd, prom):
     if oom is not None:
         info = api.get_session(oom)
         assert info["state"] == "exited" and info["oom_killed"] is True, info
+
+
+# "The internet" for the egress test: a network namespace this test makes, whose one host has
+# these addresses (on its lo) and listens on TCP 80 and UDP 53 of both.
+INTERNET_V4 = "10.254.0.1"
+INTERNET_V6 = "fd00:5b::1"
+LISTENER = f"""
+import select, socket, sys, json
+socks, got = [], {{"accepted": 0, "datagrams": 0}}
+for fam, addr in ((socket.AF_INET, "{INTERNET_V4}"), (socket.AF_INET6, "{INTERNET_V6}")):
+    t = socket.socket(fam, socket.SOCK_STREAM); t.bind((addr, 80)); t.listen(8); socks.append(t)
+    u = socket.socket(fam, socket.SOCK_DGRAM); u.bind((addr, 53)); socks.append(u)
+print("ready", flush=True)
+while True:
+    r, _, _ = select.select(socks + [sys.stdin], [], [], 60)
+    if not r or sys.stdin in r:
+        break  # the test closed our stdin (or forgot us: bounded)
+    for s in r:
+        if s.type == socket.SOCK_STREAM:
+            s.accept()[0].close(); got["accepted"] += 1
+        else:
+            s.recvfrom(64); got["datagrams"] += 1
+print(json.dumps(got), flush=True)
+"""
+
+
+@pytest.fixture
+def internet():
+    """Yields a function that stops the stand-in internet's listener and returns what reached it
+    besides its own probe."""
+    name = f"sbx-e2e-inet-{os.getpid()}"
+    ip = lambda *args: subprocess.run(["ip", "-n", name, *args], check=True, capture_output=True)
+    subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
+    listener = None
+    try:
+        ip("link", "set", "lo", "up")
+        ip("addr", "add", f"{INTERNET_V4}/32", "dev", "lo")
+        ip("addr", "add", f"{INTERNET_V6}/128", "dev", "lo")
+        listener = subprocess.Popen(["ip", "netns", "exec", name, "python3", "-c", LISTENER],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert listener.stdout.readline().strip() == "ready"
+
+        def stop() -> dict:
+            # A probe from inside the namespace first, so a listener that hears nothing is
+            # known to be able to hear: it must report exactly the probe.
+            probe = (f"import socket\n"
+                     f"socket.create_connection(('{INTERNET_V4}', 80), timeout=5).close()\n"
+                     f"socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'p', ('{INTERNET_V4}', 53))\n")
+            subprocess.run(["ip", "netns", "exec", name, "python3", "-c", probe], check=True,
+                           timeout=30)
+            time.sleep(0.2)  # let the listener's select see both before stdin's EOF
+            out, _ = listener.communicate(timeout=30)
+            got = json.loads(out)
+            got["accepted"] -= 1
+            got["datagrams"] -= 1
+            return got
+
+        yield stop
+    finally:
+        if listener is not None and listener.poll() is None:
+            listener.kill()
+            listener.wait()
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def test_denied_egress_is_counted(api, sbxd, prom, internet):
+    """Egress profile none: a sandbox's connects and sends to a host outside it fail at once
+    (no route), nothing reaches the host, and sbx_egress_denied_total counts each one: read
+    from the sandbox's network namespace every 5 s, and a last time at delete."""
+    if sbxd.runtime == "fake":
+        pytest.skip("the fake runtime runs sandboxes in the host's network namespace")
+    before = scrape(api)
+    sid = api.create_sandbox({"labels": {"e2e": "egress"}})["sandbox"]["id"]
+    code = (f"import errno, json, socket\n"
+            f"out = {{}}\n"
+            f"for fam, addr in ((socket.AF_INET, '{INTERNET_V4}'), (socket.AF_INET6, '{INTERNET_V6}')):\n"
+            f"    for kind in ('tcp', 'udp'):\n"
+            f"        try:\n"
+            f"            if kind == 'tcp':\n"
+            f"                s = socket.socket(fam, socket.SOCK_STREAM); s.settimeout(5); s.connect((addr, 80))\n"
+            f"            else:\n"
+            f"                socket.socket(fam, socket.SOCK_DGRAM).sendto(b'x', (addr, 53))\n"
+            f"            out[kind + addr] = 'sent'\n"
+            f"        except OSError as e:\n"
+            f"            out[kind + addr] = errno.errorcode.get(e.errno, str(e))\n"
+            f"print(json.dumps(out))\n")
+    result = api.run(sid, ["python3", "-c", code])
+    assert result.exit["exit_code"] == 0, (result.exit, result.stderr)
+    outcomes = json.loads(result.stdout)
+    assert set(outcomes.values()) == {"ENETUNREACH"}, outcomes
+
+    # The periodic reading.
+    deadline = time.monotonic() + 30
+    while True:
+        moved = scrape(api).get("sbx_egress_denied_total") - before.get("sbx_egress_denied_total")
+        if moved >= len(outcomes) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert moved == len(outcomes), f"counted {moved} denied packets, the sandbox tried {len(outcomes)}"
+
+    # Two more, then the delete: its last reading counts them, and nothing is counted twice.
+    result = api.run(sid, ["python3", "-c", code])
+    assert set(json.loads(result.stdout).values()) == {"ENETUNREACH"}, result.stdout
+    op = api.delete_sandbox(sid)
+    assert op["state"] == "succeeded", op
+    after = scrape(api)
+    assert after.get("sbx_egress_denied_total") - before.get("sbx_egress_denied_total") == \
+        2 * len(outcomes)
+
+    got = internet()
+    assert got == {"accepted": 0, "datagrams": 0}, f"traffic reached the host outside: {got}"
 
 
 def test_warm_pool_gauges(api, prom):

@@ -33,6 +33,7 @@
 #include "runtime/ns/caps.h"
 #include "runtime/ns/cgroup.h"
 #include "runtime/ns/cgroup_favor.h"
+#include "runtime/ns/net_counters.h"
 #include "runtime/ns/netns_pool.h"
 #include "runtime/ns/fsutil.h"
 #include "runtime/ns/launcher.h"
@@ -245,6 +246,18 @@ class NsInstance : public Instance {
     // A pidfd polls readable once the process has exited.
     struct pollfd pfd{pidfd_.get(), POLLIN, 0};
     return ::poll(&pfd, 1, 0) == 0;
+  }
+
+  absl::StatusOr<uint64_t> DeniedEgress() const override {
+    if (!Alive()) {
+      return absl::FailedPreconditionError(fmt::format("denied egress {}: agent not alive", id_));
+    }
+    auto n = ReadNoRouteCount(pid_);
+    // The pid names our agent only while it exists: alive after the read, it was the agent's.
+    if (n.ok() && !Alive()) {
+      return absl::FailedPreconditionError(fmt::format("denied egress {}: agent exited", id_));
+    }
+    return n;
   }
 
   absl::Status Destroy() override {
