@@ -285,16 +285,25 @@ socks, got = [], {{"accepted": 0, "datagrams": 0}}
 for fam, addr in ((socket.AF_INET, "{INTERNET_V4}"), (socket.AF_INET6, "{INTERNET_V6}")):
     t = socket.socket(fam, socket.SOCK_STREAM); t.bind((addr, 80)); t.listen(8); socks.append(t)
     u = socket.socket(fam, socket.SOCK_DGRAM); u.bind((addr, 53)); socks.append(u)
-print("ready", flush=True)
-while True:
-    r, _, _ = select.select(socks + [sys.stdin], [], [], 60)
-    if not r or sys.stdin in r:
-        break  # the test closed our stdin (or forgot us: bounded)
-    for s in r:
+def take(ready):
+    for s in ready:
+        if s is sys.stdin:
+            continue
         if s.type == socket.SOCK_STREAM:
             s.accept()[0].close(); got["accepted"] += 1
         else:
             s.recvfrom(64); got["datagrams"] += 1
+print("ready", flush=True)
+while True:
+    r, _, _ = select.select(socks + [sys.stdin], [], [], 60)
+    take(r)
+    if not r or sys.stdin in r:
+        break  # the test closed our stdin (or forgot us: bounded)
+while True:  # what arrived before the end is queued: take it all
+    r, _, _ = select.select(socks, [], [], 0.5)
+    if not r:
+        break
+    take(r)
 print(json.dumps(got), flush=True)
 """
 
@@ -323,7 +332,6 @@ def internet():
                      f"socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'p', ('{INTERNET_V4}', 53))\n")
             subprocess.run(["ip", "netns", "exec", name, "python3", "-c", probe], check=True,
                            timeout=30)
-            time.sleep(0.2)  # let the listener's select see both before stdin's EOF
             out, _ = listener.communicate(timeout=30)
             got = json.loads(out)
             got["accepted"] -= 1
