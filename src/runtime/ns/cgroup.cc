@@ -385,6 +385,7 @@ std::unique_ptr<SandboxCgroup> CgroupDriver::Existing(const std::string& id) con
 }
 
 absl::StatusOr<std::unique_ptr<CgroupDriver>> MakeCgroupDriver(const CgroupEnv& env) {
+  SBX_RETURN_IF_ERROR(ValidateCgroupParent(env.parent));
   SBX_ASSIGN_OR_RETURN(CgroupLayout layout, DetectCgroupLayout(env));
   if (layout.pure_v2()) return MakeV2Driver(layout, env);
   return MakeV1HybridDriver(layout, env);

@@ -190,7 +190,8 @@ class CgroupDriver {
 
 std::unique_ptr<CgroupDriver> MakeV1HybridDriver(const CgroupLayout& layout, const CgroupEnv& env);
 std::unique_ptr<CgroupDriver> MakeV2Driver(const CgroupLayout& layout, const CgroupEnv& env);
-// Detects the layout and picks the driver: pure v2 when no v1 controller we use is mounted.
+// Checks env.parent, detects the layout and picks the driver: pure v2 when no v1 controller we
+// use is mounted.
 absl::StatusOr<std::unique_ptr<CgroupDriver>> MakeCgroupDriver(const CgroupEnv& env);
 
 // Helpers shared by the drivers.

@@ -305,6 +305,16 @@ TEST(CgroupParent, Validation) {
   for (const char* bad : {"/", "sbx", "/sbx/", "//sbx", "/a/../b", "/a/./b", "/a b", "/a\\b"}) {
     EXPECT_FALSE(ValidateCgroupParent(bad).ok()) << bad;
   }
+  // The driver checks it too, before it touches any hierarchy: no caller can skip the check.
+  FakeHost h;
+  h.Write("proc/mounts", kHybridMounts);
+  h.Write("proc/self/cgroup", kHybridSelf);
+  CgroupEnv env = h.env();
+  env.parent = "/a/../escape";
+  auto driver = MakeCgroupDriver(env);
+  ASSERT_FALSE(driver.ok());
+  EXPECT_EQ(driver.status().code(), absl::StatusCode::kInvalidArgument) << driver.status();
+  EXPECT_FALSE(h.Exists("cg/memory/escape"));
 }
 
 TEST(CgroupDetect, PureV2MissingControllerIsAnError) {

@@ -393,12 +393,7 @@ NsBackend::NsBackend(NsOptions options) : shared_(std::make_shared<Shared>()) {
   env.proc_root = s.opts.proc_root;
   env.cgroupfs_root = s.opts.cgroup_root_override;
   env.parent = s.opts.cgroup_parent;
-  absl::StatusOr<std::unique_ptr<CgroupDriver>> driver = absl::UnknownError("unset");
-  if (absl::Status valid = ValidateCgroupParent(env.parent); valid.ok()) {
-    driver = MakeCgroupDriver(env);
-  } else {
-    driver = valid;
-  }
+  absl::StatusOr<std::unique_ptr<CgroupDriver>> driver = MakeCgroupDriver(env);
   if (driver.ok()) {
     s.cgroups = std::move(*driver);
     s.cgroup_status = s.cgroups->Setup();
