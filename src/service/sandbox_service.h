@@ -175,11 +175,11 @@ class SandboxService {
   static void AddInteractiveSpec(const CreateSessionRequest& req, nlohmann::json& spec);
   // Destroys whatever the runtime still holds for a sandbox (instance in memory, or adopted).
   absl::Status DestroyRuntime(const store::SandboxRecord& sb);
-  // Whether a session process of the sandbox still runs (asks the agent when the store says
-  // so; true when that cannot be known).
-  bool HasRunningSession(const std::string& sandbox_id);
-  // Sessions the store says are running; nullopt when the store cannot say.
-  std::optional<std::vector<std::string>> StoreRunningSessions(const std::string& sandbox_id);
+  // Asks the sandbox's agent about each session the store has as running and records what it
+  // says: the store learns of an exit only when a client is attached or asks; the agent knows.
+  // Whether a session process still runs; nullopt when that cannot be known (store error, no
+  // agent, or the agent did not answer).
+  std::optional<bool> RefreshRunningSessions(const std::string& sandbox_id);
   // Asks the agents of running sandboxes about the sessions the store thinks still run, so
   // exits nobody watched reach the store and the metrics (timers.cc).
   void RefreshSessionStates(const std::vector<store::SandboxRecord>& live);

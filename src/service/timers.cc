@@ -55,8 +55,7 @@ absl::StatusOr<nlohmann::json> CallAgentSync(const std::string& socket, nlohmann
 
 }  // namespace
 
-std::optional<std::vector<std::string>> SandboxService::StoreRunningSessions(
-    const std::string& sandbox_id) {
+std::optional<bool> SandboxService::RefreshRunningSessions(const std::string& sandbox_id) {
   std::vector<std::string> running;
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
     auto sessions = tx.ListSessions(sandbox_id);
@@ -68,22 +67,24 @@ std::optional<std::vector<std::string>> SandboxService::StoreRunningSessions(
     return absl::OkStatus();
   });
   if (!st.ok()) return std::nullopt;
-  return running;
+  if (running.empty()) return false;
+  auto sock = AgentSocketFor(sandbox_id);
+  if (!sock) return std::nullopt;
+  bool any = false;
+  for (const std::string& id : running) {
+    auto status = CallAgentSync(*sock, {{"op", "status"}, {"session_id", id}});
+    if (!status.ok()) return std::nullopt;  // busy or gone: the next round asks again
+    RecordSessionStatus(id, *status);
+    if (status->value("state", "") != "exited") any = true;
+  }
+  return any;
 }
 
 void SandboxService::RefreshSessionStates(const std::vector<SandboxRecord>& live) {
   for (const SandboxRecord& sb : live) {
     // A frozen agent cannot answer, and one in the middle of an operation may be going away.
     if (sb.state != kRunning || sb.current_operation_id) continue;
-    auto running = StoreRunningSessions(sb.id);
-    if (!running || running->empty()) continue;
-    auto sock = AgentSocketFor(sb.id);
-    if (!sock) continue;
-    for (const std::string& id : *running) {
-      auto status = CallAgentSync(*sock, {{"op", "status"}, {"session_id", id}});
-      if (!status.ok()) break;  // busy or gone: the next round asks again
-      RecordSessionStatus(id, *status);
-    }
+    (void)RefreshRunningSessions(sb.id);
   }
 }
 
@@ -103,21 +104,6 @@ void SandboxService::ReadDeniedEgress(const std::string& sandbox_id, bool baseli
 
 void SandboxService::RefreshDeniedEgress(const std::vector<SandboxRecord>& live) {
   for (const SandboxRecord& sb : live) ReadDeniedEgress(sb.id, /*baseline=*/false);
-}
-
-bool SandboxService::HasRunningSession(const std::string& sandbox_id) {
-  auto running = StoreRunningSessions(sandbox_id);
-  if (!running) return true;  // unknown: never suspend on a guess
-  // The store learns of an exit only when a client is attached or asks; the agent knows.
-  for (const std::string& id : *running) {
-    auto sock = AgentSocketFor(sandbox_id);
-    if (!sock) return true;
-    auto status = CallAgentSync(*sock, {{"op", "status"}, {"session_id", id}});
-    if (!status.ok()) return true;
-    RecordSessionStatus(id, *status);
-    if (status->value("state", "") != "exited") return true;
-  }
-  return false;
 }
 
 void SandboxService::RunTimersOnce(std::chrono::system_clock::time_point wall,
@@ -159,7 +145,7 @@ void SandboxService::RunTimersOnce(std::chrono::system_clock::time_point wall,
     if (!idle || *idle < std::chrono::seconds(idle_s)) continue;
     auto backend = BackendFor(sb.runtime);
     if (!backend.ok() || !(*backend)->GetCapabilities().pause) continue;
-    if (HasRunningSession(sb.id)) continue;
+    if (RefreshRunningSessions(sb.id).value_or(true)) continue;  // unknown: never on a guess
     system.initiator = "idle";
     auto r = RequestLifecycle(system, sb.id, "suspend", std::nullopt);
     if (r.ok()) {
