@@ -24,6 +24,7 @@
 #include <gtest/gtest.h>
 
 #include "common/encoding.h"
+#include "common/test_util.h"
 #include "protocol/protocol.h"
 
 #ifndef SBX_AGENT_PATH
@@ -781,7 +782,7 @@ TEST(Agent, EnvironmentCwdAndSpecValidation) {
 }
 
 TEST(Agent, UserSwitch) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to switch users";
+  if (::geteuid() != 0) SBX_SKIP_OR_FAIL("needs root to switch users");
   AgentProcess agent;
   Collected r = RunSession(agent, "s", Spec({"id", "-u"}, {{"user", "nobody"}}));
   EXPECT_EQ(r.out, "65534\n");
