@@ -515,18 +515,20 @@ TEST_F(NsRuntimeTest, FailedCreateNamesStepAndLeavesNothing) {
 
 TEST_F(NsRuntimeTest, AgentThatExitsFailsReadiness) {
   // An "agent" that exits at once: the readiness ping fails fast (the listening socket dies
-  // with it) and everything is rolled back.
+  // with it) and everything is rolled back. Fast means by the socket's death, not by the
+  // readiness timeout: a ping that waited for its timeout fails DeadlineExceeded, one that
+  // saw the socket die fails otherwise (Unavailable: refused or closed). Asserted by cause,
+  // not by a wall-clock bound.
   NsOptions opts;
   opts.state_dir = base_ + "/state";
   opts.agent_path = "/usr/bin/false";
   NsBackend backend(opts);
   SandboxSpec spec = Spec();
-  const auto t0 = Clock::now();
   auto created = backend.Create(spec);
-  const auto t1 = Clock::now();
   ASSERT_FALSE(created.ok());
   EXPECT_NE(created.status().message().find("wait for agent"), std::string::npos) << created.status();
-  EXPECT_LT(Ms(t1 - t0), kAgentReadyTimeoutMs / 2) << "readiness waited for its timeout";
+  EXPECT_NE(created.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << "readiness waited for its timeout: " << created.status();
   std::cout << "[message] " << created.status().message() << "\n";
   ExpectNothingLeft(spec.id, -1);
 }
