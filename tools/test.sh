@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
 # Installs the packages, builds, and runs every test suite:
+#   0. lint-tests: tools/check_tests.py (before the build, seconds): every *_test.cc is in a test
+#      target, and no test skips outside the SBX_TESTS_MUST_RUN helpers
 #   1. ctest on build/ (unit tests and the root integration tests, label `root`)
 #   2. the end-to-end suite (tests/e2e, pytest) against a real sbxd
 #   2a. the escape and abuse suite (tests/security, pytest): attacks from inside real sandboxes
 #   2b. bench-smoke: tools/bench.sh --quick (the benchmark suite, a few iterations each)
 #   3. (CI, or SBX_TEST_ASAN=1) an ASan/UBSan build in build-asan/ running the unit tests
-# Ends with one line "summary: N passed, N failed[, N skipped]" counting suites, and exits
-# non-zero if any suite failed.
+# Ends with a table of the suites (result, and how many tests each really ran: passed, failed,
+# skipped, read from its JUnit report in build/test-results/), a table of each suite's wall
+# time, and one line "summary: N passed, N failed[, N skipped]" counting suites; exits non-zero
+# if any suite failed. A suite that ran no test (or skipped them all) is not passed: it fails
+# under CI and shows as skipped elsewhere. The security suite must also have tried an attack.
 #
 # Environment:
-#   CI=true               also sets SBX_TESTS_MUST_RUN=1 (root tests fail instead of skipping)
-#                         and turns the sanitizer suite on by default
+#   CI=true               also sets SBX_TESTS_MUST_RUN=1 (root tests fail instead of skipping),
+#                         turns the sanitizer suite on by default, and fails a suite that ran
+#                         nothing
 #   SBX_TEST_ASAN=0|1     force the sanitizer suite off/on
 #   SBX_TEST_BUDGET_S     total seconds the whole script may take (default 1800): the sanitizer
 #                         build gets what is left and is skipped when it does not fit, to keep
-#                         CI well under 40 minutes
+#                         CI well under 40 minutes (a build killed before its budget ran out,
+#                         e.g. by the OOM killer, is a failure, not a skip)
 #   SBX_SKIP_INSTALL=1    do not run tools/install-deps.sh
 #   PYTEST_ARGS           extra arguments for pytest (e.g. "-k attach")
 set -uo pipefail
@@ -31,31 +38,10 @@ fi
 : "${SBX_TEST_ASAN:=0}"
 : "${SBX_TEST_BUDGET_S:=1800}"
 
-declare -a NAMES=() RESULTS=()
-record() { NAMES+=("$1"); RESULTS+=("$2"); }
-elapsed() { echo $(( $(date +%s) - START )); }
-banner() { printf '\n===== %s (t+%ss) =====\n' "$*" "$(elapsed)"; }
-
-finish() {
-  local passed=0 failed=0 skipped=0 i
-  banner "results"
-  for i in "${!NAMES[@]}"; do
-    printf '  %-28s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}"
-    case "${RESULTS[$i]}" in
-      passed) passed=$((passed + 1)) ;;
-      skipped*) skipped=$((skipped + 1)) ;;
-      *) failed=$((failed + 1)) ;;
-    esac
-  done
-  echo "total time: $(elapsed)s"
-  if [[ $skipped -gt 0 ]]; then
-    echo "summary: $passed passed, $failed failed, $skipped skipped"
-  else
-    echo "summary: $passed passed, $failed failed"
-  fi
-  [[ $failed -eq 0 && $passed -gt 0 ]]
-  exit $?
-}
+# record, judge, finish and the other bookkeeping: tools/test_lib.sh.
+# shellcheck source=tools/test_lib.sh
+source "$ROOT/tools/test_lib.sh"
+RESULTS_DIR="$ROOT/build/test-results"  # one JUnit report per suite
 
 echo "sbx tests: $(uname -srm), $(nproc) cores, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), CI=${CI:-}, SBX_TESTS_MUST_RUN=${SBX_TESTS_MUST_RUN:-0}, uid $(id -u)"
 
@@ -70,6 +56,7 @@ failed_tests() {
 # ---- packages --------------------------------------------------------------------------------
 if [[ "${SBX_SKIP_INSTALL:-0}" != "1" ]]; then
   banner "install packages"
+  suite_start
   if ! bash tools/install-deps.sh; then
     record install failed
     record build "failed (not run)"
@@ -77,10 +64,22 @@ if [[ "${SBX_SKIP_INSTALL:-0}" != "1" ]]; then
   fi
 fi
 
+# ---- the suite's own honesty (no build needed) -------------------------------------------------
+# A *_test.cc no test target lists (a merge once dropped metrics_test.cc's line), or a skip
+# that ignores SBX_TESTS_MUST_RUN. The ctest test check_tests repeats it on the build's test list.
+banner "lint-tests (tools/check_tests.py)"
+suite_start
+if "$PY" tools/check_tests.py; then
+  record lint-tests passed
+else
+  record lint-tests failed
+fi
+
 # ---- build -----------------------------------------------------------------------------------
 banner "build (build/, RelWithDebInfo)"
 build_start=$(date +%s)
 BUILD_S=0
+suite_start
 if bash tools/build.sh build; then
   BUILD_S=$(( $(date +%s) - build_start ))
   record build passed
@@ -95,45 +94,47 @@ fi
 
 # ---- ctest: unit + root integration tests ------------------------------------------------------
 banner "ctest (unit + root integration)"
-if ctest --test-dir build --output-on-failure -j2 --no-tests=error --timeout 600; then
-  record ctest passed
+mkdir -p "$RESULTS_DIR"
+rm -f "$RESULTS_DIR"/*.xml
+suite_start
+if ctest --test-dir build --output-on-failure -j2 --no-tests=error --timeout 600 \
+     --output-junit "$RESULTS_DIR/ctest.xml"; then
+  judge ctest "" "$RESULTS_DIR/ctest.xml"
 else
-  record ctest "failed: $(failed_tests build)"
+  judge ctest "failed: $(failed_tests build)" "$RESULTS_DIR/ctest.xml"
 fi
 
 # ---- end-to-end --------------------------------------------------------------------------------
 banner "e2e (pytest tests/e2e)"
 export SBX_BUILD_DIR="$ROOT/build"  # the tree built above, whatever the caller had set
+suite_start
 # shellcheck disable=SC2086
-timeout -k 30 "${SBX_E2E_TIMEOUT_S:-1200}" "$PY" -m pytest tests/e2e -v ${PYTEST_ARGS:-}
-rc=$?
-case $rc in
-  0) record e2e passed ;;
-  5) echo "pytest collected no tests: that is a failure"; record e2e "failed (no tests ran)" ;;
-  124|137) record e2e "failed (timed out)" ;;
-  *) record e2e "failed (pytest exit $rc)" ;;
-esac
+timeout -k 30 "${SBX_E2E_TIMEOUT_S:-1200}" "$PY" -m pytest tests/e2e -v \
+  --junitxml="$RESULTS_DIR/e2e.xml" ${PYTEST_ARGS:-}
+judge e2e "$(pytest_result $?)" "$RESULTS_DIR/e2e.xml"
 
 # ---- escape and abuse suite ---------------------------------------------------------------------
 # Every case runs one attack inside a real sandbox and checks that it failed the expected way
 # and that sbxd, a bystander sandbox and the host state it aimed at are unaffected. Writes
 # build/security-report.json and prints "security: N attacks tried, N contained".
 banner "security (pytest tests/security)"
+SECURITY_REPORT="$ROOT/build/security-report.json"
+rm -f "$SECURITY_REPORT"  # a report left by an earlier run must not count for this one
+suite_start
 # shellcheck disable=SC2086
-timeout -k 30 "${SBX_SECURITY_TIMEOUT_S:-600}" "$PY" -m pytest tests/security -v ${PYTEST_ARGS:-}
-rc=$?
-case $rc in
-  0) record security passed ;;
-  5) echo "pytest collected no tests: that is a failure"; record security "failed (no tests ran)" ;;
-  124|137) record security "failed (timed out)" ;;
-  *) record security "failed (pytest exit $rc)" ;;
-esac
+timeout -k 30 "${SBX_SECURITY_TIMEOUT_S:-600}" "$PY" -m pytest tests/security -v \
+  --junitxml="$RESULTS_DIR/security.xml" ${PYTEST_ARGS:-}
+security_rc=$?
+tried=$(attacks_tried "$SECURITY_REPORT")
+judge security "$(attacks_verdict "$(pytest_result $security_rc)" "$tried")" \
+  "$RESULTS_DIR/security.xml" "$tried attacks tried"
 
 # ---- benchmark smoke run -----------------------------------------------------------------------
 # The suite in its quick mode (a few iterations each): proves that sbx-load runs every scenario
 # and peer against real daemons and that the results file and the plot are produced. It
 # asserts nothing about time; it writes only under build/bench-quick/.
 banner "bench-smoke (tools/bench.sh --quick)"
+suite_start
 if SBX_SKIP_INSTALL=1 timeout -k 15 "${SBX_BENCH_TIMEOUT_S:-420}" bash tools/bench.sh --quick &&
    "$PY" bench/check_results.py "$ROOT/build/bench-quick"; then
   record bench-smoke passed
@@ -156,19 +157,24 @@ if [[ "$SBX_TEST_ASAN" == "1" ]]; then
     record asan-unit "skipped (time budget)"
   else
     banner "ASan/UBSan build (build-asan/, at most ${remaining}s) + unit tests (ctest -LE root)"
-    timeout -k 10 "$remaining" bash tools/build.sh build-asan -DSBX_SANITIZE=ON
-    rc=$?
-    if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+    suite_start
+    run_budgeted "$remaining" bash tools/build.sh build-asan -DSBX_SANITIZE=ON
+    if [[ $BUDGET_OUTCOME == over-budget ]]; then
       echo "asan: the build did not finish within ${remaining}s; skipped"
       record asan-unit "skipped (build over time budget)"
-    elif [[ $rc -ne 0 ]]; then
+    elif [[ $BUDGET_OUTCOME == killed ]]; then
+      # SIGKILL before the budget ran out: not the budget's timeout, most likely the OOM killer.
+      echo "asan: the build was killed (exit $BUDGET_RC) before its ${remaining}s budget ran out"
+      record asan-unit "failed (build killed: exit $BUDGET_RC before the budget ran out, OOM?)"
+    elif [[ $BUDGET_OUTCOME != ok ]]; then
       record asan-unit "failed (build)"
     elif ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:strict_string_checks=1}" \
          UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \
-         ctest --test-dir build-asan --output-on-failure -j2 --no-tests=error --timeout 600 -LE root; then
-      record asan-unit passed
+         ctest --test-dir build-asan --output-on-failure -j2 --no-tests=error --timeout 600 -LE root \
+           --output-junit "$RESULTS_DIR/asan-unit.xml"; then
+      judge asan-unit "" "$RESULTS_DIR/asan-unit.xml"
     else
-      record asan-unit "failed: $(failed_tests build-asan)"
+      judge asan-unit "failed: $(failed_tests build-asan)" "$RESULTS_DIR/asan-unit.xml"
     fi
   fi
 else

@@ -13,6 +13,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/test_util.h"
+
 namespace sbx::agent {
 namespace {
 
@@ -123,7 +125,7 @@ TEST(Tar, RejectsMalformed) {
 
 // GNU tar's own archives (pax and GNU long names) parse, and GNU tar reads ours.
 TEST(Tar, InteroperatesWithGnuTar) {
-  if (::access("/usr/bin/tar", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/tar";
+  if (::access("/usr/bin/tar", X_OK) != 0) SBX_SKIP_OR_FAIL("no /usr/bin/tar");
   char tmpl[] = "/tmp/sbx-tar-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const fs::path dir = tmpl;

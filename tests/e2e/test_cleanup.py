@@ -7,11 +7,11 @@ import time
 import pytest
 
 import hostcheck
+from conftest import not_applicable_on_fake_runtime
 
 
 def test_nothing_left_on_host_after_delete(api, sbxd):
-    if sbxd.runtime == "fake":
-        pytest.skip("the fake runtime creates no kernel objects")
+    not_applicable_on_fake_runtime("the fake runtime creates no kernel objects")
     sb = api.create_sandbox({"labels": {"e2e": "cleanup"}})["sandbox"]
     sid = sb["id"]
     # A process tree that would outlive a careless delete: a background child, a session still

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from conftest import RUNTIME
+from conftest import ns_runtime_only
 from sbx_client import SseStream
 
 
@@ -263,7 +263,7 @@ def _vm_hwm_kib(pid: int) -> int:
     return -1
 
 
-@pytest.mark.skipif(RUNTIME == "fake", reason="measured against the ns runtime's disk")
+@ns_runtime_only("measured against the ns runtime's disk")
 def test_large_streamed_round_trip(api, sandbox, sbxd, metrics):
     sid = sandbox["id"]
     total = 300 << 20
@@ -290,7 +290,7 @@ def test_large_streamed_round_trip(api, sandbox, sbxd, metrics):
     assert hwm_after - hwm_before < 100 * 1024, (hwm_before, hwm_after)
 
 
-@pytest.mark.skipif(RUNTIME == "fake", reason="the fake runtime has no disk cap")
+@ns_runtime_only("the fake runtime has no disk cap")
 def test_upload_over_the_disk_cap(api):
     sb = api.create_sandbox({"resources": {"disk_mib": 64}})["sandbox"]
     sid = sb["id"]

@@ -1,8 +1,6 @@
 """Limits that hold: what a sandbox reports as applied, and OOM kills reported per session."""
 
-import pytest
-
-from conftest import RUNTIME
+from conftest import ns_runtime_only
 
 # sbxd's defaults (the e2e daemon runs without limit flags): README "sbxd flags".
 DEFAULTS = {"vcpu": 1, "memory_mib": 512, "disk_mib": 1024, "pids": 512, "open_files": 4096,
@@ -36,7 +34,7 @@ def test_partial_request_keeps_the_other_defaults(api):
     assert sb["effective_resources"] == {**DEFAULTS, "memory_mib": 128}, sb
 
 
-@pytest.mark.skipif(RUNTIME == "fake", reason="the fake runtime has no memory limit")
+@ns_runtime_only("the fake runtime has no memory limit")
 def test_oom_kill_is_reported_and_the_sandbox_survives(api):
     sb = api.create_sandbox({"resources": {"memory_mib": 64}})["sandbox"]
     # A child in the same session keeps running unless the agent contains the session.
@@ -64,7 +62,7 @@ def test_oom_kill_is_reported_and_the_sandbox_survives(api):
     assert api.get_sandbox(sb["id"])["state"] == "running"
 
 
-@pytest.mark.skipif(RUNTIME == "fake", reason="the fake runtime has no namespaces")
+@ns_runtime_only("the fake runtime has no namespaces")
 def test_root_inside_binds_low_ports_and_writes_its_files(api):
     # Sandbox root is an unprivileged host uid whose CAP_NET_BIND_SERVICE does not count in the
     # host-owned network namespace; sbxd lowers ip_unprivileged_port_start there so that a web

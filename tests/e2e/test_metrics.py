@@ -16,7 +16,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from conftest import skip_or_fail
+from conftest import not_applicable_on_fake_runtime, skip_or_fail
 
 try:
     from prometheus_client.parser import text_string_to_metric_families
@@ -350,8 +350,7 @@ def test_denied_egress_is_counted(api, sbxd, prom, internet):
     """Egress profile none: a sandbox's connects and sends to a host outside it fail at once
     (no route), nothing reaches the host, and sbx_egress_denied_total counts each one: read
     from the sandbox's network namespace every 5 s, and a last time at delete."""
-    if sbxd.runtime == "fake":
-        pytest.skip("the fake runtime runs sandboxes in the host's network namespace")
+    not_applicable_on_fake_runtime("the fake runtime runs sandboxes in the host's network namespace")
     before = scrape(api)
     sid = api.create_sandbox({"labels": {"e2e": "egress"}})["sandbox"]["id"]
     code = (f"import errno, json, socket\n"

@@ -8,6 +8,7 @@ import time
 import pytest
 
 import hostcheck
+from conftest import not_applicable_on_fake_runtime
 
 POOL_REFILL_TIMEOUT_S = 30
 
@@ -27,8 +28,7 @@ def create_warm(api, body=None):
 
 @pytest.fixture
 def ns_only(sbxd):
-    if sbxd.runtime == "fake":
-        pytest.skip("host objects are checked on the ns runtime only")
+    not_applicable_on_fake_runtime("host objects are checked on the ns runtime only")
 
 
 def test_warm_create_is_running_in_the_202_and_works(api, sbxd):

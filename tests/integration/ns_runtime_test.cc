@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -514,18 +515,20 @@ TEST_F(NsRuntimeTest, FailedCreateNamesStepAndLeavesNothing) {
 
 TEST_F(NsRuntimeTest, AgentThatExitsFailsReadiness) {
   // An "agent" that exits at once: the readiness ping fails fast (the listening socket dies
-  // with it) and everything is rolled back.
+  // with it) and everything is rolled back. Fast means by the socket's death, not by the
+  // readiness timeout: a ping that waited for its timeout fails DeadlineExceeded, one that
+  // saw the socket die fails otherwise (Unavailable: refused or closed). Asserted by cause,
+  // not by a wall-clock bound.
   NsOptions opts;
   opts.state_dir = base_ + "/state";
   opts.agent_path = "/usr/bin/false";
   NsBackend backend(opts);
   SandboxSpec spec = Spec();
-  const auto t0 = Clock::now();
   auto created = backend.Create(spec);
-  const auto t1 = Clock::now();
   ASSERT_FALSE(created.ok());
   EXPECT_NE(created.status().message().find("wait for agent"), std::string::npos) << created.status();
-  EXPECT_LT(Ms(t1 - t0), kAgentReadyTimeoutMs / 2) << "readiness waited for its timeout";
+  EXPECT_NE(created.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << "readiness waited for its timeout: " << created.status();
   std::cout << "[message] " << created.status().message() << "\n";
   ExpectNothingLeft(spec.id, -1);
 }
@@ -881,23 +884,81 @@ TEST_F(NsRuntimeTest, AdoptKeepsFrozenSandboxFrozen) {
   EXPECT_EQ(r.out, "awake\n");
 }
 
-// The v1 freezer path (used on v1 hosts without cgroup v2) on a real v1 freezer hierarchy,
-// including kill-then-thaw: a SIGKILLed v1-frozen task dies only once thawed.
-TEST_F(NsRuntimeTest, V1FreezerFreezesAndKillThaws) {
-  auto self = ReadFileToString("/proc/self/cgroup");
-  ASSERT_TRUE(self.ok());
-  std::string own;
-  std::istringstream is(*self);
+// This process's cgroup in the v1 freezer hierarchy ("" when no hierarchy has the freezer).
+std::string OwnV1FreezerCgroup() {
+  std::istringstream is(ReadFileToString("/proc/self/cgroup").value_or(""));
   for (std::string line; std::getline(is, line);) {
     auto p = line.find(":freezer:");
-    if (p != std::string::npos) own = line.substr(p + 9);
+    if (p != std::string::npos) return line.substr(p + 9);
   }
-  if (own.empty() || !PathExists("/sys/fs/cgroup/freezer/cgroup.procs")) {
-    GTEST_SKIP() << "no v1 freezer hierarchy at /sys/fs/cgroup/freezer";
+  return "";
+}
+
+// Where the root of the v1 freezer hierarchy is mounted ("" when nowhere).
+std::string V1FreezerMountPoint() {
+  std::istringstream is(ReadFileToString("/proc/self/mountinfo").value_or(""));
+  for (std::string line; std::getline(is, line);) {
+    std::istringstream f(line);
+    std::string id, parent, dev, root, point;
+    f >> id >> parent >> dev >> root >> point;
+    const auto dash = line.find(" - ");
+    if (dash == std::string::npos || root != "/") continue;
+    std::istringstream tail(line.substr(dash + 3));
+    std::string fstype, source, super;
+    tail >> fstype >> source >> super;
+    if (fstype != "cgroup") continue;
+    std::istringstream opts(super);
+    for (std::string o; std::getline(opts, o, ',');) {
+      if (o == "freezer") return point;
+    }
   }
+  return "";
+}
+
+// A v1 freezer hierarchy this test mounted itself (unmounted and its directory removed at the
+// end, whatever fails).
+struct OwnFreezerMount {
+  std::string dir;
+  bool mounted = false;
+  ~OwnFreezerMount() {
+    if (mounted) ::umount2(dir.c_str(), MNT_DETACH);
+    if (!dir.empty()) ::rmdir(dir.c_str());
+  }
+};
+
+// The v1 freezer path (used on v1 hosts without cgroup v2) on a real v1 freezer hierarchy,
+// including kill-then-thaw: a SIGKILLed v1-frozen task dies only once thawed. A host that
+// mounts no v1 freezer (pure cgroup v2) still has one: the v1 freezer is a legacy-only
+// controller that cgroup v2 never binds, so the test mounts it beside v2. Only a kernel without
+// it (built without CONFIG_CGROUP_FREEZER, or booted with cgroup_no_v1=) cannot run the test,
+// and sbx can never take the v1 path there either: that one case skips as not applicable,
+// even under SBX_TESTS_MUST_RUN=1.
+TEST_F(NsRuntimeTest, V1FreezerFreezesAndKillThaws) {
+  OwnFreezerMount own_mount;
+  std::string base = V1FreezerMountPoint();
+  if (base.empty()) {
+    char tmpl[] = "/tmp/sbx-test-freezer-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    own_mount.dir = tmpl;
+    if (::mount("sbx-test-freezer", tmpl, "cgroup", MS_NOSUID | MS_NODEV | MS_NOEXEC, "freezer") != 0) {
+      const int err = errno;
+      // EINVAL is the kernel's answer for an unknown or disabled controller ("Unknown subsys
+      // name", "Disabled controller"); anything else (EPERM, EBUSY) is this test's problem.
+      if (err == EINVAL || err == ENOENT) {
+        SBX_SKIP_NOT_APPLICABLE("the kernel has no v1 freezer (mount -t cgroup -o freezer: "
+                                << std::strerror(err) << ")");
+      }
+      SBX_SKIP_OR_FAIL("mount -t cgroup -o freezer " << tmpl << ": " << std::strerror(err));
+    }
+    own_mount.mounted = true;
+    base = tmpl;
+  }
+  const std::string own = OwnV1FreezerCgroup();
+  ASSERT_FALSE(own.empty()) << "a v1 freezer hierarchy is mounted at " << base
+                            << " but /proc/self/cgroup has no freezer line";
+  ASSERT_TRUE(PathExists(base + "/cgroup.procs")) << base;
   const std::string id = NewId("sbx");
-  const std::string dir =
-      fmt::format("/sys/fs/cgroup/freezer{}/sbx-test-{}", own == "/" ? "" : own, id);
+  const std::string dir = fmt::format("{}{}/sbx-test-{}", base, own == "/" ? "" : own, id);
   ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0) << dir;
   SandboxCgroup cg(id, {SandboxCgroup::Dir{kFreezerKey, dir, false, true}});  // rmdirs at exit
 

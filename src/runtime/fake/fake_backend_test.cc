@@ -46,7 +46,9 @@ class FakeBackendTest : public ::testing::Test {
     return s[s.rfind(')') + 2] != 'Z';
   }
 
-  static bool GoneWithin(pid_t pid, std::chrono::milliseconds limit) {
+  // An "eventually" bound, not a claim about speed: generous enough for a loaded 2-core CI
+  // host, and it returns as soon as the process is gone.
+  static bool GoneWithin(pid_t pid, std::chrono::milliseconds limit = 30s) {
     auto deadline = std::chrono::steady_clock::now() + limit;
     while (Alive(pid)) {
       if (std::chrono::steady_clock::now() > deadline) return false;
@@ -106,8 +108,8 @@ TEST_F(FakeBackendTest, CreatePingDestroyLeavesNothing) {
   EXPECT_TRUE(Alive(sleeper));
 
   ASSERT_TRUE((*inst)->Destroy().ok());
-  EXPECT_TRUE(GoneWithin(agent_pid, 2s));
-  EXPECT_TRUE(GoneWithin(sleeper, 2s)) << "session process survived Destroy";
+  EXPECT_TRUE(GoneWithin(agent_pid));
+  EXPECT_TRUE(GoneWithin(sleeper)) << "session process survived Destroy";
   EXPECT_FALSE(fs::exists(state_ / "sandboxes" / "sbx_one"));
   EXPECT_TRUE((*inst)->Destroy().ok());  // idempotent
 }
@@ -124,7 +126,7 @@ TEST_F(FakeBackendTest, AdoptFindsARunningAgentAndRejectsAGoneOne) {
   EXPECT_TRUE(protocol::CallAgent((*adopted)->AgentSocketPath(), Json{{"op", "ping"}}).ok());
 
   ASSERT_TRUE((*adopted)->Destroy().ok());
-  EXPECT_TRUE(GoneWithin(persisted["pid"].get<pid_t>(), 2s));
+  EXPECT_TRUE(GoneWithin(persisted["pid"].get<pid_t>()));
   auto again = backend.Adopt("sbx_two", persisted);
   EXPECT_EQ(again.status().code(), absl::StatusCode::kNotFound) << again.status();
   EXPECT_TRUE((*inst)->Destroy().ok());
@@ -146,8 +148,8 @@ TEST_F(FakeBackendTest, SweepRemovesUnknownSandboxesOnly) {
   fs::create_directories(state_ / "sandboxes" / "sbx_stale");  // no agent at all
 
   ASSERT_TRUE(backend.Sweep({"sbx_keep"}).ok());
-  EXPECT_TRUE(GoneWithin(drop_pid, 2s));
-  EXPECT_TRUE(GoneWithin(sleeper, 2s));
+  EXPECT_TRUE(GoneWithin(drop_pid));
+  EXPECT_TRUE(GoneWithin(sleeper));
   EXPECT_FALSE(fs::exists(state_ / "sandboxes" / "sbx_drop"));
   EXPECT_FALSE(fs::exists(state_ / "sandboxes" / "sbx_stale"));
   EXPECT_TRUE(protocol::CallAgent((*keep)->AgentSocketPath(), Json{{"op", "ping"}}).ok());
@@ -162,8 +164,8 @@ TEST_F(FakeBackendTest, RemoveCleansUpWithoutAnInstance) {
   const pid_t pid = (*inst)->Persist()["pid"].get<pid_t>();
   const pid_t sleeper = StartBackground((*inst)->AgentSocketPath(), "s");
   ASSERT_TRUE(backend.Remove("sbx_rm").ok());
-  EXPECT_TRUE(GoneWithin(pid, 2s));
-  EXPECT_TRUE(GoneWithin(sleeper, 2s));
+  EXPECT_TRUE(GoneWithin(pid));
+  EXPECT_TRUE(GoneWithin(sleeper));
   EXPECT_FALSE(fs::exists(state_ / "sandboxes" / "sbx_rm"));
   EXPECT_TRUE(backend.Remove("sbx_rm").ok());  // idempotent
   EXPECT_FALSE(backend.Remove("../x").ok());

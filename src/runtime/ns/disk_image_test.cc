@@ -580,16 +580,26 @@ TEST_F(DiskImageTest, Measurements) {
   }
   provider.Start();
   std::vector<double> pool_ms;
+  int from_pool = 0;
   for (int i = 0; i < kRuns; ++i) {
-    auto deadline = Clock::now() + std::chrono::seconds(30);
-    while (provider.ready() < 1 && Clock::now() < deadline) {
+    // Full (2 of 2), so the filler is idle and the loop devices listed are all the pool has.
+    auto deadline = Clock::now() + std::chrono::seconds(60);
+    while (provider.ready() < 2 && Clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
-    ASSERT_GE(provider.ready(), 1);
+    ASSERT_EQ(provider.ready(), 2);
+    std::set<std::string> pooled_loops;
+    for (const std::string& name : ListDir(provider.images_dir() + "/pool").value_or(std::vector<std::string>{})) {
+      const std::string path = provider.images_dir() + "/pool/" + name;
+      for (const std::string& entry : ListDir("/sys/block").value_or(std::vector<std::string>{})) {
+        if (LoopBackingFile(entry).value_or("") == path) pooled_loops.insert(entry);
+      }
+    }
     auto t0 = Clock::now();
     auto d = provider.Take(kSize, SandboxImage(fmt::format("p{}.img", i)));
     pool_ms.push_back(Ms(Clock::now() - t0));
     ASSERT_TRUE(d.ok()) << d.status();
+    from_pool += pooled_loops.count(d->loop_name()) != 0;
   }
 
   // The inode tables stay holes after the mount has lived a while (noinit_itable).
@@ -646,7 +656,9 @@ TEST_F(DiskImageTest, Measurements) {
       *std::min_element(pool_ms.begin(), pool_ms.end()),
       *std::max_element(pool_ms.begin(), pool_ms.end()), kRuns, kSize, fresh_bytes / 1024,
       aged_bytes / 1024, Median(plain), Median(dio), dio_on, Median(buffered));
-  EXPECT_LT(Median(pool_ms), Median(inline_ms));
+  // Which path served each Take is asserted by the disk handed out (one of the pooled loop
+  // devices), not by comparing the two timings: on a loaded host a timing says nothing.
+  EXPECT_EQ(from_pool, kRuns) << "a Take with a full pool did not hand out a pooled disk";
   EXPECT_LT(fresh_bytes, 8 * kMiB);
   EXPECT_LT(aged_bytes, 8 * kMiB) << "the kernel filled in the inode tables";
   EXPECT_GT(Median(dio), 0);
