@@ -67,7 +67,8 @@ TEST(ConnectionTable, AdmitReserveOnly) {
 }
 
 TEST(ConnectionTable, KeysIpv6ByPrefixAndUnmapsV4) {
-  EXPECT_EQ(ConnectionTable::KeyOf(A("2001:db8::1")), ConnectionTable::KeyOf(A("2001:db8::ffff:2")));
+  EXPECT_EQ(ConnectionTable::KeyOf(A("2001:db8::1")),
+            ConnectionTable::KeyOf(A("2001:db8::ffff:2")));
   EXPECT_NE(ConnectionTable::KeyOf(A("2001:db8::1")), ConnectionTable::KeyOf(A("2001:db8:0:1::1")));
   EXPECT_EQ(ConnectionTable::KeyOf(A("::ffff:10.0.0.1")), ConnectionTable::KeyOf(A("10.0.0.1")));
   EXPECT_NE(ConnectionTable::KeyOf(A("10.0.0.1")), ConnectionTable::KeyOf(A("10.0.0.2")));

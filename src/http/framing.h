@@ -1,11 +1,12 @@
 // Request framing checks Beast's parser does not make (RFC 9112 §§2.2, 5, 6). Beast accepts
 // obs-fold (it joins the lines), a Transfer-Encoding whose last coding is not `chunked` (it
 // then ignores the header and reads no body), Transfer-Encoding beside a Content-Length when
-// the TE field comes first and is not `chunked`, repeated identical Content-Length values, and
-// a request without a Host or with two. Each of those lets a proxy in front of sbxd and sbxd disagree on
-// where a request ends (request smuggling), so the server refuses them and closes the
-// connection. What Beast does refuse (space before the colon, CR/LF/NUL/CTL inside a value,
-// bad chunk sizes, differing Content-Length values) stays Beast's job.
+// the TE field comes first and is not `chunked`, repeated identical Content-Length values,
+// and a request without a Host or with two. Each of those lets a proxy in front of sbxd and
+// sbxd disagree on where a request ends (request smuggling), so the server refuses them and
+// closes the connection. What Beast does refuse (space before the colon, CR/LF/NUL/CTL inside
+// a value, bad chunk sizes, differing Content-Length values, versions other than 1.0/1.1)
+// stays Beast's job.
 //
 // Pure functions over bytes and parsed headers, so that the table of cases is unit-tested
 // and fuzzed without a socket (http/framing_test.cc, tests/fuzz/http_framing_fuzz.cc).

@@ -138,7 +138,8 @@ TEST(BeastParser, RefusesBadChunkSizes) {
   for (const char* body : {"zz\r\nhello\r\n0\r\n\r\n", "fffffffffffffffff1\r\nx\r\n0\r\n\r\n",
                            "-5\r\nhello\r\n0\r\n\r\n", "0x5\r\nhello\r\n0\r\n\r\n",
                            "5\r\nhello!\r\n0\r\n\r\n"}) {
-    std::string in = std::string("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n") + body;
+    std::string in =
+        std::string("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n") + body;
     bhttp::request_parser<bhttp::string_body> p;
     p.eager(true);
     boost::beast::error_code ec;

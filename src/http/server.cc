@@ -559,7 +559,9 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket, ConnectionTabl
       }
       const size_t end = HeaderBlockEnd(data, searched);
       if (end != std::string_view::npos) {
-        if (end > opts_.max_header_bytes) co_return std::pair{beast::error_code(bhttp::error::header_limit), size_t{0}};
+        if (end > opts_.max_header_bytes) {
+          co_return std::pair{beast::error_code(bhttp::error::header_limit), size_t{0}};
+        }
         co_return std::pair{beast::error_code{}, end};
       }
       if (data.size() >= opts_.max_header_bytes) {
