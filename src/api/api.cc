@@ -137,6 +137,15 @@ absl::StatusOr<service::Caller> Api::Authenticate(const http::Request& req,
   return service::Caller{"default", std::nullopt};
 }
 
+bool Api::Privileged(const http::Request& req) const {
+  if (auto t = ParseTarget(req.target()); t.ok() && t->segments.size() == 1 &&
+                                          (t->segments[0] == "healthz" ||
+                                           t->segments[0] == "readyz")) {
+    return true;
+  }
+  return Authenticate(req, std::nullopt, /*allow_attach_token=*/false).ok();
+}
+
 // The access-log line is the server's (http/server.cc), with what Route added to ctx.log.
 Awaitable Api::Handle(http::RequestContext& ctx) { return Route(ctx); }
 

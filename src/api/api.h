@@ -34,6 +34,10 @@ class Api {
   // Whether the server should hand `req`'s body to its handler as a stream instead of reading
   // it whole (file uploads): http::ServerOptions::stream_body.
   static bool StreamsBody(const http::Request& req);
+  // Whether a connection in the server's reserve (past its connection caps) may have `req`
+  // served: the health probes and the admin token, so that a flood of connections cannot
+  // lock out the health check and the operator (http::ServerOptions::privileged).
+  bool Privileged(const http::Request& req) const;
 
   // For requests parsed from now on (sbxd's configuration reload); safe while requests run.
   void SetLimits(const ResourceLimits& limits);

@@ -43,6 +43,34 @@ const std::vector<KeyInfo> kKeys = {
      .help = "bearer token of tenant 'default' (empty: the one in STATE_DIR/admin-token, "
              "generated there on first start)",
      SBX_STR(server.admin_token)},
+    {.path = "server.max_connections", .type = Type::kInt, .flag = "--max-connections",
+     .reloadable = false, .min = 0, .max = 1048576,
+     .why = "0 derives it from RLIMIT_NOFILE; at most the kernel's default nr_open",
+     .help = "client connections the API holds at once, past which only the reserve serves "
+             "(0: a quarter of RLIMIT_NOFILE, at most 4096)",
+     SBX_NUM(server.max_connections)},
+    {.path = "server.max_connections_per_ip", .type = Type::kInt,
+     .flag = "--max-connections-per-ip", .reloadable = false, .min = 0, .max = 1048576,
+     .why = "0 derives it from server.max_connections",
+     .help = "connections one source address (an IPv6 /64) may hold (0: a quarter of "
+             "server.max_connections)",
+     SBX_NUM(server.max_connections_per_ip)},
+    {.path = "server.reserved_connections", .type = Type::kInt,
+     .flag = "--reserved-connections", .reloadable = false, .min = 1, .max = 1024,
+     .why = "at least one, for the health check",
+     .help = "connections past the caps (and spare descriptors for when accept runs out of "
+             "them) that serve only /healthz, /readyz and the admin token",
+     SBX_NUM(server.reserved_connections)},
+    {.path = "server.header_timeout_s", .type = Type::kInt, .flag = "--header-timeout-s",
+     .reloadable = false, .min = 1, .max = 300, .why = "1 s to 5 minutes",
+     .help = "seconds a request's line and headers may take: from the accept for the first "
+             "request, from its first byte for the next ones (a silent or trickling client is "
+             "cut off here)",
+     SBX_NUM(server.header_timeout_s)},
+    {.path = "server.idle_timeout_s", .type = Type::kInt, .flag = "--idle-timeout-s",
+     .reloadable = false, .min = 1, .max = 3600, .why = "1 s to an hour",
+     .help = "seconds a keep-alive connection may wait for its next request",
+     SBX_NUM(server.idle_timeout_s)},
     {.path = "state.dir", .type = Type::kString, .flag = "--state-dir", .reloadable = false,
      .help = "where the database, tokens and sandboxes live", SBX_STR(state.dir)},
     {.path = "runtime.default", .type = Type::kString, .flag = "--runtime", .reloadable = false,
@@ -766,6 +794,11 @@ absl::Status Validate(const Config& c) {
   }
   // Relations: a default outside the limits would give sandboxes what no create may ask for.
   auto key = [&](const char* path) { return LabelOf(c, *FindKey(path)); };
+  if (c.server.max_connections > 0 &&
+      c.server.max_connections_per_ip > c.server.max_connections) {
+    errors.push_back(fmt::format("{} is above {}", key("server.max_connections_per_ip"),
+                                 key("server.max_connections")));
+  }
   const auto& d = c.sandbox.defaults;
   const auto& l = c.sandbox.limits;
   if (l.min_memory_mib > l.max_memory_mib) {
@@ -789,6 +822,51 @@ absl::Status Validate(const Config& c) {
                                  key("sandbox.limits.max_vcpu")));
   }
   return Errors(errors);
+}
+
+absl::StatusOr<ConnectionLimits> ResolveConnectionLimits(const Config& c,
+                                                         uint64_t open_files) {
+  const auto& s = c.server;
+  auto key = [&](const char* path) { return LabelOf(c, *FindKey(path)); };
+  ConnectionLimits out;
+  out.reserved_connections = static_cast<size_t>(s.reserved_connections);
+  const uint64_t budget = open_files / 2;
+  if (s.max_connections > 0) {
+    out.max_connections = static_cast<size_t>(s.max_connections);
+    if (out.max_connections + out.reserved_connections > budget) {
+      return absl::InvalidArgumentError(fmt::format(
+          "{} with {}: needs {} of sbxd's RLIMIT_NOFILE of {}, more than half of it (each "
+          "connection may hold an agent socket too, and sandboxes need the rest): lower it or "
+          "raise the limit (LimitNOFILE= in the systemd unit)",
+          key("server.max_connections"), key("server.reserved_connections"),
+          out.max_connections + out.reserved_connections, open_files));
+    }
+  } else {
+    const uint64_t quarter = open_files / 4;
+    uint64_t derived = std::min<uint64_t>(4096, quarter);
+    if (derived + out.reserved_connections > budget) {
+      derived = budget > out.reserved_connections ? budget - out.reserved_connections : 0;
+    }
+    if (derived == 0) {
+      return absl::InvalidArgumentError(fmt::format(
+          "sbxd's RLIMIT_NOFILE of {} leaves no room for API connections beside {}: raise "
+          "the limit (LimitNOFILE= in the systemd unit)",
+          open_files, key("server.reserved_connections")));
+    }
+    out.max_connections = static_cast<size_t>(derived);
+  }
+  if (s.max_connections_per_ip > 0) {
+    out.max_connections_per_ip = static_cast<size_t>(s.max_connections_per_ip);
+    if (out.max_connections_per_ip > out.max_connections) {
+      return absl::InvalidArgumentError(
+          fmt::format("{} is above the {} API connections of {} (derived from RLIMIT_NOFILE {})",
+                      key("server.max_connections_per_ip"), out.max_connections,
+                      key("server.max_connections"), open_files));
+    }
+  } else {
+    out.max_connections_per_ip = std::max<size_t>(1, out.max_connections / 4);
+  }
+  return out;
 }
 
 absl::StatusOr<Loaded> Load(const CommandLine& cl, const std::vector<std::string>& env,

@@ -43,6 +43,12 @@ struct Config {
     int64_t http_threads = 2;
     // Secret. Empty: the token in STATE_DIR/admin-token, generated there on first start.
     std::string admin_token;
+    // Connection caps; 0: derived from RLIMIT_NOFILE (ResolveConnectionLimits).
+    int64_t max_connections = 0;
+    int64_t max_connections_per_ip = 0;
+    int64_t reserved_connections = 16;
+    int64_t header_timeout_s = 10;
+    int64_t idle_timeout_s = 75;
     bool operator==(const Server&) const = default;
   };
   struct State {
@@ -194,6 +200,19 @@ absl::Status ApplyFlags(Config& c, const CommandLine& cl);
 absl::Status Validate(const Config& c);
 // server.listen -> host (brackets of an IPv6 literal removed) and port.
 absl::StatusOr<std::pair<std::string, uint16_t>> SplitListen(const std::string& listen);
+
+// The HTTP server's connection caps for a process whose RLIMIT_NOFILE (soft) is
+// `open_files`: server.max_connections and server.max_connections_per_ip as set, or derived
+// when 0 (max: a quarter of the limit, at most 4096; per address: a quarter of max). Each
+// connection may hold a second descriptor (its agent socket) and the reserve holds spares, so
+// the caps and the reserve together must fit in half the limit; what does not is an error
+// naming the keys and the limit.
+struct ConnectionLimits {
+  size_t max_connections = 0;
+  size_t max_connections_per_ip = 0;
+  size_t reserved_connections = 0;
+};
+absl::StatusOr<ConnectionLimits> ResolveConnectionLimits(const Config& c, uint64_t open_files);
 
 struct Loaded {
   Config config;

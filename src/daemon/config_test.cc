@@ -573,6 +573,57 @@ TEST(Config, ReloadAppliesLiveKeysAndKeepsTheOthers) {
   EXPECT_TRUE(plan.applied.empty() && plan.needs_restart.empty());
 }
 
+TEST(Config, ConnectionLimitsDeriveFromTheFdLimit) {
+  Config c;
+  auto l = ResolveConnectionLimits(c, 20000);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->max_connections, 4096u);  // a quarter would be 5000
+  EXPECT_EQ(l->max_connections_per_ip, 1024u);
+  EXPECT_EQ(l->reserved_connections, 16u);
+  l = ResolveConnectionLimits(c, 1024);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->max_connections, 256u);
+  EXPECT_EQ(l->max_connections_per_ip, 64u);
+  // A tiny limit still leaves the reserve inside half of it.
+  l = ResolveConnectionLimits(c, 40);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->max_connections, 4u);
+  EXPECT_EQ(l->max_connections_per_ip, 1u);
+  EXPECT_FALSE(ResolveConnectionLimits(c, 30).ok());
+}
+
+TEST(Config, ExplicitConnectionLimitsAreCheckedAgainstTheFdLimit) {
+  Config c;
+  CommandLine cl;
+  const KeyInfo* max = FindKey("server.max_connections");
+  const KeyInfo* per_ip = FindKey("server.max_connections_per_ip");
+  ASSERT_NE(max, nullptr);
+  ASSERT_NE(per_ip, nullptr);
+  cl.values = {{max, "9984"}};  // + 16 reserved = half of 20000
+  ASSERT_TRUE(ApplyFlags(c, cl).ok());
+  EXPECT_TRUE(ResolveConnectionLimits(c, 20000).ok());
+  cl.values = {{max, "9995"}};
+  ASSERT_TRUE(ApplyFlags(c, cl).ok());
+  auto l = ResolveConnectionLimits(c, 20000);
+  ASSERT_FALSE(l.ok());
+  EXPECT_THAT(std::string(l.status().message()),
+              HasSubstr("--max-connections 9995 with server.reserved_connections = 16 "
+                        "(built-in default): needs 10011 of sbxd's RLIMIT_NOFILE of 20000"));
+  // Per address above the derived global cap.
+  Config d;
+  cl.values = {{per_ip, "300"}};
+  ASSERT_TRUE(ApplyFlags(d, cl).ok());
+  l = ResolveConnectionLimits(d, 1024);
+  ASSERT_FALSE(l.ok());
+  EXPECT_THAT(std::string(l.status().message()), HasSubstr("--max-connections-per-ip 300"));
+  // Both explicit: Validate compares them.
+  cl.values = {{max, "10"}, {per_ip, "11"}};
+  Config e;
+  ASSERT_TRUE(ApplyFlags(e, cl).ok());
+  EXPECT_THAT(std::string(Validate(e).message()),
+              HasSubstr("--max-connections-per-ip 11 is above --max-connections 10"));
+}
+
 // docs/config.md and deploy/sbxd.toml are the operator's view of the table: they must not drift.
 TEST(Config, DocsAndTheExampleFileCoverEveryKey) {
   const std::string docs = ReadFile(std::string(SBX_SOURCE_DIR) + "/docs/config.md");

@@ -254,6 +254,13 @@ int main(int argc, char** argv) {
   }
   auto listen = sbx::daemon::SplitListen(cfg.server.listen);
   if (!listen.ok()) return Fail(listen.status());
+  rlimit nofile{};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) != 0) {
+    return Fail(sbx::ErrnoStatus(errno, "connection caps: getrlimit(RLIMIT_NOFILE)"));
+  }
+  auto conn_limits = sbx::daemon::ResolveConnectionLimits(
+      cfg, nofile.rlim_cur == RLIM_INFINITY ? uint64_t{1} << 20 : nofile.rlim_cur);
+  if (!conn_limits.ok()) return Fail(conn_limits.status());
   const sbx::runtime::Resources defaults = ResourcesOf(cfg);
   const std::string& state_dir = cfg.state.dir;
   if (auto st = sbx::daemon::EnsureStateDir(state_dir); !st.ok()) return Fail(st);
@@ -317,6 +324,12 @@ int main(int argc, char** argv) {
   hopts.host = listen->first;
   hopts.port = listen->second;
   hopts.threads = static_cast<int>(cfg.server.http_threads);
+  hopts.max_connections = conn_limits->max_connections;
+  hopts.max_connections_per_ip = conn_limits->max_connections_per_ip;
+  hopts.reserved_connections = conn_limits->reserved_connections;
+  hopts.header_timeout = std::chrono::seconds(cfg.server.header_timeout_s);
+  hopts.idle_timeout = std::chrono::seconds(cfg.server.idle_timeout_s);
+  hopts.privileged = [&api](const sbx::http::Request& req) { return api.Privileged(req); };
   // File uploads stream to the agent; the sandbox's disk cap bounds them (files_api.cc).
   hopts.stream_body = &sbx::api::Api::StreamsBody;
   sbx::http::Server server(
@@ -333,6 +346,10 @@ int main(int argc, char** argv) {
   svc.StartWarmPools();
   svc.StartTimers();
 
+  spdlog::info("HTTP connections: at most {} ({} per address), {} reserved for /healthz and "
+               "the admin token; headers due within {} s",
+               hopts.max_connections, hopts.max_connections_per_ip, hopts.reserved_connections,
+               cfg.server.header_timeout_s);
   std::string host = hopts.host.find(':') != std::string::npos ? "[" + hopts.host + "]" : hopts.host;
   std::cout << "sbxd listening on http://" << host << ":" << server.port() << std::endl;
   auto token_origin = cfg.origins.find("server.admin_token");

@@ -1,10 +1,20 @@
 #include "http/server.h"
 
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <boost/asio/experimental/awaitable_operators.hpp>
+
+#include <cerrno>
+#include <sstream>
+
 #include "common/ids.h"
 #include "common/status_util.h"
+#include "http/framing.h"
 
 namespace sbx::http {
 namespace {
@@ -14,14 +24,20 @@ constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
 
 class ChunkedStream : public ResponseStream {
  public:
+  // `last`: the connection closes after this response (a reserve slot): the header says so.
   ChunkedStream(beast::tcp_stream& stream, std::chrono::seconds write_timeout,
-                RequestCounter& requests, bhttp::verb method)
-      : stream_(stream), write_timeout_(write_timeout), requests_(requests), method_(method) {}
+                RequestCounter& requests, bhttp::verb method, bool last)
+      : stream_(stream),
+        write_timeout_(write_timeout),
+        requests_(requests),
+        method_(method),
+        last_(last) {}
 
   asio::awaitable<bool> Begin(bhttp::response_header<> header) override {
     status_ = header.result_int();
     requests_.Count(method_, header.result_int());
     bhttp::response<bhttp::empty_body> res{std::move(header)};
+    if (last_) res.keep_alive(false);
     res.chunked(true);
     bhttp::response_serializer<bhttp::empty_body> sr{res};
     stream_.expires_after(write_timeout_);
@@ -58,6 +74,7 @@ class ChunkedStream : public ResponseStream {
   std::chrono::seconds write_timeout_;
   RequestCounter& requests_;
   bhttp::verb method_;
+  bool last_;
   bool began_ = false;
   bool ended_ = false;
   bool failed_ = false;
@@ -206,11 +223,84 @@ std::string RequestIdFor(const Request& req) {
   return NewId("req");
 }
 
+
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// What one read asks for; the read buffer holds one header block and one read.
+constexpr size_t kReadChunk = 64 << 10;
+// Refused connections whose 503 is followed by a short drain, at most; past that they are
+// closed at once (each holds a descriptor outside the connection caps).
+constexpr int kMaxDraining = 64;
+// Warnings about the caps and the fd limit: at most one line per period, with a count of what
+// it held back (the battery saw "accept: Too many open files" every 50 ms).
+constexpr auto kLogEvery = std::chrono::seconds(10);
+
+bool LogDue(std::chrono::steady_clock::time_point& at, uint64_t& held, uint64_t& report) {
+  const auto now = std::chrono::steady_clock::now();
+  if (at != std::chrono::steady_clock::time_point{} && now - at < kLogEvery) {
+    ++held;
+    return false;
+  }
+  at = now;
+  report = held;
+  held = 0;
+  return true;
+}
+
+metrics::Registry& RegistryOf(const ServerOptions& o) {
+  return o.metrics != nullptr ? *o.metrics : metrics::Default();
+}
+
+}  // namespace
+
+SpareFds::SpareFds(size_t target) : target_(target) { Refill(); }
+
+SpareFds::~SpareFds() {
+  for (int fd : fds_) ::close(fd);
+}
+
+bool SpareFds::GiveUp() {
+  std::lock_guard lock(mu_);
+  if (fds_.empty()) return false;
+  ::close(fds_.back());
+  fds_.pop_back();
+  held_.store(fds_.size(), std::memory_order_relaxed);
+  return true;
+}
+
+void SpareFds::Refill() {
+  if (held_.load(std::memory_order_relaxed) >= target_) return;
+  std::lock_guard lock(mu_);
+  while (fds_.size() < target_) {
+    const int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) break;
+    fds_.push_back(fd);
+  }
+  held_.store(fds_.size(), std::memory_order_relaxed);
+}
+
 Server::Server(ServerOptions opts, Handler handler, ErrorResponder errors)
     : opts_(std::move(opts)),
-      requests_(opts_.metrics != nullptr ? *opts_.metrics : metrics::Default()),
+      requests_(RegistryOf(opts_)),
       handler_(std::move(handler)),
       errors_(std::move(errors)),
+      rejected_family_(RegistryOf(opts_).AddCounter(
+          "sbx_http_connections_rejected_total",
+          "Connections turned away with 503 because a connection cap or the fd limit was "
+          "reached (a reserve slot's non-privileged request included), by reason.",
+          {"reason"})),
+      rejected_max_(rejected_family_.WithLabels({ConnectionTable::kMaxConnections})),
+      rejected_per_ip_(rejected_family_.WithLabels({ConnectionTable::kMaxPerAddress})),
+      rejected_fds_(rejected_family_.WithLabels({ConnectionTable::kOpenFiles})),
+      connections_(opts_.max_connections, opts_.max_connections_per_ip,
+                   opts_.reserved_connections,
+                   &RegistryOf(opts_)
+                        .AddGauge("sbx_http_connections",
+                                  "Client connections open, reserve slots included.")
+                        .WithLabels()),
+      spares_(opts_.reserved_connections + 1),
       ioc_(opts_.threads),
       acceptor_(ioc_) {}
 
@@ -255,27 +345,169 @@ void Server::Stop() {
   }
 }
 
+metrics::Counter& Server::Rejected(std::string_view reason) {
+  if (reason == ConnectionTable::kMaxPerAddress) return rejected_per_ip_;
+  if (reason == ConnectionTable::kOpenFiles) return rejected_fds_;
+  return rejected_max_;
+}
+
+Response Server::Unavailable(const std::string& request_id) const {
+  Response res = errors_(bhttp::status::service_unavailable, "unavailable",
+                         "sbxd is at its connection limit; retry later", request_id);
+  res.set(bhttp::field::retry_after, "5");
+  res.keep_alive(false);
+  res.prepare_payload();
+  return res;
+}
+
+void Server::Refuse(asio::ip::tcp::socket socket, std::string_view reason, bool drain) {
+  Rejected(reason).Inc();
+  requests_.Count(bhttp::verb::unknown, 503);
+  std::ostringstream out;
+  out << Unavailable(NewId("req"));
+  const std::string bytes = out.str();
+  boost::system::error_code ec;
+  // A fresh socket's send buffer is empty: the response fits, and the call never blocks.
+  socket.non_blocking(true, ec);
+  socket.send(asio::buffer(bytes), 0, ec);
+  socket.shutdown(asio::ip::tcp::socket::shutdown_send, ec);
+  if (drain) {
+    if (draining_.fetch_add(1) < kMaxDraining) {
+      auto ex = socket.get_executor();
+      asio::co_spawn(ex, DrainAndClose(std::move(socket)), asio::detached);
+      return;
+    }
+    draining_.fetch_sub(1);
+  }
+  socket.close(ec);
+}
+
+asio::awaitable<void> Server::DrainAndClose(asio::ip::tcp::socket socket) {
+  // Closing with the client's request unread would send a reset, which can destroy the 503 in
+  // the client's receive queue before it is read.
+  beast::tcp_stream stream(std::move(socket));
+  stream.expires_after(std::chrono::seconds(1));
+  std::array<char, 4096> sink;
+  size_t drained = 0;
+  while (drained < (64u << 10)) {
+    auto [ec, n] = co_await stream.async_read_some(asio::buffer(sink), kTuple);
+    if (ec) break;
+    drained += n;
+  }
+  stream.close();
+  draining_.fetch_sub(1);
+}
+
 asio::awaitable<void> Server::AcceptLoop() {
   for (;;) {
     auto [ec, socket] = co_await acceptor_.async_accept(asio::make_strand(ioc_), kTuple);
     if (ec) {
       if (ec == asio::error::operation_aborted || stopped_) co_return;
-      // EMFILE and friends: log, back off briefly, keep accepting.
-      spdlog::warn("accept: {}", ec.message());
+      if (ec == asio::error::no_descriptors ||
+          ec == boost::system::errc::too_many_files_open_in_system) {
+        co_await ShedAtFdLimit();
+        continue;
+      }
+      // ENOBUFS, ENOMEM, ...: nothing to shed; back off briefly, and say so now and then.
+      if (uint64_t n = 0; LogDue(accept_log_at_, accept_log_held_, n)) {
+        spdlog::warn("accept: {} ({} more since the last report)", ec.message(), n);
+      }
       asio::steady_timer t(co_await asio::this_coro::executor, std::chrono::milliseconds(50));
       co_await t.async_wait(kTuple);
       continue;
     }
-    socket.set_option(asio::ip::tcp::no_delay(true), ec);
+    boost::system::error_code oec;
+    socket.set_option(asio::ip::tcp::no_delay(true), oec);
+    const auto peer = socket.remote_endpoint(oec);
+    if (oec) continue;  // already gone
+    ConnectionTable::Lease lease = connections_.Admit(peer.address());
+    if (lease.slot() != ConnectionTable::Slot::kNormal) {
+      if (uint64_t n = 0; LogDue(cap_log_at_, cap_log_held_, n)) {
+        spdlog::warn(
+            "HTTP connection limit reached ({}; {} open, {} in the reserve): new connections "
+            "get /healthz and the admin token only, the rest 503 ({} more since the last "
+            "report)",
+            lease.reason(), connections_.open(), connections_.reserve_in_use(), n);
+      }
+    }
+    if (lease.slot() == ConnectionTable::Slot::kRefused) {
+      Refuse(std::move(socket), lease.reason(), /*drain=*/true);
+      continue;
+    }
     auto ex = socket.get_executor();
-    asio::co_spawn(ex, Serve(std::move(socket)), asio::detached);
+    asio::co_spawn(ex, Serve(std::move(socket), std::move(lease)), asio::detached);
   }
 }
 
-asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
-  beast::tcp_stream stream(std::move(socket));
-  beast::flat_buffer buffer;
+asio::awaitable<void> Server::ShedAtFdLimit() {
+  if (uint64_t n = 0; LogDue(fd_log_at_, fd_log_held_, n)) {
+    spdlog::warn(
+        "accept: Too many open files: {} spare descriptors left for /healthz and the admin "
+        "token, other connections get 503 ({} more since the last report)",
+        spares_.held(), n);
+  }
   auto executor = co_await asio::this_coro::executor;
+  auto back_off = [&]() -> asio::awaitable<void> {
+    // Nothing could be taken: wait for descriptors to come back instead of failing again at
+    // once.
+    asio::steady_timer t(executor, std::chrono::milliseconds(100));
+    co_await t.async_wait(kTuple);
+    spares_.Refill();
+  };
+  if (!spares_.GiveUp()) {
+    co_await back_off();
+    co_return;
+  }
+  const int fd = ::accept4(acceptor_.native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    spares_.Refill();
+    // EAGAIN: the connection went away; anything else (EMFILE again: another thread took the
+    // descriptor) waits.
+    if (err != EAGAIN && err != EWOULDBLOCK) co_await back_off();
+    co_return;
+  }
+  boost::system::error_code ec;
+  asio::ip::tcp::socket socket(asio::make_strand(ioc_));
+  const auto protocol = acceptor_.local_endpoint(ec).protocol();
+  if (!ec) socket.assign(protocol, fd, ec);
+  if (ec) {
+    ::close(fd);
+    spares_.Refill();
+    co_return;
+  }
+  const auto peer = socket.remote_endpoint(ec);
+  ConnectionTable::Lease lease;
+  // The last spare stays for the next refusal.
+  if (!ec && spares_.held() > 0) {
+    lease = connections_.AdmitReserve(peer.address(), ConnectionTable::kOpenFiles);
+  }
+  if (lease.slot() != ConnectionTable::Slot::kReserve) {
+    // No drain: descriptors are what is short.
+    Refuse(std::move(socket), ConnectionTable::kOpenFiles, /*drain=*/false);
+    spares_.Refill();
+    co_return;
+  }
+  auto ex = socket.get_executor();
+  asio::co_spawn(ex, Serve(std::move(socket), std::move(lease)), asio::detached);
+}
+
+asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket, ConnectionTable::Lease lease) {
+  using namespace asio::experimental::awaitable_operators;
+  beast::tcp_stream stream(std::move(socket));
+  // Bounded: one header block plus one read. Beast keeps a chunk's size line and the trailer
+  // here until each is complete, so this bound also ends an endless chunk extension.
+  beast::flat_buffer buffer(opts_.max_header_bytes + kReadChunk);
+  auto executor = co_await asio::this_coro::executor;
+  // The deadline of a header and of a buffered body. Ours, not the stream's: the stream's timer
+  // closes the socket when it fires, and then no 408 can go out.
+  asio::steady_timer deadline(executor);
+  const bool reserve = lease.slot() == ConnectionTable::Slot::kReserve;
+  const size_t ext_limit = opts_.max_chunk_extension_bytes;
+  auto check_chunk_header = [ext_limit](std::uint64_t, beast::string_view ext,
+                                        beast::error_code& ec) {
+    if (ext.size() > ext_limit) ec = bhttp::error::bad_chunk_extension;
+  };
 
   // `last`: the server closes the connection after this response (a malformed or rejected
   // request) and says so, or a client reusing the connection finds it closed under its next
@@ -290,94 +522,210 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
     co_return !ec && keep;
   };
 
-  for (;;) {
+  // One read into `buffer`, given up at `deadline`.
+  auto read_some = [&]() -> asio::awaitable<beast::error_code> {
+    const size_t room = std::min(kReadChunk, buffer.max_size() - buffer.size());
+    if (room == 0) co_return bhttp::error::buffer_overflow;
+    auto r = co_await (stream.socket().async_read_some(buffer.prepare(room), kTuple) ||
+                       deadline.async_wait(kTuple));
+    if (r.index() == 1) co_return beast::error::timeout;
+    auto [ec, n] = std::get<0>(r);
+    buffer.commit(n);
+    co_return ec;
+  };
+
+  // Reads until the buffer starts with a whole header block; returns its length. A keep-alive
+  // connection waits for the next request's first byte with the idle timeout; the header is
+  // then due within header_timeout of it (for the first request: of the accept).
+  auto read_header = [&](bool first) -> asio::awaitable<std::pair<beast::error_code, size_t>> {
+    if (!first) {
+      if (buffer.size() == 0) {
+        deadline.expires_after(opts_.idle_timeout);
+        if (auto ec = co_await read_some()) co_return std::pair{ec, size_t{0}};
+      }
+      deadline.expires_after(opts_.header_timeout);
+    }
+    size_t searched = 0;
+    for (;;) {
+      const std::string_view data(static_cast<const char*>(buffer.data().data()),
+                                  buffer.size());
+      // RFC 9112 §2.2: empty lines before a request line are ignored.
+      size_t empty = 0;
+      while (data.substr(empty, 2) == "\r\n") empty += 2;
+      if (empty > 0) {
+        buffer.consume(empty);
+        searched = 0;
+        continue;
+      }
+      const size_t end = HeaderBlockEnd(data, searched);
+      if (end != std::string_view::npos) {
+        if (end > opts_.max_header_bytes) {
+          co_return std::pair{beast::error_code(bhttp::error::header_limit), size_t{0}};
+        }
+        co_return std::pair{beast::error_code{}, end};
+      }
+      if (data.size() >= opts_.max_header_bytes) {
+        co_return std::pair{beast::error_code(bhttp::error::header_limit), size_t{0}};
+      }
+      searched = data.size();
+      if (auto ec = co_await read_some()) co_return std::pair{ec, size_t{0}};
+    }
+  };
+
+  // Sends `res` as the last response and ends the connection: nothing after a request the
+  // server refused can be trusted to be framed as the client meant. `drain` bytes (and at
+  // most `drain_time`) of what the client still sends are read and discarded first: a client
+  // blocked writing a large body would otherwise get a reset instead of the answer.
+  auto refuse = [&](Response res, bhttp::verb verb, std::string_view method,
+                    std::string_view target, std::chrono::steady_clock::time_point started,
+                    size_t drain, std::chrono::seconds drain_time) -> asio::awaitable<void> {
+    log::Context lctx;
+    lctx.request_id = std::string(Sv(res["X-Request-Id"]));
+    const unsigned status = res.result_int();
+    co_await send(std::move(res), verb, /*last=*/true);
+    LogAccess(lctx, method, target, status, MsSince(started));
+    if (drain == 0) co_return;
+    boost::system::error_code ignored;
+    stream.socket().shutdown(asio::ip::tcp::socket::shutdown_send, ignored);
+    stream.expires_after(drain_time);
+    size_t drained = 0;
+    std::vector<char> sink(64 << 10);
+    while (drained < drain) {
+      auto [dec, dn] = co_await stream.async_read_some(asio::buffer(sink), kTuple);
+      if (dec) break;
+      drained += dn;
+    }
+  };
+  constexpr size_t kDrainBad = 16u << 20;
+  constexpr size_t kDrainShed = 1u << 20;
+
+  // The first request's header is due within header_timeout of the accept.
+  deadline.expires_after(opts_.header_timeout);
+  for (bool first = true;; first = false) {
+    // A write's deadline left from the last response must not cut a read short.
+    stream.expires_never();
+    auto [rec, block] = co_await read_header(first);
+    const auto started = std::chrono::steady_clock::now();
+    if (rec) {
+      if (rec == bhttp::error::header_limit) {
+        co_await refuse(errors_(bhttp::status::request_header_fields_too_large,
+                                "invalid_argument", "request headers are too large",
+                                NewId("req")),
+                        bhttp::verb::unknown, "-", "-", started, kDrainBad,
+                        std::chrono::seconds(2));
+      } else if (rec == beast::error::timeout && buffer.size() > 0) {
+        // Part of a request came, too slowly (slowloris). A silent connection just closes.
+        co_await refuse(errors_(bhttp::status::request_timeout, "request_timeout",
+                                "the request header did not arrive in time", NewId("req")),
+                        bhttp::verb::unknown, "-", "-", started, 0, {});
+      }
+      break;
+    }
+
     bhttp::request_parser<bhttp::string_body> parser;
     // The body limit depends on the route (an upload that streams may be large), which is
     // known only once the header is in: Content-Length is checked by hand below, and the
     // parser's limit (for chunked bodies) set then.
     parser.body_limit(boost::none);
     parser.header_limit(static_cast<uint32_t>(opts_.max_header_bytes));
+    parser.on_chunk_header(check_chunk_header);
+    std::optional<FramingError> bad;
+    {
+      const std::string_view raw(static_cast<const char*>(buffer.data().data()), block);
+      bad = CheckHeaderBlock(raw);
+      if (!bad) {
+        beast::error_code pec;
+        const size_t used = parser.put(asio::buffer(raw.data(), raw.size()), pec);
+        if (!pec && (used != block || !parser.is_header_done())) {
+          pec = bhttp::error::partial_message;
+        }
+        if (pec) {
+          bad = FramingError{bhttp::status::bad_request,
+                             fmt::format("malformed HTTP request: {}", pec.message())};
+        }
+      }
+    }
+    buffer.consume(block);
+    if (!bad) bad = CheckFraming(parser.get());
+    std::string method = "-", target = "-";
+    bhttp::verb verb = bhttp::verb::unknown;
+    if (parser.is_header_done()) {
+      method = std::string(Sv(parser.get().method_string()));
+      target = std::string(Sv(parser.get().target()));
+      verb = parser.get().method();
+    }
+    if (bad) {
+      const std::string rid = parser.is_header_done() ? RequestIdFor(parser.get()) : NewId("req");
+      const std::string_view code =
+          bad->status == bhttp::status::not_implemented ? "not_implemented" : "invalid_argument";
+      co_await refuse(errors_(bad->status, code, bad->message, rid), verb, method, target,
+                      started, kDrainBad, std::chrono::seconds(2));
+      break;
+    }
+    if (reserve && !(opts_.privileged && opts_.privileged(parser.get()))) {
+      Rejected(lease.reason()).Inc();
+      co_await refuse(Unavailable(RequestIdFor(parser.get())), verb, method, target, started,
+                      kDrainShed, std::chrono::seconds(1));
+      break;
+    }
 
-    // Wait for the first byte of the next request with the idle timeout, then give the whole
-    // request the read timeout.
-    stream.expires_after(buffer.size() > 0 ? opts_.read_timeout : opts_.idle_timeout);
-    auto [hec, hn] = co_await bhttp::async_read_header(stream, buffer, parser, kTuple);
     // A route that streams its body: the handler reads it (StreamedBody) after this parser
     // hands over what it knows of the framing.
     std::optional<bhttp::request_parser<bhttp::buffer_body>> streamed;
     const bool stream_it =
-        !hec && !parser.is_done() && opts_.stream_body && opts_.stream_body(parser.get());
+        !parser.is_done() && opts_.stream_body && opts_.stream_body(parser.get());
     const uint64_t body_limit = stream_it ? opts_.max_streamed_body_bytes : opts_.max_body_bytes;
-    if (!hec && parser.content_length() && *parser.content_length() > body_limit) {
-      hec = bhttp::error::body_limit;
+    beast::error_code bec;
+    if (parser.content_length() && *parser.content_length() > body_limit) {
+      bec = bhttp::error::body_limit;
     }
-    if (!hec) parser.body_limit(body_limit);
-    if (!hec && stream_it) {
+    if (!bec) parser.body_limit(body_limit);
+    if (!bec && stream_it) {
       streamed.emplace(std::move(parser));
       streamed->body_limit(body_limit);
-    } else if (!hec && !parser.is_done()) {
-      stream.expires_after(opts_.read_timeout);
-      auto [bec, bn] = co_await bhttp::async_read(stream, buffer, parser, kTuple);
-      hec = bec;
+      streamed->on_chunk_header(check_chunk_header);
+    } else if (!bec && !parser.is_done()) {
+      deadline.expires_after(opts_.read_timeout);
+      auto r = co_await (bhttp::async_read(stream, buffer, parser, kTuple) ||
+                         deadline.async_wait(kTuple));
+      bec = r.index() == 1 ? beast::error_code(beast::error::timeout)
+                           : std::get<0>(std::get<0>(r));
     }
-    if (hec) {
-      if (hec == bhttp::error::end_of_stream || hec == asio::error::eof ||
-          hec == asio::error::connection_reset || hec == asio::error::operation_aborted) {
+    if (bec) {
+      if (bec == bhttp::error::end_of_stream || bec == asio::error::eof ||
+          bec == asio::error::connection_reset || bec == asio::error::operation_aborted) {
         break;
       }
-      const auto failed_at = std::chrono::steady_clock::now();
-      std::string method = "-", target = "-";
-      if (parser.is_header_done()) {
-        method = std::string(Sv(parser.get().method_string()));
-        target = std::string(Sv(parser.get().target()));
-      }
-      log::Context lctx;
-      if (hec == beast::error::timeout) {
-        if (buffer.size() > 0 || parser.got_some()) {
-          lctx.request_id = NewId("req");
-          co_await send(errors_(bhttp::status::request_timeout, "request_timeout",
-                                "the request did not arrive in time", lctx.request_id),
-                        parser.is_header_done() ? parser.get().method() : bhttp::verb::unknown,
-                        /*last=*/true);
-          LogAccess(lctx, method, target, 408, MsSince(failed_at));
-        }
-        break;
-      }
-      std::string rid = parser.is_header_done() ? RequestIdFor(parser.get()) : NewId("req");
-      lctx.request_id = rid;
-      bhttp::status status;
-      const bhttp::verb verb =
-          parser.is_header_done() ? parser.get().method() : bhttp::verb::unknown;
-      if (hec == bhttp::error::body_limit) {
-        status = bhttp::status::payload_too_large;
-        co_await send(errors_(status, "payload_too_large",
-                              fmt::format("request body is larger than {} bytes", body_limit),
-                              rid),
-                      verb, /*last=*/true);
-      } else if (hec == bhttp::error::header_limit) {
-        status = bhttp::status::request_header_fields_too_large;
-        co_await send(errors_(status, "invalid_argument", "request headers are too large", rid),
-                      verb, /*last=*/true);
+      const std::string rid = RequestIdFor(parser.get());
+      if (bec == beast::error::timeout) {
+        co_await refuse(errors_(bhttp::status::request_timeout, "request_timeout",
+                                "the request body did not arrive in time", rid),
+                        verb, method, target, started, 0, {});
+      } else if (bec == bhttp::error::body_limit) {
+        co_await refuse(errors_(bhttp::status::payload_too_large, "payload_too_large",
+                                fmt::format("request body is larger than {} bytes", body_limit),
+                                rid),
+                        verb, method, target, started, kDrainBad, std::chrono::seconds(2));
+      } else if (bec == bhttp::error::buffer_overflow) {
+        co_await refuse(
+            errors_(bhttp::status::bad_request, "invalid_argument",
+                    fmt::format("malformed HTTP request: a chunk header or trailer is longer "
+                                "than {} bytes",
+                                buffer.max_size()),
+                    rid),
+            verb, method, target, started, kDrainBad, std::chrono::seconds(2));
+      } else if (bec == bhttp::error::bad_chunk_extension) {
+        co_await refuse(
+            errors_(bhttp::status::bad_request, "invalid_argument",
+                    fmt::format("malformed HTTP request: a chunk extension is malformed or "
+                                "longer than {} bytes",
+                                ext_limit),
+                    rid),
+            verb, method, target, started, kDrainBad, std::chrono::seconds(2));
       } else {
-        status = bhttp::status::bad_request;
-        co_await send(errors_(status, "invalid_argument",
-                              fmt::format("malformed HTTP request: {}", hec.message()), rid),
-                      verb, /*last=*/true);
-      }
-      LogAccess(lctx, method, target, static_cast<unsigned>(status), MsSince(failed_at));
-      // The framing of anything after a bad request cannot be trusted, so the connection ends.
-      // Read and discard what the client is still sending (bounded in bytes and time) before
-      // closing: a client blocked writing a large body would otherwise get EPIPE instead of
-      // reading our 4xx.
-      boost::system::error_code ignored;
-      stream.socket().shutdown(asio::ip::tcp::socket::shutdown_send, ignored);
-      stream.expires_after(std::chrono::seconds(2));
-      size_t drained = 0;
-      std::vector<char> sink(64 << 10);
-      while (drained < (16u << 20)) {
-        auto [dec, dn] = co_await stream.async_read_some(asio::buffer(sink), kTuple);
-        if (dec) break;
-        drained += dn;
+        co_await refuse(errors_(bhttp::status::bad_request, "invalid_argument",
+                                fmt::format("malformed HTTP request: {}", bec.message()), rid),
+                        verb, method, target, started, kDrainBad, std::chrono::seconds(2));
       }
       break;
     }
@@ -393,12 +741,13 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
       req = parser.release();
     }
     std::string rid = RequestIdFor(req);
-    ChunkedStream chunked(stream, opts_.write_timeout, requests_, req.method());
+    // A reserve slot serves one request: the next client may need it.
+    ChunkedStream chunked(stream, opts_.write_timeout, requests_, req.method(),
+                          /*last=*/reserve);
     RequestContext ctx{req, rid, chunked, executor};
     ctx.log.request_id = rid;
     ctx.connection = &stream;
     if (body) ctx.body = &*body;
-    const auto started = std::chrono::steady_clock::now();
     // Handlers may stream for a long time (SSE): no read deadline while they run.
     stream.expires_never();
     std::optional<Response> res;
@@ -424,8 +773,11 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
       break;
     }
     if (res) {
+      // Decided before the version is set: an HTTP/1.0 response without a Connection header
+      // reads as "close", which made every 1.0 keep-alive request the connection's last.
+      const bool keep_alive = res->keep_alive() && req.keep_alive() && !reserve;
       res->version(req.version());
-      res->keep_alive(res->keep_alive() && req.keep_alive());
+      res->keep_alive(keep_alive);
       res->set("X-Request-Id", rid);
       status = res->result_int();
       keep = co_await send(std::move(*res), req.method());
@@ -452,6 +804,7 @@ asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket) {
   boost::system::error_code ec;
   stream.socket().shutdown(asio::ip::tcp::socket::shutdown_send, ec);
   stream.close();
+  spares_.Refill();
 }
 
 }  // namespace sbx::http

@@ -1,6 +1,7 @@
 // A small asynchronous HTTP/1.1 server on Boost.Beast with C++20 coroutines. It knows HTTP
-// (keep-alive, chunked bodies both ways, size limits, timeouts) and nothing about sandboxes:
-// the api/ layer hands it one Handler.
+// (keep-alive, chunked bodies both ways, size limits, timeouts, strict framing: http/framing.h)
+// and bounds what a client may hold (connection caps, header deadline: see ServerOptions), and
+// nothing about sandboxes: the api/ layer hands it one Handler and the `privileged` predicate.
 //
 // Threads: the server runs an io_context on `threads` threads; each connection lives on its own
 // strand, so a handler's coroutine never runs concurrently with itself.
@@ -10,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "http/connection_table.h"
 
 namespace sbx::http {
 
@@ -79,7 +82,8 @@ struct RequestContext {
 
 // Returns the full response, or nullopt after streaming one through ctx.stream.
 using Handler = std::function<asio::awaitable<std::optional<Response>>(RequestContext&)>;
-// Builds the error response the server itself sends (400, 408, 413) in the API's JSON shape.
+// Builds the error response the server itself sends (400, 408, 413, 431, 501, 503, 505) in the
+// API's JSON shape.
 using ErrorResponder =
     std::function<Response(bhttp::status status, std::string_view code, std::string_view message,
                            const std::string& request_id)>;
@@ -90,9 +94,25 @@ struct ServerOptions {
   int threads = 2;
   size_t max_body_bytes = 1 << 20;
   size_t max_header_bytes = 16 << 10;
-  std::chrono::seconds read_timeout{30};   // a whole request must arrive within this
+  // A request's line and headers must be in within this: from the accept for a connection's
+  // first request, from its first byte for the next ones. One deadline for the whole block,
+  // not per read, so a header trickled a byte at a time (slowloris) ends there too.
+  std::chrono::seconds header_timeout{10};
+  std::chrono::seconds read_timeout{30};   // a request's body must arrive within this
   std::chrono::seconds idle_timeout{75};   // keep-alive connection with no request
   std::chrono::seconds write_timeout{60};  // one write must complete within this
+  // Connection caps (http/connection_table.h). The daemon derives them from RLIMIT_NOFILE.
+  size_t max_connections = 1024;
+  size_t max_connections_per_ip = 256;
+  // Slots past the caps, for `privileged` requests only; as many spare descriptors are held
+  // so that they are there when accept runs out of descriptors (EMFILE).
+  size_t reserved_connections = 16;
+  // A request a reserve slot may serve (/healthz, the admin token); others get 503. Unset:
+  // none.
+  std::function<bool(const Request&)> privileged;
+  // Beast keeps a chunk's size line in the read buffer until it is complete and counts none
+  // of it against the body limit: a longer extension is refused (the battery sent 8 MiB).
+  size_t max_chunk_extension_bytes = 4 << 10;
   // Where sbx_http_requests_total goes; nullptr: metrics::Default().
   metrics::Registry* metrics = nullptr;
   // Asked once a request's header has arrived: true makes the handler read the body through
@@ -123,6 +143,28 @@ class RequestCounter {
       table_{};
 };
 
+// Descriptors held open (on /dev/null) so that there is one to give up when accept fails
+// with EMFILE: the connection it then takes is served from the reserve or refused with a 503,
+// instead of staying in the backlog while accept fails in a loop.
+class SpareFds {
+ public:
+  explicit SpareFds(size_t target);
+  ~SpareFds();
+  SpareFds(const SpareFds&) = delete;
+  SpareFds& operator=(const SpareFds&) = delete;
+  // Closes one; false when none is held.
+  bool GiveUp();
+  // Reopens up to the target; stops at the first failure (still out of descriptors).
+  void Refill();
+  size_t held() const { return held_.load(std::memory_order_relaxed); }
+
+ private:
+  const size_t target_;
+  std::mutex mu_;
+  std::vector<int> fds_;
+  std::atomic<size_t> held_{0};
+};
+
 class Server {
  public:
   Server(ServerOptions opts, Handler handler, ErrorResponder errors);
@@ -139,12 +181,35 @@ class Server {
 
  private:
   asio::awaitable<void> AcceptLoop();
-  asio::awaitable<void> Serve(asio::ip::tcp::socket socket);
+  // accept failed with EMFILE/ENFILE: give up a spare, take one connection, serve it from the
+  // reserve or refuse it. Never returns at once twice without progress (no busy loop).
+  asio::awaitable<void> ShedAtFdLimit();
+  asio::awaitable<void> Serve(asio::ip::tcp::socket socket, ConnectionTable::Lease lease);
+  // Answers 503 to a connection that has no slot, without reading its request, and closes it;
+  // `drain`: first read what the client sends for a moment (bounded), so that the 503 is not
+  // lost to a reset.
+  void Refuse(asio::ip::tcp::socket socket, std::string_view reason, bool drain);
+  asio::awaitable<void> DrainAndClose(asio::ip::tcp::socket socket);
+  // A 503 with Retry-After and Connection: close, in the API's error shape.
+  Response Unavailable(const std::string& request_id) const;
+  metrics::Counter& Rejected(std::string_view reason);
 
   ServerOptions opts_;
   RequestCounter requests_;
   Handler handler_;
   ErrorResponder errors_;
+  metrics::Family<metrics::Counter>& rejected_family_;
+  metrics::Counter& rejected_max_;
+  metrics::Counter& rejected_per_ip_;
+  metrics::Counter& rejected_fds_;
+  // Before ioc_: destroying the io_context destroys the coroutines still suspended, whose
+  // leases then release into this table.
+  ConnectionTable connections_;
+  SpareFds spares_;
+  std::atomic<int> draining_{0};
+  // Rate limits of the accept loop's warnings (the loop is one coroutine).
+  std::chrono::steady_clock::time_point fd_log_at_{}, cap_log_at_{}, accept_log_at_{};
+  uint64_t fd_log_held_ = 0, cap_log_held_ = 0, accept_log_held_ = 0;
   asio::io_context ioc_;
   asio::ip::tcp::acceptor acceptor_;
   uint16_t bound_port_ = 0;
