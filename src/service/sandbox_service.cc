@@ -261,6 +261,41 @@ void SandboxService::RegisterMetricCallbacks() {
           out.Add({std::string(state)}, it == counts.end() ? 0.0 : static_cast<double>(it->second));
         }
       }));
+  // Admission (admission.h): what may be promised, and what is promised. Memory and disk in
+  // bytes, CPUs as vCPUs; absent while the host's capacity cannot be read.
+  struct Gauge {
+    const char* name;
+    const char* help;
+    bool capacity;
+    int64_t Demand::*member;
+    int64_t scale;
+  };
+  static constexpr Gauge kGauges[] = {
+      {"sbx_capacity_vcpus", "vCPUs admission may promise to sandboxes (host x overcommit).",
+       true, &Demand::vcpu, 1},
+      {"sbx_capacity_memory_bytes",
+       "Memory admission may promise to sandboxes (host x overcommit - reserve).", true,
+       &Demand::memory_mib, 1 << 20},
+      {"sbx_capacity_disk_bytes",
+       "Disk admission may promise to sandboxes ((free + already allocated) x overcommit - "
+       "reserve).",
+       true, &Demand::disk_mib, 1 << 20},
+      {"sbx_reserved_vcpus", "vCPUs held by sandboxes and warm-pool members.", false,
+       &Demand::vcpu, 1},
+      {"sbx_reserved_memory_bytes", "Memory limits held by sandboxes and warm-pool members.",
+       false, &Demand::memory_mib, 1 << 20},
+      {"sbx_reserved_disk_bytes", "Disk caps held by sandboxes and warm-pool members.", false,
+       &Demand::disk_mib, 1 << 20},
+  };
+  for (const Gauge& g : kGauges) {
+    metric_callbacks_.push_back(registry.AddCallback(
+        g.name, g.help, metrics::Type::kGauge, {}, [this, g](metrics::CallbackSamples& out) {
+          const Admission::Snapshot snap = admission_->Read();
+          if (g.capacity && !snap.probed) return;
+          const Demand& d = g.capacity ? snap.capacity : snap.reserved;
+          out.Add({}, static_cast<double>(d.*g.member) * static_cast<double>(g.scale));
+        }));
+  }
   metric_callbacks_.push_back(registry.AddCallback(
       "sbx_warm_pool_ready", "Sandboxes ready in the warm pool, by runtime and template.",
       metrics::Type::kGauge, {"runtime", "template"}, [this](metrics::CallbackSamples& out) {
