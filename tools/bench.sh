@@ -137,10 +137,12 @@ start_daemon() {  # $1 = name, rest = extra sbxd flags; sets PIDS/URLS
 }
 
 # The main sbxd has no warm pool, so every scenario but create_warm measures a cold launch.
-start_daemon main --warm-pool base=0
+# Admission is off: density packs 500 idle sandboxes of 512 MiB (and 64 pool members) to measure
+# what one costs, far beyond what a host may promise sandboxes that use their limits.
+start_daemon main --warm-pool base=0 --admission false
 MAIN_PID=${PIDS[0]}
 MAIN_URL=${URLS[0]}
-start_daemon warm --warm-pool "${SBX_BENCH_WARM_POOL:-base=64}"
+start_daemon warm --warm-pool "${SBX_BENCH_WARM_POOL:-base=64}" --admission false
 WARM_URL=${URLS[1]}
 
 log "running sbx-load${LOAD_MODE[*]:+ ${LOAD_MODE[*]}} (results: $JSON)"

@@ -263,9 +263,22 @@ absl::Status RemoveTree(int dir, const std::string& name, const std::string& pat
     if (names.empty()) break;
     for (const std::string& n : names) {
       if (::unlinkat(fd.get(), n.c_str(), 0) == 0 || errno == ENOENT) continue;
-      if (errno != EISDIR && errno != EPERM) {
-        return FileErrnoStatus(errno, fmt::format("delete {}/{}: unlinkat", path, n));
+      const int unlink_errno = errno;
+      if (unlink_errno != EISDIR && unlink_errno != EPERM) {
+        return FileErrnoStatus(unlink_errno, fmt::format("delete {}/{}: unlinkat", path, n));
       }
+      // EPERM on something that is not a directory is a refusal, not a directory to descend
+      // into; a directory on another file system is a mount point, which stays.
+      struct stat child {};
+      if (::fstatat(fd.get(), n.c_str(), &child, AT_SYMLINK_NOFOLLOW) != 0) {
+        if (errno == ENOENT) continue;
+        return FileErrnoStatus(errno, fmt::format("delete {}/{}: fstatat", path, n));
+      }
+      if (!S_ISDIR(child.st_mode)) {
+        return FileErrnoStatus(unlink_errno, fmt::format("delete {}/{}: unlinkat", path, n));
+      }
+      SBX_RETURN_IF_ERROR(RefuseMountPoint(ParentRef{UniqueFd(::dup(fd.get())), n},
+                                           path + "/" + n, "delete"));
       SBX_RETURN_IF_ERROR(RemoveTree(fd.get(), n, path + "/" + n, depth + 1));
     }
   }
@@ -278,14 +291,22 @@ absl::Status RemoveTree(int dir, const std::string& name, const std::string& pat
 absl::StatusOr<Json> OpDelete(const Json& req, const FileOptions& o) {
   SBX_ASSIGN_OR_RETURN(std::string path, PathField(req, "path", o));
   SBX_ASSIGN_OR_RETURN(ParentRef p, OpenParent(o.root_fd, path));
+  // Before a recursive delete empties a mount point whose own removal then fails.
+  SBX_RETURN_IF_ERROR(RefuseMountPoint(p, path, "delete"));
   if (::unlinkat(p.dir.get(), p.name.c_str(), 0) == 0) return Json{{"ok", true}};
-  if (errno != EISDIR && errno != EPERM) {
-    return FileErrnoStatus(errno, fmt::format("delete {}: unlinkat", path));
+  const int unlink_errno = errno;
+  if (unlink_errno != EISDIR && unlink_errno != EPERM) {
+    return FileErrnoStatus(unlink_errno, fmt::format("delete {}: unlinkat", path));
   }
   if (::unlinkat(p.dir.get(), p.name.c_str(), AT_REMOVEDIR) == 0) return Json{{"ok", true}};
   if ((errno == ENOTEMPTY || errno == EEXIST) && BoolField(req, "recursive")) {
     SBX_RETURN_IF_ERROR(RemoveTree(p.dir.get(), p.name, path, 0));
     return Json{{"ok", true}};
+  }
+  // EPERM from unlink is how Linux says "a directory" and also "not allowed" (sticky
+  // directory, immutable file): when the entry is no directory, the EPERM was the answer.
+  if (errno == ENOTDIR && unlink_errno == EPERM) {
+    return FileErrnoStatus(EPERM, fmt::format("delete {}: unlinkat", path));
   }
   return FileErrnoStatus(errno == EEXIST ? ENOTEMPTY : errno,
                          fmt::format("delete {}: unlinkat(AT_REMOVEDIR)", path));
@@ -301,6 +322,7 @@ absl::StatusOr<Json> OpMove(const Json& req, const FileOptions& o) {
   }
   SBX_ASSIGN_OR_RETURN(ParentRef f, OpenParent(o.root_fd, from));
   SBX_ASSIGN_OR_RETURN(ParentRef t, OpenParent(o.root_fd, to));
+  SBX_RETURN_IF_ERROR(RefuseMountPoint(f, from, "move"));
   const unsigned flags = BoolField(req, "overwrite") ? 0 : RENAME_NOREPLACE;
   if (::renameat2(f.dir.get(), f.name.c_str(), t.dir.get(), t.name.c_str(), flags) != 0) {
     return FileErrnoStatus(errno, fmt::format("move {} to {}: renameat2", from, to));

@@ -1,8 +1,11 @@
 #include "agent/path_resolve.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <linux/openat2.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -18,6 +21,10 @@ namespace {
 absl::Status Invalid(std::string_view reason, std::string_view message) {
   return ApiError(absl::StatusCode::kInvalidArgument, reason, message, "path");
 }
+
+// configfs has no constant in linux/magic.h.
+constexpr long kConfigfsMagic = 0x62656570;
+
 
 }  // namespace
 
@@ -146,13 +153,80 @@ absl::StatusOr<UniqueFd> OpenInRoot(int root_fd, std::string_view path, int flag
   }
 }
 
+std::optional<std::string_view> KernelFsName(long f_type) {
+  switch (f_type) {
+    case PROC_SUPER_MAGIC: return "proc";
+    case SYSFS_MAGIC: return "sysfs";
+    case CGROUP_SUPER_MAGIC: return "cgroup";
+    case CGROUP2_SUPER_MAGIC: return "cgroup2";
+    case DEBUGFS_MAGIC: return "debugfs";
+    case TRACEFS_MAGIC: return "tracefs";
+    case SECURITYFS_MAGIC: return "securityfs";
+    case SELINUX_MAGIC: return "selinuxfs";
+    case SMACK_MAGIC: return "smackfs";
+    case BPF_FS_MAGIC: return "bpf";
+    case PSTOREFS_MAGIC: return "pstore";
+    case EFIVARFS_MAGIC: return "efivarfs";
+    case BINFMTFS_MAGIC: return "binfmt_misc";
+    case DEVPTS_SUPER_MAGIC: return "devpts";
+    case kConfigfsMagic: return "configfs";
+    default: return std::nullopt;
+  }
+}
+
+absl::Status RefuseKernelFs(int fd, std::string_view path, std::string_view what) {
+  struct statfs sfs {};
+  if (::fstatfs(fd, &sfs) != 0) {
+    return FileErrnoStatus(errno, fmt::format("{} {}: fstatfs", what, path));
+  }
+  if (auto name = KernelFsName(static_cast<long>(sfs.f_type))) {
+    return ApiError(absl::StatusCode::kPermissionDenied, "permission_denied",
+                    fmt::format("{} {}: on the kernel's {} file system, which the files API "
+                                "does not change",
+                                what, path, *name));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ParentRef> OpenParent(int root_fd, std::string_view normalized) {
   SBX_ASSIGN_OR_RETURN(auto split, SplitParent(normalized));
   ParentRef r;
   SBX_ASSIGN_OR_RETURN(r.dir, OpenInRoot(root_fd, split.first, O_PATH | O_DIRECTORY, 0,
                                          "open parent directory"));
+  // Before any change: procfs answers a create with ENOENT (its lookup fails first), sysfs
+  // with EACCES, and a read-only bind with EROFS, so the errno alone would tell a client
+  // "not found" for a directory that plainly exists.
+  SBX_RETURN_IF_ERROR(RefuseKernelFs(r.dir.get(), normalized, "change"));
   r.name = std::move(split.second);
   return r;
+}
+
+absl::StatusOr<std::optional<uint64_t>> MountIdAt(int dir, const char* name) {
+  struct statx stx {};
+  const int flags = AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | (name[0] == '\0' ? AT_EMPTY_PATH : 0);
+  if (::statx(dir, name, flags, STATX_MNT_ID, &stx) != 0) return ErrnoStatus(errno, "statx");
+  if ((stx.stx_mask & STATX_MNT_ID) == 0) return std::optional<uint64_t>();
+  return std::optional<uint64_t>(stx.stx_mnt_id);
+}
+
+absl::Status RefuseMountPoint(const ParentRef& p, std::string_view path, std::string_view what) {
+  // Mount ids, not st_dev: overlayfs reports its own device for directories but the layer's
+  // for files, and a bind mount within one file system keeps the device.
+  auto parent = MountIdAt(p.dir.get(), "");
+  if (!parent.ok()) return Annotate(parent.status(), fmt::format("{} {}: parent", what, path));
+  auto entry = MountIdAt(p.dir.get(), p.name.c_str());
+  if (!entry.ok()) {
+    if (absl::IsNotFound(entry.status())) return absl::OkStatus();  // the operation says so
+    return Annotate(entry.status(), fmt::format("{} {}", what, path));
+  }
+  // Without mount ids (kernels before 5.8) the EBUSY of the operation itself still says no.
+  if (*parent && *entry && **parent != **entry) {
+    return ApiError(absl::StatusCode::kPermissionDenied, "permission_denied",
+                    fmt::format("{} {}: a mount point of the sandbox, which the files API does "
+                                "not remove or move",
+                                what, path));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status FileErrnoStatus(int err, std::string_view what) {
@@ -175,6 +249,11 @@ absl::Status FileErrnoStatus(int err, std::string_view what) {
       return ApiError(absl::StatusCode::kPermissionDenied, "permission_denied", msg);
     case EROFS:
       return ApiError(absl::StatusCode::kPermissionDenied, "read_only_filesystem", msg);
+    // A mount point (also a bind mount within one file system, which RefuseMountPoint cannot
+    // tell by st_dev) cannot be removed, renamed or replaced from inside: not a transient
+    // state worth a retry, as the canonical mapping's Unavailable would say.
+    case EBUSY:
+      return ApiError(absl::StatusCode::kPermissionDenied, "permission_denied", msg);
     case ENOSPC:
     case EDQUOT:
     case EFBIG:

@@ -19,6 +19,8 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -50,16 +52,30 @@ absl::StatusOr<UniqueFd> OpenInRoot(int root_fd, std::string_view path, int flag
                                     mode_t mode = 0, std::string_view what = "open");
 
 // The parent directory of `normalized` opened (O_PATH | O_DIRECTORY) inside the root, and the
-// last component to act on with *at() calls.
+// last component to act on with *at() calls. Only operations that change the tree (create,
+// write, mkdir, delete, move, untar) use it: a parent on a kernel interface file system
+// (KernelFsName) is refused with 403 permission_denied, whatever errno the kernel would give.
 struct ParentRef {
   UniqueFd dir;
   std::string name;
 };
 absl::StatusOr<ParentRef> OpenParent(int root_fd, std::string_view normalized);
 
+// "proc", "sysfs", "cgroup2", ... for the statfs f_type of a file system whose files are the
+// kernel's interfaces rather than data; nullopt otherwise.
+std::optional<std::string_view> KernelFsName(long f_type);
+// PermissionDenied when the file system of `fd` is a kernel interface (see KernelFsName).
+absl::Status RefuseKernelFs(int fd, std::string_view path, std::string_view what);
+// PermissionDenied when p.name is a mount point (another mount than its parent's): a delete
+// or move of it would fail with EBUSY, a recursive delete only after it emptied the mount.
+absl::Status RefuseMountPoint(const ParentRef& p, std::string_view path, std::string_view what);
+// The mount id (statx STATX_MNT_ID) of `name` in `dir` ("" for `dir` itself), not following a
+// symlink; nullopt when the kernel does not report one.
+absl::StatusOr<std::optional<uint64_t>> MountIdAt(int dir, const char* name);
+
 // Maps an errno of a file operation to a status whose message names the step and the errno,
 // with the canonical code sbxd turns into HTTP (ENOENT -> NotFound, EEXIST -> AlreadyExists,
-// EISDIR/ENOTDIR/ENOTEMPTY -> FailedPrecondition, EACCES/EPERM/EROFS -> PermissionDenied,
+// EISDIR/ENOTDIR/ENOTEMPTY -> FailedPrecondition, EACCES/EPERM/EROFS/EBUSY -> PermissionDenied,
 // ENOSPC/EDQUOT -> ResourceExhausted, ENAMETOOLONG/ELOOP/EINVAL -> InvalidArgument).
 absl::Status FileErrnoStatus(int err, std::string_view what);
 // The specific reason code for an error made by FileErrnoStatus or ValidatePath ("not_found",

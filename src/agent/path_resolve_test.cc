@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -174,6 +175,46 @@ TEST_F(InRoot, SwapRaceStaysInside) {
   }
   EXPECT_EQ(outside_files, 0u);
   EXPECT_GT(created, 0);
+}
+
+// The host's own /proc and /sys stand in for a sandbox's: no change is made, OpenParent refuses
+// before any syscall that would change something.
+TEST(KernelFs, ChangesUnderKernelFileSystemsAreRefused) {
+  UniqueFd root(::open("/", O_PATH | O_DIRECTORY | O_CLOEXEC));
+  ASSERT_TRUE(root);
+  for (const char* path : {"/proc/sys/kernel/sbx-test-new", "/proc/self/sbx-test-new",
+                           "/proc/sys/kernel/hostname", "/proc/sbx-test-new"}) {
+    auto p = OpenParent(root.get(), path);
+    ASSERT_FALSE(p.ok()) << path;
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kPermissionDenied) << p.status();
+    EXPECT_EQ(FileErrorReason(p.status()), "permission_denied") << p.status();
+    EXPECT_NE(std::string(p.status().message()).find("proc"), std::string::npos) << p.status();
+  }
+  struct statfs sys {};
+  if (::statfs("/sys/kernel", &sys) == 0 && KernelFsName(static_cast<long>(sys.f_type))) {
+    auto p = OpenParent(root.get(), "/sys/kernel/sbx-test-new");
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kPermissionDenied) << p.status();
+  }
+  // An absent parent stays not_found, an ordinary one is fine.
+  EXPECT_EQ(FileErrorReason(OpenParent(root.get(), "/proc-sbx-absent/x").status()), "not_found");
+  char tmpl[] = "/tmp/sbx-kernelfs-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  EXPECT_TRUE(OpenParent(root.get(), std::string(tmpl) + "/x").ok());
+  fs::remove_all(tmpl);
+}
+
+TEST(KernelFs, MountPointsAreRefusedForDeleteAndMove) {
+  UniqueFd root(::open("/", O_PATH | O_DIRECTORY | O_CLOEXEC));
+  ASSERT_TRUE(root);
+  // "/" is an ordinary parent; its entry "proc" is another file system.
+  ParentRef p{UniqueFd(::open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)), "proc"};
+  absl::Status s = RefuseMountPoint(p, "/proc", "delete");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(std::string(s.message()).find("mount point"), std::string::npos) << s;
+  ParentRef absent{UniqueFd(::open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)), "sbx-absent"};
+  EXPECT_TRUE(RefuseMountPoint(absent, "/sbx-absent", "delete").ok());
+  // EBUSY (a bind mount within one file system) is a refusal too, not a 503.
+  EXPECT_EQ(FileErrorReason(FileErrnoStatus(EBUSY, "delete /x: unlinkat")), "permission_denied");
 }
 
 }  // namespace

@@ -1,5 +1,8 @@
 #include "api/status_to_http.h"
 
+#include <charconv>
+#include <cstdint>
+
 #include <nlohmann/json.hpp>
 
 #include "common/status_util.h"
@@ -14,6 +17,9 @@ http::bhttp::status HttpStatusFor(const absl::Status& s) {
   if (code == "template_not_found") return bhttp::unprocessable_entity;
   if (code == "payload_too_large") return bhttp::payload_too_large;
   if (code == "method_not_allowed") return bhttp::method_not_allowed;
+  // Admission (service/admission.h): full now (a delete makes room), or never.
+  if (code == "insufficient_capacity") return bhttp::service_unavailable;
+  if (code == "exceeds_capacity") return bhttp::unprocessable_entity;
   // Files API (docs/api.md, "Files").
   if (code == "insufficient_storage") return bhttp::insufficient_storage;
   if (code == "range_not_satisfiable") return bhttp::range_not_satisfiable;
@@ -104,10 +110,19 @@ http::Response ErrorResponse(const absl::Status& s, const std::string& request_i
   if (std::string op = ApiErrorDetail(s, "operation_id"); !op.empty()) {
     details["operation_id"] = op;
   }
+  if (std::string r = ApiErrorDetail(s, "resource"); !r.empty()) details["resource"] = r;
+  for (const char* key : {"requested", "available", "capacity"}) {
+    const std::string v = ApiErrorDetail(s, key);
+    int64_t n = 0;
+    auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (!v.empty() && ec == std::errc() && end == v.data() + v.size()) details[key] = n;
+  }
   if (!details.empty()) err["details"] = details;
   auto res = JsonResponse(HttpStatusFor(s), nlohmann::json{{"error", err}}.dump(
                                                 -1, ' ', false, nlohmann::json::error_handler_t::replace));
   res.set("X-Request-Id", request_id);
+  // Capacity comes back when some sandbox is deleted: a client may try again, not at once.
+  if (ApiCodeFor(s) == "insufficient_capacity") res.set(http::bhttp::field::retry_after, "5");
   return res;
 }
 

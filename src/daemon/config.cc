@@ -183,6 +183,39 @@ const std::vector<KeyInfo> kKeys = {
      .reloadable = true, .min = 16, .max = 1048576,
      .why = "the ns runtime's disk images hold 16 MiB to 1 TiB",
      .help = "the most disk_mib a create may ask for", SBX_NUM(sandbox.limits.max_disk_mib)},
+    {.path = "admission.enabled", .type = Type::kBool, .flag = "--admission", .reloadable = true,
+     .help = "refuse a create (503 insufficient_capacity, or 422 exceeds_capacity when it can "
+             "never fit) whose vcpu, memory or disk does not fit in what the host has beside "
+             "the other sandboxes and the warm pool (false: admit everything)",
+     SBX_BOOL(admission.enabled)},
+    {.path = "admission.cpu_overcommit_percent", .type = Type::kInt,
+     .flag = "--cpu-overcommit-percent", .reloadable = true, .min = 1, .max = 100000,
+     .why = "1% to 1000 times the host's CPUs",
+     .help = "vCPUs promised to sandboxes, in percent of the CPUs sbxd may run on (1600: 16 "
+             "vCPUs per CPU; CPU time is shared, an oversubscribed host is only slower)",
+     SBX_NUM(admission.cpu_overcommit_percent)},
+    {.path = "admission.memory_overcommit_percent", .type = Type::kInt,
+     .flag = "--memory-overcommit-percent", .reloadable = true, .min = 1, .max = 100000,
+     .why = "1% to 1000 times the host's memory",
+     .help = "memory promised to sandboxes, in percent of MemTotal (or of the memory limit of "
+             "the cgroup the sandboxes live under); above 100 the host's OOM killer, not the "
+             "sandbox's limit, decides when all use their limits at once",
+     SBX_NUM(admission.memory_overcommit_percent)},
+    {.path = "admission.disk_overcommit_percent", .type = Type::kInt,
+     .flag = "--disk-overcommit-percent", .reloadable = true, .min = 1, .max = 100000,
+     .why = "1% to 1000 times the state dir's space",
+     .help = "disk promised to sandboxes, in percent of the free space in the state dir's file "
+             "system plus what their (sparse) disks already take",
+     SBX_NUM(admission.disk_overcommit_percent)},
+    {.path = "admission.reserve_memory_mib", .type = Type::kInt, .flag = "--reserve-memory-mib",
+     .reloadable = true, .min = 0, .max = 4194304, .why = "a memory size in MiB",
+     .help = "memory in MiB kept for the host and sbxd itself, never promised to sandboxes",
+     SBX_NUM(admission.reserve_memory_mib)},
+    {.path = "admission.reserve_disk_mib", .type = Type::kInt, .flag = "--reserve-disk-mib",
+     .reloadable = true, .min = 0, .max = int64_t{1} << 30, .why = "a disk size in MiB",
+     .help = "space in MiB of the state dir's file system kept free for the host, the database "
+             "and logs, never promised to sandbox disks",
+     SBX_NUM(admission.reserve_disk_mib)},
     {.path = "sessions.output_buffer_bytes", .type = Type::kInt, .flag = "--output-buffer-bytes",
      .reloadable = false, .min = 64 << 10, .max = 1 << 30, .why = "64 KiB to 1 GiB per stream",
      .help = "output retained per session stream by the agent (what a re-attach can replay)",

@@ -105,6 +105,17 @@ struct Config {
     SandboxTimers timers;
     bool operator==(const Sandbox&) const = default;
   };
+  // Admission control (service/admission.h): creates are refused once what sandboxes hold
+  // reaches host x overcommit - reserve. Ratios are percentages (100: no overcommit).
+  struct Admission {
+    bool enabled = true;
+    int64_t cpu_overcommit_percent = 1600;
+    int64_t memory_overcommit_percent = 100;
+    int64_t disk_overcommit_percent = 100;
+    int64_t reserve_memory_mib = 1024;
+    int64_t reserve_disk_mib = 2048;
+    bool operator==(const Admission&) const = default;
+  };
   struct Sessions {
     int64_t output_buffer_bytes = 8 << 20;
     int64_t attach_token_ttl_s = 900;
@@ -130,6 +141,7 @@ struct Config {
   State state;
   Runtime runtime;
   Sandbox sandbox;
+  Admission admission;
   Sessions sessions;
   Retention retention;
   Metrics metrics;
@@ -144,7 +156,7 @@ struct Config {
   // Equal settings, wherever they came from.
   bool SameSettings(const Config& o) const {
     return server == o.server && state == o.state && runtime == o.runtime &&
-           sandbox == o.sandbox && sessions == o.sessions && retention == o.retention && metrics == o.metrics &&
+           sandbox == o.sandbox && admission == o.admission && sessions == o.sessions && retention == o.retention && metrics == o.metrics &&
            warm_pool == o.warm_pool && log == o.log;
   }
 };
@@ -192,7 +204,7 @@ void AddFlags(CLI::App& app, CommandLine& cl);
 absl::Status ApplyToml(Config& c, std::string_view text, const std::string& file_name);
 // `env`: "NAME=VALUE" entries (environ). A variable is a configuration override when its name
 // starts with SBX_ and a table's name (SBX_SERVER_, SBX_STATE_, SBX_RUNTIME_, SBX_SANDBOX_,
-// SBX_SESSIONS_, SBX_WARM_POOL_, SBX_LOG_): it must then name a key. Other SBX_ variables
+// SBX_ADMISSION_, SBX_SESSIONS_, SBX_WARM_POOL_, SBX_LOG_): it must then name a key. Other SBX_ variables
 // (SBX_TOKEN, SBX_TESTS_MUST_RUN, ...) belong to other tools and are ignored.
 absl::Status ApplyEnv(Config& c, const std::vector<std::string>& env);
 absl::Status ApplyFlags(Config& c, const CommandLine& cl);

@@ -23,6 +23,7 @@
 #include "common/log.h"
 #include "common/status_util.h"
 #include "daemon/config.h"
+#include "daemon/host_capacity.h"
 #include "daemon/preflight.h"
 #include "daemon/state_files.h"
 #include "http/server.h"
@@ -128,12 +129,24 @@ sbx::service::TimerSettings TimersOf(const Config& c) {
   return t;
 }
 
+sbx::service::AdmissionSettings AdmissionOf(const Config& c) {
+  sbx::service::AdmissionSettings a;
+  a.enabled = c.admission.enabled;
+  a.cpu_overcommit_percent = c.admission.cpu_overcommit_percent;
+  a.memory_overcommit_percent = c.admission.memory_overcommit_percent;
+  a.disk_overcommit_percent = c.admission.disk_overcommit_percent;
+  a.reserve_memory_mib = c.admission.reserve_memory_mib;
+  a.reserve_disk_mib = c.admission.reserve_disk_mib;
+  return a;
+}
+
 sbx::service::LiveOptions LiveOptionsOf(const Config& c) {
   sbx::service::LiveOptions live;
   live.defaults = ResourcesOf(c);
   live.timers = TimersOf(c);
   live.attach_token_ttl = std::chrono::seconds(c.sessions.attach_token_ttl_s);
   live.warm_pools = WarmPoolsOf(c);
+  live.admission = AdmissionOf(c);
   return live;
 }
 
@@ -313,6 +326,12 @@ int main(int argc, char** argv) {
   sopts.defaults = defaults;
   sopts.output_buffer_bytes = cfg.sessions.output_buffer_bytes;
   sopts.timers = TimersOf(cfg);
+  sopts.admission = AdmissionOf(cfg);
+  std::vector<const sbx::runtime::Backend*> capacity_backends;
+  for (const auto& [name, backend] : backends) capacity_backends.push_back(backend);
+  sopts.host_capacity = [state_dir, capacity_backends] {
+    return sbx::daemon::ProbeHostCapacity(state_dir, capacity_backends);
+  };
   sbx::service::SandboxService svc(sopts, **store, engine, std::move(*templates), backends);
 
   sbx::api::ApiOptions aopts;

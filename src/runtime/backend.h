@@ -113,6 +113,18 @@ class Instance {
 };
 using InstancePtr = std::unique_ptr<Instance>;
 
+// What the host lets this backend's sandboxes have, beyond what the host itself has
+// (admission control, service/admission.h). Zero: no such limit.
+struct HostShare {
+  // CPU quota of the cgroup every sandbox lives under, in thousandths of a CPU.
+  int64_t cpu_quota_millis = 0;
+  // Memory limit of that cgroup.
+  int64_t memory_limit_mib = 0;
+  // What the disks of this backend's sandboxes already take in the state dir's file system:
+  // sparse images allocate as they fill, so the free space does not show it.
+  int64_t disk_allocated_mib = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -135,6 +147,8 @@ class Backend {
   // The deployment defaults changed (SIGHUP): what a backend prepares ahead for sandboxes of
   // the default size follows them.
   virtual void OnDefaultsChanged(const Resources& /*defaults*/) {}
+  // Read at every admission: cheap (a few small files and one stat per sandbox disk).
+  virtual HostShare Share() const { return {}; }
 };
 using BackendPtr = std::unique_ptr<Backend>;
 

@@ -61,6 +61,21 @@ runtime::Resources ResourcesOf(const json& eff, const runtime::Resources& d) {
   return r;
 }
 
+Demand DemandOf(const runtime::Resources& r) {
+  return Demand{r.vcpu, r.memory_mib, r.disk_mib};
+}
+
+// Whether a stored sandbox holds host resources (admission.h): everything that may still have
+// processes or a disk, frozen ones included. A failed sandbox holds nothing, except one whose
+// destroy failed: its processes may still run.
+bool HoldsResources(const SandboxRecord& sb) {
+  if (sb.state == kFailed) {
+    return sb.error.is_object() && sb.error.value("code", "") == "delete_failed";
+  }
+  return sb.state == kCreating || sb.state == kRunning || IsFrozenState(sb.state) ||
+         sb.state == kDeleting;
+}
+
 void FillEffectiveDefaults(SandboxRecord& sb, const runtime::Resources& defaults,
                            int64_t output_buffer_bytes) {
   const runtime::Resources r = ResourcesOf(sb.effective_resources, defaults);
@@ -218,8 +233,10 @@ SandboxService::SandboxService(ServiceOptions opts, store::Store& store,
   metrics_ = std::make_unique<ServiceMetrics>(
       opts_.metrics != nullptr ? *opts_.metrics : metrics::Default(), runtimes,
       opts_.default_runtime);
+  admission_ = std::make_unique<Admission>(opts_.admission, opts_.host_capacity);
   pool_ = std::make_unique<WarmPool>(
-      opts_.warm_pools, [this](const WarmPoolConfig& c) { return BuildWarm(c); });
+      opts_.warm_pools, [this](const WarmPoolConfig& c) { return BuildWarm(c); },
+      [this](const std::string& id) { admission_->Release(id); });
   RegisterMetricCallbacks();
 }
 
@@ -244,6 +261,41 @@ void SandboxService::RegisterMetricCallbacks() {
           out.Add({std::string(state)}, it == counts.end() ? 0.0 : static_cast<double>(it->second));
         }
       }));
+  // Admission (admission.h): what may be promised, and what is promised. Memory and disk in
+  // bytes, CPUs as vCPUs; absent while the host's capacity cannot be read.
+  struct Gauge {
+    const char* name;
+    const char* help;
+    bool capacity;
+    int64_t Demand::*member;
+    int64_t scale;
+  };
+  static constexpr Gauge kGauges[] = {
+      {"sbx_capacity_vcpus", "vCPUs admission may promise to sandboxes (host x overcommit).",
+       true, &Demand::vcpu, 1},
+      {"sbx_capacity_memory_bytes",
+       "Memory admission may promise to sandboxes (host x overcommit - reserve).", true,
+       &Demand::memory_mib, 1 << 20},
+      {"sbx_capacity_disk_bytes",
+       "Disk admission may promise to sandboxes ((free + already allocated) x overcommit - "
+       "reserve).",
+       true, &Demand::disk_mib, 1 << 20},
+      {"sbx_reserved_vcpus", "vCPUs held by sandboxes and warm-pool members.", false,
+       &Demand::vcpu, 1},
+      {"sbx_reserved_memory_bytes", "Memory limits held by sandboxes and warm-pool members.",
+       false, &Demand::memory_mib, 1 << 20},
+      {"sbx_reserved_disk_bytes", "Disk caps held by sandboxes and warm-pool members.", false,
+       &Demand::disk_mib, 1 << 20},
+  };
+  for (const Gauge& g : kGauges) {
+    metric_callbacks_.push_back(registry.AddCallback(
+        g.name, g.help, metrics::Type::kGauge, {}, [this, g](metrics::CallbackSamples& out) {
+          const Admission::Snapshot snap = admission_->Read();
+          if (g.capacity && !snap.probed) return;
+          const Demand& d = g.capacity ? snap.capacity : snap.reserved;
+          out.Add({}, static_cast<double>(d.*g.member) * static_cast<double>(g.scale));
+        }));
+  }
   metric_callbacks_.push_back(registry.AddCallback(
       "sbx_warm_pool_ready", "Sandboxes ready in the warm pool, by runtime and template.",
       metrics::Type::kGauge, {"runtime", "template"}, [this](metrics::CallbackSamples& out) {
@@ -290,6 +342,9 @@ absl::Status SandboxService::Reconfigure(const LiveOptions& live) {
     timer_settings_ = live.timers;
   }
   tokens_.SetTtl(live.attach_token_ttl);
+  admission_->SetSettings(live.admission);
+  // Larger ratios may have made room for a pool that waits.
+  pool_->CapacityFreed();
   pool_->Resize(live.warm_pools);
   // Pooled sandboxes carry the old limits: Take would skip them anyway, one create at a time.
   if (defaults_changed) {
@@ -307,13 +362,23 @@ absl::StatusOr<WarmSandbox> SandboxService::BuildWarm(const WarmPoolConfig& conf
   spec.tmpl = tmpl;
   spec.resources = defaults();
   spec.hostname = spec.id.substr(0, 16);
+  // A pool member holds what a sandbox holds: the pool may fill only what creates left over.
+  SBX_RETURN_IF_ERROR(admission_->Admit(spec.id, DemandOf(spec.resources), "a warm-pool sandbox"));
   // The runtime's lines during the build name the sandbox, as in an operation.
   log::Context lctx;
   lctx.sandbox = spec.id;
   log::Scope scope(lctx);
-  SBX_ASSIGN_OR_RETURN(runtime::InstancePtr inst, backend->Create(spec));
-  return WarmSandbox{std::move(inst), config.runtime, config.template_name, tmpl.digest,
+  auto inst = backend->Create(spec);
+  if (!inst.ok()) {
+    admission_->Release(spec.id);  // Create leaves nothing behind
+    return inst.status();
+  }
+  return WarmSandbox{std::move(*inst), config.runtime, config.template_name, tmpl.digest,
                      spec.resources};
+}
+
+void SandboxService::ReleaseCapacity(const std::string& sandbox_id) {
+  if (admission_->Release(sandbox_id)) pool_->CapacityFreed();
 }
 
 std::optional<WarmSandbox> SandboxService::TakeWarm(const CreateSandboxRequest& req,
@@ -382,11 +447,18 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
   std::optional<WarmSandbox> warm = TakeWarm(req, defaults);
   bool warm_used = false;
   std::optional<OperationRecord> finished;  // the create, when the warm pool served it
+  // The id this create holds capacity for; given back unless the transaction records it.
+  std::optional<std::string> admitted;
+  auto unadmit = [&] {
+    if (admitted) ReleaseCapacity(*admitted);
+    admitted.reset();
+  };
   absl::Status tx_status = store_.Transact([&](Tx& tx) -> absl::Status {
     warm_used = false;
     submit.reset();
     created.reset();
     finished.reset();
+    unadmit();  // an earlier attempt of this transaction (busy retry) held it under another id
     SBX_ASSIGN_OR_RETURN(auto replay, CheckIdempotency(tx, caller, idem_key, kScope, body_hash));
     if (replay) {
       out = *replay;
@@ -399,6 +471,14 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
     const std::string now = NowRfc3339();
     SandboxRecord sb;
     sb.id = warm ? warm->instance->id() : NewId("sbx");
+    // Before anything is recorded or built. A pooled sandbox already holds its resources
+    // (under the same id).
+    if (!warm) {
+      const Demand want{req.vcpu.value_or(defaults.vcpu), req.memory_mib.value_or(defaults.memory_mib),
+                        req.disk_mib.value_or(defaults.disk_mib)};
+      SBX_RETURN_IF_ERROR(admission_->Admit(sb.id, want, "the sandbox"));
+      admitted = sb.id;
+    }
     sb.tenant_id = caller.tenant_id;
     sb.state = std::string(kCreating);
     sb.template_ref = req.template_ref;
@@ -448,6 +528,7 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
     LogStateChange(created->sandbox_id, "", created->state,
                    warm_used ? "from the warm pool" : std::string_view());
   }
+  if (!tx_status.ok() || !created) unadmit();  // refused, failed, or a replay
   if (warm) {
     if (tx_status.ok() && warm_used) {
       metrics_->OperationFinished(*finished, requested);
@@ -572,6 +653,8 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
   });
   if (!st.ok()) {
     spdlog::error("create {}: store: {}", sandbox_id, std::string(st.message()));
+    // Nothing runs for it any more (destroyed below, or never built).
+    ReleaseCapacity(sandbox_id);
     if (built) {
       runtime::InstancePtr mine;
       {
@@ -592,6 +675,8 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
   if (finished->state == "succeeded") {
     metrics_->SandboxRunning(sb.runtime, /*warm=*/false, requested);
   }
+  // A failed build leaves nothing behind; a sandbox deleted meanwhile is released by its delete.
+  if (to == kFailed) ReleaseCapacity(sandbox_id);
   LogStateChange(sandbox_id, from, to);
   LogOperationFinished("create", result, job_started, elapsed.count(),
                        inst.ok() ? std::string() : std::string(inst.status().message()));
@@ -790,7 +875,12 @@ void SandboxService::RunDelete(const std::string& op_id, const std::string& sand
     SBX_RETURN_IF_ERROR(tx.PutOperation(op));
     return tx.PutSandbox(cur);
   });
-  if (destroyed.ok()) activity_.Forget(sandbox_id);
+  if (destroyed.ok()) {
+    activity_.Forget(sandbox_id);
+    // A destroy that failed may leave processes running: the sandbox keeps what it held (and
+    // a restart counts its delete_failed state the same way).
+    ReleaseCapacity(sandbox_id);
+  }
   if (st.ok()) {
     metrics_->OperationFinished(*finished, requested);
     for (const std::string& s : ended_sessions) metrics_->SessionExited(s, /*oom_killed=*/false);
@@ -1325,6 +1415,18 @@ absl::Status SandboxService::Reconcile() {
   } else {
     spdlog::warn("sbx_sessions_active starts without the sessions of re-adopted sandboxes: {}",
                  std::string(listed.message()));
+  }
+
+  // The ledger, from the states just settled: what the store says each sandbox holds.
+  {
+    const runtime::Resources d = defaults();
+    int64_t held = 0;
+    for (const SandboxRecord& sb : live) {
+      if (!HoldsResources(sb)) continue;
+      admission_->Hold(sb.id, DemandOf(ResourcesOf(sb.effective_resources, d)));
+      ++held;
+    }
+    if (held > 0) spdlog::info("admission: {} sandboxes hold resources after the restart", held);
   }
 
   for (const auto& [name, backend] : backends_) {

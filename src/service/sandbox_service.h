@@ -24,6 +24,7 @@
 #include "runtime/backend.h"
 #include "common/ticker.h"
 #include "service/activity.h"
+#include "service/admission.h"
 #include "service/attach_token.h"
 #include "service/inputs.h"
 #include "service/job_waiters.h"
@@ -66,6 +67,9 @@ struct ServiceOptions {
   std::chrono::milliseconds timer_interval{1000};
   // Where the service's metrics go (docs/metrics.md); nullptr: metrics::Default().
   metrics::Registry* metrics = nullptr;
+  // Admission control (admission.h). Without a probe nothing is refused: sbxd always sets one.
+  AdmissionSettings admission;
+  Admission::Probe host_capacity;
 };
 
 // What sbxd's configuration reload (SIGHUP) can change while sandboxes run. Everything else in
@@ -76,6 +80,7 @@ struct LiveOptions {
   std::chrono::seconds attach_token_ttl{900};
   // The pools wanted now; a pool missing here is turned off.
   std::vector<WarmPoolConfig> warm_pools;
+  AdmissionSettings admission;
 };
 
 // A response the API returns verbatim: the first response of an idempotent call is stored and
@@ -110,6 +115,8 @@ class SandboxService {
   std::map<std::string, int> WarmPoolReady() const { return pool_->Ready(); }
   // The size each pool is kept at, per "runtime/template".
   std::map<std::string, int> WarmPoolSizes() const { return pool_->Sizes(); }
+  // The host's capacity as admission sees it now, and what sandboxes hold of it.
+  Admission::Snapshot AdmissionSnapshot() const { return admission_->Read(); }
 
   // Applies `live` to what happens from now on (sandboxes already created keep their limits).
   // Every warm pool's template and runtime is checked first: on error nothing changes.
@@ -194,6 +201,8 @@ class SandboxService {
   void RegisterMetricCallbacks();
 
   absl::StatusOr<WarmSandbox> BuildWarm(const WarmPoolConfig& config);
+  // Gives a sandbox's resources back to admission and lets a waiting warm pool try again.
+  void ReleaseCapacity(const std::string& sandbox_id);
   // A pooled sandbox that can serve `req` as requested with `defaults`, or nullopt.
   std::optional<WarmSandbox> TakeWarm(const CreateSandboxRequest& req,
                                       const runtime::Resources& defaults);
@@ -219,6 +228,8 @@ class SandboxService {
   std::chrono::system_clock::time_point last_purge_{};
   std::chrono::system_clock::time_point last_session_refresh_{};
   std::unique_ptr<ServiceMetrics> metrics_;
+  // The ledger of held resources. Outlives the pool, which releases its members into it.
+  std::unique_ptr<Admission> admission_;
   // Destroyed right after the timers and the metric callbacks below and before everything
   // else, while the backends and templates it uses still exist.
   std::unique_ptr<WarmPool> pool_;

@@ -54,6 +54,16 @@ class NoPauseBackend : public runtime::Backend {
   runtime::Backend& inner_;
 };
 
+// A runtime whose creates always fail (after the service admitted them).
+class FailingBackend : public NoPauseBackend {
+ public:
+  explicit FailingBackend(runtime::Backend& inner) : NoPauseBackend(inner) {}
+  std::string Name() const override { return "failing"; }
+  absl::StatusOr<runtime::InstancePtr> Create(const runtime::SandboxSpec&) override {
+    return absl::InternalError("create: the test's runtime always fails");
+  }
+};
+
 // The fake runtime, remembering the spec of the last create.
 class RecordingBackend : public NoPauseBackend {
  public:
@@ -135,6 +145,7 @@ class SandboxServiceTest : public ::testing::Test {
     nopause_ = std::make_unique<NoPauseBackend>(*fake_);
     recording_ = std::make_unique<RecordingBackend>(*fake_);
     egress_ = std::make_unique<EgressBackend>(*fake_);
+    failing_ = std::make_unique<FailingBackend>(*fake_);
     Start();
   }
 
@@ -170,12 +181,20 @@ class SandboxServiceTest : public ::testing::Test {
     opts.timers.default_timeout_s = default_timeout_s_;
     opts.warm_pools = warm_pools_;
     opts.metrics = &registry_;
+    opts.admission = admission_;
+    if (host_) {
+      opts.host_capacity = [this]() -> absl::StatusOr<HostCapacity> {
+        std::lock_guard lock(host_mu_);
+        return *host_;
+      };
+    }
     svc_ = std::make_unique<SandboxService>(
         opts, *store_, *engine_, std::move(*templates),
         std::map<std::string, runtime::Backend*>{{"fake", fake_.get()},
                                                  {"nopause", nopause_.get()},
                                                  {"recording", recording_.get()},
-                                                 {"egress", egress_.get()}});
+                                                 {"egress", egress_.get()},
+                                                 {"failing", failing_.get()}});
     ASSERT_TRUE(svc_->Reconcile().ok());
   }
   void Stop() {
@@ -268,7 +287,12 @@ class SandboxServiceTest : public ::testing::Test {
   std::unique_ptr<NoPauseBackend> nopause_;
   std::unique_ptr<RecordingBackend> recording_;
   std::unique_ptr<EgressBackend> egress_;
+  std::unique_ptr<FailingBackend> failing_;
   runtime::Resources defaults_;  // ServiceOptions of the next Start()
+  // Admission of the next Start(): without host_, no probe (nothing refused).
+  AdmissionSettings admission_;
+  std::mutex host_mu_;
+  std::optional<HostCapacity> host_;
   int64_t output_buffer_bytes_ = 8 << 20;
   int64_t default_timeout_s_ = 0;
   std::unique_ptr<ops::OperationEngine> engine_;
@@ -816,6 +840,164 @@ TEST_F(SandboxServiceTest, InteractiveSessionSpecAndTimedOutExitSurviveARestart)
   EXPECT_TRUE(after->timed_out);
   EXPECT_EQ(after->signal, "SIGTERM");
   EXPECT_EQ(after->exited_at, "2026-01-02T03:04:05.000Z");
+}
+
+// ---- admission ------------------------------------------------------------------------------
+
+class AdmissionServiceTest : public SandboxServiceTest {
+ protected:
+  // A host with room for `n` sandboxes of the default 512 MiB (no ratio, no reserve).
+  void StartWithRoomFor(int n) {
+    Stop();
+    admission_ = AdmissionSettings{};
+    admission_.cpu_overcommit_percent = 100;
+    admission_.memory_overcommit_percent = 100;
+    admission_.disk_overcommit_percent = 100;
+    admission_.reserve_memory_mib = 0;
+    admission_.reserve_disk_mib = 0;
+    host_ = HostCapacity{1000, n * 512, 1 << 30};
+    Start();
+  }
+  absl::StatusOr<json> TryCreate(const std::string& runtime = "fake",
+                                 std::optional<int> memory_mib = std::nullopt,
+                                 std::optional<int> vcpu = std::nullopt) {
+    CreateSandboxRequest req;
+    req.runtime = runtime;
+    req.memory_mib = memory_mib;
+    req.vcpu = vcpu;
+    req.canonical = json{{"runtime", runtime}, {"m", memory_mib ? *memory_mib : 0},
+                         {"v", vcpu ? *vcpu : 0}};
+    SBX_ASSIGN_OR_RETURN(StoredResponse r, svc_->CreateSandbox(caller_, req, std::nullopt));
+    return json::parse(r.body);
+  }
+  size_t Listed() {
+    store::SandboxFilter f;
+    auto page = svc_->ListSandboxes(caller_, f);
+    EXPECT_TRUE(page.ok()) << page.status();
+    return page.ok() ? page->items.size() : 0;
+  }
+  void Delete(const std::string& id) {
+    auto r = svc_->DeleteSandbox(caller_, id, std::nullopt);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(WaitOp(json::parse(r->body)["operation"]["id"]).state, "succeeded");
+  }
+};
+
+TEST_F(AdmissionServiceTest, RefusesWhatDoesNotFitBeforeAnythingIsRecordedAndDeletesGiveBack) {
+  StartWithRoomFor(3);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(CreateRunning());
+  auto full = TryCreate();
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(ApiErrorCode(full.status()), "insufficient_capacity") << full.status();
+  EXPECT_EQ(ApiErrorDetail(full.status(), "resource"), "memory");
+  EXPECT_EQ(ApiErrorDetail(full.status(), "available"), "0");
+  EXPECT_EQ(Listed(), 3u);  // no row, no operation for the refused one
+  // Bigger than the whole host: 422, whatever is free.
+  auto never = TryCreate("fake", 4096);
+  EXPECT_EQ(ApiErrorCode(never.status()), "exceeds_capacity") << never.status();
+  EXPECT_EQ(svc_->AdmissionSnapshot().reserved.memory_mib, 3 * 512);
+
+  Delete(ids[0]);
+  EXPECT_EQ(svc_->AdmissionSnapshot().reserved.memory_mib, 2 * 512);
+  ids[0] = CreateRunning();
+  EXPECT_FALSE(TryCreate().ok());
+
+  // A smaller sandbox fits where a default one does not; a reload with a larger ratio makes
+  // room without a restart.
+  Delete(ids[1]);
+  auto small = TryCreate("fake", 256);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(WaitOp((*small)["operation"]["id"]).state, "succeeded");
+  EXPECT_EQ(ApiErrorCode(TryCreate().status()), "insufficient_capacity");
+  LiveOptions live;
+  live.admission = admission_;
+  live.admission.memory_overcommit_percent = 200;
+  ASSERT_TRUE(svc_->Reconfigure(live).ok());
+  EXPECT_TRUE(TryCreate().ok());
+}
+
+TEST_F(AdmissionServiceTest, AFailedCreateGivesItsCapacityBack) {
+  StartWithRoomFor(1);
+  auto failed = TryCreate("failing");
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_EQ(WaitOp((*failed)["operation"]["id"]).state, "failed");
+  EXPECT_EQ(StateOf((*failed)["sandbox"]["id"]), kFailed);
+  EXPECT_EQ(svc_->AdmissionSnapshot().reserved.memory_mib, 0);
+  CreateRunning();
+}
+
+TEST_F(AdmissionServiceTest, ConcurrentCreatesNeverOvershoot) {
+  StartWithRoomFor(4);
+  std::atomic<int> ok{0}, refused{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 12; ++t) {
+    threads.emplace_back([&] {
+      auto r = TryCreate();
+      if (r.ok()) {
+        ok.fetch_add(1);
+      } else {
+        EXPECT_EQ(ApiErrorCode(r.status()), "insufficient_capacity") << r.status();
+        refused.fetch_add(1);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(ok.load(), 4);
+  EXPECT_EQ(refused.load(), 8);
+  EXPECT_EQ(Listed(), 4u);
+  EXPECT_EQ(svc_->AdmissionSnapshot().reserved.memory_mib, 4 * 512);
+}
+
+TEST_F(AdmissionServiceTest, ARestartRecomputesTheLedgerFromTheStore) {
+  StartWithRoomFor(3);
+  const std::string paused = CreateRunning();
+  CreateRunning();
+  Do(paused, "pause");
+  auto failed = TryCreate("failing");
+  ASSERT_TRUE(failed.ok());
+  WaitOp((*failed)["operation"]["id"]);
+  Stop();
+  Start();
+  // Paused and running sandboxes hold their memory; the failed one does not.
+  Admission::Snapshot snap = svc_->AdmissionSnapshot();
+  EXPECT_EQ(snap.reserved.memory_mib, 2 * 512);
+  EXPECT_EQ(snap.holders, 2);
+  CreateRunning();
+  EXPECT_EQ(ApiErrorCode(TryCreate().status()), "insufficient_capacity");
+}
+
+TEST_F(AdmissionServiceTest, WarmPoolMembersHoldCapacityAndAFullHostMakesThePoolWait) {
+  warm_pools_ = {WarmPoolConfig{"fake", "base", 1}};
+  StartWithRoomFor(2);
+  svc_->StartWarmPools();
+  auto ready = [&] { return svc_->WarmPoolReady()["fake/base"]; };
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (ready() != 1) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the pool never filled";
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(svc_->AdmissionSnapshot().reserved.memory_mib, 512);
+  // A cold sandbox takes the rest; then a default create is served by the pool member (which
+  // holds its capacity already) and the refill has no room: it waits.
+  auto cold = TryCreate("fake", std::nullopt, 2);
+  ASSERT_TRUE(cold.ok()) << cold.status();
+  ASSERT_EQ(WaitOp((*cold)["operation"]["id"]).state, "succeeded");
+  auto warm = TryCreate("fake");
+  ASSERT_TRUE(warm.ok()) << warm.status();
+  EXPECT_EQ((*warm)["operation"]["result"], json({{"warm_pool", true}})) << *warm;
+  EXPECT_EQ(ApiErrorCode(TryCreate("fake", 256).status()), "insufficient_capacity");
+  Admission::Snapshot snap = svc_->AdmissionSnapshot();
+  EXPECT_EQ(snap.reserved.memory_mib, 2 * 512);
+  EXPECT_EQ(snap.holders, 2);
+  EXPECT_EQ(ready(), 0);
+  // A delete makes room: the waiting pool refills into it.
+  Delete((*cold)["sandbox"]["id"]);
+  while (ready() != 1) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline + 30s) << "the pool did not refill";
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(svc_->AdmissionSnapshot().reserved.memory_mib, 2 * 512);
 }
 
 }  // namespace

@@ -11,7 +11,8 @@
 
 namespace sbx::service {
 
-WarmPool::WarmPool(std::vector<WarmPoolConfig> configs, Builder build) : build_(std::move(build)) {
+WarmPool::WarmPool(std::vector<WarmPoolConfig> configs, Builder build, Released released)
+    : build_(std::move(build)), released_(std::move(released)) {
   for (auto& c : configs) {
     if (c.size <= 0) continue;
     std::string key = Key(c.runtime, c.template_name);
@@ -58,6 +59,7 @@ void WarmPool::Resize(const std::vector<WarmPoolConfig>& configs) {
       pool.config.size = size;
       // A new size deserves a new try at once, not after a failed pool's backoff.
       pool.failures = 0;
+      pool.waiting_for_capacity = false;
       pool.retry_at = {};
       while (static_cast<int>(pool.ready.size()) > size) {
         doomed.push_back(std::move(pool.ready.back()));
@@ -215,6 +217,19 @@ void WarmPool::FillLoop() {
     auto built = build_(config);
     lock.lock();
     --next->building;
+    if (!built.ok() && absl::IsResourceExhausted(built.status())) {
+      // The host is full: not the pool's fault, and not worth a warning per try. The pool
+      // only ever takes what is left over.
+      if (!next->waiting_for_capacity) {
+        spdlog::info("warm pool {}/{}: waiting for capacity ({} of {} ready): {}",
+                     config.runtime, config.template_name, next->ready.size(), config.size,
+                     std::string(built.status().message()));
+      }
+      next->waiting_for_capacity = true;
+      next->retry_at = std::chrono::steady_clock::now() + kCapacityRecheck;
+      continue;
+    }
+    next->waiting_for_capacity = false;
     if (!built.ok()) {
       ++next->failures;
       // 0.5 s, 1 s, 2 s ... 30 s: a broken runtime must not turn into a busy loop.
@@ -241,14 +256,35 @@ void WarmPool::FillLoop() {
 }
 
 void WarmPool::DestroyAll(std::vector<WarmSandbox> doomed) {
+  bool freed = false;
   for (auto& sb : doomed) {
     if (!sb.instance) continue;
     absl::Status st = sb.instance->Destroy();
     if (!st.ok()) {
+      // Its kernel objects may still hold memory: it stays held until the next start-up,
+      // whose sweep removes it.
       spdlog::warn("warm pool: destroy {}: {} (the next start-up sweep retries)",
                    sb.instance->id(), std::string(st.message()));
+      continue;
     }
+    if (released_) released_(sb.instance->id());
+    freed = true;
   }
+  if (freed) CapacityFreed();
+}
+
+void WarmPool::CapacityFreed() {
+  {
+    std::lock_guard lock(mu_);
+    bool any = false;
+    for (auto& [key, pool] : pools_) {
+      if (!pool.waiting_for_capacity) continue;
+      pool.retry_at = {};
+      any = true;
+    }
+    if (!any) return;
+  }
+  cv_.notify_all();
 }
 
 }  // namespace sbx::service

@@ -42,10 +42,14 @@ struct WarmSandbox {
 
 class WarmPool {
  public:
-  // Builds one sandbox for `config` (a fresh id, default resources).
+  // Builds one sandbox for `config` (a fresh id, default resources). A build refused with
+  // ResourceExhausted (admission: the host is full) is no failure: the pool waits, without
+  // backoff or warnings, until CapacityFreed() or kCapacityRecheck.
   using Builder = std::function<absl::StatusOr<WarmSandbox>(const WarmPoolConfig& config)>;
+  // Told the id of every pooled sandbox the pool destroys (its resources are free again).
+  using Released = std::function<void(const std::string& id)>;
 
-  WarmPool(std::vector<WarmPoolConfig> configs, Builder build);
+  WarmPool(std::vector<WarmPoolConfig> configs, Builder build, Released released = nullptr);
   ~WarmPool();  // Stop()
 
   // Starts the refill thread (deferred until a Resize gives some pool a size when every size is
@@ -82,12 +86,18 @@ class WarmPool {
   // Every configured pool (size > 0).
   std::vector<PoolStats> Stats() const;
 
+  // Capacity was given back (a sandbox deleted): pools waiting for it try again now.
+  void CapacityFreed();
+  // How often a pool waiting for capacity looks again without being told.
+  static constexpr std::chrono::seconds kCapacityRecheck{5};
+
  private:
   struct Pool {
     WarmPoolConfig config;
     std::deque<WarmSandbox> ready;
     int building = 0;
     int failures = 0;  // consecutive build failures (backoff)
+    bool waiting_for_capacity = false;
     std::chrono::steady_clock::time_point retry_at{};
   };
   static std::string Key(const std::string& runtime, const std::string& template_name) {
@@ -95,10 +105,11 @@ class WarmPool {
   }
   void FillLoop();
   void StartLocked();
-  // Destroys outside the lock (it can take tens of ms).
-  static void DestroyAll(std::vector<WarmSandbox> doomed);
+  // Destroys outside the lock (it can take tens of ms), then tells released_.
+  void DestroyAll(std::vector<WarmSandbox> doomed);
 
   Builder build_;
+  Released released_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   // Entries are never erased (FillLoop keeps a pointer across a build): a pool turned off keeps

@@ -320,18 +320,30 @@ def restartable(validator):
     _set_child_subreaper(True)
 
     class Ctl:
+        @property
+        def daemon(self) -> Daemon:
+            """The sbxd running now."""
+            return state["daemon"]
+
         def start(self):
             d = Daemon()
             d.start()
             state["daemon"] = d
             return SbxClient(d.url, d.token, validator)
 
-        def restart(self, extra_args: list[str] | None = None):
+        def restart(self, extra_args: list[str] | None = None, kill: bool = False):
             """A new sbxd on the same state (and token), as after an upgrade; `extra_args`
-            are its additional flags."""
+            are its additional flags. `kill`: the old one gets SIGKILL (a crash) instead of
+            SIGTERM."""
             old = state["daemon"]
-            rc = old.stop()
-            assert rc in (0, -15), f"sbxd exited with {rc} on SIGTERM"
+            if kill:
+                os.kill(old.proc.pid, signal.SIGKILL)
+                old.proc.wait(10)
+                if old._reader:
+                    old._reader.join(5)
+            else:
+                rc = old.stop()
+                assert rc in (0, -15), f"sbxd exited with {rc} on SIGTERM"
             d = Daemon(extra_args)
             shutil.rmtree(d.tmp, ignore_errors=True)
             d.tmp, d.state_dir, d.log_path, d.token = old.tmp, old.state_dir, old.log_path, old.token

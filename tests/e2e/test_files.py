@@ -202,6 +202,67 @@ def test_bad_paths(api, sandbox):
     still_works(api, sid)
 
 
+@pytest.mark.skipif(RUNTIME == "fake", reason="the fake runtime's files are the host's own")
+def test_kernel_file_systems_are_403_and_absent_parents_404(api, sandbox):
+    """Changes under /proc (and any kernel interface file system) are refused with 403 whatever
+    errno the kernel would give (procfs answers a create with ENOENT); a parent that really is
+    absent (the sandbox has no sysfs below /sys) stays 404."""
+    sid = sandbox["id"]
+    before = in_sandbox(api, sid, "cat /proc/1/oom_score_adj /proc/sys/kernel/hostname")
+
+    def code(resp):
+        return resp.body["error"]["code"]
+
+    mk = lambda body, expect: api.call("POST", files_url(sid, "files:mkdir"), json_body=body,
+                                       expect=expect)
+    mv = lambda body, expect: api.call("POST", files_url(sid, "files:move"), json_body=body,
+                                       expect=expect)
+    rm = lambda path, expect, **params: api.call("DELETE", files_url(sid),
+                                                 params={"path": path, **params}, expect=expect)
+    refused = [
+        put(api, sid, "/proc/sys/kernel/hostname", b"pwned", expect=403),
+        put(api, sid, "/proc/sys/kernel/sbx-new", b"x", expect=403),
+        put(api, sid, "/proc/sys/vm/sbx/new", b"x", expect=403, mkdirs="true"),
+        put(api, sid, "/proc/1/oom_score_adj", b"1000", expect=403),
+        put(api, sid, "/proc/sbx-new", b"x", expect=403),
+        api.call("PUT", files_url(sid), params={"path": "/proc/sys/kernel"},
+                 data=_tar_bytes([(_info("hostname"), b"pwned")]),
+                 headers={"Content-Type": "application/x-tar"}, expect=403),
+        mk({"path": "/proc/sys/sbx-dir"}, 403),
+        mk({"path": "/proc/1/sbx-dir"}, 403),
+        mk({"path": "/proc/sys/sbx-a/b", "parents": True}, 403),
+        mv({"from": "/etc/hostname", "to": "/proc/sys/kernel/sbx-moved"}, 403),
+        mv({"from": "/proc/sys/kernel/hostname", "to": "/srv/moved"}, 403),
+        mv({"from": "/proc/1/environ", "to": "/proc/1/sbx-moved"}, 403),
+        rm("/proc/sys/kernel/hostname", 403),
+        rm("/proc/sys/sbx-absent", 403),
+        rm("/proc/1/environ", 403),
+        rm("/proc/1", 403),
+        # Mount points of the sandbox: refused before a recursive delete empties them.
+        rm("/proc", 403, recursive="true"),
+        rm("/tmp", 403, recursive="true"),
+        mv({"from": "/tmp", "to": "/srv/tmp-moved"}, 403),
+    ]
+    for r in refused:
+        assert code(r) in ("permission_denied", "read_only_filesystem"), r.body
+    absent = [
+        put(api, sid, "/sys/kernel/sbx-new", b"x", expect=404),
+        mk({"path": "/sys/kernel/sbx-dir"}, 404),
+        rm("/sys/kernel/sbx-absent", 404),
+        mv({"from": "/sys/kernel/sbx-absent", "to": "/srv/x"}, 404),
+        mv({"from": "/etc/hostname", "to": "/sys/kernel/sbx-moved"}, 404),
+    ]
+    for r in absent:
+        assert code(r) == "not_found", r.body
+    # Nothing changed, /tmp kept what the sandbox had in it, and the sandbox still works.
+    in_sandbox(api, sid, "echo kept > /tmp/kept")
+    rm("/tmp", 403, recursive="true")
+    assert in_sandbox(api, sid, "cat /tmp/kept") == b"kept\n"
+    assert in_sandbox(api, sid, "cat /proc/1/oom_score_adj /proc/sys/kernel/hostname") == before
+    assert get(api, sid, "/etc/hostname").status_code == 200
+    still_works(api, sid)
+
+
 def test_symlink_escapes_stay_inside(api, sandbox, sbxd):
     sid = sandbox["id"]
     # A file of the host that the sandbox cannot see.

@@ -118,3 +118,69 @@ def test_bad_warm_pool_flag_stops_sbxd_before_it_starts(tmp_path, flag, message)
     assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
     assert message in r.stderr and f"--warm-pool '{flag}'" in r.stderr, r.stderr
     assert "listening" not in r.stdout
+
+
+def _pool_ready(api) -> float:
+    text = api.call("GET", "/metrics", validate=False, expect=200).text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("sbx_warm_pool_ready{"))
+
+
+def _wait_pool(api, n, what):
+    deadline = time.monotonic() + POOL_REFILL_TIMEOUT_S
+    while _pool_ready(api) != n:
+        assert time.monotonic() < deadline, f"the pool did not reach {n} ({what})"
+        time.sleep(0.2)
+
+
+def test_pool_members_never_become_user_sandboxes_across_a_kill_9(restartable):
+    """Unclaimed pool members exist only in sbxd's memory: after a crash (SIGKILL) the next
+    sbxd destroys them (they are in no store row) and builds its own pool; no tenant ever sees
+    them, and nothing of them is left on the host."""
+    from conftest import _reap_adopted_orphans
+
+    api = restartable.start()  # the default pool: base=2
+    restartable.track(api)
+    _wait_pool(api, 2, "first sbxd")
+    d = restartable.daemon
+    sandboxes_dir = d.state_dir / "sandboxes"
+    pooled = {p.name for p in sandboxes_dir.iterdir()}
+    assert len(pooled) == 2, pooled
+    api = restartable.restart(kill=True)
+    restartable.track(api)
+
+    listed = api.list_sandboxes()
+    assert listed == [], f"the crashed sbxd's pool members are listed: {listed}"
+    for sid in pooled:
+        assert api.call("GET", f"/v1/sandboxes/{sid}", expect=404).body["error"]["code"] == "not_found"
+    _wait_pool(api, 2, "after the restart")
+    # The pool serves creates as before: running in the 202.
+    created = api.create_sandbox({}, wait=False)
+    assert created["operation"]["result"] == {"warm_pool": True}, created["operation"]
+    assert created["sandbox"]["id"] not in pooled
+    assert [s["id"] for s in api.list_sandboxes()] == [created["sandbox"]["id"]]
+
+    # Nothing of the old members is left: their agents were killed and reaped, their cgroups,
+    # mounts and directories removed; the state dir holds the new pool (refilled) and ours.
+    _reap_adopted_orphans(sorted(pooled), {restartable.daemon.proc.pid})
+    for sid in pooled:
+        assert not hostcheck.leftovers(sid, d.state_dir), (sid, hostcheck.leftovers(sid, d.state_dir))
+    _wait_pool(api, 2, "refill after the create")
+    now = {p.name for p in sandboxes_dir.iterdir()}
+    assert len(now) == 3 and not (now & pooled), (now, pooled)
+
+    # Again while the pool is refilling (a member half-built): only the user's sandbox stays.
+    mine = created["sandbox"]["id"]
+    second = api.create_sandbox({}, wait=False)["sandbox"]["id"]
+    pooled = {p.name for p in sandboxes_dir.iterdir()} - {mine, second}
+    api = restartable.restart(kill=True)
+    restartable.track(api)
+    assert sorted(s["id"] for s in api.list_sandboxes()) == sorted([mine, second])
+    assert api.get_sandbox(mine)["state"] == "running"
+    _reap_adopted_orphans(sorted(pooled), {restartable.daemon.proc.pid})
+    for sid in pooled:
+        assert not hostcheck.leftovers(sid, d.state_dir), (sid, hostcheck.leftovers(sid, d.state_dir))
+    _wait_pool(api, 2, "after the second restart")
+    assert len(list(sandboxes_dir.iterdir())) == 4
+    for sid in (mine, second):
+        assert api.delete_sandbox(sid)["state"] == "succeeded"

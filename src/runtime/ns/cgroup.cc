@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -389,6 +391,63 @@ absl::StatusOr<std::unique_ptr<CgroupDriver>> MakeCgroupDriver(const CgroupEnv& 
   SBX_ASSIGN_OR_RETURN(CgroupLayout layout, DetectCgroupLayout(env));
   if (layout.pure_v2()) return MakeV2Driver(layout, env);
   return MakeV1HybridDriver(layout, env);
+}
+
+namespace {
+
+std::optional<int64_t> ReadNumber(const std::string& path) {
+  auto text = ReadFileToString(path);
+  if (!text.ok()) return std::nullopt;
+  std::istringstream in(*text);
+  std::string word;
+  if (!(in >> word)) return std::nullopt;
+  if (word == "max") return int64_t{-1};
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(word.c_str(), &end, 10);
+  if (errno != 0 || end == word.c_str() || *end != '\0') return std::nullopt;
+  return static_cast<int64_t>(v);
+}
+
+void Tighten(int64_t& have, int64_t v) {
+  if (v > 0 && (have == 0 || v < have)) have = v;
+}
+
+}  // namespace
+
+CgroupCeiling ReadCgroupCeiling(const std::vector<std::string>& dirs) {
+  // v1 writes "no limit" as LLONG_MAX rounded down to a page.
+  constexpr int64_t kUnlimited = int64_t{1} << 62;
+  CgroupCeiling out;
+  for (std::string d : dirs) {
+    // Up the tree until a directory has none of the files: above the hierarchy's root.
+    for (; !d.empty() && d != "/"; d = d.substr(0, d.rfind('/'))) {
+      bool any = false;
+      for (const char* f : {"memory.max", "memory.limit_in_bytes"}) {
+        if (auto v = ReadNumber(cgroup_internal::Join(d, f))) {
+          any = true;
+          if (*v > 0 && *v < kUnlimited) Tighten(out.memory_bytes, *v);
+        }
+      }
+      if (auto text = ReadFileToString(cgroup_internal::Join(d, "cpu.max")); text.ok()) {
+        any = true;
+        std::istringstream in(*text);
+        std::string quota;
+        int64_t period = 0;
+        if (in >> quota >> period && quota != "max" && period > 0) {
+          Tighten(out.cpu_millis, std::strtoll(quota.c_str(), nullptr, 10) * 1000 / period);
+        }
+      }
+      auto quota = ReadNumber(cgroup_internal::Join(d, "cpu.cfs_quota_us"));
+      auto period = ReadNumber(cgroup_internal::Join(d, "cpu.cfs_period_us"));
+      if (quota || period) any = true;
+      if (quota && period && *quota > 0 && *period > 0) {
+        Tighten(out.cpu_millis, *quota * 1000 / *period);
+      }
+      if (!any) break;
+    }
+  }
+  return out;
 }
 
 }  // namespace sbx::runtime::ns

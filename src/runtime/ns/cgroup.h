@@ -194,6 +194,16 @@ std::unique_ptr<CgroupDriver> MakeV2Driver(const CgroupLayout& layout, const Cgr
 // use is mounted.
 absl::StatusOr<std::unique_ptr<CgroupDriver>> MakeCgroupDriver(const CgroupEnv& env);
 
+// The tightest limits set on any of `dirs` (cgroup directories, e.g. a driver's ParentDirs())
+// or on their ancestors up to each hierarchy's root: what every sandbox below them shares.
+// Read from v2 (memory.max, cpu.max) and v1 (memory.limit_in_bytes, cpu.cfs_quota_us and
+// cpu.cfs_period_us) files; "max", -1 and v1's page-rounded LLONG_MAX mean none (0).
+struct CgroupCeiling {
+  int64_t memory_bytes = 0;
+  int64_t cpu_millis = 0;
+};
+CgroupCeiling ReadCgroupCeiling(const std::vector<std::string>& dirs);
+
 // Helpers shared by the drivers.
 namespace cgroup_internal {
 std::string Join(const std::string& a, const std::string& b);

@@ -545,5 +545,33 @@ TEST(CgroupInternal, Join) {
   EXPECT_EQ(Join("/", "sbx"), "/sbx");
 }
 
+TEST(CgroupCeiling, TheTightestLimitOnThePathToTheRootWins) {
+  FakeHost h;
+  // v2: the sandboxes' parent has no limit of its own; an ancestor has both.
+  h.Write("cg/unified/cgroup.procs", "");
+  h.Write("cg/unified/a/memory.max", "2147483648\n");
+  h.Write("cg/unified/a/cpu.max", "150000 100000\n");
+  h.Write("cg/unified/a/sbx/memory.max", "max\n");
+  h.Write("cg/unified/a/sbx/cpu.max", "max 100000\n");
+  CgroupCeiling c = ReadCgroupCeiling({h.cg("unified/a/sbx")});
+  EXPECT_EQ(c.memory_bytes, int64_t{2147483648});
+  EXPECT_EQ(c.cpu_millis, 1500);
+  // v1: "unlimited" is LLONG_MAX rounded to a page, quota -1; the tighter of two wins.
+  h.Write("cg/memory/memory.limit_in_bytes", "9223372036854771712\n");
+  h.Write("cg/memory/p/memory.limit_in_bytes", "1073741824\n");
+  h.Write("cg/memory/p/sbx/memory.limit_in_bytes", "9223372036854771712\n");
+  h.Write("cg/cpu/cpu.cfs_quota_us", "-1\n");
+  h.Write("cg/cpu/cpu.cfs_period_us", "100000\n");
+  h.Write("cg/cpu/p/sbx/cpu.cfs_quota_us", "-1\n");
+  h.Write("cg/cpu/p/sbx/cpu.cfs_period_us", "100000\n");
+  c = ReadCgroupCeiling({h.cg("memory/p/sbx"), h.cg("cpu/p/sbx"), h.cg("unified/a/sbx")});
+  EXPECT_EQ(c.memory_bytes, int64_t{1073741824});
+  EXPECT_EQ(c.cpu_millis, 1500);
+  // Nothing set anywhere: no ceiling.
+  c = ReadCgroupCeiling({h.cg("cpu/p/sbx")});
+  EXPECT_EQ(c.memory_bytes, 0);
+  EXPECT_EQ(c.cpu_millis, 0);
+}
+
 }  // namespace
 }  // namespace sbx::runtime::ns

@@ -823,6 +823,30 @@ absl::Status NsBackend::RemoveById(const std::string& id) {
   return RemoveTree(s.DirOf(id));
 }
 
+HostShare NsBackend::Share() const {
+  HostShare out;
+  const Shared& s = *shared_;
+  if (s.cgroup_status.ok() && s.cgroups) {
+    const CgroupCeiling c = ReadCgroupCeiling(s.cgroups->ParentDirs());
+    out.memory_limit_mib = c.memory_bytes >> 20;
+    out.cpu_quota_millis = c.cpu_millis;
+  }
+  // Every sandbox's disk image (warm-pool members included); st_blocks counts 512-byte units
+  // whatever the file system's block size.
+  auto names = ListDir(s.sandboxes_dir);
+  if (names.ok()) {
+    int64_t bytes = 0;
+    for (const auto& n : *names) {
+      struct stat st {};
+      if (::stat(fmt::format("{}/{}/disk.img", s.sandboxes_dir, n).c_str(), &st) == 0) {
+        bytes += static_cast<int64_t>(st.st_blocks) * 512;
+      }
+    }
+    out.disk_allocated_mib = bytes >> 20;
+  }
+  return out;
+}
+
 void NsBackend::OnDefaultsChanged(const Resources& defaults) {
   if (shared_->disks) shared_->disks->SetPoolSizeMib(defaults.disk_mib);
 }

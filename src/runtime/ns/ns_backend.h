@@ -89,6 +89,9 @@ class NsBackend : public Backend {
   absl::Status Sweep(const std::set<std::string>& known_ids) override;
   // The disk pool makes disks of the new default disk_mib.
   void OnDefaultsChanged(const Resources& defaults) override;
+  // The tightest memory and CPU limits on the path from the sandboxes' cgroup parent to the
+  // root of each hierarchy, and the blocks allocated by <sandboxes>/*/disk.img.
+  HostShare Share() const override;
 
   // For tests and diagnostics: the cgroup directories a sandbox with this id uses, keyed by
   // hierarchy ("memory", "pids", "cpu", "unified"); the agent's socket and the sandbox dir.
