@@ -202,7 +202,7 @@ def test_bad_paths(api, sandbox):
     still_works(api, sid)
 
 
-@pytest.mark.skipif(RUNTIME == "fake", reason="the fake runtime's files are the host's own")
+@ns_runtime_only("the fake runtime's files are the host's own")
 def test_kernel_file_systems_are_403_and_absent_parents_404(api, sandbox):
     """Changes under /proc (and any kernel interface file system) are refused with 403 whatever
     errno the kernel would give (procfs answers a create with ENOENT); a parent that really is
