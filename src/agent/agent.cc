@@ -687,9 +687,12 @@ void Agent::HandleRequest(Connection& c, const std::string& payload, protocol::F
   Json resp;
   bool streaming = false;
   try {
-    Json req = Json::parse(payload, nullptr, /*allow_exceptions=*/false);
-    if (req.is_discarded() || !req.is_object()) {
-      resp = ErrorJson(absl::InvalidArgumentError("request is not a JSON object"));
+    // Depth-checked before a tree exists, like every payload that crosses the socket: then
+    // nothing done with the request later (a copy, a dump, a comparison) recurses unbounded.
+    auto parsed = protocol::ParseObjectPayload(payload, "request");
+    Json req = parsed.ok() ? std::move(*parsed) : Json();
+    if (!parsed.ok()) {
+      resp = ErrorJson(parsed.status());
     } else if (auto op = req.find("op"); op == req.end() || !op->is_string()) {
       resp = ErrorJson(absl::InvalidArgumentError("request has no string \"op\""));
     } else if (*op == "ping") {

@@ -204,5 +204,30 @@ TEST(AgentFiles, WorkersDoNotDisturbSessions) {
   }
 }
 
+// Issue 13 audit: the agent's only recursive walks of guest-made trees (recursive delete, tar
+// download; files:list is capped at depth 32 by the request) stop at a fixed depth instead of
+// following a guest's directory chain down the worker's stack.
+TEST(AgentFiles, RecursiveWalksOfDeepTreesAreBounded) {
+  Agent a;
+  fs::path p = a.root() / "srv" / "deep";
+  for (int i = 0; i < 200; ++i) p /= "d";
+  fs::create_directories(p);
+  auto tar = a.Exchange(Json{{"op", "read_tar"}, {"path", "/srv/deep"}});
+  ASSERT_GE(tar.size(), 3u);
+  EXPECT_TRUE(Payload(tar[1])["ok"].get<bool>()) << tar[1].payload;
+  ASSERT_EQ(tar.back().type, FrameType::kEnd);
+  EXPECT_EQ(Payload(tar.back())["error"]["reason"], "too_deep") << tar.back().payload;
+  auto del = a.Exchange(Json{{"op", "delete"}, {"path", "/srv/deep"}, {"recursive", true}});
+  ASSERT_EQ(del.size(), 2u);
+  EXPECT_EQ(Payload(del[1])["error"]["reason"], "too_deep") << del[1].payload;
+  EXPECT_TRUE(fs::is_directory(p));
+  auto list = a.Exchange(Json{{"op", "list"}, {"path", "/srv/deep"}, {"depth", 33}});
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_FALSE(Payload(list[1])["ok"].get<bool>()) << list[1].payload;
+  EXPECT_TRUE(protocol::CallAgent((a.root_parent() / "agent.sock").string(),
+                                  Json{{"op", "ping"}}).ok());
+  fs::remove_all(a.root() / "srv" / "deep");
+}
+
 }  // namespace
 }  // namespace sbx::agent

@@ -1253,5 +1253,50 @@ TEST(AgentProcesses, ListsSessionProcessesButNotTheAgent) {
   ASSERT_TRUE(col.exit.has_value());
 }
 
+// Issue 13: a request nested past the limit is refused before the agent builds a tree of it,
+// and the agent keeps serving.
+TEST(Agent, DeeplyNestedRequestIsRefused) {
+  AgentProcess agent;
+  const std::string deep = std::string(400000, '[') + std::string(400000, ']');
+  for (const std::string& request :
+       {R"({"op":"attach","session_id":"d","spec":)" + deep + "}", R"({"op":)" + deep + "}"}) {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strcpy(addr.sun_path, agent.socket().c_str());
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    timeval tv{10, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    const std::string bytes = protocol::EncodeFrame(FrameType::kHello, "{}") +
+                              protocol::EncodeFrame(FrameType::kRequest, request);
+    size_t sent = 0;
+    while (sent < bytes.size()) {
+      ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      ASSERT_GT(n, 0) << std::strerror(errno);
+      sent += static_cast<size_t>(n);
+    }
+    protocol::FrameDecoder d;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) {
+      d.Feed(std::string_view(buf, static_cast<size_t>(n)));
+    }
+    ::close(fd);
+    auto hello = d.Next();
+    ASSERT_TRUE(hello.ok() && hello->has_value()) << agent.Log();
+    auto resp = d.Next();
+    ASSERT_TRUE(resp.ok() && resp->has_value()) << agent.Log();
+    Json j = Json::parse((*resp)->payload);
+    EXPECT_EQ(j["ok"], false);
+    EXPECT_EQ(j["error"]["code"], "invalid_argument");
+    EXPECT_NE(j["error"]["message"].get<std::string>().find("nests deeper than 64"),
+              std::string::npos)
+        << j;
+  }
+  auto ping = protocol::CallAgent(agent.socket(), Json{{"op", "ping"}});
+  EXPECT_TRUE(ping.ok()) << ping.status();
+  EXPECT_EQ(Status(agent, "d")["state"], "unknown");
+}
+
 }  // namespace
 }  // namespace sbx::agent

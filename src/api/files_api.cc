@@ -11,6 +11,8 @@
 #include "api/api.h"
 #include "api/handler_util.h"
 #include "api/status_to_http.h"
+#include "api/requests.h"
+#include "common/json_util.h"
 #include "common/log.h"
 #include "common/status_util.h"
 #include "service/agent_stream.h"
@@ -108,10 +110,17 @@ absl::StatusOr<std::optional<uint64_t>> ModeField(const json& body) {
 }
 
 absl::StatusOr<json> JsonBody(const http::Request& req, std::initializer_list<std::string_view> known) {
-  json body = json::parse(req.body(), nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded() || !body.is_object()) {
+  auto parsed = ParseUntrustedJson(req.body(), kMaxRequestJsonDepth);
+  if (!parsed.ok() && IsJsonTooDeep(parsed.status())) {
+    return ApiError(absl::StatusCode::kInvalidArgument, "invalid_argument",
+                    fmt::format("the request body is not valid JSON: it nests deeper than {} "
+                                "levels",
+                                kMaxRequestJsonDepth));
+  }
+  if (!parsed.ok() || !parsed->is_object()) {
     return FieldError("", "the request body must be a JSON object");
   }
+  json body = std::move(*parsed);
   for (const auto& [k, v] : body.items()) {
     if (std::find(known.begin(), known.end(), k) == known.end()) {
       return FieldError(k, fmt::format("unknown field \"{}\"", k));
@@ -168,6 +177,21 @@ std::optional<ByteRange> ParseRange(std::string_view v) {
   return r;
 }
 
+// A frame payload from the agent (untrusted: the guest may have replaced it) as a JSON object,
+// depth-checked so that what is forwarded or logged can be dumped; nullopt if it is not one.
+std::optional<json> AgentObject(std::string_view payload) {
+  auto j = protocol::ParseObjectPayload(payload, "agent frame");
+  if (!j.ok()) return std::nullopt;
+  return std::move(*j);
+}
+
+// A non-negative integer field of an agent response, or `fallback` when it is missing or of
+// another type (json::value() would throw on a string).
+uint64_t U64Field(const json& obj, const char* key, uint64_t fallback) {
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_number_unsigned() ? it->get<uint64_t>() : fallback;
+}
+
 // The agent's final kEnd (or an error frame) after a transfer.
 http::asio::awaitable<absl::StatusOr<json>> ReadEnd(service::AgentStream& s) {
   for (int idle = 0; idle < kMaxIdlePeriods;) {
@@ -181,12 +205,10 @@ http::asio::awaitable<absl::StatusOr<json>> ReadEnd(service::AgentStream& s) {
     if ((*f)->type != protocol::FrameType::kEnd) {
       co_return absl::InternalError("agent protocol: expected the end of a file transfer");
     }
-    json end = json::parse((*f)->payload, nullptr, false);
-    if (end.is_discarded() || !end.is_object()) {
-      co_return absl::InternalError("agent protocol: the end frame is not a JSON object");
-    }
-    if (!end.value("ok", false)) co_return service::AgentErrorStatus(end);
-    co_return end;
+    auto end = AgentObject((*f)->payload);
+    if (!end) co_return absl::InternalError("agent protocol: the end frame is not a JSON object");
+    if (!protocol::ResponseOk(*end)) co_return service::AgentErrorStatus(*end);
+    co_return std::move(*end);
   }
   co_return absl::DeadlineExceededError("the agent did not finish the transfer in time");
 }
@@ -346,10 +368,13 @@ Awaitable Api::FileDownload(http::RequestContext& ctx, const std::string& sandbo
                                                     kAgentCallTimeout);
   if (!stream.ok()) co_return ErrorResponse(stream.status(), ctx.request_id);
   const json& resp = (*stream)->response();
-  const uint64_t size = resp.value("entry", json::object()).value("size", uint64_t{0});
-  const uint64_t offset = resp.value("offset", uint64_t{0});
-  const uint64_t length = resp.value("length", uint64_t{0});
-  if (!resp.value("satisfiable", true)) {
+  auto entry = resp.find("entry");
+  const uint64_t size =
+      entry != resp.end() && entry->is_object() ? U64Field(*entry, "size", 0) : 0;
+  const uint64_t offset = U64Field(resp, "offset", 0);
+  const uint64_t length = U64Field(resp, "length", 0);
+  auto satisfiable = resp.find("satisfiable");
+  if (satisfiable != resp.end() && satisfiable->is_boolean() && !satisfiable->get<bool>()) {
     (*stream)->Close();
     http::Response res = ErrorResponse(
         ApiError(absl::StatusCode::kOutOfRange, "range_not_satisfiable",
@@ -390,14 +415,15 @@ Awaitable Api::FileDownload(http::RequestContext& ctx, const std::string& sandbo
       continue;
     }
     if ((*f)->type == protocol::FrameType::kEnd) {
-      json end = json::parse((*f)->payload, nullptr, false);
-      if (end.is_object() && end.value("ok", false)) {
+      auto end = AgentObject((*f)->payload);
+      if (end && protocol::ResponseOk(*end)) {
         (*stream)->Close();
         co_await ctx.stream.End();
         co_return std::nullopt;
       }
       SBX_LOG_WARN(ctx.log, "download of {} from {} failed midway: {}", path, sandbox_id,
-                   end.is_object() ? end.dump() : std::string("malformed end frame"));
+                   end ? std::string(service::AgentErrorStatus(*end).message())
+                       : std::string("malformed end frame"));
     }
     break;
   }
@@ -442,8 +468,9 @@ Awaitable Api::FileWatch(http::RequestContext& ctx, const std::string& socket, j
     }
     if ((*f)->type == protocol::FrameType::kEnd) break;  // the directory itself went away
     if ((*f)->type != protocol::FrameType::kData) continue;
-    json ev = json::parse((*f)->payload, nullptr, false);
-    if (!ev.is_object() || !ev.contains("type") || !ev["type"].is_string()) continue;
+    auto parsed = AgentObject((*f)->payload);
+    if (!parsed || !parsed->contains("type") || !(*parsed)["type"].is_string()) continue;
+    const json& ev = *parsed;
     const std::string type = ev["type"].get<std::string>();
     if (!co_await ctx.stream.Write(SseEvent(++id, type, ev.dump(-1, ' ', false,
                                                                  json::error_handler_t::replace)))) {

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "common/encoding.h"
+#include "common/json_util.h"
 #include "common/status_util.h"
 #include "protocol/protocol.h"
 
@@ -36,16 +37,25 @@ const char* TypeName(const Json& v) {
   }
 }
 
-absl::StatusOr<Json> ParseObject(const std::string& body, bool empty_ok) {
+absl::StatusOr<Json> ParseObject(std::string_view body, bool empty_ok,
+                                 std::string_view what = "request body") {
   if (body.empty() && empty_ok) return Json::object();
-  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    return ApiError(absl::StatusCode::kInvalidArgument, "invalid_argument",
-                    "request body is not valid JSON");
+  auto parsed = ParseUntrustedJson(body, kMaxRequestJsonDepth);
+  if (!parsed.ok() && IsJsonTooDeep(parsed.status())) {
+    return WithDetail(
+        ApiError(absl::StatusCode::kInvalidArgument, "invalid_argument",
+                 fmt::format("{} is not valid JSON: it nests deeper than {} levels", what,
+                             kMaxRequestJsonDepth)),
+        kJsonTooDeepDetail, "1");
   }
+  if (!parsed.ok()) {
+    return ApiError(absl::StatusCode::kInvalidArgument, "invalid_argument",
+                    fmt::format("{} is not valid JSON", what));
+  }
+  Json j = std::move(*parsed);
   if (!j.is_object()) {
     return ApiError(absl::StatusCode::kInvalidArgument, "invalid_argument",
-                    fmt::format("request body must be a JSON object, got {}", TypeName(j)));
+                    fmt::format("{} must be a JSON object, got {}", what, TypeName(j)));
   }
   return j;
 }
@@ -369,6 +379,10 @@ absl::StatusOr<std::string> ParseStdinBody(const std::string& body, bool json_bo
 
 absl::StatusOr<int> ParseSignalBody(const std::string& body) {
   SBX_ASSIGN_OR_RETURN(Json j, ParseObject(body, /*empty_ok=*/false));
+  return ParseSignalObject(j);
+}
+
+absl::StatusOr<int> ParseSignalObject(const Json& j) {
   SBX_RETURN_IF_ERROR(CheckKnown(j, {"signal"}, ""));
   if (!j.contains("signal")) return FieldError("signal", "is required");
   const Json& v = j["signal"];
@@ -384,21 +398,56 @@ absl::StatusOr<int> ParseSignalBody(const std::string& body) {
                       fmt::format("must be a signal name or number, got {}", TypeName(v)));
   }
   if (!signo) {
+    // v is a number or a string here, never a tree; a long string is cut, since the message
+    // goes back to the client and into the log.
+    std::string shown = v.dump(-1, ' ', false, Json::error_handler_t::replace);
+    if (shown.size() > 40) shown = shown.substr(0, 36) + "...\"";
     return FieldError("signal", fmt::format("unknown signal {} (use a name like \"TERM\", "
                                             "\"SIGINT\", \"KILL\", \"HUP\")",
-                                            v.dump()));
+                                            shown));
   }
   return *signo;
 }
 
 absl::StatusOr<std::pair<int, int>> ParseResizeBody(const std::string& body) {
   SBX_ASSIGN_OR_RETURN(Json j, ParseObject(body, /*empty_ok=*/false));
+  return ParseResizeObject(j);
+}
+
+absl::StatusOr<std::pair<int, int>> ParseResizeObject(const Json& j) {
   SBX_RETURN_IF_ERROR(CheckKnown(j, {"rows", "cols"}, ""));
   if (!j.contains("rows")) return FieldError("rows", "is required");
   if (!j.contains("cols")) return FieldError("cols", "is required");
   SBX_ASSIGN_OR_RETURN(int64_t rows, GetInt(j["rows"], "rows", 1, 1000));
   SBX_ASSIGN_OR_RETURN(int64_t cols, GetInt(j["cols"], "cols", 1, 1000));
   return std::make_pair(static_cast<int>(rows), static_cast<int>(cols));
+}
+
+absl::StatusOr<WsControl> ParseWsControl(std::string_view text) {
+  SBX_ASSIGN_OR_RETURN(Json m, ParseObject(text, /*empty_ok=*/false, "control message"));
+  auto type = m.find("type");
+  if (type == m.end() || !type->is_string()) {
+    return FieldError("type", "a control message needs a string \"type\"");
+  }
+  WsControl c;
+  const std::string t = type->get<std::string>();
+  // The other fields are checked as the HTTP route's body would be: the same parser on the
+  // object without "type" (an erase: no copy of what the client sent).
+  m.erase(type);
+  if (t == "resize") {
+    c.type = WsControl::Type::kResize;
+    SBX_ASSIGN_OR_RETURN(auto size, ParseResizeObject(m));
+    c.rows = size.first;
+    c.cols = size.second;
+  } else if (t == "signal") {
+    c.type = WsControl::Type::kSignal;
+    SBX_ASSIGN_OR_RETURN(c.signal, ParseSignalObject(m));
+  } else if (t == "stdin_close") {
+    c.type = WsControl::Type::kStdinClose;
+  } else {
+    return FieldError("type", fmt::format("unknown control message type \"{}\"", t.substr(0, 64)));
+  }
+  return c;
 }
 
 }  // namespace sbx::api

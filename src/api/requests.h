@@ -13,9 +13,14 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "common/json_util.h"
 #include "service/inputs.h"
 
 namespace sbx::api {
+
+// Every body and control message is measured before it is parsed (common/json_util.h): deeper
+// is 400 invalid_argument, "... nests deeper than 64 levels".
+inline constexpr int kMaxRequestJsonDepth = kMaxUntrustedJsonDepth;
 
 // What a create may ask for. These are the defaults of sbxd's [sandbox.limits] configuration
 // (docs/config.md), which replaces them at start-up and on a reload.
@@ -59,5 +64,21 @@ absl::StatusOr<std::string> ParseStdinBody(const std::string& body, bool json_bo
 absl::StatusOr<int> ParseSignalBody(const std::string& body);
 // POST /v1/sessions/{id}/resize: {"rows":R,"cols":C}, each 1..1000.
 absl::StatusOr<std::pair<int, int>> ParseResizeBody(const std::string& body);
+// The same two on an already parsed (depth-checked) object.
+absl::StatusOr<int> ParseSignalObject(const nlohmann::json& obj);
+absl::StatusOr<std::pair<int, int>> ParseResizeObject(const nlohmann::json& obj);
+
+// A text message of GET /v1/sessions/{id}/ws: {"type":"resize","rows","cols"},
+// {"type":"signal","signal"} or {"type":"stdin_close"}, checked like the HTTP routes' bodies.
+// A message that nests too deep is refused with IsJsonTooDeep() true on the status.
+struct WsControl {
+  enum class Type { kResize, kSignal, kStdinClose };
+  Type type = Type::kStdinClose;
+  int rows = 0, cols = 0;  // kResize
+  int signal = 0;          // kSignal
+};
+absl::StatusOr<WsControl> ParseWsControl(std::string_view text);
+// The largest message a WebSocket client may send (a stdin chunk or a control message).
+inline constexpr size_t kMaxWsClientMessage = 1 << 20;
 
 }  // namespace sbx::api

@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <csignal>
+#include <string>
+#include <vector>
+
+#include "common/json_util.h"
 #include "common/status_util.h"
 
 namespace sbx::api {
@@ -197,6 +202,89 @@ TEST(ParseResizeBody, Bounds) {
   EXPECT_EQ(FieldOf(ParseResizeBody(R"({"rows":0,"cols":80})").status()), "rows");
   EXPECT_EQ(FieldOf(ParseResizeBody(R"({"rows":24})").status()), "cols");
   EXPECT_EQ(FieldOf(ParseResizeBody(R"({"rows":24,"cols":1001})").status()), "cols");
+}
+
+std::string Deep(int levels) { return std::string(levels, '[') + std::string(levels, ']'); }
+
+// Issue 13: every body parser refuses a body nested past the limit, up front, with a 400 that
+// says why, and takes one at the limit to its ordinary field checks.
+TEST(RequestDepth, EveryParserRefusesDeepBodies) {
+  const std::string deep = Deep(400000);
+  const std::vector<absl::Status> refused = {
+      ParseCreateSandbox(deep, kLimits).status(),
+      ParseCreateSandbox(R"({"labels":{"a":)" + deep + "}}", kLimits).status(),
+      ParseCreateSession(R"({"argv":)" + deep + "}").status(),
+      ParseLifecycleBody(R"({"x":)" + deep + "}"),
+      ParseStdinBody(R"({"data":)" + deep + "}", /*json_body=*/true).status(),
+      ParseSignalBody(R"({"signal":)" + deep + "}").status(),
+      ParseResizeBody(R"({"rows":)" + deep + R"(,"cols":1})").status(),
+      ParseWsControl(R"({"type":"resize","cols":10,"rows":)" + deep + "}").status(),
+  };
+  for (const absl::Status& s : refused) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_EQ(ApiErrorCode(s), "invalid_argument") << s;
+    EXPECT_TRUE(IsJsonTooDeep(s)) << s;
+    EXPECT_NE(std::string(s.message()).find("nests deeper than 64 levels"), std::string::npos)
+        << s;
+  }
+  // Raw stdin (not JSON) is bytes, whatever they look like.
+  EXPECT_TRUE(ParseStdinBody(Deep(100000), /*json_body=*/false).ok());
+}
+
+TEST(RequestDepth, TheLimitItselfIsAccepted) {
+  // 64 levels in all: the body object and 63 arrays. Refused for the content, not the depth.
+  auto at = ParseCreateSession(R"({"argv":)" + Deep(63) + "}");
+  ASSERT_FALSE(at.ok());
+  EXPECT_FALSE(IsJsonTooDeep(at.status())) << at.status();
+  EXPECT_EQ(FieldOf(at.status()), "argv[0]");
+  auto past = ParseCreateSession(R"({"argv":)" + Deep(64) + "}");
+  EXPECT_TRUE(IsJsonTooDeep(past.status())) << past.status();
+}
+
+TEST(ParseWsControl, TypedMessages) {
+  auto r = ParseWsControl(R"({"type":"resize","rows":24,"cols":80})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->type, WsControl::Type::kResize);
+  EXPECT_EQ(r->rows, 24);
+  EXPECT_EQ(r->cols, 80);
+  r = ParseWsControl(R"({"type":"signal","signal":"TERM"})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->type, WsControl::Type::kSignal);
+  EXPECT_EQ(r->signal, SIGTERM);
+  r = ParseWsControl(R"({"type":"stdin_close"})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->type, WsControl::Type::kStdinClose);
+}
+
+TEST(ParseWsControl, WrongMessagesAreRefusedButNotAsTooDeep) {
+  for (const char* bad : {"not json", "[]", R"({"type":5})", R"({"type":"dance"})",
+                          R"({"type":"resize","rows":0,"cols":80})",
+                          R"({"type":"signal","signal":[[[1]]]})",
+                          R"({"type":"resize","rows":1,"cols":1,"x":1})"}) {
+    auto r = ParseWsControl(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_FALSE(IsJsonTooDeep(r.status())) << bad;
+  }
+  // An unknown type or signal is named, but not at any length (the message goes back to the
+  // client and into the log).
+  auto r = ParseWsControl(R"({"type":")" + std::string(100000, 'x') + R"("})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_LT(r.status().message().size(), 200u);
+  r = ParseWsControl(R"({"type":"signal","signal":")" + std::string(100000, 'x') + R"("})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_LT(r.status().message().size(), 200u);
+}
+
+TEST(ParseWsControl, DeepMessagesAreTooDeep) {
+  for (const std::string& text :
+       {R"({"type":"resize","cols":10,"rows":)" + Deep(400000) + "}",
+        R"({"type":"signal","signal":)" + Deep(400000) + "}",
+        R"({"type":"stdin_close","x":)" + Deep(65) + "}"}) {
+    auto r = ParseWsControl(text);
+    ASSERT_FALSE(r.ok());
+    EXPECT_TRUE(IsJsonTooDeep(r.status())) << r.status();
+  }
 }
 
 }  // namespace

@@ -10,8 +10,10 @@
 
 #include "api/api.h"
 #include "api/handler_util.h"
+#include "api/requests.h"
 #include "api/status_to_http.h"
 #include "common/encoding.h"
+#include "common/json_util.h"
 #include "common/log.h"
 #include "common/status_util.h"
 #include "protocol/protocol.h"
@@ -29,7 +31,6 @@ using namespace asio::experimental::awaitable_operators;
 
 constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
 constexpr std::chrono::milliseconds kAgentCallTimeout{5000};
-constexpr size_t kMaxClientMessage = 1 << 20;
 // While the agent's stdin buffer is full, the next try is this much later; meanwhile nothing
 // more is read from the client, so TCP pushes back on it.
 constexpr std::chrono::milliseconds kStdinRetry{20};
@@ -43,26 +44,18 @@ json ExitMessage(const protocol::ExitEvent& ev) {
           {"oom_killed", ev.oom_killed}};
 }
 
-// A client's text frame as an agent request for `session_id`; an error names what is wrong.
-absl::StatusOr<json> ControlRequest(std::string_view text, const std::string& session_id) {
-  json m = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (m.is_discarded() || !m.is_object() || !m.contains("type") || !m["type"].is_string()) {
-    return absl::InvalidArgumentError("control message must be a JSON object with a \"type\"");
+// A client's control message as the agent request it stands for.
+json AgentCall(const WsControl& c, const std::string& session_id) {
+  switch (c.type) {
+    case WsControl::Type::kResize:
+      return json{{"op", "resize"}, {"session_id", session_id}, {"rows", c.rows},
+                  {"cols", c.cols}};
+    case WsControl::Type::kSignal:
+      return json{{"op", "signal"}, {"session_id", session_id}, {"signal", c.signal}};
+    case WsControl::Type::kStdinClose:
+      break;
   }
-  const std::string type = m["type"].get<std::string>();
-  if (type == "resize") {
-    m.erase("type");
-    SBX_ASSIGN_OR_RETURN(auto size, ParseResizeBody(m.dump()));
-    return json{{"op", "resize"}, {"session_id", session_id}, {"rows", size.first},
-                {"cols", size.second}};
-  }
-  if (type == "signal") {
-    m.erase("type");
-    SBX_ASSIGN_OR_RETURN(int sig, ParseSignalBody(m.dump()));
-    return json{{"op", "signal"}, {"session_id", session_id}, {"signal", sig}};
-  }
-  if (type == "stdin_close") return json{{"op", "stdin_close"}, {"session_id", session_id}};
-  return absl::InvalidArgumentError(fmt::format("unknown control message type \"{}\"", type));
+  return json{{"op", "stdin_close"}, {"session_id", session_id}};
 }
 
 }  // namespace
@@ -107,7 +100,7 @@ http::asio::awaitable<std::optional<http::Response>> Api::WebSocket(
   ws.set_option(timeouts);
   ws.set_option(websocket::stream_base::decorator(
       [rid = ctx.request_id](websocket::response_type& res) { res.set("X-Request-Id", rid); }));
-  ws.read_message_max(kMaxClientMessage);
+  ws.read_message_max(kMaxWsClientMessage);
   ctx.taken_status = 101;
   {
     auto [ec] = co_await ws.async_accept(ctx.req, kTuple);
@@ -118,6 +111,9 @@ http::asio::awaitable<std::optional<http::Response>> Api::WebSocket(
   }
 
   bool client_gone = false;
+  // Set by the input side when a client message was hostile (nested too deep): the output
+  // side, the only writer of the WebSocket, tells the client and closes with 1008.
+  std::optional<absl::Status> refused;
   auto send_text = [&](const json& m) -> asio::awaitable<bool> {
     ws.text(true);
     auto [ec, n] = co_await ws.async_write(
@@ -130,6 +126,18 @@ http::asio::awaitable<std::optional<http::Response>> Api::WebSocket(
     for (;;) {
       auto frame = co_await stream->Next(opts_.keepalive_interval);
       if (!frame.ok()) {
+        if (refused) {
+          const json m = {{"type", "error"},
+                          {"code", ApiCodeFor(*refused)},
+                          {"message", std::string(refused->message())}};
+          co_await send_text(m);
+          boost::system::error_code ignored;
+          co_await ws.async_close(
+              websocket::close_reason(websocket::close_code::policy_error,
+                                      "control message refused"),
+              asio::redirect_error(asio::use_awaitable, ignored));
+          co_return;
+        }
         if (client_gone) co_return;
         const bool running = svc_.AgentSocketFor(target->session.sandbox_id).has_value();
         // Named, not braced temporaries across co_await (GCC 12 coroutine frames).
@@ -195,13 +203,20 @@ http::asio::awaitable<std::optional<http::Response>> Api::WebSocket(
       if (ws.got_binary()) {
         call = {{"op", "stdin"}, {"session_id", session_id}, {"data_b64", Base64Encode(data)}};
       } else {
-        auto c = ControlRequest(data, session_id);
+        auto c = ParseWsControl(data);
+        if (!c.ok() && IsJsonTooDeep(c.status())) {
+          // Not a typo but an attack on whoever walks the tree (issue 13): end the connection.
+          SBX_LOG_WARN(ctx.log, "websocket {}: closing: a client message was refused: {}",
+                       session_id, std::string(c.status().message()));
+          refused = c.status();
+          break;
+        }
         if (!c.ok()) {
           SBX_LOG_WARN(ctx.log, "websocket {}: ignoring a client message: {}", session_id,
                        std::string(c.status().message()));
           continue;
         }
-        call = std::move(*c);
+        call = AgentCall(*c, session_id);
       }
       for (;;) {
         auto r = co_await service::AsyncCallAgent(ctx.executor, target->agent_socket, call,
@@ -220,8 +235,9 @@ http::asio::awaitable<std::optional<http::Response>> Api::WebSocket(
       }
       svc_.activity().Touch(target->session.sandbox_id);
     }
-    client_gone = true;
-    stream->Close();  // ends a wait for output that nobody would read
+    // A refused client is still there to hear why; any other end of input means it is gone.
+    client_gone = !refused;
+    stream->Close();  // ends a wait for output that nobody would read (or reports the refusal)
   };
 
   co_await (output() && input());

@@ -151,7 +151,7 @@ absl::Status DecodeHttpError(unsigned status, std::string_view body,
   std::string message;
   std::string field;
   std::string rid(request_id);
-  nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j = ParseUntrustedJson(body, kMaxResponseJsonDepth).value_or(nlohmann::json());
   if (j.is_object() && j.contains("error") && j["error"].is_object()) {
     const auto& e = j["error"];
     if (e.contains("code") && e["code"].is_string()) code = e["code"].get<std::string>();
@@ -341,11 +341,13 @@ absl::StatusOr<HttpResult> Client::Request(std::string_view method, std::string_
       return DecodeHttpError(out.status, res.body(), out.request_id);
     }
     if (!res.body().empty()) {
-      out.body = nlohmann::json::parse(res.body(), nullptr, /*allow_exceptions=*/false);
-      if (out.body.is_discarded()) {
-        return absl::InternalError(fmt::format("{}: sbxd returned invalid JSON: {}", what,
+      auto parsed = ParseUntrustedJson(res.body(), kMaxResponseJsonDepth);
+      if (!parsed.ok()) {
+        return absl::InternalError(fmt::format("{}: sbxd returned invalid JSON ({}): {}", what,
+                                               std::string(parsed.status().message()),
                                                Truncate(res.body(), 200)));
       }
+      out.body = std::move(*parsed);
     }
     return out;
   }

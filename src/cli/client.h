@@ -20,8 +20,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cli/sse_parser.h"
+#include "common/json_util.h"
 
 namespace sbx::cli {
+
+// The deepest JSON the CLI parses from sbxd (common/json_util.h). sbxd's answers nest a few
+// levels and what it relays from an agent at most kMaxUntrustedJsonDepth plus its wrapping;
+// the limit only keeps a hostile endpoint from crashing the CLI through a recursive dump.
+inline constexpr int kMaxResponseJsonDepth = 4 * kMaxUntrustedJsonDepth;
 
 // http://host[:port][/prefix]
 struct Endpoint {

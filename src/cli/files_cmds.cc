@@ -156,8 +156,9 @@ class Transfer {
     }
     if (status >= 300) return DecodeHttpError(status, body, rid);
     if (json_out != nullptr) {
-      *json_out = json::parse(body, nullptr, false);
-      if (json_out->is_discarded()) return absl::InternalError("the response is not JSON");
+      auto parsed = ParseUntrustedJson(body, kMaxResponseJsonDepth);
+      if (!parsed.ok()) return absl::InternalError("the response is not JSON");
+      *json_out = std::move(*parsed);
     }
     return absl::OkStatus();
   }

@@ -44,8 +44,8 @@ bool BoolField(const nlohmann::json& j, const char* key) {
 }
 
 absl::StatusOr<nlohmann::json> ParseData(const SseEvent& ev) {
-  nlohmann::json j = nlohmann::json::parse(ev.data, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
+  nlohmann::json j = ParseUntrustedJson(ev.data, kMaxResponseJsonDepth).value_or(nlohmann::json());
+  if (!j.is_object()) {
     return absl::InternalError(fmt::format("attach: event {} ({}) has invalid JSON data",
                                            ev.id, ev.type));
   }

@@ -130,8 +130,8 @@ absl::StatusOr<int> RunWebSocketSession(const Endpoint& endpoint, const std::str
           (void)WriteAll(STDOUT_FILENO, data);
           continue;
         }
-        json m = json::parse(data, nullptr, /*allow_exceptions=*/false);
-        if (m.is_discarded() || !m.is_object()) continue;
+        json m = ParseUntrustedJson(data, kMaxResponseJsonDepth).value_or(json());
+        if (!m.is_object()) continue;
         const std::string type = JsonString(m, "type");
         if (type == "stderr") {
           if (auto bytes = Base64Decode(JsonString(m, "data_b64"))) {

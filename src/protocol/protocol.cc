@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "common/json_util.h"
 #include "common/status_util.h"
 
 namespace sbx::protocol {
@@ -39,20 +40,8 @@ uint64_t GetBE(const uint8_t* p, int bytes) {
   return v;
 }
 
-// Parses a JSON object without ever throwing; the payload comes from the other side of a
-// trust boundary.
 absl::StatusOr<Json> ParseObject(std::string_view payload, std::string_view what) {
-  Json j;
-  try {
-    j = Json::parse(payload.begin(), payload.end(), nullptr, /*allow_exceptions=*/false);
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(fmt::format("{}: invalid JSON: {}", what, e.what()));
-  }
-  if (j.is_discarded()) return absl::InvalidArgumentError(fmt::format("{}: invalid JSON", what));
-  if (!j.is_object()) {
-    return absl::InvalidArgumentError(fmt::format("{}: JSON payload is not an object", what));
-  }
-  return j;
+  return ParseObjectPayload(payload, what);
 }
 
 absl::StatusOr<uint64_t> GetU64(const Json& j, const char* key, std::string_view what) {
@@ -120,6 +109,33 @@ absl::StatusCode AgentCodeToStatus(std::string_view code) {
 }
 
 }  // namespace
+
+absl::StatusOr<Json> ParseObjectPayload(std::string_view payload, std::string_view what) {
+  auto j = ParseUntrustedJson(payload, kMaxUntrustedJsonDepth);
+  if (!j.ok()) {
+    absl::Status s = absl::InvalidArgumentError(
+        fmt::format("{}: {}", what, std::string(j.status().message())));
+    return IsJsonTooDeep(j.status()) ? WithDetail(s, kJsonTooDeepDetail, "1") : s;
+  }
+  if (!j->is_object()) {
+    return absl::InvalidArgumentError(fmt::format("{}: JSON payload is not an object", what));
+  }
+  return std::move(*j);
+}
+
+std::string StringField(const Json& obj, const char* key, std::string fallback) {
+  if (!obj.is_object()) return fallback;
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_string() ? it->get<std::string>() : fallback;
+}
+
+bool BoolField(const Json& obj, const char* key, bool fallback) {
+  if (!obj.is_object()) return fallback;
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_boolean() ? it->get<bool>() : fallback;
+}
+
+bool ResponseOk(const Json& response) { return BoolField(response, "ok", false); }
 
 // ---- frames ------------------------------------------------------------------------------
 

@@ -186,6 +186,19 @@ absl::StatusOr<ExitEvent> DecodeExit(std::string_view payload);
 std::string EncodeResync(const ResyncEvent& ev);
 absl::StatusOr<ResyncEvent> DecodeResync(std::string_view payload);
 
+// A JSON payload (a request, a response, an end frame, a watch event) as an object. Each side
+// of the socket distrusts the other, so the payload is depth-checked (common/json_util.h,
+// kMaxUntrustedJsonDepth) before a tree exists: what comes out may be dumped and copied.
+// InvalidArgument "<what>: ..." when it is not valid JSON, nests too deep or is not an object.
+absl::StatusOr<Json> ParseObjectPayload(std::string_view payload, std::string_view what);
+// Reads of a payload's fields that never throw: the field's value when it has that type, else
+// `fallback`. The other side may send anything in any field, and json::value() throws on a
+// field of another type (a throw in a timer thread ends sbxd).
+std::string StringField(const Json& obj, const char* key, std::string fallback = "");
+bool BoolField(const Json& obj, const char* key, bool fallback = false);
+// An agent response's "ok": true only for a boolean true.
+bool ResponseOk(const Json& response);
+
 // The "code" of an agent error response <-> absl codes: the agent names its errors with these,
 // sbxd maps them back. Unknown names are kInternal; codes without a name are "internal".
 std::string ErrorCodeName(absl::StatusCode code);

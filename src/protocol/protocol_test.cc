@@ -458,5 +458,34 @@ TEST(ErrorCodeNames, RoundTripAndUnknownIsInternal) {
   EXPECT_EQ(ErrorCodeFromName(""), absl::StatusCode::kInternal);
 }
 
+// Issue 13: payloads from the other side of the socket are depth-checked before a tree exists.
+TEST(ParseObjectPayload, RefusesDeepPayloads) {
+  const std::string deep = std::string(400000, '[') + std::string(400000, ']');
+  auto r = ParseObjectPayload(R"({"ok":true,"entries":)" + deep + "}", "agent response");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(r.status().message()).find("agent response: JSON nests deeper than 64"),
+            std::string::npos)
+      << r.status();
+  EXPECT_FALSE(DecodeExit(R"({"event_id":1,"exit_code":)" + deep + "}").ok());
+  EXPECT_FALSE(DecodeResync(R"({"oldest_available_id":)" + deep + "}").ok());
+  auto at_limit = ParseObjectPayload(
+      R"({"x":)" + std::string(63, '[') + std::string(63, ']') + "}", "payload");
+  EXPECT_TRUE(at_limit.ok()) << at_limit.status();
+  EXPECT_FALSE(ParseObjectPayload("[1]", "payload").ok());
+}
+
+TEST(PayloadFields, WrongTypesFallBackInsteadOfThrowing) {
+  const Json j = Json::parse(R"({"ok":"yes","state":5,"started":"no","error":[1]})");
+  EXPECT_FALSE(ResponseOk(j));
+  EXPECT_EQ(StringField(j, "state", "none"), "none");
+  EXPECT_TRUE(BoolField(j, "started", true));
+  EXPECT_EQ(StringField(j["error"], "code", "internal"), "internal");  // not an object
+  const Json good = Json::parse(R"({"ok":true,"state":"running","started":false})");
+  EXPECT_TRUE(ResponseOk(good));
+  EXPECT_EQ(StringField(good, "state"), "running");
+  EXPECT_FALSE(BoolField(good, "started", true));
+}
+
 }  // namespace
 }  // namespace sbx::protocol

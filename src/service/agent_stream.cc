@@ -14,19 +14,20 @@ absl::Status AgentError(const nlohmann::json& resp);
 absl::Status AgentErrorStatus(const nlohmann::json& resp) { return AgentError(resp); }
 
 namespace {
+using protocol::StringField;
+
+// The agent is on the guest's side of the boundary: a field of another type is ignored.
 absl::Status AgentError(const nlohmann::json& resp) {
   std::string code = "internal";
   std::string message = "agent refused the request";
-  if (resp.contains("error") && resp["error"].is_object()) {
-    code = resp["error"].value("code", code);
-    message = resp["error"].value("message", message);
+  auto err = resp.find("error");
+  if (err != resp.end() && err->is_object()) {
+    code = StringField(*err, "code", code);
+    message = StringField(*err, "message", message);
   }
   const absl::StatusCode canonical = protocol::ErrorCodeFromName(code);
   // File operations (agent/files.h) name the precise reason apart from the code.
-  if (resp.contains("error") && resp["error"].is_object() && resp["error"].contains("reason") &&
-      resp["error"]["reason"].is_string()) {
-    code = resp["error"]["reason"].get<std::string>();
-  }
+  if (err != resp.end() && err->is_object()) code = StringField(*err, "reason", code);
   return ApiError(canonical, code, fmt::format("agent: {}", message));
 }
 }  // namespace
@@ -105,12 +106,14 @@ asio::awaitable<absl::StatusOr<std::unique_ptr<AgentStream>>> AgentStream::Open(
     if (f->type != protocol::FrameType::kResponse || !got_hello) {
       co_return absl::InternalError("agent protocol: expected hello then response");
     }
-    auto resp = nlohmann::json::parse(f->payload, nullptr, false);
-    if (resp.is_discarded() || !resp.is_object()) {
-      co_return absl::InternalError("agent protocol: response is not a JSON object");
+    // Depth-checked: handlers forward and log parts of the response (files, processes).
+    auto resp = protocol::ParseObjectPayload(f->payload, "agent response");
+    if (!resp.ok()) {
+      co_return absl::InternalError(
+          fmt::format("agent protocol: {}", std::string(resp.status().message())));
     }
-    if (!resp.value("ok", false)) co_return AgentError(resp);
-    s->response_ = std::move(resp);
+    if (!protocol::ResponseOk(*resp)) co_return AgentError(*resp);
+    s->response_ = std::move(*resp);
     co_return s;
   }
 }

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/encoding.h"
+#include "common/json_util.h"
 #include "common/status_util.h"
 #include "common/time_util.h"
 
@@ -47,8 +48,11 @@ absl::StatusOr<AttachTokens::Claims> AttachTokens::VerifyAt(
   if (!sig || !ConstantTimeEquals(*sig, HmacSha256(key_, body))) return Bad("invalid");
   auto raw = Base64UrlDecode(body.substr(sizeof(kPrefix) - 1));
   if (!raw) return Bad("malformed");
-  auto j = nlohmann::json::parse(*raw, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("sid") || !j["sid"].is_string() ||
+  // Only text sbxd signed gets here; parsed like any other all the same.
+  auto parsed = ParseUntrustedJson(*raw);
+  if (!parsed.ok()) return Bad("malformed");
+  const nlohmann::json& j = *parsed;
+  if (!j.is_object() || !j.contains("sid") || !j["sid"].is_string() ||
       !j.contains("ten") || !j["ten"].is_string() || !j.contains("exp") ||
       !j["exp"].is_number_integer()) {
     return Bad("malformed");

@@ -1201,7 +1201,7 @@ std::optional<std::string> SandboxService::AgentSocketFor(const std::string& san
 
 void SandboxService::RecordSessionStarted(const std::string& session_id,
                                           const json& attach_response) {
-  if (!attach_response.value("started", false)) return;
+  if (!protocol::BoolField(attach_response, "started")) return;
   bool started = false;
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
     started = false;
@@ -1242,7 +1242,7 @@ void SandboxService::RecordSessionExit(const std::string& session_id,
 }
 
 void SandboxService::RecordSessionStatus(const std::string& session_id, const json& status) {
-  const std::string state = status.value("state", "");
+  const std::string state = protocol::StringField(status, "state");
   if (state != "running" && state != "exited") return;
   std::string was;  // the state this call moved the session from
   bool oom_killed = false;

@@ -757,6 +757,26 @@ TEST_F(SandboxServiceTest, SessionMetricsFollowTheDataPlane) {
   EXPECT_EQ(Metric("sbx_oom_kills_total"), "2");
 }
 
+// Issue 13: what an agent answers is the guest's to choose. A field of the wrong type is
+// ignored; json::value() used to throw here, and the status path runs in the timer thread,
+// where a throw ends sbxd.
+TEST_F(SandboxServiceTest, AgentAnswersOfTheWrongTypeAreIgnored) {
+  const std::string id = CreateRunning();
+  CreateSessionRequest req;
+  req.argv = {"true"};
+  req.canonical = json{{"argv", req.argv}};
+  auto r = svc_->CreateSession(caller_, id, req, std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::string sid = json::parse(r->body)["session_id"].get<std::string>();
+  EXPECT_NO_THROW(svc_->RecordSessionStarted(sid, json{{"ok", true}, {"started", "yes"}}));
+  EXPECT_NO_THROW(svc_->RecordSessionStatus(sid, json{{"ok", true}, {"state", 5}}));
+  EXPECT_NO_THROW(svc_->RecordSessionStatus(sid, json::array({1, 2})));
+  EXPECT_EQ(Metric("sbx_sessions_started_total"), "0");
+  auto del = svc_->DeleteSandbox(caller_, id, std::nullopt);
+  ASSERT_TRUE(del.ok()) << del.status();
+  EXPECT_EQ(WaitOp(json::parse(del->body)["operation"]["id"]).state, "succeeded");
+}
+
 TEST_F(SandboxServiceTest, DeniedEgressIsCountedOnceAcrossReadingsRestartsAndDelete) {
   const auto wall = std::chrono::system_clock::now();
   const auto mono = ActivityTracker::Clock::now();

@@ -75,7 +75,7 @@ std::optional<bool> SandboxService::RefreshRunningSessions(const std::string& sa
     auto status = CallAgentSync(*sock, {{"op", "status"}, {"session_id", id}});
     if (!status.ok()) return std::nullopt;  // busy or gone: the next round asks again
     RecordSessionStatus(id, *status);
-    if (status->value("state", "") != "exited") any = true;
+    if (protocol::StringField(*status, "state") != "exited") any = true;
   }
   return any;
 }

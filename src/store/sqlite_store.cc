@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "common/encoding.h"
+#include "common/json_util.h"
 #include "common/status_util.h"
 #include "store/sqlite_handle.h"
 
@@ -281,6 +282,7 @@ absl::Status BindJson(StmtCursor& q, int idx, const Json& j, std::string_view wh
 
 absl::StatusOr<Json> ColumnJson(const StmtCursor& q, int col, std::string_view what) {
   if (q.IsNull(col)) return Json(nullptr);
+  // sbxd's own rows: what it wrote, from values that were depth-checked on the way in.
   Json j = Json::parse(q.Text(col), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     return absl::DataLossError(fmt::format("store: {}: stored JSON does not parse", what));
@@ -368,7 +370,10 @@ std::string EncodePageToken(const SandboxRecord& last) {
 std::optional<std::pair<std::string, std::string>> DecodePageToken(const std::string& token) {
   std::optional<std::string> raw = Base64UrlDecode(token);
   if (!raw) return std::nullopt;
-  Json j = Json::parse(*raw, nullptr, /*allow_exceptions=*/false);
+  // The token comes back from the client (?page_token=): any bytes at all.
+  auto parsed = ParseUntrustedJson(*raw);
+  if (!parsed.ok()) return std::nullopt;
+  const Json& j = *parsed;
   if (!j.is_array() || j.size() != 2 || !j[0].is_string() || !j[1].is_string()) {
     return std::nullopt;
   }

@@ -592,7 +592,8 @@ TEST_F(ListSandboxesTest, RowsInsertedBeforeTheCursorDoNotShiftPages) {
 TEST_F(ListSandboxesTest, InvalidPageTokenIsInvalidArgument) {
   for (const std::string& token :
        {std::string("!!not base64!!"), Base64UrlEncode("not json"), Base64UrlEncode("[1,2]"),
-        Base64UrlEncode(R"(["a"])"), Base64UrlEncode(R"({"a":"b"})"), std::string("A")}) {
+        Base64UrlEncode(R"(["a"])"), Base64UrlEncode(R"({"a":"b"})"), std::string("A"),
+        Base64UrlEncode(R"(["a",)" + std::string(3000, '[') + std::string(3000, ']') + "]")}) {
     SandboxFilter f;
     f.tenant_id = "ten_a";
     f.page_token = token;

@@ -21,7 +21,14 @@ void PutBE(std::string& out, uint64_t v, int bytes) {
   for (int i = bytes - 1; i >= 0; --i) out.push_back(static_cast<char>(v >> (8 * i)));
 }
 
+// Nested past the payload depth limit (common/json_util.h), and at it.
+const std::string kDeepExit = R"({"event_id":1,"exit_code":)" + std::string(100000, '[') +
+                              std::string(100000, ']') + "}";
+const std::string kDeepResync = R"({"oldest_available_id":)" + std::string(64, '[') +
+                                std::string(64, ']') + "}";
+
 const char* const kJsonSnippets[] = {
+    kDeepExit.c_str(), kDeepResync.c_str(),
     R"({"event_id":1,"exit_code":0,"signal":null,"timed_out":false,"oom_killed":false})",
     R"({"event_id":18446744073709551615,"signal":"SIGKILL"})",
     R"({"oldest_available_id":3,"stdout_offset":10,"stderr_offset":0})",
