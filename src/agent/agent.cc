@@ -306,8 +306,15 @@ absl::Status Agent::Init() {
   sigset_t mask;
   sigemptyset(&mask);
   sigaddset(&mask, SIGCHLD);
-  sigaddset(&mask, SIGTERM);
-  sigaddset(&mask, SIGINT);
+  // As PID 1 of a pid namespace the agent must not take SIGTERM or SIGINT at all. The kernel
+  // drops signals that sandbox processes send to their init only while init leaves them at
+  // SIG_DFL; a blocked signal is queued instead, and `kill -TERM 1` from sandbox root would then
+  // shut the agent down. sbxd ends a sandbox with SIGKILL, which the kernel always delivers
+  // from the host's namespace. Outside a pid namespace (tests, --listen), they stop the agent.
+  if (::getpid() != 1) {
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGINT);
+  }
   if (::sigprocmask(SIG_BLOCK, &mask, nullptr) != 0) {
     return ErrnoStatus(errno, "agent init: sigprocmask");
   }
@@ -328,6 +335,9 @@ absl::Status Agent::Init() {
     ::fcntl(oom_fd_.get(), F_SETFD, FD_CLOEXEC);
   }
 
+  SBX_RETURN_IF_ERROR(PrepareIdentity(&opts_.identity));
+  for (int fd : opts_.identity.cgroup_procs_fds) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  if (opts_.identity.userns_fd >= 0) ::fcntl(opts_.identity.userns_fd, F_SETFD, FD_CLOEXEC);
   root_fd_.Reset(::open(opts_.root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!root_fd_) return ErrnoStatus(errno, fmt::format("agent init: open(--root {})", opts_.root));
 
@@ -749,8 +759,10 @@ void Agent::ForkFileWorker(Connection& c, const Json& req, protocol::FrameDecode
   // Worker child: keep only the connection, the root and the log; the loop's fds (other
   // connections, pipes, the listening socket) must not stay open here, or their peers would
   // not see them close.
-  const int keep[] = {c.fd.get(), root_fd_.get(), opts_.log_fd};
-  std::vector<int> sorted(std::begin(keep), std::end(keep));
+  std::vector<int> sorted = {c.fd.get(), root_fd_.get(), opts_.log_fd};
+  const SandboxIdentity& identity = opts_.identity;
+  if (identity.userns_fd >= 0) sorted.push_back(identity.userns_fd);
+  for (int fd : identity.cgroup_procs_fds) sorted.push_back(fd);
   std::sort(sorted.begin(), sorted.end());
   unsigned lo = 3;
   for (int k : sorted) {
@@ -765,6 +777,17 @@ void Agent::ForkFileWorker(Connection& c, const Json& req, protocol::FrameDecode
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
   ::signal(SIGTERM, SIG_DFL);
   ::fcntl(c.fd.get(), F_SETFL, ::fcntl(c.fd.get(), F_GETFL) & ~O_NONBLOCK);
+  // File operations run as sandbox root, charged to the sandbox's cgroups: what they write is
+  // the sandbox's, and their permission checks are sandbox root's.
+  if (identity.userns_fd >= 0 || !identity.cgroup_procs_fds.empty()) {
+    const char* step = "enter the sandbox";
+    if (int err = EnterSandbox(identity, /*switch_user=*/false, 0, 0, nullptr, 0, &step); err != 0) {
+      Log("error", fmt::format("connection {}: file worker: {}: {}", id, step, ErrnoMessage(err)));
+      ::_exit(1);
+    }
+  }
+  if (identity.userns_fd >= 0) ::close(identity.userns_fd);
+  for (int fd : identity.cgroup_procs_fds) ::close(fd);
   FileOptions fo;
   fo.root_fd = root_fd_.get();
   fo.root_path = opts_.root;
@@ -863,6 +886,7 @@ absl::StatusOr<Session*> Agent::StartSession(const std::string& id, const Json& 
 
   // Read before the fork, so that a kill right after exec is seen as growth.
   const uint64_t oom_before = oom_fd_ ? ReadOomKillCount(oom_fd_.get()).value_or(0) : 0;
+  if (opts_.identity.userns_fd >= 0 || !opts_.identity.cgroup_procs_fds.empty()) ss.identity = &opts_.identity;
   SBX_ASSIGN_OR_RETURN(SpawnedProcess p, Spawn(ss));
   auto s = std::make_unique<Session>(opts_.buffer_bytes);
   s->oom_kills_at_start = oom_before;
@@ -1323,14 +1347,15 @@ Json Agent::HandleProcesses() {
     if (!s) {
       if (auto it = by_leader.find(p.sid); it != by_leader.end()) s = it->second;
     }
-    auto name = names.find(p.uid);
+    const int64_t uid = opts_.identity.ToSandboxId(p.uid);
+    auto name = names.find(static_cast<decltype(p.uid)>(uid));
     Json j = {{"pid", p.pid},
               {"ppid", p.ppid},
               {"pgid", p.pgrp},
               {"state", std::string(1, p.state)},
               {"comm", p.comm},
               {"argv", argv},
-              {"uid", p.uid},
+              {"uid", uid},
               {"user", name == names.end() ? Json(nullptr) : Json(name->second)},
               {"started_at", nullptr},
               {"session_id", s ? Json(s->id) : Json(nullptr)}};

@@ -15,6 +15,8 @@
 #include <cstddef>
 #include <string>
 
+#include "agent/identity.h"
+
 namespace sbx::agent {
 
 struct AgentOptions {
@@ -33,6 +35,9 @@ struct AgentOptions {
   std::string root = "/";
   // What relative file paths are relative to: the template's workdir.
   std::string workdir = "/";
+  // Whom session processes and file workers become (identity.h): the sandbox's user
+  // namespace, capability set and cgroups. Default: the agent's own.
+  SandboxIdentity identity;
 };
 
 // Runs until SIGTERM/SIGINT; returns the process exit code.

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <cstdint>
 #include <string>
 
 #include "agent/agent.h"
@@ -16,7 +17,8 @@ void Usage(FILE* out) {
   std::fputs(
       "usage: sbx-agent (--listen-fd N | --listen PATH) [--buffer-bytes N] [--log-fd N]\n"
       "                 [--no-user-switch] [--oom-counter-fd N] [--sandbox-id ID]\n"
-      "                 [--root DIR] [--workdir PATH]\n"
+      "                 [--root DIR] [--workdir PATH] [--userns-fd N --caps MASK]\n"
+      "                 [--cgroup-procs-fd N]...\n"
       "  --listen-fd N       serve on an inherited, listening unix socket (ns runtime)\n"
       "  --listen PATH       bind and serve on a unix socket at PATH\n"
       "  --buffer-bytes N    output retained per session and stream (default 8388608)\n"
@@ -26,7 +28,13 @@ void Usage(FILE* out) {
       "  --root DIR          the sandbox's root for file operations (default /)\n"
       "  --workdir PATH      what relative file paths are relative to (default /)\n"
       "  --oom-counter-fd N  inherited read-only fd of the sandbox's memory.oom_control or\n"
-      "                      memory.events: report OOM kills of sessions (default: off)\n",
+      "                      memory.events: report OOM kills of sessions (default: off)\n"
+      "  --userns-fd N       the sandbox's user namespace, which the agent owns but is not in:\n"
+      "                      every session process and file worker enters it (identity.h)\n"
+      "  --caps MASK         capabilities sandbox root keeps there (with --userns-fd)\n"
+      "  --uid-map \"B N\"     its ids 0..N-1 are host B.. (to show processes' uids as inside)\n"
+      "  --cgroup-procs-fd N cgroup.procs that session processes and file workers join\n"
+      "                      (repeatable: one per hierarchy)\n",
       out);
 }
 
@@ -93,6 +101,35 @@ int main(int argc, char** argv) {
       opts.root = value("--root");
     } else if (arg == "--workdir") {
       opts.workdir = value("--workdir");
+    } else if (arg == "--userns-fd") {
+      if (!ParseNumber(value("--userns-fd"), 0, 1 << 20, &n)) {
+        std::fprintf(stderr, "sbx-agent: bad --userns-fd\n");
+        return 2;
+      }
+      opts.identity.userns_fd = static_cast<int>(n);
+    } else if (arg == "--uid-map") {
+      // "BASE COUNT": ids 0..COUNT-1 of the user namespace are host BASE.. (ps-style views).
+      unsigned long long base = 0, count = 0;
+      if (std::sscanf(value("--uid-map"), "%llu %llu", &base, &count) != 2 || base > UINT32_MAX ||
+          count > UINT32_MAX) {
+        std::fprintf(stderr, "sbx-agent: bad --uid-map (want \"BASE COUNT\")\n");
+        return 2;
+      }
+      opts.identity.uid_base = static_cast<uint32_t>(base);
+      opts.identity.uid_count = static_cast<uint32_t>(count);
+    } else if (arg == "--caps") {
+      auto caps = sbx::agent::ParseCapsMask(value("--caps"));
+      if (!caps.ok()) {
+        std::fprintf(stderr, "sbx-agent: %s\n", std::string(caps.status().message()).c_str());
+        return 2;
+      }
+      opts.identity.caps = *caps;
+    } else if (arg == "--cgroup-procs-fd") {
+      if (!ParseNumber(value("--cgroup-procs-fd"), 0, 1 << 20, &n)) {
+        std::fprintf(stderr, "sbx-agent: bad --cgroup-procs-fd\n");
+        return 2;
+      }
+      opts.identity.cgroup_procs_fds.push_back(static_cast<int>(n));
     } else if (arg == "--no-user-switch") {
       opts.switch_user = false;
     } else if (arg == "--help" || arg == "-h") {

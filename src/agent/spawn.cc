@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <termios.h>
 #include <unistd.h>
@@ -146,6 +147,7 @@ absl::StatusOr<SpawnedProcess> Spawn(const SpawnSpec& spec) {
   const char* argv0 = spec.argv[0].c_str();
 
   const bool switch_user = spec.user.has_value();
+  const SandboxIdentity* identity = spec.identity;
   uid_t uid = 0;
   gid_t gid = 0;
   std::vector<gid_t> groups;
@@ -216,13 +218,16 @@ absl::StatusOr<SpawnedProcess> Spawn(const SpawnSpec& spec) {
         ::dup2(err_fd, STDERR_FILENO) < 0) {
       ::_exit(126);
     }
-    CloseFrom(3);
     // Make workload processes the OOM killer's first choice over the agent (PID 1, holding
     // every session's output), so that an OOM kill takes the workload and the agent lives to
     // report it. Lowering the agent's own score instead would need CAP_SYS_RESOURCE, which
     // root lacks on the project's hosts; raising one's own needs no privilege. Before the user
-    // switch: a non-root process may lose write access to its /proc/self files. Best effort
-    // (a rootfs without /proc): the only cost is a worse victim choice.
+    // switch: a non-root process may lose write access to its /proc/self files. A child of a
+    // non-dumpable agent has /proc/self files of host root (identity.h): dumpable for this
+    // write only, as the agent's uid (nothing in the sandbox shares it); the credential change
+    // below makes it non-dumpable again until exec. Best effort (a rootfs without /proc): the
+    // only cost is a worse victim choice.
+    if (identity != nullptr && identity->userns_fd >= 0) ::prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
     {
       int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
       if (fd >= 0) {
@@ -230,13 +235,21 @@ absl::StatusOr<SpawnedProcess> Spawn(const SpawnSpec& spec) {
         ::close(fd);
       }
     }
-    if (switch_user) {
+    if (identity != nullptr) {
+      const char* step = "enter the sandbox";
+      if (int err = EnterSandbox(*identity, switch_user, uid, gid, groups.data(), groups.size(), &step);
+          err != 0) {
+        ChildFail(step, uid_text, err, 126);
+      }
+    } else if (switch_user) {
       if (::setgroups(groups.size(), groups.data()) != 0) {
         ChildFail("setgroups for", uid_text, errno, 126);
       }
       if (::setgid(gid) != 0) ChildFail("setgid for", uid_text, errno, 126);
       if (::setuid(uid) != 0) ChildFail("setuid for", uid_text, errno, 126);
     }
+    // After the identity: it needs the user namespace and cgroup fds.
+    CloseFrom(3);
     if (::chdir(cwd) != 0) ChildFail("chdir", cwd, errno, 126);
     int err = ENOENT;
     bool saw_eacces = false;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "agent/identity.h"
 #include "agent/users.h"
 #include "common/unique_fd.h"
 
@@ -22,7 +23,9 @@ struct SpawnSpec {
   std::vector<std::string> argv;  // non-empty; argv[0] is searched in the env's PATH
   std::string cwd = "/";
   std::vector<std::string> env;  // "KEY=value"
-  std::optional<ResolvedUser> user;  // nullopt: keep the agent's own credentials
+  std::optional<ResolvedUser> user;  // nullopt: keep the agent's own credentials (root, with identity)
+  // Enters the sandbox's identity between fork and exec (identity.h); null: keep the agent's.
+  const SandboxIdentity* identity = nullptr;
   // stdin on a pipe whose write end the caller keeps (otherwise /dev/null).
   bool stdin_pipe = false;
   // A pseudo-terminal instead of pipes: the child is a session leader with the pty as its

@@ -465,10 +465,27 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
   for (;;) {
     auto frame = co_await (*stream)->Next(opts_.keepalive_interval);
     if (!frame.ok()) {
-      // The agent went away before the exit event: the sandbox was deleted or crashed.
-      bool running = svc_.AgentSocketFor(target->session.sandbox_id).has_value();
-      json err = {{"code", running ? "agent_unavailable" : "sandbox_not_running"},
-                  {"message", std::string(frame.status().message())}};
+      // The agent went away before the exit event: the sandbox was deleted, or its agent died
+      // (then the sandbox is failed now, and the message says how the agent ended).
+      json err;
+      // The agent's sockets close while it is still exiting: give its exit a moment (bounded,
+      // on this broken stream only) to become visible before deciding it is not dead.
+      std::optional<std::string> lost;
+      http::asio::steady_timer pause(ctx.executor);
+      for (int i = 0; i < 25 && !(lost = svc_.CheckAgentLost(target->session.sandbox_id)); ++i) {
+        if (!svc_.HasInstance(target->session.sandbox_id)) break;  // deleted meanwhile
+        pause.expires_after(std::chrono::milliseconds(20));
+        boost::system::error_code ec;
+        co_await pause.async_wait(http::asio::redirect_error(http::asio::use_awaitable, ec));
+        if (ec) break;
+      }
+      if (lost) {
+        err = {{"code", "sandbox_failed"}, {"message", *lost}};
+      } else {
+        bool running = svc_.AgentSocketFor(target->session.sandbox_id).has_value();
+        err = {{"code", running ? "agent_unavailable" : "sandbox_not_running"},
+               {"message", std::string(frame.status().message())}};
+      }
       co_await ctx.stream.Write(SseEvent(0, "error", err.dump()));
       break;
     }

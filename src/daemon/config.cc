@@ -95,6 +95,17 @@ const std::vector<KeyInfo> kKeys = {
      .help = "uid ranges claimed and user namespaces built ahead by an idle-priority thread; 0 "
              "builds each one during the launch",
      SBX_NUM(runtime.ns.userns_pool)},
+    {.path = "runtime.ns.agent_memory_mib", .type = Type::kInt, .flag = "--agent-memory-mib",
+     .reloadable = false, .min = 16, .max = 65536, .why = "MiB of memory for each sandbox's agent",
+     .help = "memory limit of each sandbox's agent (its own cgroup beside the workload's, on top of "
+             "the sandbox's memory_mib): the output it buffers for the sandbox's sessions lives "
+             "there, and no memory bomb of the workload can reach it",
+     SBX_NUM(runtime.ns.agent_memory_mib)},
+    {.path = "runtime.ns.agent_pids", .type = Type::kInt, .flag = "--agent-pids",
+     .reloadable = false, .min = 16, .max = 65536, .why = "processes of each sandbox's agent",
+     .help = "pids.max of each sandbox's agent (itself, its file workers, and session processes "
+             "until they join the workload's cgroup): a fork bomb of the workload cannot use them",
+     SBX_NUM(runtime.ns.agent_pids)},
     {.path = "runtime.ns.netns_pool", .type = Type::kInt, .flag = "--netns-pool",
      .reloadable = false, .min = 0, .max = 256, .why = "network namespaces kept ready",
      .help = "network namespaces (lo up) kept ready for launches by an idle-priority thread; 0 "

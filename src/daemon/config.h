@@ -63,6 +63,8 @@ struct Config {
     std::string seccomp_policy;  // empty: the policy embedded at build time
     bool cgroup_favor_dynmods = true;
     std::string cgroup_parent;  // empty: <sbxd's own cgroup>/sbx
+    int64_t agent_memory_mib = 256;
+    int64_t agent_pids = 256;
     bool operator==(const Ns&) const = default;
   };
   struct Runtime {

@@ -164,6 +164,8 @@ sbx::runtime::ns::NsOptions NsOptionsOf(const Config& c, const std::string& agen
   o.user_namespaces = ns.user_namespaces;
   o.userns_pool_size = static_cast<int>(ns.userns_pool);
   o.seccomp_policy_path = ns.seccomp_policy;
+  o.agent_memory_mib = static_cast<int>(ns.agent_memory_mib);
+  o.agent_pids = static_cast<int>(ns.agent_pids);
   return o;
 }
 

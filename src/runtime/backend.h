@@ -86,6 +86,9 @@ class Instance {
   virtual Json Persist() const = 0;
   // False once the sandbox's agent is known to have exited (a cheap check, no I/O to the agent).
   virtual bool Alive() const { return true; }
+  // After Alive() turned false: how the agent ended, as far as the runtime can tell (e.g.
+  // "killed by SIGKILL; the OOM killer took it: the agent's memory limit was reached").
+  virtual std::string DeathReason() const { return "it exited"; }
   // Kills every process of the sandbox and removes every kernel object and file it owns.
   // Idempotent: safe on a half-built or already destroyed sandbox, frozen ones included.
   virtual absl::Status Destroy() = 0;

@@ -1184,10 +1184,15 @@ absl::StatusOr<SandboxService::AttachTarget> SandboxService::PrepareAttach(
       if (r.ok()) sb = *r;
       return absl::OkStatus();
     });
+    if (auto lost = CheckAgentLost(s.sandbox_id)) {
+      return ApiError(absl::StatusCode::kFailedPrecondition, "sandbox_not_running",
+                      fmt::format("sandbox {} is failed: {}", s.sandbox_id, *lost));
+    }
     // Running in the store but without a socket: a pause is freezing it right now.
     std::string state = sb.state.empty() ? "gone" : sb.state == kRunning ? "being paused" : sb.state;
     return ApiError(absl::StatusCode::kFailedPrecondition, "sandbox_not_running",
-                    fmt::format("sandbox {} is {}, not running", s.sandbox_id, state));
+                    fmt::format("sandbox {} is {}, not running{}", s.sandbox_id, state,
+                                sb.error.is_object() ? fmt::format(": {}", sb.error.value("message", "")) : ""));
   }
   return AttachTarget{std::move(s), *sock};
 }
@@ -1195,8 +1200,87 @@ absl::StatusOr<SandboxService::AttachTarget> SandboxService::PrepareAttach(
 std::optional<std::string> SandboxService::AgentSocketFor(const std::string& sandbox_id) const {
   std::lock_guard lock(mu_);
   auto it = instances_.find(sandbox_id);
-  if (it == instances_.end() || frozen_.count(sandbox_id)) return std::nullopt;
+  // A dead agent's socket would only refuse: the caller says "not running" instead, at once.
+  if (it == instances_.end() || frozen_.count(sandbox_id) || !it->second->Alive()) return std::nullopt;
   return it->second->AgentSocketPath();
+}
+
+std::optional<std::string> SandboxService::CheckAgentLost(const std::string& sandbox_id) {
+  std::string reason;
+  {
+    std::lock_guard lock(mu_);
+    auto it = instances_.find(sandbox_id);
+    if (it == instances_.end() || it->second->Alive()) return std::nullopt;
+    reason = it->second->DeathReason();
+  }
+  const std::string message = fmt::format(
+      "the sandbox's agent (PID 1) is gone ({}); the kernel ended every process of the sandbox "
+      "with it, and their unread output is lost; delete the sandbox", reason);
+  std::string from;
+  std::vector<std::string> ended;  // sessions that were running
+  absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    from.clear();
+    ended.clear();
+    SBX_ASSIGN_OR_RETURN(SandboxRecord sb, tx.GetSandbox(sandbox_id));
+    // An operation in flight (a delete above all) owns the sandbox: it sees the dead agent
+    // itself, and the next tick looks again once it is done.
+    if (sb.current_operation_id || !(sb.state == kRunning || IsFrozenState(sb.state))) {
+      return absl::OkStatus();
+    }
+    const std::string now = NowRfc3339();
+    from = sb.state;
+    sb.state = std::string(kFailed);
+    sb.error = {{"code", "agent_lost"}, {"message", message}};
+    sb.updated_at = now;
+    SBX_RETURN_IF_ERROR(tx.PutSandbox(sb));
+    SBX_ASSIGN_OR_RETURN(std::vector<SessionRecord> sessions, tx.ListSessions(sandbox_id));
+    for (SessionRecord& s : sessions) {
+      if (s.state == "exited") continue;
+      if (s.state == "running") {
+        ended.push_back(s.id);
+        s.signal = "SIGKILL";  // what the kernel sends a pid namespace whose init died
+      }
+      s.state = "exited";
+      s.exited_at = now;
+      s.error = {{"code", "sandbox_failed"}, {"message", message}};
+      SBX_RETURN_IF_ERROR(tx.PutSession(s));
+    }
+    return absl::OkStatus();
+  });
+  if (!st.ok()) {
+    spdlog::warn("sandbox {}: agent lost, but marking it failed did not commit: {}", sandbox_id,
+                 std::string(st.message()));
+    return message;
+  }
+  if (!from.empty()) {
+    {
+      std::lock_guard lock(mu_);
+      frozen_.erase(sandbox_id);
+    }
+    log::Context lctx;
+    lctx.sandbox = sandbox_id;
+    log::Scope scope(lctx);
+    log::Event(spdlog::level::warn, {{"reason", reason}}, "sandbox {}: agent lost: {}", sandbox_id, reason);
+    LogStateChange(sandbox_id, from, kFailed, message);
+    for (const std::string& id : ended) metrics_->SessionExited(id, /*oom_killed=*/false);
+  }
+  return message;
+}
+
+bool SandboxService::HasInstance(const std::string& sandbox_id) const {
+  std::lock_guard lock(mu_);
+  return instances_.count(sandbox_id) > 0;
+}
+
+void SandboxService::CheckAgentsAlive() {
+  std::vector<std::string> dead;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, inst] : instances_) {
+      if (!inst->Alive()) dead.push_back(id);
+    }
+  }
+  for (const std::string& id : dead) (void)CheckAgentLost(id);
 }
 
 void SandboxService::RecordSessionStarted(const std::string& session_id,

@@ -161,6 +161,14 @@ class SandboxService {
   // while it is frozen (paused, suspended, or a pause in progress): a frozen agent would leave
   // a caller waiting for its timeout.
   std::optional<std::string> AgentSocketFor(const std::string& sandbox_id) const;
+  // When the sandbox's agent has died (a kernel bug, a host OOM: nothing the guest does can
+  // end it, src/agent/identity.h): marks the sandbox failed (code agent_lost, with how it
+  // ended) and its unfinished sessions exited with error sandbox_failed, once, and returns
+  // that message. nullopt while the agent lives (or the sandbox is not here). The timers call
+  // it every tick; a data-plane route whose agent connection broke calls it to say why.
+  std::optional<std::string> CheckAgentLost(const std::string& sandbox_id);
+  // Whether this process holds a runtime instance of the sandbox (it is not being deleted).
+  bool HasInstance(const std::string& sandbox_id) const;
   // Record what the data plane observed.
   void RecordSessionStarted(const std::string& session_id, const nlohmann::json& attach_response);
   void RecordSessionExit(const std::string& session_id, const protocol::ExitEvent& ev);
@@ -190,6 +198,8 @@ class SandboxService {
   // Asks the agents of running sandboxes about the sessions the store thinks still run, so
   // exits nobody watched reach the store and the metrics (timers.cc).
   void RefreshSessionStates(const std::vector<store::SandboxRecord>& live);
+  // CheckAgentLost for every sandbox whose agent is not alive (timers.cc).
+  void CheckAgentsAlive();
   // Reads each live sandbox's denied-egress counter into sbx_egress_denied_total (timers.cc).
   void RefreshDeniedEgress(const std::vector<store::SandboxRecord>& live);
   // One sandbox's reading, if it has an instance here and its runtime counts.

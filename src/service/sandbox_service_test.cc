@@ -131,6 +131,46 @@ class EgressBackend : public NoPauseBackend {
   std::map<std::string, std::shared_ptr<std::atomic<uint64_t>>> counters_;  // outlive restarts
 };
 
+// The fake runtime, whose agents the test can declare dead (as a host OOM or a kernel bug
+// would end them: nothing the guest does can).
+class MortalBackend : public NoPauseBackend {
+ public:
+  explicit MortalBackend(runtime::Backend& inner) : NoPauseBackend(inner) {}
+  std::string Name() const override { return "mortal"; }
+  absl::StatusOr<runtime::InstancePtr> Create(const runtime::SandboxSpec& s) override {
+    SBX_ASSIGN_OR_RETURN(runtime::InstancePtr inner, NoPauseBackend::Create(s));
+    auto dead = std::make_shared<std::atomic<bool>>(false);
+    {
+      std::lock_guard lock(mu_);
+      dead_[s.id] = dead;
+    }
+    return runtime::InstancePtr(std::make_unique<Instance>(std::move(inner), std::move(dead)));
+  }
+  void Kill(const std::string& id) {
+    std::lock_guard lock(mu_);
+    dead_[id]->store(true);
+  }
+
+ private:
+  class Instance : public runtime::Instance {
+   public:
+    Instance(runtime::InstancePtr inner, std::shared_ptr<std::atomic<bool>> dead)
+        : inner_(std::move(inner)), dead_(std::move(dead)) {}
+    const std::string& id() const override { return inner_->id(); }
+    std::string AgentSocketPath() const override { return inner_->AgentSocketPath(); }
+    json Persist() const override { return inner_->Persist(); }
+    bool Alive() const override { return !dead_->load(); }
+    std::string DeathReason() const override { return "it was killed by SIGKILL"; }
+    absl::Status Destroy() override { return inner_->Destroy(); }
+
+   private:
+    runtime::InstancePtr inner_;
+    std::shared_ptr<std::atomic<bool>> dead_;
+  };
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<std::atomic<bool>>> dead_;
+};
+
 class SandboxServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -146,6 +186,7 @@ class SandboxServiceTest : public ::testing::Test {
     recording_ = std::make_unique<RecordingBackend>(*fake_);
     egress_ = std::make_unique<EgressBackend>(*fake_);
     failing_ = std::make_unique<FailingBackend>(*fake_);
+    mortal_ = std::make_unique<MortalBackend>(*fake_);
     Start();
   }
 
@@ -194,7 +235,8 @@ class SandboxServiceTest : public ::testing::Test {
                                                  {"nopause", nopause_.get()},
                                                  {"recording", recording_.get()},
                                                  {"egress", egress_.get()},
-                                                 {"failing", failing_.get()}});
+                                                 {"failing", failing_.get()},
+                                                 {"mortal", mortal_.get()}});
     ASSERT_TRUE(svc_->Reconcile().ok());
   }
   void Stop() {
@@ -288,6 +330,7 @@ class SandboxServiceTest : public ::testing::Test {
   std::unique_ptr<RecordingBackend> recording_;
   std::unique_ptr<EgressBackend> egress_;
   std::unique_ptr<FailingBackend> failing_;
+  std::unique_ptr<MortalBackend> mortal_;
   runtime::Resources defaults_;  // ServiceOptions of the next Start()
   // Admission of the next Start(): without host_, no probe (nothing refused).
   AdmissionSettings admission_;
@@ -1126,4 +1169,63 @@ TEST_F(SandboxTimersTest, RetentionPurgesDeletedSandboxesOnly) {
 }
 
 }  // namespace
+// A dead agent is noticed by the timers, with no client asking: the sandbox is failed with the
+// reason, its unfinished sessions ended with an error, and it deletes cleanly. Once only.
+TEST_F(SandboxServiceTest, DeadAgentFailsTheSandboxAndItsSessions) {
+  const std::string id = CreateRunning("mortal");
+  auto session = [&]() -> std::string {
+    CreateSessionRequest req;
+    req.argv = {"sleep", "100"};
+    req.canonical = json{{"argv", req.argv}, {"n", NewId("x")}};
+    auto r = svc_->CreateSession(caller_, id, req, std::nullopt);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? json::parse(r->body)["session_id"].get<std::string>() : "";
+  };
+  const std::string running = session(), created = session();
+  svc_->RecordSessionStarted(running, json{{"ok", true}, {"started", true}});
+  EXPECT_EQ(Metric("sbx_sessions_active"), "1");
+  const auto wall = std::chrono::system_clock::now();
+  const auto mono = ActivityTracker::Clock::now();
+  svc_->RunTimersOnce(wall, mono);
+  EXPECT_EQ(svc_->GetSandbox(caller_, id)->state, "running");
+  EXPECT_FALSE(svc_->CheckAgentLost(id).has_value());
+
+  mortal_->Kill(id);
+  EXPECT_FALSE(svc_->AgentSocketFor(id).has_value());  // at once, before any tick
+  svc_->RunTimersOnce(wall + 1s, mono);
+  auto sb = svc_->GetSandbox(caller_, id);
+  ASSERT_TRUE(sb.ok());
+  EXPECT_EQ(sb->state, "failed");
+  EXPECT_EQ(sb->error.value("code", ""), "agent_lost");
+  EXPECT_NE(sb->error.value("message", "").find("killed by SIGKILL"), std::string::npos) << sb->error;
+  auto r = svc_->GetSession(caller_, running);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->state, "exited");
+  EXPECT_EQ(r->signal.value_or(""), "SIGKILL");
+  EXPECT_EQ(r->error.value("code", ""), "sandbox_failed");
+  auto c = svc_->GetSession(caller_, created);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->state, "exited");
+  EXPECT_FALSE(c->signal.has_value());
+  EXPECT_EQ(c->error.value("code", ""), "sandbox_failed");
+  EXPECT_EQ(Metric("sbx_sessions_active"), "0");
+
+  // Later ticks change nothing; attach and new sessions say why.
+  const std::string updated = sb->updated_at;
+  svc_->RunTimersOnce(wall + 2s, mono);
+  EXPECT_EQ(svc_->GetSandbox(caller_, id)->updated_at, updated);
+  auto attach = svc_->PrepareAttach(caller_, running);
+  ASSERT_FALSE(attach.ok());
+  EXPECT_NE(std::string(attach.status().message()).find("failed"), std::string::npos) << attach.status();
+  CreateSessionRequest req;
+  req.argv = {"true"};
+  req.canonical = json{{"argv", req.argv}};
+  EXPECT_EQ(svc_->CreateSession(caller_, id, req, std::nullopt).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  auto del = svc_->DeleteSandbox(caller_, id, std::nullopt);
+  ASSERT_TRUE(del.ok()) << del.status();
+  EXPECT_EQ(WaitOp(json::parse(del->body)["operation"]["id"]).state, "succeeded");
+}
+
 }  // namespace sbx::service

@@ -1,4 +1,5 @@
 // The server's own clock-driven work, one pass per tick:
+//   - Agents: a sandbox whose agent died is marked failed (CheckAgentLost), within a tick.
 //   - TTL: a sandbox whose created_at + timeout_s has passed is deleted (initiator "ttl").
 //   - Idle: a running sandbox unused for idle_suspend_s is suspended (initiator "idle"): no
 //     management call, no attach stream, and no session process running. Processes started in
@@ -108,6 +109,8 @@ void SandboxService::RefreshDeniedEgress(const std::vector<SandboxRecord>& live)
 
 void SandboxService::RunTimersOnce(std::chrono::system_clock::time_point wall,
                                    ActivityTracker::Clock::time_point mono) {
+  // First: a sandbox whose agent died must not be reported running for longer than a tick.
+  CheckAgentsAlive();
   std::vector<SandboxRecord> live;
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
     auto all = tx.ListLiveSandboxes();

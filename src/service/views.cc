@@ -75,6 +75,7 @@ nlohmann::json SessionView(const store::SessionRecord& r) {
       {"created_at", r.created_at},
       {"started_at", OrNull(r.started_at)},
       {"exited_at", OrNull(r.exited_at)},
+      {"error", r.error},
       {"tty", spec.value("tty", nlohmann::json())},
       {"stdin", spec.value("stdin", false)},
       {"timeout_s", spec.value("timeout_s", nlohmann::json())},

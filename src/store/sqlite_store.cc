@@ -110,6 +110,10 @@ ALTER TABLE sandboxes ADD COLUMN idle_suspend_s INTEGER;
 ALTER TABLE operations ADD COLUMN initiator TEXT NOT NULL DEFAULT 'api';
 CREATE INDEX sandboxes_deleted ON sandboxes (updated_at) WHERE state = 'deleted';
 )sql",
+    // 3: why a session ended without an exit of its own (its sandbox's agent died).
+    R"sql(
+ALTER TABLE sessions ADD COLUMN error TEXT;
+)sql",
 };
 constexpr int kSchemaVersion = static_cast<int>(std::size(kMigrations));
 
@@ -127,7 +131,7 @@ constexpr char kRollback[] = "ROLLBACK";
   "completed_at, initiator"
 #define SBX_SESSION_COLS                                                                     \
   "id, tenant_id, sandbox_id, state, spec, exit_code, signal, timed_out, oom_killed, "        \
-  "created_at, started_at, exited_at"
+  "created_at, started_at, exited_at, error"
 #define SBX_IDEMPOTENCY_COLS \
   "tenant_id, key, method, route, body_hash, status, response_body, created_at"
 
@@ -185,13 +189,13 @@ constexpr char kGetSession[] = "SELECT " SBX_SESSION_COLS " FROM sessions WHERE 
 constexpr char kListSessions[] = "SELECT " SBX_SESSION_COLS
                                  " FROM sessions WHERE sandbox_id = ?1 ORDER BY created_at, id";
 constexpr char kPutSession[] = "INSERT INTO sessions (" SBX_SESSION_COLS R"sql()
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
 ON CONFLICT (id) DO UPDATE SET
   tenant_id = excluded.tenant_id, sandbox_id = excluded.sandbox_id, state = excluded.state,
   spec = excluded.spec, exit_code = excluded.exit_code, signal = excluded.signal,
   timed_out = excluded.timed_out, oom_killed = excluded.oom_killed,
   created_at = excluded.created_at, started_at = excluded.started_at,
-  exited_at = excluded.exited_at)sql";
+  exited_at = excluded.exited_at, error = excluded.error)sql";
 
 constexpr char kGetIdempotency[] = "SELECT " SBX_IDEMPOTENCY_COLS
                                    " FROM idempotency_keys"
@@ -345,6 +349,7 @@ absl::StatusOr<SessionRecord> ReadSession(const StmtCursor& q) {
   r.created_at = q.Text(9);
   r.started_at = q.OptText(10);
   r.exited_at = q.OptText(11);
+  SBX_ASSIGN_OR_RETURN(r.error, ColumnJson(q, 12, fmt::format("session {} error", r.id)));
   return r;
 }
 
@@ -747,6 +752,7 @@ class SqliteTx final : public Tx {
     SBX_RETURN_IF_ERROR(BindJson(q, 5, r.spec, fmt::format("put session {} spec", r.id)));
     q.Bind(6, r.exit_code).Bind(7, r.signal).Bind(8, r.timed_out).Bind(9, r.oom_killed);
     q.Bind(10, r.created_at).Bind(11, r.started_at).Bind(12, r.exited_at);
+    SBX_RETURN_IF_ERROR(BindJson(q, 13, r.error, fmt::format("put session {} error", r.id)));
     return Done(q, kStep);
   }
 

@@ -176,6 +176,7 @@ void ExpectSessionEq(const SessionRecord& a, const SessionRecord& b) {
   EXPECT_EQ(a.created_at, b.created_at);
   EXPECT_EQ(a.started_at, b.started_at);
   EXPECT_EQ(a.exited_at, b.exited_at);
+  EXPECT_EQ(a.error, b.error);
 }
 
 void ExpectIdempotencyEq(const IdempotencyRecord& a, const IdempotencyRecord& b) {
@@ -274,6 +275,7 @@ TEST_F(SqliteStoreTest, SessionRoundTripsEveryField) {
   exited.oom_killed = true;
   exited.started_at = Ts(6);
   exited.exited_at = Ts(7);
+  exited.error = {{"code", "sandbox_failed"}, {"message", "the agent is gone"}};
   SessionRecord fresh = MakeSession("ses_fresh", "sbx_1", 8);
   fresh.spec = nullptr;
   ASSERT_TRUE(store_
@@ -714,7 +716,7 @@ TEST_F(SqliteStoreTest, ReopenKeepsDataAndSchemaVersion) {
   store_.reset();
   {
     RawDb raw(path_);
-    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "2");
+    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "3");
     EXPECT_EQ(raw.QueryText("PRAGMA journal_mode"), "wal");
   }
   Open();
@@ -723,7 +725,7 @@ TEST_F(SqliteStoreTest, ReopenKeepsDataAndSchemaVersion) {
   ExpectSandboxEq(*got, FullSandbox("sbx_1"));
   store_.reset();
   RawDb raw(path_);
-  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "2");
+  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "3");
 }
 
 // A database written by the first release (schema 1) opens: rows keep their values and the new
@@ -736,8 +738,9 @@ TEST_F(SqliteStoreTest, SchemaOneDatabaseIsMigrated) {
   ASSERT_TRUE(store_->Transact([&](Tx& tx) { return tx.PutOperation(op); }).ok());
   store_.reset();
   {
-    RawDb raw(path_);  // undo migration 2 by hand
-    raw.Exec("DROP INDEX sandboxes_deleted; ALTER TABLE sandboxes DROP COLUMN idle_suspend_s; "
+    RawDb raw(path_);  // undo migrations 3 and 2 by hand
+    raw.Exec("ALTER TABLE sessions DROP COLUMN error; "
+             "DROP INDEX sandboxes_deleted; ALTER TABLE sandboxes DROP COLUMN idle_suspend_s; "
              "ALTER TABLE operations DROP COLUMN initiator; PRAGMA user_version = 1;");
   }
   Open();

@@ -80,6 +80,9 @@ struct SessionRecord {
   std::string created_at;
   std::optional<std::string> started_at;
   std::optional<std::string> exited_at;
+  // {code, message} when the session ended without an exit of its own (its sandbox's agent
+  // died); null otherwise.
+  Json error = nullptr;
 };
 
 struct IdempotencyRecord {

@@ -128,11 +128,14 @@ std::vector<pid_t> PidsMatching(const std::map<std::string, std::string>& cgroup
                                 const std::string& needle) {
   std::set<pid_t> out;
   for (const auto& [key, path] : cgroups) {
-    auto procs = ReadFileToString(path + "/cgroup.procs");
-    if (!procs.ok()) continue;
-    for (pid_t p : ParsePidList(*procs)) {
-      auto cmd = ReadFileToString(fmt::format("/proc/{}/cmdline", p));
-      if (cmd.ok() && cmd->find(needle) != std::string::npos) out.insert(p);
+    // The sandbox's directory and its agent/ and work/ children (cgroup.h CgroupLimits).
+    for (const std::string& dir : {path, path + "/agent", path + "/work"}) {
+      auto procs = ReadFileToString(dir + "/cgroup.procs");
+      if (!procs.ok()) continue;
+      for (pid_t p : ParsePidList(*procs)) {
+        auto cmd = ReadFileToString(fmt::format("/proc/{}/cmdline", p));
+        if (cmd.ok() && cmd->find(needle) != std::string::npos) out.insert(p);
+      }
     }
   }
   return {out.begin(), out.end()};
@@ -390,25 +393,39 @@ TEST_F(NsRuntimeTest, IsolationInsideTheSandbox) {
     EXPECT_EQ(line.substr(line.rfind(':')), ":/") << line;
   }
 
-  // The memory limit is in the sandbox's cgroup, and the agent is in it.
+  // The sandbox's limits are on its work/ child, where its processes are; the agent sits
+  // beside them in agent/, with its own budget (NsOptions::agent_memory_mib, agent_pids).
   auto paths = backend_->CgroupPaths(spec.id);
-  if (paths.count("memory")) {
-    auto limit = ReadFileToString(paths["memory"] + "/memory.limit_in_bytes");
-    ASSERT_TRUE(limit.ok()) << limit.status();
-    EXPECT_EQ(std::stoll(*limit), 256LL << 20);
-    auto procs = ReadFileToString(paths["memory"] + "/cgroup.procs");
-    ASSERT_TRUE(procs.ok());
+  auto contains = [](const std::string& dir, pid_t want) {
+    auto procs = ReadFileToString(dir + "/cgroup.procs");
+    if (!procs.ok()) return false;
     auto pids = ParsePidList(*procs);
-    EXPECT_NE(std::find(pids.begin(), pids.end(), pid), pids.end());
-  } else {
-    auto limit = ReadFileToString(paths["unified"] + "/memory.max");
+    return std::find(pids.begin(), pids.end(), want) != pids.end();
+  };
+  const std::string mem_dir = paths.count("memory") ? paths["memory"] : paths["unified"];
+  const char* mem_file = paths.count("memory") ? "/memory.limit_in_bytes" : "/memory.max";
+  {
+    auto limit = ReadFileToString(mem_dir + "/work" + mem_file);
     ASSERT_TRUE(limit.ok()) << limit.status();
     EXPECT_EQ(std::stoll(*limit), 256LL << 20);
+    auto agent_limit = ReadFileToString(mem_dir + "/agent" + mem_file);
+    ASSERT_TRUE(agent_limit.ok()) << agent_limit.status();
+    EXPECT_EQ(std::stoll(*agent_limit), int64_t{NsOptions{}.agent_memory_mib} << 20);
+    EXPECT_TRUE(contains(mem_dir + "/agent", pid)) << "the agent is not in " << mem_dir << "/agent";
+    EXPECT_FALSE(contains(mem_dir + "/work", pid));
   }
   if (paths.count("pids")) {
-    auto max = ReadFileToString(paths["pids"] + "/pids.max");
+    auto max = ReadFileToString(paths["pids"] + "/work/pids.max");
     ASSERT_TRUE(max.ok());
     EXPECT_EQ(*max, "128\n");
+    auto agent_max = ReadFileToString(paths["pids"] + "/agent/pids.max");
+    ASSERT_TRUE(agent_max.ok());
+    EXPECT_EQ(*agent_max, fmt::format("{}\n", NsOptions{}.agent_pids));
+  }
+  // A session's processes are in work/ (every hierarchy), and see it as their cgroup root.
+  {
+    RunResult w = MustRunCmd(*inst, {"sh", "-c", "cat /proc/self/cgroup; echo $$"});
+    EXPECT_EQ(w.out.find("/work"), std::string::npos) << "the cgroup namespace shows the host's path: " << w.out;
   }
 
   // The limits are enforced: an allocation over the memory limit is OOM-killed (and the agent
@@ -462,7 +479,28 @@ TEST_F(NsRuntimeTest, UserAndTimeNamespaces) {
   EXPECT_TRUE(PathExists(fmt::format("/run/sbx/uid-ranges/{}", base)));
 
   RunResult r = MustRunCmd(*inst, {"cat", "/proc/self/uid_map", "/proc/self/gid_map"});
-  EXPECT_EQ(r.out, fmt::format("{:>10} {:>10} {:>10}\n{:>10} {:>10} {:>10}\n", 0, base, 65536, 0, base, 65536));
+  // 65535 ids: the range's last uid is the agent's, never mapped inside.
+  EXPECT_EQ(r.out, fmt::format("{:>10} {:>10} {:>10}\n{:>10} {:>10} {:>10}\n", 0, base, 65535, 0, base, 65535));
+  // The agent is not sandbox root: it stays in the host's user namespace as that last uid, with
+  // no capabilities (and so shares no credentials with anything sandbox root can become).
+  {
+    const pid_t agent = PidOf(*inst);
+    auto status = ReadFileToString(fmt::format("/proc/{}/status", agent));
+    ASSERT_TRUE(status.ok()) << status.status();
+    const uint32_t agent_uid = base + 65535;
+    EXPECT_NE(status->find(fmt::format("Uid:\t{0}\t{0}\t{0}\t{0}\n", agent_uid)), std::string::npos) << *status;
+    EXPECT_NE(status->find(fmt::format("Gid:\t{0}\t{0}\t{0}\t{0}\n", agent_uid)), std::string::npos) << *status;
+    EXPECT_NE(status->find("CapEff:\t0000000000000000\n"), std::string::npos) << *status;
+    EXPECT_NE(status->find("CapPrm:\t0000000000000000\n"), std::string::npos) << *status;
+    char agent_userns[64] = {0}, host_userns[64] = {0};
+    ASSERT_GT(::readlink(fmt::format("/proc/{}/ns/user", agent).c_str(), agent_userns, sizeof(agent_userns) - 1), 0);
+    ASSERT_GT(::readlink("/proc/self/ns/user", host_userns, sizeof(host_userns) - 1), 0);
+    EXPECT_STREQ(agent_userns, host_userns);
+    // Its /proc files are host root's (non-dumpable in the host's user namespace).
+    struct stat pst;
+    ASSERT_EQ(::stat(fmt::format("/proc/{}/oom_score_adj", agent).c_str(), &pst), 0);
+    EXPECT_EQ(pst.st_uid, 0u);
+  }
   // Host root's files show as the sandbox's root through the idmapped views...
   r = MustRunCmd(*inst, {"sh", "-c", "id -u; stat -c %u:%g /etc/passwd /usr/bin /; touch /root/mine && echo made"});
   EXPECT_EQ(r.out, "0\n0:0\n0:0\n0:0\nmade\n") << r.err;

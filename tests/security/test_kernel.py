@@ -101,3 +101,44 @@ def test_sysctl_write(sysctl_attack, key):
     assert out[f"open_{key}"] == "EACCES", f"open {key} for writing: expected EACCES, got {out[f'open_{key}']}"
     if key in SYSCTLS:
         assert after[key] == before[key], f"host {key} changed: {before[key]!r} -> {after[key]!r}"
+
+
+@attack("host-events", "netlink families that broadcast host events (socket() of every protocol "
+                       "0..31), and NETLINK_KOBJECT_UEVENT group 1 listened to while another "
+                       "sandbox is created and deleted")
+def test_netlink_families(sclient, target):
+    import threading
+
+    def neighbour():
+        sb = sclient.create_sandbox({"labels": {"security": "uevent-neighbour"}})["sandbox"]
+        sclient.delete_sandbox(sb["id"])
+
+    import base64
+    session = sclient.create_session(target["id"], ["python3", "-c", secutil.script("netlink_events"), "6"])
+    out_bytes = b""
+    t = None
+    with sclient.attach(session) as stream:
+        for ev in stream.events():
+            if ev.event == "stdout":
+                out_bytes += base64.b64decode(ev.data["data_b64"])
+                if t is None and b"listening" in out_bytes:  # the guest listens: now the neighbour
+                    t = threading.Thread(target=neighbour)
+                    t.start()
+            elif ev.event == "process_exited":
+                assert ev.data["exit_code"] == 0, ev.data
+                break
+            elif ev.event == "error":
+                raise AssertionError(f"attach error: {ev.data}")
+    assert t is not None, out_bytes
+    t.join(60)
+    out_lines = out_bytes.decode(errors="replace").splitlines()
+    lines = [line for line in out_lines if line.startswith(secutil.RESULT_PREFIX)]
+    assert len(lines) == 1, out_lines
+    out = __import__("json").loads(lines[0][len(secutil.RESULT_PREFIX):])
+    opened = sorted(int(p) for p, o in out["families"].items() if o == "OK")
+    # NETLINK_ROUTE and NETLINK_SOCK_DIAG (about the sandbox's own network namespace) only.
+    assert opened == [0, 4], f"netlink families a sandbox may open: {opened}"
+    refused = {p: o for p, o in out["families"].items() if o != "OK"}
+    assert all(o in ("EPERM", "EPROTONOSUPPORT") for o in refused.values()), refused
+    assert out["families"]["15"] == "EPERM" and out["uevent_socket"] == "EPERM", out
+    assert not out["uevents"], f"the guest received host/neighbour uevents: {out['uevents']}"

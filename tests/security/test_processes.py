@@ -70,9 +70,9 @@ def test_signal_host_pids(signal_attack, sbxd, sclient, target):
         assert r == {"exists_in_proc": False, "kill0": "ESRCH", "sigkill": "ESRCH"}, f"pid {pid}: {r}"
     assert sleeper_alive, "the host sleep process was killed from the sandbox"
     assert sbxd.proc.poll() is None, "sbxd was killed from the sandbox"
-    # kill(1, SIGKILL) reaches the sandbox's own init (the agent), which the kernel protects
-    # from signals sent inside its namespace: the call succeeds and nothing dies.
-    assert out["host_pids"]["1"] == {"exists_in_proc": True, "kill0": "OK", "sigkill": "OK"}, out["host_pids"]["1"]
+    # Pid 1 inside is the sandbox's own agent, whose credentials sandbox root does not share
+    # (src/agent/identity.h): even kill(1, 0) is refused, and nothing dies.
+    assert out["host_pids"]["1"] == {"exists_in_proc": True, "kill0": "EPERM", "sigkill": "EPERM"}, out["host_pids"]["1"]
     again = sh(sclient, target["id"], "echo ok")
     assert again.exit == secutil.CLEAN_EXIT and again.stdout == b"ok\n", "SIGKILL to PID 1 broke the sandbox"
 
@@ -101,8 +101,18 @@ def test_agent_log_fd(agent_proc_attack, sbxd, target):
     written = log.exists() and marker.encode() in log.read_bytes()
     # With the agent non-dumpable (the usual way to close /proc/1/fd to the sandbox) the
     # reopen fails with EACCES; then nothing reaches the host file.
-    assert not written and all(e["open_append"] == "EACCES" for e in files.values()), \
+    assert not written and files and all(e["open_append"] == "EACCES" for e in files.values()), \
         f"sandbox root reopened host files through the agent's fds ({'marker written to ' + str(log) if written else 'no write'}): {files}"
+
+
+@attack("agent", "list the agent's fds (/proc/1/fd, /proc/1/task/1/fd): which sockets and files "
+                 "PID 1 holds")
+def test_agent_fd_list(agent_proc_attack):
+    out, _ = agent_proc_attack
+    # The agent's /proc files belong to host root (it is non-dumpable in the host's user
+    # namespace): the directory itself cannot be read, not only its links.
+    assert out["list_fds"] == "EACCES" and out["list_task_fds"] == "EACCES", \
+        f"listdir(/proc/1/fd): {out['list_fds']}, listdir(/proc/1/task/1/fd): {out['list_task_fds']}"
 
 
 @attack("agent", "open the agent's memory (/proc/1/mem) read-write to take over PID 1 and its "

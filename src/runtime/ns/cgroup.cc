@@ -222,19 +222,26 @@ std::string SandboxCgroup::v2_path() const {
   return "";
 }
 
-std::string SandboxCgroup::OomCounterPath() const {
-  for (const auto& d : dirs_) {
-    if (d.key == "memory" && !d.v2) return Join(d.path, "memory.oom_control");
-  }
-  std::string v2 = v2_path();
-  return v2.empty() ? "" : Join(v2, "memory.events");
+bool SandboxCgroup::Split() const {
+  return !dirs_.empty() && cgroup_internal::FileExists(Join(dirs_.front().path, kAgentLeaf));
 }
 
-absl::StatusOr<std::vector<UniqueFd>> SandboxCgroup::OpenProcsFiles(bool skip_v2) const {
+std::string SandboxCgroup::OomCounterPath() const {
+  // Split: the workload's child, where its OOM kills happen (the agent's are not sessions').
+  const bool split = Split();
+  auto in = [&](const std::string& dir) { return split ? Join(dir, kWorkLeaf) : dir; };
+  for (const auto& d : dirs_) {
+    if (d.key == "memory" && !d.v2) return Join(in(d.path), "memory.oom_control");
+  }
+  std::string v2 = v2_path();
+  return v2.empty() ? "" : Join(in(v2), "memory.events");
+}
+
+absl::StatusOr<std::vector<UniqueFd>> SandboxCgroup::OpenProcsFiles(bool skip_v2, const std::string& leaf) const {
   std::vector<UniqueFd> out;
   for (const auto& d : dirs_) {
     if (d.v2 && skip_v2) continue;
-    std::string p = Join(d.path, "cgroup.procs");
+    std::string p = Join(leaf.empty() ? d.path : Join(d.path, leaf), "cgroup.procs");
     UniqueFd fd(::open(p.c_str(), O_WRONLY | O_CLOEXEC));
     if (!fd) return ErrnoStatus(errno, fmt::format("join cgroup: open({})", p));
     out.push_back(std::move(fd));
@@ -242,15 +249,26 @@ absl::StatusOr<std::vector<UniqueFd>> SandboxCgroup::OpenProcsFiles(bool skip_v2
   return out;
 }
 
-absl::StatusOr<UniqueFd> SandboxCgroup::OpenV2Dir() const {
+absl::StatusOr<UniqueFd> SandboxCgroup::OpenV2Dir(const std::string& leaf) const {
   std::string p = v2_path();
   if (p.empty()) return absl::FailedPreconditionError("join cgroup: no cgroup v2 directory");
+  if (!leaf.empty()) p = Join(p, leaf);
   UniqueFd fd(::open(p.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!fd) return ErrnoStatus(errno, fmt::format("join cgroup: open({})", p));
   return fd;
 }
 
 namespace {
+
+// `dir` and its split children that exist: where a sandbox's processes can be.
+std::vector<std::string> WithLeaves(const std::string& dir) {
+  std::vector<std::string> out = {dir};
+  for (const char* leaf : {kAgentLeaf, kWorkLeaf}) {
+    std::string child = Join(dir, leaf);
+    if (cgroup_internal::FileExists(child)) out.push_back(std::move(child));
+  }
+  return out;
+}
 
 absl::StatusOr<std::vector<pid_t>> ReadProcs(const std::string& dir) {
   auto text = ReadFileToString(Join(dir, "cgroup.procs"));
@@ -276,6 +294,17 @@ int RemainingMs(std::chrono::steady_clock::time_point deadline) {
 
 }  // namespace
 
+std::vector<pid_t> SandboxCgroup::Pids() const {
+  std::set<pid_t> out;
+  for (const auto& d : dirs_) {
+    for (const std::string& dir : WithLeaves(d.path)) {
+      auto pids = ReadProcs(dir);
+      if (pids.ok()) out.insert(pids->begin(), pids->end());
+    }
+  }
+  return {out.begin(), out.end()};
+}
+
 absl::Status SandboxCgroup::Kill() const {
   std::string v2 = v2_path();
   if (!v2.empty() && cgroup_internal::FileExists(Join(v2, "cgroup.kill"))) {
@@ -288,8 +317,10 @@ absl::Status SandboxCgroup::Kill() const {
   }
   // No cgroup.kill (v1 only, or a kernel older than 5.14): signal every listed pid.
   for (const auto& d : dirs_) {
-    SBX_ASSIGN_OR_RETURN(std::vector<pid_t> pids, ReadProcs(d.path));
-    for (pid_t p : pids) ::kill(p, SIGKILL);
+    for (const std::string& dir : WithLeaves(d.path)) {
+      SBX_ASSIGN_OR_RETURN(std::vector<pid_t> pids, ReadProcs(dir));
+      for (pid_t p : pids) ::kill(p, SIGKILL);
+    }
   }
   ThawAfterKill();
   return absl::OkStatus();
@@ -327,18 +358,20 @@ absl::Status SandboxCgroup::WaitEmpty(std::chrono::steady_clock::time_point dead
   // backoff loop is enough. Stragglers (a fork racing the first kill) are killed again.
   for (const auto& d : dirs_) {
     if (d.v2 && !v2.empty()) continue;
-    auto backoff = std::chrono::microseconds(100);
-    for (;;) {
-      SBX_ASSIGN_OR_RETURN(std::vector<pid_t> pids, ReadProcs(d.path));
-      if (pids.empty()) break;
-      if (std::chrono::steady_clock::now() >= deadline) {
-        return absl::DeadlineExceededError(
-            fmt::format("wait for cgroup: {} still has processes {} after {} ms", d.path,
-                        fmt::join(pids, ","), kCgroupDrainTimeout.count()));
+    for (const std::string& dir : WithLeaves(d.path)) {
+      auto backoff = std::chrono::microseconds(100);
+      for (;;) {
+        SBX_ASSIGN_OR_RETURN(std::vector<pid_t> pids, ReadProcs(dir));
+        if (pids.empty()) break;
+        if (std::chrono::steady_clock::now() >= deadline) {
+          return absl::DeadlineExceededError(
+              fmt::format("wait for cgroup: {} still has processes {} after {} ms", dir,
+                          fmt::join(pids, ","), kCgroupDrainTimeout.count()));
+        }
+        for (pid_t p : pids) ::kill(p, SIGKILL);
+        SleepFor(backoff);
+        backoff = std::min(backoff * 2, std::chrono::microseconds(10000));
       }
-      for (pid_t p : pids) ::kill(p, SIGKILL);
-      SleepFor(backoff);
-      backoff = std::min(backoff * 2, std::chrono::microseconds(10000));
     }
   }
   return absl::OkStatus();
@@ -346,23 +379,26 @@ absl::Status SandboxCgroup::WaitEmpty(std::chrono::steady_clock::time_point dead
 
 absl::Status SandboxCgroup::Remove(std::chrono::steady_clock::time_point deadline) {
   absl::Status result = absl::OkStatus();
-  for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) {
-    if (!it->created) continue;
+  // rmdir, retrying EBUSY (a task still on its way out, or a zombie not yet released).
+  auto remove = [&](const std::string& path) -> bool {
     auto backoff = std::chrono::microseconds(100);
     for (;;) {
-      if (::rmdir(it->path.c_str()) == 0 || errno == ENOENT) {
-        it->created = false;
-        break;
-      }
+      if (::rmdir(path.c_str()) == 0 || errno == ENOENT) return true;
       int err = errno;
-      // EBUSY: a task is still on its way out (or a zombie not yet released).
       if (err != EBUSY || std::chrono::steady_clock::now() >= deadline) {
-        if (result.ok()) result = ErrnoStatus(err, fmt::format("remove cgroup: rmdir({})", it->path));
-        break;
+        if (result.ok()) result = ErrnoStatus(err, fmt::format("remove cgroup: rmdir({})", path));
+        return false;
       }
       SleepFor(backoff);
       backoff = std::min(backoff * 2, std::chrono::microseconds(10000));
     }
+  };
+  for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) {
+    if (!it->created) continue;
+    // The children first (a split cgroup); they belong to whoever created the directory.
+    bool children_gone = remove(Join(it->path, kWorkLeaf));
+    children_gone = remove(Join(it->path, kAgentLeaf)) && children_gone;
+    if (children_gone && remove(it->path)) it->created = false;
   }
   return result;
 }

@@ -41,7 +41,22 @@ struct CgroupLimits {
   int64_t pids = 0;          // > 0
   int64_t cpu_quota_us = 0;  // > 0, per cpu_period_us
   int64_t cpu_period_us = 100000;
+  // > 0: the sandbox's directory gets two children, `agent` (the agent alone, with these
+  // limits) and `work` (every sandbox process, with memory_bytes and pids), under one CPU quota
+  // on the sandbox's directory. The OOM killer and pids.max then act on the workload only: a
+  // memory or fork bomb cannot take or starve the agent, whose own budget the workload cannot
+  // touch. 0: one directory for all (sandboxes made before the split).
+  int64_t agent_memory_bytes = 0;
+  int64_t agent_pids = 0;
 };
+
+// The children of a split sandbox cgroup (CgroupLimits::agent_memory_bytes).
+inline constexpr char kAgentLeaf[] = "agent";
+inline constexpr char kWorkLeaf[] = "work";
+// cpu.weight (v2) / cpu.shares (v1) of the agent's child: ten times the workload's default, so
+// a CPU-bound workload cannot starve the agent within the sandbox's quota.
+inline constexpr int kAgentCpuWeight = 1000;
+inline constexpr int kAgentCpuShares = 10240;
 
 // Where to look. Real hosts use the defaults; unit tests point both at a fake tree.
 struct CgroupEnv {
@@ -115,10 +130,16 @@ class SandboxCgroup {
   std::string OomCounterPath() const;
 
   // cgroup.procs of every directory to join by writing "0" from the child, except the v2
-  // directory when `skip_v2` (the child is then placed with CLONE_INTO_CGROUP).
-  absl::StatusOr<std::vector<UniqueFd>> OpenProcsFiles(bool skip_v2) const;
-  // O_PATH|O_DIRECTORY fd of the v2 directory for clone3's CLONE_INTO_CGROUP.
-  absl::StatusOr<UniqueFd> OpenV2Dir() const;
+  // directory when `skip_v2` (the child is then placed with CLONE_INTO_CGROUP). `leaf`: of
+  // that child of each directory (kAgentLeaf, kWorkLeaf) instead.
+  absl::StatusOr<std::vector<UniqueFd>> OpenProcsFiles(bool skip_v2, const std::string& leaf = "") const;
+  // O_PATH|O_DIRECTORY fd of the v2 directory (or its child `leaf`) for CLONE_INTO_CGROUP.
+  absl::StatusOr<UniqueFd> OpenV2Dir(const std::string& leaf = "") const;
+  // Whether the directories have the agent/work children (CgroupLimits::agent_memory_bytes).
+  bool Split() const;
+  // Every pid listed in the directories and their children (duplicates across hierarchies
+  // removed); missing directories list nothing.
+  std::vector<pid_t> Pids() const;
 
   // SIGKILLs every process in the sandbox's cgroups: cgroup.kill where there is a v2
   // directory, otherwise every pid listed in cgroup.procs.

@@ -77,34 +77,63 @@ class V1HybridDriver : public CgroupDriver {
                                                         const CgroupLimits& l) override {
     SBX_RETURN_IF_ERROR(CheckLimits(l));
     auto cg = std::make_unique<SandboxCgroup>(id, SandboxDirs(id));
+    const bool split = l.agent_memory_bytes > 0 || l.agent_pids > 0;
     for (auto& d : cg->mutable_dirs()) {
       if (::mkdir(d.path.c_str(), 0755) != 0) {
         return ErrnoStatus(errno, fmt::format("create cgroup: mkdir({})", d.path));
       }
       d.created = true;
-    }
-    for (const auto& d : cg->dirs()) {
-      if (d.key == "memory" && l.memory_bytes > 0) {
-        const std::string v = std::to_string(l.memory_bytes);
-        SBX_RETURN_IF_ERROR(Annotate(WriteControl(env_, d.path, "memory.limit_in_bytes", v),
-                                     "cgroup memory limit"));
-        // Without this a sandbox could spill past its limit into swap where swap exists.
-        if (cgroup_internal::FileExists(Join(d.path, "memory.memsw.limit_in_bytes"))) {
-          SBX_RETURN_IF_ERROR(Annotate(
-              WriteControl(env_, d.path, "memory.memsw.limit_in_bytes", v), "cgroup memory limit"));
+      for (const char* leaf : {kAgentLeaf, kWorkLeaf}) {
+        if (!split) break;
+        const std::string child = Join(d.path, leaf);
+        if (::mkdir(child.c_str(), 0755) != 0) {
+          return ErrnoStatus(errno, fmt::format("create cgroup: mkdir({})", child));
         }
       }
-      if (d.key == "pids" && l.pids > 0) {
-        SBX_RETURN_IF_ERROR(Annotate(
-            WriteControl(env_, d.path, "pids.max", std::to_string(l.pids)), "cgroup pids limit"));
+    }
+    // Split: the workload's limits on work/, the agent's on agent/, the CPU quota over both.
+    auto memory = [&](const std::string& dir, int64_t bytes) -> absl::Status {
+      const std::string v = std::to_string(bytes);
+      SBX_RETURN_IF_ERROR(Annotate(WriteControl(env_, dir, "memory.limit_in_bytes", v), "cgroup memory limit"));
+      // Without this a sandbox could spill past its limit into swap where swap exists.
+      if (cgroup_internal::FileExists(Join(dir, "memory.memsw.limit_in_bytes"))) {
+        SBX_RETURN_IF_ERROR(
+            Annotate(WriteControl(env_, dir, "memory.memsw.limit_in_bytes", v), "cgroup memory limit"));
       }
-      if (d.key == "cpu" && l.cpu_quota_us > 0) {
-        SBX_RETURN_IF_ERROR(
-            Annotate(WriteControl(env_, d.path, "cpu.cfs_period_us", std::to_string(l.cpu_period_us)),
-                     "cgroup cpu limit"));
-        SBX_RETURN_IF_ERROR(
-            Annotate(WriteControl(env_, d.path, "cpu.cfs_quota_us", std::to_string(l.cpu_quota_us)),
-                     "cgroup cpu limit"));
+      return absl::OkStatus();
+    };
+    for (const auto& d : cg->dirs()) {
+      const std::string work = split ? Join(d.path, kWorkLeaf) : d.path;
+      const std::string agent = Join(d.path, kAgentLeaf);
+      if (d.key == "memory") {
+        if (l.memory_bytes > 0) SBX_RETURN_IF_ERROR(memory(work, l.memory_bytes));
+        if (split && l.agent_memory_bytes > 0) {
+          SBX_RETURN_IF_ERROR(Annotate(memory(agent, l.agent_memory_bytes), "agent"));
+        }
+      }
+      if (d.key == "pids") {
+        if (l.pids > 0) {
+          SBX_RETURN_IF_ERROR(Annotate(
+              WriteControl(env_, work, "pids.max", std::to_string(l.pids)), "cgroup pids limit"));
+        }
+        if (split && l.agent_pids > 0) {
+          SBX_RETURN_IF_ERROR(Annotate(
+              WriteControl(env_, agent, "pids.max", std::to_string(l.agent_pids)), "agent cgroup pids limit"));
+        }
+      }
+      if (d.key == "cpu") {
+        if (l.cpu_quota_us > 0) {
+          SBX_RETURN_IF_ERROR(
+              Annotate(WriteControl(env_, d.path, "cpu.cfs_period_us", std::to_string(l.cpu_period_us)),
+                       "cgroup cpu limit"));
+          SBX_RETURN_IF_ERROR(
+              Annotate(WriteControl(env_, d.path, "cpu.cfs_quota_us", std::to_string(l.cpu_quota_us)),
+                       "cgroup cpu limit"));
+        }
+        if (split) {
+          SBX_RETURN_IF_ERROR(Annotate(
+              WriteControl(env_, agent, "cpu.shares", std::to_string(kAgentCpuShares)), "agent cgroup cpu share"));
+        }
       }
     }
     return cg;

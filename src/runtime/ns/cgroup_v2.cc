@@ -140,23 +140,45 @@ class V2Driver : public CgroupDriver {
       return ErrnoStatus(errno, fmt::format("create cgroup: mkdir({})", d.path));
     }
     d.created = true;
-    if (l.memory_bytes > 0) {
-      SBX_RETURN_IF_ERROR(Annotate(
-          WriteControl(env_, d.path, "memory.max", std::to_string(l.memory_bytes)),
-          "cgroup memory limit"));
-      // No memory.oom.group=1: it would make one OOM kill take the agent (PID 1, holding every
-      // session's buffered output) down with the workload, losing the sandbox and the output
-      // that says what happened; the agent cannot be exempted (oom_score_adj -1000 needs
-      // CAP_SYS_RESOURCE, which root lacks on the project's hosts). Instead the agent watches
-      // memory.events (OomCounterPath) and kills the rest of the OOM-killed session itself.
-      if (cgroup_internal::FileExists(Join(d.path, "memory.swap.max"))) {
-        SBX_RETURN_IF_ERROR(
-            Annotate(WriteControl(env_, d.path, "memory.swap.max", "0"), "cgroup memory limit"));
+    // Split (CgroupLimits::agent_memory_bytes): the workload's limits on work/, the agent's on
+    // agent/, the CPU quota over both. The sandbox's directory then holds no process itself,
+    // as v2 requires of one that enables controllers for its children.
+    const bool split = l.agent_memory_bytes > 0 || l.agent_pids > 0;
+    const std::string work = split ? Join(d.path, kWorkLeaf) : d.path;
+    const std::string agent = Join(d.path, kAgentLeaf);
+    if (split) {
+      SBX_RETURN_IF_ERROR(Annotate(WriteControl(env_, d.path, "cgroup.subtree_control", "+memory +pids +cpu"),
+                                   "cgroup: enable controllers for the agent and the workload"));
+      for (const std::string& child : {agent, work}) {
+        if (::mkdir(child.c_str(), 0755) != 0) {
+          return ErrnoStatus(errno, fmt::format("create cgroup: mkdir({})", child));
+        }
       }
     }
+    // No memory.oom.group=1: it would make one OOM kill take every process of the session's
+    // cgroup, and the agent watches memory.events (OomCounterPath) and kills the rest of the
+    // OOM-killed session itself. Split, the agent is not in that cgroup at all.
+    auto memory = [&](const std::string& dir, int64_t bytes) -> absl::Status {
+      SBX_RETURN_IF_ERROR(Annotate(WriteControl(env_, dir, "memory.max", std::to_string(bytes)),
+                                   "cgroup memory limit"));
+      if (cgroup_internal::FileExists(Join(dir, "memory.swap.max"))) {
+        SBX_RETURN_IF_ERROR(Annotate(WriteControl(env_, dir, "memory.swap.max", "0"), "cgroup memory limit"));
+      }
+      return absl::OkStatus();
+    };
+    if (l.memory_bytes > 0) SBX_RETURN_IF_ERROR(memory(work, l.memory_bytes));
     if (l.pids > 0) {
       SBX_RETURN_IF_ERROR(Annotate(
-          WriteControl(env_, d.path, "pids.max", std::to_string(l.pids)), "cgroup pids limit"));
+          WriteControl(env_, work, "pids.max", std::to_string(l.pids)), "cgroup pids limit"));
+    }
+    if (split) {
+      if (l.agent_memory_bytes > 0) SBX_RETURN_IF_ERROR(Annotate(memory(agent, l.agent_memory_bytes), "agent"));
+      if (l.agent_pids > 0) {
+        SBX_RETURN_IF_ERROR(Annotate(
+            WriteControl(env_, agent, "pids.max", std::to_string(l.agent_pids)), "agent cgroup pids limit"));
+      }
+      SBX_RETURN_IF_ERROR(Annotate(
+          WriteControl(env_, agent, "cpu.weight", std::to_string(kAgentCpuWeight)), "agent cgroup cpu weight"));
     }
     if (l.cpu_quota_us > 0) {
       SBX_RETURN_IF_ERROR(Annotate(

@@ -110,6 +110,13 @@ inline void Mark(const LaunchPlan& p, TraceSlot slot) {
 // anywhere, including 0..3 in a process started with closed std fds).
 inline int Lift(int fd) { return ::fcntl(fd, F_DUPFD_CLOEXEC, 10); }
 
+// The lowest fd the exec closes: everything above the agent's fixed fds.
+inline unsigned FirstClosedFd(const LaunchPlan& p) {
+  if (!p.agent_cgroup_fds.empty()) return static_cast<unsigned>(kAgentCgroupFdBase + p.agent_cgroup_fds.size());
+  if (p.agent_uid != 0 && p.userns_fd >= 0) return kAgentUsernsFd + 1;
+  return p.oom_fd >= 0 ? kAgentOomFd + 1 : kAgentListenFd + 1;
+}
+
 int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
   Mark(p, kTraceStart);
   ::umask(0);
@@ -144,10 +151,17 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
   const int log = Lift(p.log_fd);
   const int agent = Lift(p.agent_fd);
   const int oom = p.oom_fd >= 0 ? Lift(p.oom_fd) : -1;
-  // Used after the dup2s onto 0..4 below, which would replace it if it sat there.
+  // Used after the dup2s onto 0..5 below, which would replace them if they sat there.
   const int userns = p.userns_fd >= 0 ? Lift(p.userns_fd) : -1;
-  if (sock < 0 || log < 0 || agent < 0 || (p.oom_fd >= 0 && oom < 0) || (p.userns_fd >= 0 && userns < 0)) {
+  const bool agent_outside = p.agent_uid != 0 && p.userns_fd >= 0;
+  if (sock < 0 || log < 0 || agent < 0 || (p.oom_fd >= 0 && oom < 0) || (p.userns_fd >= 0 && userns < 0) ||
+      p.agent_cgroup_fds.size() > kMaxAgentCgroupFds) {
     return Fail(r, Step::kStdio, errno);
+  }
+  int agent_cgroups[kMaxAgentCgroupFds];
+  for (size_t i = 0; i < p.agent_cgroup_fds.size(); ++i) {
+    agent_cgroups[i] = Lift(p.agent_cgroup_fds[i]);
+    if (agent_cgroups[i] < 0) return Fail(r, Step::kStdio, errno);
   }
 
   for (size_t i = 0; i < p.cgroup_procs_fds.size(); ++i) {
@@ -173,6 +187,18 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
   if (::dup2(log, 1) < 0 || ::dup2(log, 2) < 0) return Fail(r, Step::kStdio, errno, 2);
   if (::dup2(sock, kAgentListenFd) < 0) return Fail(r, Step::kStdio, errno, 3);
   if (oom >= 0 && ::dup2(oom, kAgentOomFd) < 0) return Fail(r, Step::kStdio, errno, 4);
+  // Fixed slots left unused sit below the close_range: nothing of sbxd's may stay there.
+  if (oom < 0) ::close(kAgentOomFd);
+  if (agent_outside) {
+    if (::dup2(userns, kAgentUsernsFd) < 0) return Fail(r, Step::kStdio, errno, 5);
+  } else {
+    ::close(kAgentUsernsFd);
+  }
+  for (size_t i = 0; i < p.agent_cgroup_fds.size(); ++i) {
+    if (::dup2(agent_cgroups[i], kAgentCgroupFdBase + static_cast<int>(i)) < 0) {
+      return Fail(r, Step::kStdio, errno, 5);
+    }
+  }
 
   // Lowering limits needs no privilege, so sandbox root (not host root, below) cannot raise
   // them again. No core files: a crash inside must not write outside the sandbox's limits.
@@ -187,7 +213,19 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
   // owned by the host's user namespace, out of reach of sandbox root. setns gives full
   // capabilities inside the new namespace; the ids are still host root's (unmapped there), so
   // switch to the namespace's root, which the kernel maps to the sandbox's host uid range.
-  if (userns >= 0) {
+  if (agent_outside) {
+    // The agent stays in the host's user namespace as the unprivileged owner of the sandbox's
+    // (userns.h): the bounding set is cut while this is still root (it needs CAP_SETPCAP), and
+    // the switch to a nonzero uid then clears every capability the agent had.
+    Mark(p, kTraceStdio);
+    if (int err = DropBoundingCaps(*p.caps); err != 0) return Fail(r, Step::kCapsBounding, err);
+    if (::syscall(SYS_setgroups, 0, nullptr) != 0) return Fail(r, Step::kSetgroups, errno);
+    if (::syscall(SYS_setresgid, p.agent_uid, p.agent_uid, p.agent_uid) != 0) return Fail(r, Step::kSetresgid, errno);
+    if (::syscall(SYS_setresuid, p.agent_uid, p.agent_uid, p.agent_uid) != 0) return Fail(r, Step::kSetresuid, errno);
+    // The uid change cleared permitted and effective; inheritable and ambient go too.
+    if (int err = ClearCaps(); err != 0) return Fail(r, Step::kCapset, err);
+    Mark(p, kTraceCaps);
+  } else if (userns >= 0) {
     if (::setns(userns, CLONE_NEWUSER) != 0) return Fail(r, Step::kJoinUserns, errno);
     if (::syscall(SYS_setgroups, 0, nullptr) != 0) return Fail(r, Step::kSetgroups, errno);
     // The raw syscalls: glibc's wrappers would signal every thread of the process (it has one).
@@ -195,14 +233,16 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
     if (::syscall(SYS_setresuid, 0, 0, 0) != 0) return Fail(r, Step::kSetresuid, errno);
   }
 
-  Mark(p, kTraceStdio);
-  int cap_step = 0;
-  if (int err = ApplyCaps(*p.caps, &cap_step); err != 0) {
-    return Fail(r, cap_step == 0 ? Step::kCapsBounding : cap_step == 1 ? Step::kCapsAmbient : Step::kCapset, err);
+  if (!agent_outside) {
+    Mark(p, kTraceStdio);
+    int cap_step = 0;
+    if (int err = ApplyCaps(*p.caps, &cap_step); err != 0) {
+      return Fail(r, cap_step == 0 ? Step::kCapsBounding : cap_step == 1 ? Step::kCapsAmbient : Step::kCapset, err);
+    }
+    Mark(p, kTraceCaps);
   }
   // Required to install seccomp without CAP_SYS_ADMIN, and it stops setuid/file-capability
   // binaries from regaining what was just dropped.
-  Mark(p, kTraceCaps);
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return Fail(r, Step::kNoNewPrivs, errno);
   // Before seccomp, whose filter need not allow the landlock_* syscalls of the launcher.
   if (p.landlock != nullptr) {
@@ -213,7 +253,7 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
   // Everything above fd 3 (the report pipe, the memfd, fds other threads opened concurrently
   // without O_CLOEXEC) is closed by the exec itself; the memfd must survive until then.
   Mark(p, kTraceSeccomp);
-  const unsigned first_closed = oom >= 0 ? kAgentOomFd + 1 : kAgentListenFd + 1;
+  const unsigned first_closed = FirstClosedFd(p);
   if (::close_range(first_closed, ~0U, CLOSE_RANGE_CLOEXEC) != 0) return Fail(r, Step::kCloseRange, errno);
   ::umask(022);
   Mark(p, kTraceExec);
@@ -375,7 +415,8 @@ absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
       what = fmt::format("agent fds: {}",
                          i == 0 ? "open(/dev/null)" : i == 1 ? "dup2(/dev/null, 0)"
                                   : i == 2 ? "dup2(agent.log, 1/2)"
-                                  : i == 3 ? "dup2(socket, 3)" : "dup2(oom counter, 4)");
+                                  : i == 3 ? "dup2(socket, 3)" : i == 4 ? "dup2(oom counter, 4)"
+                                  : "dup2(user namespace, 5) / dup2(work cgroups, 6..)");
       break;
     case Step::kRlimit:
       what = i == 0 ? fmt::format("limits: setrlimit(RLIMIT_NOFILE, {})", p.nofile)
@@ -388,10 +429,12 @@ absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
       what = "user namespace: setgroups(0, NULL)";
       break;
     case Step::kSetresgid:
-      what = "user namespace: setresgid(0, 0, 0)";
+      what = p.agent_uid != 0 ? fmt::format("agent identity: setresgid({0}, {0}, {0})", p.agent_uid)
+                              : std::string("user namespace: setresgid(0, 0, 0)");
       break;
     case Step::kSetresuid:
-      what = "user namespace: setresuid(0, 0, 0)";
+      what = p.agent_uid != 0 ? fmt::format("agent identity: setresuid({0}, {0}, {0})", p.agent_uid)
+                              : std::string("user namespace: setresuid(0, 0, 0)");
       break;
     case Step::kCapsBounding:
       what = "capabilities: prctl(PR_CAPBSET_DROP)";
@@ -413,8 +456,7 @@ absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
       what = "seccomp: prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER)";
       break;
     case Step::kCloseRange:
-      what = fmt::format("close fds: close_range({}, ~0, CLOSE_RANGE_CLOEXEC)",
-                         p.oom_fd >= 0 ? kAgentOomFd + 1 : kAgentListenFd + 1);
+      what = fmt::format("close fds: close_range({}, ~0, CLOSE_RANGE_CLOEXEC)", FirstClosedFd(p));
       break;
     case Step::kExec:
       what = fmt::format("exec agent: execveat(memfd of {}, AT_EMPTY_PATH)", p.agent_path);

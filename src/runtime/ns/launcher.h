@@ -26,6 +26,12 @@ namespace sbx::runtime::ns {
 inline constexpr int kAgentListenFd = 3;
 // The sandbox memory cgroup's OOM counter file (read-only), when LaunchPlan::oom_fd is set.
 inline constexpr int kAgentOomFd = 4;
+// With LaunchPlan::agent_uid: the sandbox's user namespace, which the agent enters in every
+// process it starts (it is not in it itself; src/agent/identity.h).
+inline constexpr int kAgentUsernsFd = 5;
+// LaunchPlan::agent_cgroup_fds become the agent's fds from here on.
+inline constexpr int kAgentCgroupFdBase = 6;
+inline constexpr size_t kMaxAgentCgroupFds = 8;
 
 struct LaunchPlan {
   MountPlan mounts;
@@ -49,6 +55,15 @@ struct LaunchPlan {
   // The sandbox's user namespace (userns.h), joined after the mounts; -1 = none (the agent
   // then runs as host root with the reduced capability set).
   int userns_fd = -1;
+  // Nonzero (with userns_fd): the agent does not join the user namespace but stays in the
+  // host's as this unprivileged uid/gid, which owns the namespace (userns.h AgentUidOf), with
+  // no capabilities; the namespace becomes its fd kAgentUsernsFd. `seccomp` is then the
+  // agent's own filter (SeccompFor::kAgent).
+  uid_t agent_uid = 0;
+  // cgroup.procs of the cgroups the agent's processes join (the split's work/, one per
+  // hierarchy; cgroup.h CgroupLimits), opened here so that the agent may write them whatever
+  // its credentials: fds kAgentCgroupFdBase.. of the agent.
+  std::vector<int> agent_cgroup_fds;
   // The sandbox's disk as a detached mount (disk_image.h), or -1.
   int disk_fd = -1;
   // A new time namespace (CLONE_NEWTIME), owned by the host's user namespace. Its offsets stay

@@ -135,8 +135,13 @@ absl::StatusOr<MountPlan> BuildMountPlan(const TemplateSpec& tmpl, const std::st
   plan.dev_data = fmt::format("mode=755,size={}{}", kDevSizeBytes, owner);
   plan.tmp_data = fmt::format("mode=1777,size={}{}", o.tmp_bytes, owner);
   plan.shm_data = fmt::format("mode=1777,size={}{}", o.shm_bytes, owner);
-  // gid 5 is "tty" on Debian-family templates; a missing group only affects `ls -l`.
-  plan.devpts_data = fmt::format("newinstance,ptmxmode=0666,mode=0620,gid={}", o.uid_base + 5);
+  // gid 5 is "tty" on Debian-family templates; a missing group only affects `ls -l`. New
+  // terminals belong to sandbox root rather than to whoever opens /dev/ptmx: that is the agent,
+  // whose uid is not mapped inside (userns.h), and a terminal owned by "nobody" upsets programs
+  // that check who owns their tty.
+  plan.devpts_data = o.uid_base != 0
+                         ? fmt::format("newinstance,ptmxmode=0666,mode=0620,uid={},gid={}", o.uid_base, o.uid_base + 5)
+                         : std::string("newinstance,ptmxmode=0666,mode=0620,gid=5");
 
   const struct {
     const char* name;

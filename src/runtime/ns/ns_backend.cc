@@ -181,6 +181,8 @@ struct NsBackend::Shared {
   std::optional<AgentImage> agent;
   absl::Status seccomp_status = absl::OkStatus();
   SeccompProgram seccomp;
+  // The agent's own filter when it stays outside the sandbox's user namespace (identity.h).
+  SeccompProgram agent_seccomp;
   LandlockPlan landlock;  // abi 0: not used
   absl::Status caps_status = absl::OkStatus();
   CapsPlan caps;
@@ -246,6 +248,39 @@ class NsInstance : public Instance {
     // A pidfd polls readable once the process has exited.
     struct pollfd pfd{pidfd_.get(), POLLIN, 0};
     return ::poll(&pfd, 1, 0) == 0;
+  }
+
+  std::string DeathReason() const override {
+    std::string how = "it exited";
+    if (pidfd_) {
+      // WNOWAIT: Destroy() still reaps it. ECHILD: not our child (adopted after a restart).
+      siginfo_t info;
+      std::memset(&info, 0, sizeof(info));
+      if (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd_.get()), &info,
+                   WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid != 0) {
+        how = info.si_code == CLD_EXITED
+                  ? fmt::format("it exited with status {}", info.si_status)
+                  : fmt::format("it was killed by {}", protocol::SignalName(info.si_status)
+                                                              .value_or(fmt::format("signal {}", info.si_status)));
+      }
+    }
+    // The agent's own cgroup (split sandboxes) counts what the OOM killer took there: v1's
+    // memory hierarchy where there is one (hybrid hosts), else v2's.
+    if (cgroup_ && cgroup_->Split()) {
+      std::string file;
+      for (const auto& d : cgroup_->dirs()) {
+        if (d.key == "memory" && !d.v2) file = fmt::format("{}/{}/memory.oom_control", d.path, kAgentLeaf);
+      }
+      if (file.empty() && !cgroup_->v2_path().empty()) {
+        file = fmt::format("{}/{}/memory.events", cgroup_->v2_path(), kAgentLeaf);
+      }
+      auto text = file.empty() ? absl::StatusOr<std::string>(absl::NotFoundError("")) : ReadFileToString(file);
+      const size_t at = text.ok() ? text->find("oom_kill ") : std::string::npos;
+      if (at != std::string::npos && std::strtoull(text->c_str() + at + 9, nullptr, 10) > 0) {
+        how += "; the OOM killer took it: its memory limit (runtime.ns.agent_memory_mib) was reached";
+      }
+    }
+    return how;
   }
 
   absl::StatusOr<uint64_t> DeniedEgress() const override {
@@ -375,10 +410,14 @@ NsBackend::NsBackend(NsOptions options) : shared_(std::make_shared<Shared>()) {
   }
   auto seccomp = s.opts.seccomp_policy_path.empty() ? BuildSeccompProgram()
                                                     : BuildSeccompProgramFromFile(s.opts.seccomp_policy_path);
-  if (seccomp.ok()) {
+  auto agent_seccomp = s.opts.seccomp_policy_path.empty()
+                           ? BuildSeccompProgram(SeccompFor::kAgent)
+                           : BuildSeccompProgramFromFile(s.opts.seccomp_policy_path, SeccompFor::kAgent);
+  if (seccomp.ok() && agent_seccomp.ok()) {
     s.seccomp = std::move(*seccomp);
+    s.agent_seccomp = std::move(*agent_seccomp);
   } else {
-    s.seccomp_status = seccomp.status();
+    s.seccomp_status = seccomp.ok() ? agent_seccomp.status() : seccomp.status();
   }
   s.landlock = BuildLandlockPlan();
   spdlog::info("ns runtime: {}", DescribeLandlockPlan(s.landlock));
@@ -506,6 +545,8 @@ absl::StatusOr<InstancePtr> NsBackend::Create(const SandboxSpec& spec) {
     return absl::InvalidArgumentError(fmt::format("create: invalid hostname \"{}\"", hostname));
   }
   SBX_ASSIGN_OR_RETURN(CgroupLimits limits, ResolveLimits(spec.resources));
+  limits.agent_memory_bytes = int64_t{s.opts.agent_memory_mib} << 20;
+  limits.agent_pids = s.opts.agent_pids;
   SBX_RETURN_IF_ERROR(s.cgroups->CheckLimits(limits));
 
   const std::string dir = s.DirOf(spec.id);
@@ -566,6 +607,13 @@ absl::StatusOr<InstancePtr> NsBackend::Create(const SandboxSpec& spec) {
     SBX_RETURN_IF_ERROR(Annotate(disk.Chown(base, base), "user namespace"));
     mount_opts.uid_base = base;
     plan.userns_fd = userns.get();
+    // The agent stays outside the namespace as its owner (userns.h, src/agent/identity.h).
+    plan.agent_uid = AgentUidOf(base);
+    plan.seccomp = &s.agent_seccomp;
+    plan.argv_storage.insert(plan.argv_storage.end(),
+                             {"--userns-fd", std::to_string(kAgentUsernsFd), "--caps",
+                              fmt::format("{:#x}", s.caps.keep), "--uid-map",
+                              fmt::format("{} {}", base, kGuestUidCount)});
   }
   const auto t_userns = Clock::now();
   SBX_ASSIGN_OR_RETURN(plan.mounts, BuildMountPlan(spec.tmpl, dir, mount_opts));
@@ -574,18 +622,36 @@ absl::StatusOr<InstancePtr> NsBackend::Create(const SandboxSpec& spec) {
   SBX_ASSIGN_OR_RETURN(std::unique_ptr<SandboxCgroup> cgroup, s.cgroups->Create(spec.id, limits));
   const auto t_cg = Clock::now();
   const bool into_cgroup = s.cgroups->UseCloneIntoCgroup() && !cgroup->v2_path().empty();
-  SBX_ASSIGN_OR_RETURN(std::vector<UniqueFd> procs_fds, cgroup->OpenProcsFiles(into_cgroup));
+  // Split (cgroup.h): the agent goes to agent/, and every process it starts joins work/
+  // through fds opened here (write access to cgroup.procs is checked against the opener).
+  const bool split = limits.agent_memory_bytes > 0 || limits.agent_pids > 0;
+  const std::string agent_leaf = split ? kAgentLeaf : "";
+  auto leaf_of = [&](const std::string& dir) { return split ? fmt::format("{}/{}", dir, kAgentLeaf) : dir; };
+  SBX_ASSIGN_OR_RETURN(std::vector<UniqueFd> procs_fds, cgroup->OpenProcsFiles(into_cgroup, agent_leaf));
   UniqueFd v2_dir;
   if (into_cgroup) {
-    SBX_ASSIGN_OR_RETURN(v2_dir, cgroup->OpenV2Dir());
+    SBX_ASSIGN_OR_RETURN(v2_dir, cgroup->OpenV2Dir(agent_leaf));
     plan.cgroup_v2_dir_fd = v2_dir.get();
-    plan.cgroup_v2_path = cgroup->v2_path();
+    plan.cgroup_v2_path = leaf_of(cgroup->v2_path());
   }
   for (const auto& d : cgroup->dirs()) {
     if (d.v2 && into_cgroup) continue;
-    plan.cgroup_procs_paths.push_back(fmt::format("{}/cgroup.procs", d.path));
+    plan.cgroup_procs_paths.push_back(fmt::format("{}/cgroup.procs", leaf_of(d.path)));
   }
   for (const auto& fd : procs_fds) plan.cgroup_procs_fds.push_back(fd.get());
+  std::vector<UniqueFd> work_fds;
+  if (split) {
+    SBX_ASSIGN_OR_RETURN(work_fds, cgroup->OpenProcsFiles(/*skip_v2=*/false, kWorkLeaf));
+    if (work_fds.size() > kMaxAgentCgroupFds) {
+      return absl::InternalError(fmt::format("create: {} cgroup hierarchies, the agent takes {}",
+                                             work_fds.size(), kMaxAgentCgroupFds));
+    }
+    for (size_t i = 0; i < work_fds.size(); ++i) {
+      plan.agent_cgroup_fds.push_back(work_fds[i].get());
+      plan.argv_storage.push_back("--cgroup-procs-fd");
+      plan.argv_storage.push_back(std::to_string(kAgentCgroupFdBase + static_cast<int>(i)));
+    }
+  }
   // The agent tells an OOM kill from another SIGKILL by this counter (read-only: the file is
   // host root's, and the fd gives no write access however it is reopened).
   UniqueFd oom_fd;
@@ -653,6 +719,7 @@ absl::StatusOr<InstancePtr> NsBackend::Create(const SandboxSpec& spec) {
   oom_fd.Reset();
   disk.Release();  // the sandbox's mount namespace holds it now; Destroy removes disk.img
   procs_fds.clear();
+  work_fds.clear();
   v2_dir.Reset();
 
   auto ping = protocol::CallAgent(socket_path, Json{{"op", "ping"}}, kAgentReadyTimeoutMs);
@@ -801,13 +868,9 @@ absl::Status NsBackend::RemoveById(const std::string& id) {
   // pidfds first: a killed agent that is our child (created by this process, then forgotten)
   // must be reaped, or it stays a zombie.
   std::vector<UniqueFd> pidfds;
-  for (const auto& d : cg->dirs()) {
-    auto text = ReadFileToString(fmt::format("{}/cgroup.procs", d.path));
-    if (!text.ok()) continue;
-    for (pid_t p : ParsePidList(*text)) {
-      UniqueFd fd(PidfdOpen(p));
-      if (fd) pidfds.push_back(std::move(fd));
-    }
+  for (pid_t p : cg->Pids()) {
+    UniqueFd fd(PidfdOpen(p));
+    if (fd) pidfds.push_back(std::move(fd));
   }
   for (const auto& fd : pidfds) PidfdSendSignal(fd.get(), SIGKILL);
   SBX_RETURN_IF_ERROR(cg->Kill());

@@ -68,6 +68,10 @@ struct NsOptions {
   std::string uid_claim_dir = "/run/sbx/uid-ranges";
   // Seccomp policy file (format: seccomp_policy.json); empty = the policy embedded at build time.
   std::string seccomp_policy_path;
+  // The agent's own cgroup budget (cgroup.h CgroupLimits::agent_memory_bytes), beside and on
+  // top of the sandbox's limits; 0 puts the agent in the workload's cgroup (no split).
+  int agent_memory_mib = 256;
+  int agent_pids = 256;
 };
 
 class NsBackend : public Backend {

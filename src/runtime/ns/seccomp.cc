@@ -6,6 +6,7 @@
 #include <seccomp.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -43,9 +44,11 @@ constexpr uint32_t kAuditArch = AUDIT_ARCH_AARCH64;
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 constexpr uint32_t kArg0Lo = offsetof(struct seccomp_data, args[0]);
 constexpr uint32_t kArg0Hi = offsetof(struct seccomp_data, args[0]) + 4;
+constexpr uint32_t kArg2Lo = offsetof(struct seccomp_data, args[2]);
 #else
 constexpr uint32_t kArg0Lo = offsetof(struct seccomp_data, args[0]) + 4;
 constexpr uint32_t kArg0Hi = offsetof(struct seccomp_data, args[0]);
+constexpr uint32_t kArg2Lo = offsetof(struct seccomp_data, args[2]) + 4;
 #endif
 
 // errno names a policy may use. A short list on purpose: a seccomp errno other than these
@@ -215,6 +218,24 @@ absl::StatusOr<std::vector<sock_filter>> HandwrittenFilter(const SeccompPolicy& 
   a.Jump(kJeq, 0xffffffff, allow_l, deny_l);
   a.Bind(next);
 
+  // socket(AF_NETLINK, *, protocol): only the listed protocols. Families that broadcast the
+  // host's events (uevents, the proc connector, audit) would otherwise reach the sandbox: its
+  // network namespace belongs to the host's user namespace, which is what the kernel
+  // broadcasts untagged uevents to. The kernel reads both as int: compare the low 32 bits.
+  if (policy.netlink_allow.has_value()) {
+    next = a.NewLabel();
+    const int not_netlink = a.NewLabel();
+    a.Jump(kJeq, __NR_socket, BpfAsm::kNext, next);
+    a.Stmt(kLd, kArg0Lo);
+    a.Jump(kJeq, AF_NETLINK, BpfAsm::kNext, not_netlink);
+    a.Stmt(kLd, kArg2Lo);
+    for (uint32_t v : *policy.netlink_allow) a.Jump(kJeq, v, allow_l, BpfAsm::kNext);
+    a.Stmt(BPF_RET | BPF_K, deny);
+    a.Bind(not_netlink);
+    a.Stmt(kLd, offsetof(struct seccomp_data, nr));
+    a.Bind(next);
+  }
+
   for (const auto& [nr, values] : deny_arg0) {
     next = a.NewLabel();
     a.Jump(kJeq, static_cast<uint32_t>(nr), BpfAsm::kNext, next);
@@ -347,7 +368,8 @@ absl::StatusOr<SeccompPolicy> ParseSeccompPolicy(const std::string& json_text) {
   }
   if (!doc.is_object()) return PolicyError("top level", "expected an object");
   SBX_RETURN_IF_ERROR(CheckKeys(doc, "top level",
-                                {"default_errno", "enosys_from_nr", "allow", "allow_if", "deny_arg0", "errno", "deny"}));
+                                {"default_errno", "enosys_from_nr", "allow", "allow_if", "deny_arg0", "errno", "deny",
+                                 "netlink_protocols"}));
   SeccompPolicy p;
   if (!doc.contains("default_errno")) return PolicyError("top level", "missing \"default_errno\"");
   SBX_ASSIGN_OR_RETURN(p.default_errno, GetErrno(doc["default_errno"], "default_errno"));
@@ -469,6 +491,26 @@ absl::StatusOr<SeccompPolicy> ParseSeccompPolicy(const std::string& json_text) {
     }
     p.deny_arg0.push_back(std::move(r));
   }
+
+  if (doc.contains("netlink_protocols")) {
+    const std::string where = "netlink_protocols";
+    const json& e = doc["netlink_protocols"];
+    if (!e.is_object()) return PolicyError(where, "expected an object {allow, why}");
+    SBX_RETURN_IF_ERROR(CheckKeys(e, where, {"allow", "why"}));
+    auto it = owner.find("socket");
+    if (it == owner.end() || it->second.rfind("allow[", 0) != 0) {
+      return PolicyError(where, "socket must be in \"allow\" (netlink_protocols narrows it)");
+    }
+    SBX_ASSIGN_OR_RETURN(const json* values, GetArray(e, "allow", where, true));
+    if (values->size() > 32) return PolicyError(where + ".allow", "expected 0..32 protocol numbers");
+    std::vector<uint32_t> allowed;
+    for (size_t j = 0; j < values->size(); ++j) {
+      SBX_ASSIGN_OR_RETURN(uint64_t v, GetU64((*values)[j], fmt::format("{}.allow[{}]", where, j)));
+      if (v > 31) return PolicyError(fmt::format("{}.allow[{}]", where, j), "netlink protocols are 0..31");
+      allowed.push_back(static_cast<uint32_t>(v));
+    }
+    p.netlink_allow = std::move(allowed);
+  }
   return p;
 }
 
@@ -480,12 +522,28 @@ const std::string& EmbeddedSeccompPolicyJson() {
 const std::vector<std::string>& SeccompDeniedSyscalls() { return Embedded().denied; }
 const std::vector<std::string>& SeccompAllowedSyscalls() { return Embedded().allowed; }
 
-absl::StatusOr<SeccompProgram> BuildSeccompProgramFromPolicy(const std::string& json_text) {
+absl::StatusOr<SeccompProgram> BuildSeccompProgramFromPolicy(const std::string& json_text, SeccompFor who) {
   SBX_ASSIGN_OR_RETURN(SeccompPolicy policy, ParseSeccompPolicy(json_text));
+  if (who == SeccompFor::kAgent) {
+    // The agent enters the sandbox's user namespace in every process it starts, and puts each
+    // into a cgroup namespace of its own; those processes then stack AgentChildFilter (agent/
+    // identity.h), which denies setns and unshare again, on top of this filter.
+    std::erase(policy.deny, std::string("setns"));
+    std::erase(policy.deny, std::string("unshare"));
+    SeccompPolicy::AllowIf setns{"setns", {{1, SeccompPolicy::Op::kEq, CLONE_NEWUSER, 0}}};
+    SeccompPolicy::AllowIf unshare{"unshare", {{0, SeccompPolicy::Op::kEq, CLONE_NEWCGROUP, 0}}};
+    policy.allow_if.push_back(std::move(setns));
+    policy.allow_if.push_back(std::move(unshare));
+  }
   return Compile(policy);
 }
 
-absl::StatusOr<SeccompProgram> BuildSeccompProgram() {
+absl::StatusOr<SeccompProgram> BuildSeccompProgram(SeccompFor who) {
+  if (who == SeccompFor::kAgent) {
+    static const absl::StatusOr<SeccompProgram> kAgentProgram =
+        BuildSeccompProgramFromPolicy(EmbeddedSeccompPolicyJson(), SeccompFor::kAgent);
+    return kAgentProgram;
+  }
   // Once per process: the embedded policy cannot change, and sbxd's start-up needs it twice (the
   // host preflight installs it in a test child, then the backend keeps it).
   static const absl::StatusOr<SeccompProgram> kProgram =
@@ -493,10 +551,10 @@ absl::StatusOr<SeccompProgram> BuildSeccompProgram() {
   return kProgram;
 }
 
-absl::StatusOr<SeccompProgram> BuildSeccompProgramFromFile(const std::string& path) {
+absl::StatusOr<SeccompProgram> BuildSeccompProgramFromFile(const std::string& path, SeccompFor who) {
   auto text = ReadFileToString(path);
   if (!text.ok()) return Annotate(text.status(), fmt::format("seccomp policy {}", path));
-  auto prog = BuildSeccompProgramFromPolicy(*text);
+  auto prog = BuildSeccompProgramFromPolicy(*text, who);
   if (!prog.ok()) return Annotate(prog.status(), path);
   return prog;
 }

@@ -13,6 +13,7 @@
 #include <linux/filter.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,7 +50,13 @@ struct SeccompPolicy {
   std::vector<DenyArg0> deny_arg0;
   std::vector<ErrnoRule> errno_rules;
   std::vector<std::string> deny;
+  // socket(AF_NETLINK, *, protocol) only for these protocols; nullopt: any.
+  std::optional<std::vector<uint32_t>> netlink_allow;
 };
+
+// Whose filter: the sandbox's processes, or the agent, which may also setns(CLONE_NEWUSER)
+// and unshare(CLONE_NEWCGROUP) to start them (and whose children deny both again).
+enum class SeccompFor { kSandbox, kAgent };
 
 // Parses and validates a policy; errors name the offending entry, e.g.
 // "seccomp policy: allow[12]: expected a syscall name (string), got 5".
@@ -77,10 +84,12 @@ const std::vector<std::string>& SeccompDeniedSyscalls();
 const std::vector<std::string>& SeccompAllowedSyscalls();
 
 // Compiles the embedded policy (once per process; later calls return a copy).
-absl::StatusOr<SeccompProgram> BuildSeccompProgram();
-absl::StatusOr<SeccompProgram> BuildSeccompProgramFromPolicy(const std::string& json_text);
+absl::StatusOr<SeccompProgram> BuildSeccompProgram(SeccompFor who = SeccompFor::kSandbox);
+absl::StatusOr<SeccompProgram> BuildSeccompProgramFromPolicy(const std::string& json_text,
+                                                             SeccompFor who = SeccompFor::kSandbox);
 // Reads a policy file (sbxd --seccomp-policy); errors name the file.
-absl::StatusOr<SeccompProgram> BuildSeccompProgramFromFile(const std::string& path);
+absl::StatusOr<SeccompProgram> BuildSeccompProgramFromFile(const std::string& path,
+                                                           SeccompFor who = SeccompFor::kSandbox);
 
 // Child side (async-signal-safe): installs both filters. Needs PR_SET_NO_NEW_PRIVS or
 // CAP_SYS_ADMIN. Returns 0 or an errno value.

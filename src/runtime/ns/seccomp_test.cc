@@ -105,6 +105,22 @@ void ExpectOk(const char* what, long rc) {
   fd = ::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, 0);
   ExpectOk("socket(AF_NETLINK)", fd);
   ::close(fd);
+  fd = ::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, 4);
+  ExpectOk("socket(AF_NETLINK, NETLINK_SOCK_DIAG)", fd);
+  ::close(fd);
+  // Netlink families that broadcast host events (or configure the host) are refused, whatever
+  // the high bits of family and protocol say.
+  ExpectErrno("socket(NETLINK_KOBJECT_UEVENT)", ::socket(AF_NETLINK, SOCK_DGRAM, 15), EPERM);
+  ExpectErrno("socket(NETLINK_CONNECTOR)", ::socket(AF_NETLINK, SOCK_DGRAM, 11), EPERM);
+  ExpectErrno("socket(NETLINK_AUDIT)", ::socket(AF_NETLINK, SOCK_RAW, 9), EPERM);
+  ExpectErrno("socket(NETLINK_GENERIC)", ::socket(AF_NETLINK, SOCK_RAW, 16), EPERM);
+  ExpectErrno("socket(NETLINK_NETFILTER)", ::socket(AF_NETLINK, SOCK_RAW, 12), EPERM);
+  ExpectErrno("socket(hi|AF_NETLINK, UEVENT)", ::syscall(SYS_socket, 0x100000000L | AF_NETLINK, SOCK_DGRAM, 15), EPERM);
+  ExpectErrno("socket(AF_NETLINK, hi|UEVENT)", ::syscall(SYS_socket, AF_NETLINK, SOCK_DGRAM, 0x100000000L | 15), EPERM);
+  // The protocol check is the netlink family's only.
+  fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 17);
+  ExpectOk("socket(AF_INET, IPPROTO_UDP)", fd);
+  ::close(fd);
   ExpectOk("open(/proc/self/status)", fd = ::open("/proc/self/status", O_RDONLY | O_CLOEXEC));
   char buf[64];
   ExpectOk("read", ::read(fd, buf, sizeof(buf)));
@@ -220,6 +236,14 @@ TEST(Seccomp, MalformedPoliciesNameTheEntry) {
       {R"({"default_errno": "EPERM", "allow": ["socket"], "deny_arg0": [{"name": "socket", "values": [4294967296]}]})",
        "deny_arg0[0].values[0]: compares 32 bits"},
       {R"({"default_errno": "EPERM", "enosys_from_nr": 10, "allow": []})", "enosys_from_nr: 10 is outside"},
+      {R"({"default_errno": "EPERM", "allow": ["read"], "netlink_protocols": {"allow": [0]}})",
+       "netlink_protocols: socket must be in \"allow\""},
+      {R"({"default_errno": "EPERM", "allow": ["socket"], "netlink_protocols": {"allow": [32]}})",
+       "netlink_protocols.allow[0]: netlink protocols are 0..31"},
+      {R"({"default_errno": "EPERM", "allow": ["socket"], "netlink_protocols": [0]})",
+       "netlink_protocols: expected an object"},
+      {R"({"default_errno": "EPERM", "allow": ["socket"], "netlink_protocols": {"alow": [0]}})",
+       "unknown key \"alow\""},
   };
   for (const Case& c : cases) {
     auto prog = BuildSeccompProgramFromPolicy(c.json);
@@ -247,6 +271,33 @@ TEST(Seccomp, PolicyFileErrorsNameTheFile) {
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(std::string(missing.status().message()).find("/nonexistent/sbx-policy.json"), std::string::npos)
       << missing.status();
+}
+
+// The agent's variant: the sandbox's policy plus exactly setns(CLONE_NEWUSER) and
+// unshare(CLONE_NEWCGROUP), which it needs to start processes in the sandbox's user namespace.
+TEST(Seccomp, AgentVariantAddsOnlyItsTwoCalls) {
+  auto prog = BuildSeccompProgram(SeccompFor::kAgent);
+  ASSERT_TRUE(prog.ok()) << prog.status();
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto quit = [](int code) { ::syscall(SYS_exit_group, code); };
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || InstallSeccomp(*prog) != 0) quit(1);
+    // Allowed by the filter, refused by the kernel (no such fd): EBADF, not EPERM.
+    if (::syscall(SYS_setns, -1, CLONE_NEWUSER) != -1 || errno != EBADF) quit(2);
+    if (::syscall(SYS_setns, -1, CLONE_NEWNET) != -1 || errno != EPERM) quit(3);
+    if (::syscall(SYS_setns, -1, 0) != -1 || errno != EPERM) quit(4);
+    if (::syscall(SYS_unshare, CLONE_NEWUSER) != -1 || errno != EPERM) quit(5);
+    if (::syscall(SYS_unshare, CLONE_NEWNS) != -1 || errno != EPERM) quit(6);
+    if (::syscall(SYS_unshare, CLONE_NEWCGROUP | CLONE_NEWNS) != -1 || errno != EPERM) quit(7);
+    if (::syscall(SYS_mount, "none", "/tmp", "tmpfs", 0, nullptr) != -1 || errno != EPERM) quit(8);
+    if (::syscall(SYS_socket, AF_NETLINK, SOCK_DGRAM, 15) != -1 || errno != EPERM) quit(9);
+    quit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "failed check number " << WEXITSTATUS(status);
 }
 
 TEST(Seccomp, CustomPolicyIsEnforced) {

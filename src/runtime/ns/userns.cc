@@ -203,6 +203,59 @@ int HoldUserns(void*) {
   for (;;) ::pause();
 }
 
+// A holder whose namespace is owned by an unprivileged host uid (the sandbox's agent): the
+// owner of a user namespace is the euid of the process that makes it, so this one becomes
+// `owner` first (raw syscalls: glibc's wrappers would signal every thread of the memory it
+// shares), then unshares, then reports 0 or an errno on the pipe and waits to be killed.
+struct OwnedHolderArgs {
+  uid_t owner;
+  int report_fd;
+};
+
+int HoldOwnedUserns(void* raw) {
+  const auto* a = static_cast<const OwnedHolderArgs*>(raw);
+  int err = 0;
+  if (::syscall(SYS_setgroups, 0, nullptr) != 0 ||
+      ::syscall(SYS_setresgid, a->owner, a->owner, a->owner) != 0 ||
+      ::syscall(SYS_setresuid, a->owner, a->owner, a->owner) != 0 ||
+      ::unshare(CLONE_NEWUSER) != 0) {
+    err = errno == 0 ? EIO : errno;
+  }
+  ssize_t n;
+  do {
+    n = ::write(a->report_fd, &err, sizeof(err));
+  } while (n < 0 && errno == EINTR);
+  for (;;) ::pause();
+}
+
+// Waits for the owned holder's report: a read of exactly one int, never an EOF (see above),
+// and the holder's pidfd in case it died before writing.
+absl::Status WaitHolderReport(int report_fd, int pidfd) {
+  struct pollfd pfds[2] = {{report_fd, POLLIN, 0}, {pidfd, POLLIN, 0}};
+  for (;;) {
+    int rc = ::poll(pfds, 2, 5000);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc < 0) return ErrnoStatus(errno, "user namespace: poll(holder report)");
+    if (rc == 0) return absl::DeadlineExceededError("user namespace: the holder did not report within 5 s");
+    break;
+  }
+  if (!(pfds[0].revents & POLLIN)) {
+    return absl::InternalError("user namespace: the holder exited before it reported");
+  }
+  int err = 0;
+  ssize_t n;
+  do {
+    n = ::read(report_fd, &err, sizeof(err));
+  } while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(sizeof(err))) {
+    return ErrnoStatus(n < 0 ? errno : EIO, "user namespace: read(holder report)");
+  }
+  if (err != 0) {
+    return ErrnoStatus(err, "user namespace: as the owner uid: setresuid + unshare(CLONE_NEWUSER)");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WriteMap(pid_t pid, const char* file, uint32_t base, uint32_t count) {
   const std::string path = fmt::format("/proc/{}/{}", pid, file);
   return Annotate(WriteStringToFile(path, fmt::format("0 {} {}\n", base, count)), "user namespace");
@@ -210,11 +263,11 @@ absl::Status WriteMap(pid_t pid, const char* file, uint32_t base, uint32_t count
 
 }  // namespace
 
-absl::StatusOr<UniqueFd> MakeUserNamespace(uint32_t base, uint32_t count) {
+absl::StatusOr<UniqueFd> MakeUserNamespace(uint32_t base, uint32_t count, std::optional<uid_t> owner) {
   int pidfd = -1;
   struct clone_args args;
   std::memset(&args, 0, sizeof(args));
-  args.flags = CLONE_NEWUSER | CLONE_PIDFD;
+  args.flags = CLONE_PIDFD | (owner ? 0 : CLONE_NEWUSER);
   args.pidfd = reinterpret_cast<uint64_t>(&pidfd);
   args.exit_signal = SIGCHLD;
   std::optional<ChildStack> stack;
@@ -225,12 +278,25 @@ absl::StatusOr<UniqueFd> MakeUserNamespace(uint32_t base, uint32_t count) {
     args.stack = reinterpret_cast<uint64_t>(stack->base());
     args.stack_size = stack->size();
   }
-  long rc = CloneRun(&args, HoldUserns, nullptr);
-  if (rc < 0) return ErrnoStatus(static_cast<int>(-rc), "user namespace: clone3(CLONE_NEWUSER)");
+  UniqueFd report_r, report_w;
+  OwnedHolderArgs holder_args{};
+  if (owner) {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) return ErrnoStatus(errno, "user namespace: pipe2(holder report)");
+    report_r.Reset(p[0]);
+    report_w.Reset(p[1]);
+    holder_args = OwnedHolderArgs{*owner, report_w.get()};
+  }
+  long rc = owner ? CloneRun(&args, HoldOwnedUserns, &holder_args) : CloneRun(&args, HoldUserns, nullptr);
+  if (rc < 0) {
+    return ErrnoStatus(static_cast<int>(-rc),
+                       owner ? "user namespace: clone3(holder)" : "user namespace: clone3(CLONE_NEWUSER)");
+  }
   const pid_t pid = static_cast<pid_t>(rc);
   UniqueFd pfd(pidfd);
 
   absl::StatusOr<UniqueFd> result = [&]() -> absl::StatusOr<UniqueFd> {
+    if (owner) SBX_RETURN_IF_ERROR(WaitHolderReport(report_r.get(), pfd.get()));
     SBX_RETURN_IF_ERROR(WriteMap(pid, "uid_map", base, count));
     SBX_RETURN_IF_ERROR(WriteMap(pid, "gid_map", base, count));
     const std::string ns_path = fmt::format("/proc/{}/ns/user", pid);
@@ -272,7 +338,7 @@ int UsernsPool::ready() const { return pool_.ready(); }
 
 absl::StatusOr<PreparedUserns> UsernsPool::Make(const std::string& owner) {
   SBX_ASSIGN_OR_RETURN(uint32_t base, ranges_->Claim(owner));
-  auto fd = MakeUserNamespace(base);
+  auto fd = MakeUserNamespace(base, kGuestUidCount, AgentUidOf(base));
   if (!fd.ok()) {
     (void)ranges_->Release(base, owner);
     return fd.status();

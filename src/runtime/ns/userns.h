@@ -19,6 +19,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -65,9 +66,20 @@ class UidRanges {
   std::string dir_;
 };
 
+// The sandbox's processes get the first 65535 uids of its range (0..65534 inside: root to
+// nobody); the last one, never mapped inside, is the agent's. The agent then shares no
+// credentials with anything sandbox root can become: it is not sandbox root's to signal,
+// prlimit, renice, ptrace or OOM-adjust (its /proc/1 files belong to host root), and it owns
+// the sandbox's user namespace, which gives it every capability there (to start processes
+// in it) and sandbox root none over the agent.
+inline constexpr uint32_t kGuestUidCount = kUidRangeSize - 1;
+inline constexpr uint32_t AgentUidOf(uint32_t base) { return base + kGuestUidCount; }
+
 // A user namespace mapping 0..count-1 to host base..base+count-1 (uids and gids), as an fd
-// for setns(). Costs one short-lived child (clone3 sharing our memory), ~0.3 ms.
-absl::StatusOr<UniqueFd> MakeUserNamespace(uint32_t base, uint32_t count = kUidRangeSize);
+// for setns(), owned by host root, or by `owner` when given (the agent's uid: see above).
+// Costs one short-lived child (clone3 sharing our memory), ~0.3 ms.
+absl::StatusOr<UniqueFd> MakeUserNamespace(uint32_t base, uint32_t count = kUidRangeSize,
+                                           std::optional<uid_t> owner = std::nullopt);
 
 struct PreparedUserns {
   uint32_t base = 0;
