@@ -142,3 +142,43 @@ def test_netlink_families(sclient, target):
     assert all(o in ("EPERM", "EPROTONOSUPPORT") for o in refused.values()), refused
     assert out["families"]["15"] == "EPERM" and out["uevent_socket"] == "EPERM", out
     assert not out["uevents"], f"the guest received host/neighbour uevents: {out['uevents']}"
+
+
+@attack("host-events", "inotify (IN_ACCESS|IN_OPEN) on the shared read-only views /usr/bin and /etc "
+                       "while the host and another sandbox run programs: which binaries neighbours use")
+def test_inotify_on_shared_views(sclient, target, bystander):
+    import base64
+    import subprocess
+    import threading
+
+    def neighbours():
+        # Programs the watcher itself never runs: the host's and the bystander's.
+        for _ in range(3):
+            subprocess.run(["/usr/bin/cksum", "/etc/hostname"], stdout=subprocess.DEVNULL, check=False)
+            sclient.run(bystander["sandbox"]["id"], ["sh", "-c", "tac /etc/hostname >/dev/null; "
+                                                                 "cat /etc/os-release >/dev/null"])
+
+    session = sclient.create_session(target["id"], ["python3", "-c", secutil.script("inotify_neighbours"), "4"])
+    out_bytes, t = b"", None
+    with sclient.attach(session) as stream:
+        for ev in stream.events():
+            if ev.event == "stdout":
+                out_bytes += base64.b64decode(ev.data["data_b64"])
+                if t is None and b"watching" in out_bytes:
+                    t = threading.Thread(target=neighbours)
+                    t.start()
+            elif ev.event == "process_exited":
+                assert ev.data["exit_code"] == 0, ev.data
+                break
+            elif ev.event == "error":
+                raise AssertionError(f"attach error: {ev.data}")
+    assert t is not None, out_bytes
+    t.join(60)
+    lines = [line for line in out_bytes.decode(errors="replace").splitlines()
+             if line.startswith(secutil.RESULT_PREFIX)]
+    assert len(lines) == 1, out_bytes
+    out = __import__("json").loads(lines[0][len(secutil.RESULT_PREFIX):])
+    # Watching is allowed (workloads watch their own files); what neighbours do must not show.
+    assert out["watches"] == {"/usr/bin": "OK", "/etc": "OK"}, out["watches"]
+    leaked = [n for n in out["seen"] if n in ("cksum", "tac", "os-release", "hostname")]
+    assert not leaked, f"the guest saw its neighbours' file accesses through inotify: {out['seen']}"

@@ -22,7 +22,8 @@ enum class Step : uint16_t {
   kBindMkdir,         // create the mount point of a bind (index = bind)
   kBindMount,         // open_tree(OPEN_TREE_CLONE) of the bind's source (index = bind)
   kBindSetattr,       // mount_setattr: idmap, read-only, nosuid, nodev (index = bind)
-  kBindMove,          // move_mount onto the mount point (index = bind)
+  kBindMove,          // move_mount onto the mount point, or the view's staging dir (index = bind)
+  kBindView,          // read-only overlay of the staged clone at the mount point (index = bind)
   kMkdirMountpoint,   // proc/dev/tmp mount points (index: 0 proc, 1 dev, 2 tmp)
   kMountProc,
   kMountDev,

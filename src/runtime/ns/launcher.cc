@@ -341,6 +341,7 @@ absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
     case Step::kBindMkdir:
     case Step::kBindMount:
     case Step::kBindSetattr:
+    case Step::kBindView:
     case Step::kBindMove: {
       if (i >= m.binds.size()) {
         what = "bind: ?";
@@ -354,8 +355,10 @@ absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
       } else if (static_cast<Step>(r.step) == Step::kBindSetattr) {
         what = fmt::format("bind {}: mount_setattr({}IDMAP|NOSUID|NODEV)", b.sandbox_path,
                            b.read_only ? "RDONLY|" : "");
+      } else if (static_cast<Step>(r.step) == Step::kBindView) {
+        what = fmt::format("bind {}: mount(overlay -> {}, {})", b.sandbox_path, b.target, b.view_overlay);
       } else {
-        what = fmt::format("bind {}: move_mount(-> {})", b.sandbox_path, b.target);
+        what = fmt::format("bind {}: move_mount(-> {})", b.sandbox_path, b.view.empty() ? b.target : b.view);
       }
       break;
     }

@@ -119,6 +119,12 @@ absl::StatusOr<MountPlan> BuildMountPlan(const TemplateSpec& tmpl, const std::st
       if (i + 1 < comps.size() || bind.is_dir) bind.mkdirs.push_back(cur);
     }
     bind.target = cur;
+    if (bind.is_dir && bind.read_only) {
+      plan.views_dir = sandbox_dir + "/views";
+      plan.views_empty = plan.views_dir + "/empty";
+      bind.view = fmt::format("{}/views/{}", sandbox_dir, plan.binds.size());
+      bind.view_overlay = fmt::format("lowerdir={}:{}", bind.view, plan.views_empty);
+    }
     plan.binds.push_back(std::move(bind));
   }
 
@@ -277,9 +283,18 @@ int SetupMounts(const MountPlan& p, int userns_fd, int disk_fd, ChildReport* r) 
     }
     int stage = 0;
     const uint64_t attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (b.read_only ? MOUNT_ATTR_RDONLY : 0);
-    if (AttachClone(b.source.c_str(), b.target.c_str(), attrs, userns_fd, /*idmap_optional=*/true,
-                    &stage) != 0) {
+    const bool view = !b.view.empty();
+    if (view && (!MkdirOk(p.views_dir.c_str(), 0755) || !MkdirOk(p.views_empty.c_str(), 0755) ||
+                 !MkdirOk(b.view.c_str(), 0755))) {
+      return Fail(r, Step::kBindMkdir, i);
+    }
+    if (AttachClone(b.source.c_str(), view ? b.view.c_str() : b.target.c_str(), attrs, userns_fd,
+                    /*idmap_optional=*/true, &stage) != 0) {
       return Fail(r, stage == 0 ? Step::kBindMount : stage == 1 ? Step::kBindSetattr : Step::kBindMove, i);
+    }
+    if (view && ::mount("overlay", b.target.c_str(), "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV,
+                        b.view_overlay.c_str()) != 0) {
+      return Fail(r, Step::kBindView, i);
     }
   }
 

@@ -64,6 +64,12 @@ struct MountPlan {
   // Binds are attached as clones (open_tree + mount_setattr + move_mount), idmapped when there
   // is a user namespace so that host root's files show as the sandbox root's; a file system
   // that cannot be idmapped is attached plain (its files then show as nobody).
+  //
+  // A read-only directory bind is not attached where the sandbox sees it: its clone goes to a
+  // staging directory (`view`) and a read-only overlay of it is mounted at the target. inotify
+  // watches follow inodes, not mounts, so a watch on a direct bind of the host's /usr saw every
+  // binary the host and every other sandbox ran; an overlay's inodes are the sandbox's own, and
+  // the overlay reads the real files through internal files that notify nobody.
   struct Bind {
     std::string source;               // host path
     std::string target;               // rootfs + sandbox path
@@ -71,7 +77,11 @@ struct MountPlan {
     std::vector<std::string> mkdirs;  // components to create below rootfs, outermost first
     bool is_dir = true;
     bool read_only = true;
+    std::string view;          // read-only directories: where the clone is attached, else ""
+    std::string view_overlay;  // overlay options for the target ("lowerdir=<view>:<empty>")
   };
+  std::string views_dir;    // <sandbox dir>/views, holding the staging directories
+  std::string views_empty;  // the empty second lower of every view overlay (overlay needs two)
   std::vector<Bind> binds;
 
   std::string proc, dev, tmp;  // rootfs + /proc, /dev, /tmp
