@@ -115,15 +115,14 @@ def battery_guest(build: Path, agent_memory_mib: int | None) -> dict:
 
 
 def battery_hostile(build: Path) -> dict:
-    flags = ["--runtime", "fake", "--agent-path", str(REPO / "tests/e2e/hostile_agent.py"),
+    flags = ["--runtime", "fake", "--agent-path", str(build / "tests" / "hostile-agent"),
              "--warm-pool", "base=0"]
     d, api = daemon(build, flags)
-    mode = d.tmp / "mode"
+    mode = d.state_dir / "hostile-mode"
     mode.write_text("small")
     out: dict = {"battery": "hostile"}
     try:
-        ids = [api.create_sandbox({"env": {"HOSTILE_MODE_FILE": str(mode)}})["sandbox"]["id"]
-               for _ in range(4)]
+        ids = [api.create_sandbox({})["sandbox"]["id"] for _ in range(4)]
         mode.write_text("at_limits")
         api.call("GET", f"/v1/sandboxes/{ids[0]}/processes", validate=False, timeout=60)
         pid = d.proc.pid

@@ -201,7 +201,7 @@ absl::StatusOr<std::optional<Frame>> FrameDecoder::Next() {
     const uint32_t limit = MaxFrameBytes(type_and_length.first, guest_sized_response_);
     if (type_and_length.second > limit) {
       return ApiError(absl::StatusCode::kInternal, "bad_agent_reply",
-                      fmt::format("agent protocol: a frame of type {} with {} payload bytes "
+                      fmt::format("a frame of type {} with {} payload bytes "
                                   "exceeds its limit of {}",
                                   static_cast<int>(type_and_length.first),
                                   type_and_length.second, limit));

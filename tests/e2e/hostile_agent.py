@@ -58,7 +58,7 @@ def process(pid: int, argv: list[str], comm: str = "x") -> dict:
 def entry(i: int) -> dict:
     name = f"f{i:06d}" + "n" * 200
     return {"name": name, "path": "/d/" + name, "type": "file", "size": i, "mode": 0o644,
-            "uid": 0, "gid": 0, "mtime": "2026-01-01T00:00:00Z"}
+            "uid": 0, "gid": 0, "mtime": "2026-01-01T00:00:00.000Z"}
 
 
 def listing(op: str, items: list) -> bytes:
@@ -71,7 +71,8 @@ def reply(op: str, mode: str) -> bytes | None:
         if op == "processes":
             # 120 x 256 x 126-byte argv: ~3.9 MiB, every bound kept.
             return listing(op, [process(100 + i, ["a" * 126] * 256) for i in range(120)])
-        return listing(op, [entry(i) for i in range(9000)])[: 4 * MIB]
+        one = len(json.dumps(entry(0), separators=(",", ":"))) + 1
+        return listing(op, [entry(i) for i in range((4 * MIB - 65536) // (one + 8))])
     if mode == "argv_flood":
         items = [process(7, [""] * 1_000_000)] if op == "processes" else [
             {"name": "", "path": ""} for _ in range(300_000)]
@@ -136,8 +137,17 @@ def serve(conn: socket.socket, mode_file: str) -> None:
 def main() -> None:
     args = sys.argv[1:]
     listen = args[args.index("--listen") + 1]
-    mode_file = os.environ.get("HOSTILE_MODE_FILE") or os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "mode")
+    # The file `hostile-mode` in the nearest directory above the sandbox's root (the test puts
+    # it in sbxd's state dir): the fake runtime gives the agent no environment of sbxd's.
+    mode_file = ""
+    d = os.path.abspath(args[args.index("--root") + 1]) if "--root" in args else "/"
+    while True:
+        if os.path.exists(os.path.join(d, "hostile-mode")):
+            mode_file = os.path.join(d, "hostile-mode")
+            break
+        if d == "/":
+            break
+        d = os.path.dirname(d)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(listen)
     srv.listen(64)

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RUNTIME, Daemon
+from conftest import RUNTIME, Daemon, build_dir
 from sbx_client import SbxClient
 
-HOSTILE = Path(__file__).resolve().parent / "hostile_agent.py"
+
+HOSTILE = build_dir() / "tests" / "hostile-agent"
 MIB = 1 << 20
 IN_FLIGHT = 8        # server.guest_replies_in_flight (the default)
 PER_REPLY = 8 * MIB  # the agent's 4 MiB payload and the body written from it
@@ -39,19 +40,16 @@ def status_kib(pid: int, field: str) -> int:
 
 
 class Hostile:
-    def __init__(self, validator, tmp: Path, sandboxes: int):
+    def __init__(self, validator, sandboxes: int):
         flags = ["--agent-path", str(HOSTILE), "--warm-pool", "base=0"]
         if RUNTIME != "fake":
             flags = ["--runtime", "fake", *flags]
         self.daemon = Daemon(flags)
         self.daemon.start()
         self.api = SbxClient(self.daemon.url, self.daemon.token, validator)
-        self.mode = tmp / "mode"
+        self.mode = self.daemon.state_dir / "hostile-mode"  # hostile_agent.py finds it there
         self.mode.write_text("small")
-        self.ids = [
-            self.api.create_sandbox({"env": {"HOSTILE_MODE_FILE": str(self.mode)}})["sandbox"]["id"]
-            for _ in range(sandboxes)
-        ]
+        self.ids = [self.api.create_sandbox({})["sandbox"]["id"] for _ in range(sandboxes)]
 
     def set_mode(self, mode: str) -> None:
         self.mode.write_text(mode)
@@ -70,7 +68,7 @@ class Hostile:
 
 @pytest.fixture
 def hostile(validator, tmp_path):
-    h = Hostile(validator, tmp_path, sandboxes=1)
+    h = Hostile(validator, sandboxes=1)
     try:
         yield h
     finally:
@@ -109,7 +107,7 @@ def test_a_reply_at_the_bounds_is_served_whole(hostile, what):
 
 
 def test_memory_stays_under_the_ceiling_under_a_burst_of_the_largest_replies(validator, tmp_path):
-    h = Hostile(validator, tmp_path, sandboxes=4)
+    h = Hostile(validator, sandboxes=4)
     try:
         pid = h.daemon.proc.pid
         h.set_mode("at_limits")
@@ -119,7 +117,7 @@ def test_memory_stays_under_the_ceiling_under_a_burst_of_the_largest_replies(val
         codes: dict[int, int] = {}
         with concurrent.futures.ThreadPoolExecutor(32) as pool:
             futures = [pool.submit(h.get, "processes" if i % 2 else "list", h.ids[i % 4],
-                                   clients[i], False)
+                                   clients[i % 32], False)
                        for i in range(96)]
             for f in futures:
                 r = f.result()
