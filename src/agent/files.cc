@@ -801,6 +801,8 @@ class Watcher {
         std::vector<std::string> subdirs;
         while (dirent* de = ::readdir(d)) {
           const std::string n = de->d_name;
+          // No more than can still be watched: a guest's directory may hold millions.
+          if (dirs_.size() + subdirs.size() >= kMaxWatches) break;
           if (n != "." && n != ".." && de->d_type == DT_DIR) subdirs.push_back(n);
         }
         ::closedir(d);
