@@ -4,6 +4,7 @@ then report a sandbox that nobody runs. src/agent/identity.h explains the defenc
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -253,6 +254,13 @@ def list_processes(client, sandbox_id: str) -> dict:
     return resp.body
 
 
+def vm_hwm_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError(f"/proc/{pid}/status has no VmHWM line")
+
+
 def alive_and_serving(sbxd, client, sandbox_id: str, pid: int) -> None:
     assert Path(f"/proc/{pid}").exists() and agent_pid(sbxd, sandbox_id) == pid, "the agent died"
     still_serves(client, sandbox_id)
@@ -285,6 +293,9 @@ def test_huge_argv_process_list(sbxd, sclient):
             assert all(p["argv_truncated"] is True and len(p["argv"]) == MAX_ARGV_ENTRIES for p in held)
         assert sclient.get_sandbox(sb["id"])["state"] == "running"
         alive_and_serving(sbxd, sclient, sb["id"], pid)
+        sizes = sorted(len(json.dumps(b)) for b in bodies)
+        secutil.e2e_metric(f"agent argv attack: 4 concurrent process lists of {sizes[-1]} bytes; "
+                           f"agent VmHWM {vm_hwm_kib(pid)} KiB")
     finally:
         sclient.delete_sandbox(sb["id"])
 
