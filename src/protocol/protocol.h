@@ -51,13 +51,20 @@
 //       TIOCSWINSZ on the pty (the kernel sends SIGWINCH); failed_precondition without a tty
 //       or after the exit.
 //   {"op":"processes"}
-//       -> {"ok":true,"processes":[{"pid","ppid","pgid","state","comm","argv":[...],"uid",
-//           "user":name|null,"started_at":RFC3339|null,"session_id":S|null}]}
+//       -> {"ok":true,"processes":[{"pid","ppid","pgid","state","comm","argv":[...],
+//           "argv_truncated":b,"uid","user":name|null,"started_at":RFC3339|null,
+//           "session_id":S|null}],"truncated":b}
 //       Every process of the sandbox (the agent's descendants when it is not PID 1) except
 //       the agent. session_id: the session whose leader's pid is the process's group or
-//       session id (children inherit both), else null. At most 4096 entries.
+//       session id (children inherit both), else null. Bounded (protocol/limits.h), since a
+//       guest chooses argv: at most kMaxProcessEntries (4096) entries and kMaxGuestReplyBytes
+//       (4 MiB) of payload, "truncated":true when processes were left out; argv at most
+//       kMaxArgvEntries (256) entries of kMaxArgBytes (4 KiB), kMaxArgvBytes (32 KiB) in all,
+//       "argv_truncated":true when it was cut; comm and user at most kMaxFieldBytes (8 KiB).
 //   "status" also returns "timed_out", "tty" and "stdin".
-// Errors: {"ok":false,"error":{"code":"snake_case","message":"..."}}.
+// Errors: {"ok":false,"error":{"code":"snake_case","message":"..."}}; the message is cut at
+// kMaxFieldBytes (it may embed a guest's paths). Every reply other than "processes" and
+// "list" stays under kMaxSmallResponseBytes by construction.
 //
 // Files (src/agent/files.h). Each file connection is served by a forked worker child of the
 // agent, so its blocking disk I/O never stalls the event loop. "path" is resolved inside the
@@ -65,6 +72,9 @@
 // carry a specific "reason" besides "code" ("is_a_directory", "insufficient_storage", ...).
 //   {"op":"stat","path":P}                         -> {"ok":true,"entry":E}
 //   {"op":"list","path":P,"depth":N}               -> {"ok":true,"entries":[E...],"truncated":b}
+//       Sorted by path, depth first. At most kMaxListEntries (10000) entries and
+//       kMaxGuestReplyBytes (4 MiB) of payload; "truncated":true when entries were left out
+//       (also an entry whose path would pass kMaxFieldBytes, 8 KiB).
 //   {"op":"mkdir","path":P,"parents":b,"mode":M}   -> {"ok":true,"entry":E}
 //   {"op":"delete","path":P,"recursive":b}         -> {"ok":true}
 //   {"op":"move","from":P,"to":P,"overwrite":b}    -> {"ok":true,"entry":E}
