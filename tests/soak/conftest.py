@@ -61,8 +61,10 @@ REPORT: dict = {}
 # from 127.0.0.1; the idle connections come from another loopback address.
 MAX_CONNECTIONS = 1024
 MAX_CONNECTIONS_PER_IP = 256
+HEADER_TIMEOUT_S = 10  # sbxd's default, named so that the idle-connection case knows it
 DAEMON_FLAGS = ["--max-connections", str(MAX_CONNECTIONS),
-                "--max-connections-per-ip", str(MAX_CONNECTIONS_PER_IP)]
+                "--max-connections-per-ip", str(MAX_CONNECTIONS_PER_IP),
+                "--header-timeout-s", str(HEADER_TIMEOUT_S)]
 
 
 @pytest.fixture(scope="session")

@@ -77,7 +77,8 @@ def soak(soak_sbxd, validator):
     report.clear()
     t_start = time.monotonic()
     ctx = Soak(soak_sbxd, validator, stats, deadline=float("inf"),
-               per_ip_cap=soak_conftest.MAX_CONNECTIONS_PER_IP)
+               per_ip_cap=soak_conftest.MAX_CONNECTIONS_PER_IP,
+               header_timeout_s=soak_conftest.HEADER_TIMEOUT_S)
     sampler = Sampler(ctx.pid)
     ctx.sampler = sampler
     sampler.start()
