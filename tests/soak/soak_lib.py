@@ -572,7 +572,8 @@ def case_process_list(soak: Soak, client: SbxClient, long_lived: list[str]) -> s
                     resp = c.call("GET", f"/v1/sandboxes/{sid}/processes", expect=None, timeout=120,
                                   validate=False)
                     n = len(resp.body["processes"]) if resp.status_code == 200 else None
-                    code = None if resp.status_code == 200 else (resp.body or {}).get("error", {}).get("code")
+                    err = (resp.body or {}).get("error", {}) if resp.status_code != 200 else {}
+                    code = f"{err.get('code')}: {str(err.get('message'))[:120]}" if err else None
                     answers[i] = (resp.status_code, n, len(resp.content), code)
                 except Exception as e:  # noqa: BLE001 - reported below
                     answers[i] = ("error", describe(e))
@@ -598,7 +599,13 @@ def case_process_list(soak: Soak, client: SbxClient, long_lived: list[str]) -> s
         finally:
             stream.close()
         growth = peak[0] - rss_before
+        # A dead agent fails its sandbox within a tick of sbxd's: give it a few.
         after = client.get_sandbox(sid)
+        for _ in range(10):
+            if after["state"] != "running" or all(a is not None and a[0] == 200 for a in answers):
+                break
+            time.sleep(0.5)
+            after = client.get_sandbox(sid)
         note = (f"answers (status, entries, bytes, error code) {answers}; sbxd VmRSS {rss_before // 1024} MiB "
                 f"-> peak {peak[0] // 1024} MiB (+{growth // 1024} MiB); sandbox then {after['state']}"
                 + (f" ({after['error']['code']}: {after['error']['message'][:200]})" if after.get("error") else ""))
