@@ -158,6 +158,9 @@ class Soak:
         self.created_lock = threading.Lock()
         self.stop = threading.Event()
         self.pause_supported: bool | None = None
+        # The long-lived sandboxes are paused now and then; a case that uses one holds this so
+        # that it never meets a paused sandbox (a 409 that would be the soak's own doing).
+        self.long_lived_lock = threading.Lock()
         self.sampler: Sampler | None = None
 
     def client(self) -> SbxClient:
@@ -344,7 +347,8 @@ def long_lived_worker(soak: Soak, sandbox_ids: list[str]) -> None:
             step(soak, "long_lived_exec", run_ok, client, sid, ["sh", "-c", "echo alive; cat /etc/hostname >/dev/null"])
             step(soak, "long_lived_files", op_files, client, sid)
             if soak.pause_supported and i % 5 == 0:
-                step(soak, "long_lived_pause_wake", op_pause_wake, client, sid)
+                with soak.long_lived_lock:
+                    step(soak, "long_lived_pause_wake", op_pause_wake, client, sid)
             soak.stop.wait(0.5)
     finally:
         client.close()
@@ -682,7 +686,8 @@ def abuse_worker(soak: Soak, names: list[str], long_lived: list[str]) -> None:
                 t0 = time.monotonic()
                 failure, note = None, None
                 try:
-                    note = CASES[name](soak, client, long_lived) or None
+                    with soak.long_lived_lock:
+                        note = CASES[name](soak, client, long_lived) or None
                 except (KeyboardInterrupt, SystemExit):
                     raise
                 except BaseException as e:  # noqa: BLE001 - a case's failure is its result (pytest.fail too)
