@@ -51,6 +51,13 @@ def daemon(build: Path, flags: list[str]):
     return d, api
 
 
+def stop(d, api) -> None:
+    for s in list(api.created_sandboxes):
+        api.call("DELETE", f"/v1/sandboxes/{s}", validate=False)
+    api.close()
+    d.stop()
+
+
 def peer_ps() -> int:
     """Peak RSS of `ps -eww -o pid,args` (reads every process's whole cmdline)."""
     pid = os.fork()
@@ -107,10 +114,7 @@ def battery_guest(build: Path, agent_memory_mib: int | None) -> dict:
         out["peer_ps_peak"] = peer_ps()
         stream.__exit__(None, None, None)
     finally:
-        for s in list(api.created_sandboxes):
-            api.call("DELETE", f"/v1/sandboxes/{s}", validate=False)
-        api.close()
-        d.stop()
+        stop(d, api)
     return out
 
 
@@ -144,10 +148,7 @@ def battery_hostile(build: Path) -> dict:
         out["rss_after"] = kib(pid, "VmRSS")
         out["codes"] = codes
     finally:
-        for s in list(api.created_sandboxes):
-            api.call("DELETE", f"/v1/sandboxes/{s}", validate=False)
-        api.close()
-        d.stop()
+        stop(d, api)
     return out
 
 

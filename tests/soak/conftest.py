@@ -16,7 +16,6 @@ Writes build/soak-report.json and prints a short table at the end.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -30,20 +29,9 @@ for p in (SECURITY, E2E, HERE):
     sys.path.insert(0, str(p))
 
 
-def _load_e2e_conftest():
-    # Under its own name, as tests/security does: a run that also collects tests/e2e gets a
-    # separate module (and daemon) for that suite.
-    name = "sbx_e2e_conftest"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, E2E / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from suite_loader import load_e2e_conftest  # noqa: E402
 
-
-e2e = _load_e2e_conftest()
+e2e = load_e2e_conftest()
 
 # tests/e2e/test_http_framing.py (whose framing corpus and raw-socket helpers the soak reuses)
 # imports these names from `conftest`, which in this suite's run is this module.
