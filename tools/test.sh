@@ -5,7 +5,10 @@
 #   1. ctest on build/ (unit tests and the root integration tests, label `root`)
 #   2. the end-to-end suite (tests/e2e, pytest) against a real sbxd
 #   2a. the escape and abuse suite (tests/security, pytest): attacks from inside real sandboxes
-#   2b. bench-smoke: tools/bench.sh --quick (the benchmark suite, a few iterations each)
+#   2b. soak (tests/soak, pytest): SBX_SOAK_S seconds of mixed load on one sbxd with the issue 13
+#       abuse cases interleaved; sbxd's RSS and fds back near their start, no false `running`,
+#       nothing leaked (build/soak-report.json)
+#   2c. bench-smoke: tools/bench.sh --quick (the benchmark suite, a few iterations each)
 #   3. (CI, or SBX_TEST_ASAN=1) an ASan/UBSan build in build-asan/ running the unit tests
 # Ends with a table of the suites (result, and how many tests each really ran: passed, failed,
 # skipped, read from its JUnit report in build/test-results/), a table of each suite's wall
@@ -23,6 +26,9 @@
 #                         CI well under 40 minutes (a build killed before its budget ran out,
 #                         e.g. by the OOM killer, is a failure, not a skip)
 #   SBX_SKIP_INSTALL=1    do not run tools/install-deps.sh
+#   SBX_SOAK_S            seconds of load in the soak suite (default 60; 600 is the issue's
+#                         10-minute soak, run by hand: SBX_SOAK_S=600 bash tools/test.sh); its
+#                         timeout SBX_SOAK_TIMEOUT_S defaults to SBX_SOAK_S + 600
 #   PYTEST_ARGS           extra arguments for pytest (e.g. "-k attach")
 set -uo pipefail
 
@@ -88,6 +94,7 @@ else
   record ctest "failed (not run: no build)"
   record e2e "failed (not run: no build)"
   record security "failed (not run: no build)"
+  record soak "failed (not run: no build)"
   record bench-smoke "failed (not run: no build)"
   finish
 fi
@@ -128,6 +135,20 @@ security_rc=$?
 tried=$(attacks_tried "$SECURITY_REPORT")
 judge security "$(attacks_verdict "$(pytest_result $security_rc)" "$tried")" \
   "$RESULTS_DIR/security.xml" "$tried attacks tried"
+
+# ---- soak --------------------------------------------------------------------------------------
+# One sbxd for SBX_SOAK_S seconds: create/sessions/stdin/files/pause/delete in a few workers,
+# long-lived sandboxes, and every issue 13 abuse case repeated through the run. Checks at the
+# end that sbxd's RSS and fds are back near the baseline, that every sandbox the API calls
+# running runs `true`, every abuse case got its expected answer, and nothing was left on the
+# host. Writes build/soak-report.json.
+banner "soak (pytest tests/soak, SBX_SOAK_S=${SBX_SOAK_S:-60})"
+rm -f "$ROOT/build/soak-report.json"
+suite_start
+# shellcheck disable=SC2086
+timeout -k 30 "${SBX_SOAK_TIMEOUT_S:-$(( ${SBX_SOAK_S:-60} + 600 ))}" "$PY" -m pytest tests/soak -v \
+  --junitxml="$RESULTS_DIR/soak.xml" ${PYTEST_ARGS:-}
+judge soak "$(pytest_result $?)" "$RESULTS_DIR/soak.xml"
 
 # ---- benchmark smoke run -----------------------------------------------------------------------
 # The suite in its quick mode (a few iterations each): proves that sbx-load runs every scenario

@@ -23,13 +23,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "agent/bounded.h"
 #include "agent/event_log.h"
 #include "agent/files.h"
 #include "agent/oom.h"
@@ -39,6 +42,7 @@
 #include "common/status_util.h"
 #include "common/time_util.h"
 #include "common/unique_fd.h"
+#include "protocol/limits.h"
 #include "protocol/protocol.h"
 
 extern char** environ;
@@ -68,7 +72,6 @@ constexpr size_t kMaxStdinQueue = 1 << 20;
 constexpr int kDefaultKillGraceS = 5;
 constexpr int kMaxKillGraceS = 300;
 constexpr int64_t kMaxTimeoutS = 30LL * 86400;
-constexpr size_t kMaxProcesses = 4096;
 constexpr size_t kMaxFileWorkers = 64;
 
 std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
@@ -85,9 +88,14 @@ void WriteLogLine(const AgentOptions& opts, std::string_view level, std::string_
   (void)!::write(opts.log_fd, line.data(), line.size());
 }
 
+// The message is cut: it may embed what a guest chose (a path, a name), and every reply but
+// "processes" and "list" must stay under kMaxSmallResponseBytes (8 KiB even at JSON's six
+// bytes per escaped byte is well under it).
 Json ErrorJson(const absl::Status& s) {
   return Json{{"ok", false},
-              {"error", {{"code", protocol::ErrorCodeName(s.code())}, {"message", std::string(s.message())}}}};
+              {"error",
+               {{"code", protocol::ErrorCodeName(s.code())},
+                {"message", CutField(std::string(s.message()))}}}};
 }
 
 bool HasNul(const std::string& s) { return s.find('\0') != std::string::npos; }
@@ -216,7 +224,8 @@ class Agent {
   Json HandleSignal(const Json& req);
   Json HandleStdin(const Json& req, bool close);
   Json HandleResize(const Json& req);
-  Json HandleProcesses();
+  // The payload itself, built as text (bounded.h): the list is guest-sized.
+  std::string HandleProcesses();
   absl::StatusOr<Session*> FindSession(const Json& req, std::string_view op);
   absl::StatusOr<Session*> StartSession(const std::string& id, const Json& spec);
 
@@ -695,6 +704,7 @@ void Agent::HandleFrame(Connection& c, protocol::Frame frame) {
 
 void Agent::HandleRequest(Connection& c, const std::string& payload, protocol::FrameDecoder& rest) {
   Json resp;
+  std::string resp_text;  // a payload serialized by its handler; else Dump(resp)
   bool streaming = false;
   try {
     // Depth-checked before a tree exists, like every payload that crosses the socket: then
@@ -720,7 +730,7 @@ void Agent::HandleRequest(Connection& c, const std::string& payload, protocol::F
     } else if (*op == "resize") {
       resp = HandleResize(req);
     } else if (*op == "processes") {
-      resp = HandleProcesses();
+      resp_text = HandleProcesses();
     } else if (IsFileOp(op->get<std::string>())) {
       if (file_workers_.size() < kMaxFileWorkers) {
         ForkFileWorker(c, req, rest);
@@ -734,11 +744,12 @@ void Agent::HandleRequest(Connection& c, const std::string& payload, protocol::F
     }
   } catch (const std::exception& e) {
     streaming = false;
+    resp_text.clear();
     resp = ErrorJson(absl::InternalError(fmt::format("request failed: {}", e.what())));
   }
   c.out += EncodeFrame(FrameType::kHello, Dump(Json{{"version", protocol::kVersion},
                                                     {"role", "agent"}}));
-  c.out += EncodeFrame(FrameType::kResponse, Dump(resp));
+  c.out += EncodeFrame(FrameType::kResponse, resp_text.empty() ? Dump(resp) : resp_text);
   if (!streaming) c.close_after_flush = true;
   Pump(c);
 }
@@ -1204,12 +1215,13 @@ Json Agent::HandleResize(const Json& req) {
 
 namespace {
 
+// The small fields of /proc/PID/stat and status, for every process: the first pass keeps
+// only these, whatever the guest runs. argv is read per process as its entry is written.
 struct ProcInfo {
   pid_t pid = 0, ppid = 0, pgrp = 0, sid = 0;
   char state = '?';
   uint64_t start_ticks = 0;
   uid_t uid = 0;
-  std::vector<std::string> argv;
   std::string comm;
 };
 
@@ -1219,7 +1231,7 @@ bool ReadSmallFile(const std::string& path, std::string& out, size_t max = 64 <<
   out.clear();
   char buf[4096];
   while (out.size() < max) {
-    ssize_t n = ::read(fd.get(), buf, sizeof(buf));
+    ssize_t n = ::read(fd.get(), buf, std::min(sizeof(buf), max - out.size()));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     out.append(buf, static_cast<size_t>(n));
@@ -1227,17 +1239,16 @@ bool ReadSmallFile(const std::string& path, std::string& out, size_t max = 64 <<
   return true;
 }
 
-std::optional<ProcInfo> ReadProc(pid_t pid) {
+std::optional<ProcInfo> ReadProc(pid_t pid, std::string& text) {
   ProcInfo p;
   p.pid = pid;
-  std::string text;
   if (!ReadSmallFile(fmt::format("/proc/{}/stat", pid), text)) return std::nullopt;
   // "pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime
   // stime cutime cstime priority nice threads itrealvalue starttime ...": comm may hold spaces
   // and parentheses, so parse after the last ')'.
   const size_t open = text.find('('), close = text.rfind(')');
   if (open == std::string::npos || close == std::string::npos || close < open) return std::nullopt;
-  p.comm = text.substr(open + 1, close - open - 1);
+  p.comm = CutField(std::string_view(text).substr(open + 1, close - open - 1));
   int ppid = 0, pgrp = 0, sid = 0;
   unsigned long long start = 0;
   if (std::sscanf(text.c_str() + close + 1,
@@ -1255,25 +1266,17 @@ std::optional<ProcInfo> ReadProc(pid_t pid) {
       p.uid = static_cast<uid_t>(std::strtoul(text.c_str() + at + 5, nullptr, 10));
     }
   }
-  if (ReadSmallFile(fmt::format("/proc/{}/cmdline", pid), text)) {
-    size_t start_at = 0;
-    while (start_at < text.size()) {
-      size_t end = text.find('\0', start_at);
-      if (end == std::string::npos) end = text.size();
-      p.argv.push_back(text.substr(start_at, end - start_at));
-      start_at = end + 1;
-    }
-  }
   return p;
 }
 
-// uid -> name from the sandbox's /etc/passwd (the agent is static: no NSS).
-std::map<uid_t, std::string> PasswdNames() {
-  std::map<uid_t, std::string> out;
+// uid -> name from the sandbox's /etc/passwd (the agent is static: no NSS), for the uids in
+// `wanted` only: the file is the guest's, and its size is not ours to hold in a map.
+std::map<int64_t, std::string> PasswdNames(const std::set<int64_t>& wanted) {
+  std::map<int64_t, std::string> out;
   std::string text;
-  if (!ReadSmallFile("/etc/passwd", text, 1 << 20)) return out;
+  if (wanted.empty() || !ReadSmallFile("/etc/passwd", text, 1 << 20)) return out;
   size_t pos = 0;
-  while (pos < text.size()) {
+  while (pos < text.size() && out.size() < wanted.size()) {
     size_t end = text.find('\n', pos);
     if (end == std::string::npos) end = text.size();
     std::string_view line(text.data() + pos, end - pos);
@@ -1284,23 +1287,24 @@ std::map<uid_t, std::string> PasswdNames() {
     const std::string uid_text(line.substr(c2 + 1, line.find(':', c2 + 1) - c2 - 1));
     char* e = nullptr;
     const unsigned long uid = std::strtoul(uid_text.c_str(), &e, 10);
-    if (uid_text.empty() || *e != '\0') continue;
-    out.emplace(static_cast<uid_t>(uid), std::string(line.substr(0, c1)));
+    if (uid_text.empty() || *e != '\0' || !wanted.count(static_cast<int64_t>(uid))) continue;
+    out.emplace(static_cast<int64_t>(uid), CutField(line.substr(0, c1)));
   }
   return out;
 }
 
 }  // namespace
 
-Json Agent::HandleProcesses() {
+std::string Agent::HandleProcesses() {
   std::vector<ProcInfo> all;
+  std::string text;  // one buffer for every small /proc read
   DIR* d = ::opendir("/proc");
-  if (!d) return ErrorJson(ErrnoStatus(errno, "processes: opendir(/proc)"));
+  if (!d) return Dump(ErrorJson(ErrnoStatus(errno, "processes: opendir(/proc)")));
   while (dirent* e = ::readdir(d)) {
     char* end = nullptr;
     const long pid = std::strtol(e->d_name, &end, 10);
     if (pid <= 0 || *end != '\0') continue;
-    if (auto p = ReadProc(static_cast<pid_t>(pid))) all.push_back(std::move(*p));
+    if (auto p = ReadProc(static_cast<pid_t>(pid), text)) all.push_back(std::move(*p));
   }
   ::closedir(d);
   const pid_t self = ::getpid();
@@ -1317,6 +1321,7 @@ Json Agent::HandleProcesses() {
     }
     return false;
   };
+  std::erase_if(all, [&](const ProcInfo& p) { return p.pid == self || !ours(p.pid); });
   // A process belongs to the session whose leader's pid is its process group or session id:
   // both are inherited by children (unless they call setsid/setpgid themselves, then null).
   // A group id cannot be handed to a new process while the group exists, so an exited
@@ -1329,32 +1334,39 @@ Json Agent::HandleProcesses() {
   }
   long ticks = ::sysconf(_SC_CLK_TCK);
   if (ticks <= 0) ticks = 100;
-  std::string stat;
   int64_t btime = 0;
-  if (ReadSmallFile("/proc/stat", stat, 1 << 20)) {
-    const size_t at = stat.find("\nbtime ");
-    if (at != std::string::npos) btime = std::strtoll(stat.c_str() + at + 7, nullptr, 10);
+  if (ReadSmallFile("/proc/stat", text, 1 << 20)) {
+    const size_t at = text.find("\nbtime ");
+    if (at != std::string::npos) btime = std::strtoll(text.c_str() + at + 7, nullptr, 10);
   }
-  const auto names = PasswdNames();
-  Json list = Json::array();
+  std::set<int64_t> uids;
+  for (const ProcInfo& p : all) uids.insert(opts_.identity.ToSandboxId(p.uid));
+  const auto names = PasswdNames(uids);
+  // Entry by entry into text (bounded.h): a tree of every entry is what a guest with huge
+  // argv used to grow the agent's memory with, and sbxd's after it.
+  ListReply reply("processes", protocol::kMaxProcessEntries);
   for (const ProcInfo& p : all) {
-    if (p.pid == self || !ours(p.pid)) continue;
-    if (list.size() >= kMaxProcesses) break;
-    Json argv = Json::array();
-    for (const auto& a : p.argv) argv.push_back(a);
+    if (reply.full()) break;
+    // Read now and never whole: a cmdline can be MiBs.
+    BoundedArgv argv;
+    if (UniqueFd fd(::open(fmt::format("/proc/{}/cmdline", p.pid).c_str(), O_RDONLY | O_CLOEXEC));
+        fd) {
+      argv = ReadArgv(fd.get());
+    }
     const Session* s = nullptr;
     if (auto it = by_leader.find(p.pgrp); it != by_leader.end()) s = it->second;
     if (!s) {
       if (auto it = by_leader.find(p.sid); it != by_leader.end()) s = it->second;
     }
     const int64_t uid = opts_.identity.ToSandboxId(p.uid);
-    auto name = names.find(static_cast<decltype(p.uid)>(uid));
+    auto name = names.find(uid);
     Json j = {{"pid", p.pid},
               {"ppid", p.ppid},
               {"pgid", p.pgrp},
               {"state", std::string(1, p.state)},
               {"comm", p.comm},
-              {"argv", argv},
+              {"argv", std::move(argv.args)},
+              {"argv_truncated", argv.truncated},
               {"uid", uid},
               {"user", name == names.end() ? Json(nullptr) : Json(name->second)},
               {"started_at", nullptr},
@@ -1364,9 +1376,9 @@ Json Agent::HandleProcesses() {
       const auto at = std::chrono::system_clock::time_point(std::chrono::milliseconds(ms));
       j["started_at"] = FormatRfc3339(at);
     }
-    list.push_back(std::move(j));
+    reply.Add(j);
   }
-  return Json{{"ok", true}, {"processes", std::move(list)}};
+  return reply.Finish();
 }
 
 void Agent::Refill(Connection& c) {

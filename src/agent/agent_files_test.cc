@@ -19,9 +19,11 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "common/unique_fd.h"
+#include "protocol/limits.h"
 #include "protocol/protocol.h"
 
 #ifndef SBX_AGENT_PATH
@@ -227,6 +229,59 @@ TEST(AgentFiles, RecursiveWalksOfDeepTreesAreBounded) {
   EXPECT_TRUE(protocol::CallAgent((a.root_parent() / "agent.sock").string(),
                                   Json{{"op", "ping"}}).ok());
   fs::remove_all(a.root() / "srv" / "deep");
+}
+
+
+// Issue 13 (finding 6): a guest's tree whose listing would pass the reply bound is cut before
+// it, flagged, and still a valid reply; the first entries in path order are the ones kept.
+TEST(AgentFiles, ListOfAHugeTreeIsCutAtTheReplyBound) {
+  Agent a;
+  const std::string longname(197, 'n');
+  fs::path p = a.root() / "srv" / "big";
+  // 16 levels of 200 files with 200-byte names: ~3200 entries of ~2 KiB (paths stay under
+  // PATH_MAX), about 6 MiB of listing in all.
+  for (int level = 0; level < 16; ++level) {
+    fs::create_directories(p);
+    for (int i = 0; i < 200; ++i) {
+      std::ofstream(p / fmt::format("{:03d}{}", i, longname)) << "x";
+    }
+    p /= "d" + longname + "dd";
+  }
+  auto list = a.Exchange(Json{{"op", "list"}, {"path", "/srv/big"}, {"depth", 32}});
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_LE(list[1].payload.size(), protocol::kMaxGuestReplyBytes);
+  Json r = Payload(list[1]);
+  EXPECT_TRUE(r["ok"].get<bool>()) << list[1].payload.substr(0, 300);
+  EXPECT_EQ(r["truncated"], true);
+  ASSERT_GT(r["entries"].size(), 100u);
+  EXPECT_LT(r["entries"].size(), 16u * 201u);
+  EXPECT_EQ(r["entries"][0]["path"], "/srv/big/000" + longname);
+  fs::remove_all(a.root() / "srv" / "big");
+}
+
+TEST(AgentFiles, ListOfAHugeDirectoryKeepsTheFirstEntriesInOrder) {
+  Agent a;
+  const fs::path dir = a.root() / "srv" / "many";
+  fs::create_directories(dir);
+  const size_t n = protocol::kMaxListEntries + 500;
+  for (size_t i = 0; i < n; ++i) {
+    // Created in reverse, so that readdir's order is not already the sorted one.
+    UniqueFd f(::open((dir / fmt::format("f{:06d}", n - 1 - i)).c_str(),
+                      O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
+    ASSERT_TRUE(f) << std::strerror(errno);
+  }
+  auto list = a.Exchange(Json{{"op", "list"}, {"path", "/srv/many"}});
+  ASSERT_EQ(list.size(), 2u);
+  Json r = Payload(list[1]);
+  EXPECT_EQ(r["truncated"], true);
+  ASSERT_EQ(r["entries"].size(), protocol::kMaxListEntries);
+  for (size_t i = 0; i < r["entries"].size(); ++i) {
+    ASSERT_EQ(r["entries"][i]["name"], fmt::format("f{:06d}", i)) << i;
+  }
+  auto small = a.Exchange(Json{{"op", "list"}, {"path", "/srv"}});
+  ASSERT_EQ(small.size(), 2u);
+  EXPECT_EQ(Payload(small[1])["truncated"], false) << small[1].payload;
+  fs::remove_all(dir);
 }
 
 }  // namespace

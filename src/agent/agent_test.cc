@@ -25,6 +25,7 @@
 
 #include "common/encoding.h"
 #include "common/test_util.h"
+#include "protocol/limits.h"
 #include "protocol/protocol.h"
 
 #ifndef SBX_AGENT_PATH
@@ -1296,6 +1297,128 @@ TEST(Agent, DeeplyNestedRequestIsRefused) {
   auto ping = protocol::CallAgent(agent.socket(), Json{{"op", "ping"}});
   EXPECT_TRUE(ping.ok()) << ping.status();
   EXPECT_EQ(Status(agent, "d")["state"], "unknown");
+}
+
+
+// ---- Issue 13 (finding 6): guest-chosen argv is bounded before it reaches a reply ---------
+
+// The raw payload of the response to `request` (the reply's size is the bound under test).
+std::string RawCall(const AgentProcess& agent, const Json& request) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strcpy(addr.sun_path, agent.socket().c_str());
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  timeval tv{30, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  const std::string bytes = protocol::EncodeFrame(FrameType::kHello, "{}") +
+                            protocol::EncodeFrame(FrameType::kRequest, request.dump());
+  EXPECT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(bytes.size()));
+  protocol::FrameDecoder d;
+  char buf[65536];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) d.Feed(std::string_view(buf, static_cast<size_t>(n)));
+  ::close(fd);
+  auto hello = d.Next();
+  EXPECT_TRUE(hello.ok() && hello->has_value());
+  auto resp = d.Next();
+  EXPECT_TRUE(resp.ok() && resp->has_value()) << agent.Log();
+  if (!resp.ok() || !resp->has_value()) return "";
+  return std::move((*resp)->payload);
+}
+
+// A session `sh -c 'sleep 60 & wait' x <args...>`: sh keeps the huge argv while it waits.
+void StartHugeArgv(const AgentProcess& agent, const std::string& sid,
+                   const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {"sh", "-c", "sleep 60 & wait", "x"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  AgentConnection c = agent.Connect();
+  auto r = c.Call(AttachReq(sid, 0, Spec(argv)));
+  ASSERT_TRUE(r.ok()) << r.status();
+}
+
+// The entries of a processes reply whose argv is that of StartHugeArgv.
+std::vector<Json> HugeArgvEntries(const Json& reply) {
+  std::vector<Json> out;
+  for (const auto& p : reply["processes"]) {
+    const Json& a = p["argv"];
+    if (a.size() >= 3 && a[0] == "sh" && a[2] == "sleep 60 & wait") out.push_back(p);
+  }
+  return out;
+}
+
+void ExpectArgvBounded(const Json& p) {
+  const Json& argv = p["argv"];
+  EXPECT_LE(argv.size(), protocol::kMaxArgvEntries);
+  size_t total = 0;
+  for (const auto& a : argv) {
+    EXPECT_LE(a.get_ref<const std::string&>().size(), protocol::kMaxArgBytes);
+    total += a.get_ref<const std::string&>().size();
+  }
+  EXPECT_LE(total, protocol::kMaxArgvBytes);
+}
+
+TEST(AgentProcesses, HugeArgvIsCutAndFlagged) {
+  AgentProcess agent;
+  StartHugeArgv(agent, "empty", std::vector<std::string>(32000, ""));
+  StartHugeArgv(agent, "long", std::vector<std::string>(64, std::string(4096, 'a')));
+  std::vector<Json> huge;
+  std::string payload;
+  for (int i = 0; i < 500 && huge.size() < 2; ++i) {
+    payload = RawCall(agent, Json{{"op", "processes"}});
+    huge = HugeArgvEntries(Json::parse(payload));
+    if (huge.size() < 2) std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(huge.size(), 2u) << payload.substr(0, 2000);
+  EXPECT_LE(payload.size(), protocol::kMaxGuestReplyBytes);
+  const Json reply = Json::parse(payload);
+  EXPECT_EQ(reply["truncated"], false);
+  for (const Json& p : huge) {
+    EXPECT_EQ(p["argv_truncated"], true) << p["session_id"];
+    ExpectArgvBounded(p);
+  }
+  for (const Json& p : huge) {
+    if (p["session_id"] == "empty") {
+      EXPECT_EQ(p["argv"].size(), protocol::kMaxArgvEntries);
+      EXPECT_EQ(p["argv"][4], "");
+    } else {
+      // 4 short entries, then as many 4096-byte ones as the 32 KiB allow, the last one cut.
+      EXPECT_EQ(p["argv"][4], std::string(4096, 'a'));
+    }
+  }
+  // Small argv (the sleeps, sh's children) stays whole and unflagged.
+  for (const auto& p : reply["processes"]) {
+    if (p["argv"].size() >= 3 && p["argv"][2] == "sleep 60 & wait") continue;
+    EXPECT_EQ(p["argv_truncated"], false) << p;
+  }
+}
+
+TEST(AgentProcesses, ListPastTheReplyBoundIsTruncatedAndStaysUnderIt) {
+  AgentProcess agent;
+  // ~32 KiB of argv each: 150 of them are more than the 4 MiB a reply may hold.
+  constexpr int kSessions = 150;
+  const std::vector<std::string> args(8, std::string(4096, 'b'));
+  for (int i = 0; i < kSessions; ++i) StartHugeArgv(agent, fmt::format("s{}", i), args);
+  std::string payload;
+  Json reply;
+  for (int i = 0; i < 500; ++i) {
+    payload = RawCall(agent, Json{{"op", "processes"}});
+    reply = Json::parse(payload);
+    // Until every sh has exec'd, some entries still have small argv.
+    if (reply["truncated"] == true) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_LE(payload.size(), protocol::kMaxGuestReplyBytes);
+  EXPECT_EQ(reply["ok"], true);
+  EXPECT_EQ(reply["truncated"], true);
+  // Close to the bound (entries are ~33 KiB), never past it.
+  EXPECT_GT(payload.size(), protocol::kMaxGuestReplyBytes - (64u << 10));
+  const std::vector<Json> huge = HugeArgvEntries(reply);
+  EXPECT_LT(huge.size(), static_cast<size_t>(kSessions));
+  for (const Json& p : huge) ExpectArgvBounded(p);
+  // The agent still serves.
+  EXPECT_TRUE(Call(agent, Json{{"op", "ping"}}).ok());
 }
 
 }  // namespace

@@ -16,11 +16,13 @@
 #include <cstdio>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "agent/bounded.h"
 #include "agent/path_resolve.h"
 #include "agent/tar.h"
 #include "agent/untar.h"
@@ -28,6 +30,7 @@
 #include "common/status_util.h"
 #include "common/time_util.h"
 #include "common/unique_fd.h"
+#include "protocol/limits.h"
 
 namespace sbx::agent {
 namespace {
@@ -41,12 +44,14 @@ constexpr int kMaxTreeDepth = 128;
 
 std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
+// The message is cut: it embeds paths, some of them the guest's (a name deep in a tree being
+// deleted or archived), and a response or kEnd must stay under its 64 KiB bound.
 Json ErrorJson(const absl::Status& s) {
   return Json{{"ok", false},
               {"error",
                {{"code", protocol::ErrorCodeName(s.code())},
                 {"reason", FileErrorReason(s)},
-                {"message", std::string(s.message())}}}};
+                {"message", CutField(std::string(s.message()))}}}};
 }
 
 // ---- blocking frame I/O on the worker's connection -----------------------------------------
@@ -173,37 +178,51 @@ absl::StatusOr<Json> OpStat(const Json& req, const FileOptions& o) {
   return Json{{"ok", true}, {"entry", std::move(e)}};
 }
 
-void ListDir(int dir, const std::string& path, int depth, Json& out, bool& truncated) {
+// Appends the entries below `dir` (sorted, depth-first) to `out` until it is full. A
+// directory's names are collected into a bounded set: only the first `room` names in sorted
+// order can ever be reported, and a guest's directory may hold millions.
+void ListDir(int dir, const std::string& path, int depth, ListReply& out) {
   UniqueFd copy(::openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!copy) return;
   DIR* d = ::fdopendir(copy.get());
   if (!d) return;
   copy.Release();
-  std::vector<std::string> names;
+  const size_t room = protocol::kMaxListEntries - std::min(out.entries(), protocol::kMaxListEntries);
+  std::set<std::string> names;
   while (dirent* de = ::readdir(d)) {
-    std::string n = de->d_name;
-    if (n != "." && n != "..") names.push_back(std::move(n));
+    std::string_view n = de->d_name;
+    if (n == "." || n == "..") continue;
+    if (names.size() >= room) {
+      // The name is past the room unless it sorts before the largest one kept.
+      out.MarkTruncated();
+      if (room == 0 || n >= *names.rbegin()) continue;
+      names.erase(std::prev(names.end()));
+    }
+    names.emplace(n);
   }
-  std::sort(names.begin(), names.end());
   for (const std::string& n : names) {
-    if (out.size() >= kMaxListEntries) {
-      truncated = true;
-      break;
+    if (out.full()) break;
+    const std::string child = path == "/" ? "/" + n : path + "/" + n;
+    // A path past the field bound is left out rather than reported cut (a cut path names
+    // another file); a deep tree of long names gets there within depth 32.
+    if (child.size() > protocol::kMaxFieldBytes) {
+      out.MarkTruncated();
+      continue;
     }
     struct stat st {};
     if (::fstatat(::dirfd(d), n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    const std::string child = path == "/" ? "/" + n : path + "/" + n;
-    out.push_back(EntryJson(st, child, ::dirfd(d), n));
+    if (!out.Add(EntryJson(st, child, ::dirfd(d), n))) break;
     if (S_ISDIR(st.st_mode) && depth > 1) {
       UniqueFd sub(::openat(::dirfd(d), n.c_str(),
                             O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-      if (sub) ListDir(sub.get(), child, depth - 1, out, truncated);
+      if (sub) ListDir(sub.get(), child, depth - 1, out);
     }
   }
   ::closedir(d);
 }
 
-absl::StatusOr<Json> OpList(const Json& req, const FileOptions& o) {
+// The payload as text (bounded.h): entries <= kMaxListEntries, bytes <= kMaxGuestReplyBytes.
+absl::StatusOr<std::string> OpList(const Json& req, const FileOptions& o) {
   SBX_ASSIGN_OR_RETURN(std::string path, PathField(req, "path", o));
   SBX_ASSIGN_OR_RETURN(auto depth, UintField(req, "depth", 32));
   const int d = static_cast<int>(depth.value_or(1));
@@ -212,10 +231,9 @@ absl::StatusOr<Json> OpList(const Json& req, const FileOptions& o) {
                     "depth must be at least 1", "depth");
   }
   SBX_ASSIGN_OR_RETURN(UniqueFd dir, OpenInRoot(o.root_fd, path, O_RDONLY | O_DIRECTORY, 0, "list"));
-  Json entries = Json::array();
-  bool truncated = false;
-  ListDir(dir.get(), path, d, entries, truncated);
-  return Json{{"ok", true}, {"entries", std::move(entries)}, {"truncated", truncated}};
+  ListReply reply("entries", protocol::kMaxListEntries);
+  ListDir(dir.get(), path, d, reply);
+  return reply.Finish();
 }
 
 absl::StatusOr<Json> OpMkdir(const Json& req, const FileOptions& o) {
@@ -783,6 +801,8 @@ class Watcher {
         std::vector<std::string> subdirs;
         while (dirent* de = ::readdir(d)) {
           const std::string n = de->d_name;
+          // No more than can still be watched: a guest's directory may hold millions.
+          if (dirs_.size() + subdirs.size() >= kMaxWatches) break;
           if (n != "." && n != ".." && de->d_type == DT_DIR) subdirs.push_back(n);
         }
         ::closedir(d);
@@ -798,6 +818,11 @@ class Watcher {
   }
 
   void AddChild(int parent_fd, const std::string& name, const std::string& path) {
+    // A guest can nest directories far past PATH_MAX (openat chains). Below kMaxPathBytes
+    // every event path (a watched path, '/', a name of <= 255 bytes) stays under
+    // kMaxFieldBytes and each kData event far under its frame bound; the watches' paths then
+    // hold at most kMaxWatches * kMaxPathBytes, and the recursion through Add() ends there.
+    if (path.size() > kMaxPathBytes) return;
     UniqueFd sub(::openat(parent_fd, name.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (sub) (void)Add(sub.get(), path, false);
   }
@@ -864,9 +889,14 @@ void ServeFileRequest(int fd, const Json& req, protocol::FrameDecoder rest,
       (void)OpWatch(c, req, opts);
       return;
     }
+    if (op == "list") {
+      absl::StatusOr<std::string> r = OpList(req, opts);
+      (void)(r.ok() ? c.Send(FrameType::kResponse, *r)
+                    : c.SendJson(FrameType::kResponse, ErrorJson(r.status())));
+      return;
+    }
     absl::StatusOr<Json> r = absl::InvalidArgumentError(fmt::format("unknown op \"{}\"", op));
     if (op == "stat") r = OpStat(req, opts);
-    if (op == "list") r = OpList(req, opts);
     if (op == "mkdir") r = OpMkdir(req, opts);
     if (op == "delete") r = OpDelete(req, opts);
     if (op == "move") r = OpMove(req, opts);

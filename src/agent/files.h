@@ -17,7 +17,6 @@ namespace sbx::agent {
 
 inline constexpr std::chrono::seconds kFileIoTimeout{120};
 inline constexpr size_t kDataChunk = 256 * 1024;  // bytes per kData frame the agent sends
-inline constexpr size_t kMaxListEntries = 10000;
 
 struct FileOptions {
   int root_fd = -1;            // O_PATH fd of the sandbox's root ("/" in the ns runtime)

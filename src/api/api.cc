@@ -84,6 +84,9 @@ http::Response Fail(const http::RequestContext& ctx, const absl::Status& s) {
   http::Response res = ErrorResponse(s, ctx.request_id);
   if (res.result() == bhttp::status::internal_server_error) {
     SBX_LOG_ERROR(ctx.log, "internal error: {}", std::string(s.message()));
+  } else if (res.result() == bhttp::status::bad_gateway) {
+    // An agent that breaks the protocol's bounds is broken or compromised by its guest.
+    SBX_LOG_ERROR(ctx.log, "agent reply refused: {}", std::string(s.message()));
   }
   return res;
 }

@@ -11,6 +11,7 @@
 #include "api/target.h"
 #include "common/metrics.h"
 #include "http/server.h"
+#include "protocol/guest_reply.h"
 #include "service/sandbox_service.h"
 
 namespace sbx::api {
@@ -82,6 +83,11 @@ class Api {
   http::asio::awaitable<std::optional<http::Response>> FileWatch(http::RequestContext& ctx,
                                                                  const std::string& socket,
                                                                  nlohmann::json request);
+  // A reply the guest sizes ("processes", "list"; guest_replies.cc): under a slot of the
+  // service's ReplyGate, fetched unparsed, rewritten to `head` + list and streamed.
+  http::asio::awaitable<std::optional<http::Response>> GuestSizedReply(
+      http::RequestContext& ctx, const std::string& sandbox_id, const std::string& socket,
+      nlohmann::json request, const protocol::GuestListSchema& schema, std::string head);
   http::asio::awaitable<std::optional<http::Response>> FileUpload(
       http::RequestContext& ctx, const std::string& sandbox_id, const std::string& socket,
       nlohmann::json request, uint64_t disk_cap_bytes);

@@ -310,6 +310,8 @@ Awaitable Api::Files(http::RequestContext& ctx, const service::Caller& caller,
     if (!depth.ok()) co_return fail(depth.status());
     if (*depth && **depth == 0) co_return fail(FieldError("depth", "depth must be between 1 and 32"));
     request["depth"] = depth->value_or(1);
+    co_return co_await GuestSizedReply(ctx, sandbox_id, *sock, std::move(request),
+                                       protocol::ListReplySchema(), "{");
   } else if (what == "files:mkdir") {
     auto body = JsonBody(ctx.req, {"path", "parents", "mode"});
     if (!body.ok()) co_return fail(body.status());

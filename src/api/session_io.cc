@@ -58,12 +58,6 @@ absl::Status ForClient(const absl::Status& s, const std::string& session_id,
   return Annotate(s, fmt::format("{} {}", action, session_id));
 }
 
-http::Response ProcessListResponse(const std::string& sandbox_id, const json& agent_response) {
-  json body = {{"sandbox_id", sandbox_id},
-               {"processes", agent_response.value("processes", json::array())}};
-  return JsonResponse(bhttp::status::ok,
-                      body.dump(-1, ' ', false, json::error_handler_t::replace));
-}
 
 }  // namespace
 
@@ -140,11 +134,11 @@ http::asio::awaitable<std::optional<http::Response>> Api::Processes(
   // initializer_list's array in a coroutine frame ("array used as initializer").
   json request = json::object();
   request["op"] = "processes";
-  auto r = co_await service::AsyncCallAgent(ctx.executor, *sock, std::move(request),
-                                            kAgentCallTimeout);
-  if (!r.ok()) co_return fail(Annotate(r.status(), fmt::format("processes of {}", sandbox_id)));
-  http::Response res = ProcessListResponse(sandbox_id, *r);
-  co_return res;
+  std::string head = "{\"sandbox_id\":";
+  protocol::AppendJsonString(head, sandbox_id);
+  head.push_back(',');
+  co_return co_await GuestSizedReply(ctx, sandbox_id, *sock, std::move(request),
+                                     protocol::ProcessesReplySchema(), std::move(head));
 }
 
 }  // namespace sbx::api

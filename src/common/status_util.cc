@@ -60,7 +60,12 @@ absl::Status ErrnoStatus(int err, std::string_view what) {
 
 absl::Status Annotate(const absl::Status& s, std::string_view context) {
   if (s.ok()) return s;
-  return absl::Status(s.code(), fmt::format("{}: {}", context, std::string(s.message())));
+  absl::Status out(s.code(), fmt::format("{}: {}", context, std::string(s.message())));
+  // The API code, field and details ride along: context must not turn a 502 into a 500.
+  s.ForEachPayload([&out](absl::string_view url, const absl::Cord& payload) {
+    out.SetPayload(url, payload);
+  });
+  return out;
 }
 
 }  // namespace sbx

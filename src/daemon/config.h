@@ -49,6 +49,9 @@ struct Config {
     int64_t reserved_connections = 16;
     int64_t header_timeout_s = 10;
     int64_t idle_timeout_s = 75;
+    // Guest-sized agent replies ("processes", "list") held at once (service/reply_gate.h).
+    int64_t guest_replies_in_flight = 8;
+    int64_t guest_replies_per_sandbox = 2;
     bool operator==(const Server&) const = default;
   };
   struct State {

@@ -23,4 +23,6 @@ uint32_t MaxFrameBytes(FrameType type, bool large_response) {
   return kMaxSmallResponseBytes;
 }
 
+bool IsGuestSizedOp(std::string_view op) { return op == "processes" || op == "list"; }
+
 }  // namespace sbx::protocol

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 #include "protocol/protocol.h"
 
@@ -27,6 +28,8 @@ inline constexpr uint32_t kMaxGuestReplyBytes = 4 << 20;
 // A frame's limit by type, for a reader that expects guest-sized replies (`large_response`)
 // or not.
 uint32_t MaxFrameBytes(FrameType type, bool large_response);
+// The ops whose reply is guest-sized: "processes" and "list".
+bool IsGuestSizedOp(std::string_view op);
 
 // "processes": at most this many entries; per process at most kMaxArgvEntries argv entries,
 // kMaxArgBytes bytes per entry and kMaxArgvBytes in all ("argv_truncated": true when cut).

@@ -17,6 +17,7 @@
 
 #include "common/json_util.h"
 #include "common/status_util.h"
+#include "protocol/limits.h"
 
 namespace sbx::protocol {
 namespace {
@@ -175,6 +176,11 @@ absl::StatusOr<std::pair<FrameType, uint32_t>> DecodeHeader(const uint8_t* heade
   return std::make_pair(static_cast<FrameType>(type), length);
 }
 
+namespace {
+// Frames from here on are worth the special handling in Next() (a process list, a file chunk).
+constexpr size_t kLargeFrame = 64 << 10;
+}  // namespace
+
 void FrameDecoder::Feed(std::string_view bytes) {
   // Compact before growing: drop consumed bytes once they are at least half the buffer, so
   // each byte is moved O(1) times on average and the buffer stays at most twice the live data.
@@ -191,8 +197,30 @@ absl::StatusOr<std::optional<Frame>> FrameDecoder::Next() {
   // On error pos_ does not move, so every later call reports the same error: the stream is
   // dead.
   SBX_ASSIGN_OR_RETURN(auto type_and_length, DecodeHeader(header));
+  if (agent_bounds_) {
+    const uint32_t limit = MaxFrameBytes(type_and_length.first, guest_sized_response_);
+    if (type_and_length.second > limit) {
+      return ApiError(absl::StatusCode::kInternal, "bad_agent_reply",
+                      fmt::format("a frame of type {} with {} payload bytes "
+                                  "exceeds its limit of {}",
+                                  static_cast<int>(type_and_length.first),
+                                  type_and_length.second, limit));
+    }
+  }
   const size_t total = kHeaderSize + type_and_length.second;
-  if (buffered() < total) return std::optional<Frame>();
+  if (buffered() < total) {
+    // The frame's size is known (and within its bound): one allocation for it, instead of the
+    // doublings of repeated appends, which leave up to twice a large reply's size held.
+    if (type_and_length.second >= kLargeFrame) buf_.reserve(pos_ + total);
+    return std::optional<Frame>();
+  }
+  if (pos_ == 0 && buf_.size() == total && type_and_length.second >= kLargeFrame) {
+    // The buffer is exactly this frame: hand it over rather than copy a large payload.
+    Frame frame{type_and_length.first, std::move(buf_)};
+    frame.payload.erase(0, kHeaderSize);
+    buf_ = std::string();
+    return std::optional<Frame>(std::move(frame));
+  }
   Frame frame{type_and_length.first, buf_.substr(pos_ + kHeaderSize, type_and_length.second)};
   pos_ += total;
   if (pos_ == buf_.size()) {
@@ -398,6 +426,7 @@ AgentConnection::~AgentConnection() {
 
 absl::StatusOr<Json> AgentConnection::Call(const Json& request) {
   if (fd_ < 0) return absl::FailedPreconditionError("agent call: connection is closed");
+  decoder_.LimitToAgentBounds(IsGuestSizedOp(StringField(request, "op")));
   std::string out = EncodeFrame(FrameType::kHello, Dump(Json{{"version", kVersion},
                                                              {"role", "host"}}));
   out += EncodeFrame(FrameType::kRequest, Dump(request));

@@ -4,7 +4,9 @@
 // Wire format of one frame (all integers big-endian):
 //   u32 payload_length | u8 version (kVersion) | u8 type (FrameType) | u16 reserved (0) | payload
 // A receiver rejects a frame with another version, an unknown type, a non-zero reserved field
-// or a payload longer than kMaxPayload, and then closes the connection.
+// or a payload longer than kMaxPayload, and then closes the connection. sbxd, reading an agent
+// (which its guest may have broken), also holds each frame type to its own, smaller bound
+// (protocol/limits.h): a frame over it is refused on its header, before its payload is read.
 //
 // One connection carries one request. The host sends kHello then kRequest without waiting; the
 // agent answers kHello then kResponse. For "attach", the response is followed by a stream of
@@ -49,13 +51,20 @@
 //       TIOCSWINSZ on the pty (the kernel sends SIGWINCH); failed_precondition without a tty
 //       or after the exit.
 //   {"op":"processes"}
-//       -> {"ok":true,"processes":[{"pid","ppid","pgid","state","comm","argv":[...],"uid",
-//           "user":name|null,"started_at":RFC3339|null,"session_id":S|null}]}
+//       -> {"ok":true,"processes":[{"pid","ppid","pgid","state","comm","argv":[...],
+//           "argv_truncated":b,"uid","user":name|null,"started_at":RFC3339|null,
+//           "session_id":S|null}],"truncated":b}
 //       Every process of the sandbox (the agent's descendants when it is not PID 1) except
 //       the agent. session_id: the session whose leader's pid is the process's group or
-//       session id (children inherit both), else null. At most 4096 entries.
+//       session id (children inherit both), else null. Bounded (protocol/limits.h), since a
+//       guest chooses argv: at most kMaxProcessEntries (4096) entries and kMaxGuestReplyBytes
+//       (4 MiB) of payload, "truncated":true when processes were left out; argv at most
+//       kMaxArgvEntries (256) entries of kMaxArgBytes (4 KiB), kMaxArgvBytes (32 KiB) in all,
+//       "argv_truncated":true when it was cut; comm and user at most kMaxFieldBytes (8 KiB).
 //   "status" also returns "timed_out", "tty" and "stdin".
-// Errors: {"ok":false,"error":{"code":"snake_case","message":"..."}}.
+// Errors: {"ok":false,"error":{"code":"snake_case","message":"..."}}; the message is cut at
+// kMaxFieldBytes (it may embed a guest's paths). Every reply other than "processes" and
+// "list" stays under kMaxSmallResponseBytes by construction.
 //
 // Files (src/agent/files.h). Each file connection is served by a forked worker child of the
 // agent, so its blocking disk I/O never stalls the event loop. "path" is resolved inside the
@@ -63,6 +72,9 @@
 // carry a specific "reason" besides "code" ("is_a_directory", "insufficient_storage", ...).
 //   {"op":"stat","path":P}                         -> {"ok":true,"entry":E}
 //   {"op":"list","path":P,"depth":N}               -> {"ok":true,"entries":[E...],"truncated":b}
+//       Sorted by path, depth first. At most kMaxListEntries (10000) entries and
+//       kMaxGuestReplyBytes (4 MiB) of payload; "truncated":true when entries were left out
+//       (also an entry whose path would pass kMaxFieldBytes, 8 KiB).
 //   {"op":"mkdir","path":P,"parents":b,"mode":M}   -> {"ok":true,"entry":E}
 //   {"op":"delete","path":P,"recursive":b}         -> {"ok":true}
 //   {"op":"move","from":P,"to":P,"overwrite":b}    -> {"ok":true,"entry":E}
@@ -156,6 +168,15 @@ absl::StatusOr<std::pair<FrameType, uint32_t>> DecodeHeader(const uint8_t* heade
 // Incremental decoder for a byte stream (used by the agent's event loop and by the fuzzer).
 class FrameDecoder {
  public:
+  // sbxd reading an agent: frames are held to the per-type bounds of protocol/limits.h
+  // (kResponse to kMaxGuestReplyBytes when `guest_sized_response`, else
+  // kMaxSmallResponseBytes), checked on the header, before any of the payload is buffered.
+  // A frame over its bound is ApiError "bad_agent_reply". Without this call only kMaxPayload
+  // applies (the agent reading sbxd, which it trusts).
+  void LimitToAgentBounds(bool guest_sized_response) {
+    agent_bounds_ = true;
+    guest_sized_response_ = guest_sized_response;
+  }
   void Feed(std::string_view bytes);
   // A complete frame, nullopt if more bytes are needed, or an error (the stream is then dead).
   absl::StatusOr<std::optional<Frame>> Next();
@@ -164,6 +185,8 @@ class FrameDecoder {
  private:
   std::string buf_;
   size_t pos_ = 0;
+  bool agent_bounds_ = false;
+  bool guest_sized_response_ = false;
 };
 
 std::string EncodeOutput(const OutputEvent& ev);
@@ -221,7 +244,10 @@ class AgentConnection {
   ~AgentConnection();
 
   // Sends hello + request, reads the agent's hello and the response. A response with
-  // "ok":false becomes an error status carrying the agent's code and message.
+  // "ok":false becomes an error status carrying the agent's code and message. Frames are held
+  // to protocol/limits.h's bounds (guest-sized for the ops IsGuestSizedOp names). This client
+  // builds a tree of the response: sbxd's request path for guest-sized ops does not use it
+  // (service/agent_stream.h, OpenGuestSized).
   absl::StatusOr<Json> Call(const Json& request);
   // After an attach Call(): the next event frame; NotFound-free EOF is reported as
   // Unavailable("agent closed the stream").

@@ -14,6 +14,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "common/status_util.h"
+#include "protocol/limits.h"
+
 namespace sbx::protocol {
 namespace {
 
@@ -158,6 +161,71 @@ TEST(FrameDecoder, RejectsOversizeBeforePayloadArrives) {
   FrameDecoder d;
   d.Feed(Header(kMaxPayload + 1, kVersion, 4, 0));
   EXPECT_FALSE(d.Next().ok());
+}
+
+// sbxd reading an agent: each frame type has its own bound, checked on the header alone, so a
+// hostile agent cannot make sbxd buffer 16 MiB per connection (issue 13, finding 6).
+TEST(FrameDecoder, AgentBoundsRefuseEachTypeOverItsLimitOnTheHeader) {
+  const std::pair<FrameType, uint32_t> cases[] = {
+      {FrameType::kHello, kMaxHelloBytes},       {FrameType::kResponse, kMaxSmallResponseBytes},
+      {FrameType::kOutput, kMaxOutputFrameBytes}, {FrameType::kExit, kMaxEventBytes},
+      {FrameType::kResync, kMaxEventBytes},      {FrameType::kData, kMaxDataFrameBytes},
+      {FrameType::kEnd, kMaxEndBytes},
+  };
+  for (const auto& [type, limit] : cases) {
+    SCOPED_TRACE(static_cast<int>(type));
+    FrameDecoder at_limit;
+    at_limit.LimitToAgentBounds(false);
+    at_limit.Feed(Header(limit, kVersion, static_cast<uint8_t>(type), 0));
+    auto waiting = at_limit.Next();
+    ASSERT_TRUE(waiting.ok()) << waiting.status();
+    EXPECT_FALSE(waiting->has_value());  // a frame at its bound is fine: waits for the payload
+
+    FrameDecoder over;
+    over.LimitToAgentBounds(false);
+    over.Feed(Header(limit + 1, kVersion, static_cast<uint8_t>(type), 0));
+    auto r = over.Next();
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(ApiErrorCode(r.status()), "bad_agent_reply");
+    EXPECT_NE(Msg(r.status()).find(std::to_string(limit)), std::string::npos) << r.status();
+  }
+}
+
+TEST(FrameDecoder, GuestSizedResponsesGetTheLargerBoundOnlyWhenAsked) {
+  FrameDecoder small;
+  small.LimitToAgentBounds(false);
+  small.Feed(Header(kMaxSmallResponseBytes + 1, kVersion, 3, 0));
+  EXPECT_FALSE(small.Next().ok());
+
+  FrameDecoder large;
+  large.LimitToAgentBounds(true);
+  large.Feed(Header(kMaxGuestReplyBytes, kVersion, 3, 0));
+  ASSERT_TRUE(large.Next().ok());
+  FrameDecoder too_large;
+  too_large.LimitToAgentBounds(true);
+  too_large.Feed(Header(kMaxGuestReplyBytes + 1, kVersion, 3, 0));
+  EXPECT_FALSE(too_large.Next().ok());
+  // Only the response grows: output from a guest-sized call keeps its own bound.
+  FrameDecoder output;
+  output.LimitToAgentBounds(true);
+  output.Feed(Header(kMaxOutputFrameBytes + 1, kVersion, 4, 0));
+  EXPECT_FALSE(output.Next().ok());
+}
+
+TEST(FrameDecoder, WithoutAgentBoundsOnlyTheCodecMaximumApplies) {
+  FrameDecoder d;  // the agent reading sbxd
+  d.Feed(Header(kMaxPayload, kVersion, 2, 0));
+  auto r = d.Next();
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->has_value());
+}
+
+TEST(GuestSizedOps, AreExactlyProcessesAndList) {
+  EXPECT_TRUE(IsGuestSizedOp("processes"));
+  EXPECT_TRUE(IsGuestSizedOp("list"));
+  for (const char* op : {"status", "stat", "read", "attach", "ping", "", "Processes"}) {
+    EXPECT_FALSE(IsGuestSizedOp(op)) << op;
+  }
 }
 
 TEST(FrameDecoder, WaitsForWholeHeader) {

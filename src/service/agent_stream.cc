@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include "common/status_util.h"
+#include "protocol/guest_reply.h"
+#include "protocol/limits.h"
 
 namespace sbx::service {
 namespace {
@@ -18,17 +20,14 @@ using protocol::StringField;
 
 // The agent is on the guest's side of the boundary: a field of another type is ignored.
 absl::Status AgentError(const nlohmann::json& resp) {
-  std::string code = "internal";
-  std::string message = "agent refused the request";
+  std::string code, message, reason;
   auto err = resp.find("error");
   if (err != resp.end() && err->is_object()) {
-    code = StringField(*err, "code", code);
-    message = StringField(*err, "message", message);
+    code = StringField(*err, "code");
+    message = StringField(*err, "message");
+    reason = StringField(*err, "reason");
   }
-  const absl::StatusCode canonical = protocol::ErrorCodeFromName(code);
-  // File operations (agent/files.h) name the precise reason apart from the code.
-  if (err != resp.end() && err->is_object()) code = StringField(*err, "reason", code);
-  return ApiError(canonical, code, fmt::format("agent: {}", message));
+  return protocol::AgentErrorFromFields(code, message, reason);
 }
 }  // namespace
 
@@ -80,7 +79,15 @@ asio::awaitable<absl::Status> AgentStream::ReadUntilFrame(std::optional<protocol
 asio::awaitable<absl::StatusOr<std::unique_ptr<AgentStream>>> AgentStream::Open(
     asio::any_io_executor ex, std::string socket_path, nlohmann::json request,
     std::chrono::milliseconds timeout) {
+  return OpenImpl(std::move(ex), std::move(socket_path), std::move(request), timeout,
+                  /*guest_sized=*/false);
+}
+
+asio::awaitable<absl::StatusOr<std::unique_ptr<AgentStream>>> AgentStream::OpenImpl(
+    asio::any_io_executor ex, std::string socket_path, nlohmann::json request,
+    std::chrono::milliseconds timeout, bool guest_sized) {
   auto s = std::make_unique<AgentStream>(ex);
+  s->decoder_.LimitToAgentBounds(guest_sized);
   auto [cec] = co_await s->socket_.async_connect(
       asio::local::stream_protocol::endpoint(socket_path), kTuple);
   if (cec) {
@@ -104,13 +111,19 @@ asio::awaitable<absl::StatusOr<std::unique_ptr<AgentStream>>> AgentStream::Open(
       continue;
     }
     if (f->type != protocol::FrameType::kResponse || !got_hello) {
-      co_return absl::InternalError("agent protocol: expected hello then response");
+      co_return ApiError(absl::StatusCode::kInternal, "bad_agent_reply",
+                         "agent protocol: expected hello then response");
+    }
+    if (guest_sized) {
+      // Not parsed here: RewriteGuestList reads it without building a tree.
+      s->raw_response_ = std::move(f->payload);
+      co_return s;
     }
     // Depth-checked: handlers forward and log parts of the response (files, processes).
     auto resp = protocol::ParseObjectPayload(f->payload, "agent response");
     if (!resp.ok()) {
-      co_return absl::InternalError(
-          fmt::format("agent protocol: {}", std::string(resp.status().message())));
+      co_return ApiError(absl::StatusCode::kInternal, "bad_agent_reply",
+                         fmt::format("agent protocol: {}", std::string(resp.status().message())));
     }
     if (!protocol::ResponseOk(*resp)) co_return AgentError(*resp);
     s->response_ = std::move(*resp);
@@ -160,6 +173,17 @@ asio::awaitable<absl::StatusOr<nlohmann::json>> AsyncCallAgent(asio::any_io_exec
   nlohmann::json resp = (*s)->response();
   (*s)->Close();
   co_return resp;
+}
+
+asio::awaitable<absl::StatusOr<std::string>> AsyncCallAgentGuestSized(
+    asio::any_io_executor ex, std::string socket_path, nlohmann::json request,
+    std::chrono::milliseconds timeout) {
+  auto s = co_await AgentStream::OpenImpl(ex, std::move(socket_path), std::move(request),
+                                          timeout, /*guest_sized=*/true);
+  if (!s.ok()) co_return s.status();
+  std::string payload = std::move((*s)->raw_response_);
+  (*s)->Close();
+  co_return payload;
 }
 
 }  // namespace sbx::service

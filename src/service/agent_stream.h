@@ -57,6 +57,12 @@ class AgentStream {
                                                std::chrono::milliseconds deadline,
                                                bool idle_ok);
 
+  friend asio::awaitable<absl::StatusOr<std::string>> AsyncCallAgentGuestSized(
+      asio::any_io_executor, std::string, nlohmann::json, std::chrono::milliseconds);
+  static asio::awaitable<absl::StatusOr<std::unique_ptr<AgentStream>>> OpenImpl(
+      asio::any_io_executor ex, std::string socket_path, nlohmann::json request,
+      std::chrono::milliseconds timeout, bool guest_sized);
+
   struct State {
     uint64_t gen;
     bool timed_out;
@@ -69,6 +75,7 @@ class AgentStream {
   uint64_t read_gen_ = 0;
   protocol::FrameDecoder decoder_;
   nlohmann::json response_;
+  std::string raw_response_;  // guest-sized calls only
   std::string buf_ = std::string(256 << 10, '\0');
 };
 
@@ -80,5 +87,13 @@ absl::Status AgentErrorStatus(const nlohmann::json& resp);
 asio::awaitable<absl::StatusOr<nlohmann::json>> AsyncCallAgent(
     asio::any_io_executor ex, std::string socket_path, nlohmann::json request,
     std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
+// A guest-sized request ("processes", "list": protocol/limits.h IsGuestSizedOp) on a fresh
+// connection: the response payload as the agent sent it (up to kMaxGuestReplyBytes, refused
+// beyond on the frame header), unparsed, for protocol::RewriteGuestList. Every other call's
+// response is held to kMaxSmallResponseBytes.
+asio::awaitable<absl::StatusOr<std::string>> AsyncCallAgentGuestSized(
+    asio::any_io_executor ex, std::string socket_path, nlohmann::json request,
+    std::chrono::milliseconds timeout);
 
 }  // namespace sbx::service

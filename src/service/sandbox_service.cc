@@ -226,7 +226,8 @@ SandboxService::SandboxService(ServiceOptions opts, store::Store& store,
       backends_(std::move(backends)),
       tokens_(opts_.attach_key, opts_.attach_token_ttl),
       defaults_(opts_.defaults),
-      timer_settings_(opts_.timers) {
+      timer_settings_(opts_.timers),
+      guest_replies_(opts_.guest_replies) {
   engine_.SetJobDoneHook([this](const std::string& sandbox_id) { waiters_.Notify(sandbox_id); });
   std::vector<std::string> runtimes;
   for (const auto& [name, backend] : backends_) runtimes.push_back(name);

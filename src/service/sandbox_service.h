@@ -28,6 +28,7 @@
 #include "service/attach_token.h"
 #include "service/inputs.h"
 #include "service/job_waiters.h"
+#include "service/reply_gate.h"
 #include "service/service_metrics.h"
 #include "service/warm_pool.h"
 #include "service/templates.h"
@@ -70,6 +71,8 @@ struct ServiceOptions {
   // Admission control (admission.h). Without a probe nothing is refused: sbxd always sets one.
   AdmissionSettings admission;
   Admission::Probe host_capacity;
+  // Guest-sized replies held at once (reply_gate.h).
+  ReplyGateSettings guest_replies;
 };
 
 // What sbxd's configuration reload (SIGHUP) can change while sandboxes run. Everything else in
@@ -111,6 +114,8 @@ class SandboxService {
                      ActivityTracker::Clock::time_point mono);
   // Data-plane activity the API sees (attach streams) keeps sandboxes from idling.
   ActivityTracker& activity() { return activity_; }
+  // Slots for "processes" and "list" replies, which a guest sizes (reply_gate.h).
+  ReplyGate& guest_replies() { return guest_replies_; }
   // Ready sandboxes per "runtime/template".
   std::map<std::string, int> WarmPoolReady() const { return pool_->Ready(); }
   // The size each pool is kept at, per "runtime/template".
@@ -235,6 +240,7 @@ class SandboxService {
   std::set<std::string> frozen_;  // ids whose instance is frozen or being frozen
   bool ready_ = false;
   ActivityTracker activity_;
+  ReplyGate guest_replies_;
   std::chrono::system_clock::time_point last_purge_{};
   std::chrono::system_clock::time_point last_session_refresh_{};
   std::unique_ptr<ServiceMetrics> metrics_;

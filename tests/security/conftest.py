@@ -11,7 +11,6 @@ Environment: as tests/e2e (SBX_BUILD_DIR, SBX_TESTS_MUST_RUN); the ns runtime on
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import secrets
@@ -27,20 +26,9 @@ sys.path.insert(0, str(E2E))
 sys.path.insert(0, str(HERE))
 
 
-def _load_e2e_conftest():
-    # Loaded under its own name: pytest's own import of tests/e2e/conftest.py (when both suites
-    # run in one session) is then a separate module with its own daemon.
-    name = "sbx_e2e_conftest"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, E2E / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from suite_loader import load_e2e_conftest  # noqa: E402
 
-
-e2e = _load_e2e_conftest()
+e2e = load_e2e_conftest()
 from sbx_client import SbxClient  # noqa: E402
 import secutil  # noqa: E402
 

@@ -118,3 +118,9 @@ def wait_until(predicate, timeout: float, interval: float = 0.05):
 def statvfs_free(path: str | Path) -> int:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
+
+
+def e2e_metric(line: str) -> None:
+    """A measured number for the suite's summary (printed with the e2e suite's metrics)."""
+    import sys
+    sys.modules["sbx_e2e_conftest"].METRICS.append(line)
