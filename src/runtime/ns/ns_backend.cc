@@ -38,6 +38,8 @@
 #include "runtime/ns/fsutil.h"
 #include "runtime/ns/launcher.h"
 #include "runtime/ns/mounts.h"
+#include "runtime/ns/ns_instance.h"
+#include "runtime/ns/ns_shared.h"
 #include "runtime/ns/disk_image.h"
 #include "runtime/ns/landlock.h"
 #include "runtime/ns/seccomp.h"
@@ -47,16 +49,8 @@ namespace sbx::runtime::ns {
 
 namespace {
 
-constexpr char kIdPrefix[] = "sbx";
-constexpr char kSocketName[] = "agent.sock";
 constexpr char kLogName[] = "agent.log";
 constexpr int kListenBacklog = 128;
-
-using Clock = std::chrono::steady_clock;
-
-double MsSince(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
 
 // The last bytes of agent.log, to explain an agent that died during start-up.
 std::string LogTail(const std::string& path) {
@@ -172,229 +166,6 @@ absl::StatusOr<UniqueFd> ListenUnix(const std::string& path) {
 
 }  // namespace
 
-// Everything built once per backend and shared (read-only) by every Create and every instance.
-struct NsBackend::Shared {
-  NsOptions opts;
-  std::string sandboxes_dir;
-  absl::Status state_status = absl::OkStatus();
-  absl::Status agent_status = absl::OkStatus();
-  std::optional<AgentImage> agent;
-  absl::Status seccomp_status = absl::OkStatus();
-  SeccompProgram seccomp;
-  // The agent's own filter when it stays outside the sandbox's user namespace (identity.h).
-  SeccompProgram agent_seccomp;
-  LandlockPlan landlock;  // abi 0: not used
-  absl::Status caps_status = absl::OkStatus();
-  CapsPlan caps;
-  absl::Status cgroup_status = absl::OkStatus();
-  std::unique_ptr<CgroupDriver> cgroups;
-  std::unique_ptr<NetnsPool> netns_pool;  // null when NsOptions::netns_pool_size is 0
-  absl::Status userns_status = absl::OkStatus();
-  absl::Status disk_status = absl::OkStatus();
-  std::unique_ptr<DiskProvider> disks;
-  // Host-wide claims of uid ranges; meaningful only with opts.user_namespaces. Its methods
-  // touch only files, so the const Shared& of Create may use it.
-  mutable UidRanges uid_ranges;
-  std::unique_ptr<UsernsPool> userns_pool;  // after uid_ranges: destroyed before it
-
-  std::string DirOf(const std::string& id) const { return fmt::format("{}/{}", sandboxes_dir, id); }
-
-  absl::Status Ready() const {
-    SBX_RETURN_IF_ERROR(state_status);
-    SBX_RETURN_IF_ERROR(agent_status);
-    SBX_RETURN_IF_ERROR(seccomp_status);
-    SBX_RETURN_IF_ERROR(caps_status);
-    SBX_RETURN_IF_ERROR(cgroup_status);
-    SBX_RETURN_IF_ERROR(userns_status);
-    SBX_RETURN_IF_ERROR(disk_status);
-    return absl::OkStatus();
-  }
-};
-
-namespace {
-
-class NsInstance : public Instance {
- public:
-  NsInstance(std::shared_ptr<NsBackend::Shared> shared, std::string id, pid_t pid,
-             uint64_t start_time, UniqueFd pidfd, std::unique_ptr<SandboxCgroup> cgroup,
-             uint32_t uid_base)
-      : shared_(std::move(shared)),
-        id_(std::move(id)),
-        dir_(shared_->DirOf(id_)),
-        socket_(fmt::format("{}/{}", dir_, kSocketName)),
-        pid_(pid),
-        start_time_(start_time),
-        pidfd_(std::move(pidfd)),
-        cgroup_(std::move(cgroup)),
-        uid_base_(uid_base) {
-    cgroup_->Release();  // the sandbox outlives this object (and sbxd); Destroy() is explicit
-  }
-
-  const std::string& id() const override { return id_; }
-  std::string AgentSocketPath() const override { return socket_; }
-
-  Json Persist() const override {
-    return Json{{"pid", pid_},
-                {"start_time", start_time_},
-                {"cgroups", cgroup_->ToJson()},
-                {"cgroup_driver", shared_->cgroups ? shared_->cgroups->Name() : ""},
-                {"dir", dir_},
-                {"socket", socket_},
-                {"uid_base", uid_base_}};
-  }
-
-  bool Alive() const override {
-    if (destroyed_ || !pidfd_) return false;
-    // A pidfd polls readable once the process has exited.
-    struct pollfd pfd{pidfd_.get(), POLLIN, 0};
-    return ::poll(&pfd, 1, 0) == 0;
-  }
-
-  std::string DeathReason() const override {
-    std::string how = "it exited";
-    if (pidfd_) {
-      // WNOWAIT: Destroy() still reaps it. ECHILD: not our child (adopted after a restart).
-      siginfo_t info;
-      std::memset(&info, 0, sizeof(info));
-      if (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd_.get()), &info,
-                   WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid != 0) {
-        how = info.si_code == CLD_EXITED
-                  ? fmt::format("it exited with status {}", info.si_status)
-                  : fmt::format("it was killed by {}", protocol::SignalName(info.si_status)
-                                                              .value_or(fmt::format("signal {}", info.si_status)));
-      }
-    }
-    // The agent's own cgroup (split sandboxes) counts what the OOM killer took there: v1's
-    // memory hierarchy where there is one (hybrid hosts), else v2's.
-    if (cgroup_ && cgroup_->Split()) {
-      std::string file;
-      for (const auto& d : cgroup_->dirs()) {
-        if (d.key == "memory" && !d.v2) file = fmt::format("{}/{}/memory.oom_control", d.path, kAgentLeaf);
-      }
-      if (file.empty() && !cgroup_->v2_path().empty()) {
-        file = fmt::format("{}/{}/memory.events", cgroup_->v2_path(), kAgentLeaf);
-      }
-      auto text = file.empty() ? absl::StatusOr<std::string>(absl::NotFoundError("")) : ReadFileToString(file);
-      const size_t at = text.ok() ? text->find("oom_kill ") : std::string::npos;
-      if (at != std::string::npos && std::strtoull(text->c_str() + at + 9, nullptr, 10) > 0) {
-        how += "; the OOM killer took it: its memory limit (runtime.ns.agent_memory_mib) was reached";
-      }
-    }
-    return how;
-  }
-
-  absl::StatusOr<uint64_t> DeniedEgress() const override {
-    if (!Alive()) {
-      return absl::FailedPreconditionError(fmt::format("denied egress {}: agent not alive", id_));
-    }
-    auto n = ReadNoRouteCount(pid_);
-    // The pid names our agent only while it exists: alive after the read, it was the agent's.
-    if (n.ok() && !Alive()) {
-      return absl::FailedPreconditionError(fmt::format("denied egress {}: agent exited", id_));
-    }
-    return n;
-  }
-
-  absl::Status Destroy() override {
-    if (destroyed_) return absl::OkStatus();
-    const auto t0 = Clock::now();
-    // 1. The agent is PID 1 of the sandbox's pid namespace: when it dies the kernel SIGKILLs
-    //    every other process in the namespace.
-    if (pidfd_) {
-      if (PidfdSendSignal(pidfd_.get(), SIGKILL) != 0 && errno != ESRCH) {
-        return ErrnoStatus(errno, fmt::format("destroy {}: pidfd_send_signal(SIGKILL)", id_));
-      }
-    }
-    // 2. Anything that is in the cgroups but not in the namespace (should be nothing).
-    absl::Status kill = cgroup_->Kill();
-    if (!kill.ok()) spdlog::warn("ns: destroy {}: {}", id_, std::string(kill.message()));
-    // 3. Reap the agent (our child unless adopted); its exit completes only after the kernel
-    //    reaped every other process of the namespace.
-    if (pidfd_) {
-      if (!WaitPidfdExit(pidfd_.get(), static_cast<int>(kCgroupDrainTimeout.count()))) {
-        return absl::DeadlineExceededError(fmt::format(
-            "destroy {}: agent pid {} still alive {} ms after SIGKILL", id_, pid_,
-            kCgroupDrainTimeout.count()));
-      }
-      pidfd_.Reset();
-    }
-    const auto t_reaped = Clock::now();
-    // 4-5. Wait for the cgroups to empty, remove them.
-    SBX_RETURN_IF_ERROR(Annotate(cgroup_->Destroy(), fmt::format("destroy {}", id_)));
-    const auto t_cgroups = Clock::now();
-    // 6. The uid range: free for another sandbox now that no process of this one is left.
-    if (uid_base_ != 0) {
-      SBX_RETURN_IF_ERROR(Annotate(shared_->uid_ranges.Release(uid_base_, dir_), fmt::format("destroy {}", id_)));
-    }
-    // 7. The sandbox's files (upper layer, socket, log). The mounts lived only in the
-    //    sandbox's mount namespace, which died with its last process.
-    SBX_RETURN_IF_ERROR(Annotate(RemoveTree(dir_), fmt::format("destroy {}", id_)));
-    destroyed_ = true;
-    spdlog::debug("ns: destroyed {} in {:.2f} ms: kill+reap {:.2f}, cgroups {:.2f}, files {:.2f}",
-                  id_, MsSince(t0), std::chrono::duration<double, std::milli>(t_reaped - t0).count(),
-                  std::chrono::duration<double, std::milli>(t_cgroups - t_reaped).count(),
-                  MsSince(t_cgroups));
-    return absl::OkStatus();
-  }
-
-  // Pause is the cgroup freezer (cgroup_freezer.cc). The agent freezes with the rest: its
-  // socket stays connected, and what sbxd asks meanwhile waits in the socket buffers.
-  absl::Status Freeze() override {
-    const auto t0 = Clock::now();
-    absl::Status st = cgroup_->Freeze(t0 + kCgroupFreezeTimeout);
-    if (!st.ok()) {
-      // A half-frozen sandbox is neither paused nor usable: undo, report the freeze error.
-      absl::Status undo = cgroup_->Thaw(Clock::now() + kCgroupFreezeTimeout);
-      if (!undo.ok()) spdlog::error("ns: {}: undo of a failed freeze: {}", id_, std::string(undo.message()));
-      return st;
-    }
-    spdlog::debug("ns: froze {} in {:.2f} ms", id_, MsSince(t0));
-    return absl::OkStatus();
-  }
-
-  absl::Status Thaw() override {
-    const auto t0 = Clock::now();
-    SBX_RETURN_IF_ERROR(cgroup_->Thaw(t0 + kCgroupFreezeTimeout));
-    spdlog::debug("ns: thawed {} in {:.2f} ms", id_, MsSince(t0));
-    return absl::OkStatus();
-  }
-
-  absl::StatusOr<bool> IsFrozen() const override { return cgroup_->FreezeRequested(); }
-
- private:
-  std::shared_ptr<NsBackend::Shared> shared_;
-  std::string id_;
-  std::string dir_;
-  std::string socket_;
-  pid_t pid_;
-  uint64_t start_time_;
-  UniqueFd pidfd_;
-  std::unique_ptr<SandboxCgroup> cgroup_;
-  uint32_t uid_base_;  // 0 without a user namespace
-  bool destroyed_ = false;
-};
-
-// Opens a pidfd for `pid` only if it is still the process that started at `start_time`.
-absl::StatusOr<UniqueFd> OpenVerifiedPidfd(pid_t pid, uint64_t start_time) {
-  auto st = ProcessStartTime(pid);
-  if (!st.ok() || *st != start_time) {
-    return absl::NotFoundError(fmt::format("agent pid {} is gone (or was reused)", pid));
-  }
-  UniqueFd fd(PidfdOpen(pid));
-  if (!fd) {
-    if (errno == ESRCH) return absl::NotFoundError(fmt::format("agent pid {} is gone", pid));
-    return ErrnoStatus(errno, fmt::format("adopt: pidfd_open({})", pid));
-  }
-  // The pid could have been recycled between the check and pidfd_open: check again, now that
-  // the fd pins whatever process it names.
-  st = ProcessStartTime(pid);
-  if (!st.ok() || *st != start_time) {
-    return absl::NotFoundError(fmt::format("agent pid {} is gone (or was reused)", pid));
-  }
-  return fd;
-}
-
-}  // namespace
 
 NsBackend::NsBackend(NsOptions options) : shared_(std::make_shared<Shared>()) {
   Shared& s = *shared_;
@@ -756,8 +527,8 @@ absl::StatusOr<InstancePtr> NsBackend::Create(const SandboxSpec& spec) {
     uid_base = uid_claim->base();
     uid_claim->Release();
   }
-  auto inst = std::make_unique<NsInstance>(shared_, spec.id, pid, *start_time, std::move(pidfd),
-                                           std::move(cgroup), uid_base);
+  InstancePtr inst = MakeNsInstance(shared_, spec.id, pid, *start_time, std::move(pidfd),
+                                    std::move(cgroup), uid_base);
   spdlog::debug(
       "ns: created {} (pid {}) in {:.2f} ms: dir {:.2f} (mkdir {:.2f}, disk {:.2f}, userns {:.2f}, chown {:.2f}), "
       "cgroups {:.2f}, prepare {:.2f}, clone..exec {:.2f}, agent ready {:.2f}",
@@ -770,120 +541,7 @@ absl::StatusOr<InstancePtr> NsBackend::Create(const SandboxSpec& spec) {
       std::chrono::duration<double, std::milli>(t_prep - t_cg).count(),
       std::chrono::duration<double, std::milli>(t_exec - t_prep).count(),
       std::chrono::duration<double, std::milli>(t_ready - t_exec).count());
-  return InstancePtr(std::move(inst));
-}
-
-absl::StatusOr<InstancePtr> NsBackend::Adopt(const std::string& id, const Json& persisted) {
-  SBX_RETURN_IF_ERROR(shared_->Ready());
-  if (!IsValidId(id, kIdPrefix)) {
-    return absl::InvalidArgumentError(fmt::format("adopt: invalid sandbox id \"{}\"", id));
-  }
-  if (!persisted.is_object()) return absl::InvalidArgumentError("adopt: persisted state is not an object");
-  auto pid_it = persisted.find("pid");
-  auto st_it = persisted.find("start_time");
-  if (pid_it == persisted.end() || !pid_it->is_number_integer() || st_it == persisted.end() ||
-      !st_it->is_number_integer() || st_it->get<int64_t>() < 0) {
-    return absl::InvalidArgumentError(
-        fmt::format("adopt {}: persisted state lacks pid/start_time", id));
-  }
-  const int64_t pid64 = pid_it->get<int64_t>();
-  if (pid64 <= 1 || pid64 > INT_MAX) {
-    return absl::InvalidArgumentError(fmt::format("adopt {}: bad pid {}", id, pid64));
-  }
-  const pid_t pid = static_cast<pid_t>(pid64);
-  const uint64_t start_time = st_it->get<uint64_t>();
-
-  auto pidfd = OpenVerifiedPidfd(pid, start_time);
-  if (!pidfd.ok()) {
-    return absl::Status(pidfd.status().code(),
-                        fmt::format("adopt {}: {}", id, std::string(pidfd.status().message())));
-  }
-  // The cgroup paths recorded at creation win over today's layout (sbxd may have moved, e.g.
-  // into its v2 leaf, or runtime.ns.cgroup_parent changed); they must still name this sandbox:
-  // the last component is its id (unique per host), so no other cgroup can be meant.
-  std::unique_ptr<SandboxCgroup> cgroup;
-  auto cg_it = persisted.find("cgroups");
-  if (cg_it != persisted.end() && cg_it->is_object() && !cg_it->empty()) {
-    std::vector<SandboxCgroup::Dir> dirs;
-    auto names_this_sandbox = [&](const std::string& path) {
-      const std::string tail = "/" + id;
-      return !path.empty() && path[0] == '/' && path.find("/../") == std::string::npos &&
-             path.size() > tail.size() + 1 &&
-             path.compare(path.size() - tail.size(), tail.size(), tail) == 0;
-    };
-    for (const auto& [key, val] : cg_it->items()) {
-      if (!val.is_string()) return absl::InvalidArgumentError(fmt::format("adopt {}: bad cgroup path", id));
-      std::string path = val.get<std::string>();
-      if (!names_this_sandbox(path)) {
-        return absl::InvalidArgumentError(
-            fmt::format("adopt {}: persisted cgroup path {} does not name this sandbox", id, path));
-      }
-      dirs.push_back(SandboxCgroup::Dir{key, path, key == kUnifiedKey, true});
-    }
-    cgroup = std::make_unique<SandboxCgroup>(id, std::move(dirs));
-    cgroup->Release();  // a failed adopt must not kill what it could not adopt
-  } else {
-    cgroup = shared_->cgroups->Existing(id);
-  }
-
-  // A paused sandbox's agent cannot answer: the verified pidfd is proof enough that it lives,
-  // and it must stay frozen (waking it is the client's call, not the restart's).
-  auto frozen = cgroup->FreezeRequested();
-  if (!frozen.ok() || !*frozen) {
-    const std::string socket_path = fmt::format("{}/{}", shared_->DirOf(id), kSocketName);
-    auto ping = protocol::CallAgent(socket_path, Json{{"op", "ping"}}, kAdoptPingTimeoutMs);
-    if (!ping.ok()) {
-      return absl::NotFoundError(fmt::format("adopt {}: agent does not answer on {}: {}", id,
-                                             socket_path, std::string(ping.status().message())));
-    }
-  }
-  // The uid range stays this sandbox's: claim it again (a sweep by another sbxd may have
-  // dropped the claim while we were down; the range is still in use by these processes).
-  uint32_t uid_base = 0;
-  auto ub_it = persisted.find("uid_base");
-  if (ub_it != persisted.end() && ub_it->is_number_unsigned()) {
-    uid_base = ub_it->get<uint32_t>();
-  } else if (auto read = ReadUidBase(pid); read.ok() && *read != 0) {
-    uid_base = *read;
-  }
-  if (uid_base != 0) {
-    absl::Status claim = shared_->uid_ranges.Reclaim(uid_base, shared_->DirOf(id));
-    if (!claim.ok()) spdlog::error("ns: adopt {}: {}", id, std::string(claim.message()));
-  }
-  return InstancePtr(std::make_unique<NsInstance>(shared_, id, pid, start_time,
-                                                  std::move(*pidfd), std::move(cgroup), uid_base));
-}
-
-absl::Status NsBackend::Remove(const std::string& id) {
-  SBX_RETURN_IF_ERROR(shared_->cgroup_status);
-  if (!IsValidId(id, kIdPrefix)) {
-    return absl::InvalidArgumentError(fmt::format("remove: invalid sandbox id \"{}\"", id));
-  }
-  return RemoveById(id);
-}
-
-absl::Status NsBackend::RemoveById(const std::string& id) {
-  const Shared& s = *shared_;
-  std::unique_ptr<SandboxCgroup> cg = s.cgroups->Existing(id);
-  // pidfds first: a killed agent that is our child (created by this process, then forgotten)
-  // must be reaped, or it stays a zombie.
-  std::vector<UniqueFd> pidfds;
-  for (pid_t p : cg->Pids()) {
-    UniqueFd fd(PidfdOpen(p));
-    if (fd) pidfds.push_back(std::move(fd));
-  }
-  for (const auto& fd : pidfds) PidfdSendSignal(fd.get(), SIGKILL);
-  SBX_RETURN_IF_ERROR(cg->Kill());
-  for (const auto& fd : pidfds) {
-    if (!WaitPidfdExit(fd.get(), static_cast<int>(kCgroupDrainTimeout.count()))) {
-      return absl::DeadlineExceededError(
-          fmt::format("remove {}: a process is still alive {} ms after SIGKILL", id,
-                      kCgroupDrainTimeout.count()));
-    }
-  }
-  SBX_RETURN_IF_ERROR(cg->Destroy());
-  SBX_RETURN_IF_ERROR(s.uid_ranges.ReleaseOwner(s.DirOf(id)));
-  return RemoveTree(s.DirOf(id));
+  return inst;
 }
 
 HostShare NsBackend::Share() const {
@@ -912,41 +570,6 @@ HostShare NsBackend::Share() const {
 
 void NsBackend::OnDefaultsChanged(const Resources& defaults) {
   if (shared_->disks) shared_->disks->SetPoolSizeMib(defaults.disk_mib);
-}
-
-absl::Status NsBackend::Sweep(const std::set<std::string>& known_ids) {
-  SBX_RETURN_IF_ERROR(shared_->cgroup_status);
-  const Shared& s = *shared_;
-  std::set<std::string> stray;
-  auto collect = [&](const std::string& parent) -> absl::Status {
-    auto names = ListDir(parent);
-    if (!names.ok()) return absl::IsNotFound(names.status()) ? absl::OkStatus() : names.status();
-    for (const auto& n : *names) {
-      if (IsValidId(n, kIdPrefix) && known_ids.count(n) == 0) stray.insert(n);
-    }
-    return absl::OkStatus();
-  };
-  // Only ids with a directory under this sbxd's state dir are ours: several sbxd instances
-  // (a test daemon beside the quickstart one) may share the `sbx` cgroup parents, and each must
-  // sweep only its own leftovers. Create makes the directory before any cgroup and Destroy
-  // removes the cgroups before the directory, so no cgroup of ours is ever without one.
-  SBX_RETURN_IF_ERROR(Annotate(collect(s.sandboxes_dir), "sweep"));
-
-  absl::Status result = absl::OkStatus();
-  for (const std::string& id : stray) {
-    spdlog::info("ns: sweeping unknown sandbox {}", id);
-    absl::Status st = RemoveById(id);
-    if (!st.ok()) {
-      spdlog::error("ns: sweep of {} failed: {}", id, std::string(st.message()));
-      if (result.ok()) result = Annotate(st, fmt::format("sweep {}", id));
-    }
-  }
-  // After the strays are gone: a range is free only once no process of its sandbox is left.
-  if (s.opts.user_namespaces) {
-    absl::Status st = s.uid_ranges.Sweep(s.sandboxes_dir, known_ids);
-    if (!st.ok() && result.ok()) result = Annotate(st, "sweep");
-  }
-  return result;
 }
 
 }  // namespace sbx::runtime::ns
