@@ -245,6 +245,70 @@ absl::Status Ping(const std::string& socket, int timeout_ms) {
   return r.ok() ? absl::OkStatus() : r.status();
 }
 
+// Starts the agent with stdin /dev/null and stdout/stderr appended to `log_path`, in a session
+// of its own. Returns 0 or posix_spawn's error.
+int SpawnAgent(const std::string& path, std::vector<std::string>& args, std::vector<std::string>& env,
+               const std::string& log_path, pid_t* pid) {
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawnattr_init(&attr);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+  // setsid: the agent leads a session that all its processes share, for Destroy(). Default
+  // signal dispositions and an empty mask: sbxd's own (e.g. ignored SIGCHLD) must not leak.
+  sigset_t all, none;
+  sigfillset(&all);
+  sigemptyset(&none);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF |
+                                      POSIX_SPAWN_SETSIGMASK);
+  const int rc = ::posix_spawn(pid, path.c_str(), &fa, &attr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  return rc;
+}
+
+// Ready when a ping answers. Polls with a short backoff, bounded; stops early if the agent
+// died (its log says why), and then sets *reaped: Destroy must not wait for it again.
+absl::Status WaitForAgent(const std::string& id, const std::string& socket, pid_t pid,
+                          const std::string& log_path, bool* reaped) {
+  const auto deadline = std::chrono::steady_clock::now() + kReadyTimeout;
+  auto backoff = 1ms;
+  absl::Status last = absl::UnavailableError("no attempt");
+  for (;;) {
+    last = Ping(socket, 1000);
+    if (last.ok()) return absl::OkStatus();
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      *reaped = true;
+      return absl::UnavailableError(fmt::format(
+          "create sandbox {}: agent exited ({}) before answering: {}", id,
+          WIFEXITED(status) ? fmt::format("code {}", WEXITSTATUS(status))
+                            : fmt::format("signal {}", WTERMSIG(status)),
+          Tail(ReadSmallFile(log_path), 1000)));
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return absl::DeadlineExceededError(fmt::format(
+          "create sandbox {}: agent did not answer a ping within {} s: {}", id,
+          std::chrono::duration_cast<std::chrono::seconds>(kReadyTimeout).count(),
+          std::string(last.message())));
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min<std::chrono::milliseconds>(backoff * 2, 50ms);
+  }
+}
+
 }  // namespace
 
 FakeBackend::FakeBackend(std::string state_dir, std::string agent_path, size_t agent_buffer_bytes)
@@ -310,9 +374,6 @@ absl::StatusOr<InstancePtr> FakeBackend::Create(const SandboxSpec& spec) {
   env_map.emplace("HOME", dir + "/home");
   std::vector<std::string> env;
   for (const auto& [k, v] : env_map) env.push_back(k + "=" + v);
-  std::vector<char*> envp;
-  for (auto& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
   std::vector<std::string> args = {agent_path_, "--listen", socket, "--no-user-switch",
                                    "--sandbox-id", spec.id, "--root", dir + "/root",
                                    "--workdir", spec.tmpl.workdir};
@@ -320,33 +381,9 @@ absl::StatusOr<InstancePtr> FakeBackend::Create(const SandboxSpec& spec) {
     args.push_back("--buffer-bytes");
     args.push_back(std::to_string(agent_buffer_bytes_));
   }
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
   const std::string log_path = dir + "/agent.log";
-
-  posix_spawn_file_actions_t fa;
-  posix_spawnattr_t attr;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawnattr_init(&attr);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
-  // setsid: the agent leads a session that all its processes share, for Destroy(). Default
-  // signal dispositions and an empty mask: sbxd's own (e.g. ignored SIGCHLD) must not leak.
-  sigset_t all, none;
-  sigfillset(&all);
-  sigemptyset(&none);
-  posix_spawnattr_setsigdefault(&attr, &all);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF |
-                                      POSIX_SPAWN_SETSIGMASK);
   pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, agent_path_.c_str(), &fa, &attr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0) {
+  if (const int rc = SpawnAgent(agent_path_, args, env, log_path, &pid); rc != 0) {
     return fail(ErrnoStatus(rc, fmt::format("create sandbox {}: start agent: posix_spawn({})",
                                             spec.id, agent_path_)));
   }
@@ -360,33 +397,10 @@ absl::StatusOr<InstancePtr> FakeBackend::Create(const SandboxSpec& spec) {
           fmt::format("create sandbox {}: write {}/agent.pid", spec.id, dir)));
     }
   }
-
-  // Ready when a ping answers. Poll with a short backoff, bounded; stop early if the agent
-  // died (its log says why).
-  const auto deadline = std::chrono::steady_clock::now() + kReadyTimeout;
-  auto backoff = 1ms;
-  absl::Status last = absl::UnavailableError("no attempt");
-  for (;;) {
-    last = Ping(socket, 1000);
-    if (last.ok()) break;
-    int status = 0;
-    if (::waitpid(pid, &status, WNOHANG) == pid) {
-      // Reaped here: Destroy must not wait for it again.
-      instance = std::make_unique<FakeInstance>(spec.id, dir, 0);
-      return fail(absl::UnavailableError(fmt::format(
-          "create sandbox {}: agent exited ({}) before answering: {}", spec.id,
-          WIFEXITED(status) ? fmt::format("code {}", WEXITSTATUS(status))
-                            : fmt::format("signal {}", WTERMSIG(status)),
-          Tail(ReadSmallFile(log_path), 1000))));
-    }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      return fail(absl::DeadlineExceededError(fmt::format(
-          "create sandbox {}: agent did not answer a ping within {} s: {}", spec.id,
-          std::chrono::duration_cast<std::chrono::seconds>(kReadyTimeout).count(),
-          std::string(last.message()))));
-    }
-    std::this_thread::sleep_for(backoff);
-    backoff = std::min<std::chrono::milliseconds>(backoff * 2, 50ms);
+  bool reaped = false;
+  if (absl::Status ready = WaitForAgent(spec.id, socket, pid, log_path, &reaped); !ready.ok()) {
+    if (reaped) instance = std::make_unique<FakeInstance>(spec.id, dir, 0);
+    return fail(ready);
   }
   return InstancePtr(std::move(instance));
 }

@@ -92,6 +92,136 @@ int OpenDirAt(int parent, const char* name) {
   return fd;
 }
 
+// RemoveTree's walk below one directory: a stack of frames, at most kMaxOpenFrames of them
+// open. Each error ends the walk; the destructor closes what is still open.
+class TreeRemoval {
+ public:
+  TreeRemoval(const std::string& path, int top_fd, dev_t dev) : path_(path), top_(top_fd), dev_(dev) {}
+  ~TreeRemoval() {
+    for (Frame& f : stack_) {
+      if (f.dir != nullptr) ::closedir(f.dir);
+    }
+  }
+  TreeRemoval(const TreeRemoval&) = delete;
+  TreeRemoval& operator=(const TreeRemoval&) = delete;
+
+  // Takes `dfd` (a directory named `name` inside the frame below) onto the stack.
+  absl::Status Push(int dfd, std::string name) {
+    DIR* d = ::fdopendir(dfd);
+    if (d == nullptr) {
+      int err = errno;
+      ::close(dfd);
+      return ErrnoStatus(err, fmt::format("remove tree: fdopendir(under {})", path_));
+    }
+    stack_.push_back(Frame{d, std::move(name)});
+    ++open_frames_;
+    if (open_frames_ > kMaxOpenFrames) {
+      for (Frame& f : stack_) {
+        if (f.dir != nullptr) {
+          ::closedir(f.dir);
+          f.dir = nullptr;
+          --open_frames_;
+          break;
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Empties the deepest directory entry by entry, removes it, and goes on with its parent
+  // until the first pushed directory is gone.
+  absl::Status Run() {
+    while (!stack_.empty()) {
+      DIR* cur = stack_.back().dir;
+      errno = 0;
+      if (struct dirent* e = ::readdir(cur); e != nullptr) {
+        SBX_RETURN_IF_ERROR(RemoveEntry(::dirfd(cur), e));
+        continue;
+      }
+      if (errno != 0) return ErrnoStatus(errno, fmt::format("remove tree: readdir(under {})", path_));
+      SBX_RETURN_IF_ERROR(RemoveEmptyDeepest());
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // A file is unlinked; a directory on the same file system is pushed, to be emptied first.
+  absl::Status RemoveEntry(int cfd, const struct dirent* e) {
+    const char* n = e->d_name;
+    if (std::strcmp(n, ".") == 0 || std::strcmp(n, "..") == 0) return absl::OkStatus();
+    bool is_dir = e->d_type == DT_DIR;
+    if (e->d_type == DT_UNKNOWN) {
+      struct stat es;
+      if (::fstatat(cfd, n, &es, AT_SYMLINK_NOFOLLOW) != 0) {
+        if (errno == ENOENT) return absl::OkStatus();
+        return ErrnoStatus(errno, fmt::format("remove tree: stat({} under {})", n, path_));
+      }
+      is_dir = S_ISDIR(es.st_mode);
+    }
+    if (!is_dir) {
+      if (::unlinkat(cfd, n, 0) != 0 && errno != ENOENT) {
+        return ErrnoStatus(errno, fmt::format("remove tree: unlink({} under {})", n, path_));
+      }
+      return absl::OkStatus();
+    }
+    int child = OpenDirAt(cfd, n);
+    if (child < 0) {
+      if (errno == ENOENT) return absl::OkStatus();
+      return ErrnoStatus(errno, fmt::format("remove tree: open({} under {})", n, path_));
+    }
+    struct stat st;
+    if (::fstat(child, &st) != 0 || st.st_dev != dev_) {
+      ::close(child);
+      return absl::FailedPreconditionError(fmt::format(
+          "remove tree: {} under {} is on another file system (a mount?); not crossing it", n, path_));
+    }
+    return Push(child, std::string(n));
+  }
+
+  // The deepest directory is empty: remove it from its parent, reopening the parent when it
+  // was closed.
+  absl::Status RemoveEmptyDeepest() {
+    Frame done = std::move(stack_.back());
+    stack_.pop_back();
+    --open_frames_;
+    if (stack_.empty()) {
+      ::closedir(done.dir);
+      if (::unlinkat(top_, done.name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
+        return ErrnoStatus(errno, fmt::format("remove tree: rmdir({})", path_));
+      }
+      return absl::OkStatus();
+    }
+    Frame& parent = stack_.back();
+    if (parent.dir == nullptr) {
+      int pfd = ::openat(::dirfd(done.dir), "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      if (pfd < 0) {
+        absl::Status st = ErrnoStatus(errno, fmt::format("remove tree: open(.. under {})", path_));
+        ::closedir(done.dir);
+        return st;
+      }
+      parent.dir = ::fdopendir(pfd);
+      if (parent.dir == nullptr) {
+        absl::Status st = ErrnoStatus(errno, fmt::format("remove tree: fdopendir(under {})", path_));
+        ::close(pfd);
+        ::closedir(done.dir);
+        return st;
+      }
+      ++open_frames_;
+    }
+    ::closedir(done.dir);
+    if (::unlinkat(::dirfd(parent.dir), done.name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
+      return ErrnoStatus(errno, fmt::format("remove tree: rmdir({} under {})", done.name, path_));
+    }
+    return absl::OkStatus();
+  }
+
+  const std::string& path_;
+  const int top_;
+  const dev_t dev_;
+  std::vector<Frame> stack_;
+  size_t open_frames_ = 0;
+};
+
 }  // namespace
 
 absl::Status RemoveTree(const std::string& path) {
@@ -124,119 +254,9 @@ absl::Status RemoveTree(const std::string& path) {
     ::close(fd);
     return ErrnoStatus(err, fmt::format("remove tree: fstat({})", path));
   }
-  const dev_t dev = st.st_dev;
-
-  std::vector<Frame> stack;
-  size_t open_frames = 0;
-  auto push = [&](int dfd, std::string name) -> absl::Status {
-    DIR* d = ::fdopendir(dfd);
-    if (d == nullptr) {
-      int err = errno;
-      ::close(dfd);
-      return ErrnoStatus(err, fmt::format("remove tree: fdopendir(under {})", path));
-    }
-    stack.push_back(Frame{d, std::move(name)});
-    ++open_frames;
-    if (open_frames > kMaxOpenFrames) {
-      for (Frame& f : stack) {
-        if (f.dir != nullptr) {
-          ::closedir(f.dir);
-          f.dir = nullptr;
-          --open_frames;
-          break;
-        }
-      }
-    }
-    return absl::OkStatus();
-  };
-  auto cleanup = [&]() {
-    for (Frame& f : stack) {
-      if (f.dir != nullptr) ::closedir(f.dir);
-    }
-    stack.clear();
-  };
-
-  if (absl::Status s = push(fd, base); !s.ok()) return s;
-  absl::Status result = absl::OkStatus();
-  while (!stack.empty() && result.ok()) {
-    Frame& cur = stack.back();
-    int cfd = ::dirfd(cur.dir);
-    errno = 0;
-    struct dirent* e = ::readdir(cur.dir);
-    if (e != nullptr) {
-      const char* n = e->d_name;
-      if (std::strcmp(n, ".") == 0 || std::strcmp(n, "..") == 0) continue;
-      bool is_dir = e->d_type == DT_DIR;
-      if (e->d_type == DT_UNKNOWN) {
-        struct stat es;
-        if (::fstatat(cfd, n, &es, AT_SYMLINK_NOFOLLOW) != 0) {
-          if (errno == ENOENT) continue;
-          result = ErrnoStatus(errno, fmt::format("remove tree: stat({} under {})", n, path));
-          break;
-        }
-        is_dir = S_ISDIR(es.st_mode);
-      }
-      if (!is_dir) {
-        if (::unlinkat(cfd, n, 0) != 0 && errno != ENOENT) {
-          result = ErrnoStatus(errno, fmt::format("remove tree: unlink({} under {})", n, path));
-        }
-        continue;
-      }
-      int child = OpenDirAt(cfd, n);
-      if (child < 0) {
-        if (errno == ENOENT) continue;
-        result = ErrnoStatus(errno, fmt::format("remove tree: open({} under {})", n, path));
-        break;
-      }
-      if (::fstat(child, &st) != 0 || st.st_dev != dev) {
-        ::close(child);
-        result = absl::FailedPreconditionError(fmt::format(
-            "remove tree: {} under {} is on another file system (a mount?); not crossing it", n,
-            path));
-        break;
-      }
-      result = push(child, std::string(n));
-      continue;
-    }
-    if (errno != 0) {
-      result = ErrnoStatus(errno, fmt::format("remove tree: readdir(under {})", path));
-      break;
-    }
-    // `cur` is empty now: remove it from its parent, reopening the parent when it was closed.
-    Frame done = std::move(cur);
-    stack.pop_back();
-    --open_frames;
-    if (stack.empty()) {
-      ::closedir(done.dir);
-      if (::unlinkat(top.get(), done.name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
-        result = ErrnoStatus(errno, fmt::format("remove tree: rmdir({})", path));
-      }
-      break;
-    }
-    Frame& parent = stack.back();
-    if (parent.dir == nullptr) {
-      int pfd = ::openat(::dirfd(done.dir), "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-      if (pfd < 0) {
-        result = ErrnoStatus(errno, fmt::format("remove tree: open(.. under {})", path));
-        ::closedir(done.dir);
-        break;
-      }
-      parent.dir = ::fdopendir(pfd);
-      if (parent.dir == nullptr) {
-        result = ErrnoStatus(errno, fmt::format("remove tree: fdopendir(under {})", path));
-        ::close(pfd);
-        ::closedir(done.dir);
-        break;
-      }
-      ++open_frames;
-    }
-    ::closedir(done.dir);
-    if (::unlinkat(::dirfd(parent.dir), done.name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
-      result = ErrnoStatus(errno, fmt::format("remove tree: rmdir({} under {})", done.name, path));
-    }
-  }
-  cleanup();
-  return result;
+  TreeRemoval walk(path, top.get(), st.st_dev);
+  SBX_RETURN_IF_ERROR(walk.Push(fd, base));
+  return walk.Run();
 }
 
 absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) {

@@ -117,14 +117,11 @@ inline unsigned FirstClosedFd(const LaunchPlan& p) {
   return p.oom_fd >= 0 ? kAgentOomFd + 1 : kAgentListenFd + 1;
 }
 
-int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
-  Mark(p, kTraceStart);
-  ::umask(0);
-
-  // The clone inherited the calling thread's signal mask (sbxd blocks signals in its workers)
-  // and ignored dispositions (SIGPIPE); both would pass through exec into every sandbox process.
-  // Dispositions first, then the mask: a signal pending or arriving in between must not run
-  // one of sbxd's handlers in this child (which may share sbxd's memory).
+// The clone inherited the calling thread's signal mask (sbxd blocks signals in its workers)
+// and ignored dispositions (SIGPIPE); both would pass through exec into every sandbox process.
+// Dispositions first, then the mask: a signal pending or arriving in between must not run
+// one of sbxd's handlers in this child (which may share sbxd's memory).
+int ResetSignals(ChildReport* r) {
   struct sigaction dfl;
   std::memset(&dfl, 0, sizeof(dfl));
   dfl.sa_handler = SIG_DFL;
@@ -135,6 +132,10 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
   sigset_t empty;
   sigemptyset(&empty);
   if (::sigprocmask(SIG_SETMASK, &empty, nullptr) != 0) return Fail(r, Step::kSignals, errno);
+  return 0;
+}
+
+int EnterSessionAndNetns(const LaunchPlan& p, ChildReport* r) {
   if (::setsid() < 0) return Fail(r, Step::kSetsid, errno);
   if (p.netns_fd >= 0 && ::setns(p.netns_fd, CLONE_NEWNET) != 0) return Fail(r, Step::kJoinNetns, errno);
   if (p.netns_fd < 0) {
@@ -143,104 +144,119 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
     int stage = 0;
     if (int err = PrepareSandboxNetns(&stage); err != 0) return Fail(r, Step::kPrepareNetns, err, static_cast<size_t>(stage));
   }
-  Mark(p, kTraceSignals);
+  return 0;
+}
 
+// The plan's fds, lifted (Lift) so that the dup2s onto the agent's fixed slots cannot clobber
+// them; on the child's stack.
+struct LiftedFds {
+  int sock = -1;
+  int log = -1;
+  int agent = -1;
+  int oom = -1;
+  // Used after the dup2s onto 0..5, which would replace it if it sat there.
+  int userns = -1;
+  int agent_cgroups[kMaxAgentCgroupFds];
+};
+
+int LiftFds(const LaunchPlan& p, int* report_fd, LiftedFds* f, ChildReport* r) {
   int rfd = Lift(*report_fd);
   if (rfd >= 0) *report_fd = rfd;
-  const int sock = Lift(p.listen_fd);
-  const int log = Lift(p.log_fd);
-  const int agent = Lift(p.agent_fd);
-  const int oom = p.oom_fd >= 0 ? Lift(p.oom_fd) : -1;
-  // Used after the dup2s onto 0..5 below, which would replace them if they sat there.
-  const int userns = p.userns_fd >= 0 ? Lift(p.userns_fd) : -1;
-  const bool agent_outside = p.agent_uid != 0 && p.userns_fd >= 0;
-  if (sock < 0 || log < 0 || agent < 0 || (p.oom_fd >= 0 && oom < 0) || (p.userns_fd >= 0 && userns < 0) ||
-      p.agent_cgroup_fds.size() > kMaxAgentCgroupFds) {
+  f->sock = Lift(p.listen_fd);
+  f->log = Lift(p.log_fd);
+  f->agent = Lift(p.agent_fd);
+  f->oom = p.oom_fd >= 0 ? Lift(p.oom_fd) : -1;
+  f->userns = p.userns_fd >= 0 ? Lift(p.userns_fd) : -1;
+  if (f->sock < 0 || f->log < 0 || f->agent < 0 || (p.oom_fd >= 0 && f->oom < 0) ||
+      (p.userns_fd >= 0 && f->userns < 0) || p.agent_cgroup_fds.size() > kMaxAgentCgroupFds) {
     return Fail(r, Step::kStdio, errno);
   }
-  int agent_cgroups[kMaxAgentCgroupFds];
   for (size_t i = 0; i < p.agent_cgroup_fds.size(); ++i) {
-    agent_cgroups[i] = Lift(p.agent_cgroup_fds[i]);
-    if (agent_cgroups[i] < 0) return Fail(r, Step::kStdio, errno);
+    f->agent_cgroups[i] = Lift(p.agent_cgroup_fds[i]);
+    if (f->agent_cgroups[i] < 0) return Fail(r, Step::kStdio, errno);
   }
+  return 0;
+}
 
+int JoinCgroups(const LaunchPlan& p, ChildReport* r) {
   for (size_t i = 0; i < p.cgroup_procs_fds.size(); ++i) {
     if (::write(p.cgroup_procs_fds[i], "0", 1) != 1) return Fail(r, Step::kJoinCgroup, errno, i);
   }
-  Mark(p, kTraceJoined);
-  // After joining: the namespace's root is then the sandbox's own cgroup in every hierarchy.
-  if (::unshare(CLONE_NEWCGROUP) != 0) return Fail(r, Step::kUnshareCgroupNs, errno);
+  return 0;
+}
 
-  Mark(p, kTraceCgroupNs);
-  if (int err = SetupMounts(p.mounts, userns, p.disk_fd, r); err != 0) return err;
-  Mark(p, kTraceMounts);
-  if (int err = PivotRoot(p.mounts, r); err != 0) return err;
-  Mark(p, kTracePivot);
-
-  if (::sethostname(p.hostname.c_str(), p.hostname.size()) != 0) return Fail(r, Step::kSethostname, errno);
-  Mark(p, kTraceHostNet);
-
+// stdin /dev/null, stdout/stderr agent.log, and the agent's fixed fds (launcher.h).
+int InstallAgentFds(const LaunchPlan& p, const LiftedFds& f, bool agent_outside, ChildReport* r) {
   // /dev/null of the sandbox (our node on the sandbox's /dev tmpfs).
   int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
   if (null_fd < 0) return Fail(r, Step::kStdio, errno, 0);
   if (::dup2(null_fd, 0) < 0) return Fail(r, Step::kStdio, errno, 1);
-  if (::dup2(log, 1) < 0 || ::dup2(log, 2) < 0) return Fail(r, Step::kStdio, errno, 2);
-  if (::dup2(sock, kAgentListenFd) < 0) return Fail(r, Step::kStdio, errno, 3);
-  if (oom >= 0 && ::dup2(oom, kAgentOomFd) < 0) return Fail(r, Step::kStdio, errno, 4);
+  if (::dup2(f.log, 1) < 0 || ::dup2(f.log, 2) < 0) return Fail(r, Step::kStdio, errno, 2);
+  if (::dup2(f.sock, kAgentListenFd) < 0) return Fail(r, Step::kStdio, errno, 3);
+  if (f.oom >= 0 && ::dup2(f.oom, kAgentOomFd) < 0) return Fail(r, Step::kStdio, errno, 4);
   // Fixed slots left unused sit below the close_range: nothing of sbxd's may stay there.
-  if (oom < 0) ::close(kAgentOomFd);
+  if (f.oom < 0) ::close(kAgentOomFd);
   if (agent_outside) {
-    if (::dup2(userns, kAgentUsernsFd) < 0) return Fail(r, Step::kStdio, errno, 5);
+    if (::dup2(f.userns, kAgentUsernsFd) < 0) return Fail(r, Step::kStdio, errno, 5);
   } else {
     ::close(kAgentUsernsFd);
   }
   for (size_t i = 0; i < p.agent_cgroup_fds.size(); ++i) {
-    if (::dup2(agent_cgroups[i], kAgentCgroupFdBase + static_cast<int>(i)) < 0) {
+    if (::dup2(f.agent_cgroups[i], kAgentCgroupFdBase + static_cast<int>(i)) < 0) {
       return Fail(r, Step::kStdio, errno, 5);
     }
   }
+  return 0;
+}
 
-  // Lowering limits needs no privilege, so sandbox root (not host root, below) cannot raise
-  // them again. No core files: a crash inside must not write outside the sandbox's limits.
+// Lowering limits needs no privilege, so sandbox root (not host root, below) cannot raise
+// them again. No core files: a crash inside must not write outside the sandbox's limits.
+int LowerLimits(const LaunchPlan& p, ChildReport* r) {
   if (p.nofile != 0) {
     struct rlimit rl{p.nofile, p.nofile};
     if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) return Fail(r, Step::kRlimit, errno, 0);
   }
   struct rlimit no_core{0, 0};
   if (::setrlimit(RLIMIT_CORE, &no_core) != 0) return Fail(r, Step::kRlimit, errno, 1);
+  return 0;
+}
 
-  // Last of the steps that need host root: everything mounted, named and joined above stays
-  // owned by the host's user namespace, out of reach of sandbox root. setns gives full
-  // capabilities inside the new namespace; the ids are still host root's (unmapped there), so
-  // switch to the namespace's root, which the kernel maps to the sandbox's host uid range.
-  if (agent_outside) {
-    // The agent stays in the host's user namespace as the unprivileged owner of the sandbox's
-    // (userns.h): the bounding set is cut while this is still root (it needs CAP_SETPCAP), and
-    // the switch to a nonzero uid then clears every capability the agent had.
-    Mark(p, kTraceStdio);
-    if (int err = DropBoundingCaps(*p.caps); err != 0) return Fail(r, Step::kCapsBounding, err);
-    if (::syscall(SYS_setgroups, 0, nullptr) != 0) return Fail(r, Step::kSetgroups, errno);
-    if (::syscall(SYS_setresgid, p.agent_uid, p.agent_uid, p.agent_uid) != 0) return Fail(r, Step::kSetresgid, errno);
-    if (::syscall(SYS_setresuid, p.agent_uid, p.agent_uid, p.agent_uid) != 0) return Fail(r, Step::kSetresuid, errno);
-    // The uid change cleared permitted and effective; inheritable and ambient go too.
-    if (int err = ClearCaps(); err != 0) return Fail(r, Step::kCapset, err);
-    Mark(p, kTraceCaps);
-  } else if (userns >= 0) {
+// The agent stays in the host's user namespace as the unprivileged owner of the sandbox's
+// (userns.h): the bounding set is cut while this is still root (it needs CAP_SETPCAP), and
+// the switch to a nonzero uid then clears every capability the agent had.
+int BecomeNamespaceOwner(const LaunchPlan& p, ChildReport* r) {
+  Mark(p, kTraceStdio);
+  if (int err = DropBoundingCaps(*p.caps); err != 0) return Fail(r, Step::kCapsBounding, err);
+  if (::syscall(SYS_setgroups, 0, nullptr) != 0) return Fail(r, Step::kSetgroups, errno);
+  if (::syscall(SYS_setresgid, p.agent_uid, p.agent_uid, p.agent_uid) != 0) return Fail(r, Step::kSetresgid, errno);
+  if (::syscall(SYS_setresuid, p.agent_uid, p.agent_uid, p.agent_uid) != 0) return Fail(r, Step::kSetresuid, errno);
+  // The uid change cleared permitted and effective; inheritable and ambient go too.
+  if (int err = ClearCaps(); err != 0) return Fail(r, Step::kCapset, err);
+  Mark(p, kTraceCaps);
+  return 0;
+}
+
+// setns gives full capabilities inside the new namespace; the ids are still host root's
+// (unmapped there), so switch to the namespace's root, which the kernel maps to the sandbox's
+// host uid range. The reduced capability set follows.
+int BecomeSandboxRoot(const LaunchPlan& p, int userns, ChildReport* r) {
+  if (userns >= 0) {
     if (::setns(userns, CLONE_NEWUSER) != 0) return Fail(r, Step::kJoinUserns, errno);
     if (::syscall(SYS_setgroups, 0, nullptr) != 0) return Fail(r, Step::kSetgroups, errno);
     // The raw syscalls: glibc's wrappers would signal every thread of the process (it has one).
     if (::syscall(SYS_setresgid, 0, 0, 0) != 0) return Fail(r, Step::kSetresgid, errno);
     if (::syscall(SYS_setresuid, 0, 0, 0) != 0) return Fail(r, Step::kSetresuid, errno);
   }
-
-  if (!agent_outside) {
-    Mark(p, kTraceStdio);
-    int cap_step = 0;
-    if (int err = ApplyCaps(*p.caps, &cap_step); err != 0) {
-      return Fail(r, cap_step == 0 ? Step::kCapsBounding : cap_step == 1 ? Step::kCapsAmbient : Step::kCapset, err);
-    }
-    Mark(p, kTraceCaps);
+  Mark(p, kTraceStdio);
+  int cap_step = 0;
+  if (int err = ApplyCaps(*p.caps, &cap_step); err != 0) {
+    return Fail(r, cap_step == 0 ? Step::kCapsBounding : cap_step == 1 ? Step::kCapsAmbient : Step::kCapset, err);
   }
+  Mark(p, kTraceCaps);
+  return 0;
+}
+
+int LockDown(const LaunchPlan& p, ChildReport* r) {
   // Required to install seccomp without CAP_SYS_ADMIN, and it stops setuid/file-capability
   // binaries from regaining what was just dropped.
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return Fail(r, Step::kNoNewPrivs, errno);
@@ -249,7 +265,38 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
     if (int err = ApplyLandlock(*p.landlock); err != 0) return Fail(r, Step::kLandlock, err);
   }
   if (int err = InstallSeccomp(*p.seccomp); err != 0) return Fail(r, Step::kSeccomp, err);
+  return 0;
+}
 
+// The child's steps in order (docs/isolation.md §3). Each returns 0 or the errno it reported.
+int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
+  Mark(p, kTraceStart);
+  ::umask(0);
+  if (int err = ResetSignals(r); err != 0) return err;
+  if (int err = EnterSessionAndNetns(p, r); err != 0) return err;
+  Mark(p, kTraceSignals);
+  LiftedFds fds;
+  if (int err = LiftFds(p, report_fd, &fds, r); err != 0) return err;
+  if (int err = JoinCgroups(p, r); err != 0) return err;
+  Mark(p, kTraceJoined);
+  // After joining: the namespace's root is then the sandbox's own cgroup in every hierarchy.
+  if (::unshare(CLONE_NEWCGROUP) != 0) return Fail(r, Step::kUnshareCgroupNs, errno);
+  Mark(p, kTraceCgroupNs);
+  if (int err = SetupMounts(p.mounts, fds.userns, p.disk_fd, r); err != 0) return err;
+  Mark(p, kTraceMounts);
+  if (int err = PivotRoot(p.mounts, r); err != 0) return err;
+  Mark(p, kTracePivot);
+  if (::sethostname(p.hostname.c_str(), p.hostname.size()) != 0) return Fail(r, Step::kSethostname, errno);
+  Mark(p, kTraceHostNet);
+  const bool agent_outside = p.agent_uid != 0 && p.userns_fd >= 0;
+  if (int err = InstallAgentFds(p, fds, agent_outside, r); err != 0) return err;
+  if (int err = LowerLimits(p, r); err != 0) return err;
+  // Last of the steps that need host root: everything mounted, named and joined above stays
+  // owned by the host's user namespace, out of reach of sandbox root.
+  if (int err = agent_outside ? BecomeNamespaceOwner(p, r) : BecomeSandboxRoot(p, fds.userns, r); err != 0) {
+    return err;
+  }
+  if (int err = LockDown(p, r); err != 0) return err;
   // Everything above fd 3 (the report pipe, the memfd, fds other threads opened concurrently
   // without O_CLOEXEC) is closed by the exec itself; the memfd must survive until then.
   Mark(p, kTraceSeccomp);
@@ -257,7 +304,7 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
   if (::close_range(first_closed, ~0U, CLOSE_RANGE_CLOEXEC) != 0) return Fail(r, Step::kCloseRange, errno);
   ::umask(022);
   Mark(p, kTraceExec);
-  ::execveat(agent, "", p.argv.data(), p.envp.data(), AT_EMPTY_PATH);
+  ::execveat(fds.agent, "", p.argv.data(), p.envp.data(), AT_EMPTY_PATH);
   return Fail(r, Step::kExec, errno);
 }
 

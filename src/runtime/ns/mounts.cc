@@ -239,9 +239,8 @@ int AttachClone(const char* source, const char* target, uint64_t attrs, int user
   return rc;
 }
 
-}  // namespace
-
-int SetupMounts(const MountPlan& p, int userns_fd, int disk_fd, ChildReport* r) {
+// Root made private, the disk, the idmapped lower and the overlay root on top.
+int MountRoot(const MountPlan& p, int userns_fd, int disk_fd, ChildReport* r) {
   if (::mount("", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return Fail(r, Step::kMakeRootPrivate);
   // The disk joins this namespace only: the host never sees it mounted, and it goes (with its
   // loop device) when the sandbox's last process does.
@@ -265,50 +264,46 @@ int SetupMounts(const MountPlan& p, int userns_fd, int disk_fd, ChildReport* r) 
     return Fail(r, Step::kMountOverlay);
   }
   MarkMount(p, kMtOverlay);
+  return 0;
+}
 
-  for (size_t i = 0; i < p.binds.size(); ++i) {
-    const auto& b = p.binds[i];
-    for (const auto& d : b.mkdirs) {
-      if (!MkdirOk(d.c_str(), 0755)) return Fail(r, Step::kBindMkdir, i);
-    }
-    if (!b.is_dir) {
-      // The mount point may already exist inside an earlier read-only bind (a mask over
-      // /etc/shadow inside the /etc view): opening it for writing would fail with EROFS.
-      int fd = ::open(b.target.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-      if (fd < 0 && errno == ENOENT) {
-        fd = ::open(b.target.c_str(), O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
-      }
-      if (fd < 0) return Fail(r, Step::kBindMkdir, i);
-      ::close(fd);
-    }
-    int stage = 0;
-    const uint64_t attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (b.read_only ? MOUNT_ATTR_RDONLY : 0);
-    const bool view = !b.view.empty();
-    if (view && (!MkdirOk(p.views_dir.c_str(), 0755) || !MkdirOk(p.views_empty.c_str(), 0755) ||
-                 !MkdirOk(b.view.c_str(), 0755))) {
-      return Fail(r, Step::kBindMkdir, i);
-    }
-    if (AttachClone(b.source.c_str(), view ? b.view.c_str() : b.target.c_str(), attrs, userns_fd,
-                    /*idmap_optional=*/true, &stage) != 0) {
-      return Fail(r, stage == 0 ? Step::kBindMount : stage == 1 ? Step::kBindSetattr : Step::kBindMove, i);
-    }
-    if (view && ::mount("overlay", b.target.c_str(), "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV,
-                        b.view_overlay.c_str()) != 0) {
-      return Fail(r, Step::kBindView, i);
-    }
+// Bind `i` of the plan: its mount point, then the (idmapped) clone, or a read-only overlay view
+// of the clone staged under views_dir.
+int MountBind(const MountPlan& p, size_t i, int userns_fd, ChildReport* r) {
+  const auto& b = p.binds[i];
+  for (const auto& d : b.mkdirs) {
+    if (!MkdirOk(d.c_str(), 0755)) return Fail(r, Step::kBindMkdir, i);
   }
-
-  MarkMount(p, kMtBinds);
-  if (!MkdirOk(p.proc.c_str(), 0555)) return Fail(r, Step::kMkdirMountpoint, 0);
-  if (!MkdirOk(p.dev.c_str(), 0755)) return Fail(r, Step::kMkdirMountpoint, 1);
-  if (!MkdirOk(p.tmp.c_str(), 01777)) return Fail(r, Step::kMkdirMountpoint, 2);
-
-  // This proc instance belongs to the new pid namespace: the sandbox sees only its processes.
-  if (::mount("proc", p.proc.c_str(), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) {
-    return Fail(r, Step::kMountProc);
+  if (!b.is_dir) {
+    // The mount point may already exist inside an earlier read-only bind (a mask over
+    // /etc/shadow inside the /etc view): opening it for writing would fail with EROFS.
+    int fd = ::open(b.target.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT) {
+      fd = ::open(b.target.c_str(), O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    }
+    if (fd < 0) return Fail(r, Step::kBindMkdir, i);
+    ::close(fd);
   }
+  int stage = 0;
+  const uint64_t attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (b.read_only ? MOUNT_ATTR_RDONLY : 0);
+  const bool view = !b.view.empty();
+  if (view && (!MkdirOk(p.views_dir.c_str(), 0755) || !MkdirOk(p.views_empty.c_str(), 0755) ||
+               !MkdirOk(b.view.c_str(), 0755))) {
+    return Fail(r, Step::kBindMkdir, i);
+  }
+  if (AttachClone(b.source.c_str(), view ? b.view.c_str() : b.target.c_str(), attrs, userns_fd,
+                  /*idmap_optional=*/true, &stage) != 0) {
+    return Fail(r, stage == 0 ? Step::kBindMount : stage == 1 ? Step::kBindSetattr : Step::kBindMove, i);
+  }
+  if (view && ::mount("overlay", b.target.c_str(), "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV,
+                      b.view_overlay.c_str()) != 0) {
+    return Fail(r, Step::kBindView, i);
+  }
+  return 0;
+}
 
-  MarkMount(p, kMtProc);
+// The /dev tmpfs with its nodes and links, devpts and /dev/shm.
+int MountDev(const MountPlan& p, ChildReport* r) {
   if (::mount("tmpfs", p.dev.c_str(), "tmpfs", MS_NOSUID | MS_NOEXEC, p.dev_data.c_str()) != 0) {
     return Fail(r, Step::kMountDev);
   }
@@ -332,8 +327,12 @@ int SetupMounts(const MountPlan& p, int userns_fd, int disk_fd, ChildReport* r) 
       ::mount("shm", p.dev_shm.c_str(), "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, p.shm_data.c_str()) != 0) {
     return Fail(r, Step::kMountShm);
   }
+  return 0;
+}
 
-  MarkMount(p, kMtDev);
+// The masked /proc paths (a read-only tmpfs over directories, /dev/null over files) and the
+// read-only ones; paths this kernel lacks are skipped.
+int MaskProc(const MountPlan& p, ChildReport* r) {
   for (size_t i = 0; i < p.masked.size(); ++i) {
     struct stat st;
     if (::stat(p.masked[i].c_str(), &st) != 0) {
@@ -357,7 +356,28 @@ int SetupMounts(const MountPlan& p, int userns_fd, int disk_fd, ChildReport* r) 
       return Fail(r, Step::kReadonlyProc, i);
     }
   }
+  return 0;
+}
 
+}  // namespace
+
+int SetupMounts(const MountPlan& p, int userns_fd, int disk_fd, ChildReport* r) {
+  if (int err = MountRoot(p, userns_fd, disk_fd, r); err != 0) return err;
+  for (size_t i = 0; i < p.binds.size(); ++i) {
+    if (int err = MountBind(p, i, userns_fd, r); err != 0) return err;
+  }
+  MarkMount(p, kMtBinds);
+  if (!MkdirOk(p.proc.c_str(), 0555)) return Fail(r, Step::kMkdirMountpoint, 0);
+  if (!MkdirOk(p.dev.c_str(), 0755)) return Fail(r, Step::kMkdirMountpoint, 1);
+  if (!MkdirOk(p.tmp.c_str(), 01777)) return Fail(r, Step::kMkdirMountpoint, 2);
+  // This proc instance belongs to the new pid namespace: the sandbox sees only its processes.
+  if (::mount("proc", p.proc.c_str(), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) {
+    return Fail(r, Step::kMountProc);
+  }
+  MarkMount(p, kMtProc);
+  if (int err = MountDev(p, r); err != 0) return err;
+  MarkMount(p, kMtDev);
+  if (int err = MaskProc(p, r); err != 0) return err;
   MarkMount(p, kMtMasks);
   if (::mount("tmpfs", p.tmp.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, p.tmp_data.c_str()) != 0) {
     return Fail(r, Step::kMountTmp);

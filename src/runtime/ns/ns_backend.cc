@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cctype>
 #include <climits>
@@ -38,6 +39,8 @@
 #include "runtime/ns/fsutil.h"
 #include "runtime/ns/launcher.h"
 #include "runtime/ns/mounts.h"
+#include "runtime/ns/ns_instance.h"
+#include "runtime/ns/ns_shared.h"
 #include "runtime/ns/disk_image.h"
 #include "runtime/ns/landlock.h"
 #include "runtime/ns/seccomp.h"
@@ -47,16 +50,8 @@ namespace sbx::runtime::ns {
 
 namespace {
 
-constexpr char kIdPrefix[] = "sbx";
-constexpr char kSocketName[] = "agent.sock";
 constexpr char kLogName[] = "agent.log";
 constexpr int kListenBacklog = 128;
-
-using Clock = std::chrono::steady_clock;
-
-double MsSince(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
 
 // The last bytes of agent.log, to explain an agent that died during start-up.
 std::string LogTail(const std::string& path) {
@@ -170,231 +165,356 @@ absl::StatusOr<UniqueFd> ListenUnix(const std::string& path) {
   return fd;
 }
 
-}  // namespace
-
-// Everything built once per backend and shared (read-only) by every Create and every instance.
-struct NsBackend::Shared {
-  NsOptions opts;
-  std::string sandboxes_dir;
-  absl::Status state_status = absl::OkStatus();
-  absl::Status agent_status = absl::OkStatus();
-  std::optional<AgentImage> agent;
-  absl::Status seccomp_status = absl::OkStatus();
-  SeccompProgram seccomp;
-  // The agent's own filter when it stays outside the sandbox's user namespace (identity.h).
-  SeccompProgram agent_seccomp;
-  LandlockPlan landlock;  // abi 0: not used
-  absl::Status caps_status = absl::OkStatus();
-  CapsPlan caps;
-  absl::Status cgroup_status = absl::OkStatus();
-  std::unique_ptr<CgroupDriver> cgroups;
-  std::unique_ptr<NetnsPool> netns_pool;  // null when NsOptions::netns_pool_size is 0
-  absl::Status userns_status = absl::OkStatus();
-  absl::Status disk_status = absl::OkStatus();
-  std::unique_ptr<DiskProvider> disks;
-  // Host-wide claims of uid ranges; meaningful only with opts.user_namespaces. Its methods
-  // touch only files, so the const Shared& of Create may use it.
-  mutable UidRanges uid_ranges;
-  std::unique_ptr<UsernsPool> userns_pool;  // after uid_ranges: destroyed before it
-
-  std::string DirOf(const std::string& id) const { return fmt::format("{}/{}", sandboxes_dir, id); }
-
-  absl::Status Ready() const {
-    SBX_RETURN_IF_ERROR(state_status);
-    SBX_RETURN_IF_ERROR(agent_status);
-    SBX_RETURN_IF_ERROR(seccomp_status);
-    SBX_RETURN_IF_ERROR(caps_status);
-    SBX_RETURN_IF_ERROR(cgroup_status);
-    SBX_RETURN_IF_ERROR(userns_status);
-    SBX_RETURN_IF_ERROR(disk_status);
-    return absl::OkStatus();
-  }
-};
-
-namespace {
-
-class NsInstance : public Instance {
+// Create's clock and trace, kept out of the steps' way: After() stamps the end of a step that
+// succeeded, and LogCreated() reports the spans between stamps. With debug logging on, the
+// child also stamps its own milestones into a page shared with it (LaunchPlan::trace); without
+// it nothing here makes a syscall.
+class CreateTrace {
  public:
-  NsInstance(std::shared_ptr<NsBackend::Shared> shared, std::string id, pid_t pid,
-             uint64_t start_time, UniqueFd pidfd, std::unique_ptr<SandboxCgroup> cgroup,
-             uint32_t uid_base)
-      : shared_(std::move(shared)),
-        id_(std::move(id)),
-        dir_(shared_->DirOf(id_)),
-        socket_(fmt::format("{}/{}", dir_, kSocketName)),
-        pid_(pid),
-        start_time_(start_time),
-        pidfd_(std::move(pidfd)),
-        cgroup_(std::move(cgroup)),
-        uid_base_(uid_base) {
-    cgroup_->Release();  // the sandbox outlives this object (and sbxd); Destroy() is explicit
+  enum Stamp { kStart, kMkdir, kDisk, kUsernsTaken, kUserns, kPlanned, kCgroups, kPrepared, kExec, kReady, kStamps };
+
+  CreateTrace() { at_[kStart] = Clock::now(); }
+  ~CreateTrace() {
+    if (page_ != MAP_FAILED) ::munmap(page_, kPageBytes);
+  }
+  CreateTrace(const CreateTrace&) = delete;
+  CreateTrace& operator=(const CreateTrace&) = delete;
+
+  absl::Status After(Stamp stamp, absl::Status step) {
+    if (step.ok()) at_[stamp] = Clock::now();
+    return step;
+  }
+  void After(Stamp stamp) { at_[stamp] = Clock::now(); }
+
+  void ShareWithChild(LaunchPlan& plan) {
+    if (!spdlog::should_log(spdlog::level::debug)) return;
+    page_ = ::mmap(nullptr, kPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (page_ == MAP_FAILED) return;
+    plan.trace = static_cast<uint64_t*>(page_);
+    plan.mounts.trace = plan.trace;
   }
 
-  const std::string& id() const override { return id_; }
-  std::string AgentSocketPath() const override { return socket_; }
-
-  Json Persist() const override {
-    return Json{{"pid", pid_},
-                {"start_time", start_time_},
-                {"cgroups", cgroup_->ToJson()},
-                {"cgroup_driver", shared_->cgroups ? shared_->cgroups->Name() : ""},
-                {"dir", dir_},
-                {"socket", socket_},
-                {"uid_base", uid_base_}};
+  // The child's stamps (CLOCK_MONOTONIC, as steady_clock), relative to the clone.
+  void LogChildMilestones(const std::string& id, const LaunchPlan& plan) const {
+    if (plan.trace == nullptr) return;
+    const uint64_t base = static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(at_[kPrepared].time_since_epoch()).count());
+    std::string steps;
+    static constexpr const char* kNames[] = {"start", "signals", "joined", "cgroupns", "mounts",
+                                             "pivot", "uts+lo", "stdio", "caps", "seccomp", "exec"};
+    for (int i = 0; i < kTraceSlots; ++i) {
+      if (plan.trace[i] == 0) continue;
+      steps += fmt::format(" {} +{:.2f}", kNames[i], (static_cast<double>(plan.trace[i]) - static_cast<double>(base)) / 1e6);
+    }
+    static constexpr const char* kMountNames[] = {"disk", "lower", "overlay", "binds", "proc", "dev", "masks", "tmp"};
+    steps += " | mounts:";
+    for (int i = 0; i < kMtSlots; ++i) {
+      const uint64_t t = plan.trace[kMountTraceFirst + i];
+      if (t != 0) steps += fmt::format(" {} +{:.2f}", kMountNames[i], (static_cast<double>(t) - static_cast<double>(base)) / 1e6);
+    }
+    spdlog::debug("ns: {} child milestones (ms after clone):{}", id, steps);
   }
 
-  bool Alive() const override {
-    if (destroyed_ || !pidfd_) return false;
-    // A pidfd polls readable once the process has exited.
-    struct pollfd pfd{pidfd_.get(), POLLIN, 0};
-    return ::poll(&pfd, 1, 0) == 0;
+  void LogCreated(const std::string& id, pid_t pid) const {
+    spdlog::debug(
+        "ns: created {} (pid {}) in {:.2f} ms: dir {:.2f} (mkdir {:.2f}, disk {:.2f}, userns {:.2f}, chown {:.2f}), "
+        "cgroups {:.2f}, prepare {:.2f}, clone..exec {:.2f}, agent ready {:.2f}",
+        id, pid, MsSince(at_[kStart]), Ms(kStart, kPlanned), Ms(kStart, kMkdir), Ms(kMkdir, kDisk),
+        Ms(kDisk, kUsernsTaken), Ms(kUsernsTaken, kUserns), Ms(kPlanned, kCgroups),
+        Ms(kCgroups, kPrepared), Ms(kPrepared, kExec), Ms(kExec, kReady));
   }
-
-  std::string DeathReason() const override {
-    std::string how = "it exited";
-    if (pidfd_) {
-      // WNOWAIT: Destroy() still reaps it. ECHILD: not our child (adopted after a restart).
-      siginfo_t info;
-      std::memset(&info, 0, sizeof(info));
-      if (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd_.get()), &info,
-                   WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid != 0) {
-        how = info.si_code == CLD_EXITED
-                  ? fmt::format("it exited with status {}", info.si_status)
-                  : fmt::format("it was killed by {}", protocol::SignalName(info.si_status)
-                                                              .value_or(fmt::format("signal {}", info.si_status)));
-      }
-    }
-    // The agent's own cgroup (split sandboxes) counts what the OOM killer took there: v1's
-    // memory hierarchy where there is one (hybrid hosts), else v2's.
-    if (cgroup_ && cgroup_->Split()) {
-      std::string file;
-      for (const auto& d : cgroup_->dirs()) {
-        if (d.key == "memory" && !d.v2) file = fmt::format("{}/{}/memory.oom_control", d.path, kAgentLeaf);
-      }
-      if (file.empty() && !cgroup_->v2_path().empty()) {
-        file = fmt::format("{}/{}/memory.events", cgroup_->v2_path(), kAgentLeaf);
-      }
-      auto text = file.empty() ? absl::StatusOr<std::string>(absl::NotFoundError("")) : ReadFileToString(file);
-      const size_t at = text.ok() ? text->find("oom_kill ") : std::string::npos;
-      if (at != std::string::npos && std::strtoull(text->c_str() + at + 9, nullptr, 10) > 0) {
-        how += "; the OOM killer took it: its memory limit (runtime.ns.agent_memory_mib) was reached";
-      }
-    }
-    return how;
-  }
-
-  absl::StatusOr<uint64_t> DeniedEgress() const override {
-    if (!Alive()) {
-      return absl::FailedPreconditionError(fmt::format("denied egress {}: agent not alive", id_));
-    }
-    auto n = ReadNoRouteCount(pid_);
-    // The pid names our agent only while it exists: alive after the read, it was the agent's.
-    if (n.ok() && !Alive()) {
-      return absl::FailedPreconditionError(fmt::format("denied egress {}: agent exited", id_));
-    }
-    return n;
-  }
-
-  absl::Status Destroy() override {
-    if (destroyed_) return absl::OkStatus();
-    const auto t0 = Clock::now();
-    // 1. The agent is PID 1 of the sandbox's pid namespace: when it dies the kernel SIGKILLs
-    //    every other process in the namespace.
-    if (pidfd_) {
-      if (PidfdSendSignal(pidfd_.get(), SIGKILL) != 0 && errno != ESRCH) {
-        return ErrnoStatus(errno, fmt::format("destroy {}: pidfd_send_signal(SIGKILL)", id_));
-      }
-    }
-    // 2. Anything that is in the cgroups but not in the namespace (should be nothing).
-    absl::Status kill = cgroup_->Kill();
-    if (!kill.ok()) spdlog::warn("ns: destroy {}: {}", id_, std::string(kill.message()));
-    // 3. Reap the agent (our child unless adopted); its exit completes only after the kernel
-    //    reaped every other process of the namespace.
-    if (pidfd_) {
-      if (!WaitPidfdExit(pidfd_.get(), static_cast<int>(kCgroupDrainTimeout.count()))) {
-        return absl::DeadlineExceededError(fmt::format(
-            "destroy {}: agent pid {} still alive {} ms after SIGKILL", id_, pid_,
-            kCgroupDrainTimeout.count()));
-      }
-      pidfd_.Reset();
-    }
-    const auto t_reaped = Clock::now();
-    // 4-5. Wait for the cgroups to empty, remove them.
-    SBX_RETURN_IF_ERROR(Annotate(cgroup_->Destroy(), fmt::format("destroy {}", id_)));
-    const auto t_cgroups = Clock::now();
-    // 6. The uid range: free for another sandbox now that no process of this one is left.
-    if (uid_base_ != 0) {
-      SBX_RETURN_IF_ERROR(Annotate(shared_->uid_ranges.Release(uid_base_, dir_), fmt::format("destroy {}", id_)));
-    }
-    // 7. The sandbox's files (upper layer, socket, log). The mounts lived only in the
-    //    sandbox's mount namespace, which died with its last process.
-    SBX_RETURN_IF_ERROR(Annotate(RemoveTree(dir_), fmt::format("destroy {}", id_)));
-    destroyed_ = true;
-    spdlog::debug("ns: destroyed {} in {:.2f} ms: kill+reap {:.2f}, cgroups {:.2f}, files {:.2f}",
-                  id_, MsSince(t0), std::chrono::duration<double, std::milli>(t_reaped - t0).count(),
-                  std::chrono::duration<double, std::milli>(t_cgroups - t_reaped).count(),
-                  MsSince(t_cgroups));
-    return absl::OkStatus();
-  }
-
-  // Pause is the cgroup freezer (cgroup_freezer.cc). The agent freezes with the rest: its
-  // socket stays connected, and what sbxd asks meanwhile waits in the socket buffers.
-  absl::Status Freeze() override {
-    const auto t0 = Clock::now();
-    absl::Status st = cgroup_->Freeze(t0 + kCgroupFreezeTimeout);
-    if (!st.ok()) {
-      // A half-frozen sandbox is neither paused nor usable: undo, report the freeze error.
-      absl::Status undo = cgroup_->Thaw(Clock::now() + kCgroupFreezeTimeout);
-      if (!undo.ok()) spdlog::error("ns: {}: undo of a failed freeze: {}", id_, std::string(undo.message()));
-      return st;
-    }
-    spdlog::debug("ns: froze {} in {:.2f} ms", id_, MsSince(t0));
-    return absl::OkStatus();
-  }
-
-  absl::Status Thaw() override {
-    const auto t0 = Clock::now();
-    SBX_RETURN_IF_ERROR(cgroup_->Thaw(t0 + kCgroupFreezeTimeout));
-    spdlog::debug("ns: thawed {} in {:.2f} ms", id_, MsSince(t0));
-    return absl::OkStatus();
-  }
-
-  absl::StatusOr<bool> IsFrozen() const override { return cgroup_->FreezeRequested(); }
 
  private:
-  std::shared_ptr<NsBackend::Shared> shared_;
-  std::string id_;
-  std::string dir_;
-  std::string socket_;
-  pid_t pid_;
-  uint64_t start_time_;
-  UniqueFd pidfd_;
-  std::unique_ptr<SandboxCgroup> cgroup_;
-  uint32_t uid_base_;  // 0 without a user namespace
-  bool destroyed_ = false;
+  static constexpr size_t kPageBytes = 4096;
+  double Ms(Stamp from, Stamp to) const {
+    return std::chrono::duration<double, std::milli>(at_[to] - at_[from]).count();
+  }
+  std::array<Clock::time_point, kStamps> at_{};
+  void* page_ = MAP_FAILED;
 };
 
-// Opens a pidfd for `pid` only if it is still the process that started at `start_time`.
-absl::StatusOr<UniqueFd> OpenVerifiedPidfd(pid_t pid, uint64_t start_time) {
-  auto st = ProcessStartTime(pid);
-  if (!st.ok() || *st != start_time) {
-    return absl::NotFoundError(fmt::format("agent pid {} is gone (or was reused)", pid));
+// One Create in progress (docs/isolation.md §2.2): the plan the child will read, and the owner
+// of every kernel object built so far. The owners are members in creation order, so when a
+// step fails they unwind in reverse; Record() hands what must outlive Create to the instance.
+class Creation {
+ public:
+  Creation(const NsBackend::Shared& s, const SandboxSpec& spec)
+      : s_(s),
+        spec_(spec),
+        dir_(s.DirOf(spec.id)),
+        socket_path_(fmt::format("{}/{}", dir_, kSocketName)),
+        log_path_(fmt::format("{}/{}", dir_, kLogName)) {}
+
+  LaunchPlan& plan() { return plan_; }
+  pid_t pid() const { return pid_; }
+
+  // 1. The id names every object below, so a hostile one could reach a path. The template,
+  //    binds and environment are checked where they are used (steps 3 and 7).
+  absl::Status Validate() {
+    if (!IsValidId(spec_.id, kIdPrefix)) {
+      return absl::InvalidArgumentError(fmt::format("create: invalid sandbox id \"{}\"", spec_.id));
+    }
+    hostname_ = spec_.hostname.empty() ? spec_.id.substr(0, 12) : spec_.hostname;
+    if (!ValidHostname(hostname_)) {
+      return absl::InvalidArgumentError(fmt::format("create: invalid hostname \"{}\"", hostname_));
+    }
+    return absl::OkStatus();
   }
-  UniqueFd fd(PidfdOpen(pid));
-  if (!fd) {
-    if (errno == ESRCH) return absl::NotFoundError(fmt::format("agent pid {} is gone", pid));
-    return ErrnoStatus(errno, fmt::format("adopt: pidfd_open({})", pid));
+
+  // 2. A 0 field takes its default; a limit the cgroup driver cannot enforce fails the create.
+  absl::Status ResolveAndCheckLimits() {
+    SBX_ASSIGN_OR_RETURN(limits_, ResolveLimits(spec_.resources));
+    limits_.agent_memory_bytes = int64_t{s_.opts.agent_memory_mib} << 20;
+    limits_.agent_pids = s_.opts.agent_pids;
+    return s_.cgroups->CheckLimits(limits_);
   }
-  // The pid could have been recycled between the check and pidfd_open: check again, now that
-  // the fd pins whatever process it names.
-  st = ProcessStartTime(pid);
-  if (!st.ok() || *st != start_time) {
-    return absl::NotFoundError(fmt::format("agent pid {} is gone (or was reused)", pid));
+
+  // 3. The agent's argv and envp; later steps append the fds they open to argv.
+  absl::Status PlanArgvAndEnv() {
+    plan_.hostname = hostname_;
+    plan_.agent_path = s_.opts.agent_path;
+    plan_.agent_fd = s_.agent->fd();
+    plan_.caps = &s_.caps;
+    plan_.seccomp = &s_.seccomp;
+    plan_.landlock = &s_.landlock;
+    plan_.argv_storage = {"sbx-agent", "--listen-fd", std::to_string(kAgentListenFd), "--buffer-bytes",
+                          std::to_string(s_.opts.agent_buffer_bytes), "--sandbox-id", spec_.id,
+                          "--workdir", spec_.tmpl.workdir};
+    std::map<std::string, std::string> env = {
+        {"PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+        {"HOME", "/root"},
+        {"HOSTNAME", hostname_},
+        {"LANG", "C.UTF-8"},
+    };
+    for (const auto& [k, v] : spec_.env) {
+      if (k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos ||
+          v.find('\0') != std::string::npos) {
+        return absl::InvalidArgumentError(fmt::format("create: invalid environment variable \"{}\"", k));
+      }
+      env[k] = v;
+    }
+    for (const auto& [k, v] : env) plan_.env_storage.push_back(fmt::format("{}={}", k, v));
+    return absl::OkStatus();
   }
-  return fd;
-}
+
+  // 4. <state>/sandboxes/<id> (0700) and its mount points; never a directory this call did
+  //    not create.
+  absl::Status MakeSandboxDir() {
+    dir_owner_.emplace(dir_);
+    return dir_owner_->Make();
+  }
+
+  // 5. The writable layer's hard cap: an ext4 image of exactly disk_mib (from the pool when the
+  //    size matches; Take validates the size); unmounted and detached with the sandbox's mount
+  //    namespace.
+  absl::Status TakeDisk() {
+    SBX_ASSIGN_OR_RETURN(disk_, s_.disks->Take(spec_.resources.disk_mib, dir_ + "/disk.img"));
+    plan_.disk_fd = disk_.mount_fd();
+    return absl::OkStatus();
+  }
+
+  // 6a. The uid range and its user namespace, after the directory exists: a claim whose owner
+  //     directory is missing counts as stale for every sbxd's sweep.
+  absl::Status TakeUserNamespace() {
+    if (!s_.opts.user_namespaces) return absl::OkStatus();
+    SBX_ASSIGN_OR_RETURN(PreparedUserns prepared, s_.userns_pool->Take(dir_));
+    uid_claim_.emplace(&s_.uid_ranges, prepared.base, dir_);
+    userns_ = std::move(prepared.fd);
+    return absl::OkStatus();
+  }
+
+  // 6b. The overlay's root directory is the upper's: owned by sandbox root like any root fs.
+  //     The agent stays outside the namespace as its owner (userns.h, src/agent/identity.h).
+  absl::Status ChownDiskAndPlanAgentIdentity() {
+    if (!uid_claim_) return absl::OkStatus();
+    const uint32_t base = uid_claim_->base();
+    SBX_RETURN_IF_ERROR(Annotate(disk_.Chown(base, base), "user namespace"));
+    uid_base_ = base;
+    plan_.userns_fd = userns_.get();
+    plan_.agent_uid = AgentUidOf(base);
+    plan_.seccomp = &s_.agent_seccomp;
+    plan_.argv_storage.insert(plan_.argv_storage.end(),
+                              {"--userns-fd", std::to_string(kAgentUsernsFd), "--caps",
+                               fmt::format("{:#x}", s_.caps.keep), "--uid-map",
+                               fmt::format("{} {}", base, kGuestUidCount)});
+    return absl::OkStatus();
+  }
+
+  // 7. Every path and option string of the child's mounts, so that the child only reads.
+  absl::Status PlanMounts() {
+    MountOptions mount_opts;
+    if (spec_.resources.tmp_mib > 0) mount_opts.tmp_bytes = static_cast<size_t>(spec_.resources.tmp_mib) << 20;
+    if (spec_.resources.shm_mib > 0) mount_opts.shm_bytes = static_cast<size_t>(spec_.resources.shm_mib) << 20;
+    mount_opts.disk = true;
+    mount_opts.uid_base = uid_base_;
+    SBX_ASSIGN_OR_RETURN(plan_.mounts, BuildMountPlan(spec_.tmpl, dir_, mount_opts));
+    plan_.nofile = static_cast<uint64_t>(spec_.resources.open_files > 0 ? spec_.resources.open_files : kDefaultOpenFiles);
+    return absl::OkStatus();
+  }
+
+  // 8a. One directory per hierarchy, with the agent/ and work/ children and their limits.
+  absl::Status MakeCgroups() {
+    SBX_ASSIGN_OR_RETURN(cgroup_, s_.cgroups->Create(spec_.id, limits_));
+    return absl::OkStatus();
+  }
+
+  // 8b. Split (cgroup.h): the agent goes to agent/, and every process it starts joins work/
+  //     through fds opened here (write access to cgroup.procs is checked against the opener).
+  absl::Status OpenCgroupFiles() {
+    const bool into_cgroup = s_.cgroups->UseCloneIntoCgroup() && !cgroup_->v2_path().empty();
+    const bool split = limits_.agent_memory_bytes > 0 || limits_.agent_pids > 0;
+    const std::string agent_leaf = split ? kAgentLeaf : "";
+    auto leaf_of = [&](const std::string& dir) { return split ? fmt::format("{}/{}", dir, kAgentLeaf) : dir; };
+    SBX_ASSIGN_OR_RETURN(procs_fds_, cgroup_->OpenProcsFiles(into_cgroup, agent_leaf));
+    if (into_cgroup) {
+      SBX_ASSIGN_OR_RETURN(v2_dir_, cgroup_->OpenV2Dir(agent_leaf));
+      plan_.cgroup_v2_dir_fd = v2_dir_.get();
+      plan_.cgroup_v2_path = leaf_of(cgroup_->v2_path());
+    }
+    for (const auto& d : cgroup_->dirs()) {
+      if (d.v2 && into_cgroup) continue;
+      plan_.cgroup_procs_paths.push_back(fmt::format("{}/cgroup.procs", leaf_of(d.path)));
+    }
+    for (const auto& fd : procs_fds_) plan_.cgroup_procs_fds.push_back(fd.get());
+    if (!split) return absl::OkStatus();
+    SBX_ASSIGN_OR_RETURN(work_fds_, cgroup_->OpenProcsFiles(/*skip_v2=*/false, kWorkLeaf));
+    if (work_fds_.size() > kMaxAgentCgroupFds) {
+      return absl::InternalError(fmt::format("create: {} cgroup hierarchies, the agent takes {}",
+                                             work_fds_.size(), kMaxAgentCgroupFds));
+    }
+    for (size_t i = 0; i < work_fds_.size(); ++i) {
+      plan_.agent_cgroup_fds.push_back(work_fds_[i].get());
+      plan_.argv_storage.push_back("--cgroup-procs-fd");
+      plan_.argv_storage.push_back(std::to_string(kAgentCgroupFdBase + static_cast<int>(i)));
+    }
+    return absl::OkStatus();
+  }
+
+  // 9. The agent tells an OOM kill from another SIGKILL by this counter (read-only: the file is
+  //    host root's, and the fd gives no write access however it is reopened). The last
+  //    addition to argv, which is final from here on.
+  absl::Status OpenOomCounter() {
+    if (const std::string oom_path = cgroup_->OomCounterPath(); !oom_path.empty()) {
+      oom_fd_.Reset(::open(oom_path.c_str(), O_RDONLY | O_CLOEXEC));
+      if (!oom_fd_) return ErrnoStatus(errno, fmt::format("oom counter: open({})", oom_path));
+      plan_.oom_fd = oom_fd_.get();
+      plan_.argv_storage.push_back("--oom-counter-fd");
+      plan_.argv_storage.push_back(std::to_string(kAgentOomFd));
+    }
+    plan_.FinalizeArrays();
+    return absl::OkStatus();
+  }
+
+  // 10. Listening before the agent runs, so readiness is a plain ping.
+  absl::Status ListenAgentSocket() {
+    SBX_ASSIGN_OR_RETURN(listen_fd_, ListenUnix(socket_path_));
+    plan_.listen_fd = listen_fd_.get();
+    return absl::OkStatus();
+  }
+
+  // 11. The agent's stdout and stderr.
+  absl::Status OpenAgentLog() {
+    log_fd_.Reset(::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+    if (!log_fd_) return ErrnoStatus(errno, fmt::format("agent log: open({})", log_path_));
+    plan_.log_fd = log_fd_.get();
+    return absl::OkStatus();
+  }
+
+  // 12. From the pool, or none: then clone3 makes one.
+  void TakeNetns() {
+    netns_ = s_.netns_pool ? s_.netns_pool->Take() : UniqueFd();
+    plan_.netns_fd = netns_ ? netns_.get() : -1;
+  }
+
+  // 13. clone3 and the child's steps (launcher.cc), up to the agent's exec.
+  absl::Status LaunchAgent() {
+    SBX_ASSIGN_OR_RETURN(child_, Launch(plan_));
+    netns_.Reset();  // the sandbox's processes hold it now
+    return absl::OkStatus();
+  }
+
+  // 14. Only the agent may hold the listening socket now: if it dies, connects fail at once
+  //     instead of waiting for the readiness timeout.
+  void DropParentCopies() {
+    listen_fd_.Reset();
+    log_fd_.Reset();
+    oom_fd_.Reset();
+    disk_.Release();  // the sandbox's mount namespace holds it now; Destroy removes disk.img
+    procs_fds_.clear();
+    work_fds_.clear();
+    v2_dir_.Reset();
+  }
+
+  // 15. The agent's first ping answer; if it died, how it ended and the end of its log.
+  absl::Status WaitForAgent() {
+    auto ping = protocol::CallAgent(socket_path_, Json{{"op", "ping"}}, kAgentReadyTimeoutMs);
+    if (ping.ok()) return absl::OkStatus();
+    std::string exited;
+    // The socket closes while the agent is still exiting: give the exit a moment to complete
+    // (failure path only) so the message can say how it ended.
+    struct pollfd pfd{child_.pidfd(), POLLIN, 0};
+    ::poll(&pfd, 1, 100);
+    siginfo_t info;
+    std::memset(&info, 0, sizeof(info));
+    if (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(child_.pidfd()), &info,
+                 WEXITED | WNOHANG) == 0 && info.si_pid != 0) {
+      exited = info.si_code == CLD_EXITED
+                   ? fmt::format("agent exited during start-up with status {}; ", info.si_status)
+                   : fmt::format("agent was killed by signal {} during start-up; ", info.si_status);
+    }
+    std::string tail = LogTail(log_path_);
+    return absl::Status(ping.status().code(),
+                        fmt::format("wait for agent: {}ping on {}: {}{}", exited, socket_path_,
+                                    std::string(ping.status().message()),
+                                    tail.empty() ? "" : fmt::format(" (agent.log: {})", tail)));
+  }
+
+  // 16. The agent's start time (a pid plus its start time names one process), then the owners
+  //     of the directory, the uid claim, the cgroups and the child are released to the instance.
+  absl::StatusOr<InstancePtr> Record(std::shared_ptr<NsBackend::Shared> shared) {
+    auto start_time = ProcessStartTime(child_.pid());
+    if (!start_time.ok()) return Annotate(start_time.status(), "create: read agent start time");
+    pid_ = child_.pid();
+    UniqueFd pidfd = child_.Release();
+    dir_owner_->Release();
+    uint32_t uid_base = 0;
+    if (uid_claim_) {
+      uid_base = uid_claim_->base();
+      uid_claim_->Release();
+    }
+    return MakeNsInstance(std::move(shared), spec_.id, pid_, *start_time, std::move(pidfd),
+                          std::move(cgroup_), uid_base);
+  }
+
+ private:
+  const NsBackend::Shared& s_;
+  const SandboxSpec& spec_;
+  const std::string dir_;
+  const std::string socket_path_;
+  const std::string log_path_;
+  std::string hostname_;
+  CgroupLimits limits_;
+  uint32_t uid_base_ = 0;  // 0 without a user namespace
+  LaunchPlan plan_;
+  pid_t pid_ = -1;
+  // The owners, in creation order (destroyed in reverse).
+  std::optional<SandboxDirOwner> dir_owner_;
+  std::optional<UidClaim> uid_claim_;
+  UniqueFd userns_;
+  PreparedDisk disk_;
+  std::unique_ptr<SandboxCgroup> cgroup_;
+  std::vector<UniqueFd> procs_fds_;
+  UniqueFd v2_dir_;
+  std::vector<UniqueFd> work_fds_;
+  UniqueFd oom_fd_;
+  UniqueFd listen_fd_;
+  UniqueFd log_fd_;
+  UniqueFd netns_;
+  ChildProcess child_;
+};
 
 }  // namespace
+
 
 NsBackend::NsBackend(NsOptions options) : shared_(std::make_shared<Shared>()) {
   Shared& s = *shared_;
@@ -533,357 +653,35 @@ absl::Status NsBackend::Probe() {
       fmt::format("ns runtime unavailable: {}", fmt::join(problems, "; ")));
 }
 
+// The steps of docs/isolation.md §2.2, in order; the owners they build unwind in reverse when
+// one fails. `trace` only times them (the debug log).
 absl::StatusOr<InstancePtr> NsBackend::Create(const SandboxSpec& spec) {
-  const auto t0 = Clock::now();
-  const Shared& s = *shared_;
-  SBX_RETURN_IF_ERROR(s.Ready());
-  if (!IsValidId(spec.id, kIdPrefix)) {
-    return absl::InvalidArgumentError(fmt::format("create: invalid sandbox id \"{}\"", spec.id));
-  }
-  const std::string hostname = spec.hostname.empty() ? spec.id.substr(0, 12) : spec.hostname;
-  if (!ValidHostname(hostname)) {
-    return absl::InvalidArgumentError(fmt::format("create: invalid hostname \"{}\"", hostname));
-  }
-  SBX_ASSIGN_OR_RETURN(CgroupLimits limits, ResolveLimits(spec.resources));
-  limits.agent_memory_bytes = int64_t{s.opts.agent_memory_mib} << 20;
-  limits.agent_pids = s.opts.agent_pids;
-  SBX_RETURN_IF_ERROR(s.cgroups->CheckLimits(limits));
-
-  const std::string dir = s.DirOf(spec.id);
-  const std::string socket_path = fmt::format("{}/{}", dir, kSocketName);
-  const std::string log_path = fmt::format("{}/{}", dir, kLogName);
-
-  LaunchPlan plan;
-  plan.hostname = hostname;
-  plan.agent_path = s.opts.agent_path;
-  plan.agent_fd = s.agent->fd();
-  plan.caps = &s.caps;
-  plan.seccomp = &s.seccomp;
-  plan.landlock = &s.landlock;
-  plan.argv_storage = {"sbx-agent", "--listen-fd", std::to_string(kAgentListenFd), "--buffer-bytes",
-                       std::to_string(s.opts.agent_buffer_bytes), "--sandbox-id", spec.id,
-                       "--workdir", spec.tmpl.workdir};
-  std::map<std::string, std::string> env = {
-      {"PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-      {"HOME", "/root"},
-      {"HOSTNAME", hostname},
-      {"LANG", "C.UTF-8"},
-  };
-  for (const auto& [k, v] : spec.env) {
-    if (k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos ||
-        v.find('\0') != std::string::npos) {
-      return absl::InvalidArgumentError(fmt::format("create: invalid environment variable \"{}\"", k));
-    }
-    env[k] = v;
-  }
-  for (const auto& [k, v] : env) plan.env_storage.push_back(fmt::format("{}={}", k, v));
-
-  // Owners in creation order; on any error below they unwind in reverse.
-  SandboxDirOwner dir_owner(dir);
-  SBX_RETURN_IF_ERROR(dir_owner.Make());
-  std::optional<UidClaim> uid_claim;
-  UniqueFd userns;
-  MountOptions mount_opts;
-  if (spec.resources.tmp_mib > 0) mount_opts.tmp_bytes = static_cast<size_t>(spec.resources.tmp_mib) << 20;
-  if (spec.resources.shm_mib > 0) mount_opts.shm_bytes = static_cast<size_t>(spec.resources.shm_mib) << 20;
-  mount_opts.disk = true;
-  // The writable layer's hard cap: an ext4 image of exactly disk_mib (from the pool when the
-  // size matches; Take validates the size); unmounted and detached with the sandbox's mount
-  // namespace.
-  const auto t_mkdir = Clock::now();
-  SBX_ASSIGN_OR_RETURN(PreparedDisk disk, s.disks->Take(spec.resources.disk_mib, dir + "/disk.img"));
-  plan.disk_fd = disk.mount_fd();
-  const auto t_disk = Clock::now();
-  auto t_take = Clock::now();
-  if (s.opts.user_namespaces) {
-    // After the directory exists: a claim whose owner directory is missing counts as stale for
-    // every sbxd's sweep.
-    SBX_ASSIGN_OR_RETURN(PreparedUserns prepared, s.userns_pool->Take(dir));
-    const uint32_t base = prepared.base;
-    uid_claim.emplace(&s.uid_ranges, base, dir);
-    userns = std::move(prepared.fd);
-    t_take = Clock::now();
-    // The overlay's root directory is the upper's: owned by sandbox root like any root fs.
-    SBX_RETURN_IF_ERROR(Annotate(disk.Chown(base, base), "user namespace"));
-    mount_opts.uid_base = base;
-    plan.userns_fd = userns.get();
-    // The agent stays outside the namespace as its owner (userns.h, src/agent/identity.h).
-    plan.agent_uid = AgentUidOf(base);
-    plan.seccomp = &s.agent_seccomp;
-    plan.argv_storage.insert(plan.argv_storage.end(),
-                             {"--userns-fd", std::to_string(kAgentUsernsFd), "--caps",
-                              fmt::format("{:#x}", s.caps.keep), "--uid-map",
-                              fmt::format("{} {}", base, kGuestUidCount)});
-  }
-  const auto t_userns = Clock::now();
-  SBX_ASSIGN_OR_RETURN(plan.mounts, BuildMountPlan(spec.tmpl, dir, mount_opts));
-  plan.nofile = static_cast<uint64_t>(spec.resources.open_files > 0 ? spec.resources.open_files : kDefaultOpenFiles);
-  const auto t_dir = Clock::now();
-  SBX_ASSIGN_OR_RETURN(std::unique_ptr<SandboxCgroup> cgroup, s.cgroups->Create(spec.id, limits));
-  const auto t_cg = Clock::now();
-  const bool into_cgroup = s.cgroups->UseCloneIntoCgroup() && !cgroup->v2_path().empty();
-  // Split (cgroup.h): the agent goes to agent/, and every process it starts joins work/
-  // through fds opened here (write access to cgroup.procs is checked against the opener).
-  const bool split = limits.agent_memory_bytes > 0 || limits.agent_pids > 0;
-  const std::string agent_leaf = split ? kAgentLeaf : "";
-  auto leaf_of = [&](const std::string& dir) { return split ? fmt::format("{}/{}", dir, kAgentLeaf) : dir; };
-  SBX_ASSIGN_OR_RETURN(std::vector<UniqueFd> procs_fds, cgroup->OpenProcsFiles(into_cgroup, agent_leaf));
-  UniqueFd v2_dir;
-  if (into_cgroup) {
-    SBX_ASSIGN_OR_RETURN(v2_dir, cgroup->OpenV2Dir(agent_leaf));
-    plan.cgroup_v2_dir_fd = v2_dir.get();
-    plan.cgroup_v2_path = leaf_of(cgroup->v2_path());
-  }
-  for (const auto& d : cgroup->dirs()) {
-    if (d.v2 && into_cgroup) continue;
-    plan.cgroup_procs_paths.push_back(fmt::format("{}/cgroup.procs", leaf_of(d.path)));
-  }
-  for (const auto& fd : procs_fds) plan.cgroup_procs_fds.push_back(fd.get());
-  std::vector<UniqueFd> work_fds;
-  if (split) {
-    SBX_ASSIGN_OR_RETURN(work_fds, cgroup->OpenProcsFiles(/*skip_v2=*/false, kWorkLeaf));
-    if (work_fds.size() > kMaxAgentCgroupFds) {
-      return absl::InternalError(fmt::format("create: {} cgroup hierarchies, the agent takes {}",
-                                             work_fds.size(), kMaxAgentCgroupFds));
-    }
-    for (size_t i = 0; i < work_fds.size(); ++i) {
-      plan.agent_cgroup_fds.push_back(work_fds[i].get());
-      plan.argv_storage.push_back("--cgroup-procs-fd");
-      plan.argv_storage.push_back(std::to_string(kAgentCgroupFdBase + static_cast<int>(i)));
-    }
-  }
-  // The agent tells an OOM kill from another SIGKILL by this counter (read-only: the file is
-  // host root's, and the fd gives no write access however it is reopened).
-  UniqueFd oom_fd;
-  if (const std::string oom_path = cgroup->OomCounterPath(); !oom_path.empty()) {
-    oom_fd.Reset(::open(oom_path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!oom_fd) return ErrnoStatus(errno, fmt::format("oom counter: open({})", oom_path));
-    plan.oom_fd = oom_fd.get();
-    plan.argv_storage.push_back("--oom-counter-fd");
-    plan.argv_storage.push_back(std::to_string(kAgentOomFd));
-  }
-  plan.FinalizeArrays();
-
-  SBX_ASSIGN_OR_RETURN(UniqueFd listen_fd, ListenUnix(socket_path));
-  plan.listen_fd = listen_fd.get();
-  UniqueFd log_fd(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
-  if (!log_fd) return ErrnoStatus(errno, fmt::format("agent log: open({})", log_path));
-  plan.log_fd = log_fd.get();
-
-  // Debug builds of the log show where the child spends its time (a shared page the child
-  // writes timestamps into; no cost otherwise).
-  void* trace_page = MAP_FAILED;
-  if (spdlog::should_log(spdlog::level::debug)) {
-    trace_page = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (trace_page != MAP_FAILED) {
-      plan.trace = static_cast<uint64_t*>(trace_page);
-      plan.mounts.trace = plan.trace;
-    }
-  }
-  struct TraceUnmap {
-    void* p;
-    ~TraceUnmap() {
-      if (p != MAP_FAILED) ::munmap(p, 4096);
-    }
-  } trace_unmap{trace_page};
-
-  UniqueFd netns = s.netns_pool ? s.netns_pool->Take() : UniqueFd();
-  plan.netns_fd = netns ? netns.get() : -1;
-
-  const auto t_prep = Clock::now();
-  SBX_ASSIGN_OR_RETURN(ChildProcess child, Launch(plan));
-  netns.Reset();  // the sandbox's processes hold it now
-  const auto t_exec = Clock::now();
-  if (plan.trace != nullptr) {
-    const uint64_t base = static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(t_prep.time_since_epoch()).count());
-    std::string steps;
-    static constexpr const char* kNames[] = {"start", "signals", "joined", "cgroupns", "mounts",
-                                             "pivot", "uts+lo", "stdio", "caps", "seccomp", "exec"};
-    for (int i = 0; i < kTraceSlots; ++i) {
-      if (plan.trace[i] == 0) continue;
-      steps += fmt::format(" {} +{:.2f}", kNames[i], (static_cast<double>(plan.trace[i]) - static_cast<double>(base)) / 1e6);
-    }
-    static constexpr const char* kMountNames[] = {"disk", "lower", "overlay", "binds", "proc", "dev", "masks", "tmp"};
-    steps += " | mounts:";
-    for (int i = 0; i < kMtSlots; ++i) {
-      const uint64_t t = plan.trace[kMountTraceFirst + i];
-      if (t != 0) steps += fmt::format(" {} +{:.2f}", kMountNames[i], (static_cast<double>(t) - static_cast<double>(base)) / 1e6);
-    }
-    spdlog::debug("ns: {} child milestones (ms after clone):{}", spec.id, steps);
-  }
-  // Only the agent may hold the listening socket now: if it dies, connects fail at once
-  // instead of waiting for the readiness timeout.
-  listen_fd.Reset();
-  log_fd.Reset();
-  oom_fd.Reset();
-  disk.Release();  // the sandbox's mount namespace holds it now; Destroy removes disk.img
-  procs_fds.clear();
-  work_fds.clear();
-  v2_dir.Reset();
-
-  auto ping = protocol::CallAgent(socket_path, Json{{"op", "ping"}}, kAgentReadyTimeoutMs);
-  if (!ping.ok()) {
-    std::string exited;
-    // The socket closes while the agent is still exiting: give the exit a moment to complete
-    // (failure path only) so the message can say how it ended.
-    struct pollfd pfd{child.pidfd(), POLLIN, 0};
-    ::poll(&pfd, 1, 100);
-    siginfo_t info;
-    std::memset(&info, 0, sizeof(info));
-    if (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(child.pidfd()), &info,
-                 WEXITED | WNOHANG) == 0 && info.si_pid != 0) {
-      exited = info.si_code == CLD_EXITED
-                   ? fmt::format("agent exited during start-up with status {}; ", info.si_status)
-                   : fmt::format("agent was killed by signal {} during start-up; ", info.si_status);
-    }
-    std::string tail = LogTail(log_path);
-    return absl::Status(ping.status().code(),
-                        fmt::format("wait for agent: {}ping on {}: {}{}", exited, socket_path,
-                                    std::string(ping.status().message()),
-                                    tail.empty() ? "" : fmt::format(" (agent.log: {})", tail)));
-  }
-  const auto t_ready = Clock::now();
-
-  auto start_time = ProcessStartTime(child.pid());
-  if (!start_time.ok()) return Annotate(start_time.status(), "create: read agent start time");
-
-  pid_t pid = child.pid();
-  UniqueFd pidfd = child.Release();
-  dir_owner.Release();
-  uint32_t uid_base = 0;
-  if (uid_claim) {
-    uid_base = uid_claim->base();
-    uid_claim->Release();
-  }
-  auto inst = std::make_unique<NsInstance>(shared_, spec.id, pid, *start_time, std::move(pidfd),
-                                           std::move(cgroup), uid_base);
-  spdlog::debug(
-      "ns: created {} (pid {}) in {:.2f} ms: dir {:.2f} (mkdir {:.2f}, disk {:.2f}, userns {:.2f}, chown {:.2f}), "
-      "cgroups {:.2f}, prepare {:.2f}, clone..exec {:.2f}, agent ready {:.2f}",
-      spec.id, pid, MsSince(t0), std::chrono::duration<double, std::milli>(t_dir - t0).count(),
-      std::chrono::duration<double, std::milli>(t_mkdir - t0).count(),
-      std::chrono::duration<double, std::milli>(t_disk - t_mkdir).count(),
-      std::chrono::duration<double, std::milli>(t_take - t_disk).count(),
-      std::chrono::duration<double, std::milli>(t_userns - t_take).count(),
-      std::chrono::duration<double, std::milli>(t_cg - t_dir).count(),
-      std::chrono::duration<double, std::milli>(t_prep - t_cg).count(),
-      std::chrono::duration<double, std::milli>(t_exec - t_prep).count(),
-      std::chrono::duration<double, std::milli>(t_ready - t_exec).count());
-  return InstancePtr(std::move(inst));
-}
-
-absl::StatusOr<InstancePtr> NsBackend::Adopt(const std::string& id, const Json& persisted) {
+  CreateTrace trace;
   SBX_RETURN_IF_ERROR(shared_->Ready());
-  if (!IsValidId(id, kIdPrefix)) {
-    return absl::InvalidArgumentError(fmt::format("adopt: invalid sandbox id \"{}\"", id));
-  }
-  if (!persisted.is_object()) return absl::InvalidArgumentError("adopt: persisted state is not an object");
-  auto pid_it = persisted.find("pid");
-  auto st_it = persisted.find("start_time");
-  if (pid_it == persisted.end() || !pid_it->is_number_integer() || st_it == persisted.end() ||
-      !st_it->is_number_integer() || st_it->get<int64_t>() < 0) {
-    return absl::InvalidArgumentError(
-        fmt::format("adopt {}: persisted state lacks pid/start_time", id));
-  }
-  const int64_t pid64 = pid_it->get<int64_t>();
-  if (pid64 <= 1 || pid64 > INT_MAX) {
-    return absl::InvalidArgumentError(fmt::format("adopt {}: bad pid {}", id, pid64));
-  }
-  const pid_t pid = static_cast<pid_t>(pid64);
-  const uint64_t start_time = st_it->get<uint64_t>();
-
-  auto pidfd = OpenVerifiedPidfd(pid, start_time);
-  if (!pidfd.ok()) {
-    return absl::Status(pidfd.status().code(),
-                        fmt::format("adopt {}: {}", id, std::string(pidfd.status().message())));
-  }
-  // The cgroup paths recorded at creation win over today's layout (sbxd may have moved, e.g.
-  // into its v2 leaf, or runtime.ns.cgroup_parent changed); they must still name this sandbox:
-  // the last component is its id (unique per host), so no other cgroup can be meant.
-  std::unique_ptr<SandboxCgroup> cgroup;
-  auto cg_it = persisted.find("cgroups");
-  if (cg_it != persisted.end() && cg_it->is_object() && !cg_it->empty()) {
-    std::vector<SandboxCgroup::Dir> dirs;
-    auto names_this_sandbox = [&](const std::string& path) {
-      const std::string tail = "/" + id;
-      return !path.empty() && path[0] == '/' && path.find("/../") == std::string::npos &&
-             path.size() > tail.size() + 1 &&
-             path.compare(path.size() - tail.size(), tail.size(), tail) == 0;
-    };
-    for (const auto& [key, val] : cg_it->items()) {
-      if (!val.is_string()) return absl::InvalidArgumentError(fmt::format("adopt {}: bad cgroup path", id));
-      std::string path = val.get<std::string>();
-      if (!names_this_sandbox(path)) {
-        return absl::InvalidArgumentError(
-            fmt::format("adopt {}: persisted cgroup path {} does not name this sandbox", id, path));
-      }
-      dirs.push_back(SandboxCgroup::Dir{key, path, key == kUnifiedKey, true});
-    }
-    cgroup = std::make_unique<SandboxCgroup>(id, std::move(dirs));
-    cgroup->Release();  // a failed adopt must not kill what it could not adopt
-  } else {
-    cgroup = shared_->cgroups->Existing(id);
-  }
-
-  // A paused sandbox's agent cannot answer: the verified pidfd is proof enough that it lives,
-  // and it must stay frozen (waking it is the client's call, not the restart's).
-  auto frozen = cgroup->FreezeRequested();
-  if (!frozen.ok() || !*frozen) {
-    const std::string socket_path = fmt::format("{}/{}", shared_->DirOf(id), kSocketName);
-    auto ping = protocol::CallAgent(socket_path, Json{{"op", "ping"}}, kAdoptPingTimeoutMs);
-    if (!ping.ok()) {
-      return absl::NotFoundError(fmt::format("adopt {}: agent does not answer on {}: {}", id,
-                                             socket_path, std::string(ping.status().message())));
-    }
-  }
-  // The uid range stays this sandbox's: claim it again (a sweep by another sbxd may have
-  // dropped the claim while we were down; the range is still in use by these processes).
-  uint32_t uid_base = 0;
-  auto ub_it = persisted.find("uid_base");
-  if (ub_it != persisted.end() && ub_it->is_number_unsigned()) {
-    uid_base = ub_it->get<uint32_t>();
-  } else if (auto read = ReadUidBase(pid); read.ok() && *read != 0) {
-    uid_base = *read;
-  }
-  if (uid_base != 0) {
-    absl::Status claim = shared_->uid_ranges.Reclaim(uid_base, shared_->DirOf(id));
-    if (!claim.ok()) spdlog::error("ns: adopt {}: {}", id, std::string(claim.message()));
-  }
-  return InstancePtr(std::make_unique<NsInstance>(shared_, id, pid, start_time,
-                                                  std::move(*pidfd), std::move(cgroup), uid_base));
-}
-
-absl::Status NsBackend::Remove(const std::string& id) {
-  SBX_RETURN_IF_ERROR(shared_->cgroup_status);
-  if (!IsValidId(id, kIdPrefix)) {
-    return absl::InvalidArgumentError(fmt::format("remove: invalid sandbox id \"{}\"", id));
-  }
-  return RemoveById(id);
-}
-
-absl::Status NsBackend::RemoveById(const std::string& id) {
-  const Shared& s = *shared_;
-  std::unique_ptr<SandboxCgroup> cg = s.cgroups->Existing(id);
-  // pidfds first: a killed agent that is our child (created by this process, then forgotten)
-  // must be reaped, or it stays a zombie.
-  std::vector<UniqueFd> pidfds;
-  for (pid_t p : cg->Pids()) {
-    UniqueFd fd(PidfdOpen(p));
-    if (fd) pidfds.push_back(std::move(fd));
-  }
-  for (const auto& fd : pidfds) PidfdSendSignal(fd.get(), SIGKILL);
-  SBX_RETURN_IF_ERROR(cg->Kill());
-  for (const auto& fd : pidfds) {
-    if (!WaitPidfdExit(fd.get(), static_cast<int>(kCgroupDrainTimeout.count()))) {
-      return absl::DeadlineExceededError(
-          fmt::format("remove {}: a process is still alive {} ms after SIGKILL", id,
-                      kCgroupDrainTimeout.count()));
-    }
-  }
-  SBX_RETURN_IF_ERROR(cg->Destroy());
-  SBX_RETURN_IF_ERROR(s.uid_ranges.ReleaseOwner(s.DirOf(id)));
-  return RemoveTree(s.DirOf(id));
+  Creation c(*shared_, spec);
+  SBX_RETURN_IF_ERROR(c.Validate());                                                           // 1
+  SBX_RETURN_IF_ERROR(c.ResolveAndCheckLimits());                                              // 2
+  SBX_RETURN_IF_ERROR(c.PlanArgvAndEnv());                                                     // 3
+  SBX_RETURN_IF_ERROR(trace.After(CreateTrace::kMkdir, c.MakeSandboxDir()));                   // 4
+  SBX_RETURN_IF_ERROR(trace.After(CreateTrace::kDisk, c.TakeDisk()));                          // 5
+  SBX_RETURN_IF_ERROR(trace.After(CreateTrace::kUsernsTaken, c.TakeUserNamespace()));          // 6
+  SBX_RETURN_IF_ERROR(trace.After(CreateTrace::kUserns, c.ChownDiskAndPlanAgentIdentity()));
+  SBX_RETURN_IF_ERROR(trace.After(CreateTrace::kPlanned, c.PlanMounts()));                     // 7
+  SBX_RETURN_IF_ERROR(trace.After(CreateTrace::kCgroups, c.MakeCgroups()));                    // 8
+  SBX_RETURN_IF_ERROR(c.OpenCgroupFiles());
+  SBX_RETURN_IF_ERROR(c.OpenOomCounter());                                                     // 9
+  SBX_RETURN_IF_ERROR(c.ListenAgentSocket());                                                  // 10
+  SBX_RETURN_IF_ERROR(c.OpenAgentLog());                                                       // 11
+  trace.ShareWithChild(c.plan());
+  c.TakeNetns();                                                                               // 12
+  trace.After(CreateTrace::kPrepared);
+  SBX_RETURN_IF_ERROR(trace.After(CreateTrace::kExec, c.LaunchAgent()));                       // 13
+  trace.LogChildMilestones(spec.id, c.plan());
+  c.DropParentCopies();                                                                        // 14
+  SBX_RETURN_IF_ERROR(trace.After(CreateTrace::kReady, c.WaitForAgent()));                     // 15
+  SBX_ASSIGN_OR_RETURN(InstancePtr instance, c.Record(shared_));                               // 16
+  trace.LogCreated(spec.id, c.pid());
+  return instance;
 }
 
 HostShare NsBackend::Share() const {
@@ -912,41 +710,6 @@ HostShare NsBackend::Share() const {
 
 void NsBackend::OnDefaultsChanged(const Resources& defaults) {
   if (shared_->disks) shared_->disks->SetPoolSizeMib(defaults.disk_mib);
-}
-
-absl::Status NsBackend::Sweep(const std::set<std::string>& known_ids) {
-  SBX_RETURN_IF_ERROR(shared_->cgroup_status);
-  const Shared& s = *shared_;
-  std::set<std::string> stray;
-  auto collect = [&](const std::string& parent) -> absl::Status {
-    auto names = ListDir(parent);
-    if (!names.ok()) return absl::IsNotFound(names.status()) ? absl::OkStatus() : names.status();
-    for (const auto& n : *names) {
-      if (IsValidId(n, kIdPrefix) && known_ids.count(n) == 0) stray.insert(n);
-    }
-    return absl::OkStatus();
-  };
-  // Only ids with a directory under this sbxd's state dir are ours: several sbxd instances
-  // (a test daemon beside the quickstart one) may share the `sbx` cgroup parents, and each must
-  // sweep only its own leftovers. Create makes the directory before any cgroup and Destroy
-  // removes the cgroups before the directory, so no cgroup of ours is ever without one.
-  SBX_RETURN_IF_ERROR(Annotate(collect(s.sandboxes_dir), "sweep"));
-
-  absl::Status result = absl::OkStatus();
-  for (const std::string& id : stray) {
-    spdlog::info("ns: sweeping unknown sandbox {}", id);
-    absl::Status st = RemoveById(id);
-    if (!st.ok()) {
-      spdlog::error("ns: sweep of {} failed: {}", id, std::string(st.message()));
-      if (result.ok()) result = Annotate(st, fmt::format("sweep {}", id));
-    }
-  }
-  // After the strays are gone: a range is free only once no process of its sandbox is left.
-  if (s.opts.user_namespaces) {
-    absl::Status st = s.uid_ranges.Sweep(s.sandboxes_dir, known_ids);
-    if (!st.ok() && result.ok()) result = Annotate(st, "sweep");
-  }
-  return result;
 }
 
 }  // namespace sbx::runtime::ns

@@ -357,6 +357,198 @@ const EmbeddedLists& Embedded() {
   return kLists;
 }
 
+// ParseSeccompPolicy's state: the policy so far, and which list first claimed each name (a
+// name may sit in only one list; allow_if and deny_arg0 may repeat a name, and deny_arg0 names
+// must be allowed). The lists are read in this order; deny_arg0 last, as it refines "allow".
+class PolicyParser {
+ public:
+  explicit PolicyParser(const json& doc) : doc_(doc) {}
+
+  absl::StatusOr<SeccompPolicy> Parse() {
+    SBX_RETURN_IF_ERROR(CheckKeys(doc_, "top level",
+                                  {"default_errno", "enosys_from_nr", "allow", "allow_if", "deny_arg0", "errno",
+                                   "deny", "netlink_protocols"}));
+    SBX_RETURN_IF_ERROR(ParseDefaults());
+    SBX_RETURN_IF_ERROR(ParseAllow());
+    SBX_RETURN_IF_ERROR(ParseAllowIf());
+    SBX_RETURN_IF_ERROR(ParseErrnoRules());
+    SBX_RETURN_IF_ERROR(ParseDeny());
+    SBX_RETURN_IF_ERROR(ParseDenyArg0());
+    SBX_RETURN_IF_ERROR(ParseNetlinkProtocols());
+    return std::move(p_);
+  }
+
+ private:
+  absl::Status Claim(const std::string& name, const std::string& where, bool repeat_ok) {
+    auto [it, fresh] = owner_.emplace(name, where);
+    if (fresh) return absl::OkStatus();
+    if (repeat_ok && it->second.rfind(where.substr(0, where.find('[')), 0) == 0) return absl::OkStatus();
+    return PolicyError(where, fmt::format("{} is already listed at {}", name, it->second));
+  }
+
+  // Whether `name` was claimed by the unconditional "allow" list.
+  bool Allowed(const std::string& name) const {
+    auto it = owner_.find(name);
+    return it != owner_.end() && it->second.rfind("allow[", 0) == 0;
+  }
+
+  absl::Status ParseDefaults() {
+    if (!doc_.contains("default_errno")) return PolicyError("top level", "missing \"default_errno\"");
+    SBX_ASSIGN_OR_RETURN(p_.default_errno, GetErrno(doc_["default_errno"], "default_errno"));
+    if (doc_.contains("enosys_from_nr")) {
+      SBX_ASSIGN_OR_RETURN(uint64_t from, GetU64(doc_["enosys_from_nr"], "enosys_from_nr"));
+      // Below 424 numbers differ between architectures, and a low value would deny the basics.
+      if (from != 0 && (from < 424 || from > 4095)) {
+        return PolicyError("enosys_from_nr", fmt::format("{} is outside 424..4095 (or 0 for none)", from));
+      }
+      p_.enosys_from_nr = static_cast<int>(from);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ParseAllow() {
+    SBX_ASSIGN_OR_RETURN(const json* allow, GetArray(doc_, "allow", "top level", true));
+    for (size_t i = 0; i < allow->size(); ++i) {
+      const std::string where = fmt::format("allow[{}]", i);
+      SBX_ASSIGN_OR_RETURN(std::string name, GetName((*allow)[i], where));
+      SBX_RETURN_IF_ERROR(Claim(name, where, false));
+      p_.allow.push_back(std::move(name));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ParseAllowIf() {
+    SBX_ASSIGN_OR_RETURN(const json* allow_if, GetArray(doc_, "allow_if", "top level", false));
+    for (size_t i = 0; i < allow_if->size(); ++i) {
+      const std::string where = fmt::format("allow_if[{}]", i);
+      const json& e = (*allow_if)[i];
+      if (!e.is_object()) return PolicyError(where, "expected an object {name, why, all}");
+      SBX_RETURN_IF_ERROR(CheckKeys(e, where, {"name", "why", "all"}));
+      SeccompPolicy::AllowIf r;
+      SBX_ASSIGN_OR_RETURN(r.name, GetName(e.value("name", json()), where + ".name"));
+      SBX_RETURN_IF_ERROR(Claim(r.name, where, true));
+      SBX_ASSIGN_OR_RETURN(const json* all, GetArray(e, "all", where, true));
+      if (all->empty() || all->size() > 6) return PolicyError(where + ".all", "expected 1..6 conditions");
+      std::set<unsigned> args_seen;
+      for (size_t j = 0; j < all->size(); ++j) {
+        SBX_ASSIGN_OR_RETURN(SeccompPolicy::Condition cond,
+                             ParseCondition((*all)[j], fmt::format("{}.all[{}]", where, j), &args_seen));
+        r.all.push_back(cond);
+      }
+      p_.allow_if.push_back(std::move(r));
+    }
+    return absl::OkStatus();
+  }
+
+  static absl::StatusOr<SeccompPolicy::Condition> ParseCondition(const json& c, const std::string& cw,
+                                                                 std::set<unsigned>* args_seen) {
+    if (!c.is_object()) return PolicyError(cw, "expected an object {arg, op, value, mask?}");
+    SBX_RETURN_IF_ERROR(CheckKeys(c, cw, {"arg", "op", "value", "mask"}));
+    SeccompPolicy::Condition cond;
+    SBX_ASSIGN_OR_RETURN(uint64_t arg, GetU64(c.value("arg", json()), cw + ".arg"));
+    if (arg > 5) return PolicyError(cw + ".arg", fmt::format("{} is not an argument index 0..5", arg));
+    cond.arg = static_cast<unsigned>(arg);
+    // libseccomp 2.5 rejects two comparisons of one argument in one rule (EINVAL); say so here.
+    if (!args_seen->insert(cond.arg).second) {
+      return PolicyError(cw, fmt::format("second condition on arg {} (use another allow_if entry, or deny_arg0)", arg));
+    }
+    SBX_ASSIGN_OR_RETURN(cond.op, GetOp(c.value("op", json()), cw + ".op"));
+    SBX_ASSIGN_OR_RETURN(cond.value, GetU64(c.value("value", json()), cw + ".value"));
+    if (cond.op == SeccompPolicy::Op::kMaskedEq) {
+      SBX_ASSIGN_OR_RETURN(cond.mask, GetU64(c.value("mask", json()), cw + ".mask"));
+    } else if (c.contains("mask")) {
+      return PolicyError(cw, "mask is only for op masked_eq");
+    }
+    return cond;
+  }
+
+  absl::Status ParseErrnoRules() {
+    SBX_ASSIGN_OR_RETURN(const json* errno_rules, GetArray(doc_, "errno", "top level", false));
+    for (size_t i = 0; i < errno_rules->size(); ++i) {
+      const std::string where = fmt::format("errno[{}]", i);
+      const json& e = (*errno_rules)[i];
+      if (!e.is_object()) return PolicyError(where, "expected an object {name, errno, why}");
+      SBX_RETURN_IF_ERROR(CheckKeys(e, where, {"name", "errno", "why"}));
+      SeccompPolicy::ErrnoRule r;
+      SBX_ASSIGN_OR_RETURN(r.name, GetName(e.value("name", json()), where + ".name"));
+      SBX_RETURN_IF_ERROR(Claim(r.name, where, false));
+      SBX_ASSIGN_OR_RETURN(r.err, GetErrno(e.value("errno", json()), where + ".errno"));
+      p_.errno_rules.push_back(std::move(r));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ParseDeny() {
+    SBX_ASSIGN_OR_RETURN(const json* deny, GetArray(doc_, "deny", "top level", false));
+    for (size_t i = 0; i < deny->size(); ++i) {
+      const std::string where = fmt::format("deny[{}]", i);
+      const json& g = (*deny)[i];
+      if (!g.is_object()) return PolicyError(where, "expected an object {why, names}");
+      SBX_RETURN_IF_ERROR(CheckKeys(g, where, {"why", "names"}));
+      if (!g.contains("why") || !g["why"].is_string() || g["why"].get<std::string>().empty()) {
+        return PolicyError(where, "every denial group needs a \"why\"");
+      }
+      SBX_ASSIGN_OR_RETURN(const json* names, GetArray(g, "names", where, true));
+      for (size_t j = 0; j < names->size(); ++j) {
+        const std::string nw = fmt::format("{}.names[{}]", where, j);
+        SBX_ASSIGN_OR_RETURN(std::string name, GetName((*names)[j], nw));
+        SBX_RETURN_IF_ERROR(Claim(name, nw, false));
+        p_.deny.push_back(std::move(name));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // deny_arg0 refines names that must already be allowed unconditionally.
+  absl::Status ParseDenyArg0() {
+    SBX_ASSIGN_OR_RETURN(const json* deny_arg0, GetArray(doc_, "deny_arg0", "top level", false));
+    for (size_t i = 0; i < deny_arg0->size(); ++i) {
+      const std::string where = fmt::format("deny_arg0[{}]", i);
+      const json& e = (*deny_arg0)[i];
+      if (!e.is_object()) return PolicyError(where, "expected an object {name, values, why}");
+      SBX_RETURN_IF_ERROR(CheckKeys(e, where, {"name", "values", "why"}));
+      SeccompPolicy::DenyArg0 r;
+      SBX_ASSIGN_OR_RETURN(r.name, GetName(e.value("name", json()), where + ".name"));
+      if (!Allowed(r.name)) {
+        return PolicyError(where, fmt::format("{} must be in \"allow\" (deny_arg0 narrows an allowed syscall)", r.name));
+      }
+      if (r.name == "personality") return PolicyError(where, "personality has its own hand-written check");
+      SBX_ASSIGN_OR_RETURN(const json* values, GetArray(e, "values", where, true));
+      if (values->empty() || values->size() > 32) return PolicyError(where + ".values", "expected 1..32 values");
+      for (size_t j = 0; j < values->size(); ++j) {
+        SBX_ASSIGN_OR_RETURN(uint64_t v, GetU64((*values)[j], fmt::format("{}.values[{}]", where, j)));
+        if (v > 0xffffffffu) return PolicyError(fmt::format("{}.values[{}]", where, j), "compares 32 bits: value > 0xffffffff");
+        r.values.push_back(static_cast<uint32_t>(v));
+      }
+      p_.deny_arg0.push_back(std::move(r));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ParseNetlinkProtocols() {
+    if (!doc_.contains("netlink_protocols")) return absl::OkStatus();
+    const std::string where = "netlink_protocols";
+    const json& e = doc_["netlink_protocols"];
+    if (!e.is_object()) return PolicyError(where, "expected an object {allow, why}");
+    SBX_RETURN_IF_ERROR(CheckKeys(e, where, {"allow", "why"}));
+    if (!Allowed("socket")) return PolicyError(where, "socket must be in \"allow\" (netlink_protocols narrows it)");
+    SBX_ASSIGN_OR_RETURN(const json* values, GetArray(e, "allow", where, true));
+    if (values->size() > 32) return PolicyError(where + ".allow", "expected 0..32 protocol numbers");
+    std::vector<uint32_t> allowed;
+    for (size_t j = 0; j < values->size(); ++j) {
+      SBX_ASSIGN_OR_RETURN(uint64_t v, GetU64((*values)[j], fmt::format("{}.allow[{}]", where, j)));
+      if (v > 31) return PolicyError(fmt::format("{}.allow[{}]", where, j), "netlink protocols are 0..31");
+      allowed.push_back(static_cast<uint32_t>(v));
+    }
+    p_.netlink_allow = std::move(allowed);
+    return absl::OkStatus();
+  }
+
+  const json& doc_;
+  SeccompPolicy p_;
+  std::map<std::string, std::string> owner_;
+};
+
 }  // namespace
 
 absl::StatusOr<SeccompPolicy> ParseSeccompPolicy(const std::string& json_text) {
@@ -367,151 +559,7 @@ absl::StatusOr<SeccompPolicy> ParseSeccompPolicy(const std::string& json_text) {
     return absl::InvalidArgumentError(fmt::format("seccomp policy: not valid JSON: {}", e.what()));
   }
   if (!doc.is_object()) return PolicyError("top level", "expected an object");
-  SBX_RETURN_IF_ERROR(CheckKeys(doc, "top level",
-                                {"default_errno", "enosys_from_nr", "allow", "allow_if", "deny_arg0", "errno", "deny",
-                                 "netlink_protocols"}));
-  SeccompPolicy p;
-  if (!doc.contains("default_errno")) return PolicyError("top level", "missing \"default_errno\"");
-  SBX_ASSIGN_OR_RETURN(p.default_errno, GetErrno(doc["default_errno"], "default_errno"));
-  if (doc.contains("enosys_from_nr")) {
-    SBX_ASSIGN_OR_RETURN(uint64_t from, GetU64(doc["enosys_from_nr"], "enosys_from_nr"));
-    // Below 424 numbers differ between architectures, and a low value would deny the basics.
-    if (from != 0 && (from < 424 || from > 4095)) {
-      return PolicyError("enosys_from_nr", fmt::format("{} is outside 424..4095 (or 0 for none)", from));
-    }
-    p.enosys_from_nr = static_cast<int>(from);
-  }
-
-  // Which list first claimed each name: a name may sit in only one list (allow_if and
-  // deny_arg0 may repeat a name, and deny_arg0 names must be allowed).
-  std::map<std::string, std::string> owner;
-  auto claim = [&](const std::string& name, const std::string& where, bool repeat_ok) -> absl::Status {
-    auto [it, fresh] = owner.emplace(name, where);
-    if (fresh) return absl::OkStatus();
-    if (repeat_ok && it->second.rfind(where.substr(0, where.find('[')), 0) == 0) return absl::OkStatus();
-    return PolicyError(where, fmt::format("{} is already listed at {}", name, it->second));
-  };
-
-  SBX_ASSIGN_OR_RETURN(const json* allow, GetArray(doc, "allow", "top level", true));
-  for (size_t i = 0; i < allow->size(); ++i) {
-    const std::string where = fmt::format("allow[{}]", i);
-    SBX_ASSIGN_OR_RETURN(std::string name, GetName((*allow)[i], where));
-    SBX_RETURN_IF_ERROR(claim(name, where, false));
-    p.allow.push_back(std::move(name));
-  }
-
-  SBX_ASSIGN_OR_RETURN(const json* allow_if, GetArray(doc, "allow_if", "top level", false));
-  for (size_t i = 0; i < allow_if->size(); ++i) {
-    const std::string where = fmt::format("allow_if[{}]", i);
-    const json& e = (*allow_if)[i];
-    if (!e.is_object()) return PolicyError(where, "expected an object {name, why, all}");
-    SBX_RETURN_IF_ERROR(CheckKeys(e, where, {"name", "why", "all"}));
-    SeccompPolicy::AllowIf r;
-    SBX_ASSIGN_OR_RETURN(r.name, GetName(e.value("name", json()), where + ".name"));
-    SBX_RETURN_IF_ERROR(claim(r.name, where, true));
-    SBX_ASSIGN_OR_RETURN(const json* all, GetArray(e, "all", where, true));
-    if (all->empty() || all->size() > 6) return PolicyError(where + ".all", "expected 1..6 conditions");
-    std::set<unsigned> args_seen;
-    for (size_t j = 0; j < all->size(); ++j) {
-      const std::string cw = fmt::format("{}.all[{}]", where, j);
-      const json& c = (*all)[j];
-      if (!c.is_object()) return PolicyError(cw, "expected an object {arg, op, value, mask?}");
-      SBX_RETURN_IF_ERROR(CheckKeys(c, cw, {"arg", "op", "value", "mask"}));
-      SeccompPolicy::Condition cond;
-      SBX_ASSIGN_OR_RETURN(uint64_t arg, GetU64(c.value("arg", json()), cw + ".arg"));
-      if (arg > 5) return PolicyError(cw + ".arg", fmt::format("{} is not an argument index 0..5", arg));
-      cond.arg = static_cast<unsigned>(arg);
-      // libseccomp 2.5 rejects two comparisons of one argument in one rule (EINVAL); say so here.
-      if (!args_seen.insert(cond.arg).second) {
-        return PolicyError(cw, fmt::format("second condition on arg {} (use another allow_if entry, or deny_arg0)", arg));
-      }
-      SBX_ASSIGN_OR_RETURN(cond.op, GetOp(c.value("op", json()), cw + ".op"));
-      SBX_ASSIGN_OR_RETURN(cond.value, GetU64(c.value("value", json()), cw + ".value"));
-      if (cond.op == SeccompPolicy::Op::kMaskedEq) {
-        SBX_ASSIGN_OR_RETURN(cond.mask, GetU64(c.value("mask", json()), cw + ".mask"));
-      } else if (c.contains("mask")) {
-        return PolicyError(cw, "mask is only for op masked_eq");
-      }
-      r.all.push_back(cond);
-    }
-    p.allow_if.push_back(std::move(r));
-  }
-
-  SBX_ASSIGN_OR_RETURN(const json* errno_rules, GetArray(doc, "errno", "top level", false));
-  for (size_t i = 0; i < errno_rules->size(); ++i) {
-    const std::string where = fmt::format("errno[{}]", i);
-    const json& e = (*errno_rules)[i];
-    if (!e.is_object()) return PolicyError(where, "expected an object {name, errno, why}");
-    SBX_RETURN_IF_ERROR(CheckKeys(e, where, {"name", "errno", "why"}));
-    SeccompPolicy::ErrnoRule r;
-    SBX_ASSIGN_OR_RETURN(r.name, GetName(e.value("name", json()), where + ".name"));
-    SBX_RETURN_IF_ERROR(claim(r.name, where, false));
-    SBX_ASSIGN_OR_RETURN(r.err, GetErrno(e.value("errno", json()), where + ".errno"));
-    p.errno_rules.push_back(std::move(r));
-  }
-
-  SBX_ASSIGN_OR_RETURN(const json* deny, GetArray(doc, "deny", "top level", false));
-  for (size_t i = 0; i < deny->size(); ++i) {
-    const std::string where = fmt::format("deny[{}]", i);
-    const json& g = (*deny)[i];
-    if (!g.is_object()) return PolicyError(where, "expected an object {why, names}");
-    SBX_RETURN_IF_ERROR(CheckKeys(g, where, {"why", "names"}));
-    if (!g.contains("why") || !g["why"].is_string() || g["why"].get<std::string>().empty()) {
-      return PolicyError(where, "every denial group needs a \"why\"");
-    }
-    SBX_ASSIGN_OR_RETURN(const json* names, GetArray(g, "names", where, true));
-    for (size_t j = 0; j < names->size(); ++j) {
-      const std::string nw = fmt::format("{}.names[{}]", where, j);
-      SBX_ASSIGN_OR_RETURN(std::string name, GetName((*names)[j], nw));
-      SBX_RETURN_IF_ERROR(claim(name, nw, false));
-      p.deny.push_back(std::move(name));
-    }
-  }
-
-  // Last: deny_arg0 refines names that must already be allowed unconditionally.
-  SBX_ASSIGN_OR_RETURN(const json* deny_arg0, GetArray(doc, "deny_arg0", "top level", false));
-  for (size_t i = 0; i < deny_arg0->size(); ++i) {
-    const std::string where = fmt::format("deny_arg0[{}]", i);
-    const json& e = (*deny_arg0)[i];
-    if (!e.is_object()) return PolicyError(where, "expected an object {name, values, why}");
-    SBX_RETURN_IF_ERROR(CheckKeys(e, where, {"name", "values", "why"}));
-    SeccompPolicy::DenyArg0 r;
-    SBX_ASSIGN_OR_RETURN(r.name, GetName(e.value("name", json()), where + ".name"));
-    auto it = owner.find(r.name);
-    if (it == owner.end() || it->second.rfind("allow[", 0) != 0) {
-      return PolicyError(where, fmt::format("{} must be in \"allow\" (deny_arg0 narrows an allowed syscall)", r.name));
-    }
-    if (r.name == "personality") return PolicyError(where, "personality has its own hand-written check");
-    SBX_ASSIGN_OR_RETURN(const json* values, GetArray(e, "values", where, true));
-    if (values->empty() || values->size() > 32) return PolicyError(where + ".values", "expected 1..32 values");
-    for (size_t j = 0; j < values->size(); ++j) {
-      SBX_ASSIGN_OR_RETURN(uint64_t v, GetU64((*values)[j], fmt::format("{}.values[{}]", where, j)));
-      if (v > 0xffffffffu) return PolicyError(fmt::format("{}.values[{}]", where, j), "compares 32 bits: value > 0xffffffff");
-      r.values.push_back(static_cast<uint32_t>(v));
-    }
-    p.deny_arg0.push_back(std::move(r));
-  }
-
-  if (doc.contains("netlink_protocols")) {
-    const std::string where = "netlink_protocols";
-    const json& e = doc["netlink_protocols"];
-    if (!e.is_object()) return PolicyError(where, "expected an object {allow, why}");
-    SBX_RETURN_IF_ERROR(CheckKeys(e, where, {"allow", "why"}));
-    auto it = owner.find("socket");
-    if (it == owner.end() || it->second.rfind("allow[", 0) != 0) {
-      return PolicyError(where, "socket must be in \"allow\" (netlink_protocols narrows it)");
-    }
-    SBX_ASSIGN_OR_RETURN(const json* values, GetArray(e, "allow", where, true));
-    if (values->size() > 32) return PolicyError(where + ".allow", "expected 0..32 protocol numbers");
-    std::vector<uint32_t> allowed;
-    for (size_t j = 0; j < values->size(); ++j) {
-      SBX_ASSIGN_OR_RETURN(uint64_t v, GetU64((*values)[j], fmt::format("{}.allow[{}]", where, j)));
-      if (v > 31) return PolicyError(fmt::format("{}.allow[{}]", where, j), "netlink protocols are 0..31");
-      allowed.push_back(static_cast<uint32_t>(v));
-    }
-    p.netlink_allow = std::move(allowed);
-  }
-  return p;
+  return PolicyParser(doc).Parse();
 }
 
 const std::string& EmbeddedSeccompPolicyJson() {
