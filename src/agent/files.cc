@@ -23,10 +23,10 @@
 #include <fmt/format.h>
 
 #include "agent/bounded.h"
-#include "agent/path_resolve.h"
-#include "agent/tar.h"
-#include "agent/untar.h"
 #include "agent/users.h"
+#include "archive/tar.h"
+#include "archive/untar.h"
+#include "common/path_resolve.h"
 #include "common/status_util.h"
 #include "common/time_util.h"
 #include "common/unique_fd.h"
@@ -35,6 +35,14 @@
 namespace sbx::agent {
 namespace {
 
+using archive::AppendTarHeader;
+using archive::Extractor;
+using archive::MkdirParents;
+using archive::TarEntry;
+using archive::TarPadding;
+using archive::TarTrailer;
+using archive::TarType;
+using archive::WriteAll;
 using protocol::EncodeFrame;
 using protocol::Frame;
 using protocol::FrameType;

@@ -4,7 +4,7 @@
 // goes as a tar built or extracted on the fly, so neither side holds a whole transfer. They
 // use a connection of their own (blocking; Ctrl-C ends the process). A directory downloaded
 // from a sandbox is untrusted: it is extracted with the local directory as the root of every
-// lookup (agent/untar.h), so its symlinks and names cannot write outside it.
+// lookup (archive/untar.h), so its symlinks and names cannot write outside it.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -21,8 +21,8 @@
 #include <boost/beast.hpp>
 #include <fmt/format.h>
 
-#include "agent/tar.h"
-#include "agent/untar.h"
+#include "archive/tar.h"
+#include "archive/untar.h"
 #include "cli/cli_common.h"
 #include "common/unique_fd.h"
 
@@ -201,26 +201,26 @@ absl::Status TarLocal(Transfer& t, const fs::path& dir, const std::string& prefi
   for (const fs::path& p : names) {
     struct stat st {};
     if (::lstat(p.c_str(), &st) != 0) continue;
-    agent::TarEntry e;
+    archive::TarEntry e;
     e.name = prefix + p.filename().string();
     e.mode = st.st_mode & 07777;
     e.mtime = st.st_mtim.tv_sec;
     if (S_ISDIR(st.st_mode)) {
-      e.type = agent::TarType::kDirectory;
-      SBX_RETURN_IF_ERROR(agent::AppendTarHeader(out, e));
+      e.type = archive::TarType::kDirectory;
+      SBX_RETURN_IF_ERROR(archive::AppendTarHeader(out, e));
       SBX_RETURN_IF_ERROR(TarLocal(t, p, e.name + "/", out, progress));
     } else if (S_ISLNK(st.st_mode)) {
-      e.type = agent::TarType::kSymlink;
+      e.type = archive::TarType::kSymlink;
       e.linkname = fs::read_symlink(p, ec).string();
-      SBX_RETURN_IF_ERROR(agent::AppendTarHeader(out, e));
+      SBX_RETURN_IF_ERROR(archive::AppendTarHeader(out, e));
     } else if (S_ISREG(st.st_mode)) {
       UniqueFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
       if (!fd || ::fstat(fd.get(), &st) != 0) {
         return ErrnoStatus(errno, fmt::format("open {}", p.string()));
       }
-      e.type = agent::TarType::kFile;
+      e.type = archive::TarType::kFile;
       e.size = static_cast<uint64_t>(st.st_size);
-      SBX_RETURN_IF_ERROR(agent::AppendTarHeader(out, e));
+      SBX_RETURN_IF_ERROR(archive::AppendTarHeader(out, e));
       uint64_t left = e.size;
       std::vector<char> buf(kChunk);
       while (left > 0) {
@@ -235,7 +235,7 @@ absl::Status TarLocal(Transfer& t, const fs::path& dir, const std::string& prefi
           out.clear();
         }
       }
-      out.append(agent::TarPadding(e.size));
+      out.append(archive::TarPadding(e.size));
     }
     if (out.size() >= kChunk) {
       SBX_RETURN_IF_ERROR(t.SendBody(out));
@@ -262,7 +262,7 @@ absl::StatusOr<int> Upload(Client& client, const std::string& token, const std::
     std::string out;
     sent = TarLocal(t, local, "", out, progress);
     if (sent.ok()) {
-      out.append(agent::TarTrailer());
+      out.append(archive::TarTrailer());
       sent = t.SendBody(out);
     }
     if (sent.ok()) sent = t.EndBody();
@@ -307,7 +307,7 @@ absl::StatusOr<int> Download(Client& client, const std::string& token, const std
     }
     UniqueFd base(::open(local.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
     if (!base) return ErrnoStatus(errno, fmt::format("open {}", local));
-    agent::Extractor x(base.get(), local, std::nullopt);
+    archive::Extractor x(base.get(), local, std::nullopt);
     SBX_RETURN_IF_ERROR(t.SendHeader("GET", FilesTarget(id, "files", path), "", std::nullopt,
                                      "application/x-tar"));
     SBX_RETURN_IF_ERROR(t.ReadResponse(

@@ -1,4 +1,4 @@
-// Fuzz target for the agent's tar reader (src/agent/tar.h), which parses archives clients
+// Fuzz target for the tar reader (src/archive/tar.h), which parses archives clients
 // upload. Properties: never crashes or throws; the data handed out for an entry never exceeds
 // its declared size; entries end in order; names are non-empty and bounded. Input bytes '~'
 // stand for NUL, so that the seeds (valid archives) survive as C strings.
@@ -7,25 +7,25 @@
 #include <cstdlib>
 #include <string>
 
-#include "agent/tar.h"
+#include "archive/tar.h"
 
 namespace {
-std::string Seed(std::initializer_list<std::pair<sbx::agent::TarEntry, std::string>> entries) {
+std::string Seed(std::initializer_list<std::pair<sbx::archive::TarEntry, std::string>> entries) {
   std::string out;
   for (const auto& [e, data] : entries) {
-    (void)sbx::agent::AppendTarHeader(out, e);
+    (void)sbx::archive::AppendTarHeader(out, e);
     out += data;
-    out.append(sbx::agent::TarPadding(data.size()));
+    out.append(sbx::archive::TarPadding(data.size()));
   }
-  out.append(sbx::agent::TarTrailer());
+  out.append(sbx::archive::TarTrailer());
   // The drivers take seeds as C strings: NUL bytes travel as '~' (see below).
   for (char& c : out) {
     if (c == '\0') c = '~';
   }
   return out;
 }
-using sbx::agent::TarEntry;
-using sbx::agent::TarType;
+using sbx::archive::TarEntry;
+using sbx::archive::TarType;
 const std::string kSeed1 = Seed({{TarEntry{"a/b", TarType::kFile, 0644, 0, 0, 1, 3, ""}, "abc"},
                                  {TarEntry{"d", TarType::kDirectory, 0755, 0, 0, 1, 0, ""}, ""}});
 const std::string kSeed2 =
@@ -42,11 +42,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (char& c : in) {
     if (c == '~') c = '\0';
   }
-  sbx::agent::TarReader r;
+  sbx::archive::TarReader r;
   uint64_t declared = 0, got = 0;
   bool open = false;
-  r.on_entry = [&](const sbx::agent::TarEntry& e) {
-    if (open || e.name.empty() || e.name.size() > sbx::agent::kMaxTarNameBytes) std::abort();
+  r.on_entry = [&](const sbx::archive::TarEntry& e) {
+    if (open || e.name.empty() || e.name.size() > sbx::archive::kMaxTarNameBytes) std::abort();
     declared = e.size;
     got = 0;
     open = true;

@@ -12,9 +12,9 @@
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "agent/tar.h"
+#include "archive/tar.h"
 
-namespace sbx::agent {
+namespace sbx::archive {
 
 // Creates every missing directory of `path` (like mkdir -p), each resolved inside `root_fd`.
 absl::Status MkdirParents(int root_fd, const std::string& path, mode_t mode);
@@ -41,4 +41,4 @@ class Extractor {
   TarReader reader_;
 };
 
-}  // namespace sbx::agent
+}  // namespace sbx::archive

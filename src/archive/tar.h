@@ -17,7 +17,7 @@
 
 #include "absl/status/status.h"
 
-namespace sbx::agent {
+namespace sbx::archive {
 
 enum class TarType : char {
   kFile = '0',
@@ -84,4 +84,4 @@ class TarReader {
   bool in_file_ = false;     // on_entry called, on_end_entry not yet
 };
 
-}  // namespace sbx::agent
+}  // namespace sbx::archive

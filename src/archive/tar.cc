@@ -1,11 +1,11 @@
-#include "agent/tar.h"
+#include "archive/tar.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
 
-namespace sbx::agent {
+namespace sbx::archive {
 namespace {
 
 constexpr char kZeros[2 * kTarBlock] = {};
@@ -336,4 +336,4 @@ absl::Status TarReader::Finish() const {
   return absl::InvalidArgumentError("tar: the archive ends in the middle of an entry");
 }
 
-}  // namespace sbx::agent
+}  // namespace sbx::archive

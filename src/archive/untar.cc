@@ -1,4 +1,4 @@
-#include "agent/untar.h"
+#include "archive/untar.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -13,7 +13,7 @@
 #include "common/status_util.h"
 #include "common/unique_fd.h"
 
-namespace sbx::agent {
+namespace sbx::archive {
 namespace {
 }  // namespace
 
@@ -188,4 +188,4 @@ absl::Status Extractor::Finish() {
 int Extractor::entries() const { return impl_->entries(); }
 int Extractor::skipped() const { return impl_->skipped(); }
 
-}  // namespace sbx::agent
+}  // namespace sbx::archive

@@ -1,4 +1,4 @@
-#include "agent/tar.h"
+#include "archive/tar.h"
 
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -15,7 +15,7 @@
 
 #include "common/test_util.h"
 
-namespace sbx::agent {
+namespace sbx::archive {
 namespace {
 
 namespace fs = std::filesystem;
@@ -173,4 +173,4 @@ TEST(Tar, InteroperatesWithGnuTar) {
 }
 
 }  // namespace
-}  // namespace sbx::agent
+}  // namespace sbx::archive
