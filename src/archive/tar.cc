@@ -1,9 +1,15 @@
 #include "archive/tar.h"
 
+#include <archive.h>
+#include <archive_entry.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include <fmt/format.h>
+
+#include "common/status_util.h"
 
 namespace sbx::archive {
 namespace {
@@ -19,37 +25,6 @@ bool PutOctal(char* field, size_t width, uint64_t v) {
   field[width - 1] = '\0';
   return true;
 }
-
-// Numeric field: octal (spaces/NULs around), or base-256 (GNU) when the high bit is set.
-bool GetNumber(const char* field, size_t width, uint64_t* out) {
-  const auto* u = reinterpret_cast<const unsigned char*>(field);
-  if (u[0] & 0x80) {
-    if (u[0] != 0x80) return false;  // negative or oversized: refused
-    uint64_t v = 0;
-    for (size_t i = 1; i < width; ++i) {
-      if (v >> 56) return false;
-      v = (v << 8) | u[i];
-    }
-    *out = v;
-    return true;
-  }
-  size_t i = 0;
-  while (i < width && field[i] == ' ') ++i;
-  uint64_t v = 0;
-  bool any = false;
-  for (; i < width && field[i] >= '0' && field[i] <= '7'; ++i) {
-    if (v >> 60) return false;
-    v = v * 8 + static_cast<uint64_t>(field[i] - '0');
-    any = true;
-  }
-  for (; i < width; ++i) {
-    if (field[i] != ' ' && field[i] != '\0') return false;
-  }
-  *out = any ? v : 0;
-  return true;
-}
-
-std::string Field(const char* p, size_t width) { return std::string(p, strnlen(p, width)); }
 
 void PaxRecord(std::string& out, std::string_view key, std::string_view value) {
   // "LEN key=value\n" where LEN counts the whole record, its own digits included.
@@ -136,204 +111,149 @@ absl::Status AppendTarHeader(std::string& out, const TarEntry& e) {
   return absl::OkStatus();
 }
 
-absl::Status TarReader::ApplyPax(std::string_view records, bool global) {
-  while (!records.empty()) {
-    const size_t sp = records.find(' ');
-    if (sp == std::string_view::npos || sp == 0 || sp > 10) {
-      return absl::InvalidArgumentError("tar: malformed pax record length");
+struct TarReader::Impl {
+  ByteSource source;
+  absl::Status source_error;  // the source's own error, returned as it is
+  bool source_ended = false;
+  bool opened = false;
+  absl::Status open_status;  // kept: a failed open fails every later call the same way
+  bool done = false;
+  ::archive* a = nullptr;
+
+  static la_ssize_t Pull(::archive* a, void* self, const void** buf) {
+    Impl& impl = *static_cast<Impl*>(self);
+    if (impl.source_ended) return 0;
+    absl::StatusOr<std::string_view> piece = impl.source();
+    if (!piece.ok()) {
+      impl.source_error = piece.status();
+      archive_set_error(a, EIO, "the input failed");
+      return ARCHIVE_FATAL;
     }
-    uint64_t len = 0;
-    for (size_t i = 0; i < sp; ++i) {
-      if (records[i] < '0' || records[i] > '9') {
-        return absl::InvalidArgumentError("tar: malformed pax record length");
-      }
-      len = len * 10 + static_cast<uint64_t>(records[i] - '0');
+    if (piece->empty()) {
+      impl.source_ended = true;
+      return 0;
     }
-    if (len <= sp + 1 || len > records.size() || records[len - 1] != '\n') {
-      return absl::InvalidArgumentError("tar: malformed pax record");
-    }
-    std::string_view kv = records.substr(sp + 1, len - sp - 2);
-    records.remove_prefix(len);
-    const size_t eq = kv.find('=');
-    if (eq == std::string_view::npos) return absl::InvalidArgumentError("tar: pax record without '='");
-    const std::string_view key = kv.substr(0, eq), value = kv.substr(eq + 1);
-    if (global) continue;  // global defaults (mostly comments in practice) are ignored
-    if (key == "path") {
-      pax_path_ = std::string(value);
-    } else if (key == "linkpath") {
-      pax_linkpath_ = std::string(value);
-    } else if (key == "size" || key == "mtime") {
-      const std::string_view digits = value.substr(0, value.find('.'));
-      int64_t v = 0;
-      if (digits.empty() || digits.size() > 18) {
-        return absl::InvalidArgumentError(fmt::format("tar: bad pax {}", key));
-      }
-      for (char c : digits) {
-        if (c < '0' || c > '9') return absl::InvalidArgumentError(fmt::format("tar: bad pax {}", key));
-        v = v * 10 + (c - '0');
-      }
-      (key == "size" ? pax_size_ : pax_mtime_) = v;
-    }
+    *buf = piece->data();
+    return static_cast<la_ssize_t>(piece->size());
   }
-  return absl::OkStatus();
+
+  absl::Status Error(std::string_view what) const {
+    if (!source_error.ok()) return source_error;
+    const char* why = archive_error_string(a);
+    return absl::InvalidArgumentError(fmt::format("tar: {}", why != nullptr ? why : what));
+  }
+
+  absl::Status Open() {
+    if (!opened) {
+      opened = true;
+      open_status = OpenOnce();
+    }
+    return open_status;
+  }
+
+  absl::Status OpenOnce() {
+    a = archive_read_new();
+    if (a == nullptr) return absl::ResourceExhaustedError("tar: archive_read_new failed");
+    // Tar only (and an empty input, which is an empty archive): no compression filter and no
+    // other format, so a client's bytes reach as little of libarchive as possible.
+    if (archive_read_support_format_tar(a) != ARCHIVE_OK ||
+        archive_read_support_format_empty(a) != ARCHIVE_OK ||
+        archive_read_support_filter_none(a) != ARCHIVE_OK) {
+      return Error("cannot enable the tar format");
+    }
+    if (archive_read_open(a, this, nullptr, &Impl::Pull, nullptr) != ARCHIVE_OK) {
+      return Error("cannot open the input");
+    }
+    return absl::OkStatus();
+  }
+
+  ~Impl() {
+    if (a != nullptr) archive_read_free(a);
+  }
+};
+
+namespace {
+
+TarType TypeOf(::archive_entry* ae) {
+  if (archive_entry_hardlink(ae) != nullptr) return TarType::kHardLink;
+  switch (archive_entry_filetype(ae)) {
+    case AE_IFREG: return TarType::kFile;
+    case AE_IFDIR: return TarType::kDirectory;
+    case AE_IFLNK: return TarType::kSymlink;
+    case AE_IFCHR: return TarType::kCharDev;
+    case AE_IFBLK: return TarType::kBlockDev;
+    case AE_IFIFO: return TarType::kFifo;
+    default: return TarType::kOther;
+  }
 }
 
-absl::Status TarReader::OnHeader(const char* h) {
-  if (std::all_of(h, h + kTarBlock, [](char c) { return c == 0; })) {
-    if (++zero_blocks_ == 2) state_ = State::kDone;
-    return absl::OkStatus();
+uint32_t Id(la_int64_t v) {
+  return static_cast<uint32_t>(std::clamp<la_int64_t>(v, 0, UINT32_MAX));
+}
+
+}  // namespace
+
+TarReader::TarReader(ByteSource source) : impl_(std::make_unique<Impl>()) {
+  impl_->source = std::move(source);
+}
+
+TarReader::~TarReader() = default;
+
+absl::StatusOr<std::optional<TarEntry>> TarReader::Next() {
+  if (impl_->done) return std::nullopt;
+  SBX_RETURN_IF_ERROR(impl_->Open());
+  ::archive_entry* ae = nullptr;
+  const int r = archive_read_next_header(impl_->a, &ae);
+  if (r == ARCHIVE_EOF) {
+    impl_->done = true;
+    return std::nullopt;
   }
-  if (zero_blocks_ > 0) return absl::InvalidArgumentError("tar: data after a zero block");
-  uint64_t sum = 0;
-  if (!GetNumber(h + 148, 8, &sum)) return absl::InvalidArgumentError("tar: bad checksum field");
-  uint64_t actual = 0;
-  for (size_t i = 0; i < kTarBlock; ++i) {
-    actual += (i >= 148 && i < 156) ? ' ' : static_cast<unsigned char>(h[i]);
-  }
-  if (sum != actual) return absl::InvalidArgumentError("tar: header checksum mismatch");
-  uint64_t size = 0, mode = 0, uid = 0, gid = 0, mtime = 0;
-  if (!GetNumber(h + 124, 12, &size) || !GetNumber(h + 100, 8, &mode) ||
-      !GetNumber(h + 108, 8, &uid) || !GetNumber(h + 116, 8, &gid) ||
-      !GetNumber(h + 136, 12, &mtime)) {
-    return absl::InvalidArgumentError("tar: bad numeric field in a header");
-  }
-  const char type = h[156];
-  if (type == 'x' || type == 'g' || type == 'L' || type == 'K') {
-    if (size > kMaxPaxHeaderBytes) {
-      return absl::InvalidArgumentError("tar: extended header larger than 64 KiB");
-    }
-    meta_type_ = type;
-    meta_.clear();
-    left_ = size;
-    pad_left_ = TarPadding(size).size();
-    state_ = State::kMeta;
-    return absl::OkStatus();
-  }
+  // ARCHIVE_WARN is a name that does not convert to the locale's character set: libarchive
+  // keeps its bytes as they are, which is what a file system wants.
+  if (r < ARCHIVE_WARN) return impl_->Error("malformed header");
   TarEntry e;
-  const bool ustar = std::memcmp(h + 257, "ustar", 5) == 0;
-  std::string name = Field(h, 100);
-  if (ustar && h[345] != '\0') name = Field(h + 345, 155) + "/" + name;
-  if (!gnu_name_.empty()) name = gnu_name_;
-  if (!pax_path_.empty()) name = pax_path_;
-  e.linkname = Field(h + 157, 100);
-  if (!gnu_link_.empty()) e.linkname = gnu_link_;
-  if (!pax_linkpath_.empty()) e.linkname = pax_linkpath_;
-  if (pax_size_ >= 0) size = static_cast<uint64_t>(pax_size_);
-  e.mtime = pax_mtime_ != INT64_MIN ? pax_mtime_ : static_cast<int64_t>(mtime);
-  pax_path_.clear();
-  pax_linkpath_.clear();
-  gnu_name_.clear();
-  gnu_link_.clear();
-  pax_size_ = -1;
-  pax_mtime_ = INT64_MIN;
-  switch (type) {
-    case '0': case '\0': case '7': e.type = TarType::kFile; break;
-    case '1': e.type = TarType::kHardLink; break;
-    case '2': e.type = TarType::kSymlink; break;
-    case '3': e.type = TarType::kCharDev; break;
-    case '4': e.type = TarType::kBlockDev; break;
-    case '5': e.type = TarType::kDirectory; break;
-    case '6': e.type = TarType::kFifo; break;
-    default: e.type = TarType::kOther; break;
-  }
-  // Old tars mark directories by a trailing '/' on a regular-file entry.
-  if (e.type == TarType::kFile && !name.empty() && name.back() == '/') e.type = TarType::kDirectory;
-  while (name.size() > 1 && name.back() == '/') name.pop_back();
-  if (name.empty() || name.size() > kMaxTarNameBytes || e.linkname.size() > kMaxTarNameBytes) {
+  e.type = TypeOf(ae);
+  const char* name = archive_entry_pathname(ae);
+  e.name = name != nullptr ? name : "";
+  while (e.name.size() > 1 && e.name.back() == '/') e.name.pop_back();
+  const char* link = e.type == TarType::kHardLink ? archive_entry_hardlink(ae)
+                                                  : archive_entry_symlink(ae);
+  if (link != nullptr) e.linkname = link;
+  if (e.name.empty() || e.name.size() > kMaxTarNameBytes || e.linkname.size() > kMaxTarNameBytes) {
     return absl::InvalidArgumentError("tar: empty or over-long entry name");
   }
-  e.name = std::move(name);
-  e.mode = static_cast<uint32_t>(mode & 07777);
-  e.uid = static_cast<uint32_t>(std::min<uint64_t>(uid, UINT32_MAX));
-  e.gid = static_cast<uint32_t>(std::min<uint64_t>(gid, UINT32_MAX));
-  // Only regular files carry data here; a size on anything else is skipped as data the
-  // callbacks never see (hard links and directories may have one in odd archives).
-  e.size = e.type == TarType::kFile || e.type == TarType::kOther ? size : 0;
-  if (on_entry) {
-    absl::Status s = on_entry(e);
-    if (!s.ok()) return s;
-  }
-  in_file_ = true;
-  left_ = size;
-  pad_left_ = TarPadding(size).size();
-  state_ = State::kData;
-  if (left_ == 0) {
-    in_file_ = false;
-    state_ = pad_left_ ? State::kPadding : State::kHeader;
-    if (on_end_entry) return on_end_entry();
-  }
-  return absl::OkStatus();
+  e.mode = static_cast<uint32_t>(archive_entry_perm(ae) & 07777);
+  e.uid = Id(archive_entry_uid(ae));
+  e.gid = Id(archive_entry_gid(ae));
+  e.mtime = archive_entry_mtime(ae);
+  e.size = e.type == TarType::kFile && archive_entry_size_is_set(ae)
+               ? static_cast<uint64_t>(std::max<la_int64_t>(0, archive_entry_size(ae)))
+               : 0;
+  return e;
 }
 
-absl::Status TarReader::Feed(std::string_view bytes) {
-  while (!bytes.empty()) {
-    switch (state_) {
-      case State::kDone:
-        return absl::OkStatus();  // trailing bytes after the archive (block padding) ignored
-      case State::kHeader: {
-        const size_t take = std::min(bytes.size(), kTarBlock - block_.size());
-        block_.append(bytes.substr(0, take));
-        bytes.remove_prefix(take);
-        if (block_.size() == kTarBlock) {
-          const std::string h = std::move(block_);
-          block_.clear();
-          absl::Status s = OnHeader(h.data());
-          if (!s.ok()) return s;
-        }
-        break;
-      }
-      case State::kData: {
-        const size_t take = static_cast<size_t>(std::min<uint64_t>(bytes.size(), left_));
-        if (on_data && take > 0) {
-          absl::Status s = on_data(bytes.substr(0, take));
-          if (!s.ok()) return s;
-        }
-        bytes.remove_prefix(take);
-        left_ -= take;
-        if (left_ == 0) {
-          in_file_ = false;
-          state_ = pad_left_ ? State::kPadding : State::kHeader;
-          if (on_end_entry) {
-            absl::Status s = on_end_entry();
-            if (!s.ok()) return s;
-          }
-        }
-        break;
-      }
-      case State::kMeta: {
-        const size_t take = static_cast<size_t>(std::min<uint64_t>(bytes.size(), left_));
-        meta_.append(bytes.substr(0, take));
-        bytes.remove_prefix(take);
-        left_ -= take;
-        if (left_ == 0) {
-          if (meta_type_ == 'x' || meta_type_ == 'g') {
-            absl::Status s = ApplyPax(meta_, meta_type_ == 'g');
-            if (!s.ok()) return s;
-          } else {
-            std::string v = meta_.substr(0, strnlen(meta_.data(), meta_.size()));
-            (meta_type_ == 'L' ? gnu_name_ : gnu_link_) = std::move(v);
-          }
-          meta_.clear();
-          state_ = pad_left_ ? State::kPadding : State::kHeader;
-        }
-        break;
-      }
-      case State::kPadding: {
-        const size_t take = std::min(bytes.size(), pad_left_);
-        bytes.remove_prefix(take);
-        pad_left_ -= take;
-        if (pad_left_ == 0) state_ = State::kHeader;
-        break;
-      }
-    }
-  }
-  return absl::OkStatus();
+absl::StatusOr<TarReader::Piece> TarReader::Read() {
+  if (impl_->done || impl_->a == nullptr) return Piece{};
+  const void* buf = nullptr;
+  size_t len = 0;
+  la_int64_t offset = 0;
+  int r = ARCHIVE_OK;
+  // An empty block is not the end (a sparse entry may report one): only ARCHIVE_EOF is.
+  do {
+    r = archive_read_data_block(impl_->a, &buf, &len, &offset);
+  } while (r == ARCHIVE_OK && len == 0);
+  if (r == ARCHIVE_EOF) return Piece{};
+  if (r < ARCHIVE_WARN) return impl_->Error("malformed data");
+  return Piece{static_cast<uint64_t>(std::max<la_int64_t>(0, offset)),
+               std::string_view(static_cast<const char*>(buf), len)};
 }
 
-absl::Status TarReader::Finish() const {
-  if (state_ == State::kDone) return absl::OkStatus();
-  if (state_ == State::kHeader && block_.empty() && !in_file_) return absl::OkStatus();
-  return absl::InvalidArgumentError("tar: the archive ends in the middle of an entry");
+absl::Status TarReader::Drain() {
+  while (!impl_->source_ended) {
+    SBX_ASSIGN_OR_RETURN(std::string_view piece, impl_->source());
+    if (piece.empty()) impl_->source_ended = true;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace sbx::archive

@@ -125,45 +125,54 @@ class Transfer {
   }
   absl::Status EndBody() { return chunked_ ? Write("0\r\n\r\n") : absl::OkStatus(); }
 
-  // Reads the response; a 2xx body goes to `sink` piece by piece (or into `json_out` when
-  // the caller wants the JSON), anything else becomes the API's error.
-  absl::Status ReadResponse(const std::function<absl::Status(std::string_view)>& sink,
+  // Reads the response; a 2xx body goes to `consume` as a source of pieces (or into
+  // `json_out` when the caller wants the JSON), anything else becomes the API's error.
+  absl::Status ReadResponse(const std::function<absl::Status(const archive::ByteSource&)>& consume,
                             json* json_out) {
     boost::system::error_code ec;
-    http::response_parser<http::buffer_body> p;
-    p.body_limit(boost::none);
-    http::read_header(sock_, buf_, p, ec);
+    parser_.emplace();
+    parser_->body_limit(boost::none);
+    http::read_header(sock_, buf_, *parser_, ec);
     if (ec) return absl::UnavailableError(fmt::format("read response: {}", ec.message()));
-    const unsigned status = p.get().result_int();
-    const std::string rid(p.get()["X-Request-Id"]);
+    const unsigned status = parser_->get().result_int();
+    const std::string rid(parser_->get()["X-Request-Id"]);
+    if (status < 300 && json_out == nullptr) {
+      SBX_RETURN_IF_ERROR(consume([this] { return NextBody(); }));
+      // The consumer read to the end: a short body is an error of the transfer.
+      return NextBody().status();
+    }
     std::string body;
-    std::vector<char> chunk(kChunk);
-    while (!p.is_done()) {
-      p.get().body().data = chunk.data();
-      p.get().body().size = chunk.size();
-      http::read(sock_, buf_, p, ec);
+    for (;;) {
+      SBX_ASSIGN_OR_RETURN(std::string_view piece, NextBody());
+      if (piece.empty()) break;
+      if (body.size() < (1u << 20)) body.append(piece);
+    }
+    if (status >= 300) return DecodeHttpError(status, body, rid);
+    auto parsed = ParseUntrustedJson(body, kMaxResponseJsonDepth);
+    if (!parsed.ok()) return absl::InternalError("the response is not JSON");
+    *json_out = std::move(*parsed);
+    return absl::OkStatus();
+  }
+
+ private:
+  // The next piece of the response's body (valid until the next call), empty at its end.
+  absl::StatusOr<std::string_view> NextBody() {
+    while (!parser_->is_done()) {
+      parser_->get().body().data = chunk_.data();
+      parser_->get().body().size = chunk_.size();
+      boost::system::error_code ec;
+      http::read(sock_, buf_, *parser_, ec);
       if (ec == http::error::need_buffer) ec = {};
       if (ec) {
         return absl::UnavailableError(
             fmt::format("read response body: {} (the transfer is incomplete)", ec.message()));
       }
-      const size_t n = chunk.size() - p.get().body().size;
-      if (status >= 300 || json_out != nullptr) {
-        if (body.size() < (1u << 20)) body.append(chunk.data(), n);
-      } else if (n > 0) {
-        SBX_RETURN_IF_ERROR(sink(std::string_view(chunk.data(), n)));
-      }
+      const size_t n = chunk_.size() - parser_->get().body().size;
+      if (n > 0) return std::string_view(chunk_.data(), n);
     }
-    if (status >= 300) return DecodeHttpError(status, body, rid);
-    if (json_out != nullptr) {
-      auto parsed = ParseUntrustedJson(body, kMaxResponseJsonDepth);
-      if (!parsed.ok()) return absl::InternalError("the response is not JSON");
-      *json_out = std::move(*parsed);
-    }
-    return absl::OkStatus();
+    return std::string_view();
   }
 
- private:
   absl::Status Write(std::string_view data) {
     boost::system::error_code ec;
     asio::write(sock_, asio::buffer(data.data(), data.size()), ec);
@@ -178,6 +187,8 @@ class Transfer {
   asio::ip::tcp::socket sock_{ioc_};
   beast::flat_buffer buf_;
   bool chunked_ = false;
+  std::optional<http::response_parser<http::buffer_body>> parser_;
+  std::vector<char> chunk_ = std::vector<char>(kChunk);
 };
 
 absl::StatusOr<std::optional<json>> RemoteStat(Client& client, const std::string& id,
@@ -311,12 +322,14 @@ absl::StatusOr<int> Download(Client& client, const std::string& token, const std
     SBX_RETURN_IF_ERROR(t.SendHeader("GET", FilesTarget(id, "files", path), "", std::nullopt,
                                      "application/x-tar"));
     SBX_RETURN_IF_ERROR(t.ReadResponse(
-        [&](std::string_view d) {
-          progress.Add(d.size());
-          return x.Feed(d);
+        [&](const archive::ByteSource& body) {
+          return x.Run([&]() -> absl::StatusOr<std::string_view> {
+            SBX_ASSIGN_OR_RETURN(std::string_view piece, body());
+            progress.Add(piece.size());
+            return piece;
+          });
         },
         nullptr));
-    SBX_RETURN_IF_ERROR(x.Finish());
     return 0;
   }
   // A file: written to a temporary next to the target and renamed at the end, so a broken
@@ -326,9 +339,13 @@ absl::StatusOr<int> Download(Client& client, const std::string& token, const std
   if (!fd) return ErrnoStatus(errno, fmt::format("create {}", tmp));
   SBX_RETURN_IF_ERROR(t.SendHeader("GET", FilesTarget(id, "files", path), "", std::nullopt, ""));
   absl::Status s = t.ReadResponse(
-      [&](std::string_view d) {
-        progress.Add(d.size());
-        return WriteAll(fd.get(), d);
+      [&](const archive::ByteSource& body) {
+        for (;;) {
+          SBX_ASSIGN_OR_RETURN(std::string_view piece, body());
+          if (piece.empty()) return absl::OkStatus();
+          progress.Add(piece.size());
+          SBX_RETURN_IF_ERROR(WriteAll(fd.get(), piece));
+        }
       },
       nullptr);
   if (s.ok() && fd.Close() != 0) s = ErrnoStatus(errno, fmt::format("close {}", tmp));
