@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "archive/tar_test_util.h"
 #include "common/status_util.h"
 #include "common/test_util.h"
 
@@ -50,17 +51,6 @@ absl::Status Parse(std::string_view tar, size_t piece, std::vector<Parsed>& out)
   }
 }
 
-std::string Build(const std::vector<std::pair<TarEntry, std::string>>& entries) {
-  std::string out;
-  for (const auto& [e, data] : entries) {
-    EXPECT_TRUE(AppendTarHeader(out, e).ok()) << e.name;
-    out += data;
-    out.append(TarPadding(data.size()));
-  }
-  out.append(TarTrailer());
-  return out;
-}
-
 TEST(Tar, RoundTrip) {
   const std::string long_name = std::string(120, 'd') + "/" + std::string(130, 'f');
   const std::string very_long = std::string(300, 'x');  // no '/' to split at: pax path
@@ -73,7 +63,7 @@ TEST(Tar, RoundTrip) {
   TarEntry lf{long_name, TarType::kFile, 0644, 0, 0, 7, big.size(), ""};
   TarEntry vl{very_long, TarType::kFile, 0644, 0, 0, 8, 1, ""};
   const std::string tar =
-      Build({{dir, ""}, {file, "hello"}, {empty, ""}, {link, ""}, {lf, big}, {vl, "z"}});
+      BuildTar({{dir, ""}, {file, "hello"}, {empty, ""}, {link, ""}, {lf, big}, {vl, "z"}});
   for (size_t piece : {size_t{1}, size_t{7}, size_t{512}, size_t{4096}, tar.size()}) {
     std::vector<Parsed> got;
     ASSERT_TRUE(Parse(tar, piece, got).ok()) << piece;
@@ -100,7 +90,7 @@ TEST(Tar, RoundTrip) {
 
 TEST(Tar, RejectsMalformed) {
   TarEntry file{"a", TarType::kFile, 0644, 0, 0, 0, 3, ""};
-  const std::string good = Build({{file, "abc"}});
+  const std::string good = BuildTar({{file, "abc"}});
   std::vector<Parsed> got;
   std::string bad = good;
   bad[0] = 'b';  // checksum no longer matches
@@ -128,7 +118,7 @@ TEST(Tar, RejectsMalformed) {
 // An error of the source ends the reading and comes back as it is, not as a malformed archive.
 TEST(Tar, SourceErrorIsReturnedAsItIs) {
   TarEntry file{"a", TarType::kFile, 0644, 0, 0, 0, 3, ""};
-  const std::string good = Build({{file, "abc"}});
+  const std::string good = BuildTar({{file, "abc"}});
   int calls = 0;
   TarReader r([&]() -> absl::StatusOr<std::string_view> {
     if (calls++ == 0) return std::string_view(good).substr(0, 512);
@@ -150,7 +140,7 @@ TEST(Tar, EmptyInputIsAnEmptyArchive) {
 // Bytes after the archive's end (GNU tar pads to 10 KiB records) are read and ignored.
 TEST(Tar, TrailingPaddingIsDrained) {
   TarEntry file{"a", TarType::kFile, 0644, 0, 0, 0, 3, ""};
-  std::string tar = Build({{file, "abc"}});
+  std::string tar = BuildTar({{file, "abc"}});
   tar.append(8192, '\0');
   std::vector<Parsed> got;
   EXPECT_TRUE(Parse(tar, 100, got).ok());
@@ -217,7 +207,7 @@ TEST(Tar, InteroperatesWithGnuTar) {
   // Ours, read by GNU tar.
   TarEntry e{std::string(150, 'q') + "/" + std::string(140, 'r'), TarType::kFile, 0644, 0, 0,
              1700000000, 2, ""};
-  const std::string ours = Build({{e, "ok"}});
+  const std::string ours = BuildTar({{e, "ok"}});
   const fs::path mine = dir / "mine.tar";
   std::ofstream(mine, std::ios::binary) << ours;
   fs::create_directories(dir / "out");

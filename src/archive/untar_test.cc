@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "archive/tar_test_util.h"
 #include "common/status_util.h"
 #include "common/unique_fd.h"
 
@@ -18,17 +19,6 @@ namespace sbx::archive {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string Build(const std::vector<std::pair<TarEntry, std::string>>& entries) {
-  std::string out;
-  for (const auto& [e, data] : entries) {
-    EXPECT_TRUE(AppendTarHeader(out, e).ok()) << e.name;
-    out += data;
-    out.append(TarPadding(data.size()));
-  }
-  out.append(TarTrailer());
-  return out;
-}
 
 TarEntry File(std::string name, uint64_t size, uint32_t mode = 0644) {
   return TarEntry{std::move(name), TarType::kFile, mode, 0, 0, 1700000000, size, ""};
@@ -80,7 +70,7 @@ class Untar : public ::testing::Test {
 
 TEST_F(Untar, ExtractsFilesDirectoriesAndSymlinks) {
   TarEntry dir{"d", TarType::kDirectory, 0750, 0, 0, 0, 0, ""};
-  const std::string tar = Build({{dir, ""},
+  const std::string tar = BuildTar({{dir, ""},
                                  {File("d/x.sh", 5, 0755), "hello"},
                                  {File("d/empty", 0), ""},
                                  {Link("d/l", "x.sh"), ""}});
@@ -93,35 +83,35 @@ TEST_F(Untar, ExtractsFilesDirectoriesAndSymlinks) {
 }
 
 TEST_F(Untar, RefusesEscapesAndHardLinks) {
-  absl::Status s = Extract(Build({{File("/abs", 1), "x"}}));
+  absl::Status s = Extract(BuildTar({{File("/abs", 1), "x"}}));
   EXPECT_EQ(ApiErrorCode(s), "invalid_tar") << s;
-  s = Extract(Build({{File("../up", 1), "x"}}));
+  s = Extract(BuildTar({{File("../up", 1), "x"}}));
   EXPECT_FALSE(s.ok());
-  s = Extract(Build({{File("f", 1), "x"}, {Link("h", "f", TarType::kHardLink), ""}}));
+  s = Extract(BuildTar({{File("f", 1), "x"}, {Link("h", "f", TarType::kHardLink), ""}}));
   EXPECT_EQ(ApiErrorCode(s), "invalid_tar") << s;
   // A symlink out, then a file through it: resolved inside the directory, where /elsewhere
   // does not exist.
   fs::create_directories(top_ / "elsewhere");
-  s = Extract(Build({{Link("out", "/elsewhere"), ""}, {File("out/pwned", 1), "x"}}));
+  s = Extract(BuildTar({{Link("out", "/elsewhere"), ""}, {File("out/pwned", 1), "x"}}));
   EXPECT_EQ(ApiErrorCode(s), "invalid_tar") << s;
   EXPECT_FALSE(fs::exists(top_ / "abs"));
   EXPECT_FALSE(fs::exists(top_ / "up"));
   EXPECT_FALSE(fs::exists(top_ / "elsewhere/pwned"));
   // `..` through a symlink stops at the directory: the file lands inside it.
-  ASSERT_TRUE(Extract(Build({{Link("up2", "../../.."), ""}, {File("up2/in", 2), "ok"}})).ok());
+  ASSERT_TRUE(Extract(BuildTar({{Link("up2", "../../.."), ""}, {File("up2/in", 2), "ok"}})).ok());
   EXPECT_EQ(Slurp(top_ / "into/in"), "ok");
 }
 
 TEST_F(Untar, MalformedArchivesAreInvalidTar) {
   absl::Status s = Extract(std::string(1000, 'n'));
   EXPECT_EQ(ApiErrorCode(s), "invalid_tar") << s;
-  const std::string good = Build({{File("a", 600), std::string(600, 'a')}});
+  const std::string good = BuildTar({{File("a", 600), std::string(600, 'a')}});
   s = Extract(std::string_view(good).substr(0, 700));  // cut in the middle of the data
   EXPECT_EQ(ApiErrorCode(s), "invalid_tar") << s;
 }
 
 TEST_F(Untar, DiskCap) {
-  const std::string tar = Build({{File("a", 600), std::string(600, 'a')}});
+  const std::string tar = BuildTar({{File("a", 600), std::string(600, 'a')}});
   absl::Status s = Extract(tar, 500);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_EQ(ApiErrorCode(s), "payload_too_large");
