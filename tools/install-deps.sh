@@ -9,7 +9,7 @@ PACKAGES=(
   build-essential g++ cmake ninja-build ccache pkg-config
   libboost1.81-dev nlohmann-json3-dev libabsl-dev libseccomp-dev libcap-dev
   libspdlog-dev libfmt-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libsqlite3-dev libssl-dev libtomlplusplus-dev libmnl-dev libnftables-dev
+  libsqlite3-dev libssl-dev libtomlplusplus-dev libmnl-dev libnftables-dev libarchive-dev
   python3 python3-pytest python3-yaml python3-jsonschema python3-requests
   python3-prometheus-client
   bubblewrap procps iproute2 util-linux e2fsprogs

@@ -23,10 +23,10 @@
 #include <fmt/format.h>
 
 #include "agent/bounded.h"
-#include "agent/path_resolve.h"
-#include "agent/tar.h"
-#include "agent/untar.h"
 #include "agent/users.h"
+#include "archive/tar.h"
+#include "archive/untar.h"
+#include "common/path_resolve.h"
 #include "common/status_util.h"
 #include "common/time_util.h"
 #include "common/unique_fd.h"
@@ -35,6 +35,14 @@
 namespace sbx::agent {
 namespace {
 
+using archive::AppendTarHeader;
+using archive::Extractor;
+using archive::MkdirParents;
+using archive::TarEntry;
+using archive::TarPadding;
+using archive::TarTrailer;
+using archive::TarType;
+using archive::WriteAll;
 using protocol::EncodeFrame;
 using protocol::Frame;
 using protocol::FrameType;
@@ -667,20 +675,24 @@ absl::Status OpWriteTar(Conn& c, const Json& req, const FileOptions& o) {
   if (!base.ok()) return fail(base.status());
   SBX_RETURN_IF_ERROR(c.SendJson(FrameType::kResponse, Json{{"ok", true}}));
   Extractor x(base->get(), *path == "/" ? "" : *path, *max_bytes);
-  auto end = [&](const absl::Status& s) {
+  bool conn_failed = false;
+  Frame frame;  // holds the piece the extractor is reading
+  absl::Status s = x.Run([&]() -> absl::StatusOr<std::string_view> {
+    auto f = c.Read();
+    if (!f.ok()) {
+      conn_failed = true;
+      return f.status();
+    }
+    if (f->type == FrameType::kEnd) return std::string_view();
+    if (f->type != FrameType::kData) return absl::InvalidArgumentError("untar: unexpected frame type");
+    frame = std::move(*f);
+    return std::string_view(frame.payload);
+  });
+  if (conn_failed) return s;
+  if (!s.ok()) {
     (void)c.SendJson(FrameType::kEnd, ErrorJson(s));
     return s;
-  };
-  for (;;) {
-    auto f = c.Read();
-    if (!f.ok()) return f.status();
-    if (f->type == FrameType::kEnd) break;
-    if (f->type != FrameType::kData) {
-      return end(absl::InvalidArgumentError("untar: unexpected frame type"));
-    }
-    if (auto s = x.Feed(f->payload); !s.ok()) return end(s);
   }
-  if (auto s = x.Finish(); !s.ok()) return end(s);
   return c.SendJson(FrameType::kEnd,
                     Json{{"ok", true}, {"entries", x.entries()}, {"skipped", x.skipped()}});
 }

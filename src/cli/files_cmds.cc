@@ -4,7 +4,7 @@
 // goes as a tar built or extracted on the fly, so neither side holds a whole transfer. They
 // use a connection of their own (blocking; Ctrl-C ends the process). A directory downloaded
 // from a sandbox is untrusted: it is extracted with the local directory as the root of every
-// lookup (agent/untar.h), so its symlinks and names cannot write outside it.
+// lookup (archive/untar.h), so its symlinks and names cannot write outside it.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -21,8 +21,8 @@
 #include <boost/beast.hpp>
 #include <fmt/format.h>
 
-#include "agent/tar.h"
-#include "agent/untar.h"
+#include "archive/tar.h"
+#include "archive/untar.h"
 #include "cli/cli_common.h"
 #include "common/unique_fd.h"
 
@@ -125,45 +125,54 @@ class Transfer {
   }
   absl::Status EndBody() { return chunked_ ? Write("0\r\n\r\n") : absl::OkStatus(); }
 
-  // Reads the response; a 2xx body goes to `sink` piece by piece (or into `json_out` when
-  // the caller wants the JSON), anything else becomes the API's error.
-  absl::Status ReadResponse(const std::function<absl::Status(std::string_view)>& sink,
+  // Reads the response; a 2xx body goes to `consume` as a source of pieces (or into
+  // `json_out` when the caller wants the JSON), anything else becomes the API's error.
+  absl::Status ReadResponse(const std::function<absl::Status(const archive::ByteSource&)>& consume,
                             json* json_out) {
     boost::system::error_code ec;
-    http::response_parser<http::buffer_body> p;
-    p.body_limit(boost::none);
-    http::read_header(sock_, buf_, p, ec);
+    parser_.emplace();
+    parser_->body_limit(boost::none);
+    http::read_header(sock_, buf_, *parser_, ec);
     if (ec) return absl::UnavailableError(fmt::format("read response: {}", ec.message()));
-    const unsigned status = p.get().result_int();
-    const std::string rid(p.get()["X-Request-Id"]);
+    const unsigned status = parser_->get().result_int();
+    const std::string rid(parser_->get()["X-Request-Id"]);
+    if (status < 300 && json_out == nullptr) {
+      SBX_RETURN_IF_ERROR(consume([this] { return NextBody(); }));
+      // The consumer read to the end: a short body is an error of the transfer.
+      return NextBody().status();
+    }
     std::string body;
-    std::vector<char> chunk(kChunk);
-    while (!p.is_done()) {
-      p.get().body().data = chunk.data();
-      p.get().body().size = chunk.size();
-      http::read(sock_, buf_, p, ec);
+    for (;;) {
+      SBX_ASSIGN_OR_RETURN(std::string_view piece, NextBody());
+      if (piece.empty()) break;
+      if (body.size() < (1u << 20)) body.append(piece);
+    }
+    if (status >= 300) return DecodeHttpError(status, body, rid);
+    auto parsed = ParseUntrustedJson(body, kMaxResponseJsonDepth);
+    if (!parsed.ok()) return absl::InternalError("the response is not JSON");
+    *json_out = std::move(*parsed);
+    return absl::OkStatus();
+  }
+
+ private:
+  // The next piece of the response's body (valid until the next call), empty at its end.
+  absl::StatusOr<std::string_view> NextBody() {
+    while (!parser_->is_done()) {
+      parser_->get().body().data = chunk_.data();
+      parser_->get().body().size = chunk_.size();
+      boost::system::error_code ec;
+      http::read(sock_, buf_, *parser_, ec);
       if (ec == http::error::need_buffer) ec = {};
       if (ec) {
         return absl::UnavailableError(
             fmt::format("read response body: {} (the transfer is incomplete)", ec.message()));
       }
-      const size_t n = chunk.size() - p.get().body().size;
-      if (status >= 300 || json_out != nullptr) {
-        if (body.size() < (1u << 20)) body.append(chunk.data(), n);
-      } else if (n > 0) {
-        SBX_RETURN_IF_ERROR(sink(std::string_view(chunk.data(), n)));
-      }
+      const size_t n = chunk_.size() - parser_->get().body().size;
+      if (n > 0) return std::string_view(chunk_.data(), n);
     }
-    if (status >= 300) return DecodeHttpError(status, body, rid);
-    if (json_out != nullptr) {
-      auto parsed = ParseUntrustedJson(body, kMaxResponseJsonDepth);
-      if (!parsed.ok()) return absl::InternalError("the response is not JSON");
-      *json_out = std::move(*parsed);
-    }
-    return absl::OkStatus();
+    return std::string_view();
   }
 
- private:
   absl::Status Write(std::string_view data) {
     boost::system::error_code ec;
     asio::write(sock_, asio::buffer(data.data(), data.size()), ec);
@@ -178,6 +187,8 @@ class Transfer {
   asio::ip::tcp::socket sock_{ioc_};
   beast::flat_buffer buf_;
   bool chunked_ = false;
+  std::optional<http::response_parser<http::buffer_body>> parser_;
+  std::vector<char> chunk_ = std::vector<char>(kChunk);
 };
 
 absl::StatusOr<std::optional<json>> RemoteStat(Client& client, const std::string& id,
@@ -201,26 +212,26 @@ absl::Status TarLocal(Transfer& t, const fs::path& dir, const std::string& prefi
   for (const fs::path& p : names) {
     struct stat st {};
     if (::lstat(p.c_str(), &st) != 0) continue;
-    agent::TarEntry e;
+    archive::TarEntry e;
     e.name = prefix + p.filename().string();
     e.mode = st.st_mode & 07777;
     e.mtime = st.st_mtim.tv_sec;
     if (S_ISDIR(st.st_mode)) {
-      e.type = agent::TarType::kDirectory;
-      SBX_RETURN_IF_ERROR(agent::AppendTarHeader(out, e));
+      e.type = archive::TarType::kDirectory;
+      SBX_RETURN_IF_ERROR(archive::AppendTarHeader(out, e));
       SBX_RETURN_IF_ERROR(TarLocal(t, p, e.name + "/", out, progress));
     } else if (S_ISLNK(st.st_mode)) {
-      e.type = agent::TarType::kSymlink;
+      e.type = archive::TarType::kSymlink;
       e.linkname = fs::read_symlink(p, ec).string();
-      SBX_RETURN_IF_ERROR(agent::AppendTarHeader(out, e));
+      SBX_RETURN_IF_ERROR(archive::AppendTarHeader(out, e));
     } else if (S_ISREG(st.st_mode)) {
       UniqueFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
       if (!fd || ::fstat(fd.get(), &st) != 0) {
         return ErrnoStatus(errno, fmt::format("open {}", p.string()));
       }
-      e.type = agent::TarType::kFile;
+      e.type = archive::TarType::kFile;
       e.size = static_cast<uint64_t>(st.st_size);
-      SBX_RETURN_IF_ERROR(agent::AppendTarHeader(out, e));
+      SBX_RETURN_IF_ERROR(archive::AppendTarHeader(out, e));
       uint64_t left = e.size;
       std::vector<char> buf(kChunk);
       while (left > 0) {
@@ -235,7 +246,7 @@ absl::Status TarLocal(Transfer& t, const fs::path& dir, const std::string& prefi
           out.clear();
         }
       }
-      out.append(agent::TarPadding(e.size));
+      out.append(archive::TarPadding(e.size));
     }
     if (out.size() >= kChunk) {
       SBX_RETURN_IF_ERROR(t.SendBody(out));
@@ -262,7 +273,7 @@ absl::StatusOr<int> Upload(Client& client, const std::string& token, const std::
     std::string out;
     sent = TarLocal(t, local, "", out, progress);
     if (sent.ok()) {
-      out.append(agent::TarTrailer());
+      out.append(archive::TarTrailer());
       sent = t.SendBody(out);
     }
     if (sent.ok()) sent = t.EndBody();
@@ -307,16 +318,18 @@ absl::StatusOr<int> Download(Client& client, const std::string& token, const std
     }
     UniqueFd base(::open(local.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
     if (!base) return ErrnoStatus(errno, fmt::format("open {}", local));
-    agent::Extractor x(base.get(), local, std::nullopt);
+    archive::Extractor x(base.get(), local, std::nullopt);
     SBX_RETURN_IF_ERROR(t.SendHeader("GET", FilesTarget(id, "files", path), "", std::nullopt,
                                      "application/x-tar"));
     SBX_RETURN_IF_ERROR(t.ReadResponse(
-        [&](std::string_view d) {
-          progress.Add(d.size());
-          return x.Feed(d);
+        [&](const archive::ByteSource& body) {
+          return x.Run([&]() -> absl::StatusOr<std::string_view> {
+            SBX_ASSIGN_OR_RETURN(std::string_view piece, body());
+            progress.Add(piece.size());
+            return piece;
+          });
         },
         nullptr));
-    SBX_RETURN_IF_ERROR(x.Finish());
     return 0;
   }
   // A file: written to a temporary next to the target and renamed at the end, so a broken
@@ -326,9 +339,13 @@ absl::StatusOr<int> Download(Client& client, const std::string& token, const std
   if (!fd) return ErrnoStatus(errno, fmt::format("create {}", tmp));
   SBX_RETURN_IF_ERROR(t.SendHeader("GET", FilesTarget(id, "files", path), "", std::nullopt, ""));
   absl::Status s = t.ReadResponse(
-      [&](std::string_view d) {
-        progress.Add(d.size());
-        return WriteAll(fd.get(), d);
+      [&](const archive::ByteSource& body) {
+        for (;;) {
+          SBX_ASSIGN_OR_RETURN(std::string_view piece, body());
+          if (piece.empty()) return absl::OkStatus();
+          progress.Add(piece.size());
+          SBX_RETURN_IF_ERROR(WriteAll(fd.get(), piece));
+        }
       },
       nullptr);
   if (s.ok() && fd.Close() != 0) s = ErrnoStatus(errno, fmt::format("close {}", tmp));

@@ -474,6 +474,19 @@ _COUNT_WORKERS = ("me=$(cat /proc/1/comm); n=0; for d in /proc/[0-9]*; do "
                   "grep -q '^PPid:[[:space:]]*1$' $d/status 2>/dev/null && n=$((n+1)); done; echo $n")
 
 
+def test_tar_names_keep_their_bytes(api, sandbox):
+    # pax stores a non-ASCII name as a UTF-8 "path" record. The agent reads it with libarchive
+    # in the C locale and without iconv (src/archive/no_iconv.cc): the name's bytes are kept.
+    sid = sandbox["id"]
+    name = "caf\u00e9-\u65e5\u672c.txt"
+    r = api.call("PUT", files_url(sid), params={"path": "/srv/names", "mkdirs": "true"},
+                 data=_tar_bytes([(_info(name), b"utf8")]),
+                 headers={"Content-Type": "application/x-tar"}, expect=200)
+    assert r.body == {"entries": 1, "skipped": 0}, r.body
+    assert in_sandbox(api, sid, "ls /srv/names") == name.encode() + b"\n"
+    assert get(api, sid, f"/srv/names/{name}").content == b"utf8"
+
+
 def _agent_workers(api, sid) -> int:
     return int(in_sandbox(api, sid, _COUNT_WORKERS).strip())
 

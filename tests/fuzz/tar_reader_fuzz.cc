@@ -1,31 +1,33 @@
-// Fuzz target for the agent's tar reader (src/agent/tar.h), which parses archives clients
-// upload. Properties: never crashes or throws; the data handed out for an entry never exceeds
-// its declared size; entries end in order; names are non-empty and bounded. Input bytes '~'
-// stand for NUL, so that the seeds (valid archives) survive as C strings.
+// Fuzz target for the tar reader (src/archive/tar.h, libarchive underneath), which parses
+// archives clients upload and the CLI downloads. Properties: never crashes or throws; the data
+// handed out for an entry comes in order and never exceeds its declared size; names and link
+// targets are non-empty and bounded. Input bytes '~' stand for NUL, so that the seeds (valid
+// archives) survive as C strings.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
-#include "agent/tar.h"
+#include "archive/tar.h"
 
 namespace {
-std::string Seed(std::initializer_list<std::pair<sbx::agent::TarEntry, std::string>> entries) {
+std::string Seed(std::initializer_list<std::pair<sbx::archive::TarEntry, std::string>> entries) {
   std::string out;
   for (const auto& [e, data] : entries) {
-    (void)sbx::agent::AppendTarHeader(out, e);
+    (void)sbx::archive::AppendTarHeader(out, e);
     out += data;
-    out.append(sbx::agent::TarPadding(data.size()));
+    out.append(sbx::archive::TarPadding(data.size()));
   }
-  out.append(sbx::agent::TarTrailer());
+  out.append(sbx::archive::TarTrailer());
   // The drivers take seeds as C strings: NUL bytes travel as '~' (see below).
   for (char& c : out) {
     if (c == '\0') c = '~';
   }
   return out;
 }
-using sbx::agent::TarEntry;
-using sbx::agent::TarType;
+using sbx::archive::TarEntry;
+using sbx::archive::TarType;
 const std::string kSeed1 = Seed({{TarEntry{"a/b", TarType::kFile, 0644, 0, 0, 1, 3, ""}, "abc"},
                                  {TarEntry{"d", TarType::kDirectory, 0755, 0, 0, 1, 0, ""}, ""}});
 const std::string kSeed2 =
@@ -42,32 +44,37 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (char& c : in) {
     if (c == '~') c = '\0';
   }
-  sbx::agent::TarReader r;
-  uint64_t declared = 0, got = 0;
-  bool open = false;
-  r.on_entry = [&](const sbx::agent::TarEntry& e) {
-    if (open || e.name.empty() || e.name.size() > sbx::agent::kMaxTarNameBytes) std::abort();
-    declared = e.size;
-    got = 0;
-    open = true;
-    return absl::OkStatus();
-  };
-  r.on_data = [&](std::string_view d) {
-    if (!open) std::abort();
-    got += d.size();
-    if (got > declared) std::abort();
-    return absl::OkStatus();
-  };
-  r.on_end_entry = [&] {
-    if (!open) std::abort();
-    open = false;
-    return absl::OkStatus();
-  };
-  // In two pieces, split where the input says.
+  // In two pieces, split where the input says, then the end of the input.
   const size_t cut = size > 0 ? data[0] % (size + 1) : 0;
-  if (r.Feed(std::string_view(in).substr(0, cut)).ok()) {
-    (void)r.Feed(std::string_view(in).substr(cut));
+  int pulls = 0;
+  sbx::archive::TarReader r([&]() -> absl::StatusOr<std::string_view> {
+    switch (pulls++) {
+      case 0: return std::string_view(in).substr(0, cut);
+      case 1: return std::string_view(in).substr(cut);
+      default: return std::string_view();
+    }
+  });
+  for (int entries = 0; entries < 100000; ++entries) {
+    absl::StatusOr<std::optional<sbx::archive::TarEntry>> e = r.Next();
+    if (!e.ok()) return 0;
+    if (!e->has_value()) {
+      (void)r.Drain();
+      return 0;
+    }
+    const sbx::archive::TarEntry& entry = **e;
+    if (entry.name.empty() || entry.name.size() > sbx::archive::kMaxTarNameBytes ||
+        entry.linkname.size() > sbx::archive::kMaxTarNameBytes) {
+      std::abort();
+    }
+    uint64_t end = 0;
+    for (;;) {
+      absl::StatusOr<sbx::archive::TarReader::Piece> p = r.Read();
+      if (!p.ok()) return 0;
+      if (p->bytes.empty()) break;
+      // Pieces come in order and never beyond the entry's declared size.
+      if (p->offset < end || p->offset + p->bytes.size() > entry.size) std::abort();
+      end = p->offset + p->bytes.size();
+    }
   }
-  (void)r.Finish();
   return 0;
 }

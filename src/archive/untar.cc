@@ -1,4 +1,4 @@
-#include "agent/untar.h"
+#include "archive/untar.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -9,13 +9,11 @@
 
 #include <fmt/format.h>
 
-#include "agent/path_resolve.h"
+#include "common/path_resolve.h"
 #include "common/status_util.h"
 #include "common/unique_fd.h"
 
-namespace sbx::agent {
-namespace {
-}  // namespace
+namespace sbx::archive {
 
 // Creates every missing directory of `path` (like mkdir -p), each resolved inside the root.
 absl::Status MkdirParents(int root_fd, const std::string& path, mode_t mode) {
@@ -81,6 +79,7 @@ class Extractor::Impl {
         file_.Reset(::openat(p.dir.get(), p.name.c_str(),
                              O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
         if (!file_) return FileErrnoStatus(errno, fmt::format("untar {}: openat", shown));
+        file_pos_ = 0;
         file_mode_ = e.mode & 07777;
         file_mtime_ = e.mtime;
         file_path_ = shown;
@@ -102,19 +101,45 @@ class Extractor::Impl {
     }
   }
 
-  absl::Status OnData(std::string_view data) {
-    total_ += data.size();
-    if (max_bytes_ && total_ > *max_bytes_) {
-      return ApiError(absl::StatusCode::kResourceExhausted, "payload_too_large",
-                      fmt::format("untar {}: more than the sandbox's disk cap of {} bytes",
-                                  base_path_, *max_bytes_));
+  // Every entry of `reader`, then the end of the archive.
+  absl::Status Extract(TarReader& reader) {
+    for (;;) {
+      SBX_ASSIGN_OR_RETURN(std::optional<TarEntry> e, reader.Next());
+      if (!e) return absl::OkStatus();
+      SBX_RETURN_IF_ERROR(OnEntry(*e));
+      for (;;) {
+        SBX_ASSIGN_OR_RETURN(TarReader::Piece piece, reader.Read());
+        if (piece.bytes.empty()) break;
+        SBX_RETURN_IF_ERROR(OnData(piece.offset, piece.bytes));
+      }
+      SBX_RETURN_IF_ERROR(OnEndEntry(e->size));
     }
+  }
+
+  int entries() const { return entries_; }
+  int skipped() const { return skipped_; }
+
+ private:
+  // A sparse entry's holes count like data: the file is that long once extracted.
+  absl::Status OnData(uint64_t offset, std::string_view data) {
+    SBX_RETURN_IF_ERROR(Charge((offset > file_pos_ ? offset - file_pos_ : 0) + data.size()));
     if (!file_) return absl::OkStatus();
+    if (offset != file_pos_ &&
+        ::lseek(file_.get(), static_cast<off_t>(offset), SEEK_SET) == static_cast<off_t>(-1)) {
+      return FileErrnoStatus(errno, fmt::format("untar {}: lseek", file_path_));
+    }
+    file_pos_ = offset + data.size();
     return WriteAll(file_.get(), data, file_path_);
   }
 
-  absl::Status OnEndEntry() {
+  absl::Status OnEndEntry(uint64_t size) {
     if (!file_) return absl::OkStatus();
+    if (size > file_pos_) {  // a sparse file ending in a hole
+      SBX_RETURN_IF_ERROR(Charge(size - file_pos_));
+      if (::ftruncate(file_.get(), static_cast<off_t>(size)) != 0) {
+        return FileErrnoStatus(errno, fmt::format("untar {}: ftruncate", file_path_));
+      }
+    }
     if (::fchmod(file_.get(), file_mode_) != 0) {
       return FileErrnoStatus(errno, fmt::format("untar {}: fchmod", file_path_));
     }
@@ -124,10 +149,16 @@ class Extractor::Impl {
     return absl::OkStatus();
   }
 
-  int entries() const { return entries_; }
-  int skipped() const { return skipped_; }
+  absl::Status Charge(uint64_t bytes) {
+    total_ += bytes;
+    if (max_bytes_ && total_ > *max_bytes_) {
+      return ApiError(absl::StatusCode::kResourceExhausted, "payload_too_large",
+                      fmt::format("untar {}: more than the sandbox's disk cap of {} bytes",
+                                  base_path_, *max_bytes_));
+    }
+    return absl::OkStatus();
+  }
 
- private:
   absl::Status Refuse(const TarEntry& e, std::string_view why) {
     return ApiError(absl::StatusCode::kInvalidArgument, "invalid_tar",
                     fmt::format("untar into {}: entry \"{}\" {}", base_path_, e.name, why));
@@ -155,6 +186,7 @@ class Extractor::Impl {
   uint64_t total_ = 0;
   int entries_ = 0, skipped_ = 0;
   UniqueFd file_;
+  uint64_t file_pos_ = 0;  // where the next piece of file_ would go without a hole
   mode_t file_mode_ = 0644;
   int64_t file_mtime_ = 0;
   std::string file_path_;
@@ -162,16 +194,20 @@ class Extractor::Impl {
 
 
 Extractor::Extractor(int base, std::string base_path, std::optional<uint64_t> max_bytes)
-    : impl_(std::make_unique<Impl>(base, std::move(base_path), max_bytes)) {
-  reader_.on_entry = [this](const TarEntry& e) { return impl_->OnEntry(e); };
-  reader_.on_data = [this](std::string_view d) { return impl_->OnData(d); };
-  reader_.on_end_entry = [this] { return impl_->OnEndEntry(); };
-}
+    : impl_(std::make_unique<Impl>(base, std::move(base_path), max_bytes)) {}
 
 Extractor::~Extractor() = default;
 
-absl::Status Extractor::Feed(std::string_view bytes) {
-  absl::Status s = reader_.Feed(bytes);
+absl::Status Extractor::Run(const ByteSource& source) {
+  absl::Status source_error;
+  TarReader reader([&]() -> absl::StatusOr<std::string_view> {
+    absl::StatusOr<std::string_view> piece = source();
+    if (!piece.ok()) source_error = piece.status();
+    return piece;
+  });
+  absl::Status s = impl_->Extract(reader);
+  if (s.ok()) s = reader.Drain();
+  if (!source_error.ok()) return source_error;
   // The reader's own errors are a malformed archive.
   if (!s.ok() && s.code() == absl::StatusCode::kInvalidArgument && ApiErrorCode(s).empty()) {
     return ApiError(s.code(), "invalid_tar", std::string(s.message()));
@@ -179,13 +215,7 @@ absl::Status Extractor::Feed(std::string_view bytes) {
   return s;
 }
 
-absl::Status Extractor::Finish() {
-  absl::Status s = reader_.Finish();
-  if (!s.ok()) return ApiError(s.code(), "invalid_tar", std::string(s.message()));
-  return s;
-}
-
 int Extractor::entries() const { return impl_->entries(); }
 int Extractor::skipped() const { return impl_->skipped(); }
 
-}  // namespace sbx::agent
+}  // namespace sbx::archive

@@ -1,4 +1,4 @@
-#include "agent/tar.h"
+#include "archive/tar.h"
 
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -6,16 +6,19 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <map>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "archive/tar_test_util.h"
+#include "common/status_util.h"
 #include "common/test_util.h"
 
-namespace sbx::agent {
+namespace sbx::archive {
 namespace {
 
 namespace fs = std::filesystem;
@@ -26,37 +29,26 @@ struct Parsed {
   bool ended = false;
 };
 
-// Parses `tar` fed in pieces of `piece` bytes.
+// Parses `tar`, handed to the reader in pieces of `piece` bytes.
 absl::Status Parse(std::string_view tar, size_t piece, std::vector<Parsed>& out) {
-  TarReader r;
-  r.on_entry = [&](const TarEntry& e) {
-    out.push_back({e, "", false});
-    return absl::OkStatus();
-  };
-  r.on_data = [&](std::string_view d) {
-    out.back().data.append(d);
-    return absl::OkStatus();
-  };
-  r.on_end_entry = [&] {
+  size_t at = 0;
+  TarReader r([&]() -> absl::StatusOr<std::string_view> {
+    const std::string_view next = tar.substr(std::min(at, tar.size()), piece);
+    at += next.size();
+    return next;
+  });
+  for (;;) {
+    SBX_ASSIGN_OR_RETURN(std::optional<TarEntry> e, r.Next());
+    if (!e) return r.Drain();
+    out.push_back({*e, "", false});
+    for (;;) {
+      SBX_ASSIGN_OR_RETURN(TarReader::Piece p, r.Read());
+      if (p.bytes.empty()) break;
+      EXPECT_EQ(p.offset, out.back().data.size()) << e->name;
+      out.back().data.append(p.bytes);
+    }
     out.back().ended = true;
-    return absl::OkStatus();
-  };
-  for (size_t i = 0; i < tar.size(); i += piece) {
-    absl::Status s = r.Feed(tar.substr(i, piece));
-    if (!s.ok()) return s;
   }
-  return r.Finish();
-}
-
-std::string Build(const std::vector<std::pair<TarEntry, std::string>>& entries) {
-  std::string out;
-  for (const auto& [e, data] : entries) {
-    EXPECT_TRUE(AppendTarHeader(out, e).ok()) << e.name;
-    out += data;
-    out.append(TarPadding(data.size()));
-  }
-  out.append(TarTrailer());
-  return out;
 }
 
 TEST(Tar, RoundTrip) {
@@ -71,7 +63,7 @@ TEST(Tar, RoundTrip) {
   TarEntry lf{long_name, TarType::kFile, 0644, 0, 0, 7, big.size(), ""};
   TarEntry vl{very_long, TarType::kFile, 0644, 0, 0, 8, 1, ""};
   const std::string tar =
-      Build({{dir, ""}, {file, "hello"}, {empty, ""}, {link, ""}, {lf, big}, {vl, "z"}});
+      BuildTar({{dir, ""}, {file, "hello"}, {empty, ""}, {link, ""}, {lf, big}, {vl, "z"}});
   for (size_t piece : {size_t{1}, size_t{7}, size_t{512}, size_t{4096}, tar.size()}) {
     std::vector<Parsed> got;
     ASSERT_TRUE(Parse(tar, piece, got).ok()) << piece;
@@ -98,7 +90,7 @@ TEST(Tar, RoundTrip) {
 
 TEST(Tar, RejectsMalformed) {
   TarEntry file{"a", TarType::kFile, 0644, 0, 0, 0, 3, ""};
-  const std::string good = Build({{file, "abc"}});
+  const std::string good = BuildTar({{file, "abc"}});
   std::vector<Parsed> got;
   std::string bad = good;
   bad[0] = 'b';  // checksum no longer matches
@@ -123,6 +115,60 @@ TEST(Tar, RejectsMalformed) {
   EXPECT_EQ(got.size(), 1u);
 }
 
+// An error of the source ends the reading and comes back as it is, not as a malformed archive.
+TEST(Tar, SourceErrorIsReturnedAsItIs) {
+  TarEntry file{"a", TarType::kFile, 0644, 0, 0, 0, 3, ""};
+  const std::string good = BuildTar({{file, "abc"}});
+  int calls = 0;
+  TarReader r([&]() -> absl::StatusOr<std::string_view> {
+    if (calls++ == 0) return std::string_view(good).substr(0, 512);
+    return absl::DataLossError("the connection broke");
+  });
+  auto e = r.Next();
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(e->has_value());
+  auto piece = r.Read();
+  EXPECT_EQ(piece.status(), absl::DataLossError("the connection broke"));
+}
+
+TEST(Tar, EmptyInputIsAnEmptyArchive) {
+  std::vector<Parsed> got;
+  EXPECT_TRUE(Parse("", 512, got).ok());
+  EXPECT_TRUE(got.empty());
+}
+
+// Bytes after the archive's end (GNU tar pads to 10 KiB records) are read and ignored.
+TEST(Tar, TrailingPaddingIsDrained) {
+  TarEntry file{"a", TarType::kFile, 0644, 0, 0, 0, 3, ""};
+  std::string tar = BuildTar({{file, "abc"}});
+  tar.append(8192, '\0');
+  std::vector<Parsed> got;
+  EXPECT_TRUE(Parse(tar, 100, got).ok());
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].data, "abc");
+}
+
+// Names and link targets longer than kMaxTarNameBytes are refused.
+TEST(Tar, RefusesOverlongNames) {
+  TarEntry file{"a", TarType::kFile, 0644, 0, 0, 0, 0, ""};
+  // A pax header naming the next entry with 5000 bytes: our writer refuses to, so by hand.
+  const std::string name(5000, 'n');
+  std::string rec = " path=" + name + "\n";
+  rec = std::to_string(rec.size() + 4) + rec;
+  ASSERT_EQ(rec.size(), std::stoul(rec.substr(0, 4)));
+  std::string pax;
+  TarEntry x{"PaxHeaders/a", static_cast<TarType>('x'), 0644, 0, 0, 0, rec.size(), ""};
+  ASSERT_TRUE(AppendTarHeader(pax, x).ok());
+  pax += rec;
+  pax.append(TarPadding(rec.size()));
+  ASSERT_TRUE(AppendTarHeader(pax, file).ok());
+  pax.append(TarTrailer());
+  std::vector<Parsed> got;
+  absl::Status s = Parse(pax, 512, got);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(got.empty());
+}
+
 // GNU tar's own archives (pax and GNU long names) parse, and GNU tar reads ours.
 TEST(Tar, InteroperatesWithGnuTar) {
   if (::access("/usr/bin/tar", X_OK) != 0) SBX_SKIP_OR_FAIL("no /usr/bin/tar");
@@ -133,6 +179,7 @@ TEST(Tar, InteroperatesWithGnuTar) {
   fs::create_directories(dir / "in" / "d");
   std::ofstream(dir / "in" / "d" / long_name) << "long";
   std::ofstream(dir / "in" / "f") << "file";
+  std::ofstream(dir / "in" / "h\xc3\xa9") << "utf8";  // pax writes it as a UTF-8 "path" record
   fs::create_symlink("d/" + long_name, dir / "in" / "s");
   for (const char* format : {"gnu", "pax", "ustar"}) {
     const fs::path archive = dir / (std::string(format) + ".tar");
@@ -153,13 +200,14 @@ TEST(Tar, InteroperatesWithGnuTar) {
     ASSERT_TRUE(by_name.count("./d/" + long_name)) << format;
     EXPECT_EQ(by_name["./d/" + long_name].data, "long");
     EXPECT_EQ(by_name["./f"].data, "file");
+    EXPECT_EQ(by_name["./h\xc3\xa9"].data, "utf8") << format;  // its bytes, whatever the locale
     EXPECT_EQ(by_name["./s"].entry.type, TarType::kSymlink);
     EXPECT_EQ(by_name["./s"].entry.linkname, "d/" + long_name);
   }
   // Ours, read by GNU tar.
   TarEntry e{std::string(150, 'q') + "/" + std::string(140, 'r'), TarType::kFile, 0644, 0, 0,
              1700000000, 2, ""};
-  const std::string ours = Build({{e, "ok"}});
+  const std::string ours = BuildTar({{e, "ok"}});
   const fs::path mine = dir / "mine.tar";
   std::ofstream(mine, std::ios::binary) << ours;
   fs::create_directories(dir / "out");
@@ -173,4 +221,4 @@ TEST(Tar, InteroperatesWithGnuTar) {
 }
 
 }  // namespace
-}  // namespace sbx::agent
+}  // namespace sbx::archive

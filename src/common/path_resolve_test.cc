@@ -1,4 +1,4 @@
-#include "agent/path_resolve.h"
+#include "common/path_resolve.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -16,7 +16,7 @@
 
 #include "common/status_util.h"
 
-namespace sbx::agent {
+namespace sbx {
 namespace {
 
 namespace fs = std::filesystem;
@@ -218,4 +218,4 @@ TEST(KernelFs, MountPointsAreRefusedForDeleteAndMove) {
 }
 
 }  // namespace
-}  // namespace sbx::agent
+}  // namespace sbx

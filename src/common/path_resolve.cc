@@ -1,4 +1,4 @@
-#include "agent/path_resolve.h"
+#include "common/path_resolve.h"
 
 #include <fcntl.h>
 #include <linux/magic.h>
@@ -15,7 +15,7 @@
 
 #include "common/status_util.h"
 
-namespace sbx::agent {
+namespace sbx {
 namespace {
 
 absl::Status Invalid(std::string_view reason, std::string_view message) {
@@ -272,4 +272,4 @@ std::string FileErrorReason(const absl::Status& s) {
   return r.empty() ? "internal" : r;
 }
 
-}  // namespace sbx::agent
+}  // namespace sbx
