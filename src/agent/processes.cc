@@ -1,5 +1,4 @@
 // processes: every process of the sandbox with the session it belongs to.
-#include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -35,29 +34,16 @@ std::map<int64_t, std::string> PasswdNamesFromFile(const std::set<int64_t>& want
 std::string Agent::HandleProcesses() {
   std::vector<ProcInfo> all;
   std::string text;  // one buffer for every small /proc read
-  DIR* d = ::opendir("/proc");
-  if (!d) return Dump(ErrorJson(ErrnoStatus(errno, "processes: opendir(/proc)")));
-  while (dirent* e = ::readdir(d)) {
-    char* end = nullptr;
-    const long pid = std::strtol(e->d_name, &end, 10);
-    if (pid <= 0 || *end != '\0') continue;
-    if (auto p = ReadProc(static_cast<pid_t>(pid), text)) all.push_back(std::move(*p));
-  }
-  ::closedir(d);
+  const bool listed = ForEachProcess([&](pid_t pid) {
+    if (auto p = ReadProc(pid, text)) all.push_back(std::move(*p));
+  });
+  if (!listed) return Dump(ErrorJson(ErrnoStatus(errno, "processes: opendir(/proc)")));
   const pid_t self = ::getpid();
   // As PID 1 every process of the namespace is the sandbox's. Elsewhere (the fake runtime on
   // the host) only our descendants are.
-  std::unordered_map<pid_t, pid_t> parent;
+  ParentMap parent;
   for (const ProcInfo& p : all) parent[p.pid] = p.ppid;
-  auto ours = [&](pid_t pid) {
-    if (self == 1) return true;
-    for (pid_t q = parent.count(pid) ? parent[pid] : 0, hops = 0; q > 0 && hops < 4096; ++hops) {
-      if (q == self) return true;
-      auto it = parent.find(q);
-      q = it == parent.end() ? 0 : it->second;
-    }
-    return false;
-  };
+  auto ours = [&](pid_t pid) { return self == 1 || DescendsFrom(parent, pid, self); };
   std::erase_if(all, [&](const ProcInfo& p) { return p.pid == self || !ours(p.pid); });
   // A process belongs to the session whose leader's pid is its process group or session id:
   // both are inherited by children (unless they call setsid/setpgid themselves, then null).

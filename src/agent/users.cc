@@ -6,8 +6,6 @@
 #include <iterator>
 #include <optional>
 
-#include <cstdlib>
-
 #include <fmt/format.h>
 
 #include "agent/bounded.h"
@@ -139,24 +137,16 @@ absl::StatusOr<ResolvedUser> ResolveUserFromFiles(std::string_view spec,
   return ResolveUser(spec, ReadFileOrEmpty(passwd_path), ReadFileOrEmpty(group_path));
 }
 
-std::map<int64_t, std::string> PasswdNames(std::string_view text,
+std::map<int64_t, std::string> PasswdNames(std::string_view passwd,
                                            const std::set<int64_t>& wanted) {
   std::map<int64_t, std::string> out;
-  size_t pos = 0;
-  while (pos < text.size() && out.size() < wanted.size()) {
-    size_t end = text.find('\n', pos);
-    if (end == std::string::npos) end = text.size();
-    std::string_view line(text.data() + pos, end - pos);
-    pos = end + 1;
-    const size_t c1 = line.find(':');
-    const size_t c2 = c1 == std::string_view::npos ? c1 : line.find(':', c1 + 1);
-    if (c2 == std::string_view::npos) continue;
-    const std::string uid_text(line.substr(c2 + 1, line.find(':', c2 + 1) - c2 - 1));
-    char* e = nullptr;
-    const unsigned long uid = std::strtoul(uid_text.c_str(), &e, 10);
-    if (uid_text.empty() || *e != '\0' || !wanted.count(static_cast<int64_t>(uid))) continue;
-    out.emplace(static_cast<int64_t>(uid), CutField(line.substr(0, c1)));
-  }
+  if (wanted.empty()) return out;
+  // passwd: name:password:uid:...; the first entry of a uid names it, as for ResolveUser.
+  ForEachEntry(passwd, 3, [&](const std::vector<std::string_view>& f) {
+    const std::optional<uint32_t> uid = ParseId(f[2]);
+    if (uid && wanted.count(*uid)) out.emplace(*uid, CutField(f[0]));
+    return out.size() == wanted.size();
+  });
   return out;
 }
 
