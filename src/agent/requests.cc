@@ -2,10 +2,9 @@
 
 #include <signal.h>
 
-#include <optional>
-
 #include <fmt/format.h>
 
+#include "common/base64.h"
 #include "common/status_util.h"
 
 namespace sbx::agent {
@@ -14,42 +13,6 @@ namespace {
 using protocol::Json;
 
 bool HasNul(const std::string& s) { return s.find('\0') != std::string::npos; }
-
-// Standard padded base64. The agent cannot use common/encoding.cc: its object also holds the
-// OpenSSL-based digests, which the static binary does not link.
-std::optional<std::string> DecodeBase64(std::string_view in) {
-  if (in.size() % 4 != 0) return std::nullopt;
-  auto value = [](char c) -> int {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    if (c == '+') return 62;
-    if (c == '/') return 63;
-    return -1;
-  };
-  std::string out;
-  out.reserve(in.size() / 4 * 3);
-  for (size_t i = 0; i < in.size(); i += 4) {
-    const bool last = i + 4 == in.size();
-    int v[4];
-    int pad = 0;
-    for (int k = 0; k < 4; ++k) {
-      if (in[i + k] == '=' && last && k >= 2) {
-        v[k] = 0;
-        ++pad;
-        continue;
-      }
-      if (pad > 0) return std::nullopt;  // data after padding
-      v[k] = value(in[i + k]);
-      if (v[k] < 0) return std::nullopt;
-    }
-    const uint32_t n = (v[0] << 18) | (v[1] << 12) | (v[2] << 6) | v[3];
-    out.push_back(static_cast<char>(n >> 16));
-    if (pad < 2) out.push_back(static_cast<char>((n >> 8) & 0xff));
-    if (pad < 1) out.push_back(static_cast<char>(n & 0xff));
-  }
-  return out;
-}
 
 absl::Status ParseArgv(const Json& spec, SpawnSpec& ss) {
   auto argv = spec.find("argv");
@@ -201,7 +164,7 @@ absl::StatusOr<std::string> ParseStdinData(const Json& req) {
   if (d == req.end() || !d->is_string()) {
     return absl::InvalidArgumentError("stdin: data_b64 must be a base64 string");
   }
-  auto decoded = DecodeBase64(d->get_ref<const std::string&>());
+  auto decoded = Base64DecodePadded(d->get_ref<const std::string&>());
   if (!decoded) return absl::InvalidArgumentError("stdin: data_b64 is not base64");
   return std::move(*decoded);
 }
