@@ -145,6 +145,17 @@ absl::Status Agent::Init() {
   root_fd_.Reset(::open(opts_.root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!root_fd_) return ErrnoStatus(errno, fmt::format("agent init: open(--root {})", opts_.root));
 
+  SBX_RETURN_IF_ERROR(OpenListenSocket());
+  ::fcntl(listen_fd_.get(), F_SETFD, FD_CLOEXEC);
+  ::fcntl(listen_fd_.get(), F_SETFL, ::fcntl(listen_fd_.get(), F_GETFL) | O_NONBLOCK);
+  if (AddWatch(listen_fd_.get(), EPOLLIN, {Kind::kListen}) == 0) {
+    return absl::InternalError("agent init: cannot watch the listening socket");
+  }
+  return absl::OkStatus();
+}
+
+// The inherited listening socket (--listen-fd), or one bound at --listen.
+absl::Status Agent::OpenListenSocket() {
   if (opts_.listen_fd >= 0) {
     int accepting = 0;
     socklen_t len = sizeof(accepting);
@@ -186,11 +197,6 @@ absl::Status Agent::Init() {
     if (::listen(listen_fd_.get(), SOMAXCONN) != 0) {
       return ErrnoStatus(errno, fmt::format("agent init: listen({})", opts_.listen_path));
     }
-  }
-  ::fcntl(listen_fd_.get(), F_SETFD, FD_CLOEXEC);
-  ::fcntl(listen_fd_.get(), F_SETFL, ::fcntl(listen_fd_.get(), F_GETFL) | O_NONBLOCK);
-  if (AddWatch(listen_fd_.get(), EPOLLIN, {Kind::kListen}) == 0) {
-    return absl::InternalError("agent init: cannot watch the listening socket");
   }
   return absl::OkStatus();
 }

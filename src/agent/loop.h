@@ -108,6 +108,7 @@ class Agent {
   int Run();
 
  private:
+  absl::Status OpenListenSocket();
   enum class Kind { kListen, kSignal, kConn, kPipe, kStdin, kTimer };
   struct Watch {
     Kind kind;
