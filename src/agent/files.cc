@@ -1,5 +1,6 @@
 #include "agent/files.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -8,6 +9,7 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -106,6 +108,21 @@ absl::StatusOr<Json> StatEntry(int root_fd, const std::string& path) {
     return FileErrnoStatus(errno, fmt::format("stat {}: fstatat", path));
   }
   return EntryJson(st, path, fd.get(), "");
+}
+
+absl::StatusOr<std::vector<std::string>> DirNames(int dir, const char* op,
+                                                  const std::string& path) {
+  UniqueFd copy(::openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  DIR* d = copy ? ::fdopendir(copy.get()) : nullptr;
+  if (!d) return FileErrnoStatus(errno, fmt::format("{} {}: opendir", op, path));
+  copy.Release();
+  std::vector<std::string> names;
+  while (dirent* de = ::readdir(d)) {
+    std::string n = de->d_name;
+    if (n != "." && n != "..") names.push_back(std::move(n));
+  }
+  ::closedir(d);
+  return names;
 }
 
 }  // namespace fileops

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -93,6 +94,11 @@ Json EntryJson(const struct stat& st, std::string_view path, int dir, const std:
 // lstat of a resolved path: the entry describes the last component itself (a symlink is
 // reported as one, not followed).
 absl::StatusOr<Json> StatEntry(int root_fd, const std::string& path);
+
+// The names in the directory `dir` but "." and "..", unsorted; read through a descriptor of
+// its own, so `dir` stays as it was. `op` and `path` name the failure.
+absl::StatusOr<std::vector<std::string>> DirNames(int dir, const char* op,
+                                                  const std::string& path);
 
 // ---- ops -------------------------------------------------------------------------------------
 

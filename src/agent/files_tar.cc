@@ -1,5 +1,4 @@
 // read_tar and write_tar: a directory as a tar stream, each way.
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -44,16 +43,7 @@ absl::Status TarDir(TarOut& out, int dir, const std::string& prefix, const std::
     return ApiError(absl::StatusCode::kFailedPrecondition, "too_deep",
                     fmt::format("tar {}: deeper than {} levels", path, kMaxTreeDepth));
   }
-  UniqueFd copy(::openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  DIR* d = copy ? ::fdopendir(copy.get()) : nullptr;
-  if (!d) return FileErrnoStatus(errno, fmt::format("tar {}: opendir", path));
-  copy.Release();
-  std::vector<std::string> names;
-  while (dirent* de = ::readdir(d)) {
-    std::string n = de->d_name;
-    if (n != "." && n != "..") names.push_back(std::move(n));
-  }
-  ::closedir(d);
+  SBX_ASSIGN_OR_RETURN(std::vector<std::string> names, DirNames(dir, "tar", path));
   std::sort(names.begin(), names.end());
   std::string data(kDataChunk, '\0');
   for (const std::string& n : names) {

@@ -84,16 +84,7 @@ absl::Status RemoveTree(int dir, const std::string& name, const std::string& pat
   if (!fd) return FileErrnoStatus(errno, fmt::format("delete {}: openat", path));
   for (;;) {
     // Re-read after each batch of removals: readdir over a changing directory may skip.
-    UniqueFd copy(::openat(fd.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    DIR* d = copy ? ::fdopendir(copy.get()) : nullptr;
-    if (!d) return FileErrnoStatus(errno, fmt::format("delete {}: opendir", path));
-    copy.Release();
-    std::vector<std::string> names;
-    while (dirent* de = ::readdir(d)) {
-      std::string n = de->d_name;
-      if (n != "." && n != "..") names.push_back(std::move(n));
-    }
-    ::closedir(d);
+    SBX_ASSIGN_OR_RETURN(std::vector<std::string> names, DirNames(fd.get(), "delete", path));
     if (names.empty()) break;
     for (const std::string& n : names) {
       if (::unlinkat(fd.get(), n.c_str(), 0) == 0 || errno == ENOENT) continue;
