@@ -1,7 +1,7 @@
 // The fields of the loop's requests (ops of src/protocol/protocol.h), read from the request's
 // JSON object: one function per op (or per part of an op that is checked at its own step), so
 // that every field is checked in one place and the handlers act on typed values. The file ops
-// read theirs in files.cc.
+// read theirs in files.cc and files_*.cc (files_internal.h).
 #pragma once
 
 #include <cstddef>
