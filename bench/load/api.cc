@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "common/encoding.h"
+#include "common/base64.h"
 #include "common/status_util.h"
 
 namespace sbx::load {

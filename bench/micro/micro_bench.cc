@@ -19,7 +19,8 @@
 
 #include "api/attach_events.h"
 #include "api/requests.h"
-#include "common/encoding.h"
+#include "common/base64.h"
+#include "common/digest.h"
 #include "common/ids.h"
 #include "common/metrics.h"
 #include "common/time_util.h"

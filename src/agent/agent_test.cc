@@ -23,7 +23,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "common/encoding.h"
+#include "common/base64.h"
+#include "common/digest.h"
 #include "common/test_util.h"
 #include "protocol/limits.h"
 #include "protocol/protocol.h"

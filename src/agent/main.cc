@@ -68,33 +68,24 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    long long n = 0;
-    if (arg == "--listen-fd") {
-      if (!ParseNumber(value("--listen-fd"), 0, 1 << 20, &n)) {
-        std::fprintf(stderr, "sbx-agent: bad --listen-fd\n");
-        return 2;
+    auto number = [&](const char* name, long long min, long long max) -> long long {
+      long long n = 0;
+      if (!ParseNumber(value(name), min, max, &n)) {
+        std::fprintf(stderr, "sbx-agent: bad %s\n", name);
+        std::exit(2);
       }
-      opts.listen_fd = static_cast<int>(n);
+      return n;
+    };
+    if (arg == "--listen-fd") {
+      opts.listen_fd = static_cast<int>(number("--listen-fd", 0, 1 << 20));
     } else if (arg == "--listen") {
       opts.listen_path = value("--listen");
     } else if (arg == "--buffer-bytes") {
-      if (!ParseNumber(value("--buffer-bytes"), 1, 1LL << 40, &n)) {
-        std::fprintf(stderr, "sbx-agent: bad --buffer-bytes\n");
-        return 2;
-      }
-      opts.buffer_bytes = static_cast<size_t>(n);
+      opts.buffer_bytes = static_cast<size_t>(number("--buffer-bytes", 1, 1LL << 40));
     } else if (arg == "--log-fd") {
-      if (!ParseNumber(value("--log-fd"), 0, 1 << 20, &n)) {
-        std::fprintf(stderr, "sbx-agent: bad --log-fd\n");
-        return 2;
-      }
-      opts.log_fd = static_cast<int>(n);
+      opts.log_fd = static_cast<int>(number("--log-fd", 0, 1 << 20));
     } else if (arg == "--oom-counter-fd") {
-      if (!ParseNumber(value("--oom-counter-fd"), 0, 1 << 20, &n)) {
-        std::fprintf(stderr, "sbx-agent: bad --oom-counter-fd\n");
-        return 2;
-      }
-      opts.oom_counter_fd = static_cast<int>(n);
+      opts.oom_counter_fd = static_cast<int>(number("--oom-counter-fd", 0, 1 << 20));
     } else if (arg == "--sandbox-id") {
       opts.sandbox_id = value("--sandbox-id");
     } else if (arg == "--root") {
@@ -102,11 +93,7 @@ int main(int argc, char** argv) {
     } else if (arg == "--workdir") {
       opts.workdir = value("--workdir");
     } else if (arg == "--userns-fd") {
-      if (!ParseNumber(value("--userns-fd"), 0, 1 << 20, &n)) {
-        std::fprintf(stderr, "sbx-agent: bad --userns-fd\n");
-        return 2;
-      }
-      opts.identity.userns_fd = static_cast<int>(n);
+      opts.identity.userns_fd = static_cast<int>(number("--userns-fd", 0, 1 << 20));
     } else if (arg == "--uid-map") {
       // "BASE COUNT": ids 0..COUNT-1 of the user namespace are host BASE.. (ps-style views).
       unsigned long long base = 0, count = 0;
@@ -125,11 +112,7 @@ int main(int argc, char** argv) {
       }
       opts.identity.caps = *caps;
     } else if (arg == "--cgroup-procs-fd") {
-      if (!ParseNumber(value("--cgroup-procs-fd"), 0, 1 << 20, &n)) {
-        std::fprintf(stderr, "sbx-agent: bad --cgroup-procs-fd\n");
-        return 2;
-      }
-      opts.identity.cgroup_procs_fds.push_back(static_cast<int>(n));
+      opts.identity.cgroup_procs_fds.push_back(static_cast<int>(number("--cgroup-procs-fd", 0, 1 << 20)));
     } else if (arg == "--no-user-switch") {
       opts.switch_user = false;
     } else if (arg == "--help" || arg == "-h") {

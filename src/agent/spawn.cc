@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -124,180 +126,240 @@ absl::StatusOr<std::pair<UniqueFd, UniqueFd>> OpenPty(unsigned short rows, unsig
   return std::make_pair(std::move(master), std::move(slave));
 }
 
-absl::StatusOr<SpawnedProcess> Spawn(const SpawnSpec& spec) {
-  if (spec.argv.empty() || spec.argv[0].empty()) {
-    return absl::InvalidArgumentError("spawn: argv is empty");
-  }
+namespace {
 
-  // Everything the child touches is built here, before fork.
+// Everything the child reads between fork and exec, built before the fork: the child's steps
+// below only use it (no allocation, no logging). Holds pointers into itself: built in place.
+struct ChildPlan {
+  ChildPlan() = default;
+  ChildPlan(const ChildPlan&) = delete;
+  ChildPlan& operator=(const ChildPlan&) = delete;
+
+  std::vector<std::string> candidates;
+  std::vector<const char*> cand_ptrs;
+  std::vector<char*> argv;
+  std::vector<char*> envp;
+  const char* cwd = "/";
+  const char* argv0 = nullptr;
+  bool tty = false;
+  bool switch_user = false;
+  const SandboxIdentity* identity = nullptr;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::vector<gid_t> groups;
+  char uid_text[32] = {};  // "uid:gid", for the child's error messages
+  struct sigaction dfl {};
+  sigset_t empty_mask;
+};
+
+// The child's stdio and the parent's ends of it.
+struct ChildFds {
+  UniqueFd out_r, out_w, err_r, err_w, in_fd, in_w, pty_master;
+};
+
+void PreparePlan(const SpawnSpec& spec, ChildPlan& plan) {
   std::string path = kDefaultPath;
   for (const auto& e : spec.env) {
     if (e.rfind("PATH=", 0) == 0) path = e.substr(5);
   }
-  const std::vector<std::string> candidates = ExecCandidates(spec.argv[0], path);
-  std::vector<const char*> cand_ptrs;
-  for (const auto& c : candidates) cand_ptrs.push_back(c.c_str());
-  std::vector<char*> argv;
-  for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  std::vector<char*> envp;
-  for (const auto& e : spec.env) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  const char* cwd = spec.cwd.empty() ? "/" : spec.cwd.c_str();
-  const char* argv0 = spec.argv[0].c_str();
-
-  const bool switch_user = spec.user.has_value();
-  const SandboxIdentity* identity = spec.identity;
-  uid_t uid = 0;
-  gid_t gid = 0;
-  std::vector<gid_t> groups;
-  if (switch_user) {
-    uid = spec.user->uid;
-    gid = spec.user->gid;
-    groups = spec.user->groups;
+  plan.candidates = ExecCandidates(spec.argv[0], path);
+  for (const auto& c : plan.candidates) plan.cand_ptrs.push_back(c.c_str());
+  for (const auto& a : spec.argv) plan.argv.push_back(const_cast<char*>(a.c_str()));
+  plan.argv.push_back(nullptr);
+  for (const auto& e : spec.env) plan.envp.push_back(const_cast<char*>(e.c_str()));
+  plan.envp.push_back(nullptr);
+  plan.cwd = spec.cwd.empty() ? "/" : spec.cwd.c_str();
+  plan.argv0 = spec.argv[0].c_str();
+  plan.tty = spec.tty;
+  plan.switch_user = spec.user.has_value();
+  plan.identity = spec.identity;
+  if (plan.switch_user) {
+    plan.uid = spec.user->uid;
+    plan.gid = spec.user->gid;
+    plan.groups = spec.user->groups;
   }
-  char uid_text[32];
-  fmt::format_to_n(uid_text, sizeof(uid_text) - 1, "{}:{}", uid, gid).out[0] = '\0';
+  fmt::format_to_n(plan.uid_text, sizeof(plan.uid_text) - 1, "{}:{}", plan.uid, plan.gid)
+      .out[0] = '\0';
+  plan.dfl.sa_handler = SIG_DFL;
+  sigemptyset(&plan.dfl.sa_mask);
+  sigemptyset(&plan.empty_mask);
+}
 
-  struct sigaction dfl {};
-  dfl.sa_handler = SIG_DFL;
-  sigemptyset(&dfl.sa_mask);
-  sigset_t empty_mask;
-  sigemptyset(&empty_mask);
-
-  UniqueFd out_r, out_w, err_r, err_w, in_fd, in_w, pty_master;
+absl::Status OpenStdio(const SpawnSpec& spec, ChildFds& fds) {
   if (spec.tty) {
     SBX_ASSIGN_OR_RETURN(auto pty, OpenPty(spec.rows, spec.cols));
-    pty_master = std::move(pty.first);
-    in_fd = std::move(pty.second);  // the slave: 0, 1 and 2 of the child
+    fds.pty_master = std::move(pty.first);
+    fds.in_fd = std::move(pty.second);  // the slave: 0, 1 and 2 of the child
+    return absl::OkStatus();
+  }
+  int out_pipe[2], err_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0) return ErrnoStatus(errno, "spawn: pipe2(stdout)");
+  fds.out_r.Reset(out_pipe[0]);
+  fds.out_w.Reset(out_pipe[1]);
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) return ErrnoStatus(errno, "spawn: pipe2(stderr)");
+  fds.err_r.Reset(err_pipe[0]);
+  fds.err_w.Reset(err_pipe[1]);
+  if (spec.stdin_pipe) {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) return ErrnoStatus(errno, "spawn: pipe2(stdin)");
+    fds.in_fd.Reset(p[0]);
+    fds.in_w.Reset(p[1]);
+    return absl::OkStatus();
+  }
+  // stdin: /dev/null, or the read end of an already closed pipe if the rootfs lacks it.
+  fds.in_fd.Reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!fds.in_fd) {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) return ErrnoStatus(errno, "spawn: pipe2(stdin)");
+    fds.in_fd.Reset(p[0]);
+    ::close(p[1]);
+  }
+  return absl::OkStatus();
+}
+
+// ---- the child's steps: async-signal-safe calls only, on what the plan holds ----------------
+
+void ChildSessionAndSignals(const ChildPlan& plan, const ChildFds& fds) {
+  if (plan.tty) {
+    // A new session (whose id is also the process group, so group signals work alike)
+    // with the pty as its controlling terminal: job control and ^C reach the foreground job.
+    if (::setsid() < 0 || ::ioctl(fds.in_fd.get(), TIOCSCTTY, 0) != 0) ::_exit(126);
   } else {
-    int out_pipe[2], err_pipe[2];
-    if (::pipe2(out_pipe, O_CLOEXEC) != 0) return ErrnoStatus(errno, "spawn: pipe2(stdout)");
-    out_r.Reset(out_pipe[0]);
-    out_w.Reset(out_pipe[1]);
-    if (::pipe2(err_pipe, O_CLOEXEC) != 0) return ErrnoStatus(errno, "spawn: pipe2(stderr)");
-    err_r.Reset(err_pipe[0]);
-    err_w.Reset(err_pipe[1]);
-    if (spec.stdin_pipe) {
-      int p[2];
-      if (::pipe2(p, O_CLOEXEC) != 0) return ErrnoStatus(errno, "spawn: pipe2(stdin)");
-      in_fd.Reset(p[0]);
-      in_w.Reset(p[1]);
-    } else {
-      // stdin: /dev/null, or the read end of an already closed pipe if the rootfs lacks it.
-      in_fd.Reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-      if (!in_fd) {
-        int p[2];
-        if (::pipe2(p, O_CLOEXEC) != 0) return ErrnoStatus(errno, "spawn: pipe2(stdin)");
-        in_fd.Reset(p[0]);
-        ::close(p[1]);
-      }
-    }
+    ::setpgid(0, 0);
   }
-  const bool tty = spec.tty;
-
-  const pid_t pid = ::fork();
-  if (pid < 0) return ErrnoStatus(errno, "spawn: fork");
-  if (pid == 0) {
-    // Child: async-signal-safe calls only from here to exec.
-    if (tty) {
-      // A new session (whose id is also the process group, so group signals work alike)
-      // with the pty as its controlling terminal: job control and ^C reach the foreground job.
-      if (::setsid() < 0 || ::ioctl(in_fd.get(), TIOCSCTTY, 0) != 0) ::_exit(126);
-    } else {
-      ::setpgid(0, 0);
-    }
-    for (int sig = 1; sig < NSIG; ++sig) {
-      if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &dfl, nullptr);
-    }
-    ::sigprocmask(SIG_SETMASK, &empty_mask, nullptr);
-    // The agent keeps fds 0-2 open, so the pipe ends are >= 3 and dup2 clears CLOEXEC.
-    const int out_fd = tty ? in_fd.get() : out_w.get();
-    const int err_fd = tty ? in_fd.get() : err_w.get();
-    if (::dup2(in_fd.get(), STDIN_FILENO) < 0 || ::dup2(out_fd, STDOUT_FILENO) < 0 ||
-        ::dup2(err_fd, STDERR_FILENO) < 0) {
-      ::_exit(126);
-    }
-    // Make workload processes the OOM killer's first choice over the agent (PID 1, holding
-    // every session's output), so that an OOM kill takes the workload and the agent lives to
-    // report it. Lowering the agent's own score instead would need CAP_SYS_RESOURCE, which
-    // root lacks on the project's hosts; raising one's own needs no privilege. Before the user
-    // switch: a non-root process may lose write access to its /proc/self files. A child of a
-    // non-dumpable agent has /proc/self files of host root (identity.h): dumpable for this
-    // write only, as the agent's uid (nothing in the sandbox shares it); the credential change
-    // below makes it non-dumpable again until exec. Best effort (a rootfs without /proc): the
-    // only cost is a worse victim choice.
-    if (identity != nullptr && identity->userns_fd >= 0) ::prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
-    {
-      int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-      if (fd >= 0) {
-        (void)!::write(fd, "500", 3);
-        ::close(fd);
-      }
-    }
-    if (identity != nullptr) {
-      const char* step = "enter the sandbox";
-      if (int err = EnterSandbox(*identity, switch_user, uid, gid, groups.data(), groups.size(), &step);
-          err != 0) {
-        ChildFail(step, uid_text, err, 126);
-      }
-    } else if (switch_user) {
-      if (::setgroups(groups.size(), groups.data()) != 0) {
-        ChildFail("setgroups for", uid_text, errno, 126);
-      }
-      if (::setgid(gid) != 0) ChildFail("setgid for", uid_text, errno, 126);
-      if (::setuid(uid) != 0) ChildFail("setuid for", uid_text, errno, 126);
-    }
-    // After the identity: it needs the user namespace and cgroup fds.
-    CloseFrom(3);
-    if (::chdir(cwd) != 0) ChildFail("chdir", cwd, errno, 126);
-    int err = ENOENT;
-    bool saw_eacces = false;
-    for (const char* c : cand_ptrs) {
-      ::execve(c, argv.data(), envp.data());
-      err = errno;
-      if (err == EACCES) {
-        saw_eacces = true;
-        continue;
-      }
-      // Like execvp: keep searching past entries that do not hold the file.
-      if (err == ENOENT || err == ENOTDIR || err == ESTALE || err == ENODEV ||
-          err == ETIMEDOUT || err == ELOOP || err == ENAMETOOLONG) {
-        continue;
-      }
-      break;
-    }
-    if (saw_eacces && (err == ENOENT || err == ENOTDIR)) err = EACCES;
-    ChildFail("exec", argv0, err, 127);
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &plan.dfl, nullptr);
   }
+  ::sigprocmask(SIG_SETMASK, &plan.empty_mask, nullptr);
+}
 
-  // Parent. Also set the group here so that a signal sent right after fork finds it (a tty
-  // child makes its own session, which fails setpgid here harmlessly).
-  if (!tty) ::setpgid(pid, pid);
+void ChildStdio(const ChildPlan& plan, const ChildFds& fds) {
+  // The agent keeps fds 0-2 open, so the pipe ends are >= 3 and dup2 clears CLOEXEC.
+  const int out_fd = plan.tty ? fds.in_fd.get() : fds.out_w.get();
+  const int err_fd = plan.tty ? fds.in_fd.get() : fds.err_w.get();
+  if (::dup2(fds.in_fd.get(), STDIN_FILENO) < 0 || ::dup2(out_fd, STDOUT_FILENO) < 0 ||
+      ::dup2(err_fd, STDERR_FILENO) < 0) {
+    ::_exit(126);
+  }
+}
+
+// Make workload processes the OOM killer's first choice over the agent (PID 1, holding
+// every session's output), so that an OOM kill takes the workload and the agent lives to
+// report it. Lowering the agent's own score instead would need CAP_SYS_RESOURCE, which
+// root lacks on the project's hosts; raising one's own needs no privilege. Before the user
+// switch: a non-root process may lose write access to its /proc/self files. A child of a
+// non-dumpable agent has /proc/self files of host root (identity.h): dumpable for this
+// write only, as the agent's uid (nothing in the sandbox shares it); the credential change
+// below makes it non-dumpable again until exec. Best effort (a rootfs without /proc): the
+// only cost is a worse victim choice.
+void ChildRaiseOomScore(const ChildPlan& plan) {
+  if (plan.identity != nullptr && plan.identity->userns_fd >= 0) {
+    ::prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+  }
+  int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    (void)!::write(fd, "500", 3);
+    ::close(fd);
+  }
+}
+
+void ChildIdentity(const ChildPlan& plan) {
+  if (plan.identity != nullptr) {
+    const char* step = "enter the sandbox";
+    if (int err = EnterSandbox(*plan.identity, plan.switch_user, plan.uid, plan.gid,
+                               plan.groups.data(), plan.groups.size(), &step);
+        err != 0) {
+      ChildFail(step, plan.uid_text, err, 126);
+    }
+  } else if (plan.switch_user) {
+    if (::setgroups(plan.groups.size(), plan.groups.data()) != 0) {
+      ChildFail("setgroups for", plan.uid_text, errno, 126);
+    }
+    if (::setgid(plan.gid) != 0) ChildFail("setgid for", plan.uid_text, errno, 126);
+    if (::setuid(plan.uid) != 0) ChildFail("setuid for", plan.uid_text, errno, 126);
+  }
+}
+
+[[noreturn]] void ChildExec(const ChildPlan& plan) {
+  // After the identity: it needs the user namespace and cgroup fds.
+  CloseFrom(3);
+  if (::chdir(plan.cwd) != 0) ChildFail("chdir", plan.cwd, errno, 126);
+  int err = ENOENT;
+  bool saw_eacces = false;
+  for (const char* c : plan.cand_ptrs) {
+    ::execve(c, plan.argv.data(), plan.envp.data());
+    err = errno;
+    if (err == EACCES) {
+      saw_eacces = true;
+      continue;
+    }
+    // Like execvp: keep searching past entries that do not hold the file.
+    if (err == ENOENT || err == ENOTDIR || err == ESTALE || err == ENODEV ||
+        err == ETIMEDOUT || err == ELOOP || err == ENAMETOOLONG) {
+      continue;
+    }
+    break;
+  }
+  if (saw_eacces && (err == ENOENT || err == ENOTDIR)) err = EACCES;
+  ChildFail("exec", plan.argv0, err, 127);
+}
+
+[[noreturn]] void RunChild(const ChildPlan& plan, const ChildFds& fds) {
+  ChildSessionAndSignals(plan, fds);
+  ChildStdio(plan, fds);
+  ChildRaiseOomScore(plan);
+  ChildIdentity(plan);
+  ChildExec(plan);
+}
+
+// The parent's ends, non-blocking.
+absl::StatusOr<SpawnedProcess> ParentEnds(pid_t pid, ChildFds& fds, bool tty) {
   SpawnedProcess p;
   p.pid = pid;
   if (tty) {
-    ::fcntl(pty_master.get(), F_SETFL, O_NONBLOCK);
+    ::fcntl(fds.pty_master.get(), F_SETFL, O_NONBLOCK);
     // A second descriptor for the writes: epoll watches each fd once, and input and output
     // are paused and resumed independently.
-    p.stdin_fd.Reset(::fcntl(pty_master.get(), F_DUPFD_CLOEXEC, 3));
+    p.stdin_fd.Reset(::fcntl(fds.pty_master.get(), F_DUPFD_CLOEXEC, 3));
     if (!p.stdin_fd) {
       const int err = errno;
       ::kill(pid, SIGKILL);
       return ErrnoStatus(err, "spawn: fcntl(F_DUPFD_CLOEXEC) of the pty master");
     }
-    p.stdout_fd = std::move(pty_master);
+    p.stdout_fd = std::move(fds.pty_master);
     return p;
   }
-  ::fcntl(out_r.get(), F_SETFL, O_NONBLOCK);
-  ::fcntl(err_r.get(), F_SETFL, O_NONBLOCK);
-  p.stdout_fd = std::move(out_r);
-  p.stderr_fd = std::move(err_r);
-  if (in_w) {
-    ::fcntl(in_w.get(), F_SETFL, O_NONBLOCK);
-    p.stdin_fd = std::move(in_w);
+  ::fcntl(fds.out_r.get(), F_SETFL, O_NONBLOCK);
+  ::fcntl(fds.err_r.get(), F_SETFL, O_NONBLOCK);
+  p.stdout_fd = std::move(fds.out_r);
+  p.stderr_fd = std::move(fds.err_r);
+  if (fds.in_w) {
+    ::fcntl(fds.in_w.get(), F_SETFL, O_NONBLOCK);
+    p.stdin_fd = std::move(fds.in_w);
   }
   return p;
+}
+
+}  // namespace
+
+absl::StatusOr<SpawnedProcess> Spawn(const SpawnSpec& spec) {
+  if (spec.argv.empty() || spec.argv[0].empty()) {
+    return absl::InvalidArgumentError("spawn: argv is empty");
+  }
+  // Everything the child touches is built here, before fork.
+  ChildPlan plan;
+  PreparePlan(spec, plan);
+  ChildFds fds;
+  SBX_RETURN_IF_ERROR(OpenStdio(spec, fds));
+
+  const pid_t pid = ::fork();
+  if (pid < 0) return ErrnoStatus(errno, "spawn: fork");
+  if (pid == 0) RunChild(plan, fds);
+
+  // Parent. Also set the group here so that a signal sent right after fork finds it (a tty
+  // child makes its own session, which fails setpgid here harmlessly).
+  if (!spec.tty) ::setpgid(pid, pid);
+  return ParentEnds(pid, fds, spec.tty);
 }
 
 }  // namespace sbx::agent

@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "agent/bounded.h"
+
 namespace sbx::agent {
 namespace {
 
@@ -133,6 +135,19 @@ absl::StatusOr<ResolvedUser> ResolveUserFromFiles(std::string_view spec,
                                                   const std::string& passwd_path,
                                                   const std::string& group_path) {
   return ResolveUser(spec, ReadFileOrEmpty(passwd_path), ReadFileOrEmpty(group_path));
+}
+
+std::map<int64_t, std::string> PasswdNames(std::string_view passwd,
+                                           const std::set<int64_t>& wanted) {
+  std::map<int64_t, std::string> out;
+  if (wanted.empty()) return out;
+  // passwd: name:password:uid:...; the first entry of a uid names it, as for ResolveUser.
+  ForEachEntry(passwd, 3, [&](const std::vector<std::string_view>& f) {
+    const std::optional<uint32_t> uid = ParseId(f[2]);
+    if (uid && wanted.count(*uid)) out.emplace(*uid, CutField(f[0]));
+    return out.size() == wanted.size();
+  });
+  return out;
 }
 
 }  // namespace sbx::agent

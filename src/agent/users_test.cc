@@ -70,6 +70,17 @@ TEST(ResolveUser, Rejects) {
   EXPECT_FALSE(ResolveUser("broken line", kPasswd, kGroup).ok());
 }
 
+TEST(PasswdNames, NamesOnlyTheWantedUidsFromTheSameEntriesAsResolveUser) {
+  const std::string passwd = std::string(kPasswd) + "root2:x:0:0::/:/bin/sh\n" +
+                             "#comment:x:7:7::/:/bin/sh\n" + "spaced:x: 8:8::/:/bin/sh\n";
+  const auto names = PasswdNames(passwd, {0, 1000, 7, 8, 42});
+  EXPECT_EQ(names, (std::map<int64_t, std::string>{{0, "root"}, {1000, "alice"}}));
+  EXPECT_TRUE(PasswdNames(passwd, {}).empty());
+  // A name past the field bound is cut like every guest-chosen string in a reply.
+  const std::string long_name(100000, 'n');
+  EXPECT_LT(PasswdNames(long_name + ":x:5:5::/:/bin/sh\n", {5}).at(5).size(), long_name.size());
+}
+
 TEST(BuildEnv, StripsAgentVariablesAndOverlays) {
   const char* base[] = {"PATH=/bin", "HOME=/root", "SBX_AGENT_TOKEN=secret", "SBX_OTHER=1",
                         "NOEQUALS", "=bad", nullptr};

@@ -9,7 +9,7 @@
 #include "api/attach_events.h"
 #include "api/status_to_http.h"
 #include "api/target.h"
-#include "common/encoding.h"
+#include "common/digest.h"
 #include "common/ids.h"
 #include "common/log.h"
 #include "common/status_util.h"

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <charconv>
 
-#include "common/encoding.h"
+#include "common/base64.h"
 
 namespace sbx::api {
 namespace {

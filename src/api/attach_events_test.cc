@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/target.h"
-#include "common/encoding.h"
+#include "common/base64.h"
 
 namespace sbx::api {
 namespace {

@@ -5,7 +5,7 @@
 #include <charconv>
 #include <limits>
 
-#include "common/encoding.h"
+#include "common/base64.h"
 #include "common/json_util.h"
 #include "common/status_util.h"
 #include "protocol/protocol.h"

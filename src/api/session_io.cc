@@ -5,7 +5,7 @@
 #include "api/api.h"
 #include "api/handler_util.h"
 #include "api/status_to_http.h"
-#include "common/encoding.h"
+#include "common/base64.h"
 #include "common/log.h"
 #include "common/status_util.h"
 #include "service/agent_stream.h"

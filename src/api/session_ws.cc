@@ -12,7 +12,7 @@
 #include "api/handler_util.h"
 #include "api/requests.h"
 #include "api/status_to_http.h"
-#include "common/encoding.h"
+#include "common/base64.h"
 #include "common/json_util.h"
 #include "common/log.h"
 #include "common/status_util.h"

@@ -8,7 +8,7 @@
 
 #include "cli/cli_common.h"
 #include "cli/ws_session.h"
-#include "common/encoding.h"
+#include "common/base64.h"
 
 namespace sbx::cli {
 namespace {

@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_common.h"
-#include "common/encoding.h"
+#include "common/base64.h"
 
 namespace sbx::cli {
 namespace {

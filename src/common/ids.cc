@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "common/encoding.h"
+#include "common/base64.h"
 
 namespace sbx {
 namespace {

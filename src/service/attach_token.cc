@@ -2,7 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/encoding.h"
+#include "common/base64.h"
+#include "common/digest.h"
 #include "common/json_util.h"
 #include "common/status_util.h"
 #include "common/time_util.h"

@@ -5,7 +5,7 @@
 
 #include <set>
 
-#include "common/encoding.h"
+#include "common/digest.h"
 #include "common/ids.h"
 #include "common/log.h"
 #include "common/status_util.h"

@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "common/encoding.h"
+#include "common/digest.h"
 #include "common/status_util.h"
 
 namespace sbx::service {

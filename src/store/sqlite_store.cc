@@ -15,7 +15,7 @@
 
 #include <fmt/format.h>
 
-#include "common/encoding.h"
+#include "common/base64.h"
 #include "common/json_util.h"
 #include "common/status_util.h"
 #include "store/sqlite_handle.h"

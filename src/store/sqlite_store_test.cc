@@ -17,7 +17,7 @@
 
 #include <fmt/format.h>
 
-#include "common/encoding.h"
+#include "common/base64.h"
 #include "common/metrics.h"
 #include "common/status_util.h"
 

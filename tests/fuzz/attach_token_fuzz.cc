@@ -9,7 +9,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "common/encoding.h"
+#include "common/base64.h"
+#include "common/digest.h"
 #include "deep_json_seeds.h"
 #include "service/attach_token.h"
 
