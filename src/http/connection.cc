@@ -211,6 +211,8 @@ Connection::Connection(ConnectionEnv env, asio::ip::tcp::socket socket, bool res
       rejected_(rejected),
       check_chunk_header_{env_.opts.max_chunk_extension_bytes} {}
 
+// Every Refusal handed to Refuse is a named local: g++ 12 corrupted the heap (free(): invalid
+// pointer) with a braced temporary in the co_await expression.
 asio::awaitable<void> Connection::Run() {
   const ServerOptions& opts = env_.opts;
   // The first request's header is due within header_timeout of the accept.
@@ -236,13 +238,12 @@ asio::awaitable<void> Connection::Run() {
               parser.get().method()};
     }
     if (bad) {
-      co_await Refuse(FramingRefusal(*bad, parser), line, started);
+      Refusal refusal = FramingRefusal(*bad, parser);
+      co_await Refuse(std::move(refusal), line, started);
       break;
     }
     if (reserve_ && !(opts.privileged && opts.privileged(parser.get()))) {
       rejected_.Inc();
-      // Named, not a braced temporary in the co_await: g++ 12 corrupts the heap with one
-      // (free(): invalid pointer).
       Refusal shed{UnavailableResponse(env_.errors, RequestIdFor(parser.get())), kDrainShed,
                    std::chrono::seconds(1)};
       co_await Refuse(std::move(shed), line, started);
@@ -265,7 +266,8 @@ asio::awaitable<void> Connection::Run() {
     }
     if (bec) {
       if (!Disconnected(bec)) {
-        co_await Refuse(BodyRefusal(bec, RequestIdFor(parser.get()), body_limit), line, started);
+        Refusal refusal = BodyRefusal(bec, RequestIdFor(parser.get()), body_limit);
+        co_await Refuse(std::move(refusal), line, started);
       }
       break;
     }
