@@ -3,6 +3,9 @@
 
 #include <array>
 #include <memory>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -211,132 +214,151 @@ absl::StatusOr<int> StreamSession(Client& client, const AttachTarget& target) {
   }
 }
 
-void RegisterSessionCommands(CLI::App& app, Context& ctx) {
-  {
-    struct Opts {
-      std::string sandbox_id;
-      std::vector<std::string> argv;
-      std::string cwd;
-      std::string user;
-      std::vector<std::string> env;
-      bool interactive = false;
-      bool tty = false;
-      int64_t timeout_s = 0;
-    };
-    auto o = std::make_shared<Opts>();
-    CLI::App* cmd = app.add_subcommand("exec", "Run a command in an existing sandbox");
-    cmd->add_flag("-i,--interactive", o->interactive,
-                  "Send local stdin to the command (EOF closes its stdin)");
-    cmd->add_flag("-t,--tty", o->tty,
-                  "Run the command on a terminal (implies -i); with a terminal here, it is put "
-                  "in raw mode until the command ends (Ctrl-C goes to the command) and window "
-                  "size changes follow");
-    cmd->add_option("--timeout", o->timeout_s,
-                    "Kill the command after this many seconds (SIGTERM, SIGKILL 5 s later)")
-        ->check(CLI::Range(int64_t{1}, int64_t{30} * 86400));
-    cmd->add_option("sandbox", o->sandbox_id, "Sandbox id (sbx_…)")->required();
-    cmd->add_option("command", o->argv, "Command and arguments (after --)");
-    cmd->add_option("--cwd", o->cwd, "Working directory (absolute path in the sandbox)");
-    cmd->add_option("--user", o->user, "User to run as");
-    cmd->add_option("-e,--env", o->env, "Environment variable KEY=VALUE (repeatable)")
+namespace {
+
+struct ExecOpts {
+  std::string sandbox_id;
+  std::vector<std::string> argv;
+  std::string cwd;
+  std::string user;
+  std::vector<std::string> env;
+  bool interactive = false;
+  bool tty = false;
+  int64_t timeout_s = 0;
+};
+
+// The POST /v1/sandboxes/{id}/sessions body for `sbx exec`; nullopt (with a usage error added)
+// when the options do not make one.
+std::optional<nlohmann::json> ExecBody(const ExecOpts& o, Context& ctx) {
+  if (o.argv.empty()) {
+    ctx.usage_errors.push_back({"exec: missing command (sbx exec SANDBOX -- CMD ARGS...)"});
+    return std::nullopt;
+  }
+  if (absl::Status s = CheckId(o.sandbox_id, "sbx"); !s.ok()) {
+    ctx.usage_errors.push_back({fmt::format("exec: {}", Msg(s))});
+    return std::nullopt;
+  }
+  auto env = ParseKeyValues(o.env, "--env");
+  if (!env.ok()) {
+    ctx.usage_errors.push_back({Msg(env.status())});
+    return std::nullopt;
+  }
+  nlohmann::json body = {{"argv", o.argv}};
+  if (!env->empty()) body["env"] = *env;
+  if (!o.cwd.empty()) body["cwd"] = o.cwd;
+  if (!o.user.empty()) body["user"] = o.user;
+  if (o.timeout_s > 0) body["timeout_s"] = o.timeout_s;
+  if (o.tty) {
+    auto size = TerminalSize(STDIN_FILENO);
+    body["tty"] = size ? nlohmann::json{{"rows", std::min(size->first, 1000)},
+                                        {"cols", std::min(size->second, 1000)}}
+                       : nlohmann::json(true);
+  }
+  if (o.interactive) body["stdin"] = true;
+  return body;
+}
+
+// Creates the session, then runs it: over the WebSocket with -i/-t, else on the attach stream.
+absl::StatusOr<int> RunExec(Client& client, const ExecOpts& o, const nlohmann::json& body) {
+  auto res = client.Request("POST", fmt::format("/v1/sandboxes/{}/sessions", o.sandbox_id),
+                            &body, NewIdempotencyKey());
+  if (!res.ok()) {
+    return absl::Status(res.status().code(), fmt::format("exec: {}", Msg(res.status())));
+  }
+  AttachTarget t;
+  t.session_id = JsonString(res->body, "session_id");
+  if (absl::Status s = CheckId(t.session_id, "ses"); !s.ok()) {
+    return absl::InternalError(fmt::format("exec: sbxd returned {}", Msg(s)));
+  }
+  if (res->body.contains("attach") && res->body["attach"].is_object()) {
+    t.url = JsonString(res->body["attach"], "url");
+    t.token = JsonString(res->body["attach"], "token");
+  }
+  if (o.interactive || o.tty) {
+    // stdin and the terminal need the WebSocket; the attach token is enough for it.
+    return RunWebSocketSession(client.endpoint(), t.token.empty() ? client.token() : t.token,
+                               t.session_id, o.tty);
+  }
+  client.set_second_signal_note(fmt::format(
+      "session {} keeps running; reattach with: sbx attach {}", t.session_id, t.session_id));
+  auto code = StreamSession(client, t);
+  if (!code.ok() && absl::IsCancelled(code.status())) {
+    PrintError(fmt::format(
+        "interrupted; session {} keeps running in sandbox {}; reattach with: sbx attach {}",
+        t.session_id, o.sandbox_id, t.session_id));
+    return 128 + client.interrupt_signal();
+  }
+  return code;
+}
+
+void RegisterExec(CLI::App& app, Context& ctx) {
+  auto o = std::make_shared<ExecOpts>();
+  CLI::App* cmd = app.add_subcommand("exec", "Run a command in an existing sandbox");
+  cmd->add_flag("-i,--interactive", o->interactive,
+                "Send local stdin to the command (EOF closes its stdin)");
+  cmd->add_flag("-t,--tty", o->tty,
+                "Run the command on a terminal (implies -i); with a terminal here, it is put "
+                "in raw mode until the command ends (Ctrl-C goes to the command) and window "
+                "size changes follow");
+  cmd->add_option("--timeout", o->timeout_s,
+                  "Kill the command after this many seconds (SIGTERM, SIGKILL 5 s later)")
+      ->check(CLI::Range(int64_t{1}, int64_t{30} * 86400));
+  cmd->add_option("sandbox", o->sandbox_id, "Sandbox id (sbx_…)")->required();
+  cmd->add_option("command", o->argv, "Command and arguments (after --)");
+  cmd->add_option("--cwd", o->cwd, "Working directory (absolute path in the sandbox)");
+  cmd->add_option("--user", o->user, "User to run as");
+  cmd->add_option("-e,--env", o->env, "Environment variable KEY=VALUE (repeatable)")
       ->allow_extra_args(false);
-    cmd->callback([o, &ctx] {
-      if (o->argv.empty()) {
-        ctx.usage_errors.push_back({"exec: missing command (sbx exec SANDBOX -- CMD ARGS...)"});
-        return;
-      }
-      if (absl::Status s = CheckId(o->sandbox_id, "sbx"); !s.ok()) {
-        ctx.usage_errors.push_back({fmt::format("exec: {}", Msg(s))});
-        return;
-      }
-      auto env = ParseKeyValues(o->env, "--env");
-      if (!env.ok()) {
-        ctx.usage_errors.push_back({Msg(env.status())});
-        return;
-      }
-      nlohmann::json body = {{"argv", o->argv}};
-      if (!env->empty()) body["env"] = *env;
-      if (!o->cwd.empty()) body["cwd"] = o->cwd;
-      if (!o->user.empty()) body["user"] = o->user;
-      if (o->timeout_s > 0) body["timeout_s"] = o->timeout_s;
-      if (o->tty) {
-        auto size = TerminalSize(STDIN_FILENO);
-        body["tty"] = size ? nlohmann::json{{"rows", std::min(size->first, 1000)},
-                                            {"cols", std::min(size->second, 1000)}}
-                           : nlohmann::json(true);
-      }
-      if (o->interactive) body["stdin"] = true;
-      ctx.action = [o, body](Client& client) -> absl::StatusOr<int> {
-        auto res = client.Request("POST", fmt::format("/v1/sandboxes/{}/sessions", o->sandbox_id),
-                                  &body, NewIdempotencyKey());
-        if (!res.ok()) {
-          return absl::Status(res.status().code(),
-                              fmt::format("exec: {}", Msg(res.status())));
-        }
-        AttachTarget t;
-        t.session_id = JsonString(res->body, "session_id");
-        if (absl::Status s = CheckId(t.session_id, "ses"); !s.ok()) {
-          return absl::InternalError(fmt::format("exec: sbxd returned {}", Msg(s)));
-        }
-        if (res->body.contains("attach") && res->body["attach"].is_object()) {
-          t.url = JsonString(res->body["attach"], "url");
-          t.token = JsonString(res->body["attach"], "token");
-        }
-        if (o->interactive || o->tty) {
-          // stdin and the terminal need the WebSocket; the attach token is enough for it.
-          return RunWebSocketSession(client.endpoint(),
-                                     t.token.empty() ? client.token() : t.token, t.session_id,
-                                     o->tty);
-        }
-        client.set_second_signal_note(fmt::format(
-            "session {} keeps running; reattach with: sbx attach {}", t.session_id,
-            t.session_id));
-        auto code = StreamSession(client, t);
-        if (!code.ok() && absl::IsCancelled(code.status())) {
-          PrintError(fmt::format(
-              "interrupted; session {} keeps running in sandbox {}; reattach with: sbx attach {}",
-              t.session_id, o->sandbox_id, t.session_id));
-          return 128 + client.interrupt_signal();
-        }
-        return code;
-      };
-    });
-  }
-  {
-    struct Opts {
-      std::string session_id;
-      std::string last_event_id;
+  cmd->callback([o, &ctx] {
+    std::optional<nlohmann::json> body = ExecBody(*o, ctx);
+    if (!body) return;
+    ctx.action = [o, body = std::move(*body)](Client& client) -> absl::StatusOr<int> {
+      return RunExec(client, *o, body);
     };
-    auto o = std::make_shared<Opts>();
-    CLI::App* cmd = app.add_subcommand(
-        "attach", "Stream a session's output (starts it if not started); exit with its code");
-    cmd->add_option("session", o->session_id, "Session id (ses_…)")->required();
-    cmd->add_option("--last-event-id", o->last_event_id, "Resume after this event id")
-        ->check(CLI::Validator(
-            [](std::string& v) -> std::string {
-              bool ok = !v.empty() && v.size() <= 19 &&
-                        v.find_first_not_of("0123456789") == std::string::npos;
-              return ok ? "" : "expected a non-negative event id";
-            },
-            "ID"));
-    cmd->callback([o, &ctx] {
-      if (absl::Status s = CheckId(o->session_id, "ses"); !s.ok()) {
-        ctx.usage_errors.push_back({fmt::format("attach: {}", Msg(s))});
-        return;
+  });
+}
+
+void RegisterAttach(CLI::App& app, Context& ctx) {
+  struct Opts {
+    std::string session_id;
+    std::string last_event_id;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* cmd = app.add_subcommand(
+      "attach", "Stream a session's output (starts it if not started); exit with its code");
+  cmd->add_option("session", o->session_id, "Session id (ses_…)")->required();
+  cmd->add_option("--last-event-id", o->last_event_id, "Resume after this event id")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            bool ok = !v.empty() && v.size() <= 19 &&
+                      v.find_first_not_of("0123456789") == std::string::npos;
+            return ok ? "" : "expected a non-negative event id";
+          },
+          "ID"));
+  cmd->callback([o, &ctx] {
+    if (absl::Status s = CheckId(o->session_id, "ses"); !s.ok()) {
+      ctx.usage_errors.push_back({fmt::format("attach: {}", Msg(s))});
+      return;
+    }
+    ctx.action = [o](Client& client) -> absl::StatusOr<int> {
+      AttachTarget t;
+      t.session_id = o->session_id;
+      t.last_event_id = o->last_event_id;
+      auto code = StreamSession(client, t);
+      if (!code.ok() && absl::IsCancelled(code.status())) {
+        PrintError(fmt::format("interrupted; session {} keeps running", t.session_id));
+        return 128 + client.interrupt_signal();
       }
-      ctx.action = [o](Client& client) -> absl::StatusOr<int> {
-        AttachTarget t;
-        t.session_id = o->session_id;
-        t.last_event_id = o->last_event_id;
-        auto code = StreamSession(client, t);
-        if (!code.ok() && absl::IsCancelled(code.status())) {
-          PrintError(fmt::format("interrupted; session {} keeps running", t.session_id));
-          return 128 + client.interrupt_signal();
-        }
-        return code;
-      };
-    });
-  }
+      return code;
+    };
+  });
+}
+
+}  // namespace
+
+void RegisterSessionCommands(CLI::App& app, Context& ctx) {
+  RegisterExec(app, ctx);
+  RegisterAttach(app, ctx);
 }
 
 }  // namespace sbx::cli

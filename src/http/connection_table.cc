@@ -65,13 +65,7 @@ ConnectionTable::Lease ConnectionTable::Admit(const boost::asio::ip::address& pe
     ++normal_;
     return Grant(std::move(key), Slot::kNormal, {});
   }
-  if (reserved_ < reserve_ && c.reserve < kReservePerAddress) {
-    ++c.reserve;
-    ++reserved_;
-    return Grant(std::move(key), Slot::kReserve, reason);
-  }
-  if (c.normal == 0 && c.reserve == 0) by_source_.erase(key);
-  return Grant(std::move(key), Slot::kRefused, reason);
+  return GrantReserve(std::move(key), c, reason);
 }
 
 ConnectionTable::Lease ConnectionTable::AdmitReserve(const boost::asio::ip::address& peer,
@@ -79,6 +73,11 @@ ConnectionTable::Lease ConnectionTable::AdmitReserve(const boost::asio::ip::addr
   std::string key = KeyOf(peer);
   std::lock_guard lock(mu_);
   Count& c = by_source_[key];
+  return GrantReserve(std::move(key), c, reason);
+}
+
+ConnectionTable::Lease ConnectionTable::GrantReserve(std::string key, Count& c,
+                                                     std::string_view reason) {
   if (reserved_ < reserve_ && c.reserve < kReservePerAddress) {
     ++c.reserve;
     ++reserved_;

@@ -81,6 +81,8 @@ class ConnectionTable {
     size_t reserve = 0;
   };
   Lease Grant(std::string key, Slot slot, std::string_view reason);
+  // A reserve slot for the source counted in `c` (by_source_[key]), or kRefused; mu_ held.
+  Lease GrantReserve(std::string key, Count& c, std::string_view reason);
   void Release(const std::string& key, Slot slot);
 
   const size_t max_, per_address_, reserve_;

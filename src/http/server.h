@@ -184,14 +184,13 @@ class Server {
   // accept failed with EMFILE/ENFILE: give up a spare, take one connection, serve it from the
   // reserve or refuse it. Never returns at once twice without progress (no busy loop).
   asio::awaitable<void> ShedAtFdLimit();
+  // Serves one accepted connection (http/connection.h) while `lease` holds its slot.
   asio::awaitable<void> Serve(asio::ip::tcp::socket socket, ConnectionTable::Lease lease);
   // Answers 503 to a connection that has no slot, without reading its request, and closes it;
   // `drain`: first read what the client sends for a moment (bounded), so that the 503 is not
   // lost to a reset.
   void Refuse(asio::ip::tcp::socket socket, std::string_view reason, bool drain);
   asio::awaitable<void> DrainAndClose(asio::ip::tcp::socket socket);
-  // A 503 with Retry-After and Connection: close, in the API's error shape.
-  Response Unavailable(const std::string& request_id) const;
   metrics::Counter& Rejected(std::string_view reason);
 
   ServerOptions opts_;

@@ -1,5 +1,6 @@
-// RAII owners for SQLite handles, and a cursor that binds, steps and reads one prepared
-// statement. Internal to the store; nothing outside src/store includes this.
+// RAII owners for SQLite handles, a cursor that binds, steps and reads one prepared statement,
+// and what a failed SQLite call becomes. Internal to the store; nothing outside src/store
+// includes this.
 #pragma once
 
 #include <sqlite3.h>
@@ -11,7 +12,22 @@
 #include <string_view>
 #include <utility>
 
+#include "absl/status/status.h"
+
 namespace sbx::store {
+
+// Each busy wait already blocks up to kBusyTimeoutMs inside SQLite; the retries on top only
+// cover the cases where SQLite returns SQLITE_BUSY without consulting the busy handler.
+inline constexpr int kBusyTimeoutMs = 5000;
+inline constexpr int kBusyRetries = 2;
+
+// "store: <step>: <sqlite message>", with a code for the result code (a primary key clash is
+// AlreadyExists, BUSY Unavailable, ...). Call before anything else touches the connection,
+// since sqlite3_errmsg describes only the most recent call.
+absl::Status SqliteError(sqlite3* db, int rc, std::string_view step);
+bool IsBusy(int rc);
+// The pause before retry `attempt` (0, 1, ...) after SQLITE_BUSY.
+void BackoffSleep(int attempt);
 
 struct SqliteDbCloser {
   // close_v2 defers the close until every statement is finalized, so destruction order between

@@ -1,0 +1,174 @@
+#include "store/sqlite_rows.h"
+
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "common/base64.h"
+#include "common/json_util.h"
+#include "common/status_util.h"
+
+namespace sbx::store {
+namespace {
+
+absl::Status BindJson(StmtCursor& q, int idx, const Json& j, std::string_view what) {
+  if (j.is_null()) {
+    q.BindNull(idx);
+    return absl::OkStatus();
+  }
+  if (j.is_discarded()) {
+    return absl::InvalidArgumentError(fmt::format("store: {}: JSON value is discarded", what));
+  }
+  try {
+    q.Bind(idx, j.dump());
+  } catch (const Json::exception& e) {  // e.g. a string that is not valid UTF-8
+    return absl::InvalidArgumentError(
+        fmt::format("store: {}: cannot encode JSON: {}", what, e.what()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Json> ColumnJson(const StmtCursor& q, int col, std::string_view what) {
+  if (q.IsNull(col)) return Json(nullptr);
+  // sbxd's own rows: what it wrote, from values that were depth-checked on the way in.
+  Json j = Json::parse(q.Text(col), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    return absl::DataLossError(fmt::format("store: {}: stored JSON does not parse", what));
+  }
+  return j;
+}
+
+}  // namespace
+
+absl::StatusOr<SandboxRecord> ReadSandbox(const StmtCursor& q) {
+  SandboxRecord r;
+  r.id = q.Text(0);
+  r.tenant_id = q.Text(1);
+  r.state = q.Text(2);
+  r.template_ref = q.Text(3);
+  r.template_digest = q.Text(4);
+  r.runtime = q.Text(5);
+  const std::string what = fmt::format("sandbox {}", r.id);
+  SBX_ASSIGN_OR_RETURN(r.resources, ColumnJson(q, 6, what + " resources"));
+  SBX_ASSIGN_OR_RETURN(r.effective_resources, ColumnJson(q, 7, what + " effective_resources"));
+  r.egress_profile = q.Text(8);
+  SBX_ASSIGN_OR_RETURN(r.env, ColumnJson(q, 9, what + " env"));
+  SBX_ASSIGN_OR_RETURN(r.labels, ColumnJson(q, 10, what + " labels"));
+  r.timeout_s = q.OptInt(11);
+  r.created_at = q.Text(12);
+  r.updated_at = q.Text(13);
+  r.current_operation_id = q.OptText(14);
+  SBX_ASSIGN_OR_RETURN(r.error, ColumnJson(q, 15, what + " error"));
+  SBX_ASSIGN_OR_RETURN(r.runtime_state, ColumnJson(q, 16, what + " runtime_state"));
+  r.idle_suspend_s = q.OptInt(17);
+  return r;
+}
+
+absl::Status BindSandbox(StmtCursor& q, const SandboxRecord& r) {
+  const std::string what = fmt::format("put sandbox {}", r.id);
+  q.Bind(1, r.id).Bind(2, r.tenant_id).Bind(3, r.state).Bind(4, r.template_ref);
+  q.Bind(5, r.template_digest).Bind(6, r.runtime);
+  SBX_RETURN_IF_ERROR(BindJson(q, 7, r.resources, what + " resources"));
+  SBX_RETURN_IF_ERROR(BindJson(q, 8, r.effective_resources, what + " effective_resources"));
+  q.Bind(9, r.egress_profile);
+  SBX_RETURN_IF_ERROR(BindJson(q, 10, r.env, what + " env"));
+  SBX_RETURN_IF_ERROR(BindJson(q, 11, r.labels, what + " labels"));
+  q.Bind(12, r.timeout_s).Bind(13, r.created_at).Bind(14, r.updated_at);
+  q.Bind(15, r.current_operation_id);
+  SBX_RETURN_IF_ERROR(BindJson(q, 16, r.error, what + " error"));
+  SBX_RETURN_IF_ERROR(BindJson(q, 17, r.runtime_state, what + " runtime_state"));
+  q.Bind(18, r.idle_suspend_s);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OperationRecord> ReadOperation(const StmtCursor& q) {
+  OperationRecord r;
+  r.id = q.Text(0);
+  r.tenant_id = q.Text(1);
+  r.kind = q.Text(2);
+  r.sandbox_id = q.Text(3);
+  r.state = q.Text(4);
+  const std::string what = fmt::format("operation {}", r.id);
+  SBX_ASSIGN_OR_RETURN(r.error, ColumnJson(q, 5, what + " error"));
+  SBX_ASSIGN_OR_RETURN(r.result, ColumnJson(q, 6, what + " result"));
+  r.created_at = q.Text(7);
+  r.updated_at = q.Text(8);
+  r.completed_at = q.OptText(9);
+  r.initiator = q.Text(10);
+  return r;
+}
+
+absl::Status BindOperation(StmtCursor& q, const OperationRecord& r) {
+  const std::string what = fmt::format("put operation {}", r.id);
+  q.Bind(1, r.id).Bind(2, r.tenant_id).Bind(3, r.kind).Bind(4, r.sandbox_id).Bind(5, r.state);
+  SBX_RETURN_IF_ERROR(BindJson(q, 6, r.error, what + " error"));
+  SBX_RETURN_IF_ERROR(BindJson(q, 7, r.result, what + " result"));
+  q.Bind(8, r.created_at).Bind(9, r.updated_at).Bind(10, r.completed_at);
+  q.Bind(11, r.initiator);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SessionRecord> ReadSession(const StmtCursor& q) {
+  SessionRecord r;
+  r.id = q.Text(0);
+  r.tenant_id = q.Text(1);
+  r.sandbox_id = q.Text(2);
+  r.state = q.Text(3);
+  SBX_ASSIGN_OR_RETURN(r.spec, ColumnJson(q, 4, fmt::format("session {} spec", r.id)));
+  if (auto code = q.OptInt(5)) r.exit_code = static_cast<int>(*code);
+  r.signal = q.OptText(6);
+  r.timed_out = q.Int(7) != 0;
+  r.oom_killed = q.Int(8) != 0;
+  r.created_at = q.Text(9);
+  r.started_at = q.OptText(10);
+  r.exited_at = q.OptText(11);
+  SBX_ASSIGN_OR_RETURN(r.error, ColumnJson(q, 12, fmt::format("session {} error", r.id)));
+  return r;
+}
+
+absl::Status BindSession(StmtCursor& q, const SessionRecord& r) {
+  q.Bind(1, r.id).Bind(2, r.tenant_id).Bind(3, r.sandbox_id).Bind(4, r.state);
+  SBX_RETURN_IF_ERROR(BindJson(q, 5, r.spec, fmt::format("put session {} spec", r.id)));
+  q.Bind(6, r.exit_code).Bind(7, r.signal).Bind(8, r.timed_out).Bind(9, r.oom_killed);
+  q.Bind(10, r.created_at).Bind(11, r.started_at).Bind(12, r.exited_at);
+  SBX_RETURN_IF_ERROR(BindJson(q, 13, r.error, fmt::format("put session {} error", r.id)));
+  return absl::OkStatus();
+}
+
+IdempotencyRecord ReadIdempotency(const StmtCursor& q) {
+  IdempotencyRecord r;
+  r.tenant_id = q.Text(0);
+  r.key = q.Text(1);
+  r.method = q.Text(2);
+  r.route = q.Text(3);
+  r.body_hash = q.Text(4);
+  r.status = static_cast<int>(q.Int(5));
+  r.response_body = q.Text(6);
+  r.created_at = q.Text(7);
+  return r;
+}
+
+absl::Status BindIdempotency(StmtCursor& q, const IdempotencyRecord& r) {
+  q.Bind(1, r.tenant_id).Bind(2, r.key).Bind(3, r.method).Bind(4, r.route);
+  q.Bind(5, r.body_hash).Bind(6, r.status).Bind(7, r.response_body).Bind(8, r.created_at);
+  return absl::OkStatus();
+}
+
+std::string EncodePageToken(const SandboxRecord& last) {
+  return Base64UrlEncode(Json::array({last.created_at, last.id}).dump());
+}
+
+std::optional<std::pair<std::string, std::string>> DecodePageToken(const std::string& token) {
+  std::optional<std::string> raw = Base64UrlDecode(token);
+  if (!raw) return std::nullopt;
+  // The token comes back from the client (?page_token=): any bytes at all.
+  auto parsed = ParseUntrustedJson(*raw);
+  if (!parsed.ok()) return std::nullopt;
+  const Json& j = *parsed;
+  if (!j.is_array() || j.size() != 2 || !j[0].is_string() || !j[1].is_string()) {
+    return std::nullopt;
+  }
+  return std::make_pair(j[0].get<std::string>(), j[1].get<std::string>());
+}
+
+}  // namespace sbx::store

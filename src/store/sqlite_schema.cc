@@ -1,0 +1,209 @@
+#include "store/sqlite_schema.h"
+
+#include <iterator>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "common/status_util.h"
+#include "store/sqlite_handle.h"
+
+namespace sbx::store {
+namespace {
+
+// Schema migrations. Entry i upgrades PRAGMA user_version i to i + 1. Append only: never edit
+// an entry that has shipped, add a new one instead.
+//
+// JSON columns hold json::dump() text, or NULL for a JSON null. Foreign keys are DEFERRED so a
+// transaction may write an operation or session before the sandbox it points at; the check
+// runs at COMMIT.
+constexpr const char* kMigrations[] = {
+    R"sql(
+CREATE TABLE sandboxes (
+  id                   TEXT PRIMARY KEY,
+  tenant_id            TEXT NOT NULL,
+  state                TEXT NOT NULL,
+  template_ref         TEXT NOT NULL,
+  template_digest      TEXT NOT NULL,
+  runtime              TEXT NOT NULL,
+  resources            TEXT,
+  effective_resources  TEXT,
+  egress_profile       TEXT NOT NULL,
+  env                  TEXT,
+  labels               TEXT,
+  timeout_s            INTEGER,
+  created_at           TEXT NOT NULL,
+  updated_at           TEXT NOT NULL,
+  current_operation_id TEXT,
+  error                TEXT,
+  runtime_state        TEXT
+) STRICT;
+CREATE INDEX sandboxes_by_tenant ON sandboxes (tenant_id, created_at, id);
+CREATE INDEX sandboxes_live ON sandboxes (created_at, id) WHERE state <> 'deleted';
+
+CREATE TABLE operations (
+  id           TEXT PRIMARY KEY,
+  tenant_id    TEXT NOT NULL,
+  kind         TEXT NOT NULL,
+  sandbox_id   TEXT NOT NULL REFERENCES sandboxes (id) DEFERRABLE INITIALLY DEFERRED,
+  state        TEXT NOT NULL,
+  error        TEXT,
+  result       TEXT,
+  created_at   TEXT NOT NULL,
+  updated_at   TEXT NOT NULL,
+  completed_at TEXT
+) STRICT;
+CREATE INDEX operations_by_state ON operations (state, created_at, id);
+CREATE INDEX operations_by_sandbox ON operations (sandbox_id);
+
+CREATE TABLE sessions (
+  id         TEXT PRIMARY KEY,
+  tenant_id  TEXT NOT NULL,
+  sandbox_id TEXT NOT NULL REFERENCES sandboxes (id) DEFERRABLE INITIALLY DEFERRED,
+  state      TEXT NOT NULL,
+  spec       TEXT,
+  exit_code  INTEGER,
+  signal     TEXT,
+  timed_out  INTEGER NOT NULL,
+  oom_killed INTEGER NOT NULL,
+  created_at TEXT NOT NULL,
+  started_at TEXT,
+  exited_at  TEXT
+) STRICT;
+CREATE INDEX sessions_by_sandbox ON sessions (sandbox_id, created_at, id);
+
+CREATE TABLE idempotency_keys (
+  tenant_id     TEXT NOT NULL,
+  key           TEXT NOT NULL,
+  method        TEXT NOT NULL,
+  route         TEXT NOT NULL,
+  body_hash     TEXT NOT NULL,
+  status        INTEGER NOT NULL,
+  response_body TEXT NOT NULL,
+  created_at    TEXT NOT NULL,
+  PRIMARY KEY (tenant_id, key, method, route)
+) STRICT;
+CREATE INDEX idempotency_by_created ON idempotency_keys (created_at);
+)sql",
+    // 2: idle suspension per sandbox (null: the deployment default), and who started an
+    // operation ("api", or the server's own timers: "ttl", "idle").
+    R"sql(
+ALTER TABLE sandboxes ADD COLUMN idle_suspend_s INTEGER;
+ALTER TABLE operations ADD COLUMN initiator TEXT NOT NULL DEFAULT 'api';
+CREATE INDEX sandboxes_deleted ON sandboxes (updated_at) WHERE state = 'deleted';
+)sql",
+    // 3: why a session ended without an exit of its own (its sandbox's agent died).
+    R"sql(
+ALTER TABLE sessions ADD COLUMN error TEXT;
+)sql",
+};
+constexpr int kSchemaVersion = static_cast<int>(std::size(kMigrations));
+
+absl::StatusOr<int> ReadUserVersion(sqlite3* db, std::string_view step) {
+  sqlite3_stmt* raw = nullptr;
+  int rc = sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &raw, nullptr);
+  SqliteStmt stmt(raw);
+  if (rc == SQLITE_OK) rc = sqlite3_step(stmt.get());
+  if (rc != SQLITE_ROW) return SqliteError(db, rc, step);
+  return sqlite3_column_int(stmt.get(), 0);
+}
+
+// What one connection needs, prefixed "store: open <path>: " in messages.
+class SchemaSetup {
+ public:
+  SchemaSetup(sqlite3* db, const std::string& path)
+      : db_(db), path_(path), prefix_(fmt::format("open {}", path)) {}
+
+  absl::Status Run() {
+    int rc = sqlite3_busy_timeout(db_, kBusyTimeoutMs);
+    if (rc != SQLITE_OK) return Fail(rc, "set busy_timeout");
+
+    // The first statement that reads the file: a non-database fails here with SQLITE_NOTADB,
+    // and a newer schema is refused before this binary changes anything (such as the journal
+    // mode).
+    SBX_ASSIGN_OR_RETURN(int version,
+                         ReadUserVersion(db_, fmt::format("{}: read schema version", prefix_)));
+    if (version > kSchemaVersion) return RefuseNewer(version);
+
+    SBX_RETURN_IF_ERROR(SetWal());
+    SBX_RETURN_IF_ERROR(Exec("PRAGMA synchronous = NORMAL", "set synchronous=NORMAL"));
+    SBX_RETURN_IF_ERROR(Exec("PRAGMA foreign_keys = ON", "set foreign_keys=ON"));
+
+    if (version == kSchemaVersion) return absl::OkStatus();
+    return MigrateLocked();
+  }
+
+ private:
+  absl::Status Fail(int rc, std::string_view step) const {
+    return SqliteError(db_, rc, fmt::format("{}: {}", prefix_, step));
+  }
+
+  absl::Status RefuseNewer(int version) const {
+    return absl::FailedPreconditionError(fmt::format(
+        "store: open {}: schema version {} is newer than this binary supports ({}); "
+        "refusing to open it (run a newer sbxd or restore a matching backup)",
+        path_, version, kSchemaVersion));
+  }
+
+  absl::Status Exec(const char* sql, std::string_view step) const {
+    int rc = sqlite3_exec(db_, sql, nullptr, nullptr, nullptr);
+    return rc == SQLITE_OK ? absl::OkStatus() : Fail(rc, step);
+  }
+
+  absl::Status SetWal() const {
+    sqlite3_stmt* raw = nullptr;
+    int rc = sqlite3_prepare_v2(db_, "PRAGMA journal_mode = WAL", -1, &raw, nullptr);
+    SqliteStmt stmt(raw);
+    if (rc == SQLITE_OK) rc = sqlite3_step(stmt.get());
+    if (rc != SQLITE_ROW) return Fail(rc, "set journal_mode=WAL");
+    const auto* mode = reinterpret_cast<const char*>(sqlite3_column_text(stmt.get(), 0));
+    std::string_view m = mode != nullptr ? mode : "";
+    // In-memory databases cannot use WAL and report "memory"; anything else is a real failure.
+    if (m != "wal" && m != "memory") {
+      return absl::InternalError(fmt::format(
+          "store: {}: set journal_mode=WAL: SQLite kept journal mode '{}'", prefix_, m));
+    }
+    return absl::OkStatus();
+  }
+
+  // Migrates under a write lock, re-reading the version inside it: another process may have
+  // migrated between our first read and the lock.
+  absl::Status MigrateLocked() const {
+    for (int attempt = 0;; ++attempt) {
+      int rc = sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr);
+      if (rc == SQLITE_OK) break;
+      if (!IsBusy(rc) || attempt >= kBusyRetries) return Fail(rc, "migrate: begin");
+      BackoffSleep(attempt);
+    }
+    absl::Status st = Migrate();
+    if (!st.ok() && !sqlite3_get_autocommit(db_)) {
+      sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+    }
+    return st;
+  }
+
+  absl::Status Migrate() const {
+    SBX_ASSIGN_OR_RETURN(
+        int v, ReadUserVersion(db_, fmt::format("{}: migrate: read schema version", prefix_)));
+    if (v > kSchemaVersion) return RefuseNewer(v);
+    for (; v < kSchemaVersion; ++v) {
+      SBX_RETURN_IF_ERROR(Exec(kMigrations[v], fmt::format("migrate to version {}", v + 1)));
+    }
+    // PRAGMA takes no bound parameters; the value is a compile-time constant, not input.
+    SBX_RETURN_IF_ERROR(Exec(fmt::format("PRAGMA user_version = {}", kSchemaVersion).c_str(),
+                             "migrate: set user_version"));
+    return Exec("COMMIT", "migrate: commit");
+  }
+
+  sqlite3* db_;
+  const std::string& path_;
+  const std::string prefix_;
+};
+
+}  // namespace
+
+absl::Status PrepareSchema(sqlite3* db, const std::string& path) {
+  return SchemaSetup(db, path).Run();
+}
+
+}  // namespace sbx::store
