@@ -2,10 +2,10 @@
 // environment variables, overridden by command-line flags. docs/config.md is the operator's
 // reference; config_test checks that it and deploy/sbxd.toml name every key.
 //
-// Every setting is one key in the table in config.cc (its TOML path, flag, type, range, whether
-// a reload applies it): adding a setting is a field in Config plus one row there. The environment
-// name derives from the path (EnvName); the three sources share one parser per type and one
-// Validate(), so a value is checked the same way wherever it came from.
+// Every setting is one key in the table in config_keys.cc (its TOML path, flag, type, range,
+// whether a reload applies it): adding a setting is a field in Config plus one row there. The
+// environment name derives from the path (EnvName); the three sources share one parser per type
+// and one Validate(), so a value is checked the same way wherever it came from.
 #pragma once
 
 #include <cstdint>
