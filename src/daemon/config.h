@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "runtime/resources.h"
 
 namespace CLI {
 class App;
@@ -77,27 +78,6 @@ struct Config {
     Ns ns;
     bool operator==(const Runtime&) const = default;
   };
-  // Applied where a create omits a resource; the last four are not requestable. The same
-  // numbers as runtime::Resources{} (config_test checks it).
-  struct SandboxDefaults {
-    int64_t vcpu = 1;
-    int64_t memory_mib = 512;
-    int64_t disk_mib = 1024;
-    int64_t pids = 512;
-    int64_t open_files = 4096;
-    int64_t tmp_mib = 256;
-    int64_t shm_mib = 64;
-    bool operator==(const SandboxDefaults&) const = default;
-  };
-  // What a create may ask for; the same numbers as api::ResourceLimits{}.
-  struct SandboxLimits {
-    int64_t max_vcpu = 64;
-    int64_t min_memory_mib = 32;
-    int64_t max_memory_mib = 65536;
-    int64_t min_disk_mib = 64;
-    int64_t max_disk_mib = 1 << 20;
-    bool operator==(const SandboxLimits&) const = default;
-  };
   // Server-side timers of new sandboxes (keys sandbox.defaults.timeout_s and idle_suspend_s).
   struct SandboxTimers {
     int64_t timeout_s = 0;             // TTL when a create has none; 0: no TTL
@@ -105,8 +85,10 @@ struct Config {
     bool operator==(const SandboxTimers&) const = default;
   };
   struct Sandbox {
-    SandboxDefaults defaults;
-    SandboxLimits limits;
+    // Applied where a create omits a resource (pids, open_files, tmp_mib and shm_mib are not
+    // requestable), and what a create may ask for. Their built-in values are resources.h's.
+    runtime::Resources defaults;
+    runtime::ResourceLimits limits;
     SandboxTimers timers;
     bool operator==(const Sandbox&) const = default;
   };

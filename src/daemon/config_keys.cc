@@ -5,11 +5,20 @@
 
 #include "daemon/config.h"
 #include "daemon/config_internal.h"
+#include "runtime/ns/disk_image.h"
 
 namespace sbx::daemon {
 namespace {
 
 using config_internal::Type;
+
+// The ranges a default and the limits on it share: what sbxd can enforce at all.
+constexpr int64_t kLeastVcpu = runtime::ResourceLimits{}.min_vcpu;
+constexpr int64_t kMostVcpu = 1024;
+constexpr int64_t kLeastMemoryMib = 16;
+constexpr int64_t kMostMemoryMib = 4194304;
+constexpr int64_t kLeastDiskMib = runtime::ns::kMinDiskMib;
+constexpr int64_t kMostDiskMib = runtime::ns::kMaxDiskMib;
 
 // Shorthands for the table below: the field of a key, by type.
 #define SBX_STR(field) .str = [](Config& c) { return &c.field; }
@@ -130,15 +139,16 @@ const std::vector<KeyInfo> kKeys = {
              "sandboxes run); empty: <sbxd's own cgroup>/sbx. One sbxd per parent",
      SBX_STR(runtime.ns.cgroup_parent)},
     {.path = "sandbox.defaults.vcpu", .type = Type::kInt, .flag = "--default-vcpu",
-     .reloadable = true, .min = 1, .max = 1024, .why = "whole CPUs of CPU quota",
+     .reloadable = true, .min = kLeastVcpu, .max = kMostVcpu, .why = "whole CPUs of CPU quota",
      .help = "CPU quota (whole CPUs) of a sandbox whose create does not ask",
      SBX_NUM(sandbox.defaults.vcpu)},
     {.path = "sandbox.defaults.memory_mib", .type = Type::kInt, .flag = "--default-memory-mib",
-     .reloadable = true, .min = 16, .max = 4194304, .why = "a memory limit in MiB",
+     .reloadable = true, .min = kLeastMemoryMib, .max = kMostMemoryMib,
+     .why = "a memory limit in MiB",
      .help = "memory limit in MiB of a sandbox whose create does not ask",
      SBX_NUM(sandbox.defaults.memory_mib)},
     {.path = "sandbox.defaults.disk_mib", .type = Type::kInt, .flag = "--default-disk-mib",
-     .reloadable = true, .min = 16, .max = 1048576,
+     .reloadable = true, .min = kLeastDiskMib, .max = kMostDiskMib,
      .why = "the ns runtime's disk images hold 16 MiB to 1 TiB",
      .help = "disk cap in MiB of a sandbox whose create does not ask (also the size of the "
              "disks runtime.ns.disk_pool makes ahead)",
@@ -174,20 +184,22 @@ const std::vector<KeyInfo> kKeys = {
              "a sandbox whose create has no idle_suspend_s is suspended (0: never)",
      SBX_NUM(sandbox.timers.idle_suspend_s)},
     {.path = "sandbox.limits.max_vcpu", .type = Type::kInt, .flag = "--max-vcpu",
-     .reloadable = true, .min = 1, .max = 1024, .why = "whole CPUs of CPU quota",
+     .reloadable = true, .min = kLeastVcpu, .max = kMostVcpu, .why = "whole CPUs of CPU quota",
      .help = "the most vcpu a create may ask for", SBX_NUM(sandbox.limits.max_vcpu)},
     {.path = "sandbox.limits.min_memory_mib", .type = Type::kInt, .flag = "--min-memory-mib",
-     .reloadable = true, .min = 16, .max = 4194304, .why = "a memory limit in MiB",
+     .reloadable = true, .min = kLeastMemoryMib, .max = kMostMemoryMib,
+     .why = "a memory limit in MiB",
      .help = "the least memory_mib a create may ask for", SBX_NUM(sandbox.limits.min_memory_mib)},
     {.path = "sandbox.limits.max_memory_mib", .type = Type::kInt, .flag = "--max-memory-mib",
-     .reloadable = true, .min = 16, .max = 4194304, .why = "a memory limit in MiB",
+     .reloadable = true, .min = kLeastMemoryMib, .max = kMostMemoryMib,
+     .why = "a memory limit in MiB",
      .help = "the most memory_mib a create may ask for", SBX_NUM(sandbox.limits.max_memory_mib)},
     {.path = "sandbox.limits.min_disk_mib", .type = Type::kInt, .flag = "--min-disk-mib",
-     .reloadable = true, .min = 16, .max = 1048576,
+     .reloadable = true, .min = kLeastDiskMib, .max = kMostDiskMib,
      .why = "the ns runtime's disk images hold 16 MiB to 1 TiB",
      .help = "the least disk_mib a create may ask for", SBX_NUM(sandbox.limits.min_disk_mib)},
     {.path = "sandbox.limits.max_disk_mib", .type = Type::kInt, .flag = "--max-disk-mib",
-     .reloadable = true, .min = 16, .max = 1048576,
+     .reloadable = true, .min = kLeastDiskMib, .max = kMostDiskMib,
      .why = "the ns runtime's disk images hold 16 MiB to 1 TiB",
      .help = "the most disk_mib a create may ask for", SBX_NUM(sandbox.limits.max_disk_mib)},
     {.path = "admission.enabled", .type = Type::kBool, .flag = "--admission", .reloadable = true,

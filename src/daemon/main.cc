@@ -91,28 +91,11 @@ int Fail(const absl::Status& s) {
 // The configuration applied to the layers: at start-up, and for the live keys on SIGHUP. The
 // keys themselves are defined in config_keys.cc.
 
-sbx::runtime::Resources ResourcesOf(const Config& c) {
-  const auto& d = c.sandbox.defaults;
-  sbx::runtime::Resources r;
-  r.vcpu = static_cast<int>(d.vcpu);
-  r.memory_mib = static_cast<int>(d.memory_mib);
-  r.disk_mib = static_cast<int>(d.disk_mib);
-  r.pids = static_cast<int>(d.pids);
-  r.open_files = ClampOpenFiles(d.open_files,
-                                sbx::daemon::Describe(c, "sandbox.defaults.open_files"));
-  r.tmp_mib = static_cast<int>(d.tmp_mib);
-  r.shm_mib = static_cast<int>(d.shm_mib);
-  return r;
-}
-
-sbx::api::ResourceLimits LimitsOf(const Config& c) {
-  const auto& l = c.sandbox.limits;
-  sbx::api::ResourceLimits r;
-  r.max_vcpu = static_cast<int>(l.max_vcpu);
-  r.min_memory_mib = static_cast<int>(l.min_memory_mib);
-  r.max_memory_mib = static_cast<int>(l.max_memory_mib);
-  r.min_disk_mib = static_cast<int>(l.min_disk_mib);
-  r.max_disk_mib = static_cast<int>(l.max_disk_mib);
+// The configured defaults, with open_files lowered to what this process can hand out.
+sbx::runtime::Resources DefaultsOf(const Config& c) {
+  sbx::runtime::Resources r = c.sandbox.defaults;
+  r.open_files =
+      ClampOpenFiles(r.open_files, sbx::daemon::Describe(c, "sandbox.defaults.open_files"));
   return r;
 }
 
@@ -147,7 +130,7 @@ sbx::service::AdmissionSettings AdmissionOf(const Config& c) {
 
 sbx::service::LiveOptions LiveOptionsOf(const Config& c) {
   sbx::service::LiveOptions live;
-  live.defaults = ResourcesOf(c);
+  live.defaults = DefaultsOf(c);
   live.timers = TimersOf(c);
   live.attach_token_ttl = std::chrono::seconds(c.sessions.attach_token_ttl_s);
   live.warm_pools = WarmPoolsOf(c);
@@ -197,7 +180,7 @@ void Reload(const sbx::daemon::CommandLine& cl, Config& running, sbx::api::Api& 
                   std::string(st.message()));
     return;
   }
-  api.SetLimits(LimitsOf(plan.config));
+  api.SetLimits(plan.config.sandbox.limits);
   SetLogLevel(plan.config);
   for (const auto& ch : plan.needs_restart) {
     spdlog::warn("SIGHUP: {} changed ({} -> {}) but needs a restart; keeping {}", ch.key,
@@ -360,7 +343,7 @@ void StartService(Daemon& d, const sbx::runtime::Resources& defaults) {
 absl::Status ServeApi(Daemon& d, sbx::http::ServerOptions hopts) {
   sbx::api::ApiOptions aopts;
   aopts.admin_token = d.admin_token;
-  aopts.limits = LimitsOf(d.cfg);
+  aopts.limits = d.cfg.sandbox.limits;
   aopts.metrics_public = d.cfg.metrics.public_endpoint;
   d.api = std::make_unique<sbx::api::Api>(*d.svc, aopts);
   sbx::api::Api& api = *d.api;
@@ -454,7 +437,7 @@ int main(int argc, char** argv) {
 
   auto hopts = CheckSettings(cfg);
   if (!hopts.ok()) return Fail(hopts.status());
-  const sbx::runtime::Resources defaults = ResourcesOf(cfg);
+  const sbx::runtime::Resources defaults = DefaultsOf(cfg);
   if (auto st = OpenState(d); !st.ok()) return Fail(st);
   // A host that lacks what the runtime needs is refused here, with the doctor's diagnosis,
   // instead of at the first create.

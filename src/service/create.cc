@@ -45,11 +45,7 @@ absl::StatusOr<WarmSandbox> SandboxService::BuildWarm(const WarmPoolConfig& conf
 std::optional<WarmSandbox> SandboxService::TakeWarm(const CreateSandboxRequest& req,
                                                     const runtime::Resources& defaults) {
   // Pooled sandboxes have the default limits; any other request is built cold.
-  if ((req.vcpu && *req.vcpu != defaults.vcpu) ||
-      (req.memory_mib && *req.memory_mib != defaults.memory_mib) ||
-      (req.disk_mib && *req.disk_mib != defaults.disk_mib)) {
-    return std::nullopt;
-  }
+  if (!(EffectiveOf(req, defaults) == defaults)) return std::nullopt;
   auto tmpl = templates_.Resolve(req.template_ref);
   if (!tmpl.ok()) return std::nullopt;
   return pool_->Take(req.runtime.value_or(opts_.default_runtime), tmpl->name, tmpl->digest,
@@ -77,6 +73,7 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
   // One snapshot for the whole create: a reload meanwhile must not give a pooled sandbox built
   // with the old defaults the new ones' effective_resources.
   const runtime::Resources defaults = this->defaults();
+  const runtime::Resources effective = EffectiveOf(req, defaults);
   std::optional<WarmSandbox> warm = TakeWarm(req, defaults);
   bool warm_used = false;
   std::optional<OperationRecord> finished;  // the create, when the warm pool served it
@@ -107,9 +104,7 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
     // Before anything is recorded or built. A pooled sandbox already holds its resources
     // (under the same id).
     if (!warm) {
-      const Demand want{req.vcpu.value_or(defaults.vcpu), req.memory_mib.value_or(defaults.memory_mib),
-                        req.disk_mib.value_or(defaults.disk_mib)};
-      SBX_RETURN_IF_ERROR(admission_->Admit(sb.id, want, "the sandbox"));
+      SBX_RETURN_IF_ERROR(admission_->Admit(sb.id, DemandOf(effective), "the sandbox"));
       admitted = sb.id;
     }
     sb.tenant_id = caller.tenant_id;
@@ -117,11 +112,8 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
     sb.template_ref = req.template_ref;
     sb.template_digest = tmpl.digest;
     sb.runtime = runtime_name;
-    sb.resources = json::object();
-    if (req.vcpu) sb.resources["vcpu"] = *req.vcpu;
-    if (req.memory_mib) sb.resources["memory_mib"] = *req.memory_mib;
-    if (req.disk_mib) sb.resources["disk_mib"] = *req.disk_mib;
-    sb.effective_resources = EffectiveResources(req, defaults, opts_.output_buffer_bytes);
+    sb.resources = RequestedResources(req);
+    sb.effective_resources = EffectiveResources(effective, opts_.output_buffer_bytes);
     sb.egress_profile = req.egress_profile;
     sb.env = req.env;
     sb.labels = req.labels;

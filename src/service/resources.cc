@@ -1,5 +1,7 @@
 #include <fmt/format.h>
 
+#include <utility>
+
 #include "common/status_util.h"
 #include "service/service_internal.h"
 #include "service/sandbox_service.h"
@@ -14,35 +16,48 @@ using namespace internal;  // this folder's helpers (service_internal.h)
 namespace internal {
 namespace {
 
-int IntOr(const json& eff, const char* key, int fallback) {
-  if (!eff.is_object()) return fallback;
-  auto it = eff.find(key);
-  return it != eff.end() && it->is_number_integer() ? it->get<int>() : fallback;
-}
+// The stored form of runtime::Resources: one key of effective_resources per field.
+constexpr std::pair<const char*, int64_t runtime::Resources::*> kStoredFields[] = {
+    {"vcpu", &runtime::Resources::vcpu},
+    {"memory_mib", &runtime::Resources::memory_mib},
+    {"disk_mib", &runtime::Resources::disk_mib},
+    {"pids", &runtime::Resources::pids},
+    {"open_files", &runtime::Resources::open_files},
+    {"tmp_mib", &runtime::Resources::tmp_mib},
+    {"shm_mib", &runtime::Resources::shm_mib},
+};
 
 }  // namespace
 
-json EffectiveResources(const CreateSandboxRequest& req, const runtime::Resources& d,
-                        int64_t output_buffer_bytes) {
-  return {{"vcpu", req.vcpu.value_or(d.vcpu)},
-          {"memory_mib", req.memory_mib.value_or(d.memory_mib)},
-          {"disk_mib", req.disk_mib.value_or(d.disk_mib)},
-          {"pids", d.pids},
-          {"open_files", d.open_files},
-          {"tmp_mib", d.tmp_mib},
-          {"shm_mib", d.shm_mib},
-          {"output_buffer_bytes", output_buffer_bytes}};
+runtime::Resources EffectiveOf(const CreateSandboxRequest& req, runtime::Resources defaults) {
+  defaults.vcpu = req.vcpu.value_or(defaults.vcpu);
+  defaults.memory_mib = req.memory_mib.value_or(defaults.memory_mib);
+  defaults.disk_mib = req.disk_mib.value_or(defaults.disk_mib);
+  return defaults;
+}
+
+json RequestedResources(const CreateSandboxRequest& req) {
+  json out = json::object();
+  if (req.vcpu) out["vcpu"] = *req.vcpu;
+  if (req.memory_mib) out["memory_mib"] = *req.memory_mib;
+  if (req.disk_mib) out["disk_mib"] = *req.disk_mib;
+  return out;
+}
+
+json EffectiveResources(const runtime::Resources& r, int64_t output_buffer_bytes) {
+  json out = json::object();
+  for (const auto& [key, field] : kStoredFields) out[key] = r.*field;
+  out["output_buffer_bytes"] = output_buffer_bytes;
+  return out;
 }
 
 runtime::Resources ResourcesOf(const json& eff, const runtime::Resources& d) {
-  runtime::Resources r;
-  r.vcpu = IntOr(eff, "vcpu", d.vcpu);
-  r.memory_mib = IntOr(eff, "memory_mib", d.memory_mib);
-  r.disk_mib = IntOr(eff, "disk_mib", d.disk_mib);
-  r.pids = IntOr(eff, "pids", d.pids);
-  r.open_files = IntOr(eff, "open_files", d.open_files);
-  r.tmp_mib = IntOr(eff, "tmp_mib", d.tmp_mib);
-  r.shm_mib = IntOr(eff, "shm_mib", d.shm_mib);
+  runtime::Resources r = d;
+  if (!eff.is_object()) return r;
+  for (const auto& [key, field] : kStoredFields) {
+    auto it = eff.find(key);
+    if (it != eff.end() && it->is_number_integer()) r.*field = it->get<int64_t>();
+  }
   return r;
 }
 
@@ -60,18 +75,11 @@ bool HoldsResources(const SandboxRecord& sb) {
 
 void FillEffectiveDefaults(SandboxRecord& sb, const runtime::Resources& defaults,
                            int64_t output_buffer_bytes) {
-  const runtime::Resources r = ResourcesOf(sb.effective_resources, defaults);
   json eff = sb.effective_resources.is_object() ? sb.effective_resources : json::object();
-  for (const auto& [k, v] : {std::pair<const char*, int>{"vcpu", r.vcpu},
-                             {"memory_mib", r.memory_mib},
-                             {"disk_mib", r.disk_mib},
-                             {"pids", r.pids},
-                             {"open_files", r.open_files},
-                             {"tmp_mib", r.tmp_mib},
-                             {"shm_mib", r.shm_mib}}) {
+  const json filled = EffectiveResources(ResourcesOf(eff, defaults), output_buffer_bytes);
+  for (const auto& [k, v] : filled.items()) {
     if (!eff.contains(k)) eff[k] = v;
   }
-  if (!eff.contains("output_buffer_bytes")) eff["output_buffer_bytes"] = output_buffer_bytes;
   sb.effective_resources = std::move(eff);
 }
 

@@ -26,11 +26,15 @@ nlohmann::json ErrorJson(std::string_view code, const absl::Status& s);
 
 // --- Resources (resources.cc) ---
 
-// effective_resources of a new sandbox: what it was asked for, the rest from the deployment.
-nlohmann::json EffectiveResources(const CreateSandboxRequest& req, const runtime::Resources& d,
-                                  int64_t output_buffer_bytes);
-// Sandboxes stored before a key existed get today's deployment default for it, both when
-// (re)launched and when shown.
+// What a new sandbox gets: what its create asked for, the rest from the deployment's defaults.
+// Computed once per create; the warm pool's match, admission and the stored record derive from
+// it.
+runtime::Resources EffectiveOf(const CreateSandboxRequest& req, runtime::Resources defaults);
+// The stored forms: `resources` as requested (omitted ones absent), and effective_resources.
+nlohmann::json RequestedResources(const CreateSandboxRequest& req);
+nlohmann::json EffectiveResources(const runtime::Resources& r, int64_t output_buffer_bytes);
+// effective_resources read back. Sandboxes stored before a key existed get today's deployment
+// default for it, both when (re)launched and when shown.
 runtime::Resources ResourcesOf(const nlohmann::json& eff, const runtime::Resources& d);
 Demand DemandOf(const runtime::Resources& r);
 // Whether a stored sandbox holds host resources (admission.h): everything that may still have
