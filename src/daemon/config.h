@@ -17,7 +17,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "runtime/ns/ns_backend.h"
 #include "runtime/resources.h"
+#include "service/admission.h"
 
 namespace CLI {
 class App;
@@ -67,8 +69,9 @@ struct Config {
     std::string seccomp_policy;  // empty: the policy embedded at build time
     bool cgroup_favor_dynmods = true;
     std::string cgroup_parent;  // empty: <sbxd's own cgroup>/sbx
-    int64_t agent_memory_mib = 256;
-    int64_t agent_pids = 256;
+    // The agent's own cgroup budget; built-in values from the runtime's options.
+    int64_t agent_memory_mib = runtime::ns::NsOptions{}.agent_memory_mib;
+    int64_t agent_pids = runtime::ns::NsOptions{}.agent_pids;
     bool operator==(const Ns&) const = default;
   };
   struct Runtime {
@@ -92,17 +95,9 @@ struct Config {
     SandboxTimers timers;
     bool operator==(const Sandbox&) const = default;
   };
-  // Admission control (service/admission.h): creates are refused once what sandboxes hold
-  // reaches host x overcommit - reserve. Ratios are percentages (100: no overcommit).
-  struct Admission {
-    bool enabled = true;
-    int64_t cpu_overcommit_percent = 1600;
-    int64_t memory_overcommit_percent = 100;
-    int64_t disk_overcommit_percent = 100;
-    int64_t reserve_memory_mib = 1024;
-    int64_t reserve_disk_mib = 2048;
-    bool operator==(const Admission&) const = default;
-  };
+  // Admission control: creates are refused once what sandboxes hold reaches host x overcommit -
+  // reserve. The service's own settings (service/admission.h), whose built-in values these are.
+  using Admission = service::AdmissionSettings;
   struct Sessions {
     int64_t output_buffer_bytes = 8 << 20;
     int64_t attach_token_ttl_s = 900;

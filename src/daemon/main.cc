@@ -117,24 +117,13 @@ sbx::service::TimerSettings TimersOf(const Config& c) {
   return t;
 }
 
-sbx::service::AdmissionSettings AdmissionOf(const Config& c) {
-  sbx::service::AdmissionSettings a;
-  a.enabled = c.admission.enabled;
-  a.cpu_overcommit_percent = c.admission.cpu_overcommit_percent;
-  a.memory_overcommit_percent = c.admission.memory_overcommit_percent;
-  a.disk_overcommit_percent = c.admission.disk_overcommit_percent;
-  a.reserve_memory_mib = c.admission.reserve_memory_mib;
-  a.reserve_disk_mib = c.admission.reserve_disk_mib;
-  return a;
-}
-
 sbx::service::LiveOptions LiveOptionsOf(const Config& c) {
   sbx::service::LiveOptions live;
   live.defaults = DefaultsOf(c);
   live.timers = TimersOf(c);
   live.attach_token_ttl = std::chrono::seconds(c.sessions.attach_token_ttl_s);
   live.warm_pools = WarmPoolsOf(c);
-  live.admission = AdmissionOf(c);
+  live.admission = c.admission;
   return live;
 }
 
@@ -325,7 +314,7 @@ void StartService(Daemon& d, const sbx::runtime::Resources& defaults) {
   sopts.defaults = defaults;
   sopts.output_buffer_bytes = cfg.sessions.output_buffer_bytes;
   sopts.timers = TimersOf(cfg);
-  sopts.admission = AdmissionOf(cfg);
+  sopts.admission = cfg.admission;
   sopts.guest_replies.in_flight = static_cast<size_t>(cfg.server.guest_replies_in_flight);
   sopts.guest_replies.per_sandbox = static_cast<size_t>(cfg.server.guest_replies_per_sandbox);
   std::vector<const sbx::runtime::Backend*> capacity_backends;
