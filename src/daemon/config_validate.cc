@@ -85,21 +85,22 @@ absl::Status Validate(const Config& c) {
   }
   const auto& d = c.sandbox.defaults;
   const auto& l = c.sandbox.limits;
-  if (l.min_memory_mib > l.max_memory_mib) {
-    errors.push_back(fmt::format("{} is above {}", key("sandbox.limits.min_memory_mib"),
-                                 key("sandbox.limits.max_memory_mib")));
-  } else if (d.memory_mib < l.min_memory_mib || d.memory_mib > l.max_memory_mib) {
-    errors.push_back(fmt::format("{}: must be within {} and {}", key("sandbox.defaults.memory_mib"),
-                                 key("sandbox.limits.min_memory_mib"),
-                                 key("sandbox.limits.max_memory_mib")));
-  }
-  if (l.min_disk_mib > l.max_disk_mib) {
-    errors.push_back(fmt::format("{} is above {}", key("sandbox.limits.min_disk_mib"),
-                                 key("sandbox.limits.max_disk_mib")));
-  } else if (d.disk_mib < l.min_disk_mib || d.disk_mib > l.max_disk_mib) {
-    errors.push_back(fmt::format("{}: must be within {} and {}", key("sandbox.defaults.disk_mib"),
-                                 key("sandbox.limits.min_disk_mib"),
-                                 key("sandbox.limits.max_disk_mib")));
+  // Memory and disk have a floor and a ceiling; vcpu's floor is fixed (resources.h).
+  const struct {
+    const char* name;
+    int64_t value, min, max;
+  } ranged[] = {{"memory_mib", d.memory_mib, l.min_memory_mib, l.max_memory_mib},
+                {"disk_mib", d.disk_mib, l.min_disk_mib, l.max_disk_mib}};
+  for (const auto& r : ranged) {
+    const std::string def = fmt::format("sandbox.defaults.{}", r.name);
+    const std::string lo = fmt::format("sandbox.limits.min_{}", r.name);
+    const std::string hi = fmt::format("sandbox.limits.max_{}", r.name);
+    if (r.min > r.max) {
+      errors.push_back(fmt::format("{} is above {}", key(lo.c_str()), key(hi.c_str())));
+    } else if (r.value < r.min || r.value > r.max) {
+      errors.push_back(fmt::format("{}: must be within {} and {}", key(def.c_str()),
+                                   key(lo.c_str()), key(hi.c_str())));
+    }
   }
   if (d.vcpu > l.max_vcpu) {
     errors.push_back(fmt::format("{}: must not be above {}", key("sandbox.defaults.vcpu"),
