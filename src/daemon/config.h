@@ -20,6 +20,7 @@
 #include "runtime/ns/ns_backend.h"
 #include "runtime/resources.h"
 #include "service/admission.h"
+#include "service/sandbox_service.h"
 
 namespace CLI {
 class App;
@@ -83,8 +84,9 @@ struct Config {
   };
   // Server-side timers of new sandboxes (keys sandbox.defaults.timeout_s and idle_suspend_s).
   struct SandboxTimers {
-    int64_t timeout_s = 0;             // TTL when a create has none; 0: no TTL
-    int64_t idle_suspend_s = 6 * 3600;  // idle suspension when a create has none; 0: never
+    // TTL when a create has none (0: no TTL); idle suspension likewise (0: never).
+    int64_t timeout_s = service::TimerSettings{}.default_timeout_s;
+    int64_t idle_suspend_s = service::TimerSettings{}.default_idle_suspend_s;
     bool operator==(const SandboxTimers&) const = default;
   };
   struct Sandbox {
@@ -99,13 +101,13 @@ struct Config {
   // reserve. The service's own settings (service/admission.h), whose built-in values these are.
   using Admission = service::AdmissionSettings;
   struct Sessions {
-    int64_t output_buffer_bytes = 8 << 20;
-    int64_t attach_token_ttl_s = 900;
+    int64_t output_buffer_bytes = service::ServiceOptions{}.output_buffer_bytes;
+    int64_t attach_token_ttl_s = service::ServiceOptions{}.attach_token_ttl.count();
     bool operator==(const Sessions&) const = default;
   };
   struct Retention {
-    int64_t idempotency_keys_s = 24 * 3600;
-    int64_t deleted_sandboxes_s = 7 * 24 * 3600;
+    int64_t idempotency_keys_s = service::TimerSettings{}.idempotency_retention.count();
+    int64_t deleted_sandboxes_s = service::TimerSettings{}.deleted_retention.count();
     bool operator==(const Retention&) const = default;
   };
   struct Metrics {
