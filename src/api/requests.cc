@@ -178,20 +178,23 @@ absl::StatusOr<CreateSandboxRequest> ParseCreateSandbox(const std::string& body,
     if (!res.is_object()) {
       return FieldError("resources", fmt::format("must be an object, got {}", TypeName(res)));
     }
+    // The requestable resources, each within its limits; an absent or null one gets the
+    // deployment's default later (service).
+    const struct {
+      const char* key;
+      int64_t min, max;
+      std::optional<int64_t> CreateSandboxRequest::*field;
+    } requestable[] = {
+        {"vcpu", limits.min_vcpu, limits.max_vcpu, &CreateSandboxRequest::vcpu},
+        {"memory_mib", limits.min_memory_mib, limits.max_memory_mib,
+         &CreateSandboxRequest::memory_mib},
+        {"disk_mib", limits.min_disk_mib, limits.max_disk_mib, &CreateSandboxRequest::disk_mib},
+    };
     SBX_RETURN_IF_ERROR(CheckKnown(res, {"vcpu", "memory_mib", "disk_mib"}, "resources."));
-    if (res.contains("vcpu") && !res["vcpu"].is_null()) {
-      SBX_ASSIGN_OR_RETURN(int64_t v, GetInt(res["vcpu"], "resources.vcpu", 1, limits.max_vcpu));
-      r.vcpu = static_cast<int>(v);
-    }
-    if (res.contains("memory_mib") && !res["memory_mib"].is_null()) {
-      SBX_ASSIGN_OR_RETURN(int64_t v, GetInt(res["memory_mib"], "resources.memory_mib",
-                                             limits.min_memory_mib, limits.max_memory_mib));
-      r.memory_mib = static_cast<int>(v);
-    }
-    if (res.contains("disk_mib") && !res["disk_mib"].is_null()) {
-      SBX_ASSIGN_OR_RETURN(int64_t v, GetInt(res["disk_mib"], "resources.disk_mib",
-                                             limits.min_disk_mib, limits.max_disk_mib));
-      r.disk_mib = static_cast<int>(v);
+    for (const auto& q : requestable) {
+      if (!res.contains(q.key) || res[q.key].is_null()) continue;
+      SBX_ASSIGN_OR_RETURN(r.*q.field,
+                           GetInt(res[q.key], fmt::format("resources.{}", q.key), q.min, q.max));
     }
   }
   if (j.contains("egress_profile") && !j["egress_profile"].is_null()) {

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/json_util.h"
+#include "runtime/resources.h"
 #include "service/inputs.h"
 
 namespace sbx::api {
@@ -22,15 +23,9 @@ namespace sbx::api {
 // is 400 invalid_argument, "... nests deeper than 64 levels".
 inline constexpr int kMaxRequestJsonDepth = kMaxUntrustedJsonDepth;
 
-// What a create may ask for. These are the defaults of sbxd's [sandbox.limits] configuration
-// (docs/config.md), which replaces them at start-up and on a reload.
-struct ResourceLimits {
-  int max_vcpu = 64;
-  int max_memory_mib = 65536;
-  int min_memory_mib = 32;
-  int max_disk_mib = 1 << 20;
-  int min_disk_mib = 64;
-};
+// What a create may ask for: sbxd's [sandbox.limits] configuration (docs/config.md), which
+// replaces the built-in ones (runtime/resources.h) at start-up and on a reload.
+using ResourceLimits = runtime::ResourceLimits;
 
 using CreateSandboxRequest = service::CreateSandboxRequest;
 using CreateSessionRequest = service::CreateSessionRequest;

@@ -2,10 +2,10 @@
 // environment variables, overridden by command-line flags. docs/config.md is the operator's
 // reference; config_test checks that it and deploy/sbxd.toml name every key.
 //
-// Every setting is one key in the table in config.cc (its TOML path, flag, type, range, whether
-// a reload applies it): adding a setting is a field in Config plus one row there. The environment
-// name derives from the path (EnvName); the three sources share one parser per type and one
-// Validate(), so a value is checked the same way wherever it came from.
+// Every setting is one key in the table in config_keys.cc (its TOML path, flag, type, range,
+// whether a reload applies it): adding a setting is a field in Config plus one row there. The
+// environment name derives from the path (EnvName); the three sources share one parser per type
+// and one Validate(), so a value is checked the same way wherever it came from.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +17,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "runtime/ns/ns_backend.h"
+#include "runtime/resources.h"
+#include "service/admission.h"
+#include "service/sandbox_service.h"
 
 namespace CLI {
 class App;
@@ -66,8 +70,9 @@ struct Config {
     std::string seccomp_policy;  // empty: the policy embedded at build time
     bool cgroup_favor_dynmods = true;
     std::string cgroup_parent;  // empty: <sbxd's own cgroup>/sbx
-    int64_t agent_memory_mib = 256;
-    int64_t agent_pids = 256;
+    // The agent's own cgroup budget; built-in values from the runtime's options.
+    int64_t agent_memory_mib = runtime::ns::NsOptions{}.agent_memory_mib;
+    int64_t agent_pids = runtime::ns::NsOptions{}.agent_pids;
     bool operator==(const Ns&) const = default;
   };
   struct Runtime {
@@ -77,58 +82,32 @@ struct Config {
     Ns ns;
     bool operator==(const Runtime&) const = default;
   };
-  // Applied where a create omits a resource; the last four are not requestable. The same
-  // numbers as runtime::Resources{} (config_test checks it).
-  struct SandboxDefaults {
-    int64_t vcpu = 1;
-    int64_t memory_mib = 512;
-    int64_t disk_mib = 1024;
-    int64_t pids = 512;
-    int64_t open_files = 4096;
-    int64_t tmp_mib = 256;
-    int64_t shm_mib = 64;
-    bool operator==(const SandboxDefaults&) const = default;
-  };
-  // What a create may ask for; the same numbers as api::ResourceLimits{}.
-  struct SandboxLimits {
-    int64_t max_vcpu = 64;
-    int64_t min_memory_mib = 32;
-    int64_t max_memory_mib = 65536;
-    int64_t min_disk_mib = 64;
-    int64_t max_disk_mib = 1 << 20;
-    bool operator==(const SandboxLimits&) const = default;
-  };
   // Server-side timers of new sandboxes (keys sandbox.defaults.timeout_s and idle_suspend_s).
   struct SandboxTimers {
-    int64_t timeout_s = 0;             // TTL when a create has none; 0: no TTL
-    int64_t idle_suspend_s = 6 * 3600;  // idle suspension when a create has none; 0: never
+    // TTL when a create has none (0: no TTL); idle suspension likewise (0: never).
+    int64_t timeout_s = service::TimerSettings{}.default_timeout_s;
+    int64_t idle_suspend_s = service::TimerSettings{}.default_idle_suspend_s;
     bool operator==(const SandboxTimers&) const = default;
   };
   struct Sandbox {
-    SandboxDefaults defaults;
-    SandboxLimits limits;
+    // Applied where a create omits a resource (pids, open_files, tmp_mib and shm_mib are not
+    // requestable), and what a create may ask for. Their built-in values are resources.h's.
+    runtime::Resources defaults;
+    runtime::ResourceLimits limits;
     SandboxTimers timers;
     bool operator==(const Sandbox&) const = default;
   };
-  // Admission control (service/admission.h): creates are refused once what sandboxes hold
-  // reaches host x overcommit - reserve. Ratios are percentages (100: no overcommit).
-  struct Admission {
-    bool enabled = true;
-    int64_t cpu_overcommit_percent = 1600;
-    int64_t memory_overcommit_percent = 100;
-    int64_t disk_overcommit_percent = 100;
-    int64_t reserve_memory_mib = 1024;
-    int64_t reserve_disk_mib = 2048;
-    bool operator==(const Admission&) const = default;
-  };
+  // Admission control: creates are refused once what sandboxes hold reaches host x overcommit -
+  // reserve. The service's own settings (service/admission.h), whose built-in values these are.
+  using Admission = service::AdmissionSettings;
   struct Sessions {
-    int64_t output_buffer_bytes = 8 << 20;
-    int64_t attach_token_ttl_s = 900;
+    int64_t output_buffer_bytes = service::ServiceOptions{}.output_buffer_bytes;
+    int64_t attach_token_ttl_s = service::ServiceOptions{}.attach_token_ttl.count();
     bool operator==(const Sessions&) const = default;
   };
   struct Retention {
-    int64_t idempotency_keys_s = 24 * 3600;
-    int64_t deleted_sandboxes_s = 7 * 24 * 3600;
+    int64_t idempotency_keys_s = service::TimerSettings{}.idempotency_retention.count();
+    int64_t deleted_sandboxes_s = service::TimerSettings{}.deleted_retention.count();
     bool operator==(const Retention&) const = default;
   };
   struct Metrics {

@@ -17,6 +17,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
 
 #include "api/api.h"
 #include "api/status_to_http.h"
@@ -45,7 +48,7 @@ using sbx::daemon::Config;
 // A sandbox cannot get more open files than sbxd's own hard RLIMIT_NOFILE: raising a hard limit
 // needs CAP_SYS_RESOURCE, which root lacks on some hosts (20000 on the project's machines).
 // Clamped with a warning rather than refused, so the default works on such hosts.
-int ClampOpenFiles(int wanted, const std::string& label) {
+int64_t ClampOpenFiles(int64_t wanted, const std::string& label) {
   rlimit rl{};
   if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) {
     spdlog::warn("{}: getrlimit(RLIMIT_NOFILE): {}; keeping {}", label,
@@ -56,7 +59,7 @@ int ClampOpenFiles(int wanted, const std::string& label) {
     spdlog::warn("{} exceeds sbxd's hard RLIMIT_NOFILE {}, which cannot be raised here; "
                  "sandboxes get {}",
                  label, static_cast<uint64_t>(rl.rlim_max), static_cast<uint64_t>(rl.rlim_max));
-    return static_cast<int>(rl.rlim_max);
+    return static_cast<int64_t>(rl.rlim_max);
   }
   return wanted;
 }
@@ -86,30 +89,13 @@ int Fail(const absl::Status& s) {
 
 // ---------------------------------------------------------------------------------------------
 // The configuration applied to the layers: at start-up, and for the live keys on SIGHUP. The
-// keys themselves are defined in config.cc.
+// keys themselves are defined in config_keys.cc.
 
-sbx::runtime::Resources ResourcesOf(const Config& c) {
-  const auto& d = c.sandbox.defaults;
-  sbx::runtime::Resources r;
-  r.vcpu = static_cast<int>(d.vcpu);
-  r.memory_mib = static_cast<int>(d.memory_mib);
-  r.disk_mib = static_cast<int>(d.disk_mib);
-  r.pids = static_cast<int>(d.pids);
-  r.open_files = ClampOpenFiles(static_cast<int>(d.open_files),
-                                sbx::daemon::Describe(c, "sandbox.defaults.open_files"));
-  r.tmp_mib = static_cast<int>(d.tmp_mib);
-  r.shm_mib = static_cast<int>(d.shm_mib);
-  return r;
-}
-
-sbx::api::ResourceLimits LimitsOf(const Config& c) {
-  const auto& l = c.sandbox.limits;
-  sbx::api::ResourceLimits r;
-  r.max_vcpu = static_cast<int>(l.max_vcpu);
-  r.min_memory_mib = static_cast<int>(l.min_memory_mib);
-  r.max_memory_mib = static_cast<int>(l.max_memory_mib);
-  r.min_disk_mib = static_cast<int>(l.min_disk_mib);
-  r.max_disk_mib = static_cast<int>(l.max_disk_mib);
+// The configured defaults, with open_files lowered to what this process can hand out.
+sbx::runtime::Resources DefaultsOf(const Config& c) {
+  sbx::runtime::Resources r = c.sandbox.defaults;
+  r.open_files =
+      ClampOpenFiles(r.open_files, sbx::daemon::Describe(c, "sandbox.defaults.open_files"));
   return r;
 }
 
@@ -131,24 +117,13 @@ sbx::service::TimerSettings TimersOf(const Config& c) {
   return t;
 }
 
-sbx::service::AdmissionSettings AdmissionOf(const Config& c) {
-  sbx::service::AdmissionSettings a;
-  a.enabled = c.admission.enabled;
-  a.cpu_overcommit_percent = c.admission.cpu_overcommit_percent;
-  a.memory_overcommit_percent = c.admission.memory_overcommit_percent;
-  a.disk_overcommit_percent = c.admission.disk_overcommit_percent;
-  a.reserve_memory_mib = c.admission.reserve_memory_mib;
-  a.reserve_disk_mib = c.admission.reserve_disk_mib;
-  return a;
-}
-
 sbx::service::LiveOptions LiveOptionsOf(const Config& c) {
   sbx::service::LiveOptions live;
-  live.defaults = ResourcesOf(c);
+  live.defaults = DefaultsOf(c);
   live.timers = TimersOf(c);
   live.attach_token_ttl = std::chrono::seconds(c.sessions.attach_token_ttl_s);
   live.warm_pools = WarmPoolsOf(c);
-  live.admission = AdmissionOf(c);
+  live.admission = c.admission;
   return live;
 }
 
@@ -194,7 +169,7 @@ void Reload(const sbx::daemon::CommandLine& cl, Config& running, sbx::api::Api& 
                   std::string(st.message()));
     return;
   }
-  api.SetLimits(LimitsOf(plan.config));
+  api.SetLimits(plan.config.sandbox.limits);
   SetLogLevel(plan.config);
   for (const auto& ch : plan.needs_restart) {
     spdlog::warn("SIGHUP: {} changed ({} -> {}) but needs a restart; keeping {}", ch.key,
@@ -209,6 +184,204 @@ void Reload(const sbx::daemon::CommandLine& cl, Config& running, sbx::api::Api& 
                loaded->file.empty() ? std::string("no file") : loaded->file,
                applied.empty() ? std::string("nothing to change")
                                : fmt::format("{}", fmt::join(applied, ", ")));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Start-up, one step per function, in the order main() runs them. Each returns the status that
+// stops sbxd; the parts they make live in Daemon, which tears them down in reverse order.
+
+struct Daemon {
+  Config cfg;  // the running configuration: a SIGHUP replaces its live keys
+  std::string agent_path;
+  std::string admin_token, attach_key;
+  sbx::store::StorePtr store;
+  std::optional<sbx::service::TemplateRegistry> templates;  // until the service takes it
+  std::unique_ptr<sbx::runtime::Backend> ns_backend, fake_backend;
+  std::map<std::string, sbx::runtime::Backend*> backends;
+  std::unique_ptr<sbx::ops::OperationEngine> engine;
+  std::unique_ptr<sbx::service::SandboxService> svc;
+  std::unique_ptr<sbx::api::Api> api;
+  std::unique_ptr<sbx::http::Server> server;
+};
+
+// Blocks the stop signals before any thread starts so that only sigwait (WaitForSignals) sees
+// them; a client that disconnects mid-write must cost an error code, not the daemon.
+sigset_t BlockSignals() {
+  signal(SIGPIPE, SIG_IGN);
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  return stop;
+}
+
+absl::Status InitLog(const Config& cfg, const std::vector<std::string>& warnings) {
+  sbx::log::Options log_opts;
+  log_opts.level = cfg.log.level;
+  log_opts.format = cfg.log.format;
+  log_opts.file = cfg.log.file;
+  SBX_RETURN_IF_ERROR(sbx::log::Init(log_opts));
+  g_log_to_file = !log_opts.file.empty();
+  for (const auto& w : warnings) spdlog::warn("{}", w);
+  return absl::OkStatus();
+}
+
+// What can be refused before anything touches the host: a seccomp policy that does not
+// compile, the listen address, connection caps that do not fit in RLIMIT_NOFILE. Returns the
+// HTTP server's options but for the API's callbacks.
+absl::StatusOr<sbx::http::ServerOptions> CheckSettings(const Config& cfg) {
+  if (!cfg.runtime.ns.seccomp_policy.empty()) {
+    if (auto p = sbx::runtime::ns::BuildSeccompProgramFromFile(cfg.runtime.ns.seccomp_policy);
+        !p.ok()) {
+      return sbx::Annotate(p.status(), sbx::daemon::Describe(cfg, "runtime.ns.seccomp_policy"));
+    }
+  }
+  SBX_ASSIGN_OR_RETURN(auto listen, sbx::daemon::SplitListen(cfg.server.listen));
+  rlimit nofile{};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) != 0) {
+    return sbx::ErrnoStatus(errno, "connection caps: getrlimit(RLIMIT_NOFILE)");
+  }
+  SBX_ASSIGN_OR_RETURN(
+      sbx::daemon::ConnectionLimits conn,
+      sbx::daemon::ResolveConnectionLimits(
+          cfg, nofile.rlim_cur == RLIM_INFINITY ? uint64_t{1} << 20 : nofile.rlim_cur));
+  sbx::http::ServerOptions hopts;
+  hopts.host = listen.first;
+  hopts.port = listen.second;
+  hopts.threads = static_cast<int>(cfg.server.http_threads);
+  hopts.max_connections = conn.max_connections;
+  hopts.max_connections_per_ip = conn.max_connections_per_ip;
+  hopts.reserved_connections = conn.reserved_connections;
+  hopts.header_timeout = std::chrono::seconds(cfg.server.header_timeout_s);
+  hopts.idle_timeout = std::chrono::seconds(cfg.server.idle_timeout_s);
+  return hopts;
+}
+
+// The state dir, its secrets, the database and the templates.
+absl::Status OpenState(Daemon& d) {
+  const std::string& state_dir = d.cfg.state.dir;
+  SBX_RETURN_IF_ERROR(sbx::daemon::EnsureStateDir(state_dir));
+  SBX_ASSIGN_OR_RETURN(d.admin_token, sbx::daemon::LoadOrCreateSecret(
+                                          fs::path(state_dir) / "admin-token",
+                                          d.cfg.server.admin_token));
+  SBX_ASSIGN_OR_RETURN(d.attach_key,
+                       sbx::daemon::LoadOrCreateSecret(fs::path(state_dir) / "attach-key", ""));
+  SBX_ASSIGN_OR_RETURN(d.store,
+                       sbx::store::OpenSqliteStore((fs::path(state_dir) / "sbx.db").string()));
+  SBX_ASSIGN_OR_RETURN(auto templates, sbx::service::TemplateRegistry::Create(state_dir));
+  d.templates.emplace(std::move(templates));
+  // Checked before the runtime touches the host: a pool of a template that does not exist
+  // would only log failed builds forever.
+  for (const auto& pool : WarmPoolsOf(d.cfg)) {
+    if (pool.size == 0) continue;
+    if (auto t = d.templates->Resolve(pool.template_name); !t.ok()) {
+      return absl::InvalidArgumentError(
+          fmt::format("{}: {}", sbx::daemon::Describe(d.cfg, "warm_pool." + pool.template_name),
+                      std::string(t.status().message())));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The default runtime, probed: a host it cannot work on stops sbxd here.
+absl::Status StartRuntime(Daemon& d) {
+  const Config& cfg = d.cfg;
+  if (cfg.runtime.default_runtime == "ns") {
+    d.ns_backend = std::make_unique<sbx::runtime::ns::NsBackend>(NsOptionsOf(cfg, d.agent_path));
+    SBX_RETURN_IF_ERROR(
+        sbx::Annotate(d.ns_backend->Probe(), "runtime ns cannot work on this host"));
+    d.backends["ns"] = d.ns_backend.get();
+    return absl::OkStatus();
+  }
+  d.fake_backend = std::make_unique<sbx::runtime::FakeBackend>(
+      cfg.state.dir, d.agent_path, static_cast<size_t>(cfg.sessions.output_buffer_bytes));
+  SBX_RETURN_IF_ERROR(sbx::Annotate(d.fake_backend->Probe(), "runtime fake"));
+  d.backends["fake"] = d.fake_backend.get();
+  return absl::OkStatus();
+}
+
+// The operation engine and the service over the store, the templates and the runtime.
+void StartService(Daemon& d, const sbx::runtime::Resources& defaults) {
+  const Config& cfg = d.cfg;
+  d.engine = std::make_unique<sbx::ops::OperationEngine>(static_cast<int>(cfg.runtime.workers));
+  sbx::service::ServiceOptions sopts;
+  sopts.default_runtime = cfg.runtime.default_runtime;
+  sopts.attach_key = d.attach_key;
+  sopts.attach_token_ttl = std::chrono::seconds(cfg.sessions.attach_token_ttl_s);
+  sopts.warm_pools = WarmPoolsOf(cfg);
+  sopts.defaults = defaults;
+  sopts.output_buffer_bytes = cfg.sessions.output_buffer_bytes;
+  sopts.timers = TimersOf(cfg);
+  sopts.admission = cfg.admission;
+  sopts.guest_replies.in_flight = static_cast<size_t>(cfg.server.guest_replies_in_flight);
+  sopts.guest_replies.per_sandbox = static_cast<size_t>(cfg.server.guest_replies_per_sandbox);
+  std::vector<const sbx::runtime::Backend*> capacity_backends;
+  for (const auto& [name, backend] : d.backends) capacity_backends.push_back(backend);
+  sopts.host_capacity = [state_dir = cfg.state.dir, capacity_backends] {
+    return sbx::daemon::ProbeHostCapacity(state_dir, capacity_backends);
+  };
+  d.svc = std::make_unique<sbx::service::SandboxService>(sopts, *d.store, *d.engine,
+                                                         std::move(*d.templates), d.backends);
+  d.templates.reset();
+}
+
+// The API on the HTTP server, listening; /healthz answers from here on, /readyz once the
+// service has reconciled what the store and the runtime hold.
+absl::Status ServeApi(Daemon& d, sbx::http::ServerOptions hopts) {
+  sbx::api::ApiOptions aopts;
+  aopts.admin_token = d.admin_token;
+  aopts.limits = d.cfg.sandbox.limits;
+  aopts.metrics_public = d.cfg.metrics.public_endpoint;
+  d.api = std::make_unique<sbx::api::Api>(*d.svc, aopts);
+  sbx::api::Api& api = *d.api;
+  hopts.privileged = [&api](const sbx::http::Request& req) { return api.Privileged(req); };
+  // File uploads stream to the agent; the sandbox's disk cap bounds them (files_api.cc).
+  hopts.stream_body = &sbx::api::Api::StreamsBody;
+  d.server = std::make_unique<sbx::http::Server>(
+      hopts, [&api](sbx::http::RequestContext& ctx) { return api.Handle(ctx); },
+      sbx::api::RawErrorResponse);
+  SBX_RETURN_IF_ERROR(d.server->Listen());
+  d.server->Start();
+  if (auto st = d.svc->Reconcile(); !st.ok()) {
+    d.server->Stop();
+    return sbx::Annotate(st, "start-up reconcile");
+  }
+  return absl::OkStatus();
+}
+
+void LogReady(const Daemon& d, const sbx::http::ServerOptions& hopts,
+              const std::string& config_file) {
+  const Config& cfg = d.cfg;
+  spdlog::info("HTTP connections: at most {} ({} per address), {} reserved for /healthz and "
+               "the admin token; headers due within {} s",
+               hopts.max_connections, hopts.max_connections_per_ip, hopts.reserved_connections,
+               cfg.server.header_timeout_s);
+  std::string host = hopts.host.find(':') != std::string::npos ? "[" + hopts.host + "]" : hopts.host;
+  std::cout << "sbxd listening on http://" << host << ":" << d.server->port() << std::endl;
+  auto token_origin = cfg.origins.find("server.admin_token");
+  spdlog::info("sbxd ready: runtime {}, state dir {}, configuration file {}, admin token from {}",
+               cfg.runtime.default_runtime, cfg.state.dir,
+               config_file.empty() ? std::string("none") : config_file,
+               cfg.server.admin_token.empty() || token_origin == cfg.origins.end()
+                   ? (fs::path(cfg.state.dir) / "admin-token").string()
+                   : token_origin->second.where);
+}
+
+// Until SIGTERM or SIGINT; a SIGHUP reopens the log and reloads the configuration.
+void WaitForSignals(const sigset_t& stop, const sbx::daemon::CommandLine& cl, Daemon& d) {
+  for (;;) {
+    int sig = 0;
+    sigwait(&stop, &sig);
+    if (sig == SIGHUP) {
+      sbx::log::Reopen();
+      Reload(cl, d.cfg, *d.api, *d.svc);
+      continue;
+    }
+    spdlog::info("signal {}: stopping the API; sandboxes keep running", sig);
+    return;
+  }
 }
 
 }  // namespace
@@ -239,175 +412,39 @@ int main(int argc, char** argv) {
     std::cout << sbx::daemon::ToToml(loaded->config) << std::flush;
     return 0;
   }
-  // The running configuration: a SIGHUP replaces its live keys.
-  Config cfg = loaded->config;
-
-  // A client that disconnects mid-write must cost an error code, not the daemon.
-  signal(SIGPIPE, SIG_IGN);
-  // Block the stop signals before any thread starts so that only sigwait below sees them.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGTERM);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
-
-  sbx::log::Options log_opts;
-  log_opts.level = cfg.log.level;
-  log_opts.format = cfg.log.format;
-  log_opts.file = cfg.log.file;
-  if (auto st = sbx::log::Init(log_opts); !st.ok()) return Fail(st);
-  g_log_to_file = !log_opts.file.empty();
-  for (const auto& w : loaded->warnings) spdlog::warn("{}", w);
-  const std::string agent_path =
-      cfg.runtime.agent_path.empty() ? DefaultAgentPath() : cfg.runtime.agent_path;
+  Daemon d;
+  d.cfg = loaded->config;
+  const Config& cfg = d.cfg;
+  const sigset_t stop = BlockSignals();
+  if (auto st = InitLog(cfg, loaded->warnings); !st.ok()) return Fail(st);
+  d.agent_path = cfg.runtime.agent_path.empty() ? DefaultAgentPath() : cfg.runtime.agent_path;
   const sbx::daemon::PreflightConfig preflight{cfg.state.dir, cfg.runtime.default_runtime,
-                                               agent_path, cfg.runtime.ns.user_namespaces,
+                                               d.agent_path, cfg.runtime.ns.user_namespaces,
                                                cfg.runtime.ns.seccomp_policy,
                                                cfg.runtime.ns.cgroup_parent};
   if (check) return sbx::daemon::RunCheckCommand(preflight, check_json);
 
-  // A policy that does not compile stops sbxd before anything touches the host.
-  if (!cfg.runtime.ns.seccomp_policy.empty()) {
-    if (auto p = sbx::runtime::ns::BuildSeccompProgramFromFile(cfg.runtime.ns.seccomp_policy);
-        !p.ok()) {
-      return Fail(sbx::Annotate(p.status(),
-                                sbx::daemon::Describe(cfg, "runtime.ns.seccomp_policy")));
-    }
-  }
-  auto listen = sbx::daemon::SplitListen(cfg.server.listen);
-  if (!listen.ok()) return Fail(listen.status());
-  rlimit nofile{};
-  if (::getrlimit(RLIMIT_NOFILE, &nofile) != 0) {
-    return Fail(sbx::ErrnoStatus(errno, "connection caps: getrlimit(RLIMIT_NOFILE)"));
-  }
-  auto conn_limits = sbx::daemon::ResolveConnectionLimits(
-      cfg, nofile.rlim_cur == RLIM_INFINITY ? uint64_t{1} << 20 : nofile.rlim_cur);
-  if (!conn_limits.ok()) return Fail(conn_limits.status());
-  const sbx::runtime::Resources defaults = ResourcesOf(cfg);
-  const std::string& state_dir = cfg.state.dir;
-  if (auto st = sbx::daemon::EnsureStateDir(state_dir); !st.ok()) return Fail(st);
-  auto admin = sbx::daemon::LoadOrCreateSecret(fs::path(state_dir) / "admin-token",
-                                               cfg.server.admin_token);
-  if (!admin.ok()) return Fail(admin.status());
-  auto attach_key = sbx::daemon::LoadOrCreateSecret(fs::path(state_dir) / "attach-key", "");
-  if (!attach_key.ok()) return Fail(attach_key.status());
-
-  auto store = sbx::store::OpenSqliteStore((fs::path(state_dir) / "sbx.db").string());
-  if (!store.ok()) return Fail(store.status());
-  auto templates = sbx::service::TemplateRegistry::Create(state_dir);
-  if (!templates.ok()) return Fail(templates.status());
-  // Checked before the runtime touches the host: a pool of a template that does not exist
-  // would only log failed builds forever.
-  for (const auto& pool : WarmPoolsOf(cfg)) {
-    if (pool.size == 0) continue;
-    if (auto t = templates->Resolve(pool.template_name); !t.ok()) {
-      return Fail(absl::InvalidArgumentError(
-          fmt::format("{}: {}", sbx::daemon::Describe(cfg, "warm_pool." + pool.template_name),
-                      std::string(t.status().message()))));
-    }
-  }
-
+  auto hopts = CheckSettings(cfg);
+  if (!hopts.ok()) return Fail(hopts.status());
+  const sbx::runtime::Resources defaults = DefaultsOf(cfg);
+  if (auto st = OpenState(d); !st.ok()) return Fail(st);
   // A host that lacks what the runtime needs is refused here, with the doctor's diagnosis,
   // instead of at the first create.
-  if (auto st = sbx::daemon::StartupPreflight(preflight, *templates); !st.ok()) return Fail(st);
+  if (auto st = sbx::daemon::StartupPreflight(preflight, *d.templates); !st.ok()) return Fail(st);
+  if (auto st = StartRuntime(d); !st.ok()) return Fail(st);
+  StartService(d, defaults);
+  if (auto st = ServeApi(d, *hopts); !st.ok()) return Fail(st);
 
-  std::map<std::string, sbx::runtime::Backend*> backends;
-  std::unique_ptr<sbx::runtime::Backend> ns_backend, fake_backend;
-  if (cfg.runtime.default_runtime == "ns") {
-    ns_backend = std::make_unique<sbx::runtime::ns::NsBackend>(NsOptionsOf(cfg, agent_path));
-    if (auto st = ns_backend->Probe(); !st.ok()) {
-      return Fail(sbx::Annotate(st, "runtime ns cannot work on this host"));
-    }
-    backends["ns"] = ns_backend.get();
-  } else {
-    fake_backend = std::make_unique<sbx::runtime::FakeBackend>(
-        state_dir, agent_path, static_cast<size_t>(cfg.sessions.output_buffer_bytes));
-    if (auto st = fake_backend->Probe(); !st.ok()) return Fail(sbx::Annotate(st, "runtime fake"));
-    backends["fake"] = fake_backend.get();
-  }
-
-  sbx::ops::OperationEngine engine(static_cast<int>(cfg.runtime.workers));
-  sbx::service::ServiceOptions sopts;
-  sopts.default_runtime = cfg.runtime.default_runtime;
-  sopts.attach_key = *attach_key;
-  sopts.attach_token_ttl = std::chrono::seconds(cfg.sessions.attach_token_ttl_s);
-  sopts.warm_pools = WarmPoolsOf(cfg);
-  sopts.defaults = defaults;
-  sopts.output_buffer_bytes = cfg.sessions.output_buffer_bytes;
-  sopts.timers = TimersOf(cfg);
-  sopts.admission = AdmissionOf(cfg);
-  sopts.guest_replies.in_flight = static_cast<size_t>(cfg.server.guest_replies_in_flight);
-  sopts.guest_replies.per_sandbox = static_cast<size_t>(cfg.server.guest_replies_per_sandbox);
-  std::vector<const sbx::runtime::Backend*> capacity_backends;
-  for (const auto& [name, backend] : backends) capacity_backends.push_back(backend);
-  sopts.host_capacity = [state_dir, capacity_backends] {
-    return sbx::daemon::ProbeHostCapacity(state_dir, capacity_backends);
-  };
-  sbx::service::SandboxService svc(sopts, **store, engine, std::move(*templates), backends);
-
-  sbx::api::ApiOptions aopts;
-  aopts.admin_token = *admin;
-  aopts.limits = LimitsOf(cfg);
-  aopts.metrics_public = cfg.metrics.public_endpoint;
-  sbx::api::Api api(svc, aopts);
-  sbx::http::ServerOptions hopts;
-  hopts.host = listen->first;
-  hopts.port = listen->second;
-  hopts.threads = static_cast<int>(cfg.server.http_threads);
-  hopts.max_connections = conn_limits->max_connections;
-  hopts.max_connections_per_ip = conn_limits->max_connections_per_ip;
-  hopts.reserved_connections = conn_limits->reserved_connections;
-  hopts.header_timeout = std::chrono::seconds(cfg.server.header_timeout_s);
-  hopts.idle_timeout = std::chrono::seconds(cfg.server.idle_timeout_s);
-  hopts.privileged = [&api](const sbx::http::Request& req) { return api.Privileged(req); };
-  // File uploads stream to the agent; the sandbox's disk cap bounds them (files_api.cc).
-  hopts.stream_body = &sbx::api::Api::StreamsBody;
-  sbx::http::Server server(
-      hopts, [&api](sbx::http::RequestContext& ctx) { return api.Handle(ctx); },
-      sbx::api::RawErrorResponse);
-  if (auto st = server.Listen(); !st.ok()) return Fail(st);
-  server.Start();
-  // /healthz answers from here on; /readyz once the reconcile below is done.
-  if (auto st = svc.Reconcile(); !st.ok()) {
-    server.Stop();
-    return Fail(sbx::Annotate(st, "start-up reconcile"));
-  }
-
-  svc.StartWarmPools();
-  svc.StartTimers();
+  d.svc->StartWarmPools();
+  d.svc->StartTimers();
   // glibc gives memory back only from the top of each arena's heap; what a burst of requests
   // freed in the middle of one (per-thread arenas serve the HTTP and operation threads) stays
   // resident. Trimming now and then returns those pages, so sbxd's RSS follows its load
   // down again (the issue 13 soak: +30 MiB after 10 minutes without it).
   sbx::Ticker trim(std::chrono::seconds(10), [] { malloc_trim(0); });
-
-  spdlog::info("HTTP connections: at most {} ({} per address), {} reserved for /healthz and "
-               "the admin token; headers due within {} s",
-               hopts.max_connections, hopts.max_connections_per_ip, hopts.reserved_connections,
-               cfg.server.header_timeout_s);
-  std::string host = hopts.host.find(':') != std::string::npos ? "[" + hopts.host + "]" : hopts.host;
-  std::cout << "sbxd listening on http://" << host << ":" << server.port() << std::endl;
-  auto token_origin = cfg.origins.find("server.admin_token");
-  spdlog::info("sbxd ready: runtime {}, state dir {}, configuration file {}, admin token from {}",
-               cfg.runtime.default_runtime, state_dir,
-               loaded->file.empty() ? std::string("none") : loaded->file,
-               cfg.server.admin_token.empty() || token_origin == cfg.origins.end()
-                   ? (fs::path(state_dir) / "admin-token").string()
-                   : token_origin->second.where);
-
-  for (;;) {
-    int sig = 0;
-    sigwait(&stop, &sig);
-    if (sig == SIGHUP) {
-      sbx::log::Reopen();
-      Reload(cl, cfg, api, svc);
-      continue;
-    }
-    spdlog::info("signal {}: stopping the API; sandboxes keep running", sig);
-    break;
-  }
-  server.Stop();
-  engine.Shutdown();
+  LogReady(d, *hopts, loaded->file);
+  WaitForSignals(stop, cl, d);
+  d.server->Stop();
+  d.engine->Shutdown();
   return 0;
 }

@@ -21,27 +21,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "runtime/resources.h"
 
 namespace sbx::runtime {
 
 using Json = nlohmann::json;
-
-// vcpu, memory_mib and disk_mib come from the request; the others are deployment defaults
-// (sbxd flags), recorded per sandbox in its effective_resources.
-struct Resources {
-  int vcpu = 1;           // CPU quota in whole CPUs
-  int memory_mib = 512;   // hard memory limit
-  int disk_mib = 1024;    // writable layer (enforced from the isolation issue on)
-  int pids = 512;         // pids.max
-  // RLIMIT_NOFILE (soft = hard) of the sandbox's processes. Must not exceed sbxd's own hard
-  // limit: raising a hard limit needs CAP_SYS_RESOURCE, which root lacks on some hosts.
-  int open_files = 4096;
-  int tmp_mib = 256;      // size of the tmpfs on /tmp (charged to the memory limit when used)
-  int shm_mib = 64;       // size of the tmpfs on /dev/shm (likewise)
-
-  // Defaulted so that a field added later is compared too (warm pools match on all of them).
-  friend bool operator==(const Resources&, const Resources&) = default;
-};
 
 struct BindMount {
   std::string host_path;     // absolute path on the host

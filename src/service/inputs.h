@@ -14,7 +14,9 @@ namespace sbx::service {
 
 struct CreateSandboxRequest {
   std::string template_ref = "base";
-  std::optional<int> vcpu, memory_mib, disk_mib;  // as requested
+  // As requested, within api's limits; the service fills the rest from the deployment's
+  // defaults (runtime/resources.h).
+  std::optional<int64_t> vcpu, memory_mib, disk_mib;
   std::string egress_profile = "none";
   std::map<std::string, std::string> env;
   std::map<std::string, std::string> labels;

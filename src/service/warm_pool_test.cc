@@ -39,7 +39,7 @@ struct Fixture {
   std::atomic<int> destroyed{0};
   std::atomic<bool> fail{false};
   std::string digest = "sha256:a";
-  std::atomic<int> pids{kRes.pids};  // of what the builder makes from now on
+  std::atomic<int64_t> pids{kRes.pids};  // of what the builder makes from now on
   WarmPool::Builder Builder() {
     return [this](const WarmPoolConfig& c) -> absl::StatusOr<WarmSandbox> {
       if (fail) return absl::UnavailableError("runtime broken");

@@ -37,7 +37,8 @@ namespace sbx::runtime::ns {
 
 // ext4 needs a few MiB for its own metadata; below this there is little room for files.
 inline constexpr int kMinDiskMib = 16;
-// 1 TiB, the API's maximum (api/requests.h): images are sparse, so this is a cap, not a cost.
+// 1 TiB, the default sandbox.limits.max_disk_mib (runtime/resources.h): images are sparse, so
+// this is a cap, not a cost.
 inline constexpr int kMaxDiskMib = 1 << 20;
 
 // InvalidArgument naming resources.disk_mib unless kMinDiskMib <= size_mib <= kMaxDiskMib.

@@ -76,11 +76,13 @@ absl::StatusOr<CgroupLimits> ResolveLimits(const Resources& r) {
     return absl::InvalidArgumentError(fmt::format(
         "resources: negative value (vcpu {}, memory_mib {}, pids {})", r.vcpu, r.memory_mib, r.pids));
   }
+  // A field left 0 gets the built-in default (resources.h).
+  const Resources built_in;
   CgroupLimits l;
-  l.memory_bytes = int64_t{r.memory_mib == 0 ? kDefaultMemoryMib : r.memory_mib} << 20;
-  l.pids = r.pids == 0 ? kDefaultPids : r.pids;
+  l.memory_bytes = (r.memory_mib == 0 ? built_in.memory_mib : r.memory_mib) << 20;
+  l.pids = r.pids == 0 ? built_in.pids : r.pids;
   l.cpu_period_us = kCpuPeriodUs;
-  l.cpu_quota_us = int64_t{r.vcpu == 0 ? kDefaultVcpu : r.vcpu} * kCpuPeriodUs;
+  l.cpu_quota_us = (r.vcpu == 0 ? built_in.vcpu : r.vcpu) * kCpuPeriodUs;
   return l;
 }
 
@@ -348,7 +350,7 @@ class Creation {
     mount_opts.disk = true;
     mount_opts.uid_base = uid_base_;
     SBX_ASSIGN_OR_RETURN(plan_.mounts, BuildMountPlan(spec_.tmpl, dir_, mount_opts));
-    plan_.nofile = static_cast<uint64_t>(spec_.resources.open_files > 0 ? spec_.resources.open_files : kDefaultOpenFiles);
+    plan_.nofile = static_cast<uint64_t>(spec_.resources.open_files > 0 ? spec_.resources.open_files : Resources{}.open_files);
     return absl::OkStatus();
   }
 

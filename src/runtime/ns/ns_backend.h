@@ -27,11 +27,6 @@
 
 namespace sbx::runtime::ns {
 
-// Defaults for Resources fields that are 0.
-inline constexpr int kDefaultVcpu = 1;
-inline constexpr int kDefaultMemoryMib = 512;
-inline constexpr int kDefaultPids = 512;
-inline constexpr int kDefaultOpenFiles = 4096;
 inline constexpr int64_t kCpuPeriodUs = 100000;
 // Per-stream output buffer of the agent when NsOptions::agent_buffer_bytes is 0.
 inline constexpr size_t kDefaultAgentBufferBytes = 8u << 20;
@@ -63,7 +58,7 @@ struct NsOptions {
   // Disks (disk_image.h) of this size kept mounted and ready for launches; 0 makes each at
   // launch (~10-16 ms more per create).
   int disk_pool_size = 0;
-  int disk_pool_mib = 1024;
+  int disk_pool_mib = static_cast<int>(Resources{}.disk_mib);
   // Where host-wide uid range claims live (userns.h); tests point it elsewhere.
   std::string uid_claim_dir = "/run/sbx/uid-ranges";
   // Seccomp policy file (format: seccomp_policy.json); empty = the policy embedded at build time.

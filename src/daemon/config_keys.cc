@@ -1,0 +1,352 @@
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "daemon/config.h"
+#include "daemon/config_internal.h"
+#include "runtime/ns/disk_image.h"
+
+namespace sbx::daemon {
+namespace {
+
+using config_internal::Type;
+
+// The ranges a default and the limits on it share: what sbxd can enforce at all.
+constexpr int64_t kLeastVcpu = runtime::ResourceLimits{}.min_vcpu;
+constexpr int64_t kMostVcpu = 1024;
+constexpr int64_t kLeastMemoryMib = 16;
+constexpr int64_t kMostMemoryMib = 4194304;
+constexpr int64_t kLeastDiskMib = runtime::ns::kMinDiskMib;
+constexpr int64_t kMostDiskMib = runtime::ns::kMaxDiskMib;
+
+// Shorthands for the table below: the field of a key, by type.
+#define SBX_STR(field) .str = [](Config& c) { return &c.field; }
+#define SBX_NUM(field) .num = [](Config& c) { return &c.field; }
+#define SBX_BOOL(field) .boolean = [](Config& c) { return &c.field; }
+
+// The public contract: paths, flags and ranges are what operators write. Order: --print-config.
+const std::vector<KeyInfo> kKeys = {
+    {.path = "server.listen", .type = Type::kString, .flag = "--listen", .reloadable = false,
+     .help = "HOST:PORT to serve the API on (port 0 picks one)", SBX_STR(server.listen)},
+    {.path = "server.http_threads", .type = Type::kInt, .flag = "--http-threads",
+     .reloadable = false, .min = 1, .max = 64, .why = "threads serving HTTP",
+     .help = "threads serving HTTP", SBX_NUM(server.http_threads)},
+    {.path = "server.admin_token", .type = Type::kString, .flag = "--admin-token",
+     .reloadable = false, .secret = true,
+     .help = "bearer token of tenant 'default' (empty: the one in STATE_DIR/admin-token, "
+             "generated there on first start)",
+     SBX_STR(server.admin_token)},
+    {.path = "server.max_connections", .type = Type::kInt, .flag = "--max-connections",
+     .reloadable = false, .min = 0, .max = 1048576,
+     .why = "0 derives it from RLIMIT_NOFILE; at most the kernel's default nr_open",
+     .help = "client connections the API holds at once, past which only the reserve serves "
+             "(0: a quarter of RLIMIT_NOFILE, at most 4096)",
+     SBX_NUM(server.max_connections)},
+    {.path = "server.max_connections_per_ip", .type = Type::kInt,
+     .flag = "--max-connections-per-ip", .reloadable = false, .min = 0, .max = 1048576,
+     .why = "0 derives it from server.max_connections",
+     .help = "connections one source address (an IPv6 /64) may hold (0: a quarter of "
+             "server.max_connections)",
+     SBX_NUM(server.max_connections_per_ip)},
+    {.path = "server.reserved_connections", .type = Type::kInt,
+     .flag = "--reserved-connections", .reloadable = false, .min = 1, .max = 1024,
+     .why = "at least one, for the health check",
+     .help = "connections past the caps (and spare descriptors for when accept runs out of "
+             "them) that serve only /healthz, /readyz and the admin token",
+     SBX_NUM(server.reserved_connections)},
+    {.path = "server.header_timeout_s", .type = Type::kInt, .flag = "--header-timeout-s",
+     .reloadable = false, .min = 1, .max = 300, .why = "1 s to 5 minutes",
+     .help = "seconds a request's line and headers may take: from the accept for the first "
+             "request, from its first byte for the next ones (a silent or trickling client is "
+             "cut off here)",
+     SBX_NUM(server.header_timeout_s)},
+    {.path = "server.idle_timeout_s", .type = Type::kInt, .flag = "--idle-timeout-s",
+     .reloadable = false, .min = 1, .max = 3600, .why = "1 s to an hour",
+     .help = "seconds a keep-alive connection may wait for its next request",
+     SBX_NUM(server.idle_timeout_s)},
+    {.path = "server.guest_replies_in_flight", .type = Type::kInt,
+     .flag = "--guest-replies-in-flight", .reloadable = false, .min = 1, .max = 1024,
+     .why = "each costs sbxd up to 8 MiB while it is sent",
+     .help = "process and file listings (replies a guest sizes, up to 4 MiB each) sbxd holds at "
+             "once; one more is answered 503 server_busy at once",
+     SBX_NUM(server.guest_replies_in_flight)},
+    {.path = "server.guest_replies_per_sandbox", .type = Type::kInt,
+     .flag = "--guest-replies-per-sandbox", .reloadable = false, .min = 1, .max = 1024,
+     .why = "at least one",
+     .help = "of those, for one sandbox; more wait in line (16 at most, 10 s at most), then 429",
+     SBX_NUM(server.guest_replies_per_sandbox)},
+    {.path = "state.dir", .type = Type::kString, .flag = "--state-dir", .reloadable = false,
+     .help = "where the database, tokens and sandboxes live", SBX_STR(state.dir)},
+    {.path = "runtime.default", .type = Type::kString, .flag = "--runtime", .reloadable = false,
+     .choices = "ns|fake",
+     .help = "default runtime: ns (namespaces) or fake (no isolation, tests only)",
+     SBX_STR(runtime.default_runtime)},
+    {.path = "runtime.agent_path", .type = Type::kString, .flag = "--agent-path",
+     .reloadable = false, .help = "sbx-agent binary (empty: the one beside sbxd)",
+     SBX_STR(runtime.agent_path)},
+    {.path = "runtime.workers", .type = Type::kInt, .flag = "--workers", .reloadable = false,
+     .min = 1, .max = 64, .why = "threads running lifecycle operations",
+     .help = "threads running lifecycle operations (creates, deletes, pauses)",
+     SBX_NUM(runtime.workers)},
+    {.path = "runtime.ns.user_namespaces", .type = Type::kBool, .flag = "--userns",
+     .reloadable = false,
+     .help = "run each sandbox in its own user namespace and host uid range (false only for "
+             "hosts whose state dir file system cannot be idmapped: sandbox root is then host "
+             "root with fewer capabilities)",
+     SBX_BOOL(runtime.ns.user_namespaces)},
+    {.path = "runtime.ns.userns_pool", .type = Type::kInt, .flag = "--userns-pool",
+     .reloadable = false, .min = 0, .max = 256, .why = "user namespaces built ahead",
+     .help = "uid ranges claimed and user namespaces built ahead by an idle-priority thread; 0 "
+             "builds each one during the launch",
+     SBX_NUM(runtime.ns.userns_pool)},
+    {.path = "runtime.ns.agent_memory_mib", .type = Type::kInt, .flag = "--agent-memory-mib",
+     .reloadable = false, .min = 16, .max = 65536, .why = "MiB of memory for each sandbox's agent",
+     .help = "memory limit of each sandbox's agent (its own cgroup beside the workload's, on top of "
+             "the sandbox's memory_mib): the output it buffers for the sandbox's sessions lives "
+             "there, and no memory bomb of the workload can reach it",
+     SBX_NUM(runtime.ns.agent_memory_mib)},
+    {.path = "runtime.ns.agent_pids", .type = Type::kInt, .flag = "--agent-pids",
+     .reloadable = false, .min = 16, .max = 65536, .why = "processes of each sandbox's agent",
+     .help = "pids.max of each sandbox's agent (itself, its file workers, and session processes "
+             "until they join the workload's cgroup): a fork bomb of the workload cannot use them",
+     SBX_NUM(runtime.ns.agent_pids)},
+    {.path = "runtime.ns.netns_pool", .type = Type::kInt, .flag = "--netns-pool",
+     .reloadable = false, .min = 0, .max = 256, .why = "network namespaces kept ready",
+     .help = "network namespaces (lo up) kept ready for launches by an idle-priority thread; 0 "
+             "creates each one during the launch",
+     SBX_NUM(runtime.ns.netns_pool)},
+    {.path = "runtime.ns.disk_pool", .type = Type::kInt, .flag = "--disk-pool",
+     .reloadable = false, .min = 0, .max = 64, .why = "mounted disks kept ready",
+     .help = "sandbox disks (ext4 images of sandbox.defaults.disk_mib, loop-mounted) kept ready "
+             "by an idle-priority thread; 0 makes each one during the launch",
+     SBX_NUM(runtime.ns.disk_pool)},
+    {.path = "runtime.ns.seccomp_policy", .type = Type::kString, .flag = "--seccomp-policy",
+     .reloadable = false,
+     .help = "seccomp policy JSON for sandboxes (format: src/runtime/ns/seccomp_policy.json; "
+             "empty: that file, embedded at build time)",
+     SBX_STR(runtime.ns.seccomp_policy)},
+    {.path = "runtime.ns.cgroup_favor_dynmods", .type = Type::kBool,
+     .flag = "--cgroup-favor-dynmods", .reloadable = false,
+     .help = "on hybrid cgroup v1/v2 hosts, remount the host's cgroup2 with favordynmods so "
+             "that joining a sandbox's cgroups skips an RCU grace period (host-wide; false "
+             "leaves the host's mount alone)",
+     SBX_BOOL(runtime.ns.cgroup_favor_dynmods)},
+    {.path = "runtime.ns.cgroup_parent", .type = Type::kString, .flag = "--cgroup-parent",
+     .reloadable = false,
+     .help = "absolute cgroup path that holds the sandbox cgroups in every hierarchy (e.g. /sbx: "
+             "outside sbxd's own cgroup, so systemd can restart sbxd on pure cgroup v2 while "
+             "sandboxes run); empty: <sbxd's own cgroup>/sbx. One sbxd per parent",
+     SBX_STR(runtime.ns.cgroup_parent)},
+    {.path = "sandbox.defaults.vcpu", .type = Type::kInt, .flag = "--default-vcpu",
+     .reloadable = true, .min = kLeastVcpu, .max = kMostVcpu, .why = "whole CPUs of CPU quota",
+     .help = "CPU quota (whole CPUs) of a sandbox whose create does not ask",
+     SBX_NUM(sandbox.defaults.vcpu)},
+    {.path = "sandbox.defaults.memory_mib", .type = Type::kInt, .flag = "--default-memory-mib",
+     .reloadable = true, .min = kLeastMemoryMib, .max = kMostMemoryMib,
+     .why = "a memory limit in MiB",
+     .help = "memory limit in MiB of a sandbox whose create does not ask",
+     SBX_NUM(sandbox.defaults.memory_mib)},
+    {.path = "sandbox.defaults.disk_mib", .type = Type::kInt, .flag = "--default-disk-mib",
+     .reloadable = true, .min = kLeastDiskMib, .max = kMostDiskMib,
+     .why = "the ns runtime's disk images hold 16 MiB to 1 TiB",
+     .help = "disk cap in MiB of a sandbox whose create does not ask (also the size of the "
+             "disks runtime.ns.disk_pool makes ahead)",
+     SBX_NUM(sandbox.defaults.disk_mib)},
+    {.path = "sandbox.defaults.pids", .type = Type::kInt, .flag = "--default-pids",
+     .reloadable = true, .min = 16, .max = 4194304,
+     .why = "the agent and a shell need a few; the kernel's pid_max caps the rest",
+     .help = "pids.max of every sandbox: a fork bomb stops there", SBX_NUM(sandbox.defaults.pids)},
+    {.path = "sandbox.defaults.open_files", .type = Type::kInt, .flag = "--default-open-files",
+     .reloadable = true, .min = 64, .max = 1048576,
+     .why = "below 64 ordinary programs fail; 1048576 is the kernel's default nr_open",
+     .help = "RLIMIT_NOFILE of sandbox processes (lowered to sbxd's own hard limit with a "
+             "warning when above it)",
+     SBX_NUM(sandbox.defaults.open_files)},
+    {.path = "sandbox.defaults.tmp_mib", .type = Type::kInt, .flag = "--tmp-mib",
+     .reloadable = true, .min = 1, .max = 1048576, .why = "a tmpfs size in MiB",
+     .help = "size of each sandbox's tmpfs /tmp in MiB (pages in it count against the "
+             "sandbox's memory limit)",
+     SBX_NUM(sandbox.defaults.tmp_mib)},
+    {.path = "sandbox.defaults.shm_mib", .type = Type::kInt, .flag = "--shm-mib",
+     .reloadable = true, .min = 1, .max = 1048576, .why = "a tmpfs size in MiB",
+     .help = "size of each sandbox's tmpfs /dev/shm in MiB (also counted as memory)",
+     SBX_NUM(sandbox.defaults.shm_mib)},
+    {.path = "sandbox.defaults.timeout_s", .type = Type::kInt, .flag = "--default-timeout-s",
+     .reloadable = true, .min = 0, .max = 2592000, .why = "0 (no TTL) to 30 days",
+     .help = "TTL in seconds of a sandbox whose create has no timeout_s: deleted that long "
+             "after it was created (0: no TTL)",
+     SBX_NUM(sandbox.timers.timeout_s)},
+    {.path = "sandbox.defaults.idle_suspend_s", .type = Type::kInt,
+     .flag = "--default-idle-suspend-s", .reloadable = true, .min = 0, .max = 2592000,
+     .why = "0 (never) to 30 days",
+     .help = "seconds without a management call, attach stream or running session after which "
+             "a sandbox whose create has no idle_suspend_s is suspended (0: never)",
+     SBX_NUM(sandbox.timers.idle_suspend_s)},
+    {.path = "sandbox.limits.max_vcpu", .type = Type::kInt, .flag = "--max-vcpu",
+     .reloadable = true, .min = kLeastVcpu, .max = kMostVcpu, .why = "whole CPUs of CPU quota",
+     .help = "the most vcpu a create may ask for", SBX_NUM(sandbox.limits.max_vcpu)},
+    {.path = "sandbox.limits.min_memory_mib", .type = Type::kInt, .flag = "--min-memory-mib",
+     .reloadable = true, .min = kLeastMemoryMib, .max = kMostMemoryMib,
+     .why = "a memory limit in MiB",
+     .help = "the least memory_mib a create may ask for", SBX_NUM(sandbox.limits.min_memory_mib)},
+    {.path = "sandbox.limits.max_memory_mib", .type = Type::kInt, .flag = "--max-memory-mib",
+     .reloadable = true, .min = kLeastMemoryMib, .max = kMostMemoryMib,
+     .why = "a memory limit in MiB",
+     .help = "the most memory_mib a create may ask for", SBX_NUM(sandbox.limits.max_memory_mib)},
+    {.path = "sandbox.limits.min_disk_mib", .type = Type::kInt, .flag = "--min-disk-mib",
+     .reloadable = true, .min = kLeastDiskMib, .max = kMostDiskMib,
+     .why = "the ns runtime's disk images hold 16 MiB to 1 TiB",
+     .help = "the least disk_mib a create may ask for", SBX_NUM(sandbox.limits.min_disk_mib)},
+    {.path = "sandbox.limits.max_disk_mib", .type = Type::kInt, .flag = "--max-disk-mib",
+     .reloadable = true, .min = kLeastDiskMib, .max = kMostDiskMib,
+     .why = "the ns runtime's disk images hold 16 MiB to 1 TiB",
+     .help = "the most disk_mib a create may ask for", SBX_NUM(sandbox.limits.max_disk_mib)},
+    {.path = "admission.enabled", .type = Type::kBool, .flag = "--admission", .reloadable = true,
+     .help = "refuse a create (503 insufficient_capacity, or 422 exceeds_capacity when it can "
+             "never fit) whose vcpu, memory or disk does not fit in what the host has beside "
+             "the other sandboxes and the warm pool (false: admit everything)",
+     SBX_BOOL(admission.enabled)},
+    {.path = "admission.cpu_overcommit_percent", .type = Type::kInt,
+     .flag = "--cpu-overcommit-percent", .reloadable = true, .min = 1, .max = 100000,
+     .why = "1% to 1000 times the host's CPUs",
+     .help = "vCPUs promised to sandboxes, in percent of the CPUs sbxd may run on (1600: 16 "
+             "vCPUs per CPU; CPU time is shared, an oversubscribed host is only slower)",
+     SBX_NUM(admission.cpu_overcommit_percent)},
+    {.path = "admission.memory_overcommit_percent", .type = Type::kInt,
+     .flag = "--memory-overcommit-percent", .reloadable = true, .min = 1, .max = 100000,
+     .why = "1% to 1000 times the host's memory",
+     .help = "memory promised to sandboxes, in percent of MemTotal (or of the memory limit of "
+             "the cgroup the sandboxes live under); above 100 the host's OOM killer, not the "
+             "sandbox's limit, decides when all use their limits at once",
+     SBX_NUM(admission.memory_overcommit_percent)},
+    {.path = "admission.disk_overcommit_percent", .type = Type::kInt,
+     .flag = "--disk-overcommit-percent", .reloadable = true, .min = 1, .max = 100000,
+     .why = "1% to 1000 times the state dir's space",
+     .help = "disk promised to sandboxes, in percent of the free space in the state dir's file "
+             "system plus what their (sparse) disks already take",
+     SBX_NUM(admission.disk_overcommit_percent)},
+    {.path = "admission.reserve_memory_mib", .type = Type::kInt, .flag = "--reserve-memory-mib",
+     .reloadable = true, .min = 0, .max = 4194304, .why = "a memory size in MiB",
+     .help = "memory in MiB kept for the host and sbxd itself, never promised to sandboxes",
+     SBX_NUM(admission.reserve_memory_mib)},
+    {.path = "admission.reserve_disk_mib", .type = Type::kInt, .flag = "--reserve-disk-mib",
+     .reloadable = true, .min = 0, .max = int64_t{1} << 30, .why = "a disk size in MiB",
+     .help = "space in MiB of the state dir's file system kept free for the host, the database "
+             "and logs, never promised to sandbox disks",
+     SBX_NUM(admission.reserve_disk_mib)},
+    {.path = "sessions.output_buffer_bytes", .type = Type::kInt, .flag = "--output-buffer-bytes",
+     .reloadable = false, .min = 64 << 10, .max = 1 << 30, .why = "64 KiB to 1 GiB per stream",
+     .help = "output retained per session stream by the agent (what a re-attach can replay)",
+     SBX_NUM(sessions.output_buffer_bytes)},
+    {.path = "sessions.attach_token_ttl_s", .type = Type::kInt, .flag = "--attach-token-ttl-s",
+     .reloadable = true, .min = 10, .max = 604800,
+     .why = "10 s to 7 days: an attach token is a bearer credential",
+     .help = "lifetime in seconds of the attach tokens minted for sessions",
+     SBX_NUM(sessions.attach_token_ttl_s)},
+    {.path = "retention.idempotency_keys_s", .type = Type::kInt,
+     .flag = "--idempotency-retention-s", .reloadable = true, .min = 60, .max = 2592000,
+     .why = "a minute to 30 days: a client retrying within this window gets the first answer",
+     .help = "how long an Idempotency-Key's first response is kept for replays",
+     SBX_NUM(retention.idempotency_keys_s)},
+    {.path = "retention.deleted_sandboxes_s", .type = Type::kInt,
+     .flag = "--deleted-retention-s", .reloadable = true, .min = 0, .max = 31536000,
+     .why = "0 (purge at the next pass) to a year",
+     .help = "how long a deleted sandbox (with its operations and sessions) stays readable "
+             "before it is purged from the database",
+     SBX_NUM(retention.deleted_sandboxes_s)},
+    {.path = "metrics.public", .type = Type::kBool, .flag = "--metrics-public",
+     .reloadable = false,
+     .help = "serve GET /metrics without the admin token (for a scraper on a trusted network; "
+             "the counts it shows are deployment-wide, never per tenant)",
+     SBX_BOOL(metrics.public_endpoint)},
+    {.path = "log.level", .type = Type::kString, .flag = "--log-level", .reloadable = true,
+     .choices = "trace|debug|info|warn|error", .help = "trace, debug, info, warn or error",
+     SBX_STR(log.level)},
+    {.path = "log.format", .type = Type::kString, .flag = "--log-format", .reloadable = false,
+     .choices = "json|text|auto",
+     .help = "json: one JSON object per line; text: a line for people; auto: text on a "
+             "terminal, else json",
+     SBX_STR(log.format)},
+    {.path = "log.file", .type = Type::kString, .flag = "--log-file", .reloadable = false,
+     .help = "append the log to this file instead of stderr (empty); SIGHUP reopens it, for "
+             "logrotate",
+     SBX_STR(log.file)},
+};
+
+#undef SBX_STR
+#undef SBX_NUM
+#undef SBX_BOOL
+
+}  // namespace
+
+namespace config_internal {
+
+// Read-only access through the same accessors: they never write.
+const std::string& Str(const Config& c, const KeyInfo& k) {
+  return *k.str(const_cast<Config&>(c));
+}
+int64_t Num(const Config& c, const KeyInfo& k) { return *k.num(const_cast<Config&>(c)); }
+bool Bool(const Config& c, const KeyInfo& k) { return *k.boolean(const_cast<Config&>(c)); }
+
+bool IsWarmPoolPath(std::string_view path) {
+  return path.size() > sizeof(kWarmPool) && path.substr(0, sizeof(kWarmPool)) == "warm_pool.";
+}
+std::string WarmPoolPath(const std::string& name) { return std::string(kWarmPool) + "." + name; }
+
+// TOML tables that may appear: every proper prefix of a key path, and warm_pool.
+const std::set<std::string>& Tables() {
+  static const std::set<std::string> tables = [] {
+    std::set<std::string> t = {kWarmPool};
+    for (const auto& k : kKeys) {
+      std::string_view p = k.path;
+      for (size_t dot = p.find('.'); dot != std::string_view::npos; dot = p.find('.', dot + 1)) {
+        t.insert(std::string(p.substr(0, dot)));
+      }
+    }
+    return t;
+  }();
+  return tables;
+}
+
+std::string TableOf(std::string_view path) {
+  auto dot = path.rfind('.');
+  return std::string(dot == std::string_view::npos ? std::string_view() : path.substr(0, dot));
+}
+std::string LeafOf(std::string_view path) {
+  auto dot = path.rfind('.');
+  return std::string(dot == std::string_view::npos ? path : path.substr(dot + 1));
+}
+
+std::vector<std::string> AllPaths() {
+  std::vector<std::string> out(Tables().begin(), Tables().end());
+  for (const auto& k : kKeys) out.push_back(k.path);
+  return out;
+}
+
+// SBX_<TABLE>_ prefixes: a variable starting with one is meant for sbxd.
+const std::vector<std::string>& EnvPrefixes() {
+  static const std::vector<std::string> prefixes = [] {
+    std::set<std::string> tops = {kWarmPool};
+    for (const auto& k : kKeys) tops.insert(std::string(k.path).substr(0, std::string(k.path).find('.')));
+    std::vector<std::string> out;
+    for (const auto& t : tops) out.push_back("SBX_" + Upper(t) + "_");
+    return out;
+  }();
+  return prefixes;
+}
+
+}  // namespace config_internal
+
+const std::vector<KeyInfo>& Keys() { return kKeys; }
+
+const KeyInfo* FindKey(std::string_view path) {
+  for (const auto& k : kKeys) {
+    if (path == k.path) return &k;
+  }
+  return nullptr;
+}
+
+std::string EnvName(std::string_view path) { return "SBX_" + config_internal::Upper(path); }
+
+}  // namespace sbx::daemon
