@@ -1147,8 +1147,8 @@ void SandboxService::AddInteractiveSpec(const CreateSessionRequest& req, json& s
   if (req.kill_grace_s) spec["kill_grace_s"] = *req.kill_grace_s;
 }
 
-absl::StatusOr<std::string> SandboxService::SandboxAgentSocket(const Caller& caller,
-                                                               const std::string& sandbox_id) {
+absl::StatusOr<AgentClient> SandboxService::SandboxAgent(const Caller& caller,
+                                                         const std::string& sandbox_id) {
   SBX_ASSIGN_OR_RETURN(SandboxRecord sb, GetSandbox(caller, sandbox_id));
   auto sock = AgentSocketFor(sb.id);
   if (!sock) {
@@ -1156,7 +1156,7 @@ absl::StatusOr<std::string> SandboxService::SandboxAgentSocket(const Caller& cal
     return ApiError(absl::StatusCode::kFailedPrecondition, "sandbox_not_running",
                     fmt::format("sandbox {} is {}, not running", sb.id, state));
   }
-  return *sock;
+  return AgentClient::ForSocket(*sock);
 }
 
 absl::StatusOr<SessionRecord> SandboxService::GetSession(const Caller& caller,
@@ -1195,7 +1195,16 @@ absl::StatusOr<SandboxService::AttachTarget> SandboxService::PrepareAttach(
                     fmt::format("sandbox {} is {}, not running{}", s.sandbox_id, state,
                                 sb.error.is_object() ? fmt::format(": {}", sb.error.value("message", "")) : ""));
   }
-  return AttachTarget{std::move(s), *sock};
+  // The spec as the service wrote it (CreateSession); one that no longer decodes is a store
+  // that was edited by hand, and the agent would refuse it the same way.
+  SBX_ASSIGN_OR_RETURN(SessionSpec spec, SessionSpec::FromJson(s.spec));
+  return AttachTarget{std::move(s), AgentClient::ForSocket(*sock), std::move(spec)};
+}
+
+std::optional<AgentClient> SandboxService::AgentFor(const std::string& sandbox_id) const {
+  auto sock = AgentSocketFor(sandbox_id);
+  if (!sock) return std::nullopt;
+  return AgentClient::ForSocket(*sock);
 }
 
 std::optional<std::string> SandboxService::AgentSocketFor(const std::string& sandbox_id) const {
@@ -1284,9 +1293,8 @@ void SandboxService::CheckAgentsAlive() {
   for (const std::string& id : dead) (void)CheckAgentLost(id);
 }
 
-void SandboxService::RecordSessionStarted(const std::string& session_id,
-                                          const json& attach_response) {
-  if (!protocol::BoolField(attach_response, "started")) return;
+void SandboxService::RecordSessionStarted(const std::string& session_id, bool started_now) {
+  if (!started_now) return;
   bool started = false;
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
     started = false;
@@ -1301,8 +1309,7 @@ void SandboxService::RecordSessionStarted(const std::string& session_id,
   if (!st.ok()) spdlog::warn("session {}: {}", session_id, std::string(st.message()));
 }
 
-void SandboxService::RecordSessionExit(const std::string& session_id,
-                                       const protocol::ExitEvent& ev) {
+void SandboxService::RecordSessionExit(const std::string& session_id, const SessionExit& ev) {
   std::string was;  // the state this call moved the session from to exited
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
     was.clear();
@@ -1326,8 +1333,9 @@ void SandboxService::RecordSessionExit(const std::string& session_id,
   if (!st.ok()) spdlog::warn("session {}: {}", session_id, std::string(st.message()));
 }
 
-void SandboxService::RecordSessionStatus(const std::string& session_id, const json& status) {
-  const std::string state = protocol::StringField(status, "state");
+void SandboxService::RecordSessionStatus(const std::string& session_id,
+                                         const SessionStatus& status) {
+  const std::string& state = status.state;
   if (state != "running" && state != "exited") return;
   std::string was;  // the state this call moved the session from
   bool oom_killed = false;
@@ -1337,25 +1345,13 @@ void SandboxService::RecordSessionStatus(const std::string& session_id, const js
     if (s.state == "exited" || s.state == state) return absl::OkStatus();
     was = s.state;
     s.state = state;
-    if (status.contains("started_at") && status["started_at"].is_string()) {
-      s.started_at = status["started_at"].get<std::string>();
-    }
+    if (status.started_at) s.started_at = *status.started_at;
     if (state == "exited") {
-      if (status.contains("exit_code") && status["exit_code"].is_number_integer()) {
-        s.exit_code = status["exit_code"].get<int>();
-      }
-      if (status.contains("signal") && status["signal"].is_string()) {
-        s.signal = status["signal"].get<std::string>();
-      }
-      if (status.contains("oom_killed") && status["oom_killed"].is_boolean()) {
-        s.oom_killed = status["oom_killed"].get<bool>();
-      }
-      if (status.contains("timed_out") && status["timed_out"].is_boolean()) {
-        s.timed_out = status["timed_out"].get<bool>();
-      }
-      s.exited_at = status.contains("exited_at") && status["exited_at"].is_string()
-                        ? status["exited_at"].get<std::string>()
-                        : NowRfc3339();
+      if (status.exit_code) s.exit_code = *status.exit_code;
+      if (status.signal) s.signal = *status.signal;
+      s.oom_killed = status.oom_killed;
+      s.timed_out = status.timed_out;
+      s.exited_at = status.exited_at.value_or(NowRfc3339());
     }
     oom_killed = s.oom_killed;
     return tx.PutSession(s);
