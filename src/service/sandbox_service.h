@@ -195,8 +195,8 @@ class SandboxService {
   void RunLifecycle(const std::string& op_id, const std::string& sandbox_id,
                     const std::string& kind, TimePoint requested);
   absl::StatusOr<runtime::Backend*> BackendFor(const std::string& name) const;
-  // The agent spec fields of tty, stdin and timeout_s sessions (protocol.h).
-  static void AddInteractiveSpec(const CreateSessionRequest& req, nlohmann::json& spec);
+  // The spec fields of tty, stdin and timeout_s sessions (protocol/messages.h).
+  static void AddInteractiveSpec(const CreateSessionRequest& req, SessionSpec& spec);
   // Destroys whatever the runtime still holds for a sandbox (instance in memory, or adopted).
   absl::Status DestroyRuntime(const store::SandboxRecord& sb);
   // Asks the sandbox's agent about each session the store has as running and records what it

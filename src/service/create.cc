@@ -1,0 +1,318 @@
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "common/encoding.h"
+#include "common/ids.h"
+#include "common/log.h"
+#include "common/status_util.h"
+#include "common/time_util.h"
+#include "service/service_internal.h"
+#include "service/sandbox_service.h"
+#include "service/sandbox_state.h"
+#include "service/views.h"
+
+namespace sbx::service {
+
+using nlohmann::json;
+using store::OperationRecord;
+using store::SandboxRecord;
+using store::Tx;
+using namespace internal;  // this folder's helpers (service_internal.h)
+
+absl::StatusOr<WarmSandbox> SandboxService::BuildWarm(const WarmPoolConfig& config) {
+  SBX_ASSIGN_OR_RETURN(runtime::Backend* backend, BackendFor(config.runtime));
+  SBX_ASSIGN_OR_RETURN(runtime::TemplateSpec tmpl, templates_.Resolve(config.template_name));
+  runtime::SandboxSpec spec;
+  spec.id = NewId("sbx");
+  spec.tmpl = tmpl;
+  spec.resources = defaults();
+  spec.hostname = spec.id.substr(0, 16);
+  // A pool member holds what a sandbox holds: the pool may fill only what creates left over.
+  SBX_RETURN_IF_ERROR(admission_->Admit(spec.id, DemandOf(spec.resources), "a warm-pool sandbox"));
+  // The runtime's lines during the build name the sandbox, as in an operation.
+  log::Context lctx;
+  lctx.sandbox = spec.id;
+  log::Scope scope(lctx);
+  auto inst = backend->Create(spec);
+  if (!inst.ok()) {
+    admission_->Release(spec.id);  // Create leaves nothing behind
+    return inst.status();
+  }
+  return WarmSandbox{std::move(*inst), config.runtime, config.template_name, tmpl.digest,
+                     spec.resources};
+}
+
+std::optional<WarmSandbox> SandboxService::TakeWarm(const CreateSandboxRequest& req,
+                                                    const runtime::Resources& defaults) {
+  // Pooled sandboxes have the default limits; any other request is built cold.
+  if ((req.vcpu && *req.vcpu != defaults.vcpu) ||
+      (req.memory_mib && *req.memory_mib != defaults.memory_mib) ||
+      (req.disk_mib && *req.disk_mib != defaults.disk_mib)) {
+    return std::nullopt;
+  }
+  auto tmpl = templates_.Resolve(req.template_ref);
+  if (!tmpl.ok()) return std::nullopt;
+  return pool_->Take(req.runtime.value_or(opts_.default_runtime), tmpl->name, tmpl->digest,
+                     defaults);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Create
+
+absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
+    const Caller& caller, const CreateSandboxRequest& req,
+    const std::optional<std::string>& idem_key) {
+  static const IdemScope kScope{"POST", "/v1/sandboxes"};
+  const TimePoint requested = ServiceMetrics::Clock::now();
+  const std::string body_hash = Sha256Hex(req.canonical.dump());
+
+  StoredResponse out;
+  std::optional<std::pair<std::string, std::string>> submit;  // op id, sandbox id
+  struct Created {
+    std::string sandbox_id, state, op_id;
+  };
+  std::optional<Created> created;
+  // Taken before the transaction, which may run more than once (busy retries); it goes back to
+  // the pool unless the transaction records it.
+  // One snapshot for the whole create: a reload meanwhile must not give a pooled sandbox built
+  // with the old defaults the new ones' effective_resources.
+  const runtime::Resources defaults = this->defaults();
+  std::optional<WarmSandbox> warm = TakeWarm(req, defaults);
+  bool warm_used = false;
+  std::optional<OperationRecord> finished;  // the create, when the warm pool served it
+  // The id this create holds capacity for; given back unless the transaction records it.
+  std::optional<std::string> admitted;
+  auto unadmit = [&] {
+    if (admitted) ReleaseCapacity(*admitted);
+    admitted.reset();
+  };
+  absl::Status tx_status = store_.Transact([&](Tx& tx) -> absl::Status {
+    warm_used = false;
+    submit.reset();
+    created.reset();
+    finished.reset();
+    unadmit();  // an earlier attempt of this transaction (busy retry) held it under another id
+    SBX_ASSIGN_OR_RETURN(auto replay, CheckIdempotency(tx, caller, idem_key, kScope, body_hash));
+    if (replay) {
+      out = *replay;
+      return absl::OkStatus();
+    }
+    SBX_ASSIGN_OR_RETURN(runtime::TemplateSpec tmpl, templates_.Resolve(req.template_ref));
+    const std::string runtime_name = req.runtime.value_or(opts_.default_runtime);
+    SBX_RETURN_IF_ERROR(BackendFor(runtime_name).status());
+
+    const std::string now = NowRfc3339();
+    SandboxRecord sb;
+    sb.id = warm ? warm->instance->id() : NewId("sbx");
+    // Before anything is recorded or built. A pooled sandbox already holds its resources
+    // (under the same id).
+    if (!warm) {
+      const Demand want{req.vcpu.value_or(defaults.vcpu), req.memory_mib.value_or(defaults.memory_mib),
+                        req.disk_mib.value_or(defaults.disk_mib)};
+      SBX_RETURN_IF_ERROR(admission_->Admit(sb.id, want, "the sandbox"));
+      admitted = sb.id;
+    }
+    sb.tenant_id = caller.tenant_id;
+    sb.state = std::string(kCreating);
+    sb.template_ref = req.template_ref;
+    sb.template_digest = tmpl.digest;
+    sb.runtime = runtime_name;
+    sb.resources = json::object();
+    if (req.vcpu) sb.resources["vcpu"] = *req.vcpu;
+    if (req.memory_mib) sb.resources["memory_mib"] = *req.memory_mib;
+    if (req.disk_mib) sb.resources["disk_mib"] = *req.disk_mib;
+    sb.effective_resources = EffectiveResources(req, defaults, opts_.output_buffer_bytes);
+    sb.egress_profile = req.egress_profile;
+    sb.env = req.env;
+    sb.labels = req.labels;
+    // Stored as effective values, so a later change of the defaults (SIGHUP) does not move the
+    // deadline of a sandbox that already exists.
+    const TimerSettings timers = timer_settings();
+    const int64_t ttl = req.timeout_s.value_or(timers.default_timeout_s);
+    if (ttl > 0) sb.timeout_s = ttl;
+    sb.idle_suspend_s = req.idle_suspend_s.value_or(timers.default_idle_suspend_s);
+    sb.created_at = now;
+    sb.updated_at = now;
+    OperationRecord op = NewOperation(caller.tenant_id, "create", sb.id, now);
+    if (warm) {
+      // Already running: the create is done in this transaction.
+      sb.state = std::string(kRunning);
+      sb.runtime_state = warm->instance->Persist();
+      Finish(op, true, nullptr, now);
+      op.result = {{"warm_pool", true}};
+      warm_used = true;
+      finished = op;
+    } else {
+      sb.current_operation_id = op.id;
+      submit = {op.id, sb.id};
+    }
+    SBX_RETURN_IF_ERROR(tx.PutSandbox(sb));
+    SBX_RETURN_IF_ERROR(tx.PutOperation(op));
+    created = Created{sb.id, sb.state, op.id};
+    out.status = 202;
+    out.body = json{{"sandbox", SandboxView(sb)}, {"operation", OperationView(op)}}.dump();
+    SBX_RETURN_IF_ERROR(SaveIdempotency(tx, caller, idem_key, kScope, body_hash, out));
+    return absl::OkStatus();
+  });
+  if (tx_status.ok() && created) {
+    log::Context lctx;
+    lctx.operation = created->op_id;
+    log::Scope scope(lctx);
+    LogStateChange(created->sandbox_id, "", created->state,
+                   warm_used ? "from the warm pool" : std::string_view());
+  }
+  if (!tx_status.ok() || !created) unadmit();  // refused, failed, or a replay
+  if (warm) {
+    if (tx_status.ok() && warm_used) {
+      metrics_->OperationFinished(*finished, requested);
+      metrics_->SandboxRunning(warm->runtime, /*warm=*/true, requested);
+      std::lock_guard lock(mu_);
+      instances_[warm->instance->id()] = std::move(warm->instance);
+    } else {
+      pool_->Return(std::move(*warm));
+    }
+  }
+  SBX_RETURN_IF_ERROR(tx_status);
+  if (submit) {
+    auto [op_id, sb_id] = *submit;
+    engine_.Submit(sb_id, [this, op_id, sb_id, requested] { RunCreate(op_id, sb_id, requested); },
+                   OperationLog(op_id, sb_id, caller.tenant_id));
+  }
+  return out;
+}
+
+void SandboxService::RunCreate(const std::string& op_id, const std::string& sandbox_id,
+                               TimePoint requested) {
+  const auto job_started = Clock::now();
+  SandboxRecord sb;
+  bool proceed = false;
+  bool cancelled = false;
+  std::optional<OperationRecord> finished;
+  absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    finished.reset();
+    SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
+    SBX_ASSIGN_OR_RETURN(sb, tx.GetSandbox(sandbox_id));
+    if (op.state != "pending") return absl::OkStatus();
+    const std::string now = NowRfc3339();
+    if (sb.state != kCreating) {
+      // A delete overtook this create before it started: nothing to build.
+      Finish(op, false, {{"code", "cancelled"}, {"message", "sandbox was deleted before it started"}},
+             now);
+      cancelled = true;
+      finished = op;
+      return tx.PutOperation(op);
+    }
+    op.state = "running";
+    op.updated_at = now;
+    proceed = true;
+    return tx.PutOperation(op);
+  });
+  if (st.ok() && finished) metrics_->OperationFinished(*finished, requested);
+  if (!st.ok() || !proceed) {
+    if (!st.ok()) spdlog::error("create {}: store: {}", sandbox_id, std::string(st.message()));
+    if (st.ok() && cancelled) {
+      LogOperationFinished("create", "cancelled", job_started, -1,
+                           "sandbox was deleted before it started");
+    }
+    return;
+  }
+  LogOperationStarted("create");
+
+  auto started = std::chrono::steady_clock::now();
+  absl::StatusOr<runtime::InstancePtr> inst = absl::InternalError("unset");
+  auto backend = BackendFor(sb.runtime);
+  auto tmpl = templates_.Resolve(sb.template_ref);
+  if (!backend.ok()) {
+    inst = backend.status();
+  } else if (!tmpl.ok()) {
+    inst = tmpl.status();
+  } else if (tmpl->digest != sb.template_digest) {
+    inst = absl::FailedPreconditionError(
+        fmt::format("template {} changed since the sandbox was requested", sb.template_ref));
+  } else {
+    runtime::SandboxSpec spec;
+    spec.id = sb.id;
+    spec.tmpl = *tmpl;
+    spec.resources = ResourcesOf(sb.effective_resources, defaults());
+    // The sandbox env is applied per session (CreateSession), as for pooled sandboxes.
+    spec.hostname = sb.id.substr(0, 16);
+    inst = (*backend)->Create(spec);
+  }
+  auto elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started);
+
+  json runtime_state = inst.ok() ? (*inst)->Persist() : json(nullptr);
+  // Kept before the store says running: a client that sees the operation succeed may start a
+  // session at once, and must find the agent. No delete can take it meanwhile (the engine runs
+  // one job per sandbox at a time); if the store fails, it is taken back and destroyed.
+  const bool built = inst.ok();
+  if (built) {
+    std::lock_guard lock(mu_);
+    instances_[sandbox_id] = std::move(*inst);
+  }
+  std::string from, to, result;
+  st = store_.Transact([&](Tx& tx) -> absl::Status {
+    finished.reset();
+    SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
+    SBX_ASSIGN_OR_RETURN(SandboxRecord cur, tx.GetSandbox(sandbox_id));
+    const std::string now = NowRfc3339();
+    from = cur.state;
+    cur.updated_at = now;
+    if (!inst.ok()) {
+      json err = ErrorJson("create_failed", inst.status());
+      Finish(op, false, err, now);
+      if (cur.state == kCreating) {
+        cur.state = std::string(kFailed);
+        cur.error = err;
+        cur.current_operation_id.reset();
+      }
+    } else if (cur.state == kCreating) {
+      Finish(op, true, nullptr, now);
+      cur.state = std::string(kRunning);
+      cur.runtime_state = runtime_state;
+      cur.current_operation_id.reset();
+    } else {
+      // Deleted while being built: the queued delete destroys the instance we keep for it.
+      Finish(op, false, {{"code", "cancelled"}, {"message", "sandbox was deleted while starting"}},
+             now);
+      cur.runtime_state = runtime_state;
+    }
+    to = cur.state;
+    result = op.state == "succeeded" ? "succeeded"
+             : op.error.is_object() && op.error.value("code", "") == "cancelled" ? "cancelled"
+                                                                                : "failed";
+    finished = op;
+    SBX_RETURN_IF_ERROR(tx.PutOperation(op));
+    return tx.PutSandbox(cur);
+  });
+  if (!st.ok()) {
+    spdlog::error("create {}: store: {}", sandbox_id, std::string(st.message()));
+    // Nothing runs for it any more (destroyed below, or never built).
+    ReleaseCapacity(sandbox_id);
+    if (built) {
+      runtime::InstancePtr mine;
+      {
+        std::lock_guard lock(mu_);
+        auto it = instances_.find(sandbox_id);
+        if (it != instances_.end()) {
+          mine = std::move(it->second);
+          instances_.erase(it);
+        }
+      }
+      if (mine) (void)mine->Destroy();
+    }
+    LogOperationFinished("create", "failed", job_started, elapsed.count(),
+                         fmt::format("store: {}", std::string(st.message())));
+    return;
+  }
+  metrics_->OperationFinished(*finished, requested);
+  if (finished->state == "succeeded") {
+    metrics_->SandboxRunning(sb.runtime, /*warm=*/false, requested);
+  }
+  // A failed build leaves nothing behind; a sandbox deleted meanwhile is released by its delete.
+  if (to == kFailed) ReleaseCapacity(sandbox_id);
+  LogStateChange(sandbox_id, from, to);
+  LogOperationFinished("create", result, job_started, elapsed.count(),
+                       inst.ok() ? std::string() : std::string(inst.status().message()));
+}
+
+}  // namespace sbx::service

@@ -1,0 +1,81 @@
+// Helpers shared by the files that implement SandboxService (sandbox_service.cc, create.cc,
+// lifecycle.cc, sessions.cc, reconcile.cc, resources.cc). Not for use outside src/service.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/log.h"
+#include "runtime/backend.h"
+#include "service/admission.h"
+#include "service/inputs.h"
+#include "service/sandbox_service.h"
+#include "store/store.h"
+
+namespace sbx::service::internal {
+
+absl::Status BadId(std::string_view kind, const std::string& id);
+absl::Status NotFound(std::string_view kind, const std::string& id);
+nlohmann::json ErrorJson(std::string_view code, const absl::Status& s);
+
+// --- Resources (resources.cc) ---
+
+// effective_resources of a new sandbox: what it was asked for, the rest from the deployment.
+nlohmann::json EffectiveResources(const CreateSandboxRequest& req, const runtime::Resources& d,
+                                  int64_t output_buffer_bytes);
+// Sandboxes stored before a key existed get today's deployment default for it, both when
+// (re)launched and when shown.
+runtime::Resources ResourcesOf(const nlohmann::json& eff, const runtime::Resources& d);
+Demand DemandOf(const runtime::Resources& r);
+// Whether a stored sandbox holds host resources (admission.h): everything that may still have
+// processes or a disk, frozen ones included. A failed sandbox holds nothing, except one whose
+// destroy failed: its processes may still run.
+bool HoldsResources(const store::SandboxRecord& sb);
+void FillEffectiveDefaults(store::SandboxRecord& sb, const runtime::Resources& defaults,
+                           int64_t output_buffer_bytes);
+
+// --- Idempotency and operations (service_internal.cc) ---
+
+// Idempotency scope is (tenant, method, route template, key); the body hash decides between a
+// replay and a conflict.
+struct IdemScope {
+  std::string method;
+  std::string route;
+};
+
+absl::StatusOr<std::optional<StoredResponse>> CheckIdempotency(
+    store::Tx& tx, const Caller& caller, const std::optional<std::string>& key,
+    const IdemScope& scope, const std::string& body_hash);
+absl::Status SaveIdempotency(store::Tx& tx, const Caller& caller,
+                             const std::optional<std::string>& key, const IdemScope& scope,
+                             const std::string& body_hash, const StoredResponse& resp);
+
+store::OperationRecord NewOperation(const std::string& tenant, const std::string& kind,
+                                    const std::string& sandbox_id, const std::string& now);
+void Finish(store::OperationRecord& op, bool ok, nlohmann::json error, const std::string& now);
+
+// The log context of an operation's job: the request that asked for it (its request_id comes
+// from the caller's scope, see api.cc) plus the operation, its sandbox and tenant.
+log::Context OperationLog(const std::string& op_id, const std::string& sandbox_id,
+                          const std::string& tenant);
+// One line per committed state change of a sandbox ("" is a sandbox that did not exist).
+void LogStateChange(const std::string& sandbox_id, std::string_view from, std::string_view to,
+                    std::string_view why = {});
+
+using Clock = std::chrono::steady_clock;
+double MsSince(Clock::time_point t);
+
+// "operation <kind> started" and "operation <kind> <result> in N ms": the two lines an operator
+// looks for when a sandbox seems stuck. Logged on the engine's worker, whose scope supplies the
+// operation, sandbox and tenant fields.
+void LogOperationStarted(std::string_view kind);
+void LogOperationFinished(std::string_view kind, std::string_view result, Clock::time_point started,
+                          double runtime_ms = -1, std::string_view error = {});
+
+}  // namespace sbx::service::internal

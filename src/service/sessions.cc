@@ -1,0 +1,309 @@
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "common/encoding.h"
+#include "common/ids.h"
+#include "common/log.h"
+#include "common/status_util.h"
+#include "common/time_util.h"
+#include "service/service_internal.h"
+#include "service/sandbox_service.h"
+#include "service/sandbox_state.h"
+
+namespace sbx::service {
+
+using nlohmann::json;
+using store::SandboxRecord;
+using store::SessionRecord;
+using store::Tx;
+using namespace internal;  // this folder's helpers (service_internal.h)
+
+// ---------------------------------------------------------------------------------------------
+// Sessions
+
+absl::StatusOr<StoredResponse> SandboxService::CreateSession(
+    const Caller& caller, const std::string& sandbox_id, const CreateSessionRequest& req,
+    const std::optional<std::string>& idem_key) {
+  const IdemScope scope{"POST", "/v1/sandboxes/" + sandbox_id + "/sessions"};
+  const std::string body_hash = Sha256Hex(req.canonical.dump());
+  StoredResponse out;
+  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(auto replay, CheckIdempotency(tx, caller, idem_key, scope, body_hash));
+    if (replay) {
+      out = *replay;
+      return absl::OkStatus();
+    }
+    SBX_ASSIGN_OR_RETURN(SandboxRecord sb, VisibleSandbox(tx, caller, sandbox_id));
+    if (sb.state != kRunning) {
+      return ApiError(absl::StatusCode::kFailedPrecondition, "sandbox_not_running",
+                      fmt::format("sandbox {} is {}, not running", sb.id, sb.state));
+    }
+    const std::string now = NowRfc3339();
+    SessionRecord s;
+    s.id = NewId("ses");
+    s.tenant_id = caller.tenant_id;
+    s.sandbox_id = sb.id;
+    s.state = "created";
+    // The template's workdir and user are the defaults, as for the files API (the agent's
+    // --workdir); a template removed since the sandbox was made leaves "/" and root.
+    auto tmpl = templates_.Resolve(sb.template_ref);
+    SessionSpec spec;
+    spec.argv = req.argv;
+    spec.cwd = req.cwd.value_or(tmpl.ok() ? tmpl->workdir : "/");
+    spec.user = req.user.value_or(tmpl.ok() ? tmpl->default_user : "root");
+    // The sandbox's env under the session's: a sandbox from the warm pool was started before
+    // its env was known, so the agent's own environment cannot carry it.
+    if (sb.env.is_object()) {
+      for (const auto& [k, v] : sb.env.items()) {
+        if (v.is_string()) spec.env[k] = v.get<std::string>();
+      }
+    }
+    for (const auto& [k, v] : req.env) spec.env[k] = v;
+    AddInteractiveSpec(req, spec);
+    // Stored as the agent reads it (protocol/messages.h): PrepareAttach decodes it back.
+    s.spec = spec.ToJson();
+    s.created_at = now;
+    SBX_RETURN_IF_ERROR(tx.PutSession(s));
+    auto minted = tokens_.Mint(s.id, caller.tenant_id);
+    out.status = 201;
+    out.body = json{{"session_id", s.id},
+                    {"sandbox_id", sb.id},
+                    {"state", s.state},
+                    {"attach",
+                     {{"url", fmt::format("/v1/sessions/{}/attach", s.id)},
+                      {"token", minted.token},
+                      {"expires_at", minted.expires_at}}}}
+                   .dump();
+    return SaveIdempotency(tx, caller, idem_key, scope, body_hash, out);
+  }));
+  return out;
+}
+
+void SandboxService::AddInteractiveSpec(const CreateSessionRequest& req, SessionSpec& spec) {
+  // Only what was asked for: the spec of a plain session stays what it always was.
+  if (req.tty) {
+    spec.tty = TtySize{static_cast<uint16_t>(req.tty_rows.value_or(24)),
+                       static_cast<uint16_t>(req.tty_cols.value_or(80))};
+  }
+  spec.stdin_pipe = req.stdin_open || req.tty;
+  if (req.timeout_s) spec.timeout_s = static_cast<uint64_t>(*req.timeout_s);
+  if (req.kill_grace_s) spec.kill_grace_s = static_cast<uint64_t>(*req.kill_grace_s);
+}
+
+absl::StatusOr<AgentClient> SandboxService::SandboxAgent(const Caller& caller,
+                                                         const std::string& sandbox_id) {
+  SBX_ASSIGN_OR_RETURN(SandboxRecord sb, GetSandbox(caller, sandbox_id));
+  auto sock = AgentSocketFor(sb.id);
+  if (!sock) {
+    const std::string state = sb.state == kRunning ? "being paused" : sb.state;
+    return ApiError(absl::StatusCode::kFailedPrecondition, "sandbox_not_running",
+                    fmt::format("sandbox {} is {}, not running", sb.id, state));
+  }
+  return AgentClient::ForSocket(*sock);
+}
+
+absl::StatusOr<SessionRecord> SandboxService::GetSession(const Caller& caller,
+                                                         const std::string& id) {
+  if (!IsValidId(id, "ses")) return BadId("session", id);
+  if (caller.session_scope && *caller.session_scope != id) return NotFound("session", id);
+  SessionRecord out;
+  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+    auto s = tx.GetSession(id);
+    if (!s.ok() || s->tenant_id != caller.tenant_id) return NotFound("session", id);
+    out = *s;
+    if (caller.initiator == "api") activity_.Touch(s->sandbox_id);
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::StatusOr<SandboxService::AttachTarget> SandboxService::PrepareAttach(
+    const Caller& caller, const std::string& session_id) {
+  SBX_ASSIGN_OR_RETURN(SessionRecord s, GetSession(caller, session_id));
+  auto sock = AgentSocketFor(s.sandbox_id);
+  if (!sock) {
+    SandboxRecord sb;
+    (void)store_.Transact([&](Tx& tx) -> absl::Status {
+      auto r = tx.GetSandbox(s.sandbox_id);
+      if (r.ok()) sb = *r;
+      return absl::OkStatus();
+    });
+    if (auto lost = CheckAgentLost(s.sandbox_id)) {
+      return ApiError(absl::StatusCode::kFailedPrecondition, "sandbox_not_running",
+                      fmt::format("sandbox {} is failed: {}", s.sandbox_id, *lost));
+    }
+    // Running in the store but without a socket: a pause is freezing it right now.
+    std::string state = sb.state.empty() ? "gone" : sb.state == kRunning ? "being paused" : sb.state;
+    return ApiError(absl::StatusCode::kFailedPrecondition, "sandbox_not_running",
+                    fmt::format("sandbox {} is {}, not running{}", s.sandbox_id, state,
+                                sb.error.is_object() ? fmt::format(": {}", sb.error.value("message", "")) : ""));
+  }
+  // The spec as CreateSession wrote it; one that no longer decodes is a store edited by hand,
+  // which the agent would refuse the same way.
+  SBX_ASSIGN_OR_RETURN(SessionSpec spec, SessionSpec::FromJson(s.spec));
+  return AttachTarget{std::move(s), AgentClient::ForSocket(*sock), std::move(spec)};
+}
+
+std::optional<AgentClient> SandboxService::AgentFor(const std::string& sandbox_id) const {
+  auto sock = AgentSocketFor(sandbox_id);
+  if (!sock) return std::nullopt;
+  return AgentClient::ForSocket(*sock);
+}
+
+std::optional<std::string> SandboxService::AgentSocketFor(const std::string& sandbox_id) const {
+  std::lock_guard lock(mu_);
+  auto it = instances_.find(sandbox_id);
+  // A dead agent's socket would only refuse: the caller says "not running" instead, at once.
+  if (it == instances_.end() || frozen_.count(sandbox_id) || !it->second->Alive()) return std::nullopt;
+  return it->second->AgentSocketPath();
+}
+
+std::optional<std::string> SandboxService::CheckAgentLost(const std::string& sandbox_id) {
+  std::string reason;
+  {
+    std::lock_guard lock(mu_);
+    auto it = instances_.find(sandbox_id);
+    if (it == instances_.end() || it->second->Alive()) return std::nullopt;
+    reason = it->second->DeathReason();
+  }
+  const std::string message = fmt::format(
+      "the sandbox's agent (PID 1) is gone ({}); the kernel ended every process of the sandbox "
+      "with it, and their unread output is lost; delete the sandbox", reason);
+  std::string from;
+  std::vector<std::string> ended;  // sessions that were running
+  absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    from.clear();
+    ended.clear();
+    SBX_ASSIGN_OR_RETURN(SandboxRecord sb, tx.GetSandbox(sandbox_id));
+    // An operation in flight (a delete above all) owns the sandbox: it sees the dead agent
+    // itself, and the next tick looks again once it is done.
+    if (sb.current_operation_id || !(sb.state == kRunning || IsFrozenState(sb.state))) {
+      return absl::OkStatus();
+    }
+    const std::string now = NowRfc3339();
+    from = sb.state;
+    sb.state = std::string(kFailed);
+    sb.error = {{"code", "agent_lost"}, {"message", message}};
+    sb.updated_at = now;
+    SBX_RETURN_IF_ERROR(tx.PutSandbox(sb));
+    SBX_ASSIGN_OR_RETURN(std::vector<SessionRecord> sessions, tx.ListSessions(sandbox_id));
+    for (SessionRecord& s : sessions) {
+      if (s.state == "exited") continue;
+      if (s.state == "running") {
+        ended.push_back(s.id);
+        s.signal = "SIGKILL";  // what the kernel sends a pid namespace whose init died
+      }
+      s.state = "exited";
+      s.exited_at = now;
+      s.error = {{"code", "sandbox_failed"}, {"message", message}};
+      SBX_RETURN_IF_ERROR(tx.PutSession(s));
+    }
+    return absl::OkStatus();
+  });
+  if (!st.ok()) {
+    spdlog::warn("sandbox {}: agent lost, but marking it failed did not commit: {}", sandbox_id,
+                 std::string(st.message()));
+    return message;
+  }
+  if (!from.empty()) {
+    {
+      std::lock_guard lock(mu_);
+      frozen_.erase(sandbox_id);
+    }
+    log::Context lctx;
+    lctx.sandbox = sandbox_id;
+    log::Scope scope(lctx);
+    log::Event(spdlog::level::warn, {{"reason", reason}}, "sandbox {}: agent lost: {}", sandbox_id, reason);
+    LogStateChange(sandbox_id, from, kFailed, message);
+    for (const std::string& id : ended) metrics_->SessionExited(id, /*oom_killed=*/false);
+  }
+  return message;
+}
+
+bool SandboxService::HasInstance(const std::string& sandbox_id) const {
+  std::lock_guard lock(mu_);
+  return instances_.count(sandbox_id) > 0;
+}
+
+void SandboxService::CheckAgentsAlive() {
+  std::vector<std::string> dead;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, inst] : instances_) {
+      if (!inst->Alive()) dead.push_back(id);
+    }
+  }
+  for (const std::string& id : dead) (void)CheckAgentLost(id);
+}
+
+void SandboxService::RecordSessionStarted(const std::string& session_id, bool started_now) {
+  if (!started_now) return;
+  bool started = false;
+  absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    started = false;
+    SBX_ASSIGN_OR_RETURN(SessionRecord s, tx.GetSession(session_id));
+    if (s.state != "created") return absl::OkStatus();
+    s.state = "running";
+    s.started_at = NowRfc3339();
+    started = true;
+    return tx.PutSession(s);
+  });
+  if (st.ok() && started) metrics_->SessionStarted(session_id);
+  if (!st.ok()) spdlog::warn("session {}: {}", session_id, std::string(st.message()));
+}
+
+void SandboxService::RecordSessionExit(const std::string& session_id, const SessionExit& ev) {
+  std::string was;  // the state this call moved the session from to exited
+  absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    was.clear();
+    SBX_ASSIGN_OR_RETURN(SessionRecord s, tx.GetSession(session_id));
+    if (s.state == "exited") return absl::OkStatus();
+    was = s.state;
+    const std::string now = NowRfc3339();
+    if (!s.started_at) s.started_at = now;
+    s.state = "exited";
+    s.exit_code = ev.exit_code;
+    s.signal = ev.signal;
+    s.timed_out = ev.timed_out;
+    s.oom_killed = ev.oom_killed;
+    s.exited_at = now;
+    return tx.PutSession(s);
+  });
+  if (st.ok() && !was.empty()) {
+    if (was == "created") metrics_->SessionStarted(session_id);  // its start went unrecorded
+    metrics_->SessionExited(session_id, ev.oom_killed);
+  }
+  if (!st.ok()) spdlog::warn("session {}: {}", session_id, std::string(st.message()));
+}
+
+void SandboxService::RecordSessionStatus(const std::string& session_id,
+                                         const SessionStatus& status) {
+  const std::string& state = status.state;
+  if (state != "running" && state != "exited") return;
+  std::string was;  // the state this call moved the session from
+  bool oom_killed = false;
+  absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    was.clear();
+    SBX_ASSIGN_OR_RETURN(SessionRecord s, tx.GetSession(session_id));
+    if (s.state == "exited" || s.state == state) return absl::OkStatus();
+    was = s.state;
+    s.state = state;
+    if (status.started_at) s.started_at = *status.started_at;
+    if (state == "exited") {
+      if (status.exit_code) s.exit_code = *status.exit_code;
+      if (status.signal) s.signal = *status.signal;
+      s.oom_killed = status.oom_killed;
+      s.timed_out = status.timed_out;
+      s.exited_at = status.exited_at.value_or(NowRfc3339());
+    }
+    oom_killed = s.oom_killed;
+    return tx.PutSession(s);
+  });
+  if (st.ok() && !was.empty()) {
+    if (was == "created") metrics_->SessionStarted(session_id);
+    if (state == "exited") metrics_->SessionExited(session_id, oom_killed);
+  }
+  if (!st.ok()) spdlog::warn("session {}: {}", session_id, std::string(st.message()));
+}
+
+}  // namespace sbx::service
