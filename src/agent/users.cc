@@ -6,7 +6,11 @@
 #include <iterator>
 #include <optional>
 
+#include <cstdlib>
+
 #include <fmt/format.h>
+
+#include "agent/bounded.h"
 
 namespace sbx::agent {
 namespace {
@@ -133,6 +137,27 @@ absl::StatusOr<ResolvedUser> ResolveUserFromFiles(std::string_view spec,
                                                   const std::string& passwd_path,
                                                   const std::string& group_path) {
   return ResolveUser(spec, ReadFileOrEmpty(passwd_path), ReadFileOrEmpty(group_path));
+}
+
+std::map<int64_t, std::string> PasswdNames(std::string_view text,
+                                           const std::set<int64_t>& wanted) {
+  std::map<int64_t, std::string> out;
+  size_t pos = 0;
+  while (pos < text.size() && out.size() < wanted.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string_view line(text.data() + pos, end - pos);
+    pos = end + 1;
+    const size_t c1 = line.find(':');
+    const size_t c2 = c1 == std::string_view::npos ? c1 : line.find(':', c1 + 1);
+    if (c2 == std::string_view::npos) continue;
+    const std::string uid_text(line.substr(c2 + 1, line.find(':', c2 + 1) - c2 - 1));
+    char* e = nullptr;
+    const unsigned long uid = std::strtoul(uid_text.c_str(), &e, 10);
+    if (uid_text.empty() || *e != '\0' || !wanted.count(static_cast<int64_t>(uid))) continue;
+    out.emplace(static_cast<int64_t>(uid), CutField(line.substr(0, c1)));
+  }
+  return out;
 }
 
 }  // namespace sbx::agent

@@ -4,6 +4,9 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
+#include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,5 +33,10 @@ absl::StatusOr<ResolvedUser> ResolveUser(std::string_view spec, std::string_view
 absl::StatusOr<ResolvedUser> ResolveUserFromFiles(std::string_view spec,
                                                   const std::string& passwd_path = "/etc/passwd",
                                                   const std::string& group_path = "/etc/group");
+
+// uid -> name from the text of the sandbox's /etc/passwd, for the uids in `wanted` only: the
+// file is the guest's, and its size is not ours to hold in a map.
+std::map<int64_t, std::string> PasswdNames(std::string_view passwd,
+                                           const std::set<int64_t>& wanted);
 
 }  // namespace sbx::agent

@@ -1,0 +1,114 @@
+// The pieces the file operations (files.h) share: the worker's blocking frame I/O, the request
+// fields, entries, and the ops themselves, one file per kind: files_tree.cc (stat, list, mkdir,
+// delete, move), files_transfer.cc (read, write), files_tar.cc (read_tar, write_tar),
+// files_watch.cc (watch). files.cc dispatches. Not for use outside these files.
+#pragma once
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "agent/files.h"
+#include "common/status_util.h"
+#include "protocol/protocol.h"
+
+namespace sbx::agent::fileops {
+
+using protocol::EncodeFrame;
+using protocol::Frame;
+using protocol::FrameType;
+using protocol::Json;
+
+inline constexpr int kMaxTreeDepth = 128;
+
+std::string Dump(const Json& j);
+
+// The message is cut: it embeds paths, some of them the guest's (a name deep in a tree being
+// deleted or archived), and a response or kEnd must stay under its 64 KiB bound.
+Json ErrorJson(const absl::Status& s);
+
+// ---- blocking frame I/O on the worker's connection -----------------------------------------
+
+class Conn {
+ public:
+  Conn(int fd, protocol::FrameDecoder rest) : fd_(fd), decoder_(std::move(rest)) {}
+
+  absl::Status Send(FrameType type, std::string_view payload) {
+    const std::string frame = EncodeFrame(type, payload);
+    size_t off = 0;
+    while (off < frame.size()) {
+      ssize_t n = ::send(fd_, frame.data() + off, frame.size() - off, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoStatus(errno, "send to host");
+      }
+      off += static_cast<size_t>(n);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status SendJson(FrameType type, const Json& j) { return Send(type, Dump(j)); }
+  int fd() const { return fd_; }
+
+  absl::StatusOr<Frame> Read() {
+    for (;;) {
+      auto next = decoder_.Next();
+      if (!next.ok()) return next.status();
+      if (*next) return std::move(**next);
+      ssize_t n = ::recv(fd_, buf_, sizeof(buf_), 0);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoStatus(errno, "read from host");
+      }
+      if (n == 0) return absl::UnavailableError("host closed the connection mid-transfer");
+      decoder_.Feed(std::string_view(buf_, static_cast<size_t>(n)));
+    }
+  }
+
+ private:
+  int fd_;
+  protocol::FrameDecoder decoder_;
+  char buf_[64 * 1024];
+};
+
+// ---- request fields --------------------------------------------------------------------------
+
+absl::StatusOr<std::string> PathField(const Json& req, const char* key, const FileOptions& o);
+bool BoolField(const Json& req, const char* key);
+absl::StatusOr<std::optional<uint64_t>> UintField(const Json& req, const char* key,
+                                                  uint64_t max);
+
+// ---- entries ---------------------------------------------------------------------------------
+
+// `dir` + `name` is what `st` describes (lstat): the symlink target is read from there.
+Json EntryJson(const struct stat& st, std::string_view path, int dir, const std::string& name);
+
+// lstat of a resolved path: the entry describes the last component itself (a symlink is
+// reported as one, not followed).
+absl::StatusOr<Json> StatEntry(int root_fd, const std::string& path);
+
+// ---- ops -------------------------------------------------------------------------------------
+
+absl::StatusOr<Json> OpStat(const Json& req, const FileOptions& o);
+// The payload as text (bounded.h): entries <= kMaxListEntries, bytes <= kMaxGuestReplyBytes.
+absl::StatusOr<std::string> OpList(const Json& req, const FileOptions& o);
+absl::StatusOr<Json> OpMkdir(const Json& req, const FileOptions& o);
+absl::StatusOr<Json> OpDelete(const Json& req, const FileOptions& o);
+absl::StatusOr<Json> OpMove(const Json& req, const FileOptions& o);
+
+// read: the response, then the bytes, then kEnd. Errors before the response are returned;
+// after it, they go into kEnd.
+absl::Status OpRead(Conn& c, const Json& req, const FileOptions& o);
+absl::Status OpWrite(Conn& c, const Json& req, const FileOptions& o);
+absl::Status OpReadTar(Conn& c, const Json& req, const FileOptions& o);
+absl::Status OpWriteTar(Conn& c, const Json& req, const FileOptions& o);
+absl::Status OpWatch(Conn& c, const Json& req, const FileOptions& o);
+
+}  // namespace sbx::agent::fileops

@@ -1,0 +1,218 @@
+// read and write: a file's bytes as kData frames, each way.
+#include <fcntl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "agent/files_internal.h"
+#include "agent/path_resolve.h"
+#include "agent/untar.h"  // MkdirParents
+#include "agent/users.h"
+#include "common/unique_fd.h"
+
+namespace sbx::agent::fileops {
+namespace {
+
+std::string RandomHex() {
+  unsigned char b[8] = {};
+  if (::getrandom(b, sizeof(b), 0) != sizeof(b)) {
+    // Uniqueness is what matters (O_EXCL checks it): fall back to pid and clock.
+    const uint64_t v = static_cast<uint64_t>(::getpid()) << 32 ^
+                       static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    std::memcpy(b, &v, sizeof(b));
+  }
+  return fmt::format("{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}", b[0], b[1], b[2], b[3],
+                     b[4], b[5], b[6], b[7]);
+}
+
+// A temporary file in the target's directory, removed unless Commit()ed.
+class TempFile {
+ public:
+  ~TempFile() {
+    if (fd && !committed) ::unlinkat(dir, name.c_str(), 0);
+  }
+  int dir = -1;
+  std::string name;
+  UniqueFd fd;
+  bool committed = false;
+};
+
+}  // namespace
+
+absl::Status OpRead(Conn& c, const Json& req, const FileOptions& o) {
+  auto fail = [&](const absl::Status& s) {
+    (void)c.SendJson(FrameType::kResponse, ErrorJson(s));
+    return s;
+  };
+  auto path = PathField(req, "path", o);
+  if (!path.ok()) return fail(path.status());
+  auto offset = UintField(req, "offset", uint64_t{1} << 62);
+  auto length = UintField(req, "length", uint64_t{1} << 62);
+  auto suffix = UintField(req, "suffix", uint64_t{1} << 62);
+  if (!offset.ok()) return fail(offset.status());
+  if (!length.ok()) return fail(length.status());
+  if (!suffix.ok()) return fail(suffix.status());
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
+  auto fd = OpenInRoot(o.root_fd, *path, O_RDONLY | O_NONBLOCK, 0, "read");
+  if (!fd.ok()) return fail(fd.status());
+  struct stat st {};
+  if (::fstat(fd->get(), &st) != 0) return fail(FileErrnoStatus(errno, "read: fstat"));
+  if (S_ISDIR(st.st_mode)) return fail(FileErrnoStatus(EISDIR, fmt::format("read {}", *path)));
+  if (!S_ISREG(st.st_mode)) {
+    return fail(ApiError(absl::StatusCode::kFailedPrecondition, "not_a_regular_file",
+                         fmt::format("read {}: not a regular file", *path)));
+  }
+  ::fcntl(fd->get(), F_SETFL, ::fcntl(fd->get(), F_GETFL) & ~O_NONBLOCK);
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  uint64_t off = 0, len = size;
+  bool satisfiable = true;
+  if (*suffix) {
+    satisfiable = **suffix > 0 && size > 0;
+    len = std::min(**suffix, size);
+    off = size - len;
+  } else if (*offset) {
+    off = **offset;
+    satisfiable = off < size;
+    len = satisfiable ? size - off : 0;
+    if (*length) len = std::min(len, **length);
+  }
+  if (!satisfiable) {
+    off = 0;
+    len = 0;
+  }
+  // The entry describes what was opened (the symlink's target when the path is a symlink).
+  Json e = EntryJson(st, *path, -1, "");
+  SBX_RETURN_IF_ERROR(c.SendJson(FrameType::kResponse, Json{{"ok", true},
+                                                           {"entry", std::move(e)},
+                                                           {"satisfiable", satisfiable},
+                                                           {"offset", off},
+                                                           {"length", len}}));
+  std::string buf(kDataChunk, '\0');
+  uint64_t left = len;
+  while (left > 0) {
+    ssize_t n = ::pread(fd->get(), buf.data(), std::min<uint64_t>(left, buf.size()),
+                        static_cast<off_t>(off));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      absl::Status s = n < 0 ? FileErrnoStatus(errno, fmt::format("read {}: pread", *path))
+                             : ApiError(absl::StatusCode::kAborted, "file_changed",
+                                        fmt::format("read {}: the file shrank while being read",
+                                                    *path));
+      (void)c.SendJson(FrameType::kEnd, ErrorJson(s));
+      return s;
+    }
+    SBX_RETURN_IF_ERROR(c.Send(FrameType::kData, std::string_view(buf.data(), n)));
+    off += static_cast<uint64_t>(n);
+    left -= static_cast<uint64_t>(n);
+  }
+  return c.SendJson(FrameType::kEnd, Json{{"ok", true}});
+}
+
+absl::Status OpWrite(Conn& c, const Json& req, const FileOptions& o) {
+  auto fail = [&](const absl::Status& s) {
+    (void)c.SendJson(FrameType::kResponse, ErrorJson(s));
+    return s;
+  };
+  auto path = PathField(req, "path", o);
+  if (!path.ok()) return fail(path.status());
+  auto mode = UintField(req, "mode", 07777);
+  auto uid = UintField(req, "uid", 0xFFFFFFFEu);
+  auto gid = UintField(req, "gid", 0xFFFFFFFEu);
+  auto max_bytes = UintField(req, "max_bytes", uint64_t{1} << 62);
+  for (auto* f : {&mode, &uid, &gid, &max_bytes}) {
+    if (!f->ok()) return fail(f->status());
+  }
+  std::optional<uid_t> owner_uid;
+  std::optional<gid_t> owner_gid;
+  if (*uid) owner_uid = static_cast<uid_t>(**uid);
+  if (*gid) owner_gid = static_cast<gid_t>(**gid);
+  if (auto u = req.find("user"); u != req.end() && u->is_string() && !u->get<std::string>().empty()) {
+    const std::string etc = o.root_path == "/" ? "/etc" : o.root_path + "/etc";
+    auto ru = ResolveUserFromFiles(u->get<std::string>(), etc + "/passwd", etc + "/group");
+    if (!ru.ok()) {
+      return fail(ApiError(absl::StatusCode::kInvalidArgument, "unknown_user",
+                           std::string(ru.status().message()), "owner"));
+    }
+    owner_uid = ru->uid;
+    owner_gid = ru->gid;
+  }
+  if (BoolField(req, "mkdirs")) {
+    auto parent = SplitParent(*path);
+    if (!parent.ok()) return fail(parent.status());
+    if (auto s = MkdirParents(o.root_fd, parent->first, 0755); !s.ok()) return fail(s);
+  }
+  auto p = OpenParent(o.root_fd, *path);
+  if (!p.ok()) return fail(p.status());
+  struct stat existing {};
+  if (::fstatat(p->dir.get(), p->name.c_str(), &existing, AT_SYMLINK_NOFOLLOW) == 0 &&
+      S_ISDIR(existing.st_mode)) {
+    return fail(FileErrnoStatus(EISDIR, fmt::format("write {}", *path)));
+  }
+  TempFile tmp;
+  tmp.dir = p->dir.get();
+  for (int attempt = 0; attempt < 8 && !tmp.fd; ++attempt) {
+    tmp.name = ".sbx-upload-" + RandomHex();
+    tmp.fd.Reset(::openat(p->dir.get(), tmp.name.c_str(),
+                          O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!tmp.fd && errno != EEXIST) break;
+  }
+  if (!tmp.fd) {
+    return fail(FileErrnoStatus(errno, fmt::format("write {}: create a temporary file", *path)));
+  }
+  SBX_RETURN_IF_ERROR(c.SendJson(FrameType::kResponse, Json{{"ok", true}}));
+
+  auto end = [&](const absl::Status& s) {
+    (void)c.SendJson(FrameType::kEnd, ErrorJson(s));
+    return s;
+  };
+  uint64_t total = 0;
+  for (;;) {
+    auto f = c.Read();
+    if (!f.ok()) return f.status();  // the host is gone: nobody to tell
+    if (f->type == FrameType::kEnd) break;
+    if (f->type != FrameType::kData) {
+      return end(absl::InvalidArgumentError(
+          fmt::format("write {}: unexpected frame type {}", *path, static_cast<int>(f->type))));
+    }
+    total += f->payload.size();
+    if (*max_bytes && total > **max_bytes) {
+      return end(ApiError(absl::StatusCode::kResourceExhausted, "payload_too_large",
+                          fmt::format("write {}: more than the sandbox's disk cap of {} bytes",
+                                      *path, **max_bytes)));
+    }
+    if (auto s = WriteAll(tmp.fd.get(), f->payload, *path); !s.ok()) return end(s);
+  }
+  if (::fchmod(tmp.fd.get(), static_cast<mode_t>(mode->value_or(0644))) != 0) {
+    return end(FileErrnoStatus(errno, fmt::format("write {}: fchmod", *path)));
+  }
+  if ((owner_uid || owner_gid) &&
+      ::fchown(tmp.fd.get(), owner_uid ? *owner_uid : static_cast<uid_t>(-1),
+               owner_gid ? *owner_gid : static_cast<gid_t>(-1)) != 0) {
+    return end(FileErrnoStatus(errno, fmt::format("write {}: fchown", *path)));
+  }
+  // fsync before the rename: after a crash the name points at the whole file or the old one.
+  if (::fsync(tmp.fd.get()) != 0) {
+    return end(FileErrnoStatus(errno, fmt::format("write {}: fsync", *path)));
+  }
+  if (::renameat(p->dir.get(), tmp.name.c_str(), p->dir.get(), p->name.c_str()) != 0) {
+    return end(FileErrnoStatus(errno, fmt::format("write {}: renameat", *path)));
+  }
+  tmp.committed = true;
+  struct stat st {};
+  if (::fstat(tmp.fd.get(), &st) != 0) {
+    return end(FileErrnoStatus(errno, fmt::format("write {}: fstat", *path)));
+  }
+  return c.SendJson(FrameType::kEnd,
+                    Json{{"ok", true}, {"entry", EntryJson(st, *path, -1, "")}});
+}
+
+}  // namespace sbx::agent::fileops

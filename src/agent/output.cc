@@ -1,0 +1,206 @@
+// Output and flow control: pipes are read into the session's EventLog while it has room
+// (paused otherwise), and each attached connection is refilled from its cursor and written
+// non-blocking; what every connection has taken frees room and resumes the pipes.
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include <fmt/format.h>
+
+#include "agent/loop.h"
+#include "common/status_util.h"
+
+namespace sbx::agent {
+
+using protocol::EncodeFrame;
+using protocol::FrameType;
+using protocol::Stream;
+
+void Agent::DrainPipe(Session& s, int idx) {
+  if (!s.pipe_fd[idx]) return;
+  const Stream stream = idx == 0 ? Stream::kStdout : Stream::kStderr;
+  int capacity = ::fcntl(s.pipe_fd[idx].get(), F_GETPIPE_SZ);
+  size_t left = capacity > 0 ? static_cast<size_t>(capacity) : 1u << 20;
+  while (left > 0) {
+    ssize_t n = ::read(s.pipe_fd[idx].get(), read_buf_, std::min(left, sizeof(read_buf_)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    s.log.AppendOutput(stream, std::string_view(read_buf_, static_cast<size_t>(n)));
+    left -= static_cast<size_t>(n);
+  }
+  ClosePipe(s, idx);
+}
+
+void Agent::ClosePipe(Session& s, int idx) {
+  DelWatch(s.pipe_fd[idx].get(), s.pipe_token[idx]);
+  s.pipe_fd[idx].Reset();
+}
+
+void Agent::PausePipe(Session& s, int idx) { DelWatch(s.pipe_fd[idx].get(), s.pipe_token[idx]); }
+
+void Agent::ResumePipes(Session& s) {
+  for (int idx = 0; idx < 2; ++idx) {
+    const Stream stream = idx == 0 ? Stream::kStdout : Stream::kStderr;
+    if (s.pipe_fd[idx] && s.pipe_token[idx] == 0 && s.log.CanRead(stream)) {
+      Watch w{Kind::kPipe};
+      w.session = &s;
+      w.stream_index = idx;
+      s.pipe_token[idx] = AddWatch(s.pipe_fd[idx].get(), EPOLLIN, w);
+    }
+  }
+}
+
+void Agent::OnPipe(Session& s, int idx) {
+  const Stream stream = idx == 0 ? Stream::kStdout : Stream::kStderr;
+  bool appended = false;
+  for (int i = 0; i < kReadsPerWakeup && s.pipe_fd[idx]; ++i) {
+    if (!s.log.CanRead(stream)) {
+      PausePipe(s, idx);
+      break;
+    }
+    ssize_t n = ::read(s.pipe_fd[idx].get(), read_buf_, sizeof(read_buf_));
+    if (n > 0) {
+      s.log.AppendOutput(stream, std::string_view(read_buf_, static_cast<size_t>(n)));
+      appended = true;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    // EIO is how a pty master says that every slave fd is closed: the tty's EOF.
+    if (n < 0 && !(s.tty && errno == EIO)) {
+      Log("warn", fmt::format("session {}: read pipe: {}", s.id, ErrnoMessage(errno)), s.id);
+    }
+    ClosePipe(s, idx);  // EOF: every writer is gone
+  }
+  if (appended) PumpSession(s);
+  // The pump may have freed room for a pipe paused above.
+  if (s.pipe_fd[idx] && s.pipe_token[idx] == 0) ResumePipes(s);
+}
+
+void Agent::Refill(Connection& c) {
+  if (!c.session || c.exit_queued) return;
+  EventLog& log = c.session->log;
+  if (c.cursor < log.oldest_id()) {
+    // Events this connection has not seen were evicted (after an old after_event_id, or
+    // because a faster connection let them go): say where the retained data starts.
+    auto resync = log.ResyncFor(c.cursor - 1);
+    if (resync) c.out += EncodeFrame(FrameType::kResync, protocol::EncodeResync(*resync));
+    c.cursor = log.oldest_id();
+  }
+  while (c.out.size() - c.out_off < kOutBufferTarget) {
+    const LogEvent* e = log.Get(c.cursor);
+    if (!e) break;
+    log.Seal(e->id);  // from now on its bytes are what every attach replays
+    if (e->is_exit) {
+      c.out += EncodeFrame(FrameType::kExit, protocol::EncodeExit(e->exit));
+      c.exit_queued = true;
+    } else {
+      protocol::AppendOutputFrame(c.out, e->id, e->stream, e->offset, e->data);
+    }
+    c.out_last_id = e->id;
+    ++c.cursor;
+    if (c.exit_queued) break;
+  }
+}
+
+void Agent::Pump(Connection& c) {
+  const uint64_t id = c.id;
+  for (;;) {
+    if (c.out_off == c.out.size()) {
+      c.out.clear();
+      c.out_off = 0;
+      Refill(c);
+      if (c.out.empty()) {
+        const bool done =
+            c.close_after_flush || c.exit_queued ||
+            (c.session && c.session->log.has_exit() && c.cursor > c.session->log.exit_id());
+        if (done) {
+          CloseConn(id);
+        } else {
+          UpdateConnEvents(c, false);
+        }
+        return;
+      }
+    }
+    ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_off, c.out.size() - c.out_off,
+                       MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        UpdateConnEvents(c, true);
+        return;
+      }
+      CloseConn(id);  // EPIPE/ECONNRESET: the client is gone
+      return;
+    }
+    c.out_off += static_cast<size_t>(n);
+    if (c.out_off == c.out.size() && c.out_last_id != 0 && c.session) {
+      Session& s = *c.session;
+      s.log.MarkDelivered(c.out_last_id);
+      c.out_last_id = 0;
+      OnDelivered(s);
+    }
+  }
+}
+
+void Agent::OnDelivered(Session& s) {
+  ResumePipes(s);
+  if (s.finished || !s.log.has_exit() || s.log.delivered() < s.log.exit_id()) return;
+  // The host has had everything of this session. Its log stays for replays, but the agent
+  // lives inside the sandbox's memory limit, so finished sessions share a total of twice the
+  // per-stream budget; beyond it the oldest lose their output (a later attach then gets a
+  // kResync straight to the exit event). Exit status and times are kept for good, so a
+  // re-sent attach never restarts the command.
+  s.finished = true;
+  finished_.push_back(&s);
+  size_t total = 0;
+  for (Session* f : finished_) {
+    total += f->log.retained_bytes(Stream::kStdout) + f->log.retained_bytes(Stream::kStderr);
+  }
+  for (Session* f : finished_) {
+    if (total <= 2 * opts_.buffer_bytes) break;
+    total -= f->log.DropDelivered();
+  }
+  // Keep the vector from growing with sessions that hold nothing any more.
+  std::erase_if(finished_, [](Session* f) {
+    return f->log.retained_bytes(Stream::kStdout) + f->log.retained_bytes(Stream::kStderr) == 0;
+  });
+}
+
+void Agent::PumpSession(Session& s) {
+  // Pump may close connections and so edit s.conns: iterate over a copy.
+  const std::vector<uint64_t> ids = s.conns;
+  for (uint64_t id : ids) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) continue;
+    Connection& c = *it->second;
+    if (!c.want_out) Pump(c);  // a connection waiting for EPOLLOUT resumes from there
+  }
+}
+
+void Agent::UpdateConnEvents(Connection& c, bool want_out) {
+  if (c.want_out == want_out) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP | (want_out ? uint32_t{EPOLLOUT} : 0u);
+  ev.data.u64 = c.token;
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, c.fd.get(), &ev);
+  c.want_out = want_out;
+}
+
+void Agent::CloseConn(uint64_t id) {
+  auto it = conns_.find(id);
+  if (it == conns_.end()) return;
+  Connection& c = *it->second;
+  if (c.session) {
+    auto& v = c.session->conns;
+    v.erase(std::remove(v.begin(), v.end(), id), v.end());
+  }
+  DelWatch(c.fd.get(), c.token);
+  conns_.erase(it);  // closes the socket
+}
+
+}  // namespace sbx::agent
