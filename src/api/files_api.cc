@@ -294,16 +294,19 @@ Awaitable Api::Files(http::RequestContext& ctx, const service::Caller& caller,
   if (what == "files:watch") {
     auto recursive = BoolParam(t, "recursive");
     if (!recursive.ok()) co_return fail(recursive.status());
-    co_return co_await FileWatch(ctx, *agent, service::WatchRequest{*path, *recursive});
+    // Named values, not temporaries, across co_await (GCC 12 coroutine frames).
+    service::WatchRequest request{*path, *recursive};
+    co_return co_await FileWatch(ctx, *agent, std::move(request));
   }
   if (what == "files:list") {
     auto depth = UintParam(t.Query("depth"), "depth", 10, 32);
     if (!depth.ok()) co_return fail(depth.status());
     if (*depth && **depth == 0) co_return fail(FieldError("depth", "depth must be between 1 and 32"));
     service::ListRequest request{*path, depth->value_or(1)};
-    co_return co_await GuestSizedReply(ctx, sandbox_id, [&, request]() {
+    GuestSizedFetch fetch = [&, request]() {
       return agent->ListBody(ctx.executor, request, "{");
-    });
+    };
+    co_return co_await GuestSizedReply(ctx, sandbox_id, std::move(fetch));
   }
   if (method == bhttp::verb::get) co_return co_await FileDownload(ctx, sandbox_id, *agent, *path);
   auto request = UploadRequest(ctx.req, t, std::move(*path));

@@ -142,10 +142,11 @@ http::asio::awaitable<std::optional<http::Response>> Api::Processes(
   if (!agent.ok()) co_return fail(agent.status());
   // The sandbox id is one of ours ([a-z0-9_]): its JSON string needs no escaping.
   std::string head = fmt::format("{{\"sandbox_id\":\"{}\",", sandbox_id);
-  co_return co_await GuestSizedReply(ctx, sandbox_id, [&, agent = std::move(*agent),
-                                                       head = std::move(head)]() mutable {
-    return agent.ProcessesBody(ctx.executor, std::move(head));
-  });
+  // Named values, not temporaries, across co_await (GCC 12 coroutine frames).
+  GuestSizedFetch fetch = [&, agent = std::move(*agent), head = std::move(head)]() mutable {
+    return agent.ProcessesBody(ctx.executor, head);
+  };
+  co_return co_await GuestSizedReply(ctx, sandbox_id, std::move(fetch));
 }
 
 }  // namespace sbx::api

@@ -120,14 +120,6 @@ absl::StatusOr<std::map<std::string, std::string>> EnvFromJson(const Json& e) {
   return env;
 }
 
-absl::Status PathOk(const std::string& path, std::string_view what, std::string_view key) {
-  if (path.empty() || HasNul(path)) {
-    return absl::InvalidArgumentError(
-        fmt::format("{}: field \"{}\" must be a non-empty path without NUL bytes", what, key));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 std::string DumpJson(const Json& j) {
@@ -301,7 +293,6 @@ absl::StatusOr<StatRequest> StatRequest::FromJson(const Json& j) {
   constexpr std::string_view kWhat = "stat request";
   StatRequest s;
   SBX_ASSIGN_OR_RETURN(s.path, Reader(j, kWhat).String("path"));
-  SBX_RETURN_IF_ERROR(PathOk(s.path, kWhat, "path"));
   return s;
 }
 
@@ -317,7 +308,6 @@ absl::StatusOr<ListRequest> ListRequest::FromJson(const Json& j) {
   Reader r(j, kWhat);
   ListRequest s;
   SBX_ASSIGN_OR_RETURN(s.path, r.String("path"));
-  SBX_RETURN_IF_ERROR(PathOk(s.path, kWhat, "path"));
   SBX_ASSIGN_OR_RETURN(s.depth, r.OptU64("depth", 0, 32));
   return s;
 }
@@ -335,7 +325,6 @@ absl::StatusOr<MkdirRequest> MkdirRequest::FromJson(const Json& j) {
   Reader r(j, kWhat);
   MkdirRequest s;
   SBX_ASSIGN_OR_RETURN(s.path, r.String("path"));
-  SBX_RETURN_IF_ERROR(PathOk(s.path, kWhat, "path"));
   SBX_ASSIGN_OR_RETURN(s.parents, r.Bool("parents"));
   SBX_ASSIGN_OR_RETURN(s.mode, r.OptU64("mode", 0, 07777));
   return s;
@@ -353,7 +342,6 @@ absl::StatusOr<DeleteRequest> DeleteRequest::FromJson(const Json& j) {
   Reader r(j, kWhat);
   DeleteRequest s;
   SBX_ASSIGN_OR_RETURN(s.path, r.String("path"));
-  SBX_RETURN_IF_ERROR(PathOk(s.path, kWhat, "path"));
   SBX_ASSIGN_OR_RETURN(s.recursive, r.Bool("recursive"));
   return s;
 }
@@ -371,9 +359,7 @@ absl::StatusOr<MoveRequest> MoveRequest::FromJson(const Json& j) {
   Reader r(j, kWhat);
   MoveRequest s;
   SBX_ASSIGN_OR_RETURN(s.from, r.String("from"));
-  SBX_RETURN_IF_ERROR(PathOk(s.from, kWhat, "from"));
   SBX_ASSIGN_OR_RETURN(s.to, r.String("to"));
-  SBX_RETURN_IF_ERROR(PathOk(s.to, kWhat, "to"));
   SBX_ASSIGN_OR_RETURN(s.overwrite, r.Bool("overwrite"));
   return s;
 }
@@ -393,7 +379,6 @@ absl::StatusOr<ReadRequest> ReadRequest::FromJson(const Json& j) {
   ReadRequest s;
   s.tar = j.is_object() && j.value("op", Json()) == Json(kTarOp);
   SBX_ASSIGN_OR_RETURN(s.path, r.String("path"));
-  SBX_RETURN_IF_ERROR(PathOk(s.path, kWhat, "path"));
   SBX_ASSIGN_OR_RETURN(s.offset, r.OptU64("offset", 0, kMaxFileOffset));
   SBX_ASSIGN_OR_RETURN(s.length, r.OptU64("length", 0, kMaxFileOffset));
   SBX_ASSIGN_OR_RETURN(s.suffix, r.OptU64("suffix", 0, kMaxFileOffset));
@@ -418,7 +403,6 @@ absl::StatusOr<WriteRequest> WriteRequest::FromJson(const Json& j) {
   WriteRequest s;
   s.tar = j.is_object() && j.value("op", Json()) == Json(kTarOp);
   SBX_ASSIGN_OR_RETURN(s.path, r.String("path"));
-  SBX_RETURN_IF_ERROR(PathOk(s.path, kWhat, "path"));
   SBX_ASSIGN_OR_RETURN(s.mode, r.OptU64("mode", 0, 07777));
   SBX_ASSIGN_OR_RETURN(s.uid, r.OptU64("uid", 0, 0xFFFFFFFEu));
   SBX_ASSIGN_OR_RETURN(s.gid, r.OptU64("gid", 0, 0xFFFFFFFEu));
@@ -440,7 +424,6 @@ absl::StatusOr<WatchRequest> WatchRequest::FromJson(const Json& j) {
   Reader r(j, kWhat);
   WatchRequest s;
   SBX_ASSIGN_OR_RETURN(s.path, r.String("path"));
-  SBX_RETURN_IF_ERROR(PathOk(s.path, kWhat, "path"));
   SBX_ASSIGN_OR_RETURN(s.recursive, r.Bool("recursive"));
   return s;
 }

@@ -6,7 +6,9 @@
 // Encoding keeps the wire bytes of the untyped code this replaced: a JSON object with the
 // same fields (nlohmann orders an object's keys, so field order is the same too). Decoding
 // never throws and never trusts the other side: a field of the wrong type or out of range is
-// InvalidArgument naming the field ("status reply: field \"pid\" must be ..."). The
+// InvalidArgument naming the field ("status reply: field \"pid\" must be ..."). A path is
+// checked for its type only: what it may name is the agent's path resolution
+// (agent/path_resolve.h), which gives the specific reasons ("invalid_path", ...). The
 // guest-sized replies ("processes", "list") have no tree type on purpose: sbxd reads them with
 // the SAX rewrite of protocol/guest_reply.h.
 //

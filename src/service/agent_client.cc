@@ -32,6 +32,19 @@ AgentClient::Call<T> AgentClient::Unary(Ex ex, std::string request, std::string_
   co_return DecodeReply<T>((*s)->response_payload(), what);
 }
 
+template <typename T>
+AgentClient::Call<std::pair<std::unique_ptr<AgentStream>, T>> AgentClient::OpenStream(
+    Ex ex, std::string request, std::string_view what) {
+  auto s = co_await AgentStream::Open(ex, *transport_, std::move(request), kStreamOpenTimeout);
+  if (!s.ok()) co_return s.status();
+  auto reply = DecodeReply<T>((*s)->response_payload(), what);
+  if (!reply.ok()) {
+    (*s)->Close();
+    co_return reply.status();
+  }
+  co_return std::make_pair(std::move(*s), std::move(*reply));
+}
+
 AgentClient::Call<std::string> AgentClient::GuestSized(Ex ex, std::string request,
                                                        const protocol::GuestListSchema& schema,
                                                        std::string head) {
@@ -51,8 +64,10 @@ AgentClient::Call<std::string> AgentClient::GuestSized(Ex ex, std::string reques
 
 AgentClient::Call<SessionStatus> AgentClient::Status(Ex ex, std::string session_id,
                                                      std::chrono::milliseconds timeout) {
-  co_return co_await Unary<SessionStatus>(
-      ex, EncodeRequest(protocol::StatusRequest{std::move(session_id)}), "status reply", timeout);
+  // Named values, not temporaries, across co_await: GCC 12 destroys some temporaries of a
+  // co_await expression twice.
+  std::string request = EncodeRequest(protocol::StatusRequest{std::move(session_id)});
+  co_return co_await Unary<SessionStatus>(ex, std::move(request), "status reply", timeout);
 }
 
 absl::StatusOr<SessionStatus> AgentClient::StatusBlocking(const std::string& session_id,
@@ -73,120 +88,110 @@ AgentClient::Call<AttachStream> AgentClient::Attach(Ex ex, std::string session_i
                                                     uint64_t after_event_id,
                                                     std::optional<SessionSpec> spec) {
   protocol::AttachRequest req{std::move(session_id), after_event_id, std::move(spec)};
-  auto s = co_await AgentStream::Open(ex, *transport_, EncodeRequest(req), std::chrono::seconds(10));
-  if (!s.ok()) co_return s.status();
-  auto reply = DecodeReply<protocol::AttachReply>((*s)->response_payload(), "attach reply");
-  if (!reply.ok()) {
-    (*s)->Close();
-    co_return reply.status();
-  }
-  co_return AttachStream(std::move(*s), *reply);
+  std::string encoded = EncodeRequest(req);
+  auto opened = co_await OpenStream<protocol::AttachReply>(ex, std::move(encoded), "attach reply");
+  if (!opened.ok()) co_return opened.status();
+  co_return AttachStream(std::move(opened->first), opened->second);
 }
 
 asio::awaitable<absl::Status> AgentClient::Signal(Ex ex, std::string session_id, int signo) {
-  auto r = co_await Unary<protocol::OkReply>(
-      ex, EncodeRequest(protocol::SignalRequest{std::move(session_id), signo}), "signal reply",
-      kSessionCallTimeout);
+  std::string request = EncodeRequest(protocol::SignalRequest{std::move(session_id), signo});
+  auto r = co_await Unary<protocol::OkReply>(ex, std::move(request), "signal reply",
+                                             kSessionCallTimeout);
   co_return r.status();
 }
 
 AgentClient::Call<uint64_t> AgentClient::Stdin(Ex ex, std::string session_id,
                                                std::string_view data) {
-  auto r = co_await Unary<protocol::QueuedReply>(
-      ex, EncodeRequest(protocol::StdinRequest{std::move(session_id), Base64Encode(data)}),
-      "stdin reply", kSessionCallTimeout);
+  std::string request =
+      EncodeRequest(protocol::StdinRequest{std::move(session_id), Base64Encode(data)});
+  auto r = co_await Unary<protocol::QueuedReply>(ex, std::move(request), "stdin reply",
+                                                 kSessionCallTimeout);
   if (!r.ok()) co_return r.status();
   co_return r->queued;
 }
 
 AgentClient::Call<uint64_t> AgentClient::StdinClose(Ex ex, std::string session_id) {
-  auto r = co_await Unary<protocol::QueuedReply>(
-      ex, EncodeRequest(protocol::StdinCloseRequest{std::move(session_id)}), "stdin_close reply",
-      kSessionCallTimeout);
+  std::string request = EncodeRequest(protocol::StdinCloseRequest{std::move(session_id)});
+  auto r = co_await Unary<protocol::QueuedReply>(ex, std::move(request), "stdin_close reply",
+                                                 kSessionCallTimeout);
   if (!r.ok()) co_return r.status();
   co_return r->queued;
 }
 
 asio::awaitable<absl::Status> AgentClient::Resize(Ex ex, std::string session_id, uint16_t rows,
                                                   uint16_t cols) {
-  auto r = co_await Unary<protocol::OkReply>(
-      ex, EncodeRequest(protocol::ResizeRequest{std::move(session_id), rows, cols}),
-      "resize reply", kSessionCallTimeout);
+  std::string request = EncodeRequest(protocol::ResizeRequest{std::move(session_id), rows, cols});
+  auto r = co_await Unary<protocol::OkReply>(ex, std::move(request), "resize reply",
+                                             kSessionCallTimeout);
   co_return r.status();
 }
 
 AgentClient::Call<std::string> AgentClient::ProcessesBody(Ex ex, std::string head) {
-  co_return co_await GuestSized(ex, EncodeRequest(protocol::ProcessesRequest{}),
-                                protocol::ProcessesReplySchema(), std::move(head));
+  std::string request = EncodeRequest(protocol::ProcessesRequest{});
+  co_return co_await GuestSized(ex, std::move(request), protocol::ProcessesReplySchema(),
+                                std::move(head));
 }
 
 // ---- files ------------------------------------------------------------------------------
 
 AgentClient::Call<FileEntry> AgentClient::Stat(Ex ex, std::string path) {
-  auto r = co_await Unary<protocol::EntryReply>(
-      ex, EncodeRequest(protocol::StatRequest{std::move(path)}), "stat reply", kFileCallTimeout);
+  std::string request = EncodeRequest(protocol::StatRequest{std::move(path)});
+  auto r = co_await Unary<protocol::EntryReply>(ex, std::move(request), "stat reply",
+                                                kFileCallTimeout);
   if (!r.ok()) co_return r.status();
   co_return std::move(r->entry);
 }
 
 AgentClient::Call<std::string> AgentClient::ListBody(Ex ex, ListRequest request,
                                                      std::string head) {
-  co_return co_await GuestSized(ex, EncodeRequest(request), protocol::ListReplySchema(),
+  std::string encoded = EncodeRequest(request);
+  co_return co_await GuestSized(ex, std::move(encoded), protocol::ListReplySchema(),
                                 std::move(head));
 }
 
 AgentClient::Call<FileEntry> AgentClient::Mkdir(Ex ex, MkdirRequest request) {
-  auto r = co_await Unary<protocol::EntryReply>(ex, EncodeRequest(request), "mkdir reply",
+  std::string encoded = EncodeRequest(request);
+  auto r = co_await Unary<protocol::EntryReply>(ex, std::move(encoded), "mkdir reply",
                                                 kFileCallTimeout);
   if (!r.ok()) co_return r.status();
   co_return std::move(r->entry);
 }
 
 asio::awaitable<absl::Status> AgentClient::Delete(Ex ex, std::string path, bool recursive) {
-  auto r = co_await Unary<protocol::OkReply>(
-      ex, EncodeRequest(protocol::DeleteRequest{std::move(path), recursive}), "delete reply",
-      kFileCallTimeout);
+  std::string request = EncodeRequest(protocol::DeleteRequest{std::move(path), recursive});
+  auto r = co_await Unary<protocol::OkReply>(ex, std::move(request), "delete reply",
+                                             kFileCallTimeout);
   co_return r.status();
 }
 
 AgentClient::Call<FileEntry> AgentClient::Move(Ex ex, MoveRequest request) {
-  auto r = co_await Unary<protocol::EntryReply>(ex, EncodeRequest(request), "move reply",
+  std::string encoded = EncodeRequest(request);
+  auto r = co_await Unary<protocol::EntryReply>(ex, std::move(encoded), "move reply",
                                                 kFileCallTimeout);
   if (!r.ok()) co_return r.status();
   co_return std::move(r->entry);
 }
 
 AgentClient::Call<DownloadStream> AgentClient::Read(Ex ex, ReadRequest request) {
-  auto s = co_await AgentStream::Open(ex, *transport_, EncodeRequest(request), kFileCallTimeout);
-  if (!s.ok()) co_return s.status();
-  auto reply = DecodeReply<protocol::ReadReply>((*s)->response_payload(), "read reply");
-  if (!reply.ok()) {
-    (*s)->Close();
-    co_return reply.status();
-  }
-  co_return DownloadStream(std::move(*s), std::move(*reply));
+  std::string encoded = EncodeRequest(request);
+  auto opened = co_await OpenStream<protocol::ReadReply>(ex, std::move(encoded), "read reply");
+  if (!opened.ok()) co_return opened.status();
+  co_return DownloadStream(std::move(opened->first), std::move(opened->second));
 }
 
 AgentClient::Call<UploadStream> AgentClient::Write(Ex ex, WriteRequest request) {
-  auto s = co_await AgentStream::Open(ex, *transport_, EncodeRequest(request), kFileCallTimeout);
-  if (!s.ok()) co_return s.status();
-  auto reply = DecodeReply<protocol::OkReply>((*s)->response_payload(), "write reply");
-  if (!reply.ok()) {
-    (*s)->Close();
-    co_return reply.status();
-  }
-  co_return UploadStream(std::move(*s), request.tar);
+  std::string encoded = EncodeRequest(request);
+  auto opened = co_await OpenStream<protocol::OkReply>(ex, std::move(encoded), "write reply");
+  if (!opened.ok()) co_return opened.status();
+  co_return UploadStream(std::move(opened->first), request.tar);
 }
 
 AgentClient::Call<WatchStream> AgentClient::Watch(Ex ex, WatchRequest request) {
-  auto s = co_await AgentStream::Open(ex, *transport_, EncodeRequest(request), kFileCallTimeout);
-  if (!s.ok()) co_return s.status();
-  auto reply = DecodeReply<protocol::OkReply>((*s)->response_payload(), "watch reply");
-  if (!reply.ok()) {
-    (*s)->Close();
-    co_return reply.status();
-  }
-  co_return WatchStream(std::move(*s));
+  std::string encoded = EncodeRequest(request);
+  auto opened = co_await OpenStream<protocol::OkReply>(ex, std::move(encoded), "watch reply");
+  if (!opened.ok()) co_return opened.status();
+  co_return WatchStream(std::move(opened->first));
 }
 
 // ---- streams ----------------------------------------------------------------------------
@@ -274,8 +279,8 @@ asio::awaitable<absl::StatusOr<UploadStream::Result>> UploadStream::ReadEnd() {
 }
 
 asio::awaitable<absl::Status> UploadStream::Send(std::string_view chunk) {
-  auto sent = co_await s_->Send(protocol::EncodeFrame(FrameType::kData, chunk),
-                                kTransferIdle * kTransferIdlePeriods);
+  std::string frame = protocol::EncodeFrame(FrameType::kData, chunk);
+  auto sent = co_await s_->Send(std::move(frame), kTransferIdle * kTransferIdlePeriods);
   if (sent.ok()) co_return sent;
   // The agent stopped reading: it failed (disk full, too large) and said why.
   auto end = co_await ReadEnd();
@@ -284,8 +289,8 @@ asio::awaitable<absl::Status> UploadStream::Send(std::string_view chunk) {
 }
 
 asio::awaitable<absl::StatusOr<UploadStream::Result>> UploadStream::Finish() {
-  auto sent = co_await s_->Send(protocol::EncodeFrame(FrameType::kEnd, "{}"),
-                                kTransferIdle * kTransferIdlePeriods);
+  std::string frame = protocol::EncodeFrame(FrameType::kEnd, "{}");
+  auto sent = co_await s_->Send(std::move(frame), kTransferIdle * kTransferIdlePeriods);
   if (!sent.ok()) {
     auto end = co_await ReadEnd();
     s_->Close();

@@ -30,6 +30,8 @@ namespace sbx::service {
 inline constexpr std::chrono::milliseconds kSessionCallTimeout{5000};
 inline constexpr std::chrono::milliseconds kStatusCallTimeout{2000};
 inline constexpr std::chrono::milliseconds kFileCallTimeout{10000};
+// Connect, request and reply of a stream (attach, read, write, watch).
+inline constexpr std::chrono::milliseconds kStreamOpenTimeout{10000};
 // How long a file transfer may see nothing from the agent (a slow disk, an fsync of a large
 // file) before it is abandoned: kTransferIdlePeriods periods of kTransferIdle.
 inline constexpr std::chrono::seconds kTransferIdle{30};
@@ -178,6 +180,10 @@ class AgentClient {
   template <typename T>
   Call<T> Unary(Ex ex, std::string request, std::string_view what,
                 std::chrono::milliseconds timeout);
+  // A stream whose reply decodes as T (attach, read, write, watch); closed when it does not.
+  template <typename T>
+  Call<std::pair<std::unique_ptr<AgentStream>, T>> OpenStream(Ex ex, std::string request,
+                                                              std::string_view what);
   Call<std::string> GuestSized(Ex ex, std::string request, const protocol::GuestListSchema& schema,
                                std::string head);
 
