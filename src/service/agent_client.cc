@@ -135,12 +135,16 @@ AgentClient::Call<std::string> AgentClient::ProcessesBody(Ex ex, std::string hea
 
 // ---- files ------------------------------------------------------------------------------
 
-AgentClient::Call<FileEntry> AgentClient::Stat(Ex ex, std::string path) {
-  std::string request = EncodeRequest(protocol::StatRequest{std::move(path)});
-  auto r = co_await Unary<protocol::EntryReply>(ex, std::move(request), "stat reply",
-                                                kFileCallTimeout);
+AgentClient::Call<FileEntry> AgentClient::EntryCall(Ex ex, std::string request,
+                                                    std::string_view what) {
+  auto r = co_await Unary<protocol::EntryReply>(ex, std::move(request), what, kFileCallTimeout);
   if (!r.ok()) co_return r.status();
   co_return std::move(r->entry);
+}
+
+AgentClient::Call<FileEntry> AgentClient::Stat(Ex ex, std::string path) {
+  std::string request = EncodeRequest(protocol::StatRequest{std::move(path)});
+  co_return co_await EntryCall(ex, std::move(request), "stat reply");
 }
 
 AgentClient::Call<std::string> AgentClient::ListBody(Ex ex, ListRequest request,
@@ -152,10 +156,7 @@ AgentClient::Call<std::string> AgentClient::ListBody(Ex ex, ListRequest request,
 
 AgentClient::Call<FileEntry> AgentClient::Mkdir(Ex ex, MkdirRequest request) {
   std::string encoded = EncodeRequest(request);
-  auto r = co_await Unary<protocol::EntryReply>(ex, std::move(encoded), "mkdir reply",
-                                                kFileCallTimeout);
-  if (!r.ok()) co_return r.status();
-  co_return std::move(r->entry);
+  co_return co_await EntryCall(ex, std::move(encoded), "mkdir reply");
 }
 
 asio::awaitable<absl::Status> AgentClient::Delete(Ex ex, std::string path, bool recursive) {
@@ -167,10 +168,7 @@ asio::awaitable<absl::Status> AgentClient::Delete(Ex ex, std::string path, bool 
 
 AgentClient::Call<FileEntry> AgentClient::Move(Ex ex, MoveRequest request) {
   std::string encoded = EncodeRequest(request);
-  auto r = co_await Unary<protocol::EntryReply>(ex, std::move(encoded), "move reply",
-                                                kFileCallTimeout);
-  if (!r.ok()) co_return r.status();
-  co_return std::move(r->entry);
+  co_return co_await EntryCall(ex, std::move(encoded), "move reply");
 }
 
 AgentClient::Call<DownloadStream> AgentClient::Read(Ex ex, ReadRequest request) {

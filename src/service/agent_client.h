@@ -180,6 +180,8 @@ class AgentClient {
   template <typename T>
   Call<T> Unary(Ex ex, std::string request, std::string_view what,
                 std::chrono::milliseconds timeout);
+  // A file op whose reply is an entry (stat, mkdir, move).
+  Call<FileEntry> EntryCall(Ex ex, std::string request, std::string_view what);
   // A stream whose reply decodes as T (attach, read, write, watch); closed when it does not.
   template <typename T>
   Call<std::pair<std::unique_ptr<AgentStream>, T>> OpenStream(Ex ex, std::string request,
