@@ -19,6 +19,7 @@
 #include "common/status_util.h"
 #include "common/time_util.h"
 #include "common/unique_fd.h"
+#include "protocol/messages.h"
 
 namespace sbx::agent {
 namespace fileops {
@@ -145,6 +146,12 @@ void ServeFileRequest(int fd, const protocol::Json& req, protocol::FrameDecoder 
     return;
   }
   const std::string op = req.value("op", "");
+  // Every field of the request is checked by its op's typed decoder (protocol/messages.h)
+  // before the op runs; a path's content is the op's to judge (ValidatePath).
+  if (auto typed = protocol::RequestFromJson(req); !typed.ok()) {
+    (void)c.SendJson(FrameType::kResponse, ErrorJson(typed.status()));
+    return;
+  }
   try {
     if (op == "read") {
       (void)OpRead(c, req, opts);

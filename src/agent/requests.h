@@ -1,7 +1,7 @@
 // The fields of the loop's requests (ops of src/protocol/protocol.h), read from the request's
-// JSON object: one function per op (or per part of an op that is checked at its own step), so
-// that every field is checked in one place and the handlers act on typed values. The file ops
-// read theirs in files.cc and files_*.cc (files_internal.h).
+// JSON object through the protocol's typed decoders (protocol/messages.h): one function per op
+// (or per part of an op that is checked at its own step), so that the handlers act on typed
+// values. The file ops' requests are decoded in files.cc.
 #pragma once
 
 #include <cstddef>
@@ -12,15 +12,16 @@
 
 #include "absl/status/statusor.h"
 #include "agent/spawn.h"
-#include "protocol/protocol.h"
+#include "protocol/messages.h"
 
 namespace sbx::agent {
 
-inline constexpr size_t kMaxSessionIdLength = 256;
+// The bounds are the protocol's (protocol/messages.h), which checks them when it decodes.
+inline constexpr size_t kMaxSessionIdLength = protocol::kMaxSessionIdLength;
 // Between the SIGTERM of a session's timeout and the SIGKILL, unless the spec says otherwise.
-inline constexpr int kDefaultKillGraceS = 5;
-inline constexpr int kMaxKillGraceS = 300;
-inline constexpr int64_t kMaxTimeoutS = 30LL * 86400;
+inline constexpr int kDefaultKillGraceS = static_cast<int>(protocol::kDefaultKillGraceS);
+inline constexpr int kMaxKillGraceS = static_cast<int>(protocol::kMaxKillGraceS);
+inline constexpr int64_t kMaxTimeoutS = static_cast<int64_t>(protocol::kMaxTimeoutS);
 
 struct AttachRequest {
   std::string session_id;

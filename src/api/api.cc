@@ -13,7 +13,7 @@
 #include "common/ids.h"
 #include "common/log.h"
 #include "common/status_util.h"
-#include "service/agent_stream.h"
+#include "service/agent_client.h"
 #include "service/views.h"
 
 namespace sbx::api {
@@ -49,10 +49,10 @@ absl::StatusOr<std::optional<std::string>> IdempotencyKey(const http::Request& r
   return key;
 }
 
-// At least the size of the SSE event a frame becomes (see the append_event in Attach).
-size_t SseSizeBound(const protocol::Frame& f) {
-  if (f.type == protocol::FrameType::kOutput) return SseOutputEventSizeBound(f.payload.size());
-  return f.payload.size() + 256;  // small JSON re-encoded with a few more keys at most
+// At least the size of the SSE event a frame becomes (see AppendAttachEvent).
+size_t SseSizeBound(const service::AttachFrame& f) {
+  if (f.is_output()) return SseOutputEventSizeBound(f.payload_size());
+  return f.payload_size() + 256;  // small JSON re-encoded with a few more keys at most
 }
 
 metrics::Family<metrics::Counter>& StreamedBytes(metrics::Registry& registry) {
@@ -62,7 +62,7 @@ metrics::Family<metrics::Counter>& StreamedBytes(metrics::Registry& registry) {
                              {"stream"});
 }
 
-json ExitJson(const protocol::ExitEvent& ev) {
+json ExitJson(const service::SessionExit& ev) {
   return {{"exit_code", ev.exit_code ? json(*ev.exit_code) : json(nullptr)},
           {"signal", ev.signal ? json(*ev.signal) : json(nullptr)},
           {"timed_out", ev.timed_out},
@@ -382,10 +382,8 @@ Awaitable Api::GetSession(http::RequestContext& ctx, const service::Caller& call
   if (s->state != "exited") {
     // The agent knows whether the process is still running; the store may lag behind it when
     // no client was attached at exit.
-    if (auto sock = svc_.AgentSocketFor(s->sandbox_id)) {
-      json request = {{"op", "status"}, {"session_id", id}};
-      auto status = co_await service::AsyncCallAgent(ctx.executor, *sock, std::move(request),
-                                                     std::chrono::milliseconds(2000));
+    if (auto agent = svc_.AgentFor(s->sandbox_id)) {
+      auto status = co_await agent->Status(ctx.executor, id);
       if (status.ok()) {
         log::With(ctx.log, [&] { svc_.RecordSessionStatus(id, *status); });
         auto again = svc_.GetSession(caller, id);
@@ -413,15 +411,11 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
     if (!v.ok()) co_return Fail(ctx, v.status());
     after = *v;
   }
-  json request = {{"op", "attach"},
-                  {"session_id", session_id},
-                  {"after_event_id", after},
-                  {"spec", target->session.spec}};
-  auto stream = co_await service::AgentStream::Open(ctx.executor, target->agent_socket, request);
+  auto stream = co_await target->agent.Attach(ctx.executor, session_id, after, target->spec);
   if (!stream.ok()) {
     co_return Fail(ctx, Annotate(stream.status(), fmt::format("attach {}", session_id)));
   }
-  log::With(ctx.log, [&] { svc_.RecordSessionStarted(session_id, (*stream)->response()); });
+  log::With(ctx.log, [&] { svc_.RecordSessionStarted(session_id, stream->started()); });
 
   bhttp::response_header<> header;
   header.result(bhttp::status::ok);
@@ -437,58 +431,12 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
     metrics::Gauge& gauge;
     ~OpenStream() { gauge.Dec(); }
   } open_stream{attach_streams_};
-  // Output bytes of the batch being built, counted once the client has taken it.
-  uint64_t batch_stdout = 0, batch_stderr = 0;
-
-  // Appends the SSE form of one agent frame to `batch`; false when the stream ends with it
-  // (the exit event, which is appended, or a frame that does not decode, which is not).
-  auto append_event = [&](const protocol::Frame& f, std::string& batch) -> bool {
-    if (f.type == protocol::FrameType::kOutput) {
-      auto out = protocol::DecodeOutputView(f.payload);
-      if (!out.ok()) return false;
-      AppendSseOutputEvent(batch, out->event_id, out->stream, out->offset, out->data);
-      (out->stream == protocol::Stream::kStderr ? batch_stderr : batch_stdout) += out->data.size();
-    } else if (f.type == protocol::FrameType::kResync) {
-      auto rs = protocol::DecodeResync(f.payload);
-      if (!rs.ok()) return false;
-      json data = {{"oldest_available_id", rs->oldest_available_id},
-                   {"stdout_offset", rs->stdout_offset},
-                   {"stderr_offset", rs->stderr_offset}};
-      batch += SseEvent(0, "resync_required", data.dump());
-    } else if (f.type == protocol::FrameType::kExit) {
-      auto ev = protocol::DecodeExit(f.payload);
-      if (!ev.ok()) return false;
-      log::With(ctx.log, [&] { svc_.RecordSessionExit(session_id, *ev); });
-      batch += SseEvent(ev->event_id, "process_exited", ExitJson(*ev).dump());
-      return false;
-    }
-    return true;
-  };
 
   for (;;) {
-    auto frame = co_await (*stream)->Next(opts_.keepalive_interval);
+    auto frame = co_await stream->Next(opts_.keepalive_interval);
     if (!frame.ok()) {
-      // The agent went away before the exit event: the sandbox was deleted, or its agent died
-      // (then the sandbox is failed now, and the message says how the agent ended).
-      json err;
-      // The agent's sockets close while it is still exiting: give its exit a moment (bounded,
-      // on this broken stream only) to become visible before deciding it is not dead.
-      std::optional<std::string> lost;
-      http::asio::steady_timer pause(ctx.executor);
-      for (int i = 0; i < 25 && !(lost = svc_.CheckAgentLost(target->session.sandbox_id)); ++i) {
-        if (!svc_.HasInstance(target->session.sandbox_id)) break;  // deleted meanwhile
-        pause.expires_after(std::chrono::milliseconds(20));
-        boost::system::error_code ec;
-        co_await pause.async_wait(http::asio::redirect_error(http::asio::use_awaitable, ec));
-        if (ec) break;
-      }
-      if (lost) {
-        err = {{"code", "sandbox_failed"}, {"message", *lost}};
-      } else {
-        bool running = svc_.AgentSocketFor(target->session.sandbox_id).has_value();
-        err = {{"code", running ? "agent_unavailable" : "sandbox_not_running"},
-               {"message", std::string(frame.status().message())}};
-      }
+      // The agent went away before the exit event: the sandbox was deleted, or its agent died.
+      const json err = co_await AgentGoneError(ctx, target->session.sandbox_id, frame.status());
       co_await ctx.stream.Write(SseEvent(0, "error", err.dump()));
       break;
     }
@@ -500,34 +448,85 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
     // batch instead of one per event. Back-pressure is unchanged: nothing more is read from
     // the agent until the client has taken the batch. The frames are collected first so that
     // the batch is allocated once at its final size.
-    std::vector<protocol::Frame> frames;
+    std::vector<service::AttachFrame> frames;
     frames.push_back(std::move(**frame));
     size_t size = SseSizeBound(frames.back());
     while (size < kMaxAttachBatchBytes) {
-      std::optional<protocol::Frame> next = (*stream)->TryNext();
+      std::optional<service::AttachFrame> next = stream->TryNext();
       if (!next) break;
       size += SseSizeBound(*next);
       frames.push_back(std::move(*next));
     }
     std::string batch;
     batch.reserve(size);
-    batch_stdout = batch_stderr = 0;
+    AttachBatch counts;
     bool more = true;
-    for (const protocol::Frame& f : frames) {
-      more = append_event(f, batch);
+    for (const service::AttachFrame& f : frames) {
+      more = AppendAttachEvent(ctx, session_id, f, batch, counts);
       if (!more) break;
     }
     if (!batch.empty() && !co_await ctx.stream.Write(std::move(batch))) {
-      (*stream)->Close();  // client gone; the process keeps running
+      stream->Close();  // client gone; the process keeps running
       co_return std::nullopt;
     }
-    if (batch_stdout > 0) streamed_stdout_.Inc(batch_stdout);
-    if (batch_stderr > 0) streamed_stderr_.Inc(batch_stderr);
+    if (counts.stdout_bytes > 0) streamed_stdout_.Inc(counts.stdout_bytes);
+    if (counts.stderr_bytes > 0) streamed_stderr_.Inc(counts.stderr_bytes);
     if (!more) break;
   }
-  (*stream)->Close();
+  stream->Close();
   co_await ctx.stream.End();
   co_return std::nullopt;
+}
+
+bool Api::AppendAttachEvent(http::RequestContext& ctx, const std::string& session_id,
+                            const service::AttachFrame& f, std::string& batch,
+                            AttachBatch& counts) {
+  auto ev = f.Decode();
+  if (!ev.ok()) return false;  // a frame that does not decode ends the stream, unsent
+  switch (ev->kind) {
+    case service::AttachEvent::Kind::kOutput: {
+      const auto& out = ev->output;
+      AppendSseOutputEvent(batch, out.event_id, out.stream, out.offset, out.data);
+      (out.stream == service::OutputStream::kStderr ? counts.stderr_bytes
+                                                    : counts.stdout_bytes) += out.data.size();
+      return true;
+    }
+    case service::AttachEvent::Kind::kResync: {
+      const json data = {{"oldest_available_id", ev->resync.oldest_available_id},
+                         {"stdout_offset", ev->resync.stdout_offset},
+                         {"stderr_offset", ev->resync.stderr_offset}};
+      batch += SseEvent(0, "resync_required", data.dump());
+      return true;
+    }
+    case service::AttachEvent::Kind::kExit:
+      log::With(ctx.log, [&] { svc_.RecordSessionExit(session_id, ev->exit); });
+      batch += SseEvent(ev->exit.event_id, "process_exited", ExitJson(ev->exit).dump());
+      return false;  // the exit event ends the stream
+    case service::AttachEvent::Kind::kOther:
+      break;
+  }
+  return true;
+}
+
+http::asio::awaitable<nlohmann::json> Api::AgentGoneError(http::RequestContext& ctx,
+                                                          const std::string& sandbox_id,
+                                                          const absl::Status& why) {
+  // The agent's sockets close while it is still exiting: give its exit a moment (bounded,
+  // on this broken stream only) to become visible before deciding it is not dead. A dead
+  // agent fails the sandbox, and the message says how the agent ended.
+  std::optional<std::string> lost;
+  http::asio::steady_timer pause(ctx.executor);
+  for (int i = 0; i < 25 && !(lost = svc_.CheckAgentLost(sandbox_id)); ++i) {
+    if (!svc_.HasInstance(sandbox_id)) break;  // deleted meanwhile
+    pause.expires_after(std::chrono::milliseconds(20));
+    boost::system::error_code ec;
+    co_await pause.async_wait(http::asio::redirect_error(http::asio::use_awaitable, ec));
+    if (ec) break;
+  }
+  if (lost) co_return json{{"code", "sandbox_failed"}, {"message", *lost}};
+  const bool running = svc_.AgentSocketFor(sandbox_id).has_value();
+  co_return json{{"code", running ? "agent_unavailable" : "sandbox_not_running"},
+                 {"message", std::string(why.message())}};
 }
 
 }  // namespace sbx::api

@@ -3,6 +3,7 @@
 // runtime work: lifecycle changes become operations, data-plane calls are asynchronous.
 #pragma once
 
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -11,7 +12,7 @@
 #include "api/target.h"
 #include "common/metrics.h"
 #include "http/server.h"
-#include "protocol/guest_reply.h"
+#include "service/agent_client.h"
 #include "service/sandbox_service.h"
 
 namespace sbx::api {
@@ -50,6 +51,21 @@ class Api {
                                                               const service::Caller& caller,
                                                               const std::string& session_id,
                                                               const Target& target);
+  // Output bytes of an attach batch, counted once the client has taken it.
+  struct AttachBatch {
+    uint64_t stdout_bytes = 0;
+    uint64_t stderr_bytes = 0;
+  };
+  // Appends the SSE form of one agent frame to `batch`; false when the stream ends with it
+  // (the exit event, which is appended and recorded, or a frame that does not decode, which
+  // is not).
+  bool AppendAttachEvent(http::RequestContext& ctx, const std::string& session_id,
+                         const service::AttachFrame& f, std::string& batch, AttachBatch& counts);
+  // The SSE error of an attach whose agent stream broke before the exit event: how the agent
+  // ended when it died (sandbox_failed), else agent_unavailable or sandbox_not_running.
+  http::asio::awaitable<nlohmann::json> AgentGoneError(http::RequestContext& ctx,
+                                                       const std::string& sandbox_id,
+                                                       const absl::Status& why);
   http::asio::awaitable<std::optional<http::Response>> GetSession(http::RequestContext& ctx,
                                                                   const service::Caller& caller,
                                                                   const std::string& id);
@@ -78,19 +94,22 @@ class Api {
                                                              const std::string& what,
                                                              const Target& target);
   http::asio::awaitable<std::optional<http::Response>> FileDownload(
-      http::RequestContext& ctx, const std::string& sandbox_id, const std::string& socket,
+      http::RequestContext& ctx, const std::string& sandbox_id, service::AgentClient& agent,
       const std::string& path);
-  http::asio::awaitable<std::optional<http::Response>> FileWatch(http::RequestContext& ctx,
-                                                                 const std::string& socket,
-                                                                 nlohmann::json request);
+  http::asio::awaitable<std::optional<http::Response>> FileWatch(
+      http::RequestContext& ctx, service::AgentClient& agent, service::WatchRequest request);
   // A reply the guest sizes ("processes", "list"; guest_replies.cc): under a slot of the
-  // service's ReplyGate, fetched unparsed, rewritten to `head` + list and streamed.
+  // service's ReplyGate, `fetch` gets the body (rewritten without a tree by the agent
+  // client), which is then streamed.
+  using GuestSizedFetch = std::function<http::asio::awaitable<absl::StatusOr<std::string>>()>;
   http::asio::awaitable<std::optional<http::Response>> GuestSizedReply(
-      http::RequestContext& ctx, const std::string& sandbox_id, const std::string& socket,
-      nlohmann::json request, const protocol::GuestListSchema& schema, std::string head);
+      http::RequestContext& ctx, const std::string& sandbox_id, GuestSizedFetch fetch);
   http::asio::awaitable<std::optional<http::Response>> FileUpload(
-      http::RequestContext& ctx, const std::string& sandbox_id, const std::string& socket,
-      nlohmann::json request, uint64_t disk_cap_bytes);
+      http::RequestContext& ctx, const std::string& sandbox_id, service::AgentClient& agent,
+      service::WriteRequest request, uint64_t disk_cap_bytes);
+  // The request of PUT /v1/sandboxes/{id}/files from its query (files_api.cc).
+  static absl::StatusOr<service::WriteRequest> UploadRequest(const http::Request& req,
+                                                             const Target& t, std::string path);
   absl::StatusOr<service::Caller> Authenticate(const http::Request& req,
                                                const std::optional<std::string>& query_token,
                                                bool allow_attach_token) const;

@@ -16,7 +16,7 @@ void AppendUint(std::string& out, uint64_t v) {
 
 }  // namespace
 
-void AppendSseOutputEvent(std::string& out, uint64_t id, protocol::Stream stream,
+void AppendSseOutputEvent(std::string& out, uint64_t id, service::OutputStream stream,
                           uint64_t offset, std::string_view data) {
   // Room for the whole event (base64 plus at most ~90 bytes of framing) at once, growing
   // geometrically: an exact reserve per event would copy a batch of n events n times.
@@ -27,7 +27,7 @@ void AppendSseOutputEvent(std::string& out, uint64_t id, protocol::Stream stream
     AppendUint(out, id);
     out.push_back('\n');
   }
-  out.append(stream == protocol::Stream::kStderr ? "event: stderr\ndata: {\"data_b64\":\""
+  out.append(stream == service::OutputStream::kStderr ? "event: stderr\ndata: {\"data_b64\":\""
                                                  : "event: stdout\ndata: {\"data_b64\":\"");
   Base64EncodeAppend(data, out);
   out.append("\",\"offset\":");
@@ -35,7 +35,7 @@ void AppendSseOutputEvent(std::string& out, uint64_t id, protocol::Stream stream
   out.append("}\n\n");
 }
 
-std::string SseOutputEvent(uint64_t id, protocol::Stream stream, uint64_t offset,
+std::string SseOutputEvent(uint64_t id, service::OutputStream stream, uint64_t offset,
                            std::string_view data) {
   std::string out;
   AppendSseOutputEvent(out, id, stream, offset, data);

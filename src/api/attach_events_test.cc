@@ -13,7 +13,7 @@
 namespace sbx::api {
 namespace {
 
-using protocol::Stream;
+using Stream = service::OutputStream;
 
 // What Api::Attach sent before the event was built in place: the wire contract.
 std::string Reference(uint64_t id, Stream stream, uint64_t offset, std::string_view data) {

@@ -1,7 +1,7 @@
 // The files API: /v1/sandboxes/{id}/files[:list|:stat|:mkdir|:move] (docs/api.md, "Files").
 // sbxd only checks what the JSON transport needs (a non-empty, UTF-8 path without NUL) and the
 // sandbox's state; every path is resolved by the agent inside the sandbox's root
-// (src/agent/path_resolve.h). Downloads and uploads are streamed: neither sits in sbxd's memory.
+// (src/common/path_resolve.h). Downloads and uploads are streamed: neither sits in sbxd's memory.
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -15,7 +15,7 @@
 #include "common/json_util.h"
 #include "common/log.h"
 #include "common/status_util.h"
-#include "service/agent_stream.h"
+#include "service/agent_client.h"
 
 namespace sbx::api {
 namespace {
@@ -24,15 +24,12 @@ namespace bhttp = http::bhttp;
 using nlohmann::json;
 using Awaitable = http::asio::awaitable<std::optional<http::Response>>;
 
-constexpr auto kAgentCallTimeout = std::chrono::seconds(10);
-// How long a transfer may see nothing from the agent (a slow disk, an fsync of a large file)
-// before it is abandoned.
-constexpr auto kAgentIdle = std::chrono::seconds(30);
-constexpr int kMaxIdlePeriods = 10;
 constexpr size_t kUploadChunk = 256 * 1024;
 
+std::string JsonText(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 http::Response JsonOk(bhttp::status status, const json& body) {
-  return JsonResponse(status, body.dump(-1, ' ', false, json::error_handler_t::replace));
+  return JsonResponse(status, JsonText(body));
 }
 
 constexpr std::string_view kTarType = "application/x-tar";
@@ -177,40 +174,65 @@ std::optional<ByteRange> ParseRange(std::string_view v) {
   return r;
 }
 
-// A frame payload from the agent (untrusted: the guest may have replaced it) as a JSON object,
-// depth-checked so that what is forwarded or logged can be dumped; nullopt if it is not one.
-std::optional<json> AgentObject(std::string_view payload) {
-  auto j = protocol::ParseObjectPayload(payload, "agent frame");
-  if (!j.ok()) return std::nullopt;
-  return std::move(*j);
+// POST files:mkdir {"path","parents","mode"}.
+absl::StatusOr<service::MkdirRequest> MkdirBody(const http::Request& req) {
+  SBX_ASSIGN_OR_RETURN(json body, JsonBody(req, {"path", "parents", "mode"}));
+  SBX_ASSIGN_OR_RETURN(auto path, JsonString(body, "path"));
+  auto p = PathValue(path, "path");
+  auto parents = JsonBool(body, "parents");
+  auto mode = ModeField(body);
+  SBX_RETURN_IF_ERROR(p.status());
+  SBX_RETURN_IF_ERROR(parents.status());
+  SBX_RETURN_IF_ERROR(mode.status());
+  return service::MkdirRequest{*p, *parents, *mode};
 }
 
-// A non-negative integer field of an agent response, or `fallback` when it is missing or of
-// another type (json::value() would throw on a string).
-uint64_t U64Field(const json& obj, const char* key, uint64_t fallback) {
-  auto it = obj.find(key);
-  return it != obj.end() && it->is_number_unsigned() ? it->get<uint64_t>() : fallback;
+// POST files:move {"from","to","overwrite"}.
+absl::StatusOr<service::MoveRequest> MoveBody(const http::Request& req) {
+  SBX_ASSIGN_OR_RETURN(json body, JsonBody(req, {"from", "to", "overwrite"}));
+  auto from = JsonString(body, "from");
+  auto to = JsonString(body, "to");
+  SBX_RETURN_IF_ERROR(from.status());
+  SBX_RETURN_IF_ERROR(to.status());
+  auto f = PathValue(*from, "from");
+  auto to_path = PathValue(*to, "to");
+  auto overwrite = JsonBool(body, "overwrite");
+  SBX_RETURN_IF_ERROR(f.status());
+  SBX_RETURN_IF_ERROR(to_path.status());
+  SBX_RETURN_IF_ERROR(overwrite.status());
+  return service::MoveRequest{*f, *to_path, *overwrite};
 }
 
-// The agent's final kEnd (or an error frame) after a transfer.
-http::asio::awaitable<absl::StatusOr<json>> ReadEnd(service::AgentStream& s) {
-  for (int idle = 0; idle < kMaxIdlePeriods;) {
-    auto f = co_await s.Next(kAgentIdle);
-    if (!f.ok()) co_return f.status();
-    if (!*f) {
-      ++idle;
-      continue;
+// DELETE files, files:stat, files:mkdir and files:move: one short agent call each.
+http::asio::awaitable<absl::StatusOr<http::Response>> ShortFileOp(http::RequestContext& ctx,
+                                                                  service::AgentClient& agent,
+                                                                  const std::string& what,
+                                                                  const Target& t) {
+  absl::StatusOr<service::FileEntry> entry = absl::UnknownError("no file operation");
+  bhttp::status ok_status = bhttp::status::ok;
+  if (what == "files" || what == "files:stat") {
+    auto path = PathValue(t.Query("path"), "path");
+    if (!path.ok()) co_return path.status();
+    if (what == "files") {
+      auto recursive = BoolParam(t, "recursive");
+      if (!recursive.ok()) co_return recursive.status();
+      absl::Status st = co_await agent.Delete(ctx.executor, *path, *recursive);
+      if (!st.ok()) co_return st;
+      co_return JsonOk(bhttp::status::ok, json::object());
     }
-    if ((*f)->type == protocol::FrameType::kData) continue;
-    if ((*f)->type != protocol::FrameType::kEnd) {
-      co_return absl::InternalError("agent protocol: expected the end of a file transfer");
-    }
-    auto end = AgentObject((*f)->payload);
-    if (!end) co_return absl::InternalError("agent protocol: the end frame is not a JSON object");
-    if (!protocol::ResponseOk(*end)) co_return service::AgentErrorStatus(*end);
-    co_return std::move(*end);
+    entry = co_await agent.Stat(ctx.executor, *path);
+  } else if (what == "files:mkdir") {
+    auto request = MkdirBody(ctx.req);
+    if (!request.ok()) co_return request.status();
+    entry = co_await agent.Mkdir(ctx.executor, std::move(*request));
+    ok_status = bhttp::status::created;
+  } else {  // files:move
+    auto request = MoveBody(ctx.req);
+    if (!request.ok()) co_return request.status();
+    entry = co_await agent.Move(ctx.executor, std::move(*request));
   }
-  co_return absl::DeadlineExceededError("the agent did not finish the transfer in time");
+  if (!entry.ok()) co_return entry.status();
+  co_return JsonOk(ok_status, json{{"entry", entry->ToJson()}});
 }
 
 }  // namespace
@@ -248,8 +270,8 @@ Awaitable Api::Files(http::RequestContext& ctx, const service::Caller& caller,
   // running, unfrozen sandbox has an agent to talk to.
   auto sb = log::With(ctx.log, [&] { return svc_.GetSandbox(caller, sandbox_id); });
   if (!sb.ok()) co_return fail(sb.status());
-  auto sock = svc_.AgentSocketFor(sandbox_id);
-  if (!sock) {
+  std::optional<service::AgentClient> agent = svc_.AgentFor(sandbox_id);
+  if (!agent) {
     co_return fail(ApiError(absl::StatusCode::kFailedPrecondition, "sandbox_not_running",
                             fmt::format("sandbox {} is {}, not running", sandbox_id,
                                         sb->state == "running" ? "being paused" : sb->state)));
@@ -260,124 +282,79 @@ Awaitable Api::Files(http::RequestContext& ctx, const service::Caller& caller,
     disk_cap = static_cast<uint64_t>(d->get<int64_t>()) << 20;
   }
 
-  json request;
-  bhttp::status ok_status = bhttp::status::ok;
-  if (what == "files" || what == "files:list" || what == "files:stat" || what == "files:watch") {
-    auto path = PathValue(t.Query("path"), "path");
-    if (!path.ok()) co_return fail(path.status());
-    request["path"] = *path;
+  const bool streamed = what == "files:watch" || what == "files:list" ||
+                        (what == "files" && method != bhttp::verb::delete_);
+  if (!streamed) {
+    auto res = co_await ShortFileOp(ctx, *agent, what, t);
+    if (!res.ok()) co_return fail(res.status());
+    co_return std::move(*res);
   }
+  auto path = PathValue(t.Query("path"), "path");
+  if (!path.ok()) co_return fail(path.status());
   if (what == "files:watch") {
     auto recursive = BoolParam(t, "recursive");
     if (!recursive.ok()) co_return fail(recursive.status());
-    request["op"] = "watch";
-    request["recursive"] = *recursive;
-    co_return co_await FileWatch(ctx, *sock, std::move(request));
+    // Named values, not temporaries, across co_await (GCC 12 coroutine frames).
+    service::WatchRequest request{*path, *recursive};
+    co_return co_await FileWatch(ctx, *agent, std::move(request));
   }
-  if (what == "files") {
-    if (method == bhttp::verb::get) co_return co_await FileDownload(ctx, sandbox_id, *sock,
-                                                         request["path"].get<std::string>());
-    if (method == bhttp::verb::put) {
-      request["op"] = MediaIs(ctx.req, bhttp::field::content_type, kTarType) ? "write_tar" : "write";
-      auto mode = UintParam(t.Query("mode"), "mode", 8, 07777);
-      auto uid = UintParam(t.Query("uid"), "uid", 10, 0xFFFFFFFEu);
-      auto gid = UintParam(t.Query("gid"), "gid", 10, 0xFFFFFFFEu);
-      auto mkdirs = BoolParam(t, "mkdirs");
-      if (!mode.ok()) co_return fail(mode.status());
-      if (!uid.ok()) co_return fail(uid.status());
-      if (!gid.ok()) co_return fail(gid.status());
-      if (!mkdirs.ok()) co_return fail(mkdirs.status());
-      if (*mode) request["mode"] = **mode;
-      if (*uid) request["uid"] = **uid;
-      if (*gid) request["gid"] = **gid;
-      if (auto owner = t.Query("owner")) {
-        auto o = PathValue(owner, "owner");  // the same transport rules
-        if (!o.ok()) co_return fail(o.status());
-        request["user"] = *o;
-      }
-      request["mkdirs"] = *mkdirs;
-      co_return co_await FileUpload(ctx, sandbox_id, *sock, std::move(request), disk_cap);
-    }
-    auto recursive = BoolParam(t, "recursive");
-    if (!recursive.ok()) co_return fail(recursive.status());
-    request["op"] = "delete";
-    request["recursive"] = *recursive;
-  } else if (what == "files:stat") {
-    request["op"] = "stat";
-  } else if (what == "files:list") {
-    request["op"] = "list";
+  if (what == "files:list") {
     auto depth = UintParam(t.Query("depth"), "depth", 10, 32);
     if (!depth.ok()) co_return fail(depth.status());
     if (*depth && **depth == 0) co_return fail(FieldError("depth", "depth must be between 1 and 32"));
-    request["depth"] = depth->value_or(1);
-    co_return co_await GuestSizedReply(ctx, sandbox_id, *sock, std::move(request),
-                                       protocol::ListReplySchema(), "{");
-  } else if (what == "files:mkdir") {
-    auto body = JsonBody(ctx.req, {"path", "parents", "mode"});
-    if (!body.ok()) co_return fail(body.status());
-    auto path = JsonString(*body, "path");
-    if (!path.ok()) co_return fail(path.status());
-    auto p = PathValue(*path, "path");
-    auto parents = JsonBool(*body, "parents");
-    auto mode = ModeField(*body);
-    if (!p.ok()) co_return fail(p.status());
-    if (!parents.ok()) co_return fail(parents.status());
-    if (!mode.ok()) co_return fail(mode.status());
-    request = {{"op", "mkdir"}, {"path", *p}, {"parents", *parents}};
-    if (*mode) request["mode"] = **mode;
-    ok_status = bhttp::status::created;
-  } else {  // files:move
-    auto body = JsonBody(ctx.req, {"from", "to", "overwrite"});
-    if (!body.ok()) co_return fail(body.status());
-    auto from = JsonString(*body, "from");
-    auto to = JsonString(*body, "to");
-    if (!from.ok()) co_return fail(from.status());
-    if (!to.ok()) co_return fail(to.status());
-    auto f = PathValue(*from, "from");
-    auto to_path = PathValue(*to, "to");
-    auto overwrite = JsonBool(*body, "overwrite");
-    if (!f.ok()) co_return fail(f.status());
-    if (!to_path.ok()) co_return fail(to_path.status());
-    if (!overwrite.ok()) co_return fail(overwrite.status());
-    request = {{"op", "move"}, {"from", *f}, {"to", *to_path}, {"overwrite", *overwrite}};
+    service::ListRequest request{*path, depth->value_or(1)};
+    GuestSizedFetch fetch = [&, request]() {
+      return agent->ListBody(ctx.executor, request, "{");
+    };
+    co_return co_await GuestSizedReply(ctx, sandbox_id, std::move(fetch));
   }
-  auto resp = co_await service::AsyncCallAgent(ctx.executor, *sock, std::move(request),
-                                               kAgentCallTimeout);
-  if (!resp.ok()) co_return fail(resp.status());
-  resp->erase("ok");
-  co_return JsonOk(ok_status, *resp);
+  if (method == bhttp::verb::get) co_return co_await FileDownload(ctx, sandbox_id, *agent, *path);
+  auto request = UploadRequest(ctx.req, t, std::move(*path));
+  if (!request.ok()) co_return fail(request.status());
+  co_return co_await FileUpload(ctx, sandbox_id, *agent, std::move(*request), disk_cap);
+}
+
+absl::StatusOr<service::WriteRequest> Api::UploadRequest(const http::Request& req,
+                                                         const Target& t, std::string path) {
+  service::WriteRequest request;
+  request.tar = MediaIs(req, bhttp::field::content_type, kTarType);
+  request.path = std::move(path);
+  SBX_ASSIGN_OR_RETURN(request.mode, UintParam(t.Query("mode"), "mode", 8, 07777));
+  SBX_ASSIGN_OR_RETURN(request.uid, UintParam(t.Query("uid"), "uid", 10, 0xFFFFFFFEu));
+  SBX_ASSIGN_OR_RETURN(request.gid, UintParam(t.Query("gid"), "gid", 10, 0xFFFFFFFEu));
+  SBX_ASSIGN_OR_RETURN(request.mkdirs, BoolParam(t, "mkdirs"));
+  if (auto owner = t.Query("owner")) {
+    SBX_ASSIGN_OR_RETURN(request.user, PathValue(owner, "owner"));  // the same transport rules
+  }
+  return request;
 }
 
 Awaitable Api::FileDownload(http::RequestContext& ctx, const std::string& sandbox_id,
-                            const std::string& socket, const std::string& path) {
+                            service::AgentClient& agent, const std::string& path) {
   // A directory as a tar stream when the client asks for one (no ranges then).
-  const bool tar = MediaIs(ctx.req, bhttp::field::accept, kTarType);
-  json request = {{"op", tar ? "read_tar" : "read"}, {"path", path}};
+  service::ReadRequest request;
+  request.tar = MediaIs(ctx.req, bhttp::field::accept, kTarType);
+  request.path = path;
+  const bool tar = request.tar;
   std::optional<ByteRange> range;
   if (auto it = ctx.req.find(bhttp::field::range); !tar && it != ctx.req.end()) {
     range = ParseRange(std::string_view(it->value().data(), it->value().size()));
   }
   if (range) {
     if (range->suffix) {
-      request["suffix"] = *range->suffix;
+      request.suffix = *range->suffix;
     } else {
-      request["offset"] = *range->first;
-      if (range->last) request["length"] = *range->last - *range->first + 1;
+      request.offset = *range->first;
+      if (range->last) request.length = *range->last - *range->first + 1;
     }
   }
   auto awake = svc_.activity().StreamOpened(sandbox_id);
-  auto stream = co_await service::AgentStream::Open(ctx.executor, socket, request,
-                                                    kAgentCallTimeout);
+  auto stream = co_await agent.Read(ctx.executor, std::move(request));
   if (!stream.ok()) co_return ErrorResponse(stream.status(), ctx.request_id);
-  const json& resp = (*stream)->response();
-  auto entry = resp.find("entry");
-  const uint64_t size =
-      entry != resp.end() && entry->is_object() ? U64Field(*entry, "size", 0) : 0;
-  const uint64_t offset = U64Field(resp, "offset", 0);
-  const uint64_t length = U64Field(resp, "length", 0);
-  auto satisfiable = resp.find("satisfiable");
-  if (satisfiable != resp.end() && satisfiable->is_boolean() && !satisfiable->get<bool>()) {
-    (*stream)->Close();
+  const auto& reply = stream->reply();
+  const uint64_t size = reply.entry.size;
+  if (!reply.satisfiable) {
+    stream->Close();
     http::Response res = ErrorResponse(
         ApiError(absl::StatusCode::kOutOfRange, "range_not_satisfiable",
                  fmt::format("the range is outside the file's {} bytes", size)),
@@ -397,47 +374,36 @@ Awaitable Api::FileDownload(http::RequestContext& ctx, const std::string& sandbo
   }
   if (range) {
     header.set(bhttp::field::content_range,
-               fmt::format("bytes {}-{}/{}", offset, offset + length - 1, size));
+               fmt::format("bytes {}-{}/{}", reply.offset, reply.offset + reply.length - 1, size));
   }
   if (!ctx.req.keep_alive()) header.set(bhttp::field::connection, "close");
   if (!co_await ctx.stream.Begin(std::move(header))) {
-    (*stream)->Close();
+    stream->Close();
     co_return std::nullopt;
   }
-  for (int idle = 0; idle < kMaxIdlePeriods;) {
-    auto f = co_await (*stream)->Next(kAgentIdle);
-    if (!f.ok()) break;
-    if (!*f) {
-      ++idle;
-      continue;
-    }
-    idle = 0;
-    if ((*f)->type == protocol::FrameType::kData) {
-      if (!co_await ctx.stream.Write(std::move((*f)->payload))) break;
-      continue;
-    }
-    if ((*f)->type == protocol::FrameType::kEnd) {
-      auto end = AgentObject((*f)->payload);
-      if (end && protocol::ResponseOk(*end)) {
-        (*stream)->Close();
-        co_await ctx.stream.End();
-        co_return std::nullopt;
-      }
+  for (;;) {
+    auto chunk = co_await stream->NextChunk();
+    if (!chunk.ok()) {
       SBX_LOG_WARN(ctx.log, "download of {} from {} failed midway: {}", path, sandbox_id,
-                   end ? std::string(service::AgentErrorStatus(*end).message())
-                       : std::string("malformed end frame"));
+                   std::string(chunk.status().message()));
+      break;
     }
-    break;
+    if (!*chunk) {
+      stream->Close();
+      co_await ctx.stream.End();
+      co_return std::nullopt;
+    }
+    if (!co_await ctx.stream.Write(std::move(**chunk))) break;
   }
   // Midway failure: the chunked body is never ended, so the connection closes and the client
   // sees a truncated transfer instead of a short file that looks whole.
-  (*stream)->Close();
+  stream->Close();
   co_return std::nullopt;
 }
 
-Awaitable Api::FileWatch(http::RequestContext& ctx, const std::string& socket, json request) {
-  auto stream = co_await service::AgentStream::Open(ctx.executor, socket, std::move(request),
-                                                    kAgentCallTimeout);
+Awaitable Api::FileWatch(http::RequestContext& ctx, service::AgentClient& agent,
+                         service::WatchRequest request) {
+  auto stream = co_await agent.Watch(ctx.executor, std::move(request));
   if (!stream.ok()) co_return ErrorResponse(stream.status(), ctx.request_id);
   bhttp::response_header<> header;
   header.result(bhttp::status::ok);
@@ -448,45 +414,36 @@ Awaitable Api::FileWatch(http::RequestContext& ctx, const std::string& socket, j
   header.set("X-Request-Id", ctx.request_id);
   if (!ctx.req.keep_alive()) header.set(bhttp::field::connection, "close");
   if (!co_await ctx.stream.Begin(std::move(header))) {
-    (*stream)->Close();
+    stream->Close();
     co_return std::nullopt;
   }
   // The watch worker in the agent lives as long as this connection to it: closing it (client
   // gone, found at the latest by the next keep-alive) makes the worker exit.
   uint64_t id = 0;
   for (;;) {
-    auto f = co_await (*stream)->Next(opts_.keepalive_interval);
-    if (!f.ok()) {
-      json err = {{"code", "agent_unavailable"}, {"message", std::string(f.status().message())}};
+    auto ev = co_await stream->Next(opts_.keepalive_interval);
+    if (!ev.ok()) {
+      json err = {{"code", "agent_unavailable"}, {"message", std::string(ev.status().message())}};
       co_await ctx.stream.Write(SseEvent(0, "error", err.dump()));
       break;
     }
-    if (!*f) {
-      if (!co_await ctx.stream.Write(": keepalive\n\n")) {
-        (*stream)->Close();
-        co_return std::nullopt;
-      }
-      continue;
-    }
-    if ((*f)->type == protocol::FrameType::kEnd) break;  // the directory itself went away
-    if ((*f)->type != protocol::FrameType::kData) continue;
-    auto parsed = AgentObject((*f)->payload);
-    if (!parsed || !parsed->contains("type") || !(*parsed)["type"].is_string()) continue;
-    const json& ev = *parsed;
-    const std::string type = ev["type"].get<std::string>();
-    if (!co_await ctx.stream.Write(SseEvent(++id, type, ev.dump(-1, ' ', false,
-                                                                 json::error_handler_t::replace)))) {
-      (*stream)->Close();
+    if (!*ev && stream->ended()) break;  // the directory itself went away
+    const bool written =
+        *ev ? co_await ctx.stream.Write(SseEvent(++id, (*ev)->type, JsonText((*ev)->ToJson())))
+            : co_await ctx.stream.Write(": keepalive\n\n");
+    if (!written) {
+      stream->Close();
       co_return std::nullopt;
     }
   }
-  (*stream)->Close();
+  stream->Close();
   co_await ctx.stream.End();
   co_return std::nullopt;
 }
 
 Awaitable Api::FileUpload(http::RequestContext& ctx, const std::string& sandbox_id,
-                          const std::string& socket, json request, uint64_t disk_cap) {
+                          service::AgentClient& agent, service::WriteRequest request,
+                          uint64_t disk_cap) {
   if (disk_cap > 0) {
     if (auto cl = ctx.req.find(bhttp::field::content_length); cl != ctx.req.end()) {
       uint64_t n = 0;
@@ -501,13 +458,11 @@ Awaitable Api::FileUpload(http::RequestContext& ctx, const std::string& sandbox_
             ctx.request_id);
       }
     }
-    request["max_bytes"] = disk_cap;
+    request.max_bytes = disk_cap;
   }
   auto awake = svc_.activity().StreamOpened(sandbox_id);
-  auto stream = co_await service::AgentStream::Open(ctx.executor, socket, std::move(request),
-                                                    kAgentCallTimeout);
+  auto stream = co_await agent.Write(ctx.executor, std::move(request));
   if (!stream.ok()) co_return ErrorResponse(stream.status(), ctx.request_id);
-  auto& s = **stream;
   std::string buf(kUploadChunk, '\0');
   for (;;) {
     // Fill the chunk before forwarding it: a socket read returns what one or two TCP segments
@@ -516,32 +471,21 @@ Awaitable Api::FileUpload(http::RequestContext& ctx, const std::string& sandbox_
     while (ctx.body != nullptr && n < buf.size()) {
       auto r = co_await ctx.body->ReadSome(buf.data() + n, buf.size() - n);
       if (!r.ok()) {
-        s.Close();  // the agent sees EOF and removes its temporary file
+        stream->Abort();  // the agent sees EOF and removes its temporary file
         co_return ErrorResponse(r.status(), ctx.request_id);
       }
       if (*r == 0) break;
       n += *r;
     }
-    const bool last = n == 0;
-    // A named frame, not a temporary in the call: GCC 12 destroys a prvalue argument of a
-    // coroutine twice when it comes from a conditional expression.
-    std::string frame =
-        last ? protocol::EncodeFrame(protocol::FrameType::kEnd, "{}")
-             : protocol::EncodeFrame(protocol::FrameType::kData, std::string_view(buf.data(), n));
-    auto sent = co_await s.Send(std::move(frame), kAgentIdle * kMaxIdlePeriods);
-    if (!sent.ok()) {
-      // The agent stopped reading: it failed (disk full, too large) and said why.
-      auto end = co_await ReadEnd(s);
-      s.Close();
-      co_return ErrorResponse(end.ok() ? sent : end.status(), ctx.request_id);
-    }
-    if (last) break;
+    if (n == 0) break;
+    auto sent = co_await stream->Send(std::string_view(buf.data(), n));
+    if (!sent.ok()) co_return ErrorResponse(sent, ctx.request_id);
   }
-  auto end = co_await ReadEnd(s);
-  s.Close();
+  auto end = co_await stream->Finish();
   if (!end.ok()) co_return ErrorResponse(end.status(), ctx.request_id);
-  end->erase("ok");
-  co_return JsonOk(bhttp::status::ok, *end);
+  json body = end->entry ? json{{"entry", end->entry->ToJson()}}
+                         : json{{"entries", end->tar->entries}, {"skipped", end->tar->skipped}};
+  co_return JsonOk(bhttp::status::ok, body);
 }
 
 }  // namespace sbx::api

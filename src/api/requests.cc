@@ -8,7 +8,7 @@
 #include "common/base64.h"
 #include "common/json_util.h"
 #include "common/status_util.h"
-#include "protocol/protocol.h"
+#include "service/agent_types.h"
 
 namespace sbx::api {
 namespace {
@@ -393,9 +393,9 @@ absl::StatusOr<int> ParseSignalObject(const Json& j) {
   if (v.is_number_integer()) {
     // Only numbers that have a name here: the same set as the names, whatever the platform.
     const int64_t n = v.get<int64_t>();
-    if (n >= 1 && n <= 64 && protocol::SignalName(static_cast<int>(n))) signo = static_cast<int>(n);
+    if (n >= 1 && n <= 64 && service::SignalName(static_cast<int>(n))) signo = static_cast<int>(n);
   } else if (v.is_string()) {
-    signo = protocol::SignalNumber(v.get<std::string>());
+    signo = service::SignalNumber(v.get<std::string>());
   } else {
     return FieldError("signal",
                       fmt::format("must be a signal name or number, got {}", TypeName(v)));

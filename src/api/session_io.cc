@@ -5,18 +5,14 @@
 #include "api/api.h"
 #include "api/handler_util.h"
 #include "api/status_to_http.h"
-#include "common/base64.h"
 #include "common/log.h"
 #include "common/status_util.h"
-#include "service/agent_stream.h"
+#include "service/agent_client.h"
 
 namespace sbx::api {
 namespace {
 
 namespace bhttp = http::bhttp;
-using nlohmann::json;
-
-constexpr std::chrono::milliseconds kAgentCallTimeout{5000};
 
 http::Response NoContent() {
   http::Response res{bhttp::status::no_content, 11};
@@ -59,6 +55,43 @@ absl::Status ForClient(const absl::Status& s, const std::string& session_id,
 }
 
 
+// The agent call an action stands for, once the body has been checked.
+struct IoCall {
+  std::string action;
+  std::string data;  // stdin
+  int signal = 0;
+  int rows = 0, cols = 0;
+};
+
+absl::StatusOr<IoCall> ParseIoBody(const http::Request& req, const std::string& action) {
+  IoCall call{action};
+  if (action == "stdin") {
+    SBX_ASSIGN_OR_RETURN(call.data, ParseStdinBody(req.body(), IsJsonContentType(req)));
+  } else if (action == "stdin:close") {
+    if (!req.body().empty()) SBX_RETURN_IF_ERROR(ParseLifecycleBody(req.body()));
+  } else if (action == "signal") {
+    SBX_ASSIGN_OR_RETURN(call.signal, ParseSignalBody(req.body()));
+  } else {  // resize
+    SBX_ASSIGN_OR_RETURN(auto size, ParseResizeBody(req.body()));
+    call.rows = size.first;
+    call.cols = size.second;
+  }
+  return call;
+}
+
+http::asio::awaitable<absl::Status> CallAgent(http::RequestContext& ctx, service::AgentClient& agent,
+                                              const std::string& session_id, const IoCall& c) {
+  if (c.action == "stdin") {
+    co_return (co_await agent.Stdin(ctx.executor, session_id, c.data)).status();
+  }
+  if (c.action == "stdin:close") {
+    co_return (co_await agent.StdinClose(ctx.executor, session_id)).status();
+  }
+  if (c.action == "signal") co_return co_await agent.Signal(ctx.executor, session_id, c.signal);
+  co_return co_await agent.Resize(ctx.executor, session_id, static_cast<uint16_t>(c.rows),
+                                  static_cast<uint16_t>(c.cols));
+}
+
 }  // namespace
 
 http::asio::awaitable<std::optional<http::Response>> Api::SessionIo(
@@ -71,40 +104,18 @@ http::asio::awaitable<std::optional<http::Response>> Api::SessionIo(
     co_return fail(MethodNotAllowed(ctx.req));
   }
   // The body first: a malformed request is a 400 whatever the session's state.
-  json request = {{"session_id", session_id}};
-  if (action == "stdin") {
-    auto data = ParseStdinBody(ctx.req.body(), IsJsonContentType(ctx.req));
-    if (!data.ok()) co_return fail(data.status());
-    request["op"] = "stdin";
-    request["data_b64"] = Base64Encode(*data);
-  } else if (action == "stdin:close") {
-    if (!ctx.req.body().empty()) {
-      if (auto b = ParseLifecycleBody(ctx.req.body()); !b.ok()) co_return fail(b);
-    }
-    request["op"] = "stdin_close";
-  } else if (action == "signal") {
-    auto sig = ParseSignalBody(ctx.req.body());
-    if (!sig.ok()) co_return fail(sig.status());
-    request["op"] = "signal";
-    request["signal"] = *sig;
-  } else {  // resize
-    auto size = ParseResizeBody(ctx.req.body());
-    if (!size.ok()) co_return fail(size.status());
-    request["op"] = "resize";
-    request["rows"] = size->first;
-    request["cols"] = size->second;
-  }
+  auto call = ParseIoBody(ctx.req, action);
+  if (!call.ok()) co_return fail(call.status());
 
   auto target = log::With(ctx.log, [&] { return svc_.PrepareAttach(caller, session_id); });
   if (!target.ok()) co_return fail(target.status());
   ctx.log.sandbox = target->session.sandbox_id;
-  const json& spec = target->session.spec;
-  if ((action == "stdin" || action == "stdin:close") && !spec.value("stdin", false)) {
+  if ((action == "stdin" || action == "stdin:close") && !target->spec.stdin_pipe) {
     co_return fail(ApiError(absl::StatusCode::kFailedPrecondition, "stdin_not_enabled",
                             fmt::format("session {} was created without \"stdin\": true",
                                         session_id)));
   }
-  if (action == "resize" && !spec.contains("tty")) {
+  if (action == "resize" && !target->spec.tty) {
     co_return fail(ApiError(absl::StatusCode::kFailedPrecondition, "not_a_tty",
                             fmt::format("session {} was created without \"tty\"", session_id)));
   }
@@ -112,9 +123,8 @@ http::asio::awaitable<std::optional<http::Response>> Api::SessionIo(
     co_return fail(ApiError(absl::StatusCode::kFailedPrecondition, "session_exited",
                             fmt::format("session {} has exited", session_id)));
   }
-  auto r = co_await service::AsyncCallAgent(ctx.executor, target->agent_socket,
-                                            std::move(request), kAgentCallTimeout);
-  if (!r.ok()) co_return fail(ForClient(r.status(), session_id, action));
+  absl::Status r = co_await CallAgent(ctx, target->agent, session_id, *call);
+  if (!r.ok()) co_return fail(ForClient(r, session_id, action));
   // Input counts as activity on the sandbox, like an attached client.
   if (caller.initiator == "api") svc_.activity().Touch(target->session.sandbox_id);
   co_return NoContent();
@@ -128,17 +138,15 @@ http::asio::awaitable<std::optional<http::Response>> Api::Processes(
   if (ctx.req.method() != bhttp::verb::get) {
     co_return fail(MethodNotAllowed(ctx.req));
   }
-  auto sock = log::With(ctx.log, [&] { return svc_.SandboxAgentSocket(caller, sandbox_id); });
-  if (!sock.ok()) co_return fail(sock.status());
-  // Named values, not braced temporaries, around co_await: GCC 12 cannot keep an
-  // initializer_list's array in a coroutine frame ("array used as initializer").
-  json request = json::object();
-  request["op"] = "processes";
-  std::string head = "{\"sandbox_id\":";
-  protocol::AppendJsonString(head, sandbox_id);
-  head.push_back(',');
-  co_return co_await GuestSizedReply(ctx, sandbox_id, *sock, std::move(request),
-                                     protocol::ProcessesReplySchema(), std::move(head));
+  auto agent = log::With(ctx.log, [&] { return svc_.SandboxAgent(caller, sandbox_id); });
+  if (!agent.ok()) co_return fail(agent.status());
+  // The sandbox id is one of ours ([a-z0-9_]): its JSON string needs no escaping.
+  std::string head = fmt::format("{{\"sandbox_id\":\"{}\",", sandbox_id);
+  // Named values, not temporaries, across co_await (GCC 12 coroutine frames).
+  GuestSizedFetch fetch = [&, agent = std::move(*agent), head = std::move(head)]() mutable {
+    return agent.ProcessesBody(ctx.executor, head);
+  };
+  co_return co_await GuestSizedReply(ctx, sandbox_id, std::move(fetch));
 }
 
 }  // namespace sbx::api

@@ -16,8 +16,7 @@
 #include "common/json_util.h"
 #include "common/log.h"
 #include "common/status_util.h"
-#include "protocol/protocol.h"
-#include "service/agent_stream.h"
+#include "service/agent_client.h"
 
 namespace sbx::api {
 namespace {
@@ -30,12 +29,11 @@ using nlohmann::json;
 using namespace asio::experimental::awaitable_operators;
 
 constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
-constexpr std::chrono::milliseconds kAgentCallTimeout{5000};
 // While the agent's stdin buffer is full, the next try is this much later; meanwhile nothing
 // more is read from the client, so TCP pushes back on it.
 constexpr std::chrono::milliseconds kStdinRetry{20};
 
-json ExitMessage(const protocol::ExitEvent& ev) {
+json ExitMessage(const service::SessionExit& ev) {
   return {{"type", "exit"},
           {"event_id", ev.event_id},
           {"exit_code", ev.exit_code ? json(*ev.exit_code) : json(nullptr)},
@@ -44,19 +42,177 @@ json ExitMessage(const protocol::ExitEvent& ev) {
           {"oom_killed", ev.oom_killed}};
 }
 
-// A client's control message as the agent request it stands for.
-json AgentCall(const WsControl& c, const std::string& session_id) {
+// One client message delivered to the agent. kResourceExhausted: its stdin buffer is full.
+asio::awaitable<absl::Status> Deliver(asio::any_io_executor ex, service::AgentClient& agent,
+                                      const std::string& session_id, bool binary,
+                                      const std::string& data, const WsControl& c) {
+  if (binary) co_return (co_await agent.Stdin(ex, session_id, data)).status();
   switch (c.type) {
     case WsControl::Type::kResize:
-      return json{{"op", "resize"}, {"session_id", session_id}, {"rows", c.rows},
-                  {"cols", c.cols}};
+      co_return co_await agent.Resize(ex, session_id, static_cast<uint16_t>(c.rows),
+                                      static_cast<uint16_t>(c.cols));
     case WsControl::Type::kSignal:
-      return json{{"op", "signal"}, {"session_id", session_id}, {"signal", c.signal}};
+      co_return co_await agent.Signal(ex, session_id, c.signal);
     case WsControl::Type::kStdinClose:
       break;
   }
-  return json{{"op", "stdin_close"}, {"session_id", session_id}};
+  co_return (co_await agent.StdinClose(ex, session_id)).status();
 }
+
+// The two directions of one session's WebSocket, run side by side. Output (agent ->
+// client) is the only writer of the WebSocket; input (client -> agent) takes one message at a
+// time, so that stdin keeps its order.
+class WsBridge {
+ public:
+  WsBridge(http::RequestContext& ctx, websocket::stream<beast::tcp_stream&>& ws,
+           service::SandboxService& svc, service::AttachStream& stream,
+           service::AgentClient& agent, const store::SessionRecord& session, bool tty,
+           std::chrono::milliseconds keepalive)
+      : ctx_(ctx), ws_(ws), svc_(svc), stream_(stream), agent_(agent), session_(session),
+        tty_(tty), keepalive_(keepalive) {}
+
+  // Agent -> client, until the exit event (or the agent or the client goes away).
+  asio::awaitable<void> Output() {
+    for (;;) {
+      auto frame = co_await stream_.Next(keepalive_);
+      if (!frame.ok()) {
+        if (refused_) co_return co_await Refuse();
+        if (client_gone_) co_return;
+        const bool running = svc_.AgentSocketFor(session_.sandbox_id).has_value();
+        // Named, not braced temporaries across co_await (GCC 12 coroutine frames).
+        const json m = {{"type", "error"},
+                        {"code", running ? "agent_unavailable" : "sandbox_not_running"},
+                        {"message", std::string(frame.status().message())}};
+        co_await SendText(m);
+        break;
+      }
+      if (!*frame) continue;  // idle: the WebSocket's own pings keep it alive
+      auto ev = (*frame)->Decode();
+      if (!ev.ok()) break;
+      bool done = ev->kind == service::AttachEvent::Kind::kExit;
+      if (!co_await Send(*ev)) {
+        client_gone_ = true;
+        co_return;
+      }
+      if (done) break;
+    }
+    boost::system::error_code ignored;  // a client that is gone has nothing more to hear
+    co_await ws_.async_close(websocket::close_code::normal,
+                             asio::redirect_error(asio::use_awaitable, ignored));
+  }
+
+  // Client -> agent.
+  asio::awaitable<void> Input() {
+    asio::steady_timer retry(ctx_.executor);
+    for (;;) {
+      beast::flat_buffer buf;
+      auto [ec, n] = co_await ws_.async_read(buf, kTuple);
+      if (ec) break;  // closed by either side, or the peer is gone
+      const std::string data = beast::buffers_to_string(buf.data());
+      const bool binary = ws_.got_binary();
+      WsControl control;
+      if (!binary) {
+        auto c = ParseWsControl(data);
+        if (!c.ok() && IsJsonTooDeep(c.status())) {
+          // Not a typo but an attack on whoever walks the tree (issue 13): end the connection.
+          SBX_LOG_WARN(ctx_.log, "websocket {}: closing: a client message was refused: {}",
+                       session_.id, std::string(c.status().message()));
+          refused_ = c.status();
+          break;
+        }
+        if (!c.ok()) {
+          SBX_LOG_WARN(ctx_.log, "websocket {}: ignoring a client message: {}", session_.id,
+                       std::string(c.status().message()));
+          continue;
+        }
+        control = *c;
+      }
+      for (;;) {
+        absl::Status r =
+            co_await Deliver(ctx_.executor, agent_, session_.id, binary, data, control);
+        if (r.ok()) break;
+        if (r.code() == absl::StatusCode::kResourceExhausted) {
+          retry.expires_after(kStdinRetry);
+          auto [tec] = co_await retry.async_wait(kTuple);
+          if (!tec) continue;
+        }
+        // The session has exited, has no stdin, or the sandbox went away: the output side
+        // reports how the session ended; input has nowhere to go.
+        SBX_LOG_DEBUG(ctx_.log, "websocket {}: a client message was not delivered: {}",
+                      session_.id, std::string(r.message()));
+        break;
+      }
+      svc_.activity().Touch(session_.sandbox_id);
+    }
+    // A refused client is still there to hear why; any other end of input means it is gone.
+    client_gone_ = !refused_;
+    stream_.Close();  // ends a wait for output that nobody would read (or reports the refusal)
+  }
+
+ private:
+  asio::awaitable<bool> SendText(const json& m) {
+    ws_.text(true);
+    auto [ec, n] = co_await ws_.async_write(
+        asio::buffer(m.dump(-1, ' ', false, json::error_handler_t::replace)), kTuple);
+    co_return !ec;
+  }
+
+  // One agent event as the client sees it; false when the client is gone.
+  asio::awaitable<bool> Send(const service::AttachEvent& ev) {
+    using Kind = service::AttachEvent::Kind;
+    if (ev.kind == Kind::kOutput) {
+      const auto& out = ev.output;
+      if (out.stream == service::OutputStream::kStderr && !tty_) {
+        const json m = {{"type", "stderr"},
+                        {"offset", out.offset},
+                        {"data_b64", Base64Encode(out.data)}};
+        co_return co_await SendText(m);
+      }
+      ws_.binary(true);
+      auto [ec, n] = co_await ws_.async_write(asio::buffer(out.data.data(), out.data.size()),
+                                              kTuple);
+      co_return !ec;
+    }
+    if (ev.kind == Kind::kResync) {
+      const json m = {{"type", "resync_required"},
+                      {"oldest_available_id", ev.resync.oldest_available_id},
+                      {"stdout_offset", ev.resync.stdout_offset},
+                      {"stderr_offset", ev.resync.stderr_offset}};
+      co_return co_await SendText(m);
+    }
+    if (ev.kind == Kind::kExit) {
+      log::With(ctx_.log, [&] { svc_.RecordSessionExit(session_.id, ev.exit); });
+      const json m = ExitMessage(ev.exit);
+      co_return co_await SendText(m);
+    }
+    co_return true;
+  }
+
+  // The input side refused a hostile message: tell the client and close with 1008.
+  asio::awaitable<void> Refuse() {
+    const json m = {{"type", "error"},
+                    {"code", ApiCodeFor(*refused_)},
+                    {"message", std::string(refused_->message())}};
+    co_await SendText(m);
+    boost::system::error_code ignored;
+    co_await ws_.async_close(
+        websocket::close_reason(websocket::close_code::policy_error, "control message refused"),
+        asio::redirect_error(asio::use_awaitable, ignored));
+  }
+
+  http::RequestContext& ctx_;
+  websocket::stream<beast::tcp_stream&>& ws_;
+  service::SandboxService& svc_;
+  service::AttachStream& stream_;
+  service::AgentClient& agent_;
+  const store::SessionRecord& session_;
+  const bool tty_;
+  const std::chrono::milliseconds keepalive_;
+  bool client_gone_ = false;
+  // Set by the input side when a client message was hostile (nested too deep): the output
+  // side, the only writer of the WebSocket, tells the client and closes with 1008.
+  std::optional<absl::Status> refused_;
+};
 
 }  // namespace
 
@@ -80,19 +236,13 @@ http::asio::awaitable<std::optional<http::Response>> Api::WebSocket(
   if (!target.ok()) co_return fail(target.status());
   ctx.log.sandbox = target->session.sandbox_id;
   auto awake = svc_.activity().StreamOpened(target->session.sandbox_id);
-  const bool tty = target->session.spec.contains("tty");
 
   // Everything retained from the start: a WebSocket client has no Last-Event-ID.
-  json request = {{"op", "attach"},
-                  {"session_id", session_id},
-                  {"after_event_id", 0},
-                  {"spec", target->session.spec}};
-  auto opened = co_await service::AgentStream::Open(ctx.executor, target->agent_socket, request);
-  if (!opened.ok()) {
-    co_return fail(Annotate(opened.status(), fmt::format("attach {}", session_id)));
+  auto stream = co_await target->agent.Attach(ctx.executor, session_id, 0, target->spec);
+  if (!stream.ok()) {
+    co_return fail(Annotate(stream.status(), fmt::format("attach {}", session_id)));
   }
-  std::unique_ptr<service::AgentStream> stream = std::move(*opened);
-  log::With(ctx.log, [&] { svc_.RecordSessionStarted(session_id, stream->response()); });
+  log::With(ctx.log, [&] { svc_.RecordSessionStarted(session_id, stream->started()); });
 
   websocket::stream<beast::tcp_stream&> ws(*ctx.connection);
   auto timeouts = websocket::stream_base::timeout::suggested(beast::role_type::server);
@@ -109,138 +259,9 @@ http::asio::awaitable<std::optional<http::Response>> Api::WebSocket(
       co_return std::nullopt;
     }
   }
-
-  bool client_gone = false;
-  // Set by the input side when a client message was hostile (nested too deep): the output
-  // side, the only writer of the WebSocket, tells the client and closes with 1008.
-  std::optional<absl::Status> refused;
-  auto send_text = [&](const json& m) -> asio::awaitable<bool> {
-    ws.text(true);
-    auto [ec, n] = co_await ws.async_write(
-        asio::buffer(m.dump(-1, ' ', false, json::error_handler_t::replace)), kTuple);
-    co_return !ec;
-  };
-
-  // Agent -> client, until the exit event (or the agent or the client goes away).
-  auto output = [&]() -> asio::awaitable<void> {
-    for (;;) {
-      auto frame = co_await stream->Next(opts_.keepalive_interval);
-      if (!frame.ok()) {
-        if (refused) {
-          const json m = {{"type", "error"},
-                          {"code", ApiCodeFor(*refused)},
-                          {"message", std::string(refused->message())}};
-          co_await send_text(m);
-          boost::system::error_code ignored;
-          co_await ws.async_close(
-              websocket::close_reason(websocket::close_code::policy_error,
-                                      "control message refused"),
-              asio::redirect_error(asio::use_awaitable, ignored));
-          co_return;
-        }
-        if (client_gone) co_return;
-        const bool running = svc_.AgentSocketFor(target->session.sandbox_id).has_value();
-        // Named, not braced temporaries across co_await (GCC 12 coroutine frames).
-        const json m = {{"type", "error"},
-                        {"code", running ? "agent_unavailable" : "sandbox_not_running"},
-                        {"message", std::string(frame.status().message())}};
-        co_await send_text(m);
-        break;
-      }
-      if (!*frame) continue;  // idle: the WebSocket's own pings keep it alive
-      const protocol::Frame& f = **frame;
-      bool ok = true, done = false;
-      if (f.type == protocol::FrameType::kOutput) {
-        auto out = protocol::DecodeOutputView(f.payload);
-        if (!out.ok()) break;
-        if (out->stream == protocol::Stream::kStderr && !tty) {
-          const json m = {{"type", "stderr"},
-                          {"offset", out->offset},
-                          {"data_b64", Base64Encode(out->data)}};
-          ok = co_await send_text(m);
-        } else {
-          ws.binary(true);
-          auto [ec, n] = co_await ws.async_write(asio::buffer(out->data.data(), out->data.size()),
-                                                 kTuple);
-          ok = !ec;
-        }
-      } else if (f.type == protocol::FrameType::kResync) {
-        auto rs = protocol::DecodeResync(f.payload);
-        if (!rs.ok()) break;
-        const json m = {{"type", "resync_required"},
-                        {"oldest_available_id", rs->oldest_available_id},
-                        {"stdout_offset", rs->stdout_offset},
-                        {"stderr_offset", rs->stderr_offset}};
-        ok = co_await send_text(m);
-      } else if (f.type == protocol::FrameType::kExit) {
-        auto ev = protocol::DecodeExit(f.payload);
-        if (!ev.ok()) break;
-        log::With(ctx.log, [&] { svc_.RecordSessionExit(session_id, *ev); });
-        const json m = ExitMessage(*ev);
-        ok = co_await send_text(m);
-        done = true;
-      }
-      if (!ok) {
-        client_gone = true;
-        co_return;
-      }
-      if (done) break;
-    }
-    boost::system::error_code ignored;  // a client that is gone has nothing more to hear
-    co_await ws.async_close(websocket::close_code::normal,
-                            asio::redirect_error(asio::use_awaitable, ignored));
-  };
-
-  // Client -> agent, one message at a time, so that stdin keeps its order.
-  auto input = [&]() -> asio::awaitable<void> {
-    asio::steady_timer retry(ctx.executor);
-    for (;;) {
-      beast::flat_buffer buf;
-      auto [ec, n] = co_await ws.async_read(buf, kTuple);
-      if (ec) break;  // closed by either side, or the peer is gone
-      const std::string data = beast::buffers_to_string(buf.data());
-      json call;
-      if (ws.got_binary()) {
-        call = {{"op", "stdin"}, {"session_id", session_id}, {"data_b64", Base64Encode(data)}};
-      } else {
-        auto c = ParseWsControl(data);
-        if (!c.ok() && IsJsonTooDeep(c.status())) {
-          // Not a typo but an attack on whoever walks the tree (issue 13): end the connection.
-          SBX_LOG_WARN(ctx.log, "websocket {}: closing: a client message was refused: {}",
-                       session_id, std::string(c.status().message()));
-          refused = c.status();
-          break;
-        }
-        if (!c.ok()) {
-          SBX_LOG_WARN(ctx.log, "websocket {}: ignoring a client message: {}", session_id,
-                       std::string(c.status().message()));
-          continue;
-        }
-        call = AgentCall(*c, session_id);
-      }
-      for (;;) {
-        auto r = co_await service::AsyncCallAgent(ctx.executor, target->agent_socket, call,
-                                                  kAgentCallTimeout);
-        if (r.ok()) break;
-        if (r.status().code() == absl::StatusCode::kResourceExhausted) {
-          retry.expires_after(kStdinRetry);
-          auto [tec] = co_await retry.async_wait(kTuple);
-          if (!tec) continue;
-        }
-        // The session has exited, has no stdin, or the sandbox went away: the output side
-        // reports how the session ended; input has nowhere to go.
-        SBX_LOG_DEBUG(ctx.log, "websocket {}: {} not delivered: {}", session_id,
-                      call.value("op", ""), std::string(r.status().message()));
-        break;
-      }
-      svc_.activity().Touch(target->session.sandbox_id);
-    }
-    // A refused client is still there to hear why; any other end of input means it is gone.
-    client_gone = !refused;
-    stream->Close();  // ends a wait for output that nobody would read (or reports the refusal)
-  };
-
-  co_await (output() && input());
+  WsBridge bridge(ctx, ws, svc_, *stream, target->agent, target->session,
+                  target->spec.tty.has_value(), opts_.keepalive_interval);
+  co_await (bridge.Output() && bridge.Input());
   stream->Close();
   co_return std::nullopt;
 }

@@ -17,7 +17,7 @@ http::bhttp::status HttpStatusFor(const absl::Status& s) {
   if (code == "template_not_found") return bhttp::unprocessable_entity;
   if (code == "payload_too_large") return bhttp::payload_too_large;
   if (code == "method_not_allowed") return bhttp::method_not_allowed;
-  // An agent reply outside the protocol's bounds (protocol/limits.h): the upstream is at fault.
+  // An agent reply outside the protocol's bounds (its per-frame limits): the upstream is at fault.
   if (code == "bad_agent_reply") return bhttp::bad_gateway;
   // Admission (service/admission.h): full now (a delete makes room), or never.
   if (code == "insufficient_capacity") return bhttp::service_unavailable;

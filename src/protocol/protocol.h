@@ -11,6 +11,25 @@
 // One connection carries one request. The host sends kHello then kRequest without waiting; the
 // agent answers kHello then kResponse. For "attach", the response is followed by a stream of
 // kOutput / kResync frames and ends with one kExit frame, after which the agent closes.
+// protocol/messages.h has a C++ type for every request and reply below; sbxd speaks it only
+// through service/agent_client.h, over a transport (service/agent_transport.h).
+//
+// One byte stream (design, not implemented yet): a microVM runtime may have a single
+// virtio-serial port per sandbox instead of a socket that accepts many connections. Such a
+// transport multiplexes logical streams on it, each exactly one connection as described here:
+//   - the header's reserved u16 carries a stream id (1..65535; 0 stays "no stream", which is
+//     what every frame on a per-connection transport keeps sending, so nothing else changes);
+//   - the host opens stream N by sending its kHello with id N (ids are chosen by the host,
+//     never reused while open); every later frame of that connection, both ways, carries N;
+//   - a zero-length frame of a new type kClose (9) with id N is the connection's close: sent
+//     by either side where a socket would be closed (the agent after kExit, or a failed
+//     upload; the host when a client goes away), and answered by the other side's kClose;
+//   - flow control: each stream has a window of bytes (kMaxPayload to start) that the sender
+//     may have unacknowledged; a kWindow frame (10) with id N and a u32 payload grants more.
+//     Without it, one attach stream whose client stopped reading would stall every other
+//     stream on the port, as a socket's own buffer does not.
+// The AgentTransport on the host side hides all of this behind Open(); the agent's event loop
+// would demultiplex into the same per-connection state it keeps today.
 //
 // Requests (kRequest payload, JSON object with "op"):
 //   {"op":"ping"}                                  -> {"ok":true}
@@ -68,7 +87,7 @@
 //
 // Files (src/agent/files.h). Each file connection is served by a forked worker child of the
 // agent, so its blocking disk I/O never stalls the event loop. "path" is resolved inside the
-// sandbox's root (src/agent/path_resolve.h); a relative path is relative to the workdir. Errors
+// sandbox's root (src/common/path_resolve.h); a relative path is relative to the workdir. Errors
 // carry a specific "reason" besides "code" ("is_a_directory", "insufficient_storage", ...).
 //   {"op":"stat","path":P}                         -> {"ok":true,"entry":E}
 //   {"op":"list","path":P,"depth":N}               -> {"ok":true,"entries":[E...],"truncated":b}
@@ -231,9 +250,8 @@ absl::StatusCode ErrorCodeFromName(std::string_view name);
 std::optional<std::string> SignalName(int signo);
 std::optional<int> SignalNumber(std::string_view name);  // accepts "TERM" and "SIGTERM"
 
-// A blocking client for one request on one connection; used by runtimes (readiness), the
-// service layer's short calls, tests and the fuzz corpus generator. The asynchronous attach
-// stream in sbxd uses the codec above directly.
+// A blocking client for one request on one connection; used by runtimes (readiness), tests and
+// the fuzz corpus generator. sbxd's own calls go through service/agent_client.h.
 class AgentConnection {
  public:
   // Connects to the agent's unix socket; `timeout_ms` bounds connect and every read/write.
@@ -247,7 +265,7 @@ class AgentConnection {
   // "ok":false becomes an error status carrying the agent's code and message. Frames are held
   // to protocol/limits.h's bounds (guest-sized for the ops IsGuestSizedOp names). This client
   // builds a tree of the response: sbxd's request path for guest-sized ops does not use it
-  // (service/agent_stream.h, OpenGuestSized).
+  // (service/agent_client.h, ProcessesBody and ListBody).
   absl::StatusOr<Json> Call(const Json& request);
   // After an attach Call(): the next event frame; NotFound-free EOF is reported as
   // Unavailable("agent closed the stream").

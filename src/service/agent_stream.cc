@@ -3,33 +3,9 @@
 #include <fmt/format.h>
 
 #include "common/status_util.h"
-#include "protocol/guest_reply.h"
-#include "protocol/limits.h"
+#include "protocol/messages.h"
 
 namespace sbx::service {
-namespace {
-constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
-
-absl::Status AgentError(const nlohmann::json& resp);
-}  // namespace
-
-absl::Status AgentErrorStatus(const nlohmann::json& resp) { return AgentError(resp); }
-
-namespace {
-using protocol::StringField;
-
-// The agent is on the guest's side of the boundary: a field of another type is ignored.
-absl::Status AgentError(const nlohmann::json& resp) {
-  std::string code, message, reason;
-  auto err = resp.find("error");
-  if (err != resp.end() && err->is_object()) {
-    code = StringField(*err, "code");
-    message = StringField(*err, "message");
-    reason = StringField(*err, "reason");
-  }
-  return protocol::AgentErrorFromFields(code, message, reason);
-}
-}  // namespace
 
 void AgentStream::ArmDeadline(std::chrono::milliseconds deadline) {
   const uint64_t gen = ++read_gen_;
@@ -38,8 +14,7 @@ void AgentStream::ArmDeadline(std::chrono::milliseconds deadline) {
     auto st = weak.lock();
     if (ec || !st || st->gen != gen) return;
     st->timed_out = true;
-    boost::system::error_code ignored;
-    st->socket->cancel(ignored);
+    st->bytes->Cancel();
   });
   state_->gen = gen;
   state_->timed_out = false;
@@ -55,12 +30,12 @@ asio::awaitable<absl::Status> AgentStream::ReadUntilFrame(std::optional<protocol
       out = std::move(**next);
       co_return absl::OkStatus();
     }
-    // Cancelling a pending read_some loses no bytes: either the read completed (and its
-    // handler runs with the data) or it had not started transferring. A timer completion that
-    // was already queued when the read finished must not cancel a later read: the generation
+    // Cancelling a pending read loses no bytes: either the read completed (and its handler
+    // runs with the data) or it had not started transferring. A timer completion that was
+    // already queued when the read finished must not cancel a later read: the generation
     // counter tells them apart, and the weak pointer keeps it from touching a dead stream.
     ArmDeadline(deadline);
-    auto [ec, n] = co_await socket_.async_read_some(asio::buffer(buf_), kTuple);
+    auto [ec, n] = co_await bytes_->ReadSome(asio::buffer(buf_));
     state_->gen = 0;
     timer_.cancel();
     if (ec == asio::error::operation_aborted && state_->timed_out) {
@@ -77,28 +52,20 @@ asio::awaitable<absl::Status> AgentStream::ReadUntilFrame(std::optional<protocol
 }
 
 asio::awaitable<absl::StatusOr<std::unique_ptr<AgentStream>>> AgentStream::Open(
-    asio::any_io_executor ex, std::string socket_path, nlohmann::json request,
-    std::chrono::milliseconds timeout) {
-  return OpenImpl(std::move(ex), std::move(socket_path), std::move(request), timeout,
-                  /*guest_sized=*/false);
-}
-
-asio::awaitable<absl::StatusOr<std::unique_ptr<AgentStream>>> AgentStream::OpenImpl(
-    asio::any_io_executor ex, std::string socket_path, nlohmann::json request,
+    asio::any_io_executor ex, AgentTransport& transport, std::string request,
     std::chrono::milliseconds timeout, bool guest_sized) {
-  auto s = std::make_unique<AgentStream>(ex);
+  auto bytes = co_await transport.Open(ex);
+  if (!bytes.ok()) co_return bytes.status();
+  auto s = std::make_unique<AgentStream>(ex, std::move(*bytes));
   s->decoder_.LimitToAgentBounds(guest_sized);
-  auto [cec] = co_await s->socket_.async_connect(
-      asio::local::stream_protocol::endpoint(socket_path), kTuple);
-  if (cec) {
-    co_return absl::UnavailableError(
-        fmt::format("connect to agent ({}): {}", socket_path, cec.message()));
-  }
   std::string out = protocol::EncodeFrame(
       protocol::FrameType::kHello,
-      nlohmann::json{{"version", protocol::kVersion}, {"role", "host"}}.dump());
-  out += protocol::EncodeFrame(protocol::FrameType::kRequest, request.dump());
-  auto [wec, wn] = co_await asio::async_write(s->socket_, asio::buffer(out), kTuple);
+      protocol::DumpJson(protocol::Json{{"version", protocol::kVersion}, {"role", "host"}}));
+  out += protocol::EncodeFrame(protocol::FrameType::kRequest, request);
+  s->ArmDeadline(timeout);
+  auto wec = co_await s->bytes_->WriteAll(asio::buffer(out));
+  s->state_->gen = 0;
+  s->timer_.cancel();
   if (wec) co_return absl::UnavailableError(fmt::format("write to agent: {}", wec.message()));
 
   bool got_hello = false;
@@ -114,19 +81,7 @@ asio::awaitable<absl::StatusOr<std::unique_ptr<AgentStream>>> AgentStream::OpenI
       co_return ApiError(absl::StatusCode::kInternal, "bad_agent_reply",
                          "agent protocol: expected hello then response");
     }
-    if (guest_sized) {
-      // Not parsed here: RewriteGuestList reads it without building a tree.
-      s->raw_response_ = std::move(f->payload);
-      co_return s;
-    }
-    // Depth-checked: handlers forward and log parts of the response (files, processes).
-    auto resp = protocol::ParseObjectPayload(f->payload, "agent response");
-    if (!resp.ok()) {
-      co_return ApiError(absl::StatusCode::kInternal, "bad_agent_reply",
-                         fmt::format("agent protocol: {}", std::string(resp.status().message())));
-    }
-    if (!protocol::ResponseOk(*resp)) co_return AgentError(*resp);
-    s->response_ = std::move(*resp);
+    s->response_ = std::move(f->payload);
     co_return s;
   }
 }
@@ -148,7 +103,7 @@ std::optional<protocol::Frame> AgentStream::TryNext() {
 asio::awaitable<absl::Status> AgentStream::Send(std::string bytes,
                                                 std::chrono::milliseconds timeout) {
   ArmDeadline(timeout);
-  auto [ec, n] = co_await asio::async_write(socket_, asio::buffer(bytes), kTuple);
+  auto ec = co_await bytes_->WriteAll(asio::buffer(bytes));
   state_->gen = 0;
   timer_.cancel();
   if (ec == asio::error::operation_aborted && state_->timed_out) {
@@ -159,31 +114,8 @@ asio::awaitable<absl::Status> AgentStream::Send(std::string bytes,
 }
 
 void AgentStream::Close() {
-  boost::system::error_code ec;
   timer_.cancel();
-  socket_.close(ec);
-}
-
-asio::awaitable<absl::StatusOr<nlohmann::json>> AsyncCallAgent(asio::any_io_executor ex,
-                                                              std::string socket_path,
-                                                              nlohmann::json request,
-                                                              std::chrono::milliseconds timeout) {
-  auto s = co_await AgentStream::Open(ex, std::move(socket_path), std::move(request), timeout);
-  if (!s.ok()) co_return s.status();
-  nlohmann::json resp = (*s)->response();
-  (*s)->Close();
-  co_return resp;
-}
-
-asio::awaitable<absl::StatusOr<std::string>> AsyncCallAgentGuestSized(
-    asio::any_io_executor ex, std::string socket_path, nlohmann::json request,
-    std::chrono::milliseconds timeout) {
-  auto s = co_await AgentStream::OpenImpl(ex, std::move(socket_path), std::move(request),
-                                          timeout, /*guest_sized=*/true);
-  if (!s.ok()) co_return s.status();
-  std::string payload = std::move((*s)->raw_response_);
-  (*s)->Close();
-  co_return payload;
+  bytes_->Close();
 }
 
 }  // namespace sbx::service

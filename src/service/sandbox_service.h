@@ -20,11 +20,11 @@
 #include "absl/status/statusor.h"
 #include "common/metrics.h"
 #include "ops/operation_engine.h"
-#include "protocol/protocol.h"
 #include "runtime/backend.h"
 #include "common/ticker.h"
 #include "service/activity.h"
 #include "service/admission.h"
+#include "service/agent_client.h"
 #include "service/attach_token.h"
 #include "service/inputs.h"
 #include "service/job_waiters.h"
@@ -151,21 +151,24 @@ class SandboxService {
                                                const CreateSessionRequest& req,
                                                const std::optional<std::string>& idem_key);
   absl::StatusOr<store::SessionRecord> GetSession(const Caller& caller, const std::string& id);
-  // The agent socket of a sandbox the caller can see, for sandbox-wide agent calls (the
-  // process list); 409 sandbox_not_running when it is not running or frozen.
-  absl::StatusOr<std::string> SandboxAgentSocket(const Caller& caller,
-                                                 const std::string& sandbox_id);
+  // The agent of a sandbox the caller can see, for sandbox-wide agent calls (the process
+  // list); 409 sandbox_not_running when it is not running or frozen.
+  absl::StatusOr<AgentClient> SandboxAgent(const Caller& caller, const std::string& sandbox_id);
 
-  // What an attach needs: the session, and the agent socket of its running sandbox.
+  // What an attach (and any session call) needs: the session, its spec, and the agent of its
+  // running sandbox.
   struct AttachTarget {
     store::SessionRecord session;
-    std::string agent_socket;
+    AgentClient agent;
+    SessionSpec spec;
   };
   absl::StatusOr<AttachTarget> PrepareAttach(const Caller& caller, const std::string& session_id);
   // The agent's socket of a running sandbox; nullopt when the sandbox is not running, and
   // while it is frozen (paused, suspended, or a pause in progress): a frozen agent would leave
   // a caller waiting for its timeout.
   std::optional<std::string> AgentSocketFor(const std::string& sandbox_id) const;
+  // The client of that agent (same conditions).
+  std::optional<AgentClient> AgentFor(const std::string& sandbox_id) const;
   // When the sandbox's agent has died (a kernel bug, a host OOM: nothing the guest does can
   // end it, src/agent/identity.h): marks the sandbox failed (code agent_lost, with how it
   // ended) and its unfinished sessions exited with error sandbox_failed, once, and returns
@@ -175,9 +178,10 @@ class SandboxService {
   // Whether this process holds a runtime instance of the sandbox (it is not being deleted).
   bool HasInstance(const std::string& sandbox_id) const;
   // Record what the data plane observed.
-  void RecordSessionStarted(const std::string& session_id, const nlohmann::json& attach_response);
-  void RecordSessionExit(const std::string& session_id, const protocol::ExitEvent& ev);
-  void RecordSessionStatus(const std::string& session_id, const nlohmann::json& status);
+  // `started`: the attach started the session's process (AttachStream::started()).
+  void RecordSessionStarted(const std::string& session_id, bool started);
+  void RecordSessionExit(const std::string& session_id, const SessionExit& ev);
+  void RecordSessionStatus(const std::string& session_id, const SessionStatus& status);
 
   const AttachTokens& attach_tokens() const { return tokens_; }
   // Readers waiting for a sandbox's operations to move (keyed by sandbox id).
@@ -191,8 +195,8 @@ class SandboxService {
   void RunLifecycle(const std::string& op_id, const std::string& sandbox_id,
                     const std::string& kind, TimePoint requested);
   absl::StatusOr<runtime::Backend*> BackendFor(const std::string& name) const;
-  // The agent spec fields of tty, stdin and timeout_s sessions (protocol.h).
-  static void AddInteractiveSpec(const CreateSessionRequest& req, nlohmann::json& spec);
+  // The spec fields of tty, stdin and timeout_s sessions (protocol/messages.h).
+  static void AddInteractiveSpec(const CreateSessionRequest& req, SessionSpec& spec);
   // Destroys whatever the runtime still holds for a sandbox (instance in memory, or adopted).
   absl::Status DestroyRuntime(const store::SandboxRecord& sb);
   // Asks the sandbox's agent about each session the store has as running and records what it

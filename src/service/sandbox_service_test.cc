@@ -748,7 +748,7 @@ TEST_F(SandboxServiceTest, WarmPoolMetricsAndWarmCreates) {
 TEST_F(SandboxServiceTest, SessionMetricsFollowTheDataPlane) {
   const std::string id = CreateRunning();
   auto started = [&](const std::string& sid) {
-    svc_->RecordSessionStarted(sid, json{{"ok", true}, {"started", true}});
+    svc_->RecordSessionStarted(sid, true);
   };
   auto session = [&]() -> std::string {
     CreateSessionRequest req;
@@ -777,9 +777,15 @@ TEST_F(SandboxServiceTest, SessionMetricsFollowTheDataPlane) {
   EXPECT_EQ(Metric("sbx_sessions_active"), "1");
 
   // The status path (no client attached at exit) ends b, and starts and ends c at once.
-  svc_->RecordSessionStatus(b, json{{"state", "exited"}, {"exit_code", 0}, {"oom_killed", false}});
-  svc_->RecordSessionStatus(c,
-                            json{{"state", "exited"}, {"signal", "SIGKILL"}, {"oom_killed", true}});
+  SessionStatus b_exit;
+  b_exit.state = "exited";
+  b_exit.exit_code = 0;
+  svc_->RecordSessionStatus(b, b_exit);
+  SessionStatus c_exit;
+  c_exit.state = "exited";
+  c_exit.signal = "SIGKILL";
+  c_exit.oom_killed = true;
+  svc_->RecordSessionStatus(c, c_exit);
   EXPECT_EQ(Metric("sbx_sessions_started_total"), "3");
   EXPECT_EQ(Metric("sbx_sessions_active"), "0");
   EXPECT_EQ(Metric("sbx_oom_kills_total"), "2");
@@ -811,9 +817,17 @@ TEST_F(SandboxServiceTest, AgentAnswersOfTheWrongTypeAreIgnored) {
   auto r = svc_->CreateSession(caller_, id, req, std::nullopt);
   ASSERT_TRUE(r.ok()) << r.status();
   const std::string sid = json::parse(r->body)["session_id"].get<std::string>();
-  EXPECT_NO_THROW(svc_->RecordSessionStarted(sid, json{{"ok", true}, {"started", "yes"}}));
-  EXPECT_NO_THROW(svc_->RecordSessionStatus(sid, json{{"ok", true}, {"state", 5}}));
-  EXPECT_NO_THROW(svc_->RecordSessionStatus(sid, json::array({1, 2})));
+  // The answers are decoded (protocol/messages.h) before anything is recorded: a wrong type is
+  // refused there, without a throw, and nothing reaches the store.
+  std::optional<absl::StatusOr<protocol::AttachReply>> started;
+  EXPECT_NO_THROW(started = protocol::ReplyFromJson<protocol::AttachReply>(
+                      json{{"ok", true}, {"started", "yes"}}, "attach reply"));
+  EXPECT_FALSE(started->ok());
+  for (const json& answer : {json{{"ok", true}, {"state", 5}}, json::array({1, 2})}) {
+    std::optional<absl::StatusOr<SessionStatus>> status;
+    EXPECT_NO_THROW(status = protocol::ReplyFromJson<SessionStatus>(answer, "status reply"));
+    EXPECT_FALSE(status->ok()) << answer;
+  }
   EXPECT_EQ(Metric("sbx_sessions_started_total"), "0");
   auto del = svc_->DeleteSandbox(caller_, id, std::nullopt);
   ASSERT_TRUE(del.ok()) << del.status();
@@ -891,10 +905,13 @@ TEST_F(SandboxServiceTest, InteractiveSessionSpecAndTimedOutExitSurviveARestart)
       << ps->spec;
 
   // The agent reported the timeout while no client was attached (GET /v1/sessions path).
-  svc_->RecordSessionStarted(sid, json{{"ok", true}, {"started", true}});
-  svc_->RecordSessionStatus(sid, json{{"state", "exited"}, {"signal", "SIGTERM"},
-                                      {"timed_out", true}, {"oom_killed", false},
-                                      {"exited_at", "2026-01-02T03:04:05.000Z"}});
+  svc_->RecordSessionStarted(sid, true);
+  SessionStatus timed_out;
+  timed_out.state = "exited";
+  timed_out.signal = "SIGTERM";
+  timed_out.timed_out = true;
+  timed_out.exited_at = "2026-01-02T03:04:05.000Z";
+  svc_->RecordSessionStatus(sid, timed_out);
   Stop();
   Start();
   auto after = svc_->GetSession(caller_, sid);
@@ -1182,7 +1199,7 @@ TEST_F(SandboxServiceTest, DeadAgentFailsTheSandboxAndItsSessions) {
     return r.ok() ? json::parse(r->body)["session_id"].get<std::string>() : "";
   };
   const std::string running = session(), created = session();
-  svc_->RecordSessionStarted(running, json{{"ok", true}, {"started", true}});
+  svc_->RecordSessionStarted(running, true);
   EXPECT_EQ(Metric("sbx_sessions_active"), "1");
   const auto wall = std::chrono::system_clock::now();
   const auto mono = ActivityTracker::Clock::now();

@@ -44,18 +44,24 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSession(
     s.tenant_id = caller.tenant_id;
     s.sandbox_id = sb.id;
     s.state = "created";
-    // The sandbox's env under the session's: a sandbox from the warm pool was started before
-    // its env was known, so the agent's own environment cannot carry it.
-    json env = sb.env.is_object() ? sb.env : json::object();
-    for (const auto& [k, v] : req.env) env[k] = v;
     // The template's workdir and user are the defaults, as for the files API (the agent's
     // --workdir); a template removed since the sandbox was made leaves "/" and root.
     auto tmpl = templates_.Resolve(sb.template_ref);
-    s.spec = {{"argv", req.argv},
-              {"cwd", req.cwd.value_or(tmpl.ok() ? tmpl->workdir : "/")},
-              {"env", env},
-              {"user", req.user.value_or(tmpl.ok() ? tmpl->default_user : "root")}};
-    AddInteractiveSpec(req, s.spec);
+    SessionSpec spec;
+    spec.argv = req.argv;
+    spec.cwd = req.cwd.value_or(tmpl.ok() ? tmpl->workdir : "/");
+    spec.user = req.user.value_or(tmpl.ok() ? tmpl->default_user : "root");
+    // The sandbox's env under the session's: a sandbox from the warm pool was started before
+    // its env was known, so the agent's own environment cannot carry it.
+    if (sb.env.is_object()) {
+      for (const auto& [k, v] : sb.env.items()) {
+        if (v.is_string()) spec.env[k] = v.get<std::string>();
+      }
+    }
+    for (const auto& [k, v] : req.env) spec.env[k] = v;
+    AddInteractiveSpec(req, spec);
+    // Stored as the agent reads it (protocol/messages.h): PrepareAttach decodes it back.
+    s.spec = spec.ToJson();
     s.created_at = now;
     SBX_RETURN_IF_ERROR(tx.PutSession(s));
     auto minted = tokens_.Mint(s.id, caller.tenant_id);
@@ -73,18 +79,19 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSession(
   return out;
 }
 
-void SandboxService::AddInteractiveSpec(const CreateSessionRequest& req, json& spec) {
+void SandboxService::AddInteractiveSpec(const CreateSessionRequest& req, SessionSpec& spec) {
   // Only what was asked for: the spec of a plain session stays what it always was.
   if (req.tty) {
-    spec["tty"] = json{{"rows", req.tty_rows.value_or(24)}, {"cols", req.tty_cols.value_or(80)}};
+    spec.tty = TtySize{static_cast<uint16_t>(req.tty_rows.value_or(24)),
+                       static_cast<uint16_t>(req.tty_cols.value_or(80))};
   }
-  if (req.stdin_open || req.tty) spec["stdin"] = true;
-  if (req.timeout_s) spec["timeout_s"] = *req.timeout_s;
-  if (req.kill_grace_s) spec["kill_grace_s"] = *req.kill_grace_s;
+  spec.stdin_pipe = req.stdin_open || req.tty;
+  if (req.timeout_s) spec.timeout_s = static_cast<uint64_t>(*req.timeout_s);
+  if (req.kill_grace_s) spec.kill_grace_s = static_cast<uint64_t>(*req.kill_grace_s);
 }
 
-absl::StatusOr<std::string> SandboxService::SandboxAgentSocket(const Caller& caller,
-                                                               const std::string& sandbox_id) {
+absl::StatusOr<AgentClient> SandboxService::SandboxAgent(const Caller& caller,
+                                                         const std::string& sandbox_id) {
   SBX_ASSIGN_OR_RETURN(SandboxRecord sb, GetSandbox(caller, sandbox_id));
   auto sock = AgentSocketFor(sb.id);
   if (!sock) {
@@ -92,7 +99,7 @@ absl::StatusOr<std::string> SandboxService::SandboxAgentSocket(const Caller& cal
     return ApiError(absl::StatusCode::kFailedPrecondition, "sandbox_not_running",
                     fmt::format("sandbox {} is {}, not running", sb.id, state));
   }
-  return *sock;
+  return AgentClient::ForSocket(*sock);
 }
 
 absl::StatusOr<SessionRecord> SandboxService::GetSession(const Caller& caller,
@@ -131,7 +138,16 @@ absl::StatusOr<SandboxService::AttachTarget> SandboxService::PrepareAttach(
                     fmt::format("sandbox {} is {}, not running{}", s.sandbox_id, state,
                                 sb.error.is_object() ? fmt::format(": {}", sb.error.value("message", "")) : ""));
   }
-  return AttachTarget{std::move(s), *sock};
+  // The spec as CreateSession wrote it; one that no longer decodes is a store edited by hand,
+  // which the agent would refuse the same way.
+  SBX_ASSIGN_OR_RETURN(SessionSpec spec, SessionSpec::FromJson(s.spec));
+  return AttachTarget{std::move(s), AgentClient::ForSocket(*sock), std::move(spec)};
+}
+
+std::optional<AgentClient> SandboxService::AgentFor(const std::string& sandbox_id) const {
+  auto sock = AgentSocketFor(sandbox_id);
+  if (!sock) return std::nullopt;
+  return AgentClient::ForSocket(*sock);
 }
 
 std::optional<std::string> SandboxService::AgentSocketFor(const std::string& sandbox_id) const {
@@ -220,9 +236,8 @@ void SandboxService::CheckAgentsAlive() {
   for (const std::string& id : dead) (void)CheckAgentLost(id);
 }
 
-void SandboxService::RecordSessionStarted(const std::string& session_id,
-                                          const json& attach_response) {
-  if (!protocol::BoolField(attach_response, "started")) return;
+void SandboxService::RecordSessionStarted(const std::string& session_id, bool started_now) {
+  if (!started_now) return;
   bool started = false;
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
     started = false;
@@ -237,8 +252,7 @@ void SandboxService::RecordSessionStarted(const std::string& session_id,
   if (!st.ok()) spdlog::warn("session {}: {}", session_id, std::string(st.message()));
 }
 
-void SandboxService::RecordSessionExit(const std::string& session_id,
-                                       const protocol::ExitEvent& ev) {
+void SandboxService::RecordSessionExit(const std::string& session_id, const SessionExit& ev) {
   std::string was;  // the state this call moved the session from to exited
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
     was.clear();
@@ -262,8 +276,9 @@ void SandboxService::RecordSessionExit(const std::string& session_id,
   if (!st.ok()) spdlog::warn("session {}: {}", session_id, std::string(st.message()));
 }
 
-void SandboxService::RecordSessionStatus(const std::string& session_id, const json& status) {
-  const std::string state = protocol::StringField(status, "state");
+void SandboxService::RecordSessionStatus(const std::string& session_id,
+                                         const SessionStatus& status) {
+  const std::string& state = status.state;
   if (state != "running" && state != "exited") return;
   std::string was;  // the state this call moved the session from
   bool oom_killed = false;
@@ -273,25 +288,13 @@ void SandboxService::RecordSessionStatus(const std::string& session_id, const js
     if (s.state == "exited" || s.state == state) return absl::OkStatus();
     was = s.state;
     s.state = state;
-    if (status.contains("started_at") && status["started_at"].is_string()) {
-      s.started_at = status["started_at"].get<std::string>();
-    }
+    if (status.started_at) s.started_at = *status.started_at;
     if (state == "exited") {
-      if (status.contains("exit_code") && status["exit_code"].is_number_integer()) {
-        s.exit_code = status["exit_code"].get<int>();
-      }
-      if (status.contains("signal") && status["signal"].is_string()) {
-        s.signal = status["signal"].get<std::string>();
-      }
-      if (status.contains("oom_killed") && status["oom_killed"].is_boolean()) {
-        s.oom_killed = status["oom_killed"].get<bool>();
-      }
-      if (status.contains("timed_out") && status["timed_out"].is_boolean()) {
-        s.timed_out = status["timed_out"].get<bool>();
-      }
-      s.exited_at = status.contains("exited_at") && status["exited_at"].is_string()
-                        ? status["exited_at"].get<std::string>()
-                        : NowRfc3339();
+      if (status.exit_code) s.exit_code = *status.exit_code;
+      if (status.signal) s.signal = *status.signal;
+      s.oom_killed = status.oom_killed;
+      s.timed_out = status.timed_out;
+      s.exited_at = status.exited_at.value_or(NowRfc3339());
     }
     oom_killed = s.oom_killed;
     return tx.PutSession(s);

@@ -21,7 +21,7 @@
 
 #include "common/log.h"
 #include "common/time_util.h"
-#include "service/agent_stream.h"
+#include "service/agent_client.h"
 #include "service/sandbox_service.h"
 #include "service/sandbox_state.h"
 
@@ -37,24 +37,6 @@ void SandboxService::StartTimers() {
   });
 }
 
-namespace {
-
-// One status call to the agent from this (non-Asio) thread.
-absl::StatusOr<nlohmann::json> CallAgentSync(const std::string& socket, nlohmann::json request) {
-  asio::io_context ioc;
-  absl::StatusOr<nlohmann::json> out = absl::UnknownError("agent call did not run");
-  asio::co_spawn(
-      ioc,
-      [&]() -> asio::awaitable<void> {
-        out = co_await AsyncCallAgent(ioc.get_executor(), socket, std::move(request),
-                                      std::chrono::milliseconds(2000));
-      },
-      asio::detached);
-  ioc.run();
-  return out;
-}
-
-}  // namespace
 
 std::optional<bool> SandboxService::RefreshRunningSessions(const std::string& sandbox_id) {
   std::vector<std::string> running;
@@ -73,10 +55,10 @@ std::optional<bool> SandboxService::RefreshRunningSessions(const std::string& sa
   if (!sock) return std::nullopt;
   bool any = false;
   for (const std::string& id : running) {
-    auto status = CallAgentSync(*sock, {{"op", "status"}, {"session_id", id}});
+    auto status = AgentClient::ForSocket(*sock).StatusBlocking(id);
     if (!status.ok()) return std::nullopt;  // busy or gone: the next round asks again
     RecordSessionStatus(id, *status);
-    if (protocol::StringField(*status, "state") != "exited") any = true;
+    if (status->state != "exited") any = true;
   }
   return any;
 }

@@ -11,7 +11,7 @@
 
 #include "deep_json_seeds.h"
 #include "protocol/protocol.h"
-#include "service/agent_stream.h"
+#include "protocol/messages.h"
 
 namespace {
 void Check(bool cond) {
@@ -56,7 +56,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (auto err = j->find("error"); err != j->end()) {
     (void)sbx::protocol::StringField(*err, "code");
   }
-  const absl::Status s = sbx::service::AgentErrorStatus(*j);
+  const absl::Status s = sbx::protocol::ErrorReply::FromJson(*j).ToStatus();
   Check(!s.ok());
   return 0;
 }
