@@ -9,10 +9,6 @@
 
 namespace sbx::service::internal {
 
-using nlohmann::json;
-using store::OperationRecord;
-using store::Tx;
-
 absl::Status BadId(std::string_view kind, const std::string& id) {
   std::string shown = id.size() > 64 ? id.substr(0, 64) + "..." : id;
   return ApiError(absl::StatusCode::kInvalidArgument, "invalid_argument",
@@ -123,6 +119,16 @@ void Finish(OperationRecord& op, bool ok, json error, const std::string& now) {
   op.error = std::move(error);
   op.updated_at = now;
   op.completed_at = now;
+}
+
+std::string_view ResultOf(const OperationRecord& op) {
+  if (op.state == "succeeded") return "succeeded";
+  const bool cancelled = op.error.is_object() && op.error.value("code", "") == "cancelled";
+  return cancelled ? "cancelled" : "failed";
+}
+
+std::string StoreError(const absl::Status& s) {
+  return s.ok() ? std::string() : fmt::format("store: {}", std::string(s.message()));
 }
 
 }  // namespace sbx::service::internal

@@ -12,10 +12,6 @@
 
 namespace sbx::service {
 
-using nlohmann::json;
-using store::SandboxRecord;
-using store::SessionRecord;
-using store::Tx;
 using namespace internal;  // this folder's helpers (service_internal.h)
 
 // ---------------------------------------------------------------------------------------------

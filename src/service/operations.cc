@@ -1,0 +1,107 @@
+// The skeleton every operation shares: its request (Mutate: an idempotent transaction that
+// records it, then its job submitted) and its job's first and last steps (BeginJob, FinishJob).
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "common/log.h"
+#include "common/status_util.h"
+#include "common/time_util.h"
+#include "service/sandbox_service.h"
+#include "service/service_internal.h"
+
+namespace sbx::service {
+
+using namespace internal;  // this folder's helpers (service_internal.h)
+
+absl::StatusOr<StoredResponse> SandboxService::Mutate(
+    const Caller& caller, const std::optional<std::string>& key, const IdemScope& scope,
+    const std::string& body_hash, const std::function<absl::StatusOr<Accepted>(Tx&)>& fn) {
+  StoredResponse out;
+  std::optional<Accepted> accepted;
+  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+    accepted.reset();
+    SBX_ASSIGN_OR_RETURN(auto replay, CheckIdempotency(tx, caller, key, scope, body_hash));
+    if (replay) {
+      out = *replay;
+      return absl::OkStatus();
+    }
+    SBX_ASSIGN_OR_RETURN(accepted, fn(tx));
+    out = accepted->reply;
+    return SaveIdempotency(tx, caller, key, scope, body_hash, out);
+  }));
+  if (accepted && !accepted->op_id.empty()) {
+    log::Context lctx = OperationLog(accepted->op_id, accepted->sandbox_id, caller.tenant_id);
+    {
+      log::Scope scope(lctx);
+      LogStateChange(accepted->sandbox_id, accepted->from, accepted->to, accepted->why);
+    }
+    if (accepted->job) {
+      engine_.Submit(accepted->sandbox_id, std::move(accepted->job), std::move(lctx));
+    }
+  }
+  return out;
+}
+
+std::optional<SandboxRecord> SandboxService::BeginJob(const Job& job,
+                                                      const CancelCheck& cancelled) {
+  SandboxRecord sb;
+  bool proceed = false;
+  std::optional<std::string> why;  // the operation was cancelled
+  std::optional<OperationRecord> finished;
+  absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    proceed = false;
+    why.reset();
+    finished.reset();
+    SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(job.op_id));
+    SBX_ASSIGN_OR_RETURN(sb, tx.GetSandbox(job.sandbox_id));
+    const std::string now = NowRfc3339();
+    if (cancelled) {
+      if (op.state != "pending") return absl::OkStatus();
+      why = cancelled(op, sb);
+      if (why) {
+        Finish(op, false, {{"code", "cancelled"}, {"message", *why}}, now);
+        finished = op;
+        return tx.PutOperation(op);
+      }
+    }
+    op.state = "running";
+    op.updated_at = now;
+    proceed = true;
+    return tx.PutOperation(op);
+  });
+  if (!st.ok()) {
+    spdlog::error("{} {}: store: {}", job.kind, job.sandbox_id, std::string(st.message()));
+    return std::nullopt;
+  }
+  if (finished) {
+    metrics_->OperationFinished(*finished, job.requested);
+    LogOperationFinished(job.kind, "cancelled", job.started, -1, *why);
+  }
+  if (!proceed) return std::nullopt;
+  LogOperationStarted(job.kind);
+  return sb;
+}
+
+absl::StatusOr<OperationRecord> SandboxService::FinishJob(const Job& job,
+                                                          const FinishStep& apply) {
+  std::string from, to;
+  OperationRecord finished;
+  absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(finished, tx.GetOperation(job.op_id));
+    SBX_ASSIGN_OR_RETURN(SandboxRecord cur, tx.GetSandbox(job.sandbox_id));
+    from = cur.state;
+    SBX_ASSIGN_OR_RETURN(bool changed, apply(tx, finished, cur, NowRfc3339()));
+    to = cur.state;
+    SBX_RETURN_IF_ERROR(tx.PutOperation(finished));
+    return changed ? tx.PutSandbox(cur) : absl::OkStatus();
+  });
+  if (!st.ok()) {
+    spdlog::error("{} {}: store: {}", job.kind, job.sandbox_id, std::string(st.message()));
+    return st;
+  }
+  metrics_->OperationFinished(finished, job.requested);
+  LogStateChange(job.sandbox_id, from, to);
+  return finished;
+}
+
+}  // namespace sbx::service
