@@ -11,7 +11,6 @@
 #include "service/sandbox_service.h"
 #include "service/sandbox_state.h"
 #include "service/service_internal.h"
-#include "service/views.h"
 
 namespace sbx::service {
 
@@ -77,10 +76,8 @@ SandboxRecord SandboxService::NewSandbox(const Caller& caller, const CreateSandb
   return sb;
 }
 
-absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
-    const Caller& caller, const CreateSandboxRequest& req,
-    const std::optional<std::string>& idem_key) {
-  static const IdemScope kScope{"POST", "/v1/sandboxes"};
+absl::StatusOr<Answer<SandboxCreated>> SandboxService::CreateSandbox(
+    const Caller& caller, const CreateSandboxRequest& req, const std::optional<Idempotency>& idem) {
   const TimePoint requested = ServiceMetrics::Clock::now();
   // Taken before the transaction, which may run more than once (busy retries); it goes back to
   // the pool unless the transaction records it.
@@ -95,8 +92,8 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
     if (admitted) ReleaseCapacity(*admitted);
     admitted.reset();
   };
-  auto reply = Mutate(caller, idem_key, kScope, Sha256Hex(req.canonical.dump()),
-                      [&](Tx& tx) -> absl::StatusOr<Accepted> {
+  auto answer = Mutate<SandboxCreated>(caller, idem, Sha256Hex(req.canonical.dump()),
+                                        [&](Tx& tx) -> absl::StatusOr<Accepted<SandboxCreated>> {
     finished.reset();
     unadmit();  // an earlier attempt of this transaction (busy retry) held it under another id
     SBX_ASSIGN_OR_RETURN(runtime::TemplateSpec tmpl, templates_.Resolve(req.template_ref));
@@ -117,7 +114,7 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
     if (req.disk_mib) sb.resources["disk_mib"] = *req.disk_mib;
     sb.effective_resources = EffectiveResources(req, defaults, opts_.output_buffer_bytes);
     OperationRecord op = NewOperation(caller.tenant_id, "create", sb.id, sb.created_at);
-    Accepted out;
+    Accepted<SandboxCreated> out;
     if (warm) {
       // Already running: the create is done in this transaction.
       sb.state = std::string(kRunning);
@@ -136,11 +133,10 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
     out.op_id = op.id;
     out.sandbox_id = sb.id;
     out.to = sb.state;
-    out.reply = StoredResponse{
-        202, json{{"sandbox", SandboxView(sb)}, {"operation", OperationView(op)}}.dump()};
+    out.result = SandboxCreated{std::move(sb), std::move(op)};
     return out;
   });
-  const bool created = reply.ok() && !reply->replayed;
+  const bool created = answer.ok() && answer->result;
   if (!created) unadmit();  // refused, failed, or a replay
   if (warm) {
     if (created && finished) {
@@ -152,7 +148,7 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
       pool_->Return(std::move(*warm));
     }
   }
-  return reply;
+  return answer;
 }
 
 absl::StatusOr<runtime::InstancePtr> SandboxService::BuildInstance(const SandboxRecord& sb) {

@@ -10,42 +10,39 @@
 #include "service/sandbox_service.h"
 #include "service/sandbox_state.h"
 #include "service/service_internal.h"
-#include "service/views.h"
 
 namespace sbx::service {
 
 using namespace internal;  // this folder's helpers (service_internal.h)
 
-absl::StatusOr<StoredResponse> SandboxService::DeleteSandbox(
-    const Caller& caller, const std::string& id, const std::optional<std::string>& idem_key) {
-  return RequestOperation(caller, id, Verb::kDelete, idem_key);
+absl::StatusOr<Answer<OperationStarted>> SandboxService::DeleteSandbox(
+    const Caller& caller, const std::string& id, const std::optional<Idempotency>& idem) {
+  return RequestOperation(caller, id, Verb::kDelete, idem);
 }
 
-absl::StatusOr<StoredResponse> SandboxService::RequestLifecycle(
+absl::StatusOr<Answer<OperationStarted>> SandboxService::RequestLifecycle(
     const Caller& caller, const std::string& id, const std::string& kind,
-    const std::optional<std::string>& idem_key) {
+    const std::optional<Idempotency>& idem) {
   const std::optional<Verb> verb = VerbNamed(kind);
   if (!verb || *verb == Verb::kDelete) {
     return absl::InternalError(fmt::format("lifecycle: unknown operation kind '{}'", kind));
   }
-  return RequestOperation(caller, id, *verb, idem_key);
+  return RequestOperation(caller, id, *verb, idem);
 }
 
-absl::StatusOr<StoredResponse> SandboxService::RequestOperation(
+absl::StatusOr<Answer<OperationStarted>> SandboxService::RequestOperation(
     const Caller& caller, const std::string& id, Verb verb,
-    const std::optional<std::string>& idem_key) {
+    const std::optional<Idempotency>& idem) {
   const std::string kind(RulesOf(verb).name);
-  // These calls take no body: every repeat of one is the same request.
-  const IdemScope scope = verb == Verb::kDelete
-                              ? IdemScope{"DELETE", "/v1/sandboxes/" + id}
-                              : IdemScope{"POST", fmt::format("/v1/sandboxes/{}/{}", id, kind)};
   const TimePoint requested = ServiceMetrics::Clock::now();
-  return Mutate(caller, idem_key, scope, Sha256Hex(""), [&](Tx& tx) -> absl::StatusOr<Accepted> {
+  // These calls take no body: every repeat of one is the same request.
+  return Mutate<OperationStarted>(caller, idem, Sha256Hex(""),
+                                  [&](Tx& tx) -> absl::StatusOr<Accepted<OperationStarted>> {
     SBX_ASSIGN_OR_RETURN(SandboxRecord sb, VisibleSandbox(tx, caller, id));
-    Accepted out;
+    Accepted<OperationStarted> out;
     out.from = sb.state;
     SBX_ASSIGN_OR_RETURN(StartedOperation started, StartOperation(tx, caller, sb, verb));
-    out.reply = StoredResponse{202, json{{"operation", OperationView(started.op)}}.dump()};
+    out.result = OperationStarted{started.op};
     if (!started.is_new) return out;
     out.op_id = started.op.id;
     out.sandbox_id = id;

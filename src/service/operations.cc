@@ -13,23 +13,21 @@ namespace sbx::service {
 
 using namespace internal;  // this folder's helpers (service_internal.h)
 
-absl::StatusOr<StoredResponse> SandboxService::Mutate(
-    const Caller& caller, const std::optional<std::string>& key, const IdemScope& scope,
-    const std::string& body_hash, const std::function<absl::StatusOr<Accepted>(Tx&)>& fn) {
-  StoredResponse out;
-  std::optional<Accepted> accepted;
+template <typename T>
+absl::StatusOr<Answer<T>> SandboxService::Mutate(
+    const Caller& caller, const std::optional<Idempotency>& idem, const std::string& body_hash,
+    const std::function<absl::StatusOr<Accepted<T>>(Tx&)>& fn) {
+  Answer<T> out;
+  std::optional<Accepted<T>> accepted;
   SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
     accepted.reset();
-    SBX_ASSIGN_OR_RETURN(auto replay, CheckIdempotency(tx, caller, key, scope, body_hash));
-    if (replay) {
-      out = *replay;
-      return absl::OkStatus();
-    }
+    SBX_ASSIGN_OR_RETURN(out.replay, CheckIdempotency(tx, caller, idem, body_hash));
+    if (out.replay) return absl::OkStatus();
     SBX_ASSIGN_OR_RETURN(accepted, fn(tx));
-    out = accepted->reply;
-    return SaveIdempotency(tx, caller, key, scope, body_hash, out);
+    return SaveIdempotency(tx, caller, idem, body_hash, Result(accepted->result));
   }));
-  if (accepted && !accepted->op_id.empty()) {
+  if (!accepted) return out;  // a replay
+  if (!accepted->op_id.empty()) {
     log::Context lctx = OperationLog(accepted->op_id, accepted->sandbox_id, caller.tenant_id);
     {
       log::Scope scope(lctx);
@@ -39,8 +37,19 @@ absl::StatusOr<StoredResponse> SandboxService::Mutate(
       engine_.Submit(accepted->sandbox_id, std::move(accepted->job), std::move(lctx));
     }
   }
+  out.result = std::move(accepted->result);
   return out;
 }
+
+template absl::StatusOr<Answer<SandboxCreated>> SandboxService::Mutate(
+    const Caller&, const std::optional<Idempotency>&, const std::string&,
+    const std::function<absl::StatusOr<Accepted<SandboxCreated>>(Tx&)>&);
+template absl::StatusOr<Answer<OperationStarted>> SandboxService::Mutate(
+    const Caller&, const std::optional<Idempotency>&, const std::string&,
+    const std::function<absl::StatusOr<Accepted<OperationStarted>>(Tx&)>&);
+template absl::StatusOr<Answer<SessionCreated>> SandboxService::Mutate(
+    const Caller&, const std::optional<Idempotency>&, const std::string&,
+    const std::function<absl::StatusOr<Accepted<SessionCreated>>(Tx&)>&);
 
 std::optional<SandboxRecord> SandboxService::BeginJob(const Job& job,
                                                       const CancelCheck& cancelled) {

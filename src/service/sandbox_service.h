@@ -30,6 +30,7 @@
 #include "service/inputs.h"
 #include "service/job_waiters.h"
 #include "service/reply_gate.h"
+#include "service/results.h"
 #include "service/sandbox_state.h"
 #include "service/service_metrics.h"
 #include "service/warm_pool.h"
@@ -88,20 +89,6 @@ struct LiveOptions {
   AdmissionSettings admission;
 };
 
-// A response the API returns verbatim: the first response of an idempotent call is stored and
-// replayed byte for byte.
-struct StoredResponse {
-  int status = 200;
-  std::string body;
-  bool replayed = false;
-};
-
-// Idempotency scope is (tenant, method, route template, key); the body hash decides between a
-// replay and a conflict.
-struct IdemScope {
-  std::string method;
-  std::string route;
-};
 
 class SandboxService {
  public:
@@ -139,29 +126,33 @@ class SandboxService {
   runtime::Resources defaults() const;
   TimerSettings timer_settings() const;
 
-  absl::StatusOr<StoredResponse> CreateSandbox(const Caller& caller,
-                                               const CreateSandboxRequest& req,
-                                               const std::optional<std::string>& idem_key);
+  // The state-changing calls answer typed results (results.h); `idem`: the request's
+  // Idempotency-Key, if any.
+  absl::StatusOr<Answer<SandboxCreated>> CreateSandbox(const Caller& caller,
+                                                       const CreateSandboxRequest& req,
+                                                       const std::optional<Idempotency>& idem);
   absl::StatusOr<store::SandboxRecord> GetSandbox(const Caller& caller, const std::string& id);
   absl::StatusOr<store::Page<store::SandboxRecord>> ListSandboxes(
       const Caller& caller, store::SandboxFilter filter);
-  absl::StatusOr<StoredResponse> DeleteSandbox(const Caller& caller, const std::string& id,
-                                               const std::optional<std::string>& idem_key);
+  absl::StatusOr<Answer<OperationStarted>> DeleteSandbox(const Caller& caller,
+                                                         const std::string& id,
+                                                         const std::optional<Idempotency>& idem);
   absl::StatusOr<store::OperationRecord> GetOperation(const Caller& caller, const std::string& id);
-  // POST /v1/sandboxes/{id}/{pause|suspend|wake}: `kind` is "pause", "suspend" or "wake". The
-  // runtime must have Capabilities::pause (501 otherwise, before any change). pause/suspend need
-  // a running sandbox, wake a paused or suspended one (409 invalid_state); another lifecycle
-  // operation in flight is 409 operation_in_progress, the same kind returns it.
-  absl::StatusOr<StoredResponse> RequestLifecycle(const Caller& caller, const std::string& id,
-                                                  const std::string& kind,
-                                                  const std::optional<std::string>& idem_key);
+  // `kind` is "pause", "suspend" or "wake". The runtime must have Capabilities::pause
+  // (not_implemented otherwise, before any change). pause/suspend need a running sandbox, wake
+  // a paused or suspended one (invalid_state); another lifecycle operation in flight is
+  // operation_in_progress, the same kind returns it (sandbox_state.h has the rules).
+  absl::StatusOr<Answer<OperationStarted>> RequestLifecycle(
+      const Caller& caller, const std::string& id, const std::string& kind,
+      const std::optional<Idempotency>& idem);
 
-  absl::StatusOr<StoredResponse> CreateSession(const Caller& caller, const std::string& sandbox_id,
-                                               const CreateSessionRequest& req,
-                                               const std::optional<std::string>& idem_key);
+  absl::StatusOr<Answer<SessionCreated>> CreateSession(const Caller& caller,
+                                                       const std::string& sandbox_id,
+                                                       const CreateSessionRequest& req,
+                                                       const std::optional<Idempotency>& idem);
   absl::StatusOr<store::SessionRecord> GetSession(const Caller& caller, const std::string& id);
   // The agent socket of a sandbox the caller can see, for sandbox-wide agent calls (the
-  // process list); 409 sandbox_not_running when it is not running or frozen.
+  // process list); sandbox_not_running when it is not running or frozen.
   absl::StatusOr<std::string> SandboxAgentSocket(const Caller& caller,
                                                  const std::string& sandbox_id);
 
@@ -197,8 +188,9 @@ class SandboxService {
   using TimePoint = ServiceMetrics::Clock::time_point;
 
   // What a state-changing call did in its transaction (operations.cc), for after the commit.
+  template <typename T>
   struct Accepted {
-    StoredResponse reply;
+    T result;
     // The operation it started ("": none); its sandbox's state change is logged ("" from: a
     // new sandbox), with why.
     std::string op_id, sandbox_id, from, to, why;
@@ -206,12 +198,13 @@ class SandboxService {
     std::function<void()> job;
   };
   // The skeleton of every state-changing call: in one transaction, the stored answer of a
-  // repeated Idempotency-Key, or `fn`'s, stored for the key; then the state change logged and
-  // the job submitted. `fn` may run more than once (busy retries), and not at all on a replay.
-  absl::StatusOr<StoredResponse> Mutate(const Caller& caller,
-                                        const std::optional<std::string>& key,
-                                        const IdemScope& scope, const std::string& body_hash,
-                                        const std::function<absl::StatusOr<Accepted>(store::Tx&)>& fn);
+  // repeated Idempotency-Key, or `fn`'s result, whose rendering is stored for the key; then
+  // the state change logged and the job submitted. `fn` may run more than once (busy
+  // retries), and not at all on a replay.
+  template <typename T>
+  absl::StatusOr<Answer<T>> Mutate(const Caller& caller, const std::optional<Idempotency>& idem,
+                                   const std::string& body_hash,
+                                   const std::function<absl::StatusOr<Accepted<T>>(store::Tx&)>& fn);
 
   // An operation's job, for its first and last steps.
   struct Job {
@@ -234,9 +227,9 @@ class SandboxService {
   absl::StatusOr<store::OperationRecord> FinishJob(const Job& job, const FinishStep& apply);
 
   // Delete and the lifecycle verbs: one request path, the rules in sandbox_state.h.
-  absl::StatusOr<StoredResponse> RequestOperation(const Caller& caller, const std::string& id,
-                                                  Verb verb,
-                                                  const std::optional<std::string>& idem_key);
+  absl::StatusOr<Answer<OperationStarted>> RequestOperation(
+      const Caller& caller, const std::string& id, Verb verb,
+      const std::optional<Idempotency>& idem);
   struct StartedOperation {
     store::OperationRecord op;
     bool is_new = false;  // false: the one in flight, or the one that already did it

@@ -49,12 +49,14 @@ void FillEffectiveDefaults(store::SandboxRecord& sb, const runtime::Resources& d
 
 // --- Idempotency and operations (service_internal.cc) ---
 
-absl::StatusOr<std::optional<StoredResponse>> CheckIdempotency(
-    store::Tx& tx, const Caller& caller, const std::optional<std::string>& key,
-    const IdemScope& scope, const std::string& body_hash);
+// The stored answer for `idem`'s key (a replay), nullopt for a new key; a key used with
+// another body is idempotency_key_reused.
+absl::StatusOr<std::optional<Rendered>> CheckIdempotency(store::Tx& tx, const Caller& caller,
+                                                         const std::optional<Idempotency>& idem,
+                                                         const std::string& body_hash);
 absl::Status SaveIdempotency(store::Tx& tx, const Caller& caller,
-                             const std::optional<std::string>& key, const IdemScope& scope,
-                             const std::string& body_hash, const StoredResponse& resp);
+                             const std::optional<Idempotency>& idem, const std::string& body_hash,
+                             const Result& result);
 
 store::OperationRecord NewOperation(const std::string& tenant, const std::string& kind,
                                     const std::string& sandbox_id, const std::string& now);
