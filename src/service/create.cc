@@ -217,6 +217,11 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
         }
         to = cur.state;
         return true;
+      },
+      [&] {
+        // A failed build leaves nothing behind; a sandbox deleted meanwhile is released by its
+        // delete.
+        if (to == kFailed) ReleaseCapacity(sandbox_id);
       });
   if (!finished.ok()) {
     // Nothing runs for it any more (destroyed below, or never built).
@@ -229,8 +234,6 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
   if (finished->state == "succeeded") {
     metrics_->SandboxRunning(sb->runtime, /*warm=*/false, requested);
   }
-  // A failed build leaves nothing behind; a sandbox deleted meanwhile is released by its delete.
-  if (to == kFailed) ReleaseCapacity(sandbox_id);
   LogOperationFinished("create", ResultOf(*finished), job.started, runtime_ms,
                        built ? std::string() : std::string(inst.status().message()));
 }

@@ -147,6 +147,13 @@ void SandboxService::RunDelete(const std::string& op_id, const std::string& sand
   absl::Status destroyed = DestroyRuntime(*sb);
   const double runtime_ms = MsSince(runtime_started);
   std::vector<std::string> ended_sessions;
+  auto give_back = [&] {
+    if (!destroyed.ok()) return;
+    activity_.Forget(sandbox_id);
+    // A destroy that failed may leave processes running: the sandbox keeps what it held (and
+    // a restart counts its delete_failed state the same way).
+    ReleaseCapacity(sandbox_id);
+  };
   absl::StatusOr<OperationRecord> finished = FinishJob(
       job, [&](Tx& tx, OperationRecord& op, SandboxRecord& cur,
                const std::string& now) -> absl::StatusOr<bool> {
@@ -174,13 +181,9 @@ void SandboxService::RunDelete(const std::string& op_id, const std::string& sand
           ended_sessions.push_back(s.id);
         }
         return true;
-      });
-  if (destroyed.ok()) {
-    activity_.Forget(sandbox_id);
-    // A destroy that failed may leave processes running: the sandbox keeps what it held (and
-    // a restart counts its delete_failed state the same way).
-    ReleaseCapacity(sandbox_id);
-  }
+      },
+      give_back);
+  if (!finished.ok()) give_back();
   if (finished.ok()) {
     for (const std::string& s : ended_sessions) metrics_->SessionExited(s, /*oom_killed=*/false);
   }

@@ -91,8 +91,8 @@ std::optional<SandboxRecord> SandboxService::BeginJob(const Job& job,
   return sb;
 }
 
-absl::StatusOr<OperationRecord> SandboxService::FinishJob(const Job& job,
-                                                          const FinishStep& apply) {
+absl::StatusOr<OperationRecord> SandboxService::FinishJob(
+    const Job& job, const FinishStep& apply, const std::function<void()>& committed) {
   std::string from, to;
   OperationRecord finished;
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
@@ -108,6 +108,7 @@ absl::StatusOr<OperationRecord> SandboxService::FinishJob(const Job& job,
     spdlog::error("{} {}: store: {}", job.kind, job.sandbox_id, std::string(st.message()));
     return st;
   }
+  if (committed) committed();
   metrics_->OperationFinished(finished, job.requested);
   LogStateChange(job.sandbox_id, from, to);
   return finished;

@@ -220,11 +220,14 @@ class SandboxService {
   // the operation runs whatever its state (a delete re-driven after a restart).
   std::optional<store::SandboxRecord> BeginJob(const Job& job, const CancelCheck& cancelled);
   // Finishes the operation and moves the sandbox (`apply` returns whether it changed the
-  // sandbox), in one transaction; then the metrics and the state-change line. The finished
-  // operation, or the store's error (logged).
+  // sandbox), in one transaction; then `committed` (what must follow the commit at once, such
+  // as giving capacity back: a client may act on the operation as soon as it sees it
+  // finished), the metrics and the state-change line. The finished operation, or the store's
+  // error (logged).
   using FinishStep = std::function<absl::StatusOr<bool>(
       store::Tx&, store::OperationRecord& op, store::SandboxRecord& sb, const std::string& now)>;
-  absl::StatusOr<store::OperationRecord> FinishJob(const Job& job, const FinishStep& apply);
+  absl::StatusOr<store::OperationRecord> FinishJob(const Job& job, const FinishStep& apply,
+                                                   const std::function<void()>& committed = {});
 
   // Delete and the lifecycle verbs: one request path, the rules in sandbox_state.h.
   absl::StatusOr<Answer<OperationStarted>> RequestOperation(
