@@ -26,27 +26,10 @@ using Awaitable = http::asio::awaitable<std::optional<http::Response>>;
 // Upper bound of one attach write; an event is never split, so a batch may exceed it by one.
 constexpr size_t kMaxAttachBatchBytes = 1 << 20;
 
-http::Response Ok(bhttp::status status, const json& body) {
-  return JsonResponse(status, body.dump(-1, ' ', false, json::error_handler_t::replace));
-}
-
-http::Response Stored(const service::StoredResponse& r) {
-  auto res = JsonResponse(static_cast<bhttp::status>(r.status), r.body);
-  if (r.replayed) res.set("Idempotent-Replayed", "true");
-  return res;
-}
-
 std::optional<std::string> Header(const http::Request& req, std::string_view name) {
   auto it = req.find(name);
   if (it == req.end()) return std::nullopt;
   return std::string(it->value());
-}
-
-absl::StatusOr<std::optional<std::string>> IdempotencyKey(const http::Request& req) {
-  auto key = Header(req, "Idempotency-Key");
-  if (!key) return std::optional<std::string>();
-  SBX_RETURN_IF_ERROR(ValidateIdempotencyKey(*key));
-  return key;
 }
 
 // At least the size of the SSE event a frame becomes (see AppendAttachEvent).
@@ -149,200 +132,9 @@ bool Api::Privileged(const http::Request& req) const {
   return Authenticate(req, std::nullopt, /*allow_attach_token=*/false).ok();
 }
 
-// The access-log line is the server's (http/server.cc), with what Route added to ctx.log.
+// The access-log line is the server's (http/server.cc), with what Route (routes.cc) added to
+// ctx.log.
 Awaitable Api::Handle(http::RequestContext& ctx) { return Route(ctx); }
-
-Awaitable Api::Route(http::RequestContext& ctx) {
-  const http::Request& req = ctx.req;
-  auto fail = [&](const absl::Status& s) -> std::optional<http::Response> {
-    return Fail(ctx, s);
-  };
-
-  auto parsed = ParseTarget(req.target());
-  if (!parsed.ok()) co_return fail(parsed.status());
-  const Target& t = *parsed;
-  const auto& seg = t.segments;
-  const auto method = req.method();
-
-  if (seg.size() == 1 && (seg[0] == "healthz" || seg[0] == "readyz")) {
-    if (method != bhttp::verb::get && method != bhttp::verb::head) {
-      co_return fail(MethodNotAllowed(req));
-    }
-    if (seg[0] == "healthz") co_return Ok(bhttp::status::ok, {{"status", "ok"}});
-    if (!svc_.ready()) {
-      co_return fail(ApiError(absl::StatusCode::kUnavailable, "unavailable",
-                              "sbxd is reconciling its sandboxes"));
-    }
-    co_return Ok(bhttp::status::ok, {{"status", "ready"}});
-  }
-
-  if (seg.size() == 1 && seg[0] == "metrics") {
-    if (!opts_.metrics_public) {
-      // Admin token only: an attach token names one session, not the deployment.
-      auto caller = Authenticate(req, std::nullopt, /*allow_attach_token=*/false);
-      if (!caller.ok()) co_return fail(caller.status());
-    }
-    if (method != bhttp::verb::get) co_return fail(MethodNotAllowed(req));
-    http::Response res{bhttp::status::ok, 11};
-    res.set(bhttp::field::content_type, metrics::kContentType);
-    res.set(bhttp::field::cache_control, "no-store");
-    res.body() = registry_.Expose();
-    co_return res;
-  }
-
-  if (seg.empty() || seg[0] != "v1") {
-    co_return fail(ApiError(absl::StatusCode::kNotFound, "not_found",
-                            fmt::format("no route for {}", t.path)));
-  }
-
-  // The attach route also accepts the session's attach token.
-  const bool is_attach = seg.size() == 4 && seg[1] == "sessions" && seg[3] == "attach";
-  // So do the session's other data-plane routes (DESIGN.md: the token authorizes them).
-  const bool is_session_io = seg.size() == 4 && seg[1] == "sessions" &&
-                             (seg[3] == "stdin" || seg[3] == "stdin:close" ||
-                              seg[3] == "signal" || seg[3] == "resize" || seg[3] == "ws");
-  auto caller = Authenticate(req, t.Query("token"), is_attach || is_session_io);
-  if (!caller.ok()) co_return fail(caller.status());
-  // Every line about this request from here on names the tenant and the object in the path.
-  // Handlers are coroutines: ctx.log goes along explicitly, and service calls (synchronous)
-  // run inside log::With, whose scope cannot span a co_await (common/log.h).
-  ctx.log.tenant = caller->tenant_id;
-  if (seg.size() >= 3) {
-    std::string* field = seg[1] == "sandboxes"    ? &ctx.log.sandbox
-                         : seg[1] == "sessions"   ? &ctx.log.session
-                         : seg[1] == "operations" ? &ctx.log.operation
-                                                  : nullptr;
-    const char* prefix = seg[1] == "sandboxes" ? "sbx" : seg[1] == "sessions" ? "ses" : "op";
-    // Only well-formed ids: the path is the client's, and the log is not its notepad.
-    if (field && IsValidId(seg[2], prefix)) *field = seg[2];
-  }
-  if (caller->session_scope && !is_attach && !is_session_io) {
-    co_return fail(ApiError(absl::StatusCode::kUnauthenticated, "unauthenticated",
-                            "an attach token is valid only for its session's data plane "
-                            "(attach, ws, stdin, signal, resize)"));
-  }
-
-  // /v1/sandboxes
-  if (seg.size() == 2 && seg[1] == "sandboxes") {
-    if (method == bhttp::verb::post) {
-      auto body = ParseCreateSandbox(req.body(), limits());
-      if (!body.ok()) co_return fail(body.status());
-      auto key = IdempotencyKey(req);
-      if (!key.ok()) co_return fail(key.status());
-      auto r = log::With(ctx.log, [&] { return svc_.CreateSandbox(*caller, *body, *key); });
-      if (!r.ok()) co_return fail(r.status());
-      co_return Stored(*r);
-    }
-    if (method == bhttp::verb::get) {
-      store::SandboxFilter f;
-      auto limit = ParseLimit(t.Query("limit"));
-      if (!limit.ok()) co_return fail(limit.status());
-      f.limit = *limit;
-      f.state = t.Query("state");
-      if (auto label = t.Query("label")) {
-        auto l = ParseLabelFilter(*label);
-        if (!l.ok()) co_return fail(l.status());
-        f.label = *l;
-      }
-      f.page_token = t.Query("page_token").value_or("");
-      auto page = log::With(ctx.log, [&] { return svc_.ListSandboxes(*caller, f); });
-      if (!page.ok()) co_return fail(page.status());
-      json list = json::array();
-      for (const auto& sb : page->items) list.push_back(service::SandboxView(sb));
-      co_return Ok(bhttp::status::ok,
-                   {{"sandboxes", list},
-                    {"next_page_token", page->next_page_token ? json(*page->next_page_token)
-                                                              : json(nullptr)}});
-    }
-    co_return fail(MethodNotAllowed(req));
-  }
-
-  // /v1/sandboxes/{id}
-  if (seg.size() == 3 && seg[1] == "sandboxes") {
-    if (method == bhttp::verb::get) {
-      auto sb = log::With(ctx.log, [&] { return svc_.GetSandbox(*caller, seg[2]); });
-      if (!sb.ok()) co_return fail(sb.status());
-      co_return Ok(bhttp::status::ok, service::SandboxView(*sb));
-    }
-    if (method == bhttp::verb::delete_) {
-      auto key = IdempotencyKey(req);
-      if (!key.ok()) co_return fail(key.status());
-      auto r = log::With(ctx.log, [&] { return svc_.DeleteSandbox(*caller, seg[2], *key); });
-      if (!r.ok()) co_return fail(r.status());
-      co_return Stored(*r);
-    }
-    co_return fail(MethodNotAllowed(req));
-  }
-
-  // /v1/sandboxes/{id}/{pause,suspend,wake}
-  if (seg.size() == 4 && seg[1] == "sandboxes" &&
-      (seg[3] == "pause" || seg[3] == "suspend" || seg[3] == "wake")) {
-    if (method != bhttp::verb::post) co_return fail(MethodNotAllowed(req));
-    if (auto b = ParseLifecycleBody(req.body()); !b.ok()) co_return fail(b);
-    auto key = IdempotencyKey(req);
-    if (!key.ok()) co_return fail(key.status());
-    auto r = log::With(ctx.log,
-                       [&] { return svc_.RequestLifecycle(*caller, seg[2], seg[3], *key); });
-    if (!r.ok()) co_return fail(r.status());
-    co_return Stored(*r);
-  }
-
-  // /v1/sandboxes/{id}/sessions
-  if (seg.size() == 4 && seg[1] == "sandboxes" && seg[3] == "sessions") {
-    if (method != bhttp::verb::post) co_return fail(MethodNotAllowed(req));
-    auto body = ParseCreateSession(req.body());
-    if (!body.ok()) co_return fail(body.status());
-    auto key = IdempotencyKey(req);
-    if (!key.ok()) co_return fail(key.status());
-    auto r = log::With(ctx.log, [&] { return svc_.CreateSession(*caller, seg[2], *body, *key); });
-    if (!r.ok()) co_return fail(r.status());
-    co_return Stored(*r);
-  }
-
-  // /v1/operations/{id}
-  if (seg.size() == 3 && seg[1] == "operations") {
-    if (method != bhttp::verb::get) co_return fail(MethodNotAllowed(req));
-    auto wait_ms = ParseWaitMs(t.Query("wait_ms"));
-    if (!wait_ms.ok()) co_return fail(wait_ms.status());
-    auto op = co_await WaitForOperation(ctx, *caller, seg[2], std::chrono::milliseconds(*wait_ms));
-    if (!op.ok()) co_return fail(op.status());
-    co_return Ok(bhttp::status::ok, service::OperationView(*op));
-  }
-
-  // /v1/sessions/{id}[/attach]
-  if (seg.size() == 3 && seg[1] == "sessions") {
-    if (method != bhttp::verb::get) co_return fail(MethodNotAllowed(req));
-    co_return co_await GetSession(ctx, *caller, seg[2]);
-  }
-  if (is_attach) {
-    if (method != bhttp::verb::get) co_return fail(MethodNotAllowed(req));
-    if (caller->session_scope && *caller->session_scope != seg[2]) {
-      co_return fail(ApiError(absl::StatusCode::kUnauthenticated, "unauthenticated",
-                              "the attach token belongs to another session"));
-    }
-    co_return co_await Attach(ctx, *caller, seg[2], t);
-  }
-
-  if (is_session_io) {
-    if (caller->session_scope && *caller->session_scope != seg[2]) {
-      co_return fail(ApiError(absl::StatusCode::kUnauthenticated, "unauthenticated",
-                              "the attach token belongs to another session"));
-    }
-    if (seg[3] == "ws") co_return co_await WebSocket(ctx, *caller, seg[2]);
-    co_return co_await SessionIo(ctx, *caller, seg[2], seg[3]);
-  }
-  // /v1/sandboxes/{id}/processes
-  if (seg.size() == 4 && seg[1] == "sandboxes" && seg[3] == "processes") {
-    co_return co_await Processes(ctx, *caller, seg[2]);
-  }
-  // /v1/sandboxes/{id}/files... (files_api.cc)
-  if (seg.size() == 4 && seg[1] == "sandboxes" && seg[3].rfind("files", 0) == 0) {
-    co_return co_await Files(ctx, *caller, seg[2], seg[3], t);
-  }
-
-  co_return fail(ApiError(absl::StatusCode::kNotFound, "not_found",
-                          fmt::format("no route for {}", t.path)));
-}
 
 http::asio::awaitable<absl::StatusOr<store::OperationRecord>> Api::WaitForOperation(
     http::RequestContext& ctx, const service::Caller& caller, const std::string& id,
@@ -372,26 +164,6 @@ http::asio::awaitable<absl::StatusOr<store::OperationRecord>> Api::WaitForOperat
     co_await timer->async_wait(asio::redirect_error(asio::use_awaitable, ec));
     waiters.Remove(handle);
   }
-}
-
-Awaitable Api::GetSession(http::RequestContext& ctx, const service::Caller& caller,
-                          const std::string& id) {
-  auto s = svc_.GetSession(caller, id);
-  if (!s.ok()) co_return Fail(ctx, s.status());
-  ctx.log.sandbox = s->sandbox_id;
-  if (s->state != "exited") {
-    // The agent knows whether the process is still running; the store may lag behind it when
-    // no client was attached at exit.
-    if (auto agent = svc_.AgentFor(s->sandbox_id)) {
-      auto status = co_await agent->Status(ctx.executor, id);
-      if (status.ok()) {
-        log::With(ctx.log, [&] { svc_.RecordSessionStatus(id, *status); });
-        auto again = svc_.GetSession(caller, id);
-        if (again.ok()) s = std::move(again);
-      }
-    }
-  }
-  co_return Ok(bhttp::status::ok, service::SessionView(*s));
 }
 
 Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,

@@ -1,5 +1,5 @@
-// The v1 HTTP API: one route table, one parser per request body (requests.h), one place that
-// maps errors to HTTP (status_to_http.h). Handlers call the service layer and never block on
+// The v1 HTTP API: one route table (routes.h), one parser per request body (requests.h), one
+// place that renders results (render.h) and one that maps errors to HTTP (status_to_http.h). Handlers call the service layer and never block on
 // runtime work: lifecycle changes become operations, data-plane calls are asynchronous.
 #pragma once
 
@@ -46,6 +46,9 @@ class Api {
   ResourceLimits limits() const;
 
  private:
+  // The route table's handlers (routes.h) call the service and the members below.
+  friend struct Routes;
+  // Authenticates, matches the route table and runs the handler (routes.cc).
   http::asio::awaitable<std::optional<http::Response>> Route(http::RequestContext& ctx);
   http::asio::awaitable<std::optional<http::Response>> Attach(http::RequestContext& ctx,
                                                               const service::Caller& caller,
@@ -66,9 +69,6 @@ class Api {
   http::asio::awaitable<nlohmann::json> AgentGoneError(http::RequestContext& ctx,
                                                        const std::string& sandbox_id,
                                                        const absl::Status& why);
-  http::asio::awaitable<std::optional<http::Response>> GetSession(http::RequestContext& ctx,
-                                                                  const service::Caller& caller,
-                                                                  const std::string& id);
   // POST /v1/sessions/{id}/{stdin,stdin:close,signal,resize} (session_io.cc).
   http::asio::awaitable<std::optional<http::Response>> SessionIo(http::RequestContext& ctx,
                                                                  const service::Caller& caller,

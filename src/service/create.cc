@@ -1,3 +1,5 @@
+// Creating sandboxes: from the warm pool when one fits (done within the request), otherwise
+// built by a create job (RunCreate).
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -6,17 +8,12 @@
 #include "common/log.h"
 #include "common/status_util.h"
 #include "common/time_util.h"
-#include "service/service_internal.h"
 #include "service/sandbox_service.h"
 #include "service/sandbox_state.h"
-#include "service/views.h"
+#include "service/service_internal.h"
 
 namespace sbx::service {
 
-using nlohmann::json;
-using store::OperationRecord;
-using store::SandboxRecord;
-using store::Tx;
 using namespace internal;  // this folder's helpers (service_internal.h)
 
 absl::StatusOr<WarmSandbox> SandboxService::BuildWarm(const WarmPoolConfig& config) {
@@ -52,22 +49,32 @@ std::optional<WarmSandbox> SandboxService::TakeWarm(const CreateSandboxRequest& 
                      defaults);
 }
 
-// ---------------------------------------------------------------------------------------------
-// Create
+SandboxRecord SandboxService::NewSandbox(const Caller& caller, const CreateSandboxRequest& req,
+                                         const runtime::TemplateSpec& tmpl) const {
+  const std::string now = NowRfc3339();
+  SandboxRecord sb;
+  sb.tenant_id = caller.tenant_id;
+  sb.state = std::string(kCreating);
+  sb.template_ref = req.template_ref;
+  sb.template_digest = tmpl.digest;
+  sb.runtime = req.runtime.value_or(opts_.default_runtime);
+  sb.egress_profile = req.egress_profile;
+  sb.env = req.env;
+  sb.labels = req.labels;
+  // Stored as effective values, so a later change of the defaults (SIGHUP) does not move the
+  // deadline of a sandbox that already exists.
+  const TimerSettings timers = timer_settings();
+  const int64_t ttl = req.timeout_s.value_or(timers.default_timeout_s);
+  if (ttl > 0) sb.timeout_s = ttl;
+  sb.idle_suspend_s = req.idle_suspend_s.value_or(timers.default_idle_suspend_s);
+  sb.created_at = now;
+  sb.updated_at = now;
+  return sb;
+}
 
-absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
-    const Caller& caller, const CreateSandboxRequest& req,
-    const std::optional<std::string>& idem_key) {
-  static const IdemScope kScope{"POST", "/v1/sandboxes"};
+absl::StatusOr<Answer<SandboxCreated>> SandboxService::CreateSandbox(
+    const Caller& caller, const CreateSandboxRequest& req, const std::optional<Idempotency>& idem) {
   const TimePoint requested = ServiceMetrics::Clock::now();
-  const std::string body_hash = Sha256Hex(req.canonical.dump());
-
-  StoredResponse out;
-  std::optional<std::pair<std::string, std::string>> submit;  // op id, sandbox id
-  struct Created {
-    std::string sandbox_id, state, op_id;
-  };
-  std::optional<Created> created;
   // Taken before the transaction, which may run more than once (busy retries); it goes back to
   // the pool unless the transaction records it.
   // One snapshot for the whole create: a reload meanwhile must not give a pooled sandbox built
@@ -75,7 +82,6 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
   const runtime::Resources defaults = this->defaults();
   const runtime::Resources effective = EffectiveOf(req, defaults);
   std::optional<WarmSandbox> warm = TakeWarm(req, defaults);
-  bool warm_used = false;
   std::optional<OperationRecord> finished;  // the create, when the warm pool served it
   // The id this create holds capacity for; given back unless the transaction records it.
   std::optional<std::string> admitted;
@@ -83,23 +89,13 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
     if (admitted) ReleaseCapacity(*admitted);
     admitted.reset();
   };
-  absl::Status tx_status = store_.Transact([&](Tx& tx) -> absl::Status {
-    warm_used = false;
-    submit.reset();
-    created.reset();
+  auto answer = Mutate<SandboxCreated>(caller, idem, Sha256Hex(req.canonical.dump()),
+                                        [&](Tx& tx) -> absl::StatusOr<Accepted<SandboxCreated>> {
     finished.reset();
     unadmit();  // an earlier attempt of this transaction (busy retry) held it under another id
-    SBX_ASSIGN_OR_RETURN(auto replay, CheckIdempotency(tx, caller, idem_key, kScope, body_hash));
-    if (replay) {
-      out = *replay;
-      return absl::OkStatus();
-    }
     SBX_ASSIGN_OR_RETURN(runtime::TemplateSpec tmpl, templates_.Resolve(req.template_ref));
-    const std::string runtime_name = req.runtime.value_or(opts_.default_runtime);
-    SBX_RETURN_IF_ERROR(BackendFor(runtime_name).status());
-
-    const std::string now = NowRfc3339();
-    SandboxRecord sb;
+    SandboxRecord sb = NewSandbox(caller, req, tmpl);
+    SBX_RETURN_IF_ERROR(BackendFor(sb.runtime).status());
     sb.id = warm ? warm->instance->id() : NewId("sbx");
     // Before anything is recorded or built. A pooled sandbox already holds its resources
     // (under the same id).
@@ -107,55 +103,35 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
       SBX_RETURN_IF_ERROR(admission_->Admit(sb.id, DemandOf(effective), "the sandbox"));
       admitted = sb.id;
     }
-    sb.tenant_id = caller.tenant_id;
-    sb.state = std::string(kCreating);
-    sb.template_ref = req.template_ref;
-    sb.template_digest = tmpl.digest;
-    sb.runtime = runtime_name;
     sb.resources = RequestedResources(req);
     sb.effective_resources = EffectiveResources(effective, opts_.output_buffer_bytes);
-    sb.egress_profile = req.egress_profile;
-    sb.env = req.env;
-    sb.labels = req.labels;
-    // Stored as effective values, so a later change of the defaults (SIGHUP) does not move the
-    // deadline of a sandbox that already exists.
-    const TimerSettings timers = timer_settings();
-    const int64_t ttl = req.timeout_s.value_or(timers.default_timeout_s);
-    if (ttl > 0) sb.timeout_s = ttl;
-    sb.idle_suspend_s = req.idle_suspend_s.value_or(timers.default_idle_suspend_s);
-    sb.created_at = now;
-    sb.updated_at = now;
-    OperationRecord op = NewOperation(caller.tenant_id, "create", sb.id, now);
+    OperationRecord op = NewOperation(caller.tenant_id, "create", sb.id, sb.created_at);
+    Accepted<SandboxCreated> out;
     if (warm) {
       // Already running: the create is done in this transaction.
       sb.state = std::string(kRunning);
       sb.runtime_state = warm->instance->Persist();
-      Finish(op, true, nullptr, now);
+      Finish(op, true, nullptr, sb.created_at);
       op.result = {{"warm_pool", true}};
-      warm_used = true;
       finished = op;
+      out.why = "from the warm pool";
     } else {
       sb.current_operation_id = op.id;
-      submit = {op.id, sb.id};
+      const std::string op_id = op.id, sb_id = sb.id;
+      out.job = [this, op_id, sb_id, requested] { RunCreate(op_id, sb_id, requested); };
     }
     SBX_RETURN_IF_ERROR(tx.PutSandbox(sb));
     SBX_RETURN_IF_ERROR(tx.PutOperation(op));
-    created = Created{sb.id, sb.state, op.id};
-    out.status = 202;
-    out.body = json{{"sandbox", SandboxView(sb)}, {"operation", OperationView(op)}}.dump();
-    SBX_RETURN_IF_ERROR(SaveIdempotency(tx, caller, idem_key, kScope, body_hash, out));
-    return absl::OkStatus();
+    out.op_id = op.id;
+    out.sandbox_id = sb.id;
+    out.to = sb.state;
+    out.result = SandboxCreated{std::move(sb), std::move(op)};
+    return out;
   });
-  if (tx_status.ok() && created) {
-    log::Context lctx;
-    lctx.operation = created->op_id;
-    log::Scope scope(lctx);
-    LogStateChange(created->sandbox_id, "", created->state,
-                   warm_used ? "from the warm pool" : std::string_view());
-  }
-  if (!tx_status.ok() || !created) unadmit();  // refused, failed, or a replay
+  const bool created = answer.ok() && answer->result;
+  if (!created) unadmit();  // refused, failed, or a replay
   if (warm) {
-    if (tx_status.ok() && warm_used) {
+    if (created && finished) {
       metrics_->OperationFinished(*finished, requested);
       metrics_->SandboxRunning(warm->runtime, /*warm=*/true, requested);
       std::lock_guard lock(mu_);
@@ -164,74 +140,40 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSandbox(
       pool_->Return(std::move(*warm));
     }
   }
-  SBX_RETURN_IF_ERROR(tx_status);
-  if (submit) {
-    auto [op_id, sb_id] = *submit;
-    engine_.Submit(sb_id, [this, op_id, sb_id, requested] { RunCreate(op_id, sb_id, requested); },
-                   OperationLog(op_id, sb_id, caller.tenant_id));
+  return answer;
+}
+
+absl::StatusOr<runtime::InstancePtr> SandboxService::BuildInstance(const SandboxRecord& sb) {
+  SBX_ASSIGN_OR_RETURN(runtime::Backend * backend, BackendFor(sb.runtime));
+  SBX_ASSIGN_OR_RETURN(runtime::TemplateSpec tmpl, templates_.Resolve(sb.template_ref));
+  if (tmpl.digest != sb.template_digest) {
+    return absl::FailedPreconditionError(
+        fmt::format("template {} changed since the sandbox was requested", sb.template_ref));
   }
-  return out;
+  runtime::SandboxSpec spec;
+  spec.id = sb.id;
+  spec.tmpl = tmpl;
+  spec.resources = ResourcesOf(sb.effective_resources, defaults());
+  // The sandbox env is applied per session (CreateSession), as for pooled sandboxes.
+  spec.hostname = sb.id.substr(0, 16);
+  return backend->Create(spec);
 }
 
 void SandboxService::RunCreate(const std::string& op_id, const std::string& sandbox_id,
                                TimePoint requested) {
-  const auto job_started = Clock::now();
-  SandboxRecord sb;
-  bool proceed = false;
-  bool cancelled = false;
-  std::optional<OperationRecord> finished;
-  absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
-    finished.reset();
-    SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
-    SBX_ASSIGN_OR_RETURN(sb, tx.GetSandbox(sandbox_id));
-    if (op.state != "pending") return absl::OkStatus();
-    const std::string now = NowRfc3339();
-    if (sb.state != kCreating) {
-      // A delete overtook this create before it started: nothing to build.
-      Finish(op, false, {{"code", "cancelled"}, {"message", "sandbox was deleted before it started"}},
-             now);
-      cancelled = true;
-      finished = op;
-      return tx.PutOperation(op);
-    }
-    op.state = "running";
-    op.updated_at = now;
-    proceed = true;
-    return tx.PutOperation(op);
-  });
-  if (st.ok() && finished) metrics_->OperationFinished(*finished, requested);
-  if (!st.ok() || !proceed) {
-    if (!st.ok()) spdlog::error("create {}: store: {}", sandbox_id, std::string(st.message()));
-    if (st.ok() && cancelled) {
-      LogOperationFinished("create", "cancelled", job_started, -1,
-                           "sandbox was deleted before it started");
-    }
-    return;
-  }
-  LogOperationStarted("create");
+  const Job job{op_id, sandbox_id, "create", requested, Clock::now()};
+  std::optional<SandboxRecord> sb =
+      BeginJob(job, [](const OperationRecord&, const SandboxRecord& sb) {
+        // A delete overtook this create before it started: nothing to build.
+        return sb.state != kCreating
+                   ? std::optional<std::string>("sandbox was deleted before it started")
+                   : std::nullopt;
+      });
+  if (!sb) return;
 
-  auto started = std::chrono::steady_clock::now();
-  absl::StatusOr<runtime::InstancePtr> inst = absl::InternalError("unset");
-  auto backend = BackendFor(sb.runtime);
-  auto tmpl = templates_.Resolve(sb.template_ref);
-  if (!backend.ok()) {
-    inst = backend.status();
-  } else if (!tmpl.ok()) {
-    inst = tmpl.status();
-  } else if (tmpl->digest != sb.template_digest) {
-    inst = absl::FailedPreconditionError(
-        fmt::format("template {} changed since the sandbox was requested", sb.template_ref));
-  } else {
-    runtime::SandboxSpec spec;
-    spec.id = sb.id;
-    spec.tmpl = *tmpl;
-    spec.resources = ResourcesOf(sb.effective_resources, defaults());
-    // The sandbox env is applied per session (CreateSession), as for pooled sandboxes.
-    spec.hostname = sb.id.substr(0, 16);
-    inst = (*backend)->Create(spec);
-  }
-  auto elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started);
-
+  const auto started = Clock::now();
+  absl::StatusOr<runtime::InstancePtr> inst = BuildInstance(*sb);
+  const double runtime_ms = MsSince(started);
   json runtime_state = inst.ok() ? (*inst)->Persist() : json(nullptr);
   // Kept before the store says running: a client that sees the operation succeed may start a
   // session at once, and must find the agent. No delete can take it meanwhile (the engine runs
@@ -241,70 +183,64 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
     std::lock_guard lock(mu_);
     instances_[sandbox_id] = std::move(*inst);
   }
-  std::string from, to, result;
-  st = store_.Transact([&](Tx& tx) -> absl::Status {
-    finished.reset();
-    SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
-    SBX_ASSIGN_OR_RETURN(SandboxRecord cur, tx.GetSandbox(sandbox_id));
-    const std::string now = NowRfc3339();
-    from = cur.state;
-    cur.updated_at = now;
-    if (!inst.ok()) {
-      json err = ErrorJson("create_failed", inst.status());
-      Finish(op, false, err, now);
-      if (cur.state == kCreating) {
-        cur.state = std::string(kFailed);
-        cur.error = err;
-        cur.current_operation_id.reset();
-      }
-    } else if (cur.state == kCreating) {
-      Finish(op, true, nullptr, now);
-      cur.state = std::string(kRunning);
-      cur.runtime_state = runtime_state;
-      cur.current_operation_id.reset();
-    } else {
-      // Deleted while being built: the queued delete destroys the instance we keep for it.
-      Finish(op, false, {{"code", "cancelled"}, {"message", "sandbox was deleted while starting"}},
-             now);
-      cur.runtime_state = runtime_state;
-    }
-    to = cur.state;
-    result = op.state == "succeeded" ? "succeeded"
-             : op.error.is_object() && op.error.value("code", "") == "cancelled" ? "cancelled"
-                                                                                : "failed";
-    finished = op;
-    SBX_RETURN_IF_ERROR(tx.PutOperation(op));
-    return tx.PutSandbox(cur);
-  });
-  if (!st.ok()) {
-    spdlog::error("create {}: store: {}", sandbox_id, std::string(st.message()));
+  std::string to;  // the sandbox's state after the job
+  absl::StatusOr<OperationRecord> finished = FinishJob(
+      job, [&](Tx&, OperationRecord& op, SandboxRecord& cur,
+               const std::string& now) -> absl::StatusOr<bool> {
+        cur.updated_at = now;
+        if (!built) {
+          json err = ErrorJson("create_failed", inst.status());
+          Finish(op, false, err, now);
+          if (cur.state == kCreating) {
+            cur.state = std::string(kFailed);
+            cur.error = err;
+            cur.current_operation_id.reset();
+          }
+        } else if (cur.state == kCreating) {
+          Finish(op, true, nullptr, now);
+          cur.state = std::string(kRunning);
+          cur.runtime_state = runtime_state;
+          cur.current_operation_id.reset();
+        } else {
+          // Deleted while being built: the queued delete destroys the instance we keep for it.
+          Finish(op, false,
+                 {{"code", "cancelled"}, {"message", "sandbox was deleted while starting"}}, now);
+          cur.runtime_state = runtime_state;
+        }
+        to = cur.state;
+        return true;
+      },
+      [&] {
+        // A failed build leaves nothing behind; a sandbox deleted meanwhile is released by its
+        // delete.
+        if (to == kFailed) ReleaseCapacity(sandbox_id);
+      });
+  if (!finished.ok()) {
     // Nothing runs for it any more (destroyed below, or never built).
     ReleaseCapacity(sandbox_id);
-    if (built) {
-      runtime::InstancePtr mine;
-      {
-        std::lock_guard lock(mu_);
-        auto it = instances_.find(sandbox_id);
-        if (it != instances_.end()) {
-          mine = std::move(it->second);
-          instances_.erase(it);
-        }
-      }
-      if (mine) (void)mine->Destroy();
-    }
-    LogOperationFinished("create", "failed", job_started, elapsed.count(),
-                         fmt::format("store: {}", std::string(st.message())));
+    if (built) DropInstance(sandbox_id);
+    LogOperationFinished("create", "failed", job.started, runtime_ms,
+                         StoreError(finished.status()));
     return;
   }
-  metrics_->OperationFinished(*finished, requested);
   if (finished->state == "succeeded") {
-    metrics_->SandboxRunning(sb.runtime, /*warm=*/false, requested);
+    metrics_->SandboxRunning(sb->runtime, /*warm=*/false, requested);
   }
-  // A failed build leaves nothing behind; a sandbox deleted meanwhile is released by its delete.
-  if (to == kFailed) ReleaseCapacity(sandbox_id);
-  LogStateChange(sandbox_id, from, to);
-  LogOperationFinished("create", result, job_started, elapsed.count(),
-                       inst.ok() ? std::string() : std::string(inst.status().message()));
+  LogOperationFinished("create", ResultOf(*finished), job.started, runtime_ms,
+                       built ? std::string() : std::string(inst.status().message()));
+}
+
+void SandboxService::DropInstance(const std::string& sandbox_id) {
+  runtime::InstancePtr mine;
+  {
+    std::lock_guard lock(mu_);
+    auto it = instances_.find(sandbox_id);
+    if (it != instances_.end()) {
+      mine = std::move(it->second);
+      instances_.erase(it);
+    }
+  }
+  if (mine) (void)mine->Destroy();
 }
 
 }  // namespace sbx::service

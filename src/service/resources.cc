@@ -9,8 +9,6 @@
 
 namespace sbx::service {
 
-using nlohmann::json;
-using store::SandboxRecord;
 using namespace internal;  // this folder's helpers (service_internal.h)
 
 namespace internal {

@@ -10,9 +10,6 @@
 
 namespace sbx::service {
 
-using store::OperationRecord;
-using store::SandboxRecord;
-using store::Tx;
 using namespace internal;  // this folder's helpers (service_internal.h)
 
 SandboxService::SandboxService(ServiceOptions opts, store::Store& store,

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,6 +30,8 @@
 #include "service/inputs.h"
 #include "service/job_waiters.h"
 #include "service/reply_gate.h"
+#include "service/results.h"
+#include "service/sandbox_state.h"
 #include "service/service_metrics.h"
 #include "service/warm_pool.h"
 #include "service/templates.h"
@@ -86,13 +89,6 @@ struct LiveOptions {
   AdmissionSettings admission;
 };
 
-// A response the API returns verbatim: the first response of an idempotent call is stored and
-// replayed byte for byte.
-struct StoredResponse {
-  int status = 200;
-  std::string body;
-  bool replayed = false;
-};
 
 class SandboxService {
  public:
@@ -130,29 +126,33 @@ class SandboxService {
   runtime::Resources defaults() const;
   TimerSettings timer_settings() const;
 
-  absl::StatusOr<StoredResponse> CreateSandbox(const Caller& caller,
-                                               const CreateSandboxRequest& req,
-                                               const std::optional<std::string>& idem_key);
+  // The state-changing calls answer typed results (results.h); `idem`: the request's
+  // Idempotency-Key, if any.
+  absl::StatusOr<Answer<SandboxCreated>> CreateSandbox(const Caller& caller,
+                                                       const CreateSandboxRequest& req,
+                                                       const std::optional<Idempotency>& idem);
   absl::StatusOr<store::SandboxRecord> GetSandbox(const Caller& caller, const std::string& id);
   absl::StatusOr<store::Page<store::SandboxRecord>> ListSandboxes(
       const Caller& caller, store::SandboxFilter filter);
-  absl::StatusOr<StoredResponse> DeleteSandbox(const Caller& caller, const std::string& id,
-                                               const std::optional<std::string>& idem_key);
+  absl::StatusOr<Answer<OperationStarted>> DeleteSandbox(const Caller& caller,
+                                                         const std::string& id,
+                                                         const std::optional<Idempotency>& idem);
   absl::StatusOr<store::OperationRecord> GetOperation(const Caller& caller, const std::string& id);
-  // POST /v1/sandboxes/{id}/{pause|suspend|wake}: `kind` is "pause", "suspend" or "wake". The
-  // runtime must have Capabilities::pause (501 otherwise, before any change). pause/suspend need
-  // a running sandbox, wake a paused or suspended one (409 invalid_state); another lifecycle
-  // operation in flight is 409 operation_in_progress, the same kind returns it.
-  absl::StatusOr<StoredResponse> RequestLifecycle(const Caller& caller, const std::string& id,
-                                                  const std::string& kind,
-                                                  const std::optional<std::string>& idem_key);
+  // `kind` is "pause", "suspend" or "wake". The runtime must have Capabilities::pause
+  // (not_implemented otherwise, before any change). pause/suspend need a running sandbox, wake
+  // a paused or suspended one (invalid_state); another lifecycle operation in flight is
+  // operation_in_progress, the same kind returns it (sandbox_state.h has the rules).
+  absl::StatusOr<Answer<OperationStarted>> RequestLifecycle(
+      const Caller& caller, const std::string& id, const std::string& kind,
+      const std::optional<Idempotency>& idem);
 
-  absl::StatusOr<StoredResponse> CreateSession(const Caller& caller, const std::string& sandbox_id,
-                                               const CreateSessionRequest& req,
-                                               const std::optional<std::string>& idem_key);
+  absl::StatusOr<Answer<SessionCreated>> CreateSession(const Caller& caller,
+                                                       const std::string& sandbox_id,
+                                                       const CreateSessionRequest& req,
+                                                       const std::optional<Idempotency>& idem);
   absl::StatusOr<store::SessionRecord> GetSession(const Caller& caller, const std::string& id);
   // The agent of a sandbox the caller can see, for sandbox-wide agent calls (the process
-  // list); 409 sandbox_not_running when it is not running or frozen.
+  // list); sandbox_not_running when it is not running or frozen.
   absl::StatusOr<AgentClient> SandboxAgent(const Caller& caller, const std::string& sandbox_id);
 
   // What an attach (and any session call) needs: the session, its spec, and the agent of its
@@ -190,6 +190,77 @@ class SandboxService {
  private:
   // `requested`: when the operation was accepted (or re-driven), for its duration metrics.
   using TimePoint = ServiceMetrics::Clock::time_point;
+
+  // What a state-changing call did in its transaction (operations.cc), for after the commit.
+  template <typename T>
+  struct Accepted {
+    T result;
+    // The operation it started ("": none); its sandbox's state change is logged ("" from: a
+    // new sandbox), with why.
+    std::string op_id, sandbox_id, from, to, why;
+    // Submitted on the sandbox's queue once committed; empty: nothing to run.
+    std::function<void()> job;
+  };
+  // The skeleton of every state-changing call: in one transaction, the stored answer of a
+  // repeated Idempotency-Key, or `fn`'s result, whose rendering is stored for the key; then
+  // the state change logged and the job submitted. `fn` may run more than once (busy
+  // retries), and not at all on a replay.
+  template <typename T>
+  absl::StatusOr<Answer<T>> Mutate(const Caller& caller, const std::optional<Idempotency>& idem,
+                                   const std::string& body_hash,
+                                   const std::function<absl::StatusOr<Accepted<T>>(store::Tx&)>& fn);
+
+  // An operation's job, for its first and last steps.
+  struct Job {
+    std::string op_id, sandbox_id, kind;
+    TimePoint requested;
+    std::chrono::steady_clock::time_point started;
+  };
+  // Why a pending operation no longer applies to its sandbox, or nullopt.
+  using CancelCheck = std::function<std::optional<std::string>(const store::OperationRecord&,
+                                                               const store::SandboxRecord&)>;
+  // The first step: pending -> running (logged "started"), or, when `cancelled` says why,
+  // failed with code cancelled. Returns the sandbox when the job goes on. Without `cancelled`
+  // the operation runs whatever its state (a delete re-driven after a restart).
+  std::optional<store::SandboxRecord> BeginJob(const Job& job, const CancelCheck& cancelled);
+  // Finishes the operation and moves the sandbox (`apply` returns whether it changed the
+  // sandbox), in one transaction; then `committed` (what must follow the commit at once, such
+  // as giving capacity back: a client may act on the operation as soon as it sees it
+  // finished), the metrics and the state-change line. The finished operation, or the store's
+  // error (logged).
+  using FinishStep = std::function<absl::StatusOr<bool>(
+      store::Tx&, store::OperationRecord& op, store::SandboxRecord& sb, const std::string& now)>;
+  absl::StatusOr<store::OperationRecord> FinishJob(const Job& job, const FinishStep& apply,
+                                                   const std::function<void()>& committed = {});
+
+  // Delete and the lifecycle verbs: one request path, the rules in sandbox_state.h.
+  absl::StatusOr<Answer<OperationStarted>> RequestOperation(
+      const Caller& caller, const std::string& id, Verb verb,
+      const std::optional<Idempotency>& idem);
+  struct StartedOperation {
+    store::OperationRecord op;
+    bool is_new = false;  // false: the one in flight, or the one that already did it
+  };
+  // Within the request's transaction: checks `verb` against `sb` and records a new operation
+  // (moving `sb`), or returns the operation that answers it.
+  absl::StatusOr<StartedOperation> StartOperation(store::Tx& tx, const Caller& caller,
+                                                  store::SandboxRecord& sb, Verb verb);
+  // A new sandbox record for `req` (no id, resources or operation yet).
+  store::SandboxRecord NewSandbox(const Caller& caller, const CreateSandboxRequest& req,
+                                  const runtime::TemplateSpec& tmpl) const;
+  // The create job's runtime call.
+  absl::StatusOr<runtime::InstancePtr> BuildInstance(const store::SandboxRecord& sb);
+  // Takes the instance out of instances_ and destroys it.
+  void DropInstance(const std::string& sandbox_id);
+  // Reconcile's steps (reconcile.cc). AdoptOnRestart: false when the sandbox is lost (its
+  // error set).
+  absl::StatusOr<bool> AdoptOnRestart(store::SandboxRecord& sb,
+                                      const std::vector<store::OperationRecord>& unfinished);
+  absl::Status FailInterrupted(std::vector<store::OperationRecord>& unfinished,
+                               const std::set<std::string>& redriven);
+  void RestoreActiveSessions(const std::vector<std::string>& adopted);
+  void RestoreLedger(const std::vector<store::SandboxRecord>& live);
+
   void RunCreate(const std::string& op_id, const std::string& sandbox_id, TimePoint requested);
   void RunDelete(const std::string& op_id, const std::string& sandbox_id, TimePoint requested);
   void RunLifecycle(const std::string& op_id, const std::string& sandbox_id,

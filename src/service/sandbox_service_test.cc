@@ -34,6 +34,37 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using namespace std::chrono_literals;
 
+// A result's JSON as the API renders it (api/render.cc), for the assertions below.
+json Body(const Result& r) {
+  struct {
+    json operator()(const SandboxCreated& c) const {
+      return {{"sandbox", SandboxView(c.sandbox)}, {"operation", OperationView(c.operation)}};
+    }
+    json operator()(const OperationStarted& o) const {
+      return {{"operation", OperationView(o.operation)}};
+    }
+    json operator()(const SessionCreated& s) const {
+      return {{"session_id", s.session.id}, {"sandbox_id", s.session.sandbox_id},
+              {"state", s.session.state}, {"attach", {{"token", s.attach.token}}}};
+    }
+  } visit;
+  return std::visit(visit, r);
+}
+
+template <typename T>
+json Body(const Answer<T>& a) {
+  if (a.replay) return json::parse(a.replay->body);
+  EXPECT_TRUE(a.result.has_value());
+  return a.result ? Body(Result(*a.result)) : json();
+}
+
+// An Idempotency-Key scoped to `route`; what it stores is the result's Body.
+std::optional<Idempotency> Key(std::optional<std::string> key, const std::string& route) {
+  if (!key) return std::nullopt;
+  return Idempotency{*key, "POST", route,
+                     [](const Result& r) { return Rendered{1, Body(r).dump()}; }};
+}
+
 // The fake runtime without pause support: requests must be refused before any change.
 class NoPauseBackend : public runtime::Backend {
  public:
@@ -199,7 +230,7 @@ class SandboxServiceTest : public ::testing::Test {
       if (page.ok()) {
         for (const auto& sb : page->items) {
           auto r = svc_->DeleteSandbox(caller_, sb.id, std::nullopt);
-          if (r.ok()) WaitOp(json::parse(r->body)["operation"]["id"]);
+          if (r.ok()) WaitOp(Body(*r)["operation"]["id"]);
         }
       }
     }
@@ -266,7 +297,7 @@ class SandboxServiceTest : public ::testing::Test {
     auto r = svc_->CreateSandbox(caller_, req, std::nullopt);
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) return "";
-    json body = json::parse(r->body);
+    json body = Body(*r);
     EXPECT_EQ(WaitOp(body["operation"]["id"]).state, "succeeded");
     return body["sandbox"]["id"];
   }
@@ -274,9 +305,10 @@ class SandboxServiceTest : public ::testing::Test {
   // Starts `kind` and returns the operation JSON of the 202.
   absl::StatusOr<json> Request(const std::string& id, const std::string& kind,
                                std::optional<std::string> key = std::nullopt) {
-    SBX_ASSIGN_OR_RETURN(StoredResponse r, svc_->RequestLifecycle(caller_, id, kind, key));
-    EXPECT_EQ(r.status, 202);
-    return json::parse(r.body)["operation"];
+    SBX_ASSIGN_OR_RETURN(auto r, svc_->RequestLifecycle(caller_, id, kind,
+                                                         Key(key, id + "/" + kind)));
+    EXPECT_TRUE(r.result.has_value() != r.replay.has_value());
+    return Body(r)["operation"];
   }
 
   void Do(const std::string& id, const std::string& kind) {
@@ -356,7 +388,7 @@ TEST_F(SandboxServiceTest, EffectiveResourcesCombineTheRequestAndDeploymentDefau
   req.canonical = json{{"runtime", "recording"}, {"resources", {{"memory_mib", 256}}}};
   auto r = svc_->CreateSandbox(caller_, req, std::nullopt);
   ASSERT_TRUE(r.ok()) << r.status();
-  json body = json::parse(r->body);
+  json body = Body(*r);
   const json want = {{"vcpu", 1},      {"memory_mib", 256}, {"disk_mib", 1024},
                      {"pids", 100},    {"open_files", 1000}, {"tmp_mib", 32},
                      {"shm_mib", 16},  {"output_buffer_bytes", 1 << 20}};
@@ -504,9 +536,12 @@ TEST_F(SandboxServiceTest, InFlightConflictsRepeatsAndDeleteWins) {
   auto repeat = Request(id, "pause");
   ASSERT_TRUE(repeat.ok()) << repeat.status();
   EXPECT_EQ((*repeat)["id"], (*pause)["id"]);
-  auto replay = svc_->RequestLifecycle(caller_, id, "pause", "key-1");
+  auto replay = svc_->RequestLifecycle(caller_, id, "pause", Key("key-1", id + "/pause"));
   ASSERT_TRUE(replay.ok());
-  EXPECT_TRUE(replay->replayed);
+  ASSERT_TRUE(replay->replay.has_value());
+  EXPECT_FALSE(replay->result.has_value());
+  EXPECT_EQ(Body(*replay)["operation"]["id"], (*pause)["id"]);
+  EXPECT_EQ(replay->replay->status, 1);  // what the caller's render said, stored as it was
   // Another kind: 409 naming the operation in flight.
   auto wake = Request(id, "wake");
   EXPECT_EQ(ApiErrorCode(wake.status()), "operation_in_progress") << wake.status();
@@ -525,7 +560,7 @@ TEST_F(SandboxServiceTest, InFlightConflictsRepeatsAndDeleteWins) {
   auto paused = WaitOp((*pause)["id"]);
   EXPECT_EQ(paused.state, "failed");
   EXPECT_EQ(paused.error.value("code", ""), "cancelled");
-  EXPECT_EQ(WaitOp(json::parse(del->body)["operation"]["id"]).state, "succeeded");
+  EXPECT_EQ(WaitOp(Body(*del)["operation"]["id"]).state, "succeeded");
   EXPECT_EQ(StateOf(id), kDeleted);
 }
 
@@ -534,7 +569,7 @@ TEST_F(SandboxServiceTest, DeleteOfPausedSandbox) {
   Do(id, "pause");
   auto del = svc_->DeleteSandbox(caller_, id, std::nullopt);
   ASSERT_TRUE(del.ok()) << del.status();
-  EXPECT_EQ(WaitOp(json::parse(del->body)["operation"]["id"]).state, "succeeded");
+  EXPECT_EQ(WaitOp(Body(*del)["operation"]["id"]).state, "succeeded");
   EXPECT_EQ(StateOf(id), kDeleted);
   EXPECT_FALSE(fs::exists(dir_ / "sandboxes" / id));
 }
@@ -622,7 +657,7 @@ TEST_F(SandboxServiceTest, OperationMetricsCountWhatFinished) {
 
   auto del = svc_->DeleteSandbox(caller_, id, std::nullopt);
   ASSERT_TRUE(del.ok()) << del.status();
-  EXPECT_EQ(WaitOp(json::parse(del->body)["operation"]["id"]).state, "succeeded");
+  EXPECT_EQ(WaitOp(Body(*del)["operation"]["id"]).state, "succeeded");
   EXPECT_EQ(MetricSoon("sbx_operations_total{kind=\"delete\",result=\"succeeded\"}", "1"), "1");
   EXPECT_EQ(Metric("sbx_sandboxes{state=\"running\"}"), "0");
   // A repeated delete answers with the finished operation and counts nothing new.
@@ -654,7 +689,7 @@ TEST_F(SandboxServiceTest, FailedAndCancelledOperationsAreCountedApart) {
   }
   cv.notify_all();
   EXPECT_EQ(WaitOp((*pause)["id"]).error.value("code", ""), "cancelled");
-  EXPECT_EQ(WaitOp(json::parse(del->body)["operation"]["id"]).state, "succeeded");
+  EXPECT_EQ(WaitOp(Body(*del)["operation"]["id"]).state, "succeeded");
   EXPECT_EQ(MetricSoon("sbx_operations_total{kind=\"pause\",result=\"cancelled\"}", "1"), "1");
   EXPECT_EQ(MetricSoon("sbx_operations_total{kind=\"pause\",result=\"failed\"}", "0"), "0");
   EXPECT_EQ(MetricSoon("sbx_operations_total{kind=\"pause\",result=\"succeeded\"}", "0"), "0");
@@ -673,7 +708,7 @@ TEST_F(SandboxServiceTest, FailedAndCancelledOperationsAreCountedApart) {
   req.canonical = json{{"runtime", "fake"}};
   auto r = svc_->CreateSandbox(caller_, req, std::nullopt);
   ASSERT_TRUE(r.ok()) << r.status();
-  json body = json::parse(r->body);
+  json body = Body(*r);
   ASSERT_TRUE(store_->Transact([&](store::Tx& tx) -> absl::Status {
     SBX_ASSIGN_OR_RETURN(store::SandboxRecord sb, tx.GetSandbox(body["sandbox"]["id"]));
     sb.template_digest = "sha256:changed";
@@ -733,7 +768,7 @@ TEST_F(SandboxServiceTest, WarmPoolMetricsAndWarmCreates) {
   req.canonical = json::object();
   auto r = svc_->CreateSandbox(caller_, req, std::nullopt);
   ASSERT_TRUE(r.ok()) << r.status();
-  json body = json::parse(r->body);
+  json body = Body(*r);
   ASSERT_EQ(body["operation"]["state"], "succeeded") << "not served from the pool: " << body;
   EXPECT_EQ(MetricSoon("sbx_sandbox_create_to_running_seconds_count"
                        "{runtime=\"fake\",source=\"warm\"}", "1"),
@@ -756,7 +791,7 @@ TEST_F(SandboxServiceTest, SessionMetricsFollowTheDataPlane) {
     req.canonical = json{{"argv", req.argv}, {"n", NewId("x")}};
     auto r = svc_->CreateSession(caller_, id, req, std::nullopt);
     EXPECT_TRUE(r.ok()) << r.status();
-    return r.ok() ? json::parse(r->body)["session_id"].get<std::string>() : "";
+    return r.ok() ? Body(*r)["session_id"].get<std::string>() : "";
   };
   const std::string a = session(), b = session(), c = session(), d = session();
   EXPECT_EQ(Metric("sbx_sessions_active"), "0");
@@ -800,7 +835,7 @@ TEST_F(SandboxServiceTest, SessionMetricsFollowTheDataPlane) {
   // Deleting the sandbox ends it.
   auto del = svc_->DeleteSandbox(caller_, id, std::nullopt);
   ASSERT_TRUE(del.ok()) << del.status();
-  EXPECT_EQ(WaitOp(json::parse(del->body)["operation"]["id"]).state, "succeeded");
+  EXPECT_EQ(WaitOp(Body(*del)["operation"]["id"]).state, "succeeded");
   // The delete job ends the sessions' gauge just after committing the operation.
   EXPECT_EQ(MetricSoon("sbx_sessions_active", "0"), "0");
   EXPECT_EQ(Metric("sbx_oom_kills_total"), "2");
@@ -816,7 +851,7 @@ TEST_F(SandboxServiceTest, AgentAnswersOfTheWrongTypeAreIgnored) {
   req.canonical = json{{"argv", req.argv}};
   auto r = svc_->CreateSession(caller_, id, req, std::nullopt);
   ASSERT_TRUE(r.ok()) << r.status();
-  const std::string sid = json::parse(r->body)["session_id"].get<std::string>();
+  const std::string sid = Body(*r)["session_id"].get<std::string>();
   // The answers are decoded (protocol/messages.h) before anything is recorded: a wrong type is
   // refused there, without a throw, and nothing reaches the store.
   std::optional<absl::StatusOr<protocol::AttachReply>> started;
@@ -831,7 +866,7 @@ TEST_F(SandboxServiceTest, AgentAnswersOfTheWrongTypeAreIgnored) {
   EXPECT_EQ(Metric("sbx_sessions_started_total"), "0");
   auto del = svc_->DeleteSandbox(caller_, id, std::nullopt);
   ASSERT_TRUE(del.ok()) << del.status();
-  EXPECT_EQ(WaitOp(json::parse(del->body)["operation"]["id"]).state, "succeeded");
+  EXPECT_EQ(WaitOp(Body(*del)["operation"]["id"]).state, "succeeded");
 }
 
 TEST_F(SandboxServiceTest, DeniedEgressIsCountedOnceAcrossReadingsRestartsAndDelete) {
@@ -861,7 +896,7 @@ TEST_F(SandboxServiceTest, DeniedEgressIsCountedOnceAcrossReadingsRestartsAndDel
   egress_->Set(a, 10);
   auto del = svc_->DeleteSandbox(caller_, a, std::nullopt);
   ASSERT_TRUE(del.ok()) << del.status();
-  EXPECT_EQ(WaitOp(json::parse(del->body)["operation"]["id"]).state, "succeeded");
+  EXPECT_EQ(WaitOp(Body(*del)["operation"]["id"]).state, "succeeded");
   EXPECT_EQ(Metric("sbx_egress_denied_total"), "11");
   egress_->Set(b, 6);
   svc_->RunTimersOnce(wall + 50s, mono);
@@ -884,7 +919,7 @@ TEST_F(SandboxServiceTest, InteractiveSessionSpecAndTimedOutExitSurviveARestart)
   req.canonical = json{{"argv", req.argv}, {"tty", true}};
   auto r = svc_->CreateSession(caller_, id, req, std::nullopt);
   ASSERT_TRUE(r.ok()) << r.status();
-  const std::string sid = json::parse(r->body)["session_id"];
+  const std::string sid = Body(*r)["session_id"];
   auto s = svc_->GetSession(caller_, sid);
   ASSERT_TRUE(s.ok());
   // What the agent gets at the first attach (protocol.h); a tty always has stdin.
@@ -898,7 +933,7 @@ TEST_F(SandboxServiceTest, InteractiveSessionSpecAndTimedOutExitSurviveARestart)
   plain_req.canonical = json{{"argv", plain_req.argv}, {"n", 2}};
   auto plain = svc_->CreateSession(caller_, id, plain_req, std::nullopt);
   ASSERT_TRUE(plain.ok());
-  auto ps = svc_->GetSession(caller_, json::parse(plain->body)["session_id"]);
+  auto ps = svc_->GetSession(caller_, Body(*plain)["session_id"]);
   ASSERT_TRUE(ps.ok());
   EXPECT_FALSE(ps->spec.contains("tty") || ps->spec.contains("stdin") ||
                ps->spec.contains("timeout_s"))
@@ -947,8 +982,8 @@ class AdmissionServiceTest : public SandboxServiceTest {
     req.vcpu = vcpu;
     req.canonical = json{{"runtime", runtime}, {"m", memory_mib ? *memory_mib : 0},
                          {"v", vcpu ? *vcpu : 0}};
-    SBX_ASSIGN_OR_RETURN(StoredResponse r, svc_->CreateSandbox(caller_, req, std::nullopt));
-    return json::parse(r.body);
+    SBX_ASSIGN_OR_RETURN(auto r, svc_->CreateSandbox(caller_, req, std::nullopt));
+    return Body(r);
   }
   size_t Listed() {
     store::SandboxFilter f;
@@ -959,7 +994,7 @@ class AdmissionServiceTest : public SandboxServiceTest {
   void Delete(const std::string& id) {
     auto r = svc_->DeleteSandbox(caller_, id, std::nullopt);
     ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(WaitOp(json::parse(r->body)["operation"]["id"]).state, "succeeded");
+    EXPECT_EQ(WaitOp(Body(*r)["operation"]["id"]).state, "succeeded");
   }
 };
 
@@ -1098,7 +1133,7 @@ class SandboxTimersTest : public SandboxServiceTest {
     auto r = svc_->CreateSandbox(caller_, req, std::nullopt);
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) return "";
-    json body = json::parse(r->body);
+    json body = Body(*r);
     EXPECT_EQ(WaitOp(body["operation"]["id"]).state, "succeeded");
     return body["sandbox"]["id"];
   }
@@ -1177,7 +1212,7 @@ TEST_F(SandboxTimersTest, RetentionPurgesDeletedSandboxesOnly) {
   const std::string kept = CreateRunning();
   auto r = svc_->DeleteSandbox(caller_, gone, std::nullopt);
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ(WaitOp(json::parse(r->body)["operation"]["id"]).state, "succeeded");
+  EXPECT_EQ(WaitOp(Body(*r)["operation"]["id"]).state, "succeeded");
   svc_->RunTimersOnce(wall_ + 24h, mono_);  // inside the 7-day retention
   EXPECT_EQ(StateOf(gone), kDeleted);
   svc_->RunTimersOnce(wall_ + 8 * 24h, mono_);
@@ -1196,7 +1231,7 @@ TEST_F(SandboxServiceTest, DeadAgentFailsTheSandboxAndItsSessions) {
     req.canonical = json{{"argv", req.argv}, {"n", NewId("x")}};
     auto r = svc_->CreateSession(caller_, id, req, std::nullopt);
     EXPECT_TRUE(r.ok()) << r.status();
-    return r.ok() ? json::parse(r->body)["session_id"].get<std::string>() : "";
+    return r.ok() ? Body(*r)["session_id"].get<std::string>() : "";
   };
   const std::string running = session(), created = session();
   svc_->RecordSessionStarted(running, true);
@@ -1242,7 +1277,7 @@ TEST_F(SandboxServiceTest, DeadAgentFailsTheSandboxAndItsSessions) {
 
   auto del = svc_->DeleteSandbox(caller_, id, std::nullopt);
   ASSERT_TRUE(del.ok()) << del.status();
-  EXPECT_EQ(WaitOp(json::parse(del->body)["operation"]["id"]).state, "succeeded");
+  EXPECT_EQ(WaitOp(Body(*del)["operation"]["id"]).state, "succeeded");
 }
 
 }  // namespace sbx::service

@@ -9,10 +9,6 @@
 
 namespace sbx::service::internal {
 
-using nlohmann::json;
-using store::OperationRecord;
-using store::Tx;
-
 absl::Status BadId(std::string_view kind, const std::string& id) {
   std::string shown = id.size() > 64 ? id.substr(0, 64) + "..." : id;
   return ApiError(absl::StatusCode::kInvalidArgument, "invalid_argument",
@@ -28,33 +24,32 @@ json ErrorJson(std::string_view code, const absl::Status& s) {
   return {{"code", code}, {"message", std::string(s.message())}};
 }
 
-absl::StatusOr<std::optional<StoredResponse>> CheckIdempotency(Tx& tx, const Caller& caller,
-                                                               const std::optional<std::string>& key,
-                                                               const IdemScope& scope,
-                                                               const std::string& body_hash) {
-  if (!key) return std::optional<StoredResponse>();
+absl::StatusOr<std::optional<Rendered>> CheckIdempotency(Tx& tx, const Caller& caller,
+                                                         const std::optional<Idempotency>& idem,
+                                                         const std::string& body_hash) {
+  if (!idem) return std::optional<Rendered>();
   SBX_ASSIGN_OR_RETURN(auto rec,
-                       tx.GetIdempotency(caller.tenant_id, *key, scope.method, scope.route));
-  if (!rec) return std::optional<StoredResponse>();
+                       tx.GetIdempotency(caller.tenant_id, idem->key, idem->method, idem->route));
+  if (!rec) return std::optional<Rendered>();
   if (rec->body_hash != body_hash) {
     return ApiError(absl::StatusCode::kFailedPrecondition, "idempotency_key_reused",
                     "Idempotency-Key was already used with a different request body");
   }
-  return std::optional<StoredResponse>(StoredResponse{rec->status, rec->response_body, true});
+  return std::optional<Rendered>(Rendered{rec->status, rec->response_body});
 }
 
-absl::Status SaveIdempotency(Tx& tx, const Caller& caller, const std::optional<std::string>& key,
-                             const IdemScope& scope, const std::string& body_hash,
-                             const StoredResponse& resp) {
-  if (!key) return absl::OkStatus();
+absl::Status SaveIdempotency(Tx& tx, const Caller& caller, const std::optional<Idempotency>& idem,
+                             const std::string& body_hash, const Result& result) {
+  if (!idem) return absl::OkStatus();
+  const Rendered rendered = idem->render(result);
   store::IdempotencyRecord rec;
   rec.tenant_id = caller.tenant_id;
-  rec.key = *key;
-  rec.method = scope.method;
-  rec.route = scope.route;
+  rec.key = idem->key;
+  rec.method = idem->method;
+  rec.route = idem->route;
   rec.body_hash = body_hash;
-  rec.status = resp.status;
-  rec.response_body = resp.body;
+  rec.status = rendered.status;
+  rec.response_body = rendered.body;
   rec.created_at = NowRfc3339();
   return tx.PutIdempotency(rec);
 }
@@ -123,6 +118,16 @@ void Finish(OperationRecord& op, bool ok, json error, const std::string& now) {
   op.error = std::move(error);
   op.updated_at = now;
   op.completed_at = now;
+}
+
+std::string_view ResultOf(const OperationRecord& op) {
+  if (op.state == "succeeded") return "succeeded";
+  const bool cancelled = op.error.is_object() && op.error.value("code", "") == "cancelled";
+  return cancelled ? "cancelled" : "failed";
+}
+
+std::string StoreError(const absl::Status& s) {
+  return s.ok() ? std::string() : fmt::format("store: {}", std::string(s.message()));
 }
 
 }  // namespace sbx::service::internal

@@ -20,6 +20,13 @@
 
 namespace sbx::service::internal {
 
+// The names the service's files use (they say `using namespace internal`).
+using nlohmann::json;
+using store::OperationRecord;
+using store::SandboxRecord;
+using store::SessionRecord;
+using store::Tx;
+
 absl::Status BadId(std::string_view kind, const std::string& id);
 absl::Status NotFound(std::string_view kind, const std::string& id);
 nlohmann::json ErrorJson(std::string_view code, const absl::Status& s);
@@ -46,23 +53,22 @@ void FillEffectiveDefaults(store::SandboxRecord& sb, const runtime::Resources& d
 
 // --- Idempotency and operations (service_internal.cc) ---
 
-// Idempotency scope is (tenant, method, route template, key); the body hash decides between a
-// replay and a conflict.
-struct IdemScope {
-  std::string method;
-  std::string route;
-};
-
-absl::StatusOr<std::optional<StoredResponse>> CheckIdempotency(
-    store::Tx& tx, const Caller& caller, const std::optional<std::string>& key,
-    const IdemScope& scope, const std::string& body_hash);
+// The stored answer for `idem`'s key (a replay), nullopt for a new key; a key used with
+// another body is idempotency_key_reused.
+absl::StatusOr<std::optional<Rendered>> CheckIdempotency(store::Tx& tx, const Caller& caller,
+                                                         const std::optional<Idempotency>& idem,
+                                                         const std::string& body_hash);
 absl::Status SaveIdempotency(store::Tx& tx, const Caller& caller,
-                             const std::optional<std::string>& key, const IdemScope& scope,
-                             const std::string& body_hash, const StoredResponse& resp);
+                             const std::optional<Idempotency>& idem, const std::string& body_hash,
+                             const Result& result);
 
 store::OperationRecord NewOperation(const std::string& tenant, const std::string& kind,
                                     const std::string& sandbox_id, const std::string& now);
 void Finish(store::OperationRecord& op, bool ok, nlohmann::json error, const std::string& now);
+// How a finished operation is logged: "succeeded", "cancelled" or "failed".
+std::string_view ResultOf(const store::OperationRecord& op);
+// "store: <message>" for a failed store step, "" for OK.
+std::string StoreError(const absl::Status& s);
 
 // The log context of an operation's job: the request that asked for it (its request_id comes
 // from the caller's scope, see api.cc) plus the operation, its sandbox and tenant.

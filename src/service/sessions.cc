@@ -12,27 +12,16 @@
 
 namespace sbx::service {
 
-using nlohmann::json;
-using store::SandboxRecord;
-using store::SessionRecord;
-using store::Tx;
 using namespace internal;  // this folder's helpers (service_internal.h)
 
 // ---------------------------------------------------------------------------------------------
 // Sessions
 
-absl::StatusOr<StoredResponse> SandboxService::CreateSession(
+absl::StatusOr<Answer<SessionCreated>> SandboxService::CreateSession(
     const Caller& caller, const std::string& sandbox_id, const CreateSessionRequest& req,
-    const std::optional<std::string>& idem_key) {
-  const IdemScope scope{"POST", "/v1/sandboxes/" + sandbox_id + "/sessions"};
-  const std::string body_hash = Sha256Hex(req.canonical.dump());
-  StoredResponse out;
-  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
-    SBX_ASSIGN_OR_RETURN(auto replay, CheckIdempotency(tx, caller, idem_key, scope, body_hash));
-    if (replay) {
-      out = *replay;
-      return absl::OkStatus();
-    }
+    const std::optional<Idempotency>& idem) {
+  return Mutate<SessionCreated>(caller, idem, Sha256Hex(req.canonical.dump()),
+                                [&](Tx& tx) -> absl::StatusOr<Accepted<SessionCreated>> {
     SBX_ASSIGN_OR_RETURN(SandboxRecord sb, VisibleSandbox(tx, caller, sandbox_id));
     if (sb.state != kRunning) {
       return ApiError(absl::StatusCode::kFailedPrecondition, "sandbox_not_running",
@@ -64,19 +53,10 @@ absl::StatusOr<StoredResponse> SandboxService::CreateSession(
     s.spec = spec.ToJson();
     s.created_at = now;
     SBX_RETURN_IF_ERROR(tx.PutSession(s));
-    auto minted = tokens_.Mint(s.id, caller.tenant_id);
-    out.status = 201;
-    out.body = json{{"session_id", s.id},
-                    {"sandbox_id", sb.id},
-                    {"state", s.state},
-                    {"attach",
-                     {{"url", fmt::format("/v1/sessions/{}/attach", s.id)},
-                      {"token", minted.token},
-                      {"expires_at", minted.expires_at}}}}
-                   .dump();
-    return SaveIdempotency(tx, caller, idem_key, scope, body_hash, out);
-  }));
-  return out;
+    Accepted<SessionCreated> out;
+    out.result = SessionCreated{s, tokens_.Mint(s.id, caller.tenant_id)};
+    return out;
+  });
 }
 
 void SandboxService::AddInteractiveSpec(const CreateSessionRequest& req, SessionSpec& spec) {

@@ -136,7 +136,7 @@ void SandboxService::RunTimersOnce(std::chrono::system_clock::time_point wall,
     if (r.ok()) {
       spdlog::info("sandbox {}: idle for {} s; suspending", sb.id, idle_s);
     } else {
-      // A client's call may have raced us (409): the next tick looks again.
+      // A client's call may have raced us (invalid_state): the next tick looks again.
       spdlog::debug("sandbox {}: idle suspend: {}", sb.id, std::string(r.status().message()));
     }
   }

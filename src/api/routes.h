@@ -1,0 +1,76 @@
+// The v1 API's route table (routes.cc): method + path pattern -> handler, and how its caller
+// authenticates. A new route is one row in kRoutes and one handler, in the file of its resource
+// (sandbox_routes.cc, session_routes.cc, operation_routes.cc, system_routes.cc).
+#pragma once
+
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "api/api.h"
+#include "api/target.h"
+#include "http/server.h"
+#include "service/inputs.h"
+
+namespace sbx::api {
+
+using Awaitable = http::asio::awaitable<std::optional<http::Response>>;
+
+enum class Auth {
+  kNone,     // the health probes
+  kMetrics,  // the admin token, unless metrics.public
+  kTenant,   // a management token
+  kSession,  // a management token, or the attach token of the session in the path
+};
+
+// What a handler gets. `caller` is empty for kNone and kMetrics routes.
+struct Call {
+  http::RequestContext& ctx;
+  const service::Caller& caller;
+  const Target& target;
+  std::string id;      // the path's {id}, "" when it has none
+  std::string action;  // the path's last segment after {id} ("pause", "files:list", ...)
+};
+
+// The handlers, one per route. Friends of Api: they call its service and its data-plane
+// members as they are.
+struct Routes {
+  using Handler = Awaitable (*)(Api& api, Call& call);
+
+  // system_routes.cc
+  static Awaitable Healthz(Api& api, Call& call);
+  static Awaitable Readyz(Api& api, Call& call);
+  static Awaitable Metrics(Api& api, Call& call);
+  // sandbox_routes.cc
+  static Awaitable CreateSandbox(Api& api, Call& call);
+  static Awaitable ListSandboxes(Api& api, Call& call);
+  static Awaitable GetSandbox(Api& api, Call& call);
+  static Awaitable DeleteSandbox(Api& api, Call& call);
+  static Awaitable Lifecycle(Api& api, Call& call);
+  static Awaitable Processes(Api& api, Call& call);
+  static Awaitable Files(Api& api, Call& call);
+  // session_routes.cc
+  static Awaitable CreateSession(Api& api, Call& call);
+  static Awaitable GetSession(Api& api, Call& call);
+  static Awaitable Attach(Api& api, Call& call);
+  static Awaitable SessionIo(Api& api, Call& call);
+  static Awaitable WebSocket(Api& api, Call& call);
+  // operation_routes.cc
+  static Awaitable GetOperation(Api& api, Call& call);
+};
+
+struct Route {
+  // GET, POST, ...; std::nullopt: any method (the handler answers 405 itself).
+  std::optional<http::bhttp::verb> method;
+  // Segments separated by '/': literal, "{id}", or a literal prefix ending in '*' ("files*").
+  std::string_view pattern;
+  Auth auth;
+  Routes::Handler handler;
+};
+
+std::span<const Route> RouteTable();
+// Whether `pattern` matches the path's segments.
+bool PatternMatches(std::string_view pattern, const std::vector<std::string>& segments);
+
+}  // namespace sbx::api
