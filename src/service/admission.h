@@ -13,8 +13,8 @@
 // or being built). Failed and deleted sandboxes hold nothing. Admit checks and holds in one
 // step under the ledger's lock, so concurrent creates cannot overshoot.
 //
-// A request that does not fit now is 503 insufficient_capacity (Retry-After: a delete will
-// make room); one larger than the whole capacity is 422 exceeds_capacity (it never will). Both
+// A request that does not fit now is insufficient_capacity (unavailable: a delete will
+// make room); one larger than the whole capacity is exceeds_capacity (it never will). Both
 // name the resource in the message and in details (resource, requested, available, capacity).
 //
 // Thread safety: all methods are safe to call concurrently.
@@ -69,7 +69,7 @@ struct Demand {
 // Host × ratio − reserve, per resource (never below 0).
 Demand CapacityOf(const HostCapacity& host, const AdmissionSettings& s);
 
-// OK when `want` fits beside `reserved` in `capacity`; otherwise the 422/503 error above.
+// OK when `want` fits beside `reserved` in `capacity`; otherwise one of the two errors above.
 // `what` names the requester in the message ("the sandbox", "a warm-pool sandbox").
 absl::Status CheckFits(const Demand& want, const Demand& reserved, const Demand& capacity,
                        const HostCapacity& host, const AdmissionSettings& s,

@@ -4,7 +4,7 @@
 // without a bound a client — or many, against one sandbox whose guest filled its process table
 // — multiplies that by the number of connections. The gate gives out a fixed number of slots
 // per sandbox (a request beyond them waits, in a bounded queue, for one to free) and in all (a
-// request finding none is shed at once with 503, like the HTTP front door): sbxd's memory for
+// request finding none is shed at once as unavailable, like the HTTP front door): sbxd's memory for
 // guest replies is at most `in_flight` x 2 x kMaxGuestReplyBytes under any guest behaviour.
 #pragma once
 

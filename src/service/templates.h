@@ -17,7 +17,7 @@ class TemplateRegistry {
   // Builds the `base` skeleton under state_dir; `host_root` is "/" except in tests.
   static absl::StatusOr<TemplateRegistry> Create(const std::string& state_dir,
                                                  const std::string& host_root = "/");
-  // "base", "base:latest" -> the spec; unknown names or tags -> 422 template_not_found.
+  // "base", "base:latest" -> the spec; unknown names or tags -> template_not_found.
   absl::StatusOr<runtime::TemplateSpec> Resolve(const std::string& ref) const;
   // Resolve, plus what a launch would find missing only at the first create: the skeleton
   // lower layer and every bind's host path must exist (sbx doctor, sbxd start-up).
