@@ -16,13 +16,14 @@
 #include <string>
 
 #include "agent/identity.h"
+#include "protocol/limits.h"
 
 namespace sbx::agent {
 
 struct AgentOptions {
   int listen_fd = -1;        // an inherited, bound and listening unix socket
   std::string listen_path;   // or: bind this path ourselves
-  size_t buffer_bytes = 8u << 20;  // retention budget per session and stream
+  size_t buffer_bytes = protocol::kDefaultOutputBufferBytes;  // per session and stream
   int log_fd = 2;  // JSON lines (common/log_format.h)
   std::string sandbox_id;  // for the log lines only
   // When false the `user` field of a spec is ignored and processes keep the agent's

@@ -21,7 +21,10 @@ void Usage(FILE* out) {
       "                 [--cgroup-procs-fd N]...\n"
       "  --listen-fd N       serve on an inherited, listening unix socket (ns runtime)\n"
       "  --listen PATH       bind and serve on a unix socket at PATH\n"
-      "  --buffer-bytes N    output retained per session and stream (default 8388608)\n"
+      out);
+  std::fprintf(out, "  --buffer-bytes N    output retained per session and stream (default %zu)\n",
+               protocol::kDefaultOutputBufferBytes);
+  std::fputs(
       "  --log-fd N          write logs (JSON lines) to fd N instead of stderr\n"
       "  --sandbox-id ID     the sandbox this agent serves, named on every log line\n"
       "  --no-user-switch    ignore spec.user; run processes with the agent's credentials\n"

@@ -14,6 +14,10 @@
 
 namespace sbx::protocol {
 
+// The output the agent retains per session and stream when sbxd does not say (its
+// --buffer-bytes; sbxd's sessions.output_buffer_bytes): one copy for sbxd, runtimes and agent.
+inline constexpr size_t kDefaultOutputBufferBytes = 8u << 20;
+
 // The largest payload of one frame, per type, as sbxd reads it. kMaxPayload (16 MiB) remains
 // the codec's absolute bound (and what the agent accepts from sbxd, which is trusted).
 inline constexpr uint32_t kMaxHelloBytes = 4 << 10;

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "common/metrics.h"
 #include "ops/operation_engine.h"
+#include "protocol/limits.h"
 #include "runtime/backend.h"
 #include "common/ticker.h"
 #include "service/activity.h"
@@ -61,7 +62,7 @@ struct ServiceOptions {
   runtime::Resources defaults;
   // The agent's per-stream output buffer (sbxd --output-buffer-bytes), reported in every
   // sandbox's effective_resources.
-  int64_t output_buffer_bytes = 8 << 20;
+  int64_t output_buffer_bytes = protocol::kDefaultOutputBufferBytes;
   std::chrono::seconds attach_token_ttl{900};
   std::string attach_key;  // HMAC key for attach tokens
   // Sandboxes kept ready per runtime and template (warm_pool.h); a create with the default
@@ -83,7 +84,7 @@ struct ServiceOptions {
 struct LiveOptions {
   runtime::Resources defaults;  // for sandboxes created from now on
   TimerSettings timers;
-  std::chrono::seconds attach_token_ttl{900};
+  std::chrono::seconds attach_token_ttl = ServiceOptions{}.attach_token_ttl;
   // The pools wanted now; a pool missing here is turned off.
   std::vector<WarmPoolConfig> warm_pools;
   AdmissionSettings admission;

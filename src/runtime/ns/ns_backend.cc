@@ -521,7 +521,7 @@ class Creation {
 NsBackend::NsBackend(NsOptions options) : shared_(std::make_shared<Shared>()) {
   Shared& s = *shared_;
   s.opts = std::move(options);
-  if (s.opts.agent_buffer_bytes == 0) s.opts.agent_buffer_bytes = kDefaultAgentBufferBytes;
+  if (s.opts.agent_buffer_bytes == 0) s.opts.agent_buffer_bytes = protocol::kDefaultOutputBufferBytes;
   s.sandboxes_dir = fmt::format("{}/sandboxes", s.opts.state_dir);
 
   auto agent = AgentImage::Load(s.opts.agent_path);

@@ -23,13 +23,12 @@
 #include <memory>
 #include <string>
 
+#include "protocol/limits.h"
 #include "runtime/backend.h"
 
 namespace sbx::runtime::ns {
 
 inline constexpr int64_t kCpuPeriodUs = 100000;
-// Per-stream output buffer of the agent when NsOptions::agent_buffer_bytes is 0.
-inline constexpr size_t kDefaultAgentBufferBytes = 8u << 20;
 // How long Create() waits for the agent's first ping answer.
 inline constexpr int kAgentReadyTimeoutMs = 10000;
 // How long Adopt() waits for a ping answer.
@@ -39,7 +38,7 @@ struct NsOptions {
   std::string state_dir;             // e.g. /var/lib/sbx
   std::string agent_path;            // e.g. build/bin/sbx-agent; read once at construction
   std::string cgroup_root_override;  // cgroupfs root instead of the mount points in /proc/mounts
-  size_t agent_buffer_bytes = 0;     // 0 = kDefaultAgentBufferBytes
+  size_t agent_buffer_bytes = 0;     // 0 = protocol::kDefaultOutputBufferBytes
   std::string proc_root = "/proc";   // tests only: where /proc/self/cgroup and mounts are read
   // Remount the host's cgroup2 with `favordynmods` when launches join cgroups by writing
   // cgroup.procs (hybrid v1 layouts): see cgroup_favor.h. Host-wide; off keeps the host as is.
