@@ -20,10 +20,10 @@ void Usage(FILE* out) {
       "                 [--root DIR] [--workdir PATH] [--userns-fd N --caps MASK]\n"
       "                 [--cgroup-procs-fd N]...\n"
       "  --listen-fd N       serve on an inherited, listening unix socket (ns runtime)\n"
-      "  --listen PATH       bind and serve on a unix socket at PATH\n"
+      "  --listen PATH       bind and serve on a unix socket at PATH\n",
       out);
   std::fprintf(out, "  --buffer-bytes N    output retained per session and stream (default %zu)\n",
-               protocol::kDefaultOutputBufferBytes);
+               sbx::protocol::kDefaultOutputBufferBytes);
   std::fputs(
       "  --log-fd N          write logs (JSON lines) to fd N instead of stderr\n"
       "  --sandbox-id ID     the sandbox this agent serves, named on every log line\n"

@@ -10,6 +10,7 @@ namespace {
 
 using protocol::DecodeReply;
 using protocol::EncodeRequest;
+using protocol::Frame;
 using protocol::FrameType;
 
 absl::Status Malformed(std::string_view what) {
@@ -232,48 +233,55 @@ std::optional<AttachFrame> AttachStream::TryNext() {
   return AttachFrame(std::move(*f));
 }
 
-asio::awaitable<absl::StatusOr<std::optional<std::string>>> DownloadStream::NextChunk() {
-  for (int idle = 0; idle < kTransferIdlePeriods;) {
-    auto f = co_await s_->Next(kTransferIdle);
+namespace {
+
+// The next frame of a transfer. A transfer may idle for kTransferIdlePeriods periods of
+// kTransferIdle in all: `idle` counts them across the calls of one loop.
+asio::awaitable<absl::StatusOr<Frame>> NextTransferFrame(AgentStream& s, int& idle,
+                                                         const char* too_late) {
+  while (idle < kTransferIdlePeriods) {
+    auto f = co_await s.Next(kTransferIdle);
     if (!f.ok()) co_return f.status();
-    if (!*f) {
-      ++idle;
-      continue;
-    }
-    if ((*f)->type == FrameType::kData) co_return std::optional<std::string>(std::move((*f)->payload));
-    if ((*f)->type != FrameType::kEnd) co_return Malformed("expected data or the end of a download");
-    auto end = DecodeReply<protocol::OkReply>((*f)->payload, "end frame");
-    if (!end.ok()) co_return end.status();
-    co_return std::optional<std::string>();
+    if (*f) co_return std::move(**f);
+    ++idle;
   }
-  co_return absl::DeadlineExceededError("the agent sent nothing in time");
+  co_return absl::DeadlineExceededError(too_late);
+}
+
+}  // namespace
+
+asio::awaitable<absl::StatusOr<std::optional<std::string>>> DownloadStream::NextChunk() {
+  int idle = 0;
+  auto f = co_await NextTransferFrame(*s_, idle, "the agent sent nothing in time");
+  if (!f.ok()) co_return f.status();
+  if (f->type == FrameType::kData) co_return std::optional<std::string>(std::move(f->payload));
+  if (f->type != FrameType::kEnd) co_return Malformed("expected data or the end of a download");
+  auto end = DecodeReply<protocol::OkReply>(f->payload, "end frame");
+  if (!end.ok()) co_return end.status();
+  co_return std::optional<std::string>();
 }
 
 asio::awaitable<absl::StatusOr<UploadStream::Result>> UploadStream::ReadEnd() {
-  for (int idle = 0; idle < kTransferIdlePeriods;) {
-    auto f = co_await s_->Next(kTransferIdle);
+  int idle = 0;
+  for (;;) {
+    auto f = co_await NextTransferFrame(*s_, idle, "the agent did not finish the transfer in time");
     if (!f.ok()) co_return f.status();
-    if (!*f) {
-      ++idle;
-      continue;
-    }
-    if ((*f)->type == FrameType::kData) continue;
-    if ((*f)->type != FrameType::kEnd) {
+    if (f->type == FrameType::kData) continue;
+    if (f->type != FrameType::kEnd) {
       co_return absl::InternalError("agent protocol: expected the end of a file transfer");
     }
     Result r;
     if (tar_) {
-      auto end = DecodeReply<protocol::WriteTarEnd>((*f)->payload, "end frame");
+      auto end = DecodeReply<protocol::WriteTarEnd>(f->payload, "end frame");
       if (!end.ok()) co_return end.status();
       r.tar = *end;
     } else {
-      auto end = DecodeReply<protocol::EntryReply>((*f)->payload, "end frame");
+      auto end = DecodeReply<protocol::EntryReply>(f->payload, "end frame");
       if (!end.ok()) co_return end.status();
       r.entry = std::move(end->entry);
     }
     co_return r;
   }
-  co_return absl::DeadlineExceededError("the agent did not finish the transfer in time");
 }
 
 asio::awaitable<absl::Status> UploadStream::Send(std::string_view chunk) {
