@@ -24,8 +24,6 @@
 namespace sbx::agent {
 namespace fileops {
 
-std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
-
 Json ErrorJson(const absl::Status& s) {
   return Json{{"ok", false},
               {"error",

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "agent/files.h"
 #include "common/status_util.h"
+#include "protocol/messages.h"
 #include "protocol/protocol.h"
 
 namespace sbx::agent::fileops {
@@ -29,8 +30,6 @@ using protocol::FrameType;
 using protocol::Json;
 
 inline constexpr int kMaxTreeDepth = 128;
-
-std::string Dump(const Json& j);
 
 // The message is cut: it embeds paths, some of them the guest's (a name deep in a tree being
 // deleted or archived), and a response or kEnd must stay under its 64 KiB bound.
@@ -55,7 +54,7 @@ class Conn {
     }
     return absl::OkStatus();
   }
-  absl::Status SendJson(FrameType type, const Json& j) { return Send(type, Dump(j)); }
+  absl::Status SendJson(FrameType type, const Json& j) { return Send(type, protocol::DumpJson(j)); }
   int fd() const { return fd_; }
 
   absl::StatusOr<Frame> Read() {
