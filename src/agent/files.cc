@@ -52,33 +52,35 @@ std::string Mtime(const struct stat& st) {
 }  // namespace
 
 // `dir` + `name` is what `st` describes (lstat): the symlink target is read from there.
-Json EntryJson(const struct stat& st, std::string_view path, int dir, const std::string& name) {
+protocol::FileEntry EntryOf(const struct stat& st, std::string_view path, int dir,
+                            const std::string& name) {
   const size_t slash = path.rfind('/');
-  Json e = {{"name", path == "/" ? std::string("/") : std::string(path.substr(slash + 1))},
-            {"path", std::string(path)},
-            {"type", TypeName(st.st_mode)},
-            {"size", static_cast<uint64_t>(st.st_size)},
-            {"mode", static_cast<unsigned>(st.st_mode & 07777)},
-            {"uid", static_cast<unsigned>(st.st_uid)},
-            {"gid", static_cast<unsigned>(st.st_gid)},
-            {"mtime", Mtime(st)}};
+  protocol::FileEntry e;
+  e.name = path == "/" ? std::string("/") : std::string(path.substr(slash + 1));
+  e.path = std::string(path);
+  e.type = TypeName(st.st_mode);
+  e.size = static_cast<uint64_t>(st.st_size);
+  e.mode = st.st_mode & 07777;
+  e.uid = st.st_uid;
+  e.gid = st.st_gid;
+  e.mtime = Mtime(st);
   if (S_ISLNK(st.st_mode)) {
     char target[4096];
     ssize_t n = ::readlinkat(dir, name.c_str(), target, sizeof(target));
-    e["symlink_target"] = n >= 0 ? std::string(target, static_cast<size_t>(n)) : std::string();
+    e.symlink_target = n >= 0 ? std::string(target, static_cast<size_t>(n)) : std::string();
   }
   return e;
 }
 
 // lstat of a resolved path: the entry describes the last component itself (a symlink is
 // reported as one, not followed).
-absl::StatusOr<Json> StatEntry(int root_fd, const std::string& path) {
+absl::StatusOr<protocol::FileEntry> StatEntry(int root_fd, const std::string& path) {
   SBX_ASSIGN_OR_RETURN(UniqueFd fd, OpenInRoot(root_fd, path, O_PATH | O_NOFOLLOW, 0, "stat"));
   struct stat st {};
   if (::fstatat(fd.get(), "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) {
     return FileErrnoStatus(errno, fmt::format("stat {}: fstatat", path));
   }
-  return EntryJson(st, path, fd.get(), "");
+  return EntryOf(st, path, fd.get(), "");
 }
 
 absl::StatusOr<std::vector<std::string>> DirNames(int dir, const char* op,

@@ -91,11 +91,12 @@ class Conn {
 // ---- entries ---------------------------------------------------------------------------------
 
 // `dir` + `name` is what `st` describes (lstat): the symlink target is read from there.
-Json EntryJson(const struct stat& st, std::string_view path, int dir, const std::string& name);
+protocol::FileEntry EntryOf(const struct stat& st, std::string_view path, int dir,
+                            const std::string& name);
 
 // lstat of a resolved path: the entry describes the last component itself (a symlink is
 // reported as one, not followed).
-absl::StatusOr<Json> StatEntry(int root_fd, const std::string& path);
+absl::StatusOr<protocol::FileEntry> StatEntry(int root_fd, const std::string& path);
 
 // The names in the directory `dir` but "." and "..", unsorted; read through a descriptor of
 // its own, so `dir` stays as it was. `op` and `path` name the failure.

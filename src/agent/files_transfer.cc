@@ -87,12 +87,8 @@ absl::Status OpRead(Conn& c, const protocol::ReadRequest& req, const FileOptions
     len = 0;
   }
   // The entry describes what was opened (the symlink's target when the path is a symlink).
-  Json e = EntryJson(st, *path, -1, "");
-  SBX_RETURN_IF_ERROR(c.SendJson(FrameType::kResponse, Json{{"ok", true},
-                                                           {"entry", std::move(e)},
-                                                           {"satisfiable", satisfiable},
-                                                           {"offset", off},
-                                                           {"length", len}}));
+  const protocol::ReadReply reply{EntryOf(st, *path, -1, ""), satisfiable, off, len};
+  SBX_RETURN_IF_ERROR(c.SendJson(FrameType::kResponse, reply.ToJson()));
   std::string buf(kDataChunk, '\0');
   uint64_t left = len;
   while (left > 0) {
@@ -196,8 +192,7 @@ absl::Status OpWrite(Conn& c, const protocol::WriteRequest& req, const FileOptio
   if (::fstat(tmp.fd.get(), &st) != 0) {
     return c.Fail(kEnd, FileErrnoStatus(errno, fmt::format("write {}: fstat", *path)));
   }
-  return c.SendJson(FrameType::kEnd,
-                    Json{{"ok", true}, {"entry", EntryJson(st, *path, -1, "")}});
+  return c.SendJson(FrameType::kEnd, protocol::EntryReply{EntryOf(st, *path, -1, "")}.ToJson());
 }
 
 }  // namespace sbx::agent::fileops

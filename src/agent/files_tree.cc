@@ -25,8 +25,8 @@ using archive::MkdirParents;
 
 absl::StatusOr<Json> OpStat(const protocol::StatRequest& req, const FileOptions& o) {
   SBX_ASSIGN_OR_RETURN(std::string path, ValidatePath(req.path, o.workdir));
-  SBX_ASSIGN_OR_RETURN(Json e, StatEntry(o.root_fd, path));
-  return Json{{"ok", true}, {"entry", std::move(e)}};
+  SBX_ASSIGN_OR_RETURN(protocol::FileEntry e, StatEntry(o.root_fd, path));
+  return protocol::EntryReply{std::move(e)}.ToJson();
 }
 
 namespace {
@@ -64,7 +64,7 @@ void ListDir(int dir, const std::string& path, int depth, ListReply& out) {
     }
     struct stat st {};
     if (::fstatat(::dirfd(d), n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    if (!out.Add(EntryJson(st, child, ::dirfd(d), n))) break;
+    if (!out.Add(EntryOf(st, child, ::dirfd(d), n).ToJson())) break;
     if (S_ISDIR(st.st_mode) && depth > 1) {
       UniqueFd sub(::openat(::dirfd(d), n.c_str(),
                             O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
@@ -141,12 +141,12 @@ absl::StatusOr<Json> OpMkdir(const protocol::MkdirRequest& req, const FileOption
       return FileErrnoStatus(errno, fmt::format("mkdir {}: mkdirat", path));
     }
   }
-  SBX_ASSIGN_OR_RETURN(Json e, StatEntry(o.root_fd, path));
-  if (e["type"] != "directory") {
+  SBX_ASSIGN_OR_RETURN(protocol::FileEntry e, StatEntry(o.root_fd, path));
+  if (e.type != "directory") {
     return ApiError(absl::StatusCode::kAlreadyExists, "already_exists",
                     fmt::format("mkdir {}: exists and is not a directory", path));
   }
-  return Json{{"ok", true}, {"entry", std::move(e)}};
+  return protocol::EntryReply{std::move(e)}.ToJson();
 }
 
 absl::StatusOr<Json> OpDelete(const protocol::DeleteRequest& req, const FileOptions& o) {
@@ -190,8 +190,8 @@ absl::StatusOr<Json> OpMove(const protocol::MoveRequest& req, const FileOptions&
   if (::renameat2(f.dir.get(), f.name.c_str(), t.dir.get(), t.name.c_str(), flags) != 0) {
     return FileErrnoStatus(errno, fmt::format("move {} to {}: renameat2", from, to));
   }
-  SBX_ASSIGN_OR_RETURN(Json e, StatEntry(o.root_fd, to));
-  return Json{{"ok", true}, {"entry", std::move(e)}};
+  SBX_ASSIGN_OR_RETURN(protocol::FileEntry e, StatEntry(o.root_fd, to));
+  return protocol::EntryReply{std::move(e)}.ToJson();
 }
 
 }  // namespace sbx::agent::fileops
