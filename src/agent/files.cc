@@ -83,6 +83,13 @@ absl::StatusOr<protocol::FileEntry> StatEntry(int root_fd, const std::string& pa
   return EntryOf(st, path, fd.get(), "");
 }
 
+absl::StatusOr<OpenedPath> OpenPath(const std::string& raw, const FileOptions& o, int flags,
+                                    std::string_view what) {
+  SBX_ASSIGN_OR_RETURN(std::string path, ValidatePath(raw, o.workdir));
+  SBX_ASSIGN_OR_RETURN(UniqueFd fd, OpenInRoot(o.root_fd, path, flags, 0, what));
+  return OpenedPath{std::move(path), std::move(fd)};
+}
+
 absl::StatusOr<std::vector<std::string>> DirNames(int dir, const char* op,
                                                   const std::string& path) {
   UniqueFd copy(::openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));

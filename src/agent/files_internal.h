@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "agent/files.h"
 #include "common/status_util.h"
+#include "common/unique_fd.h"
 #include "protocol/messages.h"
 #include "protocol/protocol.h"
 
@@ -97,6 +98,15 @@ protocol::FileEntry EntryOf(const struct stat& st, std::string_view path, int di
 // lstat of a resolved path: the entry describes the last component itself (a symlink is
 // reported as one, not followed).
 absl::StatusOr<protocol::FileEntry> StatEntry(int root_fd, const std::string& path);
+
+// A request's path resolved (ValidatePath against o.workdir) and opened inside the root with
+// `flags` (OpenInRoot; `what` names a failure).
+struct OpenedPath {
+  std::string path;
+  UniqueFd fd;
+};
+absl::StatusOr<OpenedPath> OpenPath(const std::string& raw, const FileOptions& o, int flags,
+                                    std::string_view what);
 
 // The names in the directory `dir` but "." and "..", unsorted; read through a descriptor of
 // its own, so `dir` stays as it was. `op` and `path` name the failure.

@@ -112,13 +112,11 @@ absl::Status TarDir(TarOut& out, int dir, const std::string& prefix, const std::
 }  // namespace
 
 absl::Status OpReadTar(Conn& c, const protocol::ReadRequest& req, const FileOptions& o) {
-  auto path = ValidatePath(req.path, o.workdir);
-  if (!path.ok()) return c.Fail(kResponse, path.status());
-  auto dir = OpenInRoot(o.root_fd, *path, O_RDONLY | O_DIRECTORY, 0, "tar");
+  auto dir = OpenPath(req.path, o, O_RDONLY | O_DIRECTORY, "tar");
   if (!dir.ok()) return c.Fail(kResponse, dir.status());
   SBX_RETURN_IF_ERROR(c.SendJson(FrameType::kResponse, protocol::OkReply{}.ToJson()));
   TarOut out(c);
-  absl::Status s = TarDir(out, dir->get(), "", *path, 0);
+  absl::Status s = TarDir(out, dir->fd.get(), "", dir->path, 0);
   if (s.ok()) {
     out.buf().append(TarTrailer());
     s = out.Flush();

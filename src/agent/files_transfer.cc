@@ -52,23 +52,23 @@ class TempFile {
 }  // namespace
 
 absl::Status OpRead(Conn& c, const protocol::ReadRequest& req, const FileOptions& o) {
-  auto path = ValidatePath(req.path, o.workdir);
-  if (!path.ok()) return c.Fail(kResponse, path.status());
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
-  auto fd = OpenInRoot(o.root_fd, *path, O_RDONLY | O_NONBLOCK, 0, "read");
-  if (!fd.ok()) return c.Fail(kResponse, fd.status());
+  auto opened = OpenPath(req.path, o, O_RDONLY | O_NONBLOCK, "read");
+  if (!opened.ok()) return c.Fail(kResponse, opened.status());
+  const std::string& path = opened->path;
+  const int fd = opened->fd.get();
   struct stat st {};
-  if (::fstat(fd->get(), &st) != 0) {
+  if (::fstat(fd, &st) != 0) {
     return c.Fail(kResponse, FileErrnoStatus(errno, "read: fstat"));
   }
   if (S_ISDIR(st.st_mode)) {
-    return c.Fail(kResponse, FileErrnoStatus(EISDIR, fmt::format("read {}", *path)));
+    return c.Fail(kResponse, FileErrnoStatus(EISDIR, fmt::format("read {}", path)));
   }
   if (!S_ISREG(st.st_mode)) {
     return c.Fail(kResponse, ApiError(absl::StatusCode::kFailedPrecondition, "not_a_regular_file",
-                                      fmt::format("read {}: not a regular file", *path)));
+                                      fmt::format("read {}: not a regular file", path)));
   }
-  ::fcntl(fd->get(), F_SETFL, ::fcntl(fd->get(), F_GETFL) & ~O_NONBLOCK);
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   uint64_t off = 0, len = size;
   bool satisfiable = true;
@@ -87,19 +87,19 @@ absl::Status OpRead(Conn& c, const protocol::ReadRequest& req, const FileOptions
     len = 0;
   }
   // The entry describes what was opened (the symlink's target when the path is a symlink).
-  const protocol::ReadReply reply{EntryOf(st, *path, -1, ""), satisfiable, off, len};
+  const protocol::ReadReply reply{EntryOf(st, path, -1, ""), satisfiable, off, len};
   SBX_RETURN_IF_ERROR(c.SendJson(FrameType::kResponse, reply.ToJson()));
   std::string buf(kDataChunk, '\0');
   uint64_t left = len;
   while (left > 0) {
-    ssize_t n = ::pread(fd->get(), buf.data(), std::min<uint64_t>(left, buf.size()),
+    ssize_t n = ::pread(fd, buf.data(), std::min<uint64_t>(left, buf.size()),
                         static_cast<off_t>(off));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      absl::Status s = n < 0 ? FileErrnoStatus(errno, fmt::format("read {}: pread", *path))
+      absl::Status s = n < 0 ? FileErrnoStatus(errno, fmt::format("read {}: pread", path))
                              : ApiError(absl::StatusCode::kAborted, "file_changed",
                                         fmt::format("read {}: the file shrank while being read",
-                                                    *path));
+                                                    path));
       return c.Fail(kEnd, s);
     }
     SBX_RETURN_IF_ERROR(c.Send(FrameType::kData, std::string_view(buf.data(), n)));

@@ -169,12 +169,10 @@ class Watcher {
 }  // namespace
 
 absl::Status OpWatch(Conn& c, const protocol::WatchRequest& req, const FileOptions& o) {
-  auto path = ValidatePath(req.path, o.workdir);
-  if (!path.ok()) return c.Fail(kResponse, path.status());
-  auto dir = OpenInRoot(o.root_fd, *path, O_PATH | O_DIRECTORY, 0, "watch");
+  auto dir = OpenPath(req.path, o, O_PATH | O_DIRECTORY, "watch");
   if (!dir.ok()) return c.Fail(kResponse, dir.status());
   Watcher w(c, req.recursive);
-  if (auto s = w.Init(dir->get(), *path); !s.ok()) return c.Fail(kResponse, s);
+  if (auto s = w.Init(dir->fd.get(), dir->path); !s.ok()) return c.Fail(kResponse, s);
   SBX_RETURN_IF_ERROR(c.SendJson(FrameType::kResponse, protocol::OkReply{}.ToJson()));
   absl::Status s = w.Run();
   (void)c.SendJson(FrameType::kEnd, s.ok() ? protocol::OkReply{}.ToJson() : ErrorJson(s));
