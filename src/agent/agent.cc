@@ -41,8 +41,6 @@ using protocol::EncodeFrame;
 using protocol::FrameType;
 using protocol::Json;
 
-std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
-
 void WriteLogLine(const AgentOptions& opts, std::string_view level, std::string_view msg,
                   std::string_view session) {
   const log::Field fields[] = {{"sandbox", opts.sandbox_id}, {"session", session}};
@@ -444,7 +442,7 @@ void Agent::HandleFrame(Connection& c, protocol::Frame frame) {
 
 void Agent::HandleRequest(Connection& c, const std::string& payload, protocol::FrameDecoder& rest) {
   Json resp;
-  std::string resp_text;  // a payload serialized by its handler; else Dump(resp)
+  std::string resp_text;  // a payload serialized by its handler; else DumpJson(resp)
   bool streaming = false;
   try {
     // Depth-checked before a tree exists, like every payload that crosses the socket: then
@@ -487,9 +485,9 @@ void Agent::HandleRequest(Connection& c, const std::string& payload, protocol::F
     resp_text.clear();
     resp = ErrorJson(absl::InternalError(fmt::format("request failed: {}", e.what())));
   }
-  c.out += EncodeFrame(FrameType::kHello, Dump(Json{{"version", protocol::kVersion},
+  c.out += EncodeFrame(FrameType::kHello, DumpJson(Json{{"version", protocol::kVersion},
                                                     {"role", "agent"}}));
-  c.out += EncodeFrame(FrameType::kResponse, resp_text.empty() ? Dump(resp) : resp_text);
+  c.out += EncodeFrame(FrameType::kResponse, resp_text.empty() ? DumpJson(resp) : resp_text);
   if (!streaming) c.close_after_flush = true;
   Pump(c);
 }

@@ -284,5 +284,44 @@ TEST(AgentFiles, ListOfAHugeDirectoryKeepsTheFirstEntriesInOrder) {
   fs::remove_all(dir);
 }
 
+// The file ops take their typed requests (protocol/messages.h); a request its decoder refuses
+// is still answered as the agent's own field readers answered it, path first, and what those
+// readers let through (a boolean of another type, a field the op does not use) still goes.
+TEST(AgentFiles, RefusedFieldsKeepTheAgentsAnswers) {
+  Agent a;
+  auto error = [&](const Json& request) {
+    auto f = a.Exchange(request);
+    EXPECT_EQ(f.size(), 2u) << request.dump();
+    return f.size() < 2 ? Json() : Payload(f[1])["error"];
+  };
+  Json e = error(Json{{"op", "stat"}});
+  EXPECT_EQ(e["code"], "invalid_argument") << e.dump();
+  EXPECT_EQ(e["reason"], "invalid_path");
+  EXPECT_EQ(e["message"], "\"path\" must be a string");
+  e = error(Json{{"op", "move"}, {"from", "/srv"}, {"to", 7}});
+  EXPECT_EQ(e["reason"], "invalid_path") << e.dump();
+  EXPECT_EQ(e["message"], "\"to\" must be a string");
+  e = error(Json{{"op", "read"}, {"path", "/srv/f"}, {"offset", (uint64_t{1} << 62) + 1}});
+  EXPECT_EQ(e["code"], "invalid_argument") << e.dump();
+  EXPECT_EQ(e["reason"], "invalid_argument");
+  EXPECT_EQ(e["message"], "\"offset\" must be an integer between 0 and 4611686018427387904");
+  e = error(Json{{"op", "write"}, {"path", "/srv/f"}, {"max_bytes", -1}});
+  EXPECT_EQ(e["message"], "\"max_bytes\" must be an integer between 0 and 4611686018427387904")
+      << e.dump();
+  // The path is judged before the other fields.
+  e = error(Json{{"op", "read"}, {"path", "../../etc/passwd"}, {"offset", "x"}});
+  EXPECT_EQ(e["reason"], "path_outside_root") << e.dump();
+  e = error(Json{{"op", "list"}, {"path", "/srv"}, {"depth", 0}});
+  EXPECT_EQ(e["message"], "depth must be at least 1") << e.dump();
+
+  auto mkdir = a.Exchange(Json{{"op", "mkdir"}, {"path", "/srv/m"}, {"parents", "yes"}});
+  ASSERT_EQ(mkdir.size(), 2u);
+  EXPECT_TRUE(Payload(mkdir[1])["ok"].get<bool>()) << mkdir[1].payload;
+  auto tar = a.Exchange(Json{{"op", "read_tar"}, {"path", "/srv"}, {"offset", "x"}});
+  ASSERT_GE(tar.size(), 3u);
+  EXPECT_TRUE(Payload(tar[1])["ok"].get<bool>()) << tar[1].payload;
+  EXPECT_TRUE(Payload(tar.back())["ok"].get<bool>()) << tar.back().payload;
+}
+
 }  // namespace
 }  // namespace sbx::agent

@@ -1,7 +1,8 @@
-// The pieces the file operations (files.h) share: the worker's blocking frame I/O, the request
-// fields, entries, and the ops themselves, one file per kind: files_tree.cc (stat, list, mkdir,
-// delete, move), files_transfer.cc (read, write), files_tar.cc (read_tar, write_tar),
-// files_watch.cc (watch). files.cc dispatches. Not for use outside these files.
+// The pieces the file operations (files.h) share: the worker's blocking frame I/O, entries, and
+// the ops themselves, one file per kind: files_tree.cc (stat, list, mkdir, delete, move),
+// files_transfer.cc (read, write), files_tar.cc (read_tar, write_tar), files_watch.cc (watch).
+// files.cc decodes the request once (protocol/messages.h) and hands each op its typed request.
+// Not for use outside these files.
 #pragma once
 
 #include <sys/socket.h>
@@ -19,6 +20,8 @@
 #include "absl/status/statusor.h"
 #include "agent/files.h"
 #include "common/status_util.h"
+#include "common/unique_fd.h"
+#include "protocol/messages.h"
 #include "protocol/protocol.h"
 
 namespace sbx::agent::fileops {
@@ -27,10 +30,11 @@ using protocol::EncodeFrame;
 using protocol::Frame;
 using protocol::FrameType;
 using protocol::Json;
+// An op's replies: the response, then (for a stream) kEnd.
+using FrameType::kEnd;
+using FrameType::kResponse;
 
 inline constexpr int kMaxTreeDepth = 128;
-
-std::string Dump(const Json& j);
 
 // The message is cut: it embeds paths, some of them the guest's (a name deep in a tree being
 // deleted or archived), and a response or kEnd must stay under its 64 KiB bound.
@@ -55,7 +59,13 @@ class Conn {
     }
     return absl::OkStatus();
   }
-  absl::Status SendJson(FrameType type, const Json& j) { return Send(type, Dump(j)); }
+  absl::Status SendJson(FrameType type, const Json& j) { return Send(type, protocol::DumpJson(j)); }
+  // Sends `s` as the error reply (`type` kResponse while the op has not answered yet, kEnd
+  // once it has) and returns `s`, the op's result: `return c.Fail(kResponse, s);`.
+  absl::Status Fail(FrameType type, const absl::Status& s) {
+    (void)SendJson(type, ErrorJson(s));
+    return s;
+  }
   int fd() const { return fd_; }
 
   absl::StatusOr<Frame> Read() {
@@ -79,21 +89,24 @@ class Conn {
   char buf_[64 * 1024];
 };
 
-// ---- request fields --------------------------------------------------------------------------
-
-absl::StatusOr<std::string> PathField(const Json& req, const char* key, const FileOptions& o);
-bool BoolField(const Json& req, const char* key);
-absl::StatusOr<std::optional<uint64_t>> UintField(const Json& req, const char* key,
-                                                  uint64_t max);
-
 // ---- entries ---------------------------------------------------------------------------------
 
 // `dir` + `name` is what `st` describes (lstat): the symlink target is read from there.
-Json EntryJson(const struct stat& st, std::string_view path, int dir, const std::string& name);
+protocol::FileEntry EntryOf(const struct stat& st, std::string_view path, int dir,
+                            const std::string& name);
 
 // lstat of a resolved path: the entry describes the last component itself (a symlink is
 // reported as one, not followed).
-absl::StatusOr<Json> StatEntry(int root_fd, const std::string& path);
+absl::StatusOr<protocol::FileEntry> StatEntry(int root_fd, const std::string& path);
+
+// A request's path resolved (ValidatePath against o.workdir) and opened inside the root with
+// `flags` (OpenInRoot; `what` names a failure).
+struct OpenedPath {
+  std::string path;
+  UniqueFd fd;
+};
+absl::StatusOr<OpenedPath> OpenPath(const std::string& raw, const FileOptions& o, int flags,
+                                    std::string_view what);
 
 // The names in the directory `dir` but "." and "..", unsorted; read through a descriptor of
 // its own, so `dir` stays as it was. `op` and `path` name the failure.
@@ -101,20 +114,22 @@ absl::StatusOr<std::vector<std::string>> DirNames(int dir, const char* op,
                                                   const std::string& path);
 
 // ---- ops -------------------------------------------------------------------------------------
+// Each resolves its request's paths with ValidatePath (common/path_resolve.h) against
+// o.workdir: the reasons ("invalid_path", "path_outside_root", ...) are the agent's to give.
 
-absl::StatusOr<Json> OpStat(const Json& req, const FileOptions& o);
+absl::StatusOr<Json> OpStat(const protocol::StatRequest& req, const FileOptions& o);
 // The payload as text (bounded.h): entries <= kMaxListEntries, bytes <= kMaxGuestReplyBytes.
-absl::StatusOr<std::string> OpList(const Json& req, const FileOptions& o);
-absl::StatusOr<Json> OpMkdir(const Json& req, const FileOptions& o);
-absl::StatusOr<Json> OpDelete(const Json& req, const FileOptions& o);
-absl::StatusOr<Json> OpMove(const Json& req, const FileOptions& o);
+absl::StatusOr<std::string> OpList(const protocol::ListRequest& req, const FileOptions& o);
+absl::StatusOr<Json> OpMkdir(const protocol::MkdirRequest& req, const FileOptions& o);
+absl::StatusOr<Json> OpDelete(const protocol::DeleteRequest& req, const FileOptions& o);
+absl::StatusOr<Json> OpMove(const protocol::MoveRequest& req, const FileOptions& o);
 
 // read: the response, then the bytes, then kEnd. Errors before the response are returned;
 // after it, they go into kEnd.
-absl::Status OpRead(Conn& c, const Json& req, const FileOptions& o);
-absl::Status OpWrite(Conn& c, const Json& req, const FileOptions& o);
-absl::Status OpReadTar(Conn& c, const Json& req, const FileOptions& o);
-absl::Status OpWriteTar(Conn& c, const Json& req, const FileOptions& o);
-absl::Status OpWatch(Conn& c, const Json& req, const FileOptions& o);
+absl::Status OpRead(Conn& c, const protocol::ReadRequest& req, const FileOptions& o);
+absl::Status OpWrite(Conn& c, const protocol::WriteRequest& req, const FileOptions& o);
+absl::Status OpReadTar(Conn& c, const protocol::ReadRequest& req, const FileOptions& o);
+absl::Status OpWriteTar(Conn& c, const protocol::WriteRequest& req, const FileOptions& o);
+absl::Status OpWatch(Conn& c, const protocol::WatchRequest& req, const FileOptions& o);
 
 }  // namespace sbx::agent::fileops

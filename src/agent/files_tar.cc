@@ -111,37 +111,29 @@ absl::Status TarDir(TarOut& out, int dir, const std::string& prefix, const std::
 
 }  // namespace
 
-absl::Status OpReadTar(Conn& c, const Json& req, const FileOptions& o) {
-  auto path = PathField(req, "path", o);
-  if (!path.ok()) return c.SendJson(FrameType::kResponse, ErrorJson(path.status()));
-  auto dir = OpenInRoot(o.root_fd, *path, O_RDONLY | O_DIRECTORY, 0, "tar");
-  if (!dir.ok()) return c.SendJson(FrameType::kResponse, ErrorJson(dir.status()));
-  SBX_RETURN_IF_ERROR(c.SendJson(FrameType::kResponse, Json{{"ok", true}}));
+absl::Status OpReadTar(Conn& c, const protocol::ReadRequest& req, const FileOptions& o) {
+  auto dir = OpenPath(req.path, o, O_RDONLY | O_DIRECTORY, "tar");
+  if (!dir.ok()) return c.Fail(kResponse, dir.status());
+  SBX_RETURN_IF_ERROR(c.SendJson(FrameType::kResponse, protocol::OkReply{}.ToJson()));
   TarOut out(c);
-  absl::Status s = TarDir(out, dir->get(), "", *path, 0);
+  absl::Status s = TarDir(out, dir->fd.get(), "", dir->path, 0);
   if (s.ok()) {
     out.buf().append(TarTrailer());
     s = out.Flush();
   }
-  return c.SendJson(FrameType::kEnd, s.ok() ? Json{{"ok", true}} : ErrorJson(s));
+  return c.SendJson(FrameType::kEnd, s.ok() ? protocol::OkReply{}.ToJson() : ErrorJson(s));
 }
 
-absl::Status OpWriteTar(Conn& c, const Json& req, const FileOptions& o) {
-  auto fail = [&](const absl::Status& s) {
-    (void)c.SendJson(FrameType::kResponse, ErrorJson(s));
-    return s;
-  };
-  auto path = PathField(req, "path", o);
-  if (!path.ok()) return fail(path.status());
-  auto max_bytes = UintField(req, "max_bytes", uint64_t{1} << 62);
-  if (!max_bytes.ok()) return fail(max_bytes.status());
-  if (BoolField(req, "mkdirs")) {
-    if (auto s = MkdirParents(o.root_fd, *path, 0755); !s.ok()) return fail(s);
+absl::Status OpWriteTar(Conn& c, const protocol::WriteRequest& req, const FileOptions& o) {
+  auto path = ValidatePath(req.path, o.workdir);
+  if (!path.ok()) return c.Fail(kResponse, path.status());
+  if (req.mkdirs) {
+    if (auto s = MkdirParents(o.root_fd, *path, 0755); !s.ok()) return c.Fail(kResponse, s);
   }
   auto base = OpenInRoot(o.root_fd, *path, O_PATH | O_DIRECTORY, 0, "untar");
-  if (!base.ok()) return fail(base.status());
-  SBX_RETURN_IF_ERROR(c.SendJson(FrameType::kResponse, Json{{"ok", true}}));
-  Extractor x(base->get(), *path == "/" ? "" : *path, *max_bytes);
+  if (!base.ok()) return c.Fail(kResponse, base.status());
+  SBX_RETURN_IF_ERROR(c.SendJson(FrameType::kResponse, protocol::OkReply{}.ToJson()));
+  Extractor x(base->get(), *path == "/" ? "" : *path, req.max_bytes);
   bool conn_failed = false;
   Frame frame;  // holds the piece the extractor is reading
   absl::Status s = x.Run([&]() -> absl::StatusOr<std::string_view> {
@@ -156,12 +148,10 @@ absl::Status OpWriteTar(Conn& c, const Json& req, const FileOptions& o) {
     return std::string_view(frame.payload);
   });
   if (conn_failed) return s;
-  if (!s.ok()) {
-    (void)c.SendJson(FrameType::kEnd, ErrorJson(s));
-    return s;
-  }
-  return c.SendJson(FrameType::kEnd,
-                    Json{{"ok", true}, {"entries", x.entries()}, {"skipped", x.skipped()}});
+  if (!s.ok()) return c.Fail(kEnd, s);
+  const protocol::WriteTarEnd done{static_cast<uint64_t>(x.entries()),
+                                   static_cast<uint64_t>(x.skipped())};
+  return c.SendJson(FrameType::kEnd, done.ToJson());
 }
 
 }  // namespace sbx::agent::fileops

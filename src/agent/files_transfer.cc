@@ -51,114 +51,93 @@ class TempFile {
 
 }  // namespace
 
-absl::Status OpRead(Conn& c, const Json& req, const FileOptions& o) {
-  auto fail = [&](const absl::Status& s) {
-    (void)c.SendJson(FrameType::kResponse, ErrorJson(s));
-    return s;
-  };
-  auto path = PathField(req, "path", o);
-  if (!path.ok()) return fail(path.status());
-  auto offset = UintField(req, "offset", uint64_t{1} << 62);
-  auto length = UintField(req, "length", uint64_t{1} << 62);
-  auto suffix = UintField(req, "suffix", uint64_t{1} << 62);
-  if (!offset.ok()) return fail(offset.status());
-  if (!length.ok()) return fail(length.status());
-  if (!suffix.ok()) return fail(suffix.status());
+absl::Status OpRead(Conn& c, const protocol::ReadRequest& req, const FileOptions& o) {
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
-  auto fd = OpenInRoot(o.root_fd, *path, O_RDONLY | O_NONBLOCK, 0, "read");
-  if (!fd.ok()) return fail(fd.status());
+  auto opened = OpenPath(req.path, o, O_RDONLY | O_NONBLOCK, "read");
+  if (!opened.ok()) return c.Fail(kResponse, opened.status());
+  const std::string& path = opened->path;
+  const int fd = opened->fd.get();
   struct stat st {};
-  if (::fstat(fd->get(), &st) != 0) return fail(FileErrnoStatus(errno, "read: fstat"));
-  if (S_ISDIR(st.st_mode)) return fail(FileErrnoStatus(EISDIR, fmt::format("read {}", *path)));
-  if (!S_ISREG(st.st_mode)) {
-    return fail(ApiError(absl::StatusCode::kFailedPrecondition, "not_a_regular_file",
-                         fmt::format("read {}: not a regular file", *path)));
+  if (::fstat(fd, &st) != 0) {
+    return c.Fail(kResponse, FileErrnoStatus(errno, "read: fstat"));
   }
-  ::fcntl(fd->get(), F_SETFL, ::fcntl(fd->get(), F_GETFL) & ~O_NONBLOCK);
+  if (S_ISDIR(st.st_mode)) {
+    return c.Fail(kResponse, FileErrnoStatus(EISDIR, fmt::format("read {}", path)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return c.Fail(kResponse, ApiError(absl::StatusCode::kFailedPrecondition, "not_a_regular_file",
+                                      fmt::format("read {}: not a regular file", path)));
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   uint64_t off = 0, len = size;
   bool satisfiable = true;
-  if (*suffix) {
-    satisfiable = **suffix > 0 && size > 0;
-    len = std::min(**suffix, size);
+  if (req.suffix) {
+    satisfiable = *req.suffix > 0 && size > 0;
+    len = std::min(*req.suffix, size);
     off = size - len;
-  } else if (*offset) {
-    off = **offset;
+  } else if (req.offset) {
+    off = *req.offset;
     satisfiable = off < size;
     len = satisfiable ? size - off : 0;
-    if (*length) len = std::min(len, **length);
+    if (req.length) len = std::min(len, *req.length);
   }
   if (!satisfiable) {
     off = 0;
     len = 0;
   }
   // The entry describes what was opened (the symlink's target when the path is a symlink).
-  Json e = EntryJson(st, *path, -1, "");
-  SBX_RETURN_IF_ERROR(c.SendJson(FrameType::kResponse, Json{{"ok", true},
-                                                           {"entry", std::move(e)},
-                                                           {"satisfiable", satisfiable},
-                                                           {"offset", off},
-                                                           {"length", len}}));
+  const protocol::ReadReply reply{EntryOf(st, path, -1, ""), satisfiable, off, len};
+  SBX_RETURN_IF_ERROR(c.SendJson(FrameType::kResponse, reply.ToJson()));
   std::string buf(kDataChunk, '\0');
   uint64_t left = len;
   while (left > 0) {
-    ssize_t n = ::pread(fd->get(), buf.data(), std::min<uint64_t>(left, buf.size()),
+    ssize_t n = ::pread(fd, buf.data(), std::min<uint64_t>(left, buf.size()),
                         static_cast<off_t>(off));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      absl::Status s = n < 0 ? FileErrnoStatus(errno, fmt::format("read {}: pread", *path))
+      absl::Status s = n < 0 ? FileErrnoStatus(errno, fmt::format("read {}: pread", path))
                              : ApiError(absl::StatusCode::kAborted, "file_changed",
                                         fmt::format("read {}: the file shrank while being read",
-                                                    *path));
-      (void)c.SendJson(FrameType::kEnd, ErrorJson(s));
-      return s;
+                                                    path));
+      return c.Fail(kEnd, s);
     }
     SBX_RETURN_IF_ERROR(c.Send(FrameType::kData, std::string_view(buf.data(), n)));
     off += static_cast<uint64_t>(n);
     left -= static_cast<uint64_t>(n);
   }
-  return c.SendJson(FrameType::kEnd, Json{{"ok", true}});
+  return c.SendJson(FrameType::kEnd, protocol::OkReply{}.ToJson());
 }
 
-absl::Status OpWrite(Conn& c, const Json& req, const FileOptions& o) {
-  auto fail = [&](const absl::Status& s) {
-    (void)c.SendJson(FrameType::kResponse, ErrorJson(s));
-    return s;
-  };
-  auto path = PathField(req, "path", o);
-  if (!path.ok()) return fail(path.status());
-  auto mode = UintField(req, "mode", 07777);
-  auto uid = UintField(req, "uid", 0xFFFFFFFEu);
-  auto gid = UintField(req, "gid", 0xFFFFFFFEu);
-  auto max_bytes = UintField(req, "max_bytes", uint64_t{1} << 62);
-  for (auto* f : {&mode, &uid, &gid, &max_bytes}) {
-    if (!f->ok()) return fail(f->status());
-  }
+absl::Status OpWrite(Conn& c, const protocol::WriteRequest& req, const FileOptions& o) {
+  auto path = ValidatePath(req.path, o.workdir);
+  if (!path.ok()) return c.Fail(kResponse, path.status());
   std::optional<uid_t> owner_uid;
   std::optional<gid_t> owner_gid;
-  if (*uid) owner_uid = static_cast<uid_t>(**uid);
-  if (*gid) owner_gid = static_cast<gid_t>(**gid);
-  if (auto u = req.find("user"); u != req.end() && u->is_string() && !u->get<std::string>().empty()) {
+  if (req.uid) owner_uid = static_cast<uid_t>(*req.uid);
+  if (req.gid) owner_gid = static_cast<gid_t>(*req.gid);
+  if (req.user && !req.user->empty()) {
     const std::string etc = o.root_path == "/" ? "/etc" : o.root_path + "/etc";
-    auto ru = ResolveUserFromFiles(u->get<std::string>(), etc + "/passwd", etc + "/group");
+    auto ru = ResolveUserFromFiles(*req.user, etc + "/passwd", etc + "/group");
     if (!ru.ok()) {
-      return fail(ApiError(absl::StatusCode::kInvalidArgument, "unknown_user",
-                           std::string(ru.status().message()), "owner"));
+      return c.Fail(kResponse, ApiError(absl::StatusCode::kInvalidArgument, "unknown_user",
+                                        std::string(ru.status().message()), "owner"));
     }
     owner_uid = ru->uid;
     owner_gid = ru->gid;
   }
-  if (BoolField(req, "mkdirs")) {
+  if (req.mkdirs) {
     auto parent = SplitParent(*path);
-    if (!parent.ok()) return fail(parent.status());
-    if (auto s = MkdirParents(o.root_fd, parent->first, 0755); !s.ok()) return fail(s);
+    if (!parent.ok()) return c.Fail(kResponse, parent.status());
+    absl::Status made = MkdirParents(o.root_fd, parent->first, 0755);
+    if (!made.ok()) return c.Fail(kResponse, made);
   }
   auto p = OpenParent(o.root_fd, *path);
-  if (!p.ok()) return fail(p.status());
+  if (!p.ok()) return c.Fail(kResponse, p.status());
   struct stat existing {};
   if (::fstatat(p->dir.get(), p->name.c_str(), &existing, AT_SYMLINK_NOFOLLOW) == 0 &&
       S_ISDIR(existing.st_mode)) {
-    return fail(FileErrnoStatus(EISDIR, fmt::format("write {}", *path)));
+    return c.Fail(kResponse, FileErrnoStatus(EISDIR, fmt::format("write {}", *path)));
   }
   TempFile tmp;
   tmp.dir = p->dir.get();
@@ -169,53 +148,51 @@ absl::Status OpWrite(Conn& c, const Json& req, const FileOptions& o) {
     if (!tmp.fd && errno != EEXIST) break;
   }
   if (!tmp.fd) {
-    return fail(FileErrnoStatus(errno, fmt::format("write {}: create a temporary file", *path)));
+    return c.Fail(kResponse,
+                  FileErrnoStatus(errno, fmt::format("write {}: create a temporary file", *path)));
   }
-  SBX_RETURN_IF_ERROR(c.SendJson(FrameType::kResponse, Json{{"ok", true}}));
+  SBX_RETURN_IF_ERROR(c.SendJson(FrameType::kResponse, protocol::OkReply{}.ToJson()));
 
-  auto end = [&](const absl::Status& s) {
-    (void)c.SendJson(FrameType::kEnd, ErrorJson(s));
-    return s;
-  };
   uint64_t total = 0;
   for (;;) {
     auto f = c.Read();
     if (!f.ok()) return f.status();  // the host is gone: nobody to tell
     if (f->type == FrameType::kEnd) break;
     if (f->type != FrameType::kData) {
-      return end(absl::InvalidArgumentError(
-          fmt::format("write {}: unexpected frame type {}", *path, static_cast<int>(f->type))));
+      return c.Fail(kEnd, absl::InvalidArgumentError(fmt::format(
+                              "write {}: unexpected frame type {}", *path,
+                              static_cast<int>(f->type))));
     }
     total += f->payload.size();
-    if (*max_bytes && total > **max_bytes) {
-      return end(ApiError(absl::StatusCode::kResourceExhausted, "payload_too_large",
-                          fmt::format("write {}: more than the sandbox's disk cap of {} bytes",
-                                      *path, **max_bytes)));
+    if (req.max_bytes && total > *req.max_bytes) {
+      return c.Fail(kEnd, ApiError(absl::StatusCode::kResourceExhausted, "payload_too_large",
+                                   fmt::format("write {}: more than the sandbox's disk cap of "
+                                               "{} bytes",
+                                               *path, *req.max_bytes)));
     }
-    if (auto s = WriteAll(tmp.fd.get(), f->payload, *path); !s.ok()) return end(s);
+    if (auto s = WriteAll(tmp.fd.get(), f->payload, *path); !s.ok()) return c.Fail(kEnd, s);
   }
-  if (::fchmod(tmp.fd.get(), static_cast<mode_t>(mode->value_or(0644))) != 0) {
-    return end(FileErrnoStatus(errno, fmt::format("write {}: fchmod", *path)));
+  if (::fchmod(tmp.fd.get(), static_cast<mode_t>(req.mode.value_or(0644))) != 0) {
+    return c.Fail(kEnd, FileErrnoStatus(errno, fmt::format("write {}: fchmod", *path)));
   }
   if ((owner_uid || owner_gid) &&
       ::fchown(tmp.fd.get(), owner_uid ? *owner_uid : static_cast<uid_t>(-1),
                owner_gid ? *owner_gid : static_cast<gid_t>(-1)) != 0) {
-    return end(FileErrnoStatus(errno, fmt::format("write {}: fchown", *path)));
+    return c.Fail(kEnd, FileErrnoStatus(errno, fmt::format("write {}: fchown", *path)));
   }
   // fsync before the rename: after a crash the name points at the whole file or the old one.
   if (::fsync(tmp.fd.get()) != 0) {
-    return end(FileErrnoStatus(errno, fmt::format("write {}: fsync", *path)));
+    return c.Fail(kEnd, FileErrnoStatus(errno, fmt::format("write {}: fsync", *path)));
   }
   if (::renameat(p->dir.get(), tmp.name.c_str(), p->dir.get(), p->name.c_str()) != 0) {
-    return end(FileErrnoStatus(errno, fmt::format("write {}: renameat", *path)));
+    return c.Fail(kEnd, FileErrnoStatus(errno, fmt::format("write {}: renameat", *path)));
   }
   tmp.committed = true;
   struct stat st {};
   if (::fstat(tmp.fd.get(), &st) != 0) {
-    return end(FileErrnoStatus(errno, fmt::format("write {}: fstat", *path)));
+    return c.Fail(kEnd, FileErrnoStatus(errno, fmt::format("write {}: fstat", *path)));
   }
-  return c.SendJson(FrameType::kEnd,
-                    Json{{"ok", true}, {"entry", EntryJson(st, *path, -1, "")}});
+  return c.SendJson(FrameType::kEnd, protocol::EntryReply{EntryOf(st, *path, -1, "")}.ToJson());
 }
 
 }  // namespace sbx::agent::fileops

@@ -23,10 +23,10 @@ namespace sbx::agent::fileops {
 
 using archive::MkdirParents;
 
-absl::StatusOr<Json> OpStat(const Json& req, const FileOptions& o) {
-  SBX_ASSIGN_OR_RETURN(std::string path, PathField(req, "path", o));
-  SBX_ASSIGN_OR_RETURN(Json e, StatEntry(o.root_fd, path));
-  return Json{{"ok", true}, {"entry", std::move(e)}};
+absl::StatusOr<Json> OpStat(const protocol::StatRequest& req, const FileOptions& o) {
+  SBX_ASSIGN_OR_RETURN(std::string path, ValidatePath(req.path, o.workdir));
+  SBX_ASSIGN_OR_RETURN(protocol::FileEntry e, StatEntry(o.root_fd, path));
+  return protocol::EntryReply{std::move(e)}.ToJson();
 }
 
 namespace {
@@ -64,7 +64,7 @@ void ListDir(int dir, const std::string& path, int depth, ListReply& out) {
     }
     struct stat st {};
     if (::fstatat(::dirfd(d), n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    if (!out.Add(EntryJson(st, child, ::dirfd(d), n))) break;
+    if (!out.Add(EntryOf(st, child, ::dirfd(d), n).ToJson())) break;
     if (S_ISDIR(st.st_mode) && depth > 1) {
       UniqueFd sub(::openat(::dirfd(d), n.c_str(),
                             O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
@@ -117,10 +117,9 @@ absl::Status RemoveTree(int dir, const std::string& name, const std::string& pat
 
 }  // namespace
 
-absl::StatusOr<std::string> OpList(const Json& req, const FileOptions& o) {
-  SBX_ASSIGN_OR_RETURN(std::string path, PathField(req, "path", o));
-  SBX_ASSIGN_OR_RETURN(auto depth, UintField(req, "depth", 32));
-  const int d = static_cast<int>(depth.value_or(1));
+absl::StatusOr<std::string> OpList(const protocol::ListRequest& req, const FileOptions& o) {
+  SBX_ASSIGN_OR_RETURN(std::string path, ValidatePath(req.path, o.workdir));
+  const int d = static_cast<int>(req.depth.value_or(1));
   if (d < 1) {
     return ApiError(absl::StatusCode::kInvalidArgument, "invalid_argument",
                     "depth must be at least 1", "depth");
@@ -131,11 +130,10 @@ absl::StatusOr<std::string> OpList(const Json& req, const FileOptions& o) {
   return reply.Finish();
 }
 
-absl::StatusOr<Json> OpMkdir(const Json& req, const FileOptions& o) {
-  SBX_ASSIGN_OR_RETURN(std::string path, PathField(req, "path", o));
-  SBX_ASSIGN_OR_RETURN(auto mode, UintField(req, "mode", 07777));
-  const mode_t m = static_cast<mode_t>(mode.value_or(0755));
-  if (BoolField(req, "parents")) {
+absl::StatusOr<Json> OpMkdir(const protocol::MkdirRequest& req, const FileOptions& o) {
+  SBX_ASSIGN_OR_RETURN(std::string path, ValidatePath(req.path, o.workdir));
+  const mode_t m = static_cast<mode_t>(req.mode.value_or(0755));
+  if (req.parents) {
     SBX_RETURN_IF_ERROR(MkdirParents(o.root_fd, path, m));
   } else {
     SBX_ASSIGN_OR_RETURN(ParentRef p, OpenParent(o.root_fd, path));
@@ -143,28 +141,30 @@ absl::StatusOr<Json> OpMkdir(const Json& req, const FileOptions& o) {
       return FileErrnoStatus(errno, fmt::format("mkdir {}: mkdirat", path));
     }
   }
-  SBX_ASSIGN_OR_RETURN(Json e, StatEntry(o.root_fd, path));
-  if (e["type"] != "directory") {
+  SBX_ASSIGN_OR_RETURN(protocol::FileEntry e, StatEntry(o.root_fd, path));
+  if (e.type != "directory") {
     return ApiError(absl::StatusCode::kAlreadyExists, "already_exists",
                     fmt::format("mkdir {}: exists and is not a directory", path));
   }
-  return Json{{"ok", true}, {"entry", std::move(e)}};
+  return protocol::EntryReply{std::move(e)}.ToJson();
 }
 
-absl::StatusOr<Json> OpDelete(const Json& req, const FileOptions& o) {
-  SBX_ASSIGN_OR_RETURN(std::string path, PathField(req, "path", o));
+absl::StatusOr<Json> OpDelete(const protocol::DeleteRequest& req, const FileOptions& o) {
+  SBX_ASSIGN_OR_RETURN(std::string path, ValidatePath(req.path, o.workdir));
   SBX_ASSIGN_OR_RETURN(ParentRef p, OpenParent(o.root_fd, path));
   // Before a recursive delete empties a mount point whose own removal then fails.
   SBX_RETURN_IF_ERROR(RefuseMountPoint(p, path, "delete"));
-  if (::unlinkat(p.dir.get(), p.name.c_str(), 0) == 0) return Json{{"ok", true}};
+  if (::unlinkat(p.dir.get(), p.name.c_str(), 0) == 0) return protocol::OkReply{}.ToJson();
   const int unlink_errno = errno;
   if (unlink_errno != EISDIR && unlink_errno != EPERM) {
     return FileErrnoStatus(unlink_errno, fmt::format("delete {}: unlinkat", path));
   }
-  if (::unlinkat(p.dir.get(), p.name.c_str(), AT_REMOVEDIR) == 0) return Json{{"ok", true}};
-  if ((errno == ENOTEMPTY || errno == EEXIST) && BoolField(req, "recursive")) {
+  if (::unlinkat(p.dir.get(), p.name.c_str(), AT_REMOVEDIR) == 0) {
+    return protocol::OkReply{}.ToJson();
+  }
+  if ((errno == ENOTEMPTY || errno == EEXIST) && req.recursive) {
     SBX_RETURN_IF_ERROR(RemoveTree(p.dir.get(), p.name, path, 0));
-    return Json{{"ok", true}};
+    return protocol::OkReply{}.ToJson();
   }
   // EPERM from unlink is how Linux says "a directory" and also "not allowed" (sticky
   // directory, immutable file): when the entry is no directory, the EPERM was the answer.
@@ -175,9 +175,9 @@ absl::StatusOr<Json> OpDelete(const Json& req, const FileOptions& o) {
                          fmt::format("delete {}: unlinkat(AT_REMOVEDIR)", path));
 }
 
-absl::StatusOr<Json> OpMove(const Json& req, const FileOptions& o) {
-  SBX_ASSIGN_OR_RETURN(std::string from, PathField(req, "from", o));
-  SBX_ASSIGN_OR_RETURN(std::string to, PathField(req, "to", o));
+absl::StatusOr<Json> OpMove(const protocol::MoveRequest& req, const FileOptions& o) {
+  SBX_ASSIGN_OR_RETURN(std::string from, ValidatePath(req.from, o.workdir));
+  SBX_ASSIGN_OR_RETURN(std::string to, ValidatePath(req.to, o.workdir));
   if (to.size() > from.size() && to.compare(0, from.size(), from) == 0 && to[from.size()] == '/') {
     return ApiError(absl::StatusCode::kInvalidArgument, "invalid_path",
                     fmt::format("move {} to {}: a directory cannot move into itself", from, to),
@@ -186,12 +186,12 @@ absl::StatusOr<Json> OpMove(const Json& req, const FileOptions& o) {
   SBX_ASSIGN_OR_RETURN(ParentRef f, OpenParent(o.root_fd, from));
   SBX_ASSIGN_OR_RETURN(ParentRef t, OpenParent(o.root_fd, to));
   SBX_RETURN_IF_ERROR(RefuseMountPoint(f, from, "move"));
-  const unsigned flags = BoolField(req, "overwrite") ? 0 : RENAME_NOREPLACE;
+  const unsigned flags = req.overwrite ? 0 : RENAME_NOREPLACE;
   if (::renameat2(f.dir.get(), f.name.c_str(), t.dir.get(), t.name.c_str(), flags) != 0) {
     return FileErrnoStatus(errno, fmt::format("move {} to {}: renameat2", from, to));
   }
-  SBX_ASSIGN_OR_RETURN(Json e, StatEntry(o.root_fd, to));
-  return Json{{"ok", true}, {"entry", std::move(e)}};
+  SBX_ASSIGN_OR_RETURN(protocol::FileEntry e, StatEntry(o.root_fd, to));
+  return protocol::EntryReply{std::move(e)}.ToJson();
 }
 
 }  // namespace sbx::agent::fileops

@@ -56,7 +56,7 @@ class Watcher {
         const auto* ev = reinterpret_cast<const inotify_event*>(buf.data() + off);
         off += static_cast<ssize_t>(sizeof(inotify_event) + ev->len);
         if (ev->mask & IN_Q_OVERFLOW) {
-          SBX_RETURN_IF_ERROR(Emit(Json{{"type", "overflow"}, {"path", top_}, {"is_dir", true}}));
+          SBX_RETURN_IF_ERROR(Emit(Event("overflow", top_, true)));
           continue;
         }
         auto it = dirs_.find(ev->wd);
@@ -108,7 +108,7 @@ class Watcher {
   };
 
   static Json Event(const char* type, const std::string& path, bool is_dir) {
-    return Json{{"type", type}, {"path", path}, {"is_dir", is_dir}};
+    return protocol::WatchEvent{type, path, is_dir, std::nullopt}.ToJson();
   }
   absl::Status Emit(const Json& e) { return c_.SendJson(FrameType::kData, e); }
 
@@ -168,18 +168,14 @@ class Watcher {
 
 }  // namespace
 
-absl::Status OpWatch(Conn& c, const Json& req, const FileOptions& o) {
-  auto path = PathField(req, "path", o);
-  if (!path.ok()) return c.SendJson(FrameType::kResponse, ErrorJson(path.status()));
-  auto dir = OpenInRoot(o.root_fd, *path, O_PATH | O_DIRECTORY, 0, "watch");
-  if (!dir.ok()) return c.SendJson(FrameType::kResponse, ErrorJson(dir.status()));
-  Watcher w(c, BoolField(req, "recursive"));
-  if (auto s = w.Init(dir->get(), *path); !s.ok()) {
-    return c.SendJson(FrameType::kResponse, ErrorJson(s));
-  }
-  SBX_RETURN_IF_ERROR(c.SendJson(FrameType::kResponse, Json{{"ok", true}}));
+absl::Status OpWatch(Conn& c, const protocol::WatchRequest& req, const FileOptions& o) {
+  auto dir = OpenPath(req.path, o, O_PATH | O_DIRECTORY, "watch");
+  if (!dir.ok()) return c.Fail(kResponse, dir.status());
+  Watcher w(c, req.recursive);
+  if (auto s = w.Init(dir->fd.get(), dir->path); !s.ok()) return c.Fail(kResponse, s);
+  SBX_RETURN_IF_ERROR(c.SendJson(FrameType::kResponse, protocol::OkReply{}.ToJson()));
   absl::Status s = w.Run();
-  (void)c.SendJson(FrameType::kEnd, s.ok() ? Json{{"ok", true}} : ErrorJson(s));
+  (void)c.SendJson(FrameType::kEnd, s.ok() ? protocol::OkReply{}.ToJson() : ErrorJson(s));
   return s;
 }
 

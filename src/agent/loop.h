@@ -23,6 +23,7 @@
 #include "agent/event_log.h"
 #include "agent/requests.h"
 #include "common/unique_fd.h"
+#include "protocol/messages.h"
 #include "protocol/protocol.h"
 
 namespace sbx::agent {
@@ -41,7 +42,8 @@ inline constexpr size_t kMaxConnections = 1024;
 inline constexpr size_t kMaxStdinQueue = 1 << 20;
 inline constexpr size_t kMaxFileWorkers = 64;
 
-std::string Dump(const protocol::Json& j);
+// The wire dump (invalid UTF-8 replaced, never thrown about): the protocol's own.
+using protocol::DumpJson;
 
 // agent.log gets the JSON lines of sbxd's own log (common/log_format.h), so that one tool reads
 // both: every line names the sandbox, a session's lines the session too.

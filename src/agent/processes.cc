@@ -37,7 +37,7 @@ std::string Agent::HandleProcesses() {
   const bool listed = ForEachProcess([&](pid_t pid) {
     if (auto p = ReadProc(pid, text)) all.push_back(std::move(*p));
   });
-  if (!listed) return Dump(ErrorJson(ErrnoStatus(errno, "processes: opendir(/proc)")));
+  if (!listed) return DumpJson(ErrorJson(ErrnoStatus(errno, "processes: opendir(/proc)")));
   const pid_t self = ::getpid();
   // As PID 1 every process of the namespace is the sandbox's. Elsewhere (the fake runtime on
   // the host) only our descendants are.
