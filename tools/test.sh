@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the packages, builds, and runs every test suite:
 #   0. lint-tests: tools/check_tests.py (before the build, seconds): every *_test.cc is in a test
-#      target, and no test skips outside the SBX_TESTS_MUST_RUN helpers
+#      target, and no test skips outside the SBX_TESTS_MUST_RUN helpers; tools/check_house.py:
+#      the layering and file-size rules of docs/architecture.md
 #   1. ctest on build/ (unit tests and the root integration tests, label `root`)
 #   2. the end-to-end suite (tests/e2e, pytest) against a real sbxd
 #   2a. the escape and abuse suite (tests/security, pytest): attacks from inside real sandboxes
@@ -75,7 +76,7 @@ fi
 # that ignores SBX_TESTS_MUST_RUN. The ctest test check_tests repeats it on the build's test list.
 banner "lint-tests (tools/check_tests.py)"
 suite_start
-if "$PY" tools/check_tests.py; then
+if "$PY" tools/check_tests.py && "$PY" tools/check_house.py; then
   record lint-tests passed
 else
   record lint-tests failed
