@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -199,7 +200,16 @@ namespace {
 // share no fd table but copy it), and two holders could then wait on each other forever.
 // Syscalls only (it may share our memory); it runs with the creating thread's signal mask,
 // which in sbxd blocks everything but SIGKILL.
-int HoldUserns(void*) {
+// A holder also dies with sbxd: one left by an sbxd killed between the clone and its own kill
+// would pin a user namespace, and the uid range it maps, for good. The ppid check closes the
+// window before the prctl. Set after any change of credentials, which clears it.
+void DieWithParent(pid_t parent) {
+  ::syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  if (::syscall(SYS_getppid) != parent) ::syscall(SYS_exit_group, 0);
+}
+
+int HoldUserns(void* raw) {
+  DieWithParent(*static_cast<const pid_t*>(raw));
   for (;;) ::pause();
 }
 
@@ -210,6 +220,7 @@ int HoldUserns(void*) {
 struct OwnedHolderArgs {
   uid_t owner;
   int report_fd;
+  pid_t parent;
 };
 
 int HoldOwnedUserns(void* raw) {
@@ -221,6 +232,7 @@ int HoldOwnedUserns(void* raw) {
       ::unshare(CLONE_NEWUSER) != 0) {
     err = errno == 0 ? EIO : errno;
   }
+  DieWithParent(a->parent);
   ssize_t n;
   do {
     n = ::write(a->report_fd, &err, sizeof(err));
@@ -285,9 +297,10 @@ absl::StatusOr<UniqueFd> MakeUserNamespace(uint32_t base, uint32_t count, std::o
     if (::pipe2(p, O_CLOEXEC) != 0) return ErrnoStatus(errno, "user namespace: pipe2(holder report)");
     report_r.Reset(p[0]);
     report_w.Reset(p[1]);
-    holder_args = OwnedHolderArgs{*owner, report_w.get()};
+    holder_args = OwnedHolderArgs{*owner, report_w.get(), ::getpid()};
   }
-  long rc = owner ? CloneRun(&args, HoldOwnedUserns, &holder_args) : CloneRun(&args, HoldUserns, nullptr);
+  pid_t parent = ::getpid();
+  long rc = owner ? CloneRun(&args, HoldOwnedUserns, &holder_args) : CloneRun(&args, HoldUserns, &parent);
   if (rc < 0) {
     return ErrnoStatus(static_cast<int>(-rc),
                        owner ? "user namespace: clone3(holder)" : "user namespace: clone3(CLONE_NEWUSER)");
