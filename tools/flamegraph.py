@@ -27,8 +27,9 @@ from collections import Counter
 from html import escape
 
 # A stack line: optional spaces, hex address, symbol (may contain spaces and parentheses, e.g.
-# "operator new(unsigned long)"), then the object file in parentheses at the end.
-FRAME_RE = re.compile(r"^\s*([0-9a-fA-F]+)\s+(.*?)\s*\(([^()]*)\)\s*$")
+# "operator new(unsigned long)"), then the object file in parentheses at the end, which may hold
+# one parenthesised word itself: "(/memfd:sbx-agent (deleted))", the agent sbxd runs from a memfd.
+FRAME_RE = re.compile(r"^\s*([0-9a-fA-F]+)\s+(.*?)\s*\(((?:[^()]|\([^()]*\))*)\)\s*$")
 OFFSET_RE = re.compile(r"\+0x[0-9a-fA-F]+$")
 
 
@@ -36,7 +37,7 @@ def frame_name(sym: str, dso: str) -> str:
     sym = OFFSET_RE.sub("", sym.strip())
     if not sym or sym == "[unknown]":
         # Name what we can: the object the address is in.
-        base = dso.rsplit("/", 1)[-1] if dso else "?"
+        base = dso.rsplit("/", 1)[-1].replace(" (deleted)", "") if dso else "?"
         sym = f"[{base}]" if not base.startswith("[") else base
     # ';' separates frames in the folded form.
     sym = sym.replace(";", ":")
@@ -48,6 +49,44 @@ def frame_name(sym: str, dso: str) -> str:
 HEADER_RE = re.compile(r"^(?P<comm>.+?)\s+(?P<pid>-?\d+)(?:/(?P<tid>-?\d+))?\s+"
                        r"(?:\[\d+\]\s+)?(?P<time>\d+\.\d+):\s*(?P<rest>.*)$")
 FORK_RE = re.compile(r"PERF_RECORD_FORK\((\d+):(\d+)\):\((\d+):(\d+)\)")
+
+
+def short_name(name: str) -> str:
+    """C++ names without template arguments and parameter lists, which in Asio's and Beast's
+    frames run to hundreds of characters: "a::b<x<y>>::c(int)" → "a::b<…>::c". The kernel
+    suffix and "(anonymous namespace)" stay; "operator<" and friends are not taken for brackets."""
+    suffix = "_[k]" if name.endswith("_[k]") else ""
+    core = name[: -len(suffix)] if suffix else name
+    core = core.replace("(anonymous namespace)", "\x00")
+    out, depth, i = [], 0, 0
+    while i < len(core):
+        if core.startswith("operator", i) and depth == 0:
+            j = i + len("operator")
+            while j < len(core) and core[j] in "<>=!+-*/%&|^~[]()," and not core.startswith("()", j + 1) \
+                    and j - i < len("operator") + 3:
+                j += 1
+            out.append(core[i:j])
+            i = j
+            continue
+        c = core[i]
+        if c == "<":
+            if depth == 0:
+                out.append("<…>")
+            depth += 1
+        elif c == ">" and depth > 0:
+            depth -= 1
+        elif c == "(" and depth == 0:
+            # A parameter list: drop it and whatever follows on this frame (" const", "[clone]").
+            rest = core[i:]
+            close = rest.find(")")
+            tail = rest[close + 1:] if close >= 0 else ""
+            if "::" in tail:  # "f(int)::{lambda()#1}::operator()": keep the part after it
+                out.append(tail[tail.find("::"):])
+            break
+        elif depth == 0:
+            out.append(c)
+        i += 1
+    return "".join(out).replace("\x00", "(anonymous namespace)").strip() + suffix
 
 
 def parse(lines):
@@ -115,7 +154,7 @@ def descendants(roots, parents: dict[int, int]) -> set[int]:
     return out
 
 
-def fold(samples, keep_pids=None, keep_comm=None, drop_comm=None) -> Counter:
+def fold(samples, keep_pids=None, keep_comm=None, drop_comm=None, short=False) -> Counter:
     """Counter{"comm;root;…;leaf": samples}. With keep_pids and/or keep_comm, a sample stays
     when its pid is in keep_pids or its comm matches keep_comm; drop_comm removes matches."""
     stacks: Counter = Counter()
@@ -126,6 +165,8 @@ def fold(samples, keep_pids=None, keep_comm=None, drop_comm=None) -> Counter:
             continue
         if drop_comm is not None and drop_comm.search(comm):
             continue
+        if short:
+            frames = [short_name(f) for f in frames]
         stacks[";".join([comm] + frames)] += 1
     return stacks
 
@@ -269,6 +310,8 @@ def main(argv=None) -> int:
     ap.add_argument("--keep-comm", help="also keep samples whose process name matches this "
                                         "regex (e.g. kernel threads: '^(kworker|rcu|ksoftirqd)')")
     ap.add_argument("--drop-comm", help="drop samples whose process name matches this regex")
+    ap.add_argument("--short-names", action="store_true",
+                    help="drop C++ template arguments and parameter lists from frame names")
     ap.add_argument("--only", action="append", default=[],
                     help="keep only stacks whose process (root frame) is this (repeatable)")
     args = ap.parse_args(argv)
@@ -278,6 +321,18 @@ def main(argv=None) -> int:
             ap.error("--pid-tree needs perf script output, not folded stacks")
         with open(args.folded_in) as f:
             stacks = read_folded(f)
+        if args.keep_comm or args.drop_comm:
+            keep = re.compile(args.keep_comm) if args.keep_comm else None
+            drop = re.compile(args.drop_comm) if args.drop_comm else None
+            stacks = Counter({s: n for s, n in stacks.items()
+                              if (keep is None or keep.search(s.split(";", 1)[0])) and
+                              (drop is None or not drop.search(s.split(";", 1)[0]))})
+        if args.short_names:
+            short: Counter = Counter()
+            for st, n in stacks.items():
+                root, _, rest = st.partition(";")
+                short[";".join([root] + [short_name(f) for f in rest.split(";") if rest])] += n
+            stacks = short
     else:
         if args.inp:
             with open(args.inp, errors="replace") as f:
@@ -287,7 +342,7 @@ def main(argv=None) -> int:
         keep_pids = descendants(args.pid_tree, parents) if args.pid_tree else None
         keep_comm = re.compile(args.keep_comm) if args.keep_comm else None
         drop_comm = re.compile(args.drop_comm) if args.drop_comm else None
-        stacks = fold(samples, keep_pids, keep_comm, drop_comm)
+        stacks = fold(samples, keep_pids, keep_comm, drop_comm, args.short_names)
     if args.only:
         keep = set(args.only)
         stacks = Counter({s: n for s, n in stacks.items() if s.split(";", 1)[0] in keep})

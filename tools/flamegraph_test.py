@@ -53,7 +53,7 @@ sbx-agent   300/300   [001]  10.005000:     250000 cpu-clock:
 
 sbx-agent   300/300   [001]  10.006000:     250000 cpu-clock:
 \tffffffff81200000 do_mount+0x10 ([kernel.kallsyms])
-\t          5b0000 sbx::agent::Run()+0x1c (/work/build/bin/sbx-agent)
+\t          5b0000 sbx::agent::Run()+0x1c (/memfd:sbx-agent (deleted))
 
 cc1plus   900/900   [000]  10.007000:     250000 cpu-clock:
 \t          700000 ggc_collect+0x5 (/usr/lib/gcc/x86_64-linux-gnu/12/cc1plus)
@@ -75,6 +75,7 @@ class CollapseTest(unittest.TestCase):
         # Two samples at different offsets of the same functions are one stack.
         self.assertEqual(stacks["sbxd;main;sbx::runtime::Spawn(sbx::Spec const&);"
                                 "__do_sys_clone3_[k];copy_process_[k]"], 2)
+        # The second agent sample names its object "/memfd:sbx-agent (deleted)": same frame.
         self.assertEqual(stacks["sbx-agent;sbx::agent::Run();do_mount_[k]"], 2)
         self.assertEqual(stacks["kworker/u4:2-ev;cgroup_destroy_wq_[k]"], 1)
 
@@ -82,6 +83,8 @@ class CollapseTest(unittest.TestCase):
         stacks = flamegraph.collapse(lines())
         # "[unknown] ([unknown])" twice in a row is one box; a libc address says libc.
         self.assertEqual(stacks["sbxd;main;[unknown];[libc.so.6]"], 1)
+        self.assertEqual(flamegraph.frame_name("[unknown]", "/memfd:sbx-agent (deleted)"),
+                         "[memfd:sbx-agent]")
 
     def test_process_tree_keeps_sbxd_and_what_it_forked_only(self):
         samples, parents = flamegraph.parse(lines())
@@ -107,6 +110,28 @@ class CollapseTest(unittest.TestCase):
                 self.assertEqual(flamegraph.read_folded(f), stacks)
         with self.assertRaises(ValueError):
             flamegraph.read_folded(["no count here\n"])
+
+
+class ShortNameTest(unittest.TestCase):
+    def test_drops_template_arguments_and_parameters(self):
+        self.assertEqual(flamegraph.short_name(
+            "boost::asio::detail::executor_op<boost::asio::detail::executor_function, "
+            "std::allocator<void> >::do_complete(void*, int)"),
+            "boost::asio::detail::executor_op<…>::do_complete")
+        self.assertEqual(flamegraph.short_name("std::vector<int, std::allocator<int> >::push_back(int&&)"),
+                         "std::vector<…>::push_back")
+
+    def test_keeps_what_names_the_frame(self):
+        self.assertEqual(flamegraph.short_name("sbx::runtime::ns::(anonymous namespace)::ChildEntry"),
+                         "sbx::runtime::ns::(anonymous namespace)::ChildEntry")
+        self.assertEqual(flamegraph.short_name("copy_process_[k]"), "copy_process_[k]")
+        self.assertEqual(flamegraph.short_name("std::function<void ()>::operator()"),
+                         "std::function<…>::operator()")
+        self.assertEqual(flamegraph.short_name("operator new(unsigned long)"), "operator new")
+
+    def test_merges_instantiations_in_the_folded_form(self):
+        samples = [("p", 1, ["f<int>(int)", "g"]), ("p", 1, ["f<long>(long)", "g"])]
+        self.assertEqual(flamegraph.fold(samples, short=True), Counter({"p;f<…>;g": 2}))
 
 
 def boxes(svg: str):
@@ -173,6 +198,11 @@ class RenderTest(unittest.TestCase):
                 self.assertEqual(sum(flamegraph.read_folded(f).values()), 6)
             with open(svg) as f:
                 self.assertIn("create", f.read())
+            # Folded input filtered by its root frame (the process name).
+            rc = flamegraph.main(["--folded-in", folded, "--out", svg, "--drop-comm", "^sbx-agent$"])
+            self.assertEqual(rc, 0)
+            with open(svg) as f:
+                self.assertIn("all (4 samples, 100.00%)", f.read())
             # Nothing left after filtering: a failure, so a script notices an empty profile.
             self.assertEqual(flamegraph.main(["--in", src, "--out", svg, "--pid-tree", "4242"]), 1)
 
