@@ -4,7 +4,12 @@ parses and has every scenario and peer with samples, and the plot exists. Nothin
 A scenario or peer that was skipped, failed or is missing fails the check, whatever it counted:
 the pause scenarios included (an sbxd whose pause answers 404 or 501 records them as skipped).
 
-Usage: python3 bench/check_results.py DIR   (DIR holds latest.json and latency.png)
+The repeatable forms must be there too: CPU ms and syscalls per operation of the scenarios
+sbx-load meters (it runs perf stat on the sbxd given by --sbxd-pid; tools/bench.sh passes it),
+and the file transfer JSON of bench/file_transfer.sh with its ratios and CPU per MiB.
+
+Usage: python3 bench/check_results.py DIR   (DIR holds latest.json, micro.json, latency.png and
+file_transfer.json)
 """
 import json
 import os
@@ -19,6 +24,44 @@ PEERS = ["fork_exec_true", "bwrap_echo", "unshare_echo", "runc_echo", "pipe"]
 # iterations got samples. Errors elsewhere (the concurrent and sustained scenarios may meet
 # load shedding) are printed but do not fail it.
 NO_ERRORS = {"pause", "pause_wake", "pause_delete"}
+# Scenarios whose CPU time and syscalls per operation sbx-load measures (SbxdMeter).
+METERED = ["create_cold", "exec", "attach", "sustained"]
+METER_FIELDS = ("cpu_ms_per_op", "syscalls_per_op")
+
+
+def check_metered(res) -> list[str]:
+    problems = []
+    if not isinstance(res.get("repeatable"), list):
+        problems.append("no \"repeatable\" section (CPU time and syscalls per operation)")
+    for name in METERED:
+        e = (res.get("scenarios", {}).get(name) or {}).get("extra", {})
+        if e.get("cpu_unavailable"):
+            problems.append(f"scenarios.{name}: no CPU/syscall figures: {e['cpu_unavailable']}")
+            continue
+        for k in METER_FIELDS:
+            v = e.get(k)
+            if not isinstance(v, (int, float)) or v <= 0:
+                problems.append(f"scenarios.{name}: extra.{k} missing or not positive ({v!r})")
+    return problems
+
+
+def check_file_transfer(path: str) -> list[str]:
+    try:
+        with open(path) as f:
+            ft = json.load(f)
+    except (OSError, ValueError) as e:
+        return [f"cannot read {path}: {e}"]
+    problems = []
+    for k in ("upload_vs_bwrap", "download_vs_bwrap"):
+        v = ft.get("ratios", {}).get(k)
+        if not isinstance(v, (int, float)) or v <= 0:
+            problems.append(f"{path}: ratios.{k} missing ({v!r})")
+    for step in ("upload", "download"):
+        a = ft.get("sbx", {}).get(step, {})
+        for k in ("cpu_ms_per_mib", "syscalls_per_mib"):
+            if not isinstance(a.get(k), (int, float)) or a[k] <= 0:
+                problems.append(f"{path}: sbx.{step}.{k} missing ({a.get(k)!r}): is perf installed?")
+    return problems
 
 
 def check(d: str) -> list[str]:
@@ -58,6 +101,8 @@ def check(d: str) -> list[str]:
             problems.append(f"{micro}: no benchmark ran")
     except (OSError, ValueError) as e:
         problems.append(f"cannot read {micro}: {e}")
+    problems += check_metered(res)
+    problems += check_file_transfer(os.path.join(d, "file_transfer.json"))
     png = os.path.join(d, "latency.png")
     if not os.path.isfile(png) or os.path.getsize(png) == 0:
         problems.append(f"{png} is missing or empty")
@@ -71,8 +116,9 @@ def main():
         print(f"check: FAIL: {p}")
     if problems:
         sys.exit(1)
-    print(f"check: {d}: {len(SCENARIOS)} scenarios, {len(PEERS)} peers, the micro-benchmarks "
-          f"and the plot are there")
+    print(f"check: {d}: {len(SCENARIOS)} scenarios, {len(PEERS)} peers, the micro-benchmarks, "
+          f"the plot, CPU and syscalls per op of {', '.join(METERED)}, and the file transfer "
+          f"figures are there")
 
 
 if __name__ == "__main__":

@@ -17,15 +17,24 @@ import check_results  # noqa: E402
 
 def good_results():
     ok = {"n": 3, "errors": 0, "p50_ms": 1.0}
-    return {
-        "meta": {}, "ratios": {}, "targets": {},
-        "scenarios": {name: dict(ok) for name in check_results.SCENARIOS},
+    r = {
+        "meta": {}, "ratios": {}, "targets": {}, "repeatable": [],
+        "scenarios": {name: copy.deepcopy(ok) for name in check_results.SCENARIOS},
         "peers": {name: dict(ok) for name in check_results.PEERS},
     }
+    for name in check_results.METERED:
+        r["scenarios"][name]["extra"] = {"cpu_ms_per_op": 3.2, "syscalls_per_op": 850.0}
+    return r
+
+
+def good_file_transfer():
+    step = {"s": 0.5, "cpu_ms_per_mib": 2.0, "syscalls_per_mib": 40.0}
+    return {"meta": {"mib": 16}, "sbx": {"upload": dict(step), "download": dict(step)},
+            "ratios": {"upload_vs_bwrap": 1.7, "download_vs_bwrap": 1.0}}
 
 
 class CheckResultsTest(unittest.TestCase):
-    def write(self, results, micro=None, png=b"\x89PNG"):
+    def write(self, results, micro=None, png=b"\x89PNG", ft="good"):
         d = tempfile.mkdtemp(prefix="sbx-check-results-")
         self.addCleanup(lambda: subprocess.run(["rm", "-rf", d], check=False))
         with open(os.path.join(d, "latest.json"), "w") as f:
@@ -35,6 +44,9 @@ class CheckResultsTest(unittest.TestCase):
         if png is not None:
             with open(os.path.join(d, "latency.png"), "wb") as f:
                 f.write(png)
+        if ft is not None:
+            with open(os.path.join(d, "file_transfer.json"), "w") as f:
+                json.dump(good_file_transfer() if ft == "good" else ft, f)
         return d
 
     def problems_with(self, edit):
@@ -89,6 +101,29 @@ class CheckResultsTest(unittest.TestCase):
     def test_no_plot_or_no_micro_benchmark_fails(self):
         self.assertTrue(check_results.check(self.write(good_results(), png=None)))
         self.assertTrue(check_results.check(self.write(good_results(), micro={"benchmarks": []})))
+
+    def test_cpu_and_syscall_figures_are_required(self):
+        def unavailable(r):
+            r["scenarios"]["exec"]["extra"] = {"cpu_unavailable": "spawn perf: errno 2"}
+        self.assertIn("scenarios.exec: no CPU/syscall figures: spawn perf: errno 2",
+                      self.problems_with(unavailable))
+
+        def missing(r):
+            del r["scenarios"]["create_cold"]["extra"]["syscalls_per_op"]
+        self.assertTrue(any(p.startswith("scenarios.create_cold: extra.syscalls_per_op")
+                            for p in self.problems_with(missing)))
+
+        def no_section(r):
+            del r["repeatable"]
+        self.assertTrue(any("repeatable" in p for p in self.problems_with(no_section)))
+
+    def test_file_transfer_figures_are_required(self):
+        self.assertTrue(any("file_transfer.json" in p
+                            for p in check_results.check(self.write(good_results(), ft=None))))
+        ft = good_file_transfer()
+        ft["sbx"]["upload"]["cpu_ms_per_mib"] = None  # perf was missing
+        problems = check_results.check(self.write(good_results(), ft=ft))
+        self.assertTrue(any("sbx.upload.cpu_ms_per_mib" in p for p in problems), problems)
 
     def test_the_command_line_exits_non_zero(self):
         r = good_results()

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # Runs the benchmark suite (docs/benchmarks.md): installs the packages, builds, starts two
 # sbxd on free loopback ports (the first without a warm pool, the second with one),
-# runs build/bin/sbx-load against them with every peer required, and renders the results.
+# runs build/bin/sbx-load against them with every peer required (and the CPU time and syscalls
+# per operation of the first sbxd, its --sbxd-pid), then bench/file_transfer.sh, and renders
+# the results; ends with a table of the repeatable forms (CPU ms, syscalls per operation).
 #
 # Usage (as root, from anywhere):
-#   bash tools/bench.sh            standard suite: writes bench/results/latest.json,
-#                                  bench/results/latency.png and the tables in docs/benchmarks.md
-#   bash tools/bench.sh --quick    a few iterations of each (what CI runs): writes
-#                                  build/bench-quick/{latest.json,latency.png,benchmarks-tables.md}
-#                                  and never touches the tracked tree
+#   bash tools/bench.sh            standard suite: writes bench/results/{latest,file_transfer}.json,
+#                                  bench/results/latency.png, the tables in docs/benchmarks.md
+#                                  and the "last measured" block of SPECIFICATION.md (file
+#                                  transfer of 256 MiB, ~1 minute)
+#   bash tools/bench.sh --quick    a few iterations of each (what CI runs; file transfer of
+#                                  16 MiB): writes build/bench-quick/{latest.json,
+#                                  file_transfer.json,latency.png,benchmarks-tables.md,
+#                                  specification-table.md} and never touches the tracked tree
 #   bash tools/bench.sh [--quick] -- ARGS...   extra sbx-load flags (e.g. --scenarios exec)
 #
 # Environment: SBX_SKIP_INSTALL=1 skips tools/install-deps.sh; SBX_BENCH_WARM_POOL (default
@@ -26,7 +31,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) quick=1; shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "bench: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -45,8 +50,10 @@ if [[ $quick -eq 1 ]]; then
   PNG="$OUT_DIR/latency.png"
   MICRO="$OUT_DIR/micro.json"
   MICRO_ARGS=(--benchmark_min_time=0.01)
-  REPORT_ARGS=(--tables-out "$OUT_DIR/benchmarks-tables.md")
+  REPORT_ARGS=(--tables-out "$OUT_DIR/benchmarks-tables.md"
+               --spec-out "$OUT_DIR/specification-table.md")
   LOAD_MODE=(--quick)
+  FT_MIB=16
 else
   OUT_DIR="$ROOT/bench/results"
   mkdir -p "$OUT_DIR"
@@ -54,10 +61,12 @@ else
   PNG="$OUT_DIR/latency.png"
   MICRO="$OUT_DIR/micro.json"
   MICRO_ARGS=()
-  REPORT_ARGS=(--docs "$ROOT/docs/benchmarks.md")
+  REPORT_ARGS=(--docs "$ROOT/docs/benchmarks.md" --spec "$ROOT/SPECIFICATION.md")
   LOAD_MODE=()
+  FT_MIB=256
 fi
-rm -f "$JSON" "$PNG"
+FT_JSON="$OUT_DIR/file_transfer.json"
+rm -f "$JSON" "$PNG" "$FT_JSON"
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/sbx-bench.XXXXXX")
 TOKEN="bench-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
@@ -161,7 +170,18 @@ if ! build/bin/sbx-micro-bench --benchmark_out="$MICRO" --benchmark_out_format=j
   tail -n 30 "$WORK/micro.txt" >&2
   exit 1
 fi
-python3 bench/report.py --in "$JSON" --micro "$MICRO" --png "$PNG" "${REPORT_ARGS[@]}"
+# File transfer through the files API against bwrap (its own sbxd; ~1 minute with 256 MiB).
+log "running bench/file_transfer.sh $FT_MIB (results: $FT_JSON)"
+if ! bash bench/file_transfer.sh "$FT_MIB" --json "$FT_JSON" > "$WORK/file_transfer.txt" 2>&1; then
+  echo "bench: bench/file_transfer.sh failed; its output:" >&2
+  tail -n 30 "$WORK/file_transfer.txt" >&2
+  exit 1
+fi
+cat "$WORK/file_transfer.txt"
+python3 bench/report.py --in "$JSON" --micro "$MICRO" --png "$PNG" --file-transfer "$FT_JSON" \
+  "${REPORT_ARGS[@]}"
+# The figures a loaded host does not skew, in one table at the end of the log.
+python3 bench/report.py --in "$JSON" --file-transfer "$FT_JSON" --print-repeatable
 if [[ $rc -ne 0 ]]; then
   echo "bench: sbx-load exited $rc: some scenario or peer could not run (see above)" >&2
   exit "$rc"

@@ -14,6 +14,8 @@ PACKAGES=(
   python3-prometheus-client
   bubblewrap procps iproute2 util-linux e2fsprogs
   gnuplot-nox runc
+  # perf: sbx-load's CPU time and syscalls per operation, and tools/profile.sh's flame graphs
+  linux-perf curl
 )
 
 die() { echo "install-deps: ERROR: $*" >&2; exit 1; }

@@ -73,7 +73,10 @@ int main(int argc, char** argv) {
   app.add_flag("--require-peers", require_peers, "fail when a peer's binary is missing");
   app.add_option("--out", out_path, "write the JSON results here");
   app.add_option("--note", extra_notes, "a note for the results' meta block (repeatable)");
-  app.add_option("--sbxd-pid", sbxd_pid, "PID of the sbxd at --url (its RSS and memory cgroup)");
+  app.add_option("--sbxd-pid", sbxd_pid,
+                 "PID of the sbxd at --url: its RSS and memory cgroup, and the CPU time and "
+                 "syscalls per operation of create_cold, exec, attach and sustained (perf stat "
+                 "on sbxd and what it starts; docs/benchmarks.md)");
   app.add_option("--create-n", create_n, "create_cold iterations (200)");
   app.add_option("--warm-n", warm_n, "create_warm iterations (200)");
   app.add_option("--warm-pace-ms", warm_pace_ms, "pause between warm creates (30)");
@@ -240,6 +243,7 @@ int main(int argc, char** argv) {
   report["peers"] = peers_json;
   report["ratios"] = BuildRatios(scen_json, peers_json);
   report["targets"] = BuildTargets(scen_json, report["ratios"]);
+  report["repeatable"] = BuildRepeatable(scen_json);
 
   fmt::print("ratios:\n");
   for (const auto& [name, r] : report["ratios"].items()) {
@@ -254,6 +258,26 @@ int main(int argc, char** argv) {
     fmt::print("  {:<46} {} {} {} (measured {}): {}\n", t["name"].get<std::string>(),
                t["op"].get<std::string>(), t["target"].get<double>(),
                t["unit"].get<std::string>(), measured, met);
+  }
+
+  // CPU time and syscalls per operation (SbxdMeter): what a loaded CI host cannot skew.
+  fmt::print("repeatable forms (sbxd + the processes it started, timed steps only):\n");
+  fmt::print("  {:<20} {:>12} {:>14} {:>16} {:>14}\n", "scenario", "cpu_ms/op", "syscalls/op",
+             "host_cpu_ms/op", "cpu_ns/byte");
+  for (const auto& row : report["repeatable"]) {
+    auto num = [&](const char* k, int digits) {
+      return row.contains(k) && row[k].is_number()
+                 ? fmt::format("{:.{}f}", row[k].get<double>(), digits)
+                 : std::string("-");
+    };
+    if (row.contains("cpu_unavailable")) {
+      fmt::print("  {:<20} unavailable: {}\n", row["scenario"].get<std::string>(),
+                 row["cpu_unavailable"].get<std::string>());
+      continue;
+    }
+    fmt::print("  {:<20} {:>12} {:>14} {:>16} {:>14}\n", row["scenario"].get<std::string>(),
+               num("cpu_ms_per_op", 3), num("syscalls_per_op", 1), num("host_cpu_ms_per_op", 3),
+               num("cpu_ns_per_byte", 3));
   }
 
   if (!out_path.empty()) {

@@ -61,5 +61,43 @@ TEST(ProcParsersTest, FindsTheV1MemoryMount) {
                   .mount_point.empty());
 }
 
+TEST(PerfStatTest, ReadsTaskClockAndSyscalls) {
+  // What `perf stat -x, -o FILE` writes (perf 6.1).
+  const char* out =
+      "# started on Wed Dec  2 10:05:10 2026\n\n"
+      "79.22,msec,task-clock,79224135,100.00,0.024,CPUs utilized\n"
+      "4288,,raw_syscalls:sys_enter,79224135,100.00,54.125,K/sec\n";
+  auto c = ParsePerfStatCsv(out);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->task_clock_ms, 79.22);
+  EXPECT_EQ(c->syscalls, 4288u);
+}
+
+TEST(PerfStatTest, RefusesCountersThatDidNotRun) {
+  EXPECT_FALSE(ParsePerfStatCsv("<not counted>,msec,task-clock,0,0.00,,\n"
+                                "12,,raw_syscalls:sys_enter,1,100.00,,\n")
+                   .ok());
+  EXPECT_FALSE(ParsePerfStatCsv("<not supported>,,raw_syscalls:sys_enter,0,0.00,,\n"
+                                "1.0,msec,task-clock,1,100.00,,\n")
+                   .ok());
+  EXPECT_FALSE(ParsePerfStatCsv("1.0,msec,task-clock,1,100.00,,\n").ok());  // no syscalls line
+  EXPECT_FALSE(ParsePerfStatCsv("1.0,usec,task-clock,1,100.00,,\n"
+                                "2,,raw_syscalls:sys_enter,1,100.00,,\n")
+                   .ok());  // a unit we do not know
+}
+
+TEST(ProcParsersTest, BusyTicksOfProcStat) {
+  // user nice system idle iowait irq softirq steal guest guest_nice: idle and iowait are out.
+  const char* stat =
+      "cpu  100 2 30 5000 70 4 5 6 0 0\n"
+      "cpu0 50 1 15 2500 35 2 2 3 0 0\n"
+      "intr 12345\n";
+  auto v = ParseProcStatBusyTicks(stat);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, 100u + 2 + 30 + 4 + 5 + 6);
+  EXPECT_FALSE(ParseProcStatBusyTicks("cpu0 1 2 3 4 5 6 7 8\n").ok());
+  EXPECT_FALSE(ParseProcStatBusyTicks("cpu  1 2 3\n").ok());
+}
+
 }  // namespace
 }  // namespace sbx::load

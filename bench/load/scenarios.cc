@@ -93,8 +93,9 @@ void Cleanup(Api& api, Janitor& janitor, Result& r, const std::string& id) {
 
 // --- 1. create → running -------------------------------------------------------------------------
 
+// `meter_pid`: the sbxd at `ep` whose CPU time and syscalls are metered (0: none).
 Result CreateLoop(const cli::Endpoint& ep, const std::string& token, int n, int pace_ms,
-                  bool count_warm) {
+                  bool count_warm, int meter_pid) {
   Result r;
   HttpConn conn(ep, token);
   Api api(conn);
@@ -105,19 +106,23 @@ Result CreateLoop(const cli::Endpoint& ep, const std::string& token, int n, int 
   Janitor janitor(ep, token);
   int hits = 0;
   std::vector<double> hit_ms, miss_ms;
+  SbxdMeter meter(meter_pid);
   // One untimed iteration first: the first create after start-up pays one-off costs (template
   // preparation, page cache) that are not what a steady client sees.
   for (int i = -1; i < n; ++i) {
     if (pace_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pace_ms));
+    if (i >= 0) meter.Begin();
     const auto t0 = Clock::now();
     auto c = api.CreateSandbox();
     if (!c.ok()) {
+      if (i >= 0) meter.End(0);
       r.AddError(Msg(c.status()));
       continue;
     }
     janitor.Add(c->sandbox_id);
     auto op = api.WaitOperation(c->operation_id);
     const auto t1 = Clock::now();
+    if (i >= 0) meter.End(op.ok() ? 1 : 0);
     if (!op.ok()) {
       r.AddError(Msg(op.status()));
     } else if (i >= 0) {
@@ -136,6 +141,7 @@ Result CreateLoop(const cli::Endpoint& ep, const std::string& token, int n, int 
   }
   SetSequentialThroughput(r);
   r.extra["warmup_iterations"] = 1;
+  if (meter_pid > 0) meter.AddTo(r.extra);
   if (count_warm) {
     r.extra["warm_pool_hits"] = hits;
     r.extra["pace_ms"] = pace_ms;
@@ -146,7 +152,7 @@ Result CreateLoop(const cli::Endpoint& ep, const std::string& token, int n, int 
 }
 
 void CreateCold(const Config& cfg, Results& out) {
-  out["create_cold"] = CreateLoop(cfg.endpoint, cfg.token, cfg.create_n, 0, false);
+  out["create_cold"] = CreateLoop(cfg.endpoint, cfg.token, cfg.create_n, 0, false, cfg.sbxd_pid);
 }
 
 void CreateWarm(const Config& cfg, Results& out) {
@@ -156,7 +162,7 @@ void CreateWarm(const Config& cfg, Results& out) {
     out["create_warm"] = std::move(r);
     return;
   }
-  Result r = CreateLoop(*cfg.warm_endpoint, cfg.warm_token, cfg.warm_n, cfg.warm_pace_ms, true);
+  Result r = CreateLoop(*cfg.warm_endpoint, cfg.warm_token, cfg.warm_n, cfg.warm_pace_ms, true, 0);
   r.extra["sbxd_url"] = cfg.warm_endpoint->url;
   out["create_warm"] = std::move(r);
 }
@@ -215,6 +221,8 @@ void Exec(const Config& cfg, Results& out) {
   HttpConn conn(cfg.endpoint, cfg.token);
   Api api(conn);
   Janitor janitor(cfg.endpoint, cfg.token);
+  // Before the sandbox exists, so that its agent is among the processes metered.
+  SbxdMeter meter(cfg.sbxd_pid);
   auto c = api.CreateRunning();
   if (!c.ok()) {
     r.failure = fmt::format("create the sandbox: {}", std::string(c.status().message()));
@@ -223,9 +231,11 @@ void Exec(const Config& cfg, Results& out) {
   }
   janitor.Add(c->sandbox_id);
   for (int i = -1; i < cfg.exec_n; ++i) {
+    if (i >= 0) meter.Begin();
     const auto t0 = Clock::now();
     auto a = api.Exec(c->sandbox_id, {"true"});
     const auto t1 = Clock::now();
+    if (i >= 0) meter.End(a.ok() ? 1 : 0);
     if (!a.ok()) {
       r.AddError(Msg(a.status()));
     } else if (i >= 0) {
@@ -235,6 +245,7 @@ void Exec(const Config& cfg, Results& out) {
   SetSequentialThroughput(r);
   r.extra["warmup_iterations"] = 1;
   r.extra["steps"] = "POST session [\"true\"] + GET attach until process_exited";
+  if (cfg.sbxd_pid > 0) meter.AddTo(r.extra);
   Cleanup(api, janitor, r, c->sandbox_id);
   out["exec"] = std::move(r);
 }
@@ -341,6 +352,8 @@ void ConcurrentCreateWarm(const Config& cfg, Results& out) {
 void Sustained(const Config& cfg, Results& out) {
   Result r;
   Janitor janitor(cfg.endpoint, cfg.token);
+  SbxdMeter meter(cfg.sbxd_pid);  // one window over the whole run, divided by the cycles
+  meter.Begin();
   std::mutex mu;
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
@@ -377,6 +390,8 @@ void Sustained(const Config& cfg, Results& out) {
   }
   for (auto& th : threads) th.join();
   const double wall_s = MsBetween(start, Clock::now()) / 1000.0;
+  meter.End(static_cast<double>(r.samples_ms.size()));
+  if (cfg.sbxd_pid > 0) meter.AddTo(r.extra);
   r.throughput = static_cast<double>(r.samples_ms.size()) / wall_s;
   r.throughput_unit = "cycles/s";
   r.extra["workers"] = cfg.sustained_workers;
@@ -392,6 +407,7 @@ void Attach(const Config& cfg, Results& out) {
   HttpConn conn(cfg.endpoint, cfg.token);
   Api api(conn);
   Janitor janitor(cfg.endpoint, cfg.token);
+  SbxdMeter meter(cfg.sbxd_pid);  // before the sandbox, so that its agent is metered
   auto c = api.CreateRunning();
   if (!c.ok()) {
     r.failure = fmt::format("create the sandbox: {}", std::string(c.status().message()));
@@ -403,7 +419,9 @@ void Attach(const Config& cfg, Results& out) {
                                          "/dev/zero"};
   nlohmann::json rates = nlohmann::json::array();
   for (int i = 0; i < cfg.attach_n; ++i) {
+    meter.Begin();
     auto a = api.Exec(c->sandbox_id, argv);
+    meter.End(a.ok() ? 1 : 0, a.ok() ? static_cast<double>(a->stdout_bytes) : 0);
     if (!a.ok()) {
       r.AddError(Msg(a.status()));
       continue;
@@ -425,6 +443,7 @@ void Attach(const Config& cfg, Results& out) {
   r.extra["bytes"] = cfg.attach_bytes;
   r.extra["mb_per_s"] = rates;
   r.extra["command"] = fmt::format("head -c {} /dev/zero", cfg.attach_bytes);
+  if (cfg.sbxd_pid > 0) meter.AddTo(r.extra);
   Cleanup(api, janitor, r, c->sandbox_id);
   out["attach"] = std::move(r);
 }
