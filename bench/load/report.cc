@@ -109,6 +109,8 @@ nlohmann::json BuildTargets(const nlohmann::json& scenarios, const nlohmann::jso
   add("host memory per idle sandbox", "<=", 3,
       Extra(scenarios, "density", "host_mem_per_sandbox_mib"), "MiB",
       "density: MemAvailable drop / sandboxes");
+  add("running sandboxes on one host", ">=", 5000, Extra(scenarios, "density", "running"), "",
+      "density: running");
   auto n = Extra(scenarios, "density", "running");
   add(fmt::format("sbxd RSS with {} sandboxes", n ? static_cast<long>(*n) : 500), "<=", 150,
       Extra(scenarios, "density", "sbxd_rss_mib"), "MiB", "density: sbxd VmRSS");

@@ -52,6 +52,7 @@ TEST(BuildTargetsTest, JudgesEachDirectionAndMarksMissingMeasurements) {
   EXPECT_EQ(find("sustained")["met"], true);
   EXPECT_EQ(find("attach throughput")["met"], false);
   EXPECT_EQ(find("host memory")["met"], true);
+  EXPECT_EQ(find("running sandboxes on one host")["met"], false);  // 20 of 5,000
   // The RSS target names the density actually reached.
   EXPECT_FALSE(find("sbxd RSS with 20 sandboxes").is_null());
   for (const auto& x : t) {
