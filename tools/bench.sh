@@ -146,7 +146,7 @@ start_daemon() {  # $1 = name, rest = extra sbxd flags; sets PIDS/URLS
 }
 
 # The main sbxd has no warm pool, so every scenario but create_warm measures a cold launch.
-# Admission is off: density packs 500 idle sandboxes of 512 MiB (and 64 pool members) to measure
+# Admission is off: density packs 5,000 idle sandboxes of 512 MiB (and 64 pool members) to measure
 # what one costs, far beyond what a host may promise sandboxes that use their limits.
 start_daemon main --warm-pool base=0 --admission false
 MAIN_PID=${PIDS[0]}

@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
   app.add_option("--sustained-s", sustained_s, "sustained: seconds (60)");
   app.add_option("--attach-bytes", attach_bytes, "attach: bytes of output (1 GiB)");
   app.add_option("--attach-n", attach_n, "attach: runs (1)");
-  app.add_option("--density-n", density_n, "density: sandboxes (500)");
+  app.add_option("--density-n", density_n, "density: sandboxes (5000)");
   app.add_option("--density-parallel", density_parallel, "density: creates in flight (4)");
   app.add_option("--pause-n", pause_n, "pause: iterations (50)");
   app.add_option("--peer-n", peer_n, "peers: spawns of each (200)");

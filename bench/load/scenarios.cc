@@ -462,6 +462,13 @@ void Density(const Config& cfg, Results& out) {
     if (auto v = ProcessRssBytes(cfg.sbxd_pid); v.ok()) sbxd_rss_before = *v;
   }
   auto avail_before = MemAvailableBytes();
+  // Kernel memory the sandboxes do not see in their cgroups: unreclaimable slab (the memcg
+  // shrinker maps grow as the square of the count, docs/doctor.md "Density").
+  auto sunreclaim_before = MeminfoBytes("SUnreclaim");
+  std::optional<size_t> sbxd_fds_before;
+  if (cfg.sbxd_pid > 0) {
+    if (auto n = OpenFds(cfg.sbxd_pid); n.ok()) sbxd_fds_before = *n;
+  }
 
   const auto fill_start = Clock::now();
   std::atomic<int> next{0};
@@ -498,6 +505,7 @@ void Density(const Config& cfg, Results& out) {
   r.extra["running"] = running;
   r.extra["fill_s"] = Round(fill_s, 2);
   r.extra["fill_parallelism"] = cfg.density_parallel;
+  if (fill_s > 0) r.extra["fill_per_s"] = Round(static_cast<double>(running) / fill_s, 1);
 
   if (running > 0) {
     // Host view: everything the sandboxes cost the machine, kernel objects included.
@@ -510,6 +518,20 @@ void Density(const Config& cfg, Results& out) {
       r.extra["mem_available_after_mib"] = Round(static_cast<double>(*avail_after) / kMiB, 1);
     } else {
       notes.push_back("MemAvailable unreadable");
+    }
+    auto sunreclaim_after = MeminfoBytes("SUnreclaim");
+    if (sunreclaim_before.ok() && sunreclaim_after.ok()) {
+      const double grew =
+          static_cast<double>(*sunreclaim_after) - static_cast<double>(*sunreclaim_before);
+      r.extra["slab_unreclaimable_growth_mib"] = Round(grew / kMiB, 1);
+      r.extra["slab_unreclaimable_per_sandbox_mib"] =
+          Round(grew / static_cast<double>(running) / kMiB, 3);
+    }
+    if (cfg.sbxd_pid > 0) {
+      if (auto n = OpenFds(cfg.sbxd_pid); n.ok()) {
+        r.extra["sbxd_fds"] = *n;
+        if (sbxd_fds_before) r.extra["sbxd_fds_before"] = *sbxd_fds_before;
+      }
     }
     if (cfg.sbxd_pid > 0) {
       auto cg = MemoryCgroupOf(cfg.sbxd_pid);
@@ -525,10 +547,13 @@ void Density(const Config& cfg, Results& out) {
           if (!usage.ok()) continue;
           cg_sum += std::strtoull(usage->c_str(), nullptr, 10);
           ++measured;
-          for (int pid : CgroupPids(dir)) {
-            if (auto rss = ProcessRssBytes(pid); rss.ok()) {
-              rss_sum += *rss;
-              ++agents;
+          // The agent lives in <id>/agent, the workload in <id>/work (docs/isolation.md).
+          for (const char* sub : {"", "/agent", "/work"}) {
+            for (int pid : CgroupPids(dir + sub)) {
+              if (auto rss = ProcessRssBytes(pid); rss.ok()) {
+                rss_sum += *rss;
+                ++agents;
+              }
             }
           }
         }

@@ -34,7 +34,7 @@ struct Config {
   double sustained_s = 60;
   uint64_t attach_bytes = 1ull << 30;
   int attach_n = 1;
-  int density_n = 500;
+  int density_n = 5000;  // issue 15's goal: 5,000 running on one host
   int density_parallel = 4;  // creates in flight while filling
   int pause_n = 50;
 };

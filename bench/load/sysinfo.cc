@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -71,6 +72,24 @@ absl::StatusOr<uint64_t> MemAvailableBytes() {
   auto v = ParseKbField(text, "MemAvailable");
   if (!v.ok()) return Annotate(v.status(), "/proc/meminfo");
   return v;
+}
+
+absl::StatusOr<uint64_t> MeminfoBytes(std::string_view field) {
+  SBX_ASSIGN_OR_RETURN(std::string text, ReadFile("/proc/meminfo"));
+  auto v = ParseKbField(text, field);
+  if (!v.ok()) return Annotate(v.status(), "/proc/meminfo");
+  return v;
+}
+
+absl::StatusOr<size_t> OpenFds(int pid) {
+  std::error_code ec;
+  size_t n = 0;
+  for (std::filesystem::directory_iterator it(fmt::format("/proc/{}/fd", pid), ec), end;
+       !ec && it != end; it.increment(ec)) {
+    ++n;
+  }
+  if (ec) return ErrnoStatus(ec.value(), fmt::format("density: list /proc/{}/fd", pid));
+  return n;
 }
 
 absl::StatusOr<uint64_t> ProcessRssBytes(int pid) {

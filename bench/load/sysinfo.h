@@ -17,6 +17,10 @@
 namespace sbx::load {
 
 absl::StatusOr<uint64_t> MemAvailableBytes();
+// A "kB" field of /proc/meminfo in bytes ("SUnreclaim").
+absl::StatusOr<uint64_t> MeminfoBytes(std::string_view field);
+// Open descriptors of `pid` (entries of /proc/PID/fd).
+absl::StatusOr<size_t> OpenFds(int pid);
 // VmRSS of `pid` in bytes.
 absl::StatusOr<uint64_t> ProcessRssBytes(int pid);
 

@@ -21,6 +21,8 @@ struct DoctorFlags {
   std::string agent_path;
   bool userns = true;
   std::string cgroup_parent;
+  int64_t max_sandboxes = 0;
+  int64_t pooled = 10;   // --pooled: runtime.ns.netns_pool 4 + userns_pool 4 + disk_pool 2
 };
 
 // sbxd's own default: sbx-agent beside the binary (sbx, sbxd and sbx-agent are built together).
@@ -54,6 +56,15 @@ void RegisterDoctorCommand(CLI::App& app, Context& ctx) {
       ->capture_default_str();
   cmd->add_option("--cgroup-parent", f->cgroup_parent,
                   "as sbxd --cgroup-parent: where sandbox cgroups go (empty: <own cgroup>/sbx)");
+  cmd->add_option("--max-sandboxes", f->max_sandboxes,
+                  "as sbxd --max-sandboxes: the sandboxes the host must hold (the limits.* rows "
+                  "warn per short limit; 0: report what it holds)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1000000}));
+  cmd->add_option("--pooled", f->pooled,
+                  "namespaces, uid ranges and disks sbxd's pools hold beside the sandboxes "
+                  "(--netns-pool + --userns-pool + --disk-pool)")
+      ->capture_default_str();
   cmd->callback([&ctx, f] {
     ctx.needs_client = false;
     ctx.action = [f](Client&) -> absl::StatusOr<int> {
@@ -63,6 +74,8 @@ void RegisterDoctorCommand(CLI::App& app, Context& ctx) {
       o.agent_path = f->agent_path.empty() ? AgentBesideSelf() : f->agent_path;
       o.user_namespaces = f->userns;
       o.cgroup_parent = f->cgroup_parent;
+      o.max_sandboxes = f->max_sandboxes;
+      o.pooled = f->pooled;
       const std::string state_dir = f->state_dir;
       o.template_check = [state_dir] { return service::CheckTemplateForDoctor(state_dir); };
       runtime::doctor::Report report = runtime::doctor::RunDoctor(o);

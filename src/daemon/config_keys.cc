@@ -208,8 +208,9 @@ const std::vector<KeyInfo> kKeys = {
              "the other sandboxes and the warm pool (false: admit everything)",
      SBX_BOOL(admission.enabled)},
     {.path = "admission.cpu_overcommit_percent", .type = Type::kInt,
-     .flag = "--cpu-overcommit-percent", .reloadable = true, .min = 1, .max = 100000,
-     .why = "1% to 1000 times the host's CPUs",
+     .flag = "--cpu-overcommit-percent", .reloadable = true, .min = 1, .max = 1000000,
+     .why = "1% to 10000 times the host's CPUs (5,000 idle 1-vCPU sandboxes on 2 CPUs need "
+            "250000)",
      .help = "vCPUs promised to sandboxes, in percent of the CPUs sbxd may run on (1600: 16 "
              "vCPUs per CPU; CPU time is shared, an oversubscribed host is only slower)",
      SBX_NUM(admission.cpu_overcommit_percent)},
@@ -235,6 +236,13 @@ const std::vector<KeyInfo> kKeys = {
      .help = "space in MiB of the state dir's file system kept free for the host, the database "
              "and logs, never promised to sandbox disks",
      SBX_NUM(admission.reserve_disk_mib)},
+    {.path = "admission.max_sandboxes", .type = Type::kInt, .flag = "--max-sandboxes",
+     .reloadable = false, .min = 0, .max = 1000000, .why = "0 (what the host's limits hold) to a million",
+     .help = "sandboxes (warm pool included) held at once, even with admission off; past it a "
+             "create is 503 insufficient_capacity. 0: what the host's limits hold (descriptors, "
+             "pids, namespaces, uid ranges; sbxd logs it). More than they hold stops sbxd at "
+             "start-up, naming each limit and its fix",
+     SBX_NUM(admission.max_sandboxes)},
     {.path = "sessions.output_buffer_bytes", .type = Type::kInt, .flag = "--output-buffer-bytes",
      .reloadable = false, .min = 64 << 10, .max = 1 << 30, .why = "64 KiB to 1 GiB per stream",
      .help = "output retained per session stream by the agent (what a re-attach can replay)",

@@ -20,6 +20,8 @@ runtime::doctor::DoctorOptions Options(const PreflightConfig& c) {
   o.user_namespaces = c.user_namespaces;
   o.seccomp_policy_path = c.seccomp_policy_path;
   o.cgroup_parent = c.cgroup_parent;
+  o.max_sandboxes = c.max_sandboxes;
+  o.pooled = c.pooled;
   return o;
 }
 

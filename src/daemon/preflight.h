@@ -3,6 +3,7 @@
 // would refuse on.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -18,6 +19,8 @@ struct PreflightConfig {
   bool user_namespaces = true;
   std::string seccomp_policy_path;
   std::string cgroup_parent;
+  int64_t max_sandboxes = 0;  // admission.max_sandboxes: the limits.* rows of --check
+  int64_t pooled = 0;         // what the ns pools hold beside the sandboxes
 };
 
 // `sbxd --check`: every row, printed as a table (color on a tty) or as JSON on stdout. Touches

@@ -128,6 +128,7 @@ Demand Admission::ReservedLocked() const {
 
 absl::Status Admission::Admit(const std::string& id, const Demand& want, std::string_view what) {
   std::lock_guard lock(mu_);
+  SBX_RETURN_IF_ERROR(CheckCountLocked(id, what));
   if (settings_.enabled && probe_) {
     // Probed under the lock: the disk's free space moves, and two admissions must not both
     // count the same free space.
@@ -148,6 +149,23 @@ absl::Status Admission::Admit(const std::string& id, const Demand& want, std::st
   }
   held_[id] = want;
   return absl::OkStatus();
+}
+
+absl::Status Admission::CheckCountLocked(const std::string& id, std::string_view what) const {
+  const int64_t max = settings_.max_sandboxes;
+  if (max <= 0 || held_.count(id) > 0) return absl::OkStatus();
+  const auto held = static_cast<int64_t>(held_.size());
+  if (held < max) return absl::OkStatus();
+  absl::Status st = ApiError(
+      absl::StatusCode::kResourceExhausted, "insufficient_capacity",
+      fmt::format("insufficient capacity: sandboxes: {} would be one more than the {} this sbxd "
+                  "holds at once ({} held, warm pool included; admission.max_sandboxes)",
+                  what, max, held));
+  st = WithDetail(st, "resource", "sandboxes");
+  st = WithDetail(st, "requested", "1");
+  st = WithDetail(st, "available", "0");
+  st = WithDetail(st, "capacity", fmt::format("{}", max));
+  return st;
 }
 
 void Admission::Hold(const std::string& id, const Demand& want) {

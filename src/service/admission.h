@@ -14,7 +14,7 @@
 // step under the ledger's lock, so concurrent creates cannot overshoot.
 //
 // A request that does not fit now is insufficient_capacity (unavailable: a delete will
-// make room); one larger than the whole capacity is exceeds_capacity (it never will). Both
+// make room; also when max_sandboxes are held, details.resource "sandboxes"); one larger than the whole capacity is exceeds_capacity (it never will). Both
 // name the resource in the message and in details (resource, requested, available, capacity).
 //
 // Thread safety: all methods are safe to call concurrently.
@@ -40,6 +40,11 @@ struct AdmissionSettings {
   int64_t disk_overcommit_percent = 100;
   int64_t reserve_memory_mib = 1024;
   int64_t reserve_disk_mib = 2048;
+  // Sandboxes (warm-pool members included) held at once, whatever their resources, and even
+  // with `enabled` false: past the host's descriptors, pids or namespaces a launch fails
+  // midway, so sbxd sets this to what the host's limits hold (runtime/doctor/density.h) when
+  // the operator leaves it 0. 0 here: no count cap (tests of other things).
+  int64_t max_sandboxes = 0;
   friend bool operator==(const AdmissionSettings&, const AdmissionSettings&) = default;
 };
 
@@ -106,6 +111,8 @@ class Admission {
 
  private:
   Demand ReservedLocked() const;
+  // insufficient_capacity when max_sandboxes are held (not counting `id`).
+  absl::Status CheckCountLocked(const std::string& id, std::string_view what) const;
 
   const Probe probe_;
   mutable std::mutex mu_;

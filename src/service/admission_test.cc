@@ -113,6 +113,35 @@ TEST(AdmissionLedger, DisabledOrWithoutProbeAdmitsEverythingButStillCounts) {
   EXPECT_TRUE(none.Admit("big", Demand{64, 65536, 1 << 20}, "x").ok());
 }
 
+TEST(AdmissionLedger, MaxSandboxesCountsEvenWhenDisabled) {
+  AdmissionSettings s = Settings(100, 100, 100, 0, 0);
+  s.enabled = false;
+  s.max_sandboxes = 2;
+  Admission a(s, nullptr);
+  EXPECT_TRUE(a.Admit("a", Demand{1, 1, 1}, "x").ok());
+  EXPECT_TRUE(a.Admit("b", Demand{1, 1, 1}, "x").ok());
+  absl::Status st = a.Admit("c", Demand{1, 1, 1}, "the sandbox");
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_EQ(ApiErrorCode(st), "insufficient_capacity");
+  EXPECT_EQ(ApiErrorDetail(st, "resource"), "sandboxes");
+  EXPECT_EQ(ApiErrorDetail(st, "capacity"), "2");
+  EXPECT_NE(std::string(st.message()).find("admission.max_sandboxes"), std::string::npos) << st;
+  EXPECT_FALSE(a.Holds("c"));
+  // One already held is replaced, not counted twice.
+  EXPECT_TRUE(a.Admit("b", Demand{2, 2, 2}, "x").ok());
+  // A delete makes room; 0 is no cap.
+  a.Release("a");
+  EXPECT_TRUE(a.Admit("c", Demand{1, 1, 1}, "x").ok());
+  s.max_sandboxes = 0;
+  a.SetSettings(s);
+  EXPECT_TRUE(a.Admit("d", Demand{1, 1, 1}, "x").ok());
+  // Start-up adoption holds whatever the store says, over the cap.
+  s.max_sandboxes = 1;
+  a.SetSettings(s);
+  a.Hold("e", Demand{1, 1, 1});
+  EXPECT_EQ(a.Read().holders, 4);
+}
+
 TEST(AdmissionLedger, AProbeFailureRefusesWith503) {
   Admission a(AdmissionSettings{}, [] {
     return absl::StatusOr<HostCapacity>(absl::InternalError("statvfs(/x): boom"));

@@ -44,6 +44,7 @@ void CheckNetwork(const Context& ctx);
 void CheckDevices(const Context& ctx);
 void CheckStorage(const Context& ctx);
 void CheckInstall(const Context& ctx);
+void CheckDensity(const Context& ctx);  // density.cc
 
 // --- child processes ---------------------------------------------------------------------------
 

@@ -283,6 +283,7 @@ Report RunDoctor(const DoctorOptions& options) {
   RunSection(ctx, "device", CheckDevices);
   RunSection(ctx, "storage", CheckStorage);
   RunSection(ctx, "install", CheckInstall);
+  if (!options.only_required) RunSection(ctx, "limits", CheckDensity);
   // What the selected runtime does not need cannot stop it: its problems are warnings.
   for (auto& c : report.checks) {
     if (!c.required && c.result == CheckResult::kFail) c.result = CheckResult::kWarn;

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -68,6 +69,12 @@ struct DoctorOptions {
   bool skip_backend_probes = false;
   // Bound on each child process a probe runs; the child is killed when it passes.
   std::chrono::milliseconds probe_timeout{5000};
+  // The `limits.*` rows (density.h): the sandboxes the host must hold (0: report what it
+  // holds), what the pools hold beside them, and sbxd's descriptors besides sandboxes (0:
+  // what sbxd's default connection caps take under this process's RLIMIT_NOFILE).
+  int64_t max_sandboxes = 0;
+  int64_t pooled = 0;
+  int64_t held_fds = 0;
 };
 
 struct Report {
