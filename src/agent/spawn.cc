@@ -4,7 +4,9 @@
 #include <grp.h>
 #include <signal.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <termios.h>
@@ -249,18 +251,20 @@ void ChildStdio(const ChildPlan& plan, const ChildFds& fds) {
 // root lacks on the project's hosts; raising one's own needs no privilege. Before the user
 // switch: a non-root process may lose write access to its /proc/self files. A child of a
 // non-dumpable agent has /proc/self files of host root (identity.h): dumpable for this
-// write only, as the agent's uid (nothing in the sandbox shares it); the credential change
-// below makes it non-dumpable again until exec. Best effort (a rootfs without /proc): the
-// only cost is a worse victim choice.
+// write only, as the agent's uid (nothing in the sandbox shares it). The flag belongs to the
+// memory, which the child shares with the agent (kSpawnSharesVm): it is cleared again right
+// after the write, and the parent clears it once more after the credential change below,
+// which sets it to fs.suid_dumpable. Best effort (a rootfs without /proc): the only cost is a
+// worse victim choice.
 void ChildRaiseOomScore(const ChildPlan& plan) {
-  if (plan.identity != nullptr && plan.identity->userns_fd >= 0) {
-    ::prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
-  }
+  const bool dumpable = plan.identity != nullptr && plan.identity->userns_fd >= 0;
+  if (dumpable) ::prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
   int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
   if (fd >= 0) {
     (void)!::write(fd, "500", 3);
     ::close(fd);
   }
+  if (dumpable) ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 }
 
 void ChildIdentity(const ChildPlan& plan) {
@@ -272,11 +276,13 @@ void ChildIdentity(const ChildPlan& plan) {
       ChildFail(step, plan.uid_text, err, 126);
     }
   } else if (plan.switch_user) {
-    if (::setgroups(plan.groups.size(), plan.groups.data()) != 0) {
+    // Raw syscalls, same semantics as the libc calls: the child shares the agent's memory
+    // (kSpawnSharesVm), and libc's set*id wrappers may consult its thread list.
+    if (::syscall(SYS_setgroups, plan.groups.size(), plan.groups.data()) != 0) {
       ChildFail("setgroups for", plan.uid_text, errno, 126);
     }
-    if (::setgid(plan.gid) != 0) ChildFail("setgid for", plan.uid_text, errno, 126);
-    if (::setuid(plan.uid) != 0) ChildFail("setuid for", plan.uid_text, errno, 126);
+    if (::syscall(SYS_setgid, plan.gid) != 0) ChildFail("setgid for", plan.uid_text, errno, 126);
+    if (::syscall(SYS_setuid, plan.uid) != 0) ChildFail("setuid for", plan.uid_text, errno, 126);
   }
 }
 
@@ -310,6 +316,63 @@ void ChildIdentity(const ChildPlan& plan) {
   ChildRaiseOomScore(plan);
   ChildIdentity(plan);
   ChildExec(plan);
+}
+
+// posix_spawn's model: the child shares the agent's memory (CLONE_VM) on a stack of its own,
+// and the agent waits (CLONE_VFORK) until it has exec'd or exited. A copying fork duplicated
+// the agent's page tables, then took a copy-on-write fault for every page either side wrote
+// and tore the copy down at exec: most of the agent's CPU time per exec (perf, issue 15).
+// The child's steps above write only their own stack, the kernel's per-task state (its fd
+// table, credentials, signal dispositions: none of CLONE_FILES, CLONE_FS, CLONE_SIGHAND) and
+// errno, which the waiting parent does not read. The agent installs no signal handlers (only
+// SIG_IGN and signalfd), so no handler can run on the shared memory before exec. Sanitizer
+// runtimes do not expect a second task on their memory: those builds keep fork.
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+constexpr bool kSpawnSharesVm = true;
+#else
+constexpr bool kSpawnSharesVm = false;
+#endif
+
+// The child's own stack, made once per spawning thread (CLONE_VFORK holds that thread until
+// the child is done with it) and kept: its lowest page is a guard, so an overflow faults.
+constexpr size_t kChildStackBytes = 128 << 10;
+
+absl::StatusOr<char*> ChildStackTop() {
+  thread_local char* top = nullptr;
+  if (top != nullptr) return top;
+  void* p = ::mmap(nullptr, kChildStackBytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  if (p == MAP_FAILED) return ErrnoStatus(errno, "spawn: mmap(child stack)");
+  if (::mprotect(p, 4096, PROT_NONE) != 0) {
+    const int err = errno;
+    ::munmap(p, kChildStackBytes);
+    return ErrnoStatus(err, "spawn: mprotect(child stack guard)");
+  }
+  top = static_cast<char*>(p) + kChildStackBytes;
+  return top;
+}
+
+struct ChildArgs {
+  const ChildPlan* plan;
+  const ChildFds* fds;
+};
+
+int ChildEntry(void* arg) {
+  const auto* a = static_cast<const ChildArgs*>(arg);
+  RunChild(*a->plan, *a->fds);
+}
+
+// Starts the child; returns its pid, or -1 with errno set.
+pid_t StartChild(const ChildPlan& plan, const ChildFds& fds, char* stack_top) {
+  if constexpr (!kSpawnSharesVm) {
+    const pid_t pid = ::fork();
+    if (pid == 0) RunChild(plan, fds);
+    return pid;
+  }
+  ChildArgs args{&plan, &fds};
+  // Plain clone, not clone3: the sandbox's seccomp policy answers clone3 with ENOSYS so that
+  // clone's flags can be checked, and these carry no namespace flag.
+  return ::clone(ChildEntry, stack_top, CLONE_VM | CLONE_VFORK | SIGCHLD, &args);
 }
 
 // The parent's ends, non-blocking.
@@ -351,14 +414,26 @@ absl::StatusOr<SpawnedProcess> Spawn(const SpawnSpec& spec) {
   PreparePlan(spec, plan);
   ChildFds fds;
   SBX_RETURN_IF_ERROR(OpenStdio(spec, fds));
+  char* stack_top = nullptr;
+  if constexpr (kSpawnSharesVm) {
+    SBX_ASSIGN_OR_RETURN(stack_top, ChildStackTop());
+  }
 
-  const pid_t pid = ::fork();
-  if (pid < 0) return ErrnoStatus(errno, "spawn: fork");
-  if (pid == 0) RunChild(plan, fds);
-
-  // Parent. Also set the group here so that a signal sent right after fork finds it (a tty
-  // child makes its own session, which fails setpgid here harmlessly).
-  if (!spec.tty) ::setpgid(pid, pid);
+  const pid_t pid = StartChild(plan, fds, stack_top);
+  if (pid < 0) return ErrnoStatus(errno, kSpawnSharesVm ? "spawn: clone(CLONE_VM|CLONE_VFORK)" : "spawn: fork");
+  if constexpr (kSpawnSharesVm) {
+    // The child made the shared memory dumpable for its oom_score_adj write, and its credential
+    // change set it to fs.suid_dumpable (or it failed before): the agent is non-dumpable again
+    // before anything else runs in it (identity.h).
+    if (plan.identity != nullptr && plan.identity->userns_fd >= 0) {
+      ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    }
+  } else if (!spec.tty) {
+    // Parent of a copying fork: also set the group here so that a signal sent right after fork
+    // finds it (a tty child makes its own session, which fails setpgid here harmlessly). With
+    // CLONE_VFORK the child has already set it, and exec'd or exited, by the time we run.
+    ::setpgid(pid, pid);
+  }
   return ParentEnds(pid, fds, spec.tty);
 }
 

@@ -35,7 +35,7 @@ asio::awaitable<absl::Status> AgentStream::ReadUntilFrame(std::optional<protocol
     // already queued when the read finished must not cancel a later read: the generation
     // counter tells them apart, and the weak pointer keeps it from touching a dead stream.
     ArmDeadline(deadline);
-    auto [ec, n] = co_await bytes_->ReadSome(asio::buffer(buf_));
+    auto [ec, n] = co_await bytes_->ReadSome(asio::buffer(buf_.get(), kReadBytes));
     state_->gen = 0;
     timer_.cancel();
     if (ec == asio::error::operation_aborted && state_->timed_out) {
@@ -47,7 +47,7 @@ asio::awaitable<absl::Status> AgentStream::ReadUntilFrame(std::optional<protocol
       co_return absl::UnavailableError("agent closed the stream");
     }
     if (ec) co_return absl::UnavailableError(fmt::format("agent read: {}", ec.message()));
-    decoder_.Feed(std::string_view(buf_.data(), n));
+    decoder_.Feed(std::string_view(buf_.get(), n));
   }
 }
 

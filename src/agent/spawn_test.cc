@@ -1,0 +1,89 @@
+#include "agent/spawn.h"
+
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "agent/identity.h"
+
+namespace sbx::agent {
+namespace {
+
+std::string ReadAll(int fd) {
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n > 0) {
+      out.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) {
+      ::usleep(1000);
+      continue;
+    }
+    return out;
+  }
+}
+
+std::string OwnOomScoreAdj() {
+  int fd = ::open("/proc/self/oom_score_adj", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string s = ReadAll(fd);
+  ::close(fd);
+  return s;
+}
+
+TEST(Spawn, RunsTheProgramInItsOwnGroupWithPipes) {
+  SpawnSpec spec;
+  spec.argv = {"/bin/sh", "-c", "echo out; echo err >&2; set -- $(cat /proc/$$/stat); [ \"$5\" -eq $$ ] && exit 7"};
+  spec.env = {"PATH=/usr/bin:/bin"};
+  auto p = Spawn(spec);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(ReadAll(p->stdout_fd.get()), "out\n");
+  EXPECT_EQ(ReadAll(p->stderr_fd.get()), "err\n");
+  int status = 0;
+  ASSERT_EQ(::waitpid(p->pid, &status, 0), p->pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 7);
+}
+
+// The child shares the caller's memory (CLONE_VM), and the dumpable flag belongs to the memory:
+// the child's oom_score_adj write must not leave the caller dumpable, even when the child fails
+// before the credential change that would clear it, and the child's score must stay its own.
+TEST(Spawn, TheCallerStaysNonDumpableAndKeepsItsOomScore) {
+  const int was_dumpable = ::prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
+  ASSERT_EQ(::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), 0);
+  const std::string score_before = OwnOomScoreAdj();
+
+  // A read-only fd as the "cgroup.procs" file: the child fails at the first identity step,
+  // right after its dumpable oom_score_adj write; the user namespace fd is never reached.
+  int ro = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(ro, 0);
+  SandboxIdentity identity;
+  identity.userns_fd = ro;
+  identity.cgroup_procs_fds = {ro};
+  SpawnSpec spec;
+  spec.argv = {"/bin/true"};
+  spec.identity = &identity;
+  auto p = Spawn(spec);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(::prctl(PR_GET_DUMPABLE, 0, 0, 0, 0), 0);
+  EXPECT_EQ(OwnOomScoreAdj(), score_before);
+  EXPECT_NE(ReadAll(p->stderr_fd.get()).find("join the sandbox's cgroup"), std::string::npos);
+  int status = 0;
+  ASSERT_EQ(::waitpid(p->pid, &status, 0), p->pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 126);
+  ::close(ro);
+  ::prctl(PR_SET_DUMPABLE, was_dumpable, 0, 0, 0);
+}
+
+}  // namespace
+}  // namespace sbx::agent
