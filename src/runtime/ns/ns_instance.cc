@@ -134,14 +134,17 @@ class NsInstance : public Instance {
     if (uid_base_ != 0) {
       SBX_RETURN_IF_ERROR(Annotate(shared_->uid_ranges.Release(uid_base_, dir_), fmt::format("destroy {}", id_)));
     }
-    // 7. The sandbox's files (upper layer, socket, log). The mounts lived only in the
-    //    sandbox's mount namespace, which died with its last process.
-    SBX_RETURN_IF_ERROR(Annotate(RemoveTree(dir_), fmt::format("destroy {}", id_)));
+    // 7. The sandbox's files (disk image, upper layer, socket, log). The mounts lived only in
+    //    the sandbox's mount namespace, which died with its last process: nothing of the
+    //    sandbox runs or can be reached now, so the reaper may remove them after the delete
+    //    (reaper.h); inline when there is none or its backlog is full.
+    const bool deferred = shared_->reaper && shared_->reaper->Defer(dir_);
+    if (!deferred) SBX_RETURN_IF_ERROR(Annotate(RemoveTree(dir_), fmt::format("destroy {}", id_)));
     destroyed_ = true;
-    spdlog::debug("ns: destroyed {} in {:.2f} ms: kill+reap {:.2f}, cgroups {:.2f}, files {:.2f}",
+    spdlog::debug("ns: destroyed {} in {:.2f} ms: kill+reap {:.2f}, cgroups {:.2f}, files {:.2f}{}",
                   id_, MsSince(t0), std::chrono::duration<double, std::milli>(t_reaped - t0).count(),
                   std::chrono::duration<double, std::milli>(t_cgroups - t_reaped).count(),
-                  MsSince(t_cgroups));
+                  MsSince(t_cgroups), deferred ? " (queued for the reaper)" : "");
     return absl::OkStatus();
   }
 
