@@ -43,12 +43,12 @@ Reaper::~Reaper() {
   idle_cv_.notify_all();
 }
 
-bool Reaper::Defer(std::string path) {
+bool Reaper::Defer(std::string path, UniqueFd hold) {
   if (max_backlog_ == 0) return false;
   {
     std::lock_guard lock(mu_);
     if (stopping_ || queue_.size() + in_flight_ >= max_backlog_) return false;
-    queue_.push_back(Item{std::move(path), 0, std::chrono::steady_clock::now()});
+    queue_.push_back(Item{std::move(path), std::move(hold), 0, std::chrono::steady_clock::now()});
     if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
   }
   cv_.notify_one();
@@ -71,6 +71,8 @@ bool Reaper::WaitIdle(std::chrono::milliseconds timeout) const {
 }
 
 bool Reaper::Attempt(Item& item) {
+  // First: the image's loop device detaches only when its file system goes.
+  item.hold.Reset();
   absl::Status st = remove_(item.path);
   if (st.ok()) return true;
   ++item.attempts;

@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "absl/status/status.h"
+#include "common/unique_fd.h"
 
 namespace sbx::runtime::ns {
 
@@ -42,9 +43,11 @@ class Reaper {
   Reaper(const Reaper&) = delete;
   Reaper& operator=(const Reaper&) = delete;
 
-  // Queues `path` for removal. False when the backlog is full: nothing was queued and the caller
-  // removes the path itself.
-  bool Defer(std::string path);
+  // Queues `path` for removal. `hold`, if valid, is closed just before: a reference to the
+  // destroyed sandbox's root whose last close unmounts its overlay and disk (see Destroy in
+  // ns_instance.cc). False when the backlog is full: nothing was queued (`hold` is closed
+  // here) and the caller removes the path itself.
+  bool Defer(std::string path, UniqueFd hold = {});
 
   // Paths queued or being retried.
   size_t pending() const;
@@ -56,6 +59,7 @@ class Reaper {
  private:
   struct Item {
     std::string path;
+    UniqueFd hold;
     int attempts = 0;
     std::chrono::steady_clock::time_point due{};
   };

@@ -1,5 +1,6 @@
 #include "runtime/ns/reaper.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -93,6 +94,31 @@ TEST_F(ReaperTest, FullBacklogRefusesSoTheCallerRemovesInline) {
   release = true;
   ASSERT_TRUE(reaper.WaitIdle(kPatience));
   EXPECT_TRUE(reaper.Defer(base_ + "/4"));  // room again
+}
+
+TEST_F(ReaperTest, HeldFdIsClosedBeforeTheRemoval) {
+  int p[2];
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+  UniqueFd read_end(p[0]);
+  std::atomic<bool> closed_first{false};
+  Reaper reaper(4, [&](const std::string&) -> absl::Status {
+    char c;
+    closed_first = ::read(read_end.get(), &c, 1) == 0;  // EOF: no writer left
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(reaper.Defer(base_ + "/held", UniqueFd(p[1])));
+  ASSERT_TRUE(reaper.WaitIdle(kPatience));
+  EXPECT_TRUE(closed_first.load());
+}
+
+TEST_F(ReaperTest, RefusedDeferClosesTheHeldFd) {
+  int p[2];
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC | O_NONBLOCK), 0);
+  UniqueFd read_end(p[0]);
+  Reaper reaper(0);
+  EXPECT_FALSE(reaper.Defer(base_ + "/x", UniqueFd(p[1])));
+  char c;
+  EXPECT_EQ(::read(read_end.get(), &c, 1), 0);
 }
 
 TEST_F(ReaperTest, ZeroBacklogDefersNothing) {
