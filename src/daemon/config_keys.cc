@@ -121,6 +121,12 @@ const std::vector<KeyInfo> kKeys = {
      .help = "sandbox disks (ext4 images of sandbox.defaults.disk_mib, loop-mounted) kept ready "
              "by an idle-priority thread; 0 makes each one during the launch",
      SBX_NUM(runtime.ns.disk_pool)},
+    {.path = "runtime.ns.removal_backlog", .type = Type::kInt, .flag = "--removal-backlog",
+     .reloadable = false, .min = 0, .max = 4096, .why = "deleted sandboxes' files awaiting removal",
+     .help = "deleted sandboxes whose files (disk image, upper layer, log) a low-priority thread "
+             "removes after the delete has finished, at most; when full, or 0, a delete removes "
+             "them itself before it finishes",
+     SBX_NUM(runtime.ns.removal_backlog)},
     {.path = "runtime.ns.seccomp_policy", .type = Type::kString, .flag = "--seccomp-policy",
      .reloadable = false,
      .help = "seccomp policy JSON for sandboxes (format: src/runtime/ns/seccomp_policy.json; "

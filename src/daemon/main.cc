@@ -150,6 +150,7 @@ sbx::runtime::ns::NsOptions NsOptionsOf(const Config& c, const std::string& agen
   o.netns_pool_size = static_cast<int>(ns.netns_pool);
   o.disk_pool_size = static_cast<int>(ns.disk_pool);
   o.disk_pool_mib = static_cast<int>(c.sandbox.defaults.disk_mib);
+  o.removal_backlog = static_cast<size_t>(ns.removal_backlog);
   o.user_namespaces = ns.user_namespaces;
   o.userns_pool_size = static_cast<int>(ns.userns_pool);
   o.seccomp_policy_path = ns.seccomp_policy;

@@ -98,6 +98,18 @@ def leftovers(sandbox_id: str, state_dir: Path) -> dict:
     return {k: v for k, v in out.items() if v}
 
 
+def leftovers_after_delete(sandbox_id: str, state_dir: Path, timeout: float = 20.0) -> dict:
+    """What a delete that reported `deleted` left. Processes, mounts and cgroups must be gone at
+    once; the sandbox's directory may be removed a moment later by sbxd's reaper
+    (runtime.ns.removal_backlog, docs/isolation.md §6.1), so that alone is waited for."""
+    now = leftovers(sandbox_id, state_dir)
+    deadline = time.monotonic() + timeout
+    while set(now) == {"state_dir"} and time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = leftovers(sandbox_id, state_dir)
+    return now
+
+
 def sweep(ids: list[str], state_dir: Path) -> list[str]:
     """Last resort after the daemon stopped: removes what the sandboxes left on the host.
     Returns a description of everything it had to remove (empty when nothing was left)."""

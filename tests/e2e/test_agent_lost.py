@@ -93,7 +93,7 @@ def test_dead_agent_fails_the_sandbox_without_a_client_asking(api, sbxd):
 
     op = api.delete_sandbox(sid, timeout=60)
     assert op["state"] == "succeeded", op
-    gone = hostcheck.leftovers(sid, sbxd.state_dir)
+    gone = hostcheck.leftovers_after_delete(sid, sbxd.state_dir)
     assert not gone, f"left on the host after deleting a sandbox whose agent died: {gone}"
 
 
@@ -111,4 +111,4 @@ def test_dead_agent_of_a_paused_sandbox(api, sbxd):
     assert resp.status_code == 409, resp.body
     op = api.delete_sandbox(sid, timeout=60)
     assert op["state"] == "succeeded", op
-    assert not hostcheck.leftovers(sid, sbxd.state_dir)
+    assert not hostcheck.leftovers_after_delete(sid, sbxd.state_dir)

@@ -39,7 +39,7 @@ def test_nothing_left_on_host_after_delete(api, sbxd):
 
     op = api.delete_sandbox(sid)
     assert op["state"] == "succeeded", op
-    after = hostcheck.leftovers(sid, sbxd.state_dir)
+    after = hostcheck.leftovers_after_delete(sid, sbxd.state_dir)
     if after:
         time.sleep(3)
         later = hostcheck.leftovers(sid, sbxd.state_dir)

@@ -159,7 +159,7 @@ def test_delete_while_paused_leaves_nothing(api, sbxd):
     if sbxd.runtime == "fake":
         return
     assert before.get("processes"), f"no host process found for {sid} before the delete: {before}"
-    after = hostcheck.leftovers(sid, sbxd.state_dir)
+    after = hostcheck.leftovers_after_delete(sid, sbxd.state_dir)
     assert not after, f"left on the host after deleting a paused sandbox: {after}"
 
 

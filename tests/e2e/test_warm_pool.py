@@ -89,7 +89,8 @@ def test_warm_sandbox_is_fully_removed_by_delete(api, sbxd, ns_only):
     assert hostcheck.leftovers(sid, sbxd.state_dir).get("cgroups"), "no cgroup found for the warm sandbox"
     op = api.delete_sandbox(sid)
     assert op["state"] == "succeeded", op
-    assert not hostcheck.leftovers(sid, sbxd.state_dir), hostcheck.leftovers(sid, sbxd.state_dir)
+    left = hostcheck.leftovers_after_delete(sid, sbxd.state_dir)
+    assert not left, left
 
 
 def test_idempotent_replay_of_a_warm_create(api):

@@ -170,12 +170,26 @@ class NsRuntimeTest : public ::testing::Test {
       ASSERT_EQ(::symlink("usr/lib64", (lower_ + "/lib64").c_str()), 0);
     }
 
+    MakeBackend(/*removal_backlog=*/0);
+  }
+
+  // (Re)makes backend_ on this test's state dir; `removal_backlog` > 0 defers the removal of a
+  // destroyed sandbox's directory to the reaper (reaper.h).
+  void MakeBackend(size_t removal_backlog) {
+    backend_.reset();
     NsOptions opts;
     opts.state_dir = base_ + "/state";
     opts.agent_path = agent_;
+    opts.removal_backlog = removal_backlog;
     backend_ = std::make_unique<NsBackend>(opts);
     absl::Status probe = backend_->Probe();
     ASSERT_TRUE(probe.ok()) << probe;
+  }
+
+  // Polls (the reaper runs at nice 19): true once `path` is gone, false after 20 s.
+  static bool Vanishes(const std::string& path) {
+    for (int i = 0; i < 2000 && PathExists(path); ++i) ::usleep(10000);
+    return !PathExists(path);
   }
 
   void TearDown() override {
@@ -701,6 +715,55 @@ TEST_F(NsRuntimeTest, SweepRemovesLeftovers) {
   // The known sandbox is untouched.
   auto ping = protocol::CallAgent(kept->AgentSocketPath(), Json{{"op", "ping"}});
   EXPECT_TRUE(ping.ok()) << ping.status();
+}
+
+TEST_F(NsRuntimeTest, DeferredRemovalLeavesNothingReachableThenNothingAtAll) {
+  MakeBackend(/*removal_backlog=*/4);
+  SandboxSpec spec = Spec();
+  auto created = backend_->Create(spec);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Instance* inst = Keep(std::move(*created));
+  const pid_t pid = PidOf(*inst);
+  const std::string dir = backend_->SandboxDir(spec.id);
+  // A mount on the host inside the sandbox dir makes the reaper's removal fail (it crosses no
+  // mount): the directory must outlive the Destroy, and be retried, not dropped.
+  ASSERT_EQ(::mount("tmpfs", (dir + "/lower").c_str(), "tmpfs", 0, "size=1m"), 0) << errno;
+  ASSERT_TRUE(inst->Destroy().ok());
+  // What Destroy promises before it returns: no process, no cgroup, no mount of the sandbox.
+  errno = 0;
+  EXPECT_EQ(::kill(pid, 0), -1);
+  EXPECT_EQ(errno, ESRCH);
+  for (const auto& [key, path] : backend_->CgroupPaths(spec.id)) {
+    EXPECT_FALSE(PathExists(path)) << "cgroup left: " << path;
+  }
+  ::usleep(100000);
+  EXPECT_TRUE(PathExists(dir + "/agent.log")) << "removed across a mount?";
+  ASSERT_EQ(::umount2((dir + "/lower").c_str(), MNT_DETACH), 0) << errno;
+  // The reaper's retry (0.5 s later) removes it.
+  EXPECT_TRUE(Vanishes(dir)) << dir;
+  ExpectNothingLeft(spec.id, pid);
+}
+
+TEST_F(NsRuntimeTest, SweepRemovesWhatTheReaperHadNotYetRemoved) {
+  // sbxd stopping (or crashing) between a deleted sandbox's Destroy and the reaper's removal:
+  // the directory keeps the sandbox's id, the store no longer counts it live, and the next
+  // start-up's Sweep removes it.
+  MakeBackend(/*removal_backlog=*/4);
+  SandboxSpec spec = Spec();
+  auto created = backend_->Create(spec);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Instance* inst = Keep(std::move(*created));
+  const pid_t pid = PidOf(*inst);
+  const std::string dir = backend_->SandboxDir(spec.id);
+  ASSERT_EQ(::mount("tmpfs", (dir + "/lower").c_str(), "tmpfs", 0, "size=1m"), 0) << errno;
+  ASSERT_TRUE(inst->Destroy().ok());
+  live_.clear();                       // the last owner of the old backend's state, but for
+  MakeBackend(/*removal_backlog=*/4);  // backend_: its reaper's last attempt fails, left behind
+  ASSERT_TRUE(PathExists(dir));
+  ASSERT_EQ(::umount2((dir + "/lower").c_str(), MNT_DETACH), 0) << errno;
+  absl::Status s = backend_->Sweep(OtherIds(spec.id));
+  ASSERT_TRUE(s.ok()) << s;
+  ExpectNothingLeft(spec.id, pid);
 }
 
 TEST_F(NsRuntimeTest, RemoveByIdWithoutInstance) {

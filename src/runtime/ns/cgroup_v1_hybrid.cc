@@ -8,6 +8,7 @@
 // creating groups at the hierarchy root or beside the agent's groups would escape or disturb it.
 #include <sys/stat.h>
 
+#include <cctype>
 #include <cerrno>
 
 #include <fmt/format.h>
@@ -123,9 +124,19 @@ class V1HybridDriver : public CgroupDriver {
       }
       if (d.key == "cpu") {
         if (l.cpu_quota_us > 0) {
-          SBX_RETURN_IF_ERROR(
-              Annotate(WriteControl(env_, d.path, "cpu.cfs_period_us", std::to_string(l.cpu_period_us)),
-                       "cgroup cpu limit"));
+          // Each write of the period or the quota walks every task group of the host
+          // (tg_set_cfs_bandwidth → __cfs_schedulable), so it costs more the more sandboxes
+          // run: a new cgroup starts with the kernel's default period (100 ms, what sandboxes
+          // use), and then only the quota is written.
+          const std::string period = std::to_string(l.cpu_period_us);
+          auto current = ReadFileToString(Join(d.path, "cpu.cfs_period_us"));
+          if (current.ok()) {
+            while (!current->empty() && std::isspace(static_cast<unsigned char>(current->back()))) current->pop_back();
+          }
+          if (!current.ok() || *current != period) {
+            SBX_RETURN_IF_ERROR(
+                Annotate(WriteControl(env_, d.path, "cpu.cfs_period_us", period), "cgroup cpu limit"));
+          }
           SBX_RETURN_IF_ERROR(
               Annotate(WriteControl(env_, d.path, "cpu.cfs_quota_us", std::to_string(l.cpu_quota_us)),
                        "cgroup cpu limit"));

@@ -602,6 +602,7 @@ NsBackend::NsBackend(NsOptions options) : shared_(std::make_shared<Shared>()) {
   }
   if (s.Ready().ok() && s.opts.disk_pool_size > 0) s.disks->Start();
   if (s.Ready().ok() && s.userns_pool) s.userns_pool->Start();
+  if (s.opts.removal_backlog > 0) s.reaper = std::make_unique<Reaper>(s.opts.removal_backlog);
 }
 
 NsBackend::~NsBackend() = default;

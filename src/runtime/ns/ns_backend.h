@@ -66,6 +66,9 @@ struct NsOptions {
   // top of the sandbox's limits; 0 puts the agent in the workload's cgroup (no split).
   int agent_memory_mib = 256;
   int agent_pids = 256;
+  // Destroyed sandboxes' directories (their disk image, upper layer, socket and log) queued for
+  // a background removal, at most this many at once (reaper.h); 0 removes each inside Destroy.
+  size_t removal_backlog = 0;
 };
 
 class NsBackend : public Backend {

@@ -17,6 +17,7 @@
 #include "runtime/ns/landlock.h"
 #include "runtime/ns/netns_pool.h"
 #include "runtime/ns/ns_backend.h"
+#include "runtime/ns/reaper.h"
 #include "runtime/ns/seccomp.h"
 #include "runtime/ns/userns.h"
 
@@ -55,6 +56,9 @@ struct NsBackend::Shared {
   // touch only files, so the const Shared& of Create may use it.
   mutable UidRanges uid_ranges;
   std::unique_ptr<UsernsPool> userns_pool;  // after uid_ranges: destroyed before it
+  // Removes destroyed sandboxes' directories off the delete path; null removes them inline
+  // (NsOptions::removal_backlog 0). Last: destroyed first, it finishes its queue.
+  std::unique_ptr<Reaper> reaper;
 
   std::string DirOf(const std::string& id) const { return fmt::format("{}/{}", sandboxes_dir, id); }
 
