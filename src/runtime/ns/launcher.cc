@@ -405,7 +405,7 @@ absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
       } else if (static_cast<Step>(r.step) == Step::kBindView) {
         what = fmt::format("bind {}: mount(overlay -> {}, {})", b.sandbox_path, b.target, b.view_overlay);
       } else {
-        what = fmt::format("bind {}: move_mount(-> {})", b.sandbox_path, b.view.empty() ? b.target : b.view);
+        what = fmt::format("bind {}: move_mount(-> {})", b.sandbox_path, b.stage.empty() ? b.target : b.stage);
       }
       break;
     }

@@ -43,6 +43,9 @@ struct MountOptions {
   // The overlay's upper and work live on the sandbox's own disk (disk_image.h), attached by the
   // child at <dir>/disk; false keeps them as plain directories of the sandbox dir (tests).
   bool disk = false;
+  // An empty directory shared by every sandbox, the second lower of each read-only view
+  // (overlay needs two lowers without an upper). Empty: <dir>/views/empty, made by the child.
+  std::string empty_dir;
 };
 
 struct MountPlan {
@@ -65,11 +68,15 @@ struct MountPlan {
   // is a user namespace so that host root's files show as the sandbox root's; a file system
   // that cannot be idmapped is attached plain (its files then show as nobody).
   //
-  // A read-only directory bind is not attached where the sandbox sees it: its clone goes to a
-  // staging directory (`view`) and a read-only overlay of it is mounted at the target. inotify
-  // watches follow inodes, not mounts, so a watch on a direct bind of the host's /usr saw every
-  // binary the host and every other sandbox ran; an overlay's inodes are the sandbox's own, and
-  // the overlay reads the real files through internal files that notify nobody.
+  // A read-only directory bind is not what the sandbox sees: a read-only overlay of its clone is
+  // mounted on top of it. inotify watches follow inodes, not mounts, so a watch on a direct bind
+  // of the host's /usr saw every binary the host and every other sandbox ran; an overlay's
+  // inodes are the sandbox's own, and the overlay reads the real files through internal files
+  // that notify nobody. The clone is attached at the target itself and the overlay stacked on
+  // it (lowerdir=<target>:<empty>), so the clone stays covered in the sandbox's mount table;
+  // only a target whose path overlayfs' option syntax cannot carry is staged in <dir>/views/<i>
+  // (five directories on the state dir's file system per sandbox were a measurable part of a
+  // create, docs/isolation.md §7).
   struct Bind {
     std::string source;               // host path
     std::string target;               // rootfs + sandbox path
@@ -77,11 +84,13 @@ struct MountPlan {
     std::vector<std::string> mkdirs;  // components to create below rootfs, outermost first
     bool is_dir = true;
     bool read_only = true;
-    std::string view;          // read-only directories: where the clone is attached, else ""
-    std::string view_overlay;  // overlay options for the target ("lowerdir=<view>:<empty>")
+    bool view = false;         // a read-only directory: an overlay goes on top of the clone
+    std::string stage;         // where the clone is attached when not at `target`, else ""
+    std::string view_overlay;  // overlay options for the target ("lowerdir=<clone>:<empty>")
   };
-  std::string views_dir;    // <sandbox dir>/views, holding the staging directories
+  std::string views_dir;    // <sandbox dir>/views, holding staging directories; "" if none
   std::string views_empty;  // the empty second lower of every view overlay (overlay needs two)
+  bool make_views_empty = false;  // views_empty is the sandbox's own (the child creates it)
   std::vector<Bind> binds;
 
   std::string proc, dev, tmp;  // rootfs + /proc, /dev, /tmp
