@@ -411,8 +411,11 @@ int PivotRoot(const MountPlan& p, ChildReport* r) {
   // pivot_root(".", "."): the old root ends up stacked under the new one at "/", from where a
   // lazy unmount removes it without needing a directory to park it in.
   if (::syscall(SYS_pivot_root, ".", ".") != 0) return Fail(r, Step::kPivotRoot);
+  return 0;
+}
+
+int DetachOldRoot(ChildReport* r) {
   if (::umount2(".", MNT_DETACH) != 0) return Fail(r, Step::kDetachOldRoot);
-  if (::chdir("/") != 0) return Fail(r, Step::kChdirNewRoot);
   return 0;
 }
 

@@ -124,7 +124,10 @@ absl::Status ProbeOverlayfs(const std::string& proc_root = "/proc");
 // and the binds), or -1. Returns 0, or an errno value with *report filled.
 // `disk_fd` is the sandbox's detached disk mount, or -1.
 int SetupMounts(const MountPlan& plan, int userns_fd, int disk_fd, ChildReport* report);
-// Child side: pivot_root into plan.rootfs, detach the old root, chdir("/").
+// Child side: pivot_root into plan.rootfs; the host's tree then sits on top of the new root
+// until DetachOldRoot (from a process whose working directory is still the new root).
 int PivotRoot(const MountPlan& plan, ChildReport* report);
+// umount2(".", MNT_DETACH): the host's tree leaves the namespace.
+int DetachOldRoot(ChildReport* report);
 
 }  // namespace sbx::runtime::ns
