@@ -423,7 +423,10 @@ absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
       break;
     case Step::kIdmapLower:
       what = fmt::format("idmapped lower: {}({} -> {})",
-                         i == 0 ? "open_tree" : i == 1 ? "mount_setattr(MOUNT_ATTR_IDMAP)" : "move_mount",
+                         i == 0   ? "open_tree"
+                         : i == 1 ? "mount_setattr(MOUNT_ATTR_IDMAP)"
+                         : i == 2 ? "move_mount"
+                                  : "mkdir",
                          m.lower_source, m.lower);
       if (r.err == EINVAL && i == 1) {
         what += " (the file system of the template cannot be idmapped: needs Linux 5.12+ and "

@@ -83,14 +83,19 @@ absl::StatusOr<MountPlan> BuildMountPlan(const TemplateSpec& tmpl, const std::st
   MountPlan plan;
   plan.rootfs = sandbox_dir + "/rootfs";
   plan.uid_base = o.uid_base;
+  // With a disk, everything stacks on `rootfs`, the only mount point on the host's file
+  // system: the disk, the idmapped lower on a directory of the disk, and the overlay on top of
+  // both. Every directory made on the state dir's file system costs a create its inode
+  // allocation (0.3-0.5 ms of CPU each on the project's fragmented ext4, docs/isolation.md §7).
+  const std::string layers = o.disk ? plan.rootfs : sandbox_dir;
+  if (o.disk) plan.disk = layers;
   std::string lowerdir = tmpl.rootfs_dir;
   if (o.uid_base != 0) {
     plan.lower_source = tmpl.rootfs_dir;
-    plan.lower = sandbox_dir + "/lower";
+    plan.lower = (o.disk ? layers : sandbox_dir) + "/lower";
+    plan.make_lower = o.disk;
     lowerdir = plan.lower;
   }
-  const std::string layers = o.disk ? sandbox_dir + "/disk" : sandbox_dir;
-  if (o.disk) plan.disk = layers;
   // volatile: upper and work are thrown away with the sandbox, so the syncfs of the whole
   // upper file system that overlayfs otherwise does on every sync and unmount is pure cost.
   plan.overlay_data = fmt::format("lowerdir={},upperdir={}/upper,workdir={}/work,volatile",
@@ -264,6 +269,7 @@ int MountRoot(const MountPlan& p, int userns_fd, int disk_fd, ChildReport* r) {
     return Fail(r, Step::kMountDisk);
   }
   MarkMount(p, kMtDisk);
+  if (p.make_lower && !MkdirOk(p.lower.c_str(), 0755)) return Fail(r, Step::kIdmapLower, 3);
   if (!p.lower.empty()) {
     // The overlay's copy-up keeps the lower's owners as seen through this mount: host root's
     // files become the sandbox root's, so sandbox root can change its /etc, /root, ...

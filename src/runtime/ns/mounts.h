@@ -56,12 +56,13 @@ struct MountPlan {
   // both are empty and the overlay reads the template directory directly.
   std::string lower_source;
   std::string lower;
+  bool make_lower = false;  // `lower` is a directory of the disk, made by the child
   uint32_t uid_base = 0;
   // Optional profiling page (LaunchPlan::trace): SetupMounts stamps its sub-steps at
   // kMountTraceFirst + MountTraceSlot.
   uint64_t* trace = nullptr;
-  // Mount point of the sandbox's disk (the child move_mount()s LaunchPlan::disk_fd there);
-  // empty without one.
+  // Mount point of the sandbox's disk (the child move_mount()s LaunchPlan::disk_fd there):
+  // `rootfs` itself, which the overlay then covers; empty without one.
   std::string disk;
 
   // Binds are attached as clones (open_tree + mount_setattr + move_mount), idmapped when there

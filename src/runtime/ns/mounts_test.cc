@@ -132,6 +132,18 @@ TEST(MountPlan, UserNamespaceIdmapsTheLowerAndOwnsTheTmpfsRoots) {
   EXPECT_EQ(plan->tmp_data, "mode=1777,size=8388608,uid=589824,gid=589824");
   EXPECT_NE(plan->devpts_data.find("gid=589829"), std::string::npos) << plan->devpts_data;
 
+  // With a disk, the disk, the lower's directory on it and the overlay all stack on rootfs.
+  o.disk = true;
+  auto on_disk = BuildMountPlan(BaseTemplate(), "/var/lib/sbx/sandboxes/sbx_x", o);
+  ASSERT_TRUE(on_disk.ok()) << on_disk.status();
+  EXPECT_EQ(on_disk->disk, on_disk->rootfs);
+  EXPECT_EQ(on_disk->lower, on_disk->rootfs + "/lower");
+  EXPECT_TRUE(on_disk->make_lower);
+  EXPECT_EQ(on_disk->overlay_data,
+            "lowerdir=/var/lib/sbx/sandboxes/sbx_x/rootfs/lower,upperdir=/var/lib/sbx/sandboxes/sbx_x/rootfs/upper,"
+            "workdir=/var/lib/sbx/sandboxes/sbx_x/rootfs/work,volatile");
+  EXPECT_FALSE(plan->make_lower);
+
   auto plain = BuildMountPlan(BaseTemplate(), "/var/lib/sbx/sandboxes/sbx_x");
   ASSERT_TRUE(plain.ok());
   EXPECT_TRUE(plain->lower.empty());

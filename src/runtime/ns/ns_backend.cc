@@ -109,11 +109,10 @@ class SandboxDirOwner {
       }
       return ErrnoStatus(err, fmt::format("sandbox dir: mkdir({})", path_));
     }
-    // upper and work live on the sandbox's disk (disk_image.h), mounted at `disk`.
-    for (const char* sub : {"disk", "rootfs", "lower"}) {
-      std::string p = fmt::format("{}/{}", path_, sub);
-      if (::mkdir(p.c_str(), 0755) != 0) return ErrnoStatus(errno, fmt::format("sandbox dir: mkdir({})", p));
-    }
+    // The one mount point: the disk (upper, work and the idmapped lower's directory), then the
+    // overlay, stack on it (BuildMountPlan).
+    const std::string p = fmt::format("{}/rootfs", path_);
+    if (::mkdir(p.c_str(), 0755) != 0) return ErrnoStatus(errno, fmt::format("sandbox dir: mkdir({})", p));
     return absl::OkStatus();
   }
   void Release() { armed_ = false; }
