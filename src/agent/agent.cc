@@ -125,6 +125,9 @@ absl::Status Agent::Init() {
   if (AddWatch(signal_fd_.get(), EPOLLIN, {Kind::kSignal}) == 0) {
     return absl::InternalError("agent init: cannot watch the signalfd");
   }
+  // The launcher's helper that detached the host's tree (PID 2, launcher.cc) may have exited
+  // before SIGCHLD was blocked, when its signal was discarded: reap it now.
+  Reap();
 
   if (opts_.oom_counter_fd >= 0) {
     // sbxd passes an fd it opened; one that cannot be read is a wiring bug worth failing on

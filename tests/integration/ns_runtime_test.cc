@@ -302,6 +302,40 @@ TEST_F(NsRuntimeTest, CreatePingRunDestroy) {
                            Ms(t1 - t0), Ms(t3 - t2));
 }
 
+// The host's tree is detached by a helper in parallel with the agent's exec (launcher.cc):
+// Create must not return before it is gone, and the agent reaps the helper.
+TEST_F(NsRuntimeTest, HostTreeIsDetachedWhenCreateReturns) {
+  for (int round = 0; round < 5; ++round) {
+    SandboxSpec spec = Spec();
+    auto created = backend_->Create(spec);
+    ASSERT_TRUE(created.ok()) << created.status();
+    Instance* inst = Keep(std::move(*created));
+    const pid_t pid = PidOf(*inst);
+    auto mountinfo = ReadFileToString(fmt::format("/proc/{}/mountinfo", pid));
+    ASSERT_TRUE(mountinfo.ok()) << mountinfo.status();
+    std::istringstream is(*mountinfo);
+    std::string line;
+    std::vector<std::string> roots;
+    while (std::getline(is, line)) {
+      std::istringstream fields(line);
+      std::string id, parent, dev, root, point;
+      fields >> id >> parent >> dev >> root >> point;
+      if (point != "/") continue;
+      const size_t dash = line.find(" - ");
+      roots.push_back(dash == std::string::npos ? line : line.substr(dash + 3));
+    }
+    ASSERT_EQ(roots.size(), 1u) << *mountinfo;
+    EXPECT_EQ(roots[0].rfind("overlay ", 0), 0u) << *mountinfo;
+    // PID 2 was the helper: reaped by the agent, it leaves the agent without children.
+    std::string children = "?";
+    for (int i = 0; i < 200 && !children.empty(); ++i) {
+      children = ReadFileToString(fmt::format("/proc/{}/task/{}/children", pid, pid)).value_or("?");
+      if (!children.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(children, "") << "the agent kept children after start-up";
+  }
+}
+
 TEST_F(NsRuntimeTest, IsolationInsideTheSandbox) {
   SandboxSpec spec = Spec();
   spec.hostname = "sbx-test-host";

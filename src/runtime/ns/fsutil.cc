@@ -68,6 +68,27 @@ absl::Status MkdirAll(const std::string& path, mode_t mode) {
   return absl::OkStatus();
 }
 
+absl::Status MakeEmptyDir(const std::string& path, mode_t mode) {
+  if (::mkdir(path.c_str(), mode) != 0 && errno != EEXIST) {
+    return ErrnoStatus(errno, fmt::format("empty dir: mkdir({})", path));
+  }
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return ErrnoStatus(errno, fmt::format("empty dir: lstat({})", path));
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(fmt::format("empty dir: {} exists and is not a directory", path));
+  }
+  SBX_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(path));
+  if (!names.empty()) {
+    return absl::FailedPreconditionError(
+        fmt::format("empty dir: {} is not empty (holds {}); remove what it holds", path, names[0]));
+  }
+  // mkdir applied the umask, and an existing directory may have another mode.
+  if ((st.st_mode & 07777) != mode && ::chmod(path.c_str(), mode) != 0) {
+    return ErrnoStatus(errno, fmt::format("empty dir: chmod({}, {:o})", path, mode));
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 // One directory being emptied. `dir` is null when it was closed to bound the number of open

@@ -21,6 +21,11 @@ absl::Status WriteStringToFile(const std::string& path, const std::string& value
 // mkdir -p with `mode` for the missing components; an existing directory is fine.
 absl::Status MkdirAll(const std::string& path, mode_t mode);
 
+// An empty directory with `mode` at `path` (made if missing): FailedPrecondition when `path`
+// is a symlink, not a directory, or holds anything. Read-only views of every sandbox use one
+// as their second lower layer, so whatever it held would appear in them.
+absl::Status MakeEmptyDir(const std::string& path, mode_t mode);
+
 // Removes `path` and everything below it without following symlinks or crossing into another
 // file system. Works as root on directories with mode 000 (overlayfs makes work/work so), and
 // as a non-root owner too (it chmods such directories first). Iterative, so a hostile depth

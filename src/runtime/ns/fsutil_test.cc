@@ -88,6 +88,25 @@ TEST(FsUtil, MkdirAllAndFiles) {
   EXPECT_TRUE(RemoveTree(base).ok());
 }
 
+TEST(FsUtil, MakeEmptyDirRefusesAnythingButAnEmptyDirectory) {
+  const std::string d = TempDir();
+  ASSERT_FALSE(d.empty());
+  const std::string e = d + "/empty";
+  ASSERT_TRUE(MakeEmptyDir(e, 0555).ok());
+  struct stat st;
+  ASSERT_EQ(::stat(e.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0555u);
+  EXPECT_TRUE(MakeEmptyDir(e, 0555).ok());  // again: fine
+  ASSERT_EQ(::chmod(e.c_str(), 0755), 0);
+  Touch(e + "/x");
+  EXPECT_EQ(MakeEmptyDir(e, 0555).code(), absl::StatusCode::kFailedPrecondition);
+  Touch(d + "/file");
+  EXPECT_EQ(MakeEmptyDir(d + "/file", 0555).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_EQ(::symlink(e.c_str(), (d + "/link").c_str()), 0);
+  EXPECT_EQ(MakeEmptyDir(d + "/link", 0555).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(RemoveTree(d).ok());
+}
+
 TEST(FsUtil, StartTimeAndPidList) {
   auto st = ProcessStartTime(::getpid());
   ASSERT_TRUE(st.ok()) << st.status();

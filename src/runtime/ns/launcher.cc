@@ -268,8 +268,54 @@ int LockDown(const LaunchPlan& p, ChildReport* r) {
   return 0;
 }
 
+// Where the detaching helper runs (Launch maps it; unused without kCloneSharesVm).
+struct HelperStack {
+  void* base = nullptr;
+  size_t size = 0;
+};
+
+inline void WriteReport(int fd, const ChildReport& r) {
+  ssize_t n;
+  do {
+    n = ::write(fd, &r, sizeof(r));
+  } while (n < 0 && errno == EINTR);
+}
+
+// The helper's whole life: the detach, and a report if it failed. `raw` is the report fd.
+int DetachEntry(void* raw) {
+  ChildReport r;
+  if (DetachOldRoot(&r) != 0) {
+    WriteReport(static_cast<int>(reinterpret_cast<intptr_t>(raw)), r);
+    return 127;
+  }
+  return 0;
+}
+
+// Step 27's detach of the host's tree waits for an RCU grace period (namespace_unlock), the
+// longest wait of a launch under load. A helper that shares this child's namespaces and working
+// directory (the new root) does it while this child carries on to its exec. The helper holds
+// the report pipe too, so the parent's read ends (EOF) only once both the exec has happened and
+// the helper has exited after a successful detach: sbxd neither answers the create nor talks to
+// the agent, so no sandbox process can exist, before the host's tree is gone. The helper is PID 2
+// of the sandbox and the agent reaps it. If it cannot be cloned, the detach is done here.
+int DetachOldRootInParallel(int report_fd, const HelperStack& st, ChildReport* r) {
+  struct clone_args args;
+  std::memset(&args, 0, sizeof(args));
+  args.exit_signal = SIGCHLD;
+  if constexpr (kCloneSharesVm) {
+    if (st.base == nullptr) return DetachOldRoot(r);
+    args.flags = CLONE_VM;
+    args.stack = reinterpret_cast<uint64_t>(st.base);
+    args.stack_size = st.size;
+  }
+  if (CloneRun(&args, DetachEntry, reinterpret_cast<void*>(static_cast<intptr_t>(report_fd))) < 0) {
+    return DetachOldRoot(r);
+  }
+  return 0;
+}
+
 // The child's steps in order (docs/isolation.md §3). Each returns 0 or the errno it reported.
-int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
+int RunChild(const LaunchPlan& p, int* report_fd, const HelperStack& helper, ChildReport* r) {
   Mark(p, kTraceStart);
   ::umask(0);
   if (int err = ResetSignals(r); err != 0) return err;
@@ -285,6 +331,8 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
   if (int err = SetupMounts(p.mounts, fds.userns, p.disk_fd, r); err != 0) return err;
   Mark(p, kTraceMounts);
   if (int err = PivotRoot(p.mounts, r); err != 0) return err;
+  if (int err = DetachOldRootInParallel(*report_fd, helper, r); err != 0) return err;
+  if (::chdir("/") != 0) return Fail(r, Step::kChdirNewRoot, errno);
   Mark(p, kTracePivot);
   if (::sethostname(p.hostname.c_str(), p.hostname.size()) != 0) return Fail(r, Step::kSethostname, errno);
   Mark(p, kTraceHostNet);
@@ -308,24 +356,22 @@ int RunChild(const LaunchPlan& p, int* report_fd, ChildReport* r) {
   return Fail(r, Step::kExec, errno);
 }
 
-[[noreturn]] void ChildMain(const LaunchPlan& p, int report_fd) {
+[[noreturn]] void ChildMain(const LaunchPlan& p, int report_fd, const HelperStack& helper) {
   ChildReport r;
-  RunChild(p, &report_fd, &r);
-  ssize_t n;
-  do {
-    n = ::write(report_fd, &r, sizeof(r));
-  } while (n < 0 && errno == EINTR);
+  RunChild(p, &report_fd, helper, &r);
+  WriteReport(report_fd, r);
   ::_exit(127);
 }
 
 struct ChildArgs {
   const LaunchPlan* plan;
   int report_fd;
+  HelperStack helper;
 };
 
 int ChildEntry(void* raw) {
   auto* a = static_cast<ChildArgs*>(raw);
-  ChildMain(*a->plan, a->report_fd);
+  ChildMain(*a->plan, a->report_fd, a->helper);
 }
 
 // The child shares sbxd's memory until its execveat (posix_spawn's model, clone_vm.h): clone3
@@ -334,6 +380,8 @@ int ChildEntry(void* raw) {
 // still until the child has exec'd or exited; the child writes nothing but its own stack, the
 // report pipe and the trace page.
 constexpr size_t kChildStackBytes = 256 << 10;
+// The detaching helper only calls umount2 (and write on failure): one page above the guard.
+constexpr size_t kHelperStackBytes = 16 << 10;
 
 }  // namespace
 
@@ -375,7 +423,10 @@ absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
       break;
     case Step::kIdmapLower:
       what = fmt::format("idmapped lower: {}({} -> {})",
-                         i == 0 ? "open_tree" : i == 1 ? "mount_setattr(MOUNT_ATTR_IDMAP)" : "move_mount",
+                         i == 0   ? "open_tree"
+                         : i == 1 ? "mount_setattr(MOUNT_ATTR_IDMAP)"
+                         : i == 2 ? "move_mount"
+                                  : "mkdir",
                          m.lower_source, m.lower);
       if (r.err == EINVAL && i == 1) {
         what += " (the file system of the template cannot be idmapped: needs Linux 5.12+ and "
@@ -405,7 +456,7 @@ absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
       } else if (static_cast<Step>(r.step) == Step::kBindView) {
         what = fmt::format("bind {}: mount(overlay -> {}, {})", b.sandbox_path, b.target, b.view_overlay);
       } else {
-        what = fmt::format("bind {}: move_mount(-> {})", b.sandbox_path, b.view.empty() ? b.target : b.view);
+        what = fmt::format("bind {}: move_mount(-> {})", b.sandbox_path, b.stage.empty() ? b.target : b.stage);
       }
       break;
     }
@@ -558,15 +609,23 @@ absl::StatusOr<ChildProcess> Launch(const LaunchPlan& plan) {
     args.flags |= CLONE_INTO_CGROUP;
     args.cgroup = static_cast<uint64_t>(plan.cgroup_v2_dir_fd);
   }
+  // Both unmapped only after `child` below is gone: on success the pipe's EOF means both the
+  // child and the detaching helper are done with them; on failure ~ChildProcess kills and reaps
+  // the child, and the kernel reaps the rest of its pid namespace (the helper) first.
   std::optional<ChildStack> stack;
+  std::optional<ChildStack> helper_stack;
+  HelperStack helper;
   if constexpr (kCloneSharesVm) {
     SBX_ASSIGN_OR_RETURN(ChildStack st, ChildStack::Make(kChildStackBytes));
     stack.emplace(std::move(st));
     args.flags |= CLONE_VM | CLONE_VFORK;
     args.stack = reinterpret_cast<uint64_t>(stack->base());
     args.stack_size = stack->size();
+    SBX_ASSIGN_OR_RETURN(ChildStack hs, ChildStack::Make(kHelperStackBytes));
+    helper_stack.emplace(std::move(hs));
+    helper = {helper_stack->base(), helper_stack->size()};
   }
-  ChildArgs child_args{&plan, wr.get()};
+  ChildArgs child_args{&plan, wr.get(), helper};
   long rc = CloneRun(&args, ChildEntry, &child_args);
   if (rc < 0) {
     errno = static_cast<int>(-rc);
@@ -589,7 +648,8 @@ absl::StatusOr<ChildProcess> Launch(const LaunchPlan& plan) {
   do {
     n = ::read(rd.get(), &report, sizeof(report));
   } while (n < 0 && errno == EINTR);
-  if (n == 0) return child;  // CLOEXEC pipe closed by a successful execveat
+  // CLOEXEC pipe closed by a successful execveat, and by the detaching helper's exit.
+  if (n == 0) return child;
   if (n < 0) {
     int err = errno;
     return ErrnoStatus(err, "launch: read(sync pipe)");

@@ -79,17 +79,23 @@ absl::StatusOr<MountPlan> BuildMountPlan(const TemplateSpec& tmpl, const std::st
                                          const MountOptions& o) {
   SBX_RETURN_IF_ERROR(CheckOverlayPath("template rootfs_dir", tmpl.rootfs_dir));
   SBX_RETURN_IF_ERROR(CheckOverlayPath("sandbox directory", sandbox_dir));
+  if (!o.empty_dir.empty()) SBX_RETURN_IF_ERROR(CheckOverlayPath("empty directory", o.empty_dir));
   MountPlan plan;
   plan.rootfs = sandbox_dir + "/rootfs";
   plan.uid_base = o.uid_base;
+  // With a disk, everything stacks on `rootfs`, the only mount point on the host's file
+  // system: the disk, the idmapped lower on a directory of the disk, and the overlay on top of
+  // both. Every directory made on the state dir's file system costs a create its inode
+  // allocation (0.3-0.5 ms of CPU each on the project's fragmented ext4, docs/isolation.md §7).
+  const std::string layers = o.disk ? plan.rootfs : sandbox_dir;
+  if (o.disk) plan.disk = layers;
   std::string lowerdir = tmpl.rootfs_dir;
   if (o.uid_base != 0) {
     plan.lower_source = tmpl.rootfs_dir;
-    plan.lower = sandbox_dir + "/lower";
+    plan.lower = (o.disk ? layers : sandbox_dir) + "/lower";
+    plan.make_lower = o.disk;
     lowerdir = plan.lower;
   }
-  const std::string layers = o.disk ? sandbox_dir + "/disk" : sandbox_dir;
-  if (o.disk) plan.disk = layers;
   // volatile: upper and work are thrown away with the sandbox, so the syncfs of the whole
   // upper file system that overlayfs otherwise does on every sync and unmount is pure cost.
   plan.overlay_data = fmt::format("lowerdir={},upperdir={}/upper,workdir={}/work,volatile",
@@ -120,10 +126,24 @@ absl::StatusOr<MountPlan> BuildMountPlan(const TemplateSpec& tmpl, const std::st
     }
     bind.target = cur;
     if (bind.is_dir && bind.read_only) {
-      plan.views_dir = sandbox_dir + "/views";
-      plan.views_empty = plan.views_dir + "/empty";
-      bind.view = fmt::format("{}/views/{}", sandbox_dir, plan.binds.size());
-      bind.view_overlay = fmt::format("lowerdir={}:{}", bind.view, plan.views_empty);
+      bind.view = true;
+      if (plan.views_empty.empty()) {
+        plan.make_views_empty = o.empty_dir.empty();
+        plan.views_empty = plan.make_views_empty ? sandbox_dir + "/views/empty" : o.empty_dir;
+        if (plan.make_views_empty) plan.views_dir = sandbox_dir + "/views";
+      }
+      // The clone sits at the target and the overlay on top, unless the target's path holds a
+      // character of overlayfs' option syntax: then it is staged under <dir>/views.
+      if (!CheckOverlayPath("bind target", bind.target).ok()) {
+        plan.views_dir = sandbox_dir + "/views";
+        bind.stage = fmt::format("{}/{}", plan.views_dir, plan.binds.size());
+      }
+      bind.view_overlay = fmt::format("lowerdir={}:{}", bind.stage.empty() ? bind.target : bind.stage,
+                                      plan.views_empty);
+      if (bind.view_overlay.size() >= 4000) {
+        return absl::InvalidArgumentError(
+            fmt::format("template bind {}: overlay option string longer than a page", b.sandbox_path));
+      }
     }
     plan.binds.push_back(std::move(bind));
   }
@@ -249,6 +269,7 @@ int MountRoot(const MountPlan& p, int userns_fd, int disk_fd, ChildReport* r) {
     return Fail(r, Step::kMountDisk);
   }
   MarkMount(p, kMtDisk);
+  if (p.make_lower && !MkdirOk(p.lower.c_str(), 0755)) return Fail(r, Step::kIdmapLower, 3);
   if (!p.lower.empty()) {
     // The overlay's copy-up keeps the lower's owners as seen through this mount: host root's
     // files become the sandbox root's, so sandbox root can change its /etc, /root, ...
@@ -286,17 +307,22 @@ int MountBind(const MountPlan& p, size_t i, int userns_fd, ChildReport* r) {
   }
   int stage = 0;
   const uint64_t attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (b.read_only ? MOUNT_ATTR_RDONLY : 0);
-  const bool view = !b.view.empty();
-  if (view && (!MkdirOk(p.views_dir.c_str(), 0755) || !MkdirOk(p.views_empty.c_str(), 0755) ||
-               !MkdirOk(b.view.c_str(), 0755))) {
+  if (b.view && p.make_views_empty &&
+      (!MkdirOk(p.views_dir.c_str(), 0755) || !MkdirOk(p.views_empty.c_str(), 0755))) {
     return Fail(r, Step::kBindMkdir, i);
   }
-  if (AttachClone(b.source.c_str(), view ? b.view.c_str() : b.target.c_str(), attrs, userns_fd,
+  const bool staged = !b.stage.empty();
+  if (staged && (!MkdirOk(p.views_dir.c_str(), 0755) || !MkdirOk(b.stage.c_str(), 0755))) {
+    return Fail(r, Step::kBindMkdir, i);
+  }
+  if (AttachClone(b.source.c_str(), staged ? b.stage.c_str() : b.target.c_str(), attrs, userns_fd,
                   /*idmap_optional=*/true, &stage) != 0) {
     return Fail(r, stage == 0 ? Step::kBindMount : stage == 1 ? Step::kBindSetattr : Step::kBindMove, i);
   }
-  if (view && ::mount("overlay", b.target.c_str(), "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV,
-                      b.view_overlay.c_str()) != 0) {
+  // On the clone just attached at the target (lowerdir names the target, which resolves to
+  // the clone; the overlay then covers it).
+  if (b.view && ::mount("overlay", b.target.c_str(), "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV,
+                        b.view_overlay.c_str()) != 0) {
     return Fail(r, Step::kBindView, i);
   }
   return 0;
@@ -391,8 +417,11 @@ int PivotRoot(const MountPlan& p, ChildReport* r) {
   // pivot_root(".", "."): the old root ends up stacked under the new one at "/", from where a
   // lazy unmount removes it without needing a directory to park it in.
   if (::syscall(SYS_pivot_root, ".", ".") != 0) return Fail(r, Step::kPivotRoot);
+  return 0;
+}
+
+int DetachOldRoot(ChildReport* r) {
   if (::umount2(".", MNT_DETACH) != 0) return Fail(r, Step::kDetachOldRoot);
-  if (::chdir("/") != 0) return Fail(r, Step::kChdirNewRoot);
   return 0;
 }
 

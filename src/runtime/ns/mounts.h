@@ -43,6 +43,9 @@ struct MountOptions {
   // The overlay's upper and work live on the sandbox's own disk (disk_image.h), attached by the
   // child at <dir>/disk; false keeps them as plain directories of the sandbox dir (tests).
   bool disk = false;
+  // An empty directory shared by every sandbox, the second lower of each read-only view
+  // (overlay needs two lowers without an upper). Empty: <dir>/views/empty, made by the child.
+  std::string empty_dir;
 };
 
 struct MountPlan {
@@ -53,23 +56,28 @@ struct MountPlan {
   // both are empty and the overlay reads the template directory directly.
   std::string lower_source;
   std::string lower;
+  bool make_lower = false;  // `lower` is a directory of the disk, made by the child
   uint32_t uid_base = 0;
   // Optional profiling page (LaunchPlan::trace): SetupMounts stamps its sub-steps at
   // kMountTraceFirst + MountTraceSlot.
   uint64_t* trace = nullptr;
-  // Mount point of the sandbox's disk (the child move_mount()s LaunchPlan::disk_fd there);
-  // empty without one.
+  // Mount point of the sandbox's disk (the child move_mount()s LaunchPlan::disk_fd there):
+  // `rootfs` itself, which the overlay then covers; empty without one.
   std::string disk;
 
   // Binds are attached as clones (open_tree + mount_setattr + move_mount), idmapped when there
   // is a user namespace so that host root's files show as the sandbox root's; a file system
   // that cannot be idmapped is attached plain (its files then show as nobody).
   //
-  // A read-only directory bind is not attached where the sandbox sees it: its clone goes to a
-  // staging directory (`view`) and a read-only overlay of it is mounted at the target. inotify
-  // watches follow inodes, not mounts, so a watch on a direct bind of the host's /usr saw every
-  // binary the host and every other sandbox ran; an overlay's inodes are the sandbox's own, and
-  // the overlay reads the real files through internal files that notify nobody.
+  // A read-only directory bind is not what the sandbox sees: a read-only overlay of its clone is
+  // mounted on top of it. inotify watches follow inodes, not mounts, so a watch on a direct bind
+  // of the host's /usr saw every binary the host and every other sandbox ran; an overlay's
+  // inodes are the sandbox's own, and the overlay reads the real files through internal files
+  // that notify nobody. The clone is attached at the target itself and the overlay stacked on
+  // it (lowerdir=<target>:<empty>), so the clone stays covered in the sandbox's mount table;
+  // only a target whose path overlayfs' option syntax cannot carry is staged in <dir>/views/<i>
+  // (five directories on the state dir's file system per sandbox were a measurable part of a
+  // create, docs/isolation.md §7).
   struct Bind {
     std::string source;               // host path
     std::string target;               // rootfs + sandbox path
@@ -77,11 +85,13 @@ struct MountPlan {
     std::vector<std::string> mkdirs;  // components to create below rootfs, outermost first
     bool is_dir = true;
     bool read_only = true;
-    std::string view;          // read-only directories: where the clone is attached, else ""
-    std::string view_overlay;  // overlay options for the target ("lowerdir=<view>:<empty>")
+    bool view = false;         // a read-only directory: an overlay goes on top of the clone
+    std::string stage;         // where the clone is attached when not at `target`, else ""
+    std::string view_overlay;  // overlay options for the target ("lowerdir=<clone>:<empty>")
   };
-  std::string views_dir;    // <sandbox dir>/views, holding the staging directories
+  std::string views_dir;    // <sandbox dir>/views, holding staging directories; "" if none
   std::string views_empty;  // the empty second lower of every view overlay (overlay needs two)
+  bool make_views_empty = false;  // views_empty is the sandbox's own (the child creates it)
   std::vector<Bind> binds;
 
   std::string proc, dev, tmp;  // rootfs + /proc, /dev, /tmp
@@ -115,7 +125,10 @@ absl::Status ProbeOverlayfs(const std::string& proc_root = "/proc");
 // and the binds), or -1. Returns 0, or an errno value with *report filled.
 // `disk_fd` is the sandbox's detached disk mount, or -1.
 int SetupMounts(const MountPlan& plan, int userns_fd, int disk_fd, ChildReport* report);
-// Child side: pivot_root into plan.rootfs, detach the old root, chdir("/").
+// Child side: pivot_root into plan.rootfs; the host's tree then sits on top of the new root
+// until DetachOldRoot (from a process whose working directory is still the new root).
 int PivotRoot(const MountPlan& plan, ChildReport* report);
+// umount2(".", MNT_DETACH): the host's tree leaves the namespace.
+int DetachOldRoot(ChildReport* report);
 
 }  // namespace sbx::runtime::ns

@@ -83,6 +83,43 @@ TEST(ChildFailure, NamesStepSyscallAndErrno) {
   EXPECT_FALSE(DescribeChildFailure(plan, r).ok());
 }
 
+TEST(MountPlan, ReadOnlyDirectoryViewsStackOnTheirCloneAtTheTarget) {
+  TemplateSpec t = BaseTemplate();
+  t.binds.push_back({"/usr", "/opt/a:b", true});
+  t.binds.push_back({"/usr", "/srv/rw", false});
+  MountOptions o;
+  o.empty_dir = "/var/lib/sbx/view-empty";
+  auto plan = BuildMountPlan(t, "/var/lib/sbx/sandboxes/sbx_x", o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->binds.size(), 4u);
+  const auto& usr = plan->binds[0];
+  EXPECT_TRUE(usr.view);
+  EXPECT_TRUE(usr.stage.empty());
+  EXPECT_EQ(usr.view_overlay, "lowerdir=" + plan->rootfs + "/usr:/var/lib/sbx/view-empty");
+  EXPECT_FALSE(plan->make_views_empty);
+  // A ':' cannot be carried in lowerdir: that clone is staged in the sandbox directory.
+  const auto& odd = plan->binds[2];
+  EXPECT_TRUE(odd.view);
+  EXPECT_EQ(odd.stage, "/var/lib/sbx/sandboxes/sbx_x/views/2");
+  EXPECT_EQ(odd.view_overlay, "lowerdir=/var/lib/sbx/sandboxes/sbx_x/views/2:/var/lib/sbx/view-empty");
+  EXPECT_EQ(plan->views_dir, "/var/lib/sbx/sandboxes/sbx_x/views");
+  // Files and read-write directories are plain binds.
+  EXPECT_FALSE(plan->binds[1].view);
+  EXPECT_FALSE(plan->binds[3].view);
+  EXPECT_TRUE(plan->binds[3].view_overlay.empty());
+
+  // Without a shared empty directory the sandbox gets its own, made by the child.
+  auto own = BuildMountPlan(BaseTemplate(), "/var/lib/sbx/sandboxes/sbx_x");
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_TRUE(own->make_views_empty);
+  EXPECT_EQ(own->views_empty, "/var/lib/sbx/sandboxes/sbx_x/views/empty");
+  EXPECT_EQ(own->binds[0].view_overlay,
+            "lowerdir=" + own->rootfs + "/usr:/var/lib/sbx/sandboxes/sbx_x/views/empty");
+
+  o.empty_dir = "/var/lib/x,y";
+  EXPECT_FALSE(BuildMountPlan(t, "/var/lib/sbx/sandboxes/sbx_x", o).ok());
+}
+
 TEST(MountPlan, UserNamespaceIdmapsTheLowerAndOwnsTheTmpfsRoots) {
   MountOptions o;
   o.uid_base = 589824;
@@ -94,6 +131,18 @@ TEST(MountPlan, UserNamespaceIdmapsTheLowerAndOwnsTheTmpfsRoots) {
   EXPECT_EQ(plan->overlay_data.rfind("lowerdir=/var/lib/sbx/sandboxes/sbx_x/lower,", 0), 0u) << plan->overlay_data;
   EXPECT_EQ(plan->tmp_data, "mode=1777,size=8388608,uid=589824,gid=589824");
   EXPECT_NE(plan->devpts_data.find("gid=589829"), std::string::npos) << plan->devpts_data;
+
+  // With a disk, the disk, the lower's directory on it and the overlay all stack on rootfs.
+  o.disk = true;
+  auto on_disk = BuildMountPlan(BaseTemplate(), "/var/lib/sbx/sandboxes/sbx_x", o);
+  ASSERT_TRUE(on_disk.ok()) << on_disk.status();
+  EXPECT_EQ(on_disk->disk, on_disk->rootfs);
+  EXPECT_EQ(on_disk->lower, on_disk->rootfs + "/lower");
+  EXPECT_TRUE(on_disk->make_lower);
+  EXPECT_EQ(on_disk->overlay_data,
+            "lowerdir=/var/lib/sbx/sandboxes/sbx_x/rootfs/lower,upperdir=/var/lib/sbx/sandboxes/sbx_x/rootfs/upper,"
+            "workdir=/var/lib/sbx/sandboxes/sbx_x/rootfs/work,volatile");
+  EXPECT_FALSE(plan->make_lower);
 
   auto plain = BuildMountPlan(BaseTemplate(), "/var/lib/sbx/sandboxes/sbx_x");
   ASSERT_TRUE(plain.ok());

@@ -109,11 +109,10 @@ class SandboxDirOwner {
       }
       return ErrnoStatus(err, fmt::format("sandbox dir: mkdir({})", path_));
     }
-    // upper and work live on the sandbox's disk (disk_image.h), mounted at `disk`.
-    for (const char* sub : {"disk", "rootfs", "lower"}) {
-      std::string p = fmt::format("{}/{}", path_, sub);
-      if (::mkdir(p.c_str(), 0755) != 0) return ErrnoStatus(errno, fmt::format("sandbox dir: mkdir({})", p));
-    }
+    // The one mount point: the disk (upper, work and the idmapped lower's directory), then the
+    // overlay, stack on it (BuildMountPlan).
+    const std::string p = fmt::format("{}/rootfs", path_);
+    if (::mkdir(p.c_str(), 0755) != 0) return ErrnoStatus(errno, fmt::format("sandbox dir: mkdir({})", p));
     return absl::OkStatus();
   }
   void Release() { armed_ = false; }
@@ -349,6 +348,7 @@ class Creation {
     if (spec_.resources.shm_mib > 0) mount_opts.shm_bytes = static_cast<size_t>(spec_.resources.shm_mib) << 20;
     mount_opts.disk = true;
     mount_opts.uid_base = uid_base_;
+    mount_opts.empty_dir = s_.view_empty_dir;
     SBX_ASSIGN_OR_RETURN(plan_.mounts, BuildMountPlan(spec_.tmpl, dir_, mount_opts));
     plan_.nofile = static_cast<uint64_t>(spec_.resources.open_files > 0 ? spec_.resources.open_files : Resources{}.open_files);
     return absl::OkStatus();
@@ -576,6 +576,10 @@ NsBackend::NsBackend(NsOptions options) : shared_(std::make_shared<Shared>()) {
         fmt::format("ns runtime: state_dir must be an absolute path, got \"{}\"", s.opts.state_dir));
   } else {
     s.state_status = Annotate(MkdirAll(s.sandboxes_dir, 0700), "ns runtime: state dir");
+    // One for all sandboxes: a directory per sandbox on the state dir's file system cost a
+    // create its mkdir and a delete its rmdir.
+    s.view_empty_dir = fmt::format("{}/view-empty", s.opts.state_dir);
+    if (s.state_status.ok()) s.state_status = Annotate(MakeEmptyDir(s.view_empty_dir, 0555), "ns runtime: state dir");
   }
   s.uid_ranges = UidRanges(s.opts.uid_claim_dir);
   if (s.opts.user_namespaces && s.state_status.ok()) {

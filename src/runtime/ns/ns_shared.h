@@ -36,6 +36,7 @@ inline double MsSince(Clock::time_point t) {
 struct NsBackend::Shared {
   NsOptions opts;
   std::string sandboxes_dir;
+  std::string view_empty_dir;  // <state>/view-empty: the second lower of every read-only view
   absl::Status state_status = absl::OkStatus();
   absl::Status agent_status = absl::OkStatus();
   std::optional<AgentImage> agent;
