@@ -32,6 +32,7 @@ SCENARIOS = [
     ("concurrent_create_warm", "concurrent creates → running (warm pool)"),
     ("sustained", "create + exec + delete cycle, sustained"),
     ("attach", "attach throughput (first byte → exit)"),
+    ("attach_binary", "attach throughput, binary form (first byte → exit)"),
     ("density", "create → running while filling (density)"),
     ("pause", "pause"),
     ("pause_wake", "wake"),
@@ -45,7 +46,7 @@ PEERS = [
     ("pipe", "`cat /dev/zero \\| head -c N` through a pipe"),
 ]
 # Throughput-only entries: one long sample each, not a latency distribution.
-NOT_PLOTTED = {"attach", "pipe"}
+NOT_PLOTTED = {"attach", "attach_binary", "pipe"}
 # Distinguishable line colours (a peer is also dashed).
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
           "#7f7f7f", "#bcbd22", "#17becf", "#000000", "#aec7e8", "#98df8a", "#ff9896",
@@ -96,7 +97,7 @@ def scenario_note(name, r):
                          f"{e.get('settle_ms_before_each_round', 0)} ms to refill before each round")
     if name == "sustained" and "workers" in e:
         notes.append(f"{e['workers']} workers, {e.get('duration_s', '?')} s")
-    if name == "attach" and "bytes" in e:
+    if name in ("attach", "attach_binary") and "bytes" in e:
         notes.append(f"{e['bytes'] / 2**20:.0f} MiB")
     if name == "density" and "running" in e:
         notes.append(f"{e['running']} sandboxes; delete all: {fmt_ms(e.get('delete_all_ms'))} ms")

@@ -64,6 +64,14 @@ nlohmann::json BuildRatios(const nlohmann::json& scenarios, const nlohmann::json
                              {"denominator", fmt::format("peer pipe ({} MB/s)", Round(*b, 1))},
                              {"basis", "throughput, higher is better"}};
   }
+  auto ab = Throughput(scenarios, "attach_binary");
+  if (ab && b && *b > 0) {
+    out["attach_binary_vs_pipe"] = {
+        {"value", Round(*ab / *b, 3)},
+        {"numerator", fmt::format("scenario attach_binary ({} MB/s)", Round(*ab, 1))},
+        {"denominator", fmt::format("peer pipe ({} MB/s)", Round(*b, 1))},
+        {"basis", "throughput, higher is better"}};
+  }
   return out;
 }
 
@@ -106,6 +114,8 @@ nlohmann::json BuildTargets(const nlohmann::json& scenarios, const nlohmann::jso
       "cycles/s", "sustained throughput");
   add("attach throughput vs a pipe", ">=", 0.4, ratio("attach_vs_pipe"), "×",
       "attach MB/s / pipe MB/s");
+  add("binary attach throughput vs a pipe", ">=", 0.8, ratio("attach_binary_vs_pipe"), "×",
+      "attach_binary MB/s / pipe MB/s");
   add("host memory per idle sandbox", "<=", 3,
       Extra(scenarios, "density", "host_mem_per_sandbox_mib"), "MiB",
       "density: MemAvailable drop / sandboxes");
