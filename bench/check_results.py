@@ -16,7 +16,7 @@ import os
 import sys
 
 SCENARIOS = ["create_cold", "create_warm", "first_output", "first_output_exit", "exec",
-             "concurrent_create", "concurrent_create_warm", "sustained", "attach", "density", "pause", "pause_wake",
+             "concurrent_create", "concurrent_create_warm", "sustained", "attach", "attach_binary", "density", "pause", "pause_wake",
              "pause_delete"]
 PEERS = ["fork_exec_true", "bwrap_echo", "unshare_echo", "runc_echo", "pipe"]
 # One operation at a time against an idle sbxd: any error is a broken pause or wake (a 500, a

@@ -40,7 +40,7 @@ SCENARIOS = [
     ("concurrent_create_warm", "concurrent creates → running (warm pool)"),
     ("sustained", "create + exec + delete cycle, sustained"),
     ("attach", "attach throughput (first byte → exit)"),
-    ("attach_binary", "attach throughput, binary stream (first byte → exit)"),
+    ("attach_binary", "attach throughput, binary form (first byte → exit)"),
     ("density", "create → running while filling (density)"),
     ("pause", "pause"),
     ("pause_wake", "wake"),

@@ -1,5 +1,8 @@
 #include "load/api.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include <fmt/format.h>
 
 #include "common/base64.h"
@@ -162,10 +165,102 @@ absl::StatusOr<AttachResult> Api::Attach(const Session& session) {
   return out;
 }
 
+absl::StatusOr<AttachResult> Api::AttachBinary(const Session& session) {
+  AttachResult out;
+  bool exited = false;
+  // The frame being read: its 24-byte header, then `left` payload bytes.
+  unsigned char header[24];
+  size_t have = 0;
+  uint8_t kind = 0;
+  uint64_t id = 0, offset = 0, left = 0, last_id = 0;
+  std::string control;  // a control frame's JSON
+  auto be = [&](int at, int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; ++i) v = (v << 8) | header[at + i];
+    return v;
+  };
+  auto finish = [&]() -> absl::Status {  // a whole frame has been read
+    if (kind == 5) {
+      out.exited = Clock::now();
+      out.exit = nlohmann::json::parse(control, nullptr, false);
+      exited = true;
+    } else if (kind == 4) {
+      return absl::InternalError(fmt::format("{}: error frame: {}", session.id, control.substr(0, 300)));
+    } else if (kind == 3) {
+      return absl::DataLossError(
+          fmt::format("{}: resync_required on a first attach: {}", session.id, control));
+    }
+    return absl::OkStatus();
+  };
+  absl::Status st = conn_.StreamBytes(
+      session.attach_url + "?format=binary", session.attach_token,
+      "application/vnd.sbx.attach+binary", [&](std::string_view bytes) -> absl::StatusOr<bool> {
+        while (!bytes.empty()) {
+          if (have < sizeof(header)) {
+            const size_t n = std::min(bytes.size(), sizeof(header) - have);
+            std::memcpy(header + have, bytes.data(), n);
+            have += n;
+            bytes.remove_prefix(n);
+            if (have < sizeof(header)) break;
+            kind = header[0];
+            left = be(4, 4);
+            id = be(8, 8);
+            offset = be(16, 8);
+            if (kind > 5 || header[1] || header[2] || header[3]) {
+              return absl::InternalError(fmt::format("{}: malformed frame header", session.id));
+            }
+            if (id != 0) {
+              if (last_id != 0 && id != last_id + 1) {
+                return absl::DataLossError(fmt::format(
+                    "{}: frame id {} after {} (gap or duplicate)", session.id, id, last_id));
+              }
+              last_id = id;
+            }
+            if (kind == 1) {
+              if (!out.first_stdout) out.first_stdout = Clock::now();
+              if (offset != out.stdout_bytes) {
+                return absl::DataLossError(fmt::format(
+                    "{}: stdout frame {} has offset {}, expected {} (gap or duplicate)",
+                    session.id, id, offset, out.stdout_bytes));
+              }
+            }
+            control.clear();
+          }
+          const size_t n = static_cast<size_t>(std::min<uint64_t>(left, bytes.size()));
+          const std::string_view piece = bytes.substr(0, n);
+          if (kind == 1) {
+            out.stdout_bytes += n;
+            if (out.stdout_head.size() < AttachResult::kHeadBytes) {
+              out.stdout_head.append(piece.substr(
+                  0, AttachResult::kHeadBytes - out.stdout_head.size()));
+            }
+          } else if (kind >= 3) {
+            if (control.size() + n > (64u << 10)) {
+              return absl::InternalError(fmt::format("{}: control frame too large", session.id));
+            }
+            control.append(piece);
+          }
+          left -= n;
+          bytes.remove_prefix(n);
+          if (left == 0) {
+            have = 0;
+            SBX_RETURN_IF_ERROR(finish());
+          }
+        }
+        return true;  // read on to the end of the response, so the connection stays reusable
+      });
+  SBX_RETURN_IF_ERROR(st);
+  if (!exited) {
+    return absl::InternalError(
+        fmt::format("attach {}: the stream ended without process_exited", session.id));
+  }
+  return out;
+}
+
 absl::StatusOr<AttachResult> Api::Exec(const std::string& sandbox_id,
-                                       const std::vector<std::string>& argv) {
+                                       const std::vector<std::string>& argv, bool binary) {
   SBX_ASSIGN_OR_RETURN(Session s, CreateSession(sandbox_id, argv));
-  SBX_ASSIGN_OR_RETURN(AttachResult r, Attach(s));
+  SBX_ASSIGN_OR_RETURN(AttachResult r, binary ? AttachBinary(s) : Attach(s));
   if (!r.exit.is_object() || r.exit.value("exit_code", nlohmann::json()) != 0) {
     return absl::InternalError(
         fmt::format("{} in {}: process exited with {}", argv.front(), sandbox_id, r.exit.dump()));

@@ -65,9 +65,12 @@ class Api {
   // Attaches (which starts the process) and reads the stream to process_exited, decoding every
   // stdout chunk and checking that offsets are contiguous.
   absl::StatusOr<AttachResult> Attach(const Session& session);
+  // The same on the binary form (?format=binary, docs/api.md): frames parsed as they arrive,
+  // ids consecutive and stdout offsets contiguous, the control frames' JSON parsed.
+  absl::StatusOr<AttachResult> AttachBinary(const Session& session);
   // CreateSession + Attach, and the process must exit 0.
   absl::StatusOr<AttachResult> Exec(const std::string& sandbox_id,
-                                    const std::vector<std::string>& argv);
+                                    const std::vector<std::string>& argv, bool binary = false);
 
  private:
   HttpConn& conn_;

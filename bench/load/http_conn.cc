@@ -178,11 +178,29 @@ absl::StatusOr<nlohmann::json> HttpConn::Json(std::string_view method, std::stri
 absl::Status HttpConn::Stream(std::string_view target, std::string_view bearer,
                               const EventHandler& handler) {
   const std::string what = fmt::format("attach {}", target);
+  cli::SseParser sse;
+  std::vector<cli::SseEvent> events;
+  return StreamBytes(target, bearer, "text/event-stream",
+                     [&](std::string_view bytes) -> absl::StatusOr<bool> {
+                       events.clear();
+                       absl::Status fed = sse.Feed(bytes, &events);
+                       if (!fed.ok()) return Annotate(fed, what);
+                       for (const cli::SseEvent& ev : events) {
+                         absl::StatusOr<bool> more = handler(ev);
+                         if (!more.ok() || !*more) return more;
+                       }
+                       return true;
+                     });
+}
+
+absl::Status HttpConn::StreamBytes(std::string_view target, std::string_view bearer,
+                                   std::string_view accept, const BytesHandler& handler) {
+  const std::string what = fmt::format("attach {}", target);
   http::request<http::empty_body> req{http::verb::get,
                                       endpoint_.base_path + std::string(target), 11};
   req.set(http::field::host, HostHeader(endpoint_));
   req.set(http::field::user_agent, kUserAgent);
-  req.set(http::field::accept, "text/event-stream");
+  req.set(http::field::accept, std::string(accept));
   req.set(http::field::authorization, fmt::format("Bearer {}", bearer));
   req.keep_alive(true);
 
@@ -234,24 +252,14 @@ absl::Status HttpConn::Stream(std::string_view target, std::string_view bearer,
     return Annotate(cli::DecodeHttpError(status, body, request_id), what);
   }
   const bool keep_alive = parser.get().keep_alive();
-  cli::SseParser sse;
-  std::vector<cli::SseEvent> events;
   while (!parser.is_done()) {
     error_code ec;
     size_t n = read_some(ec);
     if (n > 0) {
-      events.clear();
-      absl::Status fed = sse.Feed(std::string_view(buf.data(), n), &events);
-      if (!fed.ok()) {
-        Close();
-        return Annotate(fed, what);
-      }
-      for (const cli::SseEvent& ev : events) {
-        absl::StatusOr<bool> more = handler(ev);
-        if (!more.ok() || !*more) {
-          Close();  // the rest of the response is unread: the connection cannot be reused
-          return more.ok() ? absl::OkStatus() : more.status();
-        }
+      absl::StatusOr<bool> more = handler(std::string_view(buf.data(), n));
+      if (!more.ok() || !*more) {
+        Close();  // the rest of the response is unread: the connection cannot be reused
+        return more.ok() ? absl::OkStatus() : more.status();
       }
     }
     if (ec) return TransportError(fmt::format("{} (reading the stream)", what), ec);

@@ -31,6 +31,8 @@ struct HttpResponse {
 // Receives each SSE event as soon as its bytes arrive: true to continue, false to stop reading
 // (the connection is then dropped), an error to abort.
 using EventHandler = std::function<absl::StatusOr<bool>(const cli::SseEvent&)>;
+// Receives the body bytes of a streamed response as they arrive (same return convention).
+using BytesHandler = std::function<absl::StatusOr<bool>(std::string_view)>;
 
 class HttpConn {
  public:
@@ -57,6 +59,9 @@ class HttpConn {
   // `handler`. OK when the response ended or the handler stopped.
   absl::Status Stream(std::string_view target, std::string_view bearer,
                       const EventHandler& handler);
+  // The same for any streamed body: GET `target` with `accept` and feed the raw body bytes.
+  absl::Status StreamBytes(std::string_view target, std::string_view bearer,
+                           std::string_view accept, const BytesHandler& handler);
 
   std::chrono::seconds timeout{90};  // per socket step; above the 30 s long polls we send
 

@@ -402,7 +402,8 @@ void Sustained(const Config& cfg, Results& out) {
 
 // --- 5. attach throughput ------------------------------------------------------------------------
 
-void Attach(const Config& cfg, Results& out) {
+void Attach(const Config& cfg, Results& out, bool binary) {
+  const std::string name = binary ? "attach_binary" : "attach";
   Result r;
   HttpConn conn(cfg.endpoint, cfg.token);
   Api api(conn);
@@ -411,7 +412,7 @@ void Attach(const Config& cfg, Results& out) {
   auto c = api.CreateRunning();
   if (!c.ok()) {
     r.failure = fmt::format("create the sandbox: {}", std::string(c.status().message()));
-    out["attach"] = std::move(r);
+    out[name] = std::move(r);
     return;
   }
   janitor.Add(c->sandbox_id);
@@ -420,7 +421,7 @@ void Attach(const Config& cfg, Results& out) {
   nlohmann::json rates = nlohmann::json::array();
   for (int i = 0; i < cfg.attach_n; ++i) {
     meter.Begin();
-    auto a = api.Exec(c->sandbox_id, argv);
+    auto a = api.Exec(c->sandbox_id, argv, binary);
     meter.End(a.ok() ? 1 : 0, a.ok() ? static_cast<double>(a->stdout_bytes) : 0);
     if (!a.ok()) {
       r.AddError(Msg(a.status()));
@@ -444,8 +445,9 @@ void Attach(const Config& cfg, Results& out) {
   r.extra["mb_per_s"] = rates;
   r.extra["command"] = fmt::format("head -c {} /dev/zero", cfg.attach_bytes);
   if (cfg.sbxd_pid > 0) meter.AddTo(r.extra);
+  r.extra["form"] = binary ? "binary (?format=binary)" : "SSE";
   Cleanup(api, janitor, r, c->sandbox_id);
-  out["attach"] = std::move(r);
+  out[name] = std::move(r);
 }
 
 // --- 6. density ----------------------------------------------------------------------------------
@@ -718,7 +720,8 @@ void Pause(const Config& cfg, Results& out) {
 const std::vector<std::string>& ScenarioNames() {
   static const std::vector<std::string> kNames = {
       "create_cold", "create_warm", "first_output", "exec",  "concurrent_create",
-      "sustained",   "attach",      "density",      "pause", "concurrent_create_warm"};
+      "sustained",   "attach",      "attach_binary", "density",
+      "pause",       "concurrent_create_warm"};
   return kNames;
 }
 
@@ -730,7 +733,8 @@ void RunScenario(const std::string& name, const Config& cfg, Results& out) {
   if (name == "concurrent_create") return ConcurrentCreate(cfg, out);
   if (name == "concurrent_create_warm") return ConcurrentCreateWarm(cfg, out);
   if (name == "sustained") return Sustained(cfg, out);
-  if (name == "attach") return Attach(cfg, out);
+  if (name == "attach") return Attach(cfg, out, /*binary=*/false);
+  if (name == "attach_binary") return Attach(cfg, out, /*binary=*/true);
   if (name == "density") return Density(cfg, out);
   if (name == "pause") return Pause(cfg, out);
   Result r;

@@ -20,6 +20,9 @@ uint64_t EventLog::AppendOutput(Stream stream, std::string_view data) {
     // cannot have been delivered, so growing it changes nothing anyone has seen.
     if (last.id > sealed_ && last.stream == stream &&
         last.data.size() + data.size() <= merge_up_to_) {
+      // An event that merges once is in a burst and likely grows to the cap: one allocation
+      // instead of the doublings (each a copy of what is there) on the way.
+      if (last.data.capacity() < merge_up_to_) last.data.reserve(merge_up_to_);
       last.data.append(data);
       Trim();
       return last.id;

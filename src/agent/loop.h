@@ -35,6 +35,10 @@ inline constexpr size_t kReadChunk = 64 * 1024;  // one pipe read (a pipe holds 
 inline constexpr size_t kMaxEventBytes = 256 * 1024;
 inline constexpr size_t kOutBufferTarget = 256 * 1024;  // frames queued per connection at a time
 inline constexpr int kReadsPerWakeup = 16;              // fairness between pipes and sockets
+// What each output pipe is grown to when first watched: a writer then blocks (and the agent
+// wakes) once per 1 MiB instead of once per 64 KiB. Best effort: an unprivileged agent past
+// the kernel's pipe-user-pages limits keeps the default size.
+inline constexpr int kOutputPipeBytes = 1 << 20;
 inline constexpr size_t kMaxConnections = 1024;
 // Bytes of stdin a session may have queued and not yet taken by its process. Bounded because
 // the agent lives inside the sandbox's memory limit; a full queue is the host's signal to wait
@@ -68,6 +72,7 @@ struct Session {
   EventLog log;
   UniqueFd pipe_fd[2];      // stdout, stderr read ends; closed at EOF or exit
   uint64_t pipe_token[2] = {0, 0};  // epoll registration, 0 = not watched (paused or closed)
+  bool pipe_grown[2] = {false, false};  // F_SETPIPE_SZ tried (Agent::ResumePipes)
   std::vector<uint64_t> conns;      // ids of attached connections
   bool finished = false;            // exit event delivered: in Agent::finished_
 

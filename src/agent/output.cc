@@ -46,6 +46,10 @@ void Agent::ResumePipes(Session& s) {
   for (int idx = 0; idx < 2; ++idx) {
     const Stream stream = idx == 0 ? Stream::kStdout : Stream::kStderr;
     if (s.pipe_fd[idx] && s.pipe_token[idx] == 0 && s.log.CanRead(stream)) {
+      if (!s.pipe_grown[idx]) {
+        s.pipe_grown[idx] = true;
+        if (!s.tty) (void)::fcntl(s.pipe_fd[idx].get(), F_SETPIPE_SZ, kOutputPipeBytes);
+      }
       Watch w{Kind::kPipe};
       w.session = &s;
       w.stream_index = idx;

@@ -1,6 +1,7 @@
 #include "api/api.h"
 #include "api/handler_util.h"
 
+#include <cctype>
 #include <vector>
 
 #include <fmt/format.h>
@@ -32,10 +33,23 @@ std::optional<std::string> Header(const http::Request& req, std::string_view nam
   return std::string(it->value());
 }
 
-// At least the size of the SSE event a frame becomes (see AppendAttachEvent).
-size_t SseSizeBound(const service::AttachFrame& f) {
-  if (f.is_output()) return SseOutputEventSizeBound(f.payload_size());
-  return f.payload_size() + 256;  // small JSON re-encoded with a few more keys at most
+// Output chunks of the binary form up to this size are copied next to their header rather
+// than sent as a buffer of their own.
+constexpr size_t kCopyBelowBytes = 4096;
+
+// Which form of the attach stream the client asked for: `?format=sse|binary`, else an Accept
+// header naming the binary type (docs/api.md, "attach"); SSE by default.
+absl::StatusOr<bool> WantsBinaryAttach(const http::Request& req, const Target& t) {
+  if (std::optional<std::string> format = t.Query("format")) {
+    if (*format == "sse") return false;
+    if (*format == "binary") return true;
+    return FieldError("format", "must be \"sse\" or \"binary\"");
+  }
+  auto it = req.find(bhttp::field::accept);
+  if (it == req.end()) return false;
+  std::string accept(it->value());
+  for (char& c : accept) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return accept.find(kBinaryAttachContentType) != std::string::npos;
 }
 
 metrics::Family<metrics::Counter>& StreamedBytes(metrics::Registry& registry) {
@@ -169,6 +183,9 @@ http::asio::awaitable<absl::StatusOr<store::OperationRecord>> Api::WaitForOperat
 Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
                       const std::string& session_id, const Target& t) {
   const std::string& rid = ctx.request_id;
+  // The form first: a malformed request is a 400 whatever the session's state.
+  auto binary = WantsBinaryAttach(ctx.req, t);
+  if (!binary.ok()) co_return Fail(ctx, binary.status());
   auto target = log::With(ctx.log, [&] { return svc_.PrepareAttach(caller, session_id); });
   if (!target.ok()) co_return Fail(ctx, target.status());
   ctx.log.sandbox = target->session.sandbox_id;
@@ -192,7 +209,8 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
   bhttp::response_header<> header;
   header.result(bhttp::status::ok);
   header.version(ctx.req.version());
-  header.set(bhttp::field::content_type, "text/event-stream");
+  header.set(bhttp::field::content_type,
+             *binary ? std::string(kBinaryAttachContentType) : std::string("text/event-stream"));
   header.set(bhttp::field::cache_control, "no-store");
   header.set("X-Accel-Buffering", "no");
   header.set("X-Request-Id", rid);
@@ -204,40 +222,52 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
     ~OpenStream() { gauge.Dec(); }
   } open_stream{attach_streams_};
 
+  // Whatever the agent sent in the same read goes out as one HTTP chunk: one write per batch
+  // instead of one per event. Back-pressure is unchanged: nothing more is read from the agent
+  // until the client has taken the batch. The frames point into the agent stream's buffer,
+  // and `batch` (the SSE text, or the binary form's headers) keeps its capacity from batch to
+  // batch: a busy stream allocates nothing per batch, and the binary form copies no output.
+  // SSE's 4/3 base64 growth keeps its batch near kMaxAttachBatchBytes.
+  const size_t max_payload = *binary ? kMaxAttachBatchBytes : kMaxAttachBatchBytes / 4 * 3;
+  std::vector<service::AttachFrame> frames;
+  std::string batch;
+  AttachPieces pieces;
+  std::vector<http::asio::const_buffer> buffers;
   for (;;) {
-    auto frame = co_await stream->Next(opts_.keepalive_interval);
-    if (!frame.ok()) {
+    absl::Status got = co_await stream->NextBatch(opts_.keepalive_interval, max_payload, frames);
+    if (!got.ok()) {
       // The agent went away before the exit event: the sandbox was deleted, or its agent died.
-      const json err = co_await AgentGoneError(ctx, target->session.sandbox_id, frame.status());
-      co_await ctx.stream.Write(SseEvent(0, "error", err.dump()));
+      const json err = co_await AgentGoneError(ctx, target->session.sandbox_id, got);
+      const std::string text = err.dump();
+      std::string last_event = *binary ? BinaryEvent(BinaryKind::kError, 0, 0, text)
+                                       : SseEvent(0, "error", text);
+      co_await ctx.stream.Write(std::move(last_event));
       break;
     }
-    if (!*frame) {
-      if (!co_await ctx.stream.Write(": keepalive\n\n")) co_return std::nullopt;
+    if (frames.empty()) {
+      std::string keepalive = *binary ? BinaryEvent(BinaryKind::kKeepalive, 0, 0, "")
+                                      : std::string(": keepalive\n\n");
+      if (!co_await ctx.stream.Write(std::move(keepalive))) co_return std::nullopt;
       continue;
     }
-    // Whatever the agent sent in the same read goes out as one HTTP chunk: one write per
-    // batch instead of one per event. Back-pressure is unchanged: nothing more is read from
-    // the agent until the client has taken the batch. The frames are collected first so that
-    // the batch is allocated once at its final size.
-    std::vector<service::AttachFrame> frames;
-    frames.push_back(std::move(**frame));
-    size_t size = SseSizeBound(frames.back());
-    while (size < kMaxAttachBatchBytes) {
-      std::optional<service::AttachFrame> next = stream->TryNext();
-      if (!next) break;
-      size += SseSizeBound(*next);
-      frames.push_back(std::move(*next));
-    }
-    std::string batch;
-    batch.reserve(size);
+    batch.clear();
+    pieces.clear();
     AttachBatch counts;
     bool more = true;
     for (const service::AttachFrame& f : frames) {
-      more = AppendAttachEvent(ctx, session_id, f, batch, counts);
+      more = AppendAttachEvent(ctx, session_id, f, *binary, batch, pieces, counts);
       if (!more) break;
     }
-    if (!batch.empty() && !co_await ctx.stream.Write(std::move(batch))) {
+    buffers.clear();
+    if (*binary) {
+      for (const AttachPiece& p : pieces) {
+        if (p.end > p.begin) buffers.emplace_back(batch.data() + p.begin, p.end - p.begin);
+        if (!p.data.empty()) buffers.emplace_back(p.data.data(), p.data.size());
+      }
+    } else if (!batch.empty()) {
+      buffers.emplace_back(batch.data(), batch.size());
+    }
+    if (!buffers.empty() && !co_await ctx.stream.WriteBuffers(buffers)) {
       stream->Close();  // client gone; the process keeps running
       co_return std::nullopt;
     }
@@ -251,14 +281,34 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
 }
 
 bool Api::AppendAttachEvent(http::RequestContext& ctx, const std::string& session_id,
-                            const service::AttachFrame& f, std::string& batch,
-                            AttachBatch& counts) {
+                            const service::AttachFrame& f, bool binary, std::string& batch,
+                            AttachPieces& pieces, AttachBatch& counts) {
   auto ev = f.Decode();
   if (!ev.ok()) return false;  // a frame that does not decode ends the stream, unsent
+  // The binary form: header (and a control event's JSON) in `batch`, the output bytes where
+  // the agent stream holds them; small chunks are copied, as a separate buffer costs more.
+  const size_t begin = batch.size();
+  auto control = [&](BinaryKind kind, uint64_t id, const std::string& text) {
+    AppendBinaryEvent(batch, kind, id, 0, text);
+    pieces.push_back(AttachPiece{begin, batch.size(), {}});
+  };
   switch (ev->kind) {
     case service::AttachEvent::Kind::kOutput: {
       const auto& out = ev->output;
-      AppendSseOutputEvent(batch, out.event_id, out.stream, out.offset, out.data);
+      if (binary) {
+        const BinaryKind kind = out.stream == service::OutputStream::kStderr ? BinaryKind::kStderr
+                                                                             : BinaryKind::kStdout;
+        if (out.data.size() <= kCopyBelowBytes) {
+          AppendBinaryEvent(batch, kind, out.event_id, out.offset, out.data);
+          pieces.push_back(AttachPiece{begin, batch.size(), {}});
+        } else {
+          AppendBinaryHeader(batch, kind, out.event_id, out.offset,
+                             static_cast<uint32_t>(out.data.size()));
+          pieces.push_back(AttachPiece{begin, batch.size(), out.data});
+        }
+      } else {
+        AppendSseOutputEvent(batch, out.event_id, out.stream, out.offset, out.data);
+      }
       (out.stream == service::OutputStream::kStderr ? counts.stderr_bytes
                                                     : counts.stdout_bytes) += out.data.size();
       return true;
@@ -267,12 +317,20 @@ bool Api::AppendAttachEvent(http::RequestContext& ctx, const std::string& sessio
       const json data = {{"oldest_available_id", ev->resync.oldest_available_id},
                          {"stdout_offset", ev->resync.stdout_offset},
                          {"stderr_offset", ev->resync.stderr_offset}};
-      batch += SseEvent(0, "resync_required", data.dump());
+      if (binary) {
+        control(BinaryKind::kResyncRequired, 0, data.dump());
+      } else {
+        batch += SseEvent(0, "resync_required", data.dump());
+      }
       return true;
     }
     case service::AttachEvent::Kind::kExit:
       log::With(ctx.log, [&] { svc_.RecordSessionExit(session_id, ev->exit); });
-      batch += SseEvent(ev->exit.event_id, "process_exited", ExitJson(ev->exit).dump());
+      if (binary) {
+        control(BinaryKind::kProcessExited, ev->exit.event_id, ExitJson(ev->exit).dump());
+      } else {
+        batch += SseEvent(ev->exit.event_id, "process_exited", ExitJson(ev->exit).dump());
+      }
       return false;  // the exit event ends the stream
     case service::AttachEvent::Kind::kOther:
       break;

@@ -7,6 +7,8 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "api/requests.h"
 #include "api/target.h"
@@ -59,11 +61,20 @@ class Api {
     uint64_t stdout_bytes = 0;
     uint64_t stderr_bytes = 0;
   };
-  // Appends the SSE form of one agent frame to `batch`; false when the stream ends with it
-  // (the exit event, which is appended and recorded, or a frame that does not decode, which
-  // is not).
+  // One event of the binary form on the wire: batch[begin, end) then `data` (output bytes
+  // left where the agent stream holds them; may be empty).
+  struct AttachPiece {
+    size_t begin = 0;
+    size_t end = 0;
+    std::string_view data;
+  };
+  using AttachPieces = std::vector<AttachPiece>;
+  // Appends the SSE form (or the binary form, recording its `pieces`) of one agent frame to
+  // `batch`; false when the stream ends with it (the exit event, which is appended and
+  // recorded, or a frame that does not decode, which is not).
   bool AppendAttachEvent(http::RequestContext& ctx, const std::string& session_id,
-                         const service::AttachFrame& f, std::string& batch, AttachBatch& counts);
+                         const service::AttachFrame& f, bool binary, std::string& batch,
+                         AttachPieces& pieces, AttachBatch& counts);
   // The SSE error of an attach whose agent stream broke before the exit event: how the agent
   // ended when it died (sandbox_failed), else agent_unavailable or sandbox_not_running.
   http::asio::awaitable<nlohmann::json> AgentGoneError(http::RequestContext& ctx,

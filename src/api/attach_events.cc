@@ -14,7 +14,33 @@ void AppendUint(std::string& out, uint64_t v) {
   out.append(buf, static_cast<size_t>(end - buf));
 }
 
+void AppendBE(std::string& out, uint64_t v, int bytes) {
+  for (int i = bytes - 1; i >= 0; --i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
 }  // namespace
+
+void AppendBinaryHeader(std::string& out, BinaryKind kind, uint64_t id, uint64_t offset,
+                        uint32_t length) {
+  out.push_back(static_cast<char>(kind));
+  out.append(3, '\0');
+  AppendBE(out, length, 4);
+  AppendBE(out, id, 8);
+  AppendBE(out, offset, 8);
+}
+
+void AppendBinaryEvent(std::string& out, BinaryKind kind, uint64_t id, uint64_t offset,
+                       std::string_view payload) {
+  AppendBinaryHeader(out, kind, id, offset, static_cast<uint32_t>(payload.size()));
+  out.append(payload);
+}
+
+std::string BinaryEvent(BinaryKind kind, uint64_t id, uint64_t offset, std::string_view payload) {
+  std::string out;
+  out.reserve(kBinaryHeaderBytes + payload.size());
+  AppendBinaryEvent(out, kind, id, offset, payload);
+  return out;
+}
 
 void AppendSseOutputEvent(std::string& out, uint64_t id, service::OutputStream stream,
                           uint64_t offset, std::string_view data) {

@@ -1,6 +1,7 @@
-// SSE wire form of the attach stream's output events (docs/api.md, DESIGN.md §3): the one
-// place that turns a chunk of process output into bytes on the wire, so that the server, the
-// micro-benchmarks and the unit tests all exercise the same code.
+// Wire forms of the attach stream's events (docs/api.md, "attach"): SSE (the default) and the
+// binary framing a client asks for. The one place that turns a chunk of process output into
+// bytes on the wire, so that the server, the micro-benchmarks and the unit tests all exercise
+// the same code.
 #pragma once
 
 #include <cstdint>
@@ -23,5 +24,29 @@ inline size_t SseOutputEventSizeBound(size_t data_bytes) {
 }
 std::string SseOutputEvent(uint64_t id, service::OutputStream stream, uint64_t offset,
                            std::string_view data);
+
+// The binary attach stream (Content-Type application/vnd.sbx.attach+binary): per event a
+// 24-byte header, all numbers big-endian,
+//   byte 0 kind, bytes 1-3 zero, bytes 4-7 payload length (u32),
+//   bytes 8-15 event id (u64; 0 where SSE sends no id: keep-alive, resync, error),
+//   bytes 16-23 byte offset of the chunk in its stream (u64; stdout/stderr, else 0),
+// then the payload: the raw output bytes, or the JSON of SSE's `data:` for the other kinds.
+// No base64 and no JSON per output chunk: the output bytes go out as the agent sent them.
+inline constexpr std::string_view kBinaryAttachContentType = "application/vnd.sbx.attach+binary";
+enum class BinaryKind : uint8_t {
+  kKeepalive = 0,  // length 0: what SSE's ": keepalive" comment is
+  kStdout = 1,
+  kStderr = 2,
+  kResyncRequired = 3,
+  kError = 4,
+  kProcessExited = 5,
+};
+inline constexpr size_t kBinaryHeaderBytes = 24;
+void AppendBinaryHeader(std::string& out, BinaryKind kind, uint64_t id, uint64_t offset,
+                        uint32_t length);
+// Header and payload.
+void AppendBinaryEvent(std::string& out, BinaryKind kind, uint64_t id, uint64_t offset,
+                       std::string_view payload);
+std::string BinaryEvent(BinaryKind kind, uint64_t id, uint64_t offset, std::string_view payload);
 
 }  // namespace sbx::api

@@ -4,6 +4,8 @@
 
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -52,6 +54,66 @@ TEST(SseOutputEvent, AppendsToWhatIsThere) {
   AppendSseOutputEvent(out, 2, Stream::kStderr, 0, "bc");
   EXPECT_EQ(out, ": keepalive\n\n" + Reference(1, Stream::kStdout, 0, "a") +
                      Reference(2, Stream::kStderr, 0, "bc"));
+}
+
+// The binary form's header, byte for byte as docs/api.md draws it.
+TEST(BinaryEvent, WireFormat) {
+  const std::string ev = BinaryEvent(BinaryKind::kStderr, 0x0102030405060708ull,
+                                     0x1112131415161718ull, std::string_view("a\0b", 3));
+  const std::string want = std::string("\x02\0\0\0" "\0\0\0\x03", 8) +
+                           "\x01\x02\x03\x04\x05\x06\x07\x08" +
+                           "\x11\x12\x13\x14\x15\x16\x17\x18" + std::string("a\0b", 3);
+  EXPECT_EQ(ev, want);
+  EXPECT_EQ(ev.size(), kBinaryHeaderBytes + 3);
+}
+
+TEST(BinaryEvent, KeepaliveIsTwentyFourZeroBytes) {
+  EXPECT_EQ(BinaryEvent(BinaryKind::kKeepalive, 0, 0, ""), std::string(kBinaryHeaderBytes, '\0'));
+}
+
+TEST(BinaryEvent, KindsAreTheDocumentedNumbers) {
+  const std::pair<BinaryKind, int> kinds[] = {
+      {BinaryKind::kKeepalive, 0}, {BinaryKind::kStdout, 1},         {BinaryKind::kStderr, 2},
+      {BinaryKind::kResyncRequired, 3}, {BinaryKind::kError, 4}, {BinaryKind::kProcessExited, 5}};
+  for (auto [kind, n] : kinds) {
+    EXPECT_EQ(static_cast<uint8_t>(BinaryEvent(kind, 1, 0, "{}")[0]), n);
+  }
+}
+
+// Header then payload, for any payload: a reader that takes the length from bytes 4-7 finds
+// the next header right after the payload, and the offset and id come back as given.
+TEST(BinaryEvent, AppendedEventsParseBack) {
+  std::mt19937_64 rng(11);
+  std::string out;
+  struct Sent {
+    uint64_t id, offset;
+    std::string data;
+  };
+  std::vector<Sent> sent;
+  for (size_t n : {0, 1, 2, 4095, 4096, 65536, 262144}) {
+    Sent s{rng(), rng(), std::string(n, '\0')};
+    for (char& c : s.data) c = static_cast<char>(rng());
+    AppendBinaryEvent(out, BinaryKind::kStdout, s.id, s.offset, s.data);
+    sent.push_back(std::move(s));
+  }
+  auto be = [&](size_t at, int bytes) {
+    uint64_t v = 0;
+    for (int i = 0; i < bytes; ++i) v = (v << 8) | static_cast<uint8_t>(out[at + i]);
+    return v;
+  };
+  size_t at = 0;
+  for (const Sent& s : sent) {
+    ASSERT_LE(at + kBinaryHeaderBytes, out.size());
+    EXPECT_EQ(out[at], 1);
+    EXPECT_EQ(be(at + 1, 3), 0u);
+    const uint64_t len = be(at + 4, 4);
+    EXPECT_EQ(be(at + 8, 8), s.id);
+    EXPECT_EQ(be(at + 16, 8), s.offset);
+    ASSERT_EQ(len, s.data.size());
+    EXPECT_EQ(out.substr(at + kBinaryHeaderBytes, len), s.data);
+    at += kBinaryHeaderBytes + len;
+  }
+  EXPECT_EQ(at, out.size());
 }
 
 }  // namespace

@@ -59,6 +59,14 @@ class ChunkedStream : public ResponseStream {
     co_return !ec;
   }
 
+  asio::awaitable<bool> WriteBuffers(const std::vector<asio::const_buffer>& buffers) override {
+    if (failed_ || asio::buffer_size(buffers) == 0) co_return !failed_;
+    stream_.expires_after(write_timeout_);
+    auto [ec, n] = co_await asio::async_write(stream_, bhttp::make_chunk(buffers), kTuple);
+    if (ec) failed_ = true;
+    co_return !ec;
+  }
+
   asio::awaitable<void> End() override {
     if (failed_ || ended_) co_return;
     ended_ = true;

@@ -45,6 +45,10 @@ class ResponseStream {
   virtual asio::awaitable<bool> Begin(bhttp::response_header<> header) = 0;
   // Sends one chunk; false if the client is gone (the handler should stop).
   virtual asio::awaitable<bool> Write(std::string data) = 0;
+  // Sends the bytes of `buffers`, in order, as one chunk; they stay the caller's and must
+  // outlive the call. A streaming handler can so reuse its buffers from write to write and
+  // send pieces (a frame header, then bytes it holds elsewhere) without joining them first.
+  virtual asio::awaitable<bool> WriteBuffers(const std::vector<asio::const_buffer>& buffers) = 0;
   // Ends the chunked body; the connection may then serve the next request.
   virtual asio::awaitable<void> End() = 0;
 };

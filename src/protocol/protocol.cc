@@ -191,6 +191,13 @@ void FrameDecoder::Feed(std::string_view bytes) {
   buf_.append(bytes);
 }
 
+std::string FrameDecoder::TakeBuffered() {
+  std::string rest = buf_.substr(pos_);
+  buf_.clear();
+  pos_ = 0;
+  return rest;
+}
+
 absl::StatusOr<std::optional<Frame>> FrameDecoder::Next() {
   if (buffered() < kHeaderSize) return std::optional<Frame>();
   const auto* header = reinterpret_cast<const uint8_t*>(buf_.data() + pos_);

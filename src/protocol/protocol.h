@@ -200,6 +200,11 @@ class FrameDecoder {
   // A complete frame, nullopt if more bytes are needed, or an error (the stream is then dead).
   absl::StatusOr<std::optional<Frame>> Next();
   size_t buffered() const { return buf_.size() - pos_; }
+  // Hands the bytes fed but not yet returned as frames to another reader (the decoder is
+  // then empty): sbxd's attach path reads on in its own buffer (AgentStream::NextViews).
+  std::string TakeBuffered();
+  bool limited_to_agent_bounds() const { return agent_bounds_; }
+  bool guest_sized_response() const { return guest_sized_response_; }
 
  private:
   std::string buf_;

@@ -197,19 +197,20 @@ AgentClient::Call<WatchStream> AgentClient::Watch(Ex ex, WatchRequest request) {
 
 absl::StatusOr<AttachEvent> AttachFrame::Decode() const {
   AttachEvent ev;
-  switch (frame_.type) {
+  const std::string_view payload = this->payload();
+  switch (type()) {
     case FrameType::kOutput: {
-      SBX_ASSIGN_OR_RETURN(ev.output, protocol::DecodeOutputView(frame_.payload));
+      SBX_ASSIGN_OR_RETURN(ev.output, protocol::DecodeOutputView(payload));
       ev.kind = AttachEvent::Kind::kOutput;
       break;
     }
     case FrameType::kResync: {
-      SBX_ASSIGN_OR_RETURN(ev.resync, protocol::DecodeResync(frame_.payload));
+      SBX_ASSIGN_OR_RETURN(ev.resync, protocol::DecodeResync(payload));
       ev.kind = AttachEvent::Kind::kResync;
       break;
     }
     case FrameType::kExit: {
-      SBX_ASSIGN_OR_RETURN(ev.exit, protocol::DecodeExit(frame_.payload));
+      SBX_ASSIGN_OR_RETURN(ev.exit, protocol::DecodeExit(payload));
       ev.kind = AttachEvent::Kind::kExit;
       break;
     }
@@ -225,6 +226,16 @@ asio::awaitable<absl::StatusOr<std::optional<AttachFrame>>> AttachStream::Next(
   if (!f.ok()) co_return f.status();
   if (!*f) co_return std::optional<AttachFrame>();
   co_return std::optional<AttachFrame>(AttachFrame(std::move(**f)));
+}
+
+asio::awaitable<absl::Status> AttachStream::NextBatch(std::chrono::milliseconds idle,
+                                                      size_t max_payload,
+                                                      std::vector<AttachFrame>& out) {
+  out.clear();
+  absl::Status st = co_await s_->NextViews(idle, max_payload, views_);
+  if (!st.ok()) co_return st;
+  for (const AgentStream::FrameView& v : views_) out.emplace_back(v);
+  co_return absl::OkStatus();
 }
 
 std::optional<AttachFrame> AttachStream::TryNext() {

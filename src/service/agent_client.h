@@ -52,13 +52,21 @@ struct AttachEvent {
 class AttachFrame {
  public:
   explicit AttachFrame(protocol::Frame f) : frame_(std::move(f)) {}
-  bool is_output() const { return frame_.type == protocol::FrameType::kOutput; }
-  size_t payload_size() const { return frame_.payload.size(); }
+  // A frame that points into its stream's buffer (AttachStream::NextBatch): valid until the
+  // stream's next call.
+  explicit AttachFrame(AgentStream::FrameView v) : view_(v), is_view_(true) {}
+  bool is_output() const { return type() == protocol::FrameType::kOutput; }
+  size_t payload_size() const { return payload().size(); }
   // InvalidArgument when the frame does not decode (the stream should end).
   absl::StatusOr<AttachEvent> Decode() const;
 
  private:
+  protocol::FrameType type() const { return is_view_ ? view_.type : frame_.type; }
+  std::string_view payload() const { return is_view_ ? view_.payload : frame_.payload; }
+
   protocol::Frame frame_;
+  AgentStream::FrameView view_{};
+  bool is_view_ = false;
 };
 
 class AttachStream {
@@ -72,11 +80,17 @@ class AttachStream {
   asio::awaitable<absl::StatusOr<std::optional<AttachFrame>>> Next(std::chrono::milliseconds idle);
   // A frame that already arrived, without waiting (batching).
   std::optional<AttachFrame> TryNext();
+  // The bulk form of Next + TryNext (AgentStream::NextViews): every frame the agent has sent,
+  // at least one, up to about `max_payload` bytes, pointing into the stream's buffer until
+  // the next call. `out` empty: nothing within `idle`. Never mixed with Next/TryNext.
+  asio::awaitable<absl::Status> NextBatch(std::chrono::milliseconds idle, size_t max_payload,
+                                          std::vector<AttachFrame>& out);
   void Close() { s_->Close(); }
 
  private:
   std::unique_ptr<AgentStream> s_;
   protocol::AttachReply reply_;
+  std::vector<AgentStream::FrameView> views_;
 };
 
 // A download ("read", "read_tar"): the reply, then chunks of bytes until the end.

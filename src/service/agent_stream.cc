@@ -1,8 +1,12 @@
 #include "service/agent_stream.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include <fmt/format.h>
 
 #include "common/status_util.h"
+#include "protocol/limits.h"
 #include "protocol/messages.h"
 
 namespace sbx::service {
@@ -98,6 +102,85 @@ std::optional<protocol::Frame> AgentStream::TryNext() {
   auto next = decoder_.Next();
   if (!next.ok() || !*next) return std::nullopt;
   return std::move(**next);
+}
+
+namespace {
+
+// What one read of NextViews asks for: it starts small (an idle or chatty session holds
+// little) and doubles while reads fill it, up to several large frames per read when busy.
+constexpr size_t kViewReadMin = 16 << 10;
+constexpr size_t kViewReadMax = 512 << 10;
+
+}  // namespace
+
+asio::awaitable<absl::Status> AgentStream::NextViews(std::chrono::milliseconds idle,
+                                                     size_t max_payload,
+                                                     std::vector<FrameView>& out) {
+  out.clear();
+  if (!views_) {
+    views_ = true;
+    vbuf_ = decoder_.TakeBuffered();
+    vpos_ = 0;
+    vend_ = vbuf_.size();
+  }
+  for (;;) {
+    // Every whole frame already read, up to `max_payload` (the first one whatever its size).
+    size_t taken = 0;
+    size_t need = 0;  // bytes the next, partial frame needs in all
+    while (vend_ - vpos_ >= protocol::kHeaderSize && (out.empty() || taken < max_payload)) {
+      const auto* header = reinterpret_cast<const uint8_t*>(vbuf_.data() + vpos_);
+      auto type_and_length = protocol::DecodeHeader(header);
+      // A bad frame after good ones: those go out first; the next call reports it (vpos_
+      // stays on it), as Next after TryNext did.
+      if (!type_and_length.ok() && !out.empty()) break;
+      if (!type_and_length.ok()) co_return Annotate(type_and_length.status(), "agent protocol");
+      const auto [type, length] = *type_and_length;
+      // The same bounds as the decoder's (Open set them): checked on the header, before any
+      // of the payload is buffered.
+      if (decoder_.limited_to_agent_bounds() &&
+          length > protocol::MaxFrameBytes(type, decoder_.guest_sized_response())) {
+        if (!out.empty()) break;
+        co_return ApiError(absl::StatusCode::kInternal, "bad_agent_reply",
+                           fmt::format("agent protocol: a frame of type {} with {} payload "
+                                       "bytes exceeds its limit of {}",
+                                       static_cast<int>(type), length,
+                                       protocol::MaxFrameBytes(
+                                           type, decoder_.guest_sized_response())));
+      }
+      const size_t total = protocol::kHeaderSize + length;
+      if (vend_ - vpos_ < total) {
+        need = total;
+        break;
+      }
+      out.push_back(FrameView{type, std::string_view(vbuf_.data() + vpos_ + protocol::kHeaderSize,
+                                                     length)});
+      taken += length;
+      vpos_ += total;
+    }
+    if (!out.empty()) co_return absl::OkStatus();
+    // Nothing whole yet: move the partial frame to the front (no view is out now) and make
+    // room for the rest of it and one more read.
+    if (vpos_ > 0) {
+      std::memmove(vbuf_.data(), vbuf_.data() + vpos_, vend_ - vpos_);
+      vend_ -= vpos_;
+      vpos_ = 0;
+    }
+    if (vread_ == 0) vread_ = kViewReadMin;
+    const size_t want = std::max(need, vend_ + vread_);
+    if (vbuf_.size() < want) vbuf_.resize(want);
+    const size_t room = vbuf_.size() - vend_;
+    ArmDeadline(idle);
+    auto [ec, n] = co_await bytes_->ReadSome(asio::buffer(vbuf_.data() + vend_, room));
+    state_->gen = 0;
+    timer_.cancel();
+    if (ec == asio::error::operation_aborted && state_->timed_out) co_return absl::OkStatus();
+    if (ec == asio::error::eof || ec == asio::error::connection_reset) {
+      co_return absl::UnavailableError("agent closed the stream");
+    }
+    if (ec) co_return absl::UnavailableError(fmt::format("agent read: {}", ec.message()));
+    vend_ += n;
+    if (n == room && vread_ < kViewReadMax) vread_ *= 2;
+  }
 }
 
 asio::awaitable<absl::Status> AgentStream::Send(std::string bytes,

@@ -8,6 +8,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include <boost/asio.hpp>
 
@@ -48,6 +50,20 @@ class AgentStream {
   // what the agent sent together. nullopt when no complete frame is buffered, and also when
   // the buffered bytes are malformed (the next Next() then reports that error).
   std::optional<protocol::Frame> TryNext();
+  // A frame of NextViews: its payload points into the stream's read buffer.
+  struct FrameView {
+    protocol::FrameType type;
+    std::string_view payload;
+  };
+  // Attach's bulk path: waits up to `idle` for at least one whole frame, then hands out every
+  // whole frame already read (up to about `max_payload` bytes of payload) as views into the
+  // stream's own buffer, which the agent's bytes are read into directly and which is reused
+  // from call to call. The views stay valid until the next call of NextViews (never mix with
+  // Next/TryNext on one stream). `out` empty and OkStatus: nothing arrived within `idle`.
+  // Per 1 GiB of output this saves the copy into the decoder, the copy out of it, and the
+  // fresh (page-faulted) allocation each large frame cost (issue 15's attach profile).
+  asio::awaitable<absl::Status> NextViews(std::chrono::milliseconds idle, size_t max_payload,
+                                          std::vector<FrameView>& out);
   // Writes bytes (encoded frames) to the agent: file uploads. Waits while the agent is slow
   // (back-pressure), up to `timeout`.
   asio::awaitable<absl::Status> Send(std::string bytes, std::chrono::milliseconds timeout);
@@ -77,6 +93,12 @@ class AgentStream {
   // time per exec (perf, issue 15); a read touches only the pages it fills.
   static constexpr size_t kReadBytes = 256 << 10;
   std::unique_ptr<char[]> buf_ = std::make_unique_for_overwrite<char[]>(kReadBytes);
+  // NextViews' buffer: the unread bytes are [vpos_, vend_); grown on demand, never shrunk.
+  std::string vbuf_;
+  size_t vpos_ = 0;
+  size_t vend_ = 0;
+  size_t vread_ = 0;    // bytes the next read asks for (see kViewReadMin)
+  bool views_ = false;  // the decoder's leftover bytes have moved to vbuf_
 };
 
 }  // namespace sbx::service
