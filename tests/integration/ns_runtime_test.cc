@@ -761,7 +761,9 @@ TEST_F(NsRuntimeTest, DeferredRemovalLeavesNothingReachableThenNothingAtAll) {
   const std::string dir = backend_->SandboxDir(spec.id);
   // A mount on the host inside the sandbox dir makes the reaper's removal fail (it crosses no
   // mount): the directory must outlive the Destroy, and be retried, not dropped.
-  ASSERT_EQ(::mount("tmpfs", (dir + "/lower").c_str(), "tmpfs", 0, "size=1m"), 0) << errno;
+  // A directory of the test's own: the sandbox dir's layout is the runtime's business.
+  ASSERT_EQ(::mkdir((dir + "/test-mount").c_str(), 0700), 0) << errno;
+  ASSERT_EQ(::mount("tmpfs", (dir + "/test-mount").c_str(), "tmpfs", 0, "size=1m"), 0) << errno;
   ASSERT_TRUE(inst->Destroy().ok());
   // What Destroy promises before it returns: no process, no cgroup, no mount of the sandbox.
   errno = 0;
@@ -772,7 +774,7 @@ TEST_F(NsRuntimeTest, DeferredRemovalLeavesNothingReachableThenNothingAtAll) {
   }
   ::usleep(100000);
   EXPECT_TRUE(PathExists(dir + "/agent.log")) << "removed across a mount?";
-  ASSERT_EQ(::umount2((dir + "/lower").c_str(), MNT_DETACH), 0) << errno;
+  ASSERT_EQ(::umount2((dir + "/test-mount").c_str(), MNT_DETACH), 0) << errno;
   // The reaper's retry (0.5 s later) removes it.
   EXPECT_TRUE(Vanishes(dir)) << dir;
   ExpectNothingLeft(spec.id, pid);
@@ -789,12 +791,14 @@ TEST_F(NsRuntimeTest, SweepRemovesWhatTheReaperHadNotYetRemoved) {
   Instance* inst = Keep(std::move(*created));
   const pid_t pid = PidOf(*inst);
   const std::string dir = backend_->SandboxDir(spec.id);
-  ASSERT_EQ(::mount("tmpfs", (dir + "/lower").c_str(), "tmpfs", 0, "size=1m"), 0) << errno;
+  // A directory of the test's own: the sandbox dir's layout is the runtime's business.
+  ASSERT_EQ(::mkdir((dir + "/test-mount").c_str(), 0700), 0) << errno;
+  ASSERT_EQ(::mount("tmpfs", (dir + "/test-mount").c_str(), "tmpfs", 0, "size=1m"), 0) << errno;
   ASSERT_TRUE(inst->Destroy().ok());
   live_.clear();                       // the last owner of the old backend's state, but for
   MakeBackend(/*removal_backlog=*/4);  // backend_: its reaper's last attempt fails, left behind
   ASSERT_TRUE(PathExists(dir));
-  ASSERT_EQ(::umount2((dir + "/lower").c_str(), MNT_DETACH), 0) << errno;
+  ASSERT_EQ(::umount2((dir + "/test-mount").c_str(), MNT_DETACH), 0) << errno;
   absl::Status s = backend_->Sweep(OtherIds(spec.id));
   ASSERT_TRUE(s.ok()) << s;
   ExpectNothingLeft(spec.id, pid);
