@@ -147,13 +147,14 @@ void SandboxService::RunDelete(const std::string& op_id, const std::string& sand
   absl::Status destroyed = DestroyRuntime(*sb);
   const double runtime_ms = MsSince(runtime_started);
   std::vector<std::string> ended_sessions;
-  auto give_back = [&] {
-    if (!destroyed.ok()) return;
+  // Given back before the operation is recorded as succeeded, not after: a client that saw
+  // the delete succeed and creates at once must find the room free (the release after the
+  // commit lost that race now and then). A destroy that failed may leave processes running:
+  // the sandbox keeps what it held (and a restart counts its delete_failed state the same way).
+  if (destroyed.ok()) {
     activity_.Forget(sandbox_id);
-    // A destroy that failed may leave processes running: the sandbox keeps what it held (and
-    // a restart counts its delete_failed state the same way).
     ReleaseCapacity(sandbox_id);
-  };
+  }
   absl::StatusOr<OperationRecord> finished = FinishJob(
       job, [&](Tx& tx, OperationRecord& op, SandboxRecord& cur,
                const std::string& now) -> absl::StatusOr<bool> {
@@ -182,8 +183,7 @@ void SandboxService::RunDelete(const std::string& op_id, const std::string& sand
         }
         return true;
       },
-      give_back);
-  if (!finished.ok()) give_back();
+      nullptr);
   if (finished.ok()) {
     for (const std::string& s : ended_sessions) metrics_->SessionExited(s, /*oom_killed=*/false);
   }
