@@ -323,6 +323,11 @@ DiskProvider::DiskProvider(std::string state_dir, int pool_size, int pool_size_m
           spdlog::debug("disk pool: {}", msg);
         }
         return true;
+      }, [](PreparedDisk& disk) {
+        // Built as N.img.part, pooled as N.img: an .img in the pool directory is always one
+        // the pool holds (sizes of a reload's drain are then exact, for an operator and tests).
+        std::string path = disk.image_path();
+        return disk.RenameImage(path.substr(0, path.size() - 5));
       }) {}
 
 // The pool's destructor stops the filler; each pooled disk then unmounts and removes its image.
@@ -504,7 +509,7 @@ void DiskProvider::Start() {
 }
 
 absl::StatusOr<PreparedDisk> DiskProvider::BuildPooled() {
-  const std::string path = fmt::format("{}/{}.img", pool_dir_, next_pool_id_++);
+  const std::string path = fmt::format("{}/{}.img.part", pool_dir_, next_pool_id_++);
   SBX_RETURN_IF_ERROR(Annotate(MkdirAll(pool_dir_, 0700), "disk pool"));
   return Build(pool_size_mib_.load(), path);
 }

@@ -7,6 +7,12 @@
 // thread left in a bad state must not build again). Items still pooled at destruction are
 // destroyed with the pool (their RAII owners release them).
 //
+// An item whose build was under way while Drain ran is destroyed, not pooled: Drain is how an
+// owner drops items made for an old configuration (a disk of the old size), and one finishing
+// just after must not sit in the pool in their place. `publish`, if given, runs under the lock
+// just before an item is pooled (the disk pool renames its image to a visible name there), so
+// anything that sees a published item also finds it in the pool.
+//
 // Thread safety: all methods may be called concurrently.
 #pragma once
 
@@ -16,6 +22,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -34,9 +41,13 @@ class ReadyPool {
  public:
   using MakeFn = std::function<absl::StatusOr<T>()>;
   using ErrorFn = std::function<bool(const absl::Status&)>;
+  using PublishFn = std::function<absl::Status(T&)>;
 
-  ReadyPool(int size, MakeFn make, ErrorFn on_error)
-      : size_(size < 0 ? 0 : size), make_(std::move(make)), on_error_(std::move(on_error)) {}
+  ReadyPool(int size, MakeFn make, ErrorFn on_error, PublishFn publish = {})
+      : size_(size < 0 ? 0 : size),
+        make_(std::move(make)),
+        on_error_(std::move(on_error)),
+        publish_(std::move(publish)) {}
   ~ReadyPool() { Stop(); }
   ReadyPool(const ReadyPool&) = delete;
   ReadyPool& operator=(const ReadyPool&) = delete;
@@ -81,6 +92,7 @@ class ReadyPool {
     {
       std::lock_guard lock(mu_);
       out = std::exchange(ready_, {});
+      ++generation_;
     }
     cv_.notify_all();
     return out;
@@ -105,9 +117,20 @@ class ReadyPool {
         cv_.wait(lock);
         continue;
       }
+      const uint64_t generation = generation_;
       lock.unlock();
       absl::StatusOr<T> item = make_();
       lock.lock();
+      if (item.ok() && generation != generation_) {
+        // Drained while it was built: destroyed outside the lock (an unmount may take a while).
+        lock.unlock();
+        item = absl::AbortedError("drained");
+        lock.lock();
+        continue;
+      }
+      if (item.ok() && publish_) {
+        if (absl::Status st = publish_(*item); !st.ok()) item = st;
+      }
       if (!item.ok()) {
         ++failures;
         if (!on_error_(item.status())) return;
@@ -122,9 +145,11 @@ class ReadyPool {
   const int size_;
   const MakeFn make_;
   const ErrorFn on_error_;
+  const PublishFn publish_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<T> ready_;
+  uint64_t generation_ = 0;  // bumped by Drain
   bool stopping_ = false;
   std::thread filler_;
 };
