@@ -1137,12 +1137,19 @@ class SandboxTimersTest : public SandboxServiceTest {
     EXPECT_EQ(WaitOp(body["operation"]["id"]).state, "succeeded");
     return body["sandbox"]["id"];
   }
-  // The operation the timers started on `id`, waited for.
+  // The operation the timers started on `id` (its newest), waited for. Found in the sandbox's
+  // operation history, not as its operation in flight: a fast delete may have finished, and
+  // cleared that, before the test looks.
   store::OperationRecord TimerOp(const std::string& id) {
-    auto sb = svc_->GetSandbox(caller_, id);
-    EXPECT_TRUE(sb.ok() && sb->current_operation_id) << id << " has no operation in flight";
-    if (!sb.ok() || !sb->current_operation_id) return {};
-    return WaitOp(*sb->current_operation_id);
+    std::string op_id;
+    EXPECT_TRUE(store_->Transact([&](store::Tx& tx) -> absl::Status {
+      SBX_ASSIGN_OR_RETURN(std::vector<store::OperationRecord> ops, tx.ListOperations(id));
+      if (ops.size() >= 2) op_id = ops.back().id;  // the first is the create
+      return absl::OkStatus();
+    }).ok());
+    EXPECT_FALSE(op_id.empty()) << id << ": the timers started no operation";
+    if (op_id.empty()) return {};
+    return WaitOp(op_id);
   }
   std::chrono::system_clock::time_point wall_ = std::chrono::system_clock::now();
   ActivityTracker::Clock::time_point mono_ = ActivityTracker::Clock::now();
