@@ -152,8 +152,9 @@ EgressProfile OpenProfile() {
 absl::StatusOr<EgressProfile> ParseProfile(std::string_view name, const Json& j) {
   std::string field = fmt::format("egress.profiles.{}", name);
   if (name.empty() || name.size() > 63 ||
-      name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") != std::string_view::npos) {
-    return Bad(field, "a profile name is 1-63 of a-z, 0-9, '_' and '-'");
+      name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string_view::npos) {
+    // The name becomes an nftables chain name (p_NAME): only characters it takes unquoted.
+    return Bad(field, "a profile name is 1-63 of a-z, 0-9 and '_'");
   }
   if (name == "none" || name == "open") return Bad(field, "'none' and 'open' are built in");
   if (!j.is_object()) return Bad(field, "a table with description, allow and deny");

@@ -59,7 +59,7 @@ EgressProfile NoneProfile();
 EgressProfile OpenProfile();
 
 // A profile of the configuration: {"description": "...", "allow": [rules], "deny": [rules]}.
-// `name` must be 1-63 of [a-z0-9_-] and neither `none` nor `open`.
+// `name` must be 1-63 of [a-z0-9_] and neither `none` nor `open`.
 absl::StatusOr<EgressProfile> ParseProfile(std::string_view name, const nlohmann::json& j);
 
 // A per-sandbox `egress` at create: {"allow": [rules]} narrowing `profile`. Each rule must lie

@@ -28,21 +28,22 @@ class Nft {
 
   // Runs a ruleset text as one transaction: all of it or nothing. `what` names the step.
   absl::Status Run(const std::string& commands, const std::string& what);
-  // The denial counters of every sandbox in sbx's table, by sandbox id: one netlink dump.
+  // The denial counters of every sandbox veth, by veth name: one read of each deny_ set.
   absl::StatusOr<std::map<std::string, DenialCounts>> ReadAllCounters();
-  // The sandbox chains in sbx's table (their names are the sandbox ids), and which veth each
-  // is mapped from: what the start-up sweep compares with the sandboxes it knows.
-  absl::StatusOr<std::map<std::string, std::string>> ListSandboxChains();
+  // The veths in the map `profile_of`, with the chain each jumps to.
+  absl::StatusOr<std::map<std::string, std::string>> MappedVeths();
+  // The chains of sbx's table that belong to one narrowed sandbox (named after its id).
+  absl::StatusOr<std::set<std::string>> SandboxChains();
 
  private:
-  Nft(nft_ctx* ctx) : ctx_(ctx) {}
+  explicit Nft(nft_ctx* ctx) : ctx_(ctx) {}
   absl::StatusOr<std::string> RunJson(const std::string& command, const std::string& what);
 
   std::mutex mu_;
   nft_ctx* ctx_;
 };
 
-// Parses the JSON of `list counters table inet sbx` (exposed for tests).
-absl::StatusOr<std::map<std::string, DenialCounts>> ParseCountersJson(const std::string& json);
+// The elements of a `list set` JSON with their counters: veth -> packets (exposed for tests).
+absl::StatusOr<std::map<std::string, uint64_t>> ParseSetCountersJson(const std::string& json);
 
 }  // namespace sbx::net

@@ -50,18 +50,13 @@ absl::Status SandboxNetwork::Destroy() {
     else first.Update(st);
   }
   if (rules_) {
-    absl::Status st = host_->nft_->Run(DeleteSandboxRuleset(id_, veth_),
-                                       fmt::format("sandbox {}: remove its nftables rules", id_));
-    if (!st.ok()) {
-      // nftables 1.0.6 has no "delete if present": a sweep may have removed them already.
-      auto chains = host_->nft_->ListSandboxChains();
-      if (chains.ok() && !chains->count(id_)) st = absl::OkStatus();
-    }
+    absl::Status st = host_->RemoveRules(id_, veth_, addrs_, narrowed_);
     if (st.ok()) rules_ = false;
     else first.Update(st);
   }
   // The slot goes back only once nothing of this sandbox uses its addresses any more.
   if (slot_ && !link_ && !rules_) {
+    host_->Unregister(veth_);
     host_->pool_.Release(addrs_.slot);
     slot_ = false;
   }
@@ -83,9 +78,17 @@ absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Attach(const std::s
   if (!IsSafeName(id)) {
     return absl::InvalidArgumentError(fmt::format("network: '{}' is not a sandbox id", id));
   }
+  bool known = policy.profile == "open";
+  for (const auto& p : cfg_.profiles) known = known || (p.networked && p.name == policy.profile);
+  if (!known) {
+    return absl::InvalidArgumentError(
+        fmt::format("network: sandbox {}: no networked egress profile '{}'", id, policy.profile));
+  }
   SBX_ASSIGN_OR_RETURN(SandboxAddrs addrs, pool_.Allocate());
   std::unique_ptr<SandboxNetwork> net(new SandboxNetwork(this, id, addrs));
   const std::string& veth = net->veth_;
+  Register(veth, id);
+  net->narrowed_ = policy.narrowed.has_value();
   SBX_RETURN_IF_ERROR(nft_->Run(AddSandboxRuleset(id, veth, addrs, cfg_, policy),
                                 fmt::format("sandbox {}: add its nftables rules", id)));
   net->rules_ = true;
@@ -126,41 +129,94 @@ absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Adopt(const std::st
   if (it == veths.end()) return absl::NotFoundError(fmt::format("sandbox {}: no veth left", id));
   SBX_ASSIGN_OR_RETURN(SandboxAddrs addrs, pool_.Reserve(*SlotOfVethName(it->second)));
   std::unique_ptr<SandboxNetwork> net(new SandboxNetwork(this, id, addrs));
+  Register(net->veth_, id);
   net->link_ = true;
   net->rules_ = true;
+  auto mapped = nft_->MappedVeths();
+  net->narrowed_ = mapped.ok() && (*mapped)[net->veth_] == id;
   return net;
+}
+
+void NetworkHost::Register(const std::string& veth, const std::string& id) {
+  std::lock_guard lock(mu_);
+  id_of_veth_[veth] = id;
+}
+
+void NetworkHost::Unregister(const std::string& veth) {
+  std::lock_guard lock(mu_);
+  id_of_veth_.erase(veth);
+}
+
+absl::Status NetworkHost::RemoveRules(const std::string& id, const std::string& veth,
+                                      const SandboxAddrs& addrs, bool narrowed) {
+  std::vector<std::string> cmds = DeleteSandboxCommands(id, veth, addrs, narrowed);
+  std::string all;
+  for (const auto& c : cmds) all += c + "\n";
+  std::string what = fmt::format("sandbox {}: remove its nftables rules", id);
+  if (nft_->Run(all, what).ok()) return absl::OkStatus();
+  // nftables 1.0.6 has no "delete if present": one by one, where "not there" is success.
+  absl::Status first = absl::OkStatus();
+  for (const auto& c : cmds) {
+    absl::Status st = nft_->Run(c, what);
+    if (!st.ok() && st.message().find("No such file or directory") == std::string::npos) first.Update(st);
+  }
+  return first;
 }
 
 absl::Status NetworkHost::Sweep(const std::set<std::string>& known_ids) {
   absl::Status first = absl::OkStatus();
   SBX_ASSIGN_OR_RETURN(auto veths, SandboxVeths());
   SBX_ASSIGN_OR_RETURN(Netlink nl, Netlink::Open());
+  std::set<std::string> kept_veths;
   for (const auto& [id, name] : veths) {
-    if (known_ids.count(id)) continue;
+    if (known_ids.count(id)) {
+      kept_veths.insert(name);
+      continue;
+    }
     spdlog::info("network sweep: removing veth {} of sandbox {} (gone)", name, id);
     auto idx = nl.IfIndex(name);
     absl::Status st = idx.ok() ? nl.DeleteLink(*idx) : idx.status();
     if (!st.ok() && !absl::IsNotFound(st)) first.Update(st);
   }
-  SBX_ASSIGN_OR_RETURN(auto chains, nft_->ListSandboxChains());
-  for (const auto& [id, veth] : chains) {
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [veth, id] : id_of_veth_) kept_veths.insert(veth);
+  }
+  // Elements of veths that are gone or belong to no known sandbox.
+  SBX_ASSIGN_OR_RETURN(auto mapped, nft_->MappedVeths());
+  for (const auto& [veth, target] : mapped) {
+    if (kept_veths.count(veth)) continue;
+    auto slot = SlotOfVethName(veth);
+    if (!slot.has_value() || *slot >= pool_.capacity()) continue;
+    spdlog::info("network sweep: removing nftables elements of veth {} (its sandbox is gone)", veth);
+    bool narrowed = target.rfind("p_", 0) != 0;
+    first.Update(RemoveRules(narrowed ? target : "gone", veth, pool_.AddrsOf(*slot), narrowed));
+  }
+  SBX_ASSIGN_OR_RETURN(auto chains, nft_->SandboxChains());
+  for (const auto& id : chains) {
     if (known_ids.count(id) || !IsSafeName(id)) continue;
-    spdlog::info("network sweep: removing nftables chain of sandbox {} (gone)", id);
-    first.Update(nft_->Run(DeleteSandboxRuleset(id, veth),
-                           fmt::format("network sweep: remove sandbox {}'s rules", id)));
+    first.Update(nft_->Run(fmt::format("flush chain inet {} {}\ndelete chain inet {} {}", kTable, id, kTable, id),
+                           fmt::format("network sweep: remove sandbox {}'s chain", id)));
   }
   return first;
 }
 
 absl::StatusOr<DenialCounts> NetworkHost::Denials(const std::string& id) {
-  SBX_ASSIGN_OR_RETURN(auto all, nft_->ReadAllCounters());
+  SBX_ASSIGN_OR_RETURN(auto all, AllDenials());
   auto it = all.find(id);
-  if (it == all.end()) return absl::NotFoundError(fmt::format("sandbox {}: no denial counters", id));
+  if (it == all.end()) return absl::NotFoundError(fmt::format("sandbox {}: no network", id));
   return it->second;
 }
 
 absl::StatusOr<std::map<std::string, DenialCounts>> NetworkHost::AllDenials() {
-  return nft_->ReadAllCounters();
+  SBX_ASSIGN_OR_RETURN(auto by_veth, nft_->ReadAllCounters());
+  std::map<std::string, DenialCounts> out;
+  std::lock_guard lock(mu_);
+  for (auto& [veth, counts] : by_veth) {
+    auto it = id_of_veth_.find(veth);
+    if (it != id_of_veth_.end()) out[it->second] = std::move(counts);
+  }
+  return out;
 }
 
 }  // namespace sbx::net

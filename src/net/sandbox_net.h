@@ -4,8 +4,9 @@
 //
 // Steps of NetworkHost::Attach, in order (docs/isolation.md lists them as privileged steps):
 //   1. a slot of the address pool (its /30 and /126);
-//   2. the sandbox's nftables chain, counters and map elements (one transaction), so no
-//      packet of the sandbox is ever forwarded before its rules exist;
+//   2. the sandbox's nftables elements (its counters, its own addresses, its profile; a chain
+//      of its own when narrowed), one transaction, so no packet of the sandbox is ever
+//      forwarded before its rules exist (a veth without them is dropped anyway);
 //   3. the veth pair: `sbxv<slot>` on the host, named after the sandbox id by its alias, and
 //      `eth0` created directly inside the sandbox's network namespace;
 //   4. host end: addresses .1 and ::1, up;
@@ -19,6 +20,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 
@@ -53,6 +55,7 @@ class SandboxNetwork {
   std::string id_;
   std::string veth_;
   SandboxAddrs addrs_;
+  bool narrowed_ = false;
   bool rules_ = false;  // step 2 done
   bool link_ = false;   // step 3 done
   bool slot_ = true;    // step 1 done, not yet given back
@@ -67,12 +70,13 @@ class NetworkHost {
   // Builds sandbox `id`'s network, its sandbox end in the namespace of `netns_fd`.
   absl::StatusOr<std::unique_ptr<SandboxNetwork>> Attach(const std::string& id, int netns_fd,
                                                          const SandboxPolicy& policy);
-  // After a restart: takes back the network sandbox `id` still has (its veth and chain),
+  // After a restart: takes back the network sandbox `id` still has (its veth and elements),
   // NotFound when it has none.
   absl::StatusOr<std::unique_ptr<SandboxNetwork>> Adopt(const std::string& id);
-  // Removes the veths and chains of every sandbox not in `known_ids`.
+  // Removes the veths, elements and chains of every sandbox not in `known_ids`, and the
+  // elements of veths that no longer exist.
   absl::Status Sweep(const std::set<std::string>& known_ids);
-  // Denials per reason of one sandbox, or of all.
+  // Denials per reason of one sandbox (NotFound when it has no network), or of all, by id.
   absl::StatusOr<DenialCounts> Denials(const std::string& id);
   absl::StatusOr<std::map<std::string, DenialCounts>> AllDenials();
 
@@ -85,6 +89,15 @@ class NetworkHost {
       : cfg_(std::move(cfg)), pool_(std::move(pool)), nft_(std::move(nft)) {}
   // Every sbx veth on the host, by the sandbox id its alias names.
   absl::StatusOr<std::map<std::string, std::string>> SandboxVeths();
+  // Removes a sandbox's elements (and chain): one transaction, or command by command when
+  // part of it is already gone (a sweep, the kernel removing a veth).
+  absl::Status RemoveRules(const std::string& id, const std::string& veth, const SandboxAddrs& addrs,
+                           bool narrowed);
+  void Register(const std::string& veth, const std::string& id);
+  void Unregister(const std::string& veth);
+
+  std::mutex mu_;
+  std::map<std::string, std::string> id_of_veth_;  // live SandboxNetworks
 
   NetPolicyConfig cfg_;
   AddrPool pool_;

@@ -56,7 +56,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (auto r = sbx::net::ParseRule(j, "rule"); r.ok()) CheckRule(*r);
   if (auto rules = sbx::net::ParseRules(j, "rules"); rules.ok()) {
     for (const auto& r : *rules) CheckRule(r);
-    sbx::net::SandboxPolicy pol{.allow = *rules};
+    sbx::net::SandboxPolicy pol{.profile = "open", .narrowed = *rules};
     auto pool = sbx::net::AddrPool::Make(*sbx::net::IpPrefix::Parse("10.200.0.0/16"),
                                          *sbx::net::IpPrefix::Parse("fd00:5b::/64"));
     Check(pool.ok());
@@ -65,7 +65,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         {.pool4 = pool->v4(), .pool6 = pool->v6()}, pol);
     for (char c : text) {
       Check(c == '\n' || c == ' ' || c == '"' || c == '_' || c == '.' || c == ':' || c == '/' ||
-            c == '-' || c == '!' || c == '=' || c == '{' || c == '}' || c == ',' ||
+            c == '-' || c == '!' || c == '=' || c == '{' || c == '}' || c == ',' || c == '@' ||
             (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'));
     }
   }
