@@ -132,6 +132,33 @@ bool TcpReaches(int ns, const std::string& ip, int port, const std::string& from
   return err == 0;
 }
 
+// A UDP socket in namespace `ns` bound to ip:port (the stand-in internet's "echo" side: the
+// test reads what arrived instead of echoing it back).
+UniqueFd UdpBind(int ns, const std::string& ip, int port) {
+  return InNetns(ns, [&] {
+    socklen_t len;
+    sockaddr_storage a = Addr(ip, port, &len);
+    UniqueFd s(::socket(a.ss_family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), len) != 0) {
+      ADD_FAILURE() << "bind udp " << ip << ":" << port << ": " << strerror(errno);
+    }
+    return s;
+  });
+}
+
+// True when a datagram sent from namespace `ns` to ip:port arrives on `server` within 1 s.
+bool UdpArrives(int ns, const std::string& ip, int port, int server) {
+  UniqueFd s = InNetns(ns, [&] { return UniqueFd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)); });
+  socklen_t len;
+  sockaddr_storage a = Addr(ip, port, &len);
+  char out[] = "ping";
+  if (::sendto(s.get(), out, sizeof(out), 0, reinterpret_cast<sockaddr*>(&a), len) < 0) return false;
+  pollfd p{.fd = server, .events = POLLIN};
+  if (::poll(&p, 1, 1000) != 1) return false;
+  char in[16];
+  return ::recv(server, in, sizeof(in), 0) == static_cast<ssize_t>(sizeof(out));
+}
+
 class NetEgressRootTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -242,6 +269,15 @@ TEST_F(NetEgressRootTest, AllowListReachesExactlyItsRules) {
   EXPECT_GT(Denied("sbx_lab", "not_allowed"), 0u);
   EXPECT_FALSE(TcpReaches(ns.get(), "198.18.0.3", 80, "", 500));
   EXPECT_GT(Denied("sbx_lab", "deny_rule"), 0u);
+  // UDP: lab allows only TCP port 80; open sends the same datagram through.
+  UniqueFd echo = UdpBind(internet_.get(), "198.18.0.2", 5353);
+  uint64_t before = Denied("sbx_lab", "not_allowed");
+  EXPECT_FALSE(UdpArrives(ns.get(), "198.18.0.2", 5353, echo.get()));
+  EXPECT_GT(Denied("sbx_lab", "not_allowed"), before);
+  UniqueFd open_ns = NewNetns();
+  auto open = net_->Attach("sbx_udp_open", open_ns.get(), {.profile = "open"});
+  ASSERT_TRUE(open.ok()) << open.status();
+  EXPECT_TRUE(UdpArrives(open_ns.get(), "198.18.0.2", 5353, echo.get()));
   EXPECT_FALSE(net_->Attach("sbx_nope", ns.get(), {.profile = "nope"}).ok());
 }
 
