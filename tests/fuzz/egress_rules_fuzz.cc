@@ -13,6 +13,7 @@
 
 #include "net/egress_rules.h"
 #include "net/nft_ruleset.h"
+#include "net/profiles.h"
 
 extern const char* const kFuzzSeeds[] = {
     R"({"cidr":"198.18.0.0/15","ports":"8000-8100","protocol":"tcp"})",
@@ -24,6 +25,8 @@ extern const char* const kFuzzSeeds[] = {
     R"([{"cidr":"0.0.0.0/0","protocol":"any"},{"cidr":"fe80::/10","ports":"1-65535"}])",
     R"({"allow":[{"cidr":"203.0.113.7","ports":"53","protocol":"udp"}]})",
     R"({"cidr":"::ffff:1.2.3.4/128","ports":"65535-1"})",
+    R"({"lab":{"description":"x","allow":[{"cidr":"198.18.0.0/15","ports":"80"}],"deny":[]}})",
+    R"({"profile":"open","narrowed":[{"cidr":"1.1.1.1","protocol":"udp"}]})",
 };
 extern const size_t kFuzzSeedCount = sizeof(kFuzzSeeds) / sizeof(kFuzzSeeds[0]);
 
@@ -75,6 +78,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       for (const auto& open : sbx::net::OpenProfile().allow) within = within || r.WithinRule(open);
       Check(within);
     }
+  }
+  // The configuration's profile table and a stored egress record: errors or round trips.
+  if (auto cat = sbx::net::ProfileCatalog::FromJson(j); cat.ok()) {
+    for (const auto& p : cat->configured()) Check(!p.allow.empty() && cat->Find(p.name) == &p);
+    Check(cat->ToJson()["egress_profiles"].size() == cat->configured().size() + 2);
+  }
+  if (auto stored = sbx::net::ResolvedEgress::FromJson(j); stored.ok()) {
+    auto again = sbx::net::ResolvedEgress::FromJson(stored->ToJson());
+    Check(again.ok() && again->ToJson() == stored->ToJson());
   }
   return 0;
 }
