@@ -64,7 +64,8 @@ class SandboxNetwork {
 class NetworkHost {
  public:
   // Turns on IPv4 and IPv6 forwarding in the calling thread's network namespace and creates
-  // (or refreshes) sbx's table.
+  // (or refreshes) sbx's table. IPv6 forwarding makes interfaces with accept_ra=1 ignore
+  // router advertisements (docs/isolation.md §2.3b): the caller sets up the uplink for it.
   static absl::StatusOr<std::unique_ptr<NetworkHost>> Start(const NetPolicyConfig& cfg);
 
   // Builds sandbox `id`'s network, its sandbox end in the namespace of `netns_fd`.
