@@ -195,6 +195,42 @@ absl::Status Netlink::AddDefaultRoute(int ifindex, const IpPrefix& gateway) {
   return Transact(nlh, fmt::format("default route via {}: RTM_NEWROUTE", gateway.AddressString()));
 }
 
+absl::Status Netlink::WaitOperUp(int ifindex, int timeout_ms) {
+  for (int waited_us = 0;; waited_us += 200) {
+    nlmsghdr* nlh = mnl_nlmsg_put_header(buf_.get());
+    nlh->nlmsg_type = RTM_GETLINK;
+    nlh->nlmsg_flags = NLM_F_REQUEST;
+    nlh->nlmsg_seq = seq_++;
+    auto* ifm = static_cast<ifinfomsg*>(mnl_nlmsg_put_extra_header(nlh, sizeof(ifinfomsg)));
+    ifm->ifi_family = AF_UNSPEC;
+    ifm->ifi_index = ifindex;
+    uint32_t seq = nlh->nlmsg_seq;
+    if (mnl_socket_sendto(sock_.get(), nlh, nlh->nlmsg_len) < 0) {
+      return ErrnoStatus(errno, fmt::format("wait for link {}: netlink sendto(RTM_GETLINK)", ifindex));
+    }
+    ssize_t n = mnl_socket_recvfrom(sock_.get(), buf_.get(), kBufSize);
+    if (n < 0) return ErrnoStatus(errno, fmt::format("wait for link {}: netlink recvfrom", ifindex));
+    uint8_t state = IF_OPER_UNKNOWN;
+    auto cb = [](const nlmsghdr* h, void* data) -> int {
+      const char* tail = static_cast<const char*>(mnl_nlmsg_get_payload_tail(h));
+      for (const auto* a = static_cast<const nlattr*>(mnl_nlmsg_get_payload_offset(h, sizeof(ifinfomsg)));
+           mnl_attr_ok(a, static_cast<int>(tail - reinterpret_cast<const char*>(a))); a = mnl_attr_next(a)) {
+        if (mnl_attr_get_type(a) == IFLA_OPERSTATE) *static_cast<uint8_t*>(data) = mnl_attr_get_u8(a);
+      }
+      return MNL_CB_STOP;
+    };
+    if (mnl_cb_run(buf_.get(), n, seq, port_id_, cb, &state) < 0) {
+      return ErrnoStatus(errno, fmt::format("wait for link {}: RTM_GETLINK", ifindex));
+    }
+    if (state == IF_OPER_UP) return absl::OkStatus();
+    if (waited_us >= timeout_ms * 1000) {
+      return absl::DeadlineExceededError(fmt::format(
+          "wait for link {}: not operational after {} ms (operstate {})", ifindex, timeout_ms, state));
+    }
+    ::usleep(200);
+  }
+}
+
 absl::Status Netlink::DeleteLink(int ifindex) {
   nlmsghdr* nlh = mnl_nlmsg_put_header(buf_.get());
   nlh->nlmsg_type = RTM_DELLINK;

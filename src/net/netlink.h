@@ -43,6 +43,11 @@ class Netlink {
   // them unusable for a second after create.
   absl::Status AddAddress(int ifindex, const IpPrefix& addr);
   absl::Status AddDefaultRoute(int ifindex, const IpPrefix& gateway);
+  // Waits until the kernel reports the link operational (IFLA_OPERSTATE up): only then has its
+  // queueing discipline replaced the no-op one a link starts with (the kernel's link-watch
+  // work does both, asynchronously after "up"), and until then every packet sent through it
+  // is dropped. Polls with short sleeps for at most `timeout_ms`; DeadlineExceeded after.
+  absl::Status WaitOperUp(int ifindex, int timeout_ms);
   // NotFound when there is no such link; deleting one end of a veth removes both.
   absl::Status DeleteLink(int ifindex);
   absl::StatusOr<std::vector<LinkInfo>> ListLinks();

@@ -11,6 +11,7 @@
 #include "common/status_util.h"
 #include "common/unique_fd.h"
 #include "net/netlink.h"
+#include "net/nft_counters.h"
 
 namespace sbx::net {
 namespace {
@@ -24,6 +25,9 @@ absl::Status WriteSysctl(const char* path, const char* value) {
 
 // The sandbox end is created inside its namespace under this name.
 constexpr char kSandboxIfName[] = "eth0";
+// The kernel's link-watch work runs a veth's "urgent" carrier change at once, so the wait is
+// normally well under a millisecond; this bounds a kernel that falls behind.
+constexpr int kOperUpTimeoutMs = 2000;
 
 }  // namespace
 
@@ -110,6 +114,10 @@ absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Attach(const std::s
   gw6.len = 128;
   SBX_RETURN_IF_ERROR(inside.AddDefaultRoute(idx, gw4));
   SBX_RETURN_IF_ERROR(inside.AddDefaultRoute(idx, gw6));
+  // Both ends must carry packets before the sandbox's first one: the first DNS query or SYN
+  // would otherwise vanish into the link's initial no-op qdisc (a retry 1-5 s later).
+  SBX_RETURN_IF_ERROR(inside.WaitOperUp(idx, kOperUpTimeoutMs));
+  SBX_RETURN_IF_ERROR(host.WaitOperUp(host_idx, kOperUpTimeoutMs));
   return net;
 }
 
@@ -202,10 +210,15 @@ absl::Status NetworkHost::Sweep(const std::set<std::string>& known_ids) {
 }
 
 absl::StatusOr<DenialCounts> NetworkHost::Denials(const std::string& id) {
-  SBX_ASSIGN_OR_RETURN(auto all, AllDenials());
-  auto it = all.find(id);
-  if (it == all.end()) return absl::NotFoundError(fmt::format("sandbox {}: no network", id));
-  return it->second;
+  std::string veth;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [v, owner] : id_of_veth_) {
+      if (owner == id) veth = v;
+    }
+  }
+  if (veth.empty()) return absl::NotFoundError(fmt::format("sandbox {}: no network", id));
+  return ReadVethCounters(veth);
 }
 
 absl::StatusOr<std::map<std::string, DenialCounts>> NetworkHost::AllDenials() {
