@@ -1,0 +1,118 @@
+#include "net/egress_rules.h"
+
+#include <gtest/gtest.h>
+
+namespace sbx::net {
+namespace {
+
+using Json = nlohmann::json;
+
+TEST(EgressRules, ParsesCidrPortsAndProtocol) {
+  auto r = ParseRule(Json::parse(R"({"cidr":"198.18.0.0/15","ports":"8000-8100","protocol":"tcp"})"), "r");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->port_lo, 8000);
+  EXPECT_EQ(r->port_hi, 8100);
+  EXPECT_EQ(r->protocol, Protocol::kTcp);
+  EXPECT_EQ(r->ToJson().dump(), R"({"cidr":"198.18.0.0/15","ports":"8000-8100","protocol":"tcp"})");
+  auto p = ParseRule(Json::parse(R"({"cidr":"::/0","ports":443})"), "r");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->port_lo, 443);
+  EXPECT_EQ(p->protocol, Protocol::kAny);
+}
+
+TEST(EgressRules, BadRulesNameTheField) {
+  struct Case {
+    const char* json;
+    const char* needle;
+  } cases[] = {
+      {R"({"domain":"pypi.org"})", "domain rules are not supported yet"},
+      {R"({"cidr":"pypi.org"})", "egress.allow[3].cidr"},
+      {R"({"cidr":"10.0.0.0/8","ports":0})", "out of range"},
+      {R"({"cidr":"10.0.0.0/8","ports":"70000"})", "out of range"},
+      {R"({"cidr":"10.0.0.0/8","ports":"90-80"})", "ends before it starts"},
+      {R"({"cidr":"10.0.0.0/8","ports":"8x"})", "not a port number"},
+      {R"({"cidr":"10.0.0.0/8","protocol":"icmp"})", "egress.allow[3].protocol"},
+      {R"({"cidr":"10.0.0.0/8","via":"x"})", "unknown key 'via'"},
+      {R"({})", "\"cidr\""},
+      {R"("10.0.0.0/8")", "a rule is an object"},
+  };
+  for (const auto& c : cases) {
+    auto r = ParseRule(Json::parse(c.json), "egress.allow[3]");
+    ASSERT_FALSE(r.ok()) << c.json;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(c.needle), std::string::npos)
+        << c.json << " -> " << r.status();
+  }
+}
+
+TEST(EgressRules, ProfileFromConfiguration) {
+  auto p = ParseProfile("lab", Json::parse(R"({"description":"the lab",
+      "allow":[{"cidr":"198.18.0.0/15","ports":"80","protocol":"tcp"}],
+      "deny":[{"cidr":"198.18.9.0/24"}]})"));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->networked);
+  EXPECT_EQ(p->allow.size(), 1u);
+  EXPECT_EQ(p->deny.size(), 1u);
+  Json j = p->ToJson();
+  EXPECT_EQ(j["rules"][0]["action"], "deny");
+  EXPECT_EQ(j["rules"][1]["action"], "allow");
+  EXPECT_FALSE(ParseProfile("open", Json::object()).ok());
+  EXPECT_FALSE(ParseProfile("Bad Name", Json::object()).ok());
+  auto dom = ParseProfile("pkgs", Json::parse(R"({"allow":[{"domain":"*.pythonhosted.org"}]})"));
+  ASSERT_FALSE(dom.ok());
+  EXPECT_NE(dom.status().message().find("egress.profiles.pkgs.allow[0]"), std::string::npos);
+}
+
+TEST(EgressRules, NarrowingMayNotWiden) {
+  auto lab = *ParseProfile("lab", Json::parse(
+      R"({"allow":[{"cidr":"198.18.0.0/15","ports":"80-90","protocol":"tcp"},
+                   {"cidr":"198.19.5.0/24","protocol":"udp"}]})"));
+  auto ok = ParseNarrowing(lab, Json::parse(
+      R"({"allow":[{"cidr":"198.18.1.0/24","ports":"80","protocol":"tcp"},
+                   {"cidr":"198.19.5.7","ports":"53","protocol":"udp"}]})"));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->size(), 2u);
+  const char* widen[] = {
+      R"({"allow":[{"cidr":"198.16.0.0/12","ports":"80","protocol":"tcp"}]})",  // wider range
+      R"({"allow":[{"cidr":"198.18.1.0/24","ports":"80-100","protocol":"tcp"}]})",  // ports
+      R"({"allow":[{"cidr":"198.18.1.0/24","ports":"80","protocol":"udp"}]})",  // protocol
+      R"({"allow":[{"cidr":"198.18.1.0/24","ports":"80"}]})",  // any protocol
+      R"({"allow":[{"cidr":"198.18.1.0/24","protocol":"tcp"}]})",  // every port
+  };
+  for (const char* w : widen) {
+    auto r = ParseNarrowing(lab, Json::parse(w));
+    ASSERT_FALSE(r.ok()) << w;
+    EXPECT_NE(r.status().message().find("egress.allow[0]"), std::string::npos) << r.status();
+    EXPECT_NE(r.status().message().find("widen"), std::string::npos) << r.status();
+  }
+  EXPECT_TRUE(ParseNarrowing(OpenProfile(), Json::parse(R"({"allow":[{"cidr":"1.1.1.1"}]})")).ok());
+  EXPECT_FALSE(ParseNarrowing(NoneProfile(), Json::parse(R"({"allow":[]})")).ok());
+  EXPECT_FALSE(ParseNarrowing(lab, Json::parse(R"({"deny":[]})")).ok());
+}
+
+TEST(EgressRules, AlwaysBlockedCoversTheIssuesRanges) {
+  auto blocked = [](const char* addr) {
+    auto a = *IpPrefix::Parse(addr);
+    for (const auto& b : AlwaysBlocked()) {
+      if (b.range.Contains(a)) return b.reason;
+    }
+    return std::string("open");
+  };
+  EXPECT_EQ(blocked("169.254.169.254"), "metadata");
+  EXPECT_EQ(blocked("fd00:ec2::254"), "metadata");
+  EXPECT_EQ(blocked("127.0.0.1"), "loopback");
+  EXPECT_EQ(blocked("::1"), "reserved");
+  EXPECT_EQ(blocked("10.1.2.3"), "private");
+  EXPECT_EQ(blocked("192.168.1.1"), "private");
+  EXPECT_EQ(blocked("100.100.100.100"), "cgnat");
+  EXPECT_EQ(blocked("224.0.0.1"), "multicast");
+  EXPECT_EQ(blocked("ff02::1"), "multicast");
+  EXPECT_EQ(blocked("fe80::1"), "link_local");
+  EXPECT_EQ(blocked("192.0.2.1"), "documentation");
+  EXPECT_EQ(blocked("2001:db8::1"), "documentation");
+  EXPECT_EQ(blocked("1.1.1.1"), "open");
+  EXPECT_EQ(blocked("2606:4700::1111"), "open");
+}
+
+}  // namespace
+}  // namespace sbx::net

@@ -1,0 +1,189 @@
+#include "net/nft_ruleset.h"
+
+#include <fmt/format.h>
+
+namespace sbx::net {
+namespace {
+
+std::string Family(const IpPrefix& p) { return p.is_v4() ? "ip" : "ip6"; }
+
+std::string Join(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) {
+    if (!out.empty()) out += ", ";
+    out += s;
+  }
+  return out;
+}
+
+// The match of one rule: "ip daddr 203.0.113.0/24 tcp dport 443". A port range with protocol
+// "any" becomes two rules (TCP and UDP): `th dport` would also match other protocols' bytes.
+std::vector<std::string> RuleMatches(const EgressRule& r) {
+  std::string dst = fmt::format("{} daddr {}", Family(r.dest), r.dest.ToString());
+  if (r.any_port()) {
+    if (r.protocol == Protocol::kAny) return {dst};
+    return {fmt::format("{} meta l4proto {}", dst, r.protocol == Protocol::kTcp ? "tcp" : "udp")};
+  }
+  std::string ports = r.port_lo == r.port_hi ? fmt::format("{}", r.port_lo)
+                                             : fmt::format("{}-{}", r.port_lo, r.port_hi);
+  std::vector<std::string> out;
+  if (r.protocol != Protocol::kUdp) out.push_back(fmt::format("{} tcp dport {}", dst, ports));
+  if (r.protocol != Protocol::kTcp) out.push_back(fmt::format("{} udp dport {}", dst, ports));
+  return out;
+}
+
+}  // namespace
+
+const std::vector<std::string>& DenialReasons() {
+  static const std::vector<std::string> kReasons = [] {
+    std::vector<std::string> v = {kReasonSpoofed, kReasonSandbox, kReasonHost, kReasonDenyRule,
+                                  kReasonNotAllowed};
+    for (const auto& b : AlwaysBlocked()) {
+      bool seen = false;
+      for (const auto& r : v) seen = seen || r == b.reason;
+      if (!seen) v.push_back(b.reason);
+    }
+    return v;
+  }();
+  return kReasons;
+}
+
+bool IsSafeName(const std::string& s) {
+  if (s.empty() || s.size() > 64) return false;
+  for (char c : s) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return false;
+  }
+  return true;
+}
+
+std::string ProfileChain(const std::string& name) { return "p_" + name; }
+
+namespace {
+
+// A refusal: count in the sandbox's element of deny_REASON, then drop (see the header).
+void Refuse(std::string& out, const std::string& chain, const std::string& match,
+            const std::string& reason) {
+  out += fmt::format("add rule inet {} {} {} iifname @deny_{}\n", kTable, chain, match, reason);
+  out += fmt::format("add rule inet {} {} {} drop\n", kTable, chain, match);
+}
+
+// A profile's deny rules, allow rules and final drop, into `chain`.
+void PolicyRules(std::string& out, const std::string& chain, const std::vector<EgressRule>& deny,
+                 const std::vector<EgressRule>& allow) {
+  for (const auto& d : deny) {
+    for (const auto& m : RuleMatches(d)) Refuse(out, chain, m, kReasonDenyRule);
+  }
+  for (const auto& a : allow) {
+    for (const auto& m : RuleMatches(a)) out += fmt::format("add rule inet {} {} {} accept\n", kTable, chain, m);
+  }
+  out += fmt::format("add rule inet {} {} iifname @deny_{}\n", kTable, chain, kReasonNotAllowed);
+  out += fmt::format("add rule inet {} {} drop\n", kTable, chain);
+}
+
+std::vector<EgressProfile> NetworkedProfiles(const NetPolicyConfig& cfg) {
+  std::vector<EgressProfile> v = {OpenProfile()};
+  for (const auto& p : cfg.profiles) {
+    if (p.networked && p.name != "open") v.push_back(p);
+  }
+  return v;
+}
+
+}  // namespace
+
+std::string BaseRuleset(const NetPolicyConfig& cfg) {
+  const char* t = kTable;
+  std::string out = fmt::format(
+      "add table inet {t}\n"
+      "add map inet {t} profile_of {{ type ifname : verdict; }}\n"
+      "add set inet {t} own4 {{ type ifname . ipv4_addr; }}\n"
+      "add set inet {t} own6 {{ type ifname . ipv6_addr; }}\n"
+      "add chain inet {t} forward {{ type filter hook forward priority filter; policy accept; }}\n"
+      "add chain inet {t} input {{ type filter hook input priority filter; policy accept; }}\n"
+      "add chain inet {t} postrouting {{ type nat hook postrouting priority srcnat; policy accept; }}\n"
+      "add chain inet {t} egress\n",
+      fmt::arg("t", t));
+  for (const auto& reason : DenialReasons()) {
+    out += fmt::format("add set inet {} deny_{} {{ type ifname; counter; }}\n", t, reason);
+  }
+  for (const auto& p : NetworkedProfiles(cfg)) out += fmt::format("add chain inet {} {}\n", t, ProfileChain(p.name));
+  for (const char* c : {"forward", "input", "postrouting", "egress"}) {
+    out += fmt::format("flush chain inet {} {}\n", t, c);
+  }
+  for (const auto& p : NetworkedProfiles(cfg)) out += fmt::format("flush chain inet {} {}\n", t, ProfileChain(p.name));
+  out += fmt::format(
+      "add rule inet {t} forward iifname \"sbxv*\" jump egress\n"
+      "add rule inet {t} forward oifname \"sbxv*\" ct state established,related accept\n"
+      "add rule inet {t} forward oifname \"sbxv*\" drop\n"
+      "add rule inet {t} input iifname \"sbxv*\" ct state established,related accept\n"
+      "add rule inet {t} input iifname \"sbxv*\" icmpv6 type {{ nd-neighbor-solicit, "
+      "nd-neighbor-advert, nd-router-solicit }} accept\n"
+      "add rule inet {t} input iifname \"sbxv*\" iifname @deny_{host}\n"
+      "add rule inet {t} input iifname \"sbxv*\" drop\n",
+      fmt::arg("t", t), fmt::arg("host", kReasonHost));
+  Refuse(out, "egress", "meta nfproto ipv4 iifname . ip saddr != @own4", kReasonSpoofed);
+  Refuse(out, "egress", "meta nfproto ipv6 iifname . ip6 saddr != @own6", kReasonSpoofed);
+  Refuse(out, "egress", fmt::format("ip daddr {}", cfg.pool4.ToString()), kReasonSandbox);
+  Refuse(out, "egress", fmt::format("ip6 daddr {}", cfg.pool6.ToString()), kReasonSandbox);
+  std::vector<std::string> exempt4, exempt6;
+  for (const auto& e : cfg.exempt) (e.is_v4() ? exempt4 : exempt6).push_back(e.ToString());
+  for (const auto& b : AlwaysBlocked()) {
+    std::string match = fmt::format("{} daddr {}", Family(b.range), b.range.ToString());
+    const auto& ex = b.range.is_v4() ? exempt4 : exempt6;
+    if (b.reason != "metadata" && !ex.empty()) {
+      match = fmt::format("{} daddr != {{ {} }} {}", Family(b.range), Join(ex), match);
+    }
+    Refuse(out, "egress", match, b.reason);
+  }
+  for (const auto& d : cfg.operator_deny) {
+    Refuse(out, "egress", fmt::format("{} daddr {}", Family(d), d.ToString()), kReasonDenyRule);
+  }
+  out += fmt::format("add rule inet {} egress iifname vmap @profile_of\n", t);
+  out += fmt::format("add rule inet {} egress drop\n", t);  // a veth without a profile: a leftover
+  for (const auto& p : NetworkedProfiles(cfg)) PolicyRules(out, ProfileChain(p.name), p.deny, p.allow);
+  std::string oif = cfg.uplink.empty() ? "" : fmt::format("oifname \"{}\" ", cfg.uplink);
+  out += fmt::format("add rule inet {} postrouting {}ip saddr {} masquerade\n", t, oif, cfg.pool4.ToString());
+  out += fmt::format("add rule inet {} postrouting {}ip6 saddr {} masquerade\n", t, oif, cfg.pool6.ToString());
+  return out;
+}
+
+std::string AddSandboxRuleset(const std::string& id, const std::string& veth,
+                              const SandboxAddrs& addrs, const NetPolicyConfig& cfg,
+                              const SandboxPolicy& policy) {
+  const char* t = kTable;
+  std::string out;
+  for (const auto& reason : DenialReasons()) {
+    out += fmt::format("add element inet {} deny_{} {{ \"{}\" }}\n", t, reason, veth);
+  }
+  out += fmt::format("add element inet {} own4 {{ \"{}\" . {} }}\n", t, veth, addrs.sandbox4.AddressString());
+  out += fmt::format("add element inet {} own6 {{ \"{}\" . {} }}\n", t, veth, addrs.sandbox6.AddressString());
+  std::string target = ProfileChain(policy.profile);
+  if (policy.narrowed.has_value()) {
+    const EgressProfile* profile = nullptr;
+    for (const auto& p : cfg.profiles) {
+      if (p.name == policy.profile) profile = &p;
+    }
+    std::vector<EgressRule> deny = profile ? profile->deny : std::vector<EgressRule>{};
+    out += fmt::format("add chain inet {} {}\nflush chain inet {} {}\n", t, id, t, id);
+    PolicyRules(out, id, deny, *policy.narrowed);
+    target = id;
+  }
+  out += fmt::format("add element inet {} profile_of {{ \"{}\" : jump {} }}\n", t, veth, target);
+  return out;
+}
+
+std::vector<std::string> DeleteSandboxCommands(const std::string& id, const std::string& veth,
+                                               const SandboxAddrs& addrs, bool narrowed) {
+  const char* t = kTable;
+  // The map element first: it is the last reference to a narrowed sandbox's chain.
+  std::vector<std::string> out = {
+      fmt::format("delete element inet {} profile_of {{ \"{}\" }}", t, veth)};
+  if (narrowed) out.push_back(fmt::format("flush chain inet {} {}\ndelete chain inet {} {}", t, id, t, id));
+  out.push_back(fmt::format("delete element inet {} own4 {{ \"{}\" . {} }}", t, veth, addrs.sandbox4.AddressString()));
+  out.push_back(fmt::format("delete element inet {} own6 {{ \"{}\" . {} }}", t, veth, addrs.sandbox6.AddressString()));
+  for (const auto& reason : DenialReasons()) {
+    out.push_back(fmt::format("delete element inet {} deny_{} {{ \"{}\" }}", t, reason, veth));
+  }
+  return out;
+}
+
+}  // namespace sbx::net

@@ -1,0 +1,235 @@
+#include "net/sandbox_net.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "common/status_util.h"
+#include "common/unique_fd.h"
+#include "net/netlink.h"
+#include "net/nft_counters.h"
+
+namespace sbx::net {
+namespace {
+
+absl::Status WriteSysctl(const char* path, const char* value) {
+  UniqueFd fd(::open(path, O_WRONLY | O_CLOEXEC));
+  if (!fd) return ErrnoStatus(errno, fmt::format("network start: open({})", path));
+  if (::write(fd.get(), value, 1) != 1) return ErrnoStatus(errno, fmt::format("network start: write({})", path));
+  return absl::OkStatus();
+}
+
+// The sandbox end is created inside its namespace under this name.
+constexpr char kSandboxIfName[] = "eth0";
+// The kernel's link-watch work runs a veth's "urgent" carrier change at once, so the wait is
+// normally well under a millisecond; this bounds a kernel that falls behind.
+constexpr int kOperUpTimeoutMs = 2000;
+
+}  // namespace
+
+SandboxNetwork::SandboxNetwork(NetworkHost* host, std::string id, SandboxAddrs addrs)
+    : host_(host), id_(std::move(id)), veth_(VethName(addrs.slot)), addrs_(addrs) {}
+
+SandboxNetwork::~SandboxNetwork() {
+  if (absl::Status st = Destroy(); !st.ok()) {
+    spdlog::warn("sandbox {}: network teardown: {}", id_, std::string(st.message()));
+  }
+}
+
+absl::Status SandboxNetwork::Destroy() {
+  absl::Status first = absl::OkStatus();
+  if (link_) {
+    auto nl = Netlink::Open();
+    absl::Status st = nl.status();
+    if (nl.ok()) {
+      auto idx = nl->IfIndex(veth_);
+      if (idx.ok()) st = nl->DeleteLink(*idx);
+      else st = idx.status();
+    }
+    if (st.ok() || absl::IsNotFound(st)) link_ = false;
+    else first.Update(st);
+  }
+  if (rules_) {
+    absl::Status st = host_->RemoveRules(id_, veth_, addrs_, narrowed_);
+    if (st.ok()) rules_ = false;
+    else first.Update(st);
+  }
+  // The slot goes back only once nothing of this sandbox uses its addresses any more.
+  if (slot_ && !link_ && !rules_) {
+    host_->Unregister(veth_);
+    host_->pool_.Release(addrs_.slot);
+    slot_ = false;
+  }
+  return first;
+}
+
+absl::StatusOr<std::unique_ptr<NetworkHost>> NetworkHost::Start(const NetPolicyConfig& cfg) {
+  SBX_ASSIGN_OR_RETURN(AddrPool pool, AddrPool::Make(cfg.pool4, cfg.pool6));
+  SBX_RETURN_IF_ERROR(WriteSysctl("/proc/sys/net/ipv4/ip_forward", "1"));
+  SBX_RETURN_IF_ERROR(WriteSysctl("/proc/sys/net/ipv6/conf/all/forwarding", "1"));
+  SBX_ASSIGN_OR_RETURN(std::unique_ptr<Nft> nft, Nft::Open());
+  SBX_RETURN_IF_ERROR(nft->Run(BaseRuleset(cfg), "network start: create sbx's nftables table"));
+  return std::unique_ptr<NetworkHost>(new NetworkHost(cfg, std::move(pool), std::move(nft)));
+}
+
+absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Attach(const std::string& id,
+                                                                    int netns_fd,
+                                                                    const SandboxPolicy& policy) {
+  if (!IsSafeName(id)) {
+    return absl::InvalidArgumentError(fmt::format("network: '{}' is not a sandbox id", id));
+  }
+  bool known = policy.profile == "open";
+  for (const auto& p : cfg_.profiles) known = known || (p.networked && p.name == policy.profile);
+  if (!known) {
+    return absl::InvalidArgumentError(
+        fmt::format("network: sandbox {}: no networked egress profile '{}'", id, policy.profile));
+  }
+  SBX_ASSIGN_OR_RETURN(SandboxAddrs addrs, pool_.Allocate());
+  std::unique_ptr<SandboxNetwork> net(new SandboxNetwork(this, id, addrs));
+  const std::string& veth = net->veth_;
+  Register(veth, id);
+  net->narrowed_ = policy.narrowed.has_value();
+  SBX_RETURN_IF_ERROR(nft_->Run(AddSandboxRuleset(id, veth, addrs, cfg_, policy),
+                                fmt::format("sandbox {}: add its nftables rules", id)));
+  net->rules_ = true;
+  SBX_ASSIGN_OR_RETURN(Netlink host, Netlink::Open());
+  SBX_RETURN_IF_ERROR(host.CreateVeth(veth, kSandboxIfName, netns_fd));
+  net->link_ = true;
+  SBX_ASSIGN_OR_RETURN(int host_idx, host.IfIndex(veth));
+  SBX_RETURN_IF_ERROR(host.SetAlias(host_idx, id));
+  SBX_RETURN_IF_ERROR(host.AddAddress(host_idx, addrs.host4));
+  SBX_RETURN_IF_ERROR(host.AddAddress(host_idx, addrs.host6));
+  SBX_RETURN_IF_ERROR(host.SetUp(host_idx));
+  SBX_ASSIGN_OR_RETURN(Netlink inside, Netlink::Open(netns_fd));
+  SBX_ASSIGN_OR_RETURN(int idx, inside.IfIndex(kSandboxIfName));
+  SBX_RETURN_IF_ERROR(inside.AddAddress(idx, addrs.sandbox4));
+  SBX_RETURN_IF_ERROR(inside.AddAddress(idx, addrs.sandbox6));
+  SBX_RETURN_IF_ERROR(inside.SetUp(idx));
+  IpPrefix gw4 = addrs.host4, gw6 = addrs.host6;
+  gw4.len = 32;
+  gw6.len = 128;
+  SBX_RETURN_IF_ERROR(inside.AddDefaultRoute(idx, gw4));
+  SBX_RETURN_IF_ERROR(inside.AddDefaultRoute(idx, gw6));
+  // Both ends must carry packets before the sandbox's first one: the first DNS query or SYN
+  // would otherwise vanish into the link's initial no-op qdisc (a retry 1-5 s later).
+  SBX_RETURN_IF_ERROR(inside.WaitOperUp(idx, kOperUpTimeoutMs));
+  SBX_RETURN_IF_ERROR(host.WaitOperUp(host_idx, kOperUpTimeoutMs));
+  return net;
+}
+
+absl::StatusOr<std::map<std::string, std::string>> NetworkHost::SandboxVeths() {
+  SBX_ASSIGN_OR_RETURN(Netlink nl, Netlink::Open());
+  SBX_ASSIGN_OR_RETURN(std::vector<LinkInfo> links, nl.ListLinks());
+  std::map<std::string, std::string> out;
+  for (const auto& l : links) {
+    if (SlotOfVethName(l.name).has_value()) out[l.alias] = l.name;
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Adopt(const std::string& id) {
+  SBX_ASSIGN_OR_RETURN(auto veths, SandboxVeths());
+  auto it = veths.find(id);
+  if (it == veths.end()) return absl::NotFoundError(fmt::format("sandbox {}: no veth left", id));
+  SBX_ASSIGN_OR_RETURN(SandboxAddrs addrs, pool_.Reserve(*SlotOfVethName(it->second)));
+  std::unique_ptr<SandboxNetwork> net(new SandboxNetwork(this, id, addrs));
+  Register(net->veth_, id);
+  net->link_ = true;
+  net->rules_ = true;
+  auto mapped = nft_->MappedVeths();
+  net->narrowed_ = mapped.ok() && (*mapped)[net->veth_] == id;
+  return net;
+}
+
+void NetworkHost::Register(const std::string& veth, const std::string& id) {
+  std::lock_guard lock(mu_);
+  id_of_veth_[veth] = id;
+}
+
+void NetworkHost::Unregister(const std::string& veth) {
+  std::lock_guard lock(mu_);
+  id_of_veth_.erase(veth);
+}
+
+absl::Status NetworkHost::RemoveRules(const std::string& id, const std::string& veth,
+                                      const SandboxAddrs& addrs, bool narrowed) {
+  std::vector<std::string> cmds = DeleteSandboxCommands(id, veth, addrs, narrowed);
+  std::string all;
+  for (const auto& c : cmds) all += c + "\n";
+  std::string what = fmt::format("sandbox {}: remove its nftables rules", id);
+  if (nft_->Run(all, what).ok()) return absl::OkStatus();
+  // nftables 1.0.6 has no "delete if present": one by one, where "not there" is success.
+  absl::Status first = absl::OkStatus();
+  for (const auto& c : cmds) {
+    absl::Status st = nft_->Run(c, what);
+    if (!st.ok() && st.message().find("No such file or directory") == std::string::npos) first.Update(st);
+  }
+  return first;
+}
+
+absl::Status NetworkHost::Sweep(const std::set<std::string>& known_ids) {
+  absl::Status first = absl::OkStatus();
+  SBX_ASSIGN_OR_RETURN(auto veths, SandboxVeths());
+  SBX_ASSIGN_OR_RETURN(Netlink nl, Netlink::Open());
+  std::set<std::string> kept_veths;
+  for (const auto& [id, name] : veths) {
+    if (known_ids.count(id)) {
+      kept_veths.insert(name);
+      continue;
+    }
+    spdlog::info("network sweep: removing veth {} of sandbox {} (gone)", name, id);
+    auto idx = nl.IfIndex(name);
+    absl::Status st = idx.ok() ? nl.DeleteLink(*idx) : idx.status();
+    if (!st.ok() && !absl::IsNotFound(st)) first.Update(st);
+  }
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [veth, id] : id_of_veth_) kept_veths.insert(veth);
+  }
+  // Elements of veths that are gone or belong to no known sandbox.
+  SBX_ASSIGN_OR_RETURN(auto mapped, nft_->MappedVeths());
+  for (const auto& [veth, target] : mapped) {
+    if (kept_veths.count(veth)) continue;
+    auto slot = SlotOfVethName(veth);
+    if (!slot.has_value() || *slot >= pool_.capacity()) continue;
+    spdlog::info("network sweep: removing nftables elements of veth {} (its sandbox is gone)", veth);
+    bool narrowed = target.rfind("p_", 0) != 0;
+    first.Update(RemoveRules(narrowed ? target : "gone", veth, pool_.AddrsOf(*slot), narrowed));
+  }
+  SBX_ASSIGN_OR_RETURN(auto chains, nft_->SandboxChains());
+  for (const auto& id : chains) {
+    if (known_ids.count(id) || !IsSafeName(id)) continue;
+    first.Update(nft_->Run(fmt::format("flush chain inet {} {}\ndelete chain inet {} {}", kTable, id, kTable, id),
+                           fmt::format("network sweep: remove sandbox {}'s chain", id)));
+  }
+  return first;
+}
+
+absl::StatusOr<DenialCounts> NetworkHost::Denials(const std::string& id) {
+  std::string veth;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [v, owner] : id_of_veth_) {
+      if (owner == id) veth = v;
+    }
+  }
+  if (veth.empty()) return absl::NotFoundError(fmt::format("sandbox {}: no network", id));
+  return ReadVethCounters(veth);
+}
+
+absl::StatusOr<std::map<std::string, DenialCounts>> NetworkHost::AllDenials() {
+  SBX_ASSIGN_OR_RETURN(auto by_veth, nft_->ReadAllCounters());
+  std::map<std::string, DenialCounts> out;
+  std::lock_guard lock(mu_);
+  for (auto& [veth, counts] : by_veth) {
+    auto it = id_of_veth_.find(veth);
+    if (it != id_of_veth_.end()) out[it->second] = std::move(counts);
+  }
+  return out;
+}
+
+}  // namespace sbx::net

@@ -1,0 +1,108 @@
+// The host side of sandbox networking: NetworkHost sets up sbx's nftables table once, hands out
+// addresses and builds each networked sandbox's SandboxNetwork; the start-up sweep removes
+// what sandboxes that are gone left behind.
+//
+// Steps of NetworkHost::Attach, in order (docs/isolation.md lists them as privileged steps):
+//   1. a slot of the address pool (its /30 and /126);
+//   2. the sandbox's nftables elements (its counters, its own addresses, its profile; a chain
+//      of its own when narrowed), one transaction, so no packet of the sandbox is ever
+//      forwarded before its rules exist (a veth without them is dropped anyway);
+//   3. the veth pair: `sbxv<slot>` on the host, named after the sandbox id by its alias, and
+//      `eth0` created directly inside the sandbox's network namespace;
+//   4. host end: addresses .1 and ::1, up;
+//   5. sandbox end (a netlink socket made inside its namespace): addresses .2 and ::2, up,
+//      default routes via the host end.
+// A failure undoes the steps done, in reverse.
+//
+// Thread safety: NetworkHost's methods are safe to call concurrently.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "net/addr_pool.h"
+#include "net/nft.h"
+#include "net/nft_ruleset.h"
+
+namespace sbx::net {
+
+class NetworkHost;
+
+// One sandbox's veth pair, addresses and nftables objects, named after its id. The destructor
+// removes them (Destroy's errors are logged there); Destroy is idempotent.
+class SandboxNetwork {
+ public:
+  ~SandboxNetwork();
+  SandboxNetwork(const SandboxNetwork&) = delete;
+  SandboxNetwork& operator=(const SandboxNetwork&) = delete;
+
+  const std::string& id() const { return id_; }
+  const std::string& veth() const { return veth_; }
+  const SandboxAddrs& addrs() const { return addrs_; }
+  absl::Status Destroy();
+
+ private:
+  friend class NetworkHost;
+  SandboxNetwork(NetworkHost* host, std::string id, SandboxAddrs addrs);
+
+  NetworkHost* host_;
+  std::string id_;
+  std::string veth_;
+  SandboxAddrs addrs_;
+  bool narrowed_ = false;
+  bool rules_ = false;  // step 2 done
+  bool link_ = false;   // step 3 done
+  bool slot_ = true;    // step 1 done, not yet given back
+};
+
+class NetworkHost {
+ public:
+  // Turns on IPv4 and IPv6 forwarding in the calling thread's network namespace and creates
+  // (or refreshes) sbx's table. IPv6 forwarding makes interfaces with accept_ra=1 ignore
+  // router advertisements (docs/isolation.md §2.3b): the caller sets up the uplink for it.
+  static absl::StatusOr<std::unique_ptr<NetworkHost>> Start(const NetPolicyConfig& cfg);
+
+  // Builds sandbox `id`'s network, its sandbox end in the namespace of `netns_fd`.
+  absl::StatusOr<std::unique_ptr<SandboxNetwork>> Attach(const std::string& id, int netns_fd,
+                                                         const SandboxPolicy& policy);
+  // After a restart: takes back the network sandbox `id` still has (its veth and elements),
+  // NotFound when it has none.
+  absl::StatusOr<std::unique_ptr<SandboxNetwork>> Adopt(const std::string& id);
+  // Removes the veths, elements and chains of every sandbox not in `known_ids`, and the
+  // elements of veths that no longer exist.
+  absl::Status Sweep(const std::set<std::string>& known_ids);
+  // Denials per reason of one sandbox (NotFound when it has no network), or of all, by id.
+  absl::StatusOr<DenialCounts> Denials(const std::string& id);
+  absl::StatusOr<std::map<std::string, DenialCounts>> AllDenials();
+
+  const NetPolicyConfig& config() const { return cfg_; }
+  AddrPool& pool() { return pool_; }
+
+ private:
+  friend class SandboxNetwork;
+  NetworkHost(NetPolicyConfig cfg, AddrPool pool, std::unique_ptr<Nft> nft)
+      : cfg_(std::move(cfg)), pool_(std::move(pool)), nft_(std::move(nft)) {}
+  // Every sbx veth on the host, by the sandbox id its alias names.
+  absl::StatusOr<std::map<std::string, std::string>> SandboxVeths();
+  // Removes a sandbox's elements (and chain): one transaction, or command by command when
+  // part of it is already gone (a sweep, the kernel removing a veth).
+  absl::Status RemoveRules(const std::string& id, const std::string& veth, const SandboxAddrs& addrs,
+                           bool narrowed);
+  void Register(const std::string& veth, const std::string& id);
+  void Unregister(const std::string& veth);
+
+  std::mutex mu_;
+  std::map<std::string, std::string> id_of_veth_;  // live SandboxNetworks
+
+  NetPolicyConfig cfg_;
+  AddrPool pool_;
+  std::unique_ptr<Nft> nft_;
+};
+
+}  // namespace sbx::net
