@@ -109,9 +109,9 @@ class StreamedBody : public BodyReader {
         timeout_(timeout),
         limit_(limit),
         expect_continue_(expect_continue) {
-    // The parser would read into the connection's buffer, 64 KiB at a time, and copy from
-    // there: a quarter of a 256 MiB upload's sbxd CPU (issue 15) went to that copy and the
-    // extra reads. The length is checked against `limit` before the handler runs
+    // The parser would read into the connection's buffer, at most 64 KiB at a time, and copy
+    // from there: one more copy of every byte of an upload, and several reads per 256 KiB
+    // chunk (issue 15). The length is checked against `limit` before the handler runs
     // (PrepareBody), so there is nothing left for the parser to check.
     if (auto cl = parser_.content_length()) remaining_ = *cl;
   }
