@@ -133,7 +133,10 @@ Json Payload(const Frame& f) { return Json::parse(f.payload); }
 
 TEST(AgentFiles, WriteReadStatThroughWorkers) {
   Agent a;
-  const std::string data(600 * 1024, 'x');
+  // Bytes that differ from position to position, so that a chunk lost, repeated or moved (the
+  // upload splices each frame's payload from the socket into the file) shows in the content.
+  std::string data(600 * 1024, 'x');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 31 + (i >> 12));
   std::string frames;
   for (size_t off = 0; off < data.size(); off += 100000) {
     frames += EncodeFrame(FrameType::kData, data.substr(off, 100000));
@@ -145,6 +148,11 @@ TEST(AgentFiles, WriteReadStatThroughWorkers) {
   ASSERT_EQ(w[2].type, FrameType::kEnd);
   EXPECT_EQ(Payload(w[2])["entry"]["size"], data.size()) << w[2].payload;
   EXPECT_EQ(Payload(w[2])["entry"]["mode"], 0600);
+  {
+    std::ifstream in(a.root() / "srv" / "f.bin", std::ios::binary);
+    const std::string written((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_TRUE(written == data) << "the uploaded file differs from the bytes sent";
+  }
 
   auto r = a.Exchange(Json{{"op", "read"}, {"path", "srv/f.bin"}, {"offset", 10}, {"length", 5}});
   ASSERT_GE(r.size(), 3u);
@@ -153,7 +161,7 @@ TEST(AgentFiles, WriteReadStatThroughWorkers) {
   for (const Frame& f : r) {
     if (f.type == FrameType::kData) got += f.payload;
   }
-  EXPECT_EQ(got, "xxxxx");
+  EXPECT_EQ(got, data.substr(10, 5));
   EXPECT_EQ(r.back().type, FrameType::kEnd);
 
   // The host's "/" is not the agent's root.

@@ -67,6 +67,9 @@ class Conn {
     return s;
   }
   int fd() const { return fd_; }
+  // Hands over what was read from the host but not yet returned as frames: an upload then
+  // reads the socket itself (files_transfer.cc), and Read() must not be called after this.
+  std::string TakeBuffered() { return decoder_.TakeBuffered(); }
 
   absl::StatusOr<Frame> Read() {
     for (;;) {

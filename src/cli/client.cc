@@ -372,7 +372,7 @@ absl::Status Client::Stream(const StreamOptions& opts, const SseHandler& handler
   http::request<http::empty_body> req{http::verb::get, endpoint_.base_path + opts.target, 11};
   req.set(http::field::host, HostHeader(endpoint_));
   req.set(http::field::user_agent, kUserAgent);
-  req.set(http::field::accept, "text/event-stream");
+  req.set(http::field::accept, fmt::format("{}, text/event-stream;q=0.9", kBinaryAttachType));
   req.set(http::field::cache_control, "no-cache");
   req.set(http::field::authorization, "Bearer " + (opts.token.empty() ? token_ : opts.token));
   if (!opts.last_event_id.empty()) req.set("Last-Event-ID", opts.last_event_id);
@@ -415,7 +415,8 @@ absl::Status Client::Stream(const StreamOptions& opts, const SseHandler& handler
     return DecodeHttpError(status, body, request_id);
   }
   std::string content_type = Lower(parser.get()[http::field::content_type]);
-  if (content_type.rfind("text/event-stream", 0) != 0) {
+  const bool binary = content_type.rfind(kBinaryAttachType, 0) == 0;
+  if (!binary && content_type.rfind("text/event-stream", 0) != 0) {
     impl_->Close();
     return absl::InternalError(fmt::format(
         "attach: sbxd answered with Content-Type \"{}\", not text/event-stream (request {})",
@@ -424,17 +425,29 @@ absl::Status Client::Stream(const StreamOptions& opts, const SseHandler& handler
 
   info->got_response = true;
   SseParser sse;
-  std::vector<SseEvent> events;
+  BinaryAttachParser bin;
+  std::vector<SseEvent> sse_events;
+  std::vector<AttachEvent> events;
   while (!parser.is_done()) {
     size_t n = read_some(opts.idle_timeout, ec);
     if (n > 0) {
       events.clear();
-      absl::Status fed = sse.Feed(std::string_view(buf.data(), n), &events);
+      const std::string_view got(buf.data(), n);
+      absl::Status fed;
+      if (binary) {
+        fed = bin.Feed(got, &events);
+      } else {
+        sse_events.clear();
+        fed = sse.Feed(got, &sse_events);
+        for (SseEvent& e : sse_events) {
+          events.push_back(AttachEvent{std::move(e.id), std::move(e.type), std::move(e.data)});
+        }
+      }
       if (!fed.ok()) {
         impl_->Close();
         return fed;
       }
-      for (const SseEvent& ev : events) {
+      for (const AttachEvent& ev : events) {
         absl::StatusOr<bool> more = handler(ev);
         if (!more.ok() || !*more) {
           impl_->Close();
@@ -445,7 +458,7 @@ absl::Status Client::Stream(const StreamOptions& opts, const SseHandler& handler
     if (ec) return TransportError(ec, "attach stream", opts.idle_timeout);
   }
   impl_->Close();
-  info->ended_mid_event = sse.HasPartialEvent();
+  info->ended_mid_event = binary ? bin.HasPartialEvent() : sse.HasPartialEvent();
   return absl::OkStatus();
 }
 

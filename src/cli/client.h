@@ -57,7 +57,7 @@ struct HttpResult {
 
 // Receives each event of a stream: true to keep reading, false to stop (e.g. after the last
 // event), an error to abort the stream with that error.
-using SseHandler = std::function<absl::StatusOr<bool>(const SseEvent&)>;
+using SseHandler = std::function<absl::StatusOr<bool>(const AttachEvent&)>;
 
 struct StreamOptions {
   std::string target;             // "/v1/sessions/ses_…/attach" (joined to the base path)
@@ -93,8 +93,9 @@ class Client {
                                      std::string_view idempotency_key = {});
   absl::StatusOr<nlohmann::json> Get(std::string_view target);
 
-  // Opens an SSE response on a fresh connection and feeds every event to `handler` as soon as
-  // its bytes arrive. Returns OK when the server ended the response or the handler stopped;
+  // Opens an attach stream on a fresh connection and feeds every event to `handler` as soon as
+  // its bytes arrive. Asks for the binary form (no base64 and JSON per output chunk) and reads
+  // SSE when the server answers with that instead (a server without the binary form). Returns OK when the server ended the response or the handler stopped;
   // the handler's error; otherwise the HTTP or transport error (kUnavailable for a broken
   // connection, kDeadlineExceeded for silence, kCancelled for a signal).
   struct StreamInfo {

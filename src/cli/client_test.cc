@@ -191,12 +191,12 @@ TEST(Client, StreamDeliversEventsBeforeTheResponseEnds) {
     Send(s, "0\r\n\r\n");
   });
   Client c(*ParseUrl(server.url()), "mgmt");
-  std::vector<SseEvent> events;
+  std::vector<AttachEvent> events;
   StreamOptions opts;
   opts.target = "/v1/sessions/ses_1/attach";
   opts.token = "attach-token";
   opts.last_event_id = "41";
-  absl::Status s = c.Stream(opts, [&](const SseEvent& ev) -> absl::StatusOr<bool> {
+  absl::Status s = c.Stream(opts, [&](const AttachEvent& ev) -> absl::StatusOr<bool> {
     events.push_back(ev);
     if (events.size() == 1) first_seen.set_value();
     return true;
@@ -210,6 +210,40 @@ TEST(Client, StreamDeliversEventsBeforeTheResponseEnds) {
   EXPECT_THAT(seen, HasSubstr("Last-Event-ID: 41\r\n"));
 }
 
+TEST(Client, StreamAsksForAndReadsTheBinaryForm) {
+  std::string seen;
+  FakeServer server([&](tcp::socket& s, const std::string& req) {
+    seen = req;
+    Send(s, "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.sbx.attach+binary\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n");
+    // stdout "hi" (id 1, offset 0), then process_exited (id 2), cut inside the first header.
+    const std::string out = std::string("\x01\0\0\0\0\0\0\x02", 8) +
+                            std::string("\0\0\0\0\0\0\0\x01", 8) + std::string(8, '\0') + "hi";
+    const std::string exit_json = R"({"exit_code":3})";
+    const std::string exited = std::string("\x05\0\0\0\0\0\0", 7) +
+                               static_cast<char>(exit_json.size()) +
+                               std::string("\0\0\0\0\0\0\0\x02", 8) + std::string(8, '\0') +
+                               exit_json;
+    Send(s, Chunk(out.substr(0, 5)));
+    Send(s, Chunk(out.substr(5) + exited));
+    Send(s, "0\r\n\r\n");
+  });
+  Client c(*ParseUrl(server.url()), "t");
+  std::vector<AttachEvent> events;
+  absl::Status s = c.Stream({.target = "/x"}, [&](const AttachEvent& ev) -> absl::StatusOr<bool> {
+    events.push_back(ev);
+    return true;
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_TRUE(events[0].raw);
+  EXPECT_EQ(events[0].data, "hi");
+  EXPECT_EQ(events[0].id, "1");
+  EXPECT_EQ(events[1].type, "process_exited");
+  EXPECT_EQ(events[1].data, R"({"exit_code":3})");
+  EXPECT_THAT(seen, HasSubstr("application/vnd.sbx.attach+binary"));
+}
+
 TEST(Client, StreamBrokenMidway) {
   FakeServer server([&](tcp::socket& s, const std::string&) {
     Send(s, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
@@ -218,7 +252,7 @@ TEST(Client, StreamBrokenMidway) {
   });
   Client c(*ParseUrl(server.url()), "t");
   int n = 0;
-  absl::Status s = c.Stream({.target = "/x"}, [&](const SseEvent&) -> absl::StatusOr<bool> {
+  absl::Status s = c.Stream({.target = "/x"}, [&](const AttachEvent&) -> absl::StatusOr<bool> {
     ++n;
     return true;
   });
@@ -234,7 +268,7 @@ TEST(Client, StreamHttpError) {
                 std::to_string(body.size()) + "\r\n\r\n" + body);
   });
   Client c(*ParseUrl(server.url()), "t");
-  absl::Status s = c.Stream({.target = "/x"}, [&](const SseEvent&) -> absl::StatusOr<bool> {
+  absl::Status s = c.Stream({.target = "/x"}, [&](const AttachEvent&) -> absl::StatusOr<bool> {
     return true;
   });
   EXPECT_TRUE(absl::IsUnauthenticated(s));

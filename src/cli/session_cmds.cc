@@ -46,7 +46,7 @@ bool BoolField(const nlohmann::json& j, const char* key) {
   return v.is_boolean() && v.get<bool>();
 }
 
-absl::StatusOr<nlohmann::json> ParseData(const SseEvent& ev) {
+absl::StatusOr<nlohmann::json> ParseData(const AttachEvent& ev) {
   nlohmann::json j = ParseUntrustedJson(ev.data, kMaxResponseJsonDepth).value_or(nlohmann::json());
   if (!j.is_object()) {
     return absl::InternalError(fmt::format("attach: event {} ({}) has invalid JSON data",
@@ -55,7 +55,23 @@ absl::StatusOr<nlohmann::json> ParseData(const SseEvent& ev) {
   return j;
 }
 
-absl::Status HandleOutput(StreamState& st, StreamCursor& cur, const SseEvent& ev) {
+// Output bytes that start at `off` in their stream: what was printed before a reconnect is
+// not printed twice, and a gap is reported.
+absl::Status WriteOutput(StreamCursor& cur, std::string_view out, uint64_t off) {
+  const uint64_t end = off + out.size();
+  if (cur.known && end <= cur.next) return absl::OkStatus();  // already printed
+  if (cur.known && off < cur.next) {
+    out.remove_prefix(cur.next - off);
+  } else if (cur.known && off > cur.next) {
+    PrintError(fmt::format("warning: {} bytes {}..{} were lost", cur.name, cur.next, off));
+  }
+  cur.next = end;
+  cur.known = true;
+  return WriteAll(cur.fd, out);
+}
+
+absl::Status HandleOutput(StreamState& st, StreamCursor& cur, const AttachEvent& ev) {
+  if (ev.raw) return WriteOutput(cur, ev.data, ev.offset);
   auto data = ParseData(ev);
   if (!data.ok()) return data.status();
   std::string b64 = JsonString(*data, "data_b64");
@@ -64,24 +80,14 @@ absl::Status HandleOutput(StreamState& st, StreamCursor& cur, const SseEvent& ev
     return absl::InternalError(
         fmt::format("attach: event {} ({}) has invalid base64 data", ev.id, ev.type));
   }
-  std::string_view out = *bytes;
   auto off_it = data->find("offset");
   if (off_it != data->end() && off_it->is_number_unsigned()) {
-    uint64_t off = off_it->get<uint64_t>();
-    uint64_t end = off + out.size();
-    if (cur.known && end <= cur.next) return absl::OkStatus();  // already printed
-    if (cur.known && off < cur.next) {
-      out.remove_prefix(cur.next - off);
-    } else if (cur.known && off > cur.next) {
-      PrintError(fmt::format("warning: {} bytes {}..{} were lost", cur.name, cur.next, off));
-    }
-    cur.next = end;
-    cur.known = true;
+    return WriteOutput(cur, *bytes, off_it->get<uint64_t>());
   }
-  return WriteAll(cur.fd, out);
+  return WriteAll(cur.fd, *bytes);
 }
 
-absl::StatusOr<bool> HandleEvent(StreamState& st, const SseEvent& ev) {
+absl::StatusOr<bool> HandleEvent(StreamState& st, const AttachEvent& ev) {
   ++st.events;
   std::string previous_id = st.last_event_id;
   if (!ev.id.empty()) st.last_event_id = ev.id;
@@ -170,7 +176,7 @@ absl::StatusOr<int> StreamSession(Client& client, const AttachTarget& target) {
     uint64_t events_before = st.events;
     Client::StreamInfo info;
     absl::Status s = client.Stream(
-        opts, [&](const SseEvent& ev) { return HandleEvent(st, ev); }, &info);
+        opts, [&](const AttachEvent& ev) { return HandleEvent(st, ev); }, &info);
     ever_connected = ever_connected || info.connected;
     if (st.exited) return st.exit_code;
     if (st.stream_error) return *st.stream_error;

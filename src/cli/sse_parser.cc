@@ -12,6 +12,61 @@ constexpr std::string_view kBom = "\xEF\xBB\xBF";
 
 }  // namespace
 
+absl::Status BinaryAttachParser::Feed(std::string_view bytes, std::vector<AttachEvent>* out) {
+  auto be = [](const char* p, int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; ++i) v = v << 8 | static_cast<uint8_t>(p[i]);
+    return v;
+  };
+  // Whole events are taken from `bytes` where they lie; only a split one is buffered.
+  std::string_view in = bytes;
+  for (;;) {
+    if (!buf_.empty()) {
+      if (buf_.size() < kHeaderBytes) {
+        const size_t k = std::min(kHeaderBytes - buf_.size(), in.size());
+        buf_.append(in.substr(0, k));
+        in.remove_prefix(k);
+        if (buf_.size() < kHeaderBytes) return absl::OkStatus();
+      }
+      const size_t need = kHeaderBytes + be(buf_.data() + 4, 4);
+      if (need > max_) break;
+      const size_t k = std::min(need - buf_.size(), in.size());
+      buf_.append(in.substr(0, k));
+      in.remove_prefix(k);
+      if (buf_.size() < need) return absl::OkStatus();
+    } else {
+      if (in.empty()) return absl::OkStatus();
+      if (in.size() < kHeaderBytes || in.size() < kHeaderBytes + be(in.data() + 4, 4)) {
+        if (in.size() >= kHeaderBytes && kHeaderBytes + be(in.data() + 4, 4) > max_) break;
+        buf_.assign(in);
+        return absl::OkStatus();
+      }
+    }
+    const std::string_view ev = buf_.empty() ? in : std::string_view(buf_);
+    const size_t length = be(ev.data() + 4, 4);
+    const uint8_t kind = static_cast<uint8_t>(ev[0]);
+    const uint64_t id = be(ev.data() + 8, 8);
+    static constexpr const char* kKinds[] = {nullptr, "stdout", "stderr", "resync_required",
+                                             "error", "process_exited"};
+    if (id != 0) last_event_id_ = std::to_string(id);
+    if (kind >= 1 && kind <= 5) {
+      AttachEvent& e = out->emplace_back();
+      e.id = last_event_id_;
+      e.type = kKinds[kind];
+      e.data.assign(ev.substr(kHeaderBytes, length));
+      e.raw = kind <= 2;
+      e.offset = e.raw ? be(ev.data() + 16, 8) : 0;
+    }
+    if (buf_.empty()) {
+      in.remove_prefix(kHeaderBytes + length);
+    } else {
+      buf_.clear();
+    }
+  }
+  return absl::InternalError(
+      fmt::format("attach: the server sent a binary event larger than {} bytes", max_));
+}
+
 absl::Status SseParser::Feed(std::string_view bytes, std::vector<SseEvent>* out) {
   if (!bom_checked_) {
     // The BOM may itself be split across chunks: wait until three bytes (or a mismatch) decide.

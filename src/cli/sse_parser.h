@@ -20,6 +20,38 @@ struct SseEvent {
   std::string data;   // `data:` lines joined with '\n' (no trailing newline)
 };
 
+// An attach event as `sbx` handles it, from either form of the stream.
+struct AttachEvent {
+  std::string id;    // as SseEvent::id
+  std::string type;  // "stdout", "stderr", "resync_required", "error", "process_exited", ...
+  std::string data;  // SSE's `data:` (JSON); the output bytes themselves when `raw`
+  bool raw = false;     // the binary form's stdout/stderr: no JSON and no base64 to undo
+  uint64_t offset = 0;  // with `raw`: where `data` starts in its stream
+};
+
+// The media type of the attach stream's binary form (docs/api.md, "Binary form").
+inline constexpr std::string_view kBinaryAttachType = "application/vnd.sbx.attach+binary";
+
+// Incremental parser for the binary form: 24-byte big-endian headers (kind, reserved, length,
+// id, offset), each followed by its payload. Output comes out raw; resync_required, error and
+// process_exited with their JSON in `data`, as SSE sends it; keep-alives and kinds this client
+// does not know are skipped. `id` follows SSE's rule: the last non-zero id seen.
+class BinaryAttachParser {
+ public:
+  static constexpr size_t kHeaderBytes = 24;
+
+  explicit BinaryAttachParser(size_t max_event_bytes = 64u << 20) : max_(max_event_bytes) {}
+  // Consumes `bytes`, appending every event they complete to `out`. An event larger than the
+  // bound is a protocol error (a broken or hostile server); the parser must not be fed again.
+  absl::Status Feed(std::string_view bytes, std::vector<AttachEvent>* out);
+  bool HasPartialEvent() const { return !buf_.empty(); }
+
+ private:
+  size_t max_;
+  std::string buf_;  // the bytes of an event not complete yet
+  std::string last_event_id_;
+};
+
 class SseParser {
  public:
   // A single line longer than this is treated as a protocol error rather than buffered

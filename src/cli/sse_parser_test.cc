@@ -182,5 +182,66 @@ TEST(SseParser, LargeDataAcrossManyChunks) {
   EXPECT_EQ(got[0].data, payload);
 }
 
+// One binary-form event (docs/api.md): kind, 3 zero bytes, u32 length, u64 id, u64 offset.
+std::string BinaryEvent(uint8_t kind, uint64_t id, uint64_t offset, std::string_view payload) {
+  std::string out(1, static_cast<char>(kind));
+  out.append(3, '\0');
+  auto be = [&](uint64_t v, int n) {
+    for (int i = n - 1; i >= 0; --i) out.push_back(static_cast<char>(v >> (8 * i)));
+  };
+  be(payload.size(), 4);
+  be(id, 8);
+  be(offset, 8);
+  out.append(payload);
+  return out;
+}
+
+TEST(BinaryAttachParser, EveryChunkBoundaryGivesTheSameEvents) {
+  const std::string stream = BinaryEvent(1, 7, 0, "hi\n") + BinaryEvent(0, 0, 0, "") +
+                             BinaryEvent(2, 8, 0, std::string(300, '\xff')) +
+                             BinaryEvent(9, 0, 0, "future kind") +
+                             BinaryEvent(3, 0, 0, R"({"oldest_available_id":9})") +
+                             BinaryEvent(1, 9, 3, std::string("\0a\0", 3)) +
+                             BinaryEvent(5, 10, 0, R"({"exit_code":0})");
+  for (size_t a = 0; a <= stream.size(); ++a) {
+    for (size_t b = a; b <= stream.size(); b += 13) {
+      BinaryAttachParser p;
+      std::vector<AttachEvent> got;
+      ASSERT_TRUE(p.Feed(std::string_view(stream).substr(0, a), &got).ok());
+      ASSERT_TRUE(p.Feed(std::string_view(stream).substr(a, b - a), &got).ok());
+      ASSERT_TRUE(p.Feed(std::string_view(stream).substr(b), &got).ok());
+      EXPECT_FALSE(p.HasPartialEvent());
+      ASSERT_EQ(got.size(), 5u) << a << "," << b;
+      EXPECT_EQ(got[0].id, "7");
+      EXPECT_EQ(got[0].type, "stdout");
+      EXPECT_TRUE(got[0].raw);
+      EXPECT_EQ(got[0].data, "hi\n");
+      EXPECT_EQ(got[1].type, "stderr");
+      EXPECT_EQ(got[1].data, std::string(300, '\xff'));
+      // No id of its own: the last one stays, as with SSE.
+      EXPECT_EQ(got[2].id, "8");
+      EXPECT_EQ(got[2].type, "resync_required");
+      EXPECT_FALSE(got[2].raw);
+      EXPECT_EQ(got[2].data, R"({"oldest_available_id":9})");
+      EXPECT_EQ(got[3].offset, 3u);
+      EXPECT_EQ(got[3].data, std::string("\0a\0", 3));
+      EXPECT_EQ(got[4].id, "10");
+      EXPECT_EQ(got[4].type, "process_exited");
+    }
+  }
+}
+
+TEST(BinaryAttachParser, PartialAndOversizedEvents) {
+  BinaryAttachParser p(/*max_event_bytes=*/1024);
+  std::vector<AttachEvent> got;
+  const std::string ev = BinaryEvent(1, 1, 0, "abc");
+  ASSERT_TRUE(p.Feed(std::string_view(ev).substr(0, 10), &got).ok());
+  EXPECT_TRUE(p.HasPartialEvent());
+  EXPECT_TRUE(got.empty());
+  BinaryAttachParser q(/*max_event_bytes=*/1024);
+  const std::string big = BinaryEvent(1, 1, 0, std::string(2000, 'x'));
+  EXPECT_FALSE(q.Feed(std::string_view(big).substr(0, 100), &got).ok());
+}
+
 }  // namespace
 }  // namespace sbx::cli

@@ -1,5 +1,7 @@
 #include "common/base64.h"
 
+#include <immintrin.h>
+
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -25,6 +27,49 @@ constexpr PairTable MakePairTable(const char* alphabet) {
 constexpr PairTable kStdPairs = MakePairTable(kStd);
 constexpr PairTable kUrlPairs = MakePairTable(kUrl);
 
+// AVX2 (the SIMD scheme of Wojciech Mula and Daniel Lemire, "Faster Base64 Encoding and
+// Decoding using AVX2 Instructions", 2018): 24 input bytes -> 32 characters per step, ~4x the
+// pair table's speed; the attach stream's SSE form base64s every output byte, and the CPU it
+// costs competes with the agent and the client on a small host. Checked once at run time.
+bool HaveAvx2() {
+  static const bool have = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return have;
+}
+
+// Encodes 24-byte groups of `p` while 28 bytes can be read (the second 16-byte load starts at
+// +12); returns the bytes consumed, a multiple of 3. Only for the standard alphabet.
+__attribute__((target("avx2"))) size_t EncodeAvx2(const uint8_t* p, size_t n, char* o) {
+  const __m256i shuf = _mm256_setr_epi8(1, 0, 2, 1, 4, 3, 5, 4, 7, 6, 8, 7, 10, 9, 11, 10,  //
+                                        1, 0, 2, 1, 4, 3, 5, 4, 7, 6, 8, 7, 10, 9, 11, 10);
+  // Per-range offsets from a 6-bit value to its character: A-Z, a-z, 0-9 (ten), '+', '/'.
+  const __m256i lut = _mm256_setr_epi8(65, 71, -4, -4, -4, -4, -4, -4, -4, -4, -4, -4, -19, -16,
+                                       0, 0, 65, 71, -4, -4, -4, -4, -4, -4, -4, -4, -4, -4, -19,
+                                       -16, 0, 0);
+  size_t i = 0;
+  for (; i + 28 <= n; i += 24, o += 32) {
+    __m256i v = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i + 12)), 1);
+    // Each 32-bit word holds bytes b1 b0 b2 b1 of its group: two multiplies then move the
+    // four 6-bit fields to the four bytes.
+    v = _mm256_shuffle_epi8(v, shuf);
+    const __m256i ac = _mm256_mulhi_epu16(_mm256_and_si256(v, _mm256_set1_epi32(0x0fc0fc00)),
+                                          _mm256_set1_epi32(0x04000040));
+    const __m256i bd = _mm256_mullo_epi16(_mm256_and_si256(v, _mm256_set1_epi32(0x003f03f0)),
+                                          _mm256_set1_epi32(0x01000010));
+    const __m256i idx = _mm256_or_si256(ac, bd);
+    // Range of each value: 0 for 0-25, 1 for 26-51, 2-11 for 52-61, 12 for 62, 13 for 63.
+    __m256i range = _mm256_subs_epu8(idx, _mm256_set1_epi8(51));
+    range = _mm256_sub_epi8(range, _mm256_cmpgt_epi8(idx, _mm256_set1_epi8(25)));
+    const __m256i chars = _mm256_add_epi8(idx, _mm256_shuffle_epi8(lut, range));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), chars);
+  }
+  return i;
+}
+
 void EncodeAppend(std::string_view in, const char* alphabet, const PairTable& pairs, bool pad,
                   std::string& out) {
   const size_t full = in.size() / 3 * 3;
@@ -33,7 +78,12 @@ void EncodeAppend(std::string_view in, const char* alphabet, const PairTable& pa
   out.resize(old_size + full / 3 * 4 + (rest == 0 ? 0 : pad ? 4 : rest + 1));
   char* o = out.data() + old_size;
   const auto* p = reinterpret_cast<const uint8_t*>(in.data());
-  for (size_t i = 0; i < full; i += 3, o += 4) {
+  size_t start = 0;
+  if (alphabet == kStd && full >= 28 && HaveAvx2()) {
+    start = EncodeAvx2(p, full, o);
+    o += start / 3 * 4;
+  }
+  for (size_t i = start; i < full; i += 3, o += 4) {
     const uint32_t v = (uint32_t{p[i]} << 16) | (uint32_t{p[i + 1]} << 8) | p[i + 2];
     std::memcpy(o, &pairs[2 * (v >> 12)], 2);
     std::memcpy(o + 2, &pairs[2 * (v & 0xfff)], 2);
@@ -72,6 +122,49 @@ constexpr DecodeTable MakeDecodeTable(const char* alphabet) {
 constexpr DecodeTable kStdRev = MakeDecodeTable(kStd);
 constexpr DecodeTable kUrlRev = MakeDecodeTable(kUrl);
 
+// Decodes 32-character groups while at least 48 characters are left (each step stores 32
+// bytes, of which 24 are output); returns the characters consumed, or npos at a character
+// outside the standard alphabet. Same scheme as EncodeAvx2: nibble tables classify each
+// character (invalid ones set a bit in both lookups) and give its offset to its 6-bit value.
+__attribute__((target("avx2"))) size_t DecodeAvx2(const uint8_t* p, size_t n, char* o) {
+  const __m256i lut_lo = _mm256_setr_epi8(
+      0x15, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x13, 0x1A, 0x1B, 0x1B, 0x1B,
+      0x1A, 0x15, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x13, 0x1A, 0x1B, 0x1B,
+      0x1B, 0x1A);
+  const __m256i lut_hi = _mm256_setr_epi8(
+      0x10, 0x10, 0x01, 0x02, 0x04, 0x08, 0x04, 0x08, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10,
+      0x10, 0x10, 0x10, 0x01, 0x02, 0x04, 0x08, 0x04, 0x08, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10,
+      0x10, 0x10);
+  const __m256i lut_roll = _mm256_setr_epi8(0, 16, 19, 4, -65, -65, -71, -71, 0, 0, 0, 0, 0, 0,
+                                            0, 0, 0, 16, 19, 4, -65, -65, -71, -71, 0, 0, 0, 0,
+                                            0, 0, 0, 0);
+  const __m256i pack = _mm256_setr_epi8(2, 1, 0, 6, 5, 4, 10, 9, 8, 14, 13, 12, -1, -1, -1, -1,
+                                        2, 1, 0, 6, 5, 4, 10, 9, 8, 14, 13, 12, -1, -1, -1, -1);
+  const __m256i nibble = _mm256_set1_epi8(0x0f);
+  const __m256i slash = _mm256_set1_epi8(0x2f);
+  size_t i = 0;
+  for (; i + 48 <= n; i += 32, o += 24) {
+    __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i));
+    const __m256i hi_nib = _mm256_and_si256(_mm256_srli_epi32(v, 4), nibble);
+    const __m256i lo_nib = _mm256_and_si256(v, nibble);
+    // A byte >= 0x80 has hi_nib >= 8: lut_hi 0x10, and every lut_lo entry has 0x10 set.
+    if (!_mm256_testz_si256(_mm256_shuffle_epi8(lut_lo, lo_nib),
+                            _mm256_shuffle_epi8(lut_hi, hi_nib))) {
+      return std::string_view::npos;
+    }
+    const __m256i roll =
+        _mm256_shuffle_epi8(lut_roll, _mm256_add_epi8(_mm256_cmpeq_epi8(v, slash), hi_nib));
+    v = _mm256_add_epi8(v, roll);
+    // Four 6-bit values -> 24 bits per word, then the three bytes of each word packed.
+    v = _mm256_maddubs_epi16(v, _mm256_set1_epi32(0x01400140));
+    v = _mm256_madd_epi16(v, _mm256_set1_epi32(0x00011000));
+    v = _mm256_shuffle_epi8(v, pack);
+    v = _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 1, 2, 4, 5, 6, 7, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), v);
+  }
+  return i;
+}
+
 // Trailing '=' are all stripped (padding is optional), a length of 4k+1 cannot come from any
 // input, and the bits left over in the last group are ignored.
 bool DecodeTo(std::string_view in, const DecodeTable& rev, std::string& out) {
@@ -86,7 +179,13 @@ bool DecodeTo(std::string_view in, const DecodeTable& rev, std::string& out) {
   const auto& t1 = rev.at[1];
   const auto& t2 = rev.at[2];
   const auto& t3 = rev.at[3];
-  for (size_t i = 0; i < full; i += 4, o += 3) {
+  size_t start = 0;
+  if (&rev == &kStdRev && full >= 48 && HaveAvx2()) {
+    start = DecodeAvx2(p, full, o);
+    if (start == std::string_view::npos) return false;
+    o += start / 4 * 3;
+  }
+  for (size_t i = start; i < full; i += 4, o += 3) {
     const uint32_t v = t0[p[i]] | t1[p[i + 1]] | t2[p[i + 2]] | t3[p[i + 3]];
     if (v & kBad) return false;
     o[0] = static_cast<char>(v >> 16);

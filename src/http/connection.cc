@@ -6,6 +6,8 @@
 #include <boost/asio/experimental/awaitable_operators.hpp>
 
 #include <algorithm>
+#include <cstring>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -94,7 +96,8 @@ class ChunkedStream : public ResponseStream {
 };
 
 // RequestContext::body for a streamed route: reads through a buffer_body parser that took over
-// from the header parser.
+// from the header parser, or, for a body of known length (Content-Length), straight from the
+// socket into the handler's buffer.
 class StreamedBody : public BodyReader {
  public:
   StreamedBody(beast::tcp_stream& stream, beast::flat_buffer& buffer,
@@ -105,7 +108,13 @@ class StreamedBody : public BodyReader {
         parser_(parser),
         timeout_(timeout),
         limit_(limit),
-        expect_continue_(expect_continue) {}
+        expect_continue_(expect_continue) {
+    // The parser would read into the connection's buffer, at most 64 KiB at a time, and copy
+    // from there: one more copy of every byte of an upload, and several reads per 256 KiB
+    // chunk (issue 15). The length is checked against `limit` before the handler runs
+    // (PrepareBody), so there is nothing left for the parser to check.
+    if (auto cl = parser_.content_length()) remaining_ = *cl;
+  }
 
   asio::awaitable<absl::StatusOr<size_t>> ReadSome(char* buf, size_t cap) override {
     if (expect_continue_) {
@@ -116,6 +125,7 @@ class StreamedBody : public BodyReader {
       stream_.expires_never();
       if (ec) co_return absl::UnavailableError(fmt::format("send 100 Continue: {}", ec.message()));
     }
+    if (remaining_) co_return co_await ReadKnownLength(buf, cap);
     while (!parser_.is_done()) {
       parser_.get().body().data = buf;
       parser_.get().body().size = cap;
@@ -137,15 +147,40 @@ class StreamedBody : public BodyReader {
     }
     co_return size_t{0};
   }
-  bool done() const override { return parser_.is_done(); }
+  bool done() const override { return remaining_ ? *remaining_ == 0 : parser_.is_done(); }
 
  private:
+  // What the header read brought of the body first (never past it: a pipelined request
+  // may follow), then reads of up to `cap` bytes from the socket.
+  asio::awaitable<absl::StatusOr<size_t>> ReadKnownLength(char* buf, size_t cap) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(cap, *remaining_));
+    if (want == 0) co_return size_t{0};
+    if (buffer_.size() > 0) {
+      const size_t n = std::min(want, buffer_.size());
+      std::memcpy(buf, buffer_.data().data(), n);
+      buffer_.consume(n);
+      *remaining_ -= n;
+      co_return n;
+    }
+    stream_.expires_after(timeout_);
+    auto [ec, n] = co_await stream_.async_read_some(asio::buffer(buf, want), kTuple);
+    stream_.expires_never();
+    if (ec == beast::error::timeout) {
+      co_return absl::DeadlineExceededError("the request body did not arrive in time");
+    }
+    if (ec == asio::error::eof) ec = bhttp::error::partial_message;
+    if (ec) co_return absl::UnavailableError(fmt::format("read request body: {}", ec.message()));
+    *remaining_ -= n;
+    co_return n;
+  }
+
   beast::tcp_stream& stream_;
   beast::flat_buffer& buffer_;
   bhttp::request_parser<bhttp::buffer_body>& parser_;
   std::chrono::seconds timeout_;
   uint64_t limit_;
   bool expect_continue_;
+  std::optional<uint64_t> remaining_;  // of a body of known length
 };
 
 std::string_view Sv(beast::string_view s) { return std::string_view(s.data(), s.size()); }

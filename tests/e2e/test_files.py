@@ -5,10 +5,12 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import socket
 import subprocess
 import tarfile
 import time
 import uuid
+from urllib.parse import urlencode, urlsplit
 
 import pytest
 
@@ -352,6 +354,29 @@ def test_large_streamed_round_trip(api, sandbox, sbxd, metrics):
 
 
 @ns_runtime_only("the fake runtime has no disk cap")
+def test_upload_pipelined_with_the_next_request(api, sandbox):
+    """A body of known length is read straight off the socket (issue 15): exactly its bytes go
+    into the file, and the request sent right behind it on the connection is served."""
+    sid = sandbox["id"]
+    url = urlsplit(api.base_url)
+    body = bytes((i * 31 + (i >> 12)) & 0xFF for i in range(700_000))
+    query = urlencode({"path": "/srv/pipelined.bin"})
+    head = (f"Host: {url.hostname}\r\nAuthorization: Bearer {api.token}\r\n").encode()
+    first = (f"PUT /v1/sandboxes/{sid}/files?{query} HTTP/1.1\r\n".encode() + head +
+             f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n\r\n"
+             .encode() + body)
+    second = (f"GET /v1/sandboxes/{sid}/files:stat?{query} HTTP/1.1\r\n".encode() + head +
+              b"Connection: close\r\n\r\n")
+    data = b""
+    with socket.create_connection((url.hostname, url.port), timeout=60) as s:
+        s.sendall(first + second)
+        while chunk := s.recv(65536):
+            data += chunk
+    assert data.count(b"HTTP/1.1 200 OK\r\n") == 2, data[:2000]
+    assert b'"size":700000' in data.split(b"HTTP/1.1 200 OK\r\n")[2], data[:2000]
+    assert get(api, sid, "/srv/pipelined.bin").content == body
+
+
 def test_upload_over_the_disk_cap(api):
     sb = api.create_sandbox({"resources": {"disk_mib": 64}})["sandbox"]
     sid = sb["id"]
