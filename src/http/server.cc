@@ -134,6 +134,19 @@ void SpareFds::Refill() {
   held_.store(fds_.size(), std::memory_order_relaxed);
 }
 
+namespace {
+
+// One context per thread, each told it has one thread (asio then never wakes another).
+std::vector<std::unique_ptr<asio::io_context>> MakeContexts(int threads) {
+  std::vector<std::unique_ptr<asio::io_context>> out;
+  for (int i = 0; i < std::max(1, threads); ++i) {
+    out.push_back(std::make_unique<asio::io_context>(1));
+  }
+  return out;
+}
+
+}  // namespace
+
 Server::Server(ServerOptions opts, Handler handler, ErrorResponder errors)
     : opts_(std::move(opts)),
       requests_(RegistryOf(opts_)),
@@ -154,8 +167,8 @@ Server::Server(ServerOptions opts, Handler handler, ErrorResponder errors)
                                   "Client connections open, reserve slots included.")
                         .WithLabels()),
       spares_(opts_.reserved_connections + 1),
-      ioc_(opts_.threads),
-      acceptor_(ioc_) {}
+      iocs_(MakeContexts(opts_.threads)),
+      acceptor_(*iocs_.front()) {}
 
 Server::~Server() { Stop(); }
 
@@ -180,19 +193,25 @@ absl::Status Server::Listen() {
 }
 
 void Server::Start() {
-  asio::co_spawn(ioc_, AcceptLoop(), asio::detached);
-  for (int i = 0; i < std::max(1, opts_.threads); ++i) {
-    threads_.emplace_back([this] { ioc_.run(); });
+  asio::co_spawn(*iocs_.front(), AcceptLoop(), asio::detached);
+  for (auto& ioc : iocs_) {
+    work_.push_back(asio::make_work_guard(*ioc));
+    threads_.emplace_back([io = ioc.get()] { io->run(); });
   }
+}
+
+asio::io_context& Server::NextContext() {
+  return *iocs_[next_ioc_.fetch_add(1, std::memory_order_relaxed) % iocs_.size()];
 }
 
 void Server::Stop() {
   if (stopped_.exchange(true)) return;
-  asio::post(ioc_, [this] {
+  asio::post(*iocs_.front(), [this] {
     boost::system::error_code ec;
     acceptor_.close(ec);
   });
-  ioc_.stop();
+  work_.clear();
+  for (auto& ioc : iocs_) ioc->stop();
   for (auto& t : threads_) {
     if (t.joinable()) t.join();
   }
@@ -244,7 +263,7 @@ asio::awaitable<void> Server::DrainAndClose(asio::ip::tcp::socket socket) {
 
 asio::awaitable<void> Server::AcceptLoop() {
   for (;;) {
-    auto [ec, socket] = co_await acceptor_.async_accept(asio::make_strand(ioc_), kTuple);
+    auto [ec, socket] = co_await acceptor_.async_accept(asio::make_strand(NextContext()), kTuple);
     if (ec) {
       if (ec == asio::error::operation_aborted || stopped_) co_return;
       if (ec == asio::error::no_descriptors ||
@@ -312,7 +331,7 @@ asio::awaitable<void> Server::ShedAtFdLimit() {
     co_return;
   }
   boost::system::error_code ec;
-  asio::ip::tcp::socket socket(asio::make_strand(ioc_));
+  asio::ip::tcp::socket socket(asio::make_strand(NextContext()));
   const auto protocol = acceptor_.local_endpoint(ec).protocol();
   if (!ec) socket.assign(protocol, fd, ec);
   if (ec) {

@@ -3,8 +3,11 @@
 // and bounds what a client may hold (connection caps, header deadline: see ServerOptions), and
 // nothing about sandboxes: the api/ layer hands it one Handler and the `privileged` predicate.
 //
-// Threads: the server runs an io_context on `threads` threads; each connection lives on its own
-// strand, so a handler's coroutine never runs concurrently with itself.
+// Threads: the server runs `threads` io_contexts, one thread each; a connection is given to one
+// of them (in turn) at its accept and stays there, on its own strand, so a handler's coroutine
+// never runs concurrently with itself. Not one io_context shared by every thread: asio then
+// wakes an idle thread for each I/O completion, and one exec round trip (a session and its
+// attach) cost sbxd 37 context switches instead of 9 (issue 15, perf stat).
 #pragma once
 
 #include <array>
@@ -177,11 +180,12 @@ class Server {
   // Binds and listens; fails with the address and errno text when the port is taken.
   absl::Status Listen();
   uint16_t port() const { return bound_port_; }
-  // Runs the io_context on opts.threads threads; returns immediately.
+  // Runs the io_contexts, one thread each; returns immediately.
   void Start();
   // Stops accepting, cancels connections and joins the threads.
   void Stop();
-  asio::io_context& io_context() { return ioc_; }
+  // The context of the accept loop (the first one).
+  asio::io_context& io_context() { return *iocs_.front(); }
 
  private:
   asio::awaitable<void> AcceptLoop();
@@ -196,6 +200,8 @@ class Server {
   void Refuse(asio::ip::tcp::socket socket, std::string_view reason, bool drain);
   asio::awaitable<void> DrainAndClose(asio::ip::tcp::socket socket);
   metrics::Counter& Rejected(std::string_view reason);
+  // Where the next accepted connection lives: the contexts in turn.
+  asio::io_context& NextContext();
 
   ServerOptions opts_;
   RequestCounter requests_;
@@ -205,7 +211,7 @@ class Server {
   metrics::Counter& rejected_max_;
   metrics::Counter& rejected_per_ip_;
   metrics::Counter& rejected_fds_;
-  // Before ioc_: destroying the io_context destroys the coroutines still suspended, whose
+  // Before iocs_: destroying an io_context destroys the coroutines still suspended, whose
   // leases then release into this table.
   ConnectionTable connections_;
   SpareFds spares_;
@@ -213,7 +219,10 @@ class Server {
   // Rate limits of the accept loop's warnings (the loop is one coroutine).
   std::chrono::steady_clock::time_point fd_log_at_{}, cap_log_at_{}, accept_log_at_{};
   uint64_t fd_log_held_ = 0, cap_log_held_ = 0, accept_log_held_ = 0;
-  asio::io_context ioc_;
+  std::vector<std::unique_ptr<asio::io_context>> iocs_;
+  // Keep every context's run() going while it has no connection.
+  std::vector<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  std::atomic<size_t> next_ioc_{0};
   asio::ip::tcp::acceptor acceptor_;
   uint16_t bound_port_ = 0;
   std::vector<std::thread> threads_;

@@ -10,6 +10,24 @@
 #include "protocol/messages.h"
 
 namespace sbx::service {
+namespace {
+
+// One read buffer per thread that has run an agent call, kept between calls; bounded to one,
+// so sbxd holds at most kReadBytes per thread for this.
+thread_local std::unique_ptr<char[]> spare_read_buffer;
+
+}  // namespace
+
+std::unique_ptr<char[]> AgentStream::TakeReadBuffer() {
+  if (spare_read_buffer) return std::move(spare_read_buffer);
+  return std::make_unique_for_overwrite<char[]>(kReadBytes);
+}
+
+void AgentStream::GiveBackReadBuffer(std::unique_ptr<char[]> buf) {
+  if (buf && !spare_read_buffer) spare_read_buffer = std::move(buf);
+}
+
+AgentStream::~AgentStream() { GiveBackReadBuffer(std::move(buf_)); }
 
 void AgentStream::ArmDeadline(std::chrono::milliseconds deadline) {
   const uint64_t gen = ++read_gen_;

@@ -34,6 +34,12 @@ class AgentStream {
       : bytes_(std::move(bytes)),
         timer_(ex),
         state_(std::make_shared<State>(State{0, false, bytes_.get()})) {}
+  ~AgentStream();
+
+  // The read buffer of kReadBytes a stream takes at its start: this thread's spare when it has
+  // one, else a new one; GiveBackReadBuffer keeps one as the spare (the destructor's).
+  static std::unique_ptr<char[]> TakeReadBuffer();
+  static void GiveBackReadBuffer(std::unique_ptr<char[]> buf);
 
   std::string& response_payload() { return response_; }
   // The next frame; nullopt when nothing arrived within `idle` (the caller may send a
@@ -90,9 +96,13 @@ class AgentStream {
   protocol::FrameDecoder decoder_;
   std::string response_;
   // Not zero-filled: zeroing (and faulting in) 256 KiB per agent call was 8-25% of sbxd's CPU
-  // time per exec (perf, issue 15); a read touches only the pages it fills.
+  // time per exec (perf, issue 15); a read touches only the pages it fills. Taken from, and
+  // given back to, a spare kept per thread (agent_stream.cc): at sbxd's mmap threshold a
+  // buffer of this size is an mmap and a munmap (with its TLB shootdown across sbxd's threads)
+  // per agent call otherwise. Only the `n` bytes a read returned are ever looked at, so what a
+  // spare held before (another sandbox's bytes) is never seen.
   static constexpr size_t kReadBytes = 256 << 10;
-  std::unique_ptr<char[]> buf_ = std::make_unique_for_overwrite<char[]>(kReadBytes);
+  std::unique_ptr<char[]> buf_ = TakeReadBuffer();
   // NextViews' buffer: the unread bytes are [vpos_, vend_); grown on demand, never shrunk.
   std::string vbuf_;
   size_t vpos_ = 0;

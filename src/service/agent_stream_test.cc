@@ -1,6 +1,7 @@
 // AgentStream::NextViews (attach's bulk read): frames split anywhere across reads come out
 // whole and in order, a batch stops near its budget, and a bad frame after good ones is
-// reported only after they are handed out.
+// reported only after they are handed out; a stream's read buffer is reused by the next
+// stream of the same thread.
 #include "service/agent_stream.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <deque>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "protocol/protocol.h"
@@ -129,6 +131,27 @@ TEST(AgentStreamNextViews, GoodFramesBeforeABadOneAreHandedOutFirst) {
   ASSERT_EQ(got.frames.size(), 1u);
   EXPECT_FALSE(got.end.ok());
   EXPECT_NE(got.end.code(), absl::StatusCode::kUnavailable) << got.end;
+}
+
+TEST(AgentStreamReadBuffer, TheNextStreamOfAThreadReusesTheLastOnesBuffer) {
+  // Drain any spare an earlier test left, then hand back a known buffer.
+  (void)AgentStream::TakeReadBuffer();
+  std::unique_ptr<char[]> mine = AgentStream::TakeReadBuffer();
+  char* const p = mine.get();
+  AgentStream::GiveBackReadBuffer(std::move(mine));
+  {
+    asio::io_context io;
+    AgentStream s(io.get_executor(), std::make_unique<ScriptedBytes>(std::deque<std::string>{}));
+  }  // took `p` as its buffer, and gave it back here
+  std::unique_ptr<char[]> again = AgentStream::TakeReadBuffer();
+  EXPECT_EQ(again.get(), p);
+  // The spare is now taken: the next one is new, and another thread never sees this one.
+  std::unique_ptr<char[]> fresh = AgentStream::TakeReadBuffer();
+  EXPECT_NE(fresh.get(), p);
+  AgentStream::GiveBackReadBuffer(std::move(again));
+  char* other = nullptr;
+  std::thread([&] { other = AgentStream::TakeReadBuffer().get(); }).join();
+  EXPECT_NE(other, p);
 }
 
 }  // namespace
