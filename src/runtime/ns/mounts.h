@@ -1,9 +1,9 @@
 // The sandbox's file system, built in the child inside its new mount namespace:
 //   / private (nothing propagates back to the host) -> the template's rootfs, idmapped into the
-//   sandbox's user namespace, at <dir>/lower -> overlay rootfs (lower = that, upper/work in the
-//   sandbox dir) -> template binds (idmapped, read-only, nosuid, nodev) -> /proc ->
-//   tmpfs /dev with a fixed set of nodes, devpts, /dev/shm -> /proc masks -> tmpfs /tmp ->
-//   pivot_root into the overlay and detach the old root.
+//   sandbox's user namespace, at <dir>/lower -> the sandbox's empty mask directory, held open ->
+//   overlay rootfs (lower = that, upper/work in the sandbox dir) -> template binds (idmapped,
+//   read-only, nosuid, nodev) -> /proc -> tmpfs /dev with a fixed set of nodes, devpts, /dev/shm
+//   -> /proc masks -> tmpfs /tmp -> pivot_root into the overlay and detach the old root.
 //
 // The parent builds a MountPlan (every path and option string); the child only reads it, so
 // nothing allocates between clone and exec.
@@ -64,6 +64,14 @@ struct MountPlan {
   // Mount point of the sandbox's disk (the child move_mount()s LaunchPlan::disk_fd there):
   // `rootfs` itself, which the overlay then covers; empty without one.
   std::string disk;
+  // The sandbox's own empty directory (<rootfs>/mask on the disk, under the overlay, or
+  // <dir>/mask without one), made 0555 by the child and cloned read-only, nosuid, nodev,
+  // noexec (idmapped) over every masked directory: the /proc masks and a template's read-only
+  // bind of an empty directory. Every superblock on the host costs each memory cgroup a slot in
+  // the kernel's shrinker maps (memcgs x superblocks, docs/isolation.md §7): a tmpfs or view
+  // overlay per mask was one more per sandbox. Not a shared host directory: an inotify watch on
+  // it would see other sandboxes list their masks.
+  std::string mask_dir;
 
   // Binds are attached as clones (open_tree + mount_setattr + move_mount), idmapped when there
   // is a user namespace so that host root's files show as the sandbox root's; a file system
@@ -86,6 +94,7 @@ struct MountPlan {
     bool is_dir = true;
     bool read_only = true;
     bool view = false;         // a read-only directory: an overlay goes on top of the clone
+    bool mask = false;         // an empty read-only directory: a clone of mask_dir instead
     std::string stage;         // where the clone is attached when not at `target`, else ""
     std::string view_overlay;  // overlay options for the target ("lowerdir=<clone>:<empty>")
   };
