@@ -453,12 +453,15 @@ absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
         what = fmt::format("bind {}: create mount point {}", b.sandbox_path, b.target);
       } else if (static_cast<Step>(r.step) == Step::kBindMount) {
         what = fmt::format("bind {}: open_tree({}, OPEN_TREE_CLONE)", b.sandbox_path,
-                           b.mask ? m.mask_dir : b.source);
+                           b.mask ? m.mask_dir : b.shared ? b.shared_path : b.source);
       } else if (static_cast<Step>(r.step) == Step::kBindSetattr) {
         what = fmt::format("bind {}: mount_setattr({}IDMAP|NOSUID|NODEV)", b.sandbox_path,
                            b.read_only ? "RDONLY|" : "");
       } else if (static_cast<Step>(r.step) == Step::kBindView) {
-        what = fmt::format("bind {}: mount(overlay -> {}, {})", b.sandbox_path, b.target, b.view_overlay);
+        what = b.shared
+                   ? fmt::format("bind {}: mount(overlay -> {}, {}) (the shared view of {})", b.sandbox_path,
+                                 m.shared_view, m.shared_view_overlay, m.shared_view_source)
+                   : fmt::format("bind {}: mount(overlay -> {}, {})", b.sandbox_path, b.target, b.view_overlay);
       } else {
         what = fmt::format("bind {}: move_mount(-> {})", b.sandbox_path, b.stage.empty() ? b.target : b.stage);
       }

@@ -9,8 +9,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -78,6 +81,60 @@ bool IsEmptyDir(const std::string& path, const struct stat& st) {
   }
   ::closedir(d);
   return empty;
+}
+
+// The id of the mount `path` lies in (statx STATX_MNT_ID), or 0.
+uint64_t MountIdOf(const std::string& path) {
+  struct statx stx;
+  if (::statx(AT_FDCWD, path.c_str(), AT_STATX_DONT_SYNC, STATX_MNT_ID, &stx) != 0) return 0;
+  return (stx.stx_mask & STATX_MNT_ID) != 0 ? stx.stx_mnt_id : 0;
+}
+
+// The members of the shared view (MountPlan::shared_view): the largest set of at least two
+// unstaged views whose canonical sources lie in one mount, together with their common
+// ancestor, which must lie in that mount too (then no other mount sits between it and a
+// source, since every mount has its own id).
+void PlanSharedView(MountPlan& plan) {
+  std::map<uint64_t, std::vector<size_t>> by_mount;
+  for (size_t i = 0; i < plan.binds.size(); ++i) {
+    const auto& b = plan.binds[i];
+    if (!b.view || !b.stage.empty()) continue;
+    char real[PATH_MAX];
+    if (::realpath(b.source.c_str(), real) == nullptr || b.source != real) continue;
+    uint64_t id = MountIdOf(b.source);
+    if (id != 0) by_mount[id].push_back(i);
+  }
+  const std::vector<size_t>* best = nullptr;
+  uint64_t best_id = 0;
+  for (const auto& [id, members] : by_mount) {
+    if (members.size() >= 2 && (best == nullptr || members.size() > best->size())) {
+      best = &members;
+      best_id = id;
+    }
+  }
+  if (best == nullptr) return;
+  std::string common = plan.binds[(*best)[0]].source;
+  for (size_t i : *best) {
+    const std::string& src = plan.binds[i].source;
+    while (!(src == common || (src.compare(0, common.size(), common) == 0 &&
+                               (common == "/" || src[common.size()] == '/')))) {
+      size_t slash = common.rfind('/');
+      common = slash == 0 ? "/" : common.substr(0, slash);
+    }
+  }
+  if (MountIdOf(common) != best_id) return;
+  plan.shared_view_source = common;
+  plan.shared_view = plan.rootfs + "/views";
+  plan.shared_view_overlay = fmt::format("lowerdir={}:{}", plan.shared_view, plan.mask_dir);
+  for (size_t i : *best) {
+    auto& b = plan.binds[i];
+    b.shared = true;
+    b.shared_rel = b.source.substr(common.size() + (common == "/" || b.source == common ? 0 : 1));
+    if (!b.shared_rel.empty() && b.shared_rel[0] == '/') b.shared_rel.erase(0, 1);
+    b.shared_path = b.shared_rel.empty() ? plan.shared_view : plan.shared_view + "/" + b.shared_rel;
+    b.view = false;
+    b.view_overlay.clear();
+  }
 }
 
 }  // namespace
@@ -170,6 +227,8 @@ absl::StatusOr<MountPlan> BuildMountPlan(const TemplateSpec& tmpl, const std::st
     }
     plan.binds.push_back(std::move(bind));
   }
+
+  if (o.disk) PlanSharedView(plan);
 
   plan.proc = plan.rootfs + "/proc";
   plan.dev = plan.rootfs + "/dev";
@@ -284,9 +343,30 @@ int AttachClone(int dirfd, const char* source, const char* target, uint64_t attr
   return rc;
 }
 
+// The shared view's clone and overlay at p.shared_view, held as *view_fd (O_PATH): the root
+// overlay covers p.shared_view next, and the members are cloned from the fd after it.
+int MountSharedView(const MountPlan& p, int userns_fd, int* view_fd, ChildReport* r) {
+  size_t first = 0;
+  while (first < p.binds.size() && !p.binds[first].shared) ++first;
+  int stage = 0;
+  if (!MkdirOk(p.shared_view.c_str(), 0755)) return Fail(r, Step::kBindMkdir, first);
+  if (AttachClone(AT_FDCWD, p.shared_view_source.c_str(), p.shared_view.c_str(),
+                  MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, userns_fd,
+                  /*idmap_optional=*/true, &stage) != 0) {
+    return Fail(r, stage == 0 ? Step::kBindMount : stage == 1 ? Step::kBindSetattr : Step::kBindMove, first);
+  }
+  if (::mount("overlay", p.shared_view.c_str(), "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV,
+              p.shared_view_overlay.c_str()) != 0) {
+    return Fail(r, Step::kBindView, first);
+  }
+  *view_fd = ::open(p.shared_view.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (*view_fd < 0) return Fail(r, Step::kBindMount, first);
+  return 0;
+}
+
 // Root made private, the disk, the idmapped lower, the mask directory (opened as *mask_fd
 // before the overlay covers it) and the overlay root on top.
-int MountRoot(const MountPlan& p, int userns_fd, int disk_fd, int* mask_fd, ChildReport* r) {
+int MountRoot(const MountPlan& p, int userns_fd, int disk_fd, int* mask_fd, int* view_fd, ChildReport* r) {
   if (::mount("", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return Fail(r, Step::kMakeRootPrivate);
   // The disk joins this namespace only: the host never sees it mounted, and it goes (with its
   // loop device) when the sandbox's last process does.
@@ -310,6 +390,9 @@ int MountRoot(const MountPlan& p, int userns_fd, int disk_fd, int* mask_fd, Chil
   if (!MkdirOk(p.mask_dir.c_str(), 0555)) return Fail(r, Step::kMaskDir, 0);
   *mask_fd = ::open(p.mask_dir.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (*mask_fd < 0) return Fail(r, Step::kMaskDir, 1);
+  if (!p.shared_view.empty()) {
+    if (int err = MountSharedView(p, userns_fd, view_fd, r); err != 0) return err;
+  }
   if (::mount("overlay", p.rootfs.c_str(), "overlay", MS_NOSUID | MS_NODEV, p.overlay_data.c_str()) != 0) {
     return Fail(r, Step::kMountOverlay);
   }
@@ -327,7 +410,7 @@ inline int AttachMask(int mask_fd, const char* target, int userns_fd, int* stage
 
 // Bind `i` of the plan: its mount point, then the (idmapped) clone, or a read-only overlay view
 // of the clone staged under views_dir.
-int MountBind(const MountPlan& p, size_t i, int userns_fd, int mask_fd, ChildReport* r) {
+int MountBind(const MountPlan& p, size_t i, int userns_fd, int mask_fd, int view_fd, ChildReport* r) {
   const auto& b = p.binds[i];
   for (const auto& d : b.mkdirs) {
     if (!MkdirOk(d.c_str(), 0755)) return Fail(r, Step::kBindMkdir, i);
@@ -343,6 +426,19 @@ int MountBind(const MountPlan& p, size_t i, int userns_fd, int mask_fd, ChildRep
     ::close(fd);
   }
   int stage = 0;
+  if (b.shared) {
+    // A clone of the overlay's mount: read-only, nosuid, nodev like it; the files below are
+    // idmapped through its lower.
+    const unsigned flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | (b.shared_rel.empty() ? AT_EMPTY_PATH : 0);
+    int fd = static_cast<int>(::syscall(SYS_open_tree, view_fd, b.shared_rel.c_str(), flags));
+    if (fd < 0) return Fail(r, Step::kBindMount, i);
+    int rc = static_cast<int>(
+        ::syscall(SYS_move_mount, fd, "", AT_FDCWD, b.target.c_str(), MOVE_MOUNT_F_EMPTY_PATH));
+    int err = errno;
+    ::close(fd);
+    errno = err;
+    return rc == 0 ? 0 : Fail(r, Step::kBindMove, i);
+  }
   if (b.mask) {
     if (AttachMask(mask_fd, b.target.c_str(), userns_fd, &stage) != 0) {
       return Fail(r, stage == 0 ? Step::kBindMount : stage == 1 ? Step::kBindSetattr : Step::kBindMove, i);
@@ -432,10 +528,11 @@ int MaskProc(const MountPlan& p, int userns_fd, int mask_fd, ChildReport* r) {
 
 namespace {
 
-int SetupMountsWithMask(const MountPlan& p, int userns_fd, int disk_fd, int* mask_fd, ChildReport* r) {
-  if (int err = MountRoot(p, userns_fd, disk_fd, mask_fd, r); err != 0) return err;
+int SetupMountsWithFds(const MountPlan& p, int userns_fd, int disk_fd, int* mask_fd, int* view_fd,
+                       ChildReport* r) {
+  if (int err = MountRoot(p, userns_fd, disk_fd, mask_fd, view_fd, r); err != 0) return err;
   for (size_t i = 0; i < p.binds.size(); ++i) {
-    if (int err = MountBind(p, i, userns_fd, *mask_fd, r); err != 0) return err;
+    if (int err = MountBind(p, i, userns_fd, *mask_fd, *view_fd, r); err != 0) return err;
   }
   MarkMount(p, kMtBinds);
   if (!MkdirOk(p.proc.c_str(), 0555)) return Fail(r, Step::kMkdirMountpoint, 0);
@@ -461,8 +558,10 @@ int SetupMountsWithMask(const MountPlan& p, int userns_fd, int disk_fd, int* mas
 
 int SetupMounts(const MountPlan& p, int userns_fd, int disk_fd, ChildReport* r) {
   int mask_fd = -1;
-  int err = SetupMountsWithMask(p, userns_fd, disk_fd, &mask_fd, r);
+  int view_fd = -1;
+  int err = SetupMountsWithFds(p, userns_fd, disk_fd, &mask_fd, &view_fd, r);
   if (mask_fd >= 0) ::close(mask_fd);
+  if (view_fd >= 0) ::close(view_fd);
   return err;
 }
 

@@ -192,5 +192,41 @@ TEST(MountPlan, EmptyReadOnlyDirectoriesAreTheSandboxsOwnMaskNotAView) {
   ::rmdir(tmpl);
 }
 
+TEST(MountPlan, ViewsInOneMountShareOneOverlayOnTheDisk) {
+  char tmpl[] = "/tmp/sbx-mounts-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string base = tmpl;
+  for (const char* d : {"/a", "/a/x", "/b", "/b/y"}) ASSERT_EQ(::mkdir((base + d).c_str(), 0755), 0);
+  TemplateSpec t = BaseTemplate();
+  t.binds = {{base + "/a", "/usr", true}, {base + "/b", "/opt/b", true}, {base + "/a", "/srv/rw", false}};
+  MountOptions o;
+  o.disk = true;
+  auto plan = BuildMountPlan(t, "/var/lib/sbx/sandboxes/sbx_x", o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->shared_view_source, base);
+  EXPECT_EQ(plan->shared_view, plan->rootfs + "/views");
+  EXPECT_EQ(plan->shared_view_overlay, "lowerdir=" + plan->rootfs + "/views:" + plan->rootfs + "/mask");
+  EXPECT_TRUE(plan->binds[0].shared);
+  EXPECT_EQ(plan->binds[0].shared_rel, "a");
+  EXPECT_EQ(plan->binds[0].shared_path, plan->rootfs + "/views/a");
+  EXPECT_FALSE(plan->binds[0].view);
+  EXPECT_TRUE(plan->binds[1].shared);
+  EXPECT_EQ(plan->binds[1].shared_rel, "b");
+  // A writable bind is never part of it.
+  EXPECT_FALSE(plan->binds[2].shared);
+  // Without a disk (no second lower on another file system), or with one view: separate views.
+  auto plain = BuildMountPlan(t, "/var/lib/sbx/sandboxes/sbx_x");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(plain->shared_view.empty());
+  EXPECT_TRUE(plain->binds[0].view);
+  t.binds.resize(1);
+  auto one = BuildMountPlan(t, "/var/lib/sbx/sandboxes/sbx_x", o);
+  ASSERT_TRUE(one.ok());
+  EXPECT_TRUE(one->shared_view.empty());
+  EXPECT_TRUE(one->binds[0].view);
+  for (const char* d : {"/a/x", "/a", "/b/y", "/b"}) ::rmdir((base + d).c_str());
+  ::rmdir(tmpl);
+}
+
 }  // namespace
 }  // namespace sbx::runtime::ns
