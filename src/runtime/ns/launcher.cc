@@ -433,6 +433,9 @@ absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
                 "ext4, xfs, btrfs or tmpfs on 6.3+)";
       }
       break;
+    case Step::kMaskDir:
+      what = fmt::format("mask directory: {}({})", i == 0 ? "mkdir" : "open(O_PATH)", m.mask_dir);
+      break;
     case Step::kMountOverlay:
       what = fmt::format("mount overlay: mount(overlay -> {}, {})", m.rootfs, m.overlay_data);
       break;
@@ -449,12 +452,16 @@ absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
       if (static_cast<Step>(r.step) == Step::kBindMkdir) {
         what = fmt::format("bind {}: create mount point {}", b.sandbox_path, b.target);
       } else if (static_cast<Step>(r.step) == Step::kBindMount) {
-        what = fmt::format("bind {}: open_tree({}, OPEN_TREE_CLONE)", b.sandbox_path, b.source);
+        what = fmt::format("bind {}: open_tree({}, OPEN_TREE_CLONE)", b.sandbox_path,
+                           b.mask ? m.mask_dir : b.shared ? b.shared_path : b.source);
       } else if (static_cast<Step>(r.step) == Step::kBindSetattr) {
         what = fmt::format("bind {}: mount_setattr({}IDMAP|NOSUID|NODEV)", b.sandbox_path,
                            b.read_only ? "RDONLY|" : "");
       } else if (static_cast<Step>(r.step) == Step::kBindView) {
-        what = fmt::format("bind {}: mount(overlay -> {}, {})", b.sandbox_path, b.target, b.view_overlay);
+        what = b.shared
+                   ? fmt::format("bind {}: mount(overlay -> {}, {}) (the shared view of {})", b.sandbox_path,
+                                 m.shared_view, m.shared_view_overlay, m.shared_view_source)
+                   : fmt::format("bind {}: mount(overlay -> {}, {})", b.sandbox_path, b.target, b.view_overlay);
       } else {
         what = fmt::format("bind {}: move_mount(-> {})", b.sandbox_path, b.stage.empty() ? b.target : b.stage);
       }
@@ -482,7 +489,7 @@ absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
       what = fmt::format("mount /dev/shm: mount(tmpfs -> {}, {})", m.dev_shm, m.shm_data);
       break;
     case Step::kMaskProc:
-      what = fmt::format("mask /proc: mount(-> {})", at(m.masked, i));
+      what = fmt::format("mask /proc: clone of {} or bind of /dev/null -> {}", m.mask_dir, at(m.masked, i));
       break;
     case Step::kReadonlyProc:
       what = fmt::format("read-only /proc: mount({}, MS_BIND|MS_REMOUNT|MS_RDONLY)", at(m.read_only, i));

@@ -1,5 +1,6 @@
 #include "runtime/ns/mounts.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -8,8 +9,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -62,6 +66,77 @@ absl::StatusOr<std::vector<std::string>> SandboxPathComponents(const std::string
   return out;
 }
 
+// A directory without entries (a template's secret mask, e.g. base's empty.d over
+// /etc/ssl/private). st_nlink > 2 means subdirectories, so /usr and /etc cost no opendir.
+bool IsEmptyDir(const std::string& path, const struct stat& st) {
+  if (st.st_nlink > 2) return false;
+  DIR* d = ::opendir(path.c_str());
+  if (d == nullptr) return false;
+  bool empty = true;
+  while (struct dirent* e = ::readdir(d)) {
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+      empty = false;
+      break;
+    }
+  }
+  ::closedir(d);
+  return empty;
+}
+
+// The id of the mount `path` lies in (statx STATX_MNT_ID), or 0.
+uint64_t MountIdOf(const std::string& path) {
+  struct statx stx;
+  if (::statx(AT_FDCWD, path.c_str(), AT_STATX_DONT_SYNC, STATX_MNT_ID, &stx) != 0) return 0;
+  return (stx.stx_mask & STATX_MNT_ID) != 0 ? stx.stx_mnt_id : 0;
+}
+
+// The members of the shared view (MountPlan::shared_view): the largest set of at least two
+// unstaged views whose canonical sources lie in one mount, together with their common
+// ancestor, which must lie in that mount too (then no other mount sits between it and a
+// source, since every mount has its own id).
+void PlanSharedView(MountPlan& plan) {
+  std::map<uint64_t, std::vector<size_t>> by_mount;
+  for (size_t i = 0; i < plan.binds.size(); ++i) {
+    const auto& b = plan.binds[i];
+    if (!b.view || !b.stage.empty()) continue;
+    char real[PATH_MAX];
+    if (::realpath(b.source.c_str(), real) == nullptr || b.source != real) continue;
+    uint64_t id = MountIdOf(b.source);
+    if (id != 0) by_mount[id].push_back(i);
+  }
+  const std::vector<size_t>* best = nullptr;
+  uint64_t best_id = 0;
+  for (const auto& [id, members] : by_mount) {
+    if (members.size() >= 2 && (best == nullptr || members.size() > best->size())) {
+      best = &members;
+      best_id = id;
+    }
+  }
+  if (best == nullptr) return;
+  std::string common = plan.binds[(*best)[0]].source;
+  for (size_t i : *best) {
+    const std::string& src = plan.binds[i].source;
+    while (!(src == common || (src.compare(0, common.size(), common) == 0 &&
+                               (common == "/" || src[common.size()] == '/')))) {
+      size_t slash = common.rfind('/');
+      common = slash == 0 ? "/" : common.substr(0, slash);
+    }
+  }
+  if (MountIdOf(common) != best_id) return;
+  plan.shared_view_source = common;
+  plan.shared_view = plan.rootfs + "/views";
+  plan.shared_view_overlay = fmt::format("lowerdir={}:{}", plan.shared_view, plan.mask_dir);
+  for (size_t i : *best) {
+    auto& b = plan.binds[i];
+    b.shared = true;
+    b.shared_rel = b.source.substr(common.size() + (common == "/" || b.source == common ? 0 : 1));
+    if (!b.shared_rel.empty() && b.shared_rel[0] == '/') b.shared_rel.erase(0, 1);
+    b.shared_path = b.shared_rel.empty() ? plan.shared_view : plan.shared_view + "/" + b.shared_rel;
+    b.view = false;
+    b.view_overlay.clear();
+  }
+}
+
 }  // namespace
 
 absl::Status ProbeOverlayfs(const std::string& proc_root) {
@@ -89,6 +164,7 @@ absl::StatusOr<MountPlan> BuildMountPlan(const TemplateSpec& tmpl, const std::st
   // allocation (0.3-0.5 ms of CPU each on the project's fragmented ext4, docs/isolation.md §7).
   const std::string layers = o.disk ? plan.rootfs : sandbox_dir;
   if (o.disk) plan.disk = layers;
+  plan.mask_dir = layers + "/mask";
   std::string lowerdir = tmpl.rootfs_dir;
   if (o.uid_base != 0) {
     plan.lower_source = tmpl.rootfs_dir;
@@ -125,7 +201,11 @@ absl::StatusOr<MountPlan> BuildMountPlan(const TemplateSpec& tmpl, const std::st
       if (i + 1 < comps.size() || bind.is_dir) bind.mkdirs.push_back(cur);
     }
     bind.target = cur;
-    if (bind.is_dir && bind.read_only) {
+    // An empty read-only directory shows the same as the sandbox's own mask directory, without
+    // a view overlay (a superblock) of its own.
+    if (bind.is_dir && bind.read_only && IsEmptyDir(b.host_path, st)) {
+      bind.mask = true;
+    } else if (bind.is_dir && bind.read_only) {
       bind.view = true;
       if (plan.views_empty.empty()) {
         plan.make_views_empty = o.empty_dir.empty();
@@ -147,6 +227,8 @@ absl::StatusOr<MountPlan> BuildMountPlan(const TemplateSpec& tmpl, const std::st
     }
     plan.binds.push_back(std::move(bind));
   }
+
+  if (o.disk) PlanSharedView(plan);
 
   plan.proc = plan.rootfs + "/proc";
   plan.dev = plan.rootfs + "/dev";
@@ -230,10 +312,12 @@ inline bool MkdirOk(const char* path, mode_t mode) {
 // `userns_fd` when that is >= 0. A file system that cannot be idmapped (EINVAL) is attached
 // plain when `idmap_optional`. Returns 0, or -1 with errno set and *stage = 0 open_tree,
 // 1 mount_setattr, 2 move_mount.
-int AttachClone(const char* source, const char* target, uint64_t attrs, int userns_fd,
+// `source` may be "" to clone the directory `dirfd` (an O_PATH fd) names.
+int AttachClone(int dirfd, const char* source, const char* target, uint64_t attrs, int userns_fd,
                 bool idmap_optional, int* stage) {
   *stage = 0;
-  int fd = static_cast<int>(::syscall(SYS_open_tree, AT_FDCWD, source, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
+  const unsigned flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | (source[0] == '\0' ? AT_EMPTY_PATH : 0);
+  int fd = static_cast<int>(::syscall(SYS_open_tree, dirfd, source, flags));
   if (fd < 0) return -1;
   struct mount_attr attr;
   std::memset(&attr, 0, sizeof(attr));
@@ -259,8 +343,30 @@ int AttachClone(const char* source, const char* target, uint64_t attrs, int user
   return rc;
 }
 
-// Root made private, the disk, the idmapped lower and the overlay root on top.
-int MountRoot(const MountPlan& p, int userns_fd, int disk_fd, ChildReport* r) {
+// The shared view's clone and overlay at p.shared_view, held as *view_fd (O_PATH): the root
+// overlay covers p.shared_view next, and the members are cloned from the fd after it.
+int MountSharedView(const MountPlan& p, int userns_fd, int* view_fd, ChildReport* r) {
+  size_t first = 0;
+  while (first < p.binds.size() && !p.binds[first].shared) ++first;
+  int stage = 0;
+  if (!MkdirOk(p.shared_view.c_str(), 0755)) return Fail(r, Step::kBindMkdir, first);
+  if (AttachClone(AT_FDCWD, p.shared_view_source.c_str(), p.shared_view.c_str(),
+                  MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, userns_fd,
+                  /*idmap_optional=*/true, &stage) != 0) {
+    return Fail(r, stage == 0 ? Step::kBindMount : stage == 1 ? Step::kBindSetattr : Step::kBindMove, first);
+  }
+  if (::mount("overlay", p.shared_view.c_str(), "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV,
+              p.shared_view_overlay.c_str()) != 0) {
+    return Fail(r, Step::kBindView, first);
+  }
+  *view_fd = ::open(p.shared_view.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (*view_fd < 0) return Fail(r, Step::kBindMount, first);
+  return 0;
+}
+
+// Root made private, the disk, the idmapped lower, the mask directory (opened as *mask_fd
+// before the overlay covers it) and the overlay root on top.
+int MountRoot(const MountPlan& p, int userns_fd, int disk_fd, int* mask_fd, int* view_fd, ChildReport* r) {
   if (::mount("", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return Fail(r, Step::kMakeRootPrivate);
   // The disk joins this namespace only: the host never sees it mounted, and it goes (with its
   // loop device) when the sandbox's last process does.
@@ -274,13 +380,19 @@ int MountRoot(const MountPlan& p, int userns_fd, int disk_fd, ChildReport* r) {
     // The overlay's copy-up keeps the lower's owners as seen through this mount: host root's
     // files become the sandbox root's, so sandbox root can change its /etc, /root, ...
     int stage = 0;
-    if (AttachClone(p.lower_source.c_str(), p.lower.c_str(),
+    if (AttachClone(AT_FDCWD, p.lower_source.c_str(), p.lower.c_str(),
                     MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, userns_fd,
                     /*idmap_optional=*/false, &stage) != 0) {
       return Fail(r, Step::kIdmapLower, static_cast<size_t>(stage));
     }
   }
   MarkMount(p, kMtLower);
+  if (!MkdirOk(p.mask_dir.c_str(), 0555)) return Fail(r, Step::kMaskDir, 0);
+  *mask_fd = ::open(p.mask_dir.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (*mask_fd < 0) return Fail(r, Step::kMaskDir, 1);
+  if (!p.shared_view.empty()) {
+    if (int err = MountSharedView(p, userns_fd, view_fd, r); err != 0) return err;
+  }
   if (::mount("overlay", p.rootfs.c_str(), "overlay", MS_NOSUID | MS_NODEV, p.overlay_data.c_str()) != 0) {
     return Fail(r, Step::kMountOverlay);
   }
@@ -288,9 +400,17 @@ int MountRoot(const MountPlan& p, int userns_fd, int disk_fd, ChildReport* r) {
   return 0;
 }
 
+// A read-only, nosuid, nodev, noexec clone of the mask directory at `target` (idmapped, so
+// that it shows as sandbox root's like the view it replaces).
+inline int AttachMask(int mask_fd, const char* target, int userns_fd, int* stage) {
+  return AttachClone(mask_fd, "", target,
+                     MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+                     userns_fd, /*idmap_optional=*/true, stage);
+}
+
 // Bind `i` of the plan: its mount point, then the (idmapped) clone, or a read-only overlay view
 // of the clone staged under views_dir.
-int MountBind(const MountPlan& p, size_t i, int userns_fd, ChildReport* r) {
+int MountBind(const MountPlan& p, size_t i, int userns_fd, int mask_fd, int view_fd, ChildReport* r) {
   const auto& b = p.binds[i];
   for (const auto& d : b.mkdirs) {
     if (!MkdirOk(d.c_str(), 0755)) return Fail(r, Step::kBindMkdir, i);
@@ -306,6 +426,25 @@ int MountBind(const MountPlan& p, size_t i, int userns_fd, ChildReport* r) {
     ::close(fd);
   }
   int stage = 0;
+  if (b.shared) {
+    // A clone of the overlay's mount: read-only, nosuid, nodev like it; the files below are
+    // idmapped through its lower.
+    const unsigned flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | (b.shared_rel.empty() ? AT_EMPTY_PATH : 0);
+    int fd = static_cast<int>(::syscall(SYS_open_tree, view_fd, b.shared_rel.c_str(), flags));
+    if (fd < 0) return Fail(r, Step::kBindMount, i);
+    int rc = static_cast<int>(
+        ::syscall(SYS_move_mount, fd, "", AT_FDCWD, b.target.c_str(), MOVE_MOUNT_F_EMPTY_PATH));
+    int err = errno;
+    ::close(fd);
+    errno = err;
+    return rc == 0 ? 0 : Fail(r, Step::kBindMove, i);
+  }
+  if (b.mask) {
+    if (AttachMask(mask_fd, b.target.c_str(), userns_fd, &stage) != 0) {
+      return Fail(r, stage == 0 ? Step::kBindMount : stage == 1 ? Step::kBindSetattr : Step::kBindMove, i);
+    }
+    return 0;
+  }
   const uint64_t attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (b.read_only ? MOUNT_ATTR_RDONLY : 0);
   if (b.view && p.make_views_empty &&
       (!MkdirOk(p.views_dir.c_str(), 0755) || !MkdirOk(p.views_empty.c_str(), 0755))) {
@@ -315,7 +454,7 @@ int MountBind(const MountPlan& p, size_t i, int userns_fd, ChildReport* r) {
   if (staged && (!MkdirOk(p.views_dir.c_str(), 0755) || !MkdirOk(b.stage.c_str(), 0755))) {
     return Fail(r, Step::kBindMkdir, i);
   }
-  if (AttachClone(b.source.c_str(), staged ? b.stage.c_str() : b.target.c_str(), attrs, userns_fd,
+  if (AttachClone(AT_FDCWD, b.source.c_str(), staged ? b.stage.c_str() : b.target.c_str(), attrs, userns_fd,
                   /*idmap_optional=*/true, &stage) != 0) {
     return Fail(r, stage == 0 ? Step::kBindMount : stage == 1 ? Step::kBindSetattr : Step::kBindMove, i);
   }
@@ -356,18 +495,18 @@ int MountDev(const MountPlan& p, ChildReport* r) {
   return 0;
 }
 
-// The masked /proc paths (a read-only tmpfs over directories, /dev/null over files) and the
+// The masked /proc paths (the mask directory over directories, /dev/null over files) and the
 // read-only ones; paths this kernel lacks are skipped.
-int MaskProc(const MountPlan& p, ChildReport* r) {
+int MaskProc(const MountPlan& p, int userns_fd, int mask_fd, ChildReport* r) {
   for (size_t i = 0; i < p.masked.size(); ++i) {
     struct stat st;
     if (::stat(p.masked[i].c_str(), &st) != 0) {
       if (errno == ENOENT) continue;
       return Fail(r, Step::kMaskProc, i);
     }
+    int stage = 0;
     int rc = S_ISDIR(st.st_mode)
-                 ? ::mount("tmpfs", p.masked[i].c_str(), "tmpfs",
-                           MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr)
+                 ? AttachMask(mask_fd, p.masked[i].c_str(), userns_fd, &stage)
                  : ::mount(p.dev_null.c_str(), p.masked[i].c_str(), nullptr, MS_BIND, nullptr);
     if (rc != 0) return Fail(r, Step::kMaskProc, i);
   }
@@ -387,10 +526,13 @@ int MaskProc(const MountPlan& p, ChildReport* r) {
 
 }  // namespace
 
-int SetupMounts(const MountPlan& p, int userns_fd, int disk_fd, ChildReport* r) {
-  if (int err = MountRoot(p, userns_fd, disk_fd, r); err != 0) return err;
+namespace {
+
+int SetupMountsWithFds(const MountPlan& p, int userns_fd, int disk_fd, int* mask_fd, int* view_fd,
+                       ChildReport* r) {
+  if (int err = MountRoot(p, userns_fd, disk_fd, mask_fd, view_fd, r); err != 0) return err;
   for (size_t i = 0; i < p.binds.size(); ++i) {
-    if (int err = MountBind(p, i, userns_fd, r); err != 0) return err;
+    if (int err = MountBind(p, i, userns_fd, *mask_fd, *view_fd, r); err != 0) return err;
   }
   MarkMount(p, kMtBinds);
   if (!MkdirOk(p.proc.c_str(), 0555)) return Fail(r, Step::kMkdirMountpoint, 0);
@@ -403,13 +545,24 @@ int SetupMounts(const MountPlan& p, int userns_fd, int disk_fd, ChildReport* r) 
   MarkMount(p, kMtProc);
   if (int err = MountDev(p, r); err != 0) return err;
   MarkMount(p, kMtDev);
-  if (int err = MaskProc(p, r); err != 0) return err;
+  if (int err = MaskProc(p, userns_fd, *mask_fd, r); err != 0) return err;
   MarkMount(p, kMtMasks);
   if (::mount("tmpfs", p.tmp.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, p.tmp_data.c_str()) != 0) {
     return Fail(r, Step::kMountTmp);
   }
   MarkMount(p, kMtTmp);
   return 0;
+}
+
+}  // namespace
+
+int SetupMounts(const MountPlan& p, int userns_fd, int disk_fd, ChildReport* r) {
+  int mask_fd = -1;
+  int view_fd = -1;
+  int err = SetupMountsWithFds(p, userns_fd, disk_fd, &mask_fd, &view_fd, r);
+  if (mask_fd >= 0) ::close(mask_fd);
+  if (view_fd >= 0) ::close(view_fd);
+  return err;
 }
 
 int PivotRoot(const MountPlan& p, ChildReport* r) {

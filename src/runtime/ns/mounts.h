@@ -1,9 +1,10 @@
 // The sandbox's file system, built in the child inside its new mount namespace:
 //   / private (nothing propagates back to the host) -> the template's rootfs, idmapped into the
-//   sandbox's user namespace, at <dir>/lower -> overlay rootfs (lower = that, upper/work in the
-//   sandbox dir) -> template binds (idmapped, read-only, nosuid, nodev) -> /proc ->
-//   tmpfs /dev with a fixed set of nodes, devpts, /dev/shm -> /proc masks -> tmpfs /tmp ->
-//   pivot_root into the overlay and detach the old root.
+//   sandbox's user namespace, at <dir>/lower -> the sandbox's empty mask directory, held open ->
+//   the shared view (one overlay for the views whose sources share a mount), held open ->
+//   overlay rootfs (lower = that, upper/work in the sandbox dir) -> template binds (idmapped,
+//   read-only, nosuid, nodev) -> /proc -> tmpfs /dev with a fixed set of nodes, devpts, /dev/shm
+//   -> /proc masks -> tmpfs /tmp -> pivot_root into the overlay and detach the old root.
 //
 // The parent builds a MountPlan (every path and option string); the child only reads it, so
 // nothing allocates between clone and exec.
@@ -64,6 +65,14 @@ struct MountPlan {
   // Mount point of the sandbox's disk (the child move_mount()s LaunchPlan::disk_fd there):
   // `rootfs` itself, which the overlay then covers; empty without one.
   std::string disk;
+  // The sandbox's own empty directory (<rootfs>/mask on the disk, under the overlay, or
+  // <dir>/mask without one), made 0555 by the child and cloned read-only, nosuid, nodev,
+  // noexec (idmapped) over every masked directory: the /proc masks and a template's read-only
+  // bind of an empty directory. Every superblock on the host costs each memory cgroup a slot in
+  // the kernel's shrinker maps (memcgs x superblocks, docs/isolation.md §7): a tmpfs or view
+  // overlay per mask was one more per sandbox. Not a shared host directory: an inotify watch on
+  // it would see other sandboxes list their masks.
+  std::string mask_dir;
 
   // Binds are attached as clones (open_tree + mount_setattr + move_mount), idmapped when there
   // is a user namespace so that host root's files show as the sandbox root's; a file system
@@ -86,6 +95,10 @@ struct MountPlan {
     bool is_dir = true;
     bool read_only = true;
     bool view = false;         // a read-only directory: an overlay goes on top of the clone
+    bool mask = false;         // an empty read-only directory: a clone of mask_dir instead
+    bool shared = false;       // a member of the shared view (below): a clone of its subdirectory
+    std::string shared_rel;    // that subdirectory, relative to the common source ("" for itself)
+    std::string shared_path;   // <shared_view>/<shared_rel>, for messages
     std::string stage;         // where the clone is attached when not at `target`, else ""
     std::string view_overlay;  // overlay options for the target ("lowerdir=<clone>:<empty>")
   };
@@ -93,6 +106,18 @@ struct MountPlan {
   std::string views_empty;  // the empty second lower of every view overlay (overlay needs two)
   bool make_views_empty = false;  // views_empty is the sandbox's own (the child creates it)
   std::vector<Bind> binds;
+  // Read-only views whose sources lie in one host mount (base: /usr and /etc) share one
+  // overlay, one superblock instead of one per view: an (idmapped) clone of the sources' common
+  // ancestor is attached at `shared_view` on the disk, the overlay
+  // (lowerdir=<shared_view>:<mask_dir>, read-only) on top of it, and each member is a clone of
+  // its subdirectory of that overlay (reached through an O_PATH fd taken before the root overlay
+  // covers the disk). The sandbox sees only the members' subtrees, as with separate views. Disk
+  // only: the overlay's
+  // second lower must lie on another file system than the sources (overlayfs refuses layers
+  // nested in one another). Empty when fewer than two views share a mount.
+  std::string shared_view_source;   // host path, the common ancestor
+  std::string shared_view;          // <rootfs>/views on the disk
+  std::string shared_view_overlay;  // lowerdir=<shared_view>:<mask_dir>
 
   std::string proc, dev, tmp;  // rootfs + /proc, /dev, /tmp
   std::string dev_data, tmp_data, shm_data, devpts_data;

@@ -1,7 +1,10 @@
 // Mount plan building and the parent's rendering of child failures (no root).
 #include "runtime/ns/mounts.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "runtime/backend.h"
 #include "runtime/ns/launcher.h"
@@ -78,6 +81,12 @@ TEST(ChildFailure, NamesStepSyscallAndErrno) {
   EXPECT_NE(s.message().find("bind /usr: mount_setattr(RDONLY|IDMAP"), std::string::npos) << s;
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
 
+  r.step = static_cast<uint16_t>(Step::kMaskDir);
+  r.index = 0;
+  r.err = EROFS;
+  s = DescribeChildFailure(plan, r);
+  EXPECT_NE(s.message().find("mask directory: mkdir(/var/lib/sbx/sandboxes/sbx_x/mask)"), std::string::npos) << s;
+
   r.step = static_cast<uint16_t>(Step::kBindMount);
   r.index = 7;  // out of range: still a message, never a crash
   EXPECT_FALSE(DescribeChildFailure(plan, r).ok());
@@ -148,6 +157,75 @@ TEST(MountPlan, UserNamespaceIdmapsTheLowerAndOwnsTheTmpfsRoots) {
   ASSERT_TRUE(plain.ok());
   EXPECT_TRUE(plain->lower.empty());
   EXPECT_EQ(plain->tmp_data.find("uid="), std::string::npos);
+}
+
+TEST(MountPlan, EmptyReadOnlyDirectoriesAreTheSandboxsOwnMaskNotAView) {
+  char tmpl[] = "/tmp/sbx-mounts-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string empty = std::string(tmpl) + "/empty.d";
+  const std::string full = std::string(tmpl) + "/full.d";
+  ASSERT_EQ(::mkdir(empty.c_str(), 0555), 0);
+  ASSERT_EQ(::mkdir(full.c_str(), 0755), 0);
+  ASSERT_EQ(::close(::creat((full + "/f").c_str(), 0644)), 0);
+  TemplateSpec t = BaseTemplate();
+  t.binds = {{empty, "/etc/ssl/private", true}, {full, "/opt/full", true}, {empty, "/srv/rw", false}};
+  MountOptions o;
+  o.disk = true;
+  auto plan = BuildMountPlan(t, "/var/lib/sbx/sandboxes/sbx_x", o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // On the disk, under the overlay: the sandbox's own directory, never the host's or a shared one.
+  EXPECT_EQ(plan->mask_dir, plan->rootfs + "/mask");
+  EXPECT_TRUE(plan->binds[0].mask);
+  EXPECT_FALSE(plan->binds[0].view);
+  EXPECT_TRUE(plan->binds[0].view_overlay.empty());
+  // A directory with entries is a view; a writable one a plain bind.
+  EXPECT_FALSE(plan->binds[1].mask);
+  EXPECT_TRUE(plan->binds[1].view);
+  EXPECT_FALSE(plan->binds[2].mask);
+  EXPECT_FALSE(plan->binds[2].view);
+  auto plain = BuildMountPlan(t, "/var/lib/sbx/sandboxes/sbx_x");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->mask_dir, "/var/lib/sbx/sandboxes/sbx_x/mask");
+  ::unlink((full + "/f").c_str());
+  ::rmdir(full.c_str());
+  ::rmdir(empty.c_str());
+  ::rmdir(tmpl);
+}
+
+TEST(MountPlan, ViewsInOneMountShareOneOverlayOnTheDisk) {
+  char tmpl[] = "/tmp/sbx-mounts-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string base = tmpl;
+  for (const char* d : {"/a", "/a/x", "/b", "/b/y"}) ASSERT_EQ(::mkdir((base + d).c_str(), 0755), 0);
+  TemplateSpec t = BaseTemplate();
+  t.binds = {{base + "/a", "/usr", true}, {base + "/b", "/opt/b", true}, {base + "/a", "/srv/rw", false}};
+  MountOptions o;
+  o.disk = true;
+  auto plan = BuildMountPlan(t, "/var/lib/sbx/sandboxes/sbx_x", o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->shared_view_source, base);
+  EXPECT_EQ(plan->shared_view, plan->rootfs + "/views");
+  EXPECT_EQ(plan->shared_view_overlay, "lowerdir=" + plan->rootfs + "/views:" + plan->rootfs + "/mask");
+  EXPECT_TRUE(plan->binds[0].shared);
+  EXPECT_EQ(plan->binds[0].shared_rel, "a");
+  EXPECT_EQ(plan->binds[0].shared_path, plan->rootfs + "/views/a");
+  EXPECT_FALSE(plan->binds[0].view);
+  EXPECT_TRUE(plan->binds[1].shared);
+  EXPECT_EQ(plan->binds[1].shared_rel, "b");
+  // A writable bind is never part of it.
+  EXPECT_FALSE(plan->binds[2].shared);
+  // Without a disk (no second lower on another file system), or with one view: separate views.
+  auto plain = BuildMountPlan(t, "/var/lib/sbx/sandboxes/sbx_x");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(plain->shared_view.empty());
+  EXPECT_TRUE(plain->binds[0].view);
+  t.binds.resize(1);
+  auto one = BuildMountPlan(t, "/var/lib/sbx/sandboxes/sbx_x", o);
+  ASSERT_TRUE(one.ok());
+  EXPECT_TRUE(one->shared_view.empty());
+  EXPECT_TRUE(one->binds[0].view);
+  for (const char* d : {"/a/x", "/a", "/b/y", "/b"}) ::rmdir((base + d).c_str());
+  ::rmdir(tmpl);
 }
 
 }  // namespace
