@@ -185,7 +185,7 @@ class SandboxCgroup {
 
  private:
   // Frozen tasks of the v1 freezer die of SIGKILL only once thawed: Kill() thaws after it has
-  // signalled everything, so nothing runs again in between. Best effort.
+  // signalled everything, so nothing runs again in between. Best effort. v2 needs no thaw.
   void ThawAfterKill() const;
 
   std::string id_;
