@@ -441,8 +441,9 @@ TEST_F(NsRuntimeTest, IsolationInsideTheSandbox) {
     EXPECT_EQ(line.substr(line.rfind(':')), ":/") << line;
   }
 
-  // The sandbox's limits are on its work/ child, where its processes are; the agent sits
-  // beside them in agent/, with its own budget (NsOptions::agent_memory_mib, agent_pids).
+  // The sandbox's limits are on its work/ child, where its processes are; the agent has its
+  // own budget (NsOptions::agent_memory_mib, agent_pids): in agent/ beside work/ on pure v2, in
+  // the sandbox's directory itself on v1 (limits = the workload's + the agent's).
   auto paths = backend_->CgroupPaths(spec.id);
   auto contains = [](const std::string& dir, pid_t want) {
     auto procs = ReadFileToString(dir + "/cgroup.procs");
@@ -456,19 +457,22 @@ TEST_F(NsRuntimeTest, IsolationInsideTheSandbox) {
     auto limit = ReadFileToString(mem_dir + "/work" + mem_file);
     ASSERT_TRUE(limit.ok()) << limit.status();
     EXPECT_EQ(std::stoll(*limit), 256LL << 20);
-    auto agent_limit = ReadFileToString(mem_dir + "/agent" + mem_file);
+    const bool v1 = paths.count("memory") > 0;
+    const std::string agent_dir = v1 ? mem_dir : mem_dir + "/agent";
+    auto agent_limit = ReadFileToString(agent_dir + mem_file);
     ASSERT_TRUE(agent_limit.ok()) << agent_limit.status();
-    EXPECT_EQ(std::stoll(*agent_limit), int64_t{NsOptions{}.agent_memory_mib} << 20);
-    EXPECT_TRUE(contains(mem_dir + "/agent", pid)) << "the agent is not in " << mem_dir << "/agent";
+    EXPECT_EQ(std::stoll(*agent_limit), (int64_t{NsOptions{}.agent_memory_mib} << 20) + (v1 ? 256LL << 20 : 0));
+    EXPECT_TRUE(contains(agent_dir, pid)) << "the agent is not in " << agent_dir;
     EXPECT_FALSE(contains(mem_dir + "/work", pid));
+    EXPECT_EQ(ReadFileToString(mem_dir + "/agent" + mem_file).ok(), !v1) << "agent/ only on pure v2";
   }
   if (paths.count("pids")) {
     auto max = ReadFileToString(paths["pids"] + "/work/pids.max");
     ASSERT_TRUE(max.ok());
     EXPECT_EQ(*max, "128\n");
-    auto agent_max = ReadFileToString(paths["pids"] + "/agent/pids.max");
-    ASSERT_TRUE(agent_max.ok());
-    EXPECT_EQ(*agent_max, fmt::format("{}\n", NsOptions{}.agent_pids));
+    auto total = ReadFileToString(paths["pids"] + "/pids.max");
+    ASSERT_TRUE(total.ok());
+    EXPECT_EQ(*total, fmt::format("{}\n", NsOptions{}.agent_pids + 128));
   }
   // A session's processes are in work/ (every hierarchy), and see it as their cgroup root.
   {

@@ -19,7 +19,7 @@ FORK_BOMB_SECONDS = 5
 
 
 def _pids_cgroup(sandbox_id: str) -> Path:
-    """The workload's pids cgroup: <sandbox>/work (the agent has its own, <sandbox>/agent)."""
+    """The workload's pids cgroup: <sandbox>/work (the agent counts in <sandbox> itself on v1)."""
     dirs = [Path(d) / "work" for d in hostcheck.cgroup_dirs(sandbox_id) if (Path(d) / "work" / "pids.max").exists()]
     assert len(dirs) == 1, f"expected one pids cgroup named after {sandbox_id}: {dirs}"
     return dirs[0]

@@ -223,7 +223,22 @@ std::string SandboxCgroup::v2_path() const {
 }
 
 bool SandboxCgroup::Split() const {
-  return !dirs_.empty() && cgroup_internal::FileExists(Join(dirs_.front().path, kAgentLeaf));
+  return !dirs_.empty() && cgroup_internal::FileExists(Join(dirs_.front().path, kWorkLeaf));
+}
+
+std::string SandboxCgroup::AgentOomCounterPath() const {
+  if (!Split()) return "";
+  // The agent's own directory: a child `agent` where one exists (pure v2, and sandboxes made
+  // before the agent moved into the sandbox's directory on v1), else the directory itself.
+  auto agent = [&](const std::string& dir) {
+    const std::string child = Join(dir, kAgentLeaf);
+    return cgroup_internal::FileExists(child) ? child : dir;
+  };
+  for (const auto& d : dirs_) {
+    if (d.key == "memory" && !d.v2) return Join(agent(d.path), "memory.oom_control");
+  }
+  const std::string v2 = v2_path();
+  return v2.empty() ? "" : Join(agent(v2), "memory.events");
 }
 
 std::string SandboxCgroup::OomCounterPath() const {
@@ -332,13 +347,19 @@ absl::Status SandboxCgroup::WaitEmpty(std::chrono::steady_clock::time_point dead
     std::string events = Join(v2, "cgroup.events");
     UniqueFd fd(::open(events.c_str(), O_RDONLY | O_CLOEXEC));
     if (fd) {
+      // Every process of the sandbox is in the v2 directory's subtree too (the agent is cloned
+      // into it, its children inherit it or join work/ in every hierarchy), and a task leaves
+      // all hierarchies at once when it exits: "populated 0" there means the v1 directories
+      // are empty as well, so they are not read (9 reads and 6 stats per delete on hybrid
+      // hosts). Remove() still retries the EBUSY of a task that is not yet released.
       for (;;) {
         char buf[256];
         ssize_t n = ::pread(fd.get(), buf, sizeof(buf) - 1, 0);
         if (n < 0) return ErrnoStatus(errno, fmt::format("wait for cgroup: read({})", events));
         buf[n] = '\0';
         const char* p = std::strstr(buf, "populated ");
-        if (p == nullptr || p[10] == '0') break;
+        if (p == nullptr) break;
+        if (p[10] == '0') return absl::OkStatus();
         int ms = RemainingMs(deadline);
         if (ms == 0) {
           return absl::DeadlineExceededError(fmt::format(
@@ -395,9 +416,10 @@ absl::Status SandboxCgroup::Remove(std::chrono::steady_clock::time_point deadlin
   };
   for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) {
     if (!it->created) continue;
-    // The children first (a split cgroup); they belong to whoever created the directory.
+    // The children first (a split cgroup); they belong to whoever created the directory. No
+    // agent child where the agent sits in the directory itself (agent_leaf() "").
     bool children_gone = remove(Join(it->path, kWorkLeaf));
-    children_gone = remove(Join(it->path, kAgentLeaf)) && children_gone;
+    if (!agent_leaf_.empty()) children_gone = remove(Join(it->path, agent_leaf_)) && children_gone;
     if (children_gone && remove(it->path)) it->created = false;
   }
   return result;

@@ -41,22 +41,33 @@ struct CgroupLimits {
   int64_t pids = 0;          // > 0
   int64_t cpu_quota_us = 0;  // > 0, per cpu_period_us
   int64_t cpu_period_us = 100000;
-  // > 0: the sandbox's directory gets two children, `agent` (the agent alone, with these
-  // limits) and `work` (every sandbox process, with memory_bytes and pids), under one CPU quota
-  // on the sandbox's directory. The OOM killer and pids.max then act on the workload only: a
-  // memory or fork bomb cannot take or starve the agent, whose own budget the workload cannot
-  // touch. 0: one directory for all (sandboxes made before the split).
+  // > 0: the workload (every sandbox process but the agent) gets a child `work` with
+  // memory_bytes and pids, under one CPU quota on the sandbox's directory, and the agent gets a
+  // budget of its own the workload cannot touch. The OOM killer and pids.max then act on the
+  // workload only: a memory or fork bomb cannot take or starve the agent. Where the agent sits
+  // depends on the driver (SandboxCgroup::agent_leaf()):
+  //   * v1 / hybrid: in the sandbox's directory itself, whose limits are the workload's plus
+  //     these, so the agent always has at least this much left. One memory cgroup fewer than
+  //     a child of its own: every memory cgroup costs the kernel a shrinker map sized by the
+  //     host's superblocks (docs/benchmarks.md, density).
+  //   * pure v2: in a child `agent` with these limits (no-internal-processes rule: the
+  //     sandbox's directory enables controllers for `work`, so it cannot hold the agent).
+  // 0: one directory for all (sandboxes made before the split).
   int64_t agent_memory_bytes = 0;
   int64_t agent_pids = 0;
 };
 
-// The children of a split sandbox cgroup (CgroupLimits::agent_memory_bytes).
+// The children of a split sandbox cgroup (CgroupLimits::agent_memory_bytes). `agent` exists on
+// pure v2 only, and in v1 hierarchies of sandboxes made before the agent moved into the
+// sandbox's directory there.
 inline constexpr char kAgentLeaf[] = "agent";
 inline constexpr char kWorkLeaf[] = "work";
-// cpu.weight (v2) / cpu.shares (v1) of the agent's child: ten times the workload's default, so
-// a CPU-bound workload cannot starve the agent within the sandbox's quota.
+// cpu.weight (v2) of the agent's child: ten times the workload's default, so a CPU-bound
+// workload cannot starve the agent within the sandbox's quota.
 inline constexpr int kAgentCpuWeight = 1000;
-inline constexpr int kAgentCpuShares = 10240;
+// v1: the agent's tasks (weight 1024 each at nice 0) compete with the `work` group in the
+// sandbox's directory; a tenth of that on `work` keeps the same 10:1 ratio as v2.
+inline constexpr int kWorkCpuShares = 102;
 
 // Where to look. Real hosts use the defaults; unit tests point both at a fake tree.
 struct CgroupEnv {
@@ -135,8 +146,16 @@ class SandboxCgroup {
   absl::StatusOr<std::vector<UniqueFd>> OpenProcsFiles(bool skip_v2, const std::string& leaf = "") const;
   // O_PATH|O_DIRECTORY fd of the v2 directory (or its child `leaf`) for CLONE_INTO_CGROUP.
   absl::StatusOr<UniqueFd> OpenV2Dir(const std::string& leaf = "") const;
-  // Whether the directories have the agent/work children (CgroupLimits::agent_memory_bytes).
+  // Whether the directories have a work child (CgroupLimits::agent_memory_bytes).
   bool Split() const;
+  // Where the agent of a split sandbox goes, relative to each directory: "" (the directory
+  // itself, v1 / hybrid) or kAgentLeaf (pure v2). Set by the driver's Create.
+  const std::string& agent_leaf() const { return agent_leaf_; }
+  void set_agent_leaf(std::string leaf) { agent_leaf_ = std::move(leaf); }
+  // The file whose `oom_kill N` line counts the OOM kills of the agent of a split sandbox (v1
+  // memory.oom_control counts only its own cgroup's tasks, not its children's): "" when the
+  // sandbox is not split or has no memory directory.
+  std::string AgentOomCounterPath() const;
   // Every pid listed in the directories and their children (duplicates across hierarchies
   // removed); missing directories list nothing.
   std::vector<pid_t> Pids() const;
@@ -166,11 +185,12 @@ class SandboxCgroup {
 
  private:
   // Frozen tasks of the v1 freezer die of SIGKILL only once thawed: Kill() thaws after it has
-  // signalled everything, so nothing runs again in between. Best effort.
+  // signalled everything, so nothing runs again in between. Best effort. v2 needs no thaw.
   void ThawAfterKill() const;
 
   std::string id_;
   std::vector<Dir> dirs_;
+  std::string agent_leaf_ = kAgentLeaf;
   bool armed_ = true;
 };
 

@@ -154,12 +154,11 @@ absl::StatusOr<bool> SandboxCgroup::FreezeRequested() const {
 }
 
 void SandboxCgroup::ThawAfterKill() const {
+  // Only the v1 freezer: a fatal signal wakes a task frozen by v2's cgroup.freeze (the kernel's
+  // cgroup-v2.rst, "Processes in the frozen cgroup can be killed by a fatal signal"), so a v2
+  // directory is removed frozen, without a stat and a write per Kill() (two per delete).
   for (const auto& d : dirs_) {
-    if (d.v2) {
-      if (cgroup_internal::FileExists(Join(d.path, "cgroup.freeze"))) {
-        (void)WriteStringToFile(Join(d.path, "cgroup.freeze"), "0");
-      }
-    } else if (d.key == kFreezerKey) {
+    if (!d.v2 && d.key == kFreezerKey) {
       (void)WriteStringToFile(Join(d.path, "freezer.state"), "THAWED");
     }
   }

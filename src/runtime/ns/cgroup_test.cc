@@ -142,6 +142,84 @@ TEST(CgroupDetect, HybridLikeThisMachine) {
   EXPECT_TRUE(absl::IsAlreadyExists(again.status())) << again.status();
 }
 
+CgroupLimits SplitLimits() {
+  CgroupLimits l = Limits();
+  l.agent_memory_bytes = 32 << 20;
+  l.agent_pids = 16;
+  return l;
+}
+
+// v1 / hybrid: the agent sits in the sandbox's directory, whose limits are the workload's plus
+// its own; only the workload gets a child. Two memory cgroups per sandbox, not three.
+TEST(CgroupSplit, HybridPutsTheAgentInTheSandboxDirectory) {
+  FakeHost h;
+  h.Write("proc/mounts", kHybridMounts);
+  h.Write("proc/self/cgroup", kHybridSelf);
+  auto driver = MakeCgroupDriver(h.env());
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  ASSERT_TRUE((*driver)->Setup().ok());
+  const std::string id = NewId("sbx");
+  auto cg = (*driver)->Create(id, SplitLimits());
+  ASSERT_TRUE(cg.ok()) << cg.status();
+  EXPECT_EQ((*cg)->agent_leaf(), "");
+  const std::string mem = "cg/memory/process_api/b393e8e0/sbx/" + id;
+  for (const std::string& dir : {mem, "cg/pids/sbx/" + id, "cg/cpu/sbx/" + id, "cg/unified/sbx/" + id}) {
+    EXPECT_TRUE(h.Exists(dir + "/work")) << dir;
+    EXPECT_FALSE(h.Exists(dir + "/agent")) << dir;
+  }
+  EXPECT_EQ(h.Read(mem + "/work/memory.limit_in_bytes"), std::to_string(256 << 20));
+  EXPECT_EQ(h.Read(mem + "/memory.limit_in_bytes"), std::to_string((256 + 32) << 20));
+  EXPECT_EQ(h.Read("cg/pids/sbx/" + id + "/work/pids.max"), "64");
+  EXPECT_EQ(h.Read("cg/pids/sbx/" + id + "/pids.max"), "80");
+  EXPECT_EQ(h.Read("cg/cpu/sbx/" + id + "/cpu.cfs_quota_us"), "200000");
+  EXPECT_EQ(h.Read("cg/cpu/sbx/" + id + "/work/cpu.shares"), std::to_string(kWorkCpuShares));
+  EXPECT_TRUE((*cg)->Split());
+  EXPECT_EQ((*cg)->OomCounterPath(), h.cg(mem.substr(3) + "/work/memory.oom_control"));
+  // The agent's kills count in the sandbox's own directory (v1 counts no child's).
+  EXPECT_EQ((*cg)->AgentOomCounterPath(), h.cg(mem.substr(3) + "/memory.oom_control"));
+  // The agent joins the directories themselves; its children join work/.
+  for (const std::string& dir : {mem, "cg/pids/sbx/" + id, "cg/cpu/sbx/" + id}) h.Write(dir + "/cgroup.procs", "");
+  auto agent_fds = (*cg)->OpenProcsFiles(/*skip_v2=*/true, (*cg)->agent_leaf());
+  ASSERT_TRUE(agent_fds.ok()) << agent_fds.status();
+  EXPECT_EQ(agent_fds->size(), 3u);
+  (*cg)->Release();
+
+  // A sandbox made before the move still has agent/ children: its agent's counter is there.
+  const std::string old_id = NewId("sbx");
+  h.Mkdir("cg/memory/process_api/b393e8e0/sbx/" + old_id + "/agent");
+  h.Mkdir("cg/memory/process_api/b393e8e0/sbx/" + old_id + "/work");
+  auto old = (*driver)->Existing(old_id);
+  EXPECT_TRUE(old->Split());
+  EXPECT_EQ(old->AgentOomCounterPath(),
+            h.cg("memory/process_api/b393e8e0/sbx/" + old_id + "/agent/memory.oom_control"));
+}
+
+// Pure v2 keeps the agent in a child: the sandbox's directory enables controllers for work/,
+// so it may hold no process (no-internal-processes rule).
+TEST(CgroupSplit, PureV2KeepsTheAgentChild) {
+  FakeHost h;
+  h.Write("proc/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate 0 0\n");
+  h.Write("proc/self/cgroup", "0::/svc\n");
+  h.Write("cg/svc/cgroup.controllers", "cpu memory pids\n");
+  h.Write("cg/svc/cgroup.subtree_control", "\n");
+  h.Write("cg/svc/cgroup.procs", "\n");
+  auto driver = MakeCgroupDriver(h.env());
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  ASSERT_TRUE((*driver)->Setup().ok());
+  const std::string id = NewId("sbx");
+  auto cg = (*driver)->Create(id, SplitLimits());
+  ASSERT_TRUE(cg.ok()) << cg.status();
+  EXPECT_EQ((*cg)->agent_leaf(), kAgentLeaf);
+  const std::string dir = "cg/svc/sbx/" + id;
+  EXPECT_EQ(h.Read(dir + "/cgroup.subtree_control"), "+memory +pids +cpu");
+  EXPECT_EQ(h.Read(dir + "/work/memory.max"), std::to_string(256 << 20));
+  EXPECT_EQ(h.Read(dir + "/agent/memory.max"), std::to_string(32 << 20));
+  EXPECT_EQ(h.Read(dir + "/agent/pids.max"), "16");
+  EXPECT_EQ(h.Read(dir + "/agent/cpu.weight"), std::to_string(kAgentCpuWeight));
+  EXPECT_EQ((*cg)->AgentOomCounterPath(), h.cg("svc/sbx/" + id + "/agent/memory.events"));
+  (*cg)->Release();
+}
+
 TEST(CgroupDetect, CoMountedCpuCpuacct) {
   FakeHost h;
   h.Write("proc/mounts",

@@ -8,8 +8,9 @@
 // creating groups at the hierarchy root or beside the agent's groups would escape or disturb it.
 #include <sys/stat.h>
 
-#include <cctype>
+#include <atomic>
 #include <cerrno>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -78,48 +79,57 @@ class V1HybridDriver : public CgroupDriver {
                                                         const CgroupLimits& l) override {
     SBX_RETURN_IF_ERROR(CheckLimits(l));
     auto cg = std::make_unique<SandboxCgroup>(id, SandboxDirs(id));
+    // Split: the workload in work/ with its limits; the agent in the sandbox's directory
+    // itself, whose limits are the workload's plus the agent's, so the workload can never take
+    // the agent's share (its own limit is lower) and an OOM kill or pids.max of the workload
+    // stays in work/. v1 allows tasks beside child cgroups, and this keeps a sandbox at two
+    // memory cgroups instead of three (docs/isolation.md, "Cgroups").
     const bool split = l.agent_memory_bytes > 0 || l.agent_pids > 0;
+    cg->set_agent_leaf("");
     for (auto& d : cg->mutable_dirs()) {
       if (::mkdir(d.path.c_str(), 0755) != 0) {
         return ErrnoStatus(errno, fmt::format("create cgroup: mkdir({})", d.path));
       }
       d.created = true;
-      for (const char* leaf : {kAgentLeaf, kWorkLeaf}) {
-        if (!split) break;
-        const std::string child = Join(d.path, leaf);
+      if (split) {
+        const std::string child = Join(d.path, kWorkLeaf);
         if (::mkdir(child.c_str(), 0755) != 0) {
           return ErrnoStatus(errno, fmt::format("create cgroup: mkdir({})", child));
         }
       }
     }
-    // Split: the workload's limits on work/, the agent's on agent/, the CPU quota over both.
     auto memory = [&](const std::string& dir, int64_t bytes) -> absl::Status {
       const std::string v = std::to_string(bytes);
       SBX_RETURN_IF_ERROR(Annotate(WriteControl(env_, dir, "memory.limit_in_bytes", v), "cgroup memory limit"));
       // Without this a sandbox could spill past its limit into swap where swap exists.
-      if (cgroup_internal::FileExists(Join(dir, "memory.memsw.limit_in_bytes"))) {
+      if (HasMemsw(dir)) {
         SBX_RETURN_IF_ERROR(
             Annotate(WriteControl(env_, dir, "memory.memsw.limit_in_bytes", v), "cgroup memory limit"));
       }
       return absl::OkStatus();
     };
+    // The sandbox's total: the workload's limit plus the agent's budget.
+    auto sum = [](int64_t workload, int64_t agent) { return workload > 0 && agent > 0 ? workload + agent : 0; };
     for (const auto& d : cg->dirs()) {
       const std::string work = split ? Join(d.path, kWorkLeaf) : d.path;
-      const std::string agent = Join(d.path, kAgentLeaf);
       if (d.key == "memory") {
-        if (l.memory_bytes > 0) SBX_RETURN_IF_ERROR(memory(work, l.memory_bytes));
-        if (split && l.agent_memory_bytes > 0) {
-          SBX_RETURN_IF_ERROR(Annotate(memory(agent, l.agent_memory_bytes), "agent"));
+        if (split) {
+          if (int64_t total = sum(l.memory_bytes, l.agent_memory_bytes); total > 0) {
+            SBX_RETURN_IF_ERROR(Annotate(memory(d.path, total), "sandbox total (workload + agent)"));
+          }
         }
+        if (l.memory_bytes > 0) SBX_RETURN_IF_ERROR(memory(work, l.memory_bytes));
       }
       if (d.key == "pids") {
+        if (split) {
+          if (int64_t total = sum(l.pids, l.agent_pids); total > 0) {
+            SBX_RETURN_IF_ERROR(Annotate(WriteControl(env_, d.path, "pids.max", std::to_string(total)),
+                                         "cgroup pids limit: sandbox total (workload + agent)"));
+          }
+        }
         if (l.pids > 0) {
           SBX_RETURN_IF_ERROR(Annotate(
               WriteControl(env_, work, "pids.max", std::to_string(l.pids)), "cgroup pids limit"));
-        }
-        if (split && l.agent_pids > 0) {
-          SBX_RETURN_IF_ERROR(Annotate(
-              WriteControl(env_, agent, "pids.max", std::to_string(l.agent_pids)), "agent cgroup pids limit"));
         }
       }
       if (d.key == "cpu") {
@@ -128,12 +138,10 @@ class V1HybridDriver : public CgroupDriver {
           // (tg_set_cfs_bandwidth → __cfs_schedulable), so it costs more the more sandboxes
           // run: a new cgroup starts with the kernel's default period (100 ms, what sandboxes
           // use), and then only the quota is written.
+          // That default is the kernel's constant, so it is read from the first sandbox's
+          // cgroup only.
           const std::string period = std::to_string(l.cpu_period_us);
-          auto current = ReadFileToString(Join(d.path, "cpu.cfs_period_us"));
-          if (current.ok()) {
-            while (!current->empty() && std::isspace(static_cast<unsigned char>(current->back()))) current->pop_back();
-          }
-          if (!current.ok() || *current != period) {
+          if (l.cpu_period_us != DefaultPeriod(d.path)) {
             SBX_RETURN_IF_ERROR(
                 Annotate(WriteControl(env_, d.path, "cpu.cfs_period_us", period), "cgroup cpu limit"));
           }
@@ -143,7 +151,7 @@ class V1HybridDriver : public CgroupDriver {
         }
         if (split) {
           SBX_RETURN_IF_ERROR(Annotate(
-              WriteControl(env_, agent, "cpu.shares", std::to_string(kAgentCpuShares)), "agent cgroup cpu share"));
+              WriteControl(env_, work, "cpu.shares", std::to_string(kWorkCpuShares)), "workload cgroup cpu share"));
         }
       }
     }
@@ -183,8 +191,38 @@ class V1HybridDriver : public CgroupDriver {
     return out;
   }
 
+  // Whether memory.memsw.* exists (swap accounting): the same for every memory cgroup of the
+  // host, so it is looked up once.
+  bool HasMemsw(const std::string& dir) {
+    int known = has_memsw_.load(std::memory_order_relaxed);
+    if (known < 0) {
+      known = cgroup_internal::FileExists(Join(dir, "memory.memsw.limit_in_bytes")) ? 1 : 0;
+      has_memsw_.store(known, std::memory_order_relaxed);
+    }
+    return known == 1;
+  }
+
+  // cpu.cfs_period_us of a new cgroup: read from the first sandbox whose cgroup has the file,
+  // -1 while it cannot be read.
+  int64_t DefaultPeriod(const std::string& new_dir) {
+    int64_t known = default_period_.load(std::memory_order_relaxed);
+    if (known != 0) return known;
+    auto text = ReadFileToString(Join(new_dir, "cpu.cfs_period_us"));
+    known = -1;
+    if (text.ok()) {
+      char* end = nullptr;
+      const long long v = std::strtoll(text->c_str(), &end, 10);
+      if (end != text->c_str() && v > 0) known = v;
+    }
+    // Unknown stays unknown for this sandbox only: the next one reads again.
+    if (known > 0) default_period_.store(known, std::memory_order_relaxed);
+    return known;
+  }
+
   CgroupLayout layout_;
   CgroupEnv env_;
+  std::atomic<int64_t> default_period_{0};  // 0: not read yet
+  std::atomic<int> has_memsw_{-1};  // unknown until the first memory cgroup
 };
 
 }  // namespace

@@ -144,6 +144,7 @@ class V2Driver : public CgroupDriver {
     // agent/, the CPU quota over both. The sandbox's directory then holds no process itself,
     // as v2 requires of one that enables controllers for its children.
     const bool split = l.agent_memory_bytes > 0 || l.agent_pids > 0;
+    cg->set_agent_leaf(split ? kAgentLeaf : "");
     const std::string work = split ? Join(d.path, kWorkLeaf) : d.path;
     const std::string agent = Join(d.path, kAgentLeaf);
     if (split) {

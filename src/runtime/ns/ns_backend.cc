@@ -365,8 +365,9 @@ class Creation {
   absl::Status OpenCgroupFiles() {
     const bool into_cgroup = s_.cgroups->UseCloneIntoCgroup() && !cgroup_->v2_path().empty();
     const bool split = limits_.agent_memory_bytes > 0 || limits_.agent_pids > 0;
-    const std::string agent_leaf = split ? kAgentLeaf : "";
-    auto leaf_of = [&](const std::string& dir) { return split ? fmt::format("{}/{}", dir, kAgentLeaf) : dir; };
+    // The agent's place in each directory: a child on pure v2, the directory itself on v1.
+    const std::string agent_leaf = split ? cgroup_->agent_leaf() : "";
+    auto leaf_of = [&](const std::string& dir) { return agent_leaf.empty() ? dir : fmt::format("{}/{}", dir, agent_leaf); };
     SBX_ASSIGN_OR_RETURN(procs_fds_, cgroup_->OpenProcsFiles(into_cgroup, agent_leaf));
     if (into_cgroup) {
       SBX_ASSIGN_OR_RETURN(v2_dir_, cgroup_->OpenV2Dir(agent_leaf));

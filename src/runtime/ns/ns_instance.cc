@@ -77,14 +77,8 @@ class NsInstance : public Instance {
     }
     // The agent's own cgroup (split sandboxes) counts what the OOM killer took there: v1's
     // memory hierarchy where there is one (hybrid hosts), else v2's.
-    if (cgroup_ && cgroup_->Split()) {
-      std::string file;
-      for (const auto& d : cgroup_->dirs()) {
-        if (d.key == "memory" && !d.v2) file = fmt::format("{}/{}/memory.oom_control", d.path, kAgentLeaf);
-      }
-      if (file.empty() && !cgroup_->v2_path().empty()) {
-        file = fmt::format("{}/{}/memory.events", cgroup_->v2_path(), kAgentLeaf);
-      }
+    if (cgroup_) {
+      const std::string file = cgroup_->AgentOomCounterPath();
       auto text = file.empty() ? absl::StatusOr<std::string>(absl::NotFoundError("")) : ReadFileToString(file);
       const size_t at = text.ok() ? text->find("oom_kill ") : std::string::npos;
       if (at != std::string::npos && std::strtoull(text->c_str() + at + 9, nullptr, 10) > 0) {
