@@ -1,5 +1,7 @@
 #include "runtime/doctor/density.h"
 
+#include <sys/stat.h>
+
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -78,11 +80,16 @@ absl::StatusOr<HostLimits> ReadHostLimits(const std::string& host_root) {
     }
   }
   h.numa_nodes = std::max<int64_t>(1, nodes);
+  // The memory controller on cgroup v1 (a hybrid host): the agent shares its sandbox's memcg.
+  struct stat st;
+  if (::stat(Under(host_root, "/sys/fs/cgroup/memory/memory.limit_in_bytes").c_str(), &st) == 0) {
+    h.memcgs_per_sandbox = kMemcgsPerSandboxV1;
+  }
   return h;
 }
 
-int64_t ShrinkerMapBytes(int64_t n, int64_t numa_nodes) {
-  const int64_t memcgs = n * kMemcgsPerSandbox;
+int64_t ShrinkerMapBytes(int64_t n, int64_t numa_nodes, int64_t memcgs_per_sandbox) {
+  const int64_t memcgs = n * memcgs_per_sandbox;
   const int64_t units = CeilDiv(n * kSuperblocksPerSandbox, kShrinkersPerUnit);
   return memcgs * units * kShrinkerUnitBytes * std::max<int64_t>(1, numa_nodes);
 }
@@ -154,13 +161,13 @@ DensityPlan PlanDensity(const HostLimits& host, const DensityInputs& in) {
                                          ns::kUidRangeSize, in.uid_ranges)});
     }
     const int64_t kernel_mib =
-        (ShrinkerMapBytes(held, host.numa_nodes) + held * kLinearKiBPerSandbox * 1024) >> 20;
+        (ShrinkerMapBytes(held, host.numa_nodes, host.memcgs_per_sandbox) + held * kLinearKiBPerSandbox * 1024) >> 20;
     const int64_t budget = host.mem_total_mib * kKernelMemoryWarnPercent / 100;
     // The largest count whose estimate fits the budget (the estimate grows with n).
     int64_t lo = 0, hi = 1 << 22;
     while (lo < hi) {
       const int64_t mid = (lo + hi + 1) / 2;
-      const int64_t mib = (ShrinkerMapBytes(mid, host.numa_nodes) +
+      const int64_t mib = (ShrinkerMapBytes(mid, host.numa_nodes, host.memcgs_per_sandbox) +
                            mid * kLinearKiBPerSandbox * 1024) >> 20;
       if (mib <= budget) lo = mid; else hi = mid - 1;
     }

@@ -27,11 +27,15 @@ inline constexpr int64_t kBaseFds = 256;
 inline constexpr int64_t kTasksPerSandbox = 2;
 // Tasks left for the host itself (its daemons, sbxd's threads, builds, a shell).
 inline constexpr int64_t kHostTasks = 4096;
-// Memory cgroups per sandbox: <id>, <id>/agent, <id>/work.
-inline constexpr int64_t kMemcgsPerSandbox = 3;
-// Superblocks per sandbox, each a memcg-aware shrinker: its ext4 disk, the root overlay and
-// three read-only view overlays, proc, devpts, /dev/shm, /tmp and four small tmpfs.
-inline constexpr int64_t kSuperblocksPerSandbox = 12;
+// Memory cgroups per sandbox: <id>, <id>/agent, <id>/work on a pure cgroup v2 host (v2 allows
+// no process beside child cgroups); <id> (the agent) and <id>/work where the memory controller
+// is v1's (a hybrid host). docs/isolation.md, step 8.
+inline constexpr int64_t kMemcgsPerSandboxV2 = 3;
+inline constexpr int64_t kMemcgsPerSandboxV1 = 2;
+// Superblocks per sandbox of the base template, each a memcg-aware shrinker: its ext4 disk,
+// the root overlay, one read-only overlay serving /usr and /etc, proc, /dev, devpts, /dev/shm,
+// /tmp (masks are clones of a directory on the disk, no superblock of their own).
+inline constexpr int64_t kSuperblocksPerSandbox = 8;
 // Every memory cgroup keeps a map of every memcg-aware shrinker of the host, in units of 64
 // shrinkers of 520 bytes (kmalloc-1k), per NUMA node, never shrunk while the cgroup lives: the
 // kernel memory of N sandboxes grows as N² (6.7 GiB of kmalloc-1k at 3,449 sandboxes).
@@ -55,6 +59,7 @@ struct HostLimits {
   std::vector<std::pair<std::string, int64_t>> max_namespaces;
   int64_t mem_total_mib = 0;
   int64_t numa_nodes = 1;
+  int64_t memcgs_per_sandbox = kMemcgsPerSandboxV2;  // kMemcgsPerSandboxV1 on a hybrid host
 };
 
 // Reads /proc/sys, /proc/meminfo, /sys/devices/system/node and this process's RLIMIT_NOFILE.
@@ -91,7 +96,8 @@ struct DensityPlan {
 };
 
 // The memcg shrinker maps of n sandboxes beside each other, in bytes (see above).
-int64_t ShrinkerMapBytes(int64_t n, int64_t numa_nodes);
+int64_t ShrinkerMapBytes(int64_t n, int64_t numa_nodes,
+                         int64_t memcgs_per_sandbox = kMemcgsPerSandboxV2);
 
 DensityPlan PlanDensity(const HostLimits& host, const DensityInputs& in);
 
