@@ -165,7 +165,7 @@ absl::StatusOr<CreateSandboxRequest> ParseCreateSandbox(const std::string& body,
                                                         const ResourceLimits& limits) {
   SBX_ASSIGN_OR_RETURN(Json j, ParseObject(body, /*empty_ok=*/true));
   SBX_RETURN_IF_ERROR(CheckKnown(j,
-                                 {"template", "resources", "egress_profile", "env", "labels",
+                                 {"template", "resources", "egress_profile", "egress", "env", "labels",
                                   "runtime", "timeout_s", "idle_suspend_s"},
                                  ""));
   CreateSandboxRequest r;
@@ -199,12 +199,15 @@ absl::StatusOr<CreateSandboxRequest> ParseCreateSandbox(const std::string& body,
   }
   if (j.contains("egress_profile") && !j["egress_profile"].is_null()) {
     SBX_ASSIGN_OR_RETURN(r.egress_profile, GetString(j["egress_profile"], "egress_profile", 63));
-    if (r.egress_profile != "none") {
-      return ApiError(absl::StatusCode::kInvalidArgument, "invalid_argument",
-                      fmt::format("egress_profile: unknown profile '{}' (available: none)",
-                                  r.egress_profile),
-                      "egress_profile");
+  }
+  // Resolved against the deployment's profiles by the service (which knows them); only the
+  // shape is checked here.
+  if (j.contains("egress") && !j["egress"].is_null()) {
+    if (!j["egress"].is_object()) {
+      return FieldError("egress", fmt::format("must be an object ({{\"allow\": [rules]}}), got {}",
+                                              TypeName(j["egress"])));
     }
+    r.egress = j["egress"];
   }
   if (j.contains("env") && !j["env"].is_null()) {
     SBX_ASSIGN_OR_RETURN(r.env, GetEnv(j["env"], "env"));

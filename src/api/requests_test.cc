@@ -71,7 +71,8 @@ TEST(ParseCreateSandbox, RejectsWithFieldNames) {
       {R"({"env":{"1BAD":"x"}})", "env.1BAD"},
       {R"({"env":{"OK":1}})", "env.OK"},
       {R"({"labels":{"k":["v"]}})", "labels.k"},
-      {R"({"egress_profile":"open"})", "egress_profile"},
+      {R"({"egress_profile":7})", "egress_profile"},
+      {R"({"egress":[1]})", "egress"},
       {R"({"timeout_s":-1})", "timeout_s"},
   };
   for (const auto& c : cases) {

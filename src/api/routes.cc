@@ -31,6 +31,9 @@ constexpr Route kRoutes[] = {
     {verb::post, "v1/sandboxes/{id}/sessions", Auth::kTenant, &Routes::CreateSession},
     {std::nullopt, "v1/sandboxes/{id}/processes", Auth::kTenant, &Routes::Processes},
     {std::nullopt, "v1/sandboxes/{id}/files*", Auth::kTenant, &Routes::Files},
+    {verb::get, "v1/sandboxes/{id}/egress", Auth::kTenant, &Routes::SandboxEgress},
+
+    {verb::get, "v1/egress-profiles", Auth::kTenant, &Routes::EgressProfiles},
 
     {verb::get, "v1/operations/{id}", Auth::kTenant, &Routes::GetOperation},
 

@@ -58,6 +58,9 @@ struct Routes {
   static Awaitable WebSocket(Api& api, Call& call);
   // operation_routes.cc
   static Awaitable GetOperation(Api& api, Call& call);
+  // egress_routes.cc
+  static Awaitable EgressProfiles(Api& api, Call& call);
+  static Awaitable SandboxEgress(Api& api, Call& call);
 };
 
 struct Route {

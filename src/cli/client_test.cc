@@ -275,5 +275,19 @@ TEST(Client, StreamHttpError) {
   EXPECT_EQ(s.message(), "401 unauthenticated: bad token (request req_z)");
 }
 
+// --allow CIDR[:PORT]: the port follows the prefix length, so IPv6 prefixes keep their colons.
+TEST(AllowFlag, ParsesCidrAndPort) {
+  EXPECT_EQ(*ParseAllowFlag("203.0.113.0/24:443"),
+            (nlohmann::json{{"cidr", "203.0.113.0/24"}, {"ports", "443"}}));
+  EXPECT_EQ(*ParseAllowFlag("2001:db8::/32:8000-8100"),
+            (nlohmann::json{{"cidr", "2001:db8::/32"}, {"ports", "8000-8100"}}));
+  EXPECT_EQ(*ParseAllowFlag("203.0.113.7:80"),
+            (nlohmann::json{{"cidr", "203.0.113.7"}, {"ports", "80"}}));
+  EXPECT_EQ(*ParseAllowFlag("2001:db8::1"), (nlohmann::json{{"cidr", "2001:db8::1"}}));
+  EXPECT_EQ(*ParseAllowFlag("10.0.0.0/8"), (nlohmann::json{{"cidr", "10.0.0.0/8"}}));
+  EXPECT_FALSE(ParseAllowFlag("10.0.0.0/8:").ok());
+  EXPECT_FALSE(ParseAllowFlag(":80").ok());
+}
+
 }  // namespace
 }  // namespace sbx::cli

@@ -17,6 +17,8 @@ struct SandboxFlags {
   int64_t memory_mib = 0;
   int64_t disk_mib = 0;
   std::vector<std::string> labels;
+  std::string egress;              // egress_profile
+  std::vector<std::string> allow;  // narrowing rules, CIDR[:PORT]
   std::vector<std::string> env;  // sandbox env (create); run puts -e into the session instead
   int wait_timeout_s = 300;
   CLI::Option* vcpu_opt = nullptr;
@@ -30,6 +32,11 @@ void AddSandboxFlags(CLI::App* cmd, SandboxFlags& f, bool with_env) {
   f.memory_opt = cmd->add_option("--memory", f.memory_mib, "Memory limit in MiB");
   f.disk_opt = cmd->add_option("--disk", f.disk_mib, "Disk size in MiB");
   cmd->add_option("--runtime", f.runtime, "Runtime backend (ns, fake; server default)");
+  cmd->add_option("--egress", f.egress,
+                  "Egress profile (none, open or a deployment's allow-list; server default: none)");
+  cmd->add_option("--allow", f.allow,
+                  "Narrow the profile to CIDR[:PORT] (repeatable; each within the profile)")
+      ->allow_extra_args(false);
   cmd->add_option("--label", f.labels, "Label key=value (repeatable)")
       ->allow_extra_args(false);
   if (with_env) {
@@ -46,6 +53,16 @@ absl::StatusOr<nlohmann::json> BuildCreateBody(const SandboxFlags& f) {
   nlohmann::json body = nlohmann::json::object();
   if (!f.tpl.empty()) body["template"] = f.tpl;
   if (!f.runtime.empty()) body["runtime"] = f.runtime;
+  if (!f.egress.empty()) body["egress_profile"] = f.egress;
+  if (!f.allow.empty()) {
+    nlohmann::json rules = nlohmann::json::array();
+    for (const auto& a : f.allow) {
+      auto rule = ParseAllowFlag(a);
+      if (!rule.ok()) return rule.status();
+      rules.push_back(*rule);
+    }
+    body["egress"] = {{"allow", std::move(rules)}};
+  }
   nlohmann::json resources = nlohmann::json::object();
   if (f.vcpu_opt->count() > 0) resources["vcpu"] = f.vcpu;
   if (f.memory_opt->count() > 0) resources["memory_mib"] = f.memory_mib;
@@ -543,6 +560,7 @@ void RegisterSandboxCommands(CLI::App& app, Context& ctx) {
                     "Suspend sandboxes: release what the runtime can (ns: same as pause) (waits)");
   RegisterLifecycle(app, ctx, "wake", "Wake paused or suspended sandboxes (waits)");
   RegisterOp(app, ctx);
+  RegisterEgressCommand(app, ctx);
   RegisterVersion(app, ctx);
 }
 

@@ -90,6 +90,13 @@ ReloadPlan PlanReload(const Config& running, const Config& loaded) {
     std::string from = ShowValue(running, path), to = ShowValue(loaded, path);
     if (from != to) plan.applied.push_back({path, from, to});
   }
+  // Profiles wait for a restart: NetworkHost's chains are built from them at start, and a
+  // sandbox keeps what it was created with anyway.
+  if (running.egress.profiles != loaded.egress.profiles) {
+    plan.needs_restart.push_back(
+        {kEgressProfiles, running.egress.profiles.dump(), loaded.egress.profiles.dump()});
+    plan.config.egress.profiles = running.egress.profiles;
+  }
   return plan;
 }
 

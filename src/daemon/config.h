@@ -15,6 +15,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "runtime/ns/ns_backend.h"
@@ -118,6 +120,20 @@ struct Config {
     bool public_endpoint = false;  // key metrics.public: /metrics without the admin token
     bool operator==(const Metrics&) const = default;
   };
+  // Sandbox networking (src/net, docs/isolation.md §2.3b). Off: only `none`, and sbxd touches
+  // neither forwarding nor nftables, as before networking existed.
+  struct Egress {
+    bool enabled = false;
+    std::string pool_v4 = "10.233.0.0/16";      // AddrPool: a /30 per sandbox
+    std::string pool_v6 = "fd5b:5bd0:0:1::/64"; // and a /126
+    std::string uplink;  // masquerade toward it; empty: every interface
+    std::string exempt;  // comma-separated CIDRs lifted from the always-blocked ranges
+    std::string deny;    // comma-separated CIDRs refused whatever the profile
+    // egress.profiles.<name> tables of the file: {"NAME": {"description", "allow", "deny"}},
+    // as ProfileCatalog::FromJson reads them (file only: no flag or variable holds a table).
+    nlohmann::json profiles = nlohmann::json::object();
+    bool operator==(const Egress&) const = default;
+  };
   struct Log {
     std::string level = "info";
     std::string format = "auto";  // json, text, auto (text on a terminal)
@@ -136,6 +152,7 @@ struct Config {
   // Template name -> sandboxes kept ready on the default runtime. Each entry is its own key
   // (warm_pool.<template>): layers override entries, not the whole table.
   std::map<std::string, int64_t> warm_pool = {{"base", 2}};
+  Egress egress;
   Log log;
 
   // Key path -> where its value came from; absent: the built-in default.
@@ -145,7 +162,7 @@ struct Config {
   bool SameSettings(const Config& o) const {
     return server == o.server && state == o.state && runtime == o.runtime &&
            sandbox == o.sandbox && admission == o.admission && sessions == o.sessions && retention == o.retention && metrics == o.metrics &&
-           warm_pool == o.warm_pool && log == o.log;
+           warm_pool == o.warm_pool && egress == o.egress && log == o.log;
   }
 };
 

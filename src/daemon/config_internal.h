@@ -25,6 +25,8 @@ using Source = Origin::Source;
 
 inline constexpr char kWarmPool[] = "warm_pool";
 inline constexpr int64_t kMaxWarmPool = 256;
+// egress.profiles.<name>: tables of the file, not rows of the key table.
+inline constexpr char kEgressProfiles[] = "egress.profiles";
 
 // A key's field, read through the table's accessors (which never write).
 const std::string& Str(const Config& c, const KeyInfo& k);

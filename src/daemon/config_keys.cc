@@ -208,6 +208,32 @@ const std::vector<KeyInfo> kKeys = {
      .reloadable = true, .min = kLeastDiskMib, .max = kMostDiskMib,
      .why = "the ns runtime's disk images hold 16 MiB to 1 TiB",
      .help = "the most disk_mib a create may ask for", SBX_NUM(sandbox.limits.max_disk_mib)},
+    {.path = "egress.enabled", .type = Type::kBool, .flag = "--egress", .reloadable = false,
+     .help = "offer networked egress profiles (`open` and egress.profiles.*): turns on IPv4 and "
+             "IPv6 forwarding and keeps sbx's own nftables table `inet sbx`; false: every "
+             "sandbox is `none` (loopback only) and the host's network is left alone",
+     SBX_BOOL(egress.enabled)},
+    {.path = "egress.pool_v4", .type = Type::kString, .flag = "--egress-pool-v4",
+     .reloadable = false,
+     .help = "IPv4 range (/8 to /29) networked sandboxes take a /30 of each; refused to every "
+             "sandbox as a destination",
+     SBX_STR(egress.pool_v4)},
+    {.path = "egress.pool_v6", .type = Type::kString, .flag = "--egress-pool-v6",
+     .reloadable = false,
+     .help = "IPv6 range (/64 to /125) networked sandboxes take a /126 of each",
+     SBX_STR(egress.pool_v6)},
+    {.path = "egress.uplink", .type = Type::kString, .flag = "--egress-uplink",
+     .reloadable = false,
+     .help = "interface sandbox traffic is masqueraded toward (empty: every interface)",
+     SBX_STR(egress.uplink)},
+    {.path = "egress.exempt", .type = Type::kString, .flag = "--egress-exempt",
+     .reloadable = false,
+     .help = "comma-separated CIDRs lifted from the always-blocked ranges (a lab network; "
+             "never the metadata addresses, the host or other sandboxes)",
+     SBX_STR(egress.exempt)},
+    {.path = "egress.deny", .type = Type::kString, .flag = "--egress-deny", .reloadable = false,
+     .help = "comma-separated CIDRs refused to every sandbox whatever its profile",
+     SBX_STR(egress.deny)},
     {.path = "admission.enabled", .type = Type::kBool, .flag = "--admission", .reloadable = true,
      .help = "refuse a create (503 insufficient_capacity, or 422 exceeds_capacity when it can "
              "never fit) whose vcpu, memory or disk does not fit in what the host has beside "
@@ -311,7 +337,7 @@ std::string WarmPoolPath(const std::string& name) { return std::string(kWarmPool
 // TOML tables that may appear: every proper prefix of a key path, and warm_pool.
 const std::set<std::string>& Tables() {
   static const std::set<std::string> tables = [] {
-    std::set<std::string> t = {kWarmPool};
+    std::set<std::string> t = {kWarmPool, kEgressProfiles};
     for (const auto& k : kKeys) {
       std::string_view p = k.path;
       for (size_t dot = p.find('.'); dot != std::string_view::npos; dot = p.find('.', dot + 1)) {

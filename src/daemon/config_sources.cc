@@ -125,6 +125,43 @@ void SetWarmPoolFromToml(Config& c, const toml::table& t, const std::string& fil
   }
 }
 
+// A TOML value as JSON, for the egress profiles (ProfileCatalog reads JSON, as the API does).
+nlohmann::json TomlToJson(const toml::node& n) {
+  if (auto v = n.as_string()) return v->get();
+  if (auto v = n.as_integer()) return v->get();
+  if (auto v = n.as_boolean()) return v->get();
+  if (auto v = n.as_floating_point()) return v->get();
+  if (auto a = n.as_array()) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& e : *a) out.push_back(TomlToJson(e));
+    return out;
+  }
+  if (auto t = n.as_table()) {
+    nlohmann::json out = nlohmann::json::object();
+    for (auto&& [k, v] : *t) out[std::string(k.str())] = TomlToJson(v);
+    return out;
+  }
+  return nullptr;  // a date or time: the profile parser names it as a bad value
+}
+
+// egress.profiles.<name> = {description, allow, deny}: checked as a whole by Validate
+// (ProfileCatalog::FromJson), which names the profile and rule.
+void SetEgressProfilesFromToml(Config& c, const toml::table& t, const std::string& file,
+                               std::vector<std::string>& errors) {
+  for (auto&& [key, node] : t) {
+    const std::string name(key.str());
+    const std::string path = fmt::format("{}.{}", kEgressProfiles, name);
+    const std::string where = FileLocation(file, node.source());
+    if (!node.as_table()) {
+      errors.push_back(fmt::format("{} in {}: expected a table (description, allow, deny), got {}",
+                                   path, where, TomlTypeName(node)));
+      continue;
+    }
+    c.egress.profiles[name] = TomlToJson(node);
+    c.origins[path] = Origin{Source::kFile, where, fmt::format("{} in {}", path, where)};
+  }
+}
+
 void WalkTable(Config& c, const toml::table& t, const std::string& prefix, const std::string& file,
                std::vector<std::string>& errors) {
   for (auto&& [key, node] : t) {
@@ -141,6 +178,8 @@ void WalkTable(Config& c, const toml::table& t, const std::string& prefix, const
                                      FileLocation(file, node.source()), TomlTypeName(node)));
       } else if (path == kWarmPool) {
         SetWarmPoolFromToml(c, *sub, file, errors);
+      } else if (path == kEgressProfiles) {
+        SetEgressProfilesFromToml(c, *sub, file, errors);
       } else {
         WalkTable(c, *sub, path, file, errors);
       }

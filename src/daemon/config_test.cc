@@ -625,6 +625,51 @@ TEST(Config, ExplicitConnectionLimitsAreCheckedAgainstTheFdLimit) {
 }
 
 // docs/config.md and deploy/sbxd.toml are the operator's view of the table: they must not drift.
+TEST(Config, EgressProfilesComeFromTheFileAndBadOnesNameTheKey) {
+  Config c;
+  ASSERT_TRUE(ApplyToml(c,
+                        "[egress]\nenabled = true\nexempt = \"198.18.0.0/15\"\n"
+                        "[egress.profiles.lab]\ndescription = \"the lab\"\n"
+                        "allow = [{cidr = \"198.18.0.0/15\", ports = \"80\", protocol = \"tcp\"}]\n",
+                        "/etc/sbx/sbxd.toml")
+                  .ok());
+  ASSERT_TRUE(Validate(c).ok()) << Validate(c);
+  EXPECT_EQ(c.egress.profiles["lab"]["description"], "the lab");
+  EXPECT_EQ(c.origins.at("egress.profiles.lab").where, "/etc/sbx/sbxd.toml:4:1");
+
+  struct Case {
+    std::string toml, message;
+  } cases[] = {
+      {"[egress]\npool_v4 = \"10.0.0.1/8\"\n", "egress.pool_v4"},
+      {"[egress]\npool_v4 = \"fd00::/64\"\n", "egress.pool_v4"},
+      {"[egress]\npool_v6 = \"fd00::/48\"\n", "egress.pool_v6"},
+      {"[egress]\nexempt = \"198.18.0.0/15, nope\"\n", "egress.exempt"},
+      {"[egress]\ndeny = \"300.1.1.1\"\n", "egress.deny"},
+      {"[egress]\nuplink = \"eth0 x\"\n", "egress.uplink"},
+      {"[egress.profiles.lab]\nallow = [{cidr = \"1.2.3.0/24\", ports = \"70000\"}]\n",
+       "egress.profiles.lab.allow[0]"},
+      {"[egress.profiles.lab]\nallow = []\n", "egress.profiles.lab.allow"},
+      {"[egress.profiles.open]\nallow = [{cidr = \"1.2.3.0/24\"}]\n", "open"},
+  };
+  for (const auto& tc : cases) {
+    Config bad;
+    ASSERT_TRUE(ApplyToml(bad, tc.toml, "f.toml").ok()) << tc.toml;
+    absl::Status st = Validate(bad);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << tc.toml;
+    EXPECT_THAT(std::string(st.message()), HasSubstr(tc.message)) << tc.toml;
+  }
+  Config not_table;
+  EXPECT_THAT(std::string(ApplyToml(not_table, "[egress]\nprofiles = 1\n", "f.toml").message()),
+              HasSubstr("egress.profiles in f.toml:2:12: expected a table"));
+  // A reload keeps the running profiles: they wait for a restart.
+  Config running, loaded = c;
+  ReloadPlan plan = PlanReload(running, loaded);
+  EXPECT_EQ(plan.config.egress.profiles, running.egress.profiles);
+  bool listed = false;
+  for (const auto& ch : plan.needs_restart) listed |= ch.key == "egress.profiles";
+  EXPECT_TRUE(listed);
+}
+
 TEST(Config, DocsAndTheExampleFileCoverEveryKey) {
   const std::string docs = ReadFile(std::string(SBX_SOURCE_DIR) + "/docs/config.md");
   const std::string example = ReadFile(std::string(SBX_SOURCE_DIR) + "/deploy/sbxd.toml");

@@ -7,6 +7,7 @@
 
 #include "daemon/config.h"
 #include "daemon/config_internal.h"
+#include "daemon/egress_config.h"
 #include "runtime/ns/cgroup.h"
 
 namespace sbx::daemon {
@@ -76,6 +77,7 @@ absl::Status Validate(const Config& c) {
                                    WarmLabel(c, name), kMaxWarmPool));
     }
   }
+  if (auto e = EgressFromConfig(c); !e.ok()) errors.push_back(std::string(e.status().message()));
   // Relations: a default outside the limits would give sandboxes what no create may ask for.
   auto key = [&](const char* path) { return LabelOf(c, *FindKey(path)); };
   if (c.server.max_connections > 0 &&

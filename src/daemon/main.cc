@@ -27,11 +27,13 @@
 #include "common/log.h"
 #include "common/status_util.h"
 #include "daemon/config.h"
+#include "daemon/egress_config.h"
 #include "daemon/host_capacity.h"
 #include "common/ticker.h"
 #include "daemon/preflight.h"
 #include "daemon/state_files.h"
 #include "http/server.h"
+#include "net/sandbox_net.h"
 #include "ops/operation_engine.h"
 #include "runtime/doctor/density.h"
 #include "runtime/fake/fake_backend.h"
@@ -209,6 +211,9 @@ struct Daemon {
   std::string admin_token, attach_key;
   sbx::store::StorePtr store;
   std::optional<sbx::service::TemplateRegistry> templates;  // until the service takes it
+  // Networked sandboxes' host side (egress.enabled only); outlives the backends that use it.
+  std::unique_ptr<sbx::net::NetworkHost> network;
+  std::shared_ptr<const sbx::net::ProfileCatalog> egress_catalog;
   std::unique_ptr<sbx::runtime::Backend> ns_backend, fake_backend;
   std::map<std::string, sbx::runtime::Backend*> backends;
   std::unique_ptr<sbx::ops::OperationEngine> engine;
@@ -367,11 +372,39 @@ absl::Status OpenState(Daemon& d) {
   return absl::OkStatus();
 }
 
+// Networking, only with egress.enabled: forwarding on and sbx's nftables table (re)made. Its
+// start-up sweep runs with the runtime's (NsBackend::Sweep), when the service knows which
+// sandboxes exist. Off: nothing of the host's network is touched, as before networking.
+absl::Status StartNetwork(Daemon& d) {
+  const Config& cfg = d.cfg;
+  if (!cfg.egress.enabled) return absl::OkStatus();
+  if (cfg.runtime.default_runtime != "ns") {
+    return absl::InvalidArgumentError(fmt::format(
+        "{}: networked sandboxes need runtime.default = \"ns\"",
+        sbx::daemon::Describe(cfg, "egress.enabled")));
+  }
+  SBX_ASSIGN_OR_RETURN(sbx::daemon::EgressSetup setup, sbx::daemon::EgressFromConfig(cfg));
+  auto host = sbx::net::NetworkHost::Start(setup.policy);
+  if (!host.ok()) {
+    return sbx::Annotate(host.status(),
+                         "egress.enabled: start networking (needs root, veth and nf_tables; "
+                         "`sbx doctor` checks them)");
+  }
+  d.network = std::move(*host);
+  d.egress_catalog = std::make_shared<const sbx::net::ProfileCatalog>(std::move(setup.catalog));
+  spdlog::info("networking on: address pool {} and {} ({} sandboxes), uplink {}",
+               setup.policy.pool4.ToString(), setup.policy.pool6.ToString(),
+               d.network->pool().capacity(), cfg.egress.uplink.empty() ? "any" : cfg.egress.uplink);
+  return absl::OkStatus();
+}
+
 // The default runtime, probed: a host it cannot work on stops sbxd here.
 absl::Status StartRuntime(Daemon& d) {
   const Config& cfg = d.cfg;
   if (cfg.runtime.default_runtime == "ns") {
-    d.ns_backend = std::make_unique<sbx::runtime::ns::NsBackend>(NsOptionsOf(cfg, d.agent_path));
+    auto ns_opts = NsOptionsOf(cfg, d.agent_path);
+    ns_opts.network = d.network.get();
+    d.ns_backend = std::make_unique<sbx::runtime::ns::NsBackend>(std::move(ns_opts));
     SBX_RETURN_IF_ERROR(
         sbx::Annotate(d.ns_backend->Probe(), "runtime ns cannot work on this host"));
     d.backends["ns"] = d.ns_backend.get();
@@ -399,6 +432,12 @@ void StartService(Daemon& d, const sbx::runtime::Resources& defaults) {
   sopts.admission = AdmissionOf(cfg);
   sopts.guest_replies.in_flight = static_cast<size_t>(cfg.server.guest_replies_in_flight);
   sopts.guest_replies.per_sandbox = static_cast<size_t>(cfg.server.guest_replies_per_sandbox);
+  if (d.network) {
+    sopts.egress_catalog = d.egress_catalog;
+    sopts.egress_denials = [host = d.network.get()](const std::string& id) {
+      return host->Denials(id);
+    };
+  }
   std::vector<const sbx::runtime::Backend*> capacity_backends;
   for (const auto& [name, backend] : d.backends) capacity_backends.push_back(backend);
   sopts.host_capacity = [state_dir = cfg.state.dir, capacity_backends] {
@@ -518,6 +557,7 @@ int main(int argc, char** argv) {
   // A host that lacks what the runtime needs is refused here, with the doctor's diagnosis,
   // instead of at the first create.
   if (auto st = sbx::daemon::StartupPreflight(preflight, *d.templates); !st.ok()) return Fail(st);
+  if (auto st = StartNetwork(d); !st.ok()) return Fail(st);
   if (auto st = StartRuntime(d); !st.ok()) return Fail(st);
   StartService(d, defaults);
   if (auto st = ServeApi(d, *hopts); !st.ok()) return Fail(st);

@@ -40,6 +40,11 @@ SandboxNetwork::~SandboxNetwork() {
   }
 }
 
+void SandboxNetwork::Release() {
+  if (slot_) host_->Unregister(veth_);
+  link_ = rules_ = slot_ = false;
+}
+
 absl::Status SandboxNetwork::Destroy() {
   absl::Status first = absl::OkStatus();
   if (link_) {

@@ -46,6 +46,9 @@ class SandboxNetwork {
   const std::string& veth() const { return veth_; }
   const SandboxAddrs& addrs() const { return addrs_; }
   absl::Status Destroy();
+  // Leaves the network to the sandbox, which outlives this object (sbxd stops): the
+  // destructor then removes nothing, and a restart's Adopt takes it back.
+  void Release();
 
  private:
   friend class NetworkHost;

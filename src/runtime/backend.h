@@ -52,6 +52,9 @@ struct SandboxSpec {
   Resources resources;
   std::map<std::string, std::string> env;  // default environment of every process
   std::string hostname;                    // defaults to a prefix of the id
+  // net::ResolvedEgress::ToJson() of a networked sandbox (profile, narrowing), as stored at
+  // create; null: `none`, loopback only.
+  Json egress = nullptr;
 };
 
 struct Capabilities {

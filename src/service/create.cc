@@ -41,8 +41,9 @@ absl::StatusOr<WarmSandbox> SandboxService::BuildWarm(const WarmPoolConfig& conf
 
 std::optional<WarmSandbox> SandboxService::TakeWarm(const CreateSandboxRequest& req,
                                                     const runtime::Resources& defaults) {
-  // Pooled sandboxes have the default limits; any other request is built cold.
+  // Pooled sandboxes have the default limits and no network; any other request is built cold.
   if (!(EffectiveOf(req, defaults) == defaults)) return std::nullopt;
+  if (req.egress_profile != "none" || !req.egress.is_null()) return std::nullopt;
   auto tmpl = templates_.Resolve(req.template_ref);
   if (!tmpl.ok()) return std::nullopt;
   return pool_->Take(req.runtime.value_or(opts_.default_runtime), tmpl->name, tmpl->digest,
@@ -75,6 +76,8 @@ SandboxRecord SandboxService::NewSandbox(const Caller& caller, const CreateSandb
 absl::StatusOr<Answer<SandboxCreated>> SandboxService::CreateSandbox(
     const Caller& caller, const CreateSandboxRequest& req, const std::optional<Idempotency>& idem) {
   const TimePoint requested = ServiceMetrics::Clock::now();
+  // Before anything is taken or recorded: a bad profile leaves nothing half-created.
+  SBX_ASSIGN_OR_RETURN(const nlohmann::json egress, ResolveEgress(req));
   // Taken before the transaction, which may run more than once (busy retries); it goes back to
   // the pool unless the transaction records it.
   // One snapshot for the whole create: a reload meanwhile must not give a pooled sandbox built
@@ -95,6 +98,7 @@ absl::StatusOr<Answer<SandboxCreated>> SandboxService::CreateSandbox(
     unadmit();  // an earlier attempt of this transaction (busy retry) held it under another id
     SBX_ASSIGN_OR_RETURN(runtime::TemplateSpec tmpl, templates_.Resolve(req.template_ref));
     SandboxRecord sb = NewSandbox(caller, req, tmpl);
+    sb.egress = egress;
     SBX_RETURN_IF_ERROR(BackendFor(sb.runtime).status());
     sb.id = warm ? warm->instance->id() : NewId("sbx");
     // Before anything is recorded or built. A pooled sandbox already holds its resources
@@ -156,6 +160,7 @@ absl::StatusOr<runtime::InstancePtr> SandboxService::BuildInstance(const Sandbox
   spec.resources = ResourcesOf(sb.effective_resources, defaults());
   // The sandbox env is applied per session (CreateSession), as for pooled sandboxes.
   spec.hostname = sb.id.substr(0, 16);
+  spec.egress = sb.egress;
   return backend->Create(spec);
 }
 

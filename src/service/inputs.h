@@ -18,6 +18,7 @@ struct CreateSandboxRequest {
   // defaults (runtime/resources.h).
   std::optional<int64_t> vcpu, memory_mib, disk_mib;
   std::string egress_profile = "none";
+  nlohmann::json egress = nullptr;  // {"allow": [rules]} narrowing the profile, or null
   std::map<std::string, std::string> env;
   std::map<std::string, std::string> labels;
   std::optional<std::string> runtime;

@@ -24,6 +24,7 @@
 #include "protocol/limits.h"
 #include "runtime/backend.h"
 #include "common/ticker.h"
+#include "net/profiles.h"
 #include "service/activity.h"
 #include "service/admission.h"
 #include "service/agent_client.h"
@@ -77,6 +78,11 @@ struct ServiceOptions {
   Admission::Probe host_capacity;
   // Guest-sized replies held at once (reply_gate.h).
   ReplyGateSettings guest_replies;
+  // Egress profiles offered (net/profiles.h); nullptr: networking is off and only `none` is.
+  std::shared_ptr<const net::ProfileCatalog> egress_catalog;
+  // A networked sandbox's denials by reason (NetworkHost::Denials); unset: none counted.
+  std::function<absl::StatusOr<std::map<std::string, uint64_t>>(const std::string& id)>
+      egress_denials;
 };
 
 // What sbxd's configuration reload (SIGHUP) can change while sandboxes run. Everything else in
@@ -133,6 +139,13 @@ class SandboxService {
                                                        const CreateSandboxRequest& req,
                                                        const std::optional<Idempotency>& idem);
   absl::StatusOr<store::SandboxRecord> GetSandbox(const Caller& caller, const std::string& id);
+  // Egress (egress.cc): the profiles offered (GET /v1/egress-profiles), and one sandbox's
+  // rules and denials by reason (GET /v1/sandboxes/{id}/egress).
+  nlohmann::json EgressProfiles() const;
+  absl::StatusOr<nlohmann::json> SandboxEgress(const Caller& caller, const std::string& id);
+  // A create's egress_profile and egress, resolved: what the sandbox stores (null for `none`).
+  // 400 naming the field for an unknown profile or a narrowing that widens it.
+  absl::StatusOr<nlohmann::json> ResolveEgress(const CreateSandboxRequest& req) const;
   absl::StatusOr<store::Page<store::SandboxRecord>> ListSandboxes(
       const Caller& caller, store::SandboxFilter filter);
   absl::StatusOr<Answer<OperationStarted>> DeleteSandbox(const Caller& caller,

@@ -61,6 +61,7 @@ absl::StatusOr<SandboxRecord> ReadSandbox(const StmtCursor& q) {
   SBX_ASSIGN_OR_RETURN(r.error, ColumnJson(q, 15, what + " error"));
   SBX_ASSIGN_OR_RETURN(r.runtime_state, ColumnJson(q, 16, what + " runtime_state"));
   r.idle_suspend_s = q.OptInt(17);
+  SBX_ASSIGN_OR_RETURN(r.egress, ColumnJson(q, 18, what + " egress"));
   return r;
 }
 
@@ -78,6 +79,7 @@ absl::Status BindSandbox(StmtCursor& q, const SandboxRecord& r) {
   SBX_RETURN_IF_ERROR(BindJson(q, 16, r.error, what + " error"));
   SBX_RETURN_IF_ERROR(BindJson(q, 17, r.runtime_state, what + " runtime_state"));
   q.Bind(18, r.idle_suspend_s);
+  SBX_RETURN_IF_ERROR(BindJson(q, 19, r.egress, what + " egress"));
   return absl::OkStatus();
 }
 

@@ -96,6 +96,11 @@ CREATE INDEX sandboxes_deleted ON sandboxes (updated_at) WHERE state = 'deleted'
     R"sql(
 ALTER TABLE sessions ADD COLUMN error TEXT;
 )sql",
+    // 4: a networked sandbox's egress as resolved at create (profile and narrowing), so a
+    // later configuration change never widens it; null: `none`.
+    R"sql(
+ALTER TABLE sandboxes ADD COLUMN egress TEXT;
+)sql",
 };
 constexpr int kSchemaVersion = static_cast<int>(std::size(kMigrations));
 

@@ -51,6 +51,8 @@ struct SandboxRecord {
   std::optional<std::string> current_operation_id;
   Json error = nullptr;          // null, or {"code": ..., "message": ...}
   Json runtime_state = nullptr;  // what the backend needs to Adopt() the sandbox after a restart
+  // net::ResolvedEgress::ToJson() of a networked sandbox, as resolved at create; null: `none`.
+  Json egress = nullptr;
 };
 
 struct OperationRecord {

@@ -1,5 +1,5 @@
-// network.veth and network.nftables: what egress control will need (it is not built yet, so
-// neither is required). Probed in a forked child that first unshares a fresh network namespace
+// network.veth and network.nftables: what networked egress profiles need (egress.enabled; off by
+// default, so neither is required). Probed in a forked child that first unshares a fresh network namespace
 // and touches nothing unless that worked: the veth pair (rtnetlink over libmnl) and the nftables
 // table (libnftables) exist only in that namespace, which disappears when the child exits.
 #include <libmnl/libmnl.h>
@@ -168,8 +168,8 @@ void CheckNetwork(const Context& ctx) {
           veth.result = CheckResult::kWarn;
           veth.detail = fmt::format("{} in a throwaway network namespace failed: {}", text, ErrnoText(num));
           veth.remedy = num == EOPNOTSUPP || num == ENOENT
-                            ? "load the veth module (modprobe veth; CONFIG_VETH) for the coming egress control"
-                            : "see the errno; needed only by the coming egress control";
+                            ? "load the veth module (modprobe veth; CONFIG_VETH) for networked egress profiles (egress.enabled)"
+                            : "see the errno; needed only by networked egress profiles (egress.enabled; sbxd then also turns on net.ipv4.ip_forward and net.ipv6.conf.all.forwarding itself)";
         }
       } else if (key == "nft") {
         got_nft = true;
@@ -181,7 +181,7 @@ void CheckNetwork(const Context& ctx) {
           nft.detail = fmt::format("nft_run_cmd_from_buffer(add table inet, add chain hook output) in a "
                                    "throwaway network namespace failed: {}", text);
           nft.remedy = "load nf_tables (modprobe nf_tables; CONFIG_NF_TABLES, CONFIG_NF_TABLES_INET); "
-                       "needed only by the coming egress control";
+                       "needed only by networked egress profiles (egress.enabled; sbxd then also turns on net.ipv4.ip_forward and net.ipv6.conf.all.forwarding itself)";
         }
       }
     }
@@ -194,7 +194,7 @@ void CheckNetwork(const Context& ctx) {
     if (!got) {
       row->result = CheckResult::kWarn;
       row->detail = fmt::format("not probed: {}", problem);
-      row->remedy = "run as root; needed only by the coming egress control";
+      row->remedy = "run as root; needed only by networked egress profiles (egress.enabled; sbxd then also turns on net.ipv4.ip_forward and net.ipv6.conf.all.forwarding itself)";
     }
     ctx.Add(std::move(*row));
   }

@@ -14,6 +14,7 @@
 #include "runtime/ns/fsutil.h"
 #include "runtime/ns/launcher.h"
 #include "runtime/ns/ns_instance.h"
+#include "runtime/ns/ns_network.h"
 #include "runtime/ns/ns_shared.h"
 #include "runtime/ns/pidfd.h"
 
@@ -120,7 +121,10 @@ absl::StatusOr<InstancePtr> NsBackend::Adopt(const std::string& id, const Json& 
     absl::Status claim = shared_->uid_ranges.Reclaim(uid_base, shared_->DirOf(id));
     if (!claim.ok()) spdlog::error("ns: adopt {}: {}", id, std::string(claim.message()));
   }
-  return MakeNsInstance(shared_, id, pid, start_time, std::move(*pidfd), std::move(cgroup), uid_base);
+  std::unique_ptr<net::SandboxNetwork> network;
+  if (persisted.value("networked", false)) network = AdoptNetwork(shared_->opts.network, id);
+  return MakeNsInstance(shared_, id, pid, start_time, std::move(*pidfd), std::move(cgroup), uid_base,
+                        std::move(network));
 }
 
 absl::Status NsBackend::Remove(const std::string& id) {
@@ -151,6 +155,9 @@ absl::Status NsBackend::RemoveById(const std::string& id) {
     }
   }
   SBX_RETURN_IF_ERROR(cg->Destroy());
+  if (auto network = AdoptNetwork(s.opts.network, id)) {
+    SBX_RETURN_IF_ERROR(Annotate(network->Destroy(), fmt::format("remove {}: network", id)));
+  }
   SBX_RETURN_IF_ERROR(s.uid_ranges.ReleaseOwner(s.DirOf(id)));
   return RemoveTree(s.DirOf(id));
 }
@@ -181,6 +188,11 @@ absl::Status NsBackend::Sweep(const std::set<std::string>& known_ids) {
       spdlog::error("ns: sweep of {} failed: {}", id, std::string(st.message()));
       if (result.ok()) result = Annotate(st, fmt::format("sweep {}", id));
     }
+  }
+  // Networks of sandboxes no sbxd knows (veths, elements, chains), strays' included.
+  if (s.opts.network != nullptr) {
+    absl::Status st = s.opts.network->Sweep(known_ids);
+    if (!st.ok() && result.ok()) result = Annotate(st, "sweep: network");
   }
   // After the strays are gone: a range is free only once no process of its sandbox is left.
   if (s.opts.user_namespaces) {

@@ -36,6 +36,7 @@
 #include "runtime/ns/cgroup_favor.h"
 #include "runtime/ns/net_counters.h"
 #include "runtime/ns/netns_pool.h"
+#include "runtime/ns/ns_network.h"
 #include "runtime/ns/fsutil.h"
 #include "runtime/ns/launcher.h"
 #include "runtime/ns/mounts.h"
@@ -423,10 +424,20 @@ class Creation {
     return absl::OkStatus();
   }
 
-  // 12. From the pool, or none: then clone3 makes one.
-  void TakeNetns() {
+  // 12. From the pool, or none: then clone3 makes one. A networked sandbox (12b) needs the
+  //     namespace before the launch, to build its veth in it: made here when the pool has none,
+  //     and its network is attached before any process of the sandbox runs (ns_network.h).
+  absl::Status TakeNetns() {
     netns_ = s_.netns_pool ? s_.netns_pool->Take() : UniqueFd();
+    if (!spec_.egress.is_null()) {
+      if (!netns_) {
+        SBX_ASSIGN_OR_RETURN(netns_, BuildNetns());
+      }
+      SBX_ASSIGN_OR_RETURN(network_, AttachNetwork(s_.opts.network, spec_.id, spec_.egress,
+                                                   netns_.get()));
+    }
     plan_.netns_fd = netns_ ? netns_.get() : -1;
+    return absl::OkStatus();
   }
 
   // 13. clone3 and the child's steps (launcher.cc), up to the agent's exec.
@@ -486,7 +497,7 @@ class Creation {
       uid_claim_->Release();
     }
     return MakeNsInstance(std::move(shared), spec_.id, pid_, *start_time, std::move(pidfd),
-                          std::move(cgroup_), uid_base);
+                          std::move(cgroup_), uid_base, std::move(network_));
   }
 
  private:
@@ -513,6 +524,7 @@ class Creation {
   UniqueFd listen_fd_;
   UniqueFd log_fd_;
   UniqueFd netns_;
+  std::unique_ptr<net::SandboxNetwork> network_;  // 12b, networked sandboxes only
   ChildProcess child_;
 };
 
@@ -681,7 +693,7 @@ absl::StatusOr<InstancePtr> NsBackend::Create(const SandboxSpec& spec) {
   SBX_RETURN_IF_ERROR(c.ListenAgentSocket());                                                  // 10
   SBX_RETURN_IF_ERROR(c.OpenAgentLog());                                                       // 11
   trace.ShareWithChild(c.plan());
-  c.TakeNetns();                                                                               // 12
+  SBX_RETURN_IF_ERROR(c.TakeNetns());                                                          // 12
   trace.After(CreateTrace::kPrepared);
   SBX_RETURN_IF_ERROR(trace.After(CreateTrace::kExec, c.LaunchAgent()));                       // 13
   trace.LogChildMilestones(spec.id, c.plan());

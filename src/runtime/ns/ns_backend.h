@@ -26,6 +26,10 @@
 #include "protocol/limits.h"
 #include "runtime/backend.h"
 
+namespace sbx::net {
+class NetworkHost;
+}
+
 namespace sbx::runtime::ns {
 
 inline constexpr int64_t kCpuPeriodUs = 100000;
@@ -47,6 +51,9 @@ struct NsOptions {
   std::string cgroup_parent;
   // Network namespaces kept ready for launches (netns_pool.h); 0 creates each at launch.
   int netns_pool_size = 0;
+  // sbxd's host side of networked sandboxes (src/net), outliving the backend; null: networking
+  // off, and a networked SandboxSpec::egress fails the create.
+  net::NetworkHost* network = nullptr;
   // Each sandbox in its own user namespace with its own host uid range (userns.h). Off only
   // for hosts that cannot idmap the state dir's file system: sandbox root is then host root
   // with a reduced capability set.

@@ -28,7 +28,7 @@ class NsInstance : public Instance {
  public:
   NsInstance(std::shared_ptr<NsBackend::Shared> shared, std::string id, pid_t pid,
              uint64_t start_time, UniqueFd pidfd, std::unique_ptr<SandboxCgroup> cgroup,
-             uint32_t uid_base)
+             uint32_t uid_base, std::unique_ptr<net::SandboxNetwork> network)
       : shared_(std::move(shared)),
         id_(std::move(id)),
         dir_(shared_->DirOf(id_)),
@@ -37,8 +37,13 @@ class NsInstance : public Instance {
         start_time_(start_time),
         pidfd_(std::move(pidfd)),
         cgroup_(std::move(cgroup)),
-        uid_base_(uid_base) {
+        uid_base_(uid_base),
+        network_(std::move(network)) {
     cgroup_->Release();  // the sandbox outlives this object (and sbxd); Destroy() is explicit
+  }
+  ~NsInstance() override {
+    // Likewise its network: a restart adopts it (ns_adopt.cc), only Destroy() removes it.
+    if (network_ && !destroyed_) network_->Release();
   }
 
   const std::string& id() const override { return id_; }
@@ -51,7 +56,8 @@ class NsInstance : public Instance {
                 {"cgroup_driver", shared_->cgroups ? shared_->cgroups->Name() : ""},
                 {"dir", dir_},
                 {"socket", socket_},
-                {"uid_base", uid_base_}};
+                {"uid_base", uid_base_},
+                {"networked", network_ != nullptr}};
   }
 
   bool Alive() const override {
@@ -89,6 +95,15 @@ class NsInstance : public Instance {
   }
 
   absl::StatusOr<uint64_t> DeniedEgress() const override {
+    if (network_) {
+      // The host's nftables counters, every reason (the namespace's own no-route count is
+      // for `none` sandboxes, which have no route at all).
+      auto counts = shared_->opts.network->Denials(id_);
+      if (!counts.ok()) return counts.status();
+      uint64_t sum = 0;
+      for (const auto& [reason, n] : *counts) sum += n;
+      return sum;
+    }
     if (!Alive()) {
       return absl::FailedPreconditionError(fmt::format("denied egress {}: agent not alive", id_));
     }
@@ -131,6 +146,12 @@ class NsInstance : public Instance {
       pidfd_.Reset();
     }
     const auto t_reaped = Clock::now();
+    // 3b. The network (veth, addresses, nftables elements, address slot), once no process of
+    //     the sandbox is left to use it.
+    if (network_) {
+      SBX_RETURN_IF_ERROR(Annotate(network_->Destroy(), fmt::format("destroy {}: network", id_)));
+      network_.reset();
+    }
     // 4-5. Wait for the cgroups to empty, remove them.
     SBX_RETURN_IF_ERROR(Annotate(cgroup_->Destroy(), fmt::format("destroy {}", id_)));
     const auto t_cgroups = Clock::now();
@@ -203,6 +224,7 @@ class NsInstance : public Instance {
   UniqueFd pidfd_;
   std::unique_ptr<SandboxCgroup> cgroup_;
   uint32_t uid_base_;  // 0 without a user namespace
+  std::unique_ptr<net::SandboxNetwork> network_;  // networked sandboxes only
   bool destroyed_ = false;
 };
 
@@ -210,9 +232,11 @@ class NsInstance : public Instance {
 
 InstancePtr MakeNsInstance(std::shared_ptr<NsBackend::Shared> shared, std::string id, pid_t pid,
                            uint64_t start_time, UniqueFd pidfd,
-                           std::unique_ptr<SandboxCgroup> cgroup, uint32_t uid_base) {
+                           std::unique_ptr<SandboxCgroup> cgroup, uint32_t uid_base,
+                           std::unique_ptr<net::SandboxNetwork> network) {
   return std::make_unique<NsInstance>(std::move(shared), std::move(id), pid, start_time,
-                                      std::move(pidfd), std::move(cgroup), uid_base);
+                                      std::move(pidfd), std::move(cgroup), uid_base,
+                                      std::move(network));
 }
 
 }  // namespace sbx::runtime::ns

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/unique_fd.h"
+#include "net/sandbox_net.h"
 #include "runtime/ns/ns_shared.h"
 
 namespace sbx::runtime::ns {
@@ -17,6 +18,7 @@ namespace sbx::runtime::ns {
 // and only Destroy() removes it.
 InstancePtr MakeNsInstance(std::shared_ptr<NsBackend::Shared> shared, std::string id, pid_t pid,
                            uint64_t start_time, UniqueFd pidfd,
-                           std::unique_ptr<SandboxCgroup> cgroup, uint32_t uid_base);
+                           std::unique_ptr<SandboxCgroup> cgroup, uint32_t uid_base,
+                           std::unique_ptr<net::SandboxNetwork> network = nullptr);
 
 }  // namespace sbx::runtime::ns

@@ -1,0 +1,24 @@
+// /v1/egress-profiles and /v1/sandboxes/{id}/egress (issue 16): what a sandbox may reach.
+#include <nlohmann/json.hpp>
+
+#include "api/handler_util.h"
+#include "api/render.h"
+#include "api/routes.h"
+#include "common/log.h"
+
+namespace sbx::api {
+
+namespace bhttp = http::bhttp;
+
+Awaitable Routes::EgressProfiles(Api& api, Call& call) {
+  (void)call;
+  co_return RenderJson(bhttp::status::ok, api.svc_.EgressProfiles());
+}
+
+Awaitable Routes::SandboxEgress(Api& api, Call& call) {
+  auto r = log::With(call.ctx.log, [&] { return api.svc_.SandboxEgress(call.caller, call.id); });
+  if (!r.ok()) co_return Fail(call.ctx, r.status());
+  co_return RenderJson(bhttp::status::ok, *r);
+}
+
+}  // namespace sbx::api

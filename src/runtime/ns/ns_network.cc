@@ -1,0 +1,38 @@
+#include "runtime/ns/ns_network.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "common/status_util.h"
+#include "net/profiles.h"
+
+namespace sbx::runtime::ns {
+
+absl::StatusOr<std::unique_ptr<net::SandboxNetwork>> AttachNetwork(net::NetworkHost* host,
+                                                                   const std::string& id,
+                                                                   const nlohmann::json& egress,
+                                                                   int netns_fd) {
+  auto resolved = net::ResolvedEgress::FromJson(egress);
+  if (!resolved.ok()) return Annotate(resolved.status(), fmt::format("create {}: network", id));
+  if (host == nullptr) {
+    return absl::FailedPreconditionError(fmt::format(
+        "create {}: network: egress profile '{}' needs networking, which this sbxd has off "
+        "(egress.enabled)",
+        id, resolved->profile));
+  }
+  auto network = host->Attach(id, netns_fd, resolved->policy());
+  if (!network.ok()) return Annotate(network.status(), fmt::format("create {}: network", id));
+  return network;
+}
+
+std::unique_ptr<net::SandboxNetwork> AdoptNetwork(net::NetworkHost* host, const std::string& id) {
+  if (host == nullptr) return nullptr;
+  auto network = host->Adopt(id);
+  if (network.ok()) return std::move(*network);
+  if (!absl::IsNotFound(network.status())) {
+    spdlog::error("ns: adopt {}: network: {}", id, std::string(network.status().message()));
+  }
+  return nullptr;
+}
+
+}  // namespace sbx::runtime::ns

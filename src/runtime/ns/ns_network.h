@@ -1,0 +1,29 @@
+// The network step of a networked sandbox's create (docs/isolation.md §2.2 step 12b): its veth,
+// addresses and nftables elements, built by sbxd's NetworkHost (src/net) in the network
+// namespace the sandbox is about to be launched into. `none` never comes here: it keeps the
+// loopback-only namespace of §2.3a, exactly as before.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "net/sandbox_net.h"
+
+namespace sbx::runtime::ns {
+
+// `egress`: SandboxSpec::egress (net::ResolvedEgress::ToJson()). FailedPrecondition when this
+// sbxd has networking off (`host` null): the sandbox was stored as networked by an sbxd that
+// had it on, and must not silently come up without the rules it asked for.
+absl::StatusOr<std::unique_ptr<net::SandboxNetwork>> AttachNetwork(net::NetworkHost* host,
+                                                                   const std::string& id,
+                                                                   const nlohmann::json& egress,
+                                                                   int netns_fd);
+
+// After a restart: the network sandbox `id` still has, or null when it has none (a `none`
+// sandbox, or networking off).
+std::unique_ptr<net::SandboxNetwork> AdoptNetwork(net::NetworkHost* host, const std::string& id);
+
+}  // namespace sbx::runtime::ns
