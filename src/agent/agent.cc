@@ -30,6 +30,7 @@
 #include "agent/loop.h"
 #include "agent/oom.h"
 #include "agent/procfs.h"
+#include "agent/spawn.h"
 #include "common/log_format.h"
 #include "common/status_util.h"
 #include "common/time_util.h"
@@ -101,6 +102,7 @@ absl::Status Agent::Init() {
   ::signal(SIGPIPE, SIG_IGN);
   // An inherited SIG_IGN for SIGCHLD would make the kernel auto-reap and hide exit statuses.
   ::signal(SIGCHLD, SIG_DFL);
+  RecordSignalDispositions();  // what Spawn's children reset
 
   epoll_.Reset(::epoll_create1(EPOLL_CLOEXEC));
   if (!epoll_) return ErrnoStatus(errno, "agent init: epoll_create1");

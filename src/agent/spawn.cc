@@ -12,6 +12,7 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <string>
 #include <vector>
@@ -66,7 +67,28 @@ void CloseFrom(int lowfd) {
   for (int fd = lowfd; fd < max; ++fd) ::close(fd);
 }
 
+// The signals to reset in the child (RecordSignalDispositions): a fixed array, which the child
+// reads on the agent's memory without allocating.
+struct SignalResets {
+  int sigs[NSIG] = {};
+  int count = 0;
+};
+SignalResets g_signal_resets;
+std::atomic<bool> g_signals_recorded{false};
+
 }  // namespace
+
+void RecordSignalDispositions() {
+  SignalResets r;
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig == SIGKILL || sig == SIGSTOP) continue;
+    struct sigaction old {};
+    // A signal the query refuses (none on Linux) is reset as before, to be safe.
+    if (::sigaction(sig, nullptr, &old) != 0 || old.sa_handler != SIG_DFL) r.sigs[r.count++] = sig;
+  }
+  g_signal_resets = r;
+  g_signals_recorded.store(true, std::memory_order_release);
+}
 
 std::vector<std::string> BuildEnv(char** base, const std::map<std::string, std::string>& overlay) {
   std::map<std::string, std::string> merged;
@@ -229,8 +251,10 @@ void ChildSessionAndSignals(const ChildPlan& plan, const ChildFds& fds) {
   } else {
     ::setpgid(0, 0);
   }
-  for (int sig = 1; sig < NSIG; ++sig) {
-    if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &plan.dfl, nullptr);
+  // Only what is not SIG_DFL already (a query per signal in the parent would cost the same):
+  // exec resets handlers by itself, SIG_IGN it keeps, and the agent ignores SIGPIPE.
+  for (int i = 0; i < g_signal_resets.count; ++i) {
+    ::sigaction(g_signal_resets.sigs[i], &plan.dfl, nullptr);
   }
   ::sigprocmask(SIG_SETMASK, &plan.empty_mask, nullptr);
 }
@@ -409,6 +433,7 @@ absl::StatusOr<SpawnedProcess> Spawn(const SpawnSpec& spec) {
   if (spec.argv.empty() || spec.argv[0].empty()) {
     return absl::InvalidArgumentError("spawn: argv is empty");
   }
+  if (!g_signals_recorded.load(std::memory_order_acquire)) RecordSignalDispositions();
   // Everything the child touches is built here, before fork.
   ChildPlan plan;
   PreparePlan(spec, plan);

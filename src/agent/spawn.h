@@ -55,6 +55,11 @@ std::vector<std::string> BuildEnv(char** base, const std::map<std::string, std::
 // joined with it (an empty entry means the current directory).
 std::vector<std::string> ExecCandidates(const std::string& argv0, const std::string& path);
 
+// Records which signals the calling process does not leave at SIG_DFL (SIG_IGN survives exec;
+// a handler would run on the agent's memory until exec): the child of Spawn resets those
+// alone, not all 64. Spawn records once by itself; call again after changing any disposition.
+void RecordSignalDispositions();
+
 // Starts the process in its own process group with stdin = /dev/null (or a pipe, see
 // SpawnSpec::stdin_pipe) and stdout/stderr on fresh pipes, or with a pty (SpawnSpec::tty).
 // Exec failures are reported by the child on its stderr (exit 127, 126 for cwd/credential

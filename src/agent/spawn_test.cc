@@ -1,6 +1,7 @@
 #include "agent/spawn.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -83,6 +84,35 @@ TEST(Spawn, TheCallerStaysNonDumpableAndKeepsItsOomScore) {
   EXPECT_EQ(WEXITSTATUS(status), 126);
   ::close(ro);
   ::prctl(PR_SET_DUMPABLE, was_dumpable, 0, 0, 0);
+}
+
+// The child resets only the dispositions recorded as not SIG_DFL: an ignored signal and a
+// blocked one in the caller must both reach the program as default and unblocked.
+TEST(Spawn, TheProgramStartsWithDefaultSignalsAndAnEmptyMask) {
+  struct sigaction old_usr1 {}, old_hup {}, ign {};
+  ign.sa_handler = SIG_IGN;
+  ASSERT_EQ(::sigaction(SIGUSR1, &ign, &old_usr1), 0);
+  ASSERT_EQ(::sigaction(SIGHUP, &ign, &old_hup), 0);
+  sigset_t block, old_mask;
+  sigemptyset(&block);
+  sigaddset(&block, SIGUSR2);
+  ASSERT_EQ(::sigprocmask(SIG_BLOCK, &block, &old_mask), 0);
+  RecordSignalDispositions();
+
+  SpawnSpec spec;
+  spec.argv = {"/bin/sh", "-c", "grep -E '^Sig(Ign|Blk):' /proc/self/status"};
+  spec.env = {"PATH=/usr/bin:/bin"};
+  auto p = Spawn(spec);
+  ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+  ::sigaction(SIGUSR1, &old_usr1, nullptr);
+  ::sigaction(SIGHUP, &old_hup, nullptr);
+  RecordSignalDispositions();
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(ReadAll(p->stdout_fd.get()), "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n");
+  int status = 0;
+  ASSERT_EQ(::waitpid(p->pid, &status, 0), p->pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 }  // namespace

@@ -4,7 +4,11 @@
 #include <charconv>
 #include <fstream>
 #include <iterator>
+#include <mutex>
 #include <optional>
+
+#include <sys/stat.h>
+#include <time.h>
 
 #include <fmt/format.h>
 
@@ -51,6 +55,63 @@ std::string ReadFileOrEmpty(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return {};
   return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// The last text read of each file, kept while the file's stat identity is unchanged: the files
+// are read for every session with a user, and a stat is one syscall where open, fstat, reads
+// and close were five. An edit inside the sandbox changes mtime/ctime (or the inode, for an
+// editor's rename); since those stamps have the kernel's coarse clock granularity, an edit
+// within the same tick and of the same size would look unchanged, so a file changed in the last
+// two seconds is read again every time (git's "racily clean" rule).
+struct CachedFile {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  off_t size = 0;
+  timespec mtime{}, ctime{};
+  std::string text;
+};
+
+constexpr off_t kMaxCachedFileBytes = 1 << 20;
+constexpr time_t kRacySeconds = 2;
+
+bool SameStamp(const timespec& a, const timespec& b) {
+  return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
+}
+
+std::string ReadFileCached(const std::string& path) {
+  static std::mutex mu;
+  static std::map<std::string, CachedFile>* cache = new std::map<std::string, CachedFile>;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return ReadFileOrEmpty(path);
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  const bool racy = now.tv_sec - st.st_ctim.tv_sec < kRacySeconds ||
+                    now.tv_sec - st.st_mtim.tv_sec < kRacySeconds;
+  {
+    std::lock_guard lock(mu);
+    auto it = cache->find(path);
+    if (it != cache->end()) {
+      const CachedFile& c = it->second;
+      if (!racy && c.dev == st.st_dev && c.ino == st.st_ino && c.size == st.st_size &&
+          SameStamp(c.mtime, st.st_mtim) && SameStamp(c.ctime, st.st_ctim)) {
+        return c.text;
+      }
+      cache->erase(it);
+    }
+  }
+  std::string text = ReadFileOrEmpty(path);
+  // Kept only when what was read is what was stat'ed: a write in between changes the size
+  // or the stamps, and the next call reads again.
+  struct stat after {};
+  if (!racy && st.st_size <= kMaxCachedFileBytes && ::stat(path.c_str(), &after) == 0 &&
+      after.st_dev == st.st_dev && after.st_ino == st.st_ino &&
+      after.st_size == static_cast<off_t>(text.size()) && SameStamp(after.st_mtim, st.st_mtim) &&
+      SameStamp(after.st_ctim, st.st_ctim)) {
+    std::lock_guard lock(mu);
+    if (cache->size() >= 8) cache->clear();  // a handful of paths at most: /etc and file ops
+    (*cache)[path] = CachedFile{st.st_dev, st.st_ino, st.st_size, st.st_mtim, st.st_ctim, text};
+  }
+  return text;
 }
 
 }  // namespace
@@ -134,7 +195,7 @@ absl::StatusOr<ResolvedUser> ResolveUser(std::string_view spec, std::string_view
 absl::StatusOr<ResolvedUser> ResolveUserFromFiles(std::string_view spec,
                                                   const std::string& passwd_path,
                                                   const std::string& group_path) {
-  return ResolveUser(spec, ReadFileOrEmpty(passwd_path), ReadFileOrEmpty(group_path));
+  return ResolveUser(spec, ReadFileCached(passwd_path), ReadFileCached(group_path));
 }
 
 std::map<int64_t, std::string> PasswdNames(std::string_view passwd,

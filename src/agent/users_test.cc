@@ -1,5 +1,10 @@
 #include "agent/users.h"
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <map>
 
 #include <gtest/gtest.h>
@@ -68,6 +73,38 @@ TEST(ResolveUser, Rejects) {
   EXPECT_FALSE(ResolveUser("alice:", kPasswd, kGroup).ok());
   EXPECT_FALSE(ResolveUser("99999999999", kPasswd, kGroup).ok());
   EXPECT_FALSE(ResolveUser("broken line", kPasswd, kGroup).ok());
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
+
+// The files are cached by their stat identity: an edit in place of the same size, right after
+// the first read, and a rename over the file must both be seen.
+TEST(ResolveUserFromFiles, SeesEditsOfTheCachedFiles) {
+  char dir[] = "/tmp/sbx-users-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string passwd = std::string(dir) + "/passwd", group = std::string(dir) + "/group";
+  WriteFile(passwd, "alice:x:1000:1000::/home/alice:/bin/sh\n");
+  WriteFile(group, "");
+  for (int round = 0; round < 2; ++round) {
+    auto u = ResolveUserFromFiles("alice", passwd, group);
+    ASSERT_TRUE(u.ok()) << u.status();
+    EXPECT_EQ(u->uid, 1000u);
+  }
+  WriteFile(passwd, "alice:x:1001:1001::/home/alice:/bin/sh\n");  // same size
+  auto edited = ResolveUserFromFiles("alice", passwd, group);
+  ASSERT_TRUE(edited.ok()) << edited.status();
+  EXPECT_EQ(edited->uid, 1001u);
+  WriteFile(passwd + ".new", "alice:x:1002:1002::/home/alice:/bin/sh\n");
+  ASSERT_EQ(std::rename((passwd + ".new").c_str(), passwd.c_str()), 0);
+  auto renamed = ResolveUserFromFiles("alice", passwd, group);
+  ASSERT_TRUE(renamed.ok()) << renamed.status();
+  EXPECT_EQ(renamed->uid, 1002u);
+  ::unlink(passwd.c_str());
+  EXPECT_FALSE(ResolveUserFromFiles("alice", passwd, group).ok());
+  ::unlink(group.c_str());
+  ::rmdir(dir);
 }
 
 TEST(PasswdNames, NamesOnlyTheWantedUidsFromTheSameEntriesAsResolveUser) {

@@ -325,6 +325,15 @@ class SandboxService {
   TimerSettings timer_settings_;
 
   mutable std::mutex mu_;
+  // Sessions just created, until their first PrepareAttach (sessions.cc): the record as the
+  // store holds it, so that create + attach reads the store once, not twice.
+  struct JustCreated {
+    store::SessionRecord record;
+    SessionSpec spec;
+  };
+  std::mutex just_created_mu_;
+  std::map<std::string, JustCreated> just_created_;
+  std::optional<JustCreated> TakeJustCreated(const std::string& session_id);
   std::map<std::string, runtime::InstancePtr> instances_;  // running sandboxes, by id
   std::set<std::string> frozen_;  // ids whose instance is frozen or being frozen
   bool ready_ = false;

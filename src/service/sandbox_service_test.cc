@@ -1288,3 +1288,36 @@ TEST_F(SandboxServiceTest, DeadAgentFailsTheSandboxAndItsSessions) {
 }
 
 }  // namespace sbx::service
+
+namespace sbx::service {
+
+// The first attach after create uses the record just committed: it must answer exactly as the
+// store would, to the right tenant and session scope only, and later attaches as well.
+TEST_F(SandboxServiceTest, AttachRightAfterCreateAnswersAsTheStoreDoes) {
+  const std::string id = CreateRunning();
+  CreateSessionRequest req;
+  req.argv = {"echo", "hi"};
+  req.canonical = json{{"argv", req.argv}};
+  auto r = svc_->CreateSession(caller_, id, req, std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::string ses = Body(*r)["session_id"].get<std::string>();
+  EXPECT_TRUE(absl::IsNotFound(svc_->PrepareAttach(Caller{"other", std::nullopt}, ses).status()));
+  EXPECT_TRUE(absl::IsNotFound(
+      svc_->PrepareAttach(Caller{"default", std::string("ses_other")}, ses).status()));
+  for (int round = 0; round < 2; ++round) {
+    auto t = svc_->PrepareAttach(caller_, ses);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ(t->session.id, ses);
+    EXPECT_EQ(t->session.sandbox_id, id);
+    EXPECT_EQ(t->session.state, "created");
+    EXPECT_EQ(t->spec.argv, req.argv);
+  }
+  // A second fresh session whose first attach is the owner's.
+  auto r2 = svc_->CreateSession(caller_, id, req, std::nullopt);
+  ASSERT_TRUE(r2.ok()) << r2.status();
+  auto t2 = svc_->PrepareAttach(caller_, Body(*r2)["session_id"].get<std::string>());
+  ASSERT_TRUE(t2.ok()) << t2.status();
+  EXPECT_EQ(t2->spec.argv, req.argv);
+}
+
+}  // namespace sbx::service

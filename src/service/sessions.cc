@@ -20,7 +20,8 @@ using namespace internal;  // this folder's helpers (service_internal.h)
 absl::StatusOr<Answer<SessionCreated>> SandboxService::CreateSession(
     const Caller& caller, const std::string& sandbox_id, const CreateSessionRequest& req,
     const std::optional<Idempotency>& idem) {
-  return Mutate<SessionCreated>(caller, idem, Sha256Hex(req.canonical.dump()),
+  std::optional<JustCreated> created;
+  auto answer = Mutate<SessionCreated>(caller, idem, Sha256Hex(req.canonical.dump()),
                                 [&](Tx& tx) -> absl::StatusOr<Accepted<SessionCreated>> {
     SBX_ASSIGN_OR_RETURN(SandboxRecord sb, VisibleSandbox(tx, caller, sandbox_id));
     if (sb.state != kRunning) {
@@ -53,10 +54,29 @@ absl::StatusOr<Answer<SessionCreated>> SandboxService::CreateSession(
     s.spec = spec.ToJson();
     s.created_at = now;
     SBX_RETURN_IF_ERROR(tx.PutSession(s));
+    created = JustCreated{s, std::move(spec)};  // a retried transaction overwrites it
     Accepted<SessionCreated> out;
     out.result = SessionCreated{s, tokens_.Mint(s.id, caller.tenant_id)};
     return out;
   });
+  // Only what was committed (a replayed answer created nothing now).
+  if (answer.ok() && answer->result && created && created->record.id == answer->result->session.id) {
+    std::lock_guard lock(just_created_mu_);
+    // Sessions nobody attaches to would pile up: the store answers for them instead.
+    if (just_created_.size() >= 1024) just_created_.clear();
+    just_created_.emplace(created->record.id, std::move(*created));
+  }
+  return answer;
+}
+
+std::optional<SandboxService::JustCreated> SandboxService::TakeJustCreated(
+    const std::string& session_id) {
+  std::lock_guard lock(just_created_mu_);
+  auto it = just_created_.find(session_id);
+  if (it == just_created_.end()) return std::nullopt;
+  JustCreated out = std::move(it->second);
+  just_created_.erase(it);
+  return out;
 }
 
 void SandboxService::AddInteractiveSpec(const CreateSessionRequest& req, SessionSpec& spec) {
@@ -99,6 +119,18 @@ absl::StatusOr<SessionRecord> SandboxService::GetSession(const Caller& caller,
 
 absl::StatusOr<SandboxService::AttachTarget> SandboxService::PrepareAttach(
     const Caller& caller, const std::string& session_id) {
+  // The first attach after create: the record is the one just committed, and nothing changes a
+  // "created" row while its sandbox's agent is reachable (a delete or a lost agent removes that
+  // first, a pause freezes it). Otherwise, and after a restart, the store answers as before.
+  if (auto just = TakeJustCreated(session_id);
+      just && just->record.tenant_id == caller.tenant_id &&
+      (!caller.session_scope || *caller.session_scope == session_id)) {
+    if (auto sock = AgentSocketFor(just->record.sandbox_id)) {
+      if (caller.initiator == "api") activity_.Touch(just->record.sandbox_id);
+      return AttachTarget{std::move(just->record), AgentClient::ForSocket(*sock),
+                          std::move(just->spec)};
+    }
+  }
   SBX_ASSIGN_OR_RETURN(SessionRecord s, GetSession(caller, session_id));
   auto sock = AgentSocketFor(s.sandbox_id);
   if (!sock) {
