@@ -87,13 +87,20 @@ absl::Status Netlink::Transact(nlmsghdr* nlh, const std::string& what) {
   }
 }
 
-absl::Status Netlink::CreateVeth(const std::string& name, const std::string& peer_name,
-                                 int peer_netns_fd) {
+nlmsghdr* Netlink::PutLinkHeader(uint16_t type, uint16_t flags, int ifindex) {
   nlmsghdr* nlh = mnl_nlmsg_put_header(buf_.get());
-  nlh->nlmsg_type = RTM_NEWLINK;
-  nlh->nlmsg_flags = NLM_F_REQUEST | NLM_F_CREATE | NLM_F_EXCL;
+  nlh->nlmsg_type = type;
+  nlh->nlmsg_flags = flags;
+  nlh->nlmsg_seq = seq_++;
   auto* ifm = static_cast<ifinfomsg*>(mnl_nlmsg_put_extra_header(nlh, sizeof(ifinfomsg)));
   ifm->ifi_family = AF_UNSPEC;
+  ifm->ifi_index = ifindex;
+  return nlh;
+}
+
+absl::Status Netlink::CreateVeth(const std::string& name, const std::string& peer_name,
+                                 int peer_netns_fd) {
+  nlmsghdr* nlh = PutLinkHeader(RTM_NEWLINK, NLM_F_REQUEST | NLM_F_CREATE | NLM_F_EXCL, 0);
   mnl_attr_put_strz(nlh, IFLA_IFNAME, name.c_str());
   nlattr* linkinfo = mnl_attr_nest_start(nlh, IFLA_LINKINFO);
   mnl_attr_put_strz(nlh, IFLA_INFO_KIND, "veth");
@@ -112,12 +119,7 @@ absl::Status Netlink::CreateVeth(const std::string& name, const std::string& pee
 
 absl::StatusOr<int> Netlink::IfIndex(const std::string& name) {
   // A lookup by name, not a dump: a host with thousands of sandbox veths answers in one message.
-  nlmsghdr* nlh = mnl_nlmsg_put_header(buf_.get());
-  nlh->nlmsg_type = RTM_GETLINK;
-  nlh->nlmsg_flags = NLM_F_REQUEST;
-  nlh->nlmsg_seq = seq_++;
-  auto* ifm = static_cast<ifinfomsg*>(mnl_nlmsg_put_extra_header(nlh, sizeof(ifinfomsg)));
-  ifm->ifi_family = AF_UNSPEC;
+  nlmsghdr* nlh = PutLinkHeader(RTM_GETLINK, NLM_F_REQUEST, 0);
   mnl_attr_put_strz(nlh, IFLA_IFNAME, name.c_str());
   uint32_t seq = nlh->nlmsg_seq;
   if (mnl_socket_sendto(sock_.get(), nlh, nlh->nlmsg_len) < 0) {
@@ -139,23 +141,14 @@ absl::StatusOr<int> Netlink::IfIndex(const std::string& name) {
 }
 
 absl::Status Netlink::SetAlias(int ifindex, const std::string& alias) {
-  nlmsghdr* nlh = mnl_nlmsg_put_header(buf_.get());
-  nlh->nlmsg_type = RTM_NEWLINK;
-  nlh->nlmsg_flags = NLM_F_REQUEST;
-  auto* ifm = static_cast<ifinfomsg*>(mnl_nlmsg_put_extra_header(nlh, sizeof(ifinfomsg)));
-  ifm->ifi_family = AF_UNSPEC;
-  ifm->ifi_index = ifindex;
+  nlmsghdr* nlh = PutLinkHeader(RTM_NEWLINK, NLM_F_REQUEST, ifindex);
   mnl_attr_put_strz(nlh, IFLA_IFALIAS, alias.c_str());
   return Transact(nlh, fmt::format("name link {} after {}: RTM_NEWLINK(IFLA_IFALIAS)", ifindex, alias));
 }
 
 absl::Status Netlink::SetUp(int ifindex) {
-  nlmsghdr* nlh = mnl_nlmsg_put_header(buf_.get());
-  nlh->nlmsg_type = RTM_NEWLINK;
-  nlh->nlmsg_flags = NLM_F_REQUEST;
-  auto* ifm = static_cast<ifinfomsg*>(mnl_nlmsg_put_extra_header(nlh, sizeof(ifinfomsg)));
-  ifm->ifi_family = AF_UNSPEC;
-  ifm->ifi_index = ifindex;
+  nlmsghdr* nlh = PutLinkHeader(RTM_NEWLINK, NLM_F_REQUEST, ifindex);
+  auto* ifm = static_cast<ifinfomsg*>(mnl_nlmsg_get_payload(nlh));
   ifm->ifi_flags = IFF_UP;
   ifm->ifi_change = IFF_UP;
   return Transact(nlh, fmt::format("link {} up: RTM_NEWLINK(IFF_UP)", ifindex));
@@ -197,13 +190,7 @@ absl::Status Netlink::AddDefaultRoute(int ifindex, const IpPrefix& gateway) {
 
 absl::Status Netlink::WaitOperUp(int ifindex, int timeout_ms) {
   for (int waited_us = 0;; waited_us += 200) {
-    nlmsghdr* nlh = mnl_nlmsg_put_header(buf_.get());
-    nlh->nlmsg_type = RTM_GETLINK;
-    nlh->nlmsg_flags = NLM_F_REQUEST;
-    nlh->nlmsg_seq = seq_++;
-    auto* ifm = static_cast<ifinfomsg*>(mnl_nlmsg_put_extra_header(nlh, sizeof(ifinfomsg)));
-    ifm->ifi_family = AF_UNSPEC;
-    ifm->ifi_index = ifindex;
+    nlmsghdr* nlh = PutLinkHeader(RTM_GETLINK, NLM_F_REQUEST, ifindex);
     uint32_t seq = nlh->nlmsg_seq;
     if (mnl_socket_sendto(sock_.get(), nlh, nlh->nlmsg_len) < 0) {
       return ErrnoStatus(errno, fmt::format("wait for link {}: netlink sendto(RTM_GETLINK)", ifindex));
@@ -232,12 +219,7 @@ absl::Status Netlink::WaitOperUp(int ifindex, int timeout_ms) {
 }
 
 absl::Status Netlink::DeleteLink(int ifindex) {
-  nlmsghdr* nlh = mnl_nlmsg_put_header(buf_.get());
-  nlh->nlmsg_type = RTM_DELLINK;
-  nlh->nlmsg_flags = NLM_F_REQUEST;
-  auto* ifm = static_cast<ifinfomsg*>(mnl_nlmsg_put_extra_header(nlh, sizeof(ifinfomsg)));
-  ifm->ifi_family = AF_UNSPEC;
-  ifm->ifi_index = ifindex;
+  nlmsghdr* nlh = PutLinkHeader(RTM_DELLINK, NLM_F_REQUEST, ifindex);
   last_errno_ = 0;
   absl::Status st = Transact(nlh, fmt::format("delete link {}: RTM_DELLINK", ifindex));
   if (!st.ok() && last_errno_ == ENODEV) {
@@ -247,12 +229,7 @@ absl::Status Netlink::DeleteLink(int ifindex) {
 }
 
 absl::StatusOr<std::vector<LinkInfo>> Netlink::ListLinks() {
-  nlmsghdr* nlh = mnl_nlmsg_put_header(buf_.get());
-  nlh->nlmsg_type = RTM_GETLINK;
-  nlh->nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
-  nlh->nlmsg_seq = seq_++;
-  auto* ifm = static_cast<ifinfomsg*>(mnl_nlmsg_put_extra_header(nlh, sizeof(ifinfomsg)));
-  ifm->ifi_family = AF_UNSPEC;
+  nlmsghdr* nlh = PutLinkHeader(RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, 0);
   uint32_t seq = nlh->nlmsg_seq;
   if (mnl_socket_sendto(sock_.get(), nlh, nlh->nlmsg_len) < 0) {
     return ErrnoStatus(errno, "list links: netlink sendto(RTM_GETLINK)");

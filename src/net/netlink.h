@@ -56,6 +56,8 @@ class Netlink {
   explicit Netlink(mnl_socket* sock) : sock_(sock) {}
   // Sends the request in buf_ and waits for its ack; errors name `what`.
   absl::Status Transact(nlmsghdr* nlh, const std::string& what);
+  // A link request in buf_: the netlink header and an ifinfomsg for `ifindex` (0: none).
+  nlmsghdr* PutLinkHeader(uint16_t type, uint16_t flags, int ifindex);
 
   struct Closer {
     void operator()(mnl_socket* s) const { mnl_socket_close(s); }
