@@ -37,17 +37,103 @@ std::string_view ProtocolName(Protocol p) {
 
 }  // namespace
 
-bool EgressRule::WithinRule(const EgressRule& wider) const {
-  if (!wider.dest.Contains(dest)) return false;
-  if (wider.protocol != Protocol::kAny && wider.protocol != protocol) return false;
+namespace {
+
+// The ports and protocol part of WithinRule.
+bool PortsWithin(const EgressRule& r, const EgressRule& wider) {
+  if (wider.protocol != Protocol::kAny && wider.protocol != r.protocol) return false;
   if (wider.any_port()) return true;
   // A port-limited rule covers no protocol without ports (ICMP), so "any" cannot fit in it.
-  if (any_port() || (protocol == Protocol::kAny && wider.protocol != Protocol::kAny)) return false;
-  return port_lo >= wider.port_lo && port_hi <= wider.port_hi;
+  if (r.any_port() || (r.protocol == Protocol::kAny && wider.protocol != Protocol::kAny)) return false;
+  return r.port_lo >= wider.port_lo && r.port_hi <= wider.port_hi;
+}
+
+// `*.x` covers `*.y.x` and `y.x`; a plain name covers only itself.
+bool PatternWithin(std::string_view narrow, std::string_view wide) {
+  if (narrow == wide) return true;
+  if (!wide.starts_with("*.")) return false;
+  std::string_view suffix = wide.substr(1);  // ".x"
+  std::string_view n = narrow.starts_with("*.") ? narrow.substr(2) : narrow;
+  return n.size() > suffix.size() && n.ends_with(suffix);
+}
+
+}  // namespace
+
+bool EgressRule::WithinRule(const EgressRule& wider) const {
+  if (is_domain()) {
+    // A name may resolve to any address, so only a rule of every address holds a domain rule.
+    if (!wider.is_domain() && !wider.AllAddresses()) return false;
+    if (wider.is_domain() && !PatternWithin(domain, wider.domain)) return false;
+    return PortsWithin(*this, wider);
+  }
+  if (wider.is_domain()) return false;
+  if (!wider.dest.Contains(dest)) return false;
+  return PortsWithin(*this, wider);
+}
+
+bool EgressRule::MatchesName(std::string_view name) const {
+  if (!is_domain()) return false;
+  if (!domain.starts_with("*.")) return name == domain;
+  std::string_view suffix = std::string_view(domain).substr(1);
+  return name.size() > suffix.size() && name.ends_with(suffix);
+}
+
+bool EgressRule::Matches(std::string_view name, uint16_t port) const {
+  if (!MatchesName(name)) return false;
+  return port == 0 || any_port() || (port >= port_lo && port <= port_hi);
+}
+
+bool HasDomainRules(const std::vector<EgressRule>& rules) {
+  for (const auto& r : rules) {
+    if (r.is_domain()) return true;
+  }
+  return false;
+}
+
+bool NameAllowed(const std::vector<EgressRule>& allow, const std::vector<EgressRule>& deny,
+                 std::string_view name, uint16_t port) {
+  for (const auto& d : deny) {
+    if (d.MatchesName(name) && (port == 0 ? d.any_port() : d.Matches(name, port))) return false;
+  }
+  for (const auto& a : allow) {
+    if (a.Matches(name, port)) return true;
+    if (a.AllAddresses() && (port == 0 || a.any_port() || (port >= a.port_lo && port <= a.port_hi))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string NormalizeName(std::string_view name) {
+  if (name.ends_with('.')) name.remove_suffix(1);
+  if (name.empty() || name.size() > 253) return {};
+  std::string out;
+  out.reserve(name.size());
+  size_t label = 0;
+  bool all_digits = true;
+  for (char c : name) {
+    char l = (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+    if (l == '.') {
+      if (label == 0) return {};
+      label = 0;
+    } else if ((l >= 'a' && l <= 'z') || (l >= '0' && l <= '9') || l == '-' || l == '_') {
+      if (++label > 63) return {};
+      if (!(l >= '0' && l <= '9')) all_digits = false;
+    } else {
+      return {};
+    }
+    out.push_back(l);
+  }
+  if (label == 0) return {};
+  // "1.2.3.4" is an address, not a name: a rule for it is a CIDR rule.
+  if (all_digits) return {};
+  return out;
 }
 
 Json EgressRule::ToJson() const {
-  Json j = {{"cidr", dest.ToString()}, {"protocol", std::string(ProtocolName(protocol))}};
+  Json j = {{"protocol", std::string(ProtocolName(protocol))}};
+  if (is_domain()) j["domain"] = domain;
+  else j["cidr"] = dest.ToString();
   if (!any_port()) {
     j["ports"] = port_lo == port_hi ? fmt::format("{}", port_lo)
                                     : fmt::format("{}-{}", port_lo, port_hi);
@@ -57,24 +143,39 @@ Json EgressRule::ToJson() const {
 
 absl::StatusOr<EgressRule> ParseRule(const Json& j, std::string_view field) {
   if (!j.is_object()) return Bad(field, "a rule is an object such as {\"cidr\": \"203.0.113.0/24\"}");
-  if (j.contains("domain") || j.contains("host")) {
-    return Bad(field,
-               "domain rules are not supported yet: they need sbx's DNS resolver and the "
-               "Host/SNI check on each connection (issue 16, a later release); use \"cidr\"");
-  }
   for (const auto& [key, value] : j.items()) {
-    if (key != "cidr" && key != "ports" && key != "protocol") {
-      return Bad(field, fmt::format("unknown key '{}' (a rule has cidr, ports, protocol)", key));
+    if (key != "cidr" && key != "domain" && key != "ports" && key != "protocol") {
+      return Bad(field,
+                 fmt::format("unknown key '{}' (a rule has cidr or domain, ports, protocol)", key));
     }
   }
-  if (!j.contains("cidr") || !j["cidr"].is_string()) {
-    return Bad(field, "\"cidr\" (a string such as \"203.0.113.0/24\") is required");
+  if (j.contains("cidr") == j.contains("domain")) {
+    return Bad(field, "a rule has exactly one of \"cidr\" (\"203.0.113.0/24\") and \"domain\" "
+                      "(\"pypi.org\", \"*.pythonhosted.org\")");
   }
   EgressRule r;
-  std::string cidr_field = fmt::format("{}.cidr", field);
-  auto prefix = IpPrefix::Parse(j["cidr"].get_ref<const std::string&>());
-  if (!prefix.ok()) return Bad(cidr_field, std::string(prefix.status().message()));
-  r.dest = *prefix;
+  if (j.contains("domain")) {
+    std::string df = fmt::format("{}.domain", field);
+    if (!j["domain"].is_string()) return Bad(df, "a string such as \"pypi.org\"");
+    std::string_view text = j["domain"].get_ref<const std::string&>();
+    bool wildcard = text.starts_with("*.");
+    std::string name = NormalizeName(wildcard ? text.substr(2) : text);
+    if (name.empty() || text.find('*', wildcard ? 1 : 0) != std::string_view::npos) {
+      return Bad(df, fmt::format("'{}' is not a host name or '*.' and a host name (a bare "
+                                 "address belongs in \"cidr\")",
+                                 text.substr(0, 64)));
+    }
+    r.domain = wildcard ? "*." + name : name;
+    r.protocol = Protocol::kTcp;
+  } else {
+    if (!j["cidr"].is_string()) {
+      return Bad(field, "\"cidr\" (a string such as \"203.0.113.0/24\") is required");
+    }
+    std::string cidr_field = fmt::format("{}.cidr", field);
+    auto prefix = IpPrefix::Parse(j["cidr"].get_ref<const std::string&>());
+    if (!prefix.ok()) return Bad(cidr_field, std::string(prefix.status().message()));
+    r.dest = *prefix;
+  }
   if (j.contains("protocol")) {
     const Json& p = j["protocol"];
     std::string pf = fmt::format("{}.protocol", field);
@@ -84,6 +185,10 @@ absl::StatusOr<EgressRule> ParseRule(const Json& j, std::string_view field) {
     else if (s == "udp") r.protocol = Protocol::kUdp;
     else if (s == "any") r.protocol = Protocol::kAny;
     else return Bad(pf, fmt::format("'{}' is not tcp, udp or any", s.substr(0, 16)));
+    if (r.is_domain() && r.protocol != Protocol::kTcp) {
+      return Bad(pf, "a domain rule is tcp only: QUIC and other UDP carry no name sbx can check "
+                     "before the first packet leaves");
+    }
   }
   if (j.contains("ports")) {
     const Json& p = j["ports"];

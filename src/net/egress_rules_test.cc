@@ -25,7 +25,8 @@ TEST(EgressRules, BadRulesNameTheField) {
     const char* json;
     const char* needle;
   } cases[] = {
-      {R"({"domain":"pypi.org"})", "domain rules are not supported yet"},
+      {R"({"domain":"pypi.org","protocol":"udp"})", "a domain rule is tcp only"},
+      {R"({"domain":"10.1.2.3"})", "egress.allow[3].domain"},
       {R"({"cidr":"pypi.org"})", "egress.allow[3].cidr"},
       {R"({"cidr":"10.0.0.0/8","ports":0})", "out of range"},
       {R"({"cidr":"10.0.0.0/8","ports":"70000"})", "out of range"},
@@ -59,8 +60,11 @@ TEST(EgressRules, ProfileFromConfiguration) {
   EXPECT_FALSE(ParseProfile("open", Json::object()).ok());
   EXPECT_FALSE(ParseProfile("Bad Name", Json::object()).ok());
   auto dom = ParseProfile("pkgs", Json::parse(R"({"allow":[{"domain":"*.pythonhosted.org"}]})"));
-  ASSERT_FALSE(dom.ok());
-  EXPECT_NE(dom.status().message().find("egress.profiles.pkgs.allow[0]"), std::string::npos);
+  ASSERT_TRUE(dom.ok()) << dom.status();
+  EXPECT_EQ(dom->allow[0].domain, "*.pythonhosted.org");
+  auto bad = ParseProfile("pkgs", Json::parse(R"({"allow":[{"domain":"*.python*.org"}]})"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("egress.profiles.pkgs.allow[0].domain"), std::string::npos);
 }
 
 TEST(EgressRules, NarrowingMayNotWiden) {
@@ -112,6 +116,74 @@ TEST(EgressRules, AlwaysBlockedCoversTheIssuesRanges) {
   EXPECT_EQ(blocked("2001:db8::1"), "documentation");
   EXPECT_EQ(blocked("1.1.1.1"), "open");
   EXPECT_EQ(blocked("2606:4700::1111"), "open");
+}
+
+TEST(EgressRules, DomainRulesParseNormalizedAndTcpOnly) {
+  auto r = ParseRule(Json::parse(R"({"domain":"PyPI.org.","ports":443})"), "r");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->domain, "pypi.org");
+  EXPECT_EQ(r->protocol, Protocol::kTcp);
+  EXPECT_EQ(r->ToJson().dump(), R"({"domain":"pypi.org","ports":"443","protocol":"tcp"})");
+  auto w = ParseRule(Json::parse(R"({"domain":"*.pythonhosted.org"})"), "r");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->domain, "*.pythonhosted.org");
+  for (const char* bad : {R"({"domain":"pypi.org","protocol":"udp"})",
+                          R"({"domain":"pypi.org","protocol":"any"})",
+                          R"({"domain":"1.2.3.4"})", R"({"domain":"*"})", R"({"domain":"a.*.org"})",
+                          R"({"domain":"*.*.org"})", R"({"domain":"bad name.org"})",
+                          R"({"domain":"a..org"})", R"({"domain":""})", R"({"domain":7})",
+                          R"({"domain":"pypi.org","cidr":"1.2.3.0/24"})", R"({"ports":443})"}) {
+    auto st = ParseRule(Json::parse(bad), "egress.allow[0]");
+    EXPECT_FALSE(st.ok()) << bad;
+    EXPECT_NE(st.status().message().find("egress.allow[0]"), std::string::npos) << st.status();
+  }
+  EXPECT_FALSE(ParseRule(Json{{"domain", std::string(64, 'a') + ".org"}}, "r").ok());
+}
+
+TEST(EgressRules, DomainMatchingAndWithin) {
+  auto rule = [](const char* j) { return *ParseRule(Json::parse(j), "r"); };
+  EgressRule exact = rule(R"({"domain":"pypi.org","ports":443})");
+  EgressRule wild = rule(R"({"domain":"*.pythonhosted.org"})");
+  EXPECT_TRUE(exact.Matches("pypi.org", 443));
+  EXPECT_TRUE(exact.Matches("pypi.org", 0));
+  EXPECT_FALSE(exact.Matches("pypi.org", 80));
+  EXPECT_FALSE(exact.Matches("evilpypi.org", 443));
+  EXPECT_FALSE(exact.Matches("a.pypi.org", 443));
+  EXPECT_TRUE(wild.Matches("files.pythonhosted.org", 443));
+  EXPECT_TRUE(wild.Matches("a.b.pythonhosted.org", 80));
+  EXPECT_FALSE(wild.Matches("pythonhosted.org", 443));
+  EXPECT_FALSE(wild.Matches("evilpythonhosted.org", 443));
+  // Narrowing: a domain lies within a wider pattern or a rule of every address, never a range.
+  EXPECT_TRUE(rule(R"({"domain":"files.pythonhosted.org"})").WithinRule(wild));
+  EXPECT_TRUE(rule(R"({"domain":"*.a.pythonhosted.org"})").WithinRule(wild));
+  EXPECT_FALSE(rule(R"({"domain":"pythonhosted.org"})").WithinRule(wild));
+  EXPECT_FALSE(wild.WithinRule(rule(R"({"domain":"files.pythonhosted.org"})")));
+  EXPECT_FALSE(rule(R"({"domain":"pypi.org"})").WithinRule(exact));  // every port within 443: no
+  EXPECT_TRUE(exact.WithinRule(rule(R"({"cidr":"0.0.0.0/0"})")));
+  EXPECT_FALSE(exact.WithinRule(rule(R"({"cidr":"198.18.0.0/15"})")));
+  EXPECT_FALSE(exact.WithinRule(rule(R"({"cidr":"0.0.0.0/0","protocol":"udp"})")));
+  EXPECT_FALSE(rule(R"({"cidr":"0.0.0.0/0"})").WithinRule(wild));
+}
+
+TEST(EgressRules, NameAllowedDenyFirstAndOpenResolvesAll) {
+  auto rules = [](const char* j) { return *ParseRules(Json::parse(j), "r"); };
+  auto allow = rules(R"([{"domain":"pypi.org","ports":443},{"domain":"*.example.com"},
+                         {"cidr":"198.18.0.0/15"}])");
+  auto deny = rules(R"([{"domain":"bad.example.com"},{"domain":"slow.example.com","ports":80}])");
+  EXPECT_TRUE(NameAllowed(allow, deny, "pypi.org", 443));
+  EXPECT_TRUE(NameAllowed(allow, deny, "pypi.org", 0));
+  EXPECT_FALSE(NameAllowed(allow, deny, "pypi.org", 80));
+  EXPECT_FALSE(NameAllowed(allow, deny, "bad.example.com", 0));
+  EXPECT_FALSE(NameAllowed(allow, deny, "bad.example.com", 443));
+  EXPECT_TRUE(NameAllowed(allow, deny, "slow.example.com", 0));   // resolvable: port 443 allowed
+  EXPECT_FALSE(NameAllowed(allow, deny, "slow.example.com", 80));
+  EXPECT_FALSE(NameAllowed(allow, deny, "other.org", 0));  // a CIDR rule resolves no name
+  EXPECT_TRUE(HasDomainRules(allow));
+  EXPECT_FALSE(HasDomainRules(OpenProfile().allow));
+  EXPECT_TRUE(NameAllowed(OpenProfile().allow, {}, "anything.org", 0));
+  EXPECT_EQ(NormalizeName("WWW.Example.COM."), "www.example.com");
+  EXPECT_EQ(NormalizeName("10.0.0.1"), "");
+  EXPECT_EQ(NormalizeName("."), "");
 }
 
 }  // namespace

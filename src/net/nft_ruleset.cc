@@ -18,7 +18,10 @@ std::string Join(const std::vector<std::string>& v) {
 
 // The match of one rule: "ip daddr 203.0.113.0/24 tcp dport 443". A port range with protocol
 // "any" becomes two rules (TCP and UDP): `th dport` would also match other protocols' bytes.
+// A domain rule has no match here: its connections are checked by name in sbxd (the resolver and
+// the Host/SNI proxy), never admitted by address alone.
 std::vector<std::string> RuleMatches(const EgressRule& r) {
+  if (r.is_domain()) return {};
   std::string dst = fmt::format("{} daddr {}", Family(r.dest), r.dest.ToString());
   if (r.any_port()) {
     if (r.protocol == Protocol::kAny) return {dst};

@@ -58,9 +58,9 @@ TEST(ProfileCatalog, ConfigurationErrorsNameTheProfile) {
   auto empty = ProfileCatalog::FromJson(Json::parse(R"({"x": {"allow": []}})"));
   ASSERT_FALSE(empty.ok());
   EXPECT_NE(empty.status().message().find("egress.profiles.x.allow"), std::string::npos);
-  auto domain = ProfileCatalog::FromJson(Json::parse(R"({"pkgs": {"allow": [{"domain": "pypi.org"}]}})"));
+  auto domain = ProfileCatalog::FromJson(Json::parse(R"({"pkgs": {"allow": [{"domain": "pypi.org", "protocol": "udp"}]}})"));
   ASSERT_FALSE(domain.ok());
-  EXPECT_NE(domain.status().message().find("domain rules are not supported yet"), std::string::npos);
+  EXPECT_NE(domain.status().message().find("egress.profiles.pkgs.allow[0].protocol"), std::string::npos);
   EXPECT_FALSE(ProfileCatalog::FromJson(Json::parse(R"({"open": {"allow": [{"cidr": "::/0"}]}})")).ok());
   EXPECT_FALSE(ProfileCatalog::FromJson(Json::parse(R"([1])")).ok());
   EXPECT_TRUE(ProfileCatalog::FromJson(nullptr).ok());

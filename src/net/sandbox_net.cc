@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include <fmt/format.h>
@@ -31,8 +32,13 @@ constexpr int kOperUpTimeoutMs = 2000;
 
 }  // namespace
 
-SandboxNetwork::SandboxNetwork(NetworkHost* host, std::string id, SandboxAddrs addrs)
-    : host_(host), id_(std::move(id)), veth_(VethName(addrs.slot)), addrs_(addrs) {}
+SandboxNetwork::SandboxNetwork(NetworkHost* host, std::string id, SandboxAddrs addrs,
+                               std::optional<SandboxPolicy> policy)
+    : host_(host),
+      id_(std::move(id)),
+      veth_(VethName(addrs.slot)),
+      addrs_(addrs),
+      policy_(std::move(policy)) {}
 
 SandboxNetwork::~SandboxNetwork() {
   if (absl::Status st = Destroy(); !st.ok()) {
@@ -66,6 +72,8 @@ absl::Status SandboxNetwork::Destroy() {
   // The slot goes back only once nothing of this sandbox uses its addresses any more.
   if (slot_ && !link_ && !rules_) {
     host_->Unregister(veth_);
+    host_->names_.Forget(id_);
+    host_->denials_log_.Forget(id_);
     host_->pool_.Release(addrs_.slot);
     slot_ = false;
   }
@@ -94,9 +102,9 @@ absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Attach(const std::s
         fmt::format("network: sandbox {}: no networked egress profile '{}'", id, policy.profile));
   }
   SBX_ASSIGN_OR_RETURN(SandboxAddrs addrs, pool_.Allocate());
-  std::unique_ptr<SandboxNetwork> net(new SandboxNetwork(this, id, addrs));
+  std::unique_ptr<SandboxNetwork> net(new SandboxNetwork(this, id, addrs, policy));
   const std::string& veth = net->veth_;
-  Register(veth, id);
+  Register(*net);
   net->narrowed_ = policy.narrowed.has_value();
   SBX_RETURN_IF_ERROR(nft_->Run(AddSandboxRuleset(id, veth, addrs, cfg_, policy),
                                 fmt::format("sandbox {}: add its nftables rules", id)));
@@ -105,6 +113,8 @@ absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Attach(const std::s
   SBX_RETURN_IF_ERROR(host.CreateVeth(veth, kSandboxIfName, netns_fd));
   net->link_ = true;
   SBX_ASSIGN_OR_RETURN(int host_idx, host.IfIndex(veth));
+  net->ifindex_ = host_idx;
+  Register(*net);
   SBX_RETURN_IF_ERROR(host.SetAlias(host_idx, id));
   SBX_RETURN_IF_ERROR(host.AddAddress(host_idx, addrs.host4));
   SBX_RETURN_IF_ERROR(host.AddAddress(host_idx, addrs.host6));
@@ -136,13 +146,19 @@ absl::StatusOr<std::map<std::string, std::string>> NetworkHost::SandboxVeths() {
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Adopt(const std::string& id) {
+absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Adopt(
+    const std::string& id, std::optional<SandboxPolicy> policy) {
   SBX_ASSIGN_OR_RETURN(auto veths, SandboxVeths());
   auto it = veths.find(id);
   if (it == veths.end()) return absl::NotFoundError(fmt::format("sandbox {}: no veth left", id));
   SBX_ASSIGN_OR_RETURN(SandboxAddrs addrs, pool_.Reserve(*SlotOfVethName(it->second)));
-  std::unique_ptr<SandboxNetwork> net(new SandboxNetwork(this, id, addrs));
-  Register(net->veth_, id);
+  std::unique_ptr<SandboxNetwork> net(new SandboxNetwork(this, id, addrs, std::move(policy)));
+  {
+    SBX_ASSIGN_OR_RETURN(Netlink nl, Netlink::Open());
+    auto idx = nl.IfIndex(net->veth_);
+    if (idx.ok()) net->ifindex_ = *idx;
+  }
+  Register(*net);
   net->link_ = true;
   net->rules_ = true;
   auto mapped = nft_->MappedVeths();
@@ -150,14 +166,73 @@ absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Adopt(const std::st
   return net;
 }
 
-void NetworkHost::Register(const std::string& veth, const std::string& id) {
+void NetworkHost::Register(const SandboxNetwork& net) {
   std::lock_guard lock(mu_);
-  id_of_veth_[veth] = id;
+  live_[net.veth_] = Live{.id = net.id_, .ifindex = net.ifindex_, .addrs = net.addrs_,
+                          .policy = net.policy_};
 }
 
 void NetworkHost::Unregister(const std::string& veth) {
   std::lock_guard lock(mu_);
-  id_of_veth_.erase(veth);
+  live_.erase(veth);
+}
+
+std::optional<std::string> NetworkHost::IdOfIfindex(int ifindex) {
+  if (ifindex <= 0) return std::nullopt;
+  std::lock_guard lock(mu_);
+  for (const auto& [veth, l] : live_) {
+    if (l.ifindex == ifindex) return l.id;
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> NetworkHost::IdOfAddress(const IpPrefix& addr) {
+  auto same = [&](const IpPrefix& own) {
+    return own.family == addr.family &&
+           std::equal(own.addr.begin(), own.addr.begin() + own.bytes(), addr.addr.begin());
+  };
+  std::lock_guard lock(mu_);
+  for (const auto& [veth, l] : live_) {
+    if (same(l.addrs.sandbox4) || same(l.addrs.sandbox6)) return l.id;
+  }
+  return std::nullopt;
+}
+
+EffectiveRules NetworkHost::RulesOfPolicy(const SandboxPolicy& policy) const {
+  EffectiveRules r{.profile = policy.profile};
+  if (policy.profile == "open") {
+    r.allow = OpenProfile().allow;
+  } else {
+    for (const auto& p : cfg_.profiles) {
+      if (p.name != policy.profile) continue;
+      r.allow = p.allow;
+      r.deny = p.deny;
+    }
+  }
+  if (policy.narrowed) r.allow = *policy.narrowed;
+  return r;
+}
+
+std::optional<EffectiveRules> NetworkHost::RulesOf(const std::string& id) {
+  std::optional<SandboxPolicy> policy;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [veth, l] : live_) {
+      if (l.id == id) policy = l.policy;
+    }
+  }
+  if (!policy) return std::nullopt;
+  return RulesOfPolicy(*policy);
+}
+
+absl::Status NetworkHost::SetPolicy(const std::string& id, const SandboxPolicy& policy) {
+  std::lock_guard lock(mu_);
+  for (auto& [veth, l] : live_) {
+    if (l.id != id) continue;
+    l.policy = policy;
+    return absl::OkStatus();
+  }
+  return absl::NotFoundError(fmt::format("sandbox {}: no network", id));
 }
 
 absl::Status NetworkHost::RemoveRules(const std::string& id, const std::string& veth,
@@ -193,7 +268,7 @@ absl::Status NetworkHost::Sweep(const std::set<std::string>& known_ids) {
   }
   {
     std::lock_guard lock(mu_);
-    for (const auto& [veth, id] : id_of_veth_) kept_veths.insert(veth);
+    for (const auto& [veth, l] : live_) kept_veths.insert(veth);
   }
   // Elements of veths that are gone or belong to no known sandbox.
   SBX_ASSIGN_OR_RETURN(auto mapped, nft_->MappedVeths());
@@ -218,8 +293,8 @@ absl::StatusOr<DenialCounts> NetworkHost::Denials(const std::string& id) {
   std::string veth;
   {
     std::lock_guard lock(mu_);
-    for (const auto& [v, owner] : id_of_veth_) {
-      if (owner == id) veth = v;
+    for (const auto& [v, l] : live_) {
+      if (l.id == id) veth = v;
     }
   }
   if (veth.empty()) return absl::NotFoundError(fmt::format("sandbox {}: no network", id));
@@ -231,8 +306,8 @@ absl::StatusOr<std::map<std::string, DenialCounts>> NetworkHost::AllDenials() {
   std::map<std::string, DenialCounts> out;
   std::lock_guard lock(mu_);
   for (auto& [veth, counts] : by_veth) {
-    auto it = id_of_veth_.find(veth);
-    if (it != id_of_veth_.end()) out[it->second] = std::move(counts);
+    auto it = live_.find(veth);
+    if (it != live_.end()) out[it->second.id] = std::move(counts);
   }
   return out;
 }

@@ -21,18 +21,30 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "net/addr_pool.h"
+#include "net/denial_log.h"
+#include "net/name_table.h"
 #include "net/nft.h"
 #include "net/nft_ruleset.h"
 
 namespace sbx::net {
 
 class NetworkHost;
+
+// What a live sandbox may reach by name and address: its narrowing (or its profile's allow
+// rules) and its profile's deny rules. The operator's deny list and the always-blocked ranges
+// are not here: they hold for every sandbox (NetPolicyConfig).
+struct EffectiveRules {
+  std::string profile;
+  std::vector<EgressRule> allow;
+  std::vector<EgressRule> deny;
+};
 
 // One sandbox's veth pair, addresses and nftables objects, named after its id. The destructor
 // removes them (Destroy's errors are logged there); Destroy is idempotent.
@@ -45,6 +57,11 @@ class SandboxNetwork {
   const std::string& id() const { return id_; }
   const std::string& veth() const { return veth_; }
   const SandboxAddrs& addrs() const { return addrs_; }
+  // The host end's interface index (0 when unknown).
+  int ifindex() const { return ifindex_; }
+  // What it was created with (or last PATCHed to); nullopt for one adopted from a record that
+  // did not keep it.
+  const std::optional<SandboxPolicy>& policy() const { return policy_; }
   absl::Status Destroy();
   // Leaves the network to the sandbox, which outlives this object (sbxd stops): the
   // destructor then removes nothing, and a restart's Adopt takes it back.
@@ -52,12 +69,15 @@ class SandboxNetwork {
 
  private:
   friend class NetworkHost;
-  SandboxNetwork(NetworkHost* host, std::string id, SandboxAddrs addrs);
+  SandboxNetwork(NetworkHost* host, std::string id, SandboxAddrs addrs,
+                 std::optional<SandboxPolicy> policy);
 
   NetworkHost* host_;
   std::string id_;
   std::string veth_;
   SandboxAddrs addrs_;
+  std::optional<SandboxPolicy> policy_;
+  int ifindex_ = 0;
   bool narrowed_ = false;
   bool rules_ = false;  // step 2 done
   bool link_ = false;   // step 3 done
@@ -75,14 +95,33 @@ class NetworkHost {
   absl::StatusOr<std::unique_ptr<SandboxNetwork>> Attach(const std::string& id, int netns_fd,
                                                          const SandboxPolicy& policy);
   // After a restart: takes back the network sandbox `id` still has (its veth and elements),
-  // NotFound when it has none.
-  absl::StatusOr<std::unique_ptr<SandboxNetwork>> Adopt(const std::string& id);
+  // NotFound when it has none. `policy`: what it was created with (a sandbox persisted before
+  // sbxd kept it has none: then no name resolves for it, the safe side).
+  absl::StatusOr<std::unique_ptr<SandboxNetwork>> Adopt(const std::string& id,
+                                                        std::optional<SandboxPolicy> policy = {});
   // Removes the veths, elements and chains of every sandbox not in `known_ids`, and the
   // elements of veths that no longer exist.
   absl::Status Sweep(const std::set<std::string>& known_ids);
   // Denials per reason of one sandbox (NotFound when it has no network), or of all, by id.
   absl::StatusOr<DenialCounts> Denials(const std::string& id);
   absl::StatusOr<std::map<std::string, DenialCounts>> AllDenials();
+
+  // Which live sandbox a packet belongs to: by the host end it arrived on, or by its source
+  // address (one of a sandbox's own; the veth validated it).
+  std::optional<std::string> IdOfIfindex(int ifindex);
+  std::optional<std::string> IdOfAddress(const IpPrefix& addr);
+  // A live sandbox's effective rules; nullopt when it has no network here or its policy is
+  // unknown (adopted from a record that did not keep it).
+  std::optional<EffectiveRules> RulesOf(const std::string& id);
+  // The policy a live sandbox's rules are read from (after a PATCH). NotFound when it has no
+  // network here. Does not touch nftables: the caller changes the rules first.
+  absl::Status SetPolicy(const std::string& id, const SandboxPolicy& policy);
+  // The effective rules of `policy` under this host's configuration.
+  EffectiveRules RulesOfPolicy(const SandboxPolicy& policy) const;
+
+  // Shared by the resolver, the Host/SNI proxy, the NFLOG reader and the API.
+  NameTable& names() { return names_; }
+  DenialLog& denials_log() { return denials_log_; }
 
   const NetPolicyConfig& config() const { return cfg_; }
   AddrPool& pool() { return pool_; }
@@ -97,11 +136,19 @@ class NetworkHost {
   // part of it is already gone (a sweep, the kernel removing a veth).
   absl::Status RemoveRules(const std::string& id, const std::string& veth, const SandboxAddrs& addrs,
                            bool narrowed);
-  void Register(const std::string& veth, const std::string& id);
+  void Register(const SandboxNetwork& net);
   void Unregister(const std::string& veth);
 
+  struct Live {
+    std::string id;
+    int ifindex = 0;
+    SandboxAddrs addrs;
+    std::optional<SandboxPolicy> policy;
+  };
   std::mutex mu_;
-  std::map<std::string, std::string> id_of_veth_;  // live SandboxNetworks
+  std::map<std::string, Live> live_;  // live SandboxNetworks, by veth
+  NameTable names_;
+  DenialLog denials_log_;
 
   NetPolicyConfig cfg_;
   AddrPool pool_;

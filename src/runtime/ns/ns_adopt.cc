@@ -122,7 +122,11 @@ absl::StatusOr<InstancePtr> NsBackend::Adopt(const std::string& id, const Json& 
     if (!claim.ok()) spdlog::error("ns: adopt {}: {}", id, std::string(claim.message()));
   }
   std::unique_ptr<net::SandboxNetwork> network;
-  if (persisted.value("networked", false)) network = AdoptNetwork(shared_->opts.network, id);
+  if (persisted.value("networked", false)) {
+    auto egress = persisted.find("egress");
+    network = AdoptNetwork(shared_->opts.network, id,
+                           egress != persisted.end() ? *egress : nlohmann::json(nullptr));
+  }
   return MakeNsInstance(shared_, id, pid, start_time, std::move(*pidfd), std::move(cgroup), uid_base,
                         std::move(network));
 }

@@ -18,6 +18,7 @@
 #include "runtime/ns/fsutil.h"
 #include "runtime/ns/launcher.h"
 #include "runtime/ns/net_counters.h"
+#include "runtime/ns/ns_network.h"
 #include "runtime/ns/pidfd.h"
 
 namespace sbx::runtime::ns {
@@ -57,7 +58,8 @@ class NsInstance : public Instance {
                 {"dir", dir_},
                 {"socket", socket_},
                 {"uid_base", uid_base_},
-                {"networked", network_ != nullptr}};
+                {"networked", network_ != nullptr},
+                {"egress", NetworkPolicyJson(network_.get())}};
   }
 
   bool Alive() const override {

@@ -25,14 +25,27 @@ absl::StatusOr<std::unique_ptr<net::SandboxNetwork>> AttachNetwork(net::NetworkH
   return network;
 }
 
-std::unique_ptr<net::SandboxNetwork> AdoptNetwork(net::NetworkHost* host, const std::string& id) {
+std::unique_ptr<net::SandboxNetwork> AdoptNetwork(net::NetworkHost* host, const std::string& id,
+                                                  const nlohmann::json& egress) {
   if (host == nullptr) return nullptr;
-  auto network = host->Adopt(id);
+  std::optional<net::SandboxPolicy> policy;
+  if (!egress.is_null()) {
+    auto resolved = net::ResolvedEgress::FromJson(egress);
+    if (resolved.ok()) policy = resolved->policy();
+    else spdlog::error("ns: adopt {}: network policy: {}", id, std::string(resolved.status().message()));
+  }
+  auto network = host->Adopt(id, std::move(policy));
   if (network.ok()) return std::move(*network);
   if (!absl::IsNotFound(network.status())) {
     spdlog::error("ns: adopt {}: network: {}", id, std::string(network.status().message()));
   }
   return nullptr;
+}
+
+nlohmann::json NetworkPolicyJson(const net::SandboxNetwork* network) {
+  if (network == nullptr || !network->policy()) return nullptr;
+  const net::SandboxPolicy& p = *network->policy();
+  return net::ResolvedEgress{.profile = p.profile, .networked = true, .narrowed = p.narrowed}.ToJson();
 }
 
 }  // namespace sbx::runtime::ns

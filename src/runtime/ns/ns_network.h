@@ -23,7 +23,13 @@ absl::StatusOr<std::unique_ptr<net::SandboxNetwork>> AttachNetwork(net::NetworkH
                                                                    int netns_fd);
 
 // After a restart: the network sandbox `id` still has, or null when it has none (a `none`
-// sandbox, or networking off).
-std::unique_ptr<net::SandboxNetwork> AdoptNetwork(net::NetworkHost* host, const std::string& id);
+// sandbox, or networking off). `egress`: what NetworkPolicyJson persisted (null when the record
+// predates it: the network comes back without its rules by name, so no name resolves for it).
+std::unique_ptr<net::SandboxNetwork> AdoptNetwork(net::NetworkHost* host, const std::string& id,
+                                                  const nlohmann::json& egress = nullptr);
+
+// The policy a live network's rules are read from, for the instance's persisted record (null
+// without a network or a known policy).
+nlohmann::json NetworkPolicyJson(const net::SandboxNetwork* network);
 
 }  // namespace sbx::runtime::ns
