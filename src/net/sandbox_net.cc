@@ -31,6 +31,8 @@ constexpr int kOperUpTimeoutMs = 2000;
 
 }  // namespace
 
+std::string PooledAlias(const std::string& veth) { return "pooled_" + veth; }
+
 SandboxNetwork::SandboxNetwork(NetworkHost* host, std::string id, SandboxAddrs addrs)
     : host_(host), id_(std::move(id)), veth_(VethName(addrs.slot)), addrs_(addrs) {}
 
@@ -81,9 +83,7 @@ absl::StatusOr<std::unique_ptr<NetworkHost>> NetworkHost::Start(const NetPolicyC
   return std::unique_ptr<NetworkHost>(new NetworkHost(cfg, std::move(pool), std::move(nft)));
 }
 
-absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Attach(const std::string& id,
-                                                                    int netns_fd,
-                                                                    const SandboxPolicy& policy) {
+absl::Status NetworkHost::CheckPolicy(const std::string& id, const SandboxPolicy& policy) const {
   if (!IsSafeName(id)) {
     return absl::InvalidArgumentError(fmt::format("network: '{}' is not a sandbox id", id));
   }
@@ -93,19 +93,57 @@ absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Attach(const std::s
     return absl::InvalidArgumentError(
         fmt::format("network: sandbox {}: no networked egress profile '{}'", id, policy.profile));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Attach(const std::string& id,
+                                                                    int netns_fd,
+                                                                    const SandboxPolicy& policy) {
+  SBX_RETURN_IF_ERROR(CheckPolicy(id, policy));
   SBX_ASSIGN_OR_RETURN(SandboxAddrs addrs, pool_.Allocate());
   std::unique_ptr<SandboxNetwork> net(new SandboxNetwork(this, id, addrs));
-  const std::string& veth = net->veth_;
-  Register(veth, id);
+  Register(net->veth_, id);
   net->narrowed_ = policy.narrowed.has_value();
-  SBX_RETURN_IF_ERROR(nft_->Run(AddSandboxRuleset(id, veth, addrs, cfg_, policy),
+  SBX_RETURN_IF_ERROR(nft_->Run(AddSandboxRuleset(id, net->veth_, addrs, cfg_, policy),
                                 fmt::format("sandbox {}: add its nftables rules", id)));
   net->rules_ = true;
+  SBX_RETURN_IF_ERROR(BuildLink(*net, netns_fd, id));
+  return net;
+}
+
+absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Prebuild(int netns_fd) {
+  SBX_ASSIGN_OR_RETURN(SandboxAddrs addrs, pool_.Allocate());
+  std::unique_ptr<SandboxNetwork> net(new SandboxNetwork(this, "", addrs));
+  Register(net->veth_, "");
+  SBX_RETURN_IF_ERROR(BuildLink(*net, netns_fd, PooledAlias(net->veth_)));
+  return net;
+}
+
+absl::Status NetworkHost::Claim(SandboxNetwork& net, const std::string& id,
+                                const SandboxPolicy& policy) {
+  SBX_RETURN_IF_ERROR(CheckPolicy(id, policy));
+  if (!net.id_.empty() || !net.link_ || net.rules_) {
+    return absl::FailedPreconditionError(
+        fmt::format("network: sandbox {}: veth {} is not an unclaimed pooled one", id, net.veth_));
+  }
+  net.id_ = id;
+  Register(net.veth_, id);
+  net.narrowed_ = policy.narrowed.has_value();
+  SBX_RETURN_IF_ERROR(nft_->Run(AddSandboxRuleset(id, net.veth_, net.addrs_, cfg_, policy),
+                                fmt::format("sandbox {}: add its nftables rules", id)));
+  net.rules_ = true;
   SBX_ASSIGN_OR_RETURN(Netlink host, Netlink::Open());
-  SBX_RETURN_IF_ERROR(host.CreateVeth(veth, kSandboxIfName, netns_fd));
-  net->link_ = true;
-  SBX_ASSIGN_OR_RETURN(int host_idx, host.IfIndex(veth));
-  SBX_RETURN_IF_ERROR(host.SetAlias(host_idx, id));
+  return host.SetAlias(net.ifindex_, id);
+}
+
+absl::Status NetworkHost::BuildLink(SandboxNetwork& net, int netns_fd, const std::string& alias) {
+  const SandboxAddrs& addrs = net.addrs_;
+  SBX_ASSIGN_OR_RETURN(Netlink host, Netlink::Open());
+  SBX_RETURN_IF_ERROR(host.CreateVeth(net.veth_, kSandboxIfName, netns_fd));
+  net.link_ = true;
+  SBX_ASSIGN_OR_RETURN(int host_idx, host.IfIndex(net.veth_));
+  net.ifindex_ = host_idx;
+  SBX_RETURN_IF_ERROR(host.SetAlias(host_idx, alias));
   SBX_RETURN_IF_ERROR(host.AddAddress(host_idx, addrs.host4));
   SBX_RETURN_IF_ERROR(host.AddAddress(host_idx, addrs.host6));
   SBX_RETURN_IF_ERROR(host.SetUp(host_idx));
@@ -123,7 +161,7 @@ absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Attach(const std::s
   // would otherwise vanish into the link's initial no-op qdisc (a retry 1-5 s later).
   SBX_RETURN_IF_ERROR(inside.WaitOperUp(idx, kOperUpTimeoutMs));
   SBX_RETURN_IF_ERROR(host.WaitOperUp(host_idx, kOperUpTimeoutMs));
-  return net;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::map<std::string, std::string>> NetworkHost::SandboxVeths() {
@@ -181,8 +219,13 @@ absl::Status NetworkHost::Sweep(const std::set<std::string>& known_ids) {
   SBX_ASSIGN_OR_RETURN(auto veths, SandboxVeths());
   SBX_ASSIGN_OR_RETURN(Netlink nl, Netlink::Open());
   std::set<std::string> kept_veths;
+  {
+    // This sbxd's own live networks, pooled ones included, are never leftovers.
+    std::lock_guard lock(mu_);
+    for (const auto& [veth, id] : id_of_veth_) kept_veths.insert(veth);
+  }
   for (const auto& [id, name] : veths) {
-    if (known_ids.count(id)) {
+    if (known_ids.count(id) || kept_veths.count(name)) {
       kept_veths.insert(name);
       continue;
     }
@@ -190,10 +233,6 @@ absl::Status NetworkHost::Sweep(const std::set<std::string>& known_ids) {
     auto idx = nl.IfIndex(name);
     absl::Status st = idx.ok() ? nl.DeleteLink(*idx) : idx.status();
     if (!st.ok() && !absl::IsNotFound(st)) first.Update(st);
-  }
-  {
-    std::lock_guard lock(mu_);
-    for (const auto& [veth, id] : id_of_veth_) kept_veths.insert(veth);
   }
   // Elements of veths that are gone or belong to no known sandbox.
   SBX_ASSIGN_OR_RETURN(auto mapped, nft_->MappedVeths());
@@ -216,6 +255,7 @@ absl::Status NetworkHost::Sweep(const std::set<std::string>& known_ids) {
 
 absl::StatusOr<DenialCounts> NetworkHost::Denials(const std::string& id) {
   std::string veth;
+  if (id.empty()) return absl::NotFoundError("network: no sandbox id");
   {
     std::lock_guard lock(mu_);
     for (const auto& [v, owner] : id_of_veth_) {
