@@ -12,6 +12,7 @@
 #   SBXD=/path/to/sbxd   another sbxd binary (an A/B against an older build)
 #   SBXD_ARGS="..."      extra sbxd flags (e.g. "--netns-pool 0")
 #   JSON=/path           also write every block's numbers there
+#   KEEP_LOG=/path       keep sbxd's log there
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 N=${1:-30}
@@ -29,6 +30,7 @@ cleanup() {
   if [[ -n "$SBXD_PID" ]]; then kill "$SBXD_PID" 2>/dev/null || true; wait "$SBXD_PID" 2>/dev/null || true; fi
   ip netns del "$DNS" 2>/dev/null || true
   ip netns del "$INS" 2>/dev/null || true
+  if [[ -n "${KEEP_LOG:-}" ]]; then cp "$WORK/sbxd.log" "$KEEP_LOG"; fi
   rm -rf "$WORK"
 }
 trap cleanup EXIT

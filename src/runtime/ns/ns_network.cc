@@ -27,8 +27,10 @@ absl::StatusOr<std::unique_ptr<net::SandboxNetwork>> AttachNetwork(net::NetworkH
     SBX_RETURN_IF_ERROR(Annotate(host->Claim(*pooled->network, id, policy),
                                  fmt::format("create {}: network (pooled)", id)));
     *netns = std::move(pooled->netns);
+    spdlog::debug("create {}: network: pooled veth {}", id, pooled->network->veth());
     return std::move(pooled->network);
   }
+  spdlog::debug("create {}: network: none pooled, built now", id);
   *netns = pool ? pool->Take() : UniqueFd();
   if (!*netns) {
     SBX_ASSIGN_OR_RETURN(*netns, BuildNetns());
