@@ -13,6 +13,8 @@
 #   SBXD_ARGS="..."      extra sbxd flags (e.g. "--netns-pool 0")
 #   JSON=/path           also write every block's numbers there
 #   KEEP_LOG=/path       keep sbxd's log there
+#   WARM=N               sbxd keeps a warm pool of N `base` sandboxes and the blocks run
+#                        create_warm instead (p50 and warm-pool hits; not metered)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 N=${1:-30}
@@ -53,7 +55,7 @@ allow = [{cidr = "198.18.0.2/32", ports = "8080", protocol = "tcp"}]
 EOF
 # shellcheck disable=SC2086
 setsid nsenter --net="/run/netns/$DNS" "$SBXD" --config "$WORK/sbxd.toml" \
-  --state-dir "$WORK/state" --listen 127.0.0.1:0 --admin-token "$TOKEN" --warm-pool base=0 \
+  --state-dir "$WORK/state" --listen 127.0.0.1:0 --admin-token "$TOKEN" --warm-pool "base=${WARM:-0}" \
   --egress true --egress-pool-v4 10.241.0.0/22 --egress-pool-v6 fd5b:5bd0:0:2::/64 \
   --egress-exempt 198.18.0.0/15 --egress-uplink uplink0 ${SBXD_ARGS:-} > "$WORK/sbxd.log" 2>&1 &
 SBXD_PID=$!
@@ -71,18 +73,24 @@ echo "sbxd: $SBXD ${SBXD_ARGS:-}"
 printf '%-6s %-5s %8s %8s %10s %10s\n' block egress p50_ms p90_ms cpu_ms/op sysc/op
 for b in $(seq "$BLOCKS"); do
   for profile in none lab; do
-    args=(--url "$URL" --token "$TOKEN" --scenarios create_cold --create-n "$N" --sbxd-pid "$SBXD_PID"
-          --out "$WORK/$profile-$b.json")
+    if [[ -n "${WARM:-}" ]]; then
+      args=(--url "$URL" --token "$TOKEN" --scenarios create_warm --warm-url "$URL" --warm-n "$N")
+    else
+      args=(--url "$URL" --token "$TOKEN" --scenarios create_cold --create-n "$N" --sbxd-pid "$SBXD_PID")
+    fi
+    args+=(--out "$WORK/$profile-$b.json")
     [[ "$profile" == none ]] || args+=(--egress-profile "$profile")
     nsenter --net="/run/netns/$DNS" "$LOAD" "${args[@]}" > "$WORK/$profile-$b.out" 2>&1 ||
       { cat "$WORK/$profile-$b.out" >&2; exit 1; }
     python3 - "$WORK/$profile-$b.json" "$b" "$profile" <<'EOF'
 import json, sys
-r = json.load(open(sys.argv[1]))["scenarios"]["create_cold"]
+sc = json.load(open(sys.argv[1]))["scenarios"]
+r = sc.get("create_cold") or sc["create_warm"]
 s, x = r, r.get("extra", {})
 def f(v): return "-" if v is None else f"{v:.2f}" if isinstance(v, (int, float)) else str(v)
 print(f"{sys.argv[2]:<6} {sys.argv[3]:<5} {f(s.get('p50_ms')):>8} {f(s.get('p90_ms')):>8} "
       f"{f(x.get('cpu_ms_per_op')):>10} {f(x.get('syscalls_per_op')):>10}"
+      + (f"  warm-pool hits {x['warm_pool_hits']}" if "warm_pool_hits" in x else "")
       + (f"  errors {r['errors']}: {r.get('error_messages', [''])[0][:200]}" if r.get("errors") else ""))
 EOF
   done
@@ -92,7 +100,8 @@ if [[ -n "${JSON:-}" ]]; then
 import glob, json, os, sys
 out = {}
 for p in sorted(glob.glob(os.path.join(sys.argv[1], "*-*.json"))):
-    out[os.path.basename(p)[:-5]] = json.load(open(p))["scenarios"]["create_cold"]
+    sc = json.load(open(p))["scenarios"]
+    out[os.path.basename(p)[:-5]] = sc.get("create_cold") or sc["create_warm"]
 json.dump(out, open(sys.argv[2], "w"), indent=1)
 EOF
 fi
