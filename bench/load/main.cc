@@ -91,6 +91,10 @@ int main(int argc, char** argv) {
   app.add_option("--density-n", density_n, "density: sandboxes (5000)");
   app.add_option("--density-parallel", density_parallel, "density: creates in flight (4)");
   app.add_option("--pause-n", pause_n, "pause: iterations (50)");
+  std::string egress_profile;
+  app.add_option("--egress-profile", egress_profile,
+                 "create_cold and create_warm: create with this egress profile (default none; "
+                 "the sbxd must have egress on)");
   app.add_option("--peer-n", peer_n, "peers: spawns of each (200)");
   app.add_option("--pipe-n", pipe_n, "pipe peer: runs (3)");
   CLI11_PARSE(app, argc, argv);
@@ -121,6 +125,7 @@ int main(int argc, char** argv) {
   }
   cfg.sbxd_pid = sbxd_pid;
   cfg.quick = quick;
+  cfg.egress_profile = egress_profile;
   int peer_iterations = 200, pipe_iterations = 3;
   if (quick) {
     cfg.create_n = cfg.warm_n = cfg.first_output_n = 10;

@@ -95,7 +95,7 @@ void Cleanup(Api& api, Janitor& janitor, Result& r, const std::string& id) {
 
 // `meter_pid`: the sbxd at `ep` whose CPU time and syscalls are metered (0: none).
 Result CreateLoop(const cli::Endpoint& ep, const std::string& token, int n, int pace_ms,
-                  bool count_warm, int meter_pid) {
+                  bool count_warm, int meter_pid, const std::string& egress_profile) {
   Result r;
   HttpConn conn(ep, token);
   Api api(conn);
@@ -109,11 +109,13 @@ Result CreateLoop(const cli::Endpoint& ep, const std::string& token, int n, int 
   SbxdMeter meter(meter_pid);
   // One untimed iteration first: the first create after start-up pays one-off costs (template
   // preparation, page cache) that are not what a steady client sees.
+  nlohmann::json body = {{"template", "base"}};
+  if (!egress_profile.empty()) body["egress_profile"] = egress_profile;
   for (int i = -1; i < n; ++i) {
     if (pace_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pace_ms));
     if (i >= 0) meter.Begin();
     const auto t0 = Clock::now();
-    auto c = api.CreateSandbox();
+    auto c = api.CreateSandbox(body);
     if (!c.ok()) {
       if (i >= 0) meter.End(0);
       r.AddError(Msg(c.status()));
@@ -141,6 +143,7 @@ Result CreateLoop(const cli::Endpoint& ep, const std::string& token, int n, int 
   }
   SetSequentialThroughput(r);
   r.extra["warmup_iterations"] = 1;
+  if (!egress_profile.empty()) r.extra["egress_profile"] = egress_profile;
   if (meter_pid > 0) meter.AddTo(r.extra);
   if (count_warm) {
     r.extra["warm_pool_hits"] = hits;
@@ -152,7 +155,8 @@ Result CreateLoop(const cli::Endpoint& ep, const std::string& token, int n, int 
 }
 
 void CreateCold(const Config& cfg, Results& out) {
-  out["create_cold"] = CreateLoop(cfg.endpoint, cfg.token, cfg.create_n, 0, false, cfg.sbxd_pid);
+  out["create_cold"] = CreateLoop(cfg.endpoint, cfg.token, cfg.create_n, 0, false, cfg.sbxd_pid,
+                                 cfg.egress_profile);
 }
 
 void CreateWarm(const Config& cfg, Results& out) {
@@ -162,7 +166,8 @@ void CreateWarm(const Config& cfg, Results& out) {
     out["create_warm"] = std::move(r);
     return;
   }
-  Result r = CreateLoop(*cfg.warm_endpoint, cfg.warm_token, cfg.warm_n, cfg.warm_pace_ms, true, 0);
+  Result r = CreateLoop(*cfg.warm_endpoint, cfg.warm_token, cfg.warm_n, cfg.warm_pace_ms, true, 0,
+                        cfg.egress_profile);
   r.extra["sbxd_url"] = cfg.warm_endpoint->url;
   out["create_warm"] = std::move(r);
 }

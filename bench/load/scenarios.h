@@ -37,6 +37,8 @@ struct Config {
   int density_n = 5000;  // issue 15's goal: 5,000 running on one host
   int density_parallel = 4;  // creates in flight while filling
   int pause_n = 50;
+  // create_cold and create_warm: the create body's egress_profile (empty: the default, none).
+  std::string egress_profile;
 };
 
 // Results by name. One scenario may produce several (first_output → first_output and

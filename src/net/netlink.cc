@@ -5,10 +5,13 @@
 #include <linux/if_link.h>
 #include <linux/rtnetlink.h>
 #include <linux/veth.h>
+#include <poll.h>
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -188,33 +191,85 @@ absl::Status Netlink::AddDefaultRoute(int ifindex, const IpPrefix& gateway) {
   return Transact(nlh, fmt::format("default route via {}: RTM_NEWROUTE", gateway.AddressString()));
 }
 
+namespace {
+
+// IFLA_OPERSTATE of a link message, IF_OPER_UNKNOWN when it has none.
+uint8_t OperState(const nlmsghdr* h) {
+  uint8_t state = IF_OPER_UNKNOWN;
+  const char* tail = static_cast<const char*>(mnl_nlmsg_get_payload_tail(h));
+  for (const auto* a = static_cast<const nlattr*>(mnl_nlmsg_get_payload_offset(h, sizeof(ifinfomsg)));
+       mnl_attr_ok(a, static_cast<int>(tail - reinterpret_cast<const char*>(a))); a = mnl_attr_next(a)) {
+    if (mnl_attr_get_type(a) == IFLA_OPERSTATE) state = mnl_attr_get_u8(a);
+  }
+  return state;
+}
+
+}  // namespace
+
 absl::Status Netlink::WaitOperUp(int ifindex, int timeout_ms) {
-  for (int waited_us = 0;; waited_us += 200) {
-    nlmsghdr* nlh = PutLinkHeader(RTM_GETLINK, NLM_F_REQUEST, ifindex);
-    uint32_t seq = nlh->nlmsg_seq;
-    if (mnl_socket_sendto(sock_.get(), nlh, nlh->nlmsg_len) < 0) {
+  // Subscribed to link notifications before the first look: a change between the look and the
+  // wait arrives as a message instead of being missed, so the wait sleeps in poll() rather than
+  // asking again every few hundred microseconds.
+  const int fd = mnl_socket_get_fd(sock_.get());
+  int group = RTNLGRP_LINK;
+  if (::setsockopt(fd, SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, &group, sizeof(group)) != 0) {
+    return ErrnoStatus(errno, fmt::format("wait for link {}: setsockopt(NETLINK_ADD_MEMBERSHIP)", ifindex));
+  }
+  absl::Status st = WaitOperUpSubscribed(ifindex, timeout_ms);
+  ::setsockopt(fd, SOL_NETLINK, NETLINK_DROP_MEMBERSHIP, &group, sizeof(group));
+  // Notifications queued meanwhile must not be taken for the answers of later requests.
+  while (::recv(fd, buf_.get(), kBufSize, MSG_DONTWAIT) > 0) {
+  }
+  return st;
+}
+
+absl::Status Netlink::WaitOperUpSubscribed(int ifindex, int timeout_ms) {
+  uint32_t seq = 0;
+  auto ask = [&]() -> absl::Status {
+    nlmsghdr* req = PutLinkHeader(RTM_GETLINK, NLM_F_REQUEST, ifindex);
+    seq = req->nlmsg_seq;
+    if (mnl_socket_sendto(sock_.get(), req, req->nlmsg_len) < 0) {
       return ErrnoStatus(errno, fmt::format("wait for link {}: netlink sendto(RTM_GETLINK)", ifindex));
     }
-    ssize_t n = mnl_socket_recvfrom(sock_.get(), buf_.get(), kBufSize);
-    if (n < 0) return ErrnoStatus(errno, fmt::format("wait for link {}: netlink recvfrom", ifindex));
-    uint8_t state = IF_OPER_UNKNOWN;
-    auto cb = [](const nlmsghdr* h, void* data) -> int {
-      const char* tail = static_cast<const char*>(mnl_nlmsg_get_payload_tail(h));
-      for (const auto* a = static_cast<const nlattr*>(mnl_nlmsg_get_payload_offset(h, sizeof(ifinfomsg)));
-           mnl_attr_ok(a, static_cast<int>(tail - reinterpret_cast<const char*>(a))); a = mnl_attr_next(a)) {
-        if (mnl_attr_get_type(a) == IFLA_OPERSTATE) *static_cast<uint8_t*>(data) = mnl_attr_get_u8(a);
-      }
-      return MNL_CB_STOP;
-    };
-    if (mnl_cb_run(buf_.get(), n, seq, port_id_, cb, &state) < 0) {
-      return ErrnoStatus(errno, fmt::format("wait for link {}: RTM_GETLINK", ifindex));
-    }
-    if (state == IF_OPER_UP) return absl::OkStatus();
-    if (waited_us >= timeout_ms * 1000) {
+    return absl::OkStatus();
+  };
+  SBX_RETURN_IF_ERROR(ask());
+  const int fd = mnl_socket_get_fd(sock_.get());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  uint8_t state = IF_OPER_UNKNOWN;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    struct pollfd p{fd, POLLIN, 0};
+    int r = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
+    if (r < 0 && errno != EINTR) return ErrnoStatus(errno, fmt::format("wait for link {}: poll", ifindex));
+    if (r == 0) {
       return absl::DeadlineExceededError(fmt::format(
           "wait for link {}: not operational after {} ms (operstate {})", ifindex, timeout_ms, state));
     }
-    ::usleep(200);
+    if (r < 0) continue;
+    ssize_t n = ::recv(fd, buf_.get(), kBufSize, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != ENOBUFS) return ErrnoStatus(errno, fmt::format("wait for link {}: netlink recv", ifindex));
+      // Notifications were lost (the socket's buffer overflowed): ask again.
+      SBX_RETURN_IF_ERROR(ask());
+      continue;
+    }
+    int len = static_cast<int>(n);
+    for (const auto* h = reinterpret_cast<const nlmsghdr*>(buf_.get()); mnl_nlmsg_ok(h, len);
+         h = mnl_nlmsg_next(h, &len)) {
+      if (h->nlmsg_type == NLMSG_ERROR && h->nlmsg_seq == seq) {
+        const auto* e = static_cast<const nlmsgerr*>(mnl_nlmsg_get_payload(h));
+        if (e->error != 0) return ErrnoStatus(-e->error, fmt::format("wait for link {}: RTM_GETLINK", ifindex));
+        continue;
+      }
+      if (h->nlmsg_type != RTM_NEWLINK) continue;
+      // The answer to the look (seq) and the notifications (seq 0) alike.
+      if (static_cast<const ifinfomsg*>(mnl_nlmsg_get_payload(h))->ifi_index != ifindex) continue;
+      state = OperState(h);
+      if (state == IF_OPER_UP) return absl::OkStatus();
+    }
   }
 }
 

@@ -46,7 +46,8 @@ class Netlink {
   // Waits until the kernel reports the link operational (IFLA_OPERSTATE up): only then has its
   // queueing discipline replaced the no-op one a link starts with (the kernel's link-watch
   // work does both, asynchronously after "up"), and until then every packet sent through it
-  // is dropped. Polls with short sleeps for at most `timeout_ms`; DeadlineExceeded after.
+  // is dropped. Listens to link notifications (RTNLGRP_LINK) for at most `timeout_ms`;
+  // DeadlineExceeded after.
   absl::Status WaitOperUp(int ifindex, int timeout_ms);
   // NotFound when there is no such link; deleting one end of a veth removes both.
   absl::Status DeleteLink(int ifindex);
@@ -58,6 +59,8 @@ class Netlink {
   absl::Status Transact(nlmsghdr* nlh, const std::string& what);
   // A link request in buf_: the netlink header and an ifinfomsg for `ifindex` (0: none).
   nlmsghdr* PutLinkHeader(uint16_t type, uint16_t flags, int ifindex);
+  // WaitOperUp's body, with this socket subscribed to RTNLGRP_LINK.
+  absl::Status WaitOperUpSubscribed(int ifindex, int timeout_ms);
 
   struct Closer {
     void operator()(mnl_socket* s) const { mnl_socket_close(s); }

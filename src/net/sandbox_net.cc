@@ -32,6 +32,8 @@ constexpr int kOperUpTimeoutMs = 2000;
 
 }  // namespace
 
+std::string PooledAlias(const std::string& veth) { return "pooled_" + veth; }
+
 SandboxNetwork::SandboxNetwork(NetworkHost* host, std::string id, SandboxAddrs addrs,
                                std::optional<SandboxPolicy> policy)
     : host_(host),
@@ -89,9 +91,7 @@ absl::StatusOr<std::unique_ptr<NetworkHost>> NetworkHost::Start(const NetPolicyC
   return std::unique_ptr<NetworkHost>(new NetworkHost(cfg, std::move(pool), std::move(nft)));
 }
 
-absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Attach(const std::string& id,
-                                                                    int netns_fd,
-                                                                    const SandboxPolicy& policy) {
+absl::Status NetworkHost::CheckPolicy(const std::string& id, const SandboxPolicy& policy) const {
   if (!IsSafeName(id)) {
     return absl::InvalidArgumentError(fmt::format("network: '{}' is not a sandbox id", id));
   }
@@ -101,21 +101,59 @@ absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Attach(const std::s
     return absl::InvalidArgumentError(
         fmt::format("network: sandbox {}: no networked egress profile '{}'", id, policy.profile));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Attach(const std::string& id,
+                                                                    int netns_fd,
+                                                                    const SandboxPolicy& policy) {
+  SBX_RETURN_IF_ERROR(CheckPolicy(id, policy));
   SBX_ASSIGN_OR_RETURN(SandboxAddrs addrs, pool_.Allocate());
   std::unique_ptr<SandboxNetwork> net(new SandboxNetwork(this, id, addrs, policy));
-  const std::string& veth = net->veth_;
   Register(*net);
   net->narrowed_ = policy.narrowed.has_value();
-  SBX_RETURN_IF_ERROR(nft_->Run(AddSandboxRuleset(id, veth, addrs, cfg_, policy),
+  SBX_RETURN_IF_ERROR(nft_->Run(AddSandboxRuleset(id, net->veth_, addrs, cfg_, policy),
                                 fmt::format("sandbox {}: add its nftables rules", id)));
   net->rules_ = true;
-  SBX_ASSIGN_OR_RETURN(Netlink host, Netlink::Open());
-  SBX_RETURN_IF_ERROR(host.CreateVeth(veth, kSandboxIfName, netns_fd));
-  net->link_ = true;
-  SBX_ASSIGN_OR_RETURN(int host_idx, host.IfIndex(veth));
-  net->ifindex_ = host_idx;
+  SBX_RETURN_IF_ERROR(BuildLink(*net, netns_fd, id));
+  return net;
+}
+
+absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Prebuild(int netns_fd) {
+  SBX_ASSIGN_OR_RETURN(SandboxAddrs addrs, pool_.Allocate());
+  std::unique_ptr<SandboxNetwork> net(new SandboxNetwork(this, "", addrs, std::nullopt));
   Register(*net);
-  SBX_RETURN_IF_ERROR(host.SetAlias(host_idx, id));
+  SBX_RETURN_IF_ERROR(BuildLink(*net, netns_fd, PooledAlias(net->veth_)));
+  return net;
+}
+
+absl::Status NetworkHost::Claim(SandboxNetwork& net, const std::string& id,
+                                const SandboxPolicy& policy) {
+  SBX_RETURN_IF_ERROR(CheckPolicy(id, policy));
+  if (!net.id_.empty() || !net.link_ || net.rules_) {
+    return absl::FailedPreconditionError(
+        fmt::format("network: sandbox {}: veth {} is not an unclaimed pooled one", id, net.veth_));
+  }
+  net.id_ = id;
+  net.policy_ = policy;
+  Register(net);
+  net.narrowed_ = policy.narrowed.has_value();
+  SBX_RETURN_IF_ERROR(nft_->Run(AddSandboxRuleset(id, net.veth_, net.addrs_, cfg_, policy),
+                                fmt::format("sandbox {}: add its nftables rules", id)));
+  net.rules_ = true;
+  SBX_ASSIGN_OR_RETURN(Netlink host, Netlink::Open());
+  return host.SetAlias(net.ifindex_, id);
+}
+
+absl::Status NetworkHost::BuildLink(SandboxNetwork& net, int netns_fd, const std::string& alias) {
+  const SandboxAddrs& addrs = net.addrs_;
+  SBX_ASSIGN_OR_RETURN(Netlink host, Netlink::Open());
+  SBX_RETURN_IF_ERROR(host.CreateVeth(net.veth_, kSandboxIfName, netns_fd));
+  net.link_ = true;
+  SBX_ASSIGN_OR_RETURN(int host_idx, host.IfIndex(net.veth_));
+  net.ifindex_ = host_idx;
+  Register(net);  // now with its interface index
+  SBX_RETURN_IF_ERROR(host.SetAlias(host_idx, alias));
   SBX_RETURN_IF_ERROR(host.AddAddress(host_idx, addrs.host4));
   SBX_RETURN_IF_ERROR(host.AddAddress(host_idx, addrs.host6));
   SBX_RETURN_IF_ERROR(host.SetUp(host_idx));
@@ -133,7 +171,7 @@ absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Attach(const std::s
   // would otherwise vanish into the link's initial no-op qdisc (a retry 1-5 s later).
   SBX_RETURN_IF_ERROR(inside.WaitOperUp(idx, kOperUpTimeoutMs));
   SBX_RETURN_IF_ERROR(host.WaitOperUp(host_idx, kOperUpTimeoutMs));
-  return net;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::map<std::string, std::string>> NetworkHost::SandboxVeths() {
@@ -181,7 +219,7 @@ std::optional<std::string> NetworkHost::IdOfIfindex(int ifindex) {
   if (ifindex <= 0) return std::nullopt;
   std::lock_guard lock(mu_);
   for (const auto& [veth, l] : live_) {
-    if (l.ifindex == ifindex) return l.id;
+    if (l.ifindex == ifindex && !l.id.empty()) return l.id;
   }
   return std::nullopt;
 }
@@ -193,7 +231,7 @@ std::optional<std::string> NetworkHost::IdOfAddress(const IpPrefix& addr) {
   };
   std::lock_guard lock(mu_);
   for (const auto& [veth, l] : live_) {
-    if (same(l.addrs.sandbox4) || same(l.addrs.sandbox6)) return l.id;
+    if (!l.id.empty() && (same(l.addrs.sandbox4) || same(l.addrs.sandbox6))) return l.id;
   }
   return std::nullopt;
 }
@@ -256,8 +294,13 @@ absl::Status NetworkHost::Sweep(const std::set<std::string>& known_ids) {
   SBX_ASSIGN_OR_RETURN(auto veths, SandboxVeths());
   SBX_ASSIGN_OR_RETURN(Netlink nl, Netlink::Open());
   std::set<std::string> kept_veths;
+  {
+    // This sbxd's own live networks, pooled ones included, are never leftovers.
+    std::lock_guard lock(mu_);
+    for (const auto& [veth, l] : live_) kept_veths.insert(veth);
+  }
   for (const auto& [id, name] : veths) {
-    if (known_ids.count(id)) {
+    if (known_ids.count(id) || kept_veths.count(name)) {
       kept_veths.insert(name);
       continue;
     }
@@ -265,10 +308,6 @@ absl::Status NetworkHost::Sweep(const std::set<std::string>& known_ids) {
     auto idx = nl.IfIndex(name);
     absl::Status st = idx.ok() ? nl.DeleteLink(*idx) : idx.status();
     if (!st.ok() && !absl::IsNotFound(st)) first.Update(st);
-  }
-  {
-    std::lock_guard lock(mu_);
-    for (const auto& [veth, l] : live_) kept_veths.insert(veth);
   }
   // Elements of veths that are gone or belong to no known sandbox.
   SBX_ASSIGN_OR_RETURN(auto mapped, nft_->MappedVeths());
@@ -291,6 +330,7 @@ absl::Status NetworkHost::Sweep(const std::set<std::string>& known_ids) {
 
 absl::StatusOr<DenialCounts> NetworkHost::Denials(const std::string& id) {
   std::string veth;
+  if (id.empty()) return absl::NotFoundError("network: no sandbox id");
   {
     std::lock_guard lock(mu_);
     for (const auto& [v, l] : live_) {

@@ -14,6 +14,13 @@
 //      default routes via the host end.
 // A failure undoes the steps done, in reverse.
 //
+// Pooled (issue 16's speed): Prebuild does steps 1 and 3-5 ahead of any create, for a namespace
+// that belongs to no sandbox yet: the veth is named by the alias `pooled_<veth>` (never a
+// sandbox id, so the start-up sweep removes one an earlier sbxd left) and has no nftables
+// elements, so everything it sends is dropped (forward: not its own source address; input:
+// nothing but neighbour discovery). Claim then names it after the sandbox and runs step 2:
+// one transaction and one alias, the only network work left on the create path.
+//
 // Thread safety: NetworkHost's methods are safe to call concurrently.
 #pragma once
 
@@ -54,7 +61,7 @@ class SandboxNetwork {
   SandboxNetwork(const SandboxNetwork&) = delete;
   SandboxNetwork& operator=(const SandboxNetwork&) = delete;
 
-  const std::string& id() const { return id_; }
+  const std::string& id() const { return id_; }  // empty while pooled (unclaimed)
   const std::string& veth() const { return veth_; }
   const SandboxAddrs& addrs() const { return addrs_; }
   // The host end's interface index (0 when unknown).
@@ -82,7 +89,12 @@ class SandboxNetwork {
   bool rules_ = false;  // step 2 done
   bool link_ = false;   // step 3 done
   bool slot_ = true;    // step 1 done, not yet given back
+  int ifindex_ = 0;     // of the host end, once step 3 is done
 };
+
+// The alias of a pooled veth that no sandbox has claimed yet.
+std::string PooledAlias(const std::string& veth);
+
 
 class NetworkHost {
  public:
@@ -94,6 +106,12 @@ class NetworkHost {
   // Builds sandbox `id`'s network, its sandbox end in the namespace of `netns_fd`.
   absl::StatusOr<std::unique_ptr<SandboxNetwork>> Attach(const std::string& id, int netns_fd,
                                                          const SandboxPolicy& policy);
+  // Steps 1 and 3-5 for the namespace of `netns_fd`, which no sandbox has yet: a pooled
+  // network (id() empty) that passes no traffic until Claim.
+  absl::StatusOr<std::unique_ptr<SandboxNetwork>> Prebuild(int netns_fd);
+  // Gives pooled network `net` to sandbox `id`: its alias and step 2. On an error `net` may
+  // hold part of it; destroying it removes everything.
+  absl::Status Claim(SandboxNetwork& net, const std::string& id, const SandboxPolicy& policy);
   // After a restart: takes back the network sandbox `id` still has (its veth and elements),
   // NotFound when it has none. `policy`: what it was created with (a sandbox persisted before
   // sbxd kept it has none: then no name resolves for it, the safe side).
@@ -136,6 +154,10 @@ class NetworkHost {
   // part of it is already gone (a sweep, the kernel removing a veth).
   absl::Status RemoveRules(const std::string& id, const std::string& veth, const SandboxAddrs& addrs,
                            bool narrowed);
+  // Refuses an id that cannot be put in rules or a profile this host does not have.
+  absl::Status CheckPolicy(const std::string& id, const SandboxPolicy& policy) const;
+  // Steps 3-5 for `net` (step 1 done), its veth named by `alias`.
+  absl::Status BuildLink(SandboxNetwork& net, int netns_fd, const std::string& alias);
   void Register(const SandboxNetwork& net);
   void Unregister(const std::string& veth);
 
@@ -146,7 +168,8 @@ class NetworkHost {
     std::optional<SandboxPolicy> policy;
   };
   std::mutex mu_;
-  std::map<std::string, Live> live_;  // live SandboxNetworks, by veth
+  // Live SandboxNetworks, pooled ones too (id empty): the sweep never removes their veths.
+  std::map<std::string, Live> live_;  // by veth
   NameTable names_;
   DenialLog denials_log_;
 

@@ -34,16 +34,36 @@ absl::StatusOr<UniqueFd> BuildNetns() {
   return fresh;
 }
 
-NetnsPool::NetnsPool(int size)
-    : pool_(size, BuildNetns, [](const absl::Status& st) {
-        spdlog::warn("{} (launches create their own network namespace meanwhile)", std::string(st.message()));
-        if (st.message().find("setns back") != std::string::npos) {
-          // Never build again from a thread stuck in the wrong namespace.
-          spdlog::error("netns pool: stopped");
-          return false;
-        }
-        return true;
-      }) {}
+absl::StatusOr<PooledNetns> BuildNetworkedNetns(net::NetworkHost* host) {
+  PooledNetns out;
+  SBX_ASSIGN_OR_RETURN(out.netns, BuildNetns());
+  SBX_ASSIGN_OR_RETURN(out.network, host->Prebuild(out.netns.get()));
+  return out;
+}
+
+namespace {
+
+// Logs a build failure; false (stop for good) when the building thread may be stuck in a
+// sandbox's namespace.
+bool OnBuildError(const absl::Status& st) {
+  spdlog::warn("{} (launches create their own network namespace meanwhile)", std::string(st.message()));
+  if (st.message().find("setns back") != std::string::npos) {
+    // Never build again from a thread stuck in the wrong namespace.
+    spdlog::error("netns pool: stopped");
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+NetnsPool::NetnsPool(int size, net::NetworkHost* network) : pool_(size, BuildNetns, OnBuildError) {
+  if (network != nullptr && size > 0) {
+    networked_ = std::make_unique<ReadyPool<PooledNetns>>(
+        size, [network] { return BuildNetworkedNetns(network); },
+        [](const absl::Status& st) { return OnBuildError(Annotate(st, "netns pool (networked)")); });
+  }
+}
 
 NetnsPool::~NetnsPool() = default;
 
@@ -54,6 +74,14 @@ UniqueFd NetnsPool::Take() {
   return fd ? std::move(*fd) : UniqueFd();
 }
 
+std::optional<PooledNetns> NetnsPool::TakeNetworked() {
+  if (!networked_) return std::nullopt;
+  std::call_once(networked_started_, [this] { networked_->Start(); });
+  return networked_->Take();
+}
+
 int NetnsPool::ready() const { return pool_.ready(); }
+
+int NetnsPool::ready_networked() const { return networked_ ? networked_->ready() : 0; }
 
 }  // namespace sbx::runtime::ns

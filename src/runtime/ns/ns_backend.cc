@@ -428,13 +428,11 @@ class Creation {
   //     namespace before the launch, to build its veth in it: made here when the pool has none,
   //     and its network is attached before any process of the sandbox runs (ns_network.h).
   absl::Status TakeNetns() {
-    netns_ = s_.netns_pool ? s_.netns_pool->Take() : UniqueFd();
-    if (!spec_.egress.is_null()) {
-      if (!netns_) {
-        SBX_ASSIGN_OR_RETURN(netns_, BuildNetns());
-      }
+    if (spec_.egress.is_null()) {
+      netns_ = s_.netns_pool ? s_.netns_pool->Take() : UniqueFd();
+    } else {
       SBX_ASSIGN_OR_RETURN(network_, AttachNetwork(s_.opts.network, spec_.id, spec_.egress,
-                                                   netns_.get()));
+                                                   s_.netns_pool.get(), &netns_));
     }
     plan_.netns_fd = netns_ ? netns_.get() : -1;
     return absl::OkStatus();
@@ -614,7 +612,7 @@ NsBackend::NsBackend(NsOptions options) : shared_(std::make_shared<Shared>()) {
   if (!s.Ready().ok()) {
     spdlog::warn("ns runtime not usable: {}", std::string(s.Ready().message()));
   } else if (s.opts.netns_pool_size > 0) {
-    s.netns_pool = std::make_unique<NetnsPool>(s.opts.netns_pool_size);
+    s.netns_pool = std::make_unique<NetnsPool>(s.opts.netns_pool_size, s.opts.network);
     s.netns_pool->Start();
   }
   if (s.Ready().ok() && s.opts.disk_pool_size > 0) s.disks->Start();

@@ -11,7 +11,7 @@ namespace sbx::runtime::ns {
 absl::StatusOr<std::unique_ptr<net::SandboxNetwork>> AttachNetwork(net::NetworkHost* host,
                                                                    const std::string& id,
                                                                    const nlohmann::json& egress,
-                                                                   int netns_fd) {
+                                                                   NetnsPool* pool, UniqueFd* netns) {
   auto resolved = net::ResolvedEgress::FromJson(egress);
   if (!resolved.ok()) return Annotate(resolved.status(), fmt::format("create {}: network", id));
   if (host == nullptr) {
@@ -20,7 +20,22 @@ absl::StatusOr<std::unique_ptr<net::SandboxNetwork>> AttachNetwork(net::NetworkH
         "(egress.enabled)",
         id, resolved->profile));
   }
-  auto network = host->Attach(id, netns_fd, resolved->policy());
+  const net::SandboxPolicy policy = resolved->policy();
+  std::optional<PooledNetns> pooled = pool ? pool->TakeNetworked() : std::nullopt;
+  if (pooled) {
+    // On an error the pooled network and namespace go with `pooled`.
+    SBX_RETURN_IF_ERROR(Annotate(host->Claim(*pooled->network, id, policy),
+                                 fmt::format("create {}: network (pooled)", id)));
+    *netns = std::move(pooled->netns);
+    spdlog::debug("create {}: network: pooled veth {}", id, pooled->network->veth());
+    return std::move(pooled->network);
+  }
+  spdlog::debug("create {}: network: none pooled, built now", id);
+  *netns = pool ? pool->Take() : UniqueFd();
+  if (!*netns) {
+    SBX_ASSIGN_OR_RETURN(*netns, BuildNetns());
+  }
+  auto network = host->Attach(id, netns->get(), policy);
   if (!network.ok()) return Annotate(network.status(), fmt::format("create {}: network", id));
   return network;
 }

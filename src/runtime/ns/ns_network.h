@@ -10,17 +10,22 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "common/unique_fd.h"
 #include "net/sandbox_net.h"
+#include "runtime/ns/netns_pool.h"
 
 namespace sbx::runtime::ns {
 
 // `egress`: SandboxSpec::egress (net::ResolvedEgress::ToJson()). FailedPrecondition when this
 // sbxd has networking off (`host` null): the sandbox was stored as networked by an sbxd that
 // had it on, and must not silently come up without the rules it asked for.
+// Sets `*netns` to the sandbox's network namespace: a networked one of `pool` (null: none)
+// claimed for `id` when it has one ready, else a loopback-only one of the pool or a new one,
+// with the network built in it.
 absl::StatusOr<std::unique_ptr<net::SandboxNetwork>> AttachNetwork(net::NetworkHost* host,
                                                                    const std::string& id,
                                                                    const nlohmann::json& egress,
-                                                                   int netns_fd);
+                                                                   NetnsPool* pool, UniqueFd* netns);
 
 // After a restart: the network sandbox `id` still has, or null when it has none (a `none`
 // sandbox, or networking off). `egress`: what NetworkPolicyJson persisted (null when the record
