@@ -84,7 +84,6 @@ class SandboxNetwork {
   std::string veth_;
   SandboxAddrs addrs_;
   std::optional<SandboxPolicy> policy_;
-  int ifindex_ = 0;
   bool narrowed_ = false;
   bool rules_ = false;  // step 2 done
   bool link_ = false;   // step 3 done

@@ -1,6 +1,6 @@
 """Networked creates served from the netns pool (issue 16, Performance): the pool keeps network
 namespaces whose veth, addresses and routes are built ahead (no nftables elements: they pass
-nothing), and a networked create claims one. Runs in test_egress.py's lab (sbxd in a namespace
+nothing), and a networked create claims one. Runs in netlab.py's lab (sbxd in a namespace
 the test makes, a stand-in internet behind it; nothing leaves the machine).
 """
 
@@ -15,7 +15,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_egress import HTTP_PORT, INTERNET, OTHER_PORT, create, lab, probe  # noqa: E402,F401
+import pytest  # noqa: E402
+
+import netlab  # noqa: E402
+from netlab import HTTP_PORT, INTERNET, OTHER_PORT, create, probe  # noqa: E402,F401
+from test_egress import PROFILES  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def lab(validator):
+    with netlab.lab(validator, PROFILES) as client:
+        yield client
 
 # A TCP connect from the namespace it runs in: prints "ok" or the error's name.
 CONNECT = r"""
