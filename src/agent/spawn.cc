@@ -179,7 +179,23 @@ struct ChildPlan {
 // The child's stdio and the parent's ends of it.
 struct ChildFds {
   UniqueFd out_r, out_w, err_r, err_w, in_fd, in_w, pty_master;
+  int shared_in = -1;  // the child's stdin when in_fd is empty: SharedDevNull(), not owned
+  int stdin_fd() const { return in_fd ? in_fd.get() : shared_in; }
 };
+
+// One /dev/null for every child's stdin, opened once per agent: an open and a close less per
+// exec. Sharing the open file description is harmless: /dev/null reads EOF whatever its flags
+// or offset, and this one is read-only. -1 (each spawn tries again) while it cannot be opened.
+int SharedDevNull() {
+  static std::atomic<int> fd{-1};
+  int have = fd.load(std::memory_order_acquire);
+  if (have >= 0) return have;
+  const int opened = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (opened < 0) return -1;
+  if (fd.compare_exchange_strong(have, opened, std::memory_order_acq_rel)) return opened;
+  ::close(opened);  // another thread's won
+  return have;
+}
 
 void PreparePlan(const SpawnSpec& spec, ChildPlan& plan) {
   std::string path = kDefaultPath;
@@ -231,8 +247,8 @@ absl::Status OpenStdio(const SpawnSpec& spec, ChildFds& fds) {
     return absl::OkStatus();
   }
   // stdin: /dev/null, or the read end of an already closed pipe if the rootfs lacks it.
-  fds.in_fd.Reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-  if (!fds.in_fd) {
+  fds.shared_in = SharedDevNull();
+  if (fds.shared_in < 0) {
     int p[2];
     if (::pipe2(p, O_CLOEXEC) != 0) return ErrnoStatus(errno, "spawn: pipe2(stdin)");
     fds.in_fd.Reset(p[0]);
@@ -263,7 +279,7 @@ void ChildStdio(const ChildPlan& plan, const ChildFds& fds) {
   // The agent keeps fds 0-2 open, so the pipe ends are >= 3 and dup2 clears CLOEXEC.
   const int out_fd = plan.tty ? fds.in_fd.get() : fds.out_w.get();
   const int err_fd = plan.tty ? fds.in_fd.get() : fds.err_w.get();
-  if (::dup2(fds.in_fd.get(), STDIN_FILENO) < 0 || ::dup2(out_fd, STDOUT_FILENO) < 0 ||
+  if (::dup2(fds.stdin_fd(), STDIN_FILENO) < 0 || ::dup2(out_fd, STDOUT_FILENO) < 0 ||
       ::dup2(err_fd, STDERR_FILENO) < 0) {
     ::_exit(126);
   }

@@ -115,5 +115,28 @@ TEST(Spawn, TheProgramStartsWithDefaultSignalsAndAnEmptyMask) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
+// Without a stdin pipe every child reads /dev/null, read-only, the agent's one (opened once,
+// not per spawn): a program that reads stdin sees EOF, spawn after spawn.
+TEST(Spawn, StdinIsDevNullForEveryChild) {
+  for (int i = 0; i < 2; ++i) {
+    SpawnSpec spec;
+    spec.argv = {"/bin/sh", "-c",
+                 "cat; readlink /proc/self/fd/0; grep ^flags /proc/self/fdinfo/0"};
+    spec.env = {"PATH=/usr/bin:/bin"};
+    auto p = Spawn(spec);
+    ASSERT_TRUE(p.ok()) << p.status();
+    const std::string out = ReadAll(p->stdout_fd.get());
+    EXPECT_EQ(out.rfind("/dev/null\n", 0), 0u) << out;
+    // Octal flags ending in 0: O_RDONLY (dup2 onto 0 cleared O_CLOEXEC).
+    EXPECT_NE(out.find("flags:"), std::string::npos) << out;
+    EXPECT_EQ(out.back(), '\n');
+    EXPECT_EQ(out[out.size() - 2], '0') << out;
+    int status = 0;
+    ASSERT_EQ(::waitpid(p->pid, &status, 0), p->pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+  }
+}
+
 }  // namespace
 }  // namespace sbx::agent

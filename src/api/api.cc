@@ -204,7 +204,13 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
   if (!stream.ok()) {
     co_return Fail(ctx, Annotate(stream.status(), fmt::format("attach {}", session_id)));
   }
-  log::With(ctx.log, [&] { svc_.RecordSessionStarted(session_id, stream->started()); });
+  // SSE's 4/3 base64 growth keeps its batch near kMaxAttachBatchBytes.
+  const size_t max_payload = *binary ? kMaxAttachBatchBytes : kMaxAttachBatchBytes / 4 * 3;
+  // A process over within kAttachExitWithin (an exec of a short command) is stored as started
+  // and exited in one transaction; either way before the client gets a byte.
+  std::optional<service::SessionExit> exited;
+  if (stream->started()) exited = co_await stream->ExitWithin(service::kAttachExitWithin, max_payload);
+  log::With(ctx.log, [&] { svc_.RecordSessionStarted(session_id, stream->started(), exited); });
 
   bhttp::response_header<> header;
   header.result(bhttp::status::ok);
@@ -227,8 +233,6 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
   // until the client has taken the batch. The frames point into the agent stream's buffer,
   // and `batch` (the SSE text, or the binary form's headers) keeps its capacity from batch to
   // batch: a busy stream allocates nothing per batch, and the binary form copies no output.
-  // SSE's 4/3 base64 growth keeps its batch near kMaxAttachBatchBytes.
-  const size_t max_payload = *binary ? kMaxAttachBatchBytes : kMaxAttachBatchBytes / 4 * 3;
   std::vector<service::AttachFrame> frames;
   std::string batch;
   AttachPieces pieces;

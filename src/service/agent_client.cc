@@ -1,5 +1,7 @@
 #include "service/agent_client.h"
 
+#include <utility>
+
 #include <fmt/format.h>
 
 #include "common/base64.h"
@@ -228,10 +230,32 @@ asio::awaitable<absl::StatusOr<std::optional<AttachFrame>>> AttachStream::Next(
   co_return std::optional<AttachFrame>(AttachFrame(std::move(**f)));
 }
 
+asio::awaitable<std::optional<SessionExit>> AttachStream::ExitWithin(
+    std::chrono::milliseconds wait, size_t max_payload) {
+  primed_status_ = co_await s_->NextViews(wait, max_payload, views_);
+  primed_ = true;
+  if (!primed_status_.ok()) co_return std::nullopt;
+  for (const AgentStream::FrameView& v : views_) {
+    auto ev = AttachFrame(v).Decode();
+    if (!ev.ok()) co_return std::nullopt;  // the relay stops here, before any exit
+    if (ev->kind == AttachEvent::Kind::kExit) co_return ev->exit;
+  }
+  co_return std::nullopt;
+}
+
 asio::awaitable<absl::Status> AttachStream::NextBatch(std::chrono::milliseconds idle,
                                                       size_t max_payload,
                                                       std::vector<AttachFrame>& out) {
   out.clear();
+  if (primed_) {
+    primed_ = false;
+    if (!primed_status_.ok()) co_return std::exchange(primed_status_, absl::OkStatus());
+    if (!views_.empty()) {
+      for (const AgentStream::FrameView& v : views_) out.emplace_back(v);
+      co_return absl::OkStatus();
+    }
+    // ExitWithin's wait ran out with nothing: this one waits as asked.
+  }
   absl::Status st = co_await s_->NextViews(idle, max_payload, views_);
   if (!st.ok()) co_return st;
   for (const AgentStream::FrameView& v : views_) out.emplace_back(v);

@@ -36,6 +36,10 @@ inline constexpr std::chrono::milliseconds kStreamOpenTimeout{10000};
 // file) before it is abandoned: kTransferIdlePeriods periods of kTransferIdle.
 inline constexpr std::chrono::seconds kTransferIdle{30};
 inline constexpr int kTransferIdlePeriods = 10;
+// How long an attach that started a process waits for it to end before the store records it
+// "running" (AttachStream::ExitWithin): an exec of `true` ends ~1 ms after the reply. A
+// process still silent then has its response header this much later; output ends the wait.
+inline constexpr std::chrono::milliseconds kAttachExitWithin{10};
 
 // One event of an attach stream. An output event's data points into the frame it came in
 // (AttachFrame): no copy between the agent's bytes and the SSE/WebSocket encoder.
@@ -76,6 +80,12 @@ class AttachStream {
   const protocol::AttachReply& reply() const { return reply_; }
   // Whether this attach started the session's process.
   bool started() const { return reply_.started; }
+  // Waits up to `wait` for the first frames (NextBatch's, kept for it) and returns the exit
+  // among them, when every frame before it decodes (the caller relays them all, then the
+  // exit). Lets the caller record a process that was over by then in one store transaction
+  // instead of "running" then "exited". Only before the first NextBatch.
+  asio::awaitable<std::optional<SessionExit>> ExitWithin(std::chrono::milliseconds wait,
+                                                         size_t max_payload);
   // The next frame; nullopt after `idle` without one (see AgentStream::Next).
   asio::awaitable<absl::StatusOr<std::optional<AttachFrame>>> Next(std::chrono::milliseconds idle);
   // A frame that already arrived, without waiting (batching).
@@ -91,6 +101,9 @@ class AttachStream {
   std::unique_ptr<AgentStream> s_;
   protocol::AttachReply reply_;
   std::vector<AgentStream::FrameView> views_;
+  // ExitWithin's read, handed out by the next NextBatch.
+  bool primed_ = false;
+  absl::Status primed_status_;
 };
 
 // A download ("read", "read_tar"): the reply, then chunks of bytes until the end.

@@ -56,10 +56,19 @@ asio::awaitable<absl::Status> AgentStream::ReadUntilFrame(std::optional<protocol
     // runs with the data) or it had not started transferring. A timer completion that was
     // already queued when the read finished must not cancel a later read: the generation
     // counter tells them apart, and the weak pointer keeps it from touching a dead stream.
-    ArmDeadline(deadline);
+    // Armed already (gen is non-zero only while a deadline runs): Open's one deadline.
+    // Its timer may have fired while no read was pending (after the last one completed):
+    // nothing was cancelled then, so look.
+    const bool armed = state_->gen != 0;
+    if (armed && state_->timed_out) {
+      co_return absl::DeadlineExceededError("agent did not answer in time");
+    }
+    if (!armed) ArmDeadline(deadline);
     auto [ec, n] = co_await bytes_->ReadSome(asio::buffer(buf_.get(), kReadBytes));
-    state_->gen = 0;
-    timer_.cancel();
+    if (!armed) {
+      state_->gen = 0;
+      timer_.cancel();
+    }
     if (ec == asio::error::operation_aborted && state_->timed_out) {
       // Idle is not failure: a paused (frozen) sandbox is idle for as long as the pause lasts.
       if (idle_ok) co_return absl::OkStatus();  // out stays empty: idle
@@ -84,21 +93,32 @@ asio::awaitable<absl::StatusOr<std::unique_ptr<AgentStream>>> AgentStream::Open(
       protocol::FrameType::kHello,
       protocol::DumpJson(protocol::Json{{"version", protocol::kVersion}, {"role", "host"}}));
   out += protocol::EncodeFrame(protocol::FrameType::kRequest, request);
+  // One deadline for the write and every read up to the response (one timer, and so one
+  // timerfd_settime, per call instead of one per step).
   s->ArmDeadline(timeout);
+  auto disarm = [&s] {
+    s->state_->gen = 0;
+    s->timer_.cancel();
+  };
   auto wec = co_await s->bytes_->WriteAll(asio::buffer(out));
-  s->state_->gen = 0;
-  s->timer_.cancel();
-  if (wec) co_return absl::UnavailableError(fmt::format("write to agent: {}", wec.message()));
+  if (wec) {
+    disarm();
+    co_return absl::UnavailableError(fmt::format("write to agent: {}", wec.message()));
+  }
 
   bool got_hello = false;
   for (;;) {
     std::optional<protocol::Frame> f;
     absl::Status st = co_await s->ReadUntilFrame(f, timeout, /*idle_ok=*/false);
-    if (!st.ok()) co_return st;
+    if (!st.ok()) {
+      disarm();
+      co_return st;
+    }
     if (f->type == protocol::FrameType::kHello) {
       got_hello = true;
       continue;
     }
+    disarm();
     if (f->type != protocol::FrameType::kResponse || !got_hello) {
       co_return ApiError(absl::StatusCode::kInternal, "bad_agent_reply",
                          "agent protocol: expected hello then response");

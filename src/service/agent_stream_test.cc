@@ -1,7 +1,8 @@
 // AgentStream::NextViews (attach's bulk read): frames split anywhere across reads come out
 // whole and in order, a batch stops near its budget, and a bad frame after good ones is
 // reported only after they are handed out; a stream's read buffer is reused by the next
-// stream of the same thread.
+// stream of the same thread. AttachStream::ExitWithin finds an exit among the first frames and
+// leaves every frame (or the error) for NextBatch.
 #include "service/agent_stream.h"
 
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "protocol/protocol.h"
+#include "service/agent_client.h"
 
 namespace sbx::service {
 namespace {
@@ -152,6 +154,90 @@ TEST(AgentStreamReadBuffer, TheNextStreamOfAThreadReusesTheLastOnesBuffer) {
   char* other = nullptr;
   std::thread([&] { other = AgentStream::TakeReadBuffer().get(); }).join();
   EXPECT_NE(other, p);
+}
+
+struct Primed {
+  std::optional<SessionExit> exit;
+  std::vector<std::vector<FrameType>> batches;
+  absl::Status end;
+};
+
+// ExitWithin, then NextBatch until the stream ends.
+Primed PrimeThenRead(std::deque<std::string> reads) {
+  asio::io_context io;
+  Primed got;
+  protocol::AttachReply reply;
+  reply.started = true;
+  AttachStream stream(std::make_unique<AgentStream>(
+                          io.get_executor(), std::make_unique<ScriptedBytes>(std::move(reads))),
+                      reply);
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        const auto wait = std::chrono::milliseconds(50);
+        got.exit = co_await stream.ExitWithin(wait, 1 << 20);
+        std::vector<AttachFrame> frames;
+        for (;;) {
+          const auto idle = std::chrono::seconds(5);
+          absl::Status st = co_await stream.NextBatch(idle, 1 << 20, frames);
+          if (!st.ok()) {
+            got.end = st;
+            co_return;
+          }
+          std::vector<FrameType> types;
+          for (const AttachFrame& f : frames) {
+            auto ev = f.Decode();
+            types.push_back(!ev.ok() ? FrameType::kHello
+                            : ev->kind == AttachEvent::Kind::kExit ? FrameType::kExit
+                                                                   : FrameType::kOutput);
+          }
+          got.batches.push_back(std::move(types));
+        }
+      },
+      asio::detached);
+  io.run();
+  return got;
+}
+
+std::string ExitFrame(uint64_t id, int code) {
+  protocol::ExitEvent ev;
+  ev.event_id = id;
+  ev.exit_code = code;
+  return protocol::EncodeFrame(FrameType::kExit, protocol::EncodeExit(ev));
+}
+
+TEST(AttachStreamExitWithin, AnExitAmongTheFirstFramesIsFoundAndStillRelayed) {
+  Primed got = PrimeThenRead({OutputFrame(1, "hi") + ExitFrame(2, 3)});
+  ASSERT_TRUE(got.exit.has_value());
+  EXPECT_EQ(got.exit->event_id, 2u);
+  EXPECT_EQ(got.exit->exit_code, 3);
+  ASSERT_EQ(got.batches.size(), 1u);
+  EXPECT_EQ(got.batches[0], (std::vector<FrameType>{FrameType::kOutput, FrameType::kExit}));
+  EXPECT_EQ(got.end.code(), absl::StatusCode::kUnavailable) << got.end;
+}
+
+TEST(AttachStreamExitWithin, WithoutAnExitTheFramesWaitForNextBatch) {
+  Primed got = PrimeThenRead({OutputFrame(1, "a"), OutputFrame(2, "b") + ExitFrame(3, 0)});
+  EXPECT_FALSE(got.exit.has_value());
+  ASSERT_EQ(got.batches.size(), 2u);
+  EXPECT_EQ(got.batches[0], (std::vector<FrameType>{FrameType::kOutput}));
+  EXPECT_EQ(got.batches[1], (std::vector<FrameType>{FrameType::kOutput, FrameType::kExit}));
+}
+
+TEST(AttachStreamExitWithin, AnErrorIsReportedByTheFirstNextBatch) {
+  Primed got = PrimeThenRead({});
+  EXPECT_FALSE(got.exit.has_value());
+  EXPECT_TRUE(got.batches.empty());
+  EXPECT_EQ(got.end.code(), absl::StatusCode::kUnavailable) << got.end;
+}
+
+TEST(AttachStreamExitWithin, AnExitBehindAFrameThatDoesNotDecodeIsNotReported) {
+  // The relay stops at the bad frame, so the exit would never reach the client: the caller
+  // must record "running" as before, not the exit.
+  Primed got = PrimeThenRead({protocol::EncodeFrame(FrameType::kOutput, "x") + ExitFrame(2, 0)});
+  EXPECT_FALSE(got.exit.has_value());
+  ASSERT_EQ(got.batches.size(), 1u);
+  EXPECT_EQ(got.batches[0], (std::vector<FrameType>{FrameType::kHello, FrameType::kExit}));
 }
 
 }  // namespace

@@ -192,8 +192,11 @@ class SandboxService {
   // Whether this process holds a runtime instance of the sandbox (it is not being deleted).
   bool HasInstance(const std::string& sandbox_id) const;
   // Record what the data plane observed.
-  // `started`: the attach started the session's process (AttachStream::started()).
-  void RecordSessionStarted(const std::string& session_id, bool started);
+  // `started`: the attach started the session's process (AttachStream::started()). `exit`:
+  // the process was already over (AttachStream::ExitWithin): "running" and "exited" are then
+  // one transaction, and the RecordSessionExit that follows for it costs none.
+  void RecordSessionStarted(const std::string& session_id, bool started,
+                            const std::optional<SessionExit>& exit = std::nullopt);
   void RecordSessionExit(const std::string& session_id, const SessionExit& ev);
   void RecordSessionStatus(const std::string& session_id, const SessionStatus& status);
 
@@ -334,6 +337,10 @@ class SandboxService {
   std::mutex just_created_mu_;
   std::map<std::string, JustCreated> just_created_;
   std::optional<JustCreated> TakeJustCreated(const std::string& session_id);
+  // Sessions whose exit this process committed (guarded by just_created_mu_): an exit is
+  // final, so another report of it (the attach that relays it, a second client) needs no
+  // transaction. Bounded: a session not here is looked up in the store as before.
+  std::set<std::string> exits_recorded_;
   std::map<std::string, runtime::InstancePtr> instances_;  // running sandboxes, by id
   std::set<std::string> frozen_;  // ids whose instance is frozen or being frozen
   bool ready_ = false;

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "common/build_info.h"
@@ -839,6 +840,49 @@ TEST_F(SandboxServiceTest, SessionMetricsFollowTheDataPlane) {
   // The delete job ends the sessions' gauge just after committing the operation.
   EXPECT_EQ(MetricSoon("sbx_sessions_active", "0"), "0");
   EXPECT_EQ(Metric("sbx_oom_kills_total"), "2");
+}
+
+// An exec of a short command: its first attach finds the exit among the first frames
+// (AttachStream::ExitWithin), and "running" and "exited" are stored in one transaction; the
+// exit the attach then relays costs none, a second client's finds the store unchanged.
+TEST_F(SandboxServiceTest, AProcessOverAtItsFirstAttachIsStoredInOneTransaction) {
+  const std::string id = CreateRunning();
+  CreateSessionRequest req;
+  req.argv = {"true"};
+  req.canonical = json{{"argv", req.argv}};
+  auto r = svc_->CreateSession(caller_, id, req, std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::string sid = Body(*r)["session_id"].get<std::string>();
+  // Counted by the session statements: the create's job may still be committing its own.
+  auto count = [&](const char* op) {
+    return std::stoi(
+        Metric(fmt::format("sbx_store_query_duration_seconds_count{{op=\"{}\"}}", op)));
+  };
+  const int reads = count("GetSession"), writes = count("PutSession");
+  protocol::ExitEvent ev;
+  ev.event_id = 1;
+  ev.exit_code = 7;
+  svc_->RecordSessionStarted(sid, true, ev);
+  svc_->RecordSessionExit(sid, ev);  // the attach relaying it
+  EXPECT_EQ(count("GetSession"), reads + 1);
+  EXPECT_EQ(count("PutSession"), writes + 1);
+  EXPECT_EQ(Metric("sbx_sessions_started_total"), "1");
+  EXPECT_EQ(Metric("sbx_sessions_active"), "0");
+  auto s = svc_->GetSession(caller_, sid);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->state, "exited");
+  EXPECT_EQ(s->exit_code, 7);
+  EXPECT_TRUE(s->started_at.has_value());
+  EXPECT_TRUE(s->exited_at.has_value());
+  svc_->RecordSessionExit(sid, ev);  // a second attached client: read, nothing written
+  svc_->RecordSessionStarted(sid, false);
+  EXPECT_EQ(count("PutSession"), writes + 1);
+  EXPECT_EQ(Metric("sbx_sessions_started_total"), "1");
+  EXPECT_EQ(Metric("sbx_sessions_active"), "0");
+  auto again = svc_->GetSession(caller_, sid);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->state, "exited");
+  EXPECT_EQ(again->exited_at, s->exited_at);
 }
 
 // Issue 13: what an agent answers is the guest's to choose. A field of the wrong type is

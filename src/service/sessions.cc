@@ -248,8 +248,12 @@ void SandboxService::CheckAgentsAlive() {
   for (const std::string& id : dead) (void)CheckAgentLost(id);
 }
 
-void SandboxService::RecordSessionStarted(const std::string& session_id, bool started_now) {
+void SandboxService::RecordSessionStarted(const std::string& session_id, bool started_now,
+                                          const std::optional<SessionExit>& exit) {
   if (!started_now) return;
+  // Over already (an exec of a short command): one transaction from "created" to "exited",
+  // committed before the attaching client gets a byte, as "running" would have been.
+  if (exit) return RecordSessionExit(session_id, *exit);
   bool started = false;
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
     started = false;
@@ -265,6 +269,10 @@ void SandboxService::RecordSessionStarted(const std::string& session_id, bool st
 }
 
 void SandboxService::RecordSessionExit(const std::string& session_id, const SessionExit& ev) {
+  {
+    std::lock_guard lock(just_created_mu_);
+    if (exits_recorded_.erase(session_id) > 0) return;  // committed by this process already
+  }
   std::string was;  // the state this call moved the session from to exited
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
     was.clear();
@@ -284,6 +292,11 @@ void SandboxService::RecordSessionExit(const std::string& session_id, const Sess
   if (st.ok() && !was.empty()) {
     if (was == "created") metrics_->SessionStarted(session_id);  // its start went unrecorded
     metrics_->SessionExited(session_id, ev.oom_killed);
+    // The attach that relays this exit reports it next; one more attached client at most
+    // after that finds the store already saying "exited" (hence erase on the first hit).
+    std::lock_guard lock(just_created_mu_);
+    if (exits_recorded_.size() >= 1024) exits_recorded_.clear();
+    exits_recorded_.insert(session_id);
   }
   if (!st.ok()) spdlog::warn("session {}: {}", session_id, std::string(st.message()));
 }
