@@ -5,6 +5,7 @@ answers) on 198.18.0.2:53, which sbxd's resolver uses as its upstream."""
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import sys
 import time
@@ -162,6 +163,16 @@ def lab(validator):
         LOG.unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def sandbox(api, body: dict):
+    """A sandbox deleted however the test ends (the lab refuses leftovers)."""
+    sb = create(api, body)
+    try:
+        yield sb
+    finally:
+        api.delete_sandbox(sb["id"])
+
+
 def dns_probe(api, sid: str, *specs: str) -> dict[str, str]:
     r = api.run(sid, ["/usr/bin/python3", "-c", DNS_PROBE, *specs], max_seconds=60)
     out = {}
@@ -192,91 +203,84 @@ def wait_denied(api, sid: str, reason: str) -> dict:
 
 
 def test_none_has_no_dns(lab):
-    sb = create(lab, {})
-    got = dns_probe(lab, sb["id"], "gai:allowed.test", f"udp:{INTERNET}:allowed.test")
-    assert got["gai:allowed.test"] in ("gaierror",), got
-    assert got[f"udp:{INTERNET}:allowed.test"] != "rcode=0 a=198.18.0.2", got
-    assert not got[f"udp:{INTERNET}:allowed.test"].startswith("rcode="), got
-    lab.delete_sandbox(sb["id"])
+    with sandbox(lab, {}) as sb:
+        got = dns_probe(lab, sb["id"], "gai:allowed.test", f"udp:{INTERNET}:allowed.test")
+        assert got["gai:allowed.test"] in ("gaierror",), got
+        assert got[f"udp:{INTERNET}:allowed.test"] != "rcode=0 a=198.18.0.2", got
+        assert not got[f"udp:{INTERNET}:allowed.test"].startswith("rcode="), got
 
 
 def test_allow_list_resolves_exactly_its_names(lab):
-    sb = create(lab, {"egress_profile": "names"})
-    sid = sb["id"]
-    got = dns_probe(lab, sid, "resolver", "gai:allowed.test", "gai:www.cdn.test",
-                    "gai:other.test", "gai:cdn.test")
-    # resolv.conf names the veth's host end: .1 of the sandbox's /30 in the pool.
-    assert got["resolver"].startswith("10.241.0.") and int(got["resolver"].rsplit(".", 1)[1]) % 4 == 1, got
-    resolver = got["resolver"]
-    assert got["gai:allowed.test"] == INTERNET, got
-    # A CNAME chain: the final address, recorded under the name asked.
-    assert got["gai:www.cdn.test"] == FAR, got
-    assert got["gai:other.test"] == "gaierror", got
-    assert got["gai:cdn.test"] == "gaierror", got   # *.cdn.test is not cdn.test itself
-    # REFUSED, straight from the resolver, over UDP and TCP; the name never went upstream.
-    raw = dns_probe(lab, sid, f"udp:{resolver}:other.test", f"tcp:{resolver}:other.test",
-                    f"tcp:{resolver}:allowed.test")
-    assert raw[f"udp:{resolver}:other.test"] == "rcode=5 a=", raw
-    assert raw[f"tcp:{resolver}:other.test"] == "rcode=5 a=", raw
-    assert raw[f"tcp:{resolver}:allowed.test"] == f"rcode=0 a={INTERNET}", raw
-    asked = asked_upstream()
-    assert "allowed.test" in asked and "www.cdn.test" in asked, asked
-    assert "other.test" not in asked and "cdn.test" not in asked, asked
-    eg = egress(lab, sid)
-    if "recent_denials" in eg:
-        names = [d.get("name") for d in eg["recent_denials"] if d.get("reason") == "dns_name"]
-        assert "other.test" in names, eg
-    lab.delete_sandbox(sid)
+    with sandbox(lab, {"egress_profile": "names"}) as sb:
+        sid = sb["id"]
+        got = dns_probe(lab, sid, "resolver", "gai:allowed.test", "gai:www.cdn.test",
+                        "gai:other.test", "gai:cdn.test")
+        # resolv.conf names the veth's host end: .1 of the sandbox's /30 in the pool.
+        assert got["resolver"].startswith("10.241.0.") and int(got["resolver"].rsplit(".", 1)[1]) % 4 == 1, got
+        resolver = got["resolver"]
+        assert got["gai:allowed.test"] == INTERNET, got
+        # A CNAME chain: the final address, recorded under the name asked.
+        assert got["gai:www.cdn.test"] == FAR, got
+        assert got["gai:other.test"] == "gaierror", got
+        assert got["gai:cdn.test"] == "gaierror", got   # *.cdn.test is not cdn.test itself
+        # REFUSED, straight from the resolver, over UDP and TCP; the name never went upstream.
+        raw = dns_probe(lab, sid, f"udp:{resolver}:other.test", f"tcp:{resolver}:other.test",
+                        f"tcp:{resolver}:allowed.test")
+        assert raw[f"udp:{resolver}:other.test"] == "rcode=5 a=", raw
+        assert raw[f"tcp:{resolver}:other.test"] == "rcode=5 a=", raw
+        assert raw[f"tcp:{resolver}:allowed.test"] == f"rcode=0 a={INTERNET}", raw
+        asked = asked_upstream()
+        assert "allowed.test" in asked and "www.cdn.test" in asked, asked
+        assert "other.test" not in asked and "cdn.test" not in asked, asked
+        eg = egress(lab, sid)
+        if "recent_denials" in eg:
+            names = [d.get("name") for d in eg["recent_denials"] if d.get("reason") == "dns_name"]
+            assert "other.test" in names, eg
 
 
 def test_forged_answer_to_private_addresses_is_stripped(lab):
-    sb = create(lab, {"egress_profile": "names"})
-    got = dns_probe(lab, sb["id"], "gai:forged.test")
-    # The DNS server answered 198.18.0.2, 10.0.0.5 and 169.254.169.254: only the first is told.
-    assert got["gai:forged.test"] == INTERNET, got
-    eg = egress(lab, sb["id"])
-    if "recent_denials" in eg:
-        stripped = {(d.get("destination"), d.get("reason")) for d in eg["recent_denials"]
-                    if d.get("name") == "forged.test"}
-        assert ("10.0.0.5", "private") in stripped and ("169.254.169.254", "metadata") in stripped, eg
-    lab.delete_sandbox(sb["id"])
+    with sandbox(lab, {"egress_profile": "names"}) as sb:
+        got = dns_probe(lab, sb["id"], "gai:forged.test")
+        # The DNS server answered 198.18.0.2, 10.0.0.5 and 169.254.169.254: only the first is told.
+        assert got["gai:forged.test"] == INTERNET, got
+        eg = egress(lab, sb["id"])
+        if "recent_denials" in eg:
+            stripped = {(d.get("destination"), d.get("reason")) for d in eg["recent_denials"]
+                        if d.get("name") == "forged.test"}
+            assert ("10.0.0.5", "private") in stripped and ("169.254.169.254", "metadata") in stripped, eg
 
 
 def test_dns_to_another_resolver_is_refused_under_domain_rules(lab):
-    sb = create(lab, {"egress_profile": "names"})
-    got = dns_probe(lab, sb["id"], f"udp:{INTERNET}:allowed.test", f"tcp:{INTERNET}:allowed.test",
-                    f"udp:{FAR}:allowed.test")
-    assert all(not v.startswith("rcode=") for v in got.values()), got
-    eg = wait_denied(lab, sb["id"], "dns_other")
-    assert eg["denied"].get("dns_other", 0) >= 3, eg
-    lab.delete_sandbox(sb["id"])
+    with sandbox(lab, {"egress_profile": "names"}) as sb:
+        got = dns_probe(lab, sb["id"], f"udp:{INTERNET}:allowed.test", f"tcp:{INTERNET}:allowed.test",
+                        f"udp:{FAR}:allowed.test")
+        assert all(not v.startswith("rcode=") for v in got.values()), got
+        eg = wait_denied(lab, sb["id"], "dns_other")
+        assert eg["denied"].get("dns_other", 0) >= 3, eg
 
 
 def test_unresolved_address_is_dropped_and_counted(lab):
-    sb = create(lab, {"egress_profile": "names"})
-    # No name resolved to FAR for this sandbox, and no CIDR rule allows it.
-    got = netlab.probe(lab, sb["id"], f"tcp:{FAR}:{OTHER_PORT}")
-    assert got[f"tcp:{FAR}:{OTHER_PORT}"] != "ok", got
-    eg = wait_denied(lab, sb["id"], "unresolved_address")
-    assert eg["denied"].get("unresolved_address", 0) > 0, eg
-    lab.delete_sandbox(sb["id"])
+    with sandbox(lab, {"egress_profile": "names"}) as sb:
+        # No name resolved to FAR for this sandbox, and no CIDR rule allows it.
+        got = netlab.probe(lab, sb["id"], f"tcp:{FAR}:{OTHER_PORT}")
+        assert got[f"tcp:{FAR}:{OTHER_PORT}"] != "ok", got
+        eg = wait_denied(lab, sb["id"], "unresolved_address")
+        assert eg["denied"].get("unresolved_address", 0) > 0, eg
 
 
 def test_open_resolves_everything_and_other_resolvers_are_just_traffic(lab):
-    sb = create(lab, {"egress_profile": "open"})
-    got = dns_probe(lab, sb["id"], "gai:other.test", "gai:allowed.test", "gai:forged.test",
-                    f"udp:{INTERNET}:other.test")
-    assert got["gai:other.test"] == INTERNET, got
-    assert got["gai:allowed.test"] == INTERNET, got
-    assert got["gai:forged.test"] == INTERNET, got   # stripped for `open` too
-    assert got[f"udp:{INTERNET}:other.test"] == f"rcode=0 a={INTERNET}", got
-    lab.delete_sandbox(sb["id"])
+    with sandbox(lab, {"egress_profile": "open"}) as sb:
+        got = dns_probe(lab, sb["id"], "gai:other.test", "gai:allowed.test", "gai:forged.test",
+                        f"udp:{INTERNET}:other.test")
+        assert got["gai:other.test"] == INTERNET, got
+        assert got["gai:allowed.test"] == INTERNET, got
+        assert got["gai:forged.test"] == INTERNET, got   # stripped for `open` too
+        assert got[f"udp:{INTERNET}:other.test"] == f"rcode=0 a={INTERNET}", got
 
 
 def test_resolver_port_is_not_reachable_directly(lab):
-    sb = create(lab, {"egress_profile": "open"})
-    resolver = dns_probe(lab, sb["id"], "resolver")["resolver"]
-    # Straight to the resolver's own port (not redirected): the host drops it.
-    got = netlab.probe(lab, sb["id"], f"udp:{resolver}:10053", f"tcp:{resolver}:10053")
-    assert all(v != "ok" for v in got.values()), got
-    lab.delete_sandbox(sb["id"])
+    with sandbox(lab, {"egress_profile": "open"}) as sb:
+        resolver = dns_probe(lab, sb["id"], "resolver")["resolver"]
+        # Straight to the resolver's own port (not redirected): the host drops it.
+        got = netlab.probe(lab, sb["id"], f"udp:{resolver}:10053", f"tcp:{resolver}:10053")
+        assert all(v != "ok" for v in got.values()), got
