@@ -129,6 +129,11 @@ struct Config {
     std::string uplink;  // masquerade toward it; empty: every interface
     std::string exempt;  // comma-separated CIDRs lifted from the always-blocked ranges
     std::string deny;    // comma-separated CIDRs refused whatever the profile
+    // sbxd's resolver (net/dns_server.h): the port it takes on every address (nft redirects
+    // the sandboxes' port 53 to it), and its upstreams ("ip[:port]", comma-separated; empty:
+    // the nameservers of the host's /etc/resolv.conf).
+    int64_t dns_port = 10053;
+    std::string dns_upstream;
     // egress.profiles.<name> tables of the file: {"NAME": {"description", "allow", "deny"}},
     // as ProfileCatalog::FromJson reads them (file only: no flag or variable holds a table).
     nlohmann::json profiles = nlohmann::json::object();

@@ -234,6 +234,17 @@ const std::vector<KeyInfo> kKeys = {
     {.path = "egress.deny", .type = Type::kString, .flag = "--egress-deny", .reloadable = false,
      .help = "comma-separated CIDRs refused to every sandbox whatever its profile",
      SBX_STR(egress.deny)},
+    {.path = "egress.dns_port", .type = Type::kInt, .flag = "--egress-dns-port",
+     .reloadable = false, .min = 1, .max = 65535, .why = "a UDP and TCP port",
+     .help = "port of sbxd's own DNS resolver on every host address; nftables redirects the "
+             "networked sandboxes' DNS (port 53 to their veth's host end) to it and refuses "
+             "DNS to other resolvers under domain rules",
+     SBX_NUM(egress.dns_port)},
+    {.path = "egress.dns_upstream", .type = Type::kString, .flag = "--egress-dns-upstream",
+     .reloadable = false,
+     .help = "comma-separated upstream resolvers of sbxd's resolver, ip[:port] or [ipv6]:port "
+             "(empty: the nameservers of the host's /etc/resolv.conf)",
+     SBX_STR(egress.dns_upstream)},
     {.path = "admission.enabled", .type = Type::kBool, .flag = "--admission", .reloadable = true,
      .help = "refuse a create (503 insufficient_capacity, or 422 exceeds_capacity when it can "
              "never fit) whose vcpu, memory or disk does not fit in what the host has beside "

@@ -74,13 +74,21 @@ absl::StatusOr<EgressSetup> EgressFromConfig(const Config& c) {
                                  "spaces or slashes)",
                                  LabelOf(c, *FindKey("egress.uplink"))));
   }
+  policy.dns_port = static_cast<uint16_t>(c.egress.dns_port);
+  std::vector<net::DnsUpstream> upstreams;
+  if (auto u = net::ParseUpstreams(c.egress.dns_upstream, LabelOf(c, *FindKey("egress.dns_upstream")));
+      !u.ok()) {
+    errors.push_back(std::string(u.status().message()));
+  } else {
+    upstreams = std::move(*u);
+  }
   auto catalog = net::ProfileCatalog::FromJson(c.egress.profiles);
   if (!catalog.ok()) {
     errors.push_back(std::string(catalog.status().message()));
   }
   if (auto st = Errors(errors); !st.ok()) return st;
   policy.profiles = catalog->configured();
-  return EgressSetup{std::move(policy), std::move(*catalog)};
+  return EgressSetup{std::move(policy), std::move(*catalog), std::move(upstreams)};
 }
 
 }  // namespace sbx::daemon

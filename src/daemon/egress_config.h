@@ -4,6 +4,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/config.h"
+#include "net/dns_policy.h"
 #include "net/nft_ruleset.h"
 #include "net/profiles.h"
 
@@ -12,6 +13,8 @@ namespace sbx::daemon {
 struct EgressSetup {
   net::NetPolicyConfig policy;
   net::ProfileCatalog catalog;
+  // egress.dns_upstream parsed (empty when the key is: the caller reads the host's resolv.conf).
+  std::vector<net::DnsUpstream> dns_upstreams;
 };
 
 // InvalidArgument naming each bad key (egress.pool_v4, egress.exempt, egress.profiles.NAME...),

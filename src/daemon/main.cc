@@ -33,6 +33,7 @@
 #include "daemon/preflight.h"
 #include "daemon/state_files.h"
 #include "http/server.h"
+#include "net/dns_server.h"
 #include "net/sandbox_net.h"
 #include "ops/operation_engine.h"
 #include "runtime/doctor/density.h"
@@ -213,6 +214,8 @@ struct Daemon {
   std::optional<sbx::service::TemplateRegistry> templates;  // until the service takes it
   // Networked sandboxes' host side (egress.enabled only); outlives the backends that use it.
   std::unique_ptr<sbx::net::NetworkHost> network;
+  // Its resolver, on a thread of its own; declared after `network`, so it stops first.
+  std::unique_ptr<sbx::net::DnsServer> dns;
   std::shared_ptr<const sbx::net::ProfileCatalog> egress_catalog;
   std::unique_ptr<sbx::runtime::Backend> ns_backend, fake_backend;
   std::map<std::string, sbx::runtime::Backend*> backends;
@@ -372,6 +375,33 @@ absl::Status OpenState(Daemon& d) {
   return absl::OkStatus();
 }
 
+// sbxd's DNS resolver for the networked sandboxes (net/dns_server.h), toward egress.dns_upstream
+// or the host's own nameservers.
+absl::Status StartResolver(Daemon& d, const sbx::daemon::EgressSetup& setup) {
+  sbx::net::DnsServerOptions opts;
+  opts.port = setup.policy.dns_port;
+  opts.upstreams = setup.dns_upstreams;
+  if (opts.upstreams.empty()) {
+    std::ifstream in("/etc/resolv.conf");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    opts.upstreams = sbx::net::UpstreamsOfResolvConf(text);
+    if (opts.upstreams.empty()) {
+      spdlog::warn("dns: no egress.dns_upstream and no nameserver in /etc/resolv.conf: the "
+                   "sandboxes' lookups will fail (SERVFAIL)");
+    }
+  }
+  auto dns = sbx::net::DnsServer::Start(d.network.get(), opts);
+  if (!dns.ok()) {
+    return sbx::Annotate(dns.status(), sbx::daemon::Describe(d.cfg, "egress.dns_port"));
+  }
+  d.dns = std::move(*dns);
+  std::string ups;
+  for (const auto& u : opts.upstreams) ups += (ups.empty() ? "" : ", ") + u.ToString();
+  spdlog::info("dns: resolver on port {} (udp, tcp), upstream {}", opts.port,
+               ups.empty() ? "none" : ups);
+  return absl::OkStatus();
+}
+
 // Networking, only with egress.enabled: forwarding on and sbx's nftables table (re)made. Its
 // start-up sweep runs with the runtime's (NsBackend::Sweep), when the service knows which
 // sandboxes exist. Off: nothing of the host's network is touched, as before networking.
@@ -391,6 +421,7 @@ absl::Status StartNetwork(Daemon& d) {
                          "`sbx doctor` checks them)");
   }
   d.network = std::move(*host);
+  SBX_RETURN_IF_ERROR(StartResolver(d, setup));
   d.egress_catalog = std::make_shared<const sbx::net::ProfileCatalog>(std::move(setup.catalog));
   spdlog::info("networking on: address pool {} and {} ({} sandboxes), uplink {}",
                setup.policy.pool4.ToString(), setup.policy.pool6.ToString(),

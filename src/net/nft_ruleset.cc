@@ -39,8 +39,9 @@ std::vector<std::string> RuleMatches(const EgressRule& r) {
 
 const std::vector<std::string>& DenialReasons() {
   static const std::vector<std::string> kReasons = [] {
-    std::vector<std::string> v = {kReasonSpoofed, kReasonSandbox, kReasonHost, kReasonDenyRule,
-                                  kReasonNotAllowed};
+    std::vector<std::string> v = {kReasonSpoofed,   kReasonSandbox,  kReasonHost,
+                                  kReasonDenyRule,  kReasonNotAllowed, kReasonDnsOther,
+                                  kReasonUnresolved};
     for (const auto& b : AlwaysBlocked()) {
       bool seen = false;
       for (const auto& r : v) seen = seen || r == b.reason;
@@ -70,16 +71,49 @@ void Refuse(std::string& out, const std::string& chain, const std::string& match
   out += fmt::format("add rule inet {} {} {} drop\n", kTable, chain, match);
 }
 
+// ---- DNS (nft_ruleset.h, DNS section) ----
+
+// A domain-ruled chain: DNS goes to sbxd's resolver only (redirected before it gets here).
+void DomainRuledPreamble(std::string& out, const std::string& chain) {
+  Refuse(out, chain, "udp dport 53", kReasonDnsOther);
+  Refuse(out, chain, "tcp dport 53", kReasonDnsOther);
+}
+
+// The redirect of DNS to sbxd's resolver and the input rule that lets exactly it in.
+std::string DnsPreroutingRules(const NetPolicyConfig& cfg) {
+  if (cfg.dns_port == 0) return "";
+  std::string out;
+  for (const char* proto : {"udp", "tcp"}) {
+    out += fmt::format(
+        "add rule inet {} prerouting iifname \"sbxv*\" fib daddr type local {} dport 53 "
+        "redirect to :{}\n",
+        kTable, proto, cfg.dns_port);
+  }
+  return out;
+}
+std::string DnsInputRules(const NetPolicyConfig& cfg) {
+  if (cfg.dns_port == 0) return "";
+  std::string out;
+  for (const char* proto : {"udp", "tcp"}) {
+    out += fmt::format("add rule inet {} input iifname \"sbxv*\" ct status dnat {} dport {} accept\n",
+                       kTable, proto, cfg.dns_port);
+  }
+  return out;
+}
+
 // A profile's deny rules, allow rules and final drop, into `chain`.
 void PolicyRules(std::string& out, const std::string& chain, const std::vector<EgressRule>& deny,
                  const std::vector<EgressRule>& allow) {
+  const bool domain_ruled = DomainRuled(allow);
+  if (domain_ruled) DomainRuledPreamble(out, chain);
   for (const auto& d : deny) {
     for (const auto& m : RuleMatches(d)) Refuse(out, chain, m, kReasonDenyRule);
   }
   for (const auto& a : allow) {
     for (const auto& m : RuleMatches(a)) out += fmt::format("add rule inet {} {} {} accept\n", kTable, chain, m);
   }
-  out += fmt::format("add rule inet {} {} iifname @deny_{}\n", kTable, chain, kReasonNotAllowed);
+  out += fmt::format("add rule inet {} {} iifname @deny_{}\n", kTable, chain,
+                     domain_ruled ? kReasonUnresolved : kReasonNotAllowed);
   out += fmt::format("add rule inet {} {} drop\n", kTable, chain);
 }
 
@@ -103,13 +137,16 @@ std::string BaseRuleset(const NetPolicyConfig& cfg) {
       "add chain inet {t} forward {{ type filter hook forward priority filter; policy accept; }}\n"
       "add chain inet {t} input {{ type filter hook input priority filter; policy accept; }}\n"
       "add chain inet {t} postrouting {{ type nat hook postrouting priority srcnat; policy accept; }}\n"
+      "add chain inet {t} prerouting {{ type nat hook prerouting priority dstnat; policy accept; }}\n"
+      "add set inet {t} resolved4 {{ type ifname . ipv4_addr; flags timeout; }}\n"
+      "add set inet {t} resolved6 {{ type ifname . ipv6_addr; flags timeout; }}\n"
       "add chain inet {t} egress\n",
       fmt::arg("t", t));
   for (const auto& reason : DenialReasons()) {
     out += fmt::format("add set inet {} deny_{} {{ type ifname; counter; }}\n", t, reason);
   }
   for (const auto& p : NetworkedProfiles(cfg)) out += fmt::format("add chain inet {} {}\n", t, ProfileChain(p.name));
-  for (const char* c : {"forward", "input", "postrouting", "egress"}) {
+  for (const char* c : {"forward", "input", "postrouting", "prerouting", "egress"}) {
     out += fmt::format("flush chain inet {} {}\n", t, c);
   }
   for (const auto& p : NetworkedProfiles(cfg)) out += fmt::format("flush chain inet {} {}\n", t, ProfileChain(p.name));
@@ -119,7 +156,11 @@ std::string BaseRuleset(const NetPolicyConfig& cfg) {
       "add rule inet {t} forward oifname \"sbxv*\" drop\n"
       "add rule inet {t} input iifname \"sbxv*\" ct state established,related accept\n"
       "add rule inet {t} input iifname \"sbxv*\" icmpv6 type {{ nd-neighbor-solicit, "
-      "nd-neighbor-advert, nd-router-solicit }} accept\n"
+      "nd-neighbor-advert, nd-router-solicit }} accept\n",
+      fmt::arg("t", t));
+  out += DnsInputRules(cfg);
+  out += DnsPreroutingRules(cfg);
+  out += fmt::format(
       "add rule inet {t} input iifname \"sbxv*\" iifname @deny_{host}\n"
       "add rule inet {t} input iifname \"sbxv*\" drop\n",
       fmt::arg("t", t), fmt::arg("host", kReasonHost));
@@ -185,6 +226,37 @@ std::vector<std::string> DeleteSandboxCommands(const std::string& id, const std:
   out.push_back(fmt::format("delete element inet {} own6 {{ \"{}\" . {} }}", t, veth, addrs.sandbox6.AddressString()));
   for (const auto& reason : DenialReasons()) {
     out.push_back(fmt::format("delete element inet {} deny_{} {{ \"{}\" }}", t, reason, veth));
+  }
+  return out;
+}
+
+// ---- DNS (nft_ruleset.h, DNS section) ----
+
+bool DomainRuled(const std::vector<EgressRule>& allow) { return HasDomainRules(allow); }
+
+std::string AddResolvedCommands(const std::string& veth, const std::vector<IpPrefix>& addrs,
+                                uint32_t ttl_s) {
+  // add, delete, add: `add` of an element already there keeps its old timeout; deleting and
+  // adding it again in the same transaction gives it the new one, without a moment between.
+  std::string out;
+  for (int v4 = 1; v4 >= 0; --v4) {
+    std::string keys;
+    for (const auto& a : addrs) {
+      if (a.is_v4() != (v4 == 1)) continue;
+      if (!keys.empty()) keys += ", ";
+      keys += fmt::format("\"{}\" . {}", veth, a.AddressString());
+    }
+    if (keys.empty()) continue;
+    const char* set = v4 ? "resolved4" : "resolved6";
+    out += fmt::format("add element inet {} {} {{ {} }}\n", kTable, set, keys);
+    out += fmt::format("delete element inet {} {} {{ {} }}\n", kTable, set, keys);
+    std::string timed;
+    for (const auto& a : addrs) {
+      if (a.is_v4() != (v4 == 1)) continue;
+      if (!timed.empty()) timed += ", ";
+      timed += fmt::format("\"{}\" . {} timeout {}s", veth, a.AddressString(), ttl_s);
+    }
+    out += fmt::format("add element inet {} {} {{ {} }}\n", kTable, set, timed);
   }
   return out;
 }

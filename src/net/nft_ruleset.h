@@ -50,6 +50,9 @@ struct NetPolicyConfig {
   // The named allow-lists of the configuration; `open` is always there, `none` never is (it
   // has no veth).
   std::vector<EgressProfile> profiles;
+  // sbxd's resolver (egress.dns_port, DNS section below); 0: none, DNS to the host is dropped
+  // like any other packet to it.
+  uint16_t dns_port = 0;
 };
 
 // What a sandbox may reach: a networked profile, optionally narrowed at create (the narrowing
@@ -77,6 +80,38 @@ std::vector<std::string> DeleteSandboxCommands(const std::string& id, const std:
                                                const SandboxAddrs& addrs, bool narrowed);
 // The chain of profile `name`.
 std::string ProfileChain(const std::string& name);
+
+// ---- DNS: sbxd's resolver (dns_server.h) ------------------------------------------------------
+// Reasons of the resolver's packet-level refusals (in DenialReasons()):
+inline constexpr const char* kReasonDnsOther = "dns_other";  // DNS to another resolver
+inline constexpr const char* kReasonUnresolved = "unresolved_address";  // see below
+//
+// With cfg.dns_port set, BaseRuleset adds:
+//   chain prerouting (nat, hook prerouting): UDP and TCP port 53 from an sbx veth to any of the
+//     host's own addresses (a sandbox's resolv.conf names its veth's host end) is redirected to
+//     dns_port, which rewrites the destination to the incoming veth's own address;
+//   chain input: exactly those redirected packets (ct status dnat, dport dns_port) are accepted,
+//     before the drop of everything else a sandbox sends the host; a packet sent straight to
+//     dns_port is not redirected and is dropped (reason `host`).
+// A chain whose allow rules hold a domain rule (DomainRuled) refuses DNS (UDP/TCP port 53) to
+// every other resolver first (reason dns_other), whatever its CIDR rules allow: an answer the
+// resolver did not give would be an address no name check saw; and counts what no allow rule
+// accepts as `unresolved_address` rather than `not_allowed`.
+//
+// Sets resolved4 / resolved6 (type ifname . ipv4_addr / ipv6_addr, flags timeout): veth .
+// address for each address sbxd's resolver answered a domain-ruled sandbox, each element
+// living the answer's TTL clamped to [30 s, 1 h] (NameTable's clamp), added in one
+// transaction per answer before the answer is sent (AddResolvedCommands). Contract for their
+// readers (the Host/SNI proxy's steering of TCP): an element says only that some name the
+// sandbox may resolve pointed at the address; it is a hint, never an allowance by itself: a
+// connection is allowed only after the proxy checks its Host/SNI against NameTable (this
+// sandbox id, that name, that address). Elements are not removed with a sandbox (a set key
+// cannot be deleted by prefix): they expire, and a later sandbox on the same veth name finds
+// no NameTable entry behind them.
+std::string AddResolvedCommands(const std::string& veth, const std::vector<IpPrefix>& addrs,
+                                uint32_t ttl_s);
+// Whether a policy chain of `allow` gets the domain-rule preamble and final reason above.
+bool DomainRuled(const std::vector<EgressRule>& allow);
 
 // Sandbox ids are the only names put in rules: the generator refuses anything else (an id
 // with a quote would break out of the ruleset text).

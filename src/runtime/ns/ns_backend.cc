@@ -350,7 +350,15 @@ class Creation {
     mount_opts.disk = true;
     mount_opts.uid_base = uid_base_;
     mount_opts.empty_dir = s_.view_empty_dir;
-    SBX_ASSIGN_OR_RETURN(plan_.mounts, BuildMountPlan(spec_.tmpl, dir_, mount_opts));
+    if (!spec_.egress.is_null()) {
+      // Its own resolv.conf naming sbxd's resolver (ns_network.h), written at step 12b.
+      TemplateSpec tmpl = spec_.tmpl;
+      SBX_ASSIGN_OR_RETURN(BindMount resolv, PlanResolvConf(tmpl, dir_));
+      tmpl.binds.push_back(std::move(resolv));
+      SBX_ASSIGN_OR_RETURN(plan_.mounts, BuildMountPlan(tmpl, dir_, mount_opts));
+    } else {
+      SBX_ASSIGN_OR_RETURN(plan_.mounts, BuildMountPlan(spec_.tmpl, dir_, mount_opts));
+    }
     plan_.nofile = static_cast<uint64_t>(spec_.resources.open_files > 0 ? spec_.resources.open_files : Resources{}.open_files);
     return absl::OkStatus();
   }
@@ -433,6 +441,7 @@ class Creation {
     } else {
       SBX_ASSIGN_OR_RETURN(network_, AttachNetwork(s_.opts.network, spec_.id, spec_.egress,
                                                    s_.netns_pool.get(), &netns_));
+      SBX_RETURN_IF_ERROR(WriteResolvConf(dir_, *network_));
     }
     plan_.netns_fd = netns_ ? netns_.get() : -1;
     return absl::OkStatus();

@@ -1,9 +1,17 @@
 #include "runtime/ns/ns_network.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "common/status_util.h"
+#include "common/unique_fd.h"
+#include "net/dns_policy.h"
 #include "net/profiles.h"
 
 namespace sbx::runtime::ns {
@@ -55,6 +63,43 @@ std::unique_ptr<net::SandboxNetwork> AdoptNetwork(net::NetworkHost* host, const 
     spdlog::error("ns: adopt {}: network: {}", id, std::string(network.status().message()));
   }
   return nullptr;
+}
+
+namespace {
+
+std::string ResolvConfFile(const std::string& dir) { return dir + "/resolv.conf"; }
+
+}  // namespace
+
+absl::StatusOr<BindMount> PlanResolvConf(const TemplateSpec& tmpl, const std::string& dir) {
+  namespace fs = std::filesystem;
+  // The template's /etc: a bind of it (base: the host's) or its rootfs.
+  std::string etc = tmpl.rootfs_dir + "/etc";
+  for (const auto& b : tmpl.binds) {
+    if (b.sandbox_path == "/etc") etc = b.host_path;
+  }
+  std::string target = "/etc/resolv.conf";
+  std::error_code ec;
+  const fs::path link = fs::path(etc) / "resolv.conf";
+  if (fs::is_symlink(fs::symlink_status(link, ec))) {
+    const fs::path to = fs::read_symlink(link, ec);
+    if (!ec) target = (to.is_absolute() ? to : fs::path("/etc") / to).lexically_normal().string();
+  }
+  const std::string file = ResolvConfFile(dir);
+  UniqueFd fd(::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
+  if (!fd) return ErrnoStatus(errno, fmt::format("resolv.conf: open({})", file));
+  return BindMount{file, target, true};
+}
+
+absl::Status WriteResolvConf(const std::string& dir, const net::SandboxNetwork& network) {
+  const std::string file = ResolvConfFile(dir);
+  const std::string text = net::SandboxResolvConf(network.addrs().host4, network.addrs().host6);
+  UniqueFd fd(::open(file.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd) return ErrnoStatus(errno, fmt::format("resolv.conf: open({})", file));
+  if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
+    return ErrnoStatus(errno, fmt::format("resolv.conf: write({})", file));
+  }
+  return absl::OkStatus();
 }
 
 nlohmann::json NetworkPolicyJson(const net::SandboxNetwork* network) {

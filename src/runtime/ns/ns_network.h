@@ -13,6 +13,7 @@
 #include "common/unique_fd.h"
 #include "net/sandbox_net.h"
 #include "runtime/ns/netns_pool.h"
+#include "runtime/backend.h"
 
 namespace sbx::runtime::ns {
 
@@ -36,5 +37,14 @@ std::unique_ptr<net::SandboxNetwork> AdoptNetwork(net::NetworkHost* host, const 
 // The policy a live network's rules are read from, for the instance's persisted record (null
 // without a network or a known policy).
 nlohmann::json NetworkPolicyJson(const net::SandboxNetwork* network);
+
+// A networked sandbox's own /etc/resolv.conf, naming sbxd's resolver (net/dns_server.h): the
+// file <dir>/resolv.conf, made empty here (step 7 plans its bind, and the plan stats its
+// source) and written by WriteResolvConf once the veth's addresses exist (step 12b, before the
+// launch mounts it). Bound read-only over the template's /etc/resolv.conf, or over the file a
+// symbolic link there names (systemd-resolved's /run/systemd/resolve/stub-resolv.conf): the
+// bind cannot sit on a link.
+absl::StatusOr<BindMount> PlanResolvConf(const TemplateSpec& tmpl, const std::string& dir);
+absl::Status WriteResolvConf(const std::string& dir, const net::SandboxNetwork& network);
 
 }  // namespace sbx::runtime::ns
