@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "net/egress_rules.h"
+
 namespace sbx::net {
 namespace {
 
@@ -166,27 +168,7 @@ constexpr size_t kMaxMethod = 24;
 
 }  // namespace
 
-std::string NormalizeHostName(std::string_view host) {
-  if (!host.empty() && host.back() == '.') host.remove_suffix(1);
-  if (host.empty() || host.size() > 253) return "";
-  std::string out;
-  out.reserve(host.size());
-  size_t label = 0;
-  for (char c : host) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-    if (c == '.') {
-      if (label == 0) return "";
-      label = 0;
-    } else if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_') {
-      if (++label > 63) return "";
-    } else {
-      return "";
-    }
-    out.push_back(c);
-  }
-  if (label == 0) return "";  // "a.." arrived as "a.": an empty last label
-  return out;
-}
+std::string NormalizeHostName(std::string_view host) { return NormalizeName(host); }
 
 PeekResult PeekTlsClientHello(std::string_view all) {
   constexpr PeekKind k = PeekKind::kTls;

@@ -13,8 +13,8 @@
 //   - HTTP: exactly one Host header, or the authority of an absolute-form request target (and
 //     then a Host, if present, must name the same host); no obs-fold, no space before a
 //     header's colon; CONNECT and HTTP/2's preface are refused (no name we can hold).
-// Names are returned lowercased, without a trailing dot or a port; a name with characters
-// outside [a-z0-9.-_] (an IPv6 literal, an escape) is kNoName.
+// Names are returned as NormalizeName (egress_rules.h) keeps them, without a port; anything
+// else (an IP literal, an escape) is kNoName: a domain rule never matches an address.
 //
 // Only the first request of a connection is looked at: a later request on a kept-alive
 // connection, or a TLS session's inner Host header, is not (domain fronting; threat model).
@@ -53,8 +53,8 @@ PeekResult PeekName(std::string_view bytes);
 PeekResult PeekTlsClientHello(std::string_view bytes);
 PeekResult PeekHttpHost(std::string_view bytes);
 
-// Lowercases `host`, drops one trailing dot and checks it is a plausible DNS name
-// (1-253 characters of [a-z0-9.-_], labels of 1-63). Empty string when it is not.
+// NormalizeName (egress_rules.h): lowercase, one trailing dot dropped, labels of 1-63 of
+// [a-z0-9-_], at most 253 bytes, not an IPv4 literal. Empty string when it is not a name.
 std::string NormalizeHostName(std::string_view host);
 
 }  // namespace sbx::net

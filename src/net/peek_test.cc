@@ -196,6 +196,7 @@ TEST(PeekHttpTest, RefusesAmbiguityAndGarbage) {
   EXPECT_TRUE((no("GET / HTTP/1.1\r\nX: y\r\n Host: a.com\r\n\r\n")));  // obs-fold
   EXPECT_TRUE((no("GET / HTTP/1.1\r\nHost: a.com\nHost: b.com\r\n\r\n")));
   EXPECT_TRUE((no("GET / HTTP/1.1\r\nHost: [::1]:80\r\n\r\n")));
+  EXPECT_TRUE((no("GET / HTTP/1.1\r\nHost: 198.18.0.2:80\r\n\r\n")));
   EXPECT_TRUE((no("GET / HTTP/1.1\r\nHost: a.com:http\r\n\r\n")));
   EXPECT_TRUE((no("GET / HTTP/1.1\r\nHost: \r\n\r\n")));
   EXPECT_TRUE((no("CONNECT a.com:443 HTTP/1.1\r\nHost: a.com:443\r\n\r\n")));
@@ -217,6 +218,7 @@ TEST(NormalizeHostNameTest, Names) {
   EXPECT_EQ(NormalizeHostName(std::string(63, 'a') + ".com"), std::string(63, 'a') + ".com");
   EXPECT_EQ(NormalizeHostName("a b"), "");
   EXPECT_EQ(NormalizeHostName("a%2eb"), "");
+  EXPECT_EQ(NormalizeHostName("10.0.0.1"), "");
 }
 
 }  // namespace
