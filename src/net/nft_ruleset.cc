@@ -40,7 +40,7 @@ std::vector<std::string> RuleMatches(const EgressRule& r) {
 const std::vector<std::string>& DenialReasons() {
   static const std::vector<std::string> kReasons = [] {
     std::vector<std::string> v = {kReasonSpoofed, kReasonSandbox, kReasonHost, kReasonDenyRule,
-                                  kReasonNotAllowed};
+                                  kReasonNotAllowed, kReasonUdpDomain};
     for (const auto& b : AlwaysBlocked()) {
       bool seen = false;
       for (const auto& r : v) seen = seen || r == b.reason;
@@ -79,6 +79,7 @@ void PolicyRules(std::string& out, const std::string& chain, const std::vector<E
   for (const auto& a : allow) {
     for (const auto& m : RuleMatches(a)) out += fmt::format("add rule inet {} {} {} accept\n", kTable, chain, m);
   }
+  if (HasDomainRules(allow)) out += UdpDomainRules(chain);
   out += fmt::format("add rule inet {} {} iifname @deny_{}\n", kTable, chain, kReasonNotAllowed);
   out += fmt::format("add rule inet {} {} drop\n", kTable, chain);
 }
@@ -109,6 +110,7 @@ std::string BaseRuleset(const NetPolicyConfig& cfg) {
     out += fmt::format("add set inet {} deny_{} {{ type ifname; counter; }}\n", t, reason);
   }
   for (const auto& p : NetworkedProfiles(cfg)) out += fmt::format("add chain inet {} {}\n", t, ProfileChain(p.name));
+  out += ProxyPreroutingChain(cfg);
   for (const char* c : {"forward", "input", "postrouting", "egress"}) {
     out += fmt::format("flush chain inet {} {}\n", t, c);
   }
@@ -120,9 +122,10 @@ std::string BaseRuleset(const NetPolicyConfig& cfg) {
       "add rule inet {t} input iifname \"sbxv*\" ct state established,related accept\n"
       "add rule inet {t} input iifname \"sbxv*\" icmpv6 type {{ nd-neighbor-solicit, "
       "nd-neighbor-advert, nd-router-solicit }} accept\n"
+      "{proxy}"
       "add rule inet {t} input iifname \"sbxv*\" iifname @deny_{host}\n"
       "add rule inet {t} input iifname \"sbxv*\" drop\n",
-      fmt::arg("t", t), fmt::arg("host", kReasonHost));
+      fmt::arg("t", t), fmt::arg("host", kReasonHost), fmt::arg("proxy", ProxyInputRules(cfg)));
   Refuse(out, "egress", "meta nfproto ipv4 iifname . ip saddr != @own4", kReasonSpoofed);
   Refuse(out, "egress", "meta nfproto ipv6 iifname . ip6 saddr != @own6", kReasonSpoofed);
   Refuse(out, "egress", fmt::format("ip daddr {}", cfg.pool4.ToString()), kReasonSandbox);
@@ -144,8 +147,47 @@ std::string BaseRuleset(const NetPolicyConfig& cfg) {
   out += fmt::format("add rule inet {} egress drop\n", t);  // a veth without a profile: a leftover
   for (const auto& p : NetworkedProfiles(cfg)) PolicyRules(out, ProfileChain(p.name), p.deny, p.allow);
   std::string oif = cfg.uplink.empty() ? "" : fmt::format("oifname \"{}\" ", cfg.uplink);
+  out += ProxyPreroutingRules(cfg);
   out += fmt::format("add rule inet {} postrouting {}ip saddr {} masquerade\n", t, oif, cfg.pool4.ToString());
   out += fmt::format("add rule inet {} postrouting {}ip6 saddr {} masquerade\n", t, oif, cfg.pool6.ToString());
+  return out;
+}
+
+std::string ProxyInputRules(const NetPolicyConfig& cfg) {
+  if (cfg.proxy_port == 0) return "";
+  return fmt::format(
+      "add rule inet {t} input iifname \"sbxv*\" meta nfproto ipv4 tcp dport {p} ct status dnat "
+      "iifname . ip saddr @own4 accept\n"
+      "add rule inet {t} input iifname \"sbxv*\" meta nfproto ipv6 tcp dport {p} ct status dnat "
+      "iifname . ip6 saddr @own6 accept\n"
+      "add rule inet {t} input iifname != \"sbxv*\" iifname != \"lo\" tcp dport {p} drop\n",
+      fmt::arg("t", kTable), fmt::arg("p", cfg.proxy_port));
+}
+
+std::string ProxyPreroutingChain(const NetPolicyConfig& cfg) {
+  if (cfg.proxy_port == 0) return "";
+  // The same declarations as the resolver's (it fills resolved4/6): identical `add`s are no-ops.
+  return fmt::format(
+      "add chain inet {t} prerouting {{ type nat hook prerouting priority dstnat; policy accept; }}\n"
+      "add set inet {t} resolved4 {{ type ifname . ipv4_addr; flags timeout; }}\n"
+      "add set inet {t} resolved6 {{ type ifname . ipv6_addr; flags timeout; }}\n"
+      "flush chain inet {t} prerouting\n",
+      fmt::arg("t", kTable));
+}
+
+std::string ProxyPreroutingRules(const NetPolicyConfig& cfg) {
+  if (cfg.proxy_port == 0) return "";
+  return fmt::format(
+      "add rule inet {t} prerouting iifname \"sbxv*\" iifname . ip daddr @resolved4 "
+      "meta l4proto tcp redirect to :{p}\n"
+      "add rule inet {t} prerouting iifname \"sbxv*\" iifname . ip6 daddr @resolved6 "
+      "meta l4proto tcp redirect to :{p}\n",
+      fmt::arg("t", kTable), fmt::arg("p", cfg.proxy_port));
+}
+
+std::string UdpDomainRules(const std::string& chain) {
+  std::string out;
+  Refuse(out, chain, "meta l4proto udp", kReasonUdpDomain);
   return out;
 }
 
