@@ -129,6 +129,10 @@ struct Config {
     std::string uplink;  // masquerade toward it; empty: every interface
     std::string exempt;  // comma-separated CIDRs lifted from the always-blocked ranges
     std::string deny;    // comma-separated CIDRs refused whatever the profile
+    // sbxd's Host/SNI proxy for domain rules (net/conn_proxy.h): its port on the veths' host
+    // ends, and how long a relayed connection may stay idle.
+    int64_t proxy_port = 10080;
+    int64_t proxy_idle_timeout_s = 600;
     // egress.profiles.<name> tables of the file: {"NAME": {"description", "allow", "deny"}},
     // as ProfileCatalog::FromJson reads them (file only: no flag or variable holds a table).
     nlohmann::json profiles = nlohmann::json::object();

@@ -33,6 +33,8 @@
 #include "daemon/preflight.h"
 #include "daemon/state_files.h"
 #include "http/server.h"
+#include "net/conn_proxy.h"
+#include "net/conn_proxy_host.h"
 #include "net/sandbox_net.h"
 #include "ops/operation_engine.h"
 #include "runtime/doctor/density.h"
@@ -213,6 +215,8 @@ struct Daemon {
   std::optional<sbx::service::TemplateRegistry> templates;  // until the service takes it
   // Networked sandboxes' host side (egress.enabled only); outlives the backends that use it.
   std::unique_ptr<sbx::net::NetworkHost> network;
+  // Domain rules' Host/SNI check on each connection (net/conn_proxy.h); stops before network.
+  std::unique_ptr<sbx::net::ConnProxy> proxy;
   std::shared_ptr<const sbx::net::ProfileCatalog> egress_catalog;
   std::unique_ptr<sbx::runtime::Backend> ns_backend, fake_backend;
   std::map<std::string, sbx::runtime::Backend*> backends;
@@ -391,6 +395,14 @@ absl::Status StartNetwork(Daemon& d) {
                          "`sbx doctor` checks them)");
   }
   d.network = std::move(*host);
+  sbx::net::ProxyOptions popts;
+  popts.port = static_cast<uint16_t>(cfg.egress.proxy_port);
+  popts.idle_timeout = std::chrono::seconds(cfg.egress.proxy_idle_timeout_s);
+  auto proxy = sbx::net::ConnProxy::Start(popts, sbx::net::ProxyHooksFor(d.network.get()));
+  if (!proxy.ok()) {
+    return sbx::Annotate(proxy.status(), sbx::daemon::Describe(cfg, "egress.proxy_port"));
+  }
+  d.proxy = std::move(*proxy);
   d.egress_catalog = std::make_shared<const sbx::net::ProfileCatalog>(std::move(setup.catalog));
   spdlog::info("networking on: address pool {} and {} ({} sandboxes), uplink {}",
                setup.policy.pool4.ToString(), setup.policy.pool6.ToString(),
@@ -435,7 +447,12 @@ void StartService(Daemon& d, const sbx::runtime::Resources& defaults) {
   if (d.network) {
     sopts.egress_catalog = d.egress_catalog;
     sopts.egress_denials = [host = d.network.get()](const std::string& id) {
-      return host->Denials(id);
+      // nft's packet counters plus what sbxd refused itself (the proxy: no_name, ...).
+      auto counts = host->Denials(id);
+      if (counts.ok()) {
+        for (const auto& [reason, n] : host->denials_log().Counts(id)) (*counts)[reason] += n;
+      }
+      return counts;
     };
   }
   std::vector<const sbx::runtime::Backend*> capacity_backends;
