@@ -221,9 +221,7 @@ def client(api, sid: str, *specs: str) -> dict[str, str]:
 
 
 def denied(api, sid: str) -> dict[str, int]:
-    # validate=False: docs/openapi's egress rule still requires `cidr` (a domain rule has none;
-    # the foundation's schema gap, reported to the lead).
-    return api.call("GET", f"/v1/sandboxes/{sid}/egress", expect=200, validate=False).body["denied"]
+    return api.call("GET", f"/v1/sandboxes/{sid}/egress", expect=200).body["denied"]
 
 
 def test_allowed_names_pass_and_the_server_sees_them(plab):
