@@ -134,6 +134,10 @@ struct Config {
     // the nameservers of the host's /etc/resolv.conf).
     int64_t dns_port = 10053;
     std::string dns_upstream;
+    // sbxd's Host/SNI proxy for domain rules (net/conn_proxy.h): its port on the veths' host
+    // ends, and how long a relayed connection may stay idle.
+    int64_t proxy_port = 10080;
+    int64_t proxy_idle_timeout_s = 600;
     // egress.profiles.<name> tables of the file: {"NAME": {"description", "allow", "deny"}},
     // as ProfileCatalog::FromJson reads them (file only: no flag or variable holds a table).
     nlohmann::json profiles = nlohmann::json::object();

@@ -245,6 +245,17 @@ const std::vector<KeyInfo> kKeys = {
      .help = "comma-separated upstream resolvers of sbxd's resolver, ip[:port] or [ipv6]:port "
              "(empty: the nameservers of the host's /etc/resolv.conf)",
      SBX_STR(egress.dns_upstream)},
+    {.path = "egress.proxy_port", .type = Type::kInt, .flag = "--egress-proxy-port",
+     .reloadable = false, .min = 1, .max = 65535, .why = "a TCP port",
+     .help = "port of sbxd's Host/SNI proxy, which checks each TCP connection of a sandbox with "
+             "domain rules (nftables redirects them there; it listens on every address, and "
+             "the port is dropped from every interface but the sandboxes' veths and loopback)",
+     SBX_NUM(egress.proxy_port)},
+    {.path = "egress.proxy_idle_timeout_s", .type = Type::kInt,
+     .flag = "--egress-proxy-idle-timeout-s", .reloadable = false, .min = 10, .max = 86400,
+     .why = "10 s to a day",
+     .help = "a connection relayed by the proxy with no byte either way for this long is reset",
+     SBX_NUM(egress.proxy_idle_timeout_s)},
     {.path = "admission.enabled", .type = Type::kBool, .flag = "--admission", .reloadable = true,
      .help = "refuse a create (503 insufficient_capacity, or 422 exceeds_capacity when it can "
              "never fit) whose vcpu, memory or disk does not fit in what the host has beside "

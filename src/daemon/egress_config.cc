@@ -68,6 +68,7 @@ absl::StatusOr<EgressSetup> EgressFromConfig(const Config& c) {
   policy.exempt = ParseList(c, "egress.exempt", errors);
   policy.operator_deny = ParseList(c, "egress.deny", errors);
   policy.uplink = c.egress.uplink;
+  policy.proxy_port = static_cast<uint16_t>(c.egress.proxy_port);
   if (policy.uplink.size() > 15 ||
       policy.uplink.find_first_of("\"'\\ /\t\n") != std::string::npos) {
     errors.push_back(fmt::format("{}: not an interface name (at most 15 characters, no quotes, "

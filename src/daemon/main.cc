@@ -34,6 +34,8 @@
 #include "daemon/state_files.h"
 #include "http/server.h"
 #include "net/dns_server.h"
+#include "net/conn_proxy.h"
+#include "net/conn_proxy_host.h"
 #include "net/sandbox_net.h"
 #include "ops/operation_engine.h"
 #include "runtime/doctor/density.h"
@@ -216,6 +218,8 @@ struct Daemon {
   std::unique_ptr<sbx::net::NetworkHost> network;
   // Its resolver, on a thread of its own; declared after `network`, so it stops first.
   std::unique_ptr<sbx::net::DnsServer> dns;
+  // Domain rules' Host/SNI check on each connection (net/conn_proxy.h); stops before network.
+  std::unique_ptr<sbx::net::ConnProxy> proxy;
   std::shared_ptr<const sbx::net::ProfileCatalog> egress_catalog;
   std::unique_ptr<sbx::runtime::Backend> ns_backend, fake_backend;
   std::map<std::string, sbx::runtime::Backend*> backends;
@@ -422,6 +426,14 @@ absl::Status StartNetwork(Daemon& d) {
   }
   d.network = std::move(*host);
   SBX_RETURN_IF_ERROR(StartResolver(d, setup));
+  sbx::net::ProxyOptions popts;
+  popts.port = static_cast<uint16_t>(cfg.egress.proxy_port);
+  popts.idle_timeout = std::chrono::seconds(cfg.egress.proxy_idle_timeout_s);
+  auto proxy = sbx::net::ConnProxy::Start(popts, sbx::net::ProxyHooksFor(d.network.get()));
+  if (!proxy.ok()) {
+    return sbx::Annotate(proxy.status(), sbx::daemon::Describe(cfg, "egress.proxy_port"));
+  }
+  d.proxy = std::move(*proxy);
   d.egress_catalog = std::make_shared<const sbx::net::ProfileCatalog>(std::move(setup.catalog));
   spdlog::info("networking on: address pool {} and {} ({} sandboxes), uplink {}",
                setup.policy.pool4.ToString(), setup.policy.pool6.ToString(),
@@ -466,7 +478,12 @@ void StartService(Daemon& d, const sbx::runtime::Resources& defaults) {
   if (d.network) {
     sopts.egress_catalog = d.egress_catalog;
     sopts.egress_denials = [host = d.network.get()](const std::string& id) {
-      return host->Denials(id);
+      // nft's packet counters plus what sbxd refused itself (the proxy: no_name, ...).
+      auto counts = host->Denials(id);
+      if (counts.ok()) {
+        for (const auto& [reason, n] : host->denials_log().Counts(id)) (*counts)[reason] += n;
+      }
+      return counts;
     };
   }
   std::vector<const sbx::runtime::Backend*> capacity_backends;

@@ -39,9 +39,9 @@ std::vector<std::string> RuleMatches(const EgressRule& r) {
 
 const std::vector<std::string>& DenialReasons() {
   static const std::vector<std::string> kReasons = [] {
-    std::vector<std::string> v = {kReasonSpoofed,   kReasonSandbox,  kReasonHost,
-                                  kReasonDenyRule,  kReasonNotAllowed, kReasonDnsOther,
-                                  kReasonUnresolved};
+    std::vector<std::string> v = {kReasonSpoofed,    kReasonSandbox,   kReasonHost,
+                                  kReasonDenyRule,   kReasonNotAllowed, kReasonDnsOther,
+                                  kReasonUnresolved, kReasonUdpDomain};
     for (const auto& b : AlwaysBlocked()) {
       bool seen = false;
       for (const auto& r : v) seen = seen || r == b.reason;
@@ -112,6 +112,7 @@ void PolicyRules(std::string& out, const std::string& chain, const std::vector<E
   for (const auto& a : allow) {
     for (const auto& m : RuleMatches(a)) out += fmt::format("add rule inet {} {} {} accept\n", kTable, chain, m);
   }
+  if (domain_ruled) out += UdpDomainRules(chain);
   out += fmt::format("add rule inet {} {} iifname @deny_{}\n", kTable, chain,
                      domain_ruled ? kReasonUnresolved : kReasonNotAllowed);
   out += fmt::format("add rule inet {} {} drop\n", kTable, chain);
@@ -160,6 +161,7 @@ std::string BaseRuleset(const NetPolicyConfig& cfg) {
       fmt::arg("t", t));
   out += DnsInputRules(cfg);
   out += DnsPreroutingRules(cfg);
+  out += ProxyInputRules(cfg);
   out += fmt::format(
       "add rule inet {t} input iifname \"sbxv*\" iifname @deny_{host}\n"
       "add rule inet {t} input iifname \"sbxv*\" drop\n",
@@ -185,8 +187,36 @@ std::string BaseRuleset(const NetPolicyConfig& cfg) {
   out += fmt::format("add rule inet {} egress drop\n", t);  // a veth without a profile: a leftover
   for (const auto& p : NetworkedProfiles(cfg)) PolicyRules(out, ProfileChain(p.name), p.deny, p.allow);
   std::string oif = cfg.uplink.empty() ? "" : fmt::format("oifname \"{}\" ", cfg.uplink);
+  out += ProxyPreroutingRules(cfg);
   out += fmt::format("add rule inet {} postrouting {}ip saddr {} masquerade\n", t, oif, cfg.pool4.ToString());
   out += fmt::format("add rule inet {} postrouting {}ip6 saddr {} masquerade\n", t, oif, cfg.pool6.ToString());
+  return out;
+}
+
+std::string ProxyInputRules(const NetPolicyConfig& cfg) {
+  if (cfg.proxy_port == 0) return "";
+  return fmt::format(
+      "add rule inet {t} input iifname \"sbxv*\" meta nfproto ipv4 tcp dport {p} ct status dnat "
+      "iifname . ip saddr @own4 accept\n"
+      "add rule inet {t} input iifname \"sbxv*\" meta nfproto ipv6 tcp dport {p} ct status dnat "
+      "iifname . ip6 saddr @own6 accept\n"
+      "add rule inet {t} input iifname != \"sbxv*\" iifname != \"lo\" tcp dport {p} drop\n",
+      fmt::arg("t", kTable), fmt::arg("p", cfg.proxy_port));
+}
+
+std::string ProxyPreroutingRules(const NetPolicyConfig& cfg) {
+  if (cfg.proxy_port == 0) return "";
+  return fmt::format(
+      "add rule inet {t} prerouting iifname \"sbxv*\" iifname . ip daddr @resolved4 "
+      "meta l4proto tcp redirect to :{p}\n"
+      "add rule inet {t} prerouting iifname \"sbxv*\" iifname . ip6 daddr @resolved6 "
+      "meta l4proto tcp redirect to :{p}\n",
+      fmt::arg("t", kTable), fmt::arg("p", cfg.proxy_port));
+}
+
+std::string UdpDomainRules(const std::string& chain) {
+  std::string out;
+  Refuse(out, chain, "meta l4proto udp", kReasonUdpDomain);
   return out;
 }
 

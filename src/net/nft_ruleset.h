@@ -39,6 +39,7 @@ inline constexpr const char* kReasonSandbox = "other_sandbox";  // the sandbox a
 inline constexpr const char* kReasonHost = "host";              // the host itself
 inline constexpr const char* kReasonDenyRule = "deny_rule";     // the profile's deny list
 inline constexpr const char* kReasonNotAllowed = "not_allowed"; // no allow rule matched
+inline constexpr const char* kReasonUdpDomain = "udp_domain";   // UDP under domain rules
 // Every reason, in a fixed order (counters are created and read in it).
 const std::vector<std::string>& DenialReasons();
 
@@ -53,6 +54,9 @@ struct NetPolicyConfig {
   // sbxd's resolver (egress.dns_port, DNS section below); 0: none, DNS to the host is dropped
   // like any other packet to it.
   uint16_t dns_port = 0;
+  // sbxd's Host/SNI proxy (conn_proxy.h) listens here; 0: no proxy rules (and domain-ruled
+  // sandboxes reach nothing by name).
+  uint16_t proxy_port = 0;
 };
 
 // What a sandbox may reach: a networked profile, optionally narrowed at create (the narrowing
@@ -112,6 +116,22 @@ std::string AddResolvedCommands(const std::string& veth, const std::vector<IpPre
                                 uint32_t ttl_s);
 // Whether a policy chain of `allow` gets the domain-rule preamble and final reason above.
 bool DomainRuled(const std::vector<EgressRule>& allow);
+// The Host/SNI proxy's shared rules (conn_proxy.h), part of BaseRuleset when
+// cfg.proxy_port is set:
+//   chain prerouting (nat): TCP from an sbx veth to an address in `resolved4`/`resolved6` for
+//     that veth (what sbxd's resolver answered a sandbox with domain rules; only such sandboxes
+//     have elements there) is redirected to the proxy's port, so its name is checked;
+//   chain input: those redirected connections (ct status dnat, source validated against
+//     own4/own6) are accepted from sbx veths; the proxy's port is dropped from every other
+//     interface but loopback (it relays as the sandbox that the source address names).
+// ProxyInputRules goes before the input chain's final drops, ProxyPreroutingRules after the
+// resolver's DNS redirect (the prerouting chain and the resolved sets are the DNS section's).
+std::string ProxyInputRules(const NetPolicyConfig& cfg);
+std::string ProxyPreroutingRules(const NetPolicyConfig& cfg);
+// Under domain rules UDP is refused (reason udp_domain) after the CIDR allow rules: QUIC and
+// other UDP cannot be checked by name. DNS to sbxd's resolver never gets here (it is
+// redirected to the host in prerouting).
+std::string UdpDomainRules(const std::string& chain);
 
 // Sandbox ids are the only names put in rules: the generator refuses anything else (an id
 // with a quote would break out of the ruleset text).

@@ -91,6 +91,38 @@ TEST(NftRuleset, DeleteRemovesEveryObjectAdded) {
   EXPECT_LT(Pos(del, "delete element inet sbx profile_of"), Pos(del, "delete chain inet sbx sbx_abc\n"));
 }
 
+TEST(NftRuleset, ProxyRedirectsResolvedTcpAndAcceptsOnlyRedirected) {
+  NetPolicyConfig c = LabCfg();
+  EXPECT_EQ(BaseRuleset(c).find("redirect"), std::string::npos);  // no proxy port: no rules
+  c.proxy_port = 10080;
+  std::string t = BaseRuleset(c);
+  Pos(t, "add chain inet sbx prerouting { type nat hook prerouting priority dstnat; policy accept; }");
+  Pos(t, "add set inet sbx resolved4 { type ifname . ipv4_addr; flags timeout; }");
+  Pos(t, "prerouting iifname \"sbxv*\" iifname . ip daddr @resolved4 meta l4proto tcp redirect to :10080");
+  Pos(t, "prerouting iifname \"sbxv*\" iifname . ip6 daddr @resolved6 meta l4proto tcp redirect to :10080");
+  EXPECT_LT(Pos(t, "flush chain inet sbx prerouting"), Pos(t, "redirect to :10080"));
+  // Accepted only when redirected and from the sandbox's own address, before the input drops.
+  size_t accept4 = Pos(t, "input iifname \"sbxv*\" meta nfproto ipv4 tcp dport 10080 ct status dnat "
+                          "iifname . ip saddr @own4 accept");
+  size_t other = Pos(t, "input iifname != \"sbxv*\" iifname != \"lo\" tcp dport 10080 drop");
+  size_t drop = Pos(t, "add rule inet sbx input iifname \"sbxv*\" drop");
+  EXPECT_LT(accept4, drop);
+  EXPECT_LT(other, drop);
+}
+
+TEST(NftRuleset, DomainRulesRefuseUdpAfterTheCidrRules) {
+  NetPolicyConfig c = Cfg();
+  c.profiles.push_back(*ParseProfile("named", nlohmann::json::parse(
+      R"({"allow":[{"domain":"pypi.org","ports":"443"},{"cidr":"198.18.0.0/15","ports":"53","protocol":"udp"}]})")));
+  std::string t = BaseRuleset(c);
+  size_t cidr = Pos(t, "p_named ip daddr 198.18.0.0/15 udp dport 53 accept");
+  size_t udp = Pos(t, "p_named meta l4proto udp iifname @deny_udp_domain\nadd rule inet sbx p_named meta l4proto udp drop");
+  EXPECT_LT(cidr, udp);
+  EXPECT_EQ(t.find("pypi.org"), std::string::npos);  // a domain rule admits nothing by address
+  // A CIDR-only profile keeps UDP to its rules and has no udp_domain refusal.
+  EXPECT_EQ(t.find("p_lab meta l4proto udp"), std::string::npos);
+}
+
 TEST(NftRuleset, OnlySandboxIdsAreSafeNames) {
   EXPECT_TRUE(IsSafeName("sbx_0123abc"));
   EXPECT_FALSE(IsSafeName("x\"; flush ruleset"));
