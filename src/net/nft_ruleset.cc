@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "net/nflog.h"
+
 namespace sbx::net {
 namespace {
 
@@ -40,7 +42,7 @@ std::vector<std::string> RuleMatches(const EgressRule& r) {
 const std::vector<std::string>& DenialReasons() {
   static const std::vector<std::string> kReasons = [] {
     std::vector<std::string> v = {kReasonSpoofed, kReasonSandbox, kReasonHost, kReasonDenyRule,
-                                  kReasonNotAllowed};
+                                  kReasonNotAllowed, kReasonConnLimit};
     for (const auto& b : AlwaysBlocked()) {
       bool seen = false;
       for (const auto& r : v) seen = seen || r == b.reason;
@@ -63,9 +65,20 @@ std::string ProfileChain(const std::string& name) { return "p_" + name; }
 
 namespace {
 
-// A refusal: count in the sandbox's element of deny_REASON, then drop (see the header).
+// The log rule of a refusal, before its count: to NFLOG (nflog.h), at most kLogRate a second
+// per sandbox (one meter element per veth), the reason in the prefix. Non-terminal.
+std::string LogRule(const std::string& chain, const std::string& match, const std::string& reason) {
+  return fmt::format(
+      "add rule inet {} {} {}{}add @lograte {{ iifname limit rate 10/second burst 20 packets }} "
+      "log prefix \"{}{}\" group {} snaplen {}\n",
+      kTable, chain, match, match.empty() ? "" : " ", kNflogPrefix, reason, kNflogGroup, kNflogSnaplen);
+}
+
+// A refusal: logged (rate limited), counted in the sandbox's element of deny_REASON, then
+// dropped (see the header).
 void Refuse(std::string& out, const std::string& chain, const std::string& match,
             const std::string& reason) {
+  out += LogRule(chain, match, reason);
   out += fmt::format("add rule inet {} {} {} iifname @deny_{}\n", kTable, chain, match, reason);
   out += fmt::format("add rule inet {} {} {} drop\n", kTable, chain, match);
 }
@@ -79,6 +92,7 @@ void PolicyRules(std::string& out, const std::string& chain, const std::vector<E
   for (const auto& a : allow) {
     for (const auto& m : RuleMatches(a)) out += fmt::format("add rule inet {} {} {} accept\n", kTable, chain, m);
   }
+  out += LogRule(chain, "", kReasonNotAllowed);
   out += fmt::format("add rule inet {} {} iifname @deny_{}\n", kTable, chain, kReasonNotAllowed);
   out += fmt::format("add rule inet {} {} drop\n", kTable, chain);
 }
@@ -108,6 +122,8 @@ std::string BaseRuleset(const NetPolicyConfig& cfg) {
   for (const auto& reason : DenialReasons()) {
     out += fmt::format("add set inet {} deny_{} {{ type ifname; counter; }}\n", t, reason);
   }
+  out += fmt::format("add set inet {} lograte {{ type ifname; size {}; flags dynamic; }}\n", t,
+                     AddrPool::kMaxSlots);
   for (const auto& p : NetworkedProfiles(cfg)) out += fmt::format("add chain inet {} {}\n", t, ProfileChain(p.name));
   for (const char* c : {"forward", "input", "postrouting", "egress"}) {
     out += fmt::format("flush chain inet {} {}\n", t, c);
@@ -120,9 +136,11 @@ std::string BaseRuleset(const NetPolicyConfig& cfg) {
       "add rule inet {t} input iifname \"sbxv*\" ct state established,related accept\n"
       "add rule inet {t} input iifname \"sbxv*\" icmpv6 type {{ nd-neighbor-solicit, "
       "nd-neighbor-advert, nd-router-solicit }} accept\n"
+      "{hostlog}"
       "add rule inet {t} input iifname \"sbxv*\" iifname @deny_{host}\n"
       "add rule inet {t} input iifname \"sbxv*\" drop\n",
-      fmt::arg("t", t), fmt::arg("host", kReasonHost));
+      fmt::arg("t", t), fmt::arg("host", kReasonHost),
+      fmt::arg("hostlog", LogRule("input", "iifname \"sbxv*\"", kReasonHost)));
   Refuse(out, "egress", "meta nfproto ipv4 iifname . ip saddr != @own4", kReasonSpoofed);
   Refuse(out, "egress", "meta nfproto ipv6 iifname . ip6 saddr != @own6", kReasonSpoofed);
   Refuse(out, "egress", fmt::format("ip daddr {}", cfg.pool4.ToString()), kReasonSandbox);
@@ -140,6 +158,7 @@ std::string BaseRuleset(const NetPolicyConfig& cfg) {
   for (const auto& d : cfg.operator_deny) {
     Refuse(out, "egress", fmt::format("{} daddr {}", Family(d), d.ToString()), kReasonDenyRule);
   }
+  out += ConnLimitRules(cfg);
   out += fmt::format("add rule inet {} egress iifname vmap @profile_of\n", t);
   out += fmt::format("add rule inet {} egress drop\n", t);  // a veth without a profile: a leftover
   for (const auto& p : NetworkedProfiles(cfg)) PolicyRules(out, ProfileChain(p.name), p.deny, p.allow);
@@ -171,6 +190,44 @@ std::string AddSandboxRuleset(const std::string& id, const std::string& veth,
     target = id;
   }
   out += fmt::format("add element inet {} profile_of {{ \"{}\" : jump {} }}\n", t, veth, target);
+  return out;
+}
+
+std::string PatchSandboxRuleset(const std::string& id, const std::string& veth,
+                                const NetPolicyConfig& cfg, const std::string& profile,
+                                const std::vector<EgressRule>& allow, bool has_own_chain) {
+  const char* t = kTable;
+  std::vector<EgressRule> deny;
+  for (const auto& p : cfg.profiles) {
+    if (p.name == profile) deny = p.deny;
+  }
+  // Flushing and refilling in one transaction: no packet ever sees the chain half-written.
+  std::string out = fmt::format("add chain inet {} {}\nflush chain inet {} {}\n", t, id, t, id);
+  PolicyRules(out, id, deny, allow);
+  if (!has_own_chain) {
+    // A map element's verdict cannot be changed in place: replaced within the transaction.
+    out += fmt::format("delete element inet {} profile_of {{ \"{}\" }}\n", t, veth);
+    out += fmt::format("add element inet {} profile_of {{ \"{}\" : jump {} }}\n", t, veth, id);
+  }
+  return out;
+}
+
+std::string ConnLimitRules(const NetPolicyConfig& cfg) {
+  if (cfg.max_connections == 0) return "";
+  const char* t = kTable;
+  // Only new flows are looked at: an established one already holds its place. An element
+  // outlives its sandbox (a dynamic set's elements cannot be deleted by key without knowing
+  // they exist); the next sandbox on that veth name finds its list empty, since ct count
+  // drops entries whose conntrack is gone.
+  std::string out = fmt::format("add set inet {} conns {{ type ifname; size {}; flags dynamic; }}\n",
+                                t, AddrPool::kMaxSlots);
+  // One evaluation per packet: `ct count` evaluated twice for one new flow (a Refuse pair)
+  // counts it twice on this kernel, so the refusal is a chain of its own.
+  out += fmt::format("add chain inet {t} conn_limit\nflush chain inet {t} conn_limit\n", fmt::arg("t", t));
+  Refuse(out, "conn_limit", "", kReasonConnLimit);
+  out += fmt::format("add rule inet {} egress ct state new add @conns {{ iifname ct count over {} }} "
+                     "jump conn_limit\n",
+                     t, cfg.max_connections);
   return out;
 }
 

@@ -105,6 +105,10 @@ absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Attach(const std::s
   std::unique_ptr<SandboxNetwork> net(new SandboxNetwork(this, id, addrs, policy));
   const std::string& veth = net->veth_;
   Register(*net);
+  {
+    std::lock_guard lock(mu_);
+    net_of_id_[id] = net.get();
+  }
   net->narrowed_ = policy.narrowed.has_value();
   SBX_RETURN_IF_ERROR(nft_->Run(AddSandboxRuleset(id, veth, addrs, cfg_, policy),
                                 fmt::format("sandbox {}: add its nftables rules", id)));
@@ -133,6 +137,7 @@ absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Attach(const std::s
   // would otherwise vanish into the link's initial no-op qdisc (a retry 1-5 s later).
   SBX_RETURN_IF_ERROR(inside.WaitOperUp(idx, kOperUpTimeoutMs));
   SBX_RETURN_IF_ERROR(host.WaitOperUp(host_idx, kOperUpTimeoutMs));
+  SBX_RETURN_IF_ERROR(LimitRate(id, host_idx, netns_fd, idx));
   return net;
 }
 
@@ -159,6 +164,10 @@ absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Adopt(
     if (idx.ok()) net->ifindex_ = *idx;
   }
   Register(*net);
+  {
+    std::lock_guard lock(mu_);
+    net_of_id_[id] = net.get();
+  }
   net->link_ = true;
   net->rules_ = true;
   auto mapped = nft_->MappedVeths();
@@ -174,6 +183,8 @@ void NetworkHost::Register(const SandboxNetwork& net) {
 
 void NetworkHost::Unregister(const std::string& veth) {
   std::lock_guard lock(mu_);
+  auto it = live_.find(veth);
+  if (it != live_.end()) net_of_id_.erase(it->second.id);
   live_.erase(veth);
 }
 
