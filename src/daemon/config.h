@@ -129,6 +129,8 @@ struct Config {
     std::string uplink;  // masquerade toward it; empty: every interface
     std::string exempt;  // comma-separated CIDRs lifted from the always-blocked ranges
     std::string deny;    // comma-separated CIDRs refused whatever the profile
+    int64_t max_connections = 1024;  // conntrack entries per sandbox at once; 0: no limit
+    int64_t rate_mbit = 0;           // bandwidth per sandbox each way; 0: no limit
     // egress.profiles.<name> tables of the file: {"NAME": {"description", "allow", "deny"}},
     // as ProfileCatalog::FromJson reads them (file only: no flag or variable holds a table).
     nlohmann::json profiles = nlohmann::json::object();
