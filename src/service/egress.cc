@@ -109,10 +109,12 @@ absl::StatusOr<Json> SandboxService::PatchSandboxEgress(const Caller& caller,
   if (!allow.ok()) {
     std::string msg(allow.status().message());
     // "egress.allow[2]: ..." -> field "allow[2]": the PATCH body is the `egress` object.
-    std::string field = msg.substr(0, msg.find(':'));
+    const size_t colon = msg.find(": ");
+    std::string field = msg.substr(0, colon);
     if (field.rfind("egress.", 0) == 0) field = field.substr(7);
     else if (field == "egress") field = "allow";
-    return FieldError(field, msg);
+    // FieldError names the field itself: "allow[0].ports: port 70000 is out of range ...".
+    return FieldError(field, colon == std::string::npos ? msg : msg.substr(colon + 2));
   }
   if (sb.state != kRunning) {
     return ApiError(absl::StatusCode::kFailedPrecondition, "invalid_state",
