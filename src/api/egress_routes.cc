@@ -3,6 +3,7 @@
 
 #include "api/handler_util.h"
 #include "api/render.h"
+#include "api/requests.h"
 #include "api/routes.h"
 #include "common/log.h"
 
@@ -17,6 +18,16 @@ Awaitable Routes::EgressProfiles(Api& api, Call& call) {
 
 Awaitable Routes::SandboxEgress(Api& api, Call& call) {
   auto r = log::With(call.ctx.log, [&] { return api.svc_.SandboxEgress(call.caller, call.id); });
+  if (!r.ok()) co_return Fail(call.ctx, r.status());
+  co_return RenderJson(bhttp::status::ok, *r);
+}
+
+// PATCH /v1/sandboxes/{id}/egress: new allow rules for a running sandbox (docs/api.md).
+Awaitable Routes::PatchSandboxEgress(Api& api, Call& call) {
+  auto body = ParseEgressPatch(call.ctx.req.body());
+  if (!body.ok()) co_return Fail(call.ctx, body.status());
+  auto r = log::With(call.ctx.log,
+                     [&] { return api.svc_.PatchSandboxEgress(call.caller, call.id, *body); });
   if (!r.ok()) co_return Fail(call.ctx, r.status());
   co_return RenderJson(bhttp::status::ok, *r);
 }

@@ -235,6 +235,13 @@ absl::Status ParseLifecycleBody(const std::string& body) {
   return CheckKnown(j, {}, "");
 }
 
+absl::StatusOr<nlohmann::json> ParseEgressPatch(const std::string& body) {
+  SBX_ASSIGN_OR_RETURN(Json j, ParseObject(body, /*empty_ok=*/false));
+  SBX_RETURN_IF_ERROR(CheckKnown(j, {"allow"}, ""));
+  if (!j.contains("allow")) return FieldError("allow", "required: the sandbox's new allow rules");
+  return j;
+}
+
 absl::StatusOr<CreateSessionRequest> ParseCreateSession(const std::string& body) {
   SBX_ASSIGN_OR_RETURN(Json j, ParseObject(body, /*empty_ok=*/false));
   SBX_RETURN_IF_ERROR(

@@ -36,6 +36,9 @@ absl::StatusOr<CreateSandboxRequest> ParseCreateSandbox(const std::string& body,
 absl::StatusOr<CreateSessionRequest> ParseCreateSession(const std::string& body);
 // pause, suspend and wake take no fields: an empty body or an empty JSON object.
 absl::Status ParseLifecycleBody(const std::string& body);
+// PATCH /v1/sandboxes/{id}/egress: {"allow": [rules]} (the rules are checked by the service,
+// against the sandbox's profile).
+absl::StatusOr<nlohmann::json> ParseEgressPatch(const std::string& body);
 
 // Query parameters: "limit" 1..500 (default 50).
 absl::StatusOr<int> ParseLimit(const std::optional<std::string>& value);

@@ -205,6 +205,18 @@ TEST(ParseResizeBody, Bounds) {
   EXPECT_EQ(FieldOf(ParseResizeBody(R"({"rows":24,"cols":1001})").status()), "cols");
 }
 
+TEST(EgressPatch, TakesAllowOnly) {
+  auto ok = ParseEgressPatch(R"({"allow":[{"cidr":"198.18.0.2/32"}]})");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ((*ok)["allow"].size(), 1u);
+  EXPECT_TRUE(ParseEgressPatch(R"({"allow":[]})").ok());
+  EXPECT_EQ(FieldOf(ParseEgressPatch("{}").status()), "allow");
+  EXPECT_EQ(FieldOf(ParseEgressPatch(R"({"allow":[],"deny":[]})").status()), "deny");
+  EXPECT_FALSE(ParseEgressPatch("").ok());
+  EXPECT_FALSE(ParseEgressPatch("[1]").ok());
+  EXPECT_FALSE(ParseEgressPatch("{nope").ok());
+}
+
 std::string Deep(int levels) { return std::string(levels, '[') + std::string(levels, ']'); }
 
 // Issue 13: every body parser refuses a body nested past the limit, up front, with a 400 that
@@ -216,6 +228,7 @@ TEST(RequestDepth, EveryParserRefusesDeepBodies) {
       ParseCreateSandbox(R"({"labels":{"a":)" + deep + "}}", kLimits).status(),
       ParseCreateSession(R"({"argv":)" + deep + "}").status(),
       ParseLifecycleBody(R"({"x":)" + deep + "}"),
+      ParseEgressPatch(R"({"allow":)" + deep + "}").status(),
       ParseStdinBody(R"({"data":)" + deep + "}", /*json_body=*/true).status(),
       ParseSignalBody(R"({"signal":)" + deep + "}").status(),
       ParseResizeBody(R"({"rows":)" + deep + R"(,"cols":1})").status(),

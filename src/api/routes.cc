@@ -32,6 +32,7 @@ constexpr Route kRoutes[] = {
     {std::nullopt, "v1/sandboxes/{id}/processes", Auth::kTenant, &Routes::Processes},
     {std::nullopt, "v1/sandboxes/{id}/files*", Auth::kTenant, &Routes::Files},
     {verb::get, "v1/sandboxes/{id}/egress", Auth::kTenant, &Routes::SandboxEgress},
+    {verb::patch, "v1/sandboxes/{id}/egress", Auth::kTenant, &Routes::PatchSandboxEgress},
 
     {verb::get, "v1/egress-profiles", Auth::kTenant, &Routes::EgressProfiles},
 

@@ -61,6 +61,7 @@ struct Routes {
   // egress_routes.cc
   static Awaitable EgressProfiles(Api& api, Call& call);
   static Awaitable SandboxEgress(Api& api, Call& call);
+  static Awaitable PatchSandboxEgress(Api& api, Call& call);
 };
 
 struct Route {

@@ -1,6 +1,10 @@
-// Egress: `sbx egress SANDBOX_ID` (its rules and denials by reason), and the --allow values of
-// `sbx create`/`sbx run` turned into rules.
+// Egress: `sbx egress SANDBOX_ID` (its rules, denials by reason and recent denials; with
+// --allow or --allow-nothing it replaces a running sandbox's allow rules first: PATCH), and the
+// --allow values of `sbx create`/`sbx run` turned into rules.
 #include <memory>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -33,19 +37,58 @@ absl::StatusOr<nlohmann::json> ParseAllowFlag(const std::string& spec) {
 }
 
 void RegisterEgressCommand(CLI::App& app, Context& ctx) {
-  auto id = std::make_shared<std::string>();
+  struct Flags {
+    std::string id;
+    std::vector<std::string> allow;
+    bool allow_nothing = false;
+  };
+  auto f = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand(
-      "egress", "Print a sandbox's egress profile, rules and denied packets by reason as JSON");
-  cmd->add_option("sandbox", *id, "Sandbox id (sbx_…)")->required();
-  cmd->callback([id, &ctx] {
-    if (absl::Status s = CheckId(*id, "sbx"); !s.ok()) {
+      "egress",
+      "Print a sandbox's egress profile, rules, denied packets by reason and recent denials as "
+      "JSON; with --allow (or --allow-nothing) first replace its allow rules, within its profile");
+  cmd->add_option("sandbox", f->id, "Sandbox id (sbx_…)")->required();
+  cmd->add_option("--allow", f->allow,
+                  "CIDR[:PORT] the running sandbox may reach from now on (repeatable; replaces "
+                  "its allow rules; open connections they forbid are cut)");
+  cmd->add_flag("--allow-nothing", f->allow_nothing,
+                "replace its allow rules with none (cuts every open connection)");
+  cmd->callback([f, &ctx] {
+    if (absl::Status s = CheckId(f->id, "sbx"); !s.ok()) {
       ctx.usage_errors.push_back({fmt::format("egress: {}", Msg(s))});
       return;
     }
-    ctx.action = [id](Client& client) -> absl::StatusOr<int> {
-      auto res = client.Get(fmt::format("/v1/sandboxes/{}/egress", *id));
+    if (f->allow_nothing && !f->allow.empty()) {
+      ctx.usage_errors.push_back({"egress: --allow and --allow-nothing exclude each other"});
+      return;
+    }
+    std::optional<nlohmann::json> patch;
+    if (f->allow_nothing || !f->allow.empty()) {
+      nlohmann::json rules = nlohmann::json::array();
+      for (const auto& spec : f->allow) {
+        auto rule = ParseAllowFlag(spec);
+        if (!rule.ok()) {
+          ctx.usage_errors.push_back({fmt::format("egress: {}", Msg(rule.status()))});
+          return;
+        }
+        rules.push_back(std::move(*rule));
+      }
+      patch = nlohmann::json{{"allow", std::move(rules)}};
+    }
+    ctx.action = [f, patch](Client& client) -> absl::StatusOr<int> {
+      const std::string target = fmt::format("/v1/sandboxes/{}/egress", f->id);
+      if (patch) {
+        // A PATCH is idempotent: the client's one retry on a stale connection is harmless.
+        auto res = client.Request("PATCH", target, &*patch);
+        if (!res.ok()) {
+          return absl::Status(res.status().code(), fmt::format("egress {}: {}", f->id, Msg(res.status())));
+        }
+        PrintJson(res->body);
+        return 0;
+      }
+      auto res = client.Get(target);
       if (!res.ok()) {
-        return absl::Status(res.status().code(), fmt::format("egress {}: {}", *id, Msg(res.status())));
+        return absl::Status(res.status().code(), fmt::format("egress {}: {}", f->id, Msg(res.status())));
       }
       PrintJson(*res);
       return 0;

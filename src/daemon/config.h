@@ -138,6 +138,8 @@ struct Config {
     // ends, and how long a relayed connection may stay idle.
     int64_t proxy_port = 10080;
     int64_t proxy_idle_timeout_s = 600;
+    int64_t max_connections = 1024;  // conntrack entries per sandbox at once; 0: no limit
+    int64_t rate_mbit = 0;           // bandwidth per sandbox each way; 0: no limit
     // egress.profiles.<name> tables of the file: {"NAME": {"description", "allow", "deny"}},
     // as ProfileCatalog::FromJson reads them (file only: no flag or variable holds a table).
     nlohmann::json profiles = nlohmann::json::object();

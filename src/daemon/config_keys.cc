@@ -256,6 +256,18 @@ const std::vector<KeyInfo> kKeys = {
      .why = "10 s to a day",
      .help = "a connection relayed by the proxy with no byte either way for this long is reset",
      SBX_NUM(egress.proxy_idle_timeout_s)},
+    {.path = "egress.max_connections", .type = Type::kInt, .flag = "--egress-max-connections",
+     .reloadable = false, .min = 0, .max = 1000000,
+     .why = "0 turns the limit off; more than a million flows per sandbox is no limit at all",
+     .help = "connections (conntrack entries: TCP, UDP and ICMP flows) one networked sandbox may "
+             "have open at once; the next is refused (denial reason conn_limit); 0: no limit",
+     SBX_NUM(egress.max_connections)},
+    {.path = "egress.rate_mbit", .type = Type::kInt, .flag = "--egress-rate-mbit",
+     .reloadable = false, .min = 0, .max = 100000,
+     .why = "0 turns the limit off; 100 Gbit/s is beyond any veth",
+     .help = "bandwidth of one networked sandbox in Mbit/s, each way (tc on its host veth: a "
+             "token bucket toward it, policing from it); 0: no limit",
+     SBX_NUM(egress.rate_mbit)},
     {.path = "admission.enabled", .type = Type::kBool, .flag = "--admission", .reloadable = true,
      .help = "refuse a create (503 insufficient_capacity, or 422 exceeds_capacity when it can "
              "never fit) whose vcpu, memory or disk does not fit in what the host has beside "

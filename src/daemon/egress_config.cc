@@ -69,6 +69,8 @@ absl::StatusOr<EgressSetup> EgressFromConfig(const Config& c) {
   policy.operator_deny = ParseList(c, "egress.deny", errors);
   policy.uplink = c.egress.uplink;
   policy.proxy_port = static_cast<uint16_t>(c.egress.proxy_port);
+  policy.max_connections = static_cast<uint32_t>(c.egress.max_connections);
+  policy.rate_mbit = static_cast<uint32_t>(c.egress.rate_mbit);
   if (policy.uplink.size() > 15 ||
       policy.uplink.find_first_of("\"'\\ /\t\n") != std::string::npos) {
     errors.push_back(fmt::format("{}: not an interface name (at most 15 characters, no quotes, "

@@ -434,6 +434,20 @@ absl::Status StartNetwork(Daemon& d) {
     return sbx::Annotate(proxy.status(), sbx::daemon::Describe(cfg, "egress.proxy_port"));
   }
   d.proxy = std::move(*proxy);
+  // A PATCH resets the proxied connections its new rules no longer allow (the conntrack cut
+  // cannot reach them: the proxy's own connection leaves from the host). Set before serving;
+  // the proxy is stopped only after the API.
+  d.network->SetCutHook([proxy = d.proxy.get()](const std::string& id,
+                                                const sbx::net::EffectiveRules& rules) {
+    size_t n = proxy->CutDisallowed(id, rules);
+    if (n > 0) spdlog::info("sandbox {}: egress PATCH reset {} proxied connections", id, n);
+  });
+  // Recent denials are a help to users, not a safeguard: without them sbxd still enforces.
+  if (auto st = d.network->StartDenialReader(); !st.ok()) {
+    spdlog::warn("egress: recent denials unavailable (GET /v1/sandboxes/{{id}}/egress shows "
+                 "none): {}",
+                 std::string(st.message()));
+  }
   d.egress_catalog = std::make_shared<const sbx::net::ProfileCatalog>(std::move(setup.catalog));
   spdlog::info("networking on: address pool {} and {} ({} sandboxes), uplink {}",
                setup.policy.pool4.ToString(), setup.policy.pool6.ToString(),
@@ -477,13 +491,20 @@ void StartService(Daemon& d, const sbx::runtime::Resources& defaults) {
   sopts.guest_replies.per_sandbox = static_cast<size_t>(cfg.server.guest_replies_per_sandbox);
   if (d.network) {
     sopts.egress_catalog = d.egress_catalog;
-    sopts.egress_denials = [host = d.network.get()](const std::string& id) {
-      // nft's packet counters plus what sbxd refused itself (the proxy: no_name, ...).
+    // The nft counters (packets) plus what sbxd itself refused (resolver, proxy: DenialLog).
+    sopts.egress_denials = [host = d.network.get()](const std::string& id)
+        -> absl::StatusOr<std::map<std::string, uint64_t>> {
       auto counts = host->Denials(id);
-      if (counts.ok()) {
-        for (const auto& [reason, n] : host->denials_log().Counts(id)) (*counts)[reason] += n;
-      }
+      if (!counts.ok()) return counts;
+      for (const auto& [reason, n] : host->denials_log().Counts(id)) (*counts)[reason] += n;
       return counts;
+    };
+    sopts.egress_recent_denials = [host = d.network.get()](const std::string& id) {
+      return host->denials_log().Recent(id);
+    };
+    sopts.egress_patch = [host = d.network.get()](const std::string& id, const std::string& profile,
+                                                  const std::vector<sbx::net::EgressRule>& allow) {
+      return host->PatchAllow(id, profile, allow);
     };
   }
   std::vector<const sbx::runtime::Backend*> capacity_backends;

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "net/nflog.h"
+
 namespace sbx::net {
 namespace {
 
@@ -39,9 +41,9 @@ std::vector<std::string> RuleMatches(const EgressRule& r) {
 
 const std::vector<std::string>& DenialReasons() {
   static const std::vector<std::string> kReasons = [] {
-    std::vector<std::string> v = {kReasonSpoofed,    kReasonSandbox,   kReasonHost,
+    std::vector<std::string> v = {kReasonSpoofed,    kReasonSandbox,    kReasonHost,
                                   kReasonDenyRule,   kReasonNotAllowed, kReasonDnsOther,
-                                  kReasonUnresolved, kReasonUdpDomain};
+                                  kReasonUnresolved, kReasonUdpDomain,  kReasonConnLimit};
     for (const auto& b : AlwaysBlocked()) {
       bool seen = false;
       for (const auto& r : v) seen = seen || r == b.reason;
@@ -64,9 +66,20 @@ std::string ProfileChain(const std::string& name) { return "p_" + name; }
 
 namespace {
 
-// A refusal: count in the sandbox's element of deny_REASON, then drop (see the header).
+// The log rule of a refusal, before its count: to NFLOG (nflog.h), at most kLogRate a second
+// per sandbox (one meter element per veth), the reason in the prefix. Non-terminal.
+std::string LogRule(const std::string& chain, const std::string& match, const std::string& reason) {
+  return fmt::format(
+      "add rule inet {} {} {}{}add @lograte {{ iifname limit rate 10/second burst 20 packets }} "
+      "log prefix \"{}{}\" group {} snaplen {}\n",
+      kTable, chain, match, match.empty() ? "" : " ", kNflogPrefix, reason, kNflogGroup, kNflogSnaplen);
+}
+
+// A refusal: logged (rate limited), counted in the sandbox's element of deny_REASON, then
+// dropped (see the header).
 void Refuse(std::string& out, const std::string& chain, const std::string& match,
             const std::string& reason) {
+  out += LogRule(chain, match, reason);
   out += fmt::format("add rule inet {} {} {} iifname @deny_{}\n", kTable, chain, match, reason);
   out += fmt::format("add rule inet {} {} {} drop\n", kTable, chain, match);
 }
@@ -113,8 +126,9 @@ void PolicyRules(std::string& out, const std::string& chain, const std::vector<E
     for (const auto& m : RuleMatches(a)) out += fmt::format("add rule inet {} {} {} accept\n", kTable, chain, m);
   }
   if (domain_ruled) out += UdpDomainRules(chain);
-  out += fmt::format("add rule inet {} {} iifname @deny_{}\n", kTable, chain,
-                     domain_ruled ? kReasonUnresolved : kReasonNotAllowed);
+  const char* last = domain_ruled ? kReasonUnresolved : kReasonNotAllowed;
+  out += LogRule(chain, "", last);
+  out += fmt::format("add rule inet {} {} iifname @deny_{}\n", kTable, chain, last);
   out += fmt::format("add rule inet {} {} drop\n", kTable, chain);
 }
 
@@ -146,6 +160,8 @@ std::string BaseRuleset(const NetPolicyConfig& cfg) {
   for (const auto& reason : DenialReasons()) {
     out += fmt::format("add set inet {} deny_{} {{ type ifname; counter; }}\n", t, reason);
   }
+  out += fmt::format("add set inet {} lograte {{ type ifname; size {}; flags dynamic; }}\n", t,
+                     AddrPool::kMaxSlots);
   for (const auto& p : NetworkedProfiles(cfg)) out += fmt::format("add chain inet {} {}\n", t, ProfileChain(p.name));
   for (const char* c : {"forward", "input", "postrouting", "prerouting", "egress"}) {
     out += fmt::format("flush chain inet {} {}\n", t, c);
@@ -162,6 +178,7 @@ std::string BaseRuleset(const NetPolicyConfig& cfg) {
   out += DnsInputRules(cfg);
   out += DnsPreroutingRules(cfg);
   out += ProxyInputRules(cfg);
+  out += LogRule("input", "iifname \"sbxv*\"", kReasonHost);
   out += fmt::format(
       "add rule inet {t} input iifname \"sbxv*\" iifname @deny_{host}\n"
       "add rule inet {t} input iifname \"sbxv*\" drop\n",
@@ -183,6 +200,7 @@ std::string BaseRuleset(const NetPolicyConfig& cfg) {
   for (const auto& d : cfg.operator_deny) {
     Refuse(out, "egress", fmt::format("{} daddr {}", Family(d), d.ToString()), kReasonDenyRule);
   }
+  out += ConnLimitRules(cfg);
   out += fmt::format("add rule inet {} egress iifname vmap @profile_of\n", t);
   out += fmt::format("add rule inet {} egress drop\n", t);  // a veth without a profile: a leftover
   for (const auto& p : NetworkedProfiles(cfg)) PolicyRules(out, ProfileChain(p.name), p.deny, p.allow);
@@ -242,6 +260,44 @@ std::string AddSandboxRuleset(const std::string& id, const std::string& veth,
     target = id;
   }
   out += fmt::format("add element inet {} profile_of {{ \"{}\" : jump {} }}\n", t, veth, target);
+  return out;
+}
+
+std::string PatchSandboxRuleset(const std::string& id, const std::string& veth,
+                                const NetPolicyConfig& cfg, const std::string& profile,
+                                const std::vector<EgressRule>& allow, bool has_own_chain) {
+  const char* t = kTable;
+  std::vector<EgressRule> deny;
+  for (const auto& p : cfg.profiles) {
+    if (p.name == profile) deny = p.deny;
+  }
+  // Flushing and refilling in one transaction: no packet ever sees the chain half-written.
+  std::string out = fmt::format("add chain inet {} {}\nflush chain inet {} {}\n", t, id, t, id);
+  PolicyRules(out, id, deny, allow);
+  if (!has_own_chain) {
+    // A map element's verdict cannot be changed in place: replaced within the transaction.
+    out += fmt::format("delete element inet {} profile_of {{ \"{}\" }}\n", t, veth);
+    out += fmt::format("add element inet {} profile_of {{ \"{}\" : jump {} }}\n", t, veth, id);
+  }
+  return out;
+}
+
+std::string ConnLimitRules(const NetPolicyConfig& cfg) {
+  if (cfg.max_connections == 0) return "";
+  const char* t = kTable;
+  // Only new flows are looked at: an established one already holds its place. An element
+  // outlives its sandbox (a dynamic set's elements cannot be deleted by key without knowing
+  // they exist); the next sandbox on that veth name finds its list empty, since ct count
+  // drops entries whose conntrack is gone.
+  std::string out = fmt::format("add set inet {} conns {{ type ifname; size {}; flags dynamic; }}\n",
+                                t, AddrPool::kMaxSlots);
+  // One evaluation per packet: `ct count` evaluated twice for one new flow (a Refuse pair)
+  // counts it twice on this kernel, so the refusal is a chain of its own.
+  out += fmt::format("add chain inet {t} conn_limit\nflush chain inet {t} conn_limit\n", fmt::arg("t", t));
+  Refuse(out, "conn_limit", "", kReasonConnLimit);
+  out += fmt::format("add rule inet {} egress ct state new add @conns {{ iifname ct count over {} }} "
+                     "jump conn_limit\n",
+                     t, cfg.max_connections);
   return out;
 }
 

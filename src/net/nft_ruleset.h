@@ -40,6 +40,7 @@ inline constexpr const char* kReasonHost = "host";              // the host itse
 inline constexpr const char* kReasonDenyRule = "deny_rule";     // the profile's deny list
 inline constexpr const char* kReasonNotAllowed = "not_allowed"; // no allow rule matched
 inline constexpr const char* kReasonUdpDomain = "udp_domain";   // UDP under domain rules
+inline constexpr const char* kReasonConnLimit = "conn_limit";   // egress.max_connections reached
 // Every reason, in a fixed order (counters are created and read in it).
 const std::vector<std::string>& DenialReasons();
 
@@ -57,6 +58,11 @@ struct NetPolicyConfig {
   // sbxd's Host/SNI proxy (conn_proxy.h) listens here; 0: no proxy rules (and domain-ruled
   // sandboxes reach nothing by name).
   uint16_t proxy_port = 0;
+  // Connections (conntrack entries: TCP, UDP and ICMP flows) a sandbox may have open at once,
+  // 0 for no limit (egress.max_connections): the next one is refused, reason conn_limit.
+  uint32_t max_connections = 0;
+  // Bandwidth per sandbox each way in Mbit/s, 0 for none (egress.rate_mbit; limits.h).
+  uint32_t rate_mbit = 0;
 };
 
 // What a sandbox may reach: a networked profile, optionally narrowed at create (the narrowing
@@ -82,6 +88,20 @@ std::string AddSandboxRuleset(const std::string& id, const std::string& veth,
 // one element was already gone runs them one by one.
 std::vector<std::string> DeleteSandboxCommands(const std::string& id, const std::string& veth,
                                                const SandboxAddrs& addrs, bool narrowed);
+// A PATCH of a running sandbox's allow rules (each within its profile's: the caller checks),
+// one transaction: the sandbox's own chain (made now when its create did not narrow) is
+// refilled with the profile's deny rules and `allow`, and its map element points at it.
+// Flows already open are the caller's (conntrack.h): their next packet from the sandbox is
+// judged by the new chain, since the forward chain sends every packet from a veth through it.
+std::string PatchSandboxRuleset(const std::string& id, const std::string& veth,
+                                const NetPolicyConfig& cfg, const std::string& profile,
+                                const std::vector<EgressRule>& allow, bool has_own_chain);
+// The shared rules that bound each sandbox's connections (cfg.max_connections): a dynamic set
+// keyed by veth whose elements count the sandbox's conntrack entries (`ct count`). Part of
+// BaseRuleset, in the egress chain just before the profile's verdict, so refused packets never
+// take a place.
+std::string ConnLimitRules(const NetPolicyConfig& cfg);
+
 // The chain of profile `name`.
 std::string ProfileChain(const std::string& name);
 

@@ -111,6 +111,10 @@ absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Attach(const std::s
   SBX_ASSIGN_OR_RETURN(SandboxAddrs addrs, pool_.Allocate());
   std::unique_ptr<SandboxNetwork> net(new SandboxNetwork(this, id, addrs, policy));
   Register(*net);
+  {
+    std::lock_guard lock(mu_);
+    net_of_id_[id] = net.get();
+  }
   net->narrowed_ = policy.narrowed.has_value();
   SBX_RETURN_IF_ERROR(nft_->Run(AddSandboxRuleset(id, net->veth_, addrs, cfg_, policy),
                                 fmt::format("sandbox {}: add its nftables rules", id)));
@@ -137,6 +141,10 @@ absl::Status NetworkHost::Claim(SandboxNetwork& net, const std::string& id,
   net.id_ = id;
   net.policy_ = policy;
   Register(net);
+  {
+    std::lock_guard lock(mu_);
+    net_of_id_[id] = &net;
+  }
   net.narrowed_ = policy.narrowed.has_value();
   SBX_RETURN_IF_ERROR(nft_->Run(AddSandboxRuleset(id, net.veth_, net.addrs_, cfg_, policy),
                                 fmt::format("sandbox {}: add its nftables rules", id)));
@@ -171,7 +179,7 @@ absl::Status NetworkHost::BuildLink(SandboxNetwork& net, int netns_fd, const std
   // would otherwise vanish into the link's initial no-op qdisc (a retry 1-5 s later).
   SBX_RETURN_IF_ERROR(inside.WaitOperUp(idx, kOperUpTimeoutMs));
   SBX_RETURN_IF_ERROR(host.WaitOperUp(host_idx, kOperUpTimeoutMs));
-  return absl::OkStatus();
+  return LimitRate(alias, host_idx, netns_fd, idx);
 }
 
 absl::StatusOr<std::map<std::string, std::string>> NetworkHost::SandboxVeths() {
@@ -197,6 +205,10 @@ absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Adopt(
     if (idx.ok()) net->ifindex_ = *idx;
   }
   Register(*net);
+  {
+    std::lock_guard lock(mu_);
+    net_of_id_[id] = net.get();
+  }
   net->link_ = true;
   net->rules_ = true;
   auto mapped = nft_->MappedVeths();
@@ -212,6 +224,8 @@ void NetworkHost::Register(const SandboxNetwork& net) {
 
 void NetworkHost::Unregister(const std::string& veth) {
   std::lock_guard lock(mu_);
+  auto it = live_.find(veth);
+  if (it != live_.end()) net_of_id_.erase(it->second.id);
   live_.erase(veth);
 }
 

@@ -24,7 +24,9 @@
 // Thread safety: NetworkHost's methods are safe to call concurrently.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -38,6 +40,7 @@
 #include "net/denial_log.h"
 #include "net/name_table.h"
 #include "net/nft.h"
+#include "net/nflog.h"
 #include "net/nft_ruleset.h"
 
 namespace sbx::net {
@@ -84,7 +87,7 @@ class SandboxNetwork {
   std::string veth_;
   SandboxAddrs addrs_;
   std::optional<SandboxPolicy> policy_;
-  bool narrowed_ = false;
+  std::atomic<bool> narrowed_ = false;  // has a chain of its own (a create's narrowing or a PATCH)
   bool rules_ = false;  // step 2 done
   bool link_ = false;   // step 3 done
   bool slot_ = true;    // step 1 done, not yet given back
@@ -140,6 +143,22 @@ class NetworkHost {
   NameTable& names() { return names_; }
   DenialLog& denials_log() { return denials_log_; }
 
+  // A PATCH (sandbox_patch.cc): sandbox `id`'s allow rules become `allow`, each within the
+  // allow rules of its profile `profile` (the caller checks: ParseNarrowing), live in one
+  // nftables transaction, and its policy (RulesOf) with them; then the open flows the new
+  // rules forbid are cut (conntrack.h) and so are the connections sbxd's own proxies hold for
+  // it (the cut hook). Returns the number of flows cut. NotFound when it has no network here.
+  absl::StatusOr<int> PatchAllow(const std::string& id, const std::string& profile,
+                                 const std::vector<EgressRule>& allow);
+  // Called by PatchAllow with the sandbox's new effective rules, for connections that never
+  // show in conntrack as the sandbox's (a Host/SNI proxy's own sockets: ConnProxy::
+  // CutDisallowed). Set once, before sandboxes exist.
+  using CutHook = std::function<void(const std::string& id, const EffectiveRules& rules)>;
+  void SetCutHook(CutHook hook) { cut_hook_ = std::move(hook); }
+  // Starts the reader of refused packets (nflog.h) that fills denials_log() with each
+  // sandbox's recent denials. Once, after Start.
+  absl::Status StartDenialReader();
+
   const NetPolicyConfig& config() const { return cfg_; }
   AddrPool& pool() { return pool_; }
 
@@ -159,6 +178,14 @@ class NetworkHost {
   absl::Status BuildLink(SandboxNetwork& net, int netns_fd, const std::string& alias);
   void Register(const SandboxNetwork& net);
   void Unregister(const std::string& veth);
+  // The bandwidth limit of a new sandbox (cfg_.rate_mbit; limits.h): a shaper on each end of
+  // its veth pair, the sandbox's end in the namespace of `netns_fd` (sandbox_patch.cc).
+  absl::Status LimitRate(const std::string& id, int host_ifindex, int netns_fd, int sandbox_ifindex);
+  // Live networks by sandbox id, for a PATCH (which flips their narrowed_).
+  std::map<std::string, SandboxNetwork*> net_of_id_;
+  CutHook cut_hook_;
+  std::mutex patch_mu_;
+  std::unique_ptr<NflogReader> denial_reader_;
 
   struct Live {
     std::string id;

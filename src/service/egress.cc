@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 
 #include "common/status_util.h"
+#include "common/time_util.h"
 #include "service/sandbox_service.h"
+#include "service/sandbox_state.h"
 #include "service/service_internal.h"
 
 namespace sbx::service {
@@ -77,6 +79,83 @@ absl::StatusOr<Json> SandboxService::SandboxEgress(const Caller& caller, const s
     }
   }
   out["denied"] = std::move(denied);
+  // What was refused lately and why (newest last): so a user can see why `pip install` failed.
+  Json recent = Json::array();
+  if (!sb.egress.is_null() && opts_.egress_recent_denials && sb.state != "deleted") {
+    for (const net::Denial& d : opts_.egress_recent_denials(sb.id)) recent.push_back(net::DenialToJson(d));
+  }
+  out["recent_denials"] = std::move(recent);
+  return out;
+}
+
+absl::StatusOr<Json> SandboxService::PatchSandboxEgress(const Caller& caller,
+                                                        const std::string& id, const Json& body) {
+  SBX_ASSIGN_OR_RETURN(store::SandboxRecord sb, GetSandbox(caller, id));
+  if (sb.egress.is_null() || sb.egress_profile == "none") {
+    return FieldError("allow", fmt::format("sandbox {} has egress profile `none` (loopback only): "
+                                           "it has no network whose rules could change",
+                                           id));
+  }
+  const net::EgressProfile* profile =
+      opts_.egress_catalog ? opts_.egress_catalog->Find(sb.egress_profile) : nullptr;
+  if (profile == nullptr || !opts_.egress_patch) {
+    return ApiError(absl::StatusCode::kFailedPrecondition, "egress_unavailable",
+                    fmt::format("sandbox {}: its egress profile '{}' is not offered by this sbxd "
+                                "(egress.enabled, egress.profiles): its rules cannot be checked",
+                                id, sb.egress_profile));
+  }
+  // The same check as a create's narrowing: each rule within one of the profile's.
+  auto allow = net::ParseNarrowing(*profile, body);
+  if (!allow.ok()) {
+    std::string msg(allow.status().message());
+    // "egress.allow[2]: ..." -> field "allow[2]": the PATCH body is the `egress` object.
+    const size_t colon = msg.find(": ");
+    std::string field = msg.substr(0, colon);
+    if (field.rfind("egress.", 0) == 0) field = field.substr(7);
+    else if (field == "egress") field = "allow";
+    // FieldError names the field itself: "allow[0].ports: port 70000 is out of range ...".
+    return FieldError(field, colon == std::string::npos ? msg : msg.substr(colon + 2));
+  }
+  if (sb.state != kRunning) {
+    return ApiError(absl::StatusCode::kFailedPrecondition, "invalid_state",
+                    fmt::format("sandbox {} is {}: egress rules change only while it is running",
+                                id, sb.state));
+  }
+  if (sb.current_operation_id) {
+    return WithDetail(ApiError(absl::StatusCode::kFailedPrecondition, "operation_in_progress",
+                               fmt::format("sandbox {}: an operation is in flight", id)),
+                      "operation_id", *sb.current_operation_id);
+  }
+  std::lock_guard lock(egress_patch_mu_);
+  net::ResolvedEgress next{.profile = sb.egress_profile, .networked = true, .narrowed = *allow};
+  auto cut = opts_.egress_patch(sb.id, sb.egress_profile, *allow);
+  if (!cut.ok()) {
+    if (absl::IsNotFound(cut.status())) {
+      return ApiError(absl::StatusCode::kFailedPrecondition, "invalid_state",
+                      fmt::format("sandbox {} has no network on this host now (it is being "
+                                  "deleted or was never started here)",
+                                  id));
+    }
+    return cut.status();
+  }
+  absl::Status st = store_.Transact([&](store::Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(store::SandboxRecord cur, tx.GetSandbox(sb.id));
+    cur.egress = next.ToJson();
+    cur.updated_at = NowRfc3339();
+    return tx.PutSandbox(cur);
+  });
+  if (!st.ok()) {
+    // The kernel has the new rules, the store the old: put the old ones back so a restart
+    // and this sbxd agree. The flows already cut stay cut.
+    auto old = net::ResolvedEgress::FromJson(sb.egress);
+    if (old.ok()) {
+      std::vector<net::EgressRule> before = old->narrowed.value_or(profile->allow);
+      (void)opts_.egress_patch(sb.id, sb.egress_profile, before);
+    }
+    return Annotate(st, fmt::format("sandbox {}: store its new egress rules", id));
+  }
+  SBX_ASSIGN_OR_RETURN(Json out, SandboxEgress(caller, id));
+  out["connections_cut"] = *cut;
   return out;
 }
 

@@ -24,6 +24,7 @@
 #include "protocol/limits.h"
 #include "runtime/backend.h"
 #include "common/ticker.h"
+#include "net/denial_log.h"
 #include "net/profiles.h"
 #include "service/activity.h"
 #include "service/admission.h"
@@ -83,6 +84,13 @@ struct ServiceOptions {
   // A networked sandbox's denials by reason (NetworkHost::Denials); unset: none counted.
   std::function<absl::StatusOr<std::map<std::string, uint64_t>>(const std::string& id)>
       egress_denials;
+  // Applies a PATCH of a running sandbox's allow rules (NetworkHost::PatchAllow: live nft
+  // rules, open flows they forbid cut); answers the flows cut. Unset: networking is off.
+  std::function<absl::StatusOr<int>(const std::string& id, const std::string& profile,
+                                    const std::vector<net::EgressRule>& allow)>
+      egress_patch;
+  // A networked sandbox's recent denials, oldest first (NetworkHost::denials_log()).
+  std::function<std::vector<net::Denial>(const std::string& id)> egress_recent_denials;
 };
 
 // What sbxd's configuration reload (SIGHUP) can change while sandboxes run. Everything else in
@@ -143,6 +151,11 @@ class SandboxService {
   // rules and denials by reason (GET /v1/sandboxes/{id}/egress).
   nlohmann::json EgressProfiles() const;
   absl::StatusOr<nlohmann::json> SandboxEgress(const Caller& caller, const std::string& id);
+  // PATCH /v1/sandboxes/{id}/egress with {"allow": [rules]}: the running sandbox's allow
+  // rules, within its profile's, live and stored; answers what SandboxEgress does plus
+  // `connections_cut`. 400 naming the rule for a widening or `none`, 409 unless running.
+  absl::StatusOr<nlohmann::json> PatchSandboxEgress(const Caller& caller, const std::string& id,
+                                                    const nlohmann::json& body);
   // A create's egress_profile and egress, resolved: what the sandbox stores (null for `none`).
   // 400 naming the field for an unknown profile or a narrowing that widens it.
   absl::StatusOr<nlohmann::json> ResolveEgress(const CreateSandboxRequest& req) const;
@@ -328,6 +341,7 @@ class SandboxService {
   TimerSettings timer_settings_;
 
   mutable std::mutex mu_;
+  std::mutex egress_patch_mu_;  // one PATCH of egress rules at a time (live rules, then store)
   // Sessions just created, until their first PrepareAttach (sessions.cc): the record as the
   // store holds it, so that create + attach reads the store once, not twice.
   struct JustCreated {

@@ -57,5 +57,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)sbx::api::ParseResizeBody(in);
   (void)sbx::api::ParseWsControl(in);
   (void)sbx::api::ParseLifecycleBody(in);
+  (void)sbx::api::ParseEgressPatch(in);
   return 0;
 }
