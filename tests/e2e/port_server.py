@@ -23,6 +23,10 @@ PATTERN = bytes(range(256)) * 256  # 64 KiB
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # A response in one write (flushed after each request and stream piece), without Nagle:
+    # otherwise headers and body go in two segments and a direct client waits out its delayed ACK.
+    wbufsize = 1 << 16
+    disable_nagle_algorithm = True
 
     def log_message(self, *args):
         pass
