@@ -720,7 +720,7 @@ TEST_F(SqliteStoreTest, ReopenKeepsDataAndSchemaVersion) {
   store_.reset();
   {
     RawDb raw(path_);
-    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "4");
+    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "5");
     EXPECT_EQ(raw.QueryText("PRAGMA journal_mode"), "wal");
   }
   Open();
@@ -729,7 +729,7 @@ TEST_F(SqliteStoreTest, ReopenKeepsDataAndSchemaVersion) {
   ExpectSandboxEq(*got, FullSandbox("sbx_1"));
   store_.reset();
   RawDb raw(path_);
-  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "4");
+  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "5");
 }
 
 // A database written by the first release (schema 1) opens: rows keep their values and the new
