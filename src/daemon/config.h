@@ -168,7 +168,7 @@ struct Config {
   // Equal settings, wherever they came from.
   bool SameSettings(const Config& o) const {
     return server == o.server && state == o.state && runtime == o.runtime &&
-           sandbox == o.sandbox && admission == o.admission && sessions == o.sessions && retention == o.retention && metrics == o.metrics &&
+           sandbox == o.sandbox && admission == o.admission && sessions == o.sessions && retention == o.retention && metrics == o.metrics && ports == o.ports &&
            warm_pool == o.warm_pool && egress == o.egress && log == o.log;
   }
 };
