@@ -81,7 +81,7 @@ http::Response Fail(const http::RequestContext& ctx, const absl::Status& s) {
   http::Response res = ErrorResponse(s, ctx.request_id);
   if (res.result() == bhttp::status::internal_server_error) {
     SBX_LOG_ERROR(ctx.log, "internal error: {}", std::string(s.message()));
-  } else if (res.result() == bhttp::status::bad_gateway) {
+  } else if (res.result() == bhttp::status::bad_gateway && ApiCodeFor(s) == "bad_agent_reply") {
     // An agent that breaks the protocol's bounds is broken or compromised by its guest.
     SBX_LOG_ERROR(ctx.log, "agent reply refused: {}", std::string(s.message()));
   }
@@ -148,7 +148,11 @@ bool Api::Privileged(const http::Request& req) const {
 
 // The access-log line is the server's (http/server.cc), with what Route (routes.cc) added to
 // ctx.log.
-Awaitable Api::Handle(http::RequestContext& ctx) { return Route(ctx); }
+// A sandbox port's request (path or host name, port_routes.cc) never reaches the route table.
+Awaitable Api::Handle(http::RequestContext& ctx) {
+  if (auto port = MatchPort(ctx.req)) return ProxyPort(ctx, std::move(*port));
+  return Route(ctx);
+}
 
 http::asio::awaitable<absl::StatusOr<store::OperationRecord>> Api::WaitForOperation(
     http::RequestContext& ctx, const service::Caller& caller, const std::string& id,

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "api/port_target.h"
 #include "api/requests.h"
 #include "api/target.h"
 #include "common/metrics.h"
@@ -28,6 +29,10 @@ struct ApiOptions {
   bool metrics_public = false;
   // What GET /metrics serves and where the API's own metrics go; nullptr: metrics::Default().
   metrics::Registry* metrics = nullptr;
+  // Port exposure (port_routes.cc): host-name routing {port}-{id}.{ports_domain} (empty: off),
+  // and how long a connect to a sandbox port may take before the request fails with 504.
+  std::string ports_domain;
+  std::chrono::milliseconds port_connect_timeout{5000};
 };
 
 class Api {
@@ -38,6 +43,8 @@ class Api {
   // Whether the server should hand `req`'s body to its handler as a stream instead of reading
   // it whole (file uploads): http::ServerOptions::stream_body.
   static bool StreamsBody(const http::Request& req);
+  // Whether `req` is for a sandbox port (port_routes.cc), which streams its body too.
+  bool IsPortRequest(const http::Request& req) const;
   // Whether a connection in the server's reserve (past its connection caps) may have `req`
   // served: the health probes and the admin token, so that a flood of connections cannot
   // lock out the health check and the operator (http::ServerOptions::privileged).
@@ -121,6 +128,13 @@ class Api {
   // The request of PUT /v1/sandboxes/{id}/files from its query (files_api.cc).
   static absl::StatusOr<service::WriteRequest> UploadRequest(const http::Request& req,
                                                              const Target& t, std::string path);
+  // Port exposure (port_routes.cc): the port a request is for (nullopt: none), the proxy, and
+  // its connection into the sandbox.
+  std::optional<absl::StatusOr<PortAddress>> MatchPort(const http::Request& req) const;
+  http::asio::awaitable<std::optional<http::Response>> ProxyPort(http::RequestContext& ctx,
+                                                                 absl::StatusOr<PortAddress> a);
+  http::asio::awaitable<absl::StatusOr<http::asio::ip::tcp::socket>> DialUpstream(
+      http::RequestContext& ctx, const PortAddress& a);
   absl::StatusOr<service::Caller> Authenticate(const http::Request& req,
                                                const std::optional<std::string>& query_token,
                                                bool allow_attach_token) const;

@@ -166,7 +166,7 @@ absl::StatusOr<CreateSandboxRequest> ParseCreateSandbox(const std::string& body,
   SBX_ASSIGN_OR_RETURN(Json j, ParseObject(body, /*empty_ok=*/true));
   SBX_RETURN_IF_ERROR(CheckKnown(j,
                                  {"template", "resources", "egress_profile", "egress", "env", "labels",
-                                  "runtime", "timeout_s", "idle_suspend_s"},
+                                  "runtime", "timeout_s", "idle_suspend_s", "public_ports"},
                                  ""));
   CreateSandboxRequest r;
   if (j.contains("template")) {
@@ -225,6 +225,13 @@ absl::StatusOr<CreateSandboxRequest> ParseCreateSandbox(const std::string& body,
   if (j.contains("idle_suspend_s") && !j["idle_suspend_s"].is_null()) {
     SBX_ASSIGN_OR_RETURN(r.idle_suspend_s,
                          GetInt(j["idle_suspend_s"], "idle_suspend_s", 0, 30LL * 86400));
+  }
+  if (j.contains("public_ports") && !j["public_ports"].is_null()) {
+    if (!j["public_ports"].is_boolean()) {
+      return FieldError("public_ports",
+                        fmt::format("must be a boolean, got {}", TypeName(j["public_ports"])));
+    }
+    r.public_ports = j["public_ports"].get<bool>();
   }
   r.canonical = std::move(j);
   return r;

@@ -50,7 +50,11 @@ Awaitable Routes::ListSandboxes(Api& api, Call& call) {
 Awaitable Routes::GetSandbox(Api& api, Call& call) {
   auto sb = log::With(call.ctx.log, [&] { return api.svc_.GetSandbox(call.caller, call.id); });
   if (!sb.ok()) co_return Fail(call.ctx, sb.status());
-  co_return RenderJson(bhttp::status::ok, service::SandboxView(*sb));
+  nlohmann::json view = service::SandboxView(*sb);
+  // Where its ports are reachable by host name ({port}-{id}.{domain}; null: path form only).
+  view["ports_domain"] = api.opts_.ports_domain.empty() ? nlohmann::json(nullptr)
+                                                        : nlohmann::json(api.opts_.ports_domain);
+  co_return RenderJson(bhttp::status::ok, view);
 }
 
 Awaitable Routes::DeleteSandbox(Api& api, Call& call) {

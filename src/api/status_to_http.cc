@@ -19,6 +19,8 @@ http::bhttp::status HttpStatusFor(const absl::Status& s) {
   if (code == "method_not_allowed") return bhttp::method_not_allowed;
   // An agent reply outside the protocol's bounds (its per-frame limits): the upstream is at fault.
   if (code == "bad_agent_reply") return bhttp::bad_gateway;
+  // Port exposure: nothing listens on the sandbox port, or it broke off (port_routes.cc).
+  if (code == "port_unreachable") return bhttp::bad_gateway;
   // Admission (service/admission.h): full now (a delete makes room), or never.
   if (code == "insufficient_capacity") return bhttp::service_unavailable;
   if (code == "exceeds_capacity") return bhttp::unprocessable_entity;

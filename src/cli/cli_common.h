@@ -44,6 +44,8 @@ void RegisterSandboxCommands(CLI::App& app, Context& ctx);
 // egress_cmds.cc: `sbx egress ID`, and one --allow value as an egress rule.
 void RegisterEgressCommand(CLI::App& app, Context& ctx);
 absl::StatusOr<nlohmann::json> ParseAllowFlag(const std::string& spec);
+// port_cmds.cc: `sbx port ID PORT`.
+void RegisterPortCommand(CLI::App& app, Context& ctx);
 void RegisterSessionCommands(CLI::App& app, Context& ctx);
 // `sbx cp`, `sbx files …` (files_cmds.cc); transfers open their own connection with *token
 // (read when the command runs, after main has found the token).

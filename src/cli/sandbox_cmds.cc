@@ -561,6 +561,7 @@ void RegisterSandboxCommands(CLI::App& app, Context& ctx) {
   RegisterLifecycle(app, ctx, "wake", "Wake paused or suspended sandboxes (waits)");
   RegisterOp(app, ctx);
   RegisterEgressCommand(app, ctx);
+  RegisterPortCommand(app, ctx);
   RegisterVersion(app, ctx);
 }
 

@@ -120,6 +120,12 @@ struct Config {
     bool public_endpoint = false;  // key metrics.public: /metrics without the admin token
     bool operator==(const Metrics&) const = default;
   };
+  // Port exposure (api/port_routes.cc, docs/api.md "Ports").
+  struct Ports {
+    std::string domain;  // host-name routing {port}-{id}.{domain}; empty: path form only
+    int64_t connect_timeout_ms = 5000;
+    bool operator==(const Ports&) const = default;
+  };
   // Sandbox networking (src/net, docs/isolation.md §2.3b). Off: only `none`, and sbxd touches
   // neither forwarding nor nftables, as before networking existed.
   struct Egress {
@@ -160,6 +166,7 @@ struct Config {
   Sessions sessions;
   Retention retention;
   Metrics metrics;
+  Ports ports;
   // Template name -> sandboxes kept ready on the default runtime. Each entry is its own key
   // (warm_pool.<template>): layers override entries, not the whole table.
   std::map<std::string, int64_t> warm_pool = {{"base", 2}};
@@ -172,7 +179,7 @@ struct Config {
   // Equal settings, wherever they came from.
   bool SameSettings(const Config& o) const {
     return server == o.server && state == o.state && runtime == o.runtime &&
-           sandbox == o.sandbox && admission == o.admission && sessions == o.sessions && retention == o.retention && metrics == o.metrics &&
+           sandbox == o.sandbox && admission == o.admission && sessions == o.sessions && retention == o.retention && metrics == o.metrics && ports == o.ports &&
            warm_pool == o.warm_pool && egress == o.egress && log == o.log;
   }
 };

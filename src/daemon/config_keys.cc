@@ -334,6 +334,16 @@ const std::vector<KeyInfo> kKeys = {
      .help = "serve GET /metrics without the admin token (for a scraper on a trusted network; "
              "the counts it shows are deployment-wide, never per tenant)",
      SBX_BOOL(metrics.public_endpoint)},
+    {.path = "ports.domain", .type = Type::kString, .flag = "--ports-domain",
+     .reloadable = false,
+     .help = "host-name routing of sandbox ports: a request whose Host is "
+             "{port}-{sandbox id}.{domain} goes to that port (point a wildcard DNS name at "
+             "sbxd); empty: only the path form /v1/sandboxes/{id}/ports/{port}/...",
+     SBX_STR(ports.domain)},
+    {.path = "ports.connect_timeout_ms", .type = Type::kInt, .flag = "--ports-connect-timeout-ms",
+     .reloadable = false, .min = 10, .max = 60000, .why = "10 ms to a minute",
+     .help = "how long sbxd waits for a connection to a sandbox port before answering 504",
+     SBX_NUM(ports.connect_timeout_ms)},
     {.path = "log.level", .type = Type::kString, .flag = "--log-level", .reloadable = true,
      .choices = "trace|debug|info|warn|error", .help = "trace, debug, info, warn or error",
      SBX_STR(log.level)},

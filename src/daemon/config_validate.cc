@@ -60,6 +60,16 @@ absl::Status Validate(const Config& c) {
     errors.push_back(fmt::format("{}: {}", LabelOf(c, *FindKey("runtime.ns.cgroup_parent")),
                                  std::string(st.message())));
   }
+  if (const std::string& d = c.ports.domain;
+      !d.empty() && (d.size() > 200 || d.front() == '.' || d.back() == '.' ||
+                     !std::all_of(d.begin(), d.end(), [](unsigned char ch) {
+                       return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-' ||
+                              ch == '.';
+                     }))) {
+    errors.push_back(fmt::format("{}: '{}' is not a lowercase DNS name (letters, digits, '-', "
+                                 "'.'; empty turns host-name routing off)",
+                                 LabelOf(c, *FindKey("ports.domain")), d));
+  }
   if (c.state.dir.empty()) {
     errors.push_back(fmt::format("{}: must not be empty", LabelOf(c, *FindKey("state.dir"))));
   }

@@ -524,11 +524,16 @@ absl::Status ServeApi(Daemon& d, sbx::http::ServerOptions hopts) {
   aopts.admin_token = d.admin_token;
   aopts.limits = d.cfg.sandbox.limits;
   aopts.metrics_public = d.cfg.metrics.public_endpoint;
+  aopts.ports_domain = d.cfg.ports.domain;
+  aopts.port_connect_timeout = std::chrono::milliseconds(d.cfg.ports.connect_timeout_ms);
   d.api = std::make_unique<sbx::api::Api>(*d.svc, aopts);
   sbx::api::Api& api = *d.api;
   hopts.privileged = [&api](const sbx::http::Request& req) { return api.Privileged(req); };
   // File uploads stream to the agent; the sandbox's disk cap bounds them (files_api.cc).
-  hopts.stream_body = &sbx::api::Api::StreamsBody;
+  // Uploads, and the bodies of requests to sandbox ports, stream instead of being held whole.
+  hopts.stream_body = [&api](const sbx::http::Request& req) {
+    return sbx::api::Api::StreamsBody(req) || api.IsPortRequest(req);
+  };
   d.server = std::make_unique<sbx::http::Server>(
       hopts, [&api](sbx::http::RequestContext& ctx) { return api.Handle(ctx); },
       sbx::api::RawErrorResponse);

@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/unique_fd.h"
 #include "runtime/resources.h"
 
 namespace sbx::runtime {
@@ -99,6 +100,17 @@ class Instance {
   // agent; works on frozen sandboxes. Unimplemented where the runtime cannot tell.
   virtual absl::StatusOr<uint64_t> DeniedEgress() const {
     return absl::UnimplementedError("denied egress: this runtime does not count it");
+  }
+
+  // Port exposure (api/port_routes.cc): a non-blocking TCP socket made in the sandbox's network
+  // namespace (a socket keeps the namespace it was made in) with a connect to its loopback,
+  // 127.0.0.1:`port` or [::1]:`port`, started. The connect may still be in progress: the caller
+  // waits for it (writable, then SO_ERROR) under its own deadline. Ingress through sbxd: no
+  // egress rule applies, whatever the sandbox's profile (`none` included).
+  virtual absl::StatusOr<UniqueFd> DialPort(uint16_t port, bool ipv6) const {
+    (void)port;
+    (void)ipv6;
+    return absl::UnimplementedError("dial port: this runtime cannot reach sandbox ports");
   }
 };
 using InstancePtr = std::unique_ptr<Instance>;

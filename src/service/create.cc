@@ -99,6 +99,7 @@ absl::StatusOr<Answer<SandboxCreated>> SandboxService::CreateSandbox(
     SBX_ASSIGN_OR_RETURN(runtime::TemplateSpec tmpl, templates_.Resolve(req.template_ref));
     SandboxRecord sb = NewSandbox(caller, req, tmpl);
     sb.egress = egress;
+    sb.port_access = NewPortAccess(req.public_ports);
     SBX_RETURN_IF_ERROR(BackendFor(sb.runtime).status());
     sb.id = warm ? warm->instance->id() : NewId("sbx");
     // Before anything is recorded or built. A pooled sandbox already holds its resources

@@ -24,6 +24,9 @@ struct CreateSandboxRequest {
   std::optional<std::string> runtime;
   std::optional<int64_t> timeout_s;
   std::optional<int64_t> idle_suspend_s;
+  // Port exposure without a token (docs/api.md, "Ports"): anyone who can reach sbxd can reach
+  // the sandbox's servers.
+  bool public_ports = false;
   nlohmann::json canonical;  // the parsed body, for idempotency hashing
 };
 

@@ -213,6 +213,22 @@ class SandboxService {
   void RecordSessionExit(const std::string& session_id, const SessionExit& ev);
   void RecordSessionStatus(const std::string& session_id, const SessionStatus& status);
 
+  // Port exposure (ports.cc, api/port_routes.cc). Who may reach sandbox `sandbox_id`'s ports:
+  // its owner's management token, its traffic token, or anyone when it was created with
+  // public_ports. Returns the owner's tenant; not_found (also for another tenant's caller),
+  // unauthenticated (no credential), permission_denied (a traffic token of another sandbox or
+  // none at all), sandbox_not_running. A success counts as activity (no idle suspension).
+  struct PortCredentials {
+    std::optional<Caller> caller;              // from a valid management token
+    std::optional<std::string> traffic_token;  // as the client sent it, unchecked
+  };
+  absl::StatusOr<std::string> AuthorizePort(const std::string& sandbox_id,
+                                            const PortCredentials& creds);
+  // A socket connecting to the sandbox's loopback `port` (runtime::Instance::DialPort), made in
+  // its network namespace; sandbox_not_running when it is not running or frozen.
+  absl::StatusOr<UniqueFd> DialPort(const std::string& sandbox_id, uint16_t port,
+                                    bool ipv6) const;
+
   const AttachTokens& attach_tokens() const { return tokens_; }
   // Readers waiting for a sandbox's operations to move (keyed by sandbox id).
   JobWaiters& job_waiters() { return waiters_; }

@@ -28,6 +28,9 @@ using store::SessionRecord;
 using store::Tx;
 
 absl::Status BadId(std::string_view kind, const std::string& id);
+// A new sandbox's SandboxRecord::port_access (ports.cc): a fresh traffic token, and whether its
+// ports are open without one.
+nlohmann::json NewPortAccess(bool public_ports);
 absl::Status NotFound(std::string_view kind, const std::string& id);
 nlohmann::json ErrorJson(std::string_view code, const absl::Status& s);
 

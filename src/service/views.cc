@@ -41,6 +41,9 @@ nlohmann::json SandboxView(const store::SandboxRecord& r) {
       {"updated_at", r.updated_at},
       {"current_operation_id", OrNull(r.current_operation_id)},
       {"error", r.error},
+      // Only the owner sees a sandbox: its traffic token is the owner's to hand out.
+      {"traffic_token", r.port_access.is_object() ? r.port_access.value("traffic_token", nlohmann::json(nullptr)) : nlohmann::json(nullptr)},
+      {"public_ports", r.port_access.is_object() && r.port_access.value("public", false)},
   };
 }
 

@@ -62,6 +62,7 @@ absl::StatusOr<SandboxRecord> ReadSandbox(const StmtCursor& q) {
   SBX_ASSIGN_OR_RETURN(r.runtime_state, ColumnJson(q, 16, what + " runtime_state"));
   r.idle_suspend_s = q.OptInt(17);
   SBX_ASSIGN_OR_RETURN(r.egress, ColumnJson(q, 18, what + " egress"));
+  SBX_ASSIGN_OR_RETURN(r.port_access, ColumnJson(q, 19, what + " port_access"));
   return r;
 }
 
@@ -80,6 +81,7 @@ absl::Status BindSandbox(StmtCursor& q, const SandboxRecord& r) {
   SBX_RETURN_IF_ERROR(BindJson(q, 17, r.runtime_state, what + " runtime_state"));
   q.Bind(18, r.idle_suspend_s);
   SBX_RETURN_IF_ERROR(BindJson(q, 19, r.egress, what + " egress"));
+  SBX_RETURN_IF_ERROR(BindJson(q, 20, r.port_access, what + " port_access"));
   return absl::OkStatus();
 }
 

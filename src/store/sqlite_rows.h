@@ -18,7 +18,7 @@
 #define SBX_STORE_SANDBOX_COLS                                                               \
   "id, tenant_id, state, template_ref, template_digest, runtime, resources, "                \
   "effective_resources, egress_profile, env, labels, timeout_s, created_at, updated_at, "    \
-  "current_operation_id, error, runtime_state, idle_suspend_s, egress"
+  "current_operation_id, error, runtime_state, idle_suspend_s, egress, port_access"
 #define SBX_STORE_OPERATION_COLS                                                           \
   "id, tenant_id, kind, sandbox_id, state, error, result, created_at, updated_at, "          \
   "completed_at, initiator"

@@ -101,6 +101,11 @@ ALTER TABLE sessions ADD COLUMN error TEXT;
     R"sql(
 ALTER TABLE sandboxes ADD COLUMN egress TEXT;
 )sql",
+    // 5: who may reach the sandbox's ports through sbxd: {"traffic_token", "public"}, kept so
+    // that the token a client holds survives an sbxd restart; null: a sandbox made before.
+    R"sql(
+ALTER TABLE sandboxes ADD COLUMN port_access TEXT;
+)sql",
 };
 constexpr int kSchemaVersion = static_cast<int>(std::size(kMigrations));
 

@@ -55,7 +55,7 @@ constexpr char kListLiveSandboxes[] = "SELECT " SBX_STORE_SANDBOX_COLS
 constexpr char kCountLiveSandboxesByState[] =
     "SELECT state, COUNT(*) FROM sandboxes WHERE state <> 'deleted' GROUP BY state";
 constexpr char kPutSandbox[] = "INSERT INTO sandboxes (" SBX_STORE_SANDBOX_COLS R"sql()
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)
 ON CONFLICT (id) DO UPDATE SET
   tenant_id = excluded.tenant_id, state = excluded.state,
   template_ref = excluded.template_ref, template_digest = excluded.template_digest,
@@ -65,7 +65,7 @@ ON CONFLICT (id) DO UPDATE SET
   created_at = excluded.created_at, updated_at = excluded.updated_at,
   current_operation_id = excluded.current_operation_id, error = excluded.error,
   runtime_state = excluded.runtime_state, idle_suspend_s = excluded.idle_suspend_s,
-  egress = excluded.egress)sql";
+  egress = excluded.egress, port_access = excluded.port_access)sql";
 
 constexpr char kGetOperation[] =
     "SELECT " SBX_STORE_OPERATION_COLS " FROM operations WHERE id = ?1";

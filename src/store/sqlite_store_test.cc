@@ -82,6 +82,7 @@ SandboxRecord FullSandbox(const std::string& id) {
   r.effective_resources = {{"cpu", 2}, {"memory_mb", 512}, {"disk", {{"mb", 1024.5}}}};
   r.egress_profile = "lab";
   r.egress = {{"profile", "lab"}, {"narrowed", nullptr}};
+  r.port_access = {{"traffic_token", "stt1.x"}, {"public", false}};
   r.env = {{"LANG", "C.UTF-8"}, {"EMPTY", ""}, {"UNI", "h\u00e9llo \u2603"}};
   r.labels = {{"team", "red"}, {"tier", "gold"}};
   r.timeout_s = 3600;
@@ -140,6 +141,7 @@ void ExpectSandboxEq(const SandboxRecord& a, const SandboxRecord& b) {
   EXPECT_EQ(a.effective_resources, b.effective_resources);
   EXPECT_EQ(a.egress_profile, b.egress_profile);
   EXPECT_EQ(a.egress, b.egress);
+  EXPECT_EQ(a.port_access, b.port_access);
   EXPECT_EQ(a.env, b.env);
   EXPECT_EQ(a.labels, b.labels);
   EXPECT_EQ(a.timeout_s, b.timeout_s);
@@ -718,7 +720,7 @@ TEST_F(SqliteStoreTest, ReopenKeepsDataAndSchemaVersion) {
   store_.reset();
   {
     RawDb raw(path_);
-    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "4");
+    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "5");
     EXPECT_EQ(raw.QueryText("PRAGMA journal_mode"), "wal");
   }
   Open();
@@ -727,7 +729,7 @@ TEST_F(SqliteStoreTest, ReopenKeepsDataAndSchemaVersion) {
   ExpectSandboxEq(*got, FullSandbox("sbx_1"));
   store_.reset();
   RawDb raw(path_);
-  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "4");
+  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "5");
 }
 
 // A database written by the first release (schema 1) opens: rows keep their values and the new
@@ -740,8 +742,9 @@ TEST_F(SqliteStoreTest, SchemaOneDatabaseIsMigrated) {
   ASSERT_TRUE(store_->Transact([&](Tx& tx) { return tx.PutOperation(op); }).ok());
   store_.reset();
   {
-    RawDb raw(path_);  // undo migrations 4, 3 and 2 by hand
-    raw.Exec("ALTER TABLE sandboxes DROP COLUMN egress; ALTER TABLE sessions DROP COLUMN error; "
+    RawDb raw(path_);  // undo migrations 5, 4, 3 and 2 by hand
+    raw.Exec("ALTER TABLE sandboxes DROP COLUMN port_access; "
+             "ALTER TABLE sandboxes DROP COLUMN egress; ALTER TABLE sessions DROP COLUMN error; "
              "DROP INDEX sandboxes_deleted; ALTER TABLE sandboxes DROP COLUMN idle_suspend_s; "
              "ALTER TABLE operations DROP COLUMN initiator; PRAGMA user_version = 1;");
   }
@@ -750,6 +753,7 @@ TEST_F(SqliteStoreTest, SchemaOneDatabaseIsMigrated) {
   ASSERT_TRUE(got.ok()) << got.status();
   sb.idle_suspend_s.reset();
   sb.egress = nullptr;
+  sb.port_access = nullptr;
   ExpectSandboxEq(*got, sb);
   auto got_op = Read([&](Tx& tx) { return tx.GetOperation("op_1"); });
   ASSERT_TRUE(got_op.ok()) << got_op.status();

@@ -53,6 +53,9 @@ struct SandboxRecord {
   Json runtime_state = nullptr;  // what the backend needs to Adopt() the sandbox after a restart
   // net::ResolvedEgress::ToJson() of a networked sandbox, as resolved at create; null: `none`.
   Json egress = nullptr;
+  // Port exposure (api/port_routes.cc): {"traffic_token": "stt1....", "public": bool}, set at
+  // create; null for a sandbox created before schema 5 (reachable with a management token only).
+  Json port_access = nullptr;
 };
 
 struct OperationRecord {

@@ -31,6 +31,7 @@ import hostcheck  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 MUST_RUN = os.environ.get("SBX_TESTS_MUST_RUN") == "1"
 RUNTIME = os.environ.get("SBX_E2E_RUNTIME", "ns")
+PORTS_DOMAIN = "sbx.test"
 LISTEN_TIMEOUT_S = 30
 STOP_GRACE_S = 15
 
@@ -91,8 +92,11 @@ class Daemon:
             pytest.fail(f"{self.binary} not found: build first (bash tools/build.sh) or set SBX_BUILD_DIR")
         # JSON explicitly (auto would pick it too: stderr is a pipe): test_logs.py parses every
         # line of this log.
+        # --ports-domain: test_ports.py reaches sandbox ports by Host name too (never resolved:
+        # the name only travels in the Host header to 127.0.0.1).
         argv = [str(self.binary), "--listen", "127.0.0.1:0", "--state-dir", str(self.state_dir),
-                "--admin-token", self.token, "--log-format", "json"]
+                "--admin-token", self.token, "--log-format", "json",
+                "--ports-domain", PORTS_DOMAIN]
         if self.runtime == "fake":
             argv += ["--runtime", "fake"]
         argv += self.extra_args

@@ -23,7 +23,8 @@ class HandshakeError(Exception):
 
 
 class WsClient:
-    def __init__(self, base_url: str, path: str, token: str | None, timeout: float = 30.0):
+    def __init__(self, base_url: str, path: str, token: str | None, timeout: float = 30.0,
+                 extra_headers: dict | None = None):
         u = urlsplit(base_url)
         self.sock = socket.create_connection((u.hostname, u.port), timeout=timeout)
         key = base64.b64encode(os.urandom(16)).decode()
@@ -31,6 +32,7 @@ class WsClient:
                  "Connection: Upgrade", f"Sec-WebSocket-Key: {key}", "Sec-WebSocket-Version: 13"]
         if token:
             lines.append(f"Authorization: Bearer {token}")
+        lines += [f"{k}: {v}" for k, v in (extra_headers or {}).items()]
         self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
         self.buf = b""
         while b"\r\n\r\n" not in self.buf:

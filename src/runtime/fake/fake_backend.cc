@@ -1,9 +1,12 @@
 #include "runtime/fake/fake_backend.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -212,6 +215,34 @@ class FakeInstance : public Instance {
           fmt::format("destroy sandbox {}: remove {}: {}", id_, dir_, ec.message()));
     }
     return absl::OkStatus();
+  }
+
+  // No network namespace: the sandbox's loopback is the host's.
+  absl::StatusOr<UniqueFd> DialPort(uint16_t port, bool ipv6) const override {
+    UniqueFd sock(::socket(ipv6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (!sock) return ErrnoStatus(errno, "fake dial port: socket()");
+    sockaddr_storage ss{};
+    socklen_t len;
+    if (ipv6) {
+      auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+      a->sin6_family = AF_INET6;
+      a->sin6_port = htons(port);
+      a->sin6_addr = in6addr_loopback;
+      len = sizeof(*a);
+    } else {
+      auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+      a->sin_family = AF_INET;
+      a->sin_port = htons(port);
+      a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      len = sizeof(*a);
+    }
+    if (::connect(sock.get(), reinterpret_cast<sockaddr*>(&ss), len) != 0 && errno != EINPROGRESS) {
+      if (errno == ECONNREFUSED) {
+        return absl::UnavailableError(fmt::format("fake dial port {}: nothing listening", port));
+      }
+      return ErrnoStatus(errno, fmt::format("fake dial port: connect({})", port));
+    }
+    return sock;
   }
 
   // No cgroup here: pause stops the agent's whole session with SIGSTOP. Unlike a freezer, a

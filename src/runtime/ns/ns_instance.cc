@@ -20,6 +20,7 @@
 #include "runtime/ns/net_counters.h"
 #include "runtime/ns/ns_network.h"
 #include "runtime/ns/pidfd.h"
+#include "runtime/ns/port_dial.h"
 
 namespace sbx::runtime::ns {
 
@@ -115,6 +116,14 @@ class NsInstance : public Instance {
       return absl::FailedPreconditionError(fmt::format("denied egress {}: agent exited", id_));
     }
     return n;
+  }
+
+  absl::StatusOr<UniqueFd> DialPort(uint16_t port, bool ipv6) const override {
+    // The agent's pidfd names its namespace without a pid that could be recycled.
+    if (destroyed_ || !pidfd_) {
+      return absl::FailedPreconditionError(fmt::format("dial port {}: no agent", id_));
+    }
+    return DialLoopback(pidfd_.get(), port, ipv6);
   }
 
   absl::Status Destroy() override {
