@@ -133,7 +133,14 @@ for spec in sys.argv[1:]:
             s.sendall(b"hello"); reply = s.recv(256)
         elif kind == "http":
             s.sendall(("GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % args[2]).encode())
-            reply = s.recv(4096).split(b"\r\n\r\n", 1)[-1]
+            # Until the server closes (Connection: close): headers and body may come apart.
+            data = b""
+            while len(data) < 65536:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+            reply = data.split(b"\r\n\r\n", 1)[-1] if b"\r\n\r\n" in data else b""
         else:
             s.sendall(b"SSH-2.0-probe\r\n"); reply = s.recv(64)
         if not reply:
