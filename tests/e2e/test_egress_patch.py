@@ -33,17 +33,23 @@ MAX_CONNECTIONS, RATE_MBIT = 6, 40
 
 SERVERS = r"""
 import socket, sys, threading, time
+_out = threading.Lock()
+def say(*words):
+    # One write per line under a lock: print() from two threads can interleave its pieces
+    # ("acceptedaccepted A B").
+    with _out:
+        sys.stdout.write(" ".join(str(w) for w in words) + "\n"); sys.stdout.flush()
 def listen(port):
     s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("0.0.0.0", port)); s.listen(64); return s
 def drip(c):
     addr = c.getsockname()[0]
-    print("accepted", addr, flush=True)
+    say("accepted", addr)
     try:
         while True:
             c.sendall(b"d" * 512); time.sleep(0.05)
     except OSError as e:
-        print("cut", addr, type(e).__name__, flush=True)
+        say("cut", addr, type(e).__name__)
 def bulk(c):
     chunk = b"b" * 65536
     try:
@@ -64,7 +70,7 @@ def serve(port, fn):
 for port, fn in ((8090, drip), (8091, bulk), (8092, sink)):
     threading.Thread(target=serve, args=(port, fn), daemon=True).start()
 time.sleep(0.2)
-print("ready", flush=True)
+say("ready")
 threading.Event().wait()
 """
 
