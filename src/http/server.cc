@@ -340,14 +340,21 @@ asio::awaitable<void> Server::ShedAtFdLimit() {
     co_return;
   }
   const auto peer = socket.remote_endpoint(ec);
+  // Descriptors may have come back while this accept waited (connections closed, the limit was
+  // raised): with every spare held again the pressure is over, and this is an ordinary
+  // connection, not one for the reserve (it got a 503 right after the pressure ended).
+  spares_.Refill();
+  const bool recovered = !ec && spares_.full();
   ConnectionTable::Lease lease;
-  // The last spare stays for the next refusal.
-  if (!ec && spares_.held() > 0) {
+  if (recovered) {
+    lease = connections_.Admit(peer.address());
+  } else if (!ec && spares_.held() > 0) {  // the last spare stays for the next refusal
     lease = connections_.AdmitReserve(peer.address(), ConnectionTable::kOpenFiles);
   }
-  if (lease.slot() != ConnectionTable::Slot::kReserve) {
-    // No drain: descriptors are what is short.
-    Refuse(std::move(socket), ConnectionTable::kOpenFiles, /*drain=*/false);
+  if (lease.slot() == ConnectionTable::Slot::kRefused) {
+    // No drain while descriptors are what is short.
+    Refuse(std::move(socket), recovered ? lease.reason() : ConnectionTable::kOpenFiles,
+           /*drain=*/recovered);
     spares_.Refill();
     co_return;
   }

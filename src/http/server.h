@@ -164,6 +164,8 @@ class SpareFds {
   // Reopens up to the target; stops at the first failure (still out of descriptors).
   void Refill();
   size_t held() const { return held_.load(std::memory_order_relaxed); }
+  // Every spare is held: the process is not short of descriptors.
+  bool full() const { return held() >= target_; }
 
  private:
   const size_t target_;
