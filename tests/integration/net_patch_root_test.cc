@@ -29,80 +29,12 @@
 #include "net/nflog.h"
 #include "net/nft.h"
 #include "net/sandbox_net.h"
+#include "netns_test_util.h"
 
 namespace sbx::net {
 namespace {
 
-IpPrefix IfAddr(const std::string& text) {
-  size_t slash = text.find('/');
-  IpPrefix p = *IpPrefix::Parse(text.substr(0, slash));
-  if (slash != std::string::npos) p.len = std::stoi(text.substr(slash + 1));
-  return p;
-}
-
-UniqueFd CurrentNetns() { return UniqueFd(::open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC)); }
-
-UniqueFd NewNetns() {
-  UniqueFd here = CurrentNetns();
-  if (::unshare(CLONE_NEWNET) != 0) return {};
-  UniqueFd fresh = CurrentNetns();
-  {
-    auto nl = Netlink::Open();
-    if (nl.ok()) {
-      auto lo = nl->IfIndex("lo");
-      if (lo.ok()) (void)nl->SetUp(*lo);
-    }
-  }
-  if (::setns(here.get(), CLONE_NEWNET) != 0) std::abort();
-  return fresh;
-}
-
-template <typename F>
-auto InNetns(int ns, F f) {
-  UniqueFd here = CurrentNetns();
-  if (::setns(ns, CLONE_NEWNET) != 0) std::abort();
-  auto r = f();
-  if (::setns(here.get(), CLONE_NEWNET) != 0) std::abort();
-  return r;
-}
-
-sockaddr_in Addr4(const std::string& ip, int port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  ::inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
-  return a;
-}
-
-UniqueFd Listen(int ns, int port) {
-  return InNetns(ns, [&] {
-    sockaddr_in a = Addr4("0.0.0.0", port);
-    UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    int one = 1;
-    ::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(s.get(), 64) != 0) {
-      ADD_FAILURE() << "listen :" << port << ": " << strerror(errno);
-    }
-    return s;
-  });
-}
-
-// A TCP connection from namespace `ns`, or an empty fd when the handshake does not complete
-// within `timeout_ms` (a refused SYN is dropped: a refusal is a timeout).
-UniqueFd Connect(int ns, const std::string& ip, int port, int timeout_ms = 3000) {
-  UniqueFd s = InNetns(ns, [] { return UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)); });
-  sockaddr_in a = Addr4(ip, port);
-  if (::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    if (errno != EINPROGRESS) return {};
-    pollfd p{.fd = s.get(), .events = POLLOUT};
-    if (::poll(&p, 1, timeout_ms) != 1) return {};
-    int err = 0;
-    socklen_t el = sizeof(err);
-    ::getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &el);
-    if (err != 0) return {};
-  }
-  return s;
-}
+using namespace nstest;  // NOLINT: the namespace helpers of netns_test_util.h
 
 UniqueFd Accept(int listener, int timeout_ms = 3000) {
   pollfd p{.fd = listener, .events = POLLIN};
@@ -178,7 +110,7 @@ std::vector<EgressRule> Rules(const char* json) { return *ParseRules(nlohmann::j
 
 TEST_F(NetPatchRootTest, PatchCutsTheFlowsItForbidsAndKeepsTheRest) {
   StartHost();
-  UniqueFd l80 = Listen(internet_.get(), 80), l8080 = Listen(internet_.get(), 8080);
+  UniqueFd l80 = Listen(internet_.get(), "0.0.0.0", 80), l8080 = Listen(internet_.get(), "0.0.0.0", 8080);
   UniqueFd ns = NewNetns();
   auto sb = net_->Attach("sbx_patch", ns.get(), {.profile = "open"});
   ASSERT_TRUE(sb.ok()) << sb.status();
@@ -227,7 +159,7 @@ TEST_F(NetPatchRootTest, PatchCutsTheFlowsItForbidsAndKeepsTheRest) {
 
 TEST_F(NetPatchRootTest, ConntrackDeleteCutsALiveFlow) {
   StartHost();
-  UniqueFd l = Listen(internet_.get(), 8080);
+  UniqueFd l = Listen(internet_.get(), "0.0.0.0", 8080);
   UniqueFd ns = NewNetns();
   auto sb = net_->Attach("sbx_ct", ns.get(), {.profile = "open"});
   ASSERT_TRUE(sb.ok()) << sb.status();
@@ -257,7 +189,7 @@ TEST_F(NetPatchRootTest, ConntrackDeleteCutsALiveFlow) {
 TEST_F(NetPatchRootTest, ConnectionLimitRefusesTheNextOne) {
   cfg_.max_connections = 3;
   StartHost();
-  UniqueFd l = Listen(internet_.get(), 8080);
+  UniqueFd l = Listen(internet_.get(), "0.0.0.0", 8080);
   UniqueFd ns = NewNetns(), other_ns = NewNetns();
   auto sb = net_->Attach("sbx_conns", ns.get(), {.profile = "open"});
   ASSERT_TRUE(sb.ok()) << sb.status();

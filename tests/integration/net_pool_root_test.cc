@@ -26,73 +26,13 @@
 #include "common/unique_fd.h"
 #include "net/netlink.h"
 #include "net/sandbox_net.h"
+#include "netns_test_util.h"
 #include "runtime/ns/netns_pool.h"
 
 namespace sbx::net {
 namespace {
 
-UniqueFd CurrentNetns() { return UniqueFd(::open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC)); }
-
-// A new namespace with lo up; the calling thread stays where it was.
-UniqueFd NewNetns() {
-  UniqueFd here = CurrentNetns();
-  if (::unshare(CLONE_NEWNET) != 0) return {};
-  UniqueFd fresh = CurrentNetns();
-  {
-    auto nl = Netlink::Open();
-    if (nl.ok()) {
-      auto lo = nl->IfIndex("lo");
-      if (lo.ok()) (void)nl->SetUp(*lo);
-    }
-  }
-  if (::setns(here.get(), CLONE_NEWNET) != 0) std::abort();
-  return fresh;
-}
-
-template <typename F>
-auto InNetns(int ns, F f) {
-  UniqueFd here = CurrentNetns();
-  if (::setns(ns, CLONE_NEWNET) != 0) std::abort();
-  auto r = f();
-  if (::setns(here.get(), CLONE_NEWNET) != 0) std::abort();
-  return r;
-}
-
-sockaddr_in Addr4(const std::string& ip, int port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  ::inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
-  return a;
-}
-
-UniqueFd Listen(int ns, const std::string& ip, int port) {
-  return InNetns(ns, [&] {
-    sockaddr_in a = Addr4(ip, port);
-    UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    int one = 1;
-    ::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(s.get(), 64) != 0) {
-      ADD_FAILURE() << "listen " << ip << ":" << port << ": " << strerror(errno);
-    }
-    return s;
-  });
-}
-
-// True when a TCP handshake from namespace `ns` to ip:port completes within `timeout_ms` (a
-// refused packet is dropped, so a refusal shows as a timeout).
-bool TcpReaches(int ns, const std::string& ip, int port, int timeout_ms = 3000) {
-  UniqueFd s = InNetns(ns, [&] { return UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)); });
-  sockaddr_in a = Addr4(ip, port);
-  if (::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) return true;
-  if (errno != EINPROGRESS) return false;
-  pollfd p{.fd = s.get(), .events = POLLOUT};
-  if (::poll(&p, 1, timeout_ms) != 1) return false;
-  int err = 0;
-  socklen_t el = sizeof(err);
-  ::getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &el);
-  return err == 0;
-}
+using namespace nstest;  // NOLINT: the namespace helpers of netns_test_util.h
 
 // The alias of host link `name`, "" when there is no such link.
 std::string AliasOf(const std::string& name) {
@@ -173,9 +113,9 @@ TEST_F(NetPoolRootTest, PooledVethPassesNoTrafficUntilClaimed) {
   EXPECT_EQ(net_->pool().in_use(), 1u);
   // Addresses, routes and links are there, but no element: the allowed destination, the host
   // and the gateway are all unreachable.
-  EXPECT_FALSE(TcpReaches(ns.get(), "198.18.0.2", 80, 500));
-  EXPECT_FALSE(TcpReaches(ns.get(), "198.18.0.1", 7777, 500));
-  EXPECT_FALSE(TcpReaches(ns.get(), net.addrs().host4.AddressString(), 7777, 500));
+  EXPECT_FALSE(TcpReaches(ns.get(), "198.18.0.2", 80, "", 500));
+  EXPECT_FALSE(TcpReaches(ns.get(), "198.18.0.1", 7777, "", 500));
+  EXPECT_FALSE(TcpReaches(ns.get(), net.addrs().host4.AddressString(), 7777, "", 500));
   EXPECT_FALSE(net_->Denials("").ok());
 
   ASSERT_TRUE(net_->Claim(net, "sbx_claimed", {.profile = "lab"}).ok());
@@ -183,8 +123,8 @@ TEST_F(NetPoolRootTest, PooledVethPassesNoTrafficUntilClaimed) {
   EXPECT_EQ(AliasOf(net.veth()), "sbx_claimed");
   // Exactly its rules now: the first SYN goes through (the link was operational before).
   EXPECT_TRUE(TcpReaches(ns.get(), "198.18.0.2", 80));
-  EXPECT_FALSE(TcpReaches(ns.get(), "198.18.0.2", 8080, 500));
-  EXPECT_FALSE(TcpReaches(ns.get(), "198.18.0.1", 7777, 500));
+  EXPECT_FALSE(TcpReaches(ns.get(), "198.18.0.2", 8080, "", 500));
+  EXPECT_FALSE(TcpReaches(ns.get(), "198.18.0.1", 7777, "", 500));
   auto denied = net_->Denials("sbx_claimed");
   ASSERT_TRUE(denied.ok()) << denied.status();
   EXPECT_GT((*denied)["not_allowed"], 0u);
@@ -206,7 +146,7 @@ TEST_F(NetPoolRootTest, ClaimRefusesBadInputAndDestroyLeavesNothing) {
   EXPECT_EQ(net_->Claim(**pooled, "x\"; flush ruleset", {.profile = "open"}).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*pooled)->id(), "");  // still unclaimed, still passes nothing
-  EXPECT_FALSE(TcpReaches(ns.get(), "198.18.0.2", 80, 500));
+  EXPECT_FALSE(TcpReaches(ns.get(), "198.18.0.2", 80, "", 500));
   pooled->reset();  // an unclaimed pooled network destroyed (the pool stops)
   EXPECT_EQ(AliasOf(veth), "");
   EXPECT_EQ(net_->pool().in_use(), 0u);
@@ -245,7 +185,7 @@ TEST_F(NetPoolRootTest, NetnsPoolServesNetworkedNamespaces) {
   ASSERT_TRUE(got.has_value());
   ASSERT_TRUE(got->netns && got->network);
   EXPECT_EQ(got->network->id(), "");
-  EXPECT_FALSE(TcpReaches(got->netns.get(), "198.18.0.2", 80, 500));
+  EXPECT_FALSE(TcpReaches(got->netns.get(), "198.18.0.2", 80, "", 500));
   ASSERT_TRUE(net_->Claim(*got->network, "sbx_from_pool", {.profile = "open"}).ok());
   EXPECT_TRUE(TcpReaches(got->netns.get(), "198.18.0.2", 8080));
   EXPECT_EQ(AliasOf(got->network->veth()), "sbx_from_pool");
