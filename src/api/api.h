@@ -33,6 +33,8 @@ struct ApiOptions {
   // and how long a connect to a sandbox port may take before the request fails with 504.
   std::string ports_domain;
   std::chrono::milliseconds port_connect_timeout{5000};
+  // A relay to a sandbox port with no byte moving either way for this long is ended.
+  std::chrono::seconds port_idle_timeout{600};
 };
 
 class Api {

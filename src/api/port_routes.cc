@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 
 #include <cctype>
+#include <chrono>
 #include <cstdlib>
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
@@ -60,11 +61,52 @@ absl::Status Unreachable(const PortAddress& a, std::string_view why) {
 
 // Bytes one way until the source ends or either side fails; then the end is passed on
 // (shutdown of the sending side), so a half-closed WebSocket or TCP stream stays half-closed.
-asio::awaitable<void> Pump(tcp::socket& from, tcp::socket& to) {
+// Ends a relay once nothing has moved for `idle`: closing the sockets fails their pending reads
+// and writes, so the relay's own error paths end it (never a cancelled write half-way into the
+// client's stream). Without it a server in the sandbox that never answers, or a WebSocket both
+// ends abandoned, would hold the descriptors, and the sandbox's network namespace they keep
+// alive, for ever. `Run` returns when `relay` has returned.
+class IdleWatch {
+ public:
+  IdleWatch(asio::any_io_executor ex, std::chrono::seconds idle) : timer_(ex), idle_(idle) {}
+  void Touch() { last_ = std::chrono::steady_clock::now(); }
+
+  asio::awaitable<void> Run(asio::awaitable<void> relay, tcp::socket& a, tcp::socket* b) {
+    co_await (Finish(std::move(relay)) && Watch(a, b));
+  }
+
+ private:
+  asio::awaitable<void> Finish(asio::awaitable<void> relay) {
+    co_await std::move(relay);
+    done_ = true;
+    timer_.cancel();
+  }
+  asio::awaitable<void> Watch(tcp::socket& a, tcp::socket* b) {
+    while (!done_) {
+      const auto due = last_ + idle_;
+      if (std::chrono::steady_clock::now() >= due) {
+        boost::system::error_code ignored;
+        a.close(ignored);
+        if (b != nullptr) b->close(ignored);
+        co_return;
+      }
+      timer_.expires_at(due);
+      co_await timer_.async_wait(kTuple);  // cancelled once the relay is done
+    }
+  }
+
+  asio::steady_timer timer_;
+  std::chrono::seconds idle_;
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+  bool done_ = false;  // one strand: no lock
+};
+
+asio::awaitable<void> Pump(tcp::socket& from, tcp::socket& to, IdleWatch& act) {
   std::vector<char> buf(kPiece);
   for (;;) {
     auto [ec, n] = co_await from.async_read_some(asio::buffer(buf), kTuple);
     if (ec) break;
+    act.Touch();
     auto [wec, wn] = co_await asio::async_write(to, asio::buffer(buf.data(), n), kTuple);
     if (wec) break;
   }
@@ -175,11 +217,14 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
     ctx.taken_status = 101;
     ctx.connection->expires_never();
     tcp::socket& client = ctx.connection->socket();
-    co_await (Pump(client, up) && Pump(up, client));
+    IdleWatch act(up.get_executor(), opts_.port_idle_timeout);
+    auto both_ways = Pump(client, up, act) && Pump(up, client, act);
+    co_await act.Run(std::move(both_ways), up, &client);
     co_return std::nullopt;
   }
 
   // Request: the head, then the body as it arrives.
+  IdleWatch act(up.get_executor(), opts_.port_idle_timeout);
   bool upload_failed = false;
   absl::Status upload_error;
   auto upload = [&]() -> asio::awaitable<void> {
@@ -194,6 +239,7 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
     const bool chunked = !ho.content_length;
     for (;;) {
       auto got = co_await ctx.body->ReadSome(buf.data(), buf.size());
+      act.Touch();
       if (!got.ok()) {
         upload_error = got.status();
         upload_failed = true;
@@ -250,6 +296,7 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
       p.get().body().data = buf.data();
       p.get().body().size = buf.size();
       auto [ec, n] = co_await bhttp::async_read_some(up, ubuf, p, kTuple);
+      act.Touch();
       if (ec && ec != bhttp::error::need_buffer) {
         co_return Unreachable(a, fmt::format("response broke off ({})", ec.message()));
       }
@@ -300,7 +347,10 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
     co_await ctx.stream.End();
   };
 
-  co_await (upload() && relay());
+  // Only the upstream is closed when idle: the client then gets the 502 (no answer yet) or
+  // sees the streamed body end.
+  auto exchange = upload() && relay();
+  co_await act.Run(std::move(exchange), up, nullptr);
   if (whole) co_return std::move(whole);
   if (!began) co_return Fail(ctx, relay_error.ok() ? Unreachable(a, "no answer") : relay_error);
   co_return std::nullopt;

@@ -124,6 +124,7 @@ struct Config {
   struct Ports {
     std::string domain;  // host-name routing {port}-{id}.{domain}; empty: path form only
     int64_t connect_timeout_ms = 5000;
+    int64_t idle_timeout_s = 600;
     bool operator==(const Ports&) const = default;
   };
   // Sandbox networking (src/net, docs/isolation.md §2.3b). Off: only `none`, and sbxd touches

@@ -344,6 +344,11 @@ const std::vector<KeyInfo> kKeys = {
      .reloadable = false, .min = 10, .max = 60000, .why = "10 ms to a minute",
      .help = "how long sbxd waits for a connection to a sandbox port before answering 504",
      SBX_NUM(ports.connect_timeout_ms)},
+    {.path = "ports.idle_timeout_s", .type = Type::kInt, .flag = "--ports-idle-timeout-s",
+     .reloadable = false, .min = 1, .max = 86400, .why = "a second to a day",
+     .help = "a request or WebSocket relayed to a sandbox port is ended once no byte has "
+             "moved either way for this long (a server that never answers holds nothing)",
+     SBX_NUM(ports.idle_timeout_s)},
     {.path = "log.level", .type = Type::kString, .flag = "--log-level", .reloadable = true,
      .choices = "trace|debug|info|warn|error", .help = "trace, debug, info, warn or error",
      SBX_STR(log.level)},

@@ -526,6 +526,7 @@ absl::Status ServeApi(Daemon& d, sbx::http::ServerOptions hopts) {
   aopts.metrics_public = d.cfg.metrics.public_endpoint;
   aopts.ports_domain = d.cfg.ports.domain;
   aopts.port_connect_timeout = std::chrono::milliseconds(d.cfg.ports.connect_timeout_ms);
+  aopts.port_idle_timeout = std::chrono::seconds(d.cfg.ports.idle_timeout_s);
   d.api = std::make_unique<sbx::api::Api>(*d.svc, aopts);
   sbx::api::Api& api = *d.api;
   hopts.privileged = [&api](const sbx::http::Request& req) { return api.Privileged(req); };

@@ -6,6 +6,7 @@ Prints "ready" once every address is bound. Routes:
     GET  /bytes?n=N          N bytes (a repeating pattern), chunked
     GET  /sse                event "one"; waits for GET /release; event "two"; end
     GET  /release            lets /sse go on
+    GET  /silent             reads the request and never answers (for at most 120 s)
     GET  /ws                 WebSocket echo (text and binary), until the client closes
 """
 import base64
@@ -70,6 +71,9 @@ class Handler(BaseHTTPRequestHandler):
             self._chunk(b"event: two\ndata: 2\n\n")
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
+            return
+        if path == "/silent":
+            threading.Event().wait(120)
             return
         if path == "/release":
             GATE.set()

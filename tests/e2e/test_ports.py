@@ -12,7 +12,10 @@ import os
 import pytest
 import requests
 
-from conftest import PORTS_DOMAIN
+import time
+
+from conftest import PORTS_DOMAIN, Daemon, shutdown
+from sbx_client import SbxClient
 from port_helpers import start_server
 from ws_client import OP_BINARY, OP_TEXT, WsClient
 
@@ -227,3 +230,49 @@ def test_cli_prints_the_urls(served, sbxd):
     bad = subprocess.run([str(build_dir() / "bin" / "sbx"), "--url", sbxd.url, "--token", sbxd.token,
                           "port", sid, "70000"], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2
+
+
+def test_idle_relays_end_instead_of_hanging(validator):
+    """ports.idle_timeout_s: a server that reads the request and never answers gets the client
+    a 502 once nothing has moved for that long (never a hang), and a stream that stops moving
+    ends; a stream that keeps moving is not cut."""
+    d = Daemon(extra_args=["--warm-pool", "base=0", "--ports-idle-timeout-s", "2"])
+    d.start()
+    client = SbxClient(d.url, d.token, validator)
+    problems = []
+    try:
+        sb = client.create_sandbox({})["sandbox"]
+        start_server(client, sb["id"], 8000, "0.0.0.0")
+        p = Ports(d, sb)
+        try:
+            began = time.monotonic()
+            r = p.get(8000, "/silent")
+            took = time.monotonic() - began
+            assert r.status_code == 502, r.text
+            assert error_of(r)["code"] == "port_unreachable", r.text
+            assert took < 25, took  # ended by the 2 s idle bound, not the client's 30 s timeout
+            # /sse sends "one", then waits for /release that never comes: the stream is cut
+            # without its last chunk (a truncated body, never a clean end the client could take
+            # for the whole answer).
+            body, truncated = b"", False
+            began = time.monotonic()
+            with p.get(8000, "/sse", stream=True) as r:
+                assert r.status_code == 200
+                try:
+                    for piece in r.iter_content(chunk_size=None):
+                        body += piece
+                except requests.exceptions.ChunkedEncodingError:
+                    truncated = True
+            assert truncated and time.monotonic() - began < 25, body
+            assert b"event: one" in body and b"event: two" not in body, body
+            # Moving bytes keep a relay alive past the bound: 8 MiB trickled over ~3 s.
+            r = p.get(8000, "/bytes?n=8388608")
+            assert r.status_code == 200 and len(r.content) == 8388608
+            assert p.get(8000, "/headers").status_code == 200
+        finally:
+            p.http.close()
+        assert client.delete_sandbox(sb["id"])["state"] == "succeeded"
+    finally:
+        client.close()
+        problems += shutdown(d, validator, list(client.created_sandboxes))
+    assert not problems, problems
