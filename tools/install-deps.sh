@@ -13,6 +13,8 @@ PACKAGES=(
   python3 python3-pytest python3-yaml python3-jsonschema python3-requests
   python3-prometheus-client
   bubblewrap procps iproute2 util-linux e2fsprogs
+  # openssl: test_egress_proxy.py makes its test CA and certificates at test time
+  openssl
   gnuplot-nox runc
   # perf: sbx-load's CPU time and syscalls per operation, and tools/profile.sh's flame graphs
   linux-perf curl
