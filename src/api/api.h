@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "api/port_target.h"
+#include "api/upstream_pool.h"
 #include "api/requests.h"
 #include "api/target.h"
 #include "common/metrics.h"
@@ -135,8 +136,27 @@ class Api {
   std::optional<absl::StatusOr<PortAddress>> MatchPort(const http::Request& req) const;
   http::asio::awaitable<std::optional<http::Response>> ProxyPort(http::RequestContext& ctx,
                                                                  absl::StatusOr<PortAddress> a);
+  // A kept connection to the port when `reused` is given and one is idle (*reused then true),
+  // else a new one.
   http::asio::awaitable<absl::StatusOr<http::asio::ip::tcp::socket>> DialUpstream(
-      http::RequestContext& ctx, const PortAddress& a);
+      http::RequestContext& ctx, const PortAddress& a, bool* reused);
+  // One request and its response over `up`.
+  struct PortExchange {
+    std::optional<http::Response> whole;  // a response sent in one piece
+    bool began = false;                   // else: streamed to the client (began), or failed
+    absl::Status error;
+    bool stale = false;     // the upstream closed before any byte of an answer
+    bool reusable = false;  // a clean exchange with a keep-alive answer: `up` may be kept
+  };
+  http::asio::awaitable<PortExchange> Exchange(http::RequestContext& ctx, const PortAddress& a,
+                                               http::asio::ip::tcp::socket& up,
+                                               const std::string& head,
+                                               const UpstreamHeadOptions& ho);
+  // Gives `up` to upstreams_, and arranges that it is closed in time.
+  void KeepUpstream(const PortAddress& a, http::asio::ip::tcp::socket& up);
+  void ArmUpstreamSweep(http::asio::any_io_executor ex);
+  void SweepUpstreams(std::shared_ptr<http::asio::steady_timer> timer,
+                      boost::system::error_code ec);
   absl::StatusOr<service::Caller> Authenticate(const http::Request& req,
                                                const std::optional<std::string>& query_token,
                                                bool allow_attach_token) const;
@@ -149,6 +169,9 @@ class Api {
   metrics::Gauge& attach_streams_;
   metrics::Counter& streamed_stdout_;
   metrics::Counter& streamed_stderr_;
+  UpstreamPool upstreams_;
+  std::mutex sweep_mu_;
+  bool sweep_armed_ = false;  // under sweep_mu_: a sweep timer is pending
 };
 
 }  // namespace sbx::api

@@ -4,8 +4,9 @@
 // server bound to the sandbox's 127.0.0.1 or ::1 is reached as well as one on 0.0.0.0, whatever
 // the egress profile: this is ingress through sbxd, and no egress rule is involved.
 //
-// One upstream connection per request (Connection: close), the client's connection stays
-// keep-alive. Bodies stream both ways without being held whole: the request body as the server
+// Upstream connections are kept alive and reused (api/upstream_pool.h): a request takes an idle
+// one of the same sandbox port when there is one, else sbxd dials. The client's connection stays
+// keep-alive too, independently. Bodies stream both ways without being held whole: the request body as the server
 // reads it (RequestContext::body), the response as the upstream sends it; each piece the upstream
 // sends is written at once (Server-Sent Events arrive event by event). A small response of known
 // length goes out in one write instead. An Upgrade request (WebSocket) takes the connection over:
@@ -14,6 +15,7 @@
 
 #include <cctype>
 #include <chrono>
+#include <memory>
 #include <cstdlib>
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
@@ -22,6 +24,7 @@
 #include "api/api.h"
 #include "api/handler_util.h"
 #include "api/port_target.h"
+#include "api/upstream_pool.h"
 #include "common/log.h"
 #include "common/status_util.h"
 
@@ -102,12 +105,12 @@ class IdleWatch {
 };
 
 asio::awaitable<void> Pump(tcp::socket& from, tcp::socket& to, IdleWatch& act) {
-  std::vector<char> buf(kPiece);
+  std::unique_ptr<char[]> buf(new char[kPiece]);  // not zeroed: every byte is read into first
   for (;;) {
-    auto [ec, n] = co_await from.async_read_some(asio::buffer(buf), kTuple);
+    auto [ec, n] = co_await from.async_read_some(asio::buffer(buf.get(), kPiece), kTuple);
     if (ec) break;
     act.Touch();
-    auto [wec, wn] = co_await asio::async_write(to, asio::buffer(buf.data(), n), kTuple);
+    auto [wec, wn] = co_await asio::async_write(to, asio::buffer(buf.get(), n), kTuple);
     if (wec) break;
   }
   boost::system::error_code ignored;
@@ -132,7 +135,20 @@ std::optional<absl::StatusOr<PortAddress>> Api::MatchPort(const http::Request& r
 bool Api::IsPortRequest(const http::Request& req) const { return MatchPort(req).has_value(); }
 
 http::asio::awaitable<absl::StatusOr<tcp::socket>> Api::DialUpstream(http::RequestContext& ctx,
-                                                                      const PortAddress& a) {
+                                                                      const PortAddress& a,
+                                                                      bool* reused) {
+  if (reused != nullptr) {
+    *reused = false;
+    if (auto kept = upstreams_.Take(a.sandbox_id, a.port, UpstreamPool::Clock::now())) {
+      tcp::socket sock(ctx.executor);
+      boost::system::error_code ec;
+      sock.assign(kept->ipv6 ? tcp::v6() : tcp::v4(), kept->fd.Release(), ec);
+      if (!ec) {
+        *reused = true;
+        co_return std::move(sock);
+      }
+    }
+  }
   absl::Status last;
   for (bool ipv6 : {false, true}) {
     auto fd = svc_.DialPort(a.sandbox_id, a.port, ipv6);
@@ -167,6 +183,76 @@ http::asio::awaitable<absl::StatusOr<tcp::socket>> Api::DialUpstream(http::Reque
                            "refused in the sandbox)");
 }
 
+void Api::KeepUpstream(const PortAddress& a, tcp::socket& up) {
+  boost::system::error_code ec;
+  const bool ipv6 = up.local_endpoint(ec).address().is_v6();
+  if (ec) return;
+  asio::any_io_executor ex = up.get_executor();
+  UniqueFd fd(up.release(ec));
+  if (ec || !fd) return;
+  bool needs_watch = false;
+  if (!upstreams_.Put(a.sandbox_id, a.port, UpstreamPool::Conn{std::move(fd), ipv6},
+                      UpstreamPool::Clock::now(), &needs_watch)) {
+    return;
+  }
+  if (needs_watch) {
+    // Pause, suspend and delete are jobs: the sandbox's kept connections go when one ends, so
+    // none holds its network namespace past its delete.
+    auto& waiters = svc_.job_waiters();
+    const std::string id = a.sandbox_id;
+    const uint64_t handle = waiters.Add(id, [this, id] { upstreams_.Forget(id); });
+    if (!upstreams_.Watching(id, handle)) waiters.Remove(handle);
+  }
+  ArmUpstreamSweep(ex);
+}
+
+void Api::ArmUpstreamSweep(asio::any_io_executor ex) {
+  {
+    std::lock_guard lock(sweep_mu_);
+    if (sweep_armed_) return;
+    sweep_armed_ = true;
+  }
+  auto timer = std::make_shared<asio::steady_timer>(ex);
+  timer->expires_after(upstreams_.options().max_idle);
+  timer->async_wait([this, timer](boost::system::error_code ec) { SweepUpstreams(timer, ec); });
+}
+
+void Api::SweepUpstreams(std::shared_ptr<asio::steady_timer> timer, boost::system::error_code ec) {
+  std::vector<uint64_t> unwatch;
+  {
+    std::lock_guard lock(sweep_mu_);
+    // Under sweep_mu_: a connection kept while this runs either is seen by this sweep or finds
+    // the timer disarmed and arms it.
+    auto next = ec ? std::nullopt : upstreams_.Sweep(UpstreamPool::Clock::now(), &unwatch);
+    if (!next) {
+      sweep_armed_ = false;
+    } else {
+      timer->expires_at(*next);
+      timer->async_wait([this, timer](boost::system::error_code e) { SweepUpstreams(timer, e); });
+    }
+  }
+  for (uint64_t h : unwatch) svc_.job_waiters().Remove(h);
+}
+
+namespace {
+
+// RFC 9110 §9.2.2: what a client may send again when a kept connection turned out closed.
+bool Idempotent(bhttp::verb v) {
+  switch (v) {
+    case bhttp::verb::get:
+    case bhttp::verb::head:
+    case bhttp::verb::options:
+    case bhttp::verb::trace:
+    case bhttp::verb::put:
+    case bhttp::verb::delete_:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
 http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
     http::RequestContext& ctx, absl::StatusOr<PortAddress> addr) {
   if (!addr.ok()) co_return Fail(ctx, addr.status());
@@ -189,16 +275,14 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
   ctx.log.tenant = *tenant;
   ctx.log.sandbox = a.sandbox_id;
 
-  const bool upgrade = WantsUpgrade(req);
-  auto upstream = co_await DialUpstream(ctx, a);
-  if (!upstream.ok()) co_return Fail(ctx, upstream.status());
-  tcp::socket& up = *upstream;
-
+  const bool upgrade = WantsUpgrade(req) && ctx.connection != nullptr;
   UpstreamHeadOptions ho;
   ho.strip_authorization = used_authorization;
-  ho.upgrade = upgrade && ctx.connection != nullptr;
-  ho.has_body = ctx.body != nullptr;
-  if (ho.has_body) {
+  ho.upgrade = upgrade;
+  // The server hands every port request's body over as a stream; only a request that has one
+  // (a length, or chunks) sends one on.
+  ho.has_body = ctx.body != nullptr && (req.chunked() || req.has_content_length());
+  if (ho.has_body && !req.chunked()) {
     auto cl = req.find(bhttp::field::content_length);
     if (cl != req.end()) ho.content_length = std::strtoull(std::string(cl->value()).c_str(), nullptr, 10);
   }
@@ -209,7 +293,10 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
   }
   const std::string head = UpstreamHead(req, a.upstream_target, ho);
 
-  if (ho.upgrade) {
+  if (upgrade) {
+    auto upstream = co_await DialUpstream(ctx, a, nullptr);
+    if (!upstream.ok()) co_return Fail(ctx, upstream.status());
+    tcp::socket& up = *upstream;
     // The connection is the upstream's from here: its 101 (or refusal) goes to the client as
     // the upstream wrote it.
     auto [ec, n] = co_await asio::async_write(up, asio::buffer(head), kTuple);
@@ -223,9 +310,32 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
     co_return std::nullopt;
   }
 
+  // A kept connection the server closed meanwhile fails before any byte of an answer: a
+  // request that can be sent again (no body, idempotent) then goes once more on a new one.
+  const bool replayable = !ho.has_body && Idempotent(req.method());
+  for (int attempt = 0;; ++attempt) {
+    bool reused = false;
+    auto upstream = co_await DialUpstream(ctx, a, &reused);
+    if (!upstream.ok()) co_return Fail(ctx, upstream.status());
+    auto out = co_await Exchange(ctx, a, *upstream, head, ho);
+    if (out.stale && reused && replayable && attempt == 0) continue;
+    if (out.reusable) KeepUpstream(a, *upstream);
+    if (out.whole) co_return std::move(out.whole);
+    if (!out.began) co_return Fail(ctx, out.error.ok() ? Unreachable(a, "no answer") : out.error);
+    co_return std::nullopt;
+  }
+}
+
+http::asio::awaitable<Api::PortExchange> Api::Exchange(http::RequestContext& ctx,
+                                                       const PortAddress& a, tcp::socket& up,
+                                                       const std::string& head,
+                                                       const UpstreamHeadOptions& ho) {
+  const http::Request& req = ctx.req;
+  PortExchange out;
   // Request: the head, then the body as it arrives.
   IdleWatch act(up.get_executor(), opts_.port_idle_timeout);
   bool upload_failed = false;
+  bool upload_done = false;  // all of the request went out
   absl::Status upload_error;
   auto upload = [&]() -> asio::awaitable<void> {
     auto [ec, n] = co_await asio::async_write(up, asio::buffer(head), kTuple);
@@ -233,12 +343,15 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
       upload_failed = true;
       co_return;
     }
-    if (!ho.has_body) co_return;
-    std::vector<char> buf(kPiece);
+    if (!ho.has_body) {
+      upload_done = true;
+      co_return;
+    }
+    std::unique_ptr<char[]> buf(new char[kPiece]);  // not zeroed: every byte is read into first
     std::vector<asio::const_buffer> bufs;
     const bool chunked = !ho.content_length;
     for (;;) {
-      auto got = co_await ctx.body->ReadSome(buf.data(), buf.size());
+      auto got = co_await ctx.body->ReadSome(buf.get(), kPiece);
       act.Touch();
       if (!got.ok()) {
         upload_error = got.status();
@@ -252,8 +365,9 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
         if (chunked) {
           frame = "0\r\n\r\n";
           auto [wec, wn] = co_await asio::async_write(up, asio::buffer(frame), kTuple);
-          (void)wec;
+          if (wec) co_return;
         }
+        upload_done = true;
         co_return;
       }
       bufs.clear();
@@ -261,7 +375,7 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
         frame = fmt::format("{:x}\r\n", *got);
         bufs.push_back(asio::buffer(frame));
       }
-      bufs.push_back(asio::buffer(buf.data(), *got));
+      bufs.push_back(asio::buffer(buf.get(), *got));
       if (chunked) bufs.push_back(asio::buffer("\r\n", 2));
       auto [wec, wn] = co_await asio::async_write(up, bufs, kTuple);
       if (wec) {
@@ -272,9 +386,8 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
   };
 
   // Response: the head, then the body piece by piece.
-  std::optional<http::Response> whole;
-  absl::Status relay_error;
-  bool began = false;
+  bool answered = false;  // the whole response was read
+  bool keep_alive = false;
   auto relay = [&]() -> asio::awaitable<void> {
     beast::flat_buffer ubuf;
     bhttp::response_parser<bhttp::buffer_body> p;
@@ -284,28 +397,34 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
     {
       auto [ec, n] = co_await bhttp::async_read_header(up, ubuf, p, kTuple);
       if (ec) {
-        relay_error = upload_failed && !upload_error.ok()
-                          ? upload_error
-                          : Unreachable(a, fmt::format("no answer ({})", ec.message()));
+        // Nothing at all came back: on a kept connection, the server had closed it.
+        out.stale = ubuf.size() == 0 && !p.got_some() &&
+                    (ec == asio::error::eof || ec == asio::error::connection_reset ||
+                     ec == asio::error::broken_pipe);
+        out.error = upload_failed && !upload_error.ok()
+                        ? upload_error
+                        : Unreachable(a, fmt::format("no answer ({})", ec.message()));
         co_return;
       }
     }
     const auto& uh = p.get();
-    std::vector<char> buf(kPiece);
+    // A 1xx is not the answer, and what follows it is not relayed as one: not kept.
+    keep_alive = p.keep_alive() && uh.result_int() >= 200;
+    std::unique_ptr<char[]> buf(new char[kPiece]);  // not zeroed: every byte is read into first
     auto next_piece = [&]() -> asio::awaitable<absl::StatusOr<size_t>> {
-      p.get().body().data = buf.data();
-      p.get().body().size = buf.size();
+      p.get().body().data = buf.get();
+      p.get().body().size = kPiece;
       auto [ec, n] = co_await bhttp::async_read_some(up, ubuf, p, kTuple);
       act.Touch();
       if (ec && ec != bhttp::error::need_buffer) {
         co_return Unreachable(a, fmt::format("response broke off ({})", ec.message()));
       }
-      co_return buf.size() - p.get().body().size;
+      co_return kPiece - p.get().body().size;
     };
-    auto copy_fields = [&](auto& out) {
+    auto copy_fields = [&](auto& dst) {
       for (const auto& f : uh) {
         const std::string_view name(f.name_string().data(), f.name_string().size());
-        if (PassResponseHeader(name)) out.insert(f.name_string(), f.value());
+        if (PassResponseHeader(name)) dst.insert(f.name_string(), f.value());
       }
     };
     const auto length = p.content_length();
@@ -319,13 +438,14 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
       while (!p.is_done()) {
         auto n = co_await next_piece();
         if (!n.ok()) {
-          relay_error = n.status();
+          out.error = n.status();
           co_return;
         }
-        body.append(buf.data(), *n);
+        body.append(buf.get(), *n);
       }
       res.body() = std::move(body);
-      whole = std::move(res);
+      out.whole = std::move(res);
+      answered = ubuf.size() == 0;
       co_return;
     }
     bhttp::response_header<> header;
@@ -334,16 +454,17 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
     copy_fields(header);
     header.version(req.version());
     if (!req.keep_alive()) header.set(bhttp::field::connection, "close");
-    began = true;
+    out.began = true;
     if (!co_await ctx.stream.Begin(std::move(header))) co_return;
-    std::vector<asio::const_buffer> out(1);
+    std::vector<asio::const_buffer> pieces(1);
     while (!p.is_done()) {
       auto n = co_await next_piece();
       if (!n.ok()) co_return;  // the client sees the chunked body end without its last chunk
       if (*n == 0) continue;
-      out[0] = asio::buffer(buf.data(), *n);
-      if (!co_await ctx.stream.WriteBuffers(out)) co_return;
+      pieces[0] = asio::buffer(buf.get(), *n);
+      if (!co_await ctx.stream.WriteBuffers(pieces)) co_return;
     }
+    answered = ubuf.size() == 0;  // read whole, and nothing after it
     co_await ctx.stream.End();
   };
 
@@ -351,9 +472,10 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
   // sees the streamed body end.
   auto exchange = upload() && relay();
   co_await act.Run(std::move(exchange), up, nullptr);
-  if (whole) co_return std::move(whole);
-  if (!began) co_return Fail(ctx, relay_error.ok() ? Unreachable(a, "no answer") : relay_error);
-  co_return std::nullopt;
+  // Kept only after a clean exchange both ways: a connection left mid-request or mid-response
+  // would hand the next request the rest of this one.
+  out.reusable = answered && keep_alive && upload_done && up.is_open();
+  co_return out;
 }
 
 }  // namespace sbx::api

@@ -138,10 +138,8 @@ std::string UpstreamHead(const http::Request& req, const std::string& target,
     head += "Connection: Upgrade\r\nUpgrade: ";
     if (up != req.end()) head += std::string_view(up->value().data(), up->value().size());
     head += "\r\n";
-  } else {
-    // One upstream connection per request: its end is the end of the response.
-    head += "Connection: close\r\n";
   }
+  // Else nothing: HTTP/1.1's default is a connection kept alive (api/upstream_pool.h).
   if (o.has_body) {
     head += o.content_length ? fmt::format("Content-Length: {}\r\n", *o.content_length)
                              : std::string("Transfer-Encoding: chunked\r\n");

@@ -39,7 +39,7 @@ absl::StatusOr<uint16_t> ParsePortNumber(std::string_view text);
 // and the body framing, which UpstreamHead writes itself.
 struct UpstreamHeadOptions {
   bool strip_authorization = false;
-  bool upgrade = false;        // keep Connection: Upgrade and Upgrade
+  bool upgrade = false;        // keep Connection: Upgrade and Upgrade (else keep-alive)
   bool has_body = false;
   std::optional<uint64_t> content_length;  // with has_body: else chunked
   std::string forwarded_for;  // the client's address, "" if unknown

@@ -109,6 +109,9 @@ struct Conn {
   // Per direction (0: client -> upstream, 1: upstream -> client): pipe, bytes in it, EOF seen.
   int pipe_r[2] = {-1, -1}, pipe_w[2] = {-1, -1};
   size_t in_pipe[2] = {0, 0};
+  // The pipe took no more from the source while holding bytes: it is full (a pipe holds a
+  // number of pages, not of bytes), and reading waits until some went out.
+  bool pipe_full[2] = {false, false};
   bool eof[2] = {false, false}, shut[2] = {false, false};
   uint32_t ev_client = 0, ev_upstream = 0;  // epoll interest now registered
   std::atomic<bool> cut{false};  // set by CutDisallowed/CloseAll (other threads)
@@ -480,31 +483,36 @@ void ConnProxy::Impl::Pump(Conn& c) {
   const int dst[2] = {c.upstream, c.client};
   bool moved = false;
   for (int d = 0; d < 2; ++d) {
+    // Out of the pipe and into it in the same round: the source is read while the destination
+    // is still taking the earlier bytes, so neither connection's window waits for the other.
     for (int round = 0; round < kSplicesPerWakeup; ++round) {
+      bool progress = false;
       if (c.in_pipe[d] > 0) {
         ssize_t n = splice(c.pipe_r[d], nullptr, dst[d], nullptr, c.in_pipe[d],
                            SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-        if (n < 0) {
-          if (errno == EAGAIN) break;
-          return Close(c.serial, true);  // EPIPE, ECONNRESET: the other side is gone
+        if (n < 0 && errno != EAGAIN) return Close(c.serial, true);  // EPIPE, ECONNRESET
+        if (n > 0) {
+          c.in_pipe[d] -= static_cast<size_t>(n);
+          c.pipe_full[d] = false;
+          progress = moved = true;
         }
-        c.in_pipe[d] -= static_cast<size_t>(n);
-        moved = true;
-        continue;
       }
-      if (c.eof[d]) break;
-      ssize_t n = splice(src[d], nullptr, c.pipe_w[d], nullptr, kSpliceChunk,
-                         SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-      if (n < 0) {
-        if (errno == EAGAIN) break;
-        return Close(c.serial, true);
+      if (!c.eof[d] && !c.pipe_full[d]) {
+        ssize_t n = splice(src[d], nullptr, c.pipe_w[d], nullptr, kSpliceChunk,
+                           SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+        if (n < 0 && errno != EAGAIN) return Close(c.serial, true);
+        if (n == 0) {
+          c.eof[d] = true;
+        } else if (n > 0) {
+          c.in_pipe[d] += static_cast<size_t>(n);
+          progress = moved = true;
+        } else if (c.in_pipe[d] > 0) {
+          // EAGAIN with bytes held: the source may be empty or the pipe full; which, splice
+          // does not say. Reading waits for the next write out (armed below), which clears it.
+          c.pipe_full[d] = true;
+        }
       }
-      if (n == 0) {
-        c.eof[d] = true;
-        break;
-      }
-      c.in_pipe[d] += static_cast<size_t>(n);
-      moved = true;
+      if (!progress) break;
     }
     if (c.eof[d] && c.in_pipe[d] == 0 && !c.shut[d]) {
       shutdown(dst[d], SHUT_WR);  // pass the half-close on
@@ -530,9 +538,9 @@ void ConnProxy::Impl::Arm(Conn& c) {
       break;
     case Conn::State::kRelay:
       // Direction 0 reads the client and writes upstream; direction 1 the reverse.
-      if (!c.eof[0] && c.in_pipe[0] == 0) want_client |= EPOLLIN;
+      if (!c.eof[0] && !c.pipe_full[0]) want_client |= EPOLLIN;
       if (c.in_pipe[0] > 0) want_upstream |= EPOLLOUT;
-      if (!c.eof[1] && c.in_pipe[1] == 0) want_upstream |= EPOLLIN;
+      if (!c.eof[1] && !c.pipe_full[1]) want_upstream |= EPOLLIN;
       if (c.in_pipe[1] > 0) want_client |= EPOLLOUT;
       break;
   }

@@ -160,6 +160,21 @@ TEST(ConnProxyJudgeTest, CidrFirstThenNameThenAddress) {
   EXPECT_FALSE(CidrRuleAdmits(Rule({{"cidr", "203.0.113.0/24"}, {"protocol", "udp"}}), a, 53));
 }
 
+// Sends `all` through the proxy to the echo server while reading, then half-closes (the FIN
+// must reach the server, which then closes); expects every byte back, in order, no reset.
+void ExpectEchoedWhole(int fd, const std::string& all) {
+  std::thread writer([&] {
+    SendAll(fd, all);
+    shutdown(fd, SHUT_WR);
+  });
+  auto [got, reset] = ReadAll(fd);
+  writer.join();
+  close(fd);
+  EXPECT_FALSE(reset);
+  EXPECT_EQ(got.size(), all.size());
+  EXPECT_TRUE(got == all);
+}
+
 class ConnProxyTest : public ::testing::Test {
  protected:
   void StartProxy(uint16_t dest_port) {
@@ -212,17 +227,22 @@ TEST_F(ConnProxyTest, RelaysAnAllowedHostBothWaysWithHalfClose) {
   std::string req = "POST / HTTP/1.1\r\nHost: Allowed.Test:8080\r\nContent-Length: 3000000\r\n\r\n";
   std::string body(3000000, 'x');
   for (size_t i = 0; i < body.size(); i += 4093) body[i] = static_cast<char>('a' + i % 26);
-  std::thread writer([&] {
-    SendAll(fd, req + body);
-    shutdown(fd, SHUT_WR);  // the FIN must reach the server, which then closes
-  });
-  auto [got, reset] = ReadAll(fd);
-  writer.join();
-  close(fd);
-  EXPECT_FALSE(reset);
-  EXPECT_EQ(got.size(), req.size() + body.size());
-  EXPECT_TRUE(got == req + body);
+  ExpectEchoedWhole(fd, req + body);
   EXPECT_TRUE(Denials().empty());
+}
+
+// A client with a small receive buffer: the pipe toward it can fill, and the proxy then stops
+// reading the upstream until some went out; nothing is lost or reordered, in either direction.
+TEST_F(ConnProxyTest, ASlowReaderFillsThePipeAndLosesNothing) {
+  Echo echo;
+  StartProxy(echo.port());
+  int fd = Dial(proxy_->port());
+  const int small = 65536;  // below the pipe (256 KiB); smaller makes TCP itself crawl
+  ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small)), 0);
+  std::string req = "POST / HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 2000000\r\n\r\n";
+  std::string body(2000000, 'y');
+  for (size_t i = 0; i < body.size(); i += 1021) body[i] = static_cast<char>('A' + i % 26);
+  ExpectEchoedWhole(fd, req + body);
 }
 
 TEST_F(ConnProxyTest, RefusesANameNotAllowed) {

@@ -240,11 +240,7 @@ void SandboxService::DropInstance(const std::string& sandbox_id) {
   runtime::InstancePtr mine;
   {
     std::lock_guard lock(mu_);
-    auto it = instances_.find(sandbox_id);
-    if (it != instances_.end()) {
-      mine = std::move(it->second);
-      instances_.erase(it);
-    }
+    mine = EraseInstanceLocked(sandbox_id);
   }
   if (mine) (void)mine->Destroy();
 }

@@ -119,11 +119,7 @@ absl::Status SandboxService::DestroyRuntime(const SandboxRecord& sb) {
   runtime::InstancePtr inst;
   {
     std::lock_guard lock(mu_);
-    auto it = instances_.find(sb.id);
-    if (it != instances_.end()) {
-      inst = std::move(it->second);
-      instances_.erase(it);
-    }
+    inst = EraseInstanceLocked(sb.id);
     frozen_.erase(sb.id);  // Destroy kills frozen sandboxes too (kill, then thaw)
   }
   metrics_->ForgetEgress(sb.id);

@@ -373,6 +373,17 @@ class SandboxService {
   std::set<std::string> exits_recorded_;
   std::map<std::string, runtime::InstancePtr> instances_;  // running sandboxes, by id
   std::set<std::string> frozen_;  // ids whose instance is frozen or being frozen
+  // Who may reach a running sandbox's ports (ports.cc), as its record says: fixed at create, so
+  // read from the store once instead of on every proxied request; under mu_, and dropped with
+  // the instance (EraseInstance).
+  struct PortAccess {
+    std::string tenant_id;
+    bool is_public = false;
+    std::string token_sha256;  // hex; empty: none
+  };
+  std::map<std::string, PortAccess> port_access_;
+  // Takes sandbox `id`'s instance out of instances_ (under mu_), with what is cached beside it.
+  runtime::InstancePtr EraseInstanceLocked(const std::string& id);
   bool ready_ = false;
   ActivityTracker activity_;
   ReplyGate guest_replies_;

@@ -482,6 +482,51 @@ TEST_F(SandboxServiceTest, PauseRefusesSessionsUntilWake) {
   EXPECT_TRUE(NewSession(id).ok());
 }
 
+// Port exposure's authorization is read from the store once per running sandbox and cached
+// beside its instance: the cache must answer exactly as the record does, and never outlive the
+// instance (a pause, a delete).
+TEST_F(SandboxServiceTest, AuthorizePortAnswersAsTheRecordDoesThroughPauseAndDelete) {
+  const std::string id = CreateRunning();
+  auto sb = svc_->GetSandbox(caller_, id);
+  ASSERT_TRUE(sb.ok()) << sb.status();
+  const std::string token = sb->port_access.value("traffic_token", std::string());
+  ASSERT_FALSE(token.empty());
+  auto with_token = [&](std::optional<std::string> t) {
+    SandboxService::PortCredentials c;
+    c.traffic_token = std::move(t);
+    return svc_->AuthorizePort(id, c);
+  };
+  auto as_caller = [&](const Caller& who) {
+    SandboxService::PortCredentials c;
+    c.caller = who;
+    return svc_->AuthorizePort(id, c);
+  };
+  // Twice each: the first answer reads the record, the second the cache.
+  for (int round = 0; round < 2; ++round) {
+    auto ok = with_token(token);
+    ASSERT_TRUE(ok.ok()) << ok.status();
+    EXPECT_EQ(*ok, caller_.tenant_id);
+    EXPECT_EQ(ApiErrorCode(with_token(token + "x").status()), "permission_denied");
+    EXPECT_EQ(ApiErrorCode(with_token(std::nullopt).status()), "unauthenticated");
+    EXPECT_TRUE(as_caller(caller_).ok());
+    EXPECT_EQ(as_caller(Caller{"ten_other", std::nullopt}).status().code(),
+              absl::StatusCode::kNotFound);
+  }
+  Do(id, "pause");
+  auto paused = with_token(token);
+  EXPECT_EQ(ApiErrorCode(paused.status()), "sandbox_not_running") << paused.status();
+  EXPECT_NE(paused.status().message().find("paused"), std::string::npos) << paused.status();
+  Do(id, "wake");
+  EXPECT_TRUE(with_token(token).ok());
+  auto del = svc_->DeleteSandbox(caller_, id, std::nullopt);
+  ASSERT_TRUE(del.ok()) << del.status();
+  EXPECT_EQ(WaitOp(Body(*del)["operation"]["id"]).state, "succeeded");
+  EXPECT_EQ(with_token(token).status().code(), absl::StatusCode::kNotFound);
+  SandboxService::PortCredentials none;
+  EXPECT_EQ(svc_->AuthorizePort("bad id", none).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(SandboxServiceTest, SuspendAndInvalidStates) {
   const std::string id = CreateRunning();
   auto wake = Request(id, "wake");

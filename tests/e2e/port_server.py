@@ -2,6 +2,10 @@
     python3 -c SOURCE PORT ADDR [ADDR...]     e.g. 8000 127.0.0.1 ::1
 Prints "ready" once every address is bound. Routes:
     GET  /headers            {"path", "headers"} as the server saw them
+    GET  /peer               {"peer": "ADDR:PORT"}: the connection's far end (which connection
+                             of sbxd's carried the request)
+    GET  /drop               {"peer"} as a keep-alive answer, then closes the connection without
+                             saying so (what a server does to an idle kept connection)
     POST /sum                {"length", "sha256"} of the body (Content-Length or chunked)
     GET  /bytes?n=N          N bytes (a repeating pattern), chunked
     GET  /sse                event "one"; waits for GET /release; event "two"; end
@@ -48,6 +52,12 @@ class Handler(BaseHTTPRequestHandler):
         path, _, query = self.path.partition("?")
         if path == "/headers":
             return self._json({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}})
+        if path in ("/peer", "/drop"):
+            self._json({"peer": "%s:%d" % self.client_address[:2]})
+            if path == "/drop":
+                self.wfile.flush()
+                self.close_connection = True
+            return
         if path == "/bytes":
             n = int(dict(p.split("=") for p in query.split("&") if "=" in p).get("n", "0"))
             self.send_response(200)

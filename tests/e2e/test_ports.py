@@ -195,6 +195,49 @@ def test_unknown_and_paused_sandboxes(served, api, sbxd):
     assert served.get(8000, "/headers").status_code == 200
 
 
+def test_connections_to_the_server_are_kept_and_reused(served, api):
+    """sbxd keeps its connection to the server between requests (api/upstream_pool.h): the
+    server sees one peer for a run of requests, bodies included; a connection the server
+    closed is not used again; a pause drops them all."""
+    def peer():
+        r = served.get(8000, "/peer")
+        assert r.status_code == 200, r.text
+        return r.json()["peer"]
+
+    first = peer()
+    assert peer() == first and peer() == first
+    body = os.urandom(100_000)
+    r = served.post(8000, "/sum", data=body)
+    assert r.status_code == 200 and r.json()["sha256"] == hashlib.sha256(body).hexdigest(), r.text
+    assert peer() == first, "a request with a body leaves the connection reusable"
+    # The server closes it after answering, without a word: the next request is served all the
+    # same, on a new connection.
+    r = served.get(8000, "/drop")
+    assert r.status_code == 200 and r.json()["peer"] == first
+    second = peer()
+    assert second != first
+    assert peer() == second
+    # A streamed answer (chunked, longer than sbxd sends in one piece) ends cleanly too.
+    r = served.get(8000, "/bytes?n=1000000")
+    assert r.status_code == 200 and len(r.content) == 1_000_000
+    assert peer() == second
+    # A client that goes away in the middle of an answer takes that connection with it.
+    with served.http.get(served.url(8000, "/bytes?n=50000000"), stream=True, timeout=30,
+                         headers={"X-Sbx-Traffic-Token": served.token}) as r:
+        assert r.status_code == 200
+        next(r.iter_content(1 << 16))
+    served.http.close()  # the client's own connection to sbxd, mid-answer
+    third = peer()
+    assert third != second
+    assert peer() == third
+    sid = served.sandbox["id"]
+    op = api.call("POST", f"/v1/sandboxes/{sid}/pause", expect=202).body["operation"]
+    assert api.wait_operation(op["id"])["state"] == "succeeded"
+    op = api.call("POST", f"/v1/sandboxes/{sid}/wake", expect=202).body["operation"]
+    assert api.wait_operation(op["id"])["state"] == "succeeded"
+    assert peer() != third, "a pause drops the kept connections"
+
+
 def test_traffic_token_survives_a_restart(restartable):
     client = restartable.start()
     restartable.track(client)

@@ -1,0 +1,144 @@
+#include "api/upstream_pool.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+namespace sbx::api {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = UpstreamPool::Clock;
+
+// A connected loopback TCP pair: `client` is what the pool keeps, `server` the sandbox's end.
+struct Pair {
+  UniqueFd client, server;
+};
+
+Pair Connect() {
+  UniqueFd l(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  EXPECT_EQ(::bind(l.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  EXPECT_EQ(::listen(l.get(), 4), 0);
+  EXPECT_EQ(::getsockname(l.get(), reinterpret_cast<sockaddr*>(&a), &len), 0);
+  Pair p;
+  p.client.Reset(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  EXPECT_EQ(::connect(p.client.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  p.server.Reset(::accept4(l.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  EXPECT_TRUE(p.server);
+  return p;
+}
+
+UpstreamPool::Conn ConnOf(UniqueFd fd) { return UpstreamPool::Conn{std::move(fd), false}; }
+
+TEST(UpstreamPoolTest, GivesBackAKeptConnectionOfTheSamePortOnly) {
+  UpstreamPool pool;
+  const auto now = Clock::now();
+  Pair p = Connect();
+  const int fd = p.client.get();
+  bool watch = false;
+  ASSERT_TRUE(pool.Put("sbx_a", 8000, ConnOf(std::move(p.client)), now, &watch));
+  EXPECT_TRUE(watch) << "the first connection of a sandbox asks for a watch";
+  EXPECT_FALSE(pool.Take("sbx_a", 8001, now));
+  EXPECT_FALSE(pool.Take("sbx_b", 8000, now));
+  auto c = pool.Take("sbx_a", 8000, now);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->fd.get(), fd);
+  EXPECT_EQ(pool.size(), 0u);
+  EXPECT_FALSE(pool.Take("sbx_a", 8000, now));
+}
+
+TEST(UpstreamPoolTest, DropsAConnectionTheServerClosedOrWroteTo) {
+  UpstreamPool pool;
+  const auto now = Clock::now();
+  Pair closed = Connect(), chatty = Connect(), good = Connect();
+  const int good_fd = good.client.get();
+  ASSERT_TRUE(pool.Put("sbx_a", 80, ConnOf(std::move(good.client)), now));
+  ASSERT_TRUE(pool.Put("sbx_a", 80, ConnOf(std::move(chatty.client)), now));
+  ASSERT_TRUE(pool.Put("sbx_a", 80, ConnOf(std::move(closed.client)), now));
+  closed.server.Reset();
+  ASSERT_EQ(::write(chatty.server.get(), "x", 1), 1);
+  // The newest two are unusable; the oldest is still good.
+  auto c = pool.Take("sbx_a", 80, now);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->fd.get(), good_fd);
+  EXPECT_EQ(pool.size(), 0u);
+}
+
+TEST(UpstreamPoolTest, AConnectionIdleTooLongIsNotGivenAndIsSwept) {
+  UpstreamPool::Options o;
+  o.max_idle = 100ms;
+  UpstreamPool pool(o);
+  const auto t0 = Clock::now();
+  Pair p = Connect(), q = Connect();
+  std::vector<uint64_t> unwatch;
+  bool watch = false;
+  ASSERT_TRUE(pool.Put("sbx_a", 80, ConnOf(std::move(p.client)), t0, &watch));
+  ASSERT_TRUE(watch);
+  ASSERT_TRUE(pool.Watching("sbx_a", 7));
+  ASSERT_TRUE(pool.Put("sbx_a", 80, ConnOf(std::move(q.client)), t0 + 50ms, &watch));
+  EXPECT_FALSE(watch) << "one watch per sandbox";
+  auto next = pool.Sweep(t0 + 60ms, &unwatch);
+  ASSERT_TRUE(next);
+  EXPECT_EQ(*next, t0 + 100ms);
+  EXPECT_EQ(pool.size(), 2u);
+  next = pool.Sweep(t0 + 100ms, &unwatch);
+  ASSERT_TRUE(next);
+  EXPECT_EQ(*next, t0 + 150ms);
+  EXPECT_EQ(pool.size(), 1u);
+  EXPECT_TRUE(unwatch.empty());
+  // The server sees its connection closed once it is swept.
+  char b;
+  EXPECT_EQ(::read(p.server.get(), &b, 1), 0);
+  EXPECT_FALSE(pool.Take("sbx_a", 80, t0 + 150ms)) << "past max_idle";
+  EXPECT_FALSE(pool.Sweep(t0 + 200ms, &unwatch));
+  EXPECT_EQ(unwatch, std::vector<uint64_t>{7}) << "no connection left: the watch goes";
+}
+
+TEST(UpstreamPoolTest, ForgetClosesEveryPortOfTheSandboxOnly) {
+  UpstreamPool pool;
+  const auto now = Clock::now();
+  Pair a1 = Connect(), a2 = Connect(), b = Connect();
+  ASSERT_TRUE(pool.Put("sbx_a", 80, ConnOf(std::move(a1.client)), now));
+  ASSERT_TRUE(pool.Put("sbx_a", 81, ConnOf(std::move(a2.client)), now));
+  ASSERT_TRUE(pool.Put("sbx_b", 80, ConnOf(std::move(b.client)), now));
+  pool.Forget("sbx_a");
+  EXPECT_EQ(pool.size(), 1u);
+  char c;
+  EXPECT_EQ(::read(a1.server.get(), &c, 1), 0);
+  EXPECT_EQ(::read(a2.server.get(), &c, 1), 0);
+  EXPECT_TRUE(pool.Take("sbx_b", 80, now));
+  // Forgotten: a watch arranged late finds nothing to watch, and the next Put asks again.
+  EXPECT_FALSE(pool.Watching("sbx_a", 9));
+  Pair again = Connect();
+  bool watch = false;
+  ASSERT_TRUE(pool.Put("sbx_a", 80, ConnOf(std::move(again.client)), now, &watch));
+  EXPECT_TRUE(watch);
+}
+
+TEST(UpstreamPoolTest, BoundsPerPortAndInTotal) {
+  UpstreamPool::Options o;
+  o.per_port = 2;
+  o.total = 3;
+  UpstreamPool pool(o);
+  const auto now = Clock::now();
+  std::vector<Pair> pairs;
+  for (int i = 0; i < 5; ++i) pairs.push_back(Connect());
+  EXPECT_TRUE(pool.Put("sbx_a", 80, ConnOf(std::move(pairs[0].client)), now));
+  EXPECT_TRUE(pool.Put("sbx_a", 80, ConnOf(std::move(pairs[1].client)), now));
+  EXPECT_FALSE(pool.Put("sbx_a", 80, ConnOf(std::move(pairs[2].client)), now));
+  char c;
+  EXPECT_EQ(::read(pairs[2].server.get(), &c, 1), 0) << "one not kept is closed";
+  EXPECT_TRUE(pool.Put("sbx_a", 81, ConnOf(std::move(pairs[3].client)), now));
+  EXPECT_FALSE(pool.Put("sbx_b", 80, ConnOf(std::move(pairs[4].client)), now));
+  EXPECT_EQ(pool.size(), 3u);
+}
+
+}  // namespace
+}  // namespace sbx::api
