@@ -73,16 +73,20 @@ def test_open_reaches_the_internet_and_nothing_blocked(lab):
     denied = eg["denied"]
     for reason in ("host", "metadata", "other_sandbox", "private"):
         assert denied.get(reason, 0) > 0, (reason, eg)
-    # The same denials in the metrics (sbxd reads the counters every 5 s).
+    # The same denials in the metrics, by sandbox and under the same reasons (sbxd reads the
+    # counters every 5 s).
+    want = {f'sbx_egress_denied_total{{sandbox="{a["id"]}",reason="{reason}"}}'
+            for reason in ("host", "metadata", "other_sandbox", "private")}
     deadline = time.monotonic() + 15
     while True:
         text = lab.call("GET", "/metrics", expect=200).content.decode()
-        total = sum(float(l.split()[-1]) for l in text.splitlines()
-                    if l.startswith("sbx_egress_denied_total"))
-        if total > 0 or time.monotonic() > deadline:
+        got_series = {l.split()[0]: float(l.split()[-1]) for l in text.splitlines()
+                      if l.startswith("sbx_egress_denied_total{")}
+        if want <= got_series.keys() or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    assert total > 0, [l for l in text.splitlines() if "egress" in l]
+    assert want <= got_series.keys(), [l for l in text.splitlines() if "egress" in l]
+    assert all(got_series[k] > 0 for k in want), got_series
     lab.delete_sandbox(a["id"])
     lab.delete_sandbox(b["id"])
 
