@@ -283,3 +283,29 @@ def test_resolver_port_is_not_reachable_directly(lab):
         # Straight to the resolver's own port (not redirected): the host drops it.
         got = netlab.probe(lab, sb["id"], f"udp:{resolver}:10053", f"tcp:{resolver}:10053")
         assert all(v != "ok" for v in got.values()), got
+
+
+def test_cli_create_allow_takes_names(lab):
+    """`sbx create --egress PROFILE --allow HOST[:PORT]`: the CLI sends domain rules as the API
+    takes them, and a name outside the profile is refused by sbxd naming the field."""
+    import subprocess
+    from conftest import build_dir
+    cli = [str(build_dir() / "bin" / "sbx"), "--url", lab.base_url, "--token", lab.token]
+    # The test thread is in sbxd's namespace (netlab.lab); the CLI it starts is too.
+    out = subprocess.run([*cli, "create", "--egress", "names", "--allow", f"allowed.test:{HTTP_PORT}",
+                          "--allow", f"*.cdn.test:{HTTP_PORT}"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    sid = out.stdout.strip()
+    lab.created_sandboxes.append(sid)
+    try:
+        eg = egress(lab, sid)
+        assert eg["profile"] == "names", eg
+        got = {(r["domain"], str(r.get("ports"))) for r in eg["narrowed"]}
+        assert got == {("allowed.test", str(HTTP_PORT)), ("*.cdn.test", str(HTTP_PORT))}, eg
+        assert all("cidr" not in r for r in eg["narrowed"]), eg
+    finally:
+        lab.delete_sandbox(sid)
+    wide = subprocess.run([*cli, "create", "--egress", "names", "--allow", "other.test"],
+                          capture_output=True, text=True, timeout=120)
+    assert wide.returncode != 0 and "egress.allow[0]" in wide.stderr, (wide.returncode, wide.stderr)
