@@ -48,6 +48,10 @@ def test_none_reaches_nothing(lab):
     lab.delete_sandbox(sb["id"])
 
 
+@pytest.mark.attack(cls="egress",
+                    tried="from an open sandbox: sbxd's namespace and a host service, the host "
+                          "ends of veths, its own loopback, the metadata address, other "
+                          "sandboxes, a private range")
 def test_open_reaches_the_internet_and_nothing_blocked(lab):
     a = create(lab, {"egress_profile": "open"})
     b = create(lab, {"egress_profile": "open"})
@@ -91,6 +95,8 @@ def test_open_reaches_the_internet_and_nothing_blocked(lab):
     lab.delete_sandbox(b["id"])
 
 
+@pytest.mark.attack(cls="egress",
+                    tried="reach an address, port and UDP service an allow-list does not list")
 def test_allow_list_reaches_exactly_its_rules(lab):
     sb = create(lab, {"egress_profile": "lab"})
     got = probe(lab, sb["id"], f"tcp:{INTERNET}:{HTTP_PORT}", f"tcp:{INTERNET}:{OTHER_PORT}",
@@ -130,6 +136,9 @@ def test_narrowing_at_create_and_widening_refused(lab):
     assert {s["id"] for s in lab.list_sandboxes()} == before
 
 
+@pytest.mark.attack(cls="egress",
+                    tried="direct-IP TCP and UDP under a domain rule, even to the name's own "
+                          "address")
 def test_domain_rules_narrow_open_and_admit_nothing_by_address(lab):
     """A domain rule admits connections only by name (sbxd's resolver and Host/SNI check): an
     address alone, even the one the name would resolve to, reaches nothing through it."""
