@@ -1,5 +1,6 @@
 #include "cli/client.h"
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <future>
@@ -285,8 +286,40 @@ TEST(AllowFlag, ParsesCidrAndPort) {
             (nlohmann::json{{"cidr", "203.0.113.7"}, {"ports", "80"}}));
   EXPECT_EQ(*ParseAllowFlag("2001:db8::1"), (nlohmann::json{{"cidr", "2001:db8::1"}}));
   EXPECT_EQ(*ParseAllowFlag("10.0.0.0/8"), (nlohmann::json{{"cidr", "10.0.0.0/8"}}));
+  EXPECT_EQ(*ParseAllowFlag("[2001:db8::1]:443"),
+            (nlohmann::json{{"cidr", "2001:db8::1"}, {"ports", "443"}}));
+  EXPECT_EQ(*ParseAllowFlag("[2001:db8::1]"), (nlohmann::json{{"cidr", "2001:db8::1"}}));
   EXPECT_FALSE(ParseAllowFlag("10.0.0.0/8:").ok());
   EXPECT_FALSE(ParseAllowFlag(":80").ok());
+  EXPECT_FALSE(ParseAllowFlag("[2001:db8::1]443").ok());
+  EXPECT_FALSE(ParseAllowFlag("[]:443").ok());
+}
+
+// --allow HOST[:PORT]: a name or "*." pattern becomes a domain rule, as the API takes it.
+TEST(AllowFlag, ParsesDomainAndPort) {
+  // spec -> {key, value, ports}; digits and dots alone are an address, whatever sbxd says of it.
+  const std::vector<std::array<std::string, 4>> good = {
+      {"pypi.org", "domain", "pypi.org", ""},
+      {"*.pythonhosted.org:443", "domain", "*.pythonhosted.org", "443"},
+      {"files.lab.test:8000-8100", "domain", "files.lab.test", "8000-8100"},
+      {"localhost", "domain", "localhost", ""},
+      {"203.0.113", "cidr", "203.0.113", ""},
+  };
+  for (const auto& [spec, key, value, ports] : good) {
+    nlohmann::json want = {{key, value}};
+    if (!ports.empty()) want["ports"] = ports;
+    auto got = ParseAllowFlag(spec);
+    ASSERT_TRUE(got.ok()) << spec << ": " << got.status();
+    EXPECT_EQ(*got, want) << spec;
+  }
+  for (const char* bad : {"pypi.org:", "*.", "*pypi.org", "a.*.org", "pypi..org", ".pypi.org",
+                          "pypi.org.", "py pi.org", "pypi_org.io", "*.*.org", "http://pypi.org",
+                          "pypi.org:https", "pypi.org:1-2-3", "10.0.0.0/8:44x"}) {
+    auto r = ParseAllowFlag(bad);
+    ASSERT_FALSE(r.ok()) << bad << " -> " << r->dump();
+    EXPECT_NE(r.status().message().find("pypi.org or *.pythonhosted.org"), std::string::npos)
+        << r.status();
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -12,26 +13,94 @@
 
 namespace sbx::cli {
 
-// "203.0.113.0/24:443", "2001:db8::/32:443", "203.0.113.7:80", "203.0.113.7" -> a rule. The
-// port is what follows the prefix length (after '/'), or the one colon of a bare IPv4 address.
+namespace {
+
+constexpr const char* kAllowForms =
+    "expected CIDR[:PORT], [IPV6]:PORT, or a host name or pattern such as pypi.org or "
+    "*.pythonhosted.org, with an optional :PORT or :LO-HI";
+
+// The shape of a host name or "*." and one (the server checks it again and names the field):
+// letters, digits, '-' and '.', no empty label, no '*' but a leading "*.".
+bool LooksLikeDomain(std::string_view s) {
+  if (s.starts_with("*.")) s.remove_prefix(2);
+  if (s.empty() || s.front() == '.' || s.back() == '.' || s.find("..") != std::string_view::npos) {
+    return false;
+  }
+  bool letter = false;
+  for (char c : s) {
+    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+    letter = letter || alpha;
+    if (!alpha && !(c >= '0' && c <= '9') && c != '-' && c != '.') return false;
+  }
+  // All digits and dots is a (possibly malformed) IPv4 address, which belongs in "cidr".
+  return letter;
+}
+
+// PORT or LO-HI, digits only (the server checks the range and names the field).
+bool LooksLikePorts(std::string_view s) {
+  const size_t dash = s.find('-');
+  auto digits = [](std::string_view d) {
+    return !d.empty() && d.size() <= 5 && d.find_first_not_of("0123456789") == std::string_view::npos;
+  };
+  if (dash == std::string_view::npos) return digits(s);
+  return digits(s.substr(0, dash)) && digits(s.substr(dash + 1));
+}
+
+// An IPv4 or IPv6 address and an optional prefix length ("http://pypi.org" is not one).
+bool LooksLikeCidr(std::string_view s) {
+  const size_t slash = s.find('/');
+  const std::string_view addr = s.substr(0, slash);
+  if (addr.empty() || addr.find_first_not_of("0123456789abcdefABCDEF:.") != std::string_view::npos) {
+    return false;
+  }
+  if (slash == std::string_view::npos) return true;
+  const std::string_view len = s.substr(slash + 1);
+  return !len.empty() && len.size() <= 3 && len.find_first_not_of("0123456789") == std::string_view::npos;
+}
+
+}  // namespace
+
+// "203.0.113.0/24:443", "2001:db8::/32:443", "[2001:db8::1]:443", "203.0.113.7:80",
+// "203.0.113.7", "pypi.org", "*.pythonhosted.org:443" -> a rule. A CIDR's port is what follows
+// the prefix length (after '/'), or the one colon of a bare IPv4 address or a name; a bare
+// IPv6 address has no port unless bracketed. A name becomes {"domain": ...}, the rest
+// {"cidr": ...}: sbxd tells them apart the same way and names the field it refuses.
 absl::StatusOr<nlohmann::json> ParseAllowFlag(const std::string& spec) {
-  std::string cidr = spec, ports;
-  const size_t slash = spec.find('/');
-  const size_t colon = slash != std::string::npos ? spec.find(':', slash)
-                       : spec.find(':') == spec.rfind(':') ? spec.find(':')
-                                                           : std::string::npos;
+  std::string dest = spec, ports;
+  size_t colon = std::string::npos;
+  if (spec.starts_with("[")) {
+    const size_t close = spec.find(']');
+    if (close == std::string::npos || close == 1 ||
+        (close + 1 < spec.size() && spec[close + 1] != ':')) {
+      return absl::InvalidArgumentError(fmt::format("--allow '{}': {}", spec, kAllowForms));
+    }
+    dest = spec.substr(1, close - 1);
+    if (close + 1 < spec.size()) colon = close + 1;
+  } else {
+    const size_t slash = spec.find('/');
+    colon = slash != std::string::npos ? spec.find(':', slash)
+            : spec.find(':') == spec.rfind(':') ? spec.find(':')
+                                                : std::string::npos;
+    if (colon != std::string::npos) dest = spec.substr(0, colon);
+  }
   if (colon != std::string::npos) {
-    cidr = spec.substr(0, colon);
     ports = spec.substr(colon + 1);
-    if (ports.empty()) {
-      return absl::InvalidArgumentError(
-          fmt::format("--allow '{}': expected CIDR[:PORT] or CIDR[:LO-HI]", spec));
+    if (!LooksLikePorts(ports)) {
+      return absl::InvalidArgumentError(fmt::format("--allow '{}': {}", spec, kAllowForms));
     }
   }
-  if (cidr.empty()) {
-    return absl::InvalidArgumentError(fmt::format("--allow '{}': expected CIDR[:PORT]", spec));
+  if (dest.empty()) {
+    return absl::InvalidArgumentError(fmt::format("--allow '{}': {}", spec, kAllowForms));
   }
-  nlohmann::json rule = {{"cidr", cidr}};
+  const bool name = dest.find('/') == std::string::npos && dest.find(':') == std::string::npos &&
+                    !spec.starts_with("[");
+  if (name && dest.find_first_not_of("0123456789.") != std::string::npos && !LooksLikeDomain(dest)) {
+    return absl::InvalidArgumentError(fmt::format("--allow '{}': {}", spec, kAllowForms));
+  }
+  if (!name && !LooksLikeCidr(dest)) {
+    return absl::InvalidArgumentError(fmt::format("--allow '{}': {}", spec, kAllowForms));
+  }
+  nlohmann::json rule = {{name && LooksLikeDomain(dest) ? "domain" : "cidr", dest}};
   if (!ports.empty()) rule["ports"] = ports;
   return rule;
 }
@@ -49,8 +118,9 @@ void RegisterEgressCommand(CLI::App& app, Context& ctx) {
       "JSON; with --allow (or --allow-nothing) first replace its allow rules, within its profile");
   cmd->add_option("sandbox", f->id, "Sandbox id (sbx_…)")->required();
   cmd->add_option("--allow", f->allow,
-                  "CIDR[:PORT] the running sandbox may reach from now on (repeatable; replaces "
-                  "its allow rules; open connections they forbid are cut)");
+                  "CIDR[:PORT] or HOST[:PORT] (pypi.org, *.pythonhosted.org:443; PORT may be "
+                  "LO-HI) the running sandbox may reach from now on (repeatable; replaces its "
+                  "allow rules; open connections they forbid are cut)");
   cmd->add_flag("--allow-nothing", f->allow_nothing,
                 "replace its allow rules with none (cuts every open connection)");
   cmd->callback([f, &ctx] {

@@ -18,7 +18,7 @@ struct SandboxFlags {
   int64_t disk_mib = 0;
   std::vector<std::string> labels;
   std::string egress;              // egress_profile
-  std::vector<std::string> allow;  // narrowing rules, CIDR[:PORT]
+  std::vector<std::string> allow;  // narrowing rules, CIDR[:PORT] or HOST[:PORT]
   std::vector<std::string> env;  // sandbox env (create); run puts -e into the session instead
   int wait_timeout_s = 300;
   CLI::Option* vcpu_opt = nullptr;
@@ -35,7 +35,9 @@ void AddSandboxFlags(CLI::App* cmd, SandboxFlags& f, bool with_env) {
   cmd->add_option("--egress", f.egress,
                   "Egress profile (none, open or a deployment's allow-list; server default: none)");
   cmd->add_option("--allow", f.allow,
-                  "Narrow the profile to CIDR[:PORT] (repeatable; each within the profile)")
+                  "Narrow the profile to CIDR[:PORT] or HOST[:PORT] (pypi.org, "
+                  "*.pythonhosted.org:443; PORT may be LO-HI; repeatable; each within the "
+                  "profile)")
       ->allow_extra_args(false);
   cmd->add_option("--label", f.labels, "Label key=value (repeatable)")
       ->allow_extra_args(false);

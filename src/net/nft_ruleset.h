@@ -43,6 +43,9 @@ inline constexpr const char* kReasonUdpDomain = "udp_domain";   // UDP under dom
 inline constexpr const char* kReasonConnLimit = "conn_limit";   // egress.max_connections reached
 // Every reason, in a fixed order (counters are created and read in it).
 const std::vector<std::string>& DenialReasons();
+// A `none` sandbox's refusals: it has no route, so the kernel refuses every send with
+// ENETUNREACH in the sandbox's own namespace (Ip: OutNoRoutes). Not an nftables counter.
+inline constexpr const char* kReasonNoRoute = "no_route";
 
 struct NetPolicyConfig {
   IpPrefix pool4, pool6;               // the AddrPool's ranges: other sandboxes

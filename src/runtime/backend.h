@@ -95,10 +95,13 @@ class Instance {
   // undone. The service trusts this over its store after a restart.
   virtual absl::StatusOr<bool> IsFrozen() const { return false; }
 
-  // Packets the sandbox tried to send and its egress profile refused, counted by the kernel
-  // since the sandbox's network was made (sbx_egress_denied_total). A cheap read, no I/O to the
-  // agent; works on frozen sandboxes. Unimplemented where the runtime cannot tell.
-  virtual absl::StatusOr<uint64_t> DeniedEgress() const {
+  // What the sandbox tried to reach and its egress profile refused, by reason, since the
+  // sandbox's network was made (sbx_egress_denied_total{sandbox,reason}): the kernel's packet
+  // counters and the refusals of sbxd's resolver and proxy, under the reason names that
+  // GET /v1/sandboxes/{id}/egress shows (`no_route` for a `none` sandbox). Each count only
+  // grows while the sandbox lives. A cheap read, no I/O to the agent; works on frozen
+  // sandboxes. Unimplemented where the runtime cannot tell.
+  virtual absl::StatusOr<std::map<std::string, uint64_t>> DeniedEgress() const {
     return absl::UnimplementedError("denied egress: this runtime does not count it");
   }
 

@@ -5,6 +5,7 @@
 
 #include "common/status_util.h"
 #include "common/time_util.h"
+#include "net/nft_ruleset.h"
 #include "service/sandbox_service.h"
 #include "service/sandbox_state.h"
 #include "service/service_internal.h"
@@ -76,6 +77,17 @@ absl::StatusOr<Json> SandboxService::SandboxEgress(const Caller& caller, const s
       for (const auto& [reason, n] : *counts) denied[reason] = n;
     } else if (!absl::IsNotFound(counts.status())) {
       return counts.status();
+    }
+  }
+  if (sb.egress.is_null() && sb.state != "deleted") {
+    // A `none` sandbox has no network on the host to count on: its own namespace counts the
+    // sends the kernel refused for want of a route (the same reading as the metric's).
+    denied[net::kReasonNoRoute] = 0;
+    std::lock_guard lock(mu_);
+    if (auto it = instances_.find(sb.id); it != instances_.end()) {
+      if (auto counts = it->second->DeniedEgress(); counts.ok()) {
+        for (const auto& [reason, n] : *counts) denied[reason] = n;
+      }
     }
   }
   out["denied"] = std::move(denied);

@@ -118,9 +118,10 @@ class RecordingBackend : public NoPauseBackend {
   runtime::SandboxSpec last_;
 };
 
-// The fake runtime, whose instances report a denied-egress count the test sets.
+// The fake runtime, whose instances report denied-egress counts by reason that the test sets.
 class EgressBackend : public NoPauseBackend {
  public:
+  using Counts = std::map<std::string, uint64_t>;
   explicit EgressBackend(runtime::Backend& inner) : NoPauseBackend(inner) {}
   std::string Name() const override { return "egress"; }
   absl::StatusOr<runtime::InstancePtr> Create(const runtime::SandboxSpec& s) override {
@@ -131,36 +132,36 @@ class EgressBackend : public NoPauseBackend {
     SBX_ASSIGN_OR_RETURN(runtime::InstancePtr inner, NoPauseBackend::Adopt(id, p));
     return Wrap(std::move(inner));
   }
-  void Set(const std::string& id, uint64_t n) { Counter(id)->store(n); }
+  void Set(const std::string& id, const std::string& reason, uint64_t n) {
+    std::lock_guard lock(mu_);
+    counts_[id][reason] = n;
+  }
+  Counts Get(const std::string& id) {
+    std::lock_guard lock(mu_);
+    return counts_[id];
+  }
 
  private:
   class Instance : public runtime::Instance {
    public:
-    Instance(runtime::InstancePtr inner, std::shared_ptr<std::atomic<uint64_t>> denied)
-        : inner_(std::move(inner)), denied_(std::move(denied)) {}
+    Instance(runtime::InstancePtr inner, EgressBackend* backend)
+        : inner_(std::move(inner)), backend_(backend) {}
     const std::string& id() const override { return inner_->id(); }
     std::string AgentSocketPath() const override { return inner_->AgentSocketPath(); }
     json Persist() const override { return inner_->Persist(); }
     bool Alive() const override { return inner_->Alive(); }
     absl::Status Destroy() override { return inner_->Destroy(); }
-    absl::StatusOr<uint64_t> DeniedEgress() const override { return denied_->load(); }
+    absl::StatusOr<Counts> DeniedEgress() const override { return backend_->Get(id()); }
 
    private:
     runtime::InstancePtr inner_;
-    std::shared_ptr<std::atomic<uint64_t>> denied_;
+    EgressBackend* backend_;
   };
   runtime::InstancePtr Wrap(runtime::InstancePtr inner) {
-    auto counter = Counter(inner->id());
-    return std::make_unique<Instance>(std::move(inner), std::move(counter));
-  }
-  std::shared_ptr<std::atomic<uint64_t>> Counter(const std::string& id) {
-    std::lock_guard lock(mu_);
-    auto& c = counters_[id];
-    if (!c) c = std::make_shared<std::atomic<uint64_t>>(0);
-    return c;
+    return std::make_unique<Instance>(std::move(inner), this);
   }
   std::mutex mu_;
-  std::map<std::string, std::shared_ptr<std::atomic<uint64_t>>> counters_;  // outlive restarts
+  std::map<std::string, Counts> counts_;  // by sandbox id; outlive restarts
 };
 
 // The fake runtime, whose agents the test can declare dead (as a host OOM or a kernel bug
@@ -962,39 +963,66 @@ TEST_F(SandboxServiceTest, DeniedEgressIsCountedOnceAcrossReadingsRestartsAndDel
   const auto wall = std::chrono::system_clock::now();
   const auto mono = ActivityTracker::Clock::now();
   const std::string a = CreateRunning("egress"), b = CreateRunning("egress");
-  EXPECT_EQ(Metric("sbx_egress_denied_total"), "0");
-  egress_->Set(a, 3);
-  egress_->Set(b, 4);
+  auto series = [](const std::string& id, const std::string& reason) {
+    return "sbx_egress_denied_total{sandbox=\"" + id + "\",reason=\"" + reason + "\"}";
+  };
+  // A series appears with its sandbox's first refusal of that reason.
+  EXPECT_EQ(Metric(series(a, "host")), "");
+  EXPECT_NE(registry_.Expose().find("# TYPE sbx_egress_denied_total counter"), std::string::npos);
+  egress_->Set(a, "host", 3);
+  egress_->Set(a, "dns_name", 1);  // sbxd's resolver refused a name: a reason of its own
+  egress_->Set(b, "host", 4);
+  egress_->Set(b, "not_allowed", 0);
   svc_->RunTimersOnce(wall + 10s, mono);
-  EXPECT_EQ(Metric("sbx_egress_denied_total"), "7");
+  EXPECT_EQ(Metric(series(a, "host")), "3");
+  EXPECT_EQ(Metric(series(a, "dns_name")), "1");
+  EXPECT_EQ(Metric(series(b, "host")), "4");
+  EXPECT_EQ(Metric(series(b, "not_allowed")), "");
+  // The same reasons and counts as the sandbox's GET egress (a `none` sandbox's no_route too).
+  auto eg = svc_->SandboxEgress(caller_, a);
+  ASSERT_TRUE(eg.ok()) << eg.status();
+  EXPECT_EQ((*eg)["denied"]["host"], 3) << eg->dump();
+  EXPECT_EQ((*eg)["denied"]["dns_name"], 1) << eg->dump();
+  EXPECT_EQ((*eg)["denied"]["no_route"], 0) << eg->dump();
   // Each reading adds what was added since the sandbox's previous one.
-  egress_->Set(a, 5);
+  egress_->Set(a, "host", 5);
   svc_->RunTimersOnce(wall + 20s, mono);
   svc_->RunTimersOnce(wall + 30s, mono);
-  EXPECT_EQ(Metric("sbx_egress_denied_total"), "9");
+  EXPECT_EQ(Metric(series(a, "host")), "5");
 
-  // After a restart the counts found are a baseline, not new denials. (This fixture keeps one
-  // registry across restarts; a real restart starts the counter again at 0.)
-  egress_->Set(a, 8);
+  // After a restart the counts found are a baseline, not new denials: the new process's
+  // series start again (as any counter of a restarted process does).
+  egress_->Set(a, "host", 8);
   Stop();
   Start();
   svc_->RunTimersOnce(wall + 40s, mono);
-  EXPECT_EQ(Metric("sbx_egress_denied_total"), "9");
+  EXPECT_EQ(Metric(series(a, "host")), "");
+  EXPECT_EQ(Metric(series(a, "dns_name")), "");
+  egress_->Set(a, "host", 9);
+  svc_->RunTimersOnce(wall + 45s, mono);
+  EXPECT_EQ(Metric(series(a, "host")), "1");
 
-  // A delete reads the sandbox a last time before destroying it, then forgets it.
-  egress_->Set(a, 10);
+  // A delete reads the sandbox a last time before destroying it; its series stay for the
+  // scrapers to read the last count, then go.
+  egress_->Set(a, "host", 10);
   auto del = svc_->DeleteSandbox(caller_, a, std::nullopt);
   ASSERT_TRUE(del.ok()) << del.status();
   EXPECT_EQ(WaitOp(Body(*del)["operation"]["id"]).state, "succeeded");
-  EXPECT_EQ(Metric("sbx_egress_denied_total"), "11");
-  egress_->Set(b, 6);
-  svc_->RunTimersOnce(wall + 50s, mono);
-  EXPECT_EQ(Metric("sbx_egress_denied_total"), "13");
+  EXPECT_EQ(Metric(series(a, "host")), "2");
+  egress_->Set(b, "host", 6);
+  const auto after_delete = ActivityTracker::Clock::now();
+  svc_->RunTimersOnce(wall + 50s, after_delete + ServiceMetrics::kEgressLinger - 1s);
+  EXPECT_EQ(Metric(series(a, "host")), "2");
+  EXPECT_EQ(Metric(series(b, "host")), "2");
+  svc_->RunTimersOnce(wall + 55s, after_delete + ServiceMetrics::kEgressLinger);
+  EXPECT_EQ(registry_.Expose().find("sandbox=\"" + a + "\""), std::string::npos);
+  EXPECT_EQ(Metric(series(b, "host")), "2");
 
   // A runtime that cannot count (the fake) adds nothing and breaks nothing.
-  CreateRunning("fake");
-  svc_->RunTimersOnce(wall + 60s, mono);
-  EXPECT_EQ(Metric("sbx_egress_denied_total"), "13");
+  const std::string f = CreateRunning("fake");
+  svc_->RunTimersOnce(wall + 60s, after_delete + ServiceMetrics::kEgressLinger);
+  EXPECT_EQ(registry_.Expose().find("sandbox=\"" + f + "\""), std::string::npos);
+  EXPECT_EQ(Metric(series(b, "host")), "2");
 }
 
 TEST_F(SandboxServiceTest, InteractiveSessionSpecAndTimedOutExitSurviveARestart) {

@@ -1,5 +1,7 @@
 #include "service/service_metrics.h"
 
+#include <algorithm>
+
 #include "common/build_info.h"
 
 namespace sbx::service {
@@ -54,14 +56,24 @@ ServiceMetrics::ServiceMetrics(metrics::Registry& registry,
                      .AddCounter("sbx_oom_kills_total",
                                  "Command sessions that ended killed by the out-of-memory "
                                  "killer of their sandbox's memory limit.")
-                     .WithLabels()),
-      egress_denied_(registry
-                         .AddCounter("sbx_egress_denied_total",
-                                     "Packets sandboxes tried to send that their egress "
-                                     "profile refused (profile none: any address but "
-                                     "loopback), as their network namespaces count them; read "
-                                     "every 5 s and at delete.")
-                         .WithLabels()) {
+                     .WithLabels()) {
+  // A callback rather than a family: a family's children live as long as the registry, and a
+  // deleted sandbox's series must go (one series per sandbox and reason would otherwise pile up
+  // for the life of sbxd).
+  egress_denied_ = registry.AddCallback(
+      "sbx_egress_denied_total",
+      "What sandboxes tried to reach and their egress profile refused, by sandbox and reason "
+      "(the reasons of GET /v1/sandboxes/{id}/egress; no_route: profile none): packets counted "
+      "by the kernel, and names and connections refused by sbxd's resolver and proxy. Read "
+      "every 5 s and at delete; a deleted sandbox's series go 5 minutes after the delete.",
+      metrics::Type::kCounter, {"sandbox", "reason"}, [this](metrics::CallbackSamples& out) {
+        std::lock_guard lock(egress_mu_);
+        for (const auto& [id, series] : egress_) {
+          for (const auto& [reason, n] : series.total) {
+            out.Add({id, reason}, static_cast<double>(n));
+          }
+        }
+      });
   for (size_t k = 0; k < kKinds.size(); ++k) {
     for (size_t r = 0; r < kResults.size(); ++r) {
       ops_[k][r] = &ops_family_.WithLabels({kKinds[k], kResults[r]});
@@ -124,20 +136,36 @@ void ServiceMetrics::SessionExited(const std::string& session_id, bool oom_kille
   sessions_active_.Set(static_cast<double>(active_sessions_.size()));
 }
 
-void ServiceMetrics::EgressReading(const std::string& sandbox_id, uint64_t count,
-                                   bool baseline) {
+void ServiceMetrics::EgressReading(const std::string& sandbox_id,
+                                   const std::map<std::string, uint64_t>& counts, bool baseline) {
   std::lock_guard lock(egress_mu_);
-  auto it = egress_seen_.try_emplace(sandbox_id, 0).first;
-  const uint64_t last = it->second;
-  it->second = count;
-  if (baseline) return;
-  // Smaller than before only if the runtime gave the sandbox a new namespace: all of it is new.
-  egress_denied_.Inc(count >= last ? count - last : count);
+  EgressSeries& series = egress_[sandbox_id];
+  for (const auto& [reason, count] : counts) {
+    uint64_t& last = series.seen[reason];
+    // Smaller than before only if the runtime gave the sandbox a new namespace: all of it is new.
+    const uint64_t added = count >= last ? count - last : count;
+    last = count;
+    if (!baseline && added > 0) series.total[reason] += added;
+  }
 }
 
-void ServiceMetrics::ForgetEgress(const std::string& sandbox_id) {
+void ServiceMetrics::ForgetEgress(const std::string& sandbox_id, Clock::time_point now) {
   std::lock_guard lock(egress_mu_);
-  egress_seen_.erase(sandbox_id);
+  auto it = egress_.find(sandbox_id);
+  if (it == egress_.end()) return;
+  // Never read or counted: nothing for a scraper to see.
+  if (it->second.total.empty()) {
+    egress_.erase(it);
+  } else if (!it->second.gone) {
+    it->second.gone = now;
+  }
+}
+
+void ServiceMetrics::DropGoneEgress(Clock::time_point now) {
+  std::lock_guard lock(egress_mu_);
+  std::erase_if(egress_, [now](const auto& e) {
+    return e.second.gone && now - *e.second.gone >= kEgressLinger;
+  });
 }
 
 }  // namespace sbx::service

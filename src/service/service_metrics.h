@@ -53,14 +53,18 @@ class ServiceMetrics {
   // gauge ignores ids it does not hold (a session of a sandbox lost across a restart).
   void SessionExited(const std::string& session_id, bool oom_killed);
 
-  // Denied egress: `count` is a sandbox's kernel counter as read now (Instance::DeniedEgress),
-  // which only grows while the sandbox lives. The metric moves by what was added since the
-  // sandbox's previous reading (the first reading of a sandbox this process created counts from
-  // 0). `baseline` records a reading without counting it: a sandbox adopted after a restart,
-  // whose earlier packets the previous process counted.
-  void EgressReading(const std::string& sandbox_id, uint64_t count, bool baseline = false);
-  // The sandbox is gone: its readings are dropped (after the final one).
-  void ForgetEgress(const std::string& sandbox_id);
+  // Denied egress: `counts` is a sandbox's counters by reason as read now
+  // (Instance::DeniedEgress), each of which only grows while the sandbox lives. The sandbox's
+  // series move by what was added since its previous reading (the first reading of a sandbox
+  // this process created counts from 0). `baseline` records a reading without counting it: a
+  // sandbox adopted after a restart, whose earlier refusals the previous process counted.
+  void EgressReading(const std::string& sandbox_id, const std::map<std::string, uint64_t>& counts,
+                     bool baseline = false);
+  // The sandbox is gone (after its final reading): its series stay kEgressLinger more, so that
+  // every scraper reads the last count, then DropGoneEgress drops them.
+  static constexpr std::chrono::minutes kEgressLinger{5};
+  void ForgetEgress(const std::string& sandbox_id, Clock::time_point now = Clock::now());
+  void DropGoneEgress(Clock::time_point now);
 
  private:
   metrics::Registry& registry_;
@@ -82,9 +86,15 @@ class ServiceMetrics {
   std::mutex sessions_mu_;
   std::set<std::string, std::less<>> active_sessions_;
 
-  metrics::Counter& egress_denied_;
+  struct EgressSeries {
+    std::map<std::string, uint64_t> seen;   // reason -> last reading
+    std::map<std::string, uint64_t> total;  // reason -> counted (only reasons that moved)
+    std::optional<Clock::time_point> gone;  // when ForgetEgress was told
+  };
   std::mutex egress_mu_;
-  std::map<std::string, uint64_t, std::less<>> egress_seen_;  // sandbox -> last reading
+  std::map<std::string, EgressSeries, std::less<>> egress_;  // by sandbox id
+  // Last: unregistered first, while egress_ is still there for a scrape running it.
+  metrics::CallbackHandle egress_denied_;
 };
 
 }  // namespace sbx::service

@@ -7,8 +7,9 @@
 //   - Sessions: a session whose process exited while no client was attached stays "running"
 //     in the store (and in sbx_sessions_active, its OOM kill uncounted) until someone asks;
 //     every kSessionRefresh the agents of running sandboxes are asked about those sessions.
-//   - Denied egress: every kSessionRefresh each live sandbox's kernel counter is read into
-//     sbx_egress_denied_total (and a last time just before a delete destroys the sandbox).
+//   - Denied egress: every kSessionRefresh each live sandbox's counters by reason are read
+//     into sbx_egress_denied_total{sandbox,reason} (and a last time just before a delete
+//     destroys the sandbox, whose series go ServiceMetrics::kEgressLinger later).
 //   - Retention: idempotency keys and deleted sandboxes older than their retention are purged,
 //     once a minute.
 // Everything goes through the same calls as the API, so the operation history, the per-sandbox
@@ -77,7 +78,7 @@ void SandboxService::ReadDeniedEgress(const std::string& sandbox_id, bool baseli
   std::lock_guard lock(mu_);
   auto it = instances_.find(sandbox_id);
   if (it == instances_.end()) return;
-  absl::StatusOr<uint64_t> n = it->second->DeniedEgress();
+  auto n = it->second->DeniedEgress();
   if (n.ok()) {
     metrics_->EgressReading(sandbox_id, *n, baseline);
   } else if (!absl::IsUnimplemented(n.status())) {
@@ -145,6 +146,7 @@ void SandboxService::RunTimersOnce(std::chrono::system_clock::time_point wall,
     last_session_refresh_ = wall;
     RefreshSessionStates(live);
     RefreshDeniedEgress(live);
+    metrics_->DropGoneEgress(mono);
   }
 
   if (wall - last_purge_ < std::chrono::minutes(1)) return;

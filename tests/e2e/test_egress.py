@@ -48,6 +48,10 @@ def test_none_reaches_nothing(lab):
     lab.delete_sandbox(sb["id"])
 
 
+@pytest.mark.attack(cls="egress",
+                    tried="from an open sandbox: sbxd's namespace and a host service, the host "
+                          "ends of veths, its own loopback, the metadata address, other "
+                          "sandboxes, a private range")
 def test_open_reaches_the_internet_and_nothing_blocked(lab):
     a = create(lab, {"egress_profile": "open"})
     b = create(lab, {"egress_profile": "open"})
@@ -73,20 +77,26 @@ def test_open_reaches_the_internet_and_nothing_blocked(lab):
     denied = eg["denied"]
     for reason in ("host", "metadata", "other_sandbox", "private"):
         assert denied.get(reason, 0) > 0, (reason, eg)
-    # The same denials in the metrics (sbxd reads the counters every 5 s).
+    # The same denials in the metrics, by sandbox and under the same reasons (sbxd reads the
+    # counters every 5 s).
+    want = {f'sbx_egress_denied_total{{sandbox="{a["id"]}",reason="{reason}"}}'
+            for reason in ("host", "metadata", "other_sandbox", "private")}
     deadline = time.monotonic() + 15
     while True:
         text = lab.call("GET", "/metrics", expect=200).content.decode()
-        total = sum(float(l.split()[-1]) for l in text.splitlines()
-                    if l.startswith("sbx_egress_denied_total"))
-        if total > 0 or time.monotonic() > deadline:
+        got_series = {l.split()[0]: float(l.split()[-1]) for l in text.splitlines()
+                      if l.startswith("sbx_egress_denied_total{")}
+        if want <= got_series.keys() or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    assert total > 0, [l for l in text.splitlines() if "egress" in l]
+    assert want <= got_series.keys(), [l for l in text.splitlines() if "egress" in l]
+    assert all(got_series[k] > 0 for k in want), got_series
     lab.delete_sandbox(a["id"])
     lab.delete_sandbox(b["id"])
 
 
+@pytest.mark.attack(cls="egress",
+                    tried="reach an address, port and UDP service an allow-list does not list")
 def test_allow_list_reaches_exactly_its_rules(lab):
     sb = create(lab, {"egress_profile": "lab"})
     got = probe(lab, sb["id"], f"tcp:{INTERNET}:{HTTP_PORT}", f"tcp:{INTERNET}:{OTHER_PORT}",
@@ -126,6 +136,9 @@ def test_narrowing_at_create_and_widening_refused(lab):
     assert {s["id"] for s in lab.list_sandboxes()} == before
 
 
+@pytest.mark.attack(cls="egress",
+                    tried="direct-IP TCP and UDP under a domain rule, even to the name's own "
+                          "address")
 def test_domain_rules_narrow_open_and_admit_nothing_by_address(lab):
     """A domain rule admits connections only by name (sbxd's resolver and Host/SNI check): an
     address alone, even the one the name would resolve to, reaches nothing through it."""

@@ -210,6 +210,8 @@ def test_none_has_no_dns(lab):
         assert not got[f"udp:{INTERNET}:allowed.test"].startswith("rcode="), got
 
 
+@pytest.mark.attack(cls="egress",
+                    tried="resolve names the rules do not allow through sbxd's resolver")
 def test_allow_list_resolves_exactly_its_names(lab):
     with sandbox(lab, {"egress_profile": "names"}) as sb:
         sid = sb["id"]
@@ -238,6 +240,9 @@ def test_allow_list_resolves_exactly_its_names(lab):
         assert eg["denied"].get("dns_name", 0) > 0, eg
 
 
+@pytest.mark.attack(cls="egress",
+                    tried="a forged DNS answer pointing an allowed name at private and metadata "
+                          "addresses")
 def test_forged_answer_to_private_addresses_is_stripped(lab):
     with sandbox(lab, {"egress_profile": "names"}) as sb:
         got = dns_probe(lab, sb["id"], "gai:forged.test")
@@ -249,6 +254,8 @@ def test_forged_answer_to_private_addresses_is_stripped(lab):
         assert ("10.0.0.5", "private") in stripped and ("169.254.169.254", "metadata") in stripped, eg
 
 
+@pytest.mark.attack(cls="egress",
+                    tried="DNS over UDP and TCP to another resolver than sbxd's")
 def test_dns_to_another_resolver_is_refused_under_domain_rules(lab):
     with sandbox(lab, {"egress_profile": "names"}) as sb:
         got = dns_probe(lab, sb["id"], f"udp:{INTERNET}:allowed.test", f"tcp:{INTERNET}:allowed.test",
@@ -258,6 +265,8 @@ def test_dns_to_another_resolver_is_refused_under_domain_rules(lab):
         assert eg["denied"].get("dns_other", 0) >= 3, eg
 
 
+@pytest.mark.attack(cls="egress",
+                    tried="connect to an address no allowed name resolved to")
 def test_unresolved_address_is_dropped_and_counted(lab):
     with sandbox(lab, {"egress_profile": "names"}) as sb:
         # No name resolved to FAR for this sandbox, and no CIDR rule allows it.
@@ -277,9 +286,37 @@ def test_open_resolves_everything_and_other_resolvers_are_just_traffic(lab):
         assert got[f"udp:{INTERNET}:other.test"] == f"rcode=0 a={INTERNET}", got
 
 
+@pytest.mark.attack(cls="egress",
+                    tried="reach sbxd's resolver on its real port, past the port-53 redirect")
 def test_resolver_port_is_not_reachable_directly(lab):
     with sandbox(lab, {"egress_profile": "open"}) as sb:
         resolver = dns_probe(lab, sb["id"], "resolver")["resolver"]
         # Straight to the resolver's own port (not redirected): the host drops it.
         got = netlab.probe(lab, sb["id"], f"udp:{resolver}:10053", f"tcp:{resolver}:10053")
         assert all(v != "ok" for v in got.values()), got
+
+
+def test_cli_create_allow_takes_names(lab):
+    """`sbx create --egress PROFILE --allow HOST[:PORT]`: the CLI sends domain rules as the API
+    takes them, and a name outside the profile is refused by sbxd naming the field."""
+    import subprocess
+    from conftest import build_dir
+    cli = [str(build_dir() / "bin" / "sbx"), "--url", lab.base_url, "--token", lab.token]
+    # The test thread is in sbxd's namespace (netlab.lab); the CLI it starts is too.
+    out = subprocess.run([*cli, "create", "--egress", "names",
+                          "--allow", f"allowed.test:{HTTP_PORT}", "--allow", f"*.cdn.test:{HTTP_PORT}"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    sid = out.stdout.strip()
+    lab.created_sandboxes.append(sid)
+    try:
+        eg = egress(lab, sid)
+        assert eg["profile"] == "names", eg
+        got = {(r["domain"], str(r.get("ports"))) for r in eg["narrowed"]}
+        assert got == {("allowed.test", str(HTTP_PORT)), ("*.cdn.test", str(HTTP_PORT))}, eg
+        assert all("cidr" not in r for r in eg["narrowed"]), eg
+    finally:
+        lab.delete_sandbox(sid)
+    wide = subprocess.run([*cli, "create", "--egress", "names", "--allow", "other.test"],
+                          capture_output=True, text=True, timeout=120)
+    assert wide.returncode != 0 and "egress.allow[0]" in wide.stderr, (wide.returncode, wide.stderr)

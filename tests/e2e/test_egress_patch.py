@@ -203,6 +203,8 @@ def wait_denial(api: SbxClient, sid: str, reason: str, dest: str | None = None,
         time.sleep(0.1)
 
 
+@pytest.mark.attack(cls="egress",
+                    tried="keep using an open connection after a PATCH removed its destination")
 def test_patch_cuts_the_connection_it_forbids_and_keeps_the_others(plab):
     sb = create(plab, {"egress_profile": "open"})
     sid = sb["id"]
@@ -296,6 +298,8 @@ def test_patch_refuses_widening_none_and_bad_input(plab):
     plab.delete_sandbox(none["id"])
 
 
+@pytest.mark.attack(cls="egress",
+                    tried="open more connections than egress.max_connections")
 def test_connection_limit_refuses_the_next_one(plab):
     sb = create(plab, {"egress_profile": "open"})
     sid = sb["id"]

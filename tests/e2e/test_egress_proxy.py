@@ -244,6 +244,9 @@ def test_allowed_names_pass_and_the_server_sees_them(plab):
     plab.delete_sandbox(sid)
 
 
+@pytest.mark.attack(cls="egress",
+                    tried="a disallowed TLS SNI or HTTP Host at an allowed address (a shared CDN "
+                          "address)")
 def test_disallowed_sni_or_host_at_an_allowed_address_is_refused(plab):
     needs_resolver(plab)
     sid = named_sandbox(plab)
@@ -261,6 +264,8 @@ def test_disallowed_sni_or_host_at_an_allowed_address_is_refused(plab):
     plab.delete_sandbox(sid)
 
 
+@pytest.mark.attack(cls="egress",
+                    tried="an allowed name at an address it did not resolve to for this sandbox")
 def test_allowed_name_at_an_address_it_did_not_resolve_to_is_refused(plab):
     needs_resolver(plab)
     sid = named_sandbox(plab)
@@ -276,6 +281,8 @@ def test_allowed_name_at_an_address_it_did_not_resolve_to_is_refused(plab):
     plab.delete_sandbox(sid)
 
 
+@pytest.mark.attack(cls="egress",
+                    tried="direct-IP TCP without a name, and UDP/QUIC, under domain rules")
 def test_no_name_direct_ip_and_udp_are_refused(plab):
     needs_resolver(plab)
     sid = named_sandbox(plab)

@@ -39,6 +39,12 @@ sbxd = e2e.sbxd
 api = e2e.api
 metrics = e2e.metrics
 skip_or_fail = e2e.skip_or_fail
+# tests/e2e/netlab.py and the egress tests that test_egress_*_attacks.py collect here import
+# these names from `conftest`, which in this suite's run is this module.
+Daemon = e2e.Daemon
+shutdown = e2e.shutdown
+build_dir = e2e.build_dir
+not_applicable_on_fake_runtime = e2e.not_applicable_on_fake_runtime
 
 REPORT_PATH = e2e.build_dir() / "security-report.json"
 CASES: dict[str, dict] = {}

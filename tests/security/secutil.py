@@ -23,6 +23,22 @@ def attack(cls: str, tried: str):
     return pytest.mark.attack(cls=cls, tried=tried)
 
 
+def lab_unaffected(lab_fixture: str):
+    """The `unaffected` check of an attack run in an egress lab (tests/e2e/netlab.py: its own
+    sbxd in a test namespace, whose API the test thread reaches from inside it): after each
+    attack that sbxd still answers /healthz; the lab's teardown then checks that it stops
+    cleanly with nothing left behind. Assign it to `unaffected` in the module."""
+
+    @pytest.fixture(autouse=True, name="unaffected")
+    def unaffected(request):
+        api = request.getfixturevalue(lab_fixture)
+        yield
+        health = api.call("GET", "/healthz", token=None, expect=200, timeout=10).body
+        assert health == {"status": "ok"}, health
+
+    return unaffected
+
+
 def script(name: str) -> str:
     """The text of attacks/<name>.py with the common prelude in front."""
     return (ATTACKS / "_prelude.py").read_text() + "\n" + (ATTACKS / f"{name}.py").read_text()

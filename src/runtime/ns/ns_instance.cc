@@ -14,6 +14,8 @@
 #include <spdlog/spdlog.h>
 
 #include "common/status_util.h"
+#include "net/nft_ruleset.h"
+#include "net/sandbox_net.h"
 #include "protocol/protocol.h"
 #include "runtime/ns/fsutil.h"
 #include "runtime/ns/launcher.h"
@@ -97,25 +99,27 @@ class NsInstance : public Instance {
     return how;
   }
 
-  absl::StatusOr<uint64_t> DeniedEgress() const override {
+  absl::StatusOr<std::map<std::string, uint64_t>> DeniedEgress() const override {
     if (network_) {
-      // The host's nftables counters, every reason (the namespace's own no-route count is
-      // for `none` sandboxes, which have no route at all).
-      auto counts = shared_->opts.network->Denials(id_);
+      // The host's nftables counters plus what sbxd's resolver and proxy refused, as
+      // GET /v1/sandboxes/{id}/egress adds them (the namespace's own no-route count is for
+      // `none` sandboxes, which have no route at all).
+      net::NetworkHost* host = shared_->opts.network;
+      auto counts = host->Denials(id_);
       if (!counts.ok()) return counts.status();
-      uint64_t sum = 0;
-      for (const auto& [reason, n] : *counts) sum += n;
-      return sum;
+      for (const auto& [reason, n] : host->denials_log().Counts(id_)) (*counts)[reason] += n;
+      return *counts;
     }
     if (!Alive()) {
       return absl::FailedPreconditionError(fmt::format("denied egress {}: agent not alive", id_));
     }
     auto n = ReadNoRouteCount(pid_);
+    if (!n.ok()) return n.status();
     // The pid names our agent only while it exists: alive after the read, it was the agent's.
-    if (n.ok() && !Alive()) {
+    if (!Alive()) {
       return absl::FailedPreconditionError(fmt::format("denied egress {}: agent exited", id_));
     }
-    return n;
+    return std::map<std::string, uint64_t>{{net::kReasonNoRoute, *n}};
   }
 
   absl::StatusOr<UniqueFd> DialPort(uint16_t port, bool ipv6) const override {
