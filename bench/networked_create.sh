@@ -16,6 +16,8 @@
 #   WARM=N               sbxd keeps a warm pool of N `base` sandboxes (and, where sbxd has
 #                        --egress-warm-pool, N network-ready ones for the `lab` blocks) and
 #                        the blocks run create_warm instead (p50 and warm-pool hits; not metered)
+#   WARM_NET=N           network-ready members instead of WARM (0: networked creates cold, as
+#                        before they existed)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 N=${1:-30}
@@ -52,7 +54,7 @@ ip -n "$DNS" route add default via 198.18.0.2
 WARM_ARGS=(--warm-pool "base=${WARM:-0}")
 # An sbxd before network-ready warm pools has no such flag (an A/B against an older build).
 if [[ -n "${WARM:-}" ]] && "$SBXD" --help 2>&1 | grep -q -- --egress-warm-pool; then
-  WARM_ARGS+=(--egress-warm-pool "$WARM")
+  WARM_ARGS+=(--egress-warm-pool "${WARM_NET:-$WARM}")
 fi
 cat > "$WORK/sbxd.toml" <<'EOF'
 [egress.profiles.lab]
