@@ -13,8 +13,11 @@
 #   SBXD_ARGS="..."      extra sbxd flags (e.g. "--netns-pool 0")
 #   JSON=/path           also write every block's numbers there
 #   KEEP_LOG=/path       keep sbxd's log there
-#   WARM=N               sbxd keeps a warm pool of N `base` sandboxes and the blocks run
-#                        create_warm instead (p50 and warm-pool hits; not metered)
+#   WARM=N               sbxd keeps a warm pool of N `base` sandboxes (and, where sbxd has
+#                        --egress-warm-pool, N network-ready ones for the `lab` blocks) and
+#                        the blocks run create_warm instead (p50 and warm-pool hits; not metered)
+#   WARM_NET=N           network-ready members instead of WARM (0: networked creates cold, as
+#                        before they existed)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 N=${1:-30}
@@ -48,6 +51,11 @@ ip -n "$DNS" link set uplink0 up
 ip -n "$INS" link set inet0 up
 ip -n "$DNS" route add default via 198.18.0.2
 
+WARM_ARGS=(--warm-pool "base=${WARM:-0}")
+# An sbxd before network-ready warm pools has no such flag (an A/B against an older build).
+if [[ -n "${WARM:-}" ]] && "$SBXD" --help 2>&1 | grep -q -- --egress-warm-pool; then
+  WARM_ARGS+=(--egress-warm-pool "${WARM_NET:-$WARM}")
+fi
 cat > "$WORK/sbxd.toml" <<'EOF'
 [egress.profiles.lab]
 description = "the stand-in internet's web server only"
@@ -55,7 +63,7 @@ allow = [{cidr = "198.18.0.2/32", ports = "8080", protocol = "tcp"}]
 EOF
 # shellcheck disable=SC2086
 setsid nsenter --net="/run/netns/$DNS" "$SBXD" --config "$WORK/sbxd.toml" \
-  --state-dir "$WORK/state" --listen 127.0.0.1:0 --admin-token "$TOKEN" --warm-pool "base=${WARM:-0}" \
+  --state-dir "$WORK/state" --listen 127.0.0.1:0 --admin-token "$TOKEN" "${WARM_ARGS[@]}" \
   --egress true --egress-pool-v4 10.241.0.0/22 --egress-pool-v6 fd5b:5bd0:0:2::/64 \
   --egress-exempt 198.18.0.0/15 --egress-uplink uplink0 ${SBXD_ARGS:-} > "$WORK/sbxd.log" 2>&1 &
 SBXD_PID=$!

@@ -147,6 +147,8 @@ struct Config {
     int64_t proxy_idle_timeout_s = 600;
     int64_t max_connections = 1024;  // conntrack entries per sandbox at once; 0: no limit
     int64_t rate_mbit = 0;           // bandwidth per sandbox each way; 0: no limit
+    // Network-ready warm-pool members per template pool (service/warm_pool.h); 0: none.
+    int64_t warm_pool = 2;
     // egress.profiles.<name> tables of the file: {"NAME": {"description", "allow", "deny"}},
     // as ProfileCatalog::FromJson reads them (file only: no flag or variable holds a table).
     nlohmann::json profiles = nlohmann::json::object();

@@ -268,6 +268,14 @@ const std::vector<KeyInfo> kKeys = {
      .help = "bandwidth of one networked sandbox in Mbit/s, each way (tc on its host veth: a "
              "token bucket toward it, policing from it); 0: no limit",
      SBX_NUM(egress.rate_mbit)},
+    {.path = "egress.warm_pool", .type = Type::kInt, .flag = "--egress-warm-pool",
+     .reloadable = true, .min = 0, .max = 256, .why = "as a warm_pool.<template> entry",
+     .help = "network-ready sandboxes kept beside each warm pool (every warm_pool.<template> "
+             "above 0) when egress.enabled: launched with a veth no sandbox has claimed yet, "
+             "each serves one create with a networked profile and the default resources, which "
+             "gets its rules at take (one nftables transaction); 0: networked creates are "
+             "launched cold",
+     SBX_NUM(egress.warm_pool)},
     {.path = "admission.enabled", .type = Type::kBool, .flag = "--admission", .reloadable = true,
      .help = "refuse a create (503 insufficient_capacity, or 422 exceeds_capacity when it can "
              "never fit) whose vcpu, memory or disk does not fit in what the host has beside "

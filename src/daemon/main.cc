@@ -106,11 +106,15 @@ sbx::runtime::Resources DefaultsOf(const Config& c) {
   return r;
 }
 
-// Pools run on the default runtime; entries of size 0 turn a pool off.
+// Pools run on the default runtime; entries of size 0 turn a pool off. With egress on, each
+// pool has a network-ready twin (egress.warm_pool) when the default runtime can build them.
 std::vector<sbx::service::WarmPoolConfig> WarmPoolsOf(const Config& c) {
   std::vector<sbx::service::WarmPoolConfig> out;
+  const bool networked = c.egress.enabled && c.runtime.default_runtime == "ns";
   for (const auto& [name, size] : c.warm_pool) {
     out.push_back({c.runtime.default_runtime, name, static_cast<int>(size)});
+    out.push_back({c.runtime.default_runtime, name,
+                   networked && size > 0 ? static_cast<int>(c.egress.warm_pool) : 0, true});
   }
   return out;
 }

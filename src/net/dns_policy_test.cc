@@ -118,7 +118,10 @@ TEST(DnsRuleset, RedirectInputAndDomainRuledChains) {
   pos("add set inet sbx resolved4 { type ifname . ipv4_addr; flags timeout; }");
   pos("prerouting iifname \"sbxv*\" fib daddr type local udp dport 53 redirect to :10053");
   pos("prerouting iifname \"sbxv*\" fib daddr type local tcp dport 53 redirect to :10053");
-  const size_t accept = pos("input iifname \"sbxv*\" ct status dnat udp dport 10053 accept");
+  const size_t accept = pos("input iifname \"sbxv*\" meta nfproto ipv4 ct status dnat udp dport 10053 "
+                            "iifname . ip saddr @own4 accept");
+  pos("input iifname \"sbxv*\" meta nfproto ipv6 ct status dnat tcp dport 10053 "
+      "iifname . ip6 saddr @own6 accept");
   const size_t drop = pos("input iifname \"sbxv*\" drop");
   EXPECT_LT(accept, drop);
   // The domain-ruled chain refuses DNS elsewhere before its CIDR rule for port 53 allows it.

@@ -104,12 +104,19 @@ std::string DnsPreroutingRules(const NetPolicyConfig& cfg) {
   }
   return out;
 }
+// Only from a sandbox's own address on its own veth (own4/own6): a veth with no elements (a
+// pooled network no sandbox has claimed, docs/isolation.md §2.3b "Pooled") reaches not even the
+// resolver, and a spoofed source is dropped before sbxd reads the query.
 std::string DnsInputRules(const NetPolicyConfig& cfg) {
   if (cfg.dns_port == 0) return "";
   std::string out;
   for (const char* proto : {"udp", "tcp"}) {
-    out += fmt::format("add rule inet {} input iifname \"sbxv*\" ct status dnat {} dport {} accept\n",
-                       kTable, proto, cfg.dns_port);
+    out += fmt::format(
+        "add rule inet {t} input iifname \"sbxv*\" meta nfproto ipv4 ct status dnat {p} dport {d} "
+        "iifname . ip saddr @own4 accept\n"
+        "add rule inet {t} input iifname \"sbxv*\" meta nfproto ipv6 ct status dnat {p} dport {d} "
+        "iifname . ip6 saddr @own6 accept\n",
+        fmt::arg("t", kTable), fmt::arg("p", proto), fmt::arg("d", cfg.dns_port));
   }
   return out;
 }

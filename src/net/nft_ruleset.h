@@ -117,7 +117,8 @@ inline constexpr const char* kReasonUnresolved = "unresolved_address";  // see b
 //   chain prerouting (nat, hook prerouting): UDP and TCP port 53 from an sbx veth to any of the
 //     host's own addresses (a sandbox's resolv.conf names its veth's host end) is redirected to
 //     dns_port, which rewrites the destination to the incoming veth's own address;
-//   chain input: exactly those redirected packets (ct status dnat, dport dns_port) are accepted,
+//   chain input: exactly those redirected packets (ct status dnat, dport dns_port, source one
+//     of the veth's own addresses: own4/own6) are accepted,
 //     before the drop of everything else a sandbox sends the host; a packet sent straight to
 //     dns_port is not redirected and is dropped (reason `host`).
 // A chain whose allow rules hold a domain rule (DomainRuled) refuses DNS (UDP/TCP port 53) to

@@ -56,12 +56,19 @@ struct SandboxSpec {
   // net::ResolvedEgress::ToJson() of a networked sandbox (profile, narrowing), as stored at
   // create; null: `none`, loopback only.
   Json egress = nullptr;
+  // A warm-pool member for networked creates (egress null): launched into a namespace whose
+  // network is built but claimed by no sandbox (veth, addresses, routes, its resolv.conf; no
+  // egress rules, so nothing it sends passes) until Instance::AttachEgress gives it a profile.
+  // Only runtimes with Capabilities::network_ready accept it.
+  bool network_ready = false;
 };
 
 struct Capabilities {
   bool pause = false;  // Instance::Freeze/Thaw work (pause, suspend and wake)
   bool snapshots = false;
   bool egress_policy = false;
+  // Create takes SandboxSpec::network_ready and its instances implement AttachEgress.
+  bool network_ready = false;
 };
 
 class Instance {
@@ -103,6 +110,16 @@ class Instance {
   // sandboxes. Unimplemented where the runtime cannot tell.
   virtual absl::StatusOr<std::map<std::string, uint64_t>> DeniedEgress() const {
     return absl::UnimplementedError("denied egress: this runtime does not count it");
+  }
+
+  // Of an instance created network_ready: gives its network to this sandbox (its id) with
+  // `egress` (net::ResolvedEgress::ToJson(), as SandboxSpec::egress), as a networked Create
+  // would have: its rules in place before anything passes, Persist() recording them so a
+  // restart adopts the network. Once; on an error the instance may hold part of it and must be
+  // destroyed, never handed out or pooled again.
+  virtual absl::Status AttachEgress(const Json& egress) {
+    (void)egress;
+    return absl::UnimplementedError("attach egress: this runtime has no network-ready sandboxes");
   }
 
   // Port exposure (api/port_routes.cc): a non-blocking TCP socket made in the sandbox's network

@@ -24,6 +24,7 @@ absl::StatusOr<WarmSandbox> SandboxService::BuildWarm(const WarmPoolConfig& conf
   spec.tmpl = tmpl;
   spec.resources = defaults();
   spec.hostname = spec.id.substr(0, 16);
+  spec.network_ready = config.networked;
   // A pool member holds what a sandbox holds: the pool may fill only what creates left over.
   SBX_RETURN_IF_ERROR(admission_->Admit(spec.id, DemandOf(spec.resources), "a warm-pool sandbox"));
   // The runtime's lines during the build name the sandbox, as in an operation.
@@ -36,18 +37,36 @@ absl::StatusOr<WarmSandbox> SandboxService::BuildWarm(const WarmPoolConfig& conf
     return inst.status();
   }
   return WarmSandbox{std::move(*inst), config.runtime, config.template_name, tmpl.digest,
-                     spec.resources};
+                     spec.resources, config.networked};
 }
 
 std::optional<WarmSandbox> SandboxService::TakeWarm(const CreateSandboxRequest& req,
-                                                    const runtime::Resources& defaults) {
-  // Pooled sandboxes have the default limits and no network; any other request is built cold.
+                                                    const runtime::Resources& defaults,
+                                                    const nlohmann::json& egress) {
+  // Pooled sandboxes have the default limits; any other request is built cold. A `none` create
+  // takes a loopback-only member, a networked one a network-ready member (never the other way:
+  // a `none` sandbox must have no veth at all, docs/isolation.md §2.3a).
   if (!(EffectiveOf(req, defaults) == defaults)) return std::nullopt;
-  if (req.egress_profile != "none" || !req.egress.is_null()) return std::nullopt;
   auto tmpl = templates_.Resolve(req.template_ref);
   if (!tmpl.ok()) return std::nullopt;
-  return pool_->Take(req.runtime.value_or(opts_.default_runtime), tmpl->name, tmpl->digest,
-                     defaults);
+  const bool networked = !egress.is_null();
+  std::optional<WarmSandbox> warm = pool_->Take(req.runtime.value_or(opts_.default_runtime),
+                                                tmpl->name, tmpl->digest, defaults, networked);
+  if (!warm || !networked) return warm;
+  // Its rules exist before the create is answered, as for a cold networked create. Outside the
+  // store transaction, which may run more than once.
+  const auto started = Clock::now();
+  absl::Status st = warm->instance->AttachEgress(egress);
+  if (!st.ok()) {
+    // Half-attached, maybe: never handed out, never pooled again. The create goes cold.
+    spdlog::warn("warm pool: {} (the member is destroyed, the create is built cold)",
+                 std::string(st.message()));
+    pool_->Discard(std::move(*warm));
+    return std::nullopt;
+  }
+  spdlog::debug("warm pool: {} given egress profile {} in {:.2f} ms", warm->instance->id(),
+                egress.value("profile", ""), MsSince(started));
+  return warm;
 }
 
 SandboxRecord SandboxService::NewSandbox(const Caller& caller, const CreateSandboxRequest& req,
@@ -84,7 +103,7 @@ absl::StatusOr<Answer<SandboxCreated>> SandboxService::CreateSandbox(
   // with the old defaults the new ones' effective_resources.
   const runtime::Resources defaults = this->defaults();
   const runtime::Resources effective = EffectiveOf(req, defaults);
-  std::optional<WarmSandbox> warm = TakeWarm(req, defaults);
+  std::optional<WarmSandbox> warm = TakeWarm(req, defaults, egress);
   std::optional<OperationRecord> finished;  // the create, when the warm pool served it
   // The id this create holds capacity for; given back unless the transaction records it.
   std::optional<std::string> admitted;
@@ -141,6 +160,9 @@ absl::StatusOr<Answer<SandboxCreated>> SandboxService::CreateSandbox(
       metrics_->SandboxRunning(warm->runtime, /*warm=*/true, requested);
       std::lock_guard lock(mu_);
       instances_[warm->instance->id()] = std::move(warm->instance);
+    } else if (warm->networked) {
+      // Its network carries this create's rules now: not a pool member any more.
+      pool_->Discard(std::move(*warm));
     } else {
       pool_->Return(std::move(*warm));
     }

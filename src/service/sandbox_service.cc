@@ -37,6 +37,13 @@ SandboxService::SandboxService(ServiceOptions opts, store::Store& store,
   RegisterMetricCallbacks();
 }
 
+namespace {
+
+// The `egress` label of the warm pool gauges.
+std::string EgressLabel(const WarmPool::PoolStats& p) { return p.networked ? "networked" : "none"; }
+
+}  // namespace
+
 void SandboxService::RegisterMetricCallbacks() {
   metrics::Registry& registry = metrics_->registry();
   metric_callbacks_.push_back(registry.AddCallback(
@@ -94,15 +101,16 @@ void SandboxService::RegisterMetricCallbacks() {
         }));
   }
   metric_callbacks_.push_back(registry.AddCallback(
-      "sbx_warm_pool_ready", "Sandboxes ready in the warm pool, by runtime and template.",
-      metrics::Type::kGauge, {"runtime", "template"}, [this](metrics::CallbackSamples& out) {
-        for (const auto& p : pool_->Stats()) out.Add({p.runtime, p.template_name}, p.ready);
+      "sbx_warm_pool_ready", "Sandboxes ready in the warm pool, by runtime, template and egress (none, or networked: "
+      "network-ready members).",
+      metrics::Type::kGauge, {"runtime", "template", "egress"}, [this](metrics::CallbackSamples& out) {
+        for (const auto& p : pool_->Stats()) out.Add({p.runtime, p.template_name, EgressLabel(p)}, p.ready);
       }));
   metric_callbacks_.push_back(registry.AddCallback(
       "sbx_warm_pool_target",
-      "The number of sandboxes the warm pool keeps ready, by runtime and template.",
-      metrics::Type::kGauge, {"runtime", "template"}, [this](metrics::CallbackSamples& out) {
-        for (const auto& p : pool_->Stats()) out.Add({p.runtime, p.template_name}, p.target);
+      "The number of sandboxes the warm pool keeps ready, by runtime, template and egress.",
+      metrics::Type::kGauge, {"runtime", "template", "egress"}, [this](metrics::CallbackSamples& out) {
+        for (const auto& p : pool_->Stats()) out.Add({p.runtime, p.template_name, EgressLabel(p)}, p.target);
       }));
 }
 

@@ -339,9 +339,11 @@ class SandboxService {
   absl::StatusOr<WarmSandbox> BuildWarm(const WarmPoolConfig& config);
   // Gives a sandbox's resources back to admission and lets a waiting warm pool try again.
   void ReleaseCapacity(const std::string& sandbox_id);
-  // A pooled sandbox that can serve `req` as requested with `defaults`, or nullopt.
+  // A pooled sandbox that can serve `req` as requested with `defaults`, or nullopt. `egress`:
+  // the create's resolved egress (null: `none`); a networked one is served by a network-ready
+  // member, given `egress` here (Instance::AttachEgress), or by none when that fails.
   std::optional<WarmSandbox> TakeWarm(const CreateSandboxRequest& req,
-                                      const runtime::Resources& defaults);
+                                      const runtime::Resources& defaults, const nlohmann::json& egress);
 
   ServiceOptions opts_;  // opts_.defaults is the start-up value only: see defaults_
   store::Store& store_;

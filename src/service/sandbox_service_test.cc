@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <filesystem>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -19,6 +20,7 @@
 #include "common/ids.h"
 #include "common/status_util.h"
 #include "common/time_util.h"
+#include "net/profiles.h"
 #include "runtime/fake/fake_backend.h"
 #include "service/sandbox_state.h"
 #include "service/views.h"
@@ -204,6 +206,88 @@ class MortalBackend : public NoPauseBackend {
   std::map<std::string, std::shared_ptr<std::atomic<bool>>> dead_;
 };
 
+// The fake runtime with network-ready sandboxes (runtime::SandboxSpec::network_ready): it
+// records what each create asked and each AttachEgress was given, and the test can make
+// AttachEgress fail.
+class NetReadyBackend : public NoPauseBackend {
+ public:
+  explicit NetReadyBackend(runtime::Backend& inner) : NoPauseBackend(inner) {}
+  std::string Name() const override { return "netready"; }
+  runtime::Capabilities GetCapabilities() const override { return {.network_ready = true}; }
+  absl::StatusOr<runtime::InstancePtr> Create(const runtime::SandboxSpec& s) override {
+    SBX_ASSIGN_OR_RETURN(runtime::InstancePtr inner, NoPauseBackend::Create(s));
+    std::lock_guard lock(st_->mu);
+    st_->network_ready[s.id] = s.network_ready;
+    return runtime::InstancePtr(std::make_unique<Instance>(std::move(inner), st_, s.network_ready));
+  }
+  bool NetworkReady(const std::string& id) {
+    std::lock_guard lock(st_->mu);
+    return st_->network_ready.count(id) && st_->network_ready[id];
+  }
+  std::optional<json> Attached(const std::string& id) {
+    std::lock_guard lock(st_->mu);
+    auto it = st_->attached.find(id);
+    return it == st_->attached.end() ? std::nullopt : std::optional<json>(it->second);
+  }
+  std::vector<std::string> AttachTried() {
+    std::lock_guard lock(st_->mu);
+    std::vector<std::string> out;
+    for (const auto& [id, egress] : st_->attached) out.push_back(id);
+    return out;
+  }
+  bool Destroyed(const std::string& id) {
+    std::lock_guard lock(st_->mu);
+    return st_->destroyed.count(id) > 0;
+  }
+  void FailAttach(bool fail) { st_->fail = fail; }
+
+ private:
+  struct State {
+    std::mutex mu;
+    std::map<std::string, bool> network_ready;
+    std::map<std::string, json> attached;  // tried, failed ones included
+    std::set<std::string> destroyed;
+    std::atomic<bool> fail = false;
+  };
+  class Instance : public runtime::Instance {
+   public:
+    Instance(runtime::InstancePtr inner, std::shared_ptr<State> st, bool ready)
+        : inner_(std::move(inner)), st_(std::move(st)), ready_(ready) {}
+    const std::string& id() const override { return inner_->id(); }
+    std::string AgentSocketPath() const override { return inner_->AgentSocketPath(); }
+    json Persist() const override {
+      json p = inner_->Persist();
+      p["egress"] = egress_;
+      return p;
+    }
+    bool Alive() const override { return inner_->Alive(); }
+    absl::Status Destroy() override {
+      {
+        std::lock_guard lock(st_->mu);
+        st_->destroyed.insert(id());
+      }
+      return inner_->Destroy();
+    }
+    absl::Status AttachEgress(const json& egress) override {
+      {
+        std::lock_guard lock(st_->mu);
+        st_->attached[id()] = egress;
+      }
+      if (!ready_ || !egress_.is_null()) return absl::FailedPreconditionError("not network-ready");
+      if (st_->fail) return absl::InternalError("attach egress: the test's nft transaction failed");
+      egress_ = egress;
+      return absl::OkStatus();
+    }
+
+   private:
+    runtime::InstancePtr inner_;
+    std::shared_ptr<State> st_;
+    bool ready_;
+    json egress_ = nullptr;
+  };
+  std::shared_ptr<State> st_ = std::make_shared<State>();
+};
+
 class SandboxServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -220,6 +304,7 @@ class SandboxServiceTest : public ::testing::Test {
     egress_ = std::make_unique<EgressBackend>(*fake_);
     failing_ = std::make_unique<FailingBackend>(*fake_);
     mortal_ = std::make_unique<MortalBackend>(*fake_);
+    netready_ = std::make_unique<NetReadyBackend>(*fake_);
     Start();
   }
 
@@ -256,6 +341,7 @@ class SandboxServiceTest : public ::testing::Test {
     opts.warm_pools = warm_pools_;
     opts.metrics = &registry_;
     opts.admission = admission_;
+    opts.egress_catalog = egress_catalog_;
     if (host_) {
       opts.host_capacity = [this]() -> absl::StatusOr<HostCapacity> {
         std::lock_guard lock(host_mu_);
@@ -269,7 +355,8 @@ class SandboxServiceTest : public ::testing::Test {
                                                  {"recording", recording_.get()},
                                                  {"egress", egress_.get()},
                                                  {"failing", failing_.get()},
-                                                 {"mortal", mortal_.get()}});
+                                                 {"mortal", mortal_.get()},
+                                                 {"netready", netready_.get()}});
     ASSERT_TRUE(svc_->Reconcile().ok());
   }
   void Stop() {
@@ -365,6 +452,8 @@ class SandboxServiceTest : public ::testing::Test {
   std::unique_ptr<EgressBackend> egress_;
   std::unique_ptr<FailingBackend> failing_;
   std::unique_ptr<MortalBackend> mortal_;
+  std::unique_ptr<NetReadyBackend> netready_;
+  std::shared_ptr<const net::ProfileCatalog> egress_catalog_;  // ServiceOptions of the next Start()
   runtime::Resources defaults_;  // ServiceOptions of the next Start()
   // Admission of the next Start(): without host_, no probe (nothing refused).
   AdmissionSettings admission_;
@@ -803,11 +892,11 @@ TEST_F(SandboxServiceTest, WarmPoolMetricsAndWarmCreates) {
   Stop();
   warm_pools_ = {WarmPoolConfig{"fake", "base", 1}};
   Start();
-  EXPECT_EQ(Metric("sbx_warm_pool_target{runtime=\"fake\",template=\"base\"}"), "1");
-  EXPECT_EQ(Metric("sbx_warm_pool_ready{runtime=\"fake\",template=\"base\"}"), "0");
+  EXPECT_EQ(Metric("sbx_warm_pool_target{runtime=\"fake\",template=\"base\",egress=\"none\"}"), "1");
+  EXPECT_EQ(Metric("sbx_warm_pool_ready{runtime=\"fake\",template=\"base\",egress=\"none\"}"), "0");
   svc_->StartWarmPools();
   const auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (Metric("sbx_warm_pool_ready{runtime=\"fake\",template=\"base\"}") != "1") {
+  while (Metric("sbx_warm_pool_ready{runtime=\"fake\",template=\"base\",egress=\"none\"}") != "1") {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the pool never filled";
     std::this_thread::sleep_for(10ms);
   }
@@ -825,6 +914,93 @@ TEST_F(SandboxServiceTest, WarmPoolMetricsAndWarmCreates) {
             "0");
   EXPECT_EQ(MetricSoon("sbx_operations_total{kind=\"create\",result=\"succeeded\"}", "1"), "1");
   EXPECT_EQ(Metric("sbx_sandboxes{state=\"running\"}"), "1");
+}
+
+// Networked creates from the warm pool's network-ready twin (warm_pool.h): the member is given
+// the create's egress before the create is answered, a `none` create never takes one, and a
+// member whose AttachEgress failed is destroyed and the create built cold.
+TEST_F(SandboxServiceTest, NetworkedCreatesTakeNetworkReadyMembersOnly) {
+  Stop();
+  auto catalog = net::ProfileCatalog::FromJson(json::parse(
+      R"({"lab": {"description": "one address", "allow": [{"cidr": "93.184.216.34/32", "ports": "443", "protocol": "tcp"}]}})"));
+  ASSERT_TRUE(catalog.ok()) << catalog.status();
+  egress_catalog_ = std::make_shared<const net::ProfileCatalog>(std::move(*catalog));
+  warm_pools_ = {WarmPoolConfig{"netready", "base", 1}, WarmPoolConfig{"netready", "base", 1, true}};
+  Start();
+  EXPECT_EQ(Metric("sbx_warm_pool_target{runtime=\"netready\",template=\"base\",egress=\"networked\"}"), "1");
+  svc_->StartWarmPools();
+  auto wait_full = [&] {
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (svc_->WarmPoolReady()["netready/base"] != 1 ||
+           svc_->WarmPoolReady()["netready/base/networked"] != 1) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the pools never filled";
+      std::this_thread::sleep_for(10ms);
+    }
+  };
+  auto create = [&](const std::string& profile, std::optional<int64_t> memory = std::nullopt) {
+    CreateSandboxRequest req;
+    req.runtime = "netready";
+    req.egress_profile = profile;
+    req.memory_mib = memory;
+    req.canonical = json{{"egress_profile", profile}, {"n", NewId("x")}};
+    auto r = svc_->CreateSandbox(caller_, req, std::nullopt);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? Body(*r) : json();
+  };
+  const json lab = {{"profile", "lab"}, {"narrowed", nullptr}};
+
+  wait_full();
+  json body = create("lab");
+  ASSERT_EQ(body["operation"]["result"], json({{"warm_pool", true}})) << body;
+  const std::string networked = body["sandbox"]["id"];
+  EXPECT_TRUE(netready_->NetworkReady(networked));
+  EXPECT_EQ(netready_->Attached(networked), lab);
+  // What a restart adopts was read after the attach.
+  auto stored = svc_->GetSandbox(caller_, networked);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->runtime_state["egress"], lab);
+  EXPECT_EQ(stored->egress, lab);
+
+  // `none` takes the loopback-only member, never a network-ready one.
+  wait_full();
+  body = create("none");
+  ASSERT_EQ(body["operation"]["result"], json({{"warm_pool", true}})) << body;
+  const std::string plain = body["sandbox"]["id"];
+  EXPECT_FALSE(netready_->NetworkReady(plain));
+  EXPECT_FALSE(netready_->Attached(plain).has_value());
+  EXPECT_EQ(svc_->WarmPoolReady()["netready/base/networked"], 1);
+
+  // Non-default resources: cold, the pooled member untouched.
+  body = create("lab", 256);
+  EXPECT_TRUE(body["operation"]["result"].is_null()) << body;
+  WaitOp(body["operation"]["id"]);
+  EXPECT_EQ(svc_->WarmPoolReady()["netready/base/networked"], 1);
+
+  // A failed attach: the member is destroyed, never pooled again, and the create goes cold.
+  wait_full();
+  netready_->FailAttach(true);
+  body = create("lab");
+  EXPECT_TRUE(body["operation"]["result"].is_null()) << body;
+  const std::string cold = body["sandbox"]["id"];
+  EXPECT_EQ(WaitOp(body["operation"]["id"]).state, "succeeded");
+  EXPECT_FALSE(netready_->NetworkReady(cold));
+  EXPECT_FALSE(netready_->Attached(cold).has_value());
+  netready_->FailAttach(false);
+  // The member it tried: destroyed, no sandbox of anyone's, and its capacity given back (the
+  // pool refills).
+  std::vector<std::string> tried = netready_->AttachTried();
+  ASSERT_EQ(tried.size(), 2u);
+  const std::string failed = tried[0] == networked ? tried[1] : tried[0];
+  EXPECT_TRUE(netready_->Destroyed(failed));
+  EXPECT_EQ(svc_->GetSandbox(caller_, failed).status().code(), absl::StatusCode::kNotFound);
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (svc_->WarmPoolReady()["netready/base/networked"] != 1) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the networked pool never refilled";
+    std::this_thread::sleep_for(10ms);
+  }
+  body = create("lab");
+  ASSERT_EQ(body["operation"]["result"], json({{"warm_pool", true}})) << body;
+  EXPECT_EQ(netready_->Attached(body["sandbox"]["id"]), lab);
 }
 
 TEST_F(SandboxServiceTest, SessionMetricsFollowTheDataPlane) {

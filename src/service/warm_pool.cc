@@ -15,7 +15,7 @@ WarmPool::WarmPool(std::vector<WarmPoolConfig> configs, Builder build, Released 
     : build_(std::move(build)), released_(std::move(released)) {
   for (auto& c : configs) {
     if (c.size <= 0) continue;
-    std::string key = Key(c.runtime, c.template_name);
+    std::string key = Key(c);
     pools_[key].config = std::move(c);
   }
 }
@@ -40,12 +40,12 @@ void WarmPool::Resize(const std::vector<WarmPoolConfig>& configs) {
   {
     std::lock_guard lock(mu_);
     std::map<std::string, int> sizes;
-    for (const auto& c : configs) sizes[Key(c.runtime, c.template_name)] = std::max(0, c.size);
+    for (const auto& c : configs) sizes[Key(c)] = std::max(0, c.size);
     for (auto& [key, pool] : pools_) {
       if (!sizes.count(key)) sizes[key] = 0;
     }
     for (const auto& c : configs) {
-      std::string key = Key(c.runtime, c.template_name);
+      std::string key = Key(c);
       if (sizes[key] > 0 && !pools_.count(key)) {
         pools_[key].config = c;
         pools_[key].config.size = 0;  // set below, with the others
@@ -106,12 +106,13 @@ void WarmPool::Stop() {
 std::optional<WarmSandbox> WarmPool::Take(const std::string& runtime,
                                           const std::string& template_name,
                                           const std::string& digest,
-                                          const runtime::Resources& resources) {
+                                          const runtime::Resources& resources,
+                                          bool networked) {
   std::vector<WarmSandbox> doomed;
   std::optional<WarmSandbox> out;
   {
     std::lock_guard lock(mu_);
-    auto it = pools_.find(Key(runtime, template_name));
+    auto it = pools_.find(Key(runtime, template_name, networked));
     if (it == pools_.end()) return std::nullopt;
     auto& ready = it->second.ready;
     while (!ready.empty()) {
@@ -137,7 +138,7 @@ std::optional<WarmSandbox> WarmPool::Take(const std::string& runtime,
 void WarmPool::Return(WarmSandbox sb) {
   {
     std::lock_guard lock(mu_);
-    auto it = pools_.find(Key(sb.runtime, sb.template_name));
+    auto it = pools_.find(Key(sb.runtime, sb.template_name, sb.networked));
     // A pool turned off meanwhile (Resize) does not take it back.
     if (it != pools_.end() && !stopping_ && it->second.config.size > 0) {
       it->second.ready.push_front(std::move(sb));
@@ -145,6 +146,13 @@ void WarmPool::Return(WarmSandbox sb) {
       return;
     }
   }
+  std::vector<WarmSandbox> doomed;
+  doomed.push_back(std::move(sb));
+  DestroyAll(std::move(doomed));
+}
+
+void WarmPool::Discard(WarmSandbox sb) {
+  // Its pool was told it is one short at Take.
   std::vector<WarmSandbox> doomed;
   doomed.push_back(std::move(sb));
   DestroyAll(std::move(doomed));
@@ -171,7 +179,8 @@ std::vector<WarmPool::PoolStats> WarmPool::Stats() const {
   std::vector<PoolStats> out;
   for (const auto& [key, pool] : pools_) {
     out.push_back(PoolStats{pool.config.runtime, pool.config.template_name,
-                            static_cast<int>(pool.ready.size()), pool.config.size});
+                            static_cast<int>(pool.ready.size()), pool.config.size,
+                            pool.config.networked});
   }
   return out;
 }

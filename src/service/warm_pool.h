@@ -8,6 +8,11 @@
 // instance out once (it leaves the pool under the lock). A background thread, at a lower CPU
 // priority than request work, refills each pool to its size.
 //
+// A pool may be network-ready (WarmPoolConfig::networked): its members are built with a network
+// that no sandbox has claimed (runtime::SandboxSpec::network_ready) and serve only creates with
+// a networked egress profile, which claim it at take (Instance::AttachEgress). A member whose
+// claim was tried is never pooled again (Discard).
+//
 // Thread safety: all methods are safe to call concurrently.
 #pragma once
 
@@ -29,6 +34,7 @@ struct WarmPoolConfig {
   std::string runtime;        // "ns"
   std::string template_name;  // "base"
   int size = 0;               // sandboxes kept ready
+  bool networked = false;     // network-ready members, for networked creates only
 };
 
 // One pooled sandbox, built from the template with this digest and with these resources.
@@ -38,6 +44,7 @@ struct WarmSandbox {
   std::string template_name;
   std::string template_digest;
   runtime::Resources resources;
+  bool networked = false;  // built network_ready (its pool's WarmPoolConfig::networked)
 };
 
 class WarmPool {
@@ -61,10 +68,15 @@ class WarmPool {
   // A ready sandbox of `runtime`/`template_name` built from `digest` with `resources`, or
   // nullopt. Pooled sandboxes of another digest (the template changed) or other resources (the
   // deployment defaults changed), or whose agent died, are destroyed.
+  // `networked`: from the network-ready pool.
   std::optional<WarmSandbox> Take(const std::string& runtime, const std::string& template_name,
-                                  const std::string& digest, const runtime::Resources& resources);
-  // Puts back a sandbox whose hand-out could not be recorded.
+                                  const std::string& digest, const runtime::Resources& resources,
+                                  bool networked = false);
+  // Puts back a sandbox whose hand-out could not be recorded (never one given its egress).
   void Return(WarmSandbox sb);
+  // Destroys a taken sandbox that must not go back (its egress claim was tried) and gives its
+  // capacity back as for the pool's own.
+  void Discard(WarmSandbox sb);
 
   // New sizes (sbxd's configuration reload): pools not in `configs` get size 0. Sandboxes above
   // a smaller size are destroyed; a larger one is filled in the background.
@@ -73,7 +85,8 @@ class WarmPool {
   // with changed, so that the next creates do not pay for destroying them).
   void Flush();
 
-  // "runtime/template" -> sandboxes ready now, for every pool with a size or a ready sandbox.
+  // "runtime/template" (network-ready pools: "runtime/template/networked") -> sandboxes ready
+  // now, for every pool with a size or a ready sandbox.
   std::map<std::string, int> Ready() const;
   // "runtime/template" -> the size each pool is kept at (0 for pools turned off).
   std::map<std::string, int> Sizes() const;
@@ -82,6 +95,7 @@ class WarmPool {
     std::string template_name;
     int ready = 0;   // sandboxes ready now
     int target = 0;  // the size the pool is refilled to
+    bool networked = false;
   };
   // Every configured pool (size > 0).
   std::vector<PoolStats> Stats() const;
@@ -100,8 +114,12 @@ class WarmPool {
     bool waiting_for_capacity = false;
     std::chrono::steady_clock::time_point retry_at{};
   };
-  static std::string Key(const std::string& runtime, const std::string& template_name) {
-    return runtime + "/" + template_name;
+  static std::string Key(const std::string& runtime, const std::string& template_name,
+                         bool networked) {
+    return runtime + "/" + template_name + (networked ? "/networked" : "");
+  }
+  static std::string Key(const WarmPoolConfig& c) {
+    return Key(c.runtime, c.template_name, c.networked);
   }
   void FillLoop();
   void StartLocked();

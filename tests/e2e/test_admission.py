@@ -198,7 +198,7 @@ def test_disk_is_checked_against_the_state_dirs_free_space(small):
 def test_pool_members_hold_capacity_and_the_pool_waits_for_room(small):
     s = small(["--warm-pool", "base=2", "--default-memory-mib", "256"])
     deadline = time.monotonic() + 60
-    while metric(s.api, 'sbx_warm_pool_ready{runtime="%s",template="base"}' % s.daemon.runtime) != 2:
+    while metric(s.api, 'sbx_warm_pool_ready{runtime="%s",template="base",egress="none"}' % s.daemon.runtime) != 2:
         assert time.monotonic() < deadline, "the pool never filled"
         time.sleep(0.2)
     assert metric(s.api, "sbx_reserved_memory_bytes") == 2 * 256 * MIB
@@ -213,12 +213,12 @@ def test_pool_members_hold_capacity_and_the_pool_waits_for_room(small):
     warm = create(s.api, {}, 202).body
     assert warm["operation"]["result"] == {"warm_pool": True}, warm["operation"]
     time.sleep(2)
-    assert metric(s.api, 'sbx_warm_pool_ready{runtime="%s",template="base"}' % s.daemon.runtime) == 1
+    assert metric(s.api, 'sbx_warm_pool_ready{runtime="%s",template="base",egress="none"}' % s.daemon.runtime) == 1
     assert metric(s.api, "sbx_reserved_memory_bytes") == 3 * 256 * MIB
     # A delete gives the room back, and the pool takes it.
     s.api.delete_sandbox(cold["sandbox"]["id"])
     deadline = time.monotonic() + 30
-    while metric(s.api, 'sbx_warm_pool_ready{runtime="%s",template="base"}' % s.daemon.runtime) != 2:
+    while metric(s.api, 'sbx_warm_pool_ready{runtime="%s",template="base",egress="none"}' % s.daemon.runtime) != 2:
         assert time.monotonic() < deadline, "the pool did not refill after the delete"
         time.sleep(0.2)
     assert "waiting for capacity" in s.daemon.log_path.read_text()

@@ -137,6 +137,42 @@ TEST_F(NetPoolRootTest, PooledVethPassesNoTrafficUntilClaimed) {
   EXPECT_EQ(net_->pool().in_use(), 0u);
 }
 
+// A network-ready warm-pool member runs its agent on an unclaimed veth (docs/isolation.md
+// §2.5): with sbxd's resolver and proxy on, the veth still reaches nothing, not even the
+// resolver, whose redirect would otherwise take it into the host; once claimed, DNS does.
+TEST_F(NetPoolRootTest, UnclaimedVethReachesNotEvenTheResolver) {
+  net_.reset();
+  cfg_.dns_port = 10053;
+  cfg_.proxy_port = 10080;
+  auto host = NetworkHost::Start(cfg_);
+  ASSERT_TRUE(host.ok()) << host.status();
+  net_ = std::move(*host);
+  // Stand-ins for sbxd's resolver (TCP: a completed handshake shows the input chain let it in)
+  // and proxy, on every host address.
+  listeners_.push_back(Listen(host_.get(), "0.0.0.0", 10053));
+  listeners_.push_back(Listen(host_.get(), "0.0.0.0", 10080));
+  UniqueFd ns = NewNetns();
+  auto pooled = net_->Prebuild(ns.get());
+  ASSERT_TRUE(pooled.ok()) << pooled.status();
+  SandboxNetwork& net = **pooled;
+  const std::string gw = net.addrs().host4.AddressString();
+  EXPECT_FALSE(TcpReaches(ns.get(), gw, 53, "", 500));     // the resolver, redirected
+  EXPECT_FALSE(TcpReaches(ns.get(), gw, 10053, "", 500));  // the resolver, directly
+  EXPECT_FALSE(TcpReaches(ns.get(), gw, 10080, "", 500));  // the proxy
+  EXPECT_FALSE(TcpReaches(ns.get(), "198.18.0.1", 53, "", 500));
+  EXPECT_FALSE(TcpReaches(ns.get(), "198.18.0.2", 80, "", 500));
+  EXPECT_FALSE(TcpReaches(ns.get(), "198.18.0.2", 53, "", 500));
+  // A claimed network reaches the resolver (its own address), and its profile.
+  ASSERT_TRUE(net_->Claim(net, "sbx_dns", {.profile = "lab"}).ok());
+  EXPECT_TRUE(TcpReaches(ns.get(), gw, 53));
+  EXPECT_TRUE(TcpReaches(ns.get(), "198.18.0.2", 80));
+  EXPECT_FALSE(TcpReaches(ns.get(), gw, 10053, "", 500));
+  // ... but not with a source that is not its own.
+  EXPECT_FALSE(TcpReaches(ns.get(), gw, 53, "10.200.0.99", 500));
+  ASSERT_TRUE(net.Destroy().ok());
+  EXPECT_EQ(net_->pool().in_use(), 0u);
+}
+
 TEST_F(NetPoolRootTest, ClaimRefusesBadInputAndDestroyLeavesNothing) {
   UniqueFd ns = NewNetns();
   auto pooled = net_->Prebuild(ns.get());

@@ -256,6 +256,11 @@ class Creation {
     if (!IsValidId(spec_.id, kIdPrefix)) {
       return absl::InvalidArgumentError(fmt::format("create: invalid sandbox id \"{}\"", spec_.id));
     }
+    if (spec_.network_ready && !spec_.egress.is_null()) {
+      return absl::InvalidArgumentError(fmt::format(
+          "create {}: a network-ready sandbox gets its egress at AttachEgress, not at create",
+          spec_.id));
+    }
     hostname_ = spec_.hostname.empty() ? spec_.id.substr(0, 12) : spec_.hostname;
     if (!ValidHostname(hostname_)) {
       return absl::InvalidArgumentError(fmt::format("create: invalid hostname \"{}\"", hostname_));
@@ -350,7 +355,7 @@ class Creation {
     mount_opts.disk = true;
     mount_opts.uid_base = uid_base_;
     mount_opts.empty_dir = s_.view_empty_dir;
-    if (!spec_.egress.is_null()) {
+    if (!spec_.egress.is_null() || spec_.network_ready) {
       // Its own resolv.conf naming sbxd's resolver (ns_network.h), written at step 12b.
       TemplateSpec tmpl = spec_.tmpl;
       SBX_ASSIGN_OR_RETURN(BindMount resolv, PlanResolvConf(tmpl, dir_));
@@ -435,8 +440,14 @@ class Creation {
   // 12. From the pool, or none: then clone3 makes one. A networked sandbox (12b) needs the
   //     namespace before the launch, to build its veth in it: made here when the pool has none,
   //     and its network is attached before any process of the sandbox runs (ns_network.h).
+  //     A network-ready warm-pool member (12c) gets a network no sandbox has claimed yet: it
+  //     passes nothing until Instance::AttachEgress claims it at take.
   absl::Status TakeNetns() {
-    if (spec_.egress.is_null()) {
+    if (spec_.network_ready) {
+      SBX_ASSIGN_OR_RETURN(network_, PrebuildNetwork(s_.opts.network, spec_.id,
+                                                     s_.netns_pool.get(), &netns_));
+      SBX_RETURN_IF_ERROR(WriteResolvConf(dir_, *network_));
+    } else if (spec_.egress.is_null()) {
       netns_ = s_.netns_pool ? s_.netns_pool->Take() : UniqueFd();
     } else {
       SBX_ASSIGN_OR_RETURN(network_, AttachNetwork(s_.opts.network, spec_.id, spec_.egress,
@@ -634,6 +645,7 @@ NsBackend::~NsBackend() = default;
 Capabilities NsBackend::GetCapabilities() const {
   Capabilities caps;
   caps.pause = shared_->cgroups != nullptr && shared_->cgroups->CanFreeze();
+  caps.network_ready = shared_->opts.network != nullptr;
   return caps;
 }
 

@@ -122,6 +122,14 @@ class NsInstance : public Instance {
     return std::map<std::string, uint64_t>{{net::kReasonNoRoute, *n}};
   }
 
+  absl::Status AttachEgress(const Json& egress) override {
+    if (destroyed_ || !network_ || !network_->id().empty()) {
+      return absl::FailedPreconditionError(fmt::format(
+          "attach egress {}: not a network-ready sandbox with an unclaimed network", id_));
+    }
+    return ClaimNetwork(shared_->opts.network, id_, egress, *network_);
+  }
+
   absl::StatusOr<UniqueFd> DialPort(uint16_t port, bool ipv6) const override {
     // The agent's pidfd names its namespace without a pid that could be recycled.
     if (destroyed_ || !pidfd_) {

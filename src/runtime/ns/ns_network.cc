@@ -48,6 +48,36 @@ absl::StatusOr<std::unique_ptr<net::SandboxNetwork>> AttachNetwork(net::NetworkH
   return network;
 }
 
+absl::StatusOr<std::unique_ptr<net::SandboxNetwork>> PrebuildNetwork(net::NetworkHost* host,
+                                                                     const std::string& id,
+                                                                     NetnsPool* pool,
+                                                                     UniqueFd* netns) {
+  if (host == nullptr) {
+    return absl::FailedPreconditionError(fmt::format(
+        "create {}: network-ready: this sbxd has networking off (egress.enabled)", id));
+  }
+  std::optional<PooledNetns> pooled = pool ? pool->TakeNetworked() : std::nullopt;
+  if (!pooled) {
+    auto built = BuildNetworkedNetns(host);
+    if (!built.ok()) return Annotate(built.status(), fmt::format("create {}: network-ready", id));
+    pooled = std::move(*built);
+  }
+  *netns = std::move(pooled->netns);
+  return std::move(pooled->network);
+}
+
+absl::Status ClaimNetwork(net::NetworkHost* host, const std::string& id,
+                          const nlohmann::json& egress, net::SandboxNetwork& network) {
+  auto resolved = net::ResolvedEgress::FromJson(egress);
+  if (!resolved.ok()) return Annotate(resolved.status(), fmt::format("attach egress {}", id));
+  if (!resolved->networked) {
+    return absl::InvalidArgumentError(fmt::format(
+        "attach egress {}: profile '{}' is not networked", id, resolved->profile));
+  }
+  return Annotate(host->Claim(network, id, resolved->policy()),
+                  fmt::format("attach egress {}", id));
+}
+
 std::unique_ptr<net::SandboxNetwork> AdoptNetwork(net::NetworkHost* host, const std::string& id,
                                                   const nlohmann::json& egress) {
   if (host == nullptr) return nullptr;

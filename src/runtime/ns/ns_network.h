@@ -28,6 +28,19 @@ absl::StatusOr<std::unique_ptr<net::SandboxNetwork>> AttachNetwork(net::NetworkH
                                                                    const nlohmann::json& egress,
                                                                    NetnsPool* pool, UniqueFd* netns);
 
+// A network-ready warm-pool member's (SandboxSpec::network_ready): a networked namespace of
+// `pool` when it has one ready, else one built now (BuildNetworkedNetns), its network claimed by
+// no sandbox: it passes nothing until ClaimNetwork. FailedPrecondition when networking is off.
+absl::StatusOr<std::unique_ptr<net::SandboxNetwork>> PrebuildNetwork(net::NetworkHost* host,
+                                                                     const std::string& id,
+                                                                     NetnsPool* pool,
+                                                                     UniqueFd* netns);
+
+// Gives the unclaimed `network` of a network-ready sandbox to sandbox `id` with `egress`
+// (NetworkHost::Claim: its nftables elements in one transaction, then the veth's alias).
+absl::Status ClaimNetwork(net::NetworkHost* host, const std::string& id,
+                          const nlohmann::json& egress, net::SandboxNetwork& network);
+
 // After a restart: the network sandbox `id` still has, or null when it has none (a `none`
 // sandbox, or networking off). `egress`: what NetworkPolicyJson persisted (null when the record
 // predates it: the network comes back without its rules by name, so no name resolves for it).
