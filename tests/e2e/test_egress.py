@@ -23,9 +23,50 @@ allow = [{{cidr = "{INTERNET}/32", ports = "{HTTP_PORT}", protocol = "tcp"}}]
 """
 
 
+# The stand-in internet's record of datagrams on RECORD_PORT: one "SOURCE PAYLOAD" line each,
+# in a file the test reads (same machine, same file system).
+RECORD_PORT = 9003
+RECORDER = r"""
+import socket, sys
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("0.0.0.0", %d))
+print("ready", flush=True)
+with open(%r, "a", buffering=1) as f:
+    while True:
+        data, addr = u.recvfrom(512)
+        f.write("%%s %%s\n" %% (addr[0], data.decode(errors="replace")))
+"""
+
+# Run in a sandbox: argv SPOOF HOST. Tries to send from SPOOF, an address the sandbox does not
+# have (IP_FREEBIND binds it without any capability): a datagram to HOST:RECORD_PORT and a TCP
+# connect to HOST:HTTP_PORT; then a datagram from its own address, the control. Prints what the
+# kernel let out ("udp sent", "tcp ok") or refused ("udp refused ENETUNREACH", "tcp ...").
+SPOOFER = r"""
+import errno, socket, sys
+spoof, host = sys.argv[1], sys.argv[2]
+IP_FREEBIND = 15
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.setsockopt(socket.IPPROTO_IP, IP_FREEBIND, 1)
+try:
+    u.bind((spoof, 0)); u.sendto(b"spoofed", (host, %d)); print("udp sent")
+except OSError as e:
+    print("udp refused", errno.errorcode.get(e.errno, e.errno))
+t = socket.socket(); t.setsockopt(socket.IPPROTO_IP, IP_FREEBIND, 1); t.settimeout(1.5)
+try:
+    t.bind((spoof, 0)); t.connect((host, %d)); print("tcp ok")
+except OSError as e:
+    print("tcp", type(e).__name__)
+socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"genuine", (host, %d))
+print("genuine sent")
+""" % (RECORD_PORT, HTTP_PORT, RECORD_PORT)
+
+
 @pytest.fixture(scope="module")
-def lab(validator):
-    with netlab.lab(validator, PROFILES) as client:
+def lab(validator, tmp_path_factory):
+    record = tmp_path_factory.mktemp("egress") / "datagrams"
+    record.touch()
+    with netlab.lab(validator, PROFILES,
+                    internet_servers=[RECORDER % (RECORD_PORT, str(record))]) as client:
+        client.datagrams = record
         yield client
 
 
@@ -106,6 +147,36 @@ def test_allow_list_reaches_exactly_its_rules(lab):
     eg = lab.call("GET", f"/v1/sandboxes/{sb['id']}/egress", expect=200).body
     assert eg["denied"]["not_allowed"] > 0, eg
     lab.delete_sandbox(sb["id"])
+
+
+@pytest.mark.attack(cls="egress",
+                    tried="send from a forged source address (IP_FREEBIND, no capability): "
+                          "another pool address and an internet address, UDP and TCP")
+def test_spoofed_sources_are_dropped(lab):
+    """A sandbox has no CAP_NET_RAW or CAP_NET_ADMIN, so the kernel refuses to route a packet
+    from an address it does not have (ENETUNREACH, even bound with IP_FREEBIND); the veth's
+    source check in sbxd's nftables (reason `spoofed`, net_egress_root_test) is the second line,
+    for a packet that would get out anyway. Either way, none reaches the stand-in internet."""
+    sb = create(lab, {"egress_profile": "open"})
+    try:
+        for spoof in ("10.241.0.250", FAR):
+            r = lab.run(sb["id"], ["/usr/bin/python3", "-c", SPOOFER, spoof, INTERNET],
+                        max_seconds=60)
+            out = r.stdout.decode()
+            assert "genuine sent" in out, (out, r.stderr)
+            assert "tcp ok" not in out, out
+            if "udp sent" in out:  # the kernel let it out: nftables must have counted it
+                eg = lab.call("GET", f"/v1/sandboxes/{sb['id']}/egress", expect=200).body
+                assert eg["denied"].get("spoofed", 0) > 0, (out, eg)
+        # The genuine datagrams arrive (the path is open); no forged one does. Bounded wait.
+        deadline = time.monotonic() + 10
+        while lab.datagrams.read_text().count("genuine") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seen = lab.datagrams.read_text()
+        assert seen.count("genuine") == 2, seen
+        assert "spoofed" not in seen, seen
+    finally:
+        lab.delete_sandbox(sb["id"])
 
 
 def test_narrowing_at_create_and_widening_refused(lab):
