@@ -16,8 +16,11 @@ import contextlib
 import ctypes
 import os
 import secrets
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -25,7 +28,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conftest import Daemon, not_applicable_on_fake_runtime, shutdown, skip_or_fail  # noqa: E402
+from conftest import (Daemon, _reap_adopted_orphans, _set_child_subreaper,  # noqa: E402
+                      not_applicable_on_fake_runtime, shutdown, skip_or_fail)
 from sbx_client import SbxClient  # noqa: E402
 
 CLONE_NEWNET = 0x40000000
@@ -170,6 +174,37 @@ def lab(validator, profiles_toml: str, extra_args: Sequence[str] = (),
     daemon = None
     old_ns = None
     client = None
+    restarted = False
+
+    def restart() -> SbxClient:
+        """SIGTERM to sbxd (sandboxes keep running) and a new one on the same state and token,
+        as after an upgrade; returns a client of the new one (the old client's port is gone).
+        The sandboxes' first processes are re-parented to this process meanwhile (a subreaper
+        until the lab ends), which reaps them once deleted, as conftest's `restartable` does."""
+        nonlocal daemon, client, restarted
+        if not restarted:
+            _set_child_subreaper(True)
+            restarted = True
+        old = daemon
+        rc = old.stop()
+        assert rc in (0, -signal.SIGTERM), f"sbxd exited with {rc} on SIGTERM"
+        d = Daemon(old.extra_args)
+        shutil.rmtree(d.tmp, ignore_errors=True)
+        d.tmp, d.state_dir, d.log_path, d.token = old.tmp, old.state_dir, old.log_path, old.token
+        d.binary = old.binary
+        daemon = d
+        d.start()
+        fresh = SbxClient(d.url, d.token, validator)
+        fresh.netns, fresh.restart = net, restart
+        fresh.created_sandboxes = client.created_sandboxes  # what the cleanup checks
+        client.close()
+        client = fresh
+        deadline = time.monotonic() + 60
+        while fresh.call("GET", "/readyz", token=None, validate=False).status_code != 200:
+            assert time.monotonic() < deadline, "sbxd not ready after restart"
+            time.sleep(0.1)
+        return fresh
+
     try:
         net.make(internet_servers)
         tmp_conf = Path(f"/tmp/{net.sbxd_ns}.toml")
@@ -189,13 +224,19 @@ def lab(validator, profiles_toml: str, extra_args: Sequence[str] = (),
         old_ns = libc_setns(f"/run/netns/{net.sbxd_ns}")
         client = SbxClient(daemon.url, daemon.token, validator)
         client.netns = net  # tests reach the namespaces' names through it
+        client.restart = restart  # a test that restarts sbxd uses the client it returns
         yield client
     finally:
         problems = []
         if client is not None:
             client.close()
         if daemon is not None:
-            problems += shutdown(daemon, validator, list(client.created_sandboxes) if client else [])
+            ids = list(client.created_sandboxes) if client else []
+            if restarted:
+                _reap_adopted_orphans(ids, {daemon.proc.pid} if daemon.proc else set())
+            problems += shutdown(daemon, validator, ids)
+        if restarted:
+            _set_child_subreaper(False)
         if old_ns is not None:
             libc_setns_fd(old_ns)
             os.close(old_ns)

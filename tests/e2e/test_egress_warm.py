@@ -167,3 +167,25 @@ def test_none_create_from_the_same_pool_reaches_nothing(lab):
         assert dns_probe(lab, sid, "gai:allowed.test")["gai:allowed.test"] != INTERNET
         # No network-ready member was used for it.
         assert {n for n, a in veth_aliases().items() if a.startswith("pooled_")} >= before
+
+
+def test_a_warm_networked_sandbox_keeps_its_rules_across_a_restart(validator):
+    """Adopted after an sbxd restart (SIGTERM: sandboxes keep running), a sandbox the networked
+    pool served has the rules its create gave it, by the record its claim wrote; its delete then
+    leaves no veth or nftables element. A lab of its own: the restart moves sbxd's port."""
+    with netlab.lab(validator, PROFILES, ["--warm-pool", "base=1", "--egress-warm-pool", "1"]) as api:
+        wait_ready(api, "networked", 1)
+        created = api.create_sandbox({"egress_profile": "lab"}, wait=False)
+        assert created["operation"]["result"] == {"warm_pool": True}, created["operation"]
+        sid = created["sandbox"]["id"]
+        mine = [n for n, a in veth_aliases().items() if a == sid]
+        assert len(mine) == 1, veth_aliases()
+        again = api.restart()
+        assert again.get_sandbox(sid)["state"] == "running"
+        assert again.call("GET", f"/v1/sandboxes/{sid}/egress", expect=200).body["profile"] == "lab"
+        got = probe(again, sid, f"tcp:{INTERNET}:{HTTP_PORT}", f"tcp:{INTERNET}:{OTHER_PORT}")
+        assert got[f"tcp:{INTERNET}:{HTTP_PORT}"] == "ok", got
+        assert got[f"tcp:{INTERNET}:{OTHER_PORT}"] != "ok", got
+        again.delete_sandbox(sid)
+        assert mine[0] not in veth_aliases()
+        assert f'"{mine[0]}"' not in nft_veths()
