@@ -100,6 +100,10 @@ Api::Api(service::SandboxService& svc, ApiOptions opts)
       streamed_stdout_(StreamedBytes(registry_).WithLabels({"stdout"})),
       streamed_stderr_(StreamedBytes(registry_).WithLabels({"stderr"})) {}
 
+Api::~Api() {
+  for (uint64_t h : upstreams_.Clear()) svc_.job_waiters().Remove(h);
+}
+
 void Api::SetLimits(const ResourceLimits& limits) {
   std::lock_guard lock(limits_mu_);
   opts_.limits = limits;

@@ -41,6 +41,9 @@ struct ApiOptions {
 class Api {
  public:
   Api(service::SandboxService& svc, ApiOptions opts);
+  // Cancels what it registered with the service (the kept connections' watches): a job that
+  // finishes after this must not call into it.
+  ~Api();
   http::asio::awaitable<std::optional<http::Response>> Handle(http::RequestContext& ctx);
 
   // Whether the server should hand `req`'s body to its handler as a stream instead of reading

@@ -103,6 +103,19 @@ std::optional<UpstreamPool::Clock::time_point> UpstreamPool::Sweep(Clock::time_p
   return next;
 }
 
+std::vector<uint64_t> UpstreamPool::Clear() {
+  std::vector<uint64_t> handles;
+  std::map<Key, std::vector<Idle>> drop;
+  std::lock_guard lock(mu_);
+  for (const auto& [sandbox, handle] : watch_) {
+    if (handle != 0) handles.push_back(handle);
+  }
+  watch_.clear();
+  drop.swap(idle_);
+  count_ = 0;
+  return handles;
+}
+
 size_t UpstreamPool::size() const {
   std::lock_guard lock(mu_);
   return count_;

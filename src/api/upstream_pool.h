@@ -60,6 +60,8 @@ class UpstreamPool {
   // cancel: a sandbox with no traffic for a while must not keep one.
   std::optional<Clock::time_point> Sweep(Clock::time_point now,
                                          std::vector<uint64_t>* unwatch = nullptr);
+  // Closes every connection and returns every watch handle set (for the caller to cancel).
+  std::vector<uint64_t> Clear();
   size_t size() const;
   const Options& options() const { return opts_; }
 

@@ -122,6 +122,23 @@ TEST(UpstreamPoolTest, ForgetClosesEveryPortOfTheSandboxOnly) {
   EXPECT_TRUE(watch);
 }
 
+TEST(UpstreamPoolTest, ClearClosesAllAndHandsBackTheWatches) {
+  UpstreamPool pool;
+  const auto now = Clock::now();
+  Pair a = Connect(), b = Connect();
+  bool watch = false;
+  ASSERT_TRUE(pool.Put("sbx_a", 80, ConnOf(std::move(a.client)), now, &watch));
+  ASSERT_TRUE(watch && pool.Watching("sbx_a", 3));
+  ASSERT_TRUE(pool.Put("sbx_b", 80, ConnOf(std::move(b.client)), now, &watch));
+  ASSERT_TRUE(watch);  // its watch not arranged yet: nothing to hand back for it
+  EXPECT_EQ(pool.Clear(), std::vector<uint64_t>{3});
+  EXPECT_EQ(pool.size(), 0u);
+  char c;
+  EXPECT_EQ(::read(a.server.get(), &c, 1), 0);
+  EXPECT_EQ(::read(b.server.get(), &c, 1), 0);
+  EXPECT_FALSE(pool.Watching("sbx_b", 4));
+}
+
 TEST(UpstreamPoolTest, BoundsPerPortAndInTotal) {
   UpstreamPool::Options o;
   o.per_port = 2;
