@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,8 @@ class Hostile:
             self.api.call("DELETE", f"/v1/sandboxes/{sid}", validate=False)
         self.api.close()
         self.daemon.stop()
+        # The fake runtime mounts nothing: its state directory is all there is left.
+        shutil.rmtree(self.daemon.tmp, ignore_errors=True)
 
 
 @pytest.fixture

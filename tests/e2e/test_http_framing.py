@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Daemon, shutdown, skip_or_fail
+from conftest import Daemon, build_dir, shutdown, skip_or_fail
 
 HEADER_TIMEOUT_S = 2
 IO_TIMEOUT_S = 15  # generous: a loaded 2-core machine
@@ -567,7 +567,7 @@ def test_global_cap_keeps_healthz_and_admin(own_sbxd):
 
 
 def test_bad_cap_flags_refused(tmp_path):
-    sbxd = Path(Daemon().binary)
+    sbxd = build_dir() / "bin" / "sbxd"  # (a Daemon() would make a state directory for nothing)
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     for flags, words in [
         (["--max-connections", str(soft)], "RLIMIT_NOFILE"),
