@@ -45,6 +45,8 @@ Daemon = e2e.Daemon
 shutdown = e2e.shutdown
 build_dir = e2e.build_dir
 not_applicable_on_fake_runtime = e2e.not_applicable_on_fake_runtime
+_reap_adopted_orphans = e2e._reap_adopted_orphans  # netlab's restart()
+_set_child_subreaper = e2e._set_child_subreaper
 
 REPORT_PATH = e2e.build_dir() / "security-report.json"
 CASES: dict[str, dict] = {}
