@@ -38,6 +38,7 @@ e2e = load_e2e_conftest()
 Daemon = e2e.Daemon
 shutdown = e2e.shutdown
 skip_or_fail = e2e.skip_or_fail
+build_dir = e2e.build_dir
 validator = e2e.validator
 
 REPORT_PATH = e2e.build_dir() / "soak-report.json"
