@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <mutex>
 #include <set>
@@ -29,6 +30,7 @@
 #include "common/ids.h"
 #include "common/status_util.h"
 #include "common/test_util.h"
+#include "common/unique_fd.h"
 #include "protocol/protocol.h"
 #include "runtime/ns/cgroup.h"
 #include "runtime/ns/fsutil.h"
@@ -300,6 +302,43 @@ TEST_F(NsRuntimeTest, CreatePingRunDestroy) {
   ExpectNothingLeft(spec.id, pid);
   std::cout << fmt::format("[timing] create {:.2f} ms, destroy {:.2f} ms (informational)\n",
                            Ms(t1 - t0), Ms(t3 - t2));
+}
+
+// sbxd holds a descriptor per running sandbox (a pidfd), so on a full host its highest fd lies far
+// above a sandbox's RLIMIT_NOFILE. The launch child inherits that table; it must still open
+// what it opens after lowering the limit (Landlock's ruleset), and none of those fds may reach
+// the agent. A density fill stopped at ~4,000 sandboxes (the default open_files 4096) on this.
+TEST_F(NsRuntimeTest, CreateWorksWithMoreHostFdsThanTheSandboxMayOpen) {
+  std::vector<UniqueFd> held;
+  for (int i = 0; i < 300; ++i) {
+    int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    held.emplace_back(fd);
+  }
+  // Non-CLOEXEC ones too: another sbxd thread may open one at any moment.
+  for (int i = 0; i < 20; ++i) {
+    int fd = ::open("/dev/null", O_RDONLY);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    held.emplace_back(fd);
+  }
+  SandboxSpec spec = Spec();
+  spec.resources.open_files = 64;
+  auto created = backend_->Create(spec);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Instance* inst = Keep(std::move(*created));
+  RunResult r = MustRunCmd(*inst, {"sh", "-c", "ulimit -n"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "64\n");
+  // The agent's table holds only its own few fds, none of the 320 above.
+  const std::string fd_dir = fmt::format("/proc/{}/fd", PidOf(*inst));
+  std::error_code ec;
+  int agent_fds = 0;
+  for (auto it = std::filesystem::directory_iterator(fd_dir, ec); !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++agent_fds;
+  }
+  ASSERT_FALSE(ec) << fd_dir << ": " << ec.message();
+  EXPECT_GT(agent_fds, 0);
+  EXPECT_LT(agent_fds, 40);
 }
 
 // The host's tree is detached by a helper in parallel with the agent's exec (launcher.cc):

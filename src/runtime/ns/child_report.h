@@ -52,7 +52,7 @@ enum class Step : uint16_t {
   kNoNewPrivs,
   kLandlock,          // landlock_create_ruleset / add_rule / restrict_self
   kSeccomp,
-  kCloseRange,
+  kCloseRange,        // index: 0 dup3 of the child's own fds, 1 close_range of the rest, 2 CLOEXEC before exec
   kExec,
 };
 

@@ -106,9 +106,12 @@ inline void Mark(const LaunchPlan& p, TraceSlot slot) {
   p.trace[slot] = static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-// Moves an fd to >= 10 so that dup2 onto 0..3 cannot clobber it (the parent's fds may sit
-// anywhere, including 0..3 in a process started with closed std fds).
-inline int Lift(int fd) { return ::fcntl(fd, F_DUPFD_CLOEXEC, 10); }
+// Moves an fd above every slot InstallAgentFds and CompactFds fill, so that their dup2s cannot
+// clobber it (the parent's fds may sit anywhere, including 0..3 in a process started with
+// closed std fds).
+inline constexpr int kLiftBase = 32;
+static_assert(kLiftBase >= kAgentCgroupFdBase + static_cast<int>(kMaxAgentCgroupFds) + 3);
+inline int Lift(int fd) { return ::fcntl(fd, F_DUPFD_CLOEXEC, kLiftBase); }
 
 // The lowest fd the exec closes: everything above the agent's fixed fds.
 inline unsigned FirstClosedFd(const LaunchPlan& p) {
@@ -206,6 +209,22 @@ int InstallAgentFds(const LaunchPlan& p, const LiftedFds& f, bool agent_outside,
       return Fail(r, Step::kStdio, errno, 5);
     }
   }
+  return 0;
+}
+
+// The clone copied sbxd's whole descriptor table: a pidfd per running sandbox, sockets. Once
+// the agent's fds sit in their slots, the three this child still uses move just above them
+// and every other one is closed. Otherwise, on a host running more sandboxes than a
+// sandbox's RLIMIT_NOFILE, every fd the child opens after LowerLimits (Landlock's ruleset)
+// would fail with EMFILE: the lowest free fd would lie above the limit.
+int CompactFds(const LaunchPlan& p, int* report_fd, LiftedFds* f, ChildReport* r) {
+  int next = static_cast<int>(FirstClosedFd(p));
+  for (int* fd : {report_fd, &f->agent, &f->userns}) {
+    if (*fd < 0) continue;
+    if (::dup3(*fd, next, O_CLOEXEC) < 0) return Fail(r, Step::kCloseRange, errno, 0);
+    *fd = next++;
+  }
+  if (::close_range(static_cast<unsigned>(next), ~0U, 0) != 0) return Fail(r, Step::kCloseRange, errno, 1);
   return 0;
 }
 
@@ -338,6 +357,7 @@ int RunChild(const LaunchPlan& p, int* report_fd, const HelperStack& helper, Chi
   Mark(p, kTraceHostNet);
   const bool agent_outside = p.agent_uid != 0 && p.userns_fd >= 0;
   if (int err = InstallAgentFds(p, fds, agent_outside, r); err != 0) return err;
+  if (int err = CompactFds(p, report_fd, &fds, r); err != 0) return err;
   if (int err = LowerLimits(p, r); err != 0) return err;
   // Last of the steps that need host root: everything mounted, named and joined above stays
   // owned by the host's user namespace, out of reach of sandbox root.
@@ -349,7 +369,7 @@ int RunChild(const LaunchPlan& p, int* report_fd, const HelperStack& helper, Chi
   // without O_CLOEXEC) is closed by the exec itself; the memfd must survive until then.
   Mark(p, kTraceSeccomp);
   const unsigned first_closed = FirstClosedFd(p);
-  if (::close_range(first_closed, ~0U, CLOSE_RANGE_CLOEXEC) != 0) return Fail(r, Step::kCloseRange, errno);
+  if (::close_range(first_closed, ~0U, CLOSE_RANGE_CLOEXEC) != 0) return Fail(r, Step::kCloseRange, errno, 2);
   ::umask(022);
   Mark(p, kTraceExec);
   ::execveat(fds.agent, "", p.argv.data(), p.envp.data(), AT_EMPTY_PATH);
@@ -564,7 +584,9 @@ absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
       what = "seccomp: prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER)";
       break;
     case Step::kCloseRange:
-      what = fmt::format("close fds: close_range({}, ~0, CLOSE_RANGE_CLOEXEC)", FirstClosedFd(p));
+      what = r.index == 0   ? std::string("close fds: dup3 of the child's own fds above the agent's")
+             : r.index == 1 ? std::string("close fds: close_range of sbxd's inherited fds")
+                            : fmt::format("close fds: close_range({}, ~0, CLOSE_RANGE_CLOEXEC)", FirstClosedFd(p));
       break;
     case Step::kExec:
       what = fmt::format("exec agent: execveat(memfd of {}, AT_EMPTY_PATH)", p.agent_path);
