@@ -47,6 +47,17 @@ class CheckHouseTest(unittest.TestCase):
                       "src/cli/c.cc:1", "src/agent/g.cc:1"):
             self.assertIn(where, found)
 
+    def test_throwing_file_reads_are_named_in_every_folder(self):
+        read = "std::string((std::istreambuf_iterator<char>(f)), {});\n"
+        root = tree({"src/runtime/fake/f.cc": read, "src/agent/u.cc": read,
+                     "src/common/files.h": "// not through istreambuf_iterator\n",
+                     "src/agent/u_test.cc": read})
+        found = "\n".join(check_house.problems(root))
+        self.assertIn("src/runtime/fake/f.cc:1", found)
+        self.assertIn("src/agent/u.cc:1", found)
+        self.assertNotIn("src/common/files.h", found)
+        self.assertNotIn("u_test.cc", found)
+
 
 if __name__ == "__main__":
     unittest.main()

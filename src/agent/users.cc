@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <fstream>
-#include <iterator>
 #include <mutex>
 #include <optional>
 
@@ -13,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "agent/bounded.h"
+#include "common/files.h"
 
 namespace sbx::agent {
 namespace {
@@ -49,12 +48,6 @@ void ForEachEntry(std::string_view text, size_t min_fields, Fn fn) {
     if (fields.size() < min_fields) continue;
     if (fn(fields)) return;
   }
-}
-
-std::string ReadFileOrEmpty(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return {};
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
 // The last text read of each file, kept while the file's stat identity is unchanged: the files

@@ -15,7 +15,6 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -23,6 +22,7 @@
 
 #include "api/api.h"
 #include "api/status_to_http.h"
+#include "common/files.h"
 #include "common/ids.h"
 #include "common/log.h"
 #include "common/status_util.h"
@@ -390,9 +390,7 @@ absl::Status StartResolver(Daemon& d, const sbx::daemon::EgressSetup& setup) {
   opts.port = setup.policy.dns_port;
   opts.upstreams = setup.dns_upstreams;
   if (opts.upstreams.empty()) {
-    std::ifstream in("/etc/resolv.conf");
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    opts.upstreams = sbx::net::UpstreamsOfResolvConf(text);
+    opts.upstreams = sbx::net::UpstreamsOfResolvConf(sbx::ReadFileOrEmpty("/etc/resolv.conf"));
     if (opts.upstreams.empty()) {
       spdlog::warn("dns: no egress.dns_upstream and no nameserver in /etc/resolv.conf: the "
                    "sandboxes' lookups will fail (SERVFAIL)");

@@ -34,7 +34,7 @@ absl::StatusOr<Answer<T>> SandboxService::Mutate(
       LogStateChange(accepted->sandbox_id, accepted->from, accepted->to, accepted->why);
     }
     if (accepted->job) {
-      engine_.Submit(accepted->sandbox_id, std::move(accepted->job), std::move(lctx));
+      SubmitJob(accepted->op_id, accepted->sandbox_id, std::move(accepted->job), std::move(lctx));
     }
   }
   out.result = std::move(accepted->result);
@@ -89,6 +89,59 @@ std::optional<SandboxRecord> SandboxService::BeginJob(const Job& job,
   if (!proceed) return std::nullopt;
   LogOperationStarted(job.kind);
   return sb;
+}
+
+void SandboxService::SubmitJob(const std::string& op_id, const std::string& sandbox_id,
+                               std::function<void()> job, log::Context lctx) {
+  engine_.Submit(
+      sandbox_id,
+      [this, op_id, sandbox_id, job = std::move(job)] {
+        try {
+          job();
+        } catch (const std::exception& e) {
+          FailThrownJob(op_id, sandbox_id, e.what());
+        } catch (...) {
+          FailThrownJob(op_id, sandbox_id, "an exception that is not a std::exception");
+        }
+      },
+      std::move(lctx));
+}
+
+void SandboxService::FailThrownJob(const std::string& op_id, const std::string& sandbox_id,
+                                   const std::string& what) {
+  spdlog::error("operation {} of {} threw (a bug in sbxd): {}", op_id, sandbox_id, what);
+  const std::string message = "sbxd failed internally during the operation: " + what;
+  std::optional<OperationRecord> finished;
+  std::string from;
+  bool moved = false;
+  absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    finished.reset();
+    moved = false;
+    SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
+    if (op.state != "pending" && op.state != "running") return absl::OkStatus();
+    const std::string now = NowRfc3339();
+    Finish(op, false, {{"code", "internal"}, {"message", message}}, now);
+    SBX_RETURN_IF_ERROR(tx.PutOperation(op));
+    finished = op;
+    absl::StatusOr<SandboxRecord> sb = tx.GetSandbox(sandbox_id);
+    if (!sb.ok()) return absl::IsNotFound(sb.status()) ? absl::OkStatus() : sb.status();
+    if (sb->current_operation_id != op_id) return absl::OkStatus();
+    from = sb->state;
+    sb->state = std::string(kFailed);
+    sb->error = {{"code", "internal"}, {"message", message}};
+    sb->current_operation_id.reset();
+    sb->updated_at = now;
+    moved = true;
+    return tx.PutSandbox(*sb);
+  });
+  if (!st.ok()) {
+    spdlog::error("operation {}: store, failing it after the throw: {}", op_id,
+                  std::string(st.message()));
+    return;
+  }
+  if (!finished) return;  // the job finished its operation before it threw
+  metrics_->OperationFinished(*finished, std::nullopt);
+  if (moved) LogStateChange(sandbox_id, from, kFailed, message);
 }
 
 absl::StatusOr<OperationRecord> SandboxService::FinishJob(

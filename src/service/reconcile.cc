@@ -82,8 +82,8 @@ absl::Status SandboxService::Reconcile() {
   for (const auto& r : redrive_deletes) {
     std::string op = r.op_id, id = r.sandbox_id;
     const TimePoint requested = ServiceMetrics::Clock::now();
-    engine_.Submit(id, [this, op, id, requested] { RunDelete(op, id, requested); },
-                   OperationLog(op, id, r.tenant));
+    SubmitJob(op, id, [this, op, id, requested] { RunDelete(op, id, requested); },
+              OperationLog(op, id, r.tenant));
   }
   {
     std::lock_guard lock(mu_);

@@ -278,6 +278,14 @@ class SandboxService {
       store::Tx&, store::OperationRecord& op, store::SandboxRecord& sb, const std::string& now)>;
   absl::StatusOr<store::OperationRecord> FinishJob(const Job& job, const FinishStep& apply,
                                                    const std::function<void()>& committed = {});
+  // Every job goes to the engine through here: a job that throws (a bug, never a result) still
+  // finishes its operation, failed with code internal, and leaves its sandbox failed when the
+  // operation was the sandbox's current one, so no client polls a "running" operation forever
+  // and the sandbox can be deleted.
+  void SubmitJob(const std::string& op_id, const std::string& sandbox_id,
+                 std::function<void()> job, log::Context lctx);
+  void FailThrownJob(const std::string& op_id, const std::string& sandbox_id,
+                     const std::string& what);
 
   // Delete and the lifecycle verbs: one request path, the rules in sandbox_state.h.
   absl::StatusOr<Answer<OperationStarted>> RequestOperation(

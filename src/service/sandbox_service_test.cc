@@ -98,6 +98,16 @@ class FailingBackend : public NoPauseBackend {
   }
 };
 
+// A runtime whose creates throw: a bug in a job must still finish its operation.
+class ThrowingBackend : public NoPauseBackend {
+ public:
+  explicit ThrowingBackend(runtime::Backend& inner) : NoPauseBackend(inner) {}
+  std::string Name() const override { return "throwing"; }
+  absl::StatusOr<runtime::InstancePtr> Create(const runtime::SandboxSpec&) override {
+    throw std::runtime_error("basic_filebuf::underflow error reading the file: No such process");
+  }
+};
+
 // The fake runtime, remembering the spec of the last create.
 class RecordingBackend : public NoPauseBackend {
  public:
@@ -303,6 +313,7 @@ class SandboxServiceTest : public ::testing::Test {
     recording_ = std::make_unique<RecordingBackend>(*fake_);
     egress_ = std::make_unique<EgressBackend>(*fake_);
     failing_ = std::make_unique<FailingBackend>(*fake_);
+    throwing_ = std::make_unique<ThrowingBackend>(*fake_);
     mortal_ = std::make_unique<MortalBackend>(*fake_);
     netready_ = std::make_unique<NetReadyBackend>(*fake_);
     Start();
@@ -355,6 +366,7 @@ class SandboxServiceTest : public ::testing::Test {
                                                  {"recording", recording_.get()},
                                                  {"egress", egress_.get()},
                                                  {"failing", failing_.get()},
+                                                 {"throwing", throwing_.get()},
                                                  {"mortal", mortal_.get()},
                                                  {"netready", netready_.get()}});
     ASSERT_TRUE(svc_->Reconcile().ok());
@@ -451,6 +463,7 @@ class SandboxServiceTest : public ::testing::Test {
   std::unique_ptr<RecordingBackend> recording_;
   std::unique_ptr<EgressBackend> egress_;
   std::unique_ptr<FailingBackend> failing_;
+  std::unique_ptr<ThrowingBackend> throwing_;
   std::unique_ptr<MortalBackend> mortal_;
   std::unique_ptr<NetReadyBackend> netready_;
   std::shared_ptr<const net::ProfileCatalog> egress_catalog_;  // ServiceOptions of the next Start()
@@ -554,6 +567,29 @@ TEST_F(SandboxServiceTest, SandboxesStoredBeforeNewResourceKeysShowDefaults) {
   ASSERT_TRUE(page.ok()) << page.status();
   ASSERT_EQ(page->items.size(), 1u);
   EXPECT_EQ(page->items[0].effective_resources["open_files"], d.open_files);
+}
+
+TEST_F(SandboxServiceTest, AJobThatThrowsFailsItsOperationAndSandboxWhichCanBeDeleted) {
+  CreateSandboxRequest req;
+  req.runtime = "throwing";
+  req.canonical = json{{"runtime", "throwing"}};
+  auto r = svc_->CreateSandbox(caller_, req, std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const json body = Body(*r);
+  const store::OperationRecord done = WaitOp(body["operation"]["id"]);
+  EXPECT_EQ(done.state, "failed");
+  EXPECT_EQ(done.error.value("code", ""), "internal") << done.error.dump();
+  EXPECT_NE(done.error.value("message", "").find("No such process"), std::string::npos);
+  const std::string id = body["sandbox"]["id"];
+  auto sb = svc_->GetSandbox(caller_, id);
+  ASSERT_TRUE(sb.ok()) << sb.status();
+  EXPECT_EQ(sb->state, kFailed);
+  EXPECT_FALSE(sb->current_operation_id.has_value());
+  auto del = svc_->DeleteSandbox(caller_, id, std::nullopt);
+  ASSERT_TRUE(del.ok()) << del.status();
+  EXPECT_EQ(WaitOp(Body(*del)["operation"]["id"]).state, "succeeded");
+  // The engine's worker survived: the next create on a working runtime runs.
+  CreateRunning();
 }
 
 TEST_F(SandboxServiceTest, PauseRefusesSessionsUntilWake) {

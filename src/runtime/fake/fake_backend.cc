@@ -27,6 +27,7 @@
 
 #include <fmt/format.h>
 
+#include "common/files.h"
 #include "common/status_util.h"
 #include "protocol/protocol.h"
 
@@ -50,12 +51,6 @@ bool ValidId(const std::string& id) {
   return true;
 }
 
-std::string ReadSmallFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return {};
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
-
 std::string Tail(const std::string& s, size_t n) {
   return s.size() <= n ? s : "..." + s.substr(s.size() - n);
 }
@@ -68,7 +63,7 @@ struct ProcStat {
 };
 
 std::optional<ProcStat> ReadProcStat(pid_t pid) {
-  std::string s = ReadSmallFile(fmt::format("/proc/{}/stat", pid));
+  std::string s = ReadFileOrEmpty(fmt::format("/proc/{}/stat", pid));
   // "pid (comm) state ppid pgrp session ...": comm may contain anything, parse after the
   // last ')'.
   size_t close = s.rfind(')');
@@ -85,7 +80,7 @@ std::optional<ProcStat> ReadProcStat(pid_t pid) {
 // a file or the store against pid reuse.
 bool IsOurAgent(pid_t pid, const std::string& socket) {
   if (pid <= 0) return false;
-  std::string cmdline = ReadSmallFile(fmt::format("/proc/{}/cmdline", pid));
+  std::string cmdline = ReadFileOrEmpty(fmt::format("/proc/{}/cmdline", pid));
   std::vector<std::string> args;
   size_t start = 0;
   while (start < cmdline.size()) {
@@ -327,7 +322,7 @@ absl::Status WaitForAgent(const std::string& id, const std::string& socket, pid_
           "create sandbox {}: agent exited ({}) before answering: {}", id,
           WIFEXITED(status) ? fmt::format("code {}", WEXITSTATUS(status))
                             : fmt::format("signal {}", WTERMSIG(status)),
-          Tail(ReadSmallFile(log_path), 1000)));
+          Tail(ReadFileOrEmpty(log_path), 1000)));
     }
     if (std::chrono::steady_clock::now() >= deadline) {
       return absl::DeadlineExceededError(fmt::format(
@@ -476,7 +471,7 @@ absl::StatusOr<InstancePtr> FakeBackend::Adopt(const std::string& id, const Json
 
 absl::Status FakeBackend::RemoveDir(const std::string& dir) {
   const std::string socket = dir + "/agent.sock";
-  const pid_t pid = static_cast<pid_t>(std::atol(ReadSmallFile(dir + "/agent.pid").c_str()));
+  const pid_t pid = static_cast<pid_t>(std::atol(ReadFileOrEmpty(dir + "/agent.pid").c_str()));
   if (pid > 0) StopAgent(pid, socket);
   std::error_code ec;
   fs::remove_all(dir, ec);

@@ -16,23 +16,6 @@
 
 namespace sbx::runtime::ns {
 
-absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) return ErrnoStatus(errno, fmt::format("read file: open({})", path));
-  std::string out;
-  char buf[4096];
-  for (;;) {
-    ssize_t n = ::read(fd.get(), buf, sizeof(buf));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus(errno, fmt::format("read file: read({})", path));
-    }
-    if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  return out;
-}
-
 absl::Status WriteStringToFile(const std::string& path, const std::string& value, bool create) {
   int flags = O_WRONLY | O_TRUNC | O_CLOEXEC | (create ? O_CREAT : 0);
   UniqueFd fd(::open(path.c_str(), flags, 0644));

@@ -9,11 +9,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/files.h"
 
 namespace sbx::runtime::ns {
 
-// Whole file as a string ("what" names the step in the error).
-absl::StatusOr<std::string> ReadFileToString(const std::string& path);
+using ::sbx::ReadFileToString;
 // open(O_WRONLY|O_TRUNC [|O_CREAT]) + one write. Cgroup control files take one value per write.
 absl::Status WriteStringToFile(const std::string& path, const std::string& value,
                                bool create = false);
