@@ -45,6 +45,15 @@ struct TemplateSpec {
   std::vector<BindMount> binds;
   std::string workdir = "/";
   std::string default_user = "root";
+  // An image template (docs/templates.md): its layers' trees in the layer store, top first,
+  // stacked as read-only lowers under rootfs_dir (which stays the topmost lower: the mount
+  // points the runtime needs). Empty for `base`, whose files are the binds.
+  std::vector<std::string> lower_dirs;
+  // The image config: Env ("K=V") under the sandbox's and each session's env; the start
+  // command (Entrypoint + Cmd) recorded for the template's process.
+  std::vector<std::string> env;
+  std::vector<std::string> entrypoint;
+  std::vector<std::string> cmd;
 };
 
 struct SandboxSpec {
