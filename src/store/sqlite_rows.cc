@@ -99,6 +99,8 @@ absl::StatusOr<OperationRecord> ReadOperation(const StmtCursor& q) {
   r.updated_at = q.Text(8);
   r.completed_at = q.OptText(9);
   r.initiator = q.Text(10);
+  r.target = q.Text(11);
+  SBX_ASSIGN_OR_RETURN(r.progress, ColumnJson(q, 12, what + " progress"));
   return r;
 }
 
@@ -108,7 +110,45 @@ absl::Status BindOperation(StmtCursor& q, const OperationRecord& r) {
   SBX_RETURN_IF_ERROR(BindJson(q, 6, r.error, what + " error"));
   SBX_RETURN_IF_ERROR(BindJson(q, 7, r.result, what + " result"));
   q.Bind(8, r.created_at).Bind(9, r.updated_at).Bind(10, r.completed_at);
-  q.Bind(11, r.initiator);
+  q.Bind(11, r.initiator).Bind(12, r.target);
+  SBX_RETURN_IF_ERROR(BindJson(q, 13, r.progress, what + " progress"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ImageRecord> ReadImage(const StmtCursor& q) {
+  ImageRecord r;
+  r.digest = q.Text(0);
+  r.name = q.Text(1);
+  const std::string what = fmt::format("image {}", r.digest);
+  SBX_ASSIGN_OR_RETURN(r.layers, ColumnJson(q, 2, what + " layers"));
+  SBX_ASSIGN_OR_RETURN(r.config, ColumnJson(q, 3, what + " config"));
+  SBX_ASSIGN_OR_RETURN(r.source, ColumnJson(q, 4, what + " source"));
+  r.size = q.Int(5);
+  r.created_at = q.Text(6);
+  return r;
+}
+
+absl::Status BindImage(StmtCursor& q, const ImageRecord& r) {
+  const std::string what = fmt::format("put image {}", r.digest);
+  q.Bind(1, r.digest).Bind(2, r.name);
+  SBX_RETURN_IF_ERROR(BindJson(q, 3, r.layers, what + " layers"));
+  SBX_RETURN_IF_ERROR(BindJson(q, 4, r.config, what + " config"));
+  SBX_RETURN_IF_ERROR(BindJson(q, 5, r.source, what + " source"));
+  q.Bind(6, r.size).Bind(7, r.created_at);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TagRecord> ReadTag(const StmtCursor& q) {
+  TagRecord r;
+  r.name = q.Text(0);
+  r.tag = q.Text(1);
+  r.digest = q.Text(2);
+  r.updated_at = q.Text(3);
+  return r;
+}
+
+absl::Status BindTag(StmtCursor& q, const TagRecord& r) {
+  q.Bind(1, r.name).Bind(2, r.tag).Bind(3, r.digest).Bind(4, r.updated_at);
   return absl::OkStatus();
 }
 

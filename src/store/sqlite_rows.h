@@ -21,10 +21,12 @@
   "current_operation_id, error, runtime_state, idle_suspend_s, egress, port_access"
 #define SBX_STORE_OPERATION_COLS                                                           \
   "id, tenant_id, kind, sandbox_id, state, error, result, created_at, updated_at, "          \
-  "completed_at, initiator"
+  "completed_at, initiator, target, progress"
 #define SBX_STORE_SESSION_COLS                                                               \
   "id, tenant_id, sandbox_id, state, spec, exit_code, signal, timed_out, oom_killed, "        \
   "created_at, started_at, exited_at, error"
+#define SBX_STORE_IMAGE_COLS "digest, name, layers, config, source, size, created_at"
+#define SBX_STORE_TAG_COLS "name, tag, digest, updated_at"
 #define SBX_STORE_IDEMPOTENCY_COLS \
   "tenant_id, key, method, route, body_hash, status, response_body, created_at"
 
@@ -40,6 +42,12 @@ absl::Status BindOperation(StmtCursor& q, const OperationRecord& r);
 
 absl::StatusOr<SessionRecord> ReadSession(const StmtCursor& q);
 absl::Status BindSession(StmtCursor& q, const SessionRecord& r);
+
+absl::StatusOr<ImageRecord> ReadImage(const StmtCursor& q);
+absl::Status BindImage(StmtCursor& q, const ImageRecord& r);
+
+absl::StatusOr<TagRecord> ReadTag(const StmtCursor& q);
+absl::Status BindTag(StmtCursor& q, const TagRecord& r);
 
 IdempotencyRecord ReadIdempotency(const StmtCursor& q);
 absl::Status BindIdempotency(StmtCursor& q, const IdempotencyRecord& r);

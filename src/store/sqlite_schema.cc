@@ -106,6 +106,53 @@ ALTER TABLE sandboxes ADD COLUMN egress TEXT;
     R"sql(
 ALTER TABLE sandboxes ADD COLUMN port_access TEXT;
 )sql",
+    // 6: templates from OCI images (issue 17). Template operations have no sandbox, so the
+    // operations table is rebuilt without its foreign key (SQLite cannot drop one), with the
+    // template an operation makes (`target`) and its last progress snapshot.
+    R"sql(
+CREATE TABLE operations_new (
+  id           TEXT PRIMARY KEY,
+  tenant_id    TEXT NOT NULL,
+  kind         TEXT NOT NULL,
+  sandbox_id   TEXT NOT NULL,
+  state        TEXT NOT NULL,
+  error        TEXT,
+  result       TEXT,
+  created_at   TEXT NOT NULL,
+  updated_at   TEXT NOT NULL,
+  completed_at TEXT,
+  initiator    TEXT NOT NULL DEFAULT 'api',
+  target       TEXT NOT NULL DEFAULT '',
+  progress     TEXT
+) STRICT;
+INSERT INTO operations_new (id, tenant_id, kind, sandbox_id, state, error, result, created_at,
+                            updated_at, completed_at, initiator)
+  SELECT id, tenant_id, kind, sandbox_id, state, error, result, created_at, updated_at,
+         completed_at, initiator FROM operations;
+DROP TABLE operations;
+ALTER TABLE operations_new RENAME TO operations;
+CREATE INDEX operations_by_state ON operations (state, created_at, id);
+CREATE INDEX operations_by_sandbox ON operations (sandbox_id);
+
+CREATE TABLE images (
+  digest     TEXT PRIMARY KEY,
+  name       TEXT NOT NULL,
+  layers     TEXT NOT NULL,
+  config     TEXT NOT NULL,
+  source     TEXT NOT NULL,
+  size       INTEGER NOT NULL,
+  created_at TEXT NOT NULL
+) STRICT;
+CREATE TABLE template_tags (
+  name       TEXT NOT NULL,
+  tag        TEXT NOT NULL,
+  digest     TEXT NOT NULL REFERENCES images (digest) DEFERRABLE INITIALLY DEFERRED,
+  updated_at TEXT NOT NULL,
+  PRIMARY KEY (name, tag)
+) STRICT;
+CREATE INDEX template_tags_by_digest ON template_tags (digest);
+CREATE INDEX sandboxes_by_digest ON sandboxes (template_digest) WHERE state <> 'deleted';
+)sql",
 };
 constexpr int kSchemaVersion = static_cast<int>(std::size(kMigrations));
 

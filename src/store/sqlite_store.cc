@@ -76,12 +76,33 @@ constexpr char kListOperations[] = "SELECT " SBX_STORE_OPERATION_COLS
                                    " FROM operations WHERE sandbox_id = ?1"
                                    " ORDER BY created_at, id";
 constexpr char kPutOperation[] = "INSERT INTO operations (" SBX_STORE_OPERATION_COLS R"sql()
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
 ON CONFLICT (id) DO UPDATE SET
   tenant_id = excluded.tenant_id, kind = excluded.kind, sandbox_id = excluded.sandbox_id,
   state = excluded.state, error = excluded.error, result = excluded.result,
   created_at = excluded.created_at, updated_at = excluded.updated_at,
-  completed_at = excluded.completed_at, initiator = excluded.initiator)sql";
+  completed_at = excluded.completed_at, initiator = excluded.initiator,
+  target = excluded.target, progress = excluded.progress)sql";
+
+constexpr char kGetImage[] = "SELECT " SBX_STORE_IMAGE_COLS " FROM images WHERE digest = ?1";
+constexpr char kPutImage[] = "INSERT INTO images (" SBX_STORE_IMAGE_COLS R"sql()
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+ON CONFLICT (digest) DO UPDATE SET
+  name = excluded.name, layers = excluded.layers, config = excluded.config,
+  source = excluded.source, size = excluded.size, created_at = excluded.created_at)sql";
+constexpr char kDeleteImage[] = "DELETE FROM images WHERE digest = ?1";
+constexpr char kListImages[] =
+    "SELECT " SBX_STORE_IMAGE_COLS " FROM images ORDER BY created_at, digest";
+constexpr char kGetTag[] =
+    "SELECT " SBX_STORE_TAG_COLS " FROM template_tags WHERE name = ?1 AND tag = ?2";
+constexpr char kPutTag[] = "INSERT INTO template_tags (" SBX_STORE_TAG_COLS R"sql()
+VALUES (?1, ?2, ?3, ?4)
+ON CONFLICT (name, tag) DO UPDATE SET
+  digest = excluded.digest, updated_at = excluded.updated_at)sql";
+constexpr char kDeleteTag[] = "DELETE FROM template_tags WHERE name = ?1 AND tag = ?2";
+constexpr char kListTags[] = "SELECT " SBX_STORE_TAG_COLS " FROM template_tags ORDER BY name, tag";
+constexpr char kCountLiveWithDigest[] =
+    "SELECT COUNT(*) FROM sandboxes WHERE template_digest = ?1 AND state <> 'deleted'";
 
 constexpr char kGetSession[] = "SELECT " SBX_STORE_SESSION_COLS " FROM sessions WHERE id = ?1";
 constexpr char kListSessions[] = "SELECT " SBX_STORE_SESSION_COLS
@@ -136,13 +157,14 @@ enum class QueryOp {
   kPutIdempotency,
   kPurgeIdempotency,
   kPurgeDeletedSandboxes,
+  kTemplates,
   kCount,
 };
 constexpr std::string_view kQueryOpNames[] = {
     "Begin", "Commit", "GetSandbox", "ListSandboxes", "ListLiveSandboxes",
     "CountLiveSandboxesByState", "PutSandbox", "GetOperation", "PutOperation", "ListOperations",
     "ListUnfinishedOperations", "GetSession", "PutSession", "ListSessions", "GetIdempotency",
-    "PutIdempotency", "PurgeIdempotency", "PurgeDeletedSandboxes",
+    "PutIdempotency", "PurgeIdempotency", "PurgeDeletedSandboxes", "Templates",
 };
 static_assert(std::size(kQueryOpNames) == static_cast<size_t>(QueryOp::kCount));
 
@@ -342,6 +364,67 @@ class SqliteTx final : public Tx {
                                     &sandbox_id);
   }
 
+  // Templates are rare writes and small reads: one timer for all their statements.
+  absl::StatusOr<ImageRecord> GetImage(const std::string& digest) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kTemplates));
+    return GetById<ImageRecord>(kGetImage, "get image", "template image", digest, ReadImage);
+  }
+
+  absl::Status PutImage(const ImageRecord& r) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kTemplates));
+    return Put(kPutImage, "put image", r, BindImage);
+  }
+
+  absl::Status DeleteImage(const std::string& digest) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kTemplates));
+    return DeleteByKey(kDeleteImage, "delete image", digest, nullptr);
+  }
+
+  absl::StatusOr<std::vector<ImageRecord>> ListImages() override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kTemplates));
+    return ListAll<ImageRecord>(kListImages, "list images", ReadImage);
+  }
+
+  absl::StatusOr<TagRecord> GetTag(const std::string& name, const std::string& tag) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kTemplates));
+    constexpr std::string_view kStep = "get template tag";
+    SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(kGetTag, kStep));
+    StmtCursor q(stmt);
+    q.Bind(1, name).Bind(2, tag);
+    int rc = q.Step();
+    if (rc == SQLITE_DONE) {
+      return absl::NotFoundError(fmt::format("template {}:{} not found", name, tag));
+    }
+    if (rc != SQLITE_ROW) return Error(rc, kStep);
+    return ReadTag(q);
+  }
+
+  absl::Status PutTag(const TagRecord& r) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kTemplates));
+    return Put(kPutTag, "put template tag", r, BindTag);
+  }
+
+  absl::Status DeleteTag(const std::string& name, const std::string& tag) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kTemplates));
+    return DeleteByKey(kDeleteTag, "delete template tag", name, &tag);
+  }
+
+  absl::StatusOr<std::vector<TagRecord>> ListTags() override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kTemplates));
+    return ListAll<TagRecord>(kListTags, "list template tags", ReadTag);
+  }
+
+  absl::StatusOr<int64_t> CountLiveSandboxesWithDigest(const std::string& digest) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kTemplates));
+    constexpr std::string_view kStep = "count sandboxes of a template digest";
+    SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(kCountLiveWithDigest, kStep));
+    StmtCursor q(stmt);
+    q.Bind(1, digest);
+    int rc = q.Step();
+    if (rc != SQLITE_ROW) return Error(rc, kStep);
+    return q.Int(0);
+  }
+
   absl::StatusOr<SessionRecord> GetSession(const std::string& id) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kGetSession));
     return GetById<SessionRecord>(kGetSession, "get session", "session", id, ReadSession);
@@ -418,6 +501,16 @@ class SqliteTx final : public Tx {
     SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(sql, step));
     StmtCursor q(stmt);
     SBX_RETURN_IF_ERROR(bind(q, rec));
+    return Done(q, step);
+  }
+
+  // Runs a DELETE of one row by its key (?1, and ?2 when given); a missing row is not an error.
+  absl::Status DeleteByKey(const char* sql, std::string_view step, const std::string& k1,
+                           const std::string* k2) {
+    SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(sql, step));
+    StmtCursor q(stmt);
+    q.Bind(1, k1);
+    if (k2 != nullptr) q.Bind(2, *k2);
     return Done(q, step);
   }
 

@@ -165,6 +165,8 @@ void ExpectOperationEq(const OperationRecord& a, const OperationRecord& b) {
   EXPECT_EQ(a.updated_at, b.updated_at);
   EXPECT_EQ(a.completed_at, b.completed_at);
   EXPECT_EQ(a.initiator, b.initiator);
+  EXPECT_EQ(a.target, b.target);
+  EXPECT_EQ(a.progress, b.progress);
 }
 
 void ExpectSessionEq(const SessionRecord& a, const SessionRecord& b) {
@@ -264,6 +266,106 @@ TEST_F(SqliteStoreTest, OperationRoundTripsEveryField) {
   EXPECT_TRUE(got->error.is_null());
   EXPECT_TRUE(got->result.is_null());
   EXPECT_FALSE(got->completed_at.has_value());
+}
+
+// A template operation has no sandbox (schema 6 dropped the foreign key): it names the template
+// it makes and keeps its last progress snapshot.
+TEST_F(SqliteStoreTest, TemplateOperationWithoutSandboxRoundTrips) {
+  Open();
+  OperationRecord op = MakeOperation("op_tpl", "", "running", 3);
+  op.kind = "template_pull";
+  op.target = "py:3.12";
+  op.progress = {{"stage", "fetching"}, {"layers_done", 1}, {"layers_total", 2},
+                 {"bytes_done", 1024}, {"bytes_total", 4096}};
+  ASSERT_TRUE(store_->Transact([&](Tx& tx) { return tx.PutOperation(op); }).ok());
+  auto got = Read([&](Tx& tx) { return tx.GetOperation("op_tpl"); });
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectOperationEq(*got, op);
+  auto unfinished = Read([&](Tx& tx) { return tx.ListUnfinishedOperations(); });
+  ASSERT_TRUE(unfinished.ok()) << unfinished.status();
+  ASSERT_EQ(unfinished->size(), 1u);
+  EXPECT_EQ((*unfinished)[0].target, "py:3.12");
+}
+
+ImageRecord MakeImage(const std::string& digest, const std::string& name, int t) {
+  ImageRecord r;
+  r.digest = digest;
+  r.name = name;
+  r.layers = Json::array({{{"diff_id", "sha256:" + std::string(64, 'a')},
+                           {"unpacked_bytes", 10}, {"entries", 2}}});
+  r.config = {{"env", {"PATH=/usr/bin"}}, {"working_dir", "/app"}, {"user", "app"}};
+  r.source = {{"kind", "pull"}, {"image", "127.0.0.1:5000/py:3.12"}};
+  r.size = 10;
+  r.created_at = Ts(t);
+  return r;
+}
+
+TEST_F(SqliteStoreTest, ImagesAndTagsRoundTripListAndDelete) {
+  Open();
+  const std::string d1 = "sha256:" + std::string(64, '1'), d2 = "sha256:" + std::string(64, '2');
+  ImageRecord a = MakeImage(d1, "py", 2), b = MakeImage(d2, "py", 1);
+  ASSERT_TRUE(store_
+                  ->Transact([&](Tx& tx) {
+                    SBX_RETURN_IF_ERROR(tx.PutImage(a));
+                    SBX_RETURN_IF_ERROR(tx.PutImage(b));
+                    SBX_RETURN_IF_ERROR(tx.PutTag({"py", "latest", d1, Ts(3)}));
+                    return tx.PutTag({"py", "3.12", d2, Ts(3)});
+                  })
+                  .ok());
+  auto got = Read([&](Tx& tx) { return tx.GetImage(d1); });
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->name, "py");
+  EXPECT_EQ(got->layers, a.layers);
+  EXPECT_EQ(got->config, a.config);
+  EXPECT_EQ(got->source, a.source);
+  EXPECT_EQ(got->size, 10);
+  auto images = Read([&](Tx& tx) { return tx.ListImages(); });
+  ASSERT_TRUE(images.ok()) << images.status();
+  ASSERT_EQ(images->size(), 2u);
+  EXPECT_EQ((*images)[0].digest, d2);  // by created_at
+  auto tags = Read([&](Tx& tx) { return tx.ListTags(); });
+  ASSERT_TRUE(tags.ok()) << tags.status();
+  ASSERT_EQ(tags->size(), 2u);
+  EXPECT_EQ((*tags)[0].tag, "3.12");  // by name, tag
+  // A tag moves by upsert.
+  ASSERT_TRUE(store_->Transact([&](Tx& tx) { return tx.PutTag({"py", "latest", d2, Ts(4)}); }).ok());
+  auto tag = Read([&](Tx& tx) { return tx.GetTag("py", "latest"); });
+  ASSERT_TRUE(tag.ok()) << tag.status();
+  EXPECT_EQ(tag->digest, d2);
+  EXPECT_EQ(Read([&](Tx& tx) { return tx.GetTag("py", "nope"); }).status().code(),
+            absl::StatusCode::kNotFound);
+  // A tag pointing at no image is refused at commit.
+  absl::Status st = store_->Transact([&](Tx& tx) { return tx.PutTag({"x", "y", "sha256:ghost", Ts(5)}); });
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  // Deleting: the tag, then the image; deleting a missing row is not an error.
+  ASSERT_TRUE(store_
+                  ->Transact([&](Tx& tx) {
+                    SBX_RETURN_IF_ERROR(tx.DeleteTag("py", "latest"));
+                    SBX_RETURN_IF_ERROR(tx.DeleteTag("py", "latest"));
+                    SBX_RETURN_IF_ERROR(tx.DeleteTag("py", "3.12"));
+                    return tx.DeleteImage(d2);
+                  })
+                  .ok());
+  EXPECT_EQ(Read([&](Tx& tx) { return tx.GetImage(d2); }).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(SqliteStoreTest, CountsLiveSandboxesOfADigest) {
+  Open();
+  const std::string d = "sha256:" + std::string(64, 'd');
+  for (const auto& [id, state] : {std::pair{"sbx_1", "running"}, std::pair{"sbx_2", "deleted"},
+                                  std::pair{"sbx_3", "paused"}}) {
+    SandboxRecord sb = MinimalSandbox(id);
+    sb.state = state;
+    sb.template_digest = d;
+    ASSERT_TRUE(Put(sb).ok());
+  }
+  SandboxRecord other = MinimalSandbox("sbx_4");
+  other.template_digest = "sha256:other";
+  ASSERT_TRUE(Put(other).ok());
+  auto n = Read([&](Tx& tx) { return tx.CountLiveSandboxesWithDigest(d); });
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 2);
 }
 
 TEST_F(SqliteStoreTest, SessionRoundTripsEveryField) {
@@ -720,7 +822,7 @@ TEST_F(SqliteStoreTest, ReopenKeepsDataAndSchemaVersion) {
   store_.reset();
   {
     RawDb raw(path_);
-    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "5");
+    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "6");
     EXPECT_EQ(raw.QueryText("PRAGMA journal_mode"), "wal");
   }
   Open();
@@ -729,7 +831,7 @@ TEST_F(SqliteStoreTest, ReopenKeepsDataAndSchemaVersion) {
   ExpectSandboxEq(*got, FullSandbox("sbx_1"));
   store_.reset();
   RawDb raw(path_);
-  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "5");
+  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "6");
 }
 
 // A database written by the first release (schema 1) opens: rows keep their values and the new
@@ -742,8 +844,11 @@ TEST_F(SqliteStoreTest, SchemaOneDatabaseIsMigrated) {
   ASSERT_TRUE(store_->Transact([&](Tx& tx) { return tx.PutOperation(op); }).ok());
   store_.reset();
   {
-    RawDb raw(path_);  // undo migrations 5, 4, 3 and 2 by hand
-    raw.Exec("ALTER TABLE sandboxes DROP COLUMN port_access; "
+    RawDb raw(path_);  // undo migrations 6, 5, 4, 3 and 2 by hand
+    raw.Exec("DROP TABLE template_tags; DROP TABLE images; DROP INDEX sandboxes_by_digest; "
+             "ALTER TABLE operations DROP COLUMN progress; "
+             "ALTER TABLE operations DROP COLUMN target; "
+             "ALTER TABLE sandboxes DROP COLUMN port_access; "
              "ALTER TABLE sandboxes DROP COLUMN egress; ALTER TABLE sessions DROP COLUMN error; "
              "DROP INDEX sandboxes_deleted; ALTER TABLE sandboxes DROP COLUMN idle_suspend_s; "
              "ALTER TABLE operations DROP COLUMN initiator; PRAGMA user_version = 1;");

@@ -70,6 +70,31 @@ struct OperationRecord {
   std::string updated_at;
   std::optional<std::string> completed_at;
   std::string initiator = "api";  // api | ttl | idle (the server's own timers)
+  // A template operation (kind template_import | template_pull) has no sandbox (sandbox_id
+  // ""): `target` names the template it makes ("name:tag"), `progress` is its last snapshot
+  // ({stage, layers_done, layers_total, bytes_done, bytes_total}); null for sandbox operations.
+  std::string target;
+  Json progress = nullptr;
+};
+
+// A template release: one image whose layers are in the layer store (image/image.h), named by
+// its manifest digest. Tags (TagRecord) point at releases; sandboxes keep the digest they were
+// created from.
+struct ImageRecord {
+  std::string digest;  // "sha256:<hex>"
+  std::string name;    // the template name it was made under (name@digest resolves by it)
+  Json layers = Json::array();   // [{"diff_id", "unpacked_bytes", "entries"}], bottom first
+  Json config = Json::object();  // {env, entrypoint, cmd, working_dir, user, labels, os, architecture}
+  Json source = Json::object();  // {"kind": "import"} | {"kind": "pull", "image": "<ref>"}
+  int64_t size = 0;              // unpacked bytes of its layers
+  std::string created_at;
+};
+
+struct TagRecord {
+  std::string name;
+  std::string tag;
+  std::string digest;
+  std::string updated_at;
 };
 
 struct SessionRecord {
@@ -147,6 +172,17 @@ class Tx {
       const std::string& tenant_id, const std::string& key, const std::string& method,
       const std::string& route) = 0;
   virtual absl::Status PutIdempotency(const IdempotencyRecord& rec) = 0;
+  virtual absl::StatusOr<ImageRecord> GetImage(const std::string& digest) = 0;
+  virtual absl::Status PutImage(const ImageRecord& rec) = 0;
+  virtual absl::Status DeleteImage(const std::string& digest) = 0;
+  virtual absl::StatusOr<std::vector<ImageRecord>> ListImages() = 0;  // by created_at
+  virtual absl::StatusOr<TagRecord> GetTag(const std::string& name, const std::string& tag) = 0;
+  virtual absl::Status PutTag(const TagRecord& rec) = 0;
+  virtual absl::Status DeleteTag(const std::string& name, const std::string& tag) = 0;
+  virtual absl::StatusOr<std::vector<TagRecord>> ListTags() = 0;  // by name, tag
+  // Sandboxes not deleted whose template_digest is `digest` (the sandboxes_by_digest index).
+  virtual absl::StatusOr<int64_t> CountLiveSandboxesWithDigest(const std::string& digest) = 0;
+
   // Removes keys created before `before` (RFC 3339); returns how many.
   virtual absl::StatusOr<int64_t> PurgeIdempotency(const std::string& before) = 0;
   // Removes sandboxes deleted (state "deleted", updated_at) before `before`, with their
