@@ -66,6 +66,14 @@ class LayerStore {
   // The tree of a stored layer, for the runtime to stack as an overlay lower; NotFound if absent.
   virtual absl::StatusOr<std::string> TreeOf(const std::string& diff_id) const = 0;
   virtual bool Has(const std::string& diff_id) const = 0;
+  // Unpacks the layer blob at `blob_path` (a tar, gzip- or zstd-compressed, as libarchive
+  // detects) into the store unless that diff_id is there already, verifying the sha256 of the
+  // uncompressed stream against `diff_id` (a mismatch is an error, and the tree is removed).
+  // `max_bytes` bounds the unpacked bytes of this layer (the image's budget left); the result
+  // counts them. Unpacks into a temporary directory of the store, then renames it into place.
+  virtual absl::StatusOr<LayerInfo> Put(const std::string& blob_path, const std::string& diff_id,
+                                        uint64_t max_bytes, const ProgressFn& progress,
+                                        const CancelFn& cancelled) = 0;
   virtual std::vector<LayerInfo> List() const = 0;
   virtual uint64_t UsedBytes() const = 0;
   // Removes a layer no template lists any more (the caller's garbage collection decides).

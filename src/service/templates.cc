@@ -9,9 +9,11 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
 
 #include "common/digest.h"
 #include "common/status_util.h"
+#include "service/template_ref.h"
 
 namespace sbx::service {
 namespace fs = std::filesystem;
@@ -100,18 +102,89 @@ absl::StatusOr<TemplateRegistry> TemplateRegistry::Create(const std::string& sta
   spec.digest = "sha256:" + Sha256Hex(descriptor.dump());
 
   TemplateRegistry reg;
-  reg.templates_["base:latest"] = spec;
+  reg.base_ = spec;
   return reg;
 }
 
+namespace {
+
+absl::Status NotFound(const std::string& ref, const std::map<std::string, std::string>& tags) {
+  std::string names = "base";
+  int n = 0;
+  for (const auto& [key, digest] : tags) {
+    if (++n > 10) {
+      names += ", ...";
+      break;
+    }
+    names += ", " + key;
+  }
+  return ApiError(absl::StatusCode::kFailedPrecondition, "template_not_found",
+                  fmt::format("template '{}' not found (available: {})", ref, names), "template");
+}
+
+}  // namespace
+
 absl::StatusOr<runtime::TemplateSpec> TemplateRegistry::Resolve(const std::string& ref) const {
-  std::string key = ref.find(':') == std::string::npos ? ref + ":latest" : ref;
-  auto it = templates_.find(key);
-  if (it == templates_.end()) {
-    return ApiError(absl::StatusCode::kFailedPrecondition, "template_not_found",
-                    fmt::format("template '{}' not found (available: base)", ref), "template");
+  SBX_ASSIGN_OR_RETURN(TemplateRef r, ParseTemplateRef(ref));
+  if (r.name == "base" && (r.tag == "latest" || r.digest == base_.digest)) return base_;
+  std::shared_lock lock(images_->mu);
+  std::string digest = r.digest;
+  if (digest.empty()) {
+    auto t = images_->tags.find(r.name + ":" + r.tag);
+    if (t == images_->tags.end()) return NotFound(ref, images_->tags);
+    digest = t->second;
+  }
+  auto it = images_->by_digest.find(digest);
+  if (it == images_->by_digest.end()) return NotFound(ref, images_->tags);
+  if (!r.digest.empty() && it->second.name != r.name) {
+    // name@digest names a release of that name: made under it, or tagged under it now.
+    bool tagged = false;
+    for (const auto& [key, d] : images_->tags) {
+      tagged = tagged || (d == digest && key.rfind(r.name + ":", 0) == 0);
+    }
+    if (!tagged) return NotFound(ref, images_->tags);
   }
   return it->second;
+}
+
+absl::StatusOr<runtime::TemplateSpec> TemplateRegistry::ResolvePinned(
+    const std::string& ref, const std::string& digest) const {
+  if (digest == base_.digest) return base_;
+  {
+    std::shared_lock lock(images_->mu);
+    auto it = images_->by_digest.find(digest);
+    if (it != images_->by_digest.end()) return it->second;
+  }
+  return absl::FailedPreconditionError(fmt::format(
+      "template {}: its release {} is no longer in the template store", ref, digest));
+}
+
+void TemplateRegistry::AddImage(const runtime::TemplateSpec& spec) {
+  std::unique_lock lock(images_->mu);
+  images_->by_digest[spec.digest] = spec;
+}
+
+void TemplateRegistry::RemoveImage(const std::string& digest) {
+  std::unique_lock lock(images_->mu);
+  images_->by_digest.erase(digest);
+}
+
+void TemplateRegistry::SetTag(const std::string& name, const std::string& tag,
+                              const std::string& digest) {
+  std::unique_lock lock(images_->mu);
+  images_->tags[name + ":" + tag] = digest;
+}
+
+void TemplateRegistry::RemoveTag(const std::string& name, const std::string& tag) {
+  std::unique_lock lock(images_->mu);
+  images_->tags.erase(name + ":" + tag);
+}
+
+std::map<std::string, std::string> TemplateRegistry::Tags() const {
+  std::shared_lock lock(images_->mu);
+  std::map<std::string, std::string> out = images_->tags;
+  out["base:latest"] = base_.digest;
+  return out;
 }
 
 absl::Status TemplateRegistry::Check(const std::string& ref) const {

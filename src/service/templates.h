@@ -5,7 +5,10 @@
 #pragma once
 
 #include <map>
+#include <memory>
+#include <shared_mutex>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "runtime/backend.h"
@@ -17,14 +20,36 @@ class TemplateRegistry {
   // Builds the `base` skeleton under state_dir; `host_root` is "/" except in tests.
   static absl::StatusOr<TemplateRegistry> Create(const std::string& state_dir,
                                                  const std::string& host_root = "/");
-  // "base", "base:latest" -> the spec; unknown names or tags -> template_not_found.
+  // "base", "name", "name:tag", "name@sha256:..." -> the spec (its digest the release's);
+  // a malformed reference -> invalid_template_ref; unknown names or tags -> template_not_found.
   absl::StatusOr<runtime::TemplateSpec> Resolve(const std::string& ref) const;
+  // The spec a sandbox was created with: its release `digest`, wherever `ref`'s tag points
+  // now. FailedPrecondition when that release is gone.
+  absl::StatusOr<runtime::TemplateSpec> ResolvePinned(const std::string& ref,
+                                                      const std::string& digest) const;
+
+  // Image templates (docs/templates.md), kept by TemplateService: loaded from the store at
+  // start-up, changed as imports, pulls, tags and deletes commit. Safe from any thread.
+  void AddImage(const runtime::TemplateSpec& spec);  // spec.name: the name it was made under
+  void RemoveImage(const std::string& digest);
+  void SetTag(const std::string& name, const std::string& tag, const std::string& digest);
+  void RemoveTag(const std::string& name, const std::string& tag);
+  // "name:tag" -> digest of every tag, base's included.
+  std::map<std::string, std::string> Tags() const;
+  const std::string& base_digest() const { return base_.digest; }
   // Resolve, plus what a launch would find missing only at the first create: the skeleton
   // lower layer and every bind's host path must exist (sbx doctor, sbxd start-up).
   absl::Status Check(const std::string& ref) const;
 
  private:
-  std::map<std::string, runtime::TemplateSpec> templates_;  // by "name:tag"
+  runtime::TemplateSpec base_;
+  struct Images {
+    mutable std::shared_mutex mu;
+    std::map<std::string, runtime::TemplateSpec> by_digest;
+    std::map<std::string, std::string> tags;  // "name:tag" -> digest
+  };
+  // Shared so the registry stays movable (it is built before the service that keeps it).
+  std::shared_ptr<Images> images_ = std::make_shared<Images>();
 };
 
 // For preflight checks (sbx doctor, sbxd --check): builds the registry as sbxd's start-up would
