@@ -172,7 +172,9 @@ http::asio::awaitable<absl::StatusOr<store::OperationRecord>> Api::WaitForOperat
     }
     // The timer lives on this connection's strand; the wake-up arrives on a worker thread.
     auto timer = std::make_shared<asio::steady_timer>(ctx.executor, deadline);
-    const uint64_t handle = waiters.Add(op->sandbox_id, [timer, ex = ctx.executor] {
+    // The engine's key of the operation's job: its sandbox, or the tag a template job makes.
+    const std::string key = op->sandbox_id.empty() ? "tpl:" + op->target : op->sandbox_id;
+    const uint64_t handle = waiters.Add(key, [timer, ex = ctx.executor] {
       asio::post(ex, [timer] { timer->cancel(); });
     });
     // Re-read once registered: a job that finished between the first read and the

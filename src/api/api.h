@@ -18,6 +18,7 @@
 #include "http/server.h"
 #include "service/agent_client.h"
 #include "service/sandbox_service.h"
+#include "service/template_service.h"
 
 namespace sbx::api {
 
@@ -36,6 +37,8 @@ struct ApiOptions {
   std::chrono::milliseconds port_connect_timeout{5000};
   // A relay to a sandbox port with no byte moving either way for this long is ended.
   std::chrono::seconds port_idle_timeout{600};
+  // Templates users bring (template_routes.cc); nullptr: only `base`, the routes answer 501.
+  service::TemplateService* templates = nullptr;
 };
 
 class Api {

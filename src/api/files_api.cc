@@ -243,10 +243,13 @@ http::asio::awaitable<absl::StatusOr<http::Response>> ShortFileOp(http::RequestC
 }  // namespace
 
 bool Api::StreamsBody(const http::Request& req) {
-  if (req.method() != bhttp::verb::put) return false;
+  const bool put = req.method() == bhttp::verb::put, post = req.method() == bhttp::verb::post;
+  if (!put && !post) return false;
   auto t = ParseTarget(req.target());
-  return t.ok() && t->segments.size() == 4 && t->segments[0] == "v1" &&
-         t->segments[1] == "sandboxes" && t->segments[3] == "files";
+  if (!t.ok() || t->segments.empty() || t->segments[0] != "v1") return false;
+  // An image archive for POST /v1/templates:import (template_routes.cc).
+  if (post) return t->segments.size() == 2 && t->segments[1] == "templates:import";
+  return t->segments.size() == 4 && t->segments[1] == "sandboxes" && t->segments[3] == "files";
 }
 
 Awaitable Api::Files(http::RequestContext& ctx, const service::Caller& caller,

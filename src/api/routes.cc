@@ -37,6 +37,14 @@ constexpr Route kRoutes[] = {
     {verb::get, "v1/egress-profiles", Auth::kTenant, &Routes::EgressProfiles},
 
     {verb::get, "v1/operations/{id}", Auth::kTenant, &Routes::GetOperation},
+    {verb::delete_, "v1/operations/{id}", Auth::kTenant, &Routes::CancelOperation},
+
+    {verb::post, "v1/templates:import", Auth::kTenant, &Routes::ImportTemplate},
+    {verb::post, "v1/templates:gc", Auth::kTenant, &Routes::TemplateGc},
+    {verb::post, "v1/templates", Auth::kTenant, &Routes::CreateTemplate},
+    {verb::get, "v1/templates", Auth::kTenant, &Routes::ListTemplates},
+    {verb::get, "v1/templates/{id}", Auth::kTenant, &Routes::GetTemplate},
+    {verb::delete_, "v1/templates/{id}", Auth::kTenant, &Routes::DeleteTemplate},
 
     {verb::get, "v1/sessions/{id}", Auth::kTenant, &Routes::GetSession},
     // The session's data plane also accepts its attach token (DESIGN.md).

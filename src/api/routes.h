@@ -62,6 +62,14 @@ struct Routes {
   static Awaitable EgressProfiles(Api& api, Call& call);
   static Awaitable SandboxEgress(Api& api, Call& call);
   static Awaitable PatchSandboxEgress(Api& api, Call& call);
+  // template_routes.cc
+  static Awaitable ImportTemplate(Api& api, Call& call);
+  static Awaitable CreateTemplate(Api& api, Call& call);
+  static Awaitable ListTemplates(Api& api, Call& call);
+  static Awaitable GetTemplate(Api& api, Call& call);
+  static Awaitable DeleteTemplate(Api& api, Call& call);
+  static Awaitable TemplateGc(Api& api, Call& call);
+  static Awaitable CancelOperation(Api& api, Call& call);
 };
 
 struct Route {

@@ -79,8 +79,9 @@ std::string JsonString(const nlohmann::json& j, std::string_view key) {
   return it->get<std::string>();
 }
 
-absl::StatusOr<nlohmann::json> WaitOperation(Client& client, const nlohmann::json& initial,
-                                             std::chrono::seconds timeout) {
+absl::StatusOr<nlohmann::json> WaitOperation(
+    Client& client, const nlohmann::json& initial, std::chrono::seconds timeout,
+    const std::function<void(const nlohmann::json&)>& each) {
   std::string id = JsonString(initial, "id");
   if (id.empty()) return absl::InternalError("sbxd returned an operation without an id");
   if (absl::Status s = CheckId(id, "op"); !s.ok()) {
@@ -89,6 +90,7 @@ absl::StatusOr<nlohmann::json> WaitOperation(Client& client, const nlohmann::jso
   auto deadline = std::chrono::steady_clock::now() + timeout;
   nlohmann::json op = initial;
   for (;;) {
+    if (each) each(op);
     std::string state = JsonString(op, "state");
     if (state == "succeeded") return op;
     if (state == "failed") {
@@ -98,9 +100,11 @@ absl::StatusOr<nlohmann::json> WaitOperation(Client& client, const nlohmann::jso
         if (auto c = JsonString(op["error"], "code"); !c.empty()) code = c;
         if (auto m = JsonString(op["error"], "message"); !m.empty()) message = m;
       }
+      // A template operation names its template, a sandbox operation its sandbox.
+      std::string what = JsonString(op, "sandbox_id");
+      if (what.empty()) what = JsonString(op, "target");
       return absl::AbortedError(fmt::format("{} operation {} for {} failed: {}: {}",
-                                            JsonString(op, "kind"), id,
-                                            JsonString(op, "sandbox_id"), code, message));
+                                            JsonString(op, "kind"), id, what, code, message));
     }
     if (std::chrono::steady_clock::now() >= deadline) {
       return absl::DeadlineExceededError(fmt::format(
@@ -111,7 +115,7 @@ absl::StatusOr<nlohmann::json> WaitOperation(Client& client, const nlohmann::jso
     // slices keep the overall timeout honest.
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    auto slice = std::clamp<int64_t>(left.count(), 0, 5000);
+    auto slice = std::clamp<int64_t>(left.count(), 0, each ? 500 : 5000);
     auto next = client.Get(fmt::format("/v1/operations/{}?wait_ms={}", id, slice));
     if (!next.ok()) {
       return absl::Status(next.status().code(),

@@ -55,6 +55,13 @@ std::optional<std::pair<std::string, std::string>> ParseRemotePath(const std::st
 // Prints a directory listing of a sandbox (`sbx ls ID:PATH`, `sbx files ls`).
 absl::StatusOr<int> ListFiles(Client& client, const std::string& id, const std::string& path,
                               int depth, bool json_out);
+// POSTs the local file `local` as the body of `target` (a fresh connection, streamed, with a
+// progress line on stderr when `progress_on`); the JSON answer, or the API's error.
+absl::StatusOr<nlohmann::json> PostFile(Client& client, const std::string& token,
+                                        const std::string& target, const std::string& local,
+                                        const std::string& content_type, bool progress_on);
+// `sbx template …` (template_cmds.cc).
+void RegisterTemplateCommands(CLI::App& app, Context& ctx, const std::string* token);
 // `sbx doctor`: local, links the doctor library (the only command that does not talk HTTP).
 void RegisterDoctorCommand(CLI::App& app, Context& ctx);
 
@@ -79,8 +86,10 @@ absl::Status CheckId(std::string_view id, std::string_view prefix);
 // Polls GET /v1/operations/{id} (backoff 2 ms → 100 ms) until the operation is done. `initial`
 // is the operation as already known (e.g. from a 202 body) and may already be done. Returns the
 // final operation; a failed operation is an error carrying its code and message.
-absl::StatusOr<nlohmann::json> WaitOperation(Client& client, const nlohmann::json& initial,
-                                             std::chrono::seconds timeout);
+// `each`, when set, sees the operation at every poll (every ~0.5 s): progress of long work.
+absl::StatusOr<nlohmann::json> WaitOperation(
+    Client& client, const nlohmann::json& initial, std::chrono::seconds timeout,
+    const std::function<void(const nlohmann::json&)>& each = {});
 
 // The number of a signal named "SIGKILL" (or "KILL", or "9"); 0 when unknown.
 int SignalNumber(std::string_view name);

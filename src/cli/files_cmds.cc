@@ -398,6 +398,37 @@ std::optional<std::pair<std::string, std::string>> ParseRemotePath(const std::st
   return r;
 }
 
+absl::StatusOr<nlohmann::json> PostFile(Client& client, const std::string& token,
+                                        const std::string& target, const std::string& local,
+                                        const std::string& content_type, bool progress_on) {
+  UniqueFd fd(::open(local.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return ErrnoStatus(errno, fmt::format("open {}", local));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, fmt::format("stat {}", local));
+  if (!S_ISREG(st.st_mode)) return absl::InvalidArgumentError(local + " is not a file");
+  Progress progress(fmt::format("{}: sending", local), progress_on);
+  Transfer t(client, token);
+  SBX_RETURN_IF_ERROR(t.Connect());
+  SBX_RETURN_IF_ERROR(t.SendHeader("POST", target, content_type,
+                                   static_cast<uint64_t>(st.st_size), ""));
+  absl::Status sent;
+  std::vector<char> buf(kChunk);
+  uint64_t left = static_cast<uint64_t>(st.st_size);
+  while (sent.ok() && left > 0) {
+    ssize_t n = ::read(fd.get(), buf.data(), std::min<uint64_t>(buf.size(), left));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::AbortedError(fmt::format("{} shrank while being sent", local));
+    sent = t.SendBody(std::string_view(buf.data(), static_cast<size_t>(n)));
+    left -= static_cast<uint64_t>(n);
+    progress.Add(static_cast<size_t>(n));
+  }
+  // Read the answer even after a failed send: an early error response says what went wrong.
+  json result;
+  SBX_RETURN_IF_ERROR(t.ReadResponse({}, &result));
+  SBX_RETURN_IF_ERROR(sent);
+  return result;
+}
+
 absl::StatusOr<int> ListFiles(Client& client, const std::string& id, const std::string& path,
                               int depth, bool json_out) {
   SBX_ASSIGN_OR_RETURN(json r, client.Get(FilesTarget(id, "files:list", path,

@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   RegisterSessionCommands(app, ctx);
   std::string token;  // filled in below, before any command runs
   RegisterFilesCommands(app, ctx, &token);
+  RegisterTemplateCommands(app, ctx, &token);
   RegisterDoctorCommand(app, ctx);
 
   try {

@@ -154,6 +154,23 @@ struct Config {
     nlohmann::json profiles = nlohmann::json::object();
     bool operator==(const Egress&) const = default;
   };
+  // Templates users bring (service/template_service.h, docs/templates.md).
+  struct Templates {
+    int64_t max_image_mib = 16384;    // unpacked bytes of one image's layers
+    int64_t max_store_mib = 0;        // the whole layer store; 0: only the disk bounds it
+    int64_t max_archive_mib = 32768;  // one uploaded archive
+    int64_t max_entries_per_layer = 1000000;
+    // Registry pulls: credentials ({"auths": {"HOST[:PORT]": {"username", "password"} or
+    // {"auth": base64("user:pass")}}}, Docker's config.json form), hosts reached by plain http
+    // or unverified TLS, an extra CA bundle, a proxy, and layers fetched at once.
+    std::string registry_auth_file;
+    std::string registry_insecure;  // comma-separated HOST[:PORT]
+    std::string registry_ca_file;
+    std::string registry_proxy;
+    std::string registry_no_proxy;
+    int64_t registry_parallel_layers = 3;
+    bool operator==(const Templates&) const = default;
+  };
   struct Log {
     std::string level = "info";
     std::string format = "auto";  // json, text, auto (text on a terminal)
@@ -174,6 +191,7 @@ struct Config {
   // (warm_pool.<template>): layers override entries, not the whole table.
   std::map<std::string, int64_t> warm_pool = {{"base", 2}};
   Egress egress;
+  Templates templates;
   Log log;
 
   // Key path -> where its value came from; absent: the built-in default.
@@ -183,7 +201,8 @@ struct Config {
   bool SameSettings(const Config& o) const {
     return server == o.server && state == o.state && runtime == o.runtime &&
            sandbox == o.sandbox && admission == o.admission && sessions == o.sessions && retention == o.retention && metrics == o.metrics && ports == o.ports &&
-           warm_pool == o.warm_pool && egress == o.egress && log == o.log;
+           warm_pool == o.warm_pool && egress == o.egress && templates == o.templates &&
+           log == o.log;
   }
 };
 

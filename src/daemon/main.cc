@@ -32,6 +32,7 @@
 #include "common/ticker.h"
 #include "daemon/preflight.h"
 #include "daemon/state_files.h"
+#include "daemon/templates_config.h"
 #include "http/server.h"
 #include "net/dns_server.h"
 #include "net/conn_proxy.h"
@@ -227,6 +228,8 @@ struct Daemon {
   std::shared_ptr<const sbx::net::ProfileCatalog> egress_catalog;
   std::unique_ptr<sbx::runtime::Backend> ns_backend, fake_backend;
   std::map<std::string, sbx::runtime::Backend*> backends;
+  // Declared before the engine, which runs its jobs: destroyed after the engine's shutdown.
+  std::unique_ptr<sbx::service::TemplateService> template_svc;
   std::unique_ptr<sbx::ops::OperationEngine> engine;
   std::unique_ptr<sbx::service::SandboxService> svc;
   std::unique_ptr<sbx::api::Api> api;
@@ -476,9 +479,27 @@ absl::Status StartRuntime(Daemon& d) {
   return absl::OkStatus();
 }
 
+// [templates] of the configuration (docs/config.md), credentials read from their file.
+absl::StatusOr<sbx::service::TemplateServiceOptions> TemplateOptionsOf(const Config& cfg) {
+  sbx::service::TemplateServiceOptions o;
+  o.dir = (fs::path(cfg.state.dir) / "templates").string();
+  const auto& t = cfg.templates;
+  o.limits.max_image_bytes = static_cast<uint64_t>(t.max_image_mib) << 20;
+  o.limits.max_store_bytes = static_cast<uint64_t>(t.max_store_mib) << 20;
+  o.limits.max_archive_bytes = static_cast<uint64_t>(t.max_archive_mib) << 20;
+  o.limits.max_entries_per_layer = static_cast<uint64_t>(t.max_entries_per_layer);
+  o.registry.proxy = t.registry_proxy;
+  o.registry.no_proxy = t.registry_no_proxy;
+  o.registry.parallel_layers = static_cast<int>(t.registry_parallel_layers);
+  SBX_ASSIGN_OR_RETURN(o.registry.registries, sbx::daemon::RegistryCredentials(cfg));
+  return o;
+}
+
 // The operation engine and the service over the store, the templates and the runtime.
-void StartService(Daemon& d, const sbx::runtime::Resources& defaults) {
+absl::Status StartService(Daemon& d, const sbx::runtime::Resources& defaults) {
   const Config& cfg = d.cfg;
+  // Checked first: a credentials file that does not parse stops sbxd before anything starts.
+  SBX_ASSIGN_OR_RETURN(sbx::service::TemplateServiceOptions topts, TemplateOptionsOf(cfg));
   d.engine = std::make_unique<sbx::ops::OperationEngine>(static_cast<int>(cfg.runtime.workers));
   sbx::service::ServiceOptions sopts;
   sopts.default_runtime = cfg.runtime.default_runtime;
@@ -514,9 +535,21 @@ void StartService(Daemon& d, const sbx::runtime::Resources& defaults) {
   sopts.host_capacity = [state_dir = cfg.state.dir, capacity_backends] {
     return sbx::daemon::ProbeHostCapacity(state_dir, capacity_backends);
   };
+  // A copy shares the registry's images: what the template service records, creates resolve.
+  sbx::service::TemplateRegistry shared = *d.templates;
   d.svc = std::make_unique<sbx::service::SandboxService>(sopts, *d.store, *d.engine,
                                                          std::move(*d.templates), d.backends);
   d.templates.reset();
+  auto tpl = sbx::service::TemplateService::Open(std::move(topts), *d.store, *d.engine,
+                                                 std::move(shared));
+  if (tpl.ok()) {
+    d.template_svc = std::move(*tpl);
+  } else {
+    // `base` still works; the template routes answer 501 naming the log.
+    spdlog::error("templates: the template store did not open, only `base` is served: {}",
+                  std::string(tpl.status().message()));
+  }
+  return absl::OkStatus();
 }
 
 // The API on the HTTP server, listening; /healthz answers from here on, /readyz once the
@@ -529,6 +562,7 @@ absl::Status ServeApi(Daemon& d, sbx::http::ServerOptions hopts) {
   aopts.ports_domain = d.cfg.ports.domain;
   aopts.port_connect_timeout = std::chrono::milliseconds(d.cfg.ports.connect_timeout_ms);
   aopts.port_idle_timeout = std::chrono::seconds(d.cfg.ports.idle_timeout_s);
+  aopts.templates = d.template_svc.get();
   d.api = std::make_unique<sbx::api::Api>(*d.svc, aopts);
   sbx::api::Api& api = *d.api;
   hopts.privileged = [&api](const sbx::http::Request& req) { return api.Privileged(req); };
@@ -636,7 +670,7 @@ int main(int argc, char** argv) {
   if (auto st = sbx::daemon::StartupPreflight(preflight, *d.templates); !st.ok()) return Fail(st);
   if (auto st = StartNetwork(d); !st.ok()) return Fail(st);
   if (auto st = StartRuntime(d); !st.ok()) return Fail(st);
-  StartService(d, defaults);
+  if (auto st = StartService(d, defaults); !st.ok()) return Fail(st);
   if (auto st = ServeApi(d, *hopts); !st.ok()) return Fail(st);
 
   d.svc->StartWarmPools();
@@ -649,6 +683,7 @@ int main(int argc, char** argv) {
   LogReady(d, *hopts, loaded->file);
   WaitForSignals(stop, cl, d);
   d.server->Stop();
+  if (d.template_svc) d.template_svc->Stop();  // imports and pulls end within one read
   d.engine->Shutdown();
   return 0;
 }

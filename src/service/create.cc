@@ -172,11 +172,10 @@ absl::StatusOr<Answer<SandboxCreated>> SandboxService::CreateSandbox(
 
 absl::StatusOr<runtime::InstancePtr> SandboxService::BuildInstance(const SandboxRecord& sb) {
   SBX_ASSIGN_OR_RETURN(runtime::Backend * backend, BackendFor(sb.runtime));
-  SBX_ASSIGN_OR_RETURN(runtime::TemplateSpec tmpl, templates_.Resolve(sb.template_ref));
-  if (tmpl.digest != sb.template_digest) {
-    return absl::FailedPreconditionError(
-        fmt::format("template {} changed since the sandbox was requested", sb.template_ref));
-  }
+  // The release the sandbox was created from, wherever its tag points now: moving a tag never
+  // changes a sandbox (its relaunch after a wake or a restart included).
+  SBX_ASSIGN_OR_RETURN(runtime::TemplateSpec tmpl,
+                       templates_.ResolvePinned(sb.template_ref, sb.template_digest));
   runtime::SandboxSpec spec;
   spec.id = sb.id;
   spec.tmpl = tmpl;

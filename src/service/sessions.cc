@@ -36,13 +36,19 @@ absl::StatusOr<Answer<SessionCreated>> SandboxService::CreateSession(
     s.state = "created";
     // The template's workdir and user are the defaults, as for the files API (the agent's
     // --workdir); a template removed since the sandbox was made leaves "/" and root.
-    auto tmpl = templates_.Resolve(sb.template_ref);
+    auto tmpl = templates_.ResolvePinned(sb.template_ref, sb.template_digest);
     SessionSpec spec;
     spec.argv = req.argv;
     spec.cwd = req.cwd.value_or(tmpl.ok() ? tmpl->workdir : "/");
     spec.user = req.user.value_or(tmpl.ok() ? tmpl->default_user : "root");
-    // The sandbox's env under the session's: a sandbox from the warm pool was started before
-    // its env was known, so the agent's own environment cannot carry it.
+    // The image's Env under the sandbox's, under the session's: a sandbox from the warm pool
+    // was started before its env was known, so the agent's own environment cannot carry it.
+    if (tmpl.ok()) {
+      for (const std::string& kv : tmpl->env) {
+        const size_t eq = kv.find('=');
+        if (eq != std::string::npos && eq > 0) spec.env[kv.substr(0, eq)] = kv.substr(eq + 1);
+      }
+    }
     if (sb.env.is_object()) {
       for (const auto& [k, v] : sb.env.items()) {
         if (v.is_string()) spec.env[k] = v.get<std::string>();

@@ -33,28 +33,21 @@ absl::Status CheckTemplateName(std::string_view name, const char* field) {
   if (name.empty() || name.size() > 128) {
     return Bad(field, fmt::format("template name must be 1 to 128 bytes (got {})", name.size()));
   }
-  // Components separated by '/', each starting and ending with a letter or digit.
-  size_t start = 0;
-  for (;;) {
-    const size_t slash = name.find('/', start);
-    const std::string_view part = name.substr(start, slash == std::string_view::npos
-                                                         ? std::string_view::npos
-                                                         : slash - start);
-    if (part.empty() || !Lower(part.front()) || !Lower(part.back())) {
-      return Bad(field, fmt::format("template name \"{}\": each '/'-separated part must start and "
-                                    "end with a lowercase letter or digit",
+  // One path segment (GET /v1/templates/{name}), so no '/': it starts and ends with a
+  // lowercase letter or digit.
+  if (!Lower(name.front()) || !Lower(name.back())) {
+    return Bad(field, fmt::format("template name \"{}\" must start and end with a lowercase "
+                                  "letter or digit",
+                                  name));
+  }
+  for (char c : name) {
+    if (!Lower(c) && c != '.' && c != '_' && c != '-') {
+      return Bad(field, fmt::format("template name \"{}\" may hold only lowercase letters, "
+                                    "digits, '.', '_' and '-'",
                                     name));
     }
-    for (char c : part) {
-      if (!Lower(c) && c != '.' && c != '_' && c != '-') {
-        return Bad(field, fmt::format("template name \"{}\" may hold only lowercase letters, "
-                                      "digits, '.', '_', '-' and '/'",
-                                      name));
-      }
-    }
-    if (slash == std::string_view::npos) return absl::OkStatus();
-    start = slash + 1;
   }
+  return absl::OkStatus();
 }
 
 absl::Status CheckTemplateTag(std::string_view tag, const char* field) {

@@ -18,8 +18,8 @@ struct TemplateRef {
 
 // InvalidArgument (API code invalid_template_ref, field `field`) naming what is wrong.
 absl::StatusOr<TemplateRef> ParseTemplateRef(std::string_view text, const char* field = "template");
-// Name: lowercase letters, digits, '.', '_', '-' and '/' between components, 1-128 bytes,
-// starting with a letter or digit. Tag: letters, digits, '_', '.', '-', 1-128 bytes, not
+// Name: lowercase letters, digits, '.', '_' and '-', 1-128 bytes, starting and ending with a
+// letter or digit (one path segment). Tag: letters, digits, '_', '.', '-', 1-128 bytes, not
 // starting with '.' or '-' (Docker's rule).
 absl::Status CheckTemplateName(std::string_view name, const char* field = "name");
 absl::Status CheckTemplateTag(std::string_view tag, const char* field = "tag");

@@ -11,9 +11,9 @@ TEST(TemplateRefTest, FormsParse) {
   EXPECT_EQ(r->name, "base");
   EXPECT_EQ(r->tag, "latest");
   EXPECT_EQ(r->String(), "base:latest");
-  r = ParseTemplateRef("team/py-3.12:v1.0_rc-2");
+  r = ParseTemplateRef("team.py-3.12:v1.0_rc-2");
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->name, "team/py-3.12");
+  EXPECT_EQ(r->name, "team.py-3.12");
   EXPECT_EQ(r->tag, "v1.0_rc-2");
   const std::string d = "sha256:" + std::string(64, 'a');
   r = ParseTemplateRef("py@" + d);
@@ -26,7 +26,7 @@ TEST(TemplateRefTest, FormsParse) {
 TEST(TemplateRefTest, BadRefsNameWhatIsWrong) {
   for (const char* bad :
        {"", ":", "py:", ":tag", "Py", "py/", "/py", "py//x", "-py", "py-", "py:.x", "py:-x",
-        "py:a b", "py@sha256:abc", "py@md5:" , "py@", "p y", "py\n", "../etc", "py:x:y"}) {
+        "py:a b", "py@sha256:abc", "py@md5:" , "py@", "p y", "py\n", "../etc", "py:x:y", "team/py"}) {
     auto r = ParseTemplateRef(bad);
     EXPECT_FALSE(r.ok()) << "accepted \"" << bad << "\"";
     if (!r.ok()) EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;

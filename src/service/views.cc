@@ -48,7 +48,7 @@ nlohmann::json SandboxView(const store::SandboxRecord& r) {
 }
 
 nlohmann::json OperationView(const store::OperationRecord& r) {
-  return {
+  nlohmann::json out = {
       {"id", r.id},
       {"kind", r.kind},
       {"sandbox_id", r.sandbox_id},
@@ -60,6 +60,13 @@ nlohmann::json OperationView(const store::OperationRecord& r) {
       {"completed_at", OrNull(r.completed_at)},
       {"initiator", r.initiator},
   };
+  // A template operation has no sandbox: it names the template it makes and how far it is.
+  if (r.sandbox_id.empty()) {
+    out["sandbox_id"] = nullptr;
+    out["target"] = r.target;
+    out["progress"] = r.progress;
+  }
+  return out;
 }
 
 nlohmann::json SessionView(const store::SessionRecord& r) {

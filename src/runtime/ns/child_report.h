@@ -18,6 +18,7 @@ enum class Step : uint16_t {
   kMakeRootPrivate,   // mount("", "/", MS_REC|MS_PRIVATE)
   kMountDisk,         // move_mount of the sandbox's disk to <dir>/disk
   kIdmapLower,        // template rootfs -> <dir>/lower (index: 0 open_tree, 1 mount_setattr, 2 move_mount)
+  kImageLayer,        // an image layer -> <dir>/l<i> (index: 4 * layer + the kIdmapLower stage, 3 mkdir)
   kMaskDir,           // the sandbox's empty mask directory (index: 0 mkdir, 1 open)
   kMountOverlay,      // overlay at rootfs
   kBindMkdir,         // create the mount point of a bind (index = bind)

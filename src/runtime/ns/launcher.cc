@@ -453,6 +453,17 @@ absl::Status DescribeChildFailure(const LaunchPlan& p, const ChildReport& r) {
                 "ext4, xfs, btrfs or tmpfs on 6.3+)";
       }
       break;
+    case Step::kImageLayer: {
+      const size_t layer = i / 4, stage = i % 4;
+      const MountPlan::Layer* l = layer < m.image_layers.size() ? &m.image_layers[layer] : nullptr;
+      what = fmt::format("image layer {}: {}({} -> {})", layer,
+                         stage == 0   ? "open_tree"
+                         : stage == 1 ? "mount_setattr(MOUNT_ATTR_IDMAP)"
+                         : stage == 2 ? "move_mount"
+                                      : "mkdir",
+                         l ? l->source : "?", l ? l->target : "?");
+      break;
+    }
     case Step::kMaskDir:
       what = fmt::format("mask directory: {}({})", i == 0 ? "mkdir" : "open(O_PATH)", m.mask_dir);
       break;

@@ -172,12 +172,28 @@ absl::StatusOr<MountPlan> BuildMountPlan(const TemplateSpec& tmpl, const std::st
     plan.make_lower = o.disk;
     lowerdir = plan.lower;
   }
+  // An image's layers under the skeleton (rootfs_dir), top first, as overlayfs reads them:
+  // its whiteouts (0/0 character devices) and opaque directories (trusted.overlay.opaque; the
+  // overlay is mounted by the child while it is still host root in the initial user
+  // namespace, so trusted.* xattrs count) hide what the layers below hold.
+  for (size_t i = 0; i < tmpl.lower_dirs.size(); ++i) {
+    const std::string& dir = tmpl.lower_dirs[i];
+    SBX_RETURN_IF_ERROR(CheckOverlayPath(fmt::format("template {} layer {}", tmpl.name, i), dir));
+    MountPlan::Layer layer;
+    layer.source = dir;
+    if (o.uid_base != 0) layer.target = fmt::format("{}/l{}", o.disk ? layers : sandbox_dir, i);
+    lowerdir += ":" + (layer.target.empty() ? dir : layer.target);
+    plan.image_layers.push_back(std::move(layer));
+  }
   // volatile: upper and work are thrown away with the sandbox, so the syncfs of the whole
   // upper file system that overlayfs otherwise does on every sync and unmount is pure cost.
   plan.overlay_data = fmt::format("lowerdir={},upperdir={}/upper,workdir={}/work,volatile",
                                   lowerdir, layers, layers);
   if (plan.overlay_data.size() >= 4000) {
-    return absl::InvalidArgumentError("mount overlay: option string longer than a page");
+    return absl::InvalidArgumentError(fmt::format(
+        "mount overlay: the option string of template {} ({} layers) is longer than a page: "
+        "the kernel takes at most 4096 bytes of mount options",
+        tmpl.name, tmpl.lower_dirs.size()));
   }
 
   for (const BindMount& b : tmpl.binds) {
@@ -384,6 +400,18 @@ int MountRoot(const MountPlan& p, int userns_fd, int disk_fd, int* mask_fd, int*
                     MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, userns_fd,
                     /*idmap_optional=*/false, &stage) != 0) {
       return Fail(r, Step::kIdmapLower, static_cast<size_t>(stage));
+    }
+  }
+  for (size_t i = 0; i < p.image_layers.size(); ++i) {
+    const MountPlan::Layer& l = p.image_layers[i];
+    if (l.target.empty()) continue;
+    if (!MkdirOk(l.target.c_str(), 0755)) return Fail(r, Step::kImageLayer, 4 * i + 3);
+    // nosuid as for the template rootfs: a setuid file of an image is an ordinary file here.
+    int stage = 0;
+    if (AttachClone(AT_FDCWD, l.source.c_str(), l.target.c_str(),
+                    MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, userns_fd,
+                    /*idmap_optional=*/false, &stage) != 0) {
+      return Fail(r, Step::kImageLayer, 4 * i + static_cast<size_t>(stage));
     }
   }
   MarkMount(p, kMtLower);

@@ -58,6 +58,15 @@ struct MountPlan {
   std::string lower_source;
   std::string lower;
   bool make_lower = false;  // `lower` is a directory of the disk, made by the child
+  // An image template's layers (TemplateSpec::lower_dirs, top first), each attached as `lower`
+  // is (an idmapped, read-only, nosuid, nodev clone) at <layers>/l<i>, and listed after it in
+  // the overlay's lowerdir; without a user namespace the overlay reads them directly (`target`
+  // empty). Short names: the option string holds them all and must fit in a page.
+  struct Layer {
+    std::string source;  // the layer's tree in the template store
+    std::string target;  // <layers>/l<i>, or "" without a user namespace
+  };
+  std::vector<Layer> image_layers;
   uint32_t uid_base = 0;
   // Optional profiling page (LaunchPlan::trace): SetupMounts stamps its sub-steps at
   // kMountTraceFirst + MountTraceSlot.

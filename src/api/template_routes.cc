@@ -1,0 +1,198 @@
+// /v1/templates: imports (a streamed archive), pulls, the catalog, delete and gc
+// (docs/templates.md). DELETE /v1/operations/{id} cancels a template operation.
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "api/handler_util.h"
+#include "api/render.h"
+#include "api/requests.h"
+#include "api/routes.h"
+#include "common/json_util.h"
+#include "common/log.h"
+#include "common/status_util.h"
+#include "service/template_service.h"
+#include "service/views.h"
+
+namespace sbx::api {
+
+namespace bhttp = http::bhttp;
+using nlohmann::json;
+
+namespace {
+
+constexpr size_t kUploadChunk = 1 << 20;
+
+absl::Status TemplatesOff() {
+  return ApiError(absl::StatusCode::kUnimplemented, "not_implemented",
+                  "this sbxd serves no templates but `base` (its template store did not open; "
+                  "see its log)");
+}
+
+http::Response Started(const service::OperationStarted& started) {
+  return RenderJson(bhttp::status::accepted,
+                    json{{"operation", service::OperationView(started.operation)}});
+}
+
+// name and tag of an import (query) or a pull (body); tag defaults to latest.
+absl::StatusOr<service::TemplateTarget> TargetOf(std::optional<std::string> name,
+                                                 std::optional<std::string> tag) {
+  if (!name) return FieldError("name", "name is required");
+  service::TemplateTarget t;
+  t.name = *name;
+  if (tag) t.tag = *tag;
+  return t;
+}
+
+absl::Status WriteAll(int fd, const char* data, size_t n, const std::string& path) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, data, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return ErrnoStatus(errno, fmt::format("template import: write({})", path));
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// POST /v1/templates:import?name=N&tag=T, the archive as the body (streamed to a file of the
+// template store first: the archive's index may come after its layers).
+Awaitable Routes::ImportTemplate(Api& api, Call& call) {
+  service::TemplateService* tpl = api.opts_.templates;
+  if (tpl == nullptr) co_return Fail(call.ctx, TemplatesOff());
+  auto target = TargetOf(call.target.Query("name"), call.target.Query("tag"));
+  if (!target.ok()) co_return Fail(call.ctx, target.status());
+  auto upload = tpl->NewUpload();
+  if (!upload.ok()) co_return Fail(call.ctx, upload.status());
+  std::string buf(kUploadChunk, '\0');
+  uint64_t total = 0;
+  for (;;) {
+    size_t n = 0;
+    while (call.ctx.body != nullptr && n < buf.size()) {
+      auto r = co_await call.ctx.body->ReadSome(buf.data() + n, buf.size() - n);
+      if (!r.ok()) {
+        tpl->Discard(*upload);
+        co_return Fail(call.ctx, r.status());
+      }
+      if (*r == 0) break;
+      n += *r;
+    }
+    if (n == 0) break;
+    total += n;
+    if (total > tpl->max_archive_bytes()) {
+      tpl->Discard(*upload);
+      co_return Fail(call.ctx,
+                     ApiError(absl::StatusCode::kInvalidArgument, "payload_too_large",
+                              fmt::format("the archive is larger than templates.max_archive_mib "
+                                          "({} bytes)",
+                                          tpl->max_archive_bytes())));
+    }
+    if (absl::Status w = WriteAll(upload->fd, buf.data(), n, upload->path); !w.ok()) {
+      tpl->Discard(*upload);
+      co_return Fail(call.ctx, w);
+    }
+  }
+  if (total == 0) {
+    tpl->Discard(*upload);
+    co_return Fail(call.ctx, FieldError("body", "the body must be an image archive (docker save, "
+                                                "oci-archive, or an OCI layout as a tar)"));
+  }
+  auto started = log::With(call.ctx.log, [&] {
+    return tpl->Import(call.caller, *target, std::move(*upload));
+  });
+  if (!started.ok()) co_return Fail(call.ctx, started.status());
+  co_return Started(*started);
+}
+
+// POST /v1/templates {"name","tag","source":{"image":"REF"}}
+Awaitable Routes::CreateTemplate(Api& api, Call& call) {
+  service::TemplateService* tpl = api.opts_.templates;
+  if (tpl == nullptr) co_return Fail(call.ctx, TemplatesOff());
+  auto body = ParseUntrustedJson(call.ctx.req.body());
+  if (!body.ok()) co_return Fail(call.ctx, body.status());
+  if (!body->is_object()) co_return Fail(call.ctx, FieldError("", "the body must be a JSON object"));
+  auto str = [&](const json& j, const char* key) -> absl::StatusOr<std::optional<std::string>> {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return std::optional<std::string>();
+    if (!it->is_string()) return FieldError(key, fmt::format("{} must be a string", key));
+    return std::optional<std::string>(it->get<std::string>());
+  };
+  for (const auto& [k, v] : body->items()) {
+    if (k != "name" && k != "tag" && k != "source") {
+      co_return Fail(call.ctx, FieldError(k, fmt::format("unknown field {}", k)));
+    }
+  }
+  auto name = str(*body, "name");
+  auto tag = str(*body, "tag");
+  if (!name.ok()) co_return Fail(call.ctx, name.status());
+  if (!tag.ok()) co_return Fail(call.ctx, tag.status());
+  auto target = TargetOf(*name, *tag);
+  if (!target.ok()) co_return Fail(call.ctx, target.status());
+  auto src = body->find("source");
+  if (src == body->end() || !src->is_object()) {
+    co_return Fail(call.ctx, FieldError("source", "source must be an object: {\"image\": REF}"));
+  }
+  if (src->contains("build")) {
+    co_return Fail(call.ctx, ApiError(absl::StatusCode::kUnimplemented, "not_implemented",
+                                      "template builds (source.build) are not implemented yet: "
+                                      "import or pull an image",
+                                      "source.build"));
+  }
+  auto image = str(*src, "image");
+  if (!image.ok()) co_return Fail(call.ctx, image.status());
+  if (!*image) co_return Fail(call.ctx, FieldError("source.image", "source.image is required"));
+  auto started = log::With(call.ctx.log, [&] {
+    return tpl->Pull(call.caller, *target, **image);
+  });
+  if (!started.ok()) co_return Fail(call.ctx, started.status());
+  co_return Started(*started);
+}
+
+Awaitable Routes::ListTemplates(Api& api, Call& call) {
+  service::TemplateService* tpl = api.opts_.templates;
+  if (tpl == nullptr) co_return Fail(call.ctx, TemplatesOff());
+  auto list = log::With(call.ctx.log, [&] { return tpl->List(call.caller); });
+  if (!list.ok()) co_return Fail(call.ctx, list.status());
+  co_return RenderJson(bhttp::status::ok, *list);
+}
+
+Awaitable Routes::GetTemplate(Api& api, Call& call) {
+  service::TemplateService* tpl = api.opts_.templates;
+  if (tpl == nullptr) co_return Fail(call.ctx, TemplatesOff());
+  auto t = log::With(call.ctx.log, [&] { return tpl->Get(call.caller, call.id); });
+  if (!t.ok()) co_return Fail(call.ctx, t.status());
+  co_return RenderJson(bhttp::status::ok, *t);
+}
+
+Awaitable Routes::DeleteTemplate(Api& api, Call& call) {
+  service::TemplateService* tpl = api.opts_.templates;
+  if (tpl == nullptr) co_return Fail(call.ctx, TemplatesOff());
+  auto r = log::With(call.ctx.log, [&] { return tpl->Delete(call.caller, call.id); });
+  if (!r.ok()) co_return Fail(call.ctx, r.status());
+  co_return RenderJson(bhttp::status::ok, *r);
+}
+
+Awaitable Routes::TemplateGc(Api& api, Call& call) {
+  service::TemplateService* tpl = api.opts_.templates;
+  if (tpl == nullptr) co_return Fail(call.ctx, TemplatesOff());
+  auto r = log::With(call.ctx.log, [&] { return tpl->Gc(call.caller); });
+  if (!r.ok()) co_return Fail(call.ctx, r.status());
+  co_return RenderJson(bhttp::status::ok, *r);
+}
+
+// DELETE /v1/operations/{id}: a template operation stops within one read and fails with code
+// cancelled; the answer is the operation as it was when asked.
+Awaitable Routes::CancelOperation(Api& api, Call& call) {
+  service::TemplateService* tpl = api.opts_.templates;
+  if (tpl == nullptr) co_return Fail(call.ctx, TemplatesOff());
+  auto op = log::With(call.ctx.log, [&] { return tpl->Cancel(call.caller, call.id); });
+  if (!op.ok()) co_return Fail(call.ctx, op.status());
+  co_return RenderJson(bhttp::status::accepted, json{{"operation", service::OperationView(*op)}});
+}
+
+}  // namespace sbx::api

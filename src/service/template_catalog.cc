@@ -1,0 +1,264 @@
+// TemplateService (template_service.h): what is in the catalog, delete and garbage collection.
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "common/status_util.h"
+#include "service/template_ref.h"
+#include "service/template_service.h"
+
+namespace sbx::service {
+
+using json = nlohmann::json;
+using store::ImageRecord;
+using store::TagRecord;
+using store::Tx;
+
+namespace {
+
+std::vector<std::string> DiffIds(const ImageRecord& rec) {
+  std::vector<std::string> out;
+  if (!rec.layers.is_array()) return out;
+  for (const auto& l : rec.layers) {
+    if (l.is_object()) out.push_back(l.value("diff_id", ""));
+  }
+  return out;
+}
+
+int64_t LayerBytes(const json& layer) {
+  auto it = layer.find("unpacked_bytes");
+  return it != layer.end() && it->is_number_integer() ? it->get<int64_t>() : 0;
+}
+
+struct Catalog {
+  std::vector<TagRecord> tags;
+  std::map<std::string, ImageRecord> images;  // by digest
+};
+
+absl::StatusOr<Catalog> ReadCatalog(store::Store& store) {
+  Catalog c;
+  SBX_RETURN_IF_ERROR(store.Transact([&](Tx& tx) -> absl::Status {
+    c.images.clear();
+    SBX_ASSIGN_OR_RETURN(c.tags, tx.ListTags());
+    SBX_ASSIGN_OR_RETURN(std::vector<ImageRecord> images, tx.ListImages());
+    for (auto& rec : images) c.images[rec.digest] = std::move(rec);
+    return absl::OkStatus();
+  }));
+  return c;
+}
+
+absl::Status TemplateNotFound(const std::string& what) {
+  return ApiError(absl::StatusCode::kNotFound, "not_found",
+                  fmt::format("no template {}", what));
+}
+
+}  // namespace
+
+json TemplateService::TemplateView(const std::string& name, const std::vector<TagRecord>& tags,
+                                   const std::map<std::string, ImageRecord>& images) const {
+  // unique_size: bytes of the layers no release of another name lists (what deleting this
+  // name and running gc would free).
+  std::map<std::string, std::set<std::string>> names_of_layer;
+  for (const auto& [digest, rec] : images) {
+    for (const std::string& d : DiffIds(rec)) names_of_layer[d].insert(rec.name);
+  }
+  json tag_map = json::object();
+  std::set<std::string> digests;
+  const TagRecord* newest = nullptr;
+  for (const TagRecord& t : tags) {
+    if (t.name != name) continue;
+    tag_map[t.tag] = t.digest;
+    digests.insert(t.digest);
+    if (t.tag == "latest" || newest == nullptr ||
+        (newest->tag != "latest" && t.updated_at > newest->updated_at)) {
+      newest = &t;
+    }
+  }
+  json releases = json::array();
+  for (const auto& [digest, rec] : images) {
+    if (rec.name != name && !digests.count(digest)) continue;
+    int64_t unique = 0;
+    for (const auto& l : rec.layers) {
+      const std::string d = l.is_object() ? l.value("diff_id", "") : "";
+      if (names_of_layer[d].size() <= 1) unique += LayerBytes(l);
+    }
+    json tags_of = json::array();
+    for (const TagRecord& t : tags) {
+      if (t.name == name && t.digest == digest) tags_of.push_back(t.tag);
+    }
+    releases.push_back({{"digest", digest},     {"tags", tags_of},
+                        {"size", rec.size},     {"unique_size", unique},
+                        {"source", rec.source}, {"config", rec.config},
+                        {"layers", rec.layers}, {"created_at", rec.created_at}});
+  }
+  json out = {{"name", name}, {"tags", tag_map}, {"releases", releases}};
+  // The release of `latest` (or the tag moved last) in the summary fields.
+  const ImageRecord* head = nullptr;
+  if (newest != nullptr) {
+    if (auto it = images.find(newest->digest); it != images.end()) head = &it->second;
+  }
+  out["digest"] = head ? json(head->digest) : json(nullptr);
+  out["size"] = head ? head->size : 0;
+  out["source"] = head ? head->source : json(nullptr);
+  out["config"] = head ? head->config : json(nullptr);
+  out["created_at"] = head ? json(head->created_at) : json(nullptr);
+  out["builtin"] = false;
+  return out;
+}
+
+absl::StatusOr<json> TemplateService::List(const Caller&) {
+  SBX_ASSIGN_OR_RETURN(Catalog c, ReadCatalog(store_));
+  json list = json::array();
+  list.push_back({{"name", "base"},
+                  {"tags", {{"latest", templates_.base_digest()}}},
+                  {"digest", templates_.base_digest()},
+                  {"builtin", true},
+                  {"source", {{"kind", "builtin"}}}});
+  std::set<std::string> names;
+  for (const TagRecord& t : c.tags) names.insert(t.name);
+  for (const auto& [digest, rec] : c.images) names.insert(rec.name);
+  for (const std::string& n : names) list.push_back(TemplateView(n, c.tags, c.images));
+  return json{{"templates", list}, {"store_bytes", layers_->UsedBytes()}};
+}
+
+absl::StatusOr<json> TemplateService::Get(const Caller& caller, const std::string& name) {
+  SBX_RETURN_IF_ERROR(CheckTemplateName(name));
+  SBX_ASSIGN_OR_RETURN(json all, List(caller));
+  for (const json& t : all["templates"]) {
+    if (t["name"] == name) return t;
+  }
+  return TemplateNotFound(name);
+}
+
+absl::StatusOr<json> TemplateService::Delete(const Caller& caller, const std::string& ref_text) {
+  SBX_RETURN_IF_ERROR(CheckAdmin(caller));
+  // "name" or "name:tag"; ParseTemplateRef would read a bare name as name:latest.
+  std::string name = ref_text, tag;
+  if (size_t colon = ref_text.rfind(':');
+      colon != std::string::npos && ref_text.find('/', colon) == std::string::npos) {
+    name = ref_text.substr(0, colon);
+    tag = ref_text.substr(colon + 1);
+    SBX_RETURN_IF_ERROR(CheckTemplateTag(tag, "template"));
+  }
+  SBX_RETURN_IF_ERROR(CheckTemplateName(name, "template"));
+  if (name == "base") {
+    return ApiError(absl::StatusCode::kFailedPrecondition, "template_builtin",
+                    "`base` is the built-in template and cannot be deleted");
+  }
+  std::vector<TagRecord> removed;
+  std::vector<std::string> releases_removed;
+  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+    removed.clear();
+    releases_removed.clear();
+    SBX_ASSIGN_OR_RETURN(std::vector<TagRecord> tags, tx.ListTags());
+    std::map<std::string, int> tags_left;  // digest -> tags that stay
+    for (const TagRecord& t : tags) {
+      const bool goes = t.name == name && (tag.empty() || t.tag == tag);
+      if (goes) {
+        removed.push_back(t);
+      } else {
+        ++tags_left[t.digest];
+      }
+    }
+    if (removed.empty()) {
+      return TemplateNotFound(tag.empty() ? name : name + ":" + tag);
+    }
+    std::set<std::string> orphans;
+    for (const TagRecord& t : removed) {
+      if (tags_left[t.digest] == 0) orphans.insert(t.digest);
+    }
+    for (const std::string& d : orphans) {
+      SBX_ASSIGN_OR_RETURN(int64_t live, tx.CountLiveSandboxesWithDigest(d));
+      if (live > 0) {
+        return WithDetail(
+            ApiError(absl::StatusCode::kFailedPrecondition, "template_in_use",
+                     fmt::format("template {} ({}) is used by {} sandbox(es): delete them first, "
+                                 "or move another tag to this release to keep it",
+                                 tag.empty() ? name : name + ":" + tag, d, live)),
+            "digest", d);
+      }
+    }
+    for (const TagRecord& t : removed) SBX_RETURN_IF_ERROR(tx.DeleteTag(t.name, t.tag));
+    for (const std::string& d : orphans) {
+      SBX_RETURN_IF_ERROR(tx.DeleteImage(d));
+      releases_removed.push_back(d);
+    }
+    return absl::OkStatus();
+  }));
+  json tags_out = json::array();
+  for (const TagRecord& t : removed) {
+    templates_.RemoveTag(t.name, t.tag);
+    tags_out.push_back({{"name", t.name}, {"tag", t.tag}, {"digest", t.digest}});
+  }
+  for (const std::string& d : releases_removed) templates_.RemoveImage(d);
+  spdlog::info("template {} deleted: {} tags, {} releases (their layers stay until gc)", ref_text,
+               removed.size(), releases_removed.size());
+  return json{{"deleted_tags", tags_out}, {"deleted_releases", releases_removed}};
+}
+
+absl::StatusOr<json> TemplateService::Gc(const Caller& caller) {
+  SBX_RETURN_IF_ERROR(CheckAdmin(caller));
+  {
+    // An import or pull in flight has layers in the store that no release lists yet.
+    std::lock_guard lock(mu_);
+    if (!cancels_.empty() || gc_running_) {
+      return ApiError(absl::StatusCode::kFailedPrecondition, "template_operation_in_progress",
+                      fmt::format("{} template import(s) or pull(s) are running: collect when "
+                                  "they have finished",
+                                  cancels_.size()));
+    }
+    gc_running_ = true;
+  }
+  struct Done {
+    TemplateService* self;
+    ~Done() {
+      std::lock_guard lock(self->mu_);
+      self->gc_running_ = false;
+    }
+  } done{this};
+  std::vector<std::string> releases_removed;
+  std::set<std::string> kept_layers;
+  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+    releases_removed.clear();
+    kept_layers.clear();
+    SBX_ASSIGN_OR_RETURN(std::vector<TagRecord> tags, tx.ListTags());
+    SBX_ASSIGN_OR_RETURN(std::vector<ImageRecord> images, tx.ListImages());
+    std::set<std::string> tagged;
+    for (const TagRecord& t : tags) tagged.insert(t.digest);
+    for (const ImageRecord& rec : images) {
+      bool keep = tagged.count(rec.digest) > 0;
+      if (!keep) {
+        SBX_ASSIGN_OR_RETURN(int64_t live, tx.CountLiveSandboxesWithDigest(rec.digest));
+        keep = live > 0;
+      }
+      if (keep) {
+        for (const std::string& d : DiffIds(rec)) kept_layers.insert(d);
+        continue;
+      }
+      SBX_RETURN_IF_ERROR(tx.DeleteImage(rec.digest));
+      releases_removed.push_back(rec.digest);
+    }
+    return absl::OkStatus();
+  }));
+  for (const std::string& d : releases_removed) templates_.RemoveImage(d);
+  int layers_removed = 0;
+  uint64_t freed = 0;
+  for (const image::LayerInfo& l : layers_->List()) {
+    if (kept_layers.count(l.diff_id)) continue;
+    if (absl::Status st = layers_->Remove(l.diff_id); !st.ok()) {
+      spdlog::warn("template gc: layer {}: {}", l.diff_id, std::string(st.message()));
+      continue;
+    }
+    ++layers_removed;
+    freed += l.unpacked_bytes;
+  }
+  spdlog::info("template gc: {} releases and {} layers removed, {} MiB freed",
+               releases_removed.size(), layers_removed, freed >> 20);
+  return json{{"releases_removed", releases_removed},
+              {"layers_removed", layers_removed},
+              {"bytes_freed", freed}};
+}
+
+}  // namespace sbx::service

@@ -1,0 +1,141 @@
+// TemplateService: templates users bring (docs/templates.md). Imports of image archives and
+// pulls from registries run as operations (kind template_import, template_pull) on the
+// OperationEngine, keyed "tpl:<name>:<tag>" so that work on one tag runs in order; their
+// progress is written into the operation as it moves. A finished import or pull records the
+// release (store ImageRecord, by manifest digest) and moves the tag (TagRecord) in one
+// transaction, then tells the TemplateRegistry, which creates resolve against. Layers live in
+// the image::LayerStore, shared by every release that lists them.
+//
+// Templates are global to this sbxd for now: every tenant sees and uses them, and only the
+// admin tenant ("default") may change them (tenancy is issue 18's).
+//
+// Thread safety: all methods are safe to call concurrently.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "image/image.h"
+#include "ops/operation_engine.h"
+#include "registry/registry.h"
+#include "service/inputs.h"
+#include "service/results.h"
+#include "service/templates.h"
+#include "store/store.h"
+
+namespace sbx::service {
+
+struct TemplateServiceOptions {
+  // <state>/templates: layers/ (the LayerStore), skel/ (the topmost lower of image templates),
+  // uploads/ (archives being received), pulls/<op>/ (OCI layouts being fetched).
+  std::string dir;
+  image::Limits limits;
+  registry::ClientOptions registry;
+  // The least time between two progress writes of one operation (a log line is always written).
+  std::chrono::milliseconds progress_interval{250};
+  // The tenant that may change templates.
+  std::string admin_tenant = "default";
+};
+
+// Where POST /v1/templates:import puts the body while it arrives.
+struct Upload {
+  std::string path;
+  int fd = -1;  // O_WRONLY, owned by the caller until passed to Import or Discard
+};
+
+// What an import or pull makes: a release of `name`, tagged `tag`.
+struct TemplateTarget {
+  std::string name;
+  std::string tag = "latest";
+};
+
+class TemplateService {
+ public:
+  // Opens the layer store (sweeping what a crash left), builds the skeleton and loads every
+  // release and tag from the store into `templates` (a copy sharing the registry's images).
+  static absl::StatusOr<std::unique_ptr<TemplateService>> Open(TemplateServiceOptions opts,
+                                                               store::Store& store,
+                                                               ops::OperationEngine& engine,
+                                                               TemplateRegistry templates);
+  ~TemplateService();  // Stop()s; the engine must be shut down before
+  // Cancels running and queued work (sbxd stopping): each fails as cancelled within one read.
+  void Stop();
+
+  absl::StatusOr<Upload> NewUpload();
+  void Discard(Upload& upload);
+  // Starts the import of the archive in `upload` (closed and taken over: removed when done).
+  absl::StatusOr<OperationStarted> Import(const Caller& caller, const TemplateTarget& target,
+                                          Upload upload);
+  // Starts the pull of `image` (a registry reference).
+  absl::StatusOr<OperationStarted> Pull(const Caller& caller, const TemplateTarget& target,
+                                        const std::string& image);
+  // DELETE /v1/operations/{id} of a template operation: stops it within one read; the
+  // operation then fails with code "cancelled". NotFound for other operations.
+  absl::StatusOr<store::OperationRecord> Cancel(const Caller& caller, const std::string& op_id);
+  bool IsTemplateOperation(const std::string& kind) const;
+
+  // {"templates": [...]} (TemplateView each), by name.
+  absl::StatusOr<nlohmann::json> List(const Caller& caller);
+  absl::StatusOr<nlohmann::json> Get(const Caller& caller, const std::string& name);
+  // "name" removes every tag of the name, "name:tag" one tag. A release no tag names any more is
+  // removed with it unless a live sandbox uses it: then nothing changes and the answer is 409
+  // template_in_use. Its layers stay until Gc.
+  absl::StatusOr<nlohmann::json> Delete(const Caller& caller, const std::string& ref);
+  // Removes releases no tag names and no live sandbox uses, then layers no release lists.
+  // {"releases_removed", "layers_removed", "bytes_freed"}.
+  absl::StatusOr<nlohmann::json> Gc(const Caller& caller);
+  // Bytes of the layer store (metrics, GET /v1/templates).
+  uint64_t StoreBytes() const;
+  uint64_t max_archive_bytes() const { return opts_.limits.max_archive_bytes; }
+
+ private:
+  TemplateService(TemplateServiceOptions opts, store::Store& store, ops::OperationEngine& engine,
+                  TemplateRegistry templates, std::unique_ptr<image::LayerStore> layers);
+  absl::Status Load();
+  absl::Status CheckAdmin(const Caller& caller) const;
+  absl::StatusOr<OperationStarted> Start(const Caller& caller, const std::string& kind,
+                                         const TemplateTarget& target, nlohmann::json source,
+                                         std::function<absl::StatusOr<image::Image>(
+                                             const std::string& op_id,
+                                             const image::ProgressFn&, const image::CancelFn&)>
+                                             work,
+                                         std::function<void()> cleanup);
+  void Run(const std::string& op_id, const TemplateTarget& target, const nlohmann::json& source,
+           const std::function<absl::StatusOr<image::Image>(
+               const std::string&, const image::ProgressFn&, const image::CancelFn&)>& work);
+  absl::Status Commit(const std::string& op_id, const TemplateTarget& target,
+                      const nlohmann::json& source, const image::Image& img);
+  void FailOperation(const std::string& op_id, const absl::Status& why);
+  absl::StatusOr<runtime::TemplateSpec> SpecOf(const store::ImageRecord& rec) const;
+  nlohmann::json TemplateView(const std::string& name,
+                              const std::vector<store::TagRecord>& tags,
+                              const std::map<std::string, store::ImageRecord>& images) const;
+
+  TemplateServiceOptions opts_;
+  store::Store& store_;
+  ops::OperationEngine& engine_;
+  TemplateRegistry templates_;
+  std::unique_ptr<image::LayerStore> layers_;
+  std::string skel_dir_;
+
+  mutable std::mutex mu_;
+  std::map<std::string, std::shared_ptr<std::atomic<bool>>> cancels_;  // running ops
+  bool gc_running_ = false;  // under mu_: no import starts while gc removes layers
+  std::atomic<bool> stopping_{false};
+};
+
+// The API code of a failed template operation for each kind of failure the image and registry
+// code reports (invalid_image, image_too_large, image_not_found, registry_auth_failed,
+// registry_unavailable, cancelled, template_failed).
+std::string TemplateErrorCode(const absl::Status& s);
+
+}  // namespace sbx::service
