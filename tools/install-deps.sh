@@ -18,6 +18,10 @@ PACKAGES=(
   gnuplot-nox runc
   # perf: sbx-load's CPU time and syscalls per operation, and tools/profile.sh's flame graphs
   linux-perf curl
+  # Templates (docs/templates.md): libcurl for registry pulls; the tests build images from
+  # busybox-static, write archives and push to a loopback docker-registry with skopeo (htpasswd
+  # for its basic auth); bench/template_import.sh compares against skopeo + umoci.
+  libcurl4-openssl-dev busybox-static skopeo docker-registry apache2-utils umoci
 )
 
 die() { echo "install-deps: ERROR: $*" >&2; exit 1; }
