@@ -77,6 +77,8 @@ absl::StatusOr<Reference> ParseReference(const std::string& text) {
     rest = "library/" + rest;
   }
   r.repository = rest;
+  // A digest pins the image: a tag beside it ("app:1@sha256:…") says nothing more.
+  if (!r.digest.empty()) r.tag.clear();
   if (r.tag.empty() && r.digest.empty()) r.tag = "latest";
   return r;
 }
