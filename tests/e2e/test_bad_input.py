@@ -299,7 +299,11 @@ def test_wrong_method_is_405(api, sandbox, nothing_created):
         ("PATCH", f"/v1/sandboxes/{sbx}"),
         ("PUT", f"/v1/sandboxes/{sbx}"),
         ("GET", f"/v1/sandboxes/{sbx}/sessions"),
-        ("DELETE", f"/v1/operations/{fake_id('op')}"),
+        # DELETE cancels a template operation (docs/templates.md): PUT is still no method.
+        ("PUT", f"/v1/operations/{fake_id('op')}"),
+        ("PUT", "/v1/templates"),
+        ("PATCH", "/v1/templates/x"),
+        ("GET", "/v1/templates:import"),
         ("POST", f"/v1/sessions/{fake_id('ses')}"),
         ("POST", "/healthz"),
     ]

@@ -207,6 +207,11 @@ def test_hostile_archives_fail_clearly_and_leave_nothing(api, sbxd, work):
     assert resp.body["error"]["code"] == "invalid_image_ref"
     resp = api.call("POST", "/v1/templates", json_body={"name": "x", "source": {"build": {}}}, expect=501)
     api.call("GET", "/v1/templates/nope", expect=404)
+    # A sandbox's operation is not cancelled by DELETE (the sandbox's delete ends it).
+    sb = api.create_sandbox({})
+    resp = api.call("DELETE", f"/v1/operations/{sb['operation']['id']}", expect=409)
+    assert resp.body["error"]["code"] == "not_cancellable"
+    api.call("DELETE", "/v1/operations/op_" + "a" * 20, expect=404)
     assert api.call("DELETE", "/v1/templates/base", expect=409).body["error"]["code"] == "template_builtin"
     assert state_leftovers(sbxd) == []
 
