@@ -143,6 +143,12 @@ absl::StatusOr<std::unique_ptr<TemplateService>> TemplateService::Open(
   std::unique_ptr<TemplateService> svc(new TemplateService(
       std::move(opts), store, engine, std::move(templates), std::move(layers)));
   SBX_RETURN_IF_ERROR(svc->Load());
+  metrics::Registry& reg = svc->opts_.metrics ? *svc->opts_.metrics : metrics::Default();
+  svc->store_metrics_ = reg.AddCallback(
+      "sbx_template_store_bytes", "Unpacked bytes of the layers in the template store",
+      metrics::Type::kGauge, {}, [layers = svc->layers_.get()](metrics::CallbackSamples& s) {
+        s.Add(static_cast<double>(layers->UsedBytes()));
+      });
   return svc;
 }
 

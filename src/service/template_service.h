@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "common/metrics.h"
 #include "image/image.h"
 #include "ops/operation_engine.h"
 #include "registry/registry.h"
@@ -44,6 +45,8 @@ struct TemplateServiceOptions {
   std::chrono::milliseconds progress_interval{250};
   // The tenant that may change templates.
   std::string admin_tenant = "default";
+  // Where sbx_template_store_bytes and sbx_template_layers go; nullptr: metrics::Default().
+  metrics::Registry* metrics = nullptr;
 };
 
 // Where POST /v1/templates:import puts the body while it arrives.
@@ -129,6 +132,7 @@ class TemplateService {
 
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<std::atomic<bool>>> cancels_;  // running ops
+  metrics::CallbackHandle store_metrics_;  // reads layers_: declared after it
   bool gc_running_ = false;  // under mu_: no import starts while gc removes layers
   std::atomic<bool> stopping_{false};
 };

@@ -350,3 +350,25 @@ def test_pulls_from_a_registry_with_and_without_auth(puller, registries, work):
     op = api.wait_operation(op_id, timeout=30)
     assert op["state"] == "failed" and op["error"]["code"] == "cancelled", op
     assert state_leftovers(daemon) == []
+
+
+def test_a_restart_during_a_pull_fails_it_cleanly(restartable):
+    """sbxd stopped (SIGKILL: a crash) in the middle of a pull: the next sbxd fails the
+    operation as interrupted and leaves no partial layout, upload or layer behind."""
+    tarpit = socket.socket()
+    tarpit.bind(("127.0.0.1", 0))
+    tarpit.listen(16)
+    host = f"127.0.0.1:{tarpit.getsockname()[1]}"
+    try:
+        restartable.start()
+        api = restartable.restart(["--templates-registry-insecure", host])
+        ans = api.call("POST", "/v1/templates", json_body={
+            "name": "hang", "source": {"image": f"{host}/team/app:1"}}, expect=202).body
+        op_id = ans["operation"]["id"]
+        api = restartable.restart(["--templates-registry-insecure", host], kill=True)
+        op = api.wait_operation(op_id, timeout=30)
+        assert op["state"] == "failed" and op["error"]["code"] == "interrupted", op
+        assert state_leftovers(restartable.daemon) == []
+        assert "hang" not in [t["name"] for t in api.call("GET", "/v1/templates").body["templates"]]
+    finally:
+        tarpit.close()
