@@ -129,6 +129,43 @@ TEST(MountPlan, ReadOnlyDirectoryViewsStackOnTheirCloneAtTheTarget) {
   EXPECT_FALSE(BuildMountPlan(t, "/var/lib/sbx/sandboxes/sbx_x", o).ok());
 }
 
+TEST(MountPlan, AnImageStacksItsLayersUnderTheSkeletonTopFirst) {
+  TemplateSpec t;
+  t.name = "py";
+  t.rootfs_dir = "/var/lib/sbx/templates/skel";
+  t.lower_dirs = {"/var/lib/sbx/templates/store/layers/sha256/bb",
+                  "/var/lib/sbx/templates/store/layers/sha256/aa"};
+  MountOptions o;
+  o.uid_base = 589824;
+  o.disk = true;
+  auto plan = BuildMountPlan(t, "/var/lib/sbx/sandboxes/sbx_x", o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->image_layers.size(), 2u);
+  EXPECT_EQ(plan->image_layers[0].source, t.lower_dirs[0]);
+  EXPECT_EQ(plan->image_layers[0].target, plan->rootfs + "/l0");
+  EXPECT_EQ(plan->image_layers[1].target, plan->rootfs + "/l1");
+  EXPECT_EQ(plan->overlay_data.rfind("lowerdir=" + plan->rootfs + "/lower:" + plan->rootfs +
+                                         "/l0:" + plan->rootfs + "/l1,",
+                                     0),
+            0u)
+      << plan->overlay_data;
+  // Without a user namespace the overlay reads the layers where they are.
+  auto plain = BuildMountPlan(t, "/var/lib/sbx/sandboxes/sbx_x");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(plain->image_layers[0].target.empty());
+  EXPECT_NE(plain->overlay_data.find(":" + t.lower_dirs[0] + ":" + t.lower_dirs[1] + ","),
+            std::string::npos);
+  // More layers than a page of mount options holds: refused with the count.
+  for (int i = 0; i < 200; ++i) t.lower_dirs.push_back(t.lower_dirs[0]);
+  auto many = BuildMountPlan(t, "/var/lib/sbx/sandboxes/sbx_x");
+  ASSERT_FALSE(many.ok());
+  EXPECT_NE(std::string(many.status().message()).find("202 layers"), std::string::npos)
+      << many.status();
+  // A layer path overlayfs' option syntax cannot carry is refused.
+  t.lower_dirs = {"/var/lib/x:y"};
+  EXPECT_FALSE(BuildMountPlan(t, "/var/lib/sbx/sandboxes/sbx_x", o).ok());
+}
+
 TEST(MountPlan, UserNamespaceIdmapsTheLowerAndOwnsTheTmpfsRoots) {
   MountOptions o;
   o.uid_base = 589824;
