@@ -129,6 +129,34 @@ def write_layout(dir: Path, layers: list[bytes], *, env=None, workdir="", user="
     return {"manifest_digest": mdigest, "diff_ids": diff_ids, "config_digest": sha256(ctext)}
 
 
+def write_multiarch_layout(dir: Path, per_arch: dict[str, list[bytes]], tag="t") -> dict:
+    """An OCI layout whose `tag` is an image index of one image per architecture (as `docker
+    buildx` and `skopeo copy --all` write them). Returns {arch: manifest digest, "index": ...}."""
+    out, entries = {}, []
+    for arch, layers in per_arch.items():
+        sub = dir / f".{arch}"
+        info = write_layout(sub, layers, arch=arch)
+        for blob in (sub / "blobs" / "sha256").iterdir():
+            (dir / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(blob, dir / "blobs" / "sha256" / blob.name)
+        shutil.rmtree(sub)
+        mtext = (dir / "blobs" / "sha256" / info["manifest_digest"][7:]).read_bytes()
+        entries.append({"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                        "digest": info["manifest_digest"], "size": len(mtext),
+                        "platform": {"os": "linux", "architecture": arch}})
+        out[arch] = info["manifest_digest"]
+    itext = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+                        "manifests": entries}).encode()
+    idigest = sha256(itext)
+    (dir / "blobs" / "sha256" / idigest[7:]).write_bytes(itext)
+    (dir / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.oci.image.index.v1+json", "digest": idigest,
+        "size": len(itext), "annotations": {"org.opencontainers.image.ref.name": tag}}]}))
+    (dir / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
+    out["index"] = idigest
+    return out
+
+
 def skopeo(*args: str) -> None:
     exe = shutil.which("skopeo")
     assert exe, "skopeo is not installed (tools/install-deps.sh installs it)"

@@ -333,6 +333,34 @@ def test_pulls_from_a_registry_with_and_without_auth(puller, registries, work):
         "name": "pulled", "tag": "auth",
         "source": {"image": f"{auth_reg.host}/team/app@{info['manifest_digest']}"}}, expect=202).body)
     assert op["state"] == "succeeded", op
+    # A multi-arch index picks linux/amd64; a zstd-compressed copy of the image pulls too.
+    multi = work / "multi-layout"
+    digests = images.write_multiarch_layout(multi, {
+        "arm64": [images.Layer().file("arch", "arm64\n").bytes()],
+        "amd64": [base_layer(), top_layer("amd64")]})
+    images.skopeo("copy", "-q", "--all", "--dest-tls-verify=false", f"oci:{multi}:t",
+                  f"docker://{open_reg.host}/team/multi:1")
+    # skopeo keeps a compressed layer as it is: zstd from a layout of uncompressed layers.
+    plain = work / "plain-layout"
+    images.write_layout(plain, [base_layer(), top_layer("pulled")], workdir="/home/app", user="app")
+    images.skopeo("copy", "-q", "--dest-tls-verify=false", "--dest-compress-format", "zstd",
+                  f"oci:{plain}:t", f"docker://{open_reg.host}/team/zstd:1")
+    raw = subprocess.run([shutil.which("skopeo"), "inspect", "--tls-verify=false", "--raw",
+                          f"docker://{open_reg.host}/team/zstd:1"], check=True,
+                         capture_output=True, text=True, timeout=60).stdout
+    # (a layer the registry holds already is reused as it is: at least the top one is zstd)
+    assert any(layer["mediaType"].endswith("+zstd") for layer in json.loads(raw)["layers"]), raw
+    for image, tag in ((f"{open_reg.host}/team/multi:1", "multi"), (f"{open_reg.host}/team/zstd:1", "zstd")):
+        op = finished(api, api.call("POST", "/v1/templates", json_body={
+            "name": "pulled", "tag": tag, "source": {"image": image}}, expect=202).body)
+        assert op["state"] == "succeeded", (image, op)
+    assert set(digests) == {"amd64", "arm64", "index"}
+    # (skopeo compresses the layers it pushes, so the registry's digests are its own.)
+    for tag, want in (("multi", "amd64"), ("zstd", "pulled")):
+        sb = api.create_sandbox({"template": f"pulled:{tag}"})["sandbox"]
+        assert run_out(api, sb["id"], "cat /data/new").strip() == want
+        api.delete_sandbox(sb["id"])
+
     # A digest the registry does not have, a repository it does not have.
     bad = "sha256:" + "0" * 64
     for image, code in ((f"{open_reg.host}/team/app@{bad}", "image_not_found"),
