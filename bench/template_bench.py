@@ -167,8 +167,10 @@ def main() -> int:
         def peer(src: str) -> float:
             out = work / "peer"
             shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
             t0 = time.monotonic()
-            images.skopeo("copy", "-q", "--src-tls-verify=false", src, f"oci:{out}/oci:t")
+            tls = ["--src-tls-verify=false"] if src.startswith("docker://") else []
+            images.skopeo("copy", "-q", *tls, src, f"oci:{out}/oci:t")
             subprocess.run(["umoci", "unpack", "--image", f"{out}/oci:t", f"{out}/bundle"],
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             dt = time.monotonic() - t0
