@@ -45,6 +45,7 @@ constexpr Route kRoutes[] = {
     {verb::get, "v1/templates", Auth::kTenant, &Routes::ListTemplates},
     {verb::get, "v1/templates/{id}", Auth::kTenant, &Routes::GetTemplate},
     {verb::delete_, "v1/templates/{id}", Auth::kTenant, &Routes::DeleteTemplate},
+    {verb::put, "v1/templates/{id}", Auth::kTenant, &Routes::TagTemplate},
 
     {verb::get, "v1/sessions/{id}", Auth::kTenant, &Routes::GetSession},
     // The session's data plane also accepts its attach token (DESIGN.md).

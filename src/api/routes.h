@@ -68,6 +68,7 @@ struct Routes {
   static Awaitable ListTemplates(Api& api, Call& call);
   static Awaitable GetTemplate(Api& api, Call& call);
   static Awaitable DeleteTemplate(Api& api, Call& call);
+  static Awaitable TagTemplate(Api& api, Call& call);
   static Awaitable TemplateGc(Api& api, Call& call);
   static Awaitable CancelOperation(Api& api, Call& call);
 };

@@ -177,6 +177,23 @@ Awaitable Routes::DeleteTemplate(Api& api, Call& call) {
   co_return RenderJson(bhttp::status::ok, *r);
 }
 
+// PUT /v1/templates/{name}:{tag} {"from": "name:tag" | "name@sha256:…"}
+Awaitable Routes::TagTemplate(Api& api, Call& call) {
+  service::TemplateService* tpl = api.opts_.templates;
+  if (tpl == nullptr) co_return Fail(call.ctx, TemplatesOff());
+  auto body = ParseUntrustedJson(call.ctx.req.body());
+  if (!body.ok()) co_return Fail(call.ctx, body.status());
+  auto from = body->is_object() ? body->find("from") : body->end();
+  if (!body->is_object() || from == body->end() || !from->is_string() || body->size() != 1) {
+    co_return Fail(call.ctx, FieldError("from", "the body must be {\"from\": \"name:tag\"} or "
+                                                "{\"from\": \"name@sha256:…\"}"));
+  }
+  const std::string src = from->get<std::string>();
+  auto r = log::With(call.ctx.log, [&] { return tpl->Tag(call.caller, call.id, src); });
+  if (!r.ok()) co_return Fail(call.ctx, r.status());
+  co_return RenderJson(bhttp::status::ok, *r);
+}
+
 Awaitable Routes::TemplateGc(Api& api, Call& call) {
   service::TemplateService* tpl = api.opts_.templates;
   if (tpl == nullptr) co_return Fail(call.ctx, TemplatesOff());

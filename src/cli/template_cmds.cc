@@ -1,4 +1,4 @@
-// `sbx template ls|inspect|import|pull|rm|gc` (docs/templates.md).
+// `sbx template ls|inspect|import|pull|tag|rm|gc` (docs/templates.md).
 #include <unistd.h>
 
 #include <array>
@@ -213,6 +213,24 @@ void RegisterRemove(CLI::App& tpl, Context& ctx) {
   });
 }
 
+void RegisterTag(CLI::App& tpl, Context& ctx) {
+  auto src = std::make_shared<std::string>(), dst = std::make_shared<std::string>();
+  CLI::App* cmd = tpl.add_subcommand(
+      "tag", "Point NAME:TAG at the release SOURCE names (NAME:TAG or NAME@sha256:…); a tag "
+             "that named another release moves, sandboxes keep theirs");
+  cmd->add_option("source", *src, "NAME:TAG or NAME@sha256:…")->required();
+  cmd->add_option("target", *dst, "NAME:TAG")->required();
+  cmd->callback([src, dst, &ctx] {
+    ctx.action = [src, dst](Client& client) -> absl::StatusOr<int> {
+      json body = {{"from", *src}};
+      auto res = client.Request("PUT", "/v1/templates/" + UrlEncode(*dst), &body);
+      if (!res.ok()) return res.status();
+      PrintJson(res->body);
+      return 0;
+    };
+  });
+}
+
 void RegisterGc(CLI::App& tpl, Context& ctx) {
   CLI::App* cmd = tpl.add_subcommand(
       "gc", "Remove releases no tag names and no sandbox uses, then layers no release lists");
@@ -237,6 +255,7 @@ void RegisterTemplateCommands(CLI::App& app, Context& ctx, const std::string* to
   RegisterImport(*tpl, ctx, token);
   RegisterPull(*tpl, ctx);
   RegisterRemove(*tpl, ctx);
+  RegisterTag(*tpl, ctx);
   RegisterGc(*tpl, ctx);
 }
 

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/status_util.h"
+#include "common/time_util.h"
 #include "service/template_ref.h"
 #include "service/template_service.h"
 
@@ -196,6 +197,43 @@ absl::StatusOr<json> TemplateService::Delete(const Caller& caller, const std::st
   spdlog::info("template {} deleted: {} tags, {} releases (their layers stay until gc)", ref_text,
                removed.size(), releases_removed.size());
   return json{{"deleted_tags", tags_out}, {"deleted_releases", releases_removed}};
+}
+
+absl::StatusOr<json> TemplateService::Tag(const Caller& caller, const std::string& target,
+                                           const std::string& from) {
+  SBX_RETURN_IF_ERROR(CheckAdmin(caller));
+  SBX_ASSIGN_OR_RETURN(TemplateRef to, ParseTemplateRef(target, "template"));
+  if (!to.digest.empty()) {
+    return ApiError(absl::StatusCode::kInvalidArgument, "invalid_template_ref",
+                    "a tag is name:tag, not a digest", "template");
+  }
+  if (to.name == "base") {
+    return ApiError(absl::StatusCode::kInvalidArgument, "invalid_template_ref",
+                    "`base` is the built-in template: choose another name", "template");
+  }
+  SBX_ASSIGN_OR_RETURN(TemplateRef src, ParseTemplateRef(from, "from"));
+  std::string digest, previous;
+  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+    previous.clear();
+    if (!src.digest.empty()) {
+      auto img = tx.GetImage(src.digest);
+      if (!img.ok()) return TemplateNotFound(src.String());
+      digest = src.digest;
+    } else {
+      auto t = tx.GetTag(src.name, src.tag);
+      if (!t.ok()) return TemplateNotFound(src.String());
+      digest = t->digest;
+    }
+    if (auto cur = tx.GetTag(to.name, to.tag); cur.ok()) previous = cur->digest;
+    return tx.PutTag(TagRecord{to.name, to.tag, digest, NowRfc3339()});
+  }));
+  templates_.SetTag(to.name, to.tag, digest);
+  spdlog::info("template {}:{} -> {} (was {})", to.name, to.tag, digest,
+               previous.empty() ? "untagged" : previous);
+  return json{{"name", to.name},
+              {"tag", to.tag},
+              {"digest", digest},
+              {"previous", previous.empty() ? json(nullptr) : json(previous)}};
 }
 
 absl::StatusOr<json> TemplateService::Gc(const Caller& caller) {

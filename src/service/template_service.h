@@ -93,6 +93,11 @@ class TemplateService {
   // removed with it unless a live sandbox uses it: then nothing changes and the answer is 409
   // template_in_use. Its layers stay until Gc.
   absl::StatusOr<nlohmann::json> Delete(const Caller& caller, const std::string& ref);
+  // PUT /v1/templates/{name}:{tag} {"from": REF}: the tag names the release REF names now
+  // (`name:tag` or `name@sha256:…`); a tag that named another release moves (sandboxes keep
+  // theirs). {"name", "tag", "digest", "previous"}.
+  absl::StatusOr<nlohmann::json> Tag(const Caller& caller, const std::string& target,
+                                     const std::string& from);
   // Removes releases no tag names and no live sandbox uses, then layers no release lists.
   // {"releases_removed", "layers_removed", "bytes_freed"}.
   absl::StatusOr<nlohmann::json> Gc(const Caller& caller);

@@ -119,6 +119,20 @@ def test_templates_share_layers_tags_move_and_in_use_releases_stay(api, sbxd, wo
     assert len(digests) == 2
     assert images.sha256(base_layer())[7:] in {p.name for p in layers}
 
+    # A tag pointed at an existing release, by tag and by digest.
+    v1 = api.call("GET", "/v1/templates/share").body["tags"]["v1"]
+    moved = api.call("PUT", "/v1/templates/share:stable", json_body={"from": "share:v1"}, expect=200).body
+    assert moved["digest"] == v1 and moved["previous"] is None
+    moved = api.call("PUT", "/v1/templates/other:pin", json_body={"from": f"share@{v1}"}, expect=200).body
+    assert moved["digest"] == v1
+    sbp = api.create_sandbox({"template": f"other@{v1}"})["sandbox"]
+    assert run_out(api, sbp["id"], "cat /data/new").strip() == "one"
+    api.delete_sandbox(sbp["id"])
+    api.call("PUT", "/v1/templates/share:x", json_body={"from": "share:nope"}, expect=404)
+    api.call("PUT", "/v1/templates/share:x", json_body={"src": "share:v1"}, expect=400)
+    api.call("DELETE", "/v1/templates/other", expect=200)
+    api.call("DELETE", "/v1/templates/share:stable", expect=200)
+
     # latest -> v1; a sandbox from it; latest moves to v2: the sandbox keeps v1's files.
     finished(api, import_archive(api, make_image(work, "v1", "one"), "share", "latest"))
     sb = api.create_sandbox({"template": "share:latest"})["sandbox"]
