@@ -414,3 +414,19 @@ def test_a_restart_during_a_pull_fails_it_cleanly(restartable):
         assert "hang" not in [t["name"] for t in api.call("GET", "/v1/templates").body["templates"]]
     finally:
         tarpit.close()
+
+
+def test_a_sandbox_from_a_template_survives_a_restart_of_sbxd(restartable, work):
+    api = restartable.start()
+    restartable.track(api)
+    op = finished(api, import_archive(api, make_image(work, "bb", kind="oci"), "keep", "1"))
+    assert op["state"] == "succeeded", op
+    sb = api.create_sandbox({"template": "keep:1"})["sandbox"]
+    api = restartable.restart()
+    restartable.track(api)
+    api.created_sandboxes.append(sb["id"])
+    # Re-adopted, with its release resolved again from the store.
+    assert api.get_sandbox(sb["id"])["state"] == "running"
+    assert run_out(api, sb["id"], "cat /data/new; id -u").split() == ["new", "1000"]
+    assert api.call("GET", "/v1/templates/keep").body["tags"]["1"] == sb["template_digest"]
+    api.delete_sandbox(sb["id"])
