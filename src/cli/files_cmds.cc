@@ -256,6 +256,24 @@ absl::Status TarLocal(Transfer& t, const fs::path& dir, const std::string& prefi
   return absl::OkStatus();
 }
 
+// Sends `size` bytes of `fd` as the body. The outer error is the local file's (it shrank); the
+// inner one the transfer's, which the caller reports after reading the server's answer.
+absl::StatusOr<absl::Status> SendFileBody(Transfer& t, int fd, uint64_t size,
+                                          const std::string& local, Progress& progress) {
+  absl::Status sent;
+  std::vector<char> buf(kChunk);
+  uint64_t left = size;
+  while (sent.ok() && left > 0) {
+    ssize_t n = ::read(fd, buf.data(), std::min<uint64_t>(buf.size(), left));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::AbortedError(fmt::format("{} shrank while being sent", local));
+    sent = t.SendBody(std::string_view(buf.data(), static_cast<size_t>(n)));
+    left -= static_cast<uint64_t>(n);
+    progress.Add(static_cast<size_t>(n));
+  }
+  return sent;
+}
+
 absl::StatusOr<int> Upload(Client& client, const std::string& token, const std::string& local,
                            const std::string& id, std::string path, bool progress_on) {
   struct stat st {};
@@ -284,16 +302,8 @@ absl::StatusOr<int> Upload(Client& client, const std::string& token, const std::
     SBX_RETURN_IF_ERROR(t.SendHeader("PUT", FilesTarget(id, "files", path, mode),
                                      "application/octet-stream",
                                      static_cast<uint64_t>(st.st_size), ""));
-    std::vector<char> buf(kChunk);
-    uint64_t left = static_cast<uint64_t>(st.st_size);
-    while (sent.ok() && left > 0) {
-      ssize_t n = ::read(fd.get(), buf.data(), std::min<uint64_t>(buf.size(), left));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return absl::AbortedError(fmt::format("{} shrank while being sent", local));
-      sent = t.SendBody(std::string_view(buf.data(), static_cast<size_t>(n)));
-      left -= static_cast<uint64_t>(n);
-      progress.Add(static_cast<size_t>(n));
-    }
+    SBX_ASSIGN_OR_RETURN(sent, SendFileBody(t, fd.get(), static_cast<uint64_t>(st.st_size),
+                                            local, progress));
   }
   // Read the answer even after a failed send: an early error response says what went wrong.
   absl::Status got = t.ReadResponse({}, &result);
@@ -411,17 +421,8 @@ absl::StatusOr<nlohmann::json> PostFile(Client& client, const std::string& token
   SBX_RETURN_IF_ERROR(t.Connect());
   SBX_RETURN_IF_ERROR(t.SendHeader("POST", target, content_type,
                                    static_cast<uint64_t>(st.st_size), ""));
-  absl::Status sent;
-  std::vector<char> buf(kChunk);
-  uint64_t left = static_cast<uint64_t>(st.st_size);
-  while (sent.ok() && left > 0) {
-    ssize_t n = ::read(fd.get(), buf.data(), std::min<uint64_t>(buf.size(), left));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return absl::AbortedError(fmt::format("{} shrank while being sent", local));
-    sent = t.SendBody(std::string_view(buf.data(), static_cast<size_t>(n)));
-    left -= static_cast<uint64_t>(n);
-    progress.Add(static_cast<size_t>(n));
-  }
+  SBX_ASSIGN_OR_RETURN(absl::Status sent,
+                       SendFileBody(t, fd.get(), static_cast<uint64_t>(st.st_size), local, progress));
   // Read the answer even after a failed send: an early error response says what went wrong.
   json result;
   SBX_RETURN_IF_ERROR(t.ReadResponse({}, &result));

@@ -1,7 +1,6 @@
 // ImportArchive and ImportLayout (image.h): the documents of an image read and verified, its
 // layers handed to the LayerStore.
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "archive/untar.h"
+#include "common/digest.h"
 #include "common/path_resolve.h"
 #include "common/status_util.h"
 #include "common/unique_fd.h"
@@ -25,22 +25,7 @@ namespace {
 using json = nlohmann::json;
 constexpr size_t kChunk = 1 << 20;
 
-struct MdFree {
-  void operator()(EVP_MD_CTX* c) const { EVP_MD_CTX_free(c); }
-};
-
-std::string Sha256Of(std::string_view data) {
-  unsigned char d[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(data.data(), data.size(), d, &len, EVP_sha256(), nullptr);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out = "sha256:";
-  for (unsigned i = 0; i < len; ++i) {
-    out.push_back(kHex[d[i] >> 4]);
-    out.push_back(kHex[d[i] & 15]);
-  }
-  return out;
-}
+std::string Sha256Of(std::string_view data) { return "sha256:" + Sha256Hex(data); }
 
 // A file of an image opened inside `root` (RESOLVE_IN_ROOT: a symlink the archive planted
 // cannot lead out of it), which must be a regular file.
@@ -94,10 +79,7 @@ struct Hashed {
   uint64_t size = 0;
 };
 absl::StatusOr<Hashed> HashFile(int fd, const std::string& what, const CancelFn& cancelled) {
-  std::unique_ptr<EVP_MD_CTX, MdFree> md(EVP_MD_CTX_new());
-  if (!md || EVP_DigestInit_ex(md.get(), EVP_sha256(), nullptr) != 1) {
-    return absl::InternalError("image: EVP_DigestInit(sha256)");
-  }
+  Sha256Stream hash;
   std::vector<char> buf(kChunk);
   Hashed h;
   off_t at = 0;
@@ -107,19 +89,11 @@ absl::StatusOr<Hashed> HashFile(int fd, const std::string& what, const CancelFn&
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return ErrnoStatus(errno, "image: read " + what);
     if (n == 0) break;
-    EVP_DigestUpdate(md.get(), buf.data(), static_cast<size_t>(n));
+    hash.Update(buf.data(), static_cast<size_t>(n));
     at += n;
   }
   h.size = static_cast<uint64_t>(at);
-  unsigned char d[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(md.get(), d, &len);
-  static constexpr char kHex[] = "0123456789abcdef";
-  h.digest = "sha256:";
-  for (unsigned i = 0; i < len; ++i) {
-    h.digest.push_back(kHex[d[i] >> 4]);
-    h.digest.push_back(kHex[d[i] & 15]);
-  }
+  h.digest = hash.Digest();
   return h;
 }
 

@@ -4,7 +4,6 @@
 #include <archive_entry.h>
 #include <dirent.h>
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/xattr.h>
@@ -19,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "archive/untar.h"
+#include "common/digest.h"
 #include "common/path_resolve.h"
 #include "common/status_util.h"
 #include "common/unique_fd.h"
@@ -39,26 +39,11 @@ struct ArchiveFree {
 };
 using ArchivePtr = std::unique_ptr<::archive, ArchiveFree>;
 
-struct MdFree {
-  void operator()(EVP_MD_CTX* c) const { EVP_MD_CTX_free(c); }
-};
-
-std::string Hex(const unsigned char* p, size_t n) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(2 * n);
-  for (size_t i = 0; i < n; ++i) {
-    out.push_back(kHex[p[i] >> 4]);
-    out.push_back(kHex[p[i] & 15]);
-  }
-  return out;
-}
-
 // The uncompressed stream: the outer archive (raw format, every filter) decompresses the
 // blob; the tar reader on top pulls from it through ReadCb, and every byte is hashed.
 struct Stream {
   ::archive* outer = nullptr;
-  std::unique_ptr<EVP_MD_CTX, MdFree> md{EVP_MD_CTX_new()};
+  Sha256Stream hash;
   std::vector<char> buf = std::vector<char>(kChunk);
   uint64_t bytes = 0;
   uint64_t max_bytes = 0;
@@ -80,7 +65,7 @@ struct Stream {
                                                    : "read error"));
       return -1;
     }
-    EVP_DigestUpdate(md.get(), buf.data(), static_cast<size_t>(n));
+    hash.Update(buf.data(), static_cast<size_t>(n));
     bytes += static_cast<uint64_t>(n);
     if (bytes > max_bytes) {
       error = absl::ResourceExhaustedError(fmt::format(
@@ -486,9 +471,6 @@ absl::StatusOr<UnpackResult> UnpackLayer(const std::string& blob_path, const std
   s.progress = &progress;
   s.cancelled = &cancelled;
   s.max_bytes = limits.max_bytes + limits.max_entries * kPerEntryOverhead + kStreamSlack;
-  if (!s.md || EVP_DigestInit_ex(s.md.get(), EVP_sha256(), nullptr) != 1) {
-    return absl::InternalError("layer: EVP_DigestInit(sha256)");
-  }
   ArchivePtr outer(archive_read_new());
   archive_read_support_filter_all(outer.get());
   archive_read_support_format_raw(outer.get());
@@ -547,10 +529,7 @@ absl::StatusOr<UnpackResult> UnpackLayer(const std::string& blob_path, const std
     if (n == 0) break;
   }
   SBX_RETURN_IF_ERROR(w.Finish());
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(s.md.get(), digest, &len);
-  res.diff_id = "sha256:" + Hex(digest, len);
+  res.diff_id = s.hash.Digest();
   if (res.diff_id != expected_diff_id) {
     return absl::DataLossError(fmt::format(
         "layer: its uncompressed content is {}, not the diff_id {} the image config names",

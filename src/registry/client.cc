@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "common/digest.h"
 #include "common/json_util.h"
 #include "common/status_util.h"
 #include "common/unique_fd.h"
@@ -34,32 +35,12 @@ constexpr const char* kAccept =
     "application/vnd.docker.distribution.manifest.list.v2+json, "
     "application/vnd.docker.distribution.manifest.v2+json";
 
-struct MdFree {
-  void operator()(EVP_MD_CTX* c) const { EVP_MD_CTX_free(c); }
-};
-
-std::string HexDigest(const unsigned char* d, unsigned len) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out = "sha256:";
-  for (unsigned i = 0; i < len; ++i) {
-    out.push_back(kHex[d[i] >> 4]);
-    out.push_back(kHex[d[i] & 15]);
-  }
-  return out;
-}
-
-std::string Sha256Of(std::string_view s) {
-  unsigned char d[EVP_MAX_MD_SIZE];
-  unsigned len = 0;
-  EVP_Digest(s.data(), s.size(), d, &len, EVP_sha256(), nullptr);
-  return HexDigest(d, len);
-}
+std::string Sha256Of(std::string_view s) { return "sha256:" + Sha256Hex(s); }
 
 absl::StatusOr<std::string> Sha256OfFile(const std::string& path, uint64_t* size) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd) return ErrnoStatus(errno, "registry: open " + path);
-  std::unique_ptr<EVP_MD_CTX, MdFree> md(EVP_MD_CTX_new());
-  EVP_DigestInit_ex(md.get(), EVP_sha256(), nullptr);
+  Sha256Stream hash;
   std::vector<char> buf(1 << 20);
   *size = 0;
   for (;;) {
@@ -67,13 +48,21 @@ absl::StatusOr<std::string> Sha256OfFile(const std::string& path, uint64_t* size
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return ErrnoStatus(errno, "registry: read " + path);
     if (n == 0) break;
-    EVP_DigestUpdate(md.get(), buf.data(), static_cast<size_t>(n));
+    hash.Update(buf.data(), static_cast<size_t>(n));
     *size += static_cast<uint64_t>(n);
   }
-  unsigned char d[EVP_MAX_MD_SIZE];
-  unsigned len = 0;
-  EVP_DigestFinal_ex(md.get(), d, &len);
-  return HexDigest(d, len);
+  return hash.Digest();
+}
+
+// "Authorization: Basic …" of the configured credentials.
+std::string BasicHeader(const RegistrySettings& s) {
+  const std::string plain = s.username + ":" + s.password;
+  std::string b64((plain.size() + 2) / 3 * 4 + 1, '\0');
+  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(b64.data()),
+                                reinterpret_cast<const unsigned char*>(plain.data()),
+                                static_cast<int>(plain.size()));
+  b64.resize(static_cast<size_t>(n));
+  return "Authorization: Basic " + b64;
 }
 
 // `key="value"` pairs of a WWW-Authenticate challenge after its scheme.
@@ -315,19 +304,13 @@ class Puller {
             "registry {} asks for credentials: set them in templates.registry_auth_file",
             ref_.registry));
       }
-      std::unique_ptr<CURL, void (*)(CURL*)> c(curl_easy_init(), curl_easy_cleanup);
-      std::string plain = settings_.username + ":" + settings_.password;
-      std::string b64((plain.size() + 2) / 3 * 4 + 1, '\0');
-      const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(b64.data()),
-                                    reinterpret_cast<const unsigned char*>(plain.data()),
-                                    static_cast<int>(plain.size()));
-      b64.resize(static_cast<size_t>(n));
+      const std::string header = BasicHeader(settings_);
       std::lock_guard lock(mu_);
-      if (auth_header_ == "Authorization: Basic " + b64) {
+      if (auth_header_ == header) {
         return absl::PermissionDeniedError(
             fmt::format("registry {} refused the configured credentials", ref_.registry));
       }
-      auth_header_ = "Authorization: Basic " + b64;
+      auth_header_ = header;
       return absl::OkStatus();
     }
     if (scheme != "bearer") {
@@ -355,15 +338,9 @@ class Puller {
     }
     absl::Status st;
     if (creds) {
-      std::string plain = settings_.username + ":" + settings_.password;
-      std::string b64((plain.size() + 2) / 3 * 4 + 1, '\0');
-      const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(b64.data()),
-                                    reinterpret_cast<const unsigned char*>(plain.data()),
-                                    static_cast<int>(plain.size()));
-      b64.resize(static_cast<size_t>(n));
       {
         std::lock_guard lock(mu_);
-        auth_header_ = "Authorization: Basic " + b64;
+        auth_header_ = BasicHeader(settings_);
       }
       st = Perform(url, false, &r, nullptr, 0, 1 << 20);
       std::lock_guard lock(mu_);

@@ -430,3 +430,26 @@ def test_a_sandbox_from_a_template_survives_a_restart_of_sbxd(restartable, work)
     assert run_out(api, sb["id"], "cat /data/new; id -u").split() == ["new", "1000"]
     assert api.call("GET", "/v1/templates/keep").body["tags"]["1"] == sb["template_digest"]
     api.delete_sandbox(sb["id"])
+
+
+def test_the_cli_imports_lists_tags_runs_and_removes(api, sbxd, work):
+    from conftest import build_dir
+    cli = [str(build_dir() / "bin" / "sbx"), "--url", sbxd.url, "--token", sbxd.token]
+
+    def sbx(*args, check=True):
+        p = subprocess.run([*cli, *args], capture_output=True, text=True, timeout=120)
+        assert not check or p.returncode == 0, (args, p.stdout, p.stderr)
+        return p
+
+    out = sbx("template", "import", str(make_image(work, "bb")), "-t", "clitpl:1").stdout
+    assert out.startswith("clitpl:1 sha256:"), out
+    sbx("template", "tag", "clitpl:1", "clitpl:latest")
+    assert "clitpl:latest" in sbx("template", "ls").stdout
+    assert json.loads(sbx("template", "inspect", "clitpl").stdout)["tags"]["1"]
+    run = sbx("run", "--template", "clitpl", "--", "cat", "/data/new")
+    assert run.stdout.strip() == "new", run
+    bad = sbx("template", "import", str(hostile_archives(work)["not_an_image"]), "-t", "clitpl:bad",
+              check=False)
+    assert bad.returncode != 0 and "invalid_image" in bad.stderr, bad
+    # The sandbox `sbx run` made is deleted by it; the template can go.
+    assert json.loads(sbx("template", "rm", "clitpl").stdout)["deleted_releases"]
