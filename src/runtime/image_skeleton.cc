@@ -25,6 +25,14 @@ absl::Status EnsureImageSkeleton(const std::string& dir) {
     if (::mkdir(path.c_str(), e.mode) != 0 && errno != EEXIST) {
       return ErrnoStatus(errno, fmt::format("image skeleton: mkdir({})", path));
     }
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) {
+      return ErrnoStatus(errno, fmt::format("image skeleton: lstat({})", path));
+    }
+    if (!S_ISDIR(st.st_mode)) {
+      return absl::FailedPreconditionError(fmt::format(
+          "image skeleton: {} is not a directory (remove it; sbxd makes it again)", path));
+    }
     // mkdir applies the umask; chmod sets what the overlay shows.
     if (::chmod(path.c_str(), e.mode) != 0) {
       return ErrnoStatus(errno, fmt::format("image skeleton: chmod({})", path));
