@@ -1,9 +1,5 @@
 // /v1/templates: imports (a streamed archive), pulls, the catalog, delete and gc
 // (docs/templates.md). DELETE /v1/operations/{id} cancels a template operation.
-#include <unistd.h>
-
-#include <cerrno>
-
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -11,6 +7,7 @@
 #include "api/render.h"
 #include "api/requests.h"
 #include "api/routes.h"
+#include "archive/untar.h"
 #include "common/json_util.h"
 #include "common/log.h"
 #include "common/status_util.h"
@@ -47,17 +44,6 @@ absl::StatusOr<service::TemplateTarget> TargetOf(std::optional<std::string> name
   return t;
 }
 
-absl::Status WriteAll(int fd, const char* data, size_t n, const std::string& path) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, data, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) return ErrnoStatus(errno, fmt::format("template import: write({})", path));
-    data += w;
-    n -= static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 // POST /v1/templates:import?name=N&tag=T, the archive as the body (streamed to a file of the
@@ -92,7 +78,7 @@ Awaitable Routes::ImportTemplate(Api& api, Call& call) {
                                           "({} bytes)",
                                           tpl->max_archive_bytes())));
     }
-    if (absl::Status w = WriteAll(upload->fd, buf.data(), n, upload->path); !w.ok()) {
+    if (absl::Status w = archive::WriteAll(upload->fd, std::string_view(buf.data(), n), upload->path); !w.ok()) {
       tpl->Discard(*upload);
       co_return Fail(call.ctx, w);
     }

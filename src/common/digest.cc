@@ -4,6 +4,12 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/sha.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <vector>
+
+#include "common/status_util.h"
 
 namespace sbx {
 
@@ -19,6 +25,8 @@ std::string Sha256Hex(std::string_view in) {
   }
   return out;
 }
+
+std::string Sha256Digest(std::string_view in) { return "sha256:" + Sha256Hex(in); }
 
 Sha256Stream::Sha256Stream() : ctx_(EVP_MD_CTX_new()) {
   EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr);
@@ -40,6 +48,23 @@ std::string Sha256Stream::Digest() {
     out.push_back(kHex[md[i] >> 4]);
     out.push_back(kHex[md[i] & 15]);
   }
+  return out;
+}
+
+absl::StatusOr<FileDigest> Sha256OfFile(int fd, const std::function<bool()>& stop) {
+  Sha256Stream hash;
+  std::vector<char> buf(1 << 20);
+  FileDigest out;
+  for (;;) {
+    if (stop && stop()) return absl::CancelledError("sha256 of a file: cancelled");
+    ssize_t n = ::pread(fd, buf.data(), buf.size(), static_cast<off_t>(out.size));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus(errno, "sha256 of a file: pread");
+    if (n == 0) break;
+    hash.Update(buf.data(), static_cast<size_t>(n));
+    out.size += static_cast<uint64_t>(n);
+  }
+  out.digest = hash.Digest();
   return out;
 }
 

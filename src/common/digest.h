@@ -2,13 +2,20 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
+
+#include "absl/status/statusor.h"
 
 namespace sbx {
 
 // Lowercase hex SHA-256 of `in`.
 std::string Sha256Hex(std::string_view in);
+
+// "sha256:<hex>", the OCI digest form of SHA-256(in).
+std::string Sha256Digest(std::string_view in);
 
 // SHA-256 of a stream fed in pieces (image layers and blobs, docs/templates.md).
 class Sha256Stream {
@@ -24,6 +31,14 @@ class Sha256Stream {
  private:
   void* ctx_;  // EVP_MD_CTX, kept out of this header
 };
+// The digest ("sha256:<hex>") and size of the whole file `fd` (read from offset 0 with pread,
+// so the fd's offset stays), checking `stop` between 1 MiB reads (Cancelled when it says so).
+struct FileDigest {
+  std::string digest;
+  uint64_t size = 0;
+};
+absl::StatusOr<FileDigest> Sha256OfFile(int fd, const std::function<bool()>& stop = {});
+
 // Raw HMAC-SHA256(key, msg).
 std::string HmacSha256(std::string_view key, std::string_view msg);
 // Constant-time comparison for secrets.

@@ -25,8 +25,6 @@ namespace {
 using json = nlohmann::json;
 constexpr size_t kChunk = 1 << 20;
 
-std::string Sha256Of(std::string_view data) { return "sha256:" + Sha256Hex(data); }
-
 // A file of an image opened inside `root` (RESOLVE_IN_ROOT: a symlink the archive planted
 // cannot lead out of it), which must be a regular file.
 absl::StatusOr<UniqueFd> OpenBlob(int root, const std::string& rel, bool follow_last) {
@@ -73,30 +71,6 @@ absl::StatusOr<std::string> ReadSmall(int fd, const std::string& what) {
   return out;
 }
 
-// The digest and size of a blob, read once; the size must be `want_size` when given.
-struct Hashed {
-  std::string digest;
-  uint64_t size = 0;
-};
-absl::StatusOr<Hashed> HashFile(int fd, const std::string& what, const CancelFn& cancelled) {
-  Sha256Stream hash;
-  std::vector<char> buf(kChunk);
-  Hashed h;
-  off_t at = 0;
-  for (;;) {
-    if (cancelled && cancelled()) return absl::CancelledError("image import: cancelled");
-    ssize_t n = ::pread(fd, buf.data(), buf.size(), at);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoStatus(errno, "image: read " + what);
-    if (n == 0) break;
-    hash.Update(buf.data(), static_cast<size_t>(n));
-    at += n;
-  }
-  h.size = static_cast<uint64_t>(at);
-  h.digest = hash.Digest();
-  return h;
-}
-
 // A document blob of a layout, checked against its descriptor.
 absl::StatusOr<std::string> ReadVerified(int root, const oci::Descriptor& d, const std::string& what) {
   if (d.size > oci::kMaxDocumentBytes) {
@@ -109,7 +83,7 @@ absl::StatusOr<std::string> ReadVerified(int root, const oci::Descriptor& d, con
     return absl::DataLossError(fmt::format("image: {} {} is {} bytes, its descriptor says {}",
                                            what, d.digest, text.size(), d.size));
   }
-  if (std::string got = Sha256Of(text); got != d.digest) {
+  if (std::string got = Sha256Digest(text); got != d.digest) {
     return absl::DataLossError(fmt::format("image: {} {} hashes to {}", what, d.digest, got));
   }
   return text;
@@ -217,7 +191,7 @@ absl::StatusOr<Image> ImportFromRoot(int root, const std::string& manifest_diges
         p.bytes_total = total;
         progress(p);
       }
-      SBX_ASSIGN_OR_RETURN(Hashed h, HashFile(fd.get(), l.digest, cancelled));
+      SBX_ASSIGN_OR_RETURN(FileDigest h, Sha256OfFile(fd.get(), cancelled));
       if (h.size != l.size || h.digest != l.digest) {
         return absl::DataLossError(fmt::format(
             "image: layer {} is {} bytes hashing to {}; its descriptor says {} bytes", l.digest,
@@ -277,7 +251,7 @@ absl::StatusOr<Image> ImportDockerArchive(int root, const std::string& ref_name,
                    {"mediaType", std::string(oci::kOciManifest)},
                    {"config",
                     {{"mediaType", "application/vnd.oci.image.config.v1+json"},
-                     {"digest", Sha256Of(ctext)},
+                     {"digest", Sha256Digest(ctext)},
                      {"size", ctext.size()}}},
                    {"layers", json::array()}};
   std::vector<LayerSource> blobs;
@@ -285,7 +259,7 @@ absl::StatusOr<Image> ImportDockerArchive(int root, const std::string& ref_name,
   for (size_t i = 0; i < img->layers.size(); ++i) {
     SBX_ASSIGN_OR_RETURN(std::string rel, CleanArchivePath(img->layers[i]));
     SBX_ASSIGN_OR_RETURN(UniqueFd fd, OpenBlob(root, rel, true));
-    SBX_ASSIGN_OR_RETURN(Hashed h, HashFile(fd.get(), rel, cancelled));
+    SBX_ASSIGN_OR_RETURN(FileDigest h, Sha256OfFile(fd.get(), cancelled));
     unsigned char magic[4] = {};
     const ssize_t n = ::pread(fd.get(), magic, sizeof magic, 0);
     const char* type = "application/vnd.oci.image.layer.v1.tar";
@@ -302,8 +276,8 @@ absl::StatusOr<Image> ImportDockerArchive(int root, const std::string& ref_name,
   SBX_ASSIGN_OR_RETURN(std::vector<LayerInfo> layers,
                        StoreLayers(blobs, config.diff_ids, store, progress, cancelled, total));
   Image out;
-  out.digest = Sha256Of(manifest.dump());
-  out.config_digest = Sha256Of(ctext);
+  out.digest = Sha256Digest(manifest.dump());
+  out.config_digest = Sha256Digest(ctext);
   out.layers = std::move(layers);
   out.config = std::move(config.config);
   out.config_json = oci::ConfigJson(out.config);

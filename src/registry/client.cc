@@ -21,6 +21,7 @@
 #include "common/unique_fd.h"
 #include "image/layer_unpack.h"
 #include "image/oci.h"
+#include "registry/challenge.h"
 #include "registry/registry.h"
 
 namespace sbx::registry {
@@ -35,23 +36,11 @@ constexpr const char* kAccept =
     "application/vnd.docker.distribution.manifest.list.v2+json, "
     "application/vnd.docker.distribution.manifest.v2+json";
 
-std::string Sha256Of(std::string_view s) { return "sha256:" + Sha256Hex(s); }
-
-absl::StatusOr<std::string> Sha256OfFile(const std::string& path, uint64_t* size) {
+// The digest and size of a blob file ("" when it is not there).
+absl::StatusOr<FileDigest> DigestOfPath(const std::string& path) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd) return ErrnoStatus(errno, "registry: open " + path);
-  Sha256Stream hash;
-  std::vector<char> buf(1 << 20);
-  *size = 0;
-  for (;;) {
-    ssize_t n = ::read(fd.get(), buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoStatus(errno, "registry: read " + path);
-    if (n == 0) break;
-    hash.Update(buf.data(), static_cast<size_t>(n));
-    *size += static_cast<uint64_t>(n);
-  }
-  return hash.Digest();
+  return Sha256OfFile(fd.get());
 }
 
 // "Authorization: Basic …" of the configured credentials.
@@ -63,33 +52,6 @@ std::string BasicHeader(const RegistrySettings& s) {
                                 static_cast<int>(plain.size()));
   b64.resize(static_cast<size_t>(n));
   return "Authorization: Basic " + b64;
-}
-
-// `key="value"` pairs of a WWW-Authenticate challenge after its scheme.
-std::map<std::string, std::string> ChallengeParams(std::string_view s) {
-  std::map<std::string, std::string> out;
-  size_t i = 0;
-  while (i < s.size()) {
-    while (i < s.size() && (s[i] == ' ' || s[i] == ',')) ++i;
-    const size_t eq = s.find('=', i);
-    if (eq == std::string_view::npos) break;
-    std::string key(s.substr(i, eq - i));
-    i = eq + 1;
-    std::string value;
-    if (i < s.size() && s[i] == '"') {
-      ++i;
-      while (i < s.size() && s[i] != '"') {
-        if (s[i] == '\\' && i + 1 < s.size()) ++i;
-        value.push_back(s[i++]);
-      }
-      ++i;
-    } else {
-      while (i < s.size() && s[i] != ',') value.push_back(s[i++]);
-    }
-    for (auto& c : key) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    out[key] = value;
-  }
-  return out;
 }
 
 std::string Escape(CURL* c, const std::string& s) {
@@ -318,7 +280,7 @@ class Puller {
           fmt::format("registry {} asks for auth scheme \"{:.40}\", which sbx does not speak",
                       ref_.registry, scheme));
     }
-    auto params = ChallengeParams(sp == std::string::npos ? "" : challenge.substr(sp + 1));
+    auto params = ParseChallengeParams(sp == std::string::npos ? "" : challenge.substr(sp + 1));
     const std::string realm = params["realm"];
     if (realm.rfind("https://", 0) != 0 && realm.rfind("http://", 0) != 0) {
       return absl::UnauthenticatedError(
@@ -431,7 +393,7 @@ absl::StatusOr<std::string> PullToLayout(const Reference& ref, const ClientOptio
   std::string want = ref.digest.empty() ? ref.tag : ref.digest;
   SBX_ASSIGN_OR_RETURN(Response r, p.GetSmall(p.base() + "/manifests/" + want,
                                               options.max_manifest_bytes, true));
-  std::string digest = Sha256Of(r.body);
+  std::string digest = Sha256Digest(r.body);
   if (!ref.digest.empty() && digest != ref.digest) {
     return absl::DataLossError(fmt::format(
         "registry: the manifest of {} hashes to {}, not the digest asked for", ref.String(), digest));
@@ -449,7 +411,7 @@ absl::StatusOr<std::string> PullToLayout(const Reference& ref, const ClientOptio
     SBX_ASSIGN_OR_RETURN(image::oci::Descriptor d, image::oci::Choose(index, ""));
     SBX_ASSIGN_OR_RETURN(r, p.GetSmall(p.base() + "/manifests/" + d.digest,
                                        options.max_manifest_bytes, true));
-    digest = Sha256Of(r.body);
+    digest = Sha256Digest(r.body);
     if (digest != d.digest) {
       return absl::DataLossError(fmt::format(
           "registry: the linux/amd64 manifest hashes to {}, not {} as its index says", digest,
@@ -477,8 +439,8 @@ absl::StatusOr<std::string> PullToLayout(const Reference& ref, const ClientOptio
     }
     const std::string final_path = blobs + d.digest.substr(7);
     const std::string partial = final_path + ".partial";
-    uint64_t size = 0;
-    if (auto have = Sha256OfFile(final_path, &size); have.ok() && *have == d.digest && size == d.size) {
+    if (auto have = DigestOfPath(final_path); have.ok() && have->digest == d.digest &&
+                                               have->size == d.size) {
       return absl::OkStatus();  // fetched by an earlier try
     }
     absl::Status last;
@@ -493,12 +455,12 @@ absl::StatusOr<std::string> PullToLayout(const Reference& ref, const ClientOptio
                    std::string(last.message()));
     }
     SBX_RETURN_IF_ERROR(last);
-    SBX_ASSIGN_OR_RETURN(std::string got, Sha256OfFile(partial, &size));
-    if (got != d.digest || size != d.size) {
+    SBX_ASSIGN_OR_RETURN(FileDigest got, DigestOfPath(partial));
+    if (got.digest != d.digest || got.size != d.size) {
       ::unlink(partial.c_str());
       return absl::DataLossError(fmt::format(
           "registry: blob {} arrived as {} bytes hashing to {}; its manifest says {} bytes",
-          d.digest, size, got, d.size));
+          d.digest, got.size, got.digest, d.size));
     }
     if (::rename(partial.c_str(), final_path.c_str()) != 0) {
       return ErrnoStatus(errno, "registry: rename " + final_path);

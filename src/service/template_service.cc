@@ -60,12 +60,6 @@ json LayersJson(const image::Image& img) {
   return out;
 }
 
-json ConfigJson(const image::ImageConfig& c) {
-  return {{"env", c.env},         {"entrypoint", c.entrypoint},   {"cmd", c.cmd},
-          {"working_dir", c.working_dir}, {"user", c.user},       {"labels", c.labels},
-          {"os", c.os},           {"architecture", c.architecture}};
-}
-
 std::vector<std::string> Strings(const json& j, const char* key) {
   std::vector<std::string> out;
   auto it = j.find(key);
@@ -407,7 +401,7 @@ absl::Status TemplateService::Commit(const std::string& op_id, const TemplateTar
   rec.digest = img.digest;
   rec.name = target.name;
   rec.layers = LayersJson(img);
-  rec.config = ConfigJson(img.config);
+  rec.config = img.config_json;  // oci::ConfigJson of the image's config
   rec.source = source;
   for (const auto& l : img.layers) rec.size += static_cast<int64_t>(l.unpacked_bytes);
   SBX_ASSIGN_OR_RETURN(runtime::TemplateSpec spec, SpecOf(rec));
