@@ -298,6 +298,23 @@ TEST_F(ImageTest, BombsLiesAndLimitsStopEarly) {
   EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(120));
 }
 
+TEST_F(ImageTest, RemoveTreeTakesDeepAndWideTreesWithoutFollowingLinks) {
+  // 500 levels (the unpacker allows 512) and a directory of 5,000 entries, with a symlink out
+  // of the tree inside: the tree goes, what the link points at stays.
+  std::string deep;
+  for (int i = 0; i < 500; ++i) deep += "d/";
+  std::vector<E> es = {{.name = deep + "f", .data = "x"},
+                       {.name = "wide/out", .type = AE_IFLNK, .link = (dir_ / "outside").string()}};
+  for (int i = 0; i < 5000; ++i) es.push_back({.name = "wide/" + std::to_string(i)});
+  const std::string tar = Tar(es);
+  ASSERT_TRUE(Unpack(tar, DiffId(tar)).ok());
+  ASSERT_TRUE(fs::exists(dest_ / (deep + "f")));
+  ASSERT_TRUE(RemoveTree(dest_.string()).ok());
+  EXPECT_FALSE(fs::exists(dest_));
+  ExpectOutsideUntouched();
+  EXPECT_TRUE(RemoveTree(dest_.string()).ok());  // gone already: nothing to do
+}
+
 TEST_F(ImageTest, TheStoreUnpacksOnceSharesAndLeavesNothingOfAFailure) {
   Limits limits;
   auto store = LayerStore::Open((dir_ / "store").string(), limits);

@@ -130,9 +130,11 @@ std::pair<std::string, std::string> Split(const std::string& rel) {
 }
 
 // Removes `name` in `dir` and, for a directory, all it holds, through fds only (nothing of a
-// path is re-resolved, so a symlink cannot redirect the removal). `depth` bounds the
-// recursion as CleanName bounds what an unpack can nest.
-absl::Status RemoveAt(int dir, const char* name, size_t depth) {
+// path is re-resolved, so a symlink cannot redirect the removal). Depth first with an explicit
+// stack of open directories, not recursion: a tree may nest as deep as CleanName allows, and a
+// tree made some other way (a store left by another version) is bounded by kMaxRemoveDepth.
+absl::Status RemoveAt(int dir, const char* name) {
+  constexpr size_t kMaxRemoveDepth = 4 * kMaxDepth;
   struct stat st {};
   if (::fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
     return errno == ENOENT ? absl::OkStatus() : ErrnoStatus(errno, fmt::format("fstatat({})", name));
@@ -143,40 +145,66 @@ absl::Status RemoveAt(int dir, const char* name, size_t depth) {
     }
     return absl::OkStatus();
   }
-  if (depth > kMaxDepth + 8) return absl::InternalError("remove: tree nests too deep");
-  int fd = ::openat(dir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, fmt::format("openat({})", name));
-  DIR* d = ::fdopendir(fd);
-  if (d == nullptr) {
-    ::close(fd);
-    return ErrnoStatus(errno, "fdopendir");
-  }
-  absl::Status st_all;
-  std::vector<std::string> names;
-  // Read the whole directory first: removing while reading may skip entries.
-  for (;;) {
-    errno = 0;
-    dirent* e = ::readdir(d);
-    if (e == nullptr) break;
-    if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
-    names.emplace_back(e->d_name);
-    if (names.size() >= 4096) {
-      // Bounded memory for huge directories: remove these, then read again from the start.
-      for (const auto& n : names) {
-        if (absl::Status s = RemoveAt(::dirfd(d), n.c_str(), depth + 1); !s.ok()) st_all = s;
-      }
-      names.clear();
-      if (!st_all.ok()) break;
-      ::rewinddir(d);
+  struct Level {
+    DIR* d;
+    std::string name;     // in the level above (or `dir` for the first)
+    bool removed = false;  // something went in this pass over it: read it again
+  };
+  std::vector<Level> stack;
+  auto close_all = [&] {
+    for (auto& l : stack) ::closedir(l.d);
+  };
+  auto open_level = [&](int parent, const std::string& n) -> absl::Status {
+    if (stack.size() >= kMaxRemoveDepth) return absl::InternalError("remove: the tree nests too deep");
+    int fd = ::openat(parent, n.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return ErrnoStatus(errno, fmt::format("openat({})", n));
+    DIR* d = ::fdopendir(fd);
+    if (d == nullptr) {
+      ::close(fd);
+      return ErrnoStatus(errno, "fdopendir");
     }
-  }
-  for (const auto& n : names) {
-    if (absl::Status s = RemoveAt(::dirfd(d), n.c_str(), depth + 1); !s.ok()) st_all = s;
-  }
-  ::closedir(d);
-  if (!st_all.ok()) return st_all;
-  if (::unlinkat(dir, name, AT_REMOVEDIR) != 0 && errno != ENOENT) {
-    return ErrnoStatus(errno, fmt::format("rmdir({})", name));
+    stack.push_back(Level{d, n});
+    return absl::OkStatus();
+  };
+  if (absl::Status st_open = open_level(dir, name); !st_open.ok()) return st_open;
+  while (!stack.empty()) {
+    Level& top = stack.back();
+    errno = 0;
+    dirent* e = ::readdir(top.d);
+    if (e != nullptr) {
+      if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+      const int fd = ::dirfd(top.d);
+      struct stat est {};
+      if (::fstatat(fd, e->d_name, &est, AT_SYMLINK_NOFOLLOW) != 0) continue;  // gone already
+      top.removed = true;
+      if (S_ISDIR(est.st_mode)) {
+        if (absl::Status st_open = open_level(fd, e->d_name); !st_open.ok()) {
+          close_all();
+          return st_open;
+        }
+      } else if (::unlinkat(fd, e->d_name, 0) != 0 && errno != ENOENT) {
+        const int err = errno;
+        close_all();
+        return ErrnoStatus(err, fmt::format("unlinkat({})", e->d_name));
+      }
+      continue;
+    }
+    // A directory read while it lost entries may have skipped some: read it again until a
+    // whole pass finds it empty.
+    if (top.removed) {
+      top.removed = false;
+      ::rewinddir(top.d);
+      continue;
+    }
+    const std::string done = top.name;
+    ::closedir(top.d);
+    stack.pop_back();
+    const int parent = stack.empty() ? dir : ::dirfd(stack.back().d);
+    if (::unlinkat(parent, done.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
+      const int err = errno;
+      close_all();
+      return ErrnoStatus(err, fmt::format("rmdir({})", done));
+    }
   }
   return absl::OkStatus();
 }
@@ -278,7 +306,7 @@ class Writer {
       retired_ = std::move(parent_fd_);
       parent_path_.clear();
     }
-    return RemoveAt(pfd, name.c_str(), 0);
+    return RemoveAt(pfd, name.c_str());
   }
 
   absl::Status MakeWhiteout(int pfd, const std::string& name, const std::string& rel) {
@@ -458,7 +486,7 @@ absl::Status RemoveTree(const std::string& path) {
   const std::string parent = slash == 0 ? "/" : path.substr(0, slash);
   UniqueFd dir(::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!dir) return errno == ENOENT ? absl::OkStatus() : ErrnoStatus(errno, "open(" + parent + ")");
-  return Annotate(RemoveAt(dir.get(), path.c_str() + slash + 1, 0), "remove " + path);
+  return Annotate(RemoveAt(dir.get(), path.c_str() + slash + 1), "remove " + path);
 }
 
 absl::StatusOr<UnpackResult> UnpackLayer(const std::string& blob_path, const std::string& dest,

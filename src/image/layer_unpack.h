@@ -41,8 +41,8 @@ absl::StatusOr<UnpackResult> UnpackLayer(const std::string& blob_path, const std
                                          const UnpackLimits& limits, const ProgressFn& progress,
                                          const CancelFn& cancelled);
 
-// Removes a tree without recursing per directory level on the stack (a layer may nest 512
-// deep) and without following symlinks or crossing mounts.
+// Removes a tree through fds, depth first with an explicit stack (no recursion: a layer may
+// nest 512 deep), never following a symlink.
 absl::Status RemoveTree(const std::string& path);
 
 // "sha256:<64 lowercase hex>"
