@@ -1,3 +1,4 @@
+#include "registry/challenge.h"
 #include "registry/registry.h"
 
 #include <gtest/gtest.h>
@@ -41,6 +42,16 @@ TEST(Reference, BadOnesSayWhy) {
     EXPECT_FALSE(r.ok()) << "accepted \"" << bad << "\"";
     if (!r.ok()) EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   }
+}
+
+TEST(Challenge, BearerParametersParseAndJunkIsDropped) {
+  auto p = ParseChallengeParams(
+      R"(Realm="https://auth.example/token",service="reg \"x\"",scope=repository:a:pull)");
+  EXPECT_EQ(p["realm"], "https://auth.example/token");
+  EXPECT_EQ(p["service"], "reg \"x\"");
+  EXPECT_EQ(p["scope"], "repository:a:pull");
+  EXPECT_TRUE(ParseChallengeParams("no equals here").empty());
+  EXPECT_EQ(ParseChallengeParams(R"(realm="unterminated)")["realm"], "unterminated");
 }
 
 }  // namespace

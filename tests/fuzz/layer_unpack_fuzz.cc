@@ -14,6 +14,7 @@
 #include <string>
 
 #include "archive/tar.h"
+#include "tar_seeds.h"
 #include "image/layer_unpack.h"
 
 namespace {
@@ -21,23 +22,11 @@ namespace fs = std::filesystem;
 using sbx::archive::TarEntry;
 using sbx::archive::TarType;
 
-std::string Seed(std::initializer_list<std::pair<TarEntry, std::string>> entries) {
-  std::string out;
-  for (const auto& [e, data] : entries) {
-    (void)sbx::archive::AppendTarHeader(out, e);
-    out += data;
-    out.append(sbx::archive::TarPadding(data.size()));
-  }
-  out.append(sbx::archive::TarTrailer());
-  for (char& c : out) {
-    if (c == '\0') c = '~';
-  }
-  return out;
-}
-const std::string kFiles = Seed({{TarEntry{"a/b", TarType::kFile, 0644, 0, 0, 1, 3, ""}, "abc"},
+using sbx::fuzz::TarSeed;
+const std::string kFiles = TarSeed({{TarEntry{"a/b", TarType::kFile, 0644, 0, 0, 1, 3, ""}, "abc"},
                                  {TarEntry{"a/.wh.c", TarType::kFile, 0644, 0, 0, 1, 0, ""}, ""},
                                  {TarEntry{"d/.wh..wh..opq", TarType::kFile, 0644, 0, 0, 1, 0, ""}, ""}});
-const std::string kLinks = Seed({{TarEntry{"up", TarType::kSymlink, 0777, 0, 0, 1, 0, "../.."}, ""},
+const std::string kLinks = TarSeed({{TarEntry{"up", TarType::kSymlink, 0777, 0, 0, 1, 0, "../.."}, ""},
                                  {TarEntry{"up/x", TarType::kFile, 0644, 0, 0, 1, 1, ""}, "x"},
                                  {TarEntry{"h", TarType::kHardLink, 0644, 0, 0, 1, 0, "a/b"}, ""}});
 

@@ -10,28 +10,16 @@
 #include <string>
 
 #include "archive/tar.h"
+#include "tar_seeds.h"
 
 namespace {
-std::string Seed(std::initializer_list<std::pair<sbx::archive::TarEntry, std::string>> entries) {
-  std::string out;
-  for (const auto& [e, data] : entries) {
-    (void)sbx::archive::AppendTarHeader(out, e);
-    out += data;
-    out.append(sbx::archive::TarPadding(data.size()));
-  }
-  out.append(sbx::archive::TarTrailer());
-  // The drivers take seeds as C strings: NUL bytes travel as '~' (see below).
-  for (char& c : out) {
-    if (c == '\0') c = '~';
-  }
-  return out;
-}
+using sbx::fuzz::TarSeed;
 using sbx::archive::TarEntry;
 using sbx::archive::TarType;
-const std::string kSeed1 = Seed({{TarEntry{"a/b", TarType::kFile, 0644, 0, 0, 1, 3, ""}, "abc"},
+const std::string kSeed1 = TarSeed({{TarEntry{"a/b", TarType::kFile, 0644, 0, 0, 1, 3, ""}, "abc"},
                                  {TarEntry{"d", TarType::kDirectory, 0755, 0, 0, 1, 0, ""}, ""}});
 const std::string kSeed2 =
-    Seed({{TarEntry{std::string(300, 'n'), TarType::kSymlink, 0777, 0, 0, 1, 0,
+    TarSeed({{TarEntry{std::string(300, 'n'), TarType::kSymlink, 0777, 0, 0, 1, 0,
                     std::string(200, 't')},
            ""}});
 }  // namespace
