@@ -141,6 +141,7 @@ class Puller {
         SBX_RETURN_IF_ERROR(Authenticate(r, rq.authorization));
         continue;
       }
+      if (r.status == 401) return RefusedAfterAuth(url, r);
       if (r.status != 200) return HttpError(url, r);
       return r;
     }
@@ -169,6 +170,7 @@ class Puller {
         SBX_RETURN_IF_ERROR(Authenticate(r, rq.authorization));
         continue;
       }
+      if (r.status == 401) return RefusedAfterAuth(url, r);
       if (r.status == 416 && have > 0 && attempt < 2) {  // it does not take our Range: start over
         if (::ftruncate(fd.get(), 0) != 0) return ErrnoStatus(errno, "registry: truncate " + path);
         continue;
@@ -395,6 +397,16 @@ class Puller {
   void SetAuthorization(std::string header) {
     std::lock_guard lock(header_mu_);
     auth_header_ = std::move(header);
+  }
+
+  // A 401 to the credentials the registry's own challenge asked for.
+  absl::Status RefusedAfterAuth(const std::string& url, const Response& r) const {
+    return absl::PermissionDeniedError(fmt::format(
+        "registry {} refused {} (GET {}: HTTP 401{})", ref_.registry,
+        settings_.username.empty() ? "an anonymous token"
+                                   : fmt::format("the credentials of user \"{:.100}\"",
+                                                 settings_.username),
+        url, RegistryErrorDetail(r.body)));
   }
 
   static absl::Status HttpError(const std::string& url, const Response& r) {
