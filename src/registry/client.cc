@@ -111,6 +111,9 @@ struct Request {
   int fd = -1;                // the body goes here (2xx only) instead of Response::body
   uint64_t resume_from = 0;   // Range: bytes=N- when > 0
   uint64_t cap = 0;           // most bytes of the (whole) body
+  // Past the cap: a blob longer than its descriptor lies (DataLoss); a manifest or token
+  // answer is merely more than sbx takes (ResourceExhausted).
+  absl::StatusCode over_cap = absl::StatusCode::kResourceExhausted;
 };
 
 // One pull: the registry's settings, the cached credentials' header, cancellation.
@@ -164,7 +167,8 @@ class Puller {
       }
       Response r;
       Request rq{.url = url, .authorization = Authorization(), .fd = fd.get(),
-                 .resume_from = have, .cap = cap};
+                 .resume_from = have, .cap = cap,
+                 .over_cap = absl::StatusCode::kDataLoss};
       SBX_RETURN_IF_ERROR(Perform(rq, &r));
       if (r.status == 401 && attempt == 0) {
         SBX_RETURN_IF_ERROR(Authenticate(r, rq.authorization));
@@ -241,9 +245,11 @@ class Puller {
     }
     t->written += len;
     if (t->resume_from + t->written > t->rq->cap) {
-      t->error = absl::DataLossError(fmt::format(
-          "registry: GET {}: the response is longer than the {} bytes expected", t->rq->url,
-          t->rq->cap));
+      t->error = absl::Status(
+          t->rq->over_cap,
+          fmt::format("registry: GET {}: the response is longer than the {} bytes {}", t->rq->url,
+                      t->rq->cap,
+                      t->rq->fd >= 0 ? "its descriptor says" : "sbx takes (max_manifest_bytes)"));
       return 0;
     }
     if (!to_file) {

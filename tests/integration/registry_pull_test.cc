@@ -494,6 +494,10 @@ TEST_F(RegistryPullTest, APartialBlobIsResumed) {
   auto digest = Pull(Ref("team/app:t"));
   ASSERT_TRUE(digest.ok()) << digest.status();
   ExpectLayoutOf(*single_);
+  // The registry's access log: the layer came as a 206 (the Range from the partial's end).
+  const std::string log = plain_->log();
+  EXPECT_NE(log.find("/blobs/" + single_->layer_digest + " HTTP/1.1\" 206"), std::string::npos)
+      << log;
 
   // A partial that is wrong (not the blob's start) costs one fetch from the first byte.
   out_ += "-bad";
