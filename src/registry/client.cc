@@ -313,11 +313,15 @@ class Puller {
     curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, &Puller::OnProgress);
     curl_easy_setopt(h, CURLOPT_XFERINFODATA, &t);
+    char detail[CURL_ERROR_SIZE] = {};
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, detail);
     const CURLcode rc = curl_easy_perform(h);
     if (!t.error.ok()) return t.error;
     if (rc != CURLE_OK) {
-      return absl::UnavailableError(
-          fmt::format("registry: GET {}: {}", rq.url, curl_easy_strerror(rc)));
+      // The buffer says which certificate check failed, or what the connection did.
+      return absl::UnavailableError(fmt::format("registry: GET {}: {}{}{:.200}", rq.url,
+                                                curl_easy_strerror(rc), detail[0] ? ": " : "",
+                                                detail));
     }
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);
     return absl::OkStatus();

@@ -195,12 +195,18 @@ std::string RandomBytes(size_t n, uint32_t seed) {
 // A docker-registry on 127.0.0.1:<port>, killed (by its PID) when this goes.
 class Registry {
  public:
-  Registry(const fs::path& dir, const std::string& htpasswd) : dir_(dir) {
+  // `tls`: a directory with server.crt and server.key, for https.
+  Registry(const fs::path& dir, const std::string& htpasswd, const fs::path& tls = {})
+      : dir_(dir) {
     port_ = FreePort();
     std::string cfg = fmt::format(
         "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n"
         "http:\n  addr: 127.0.0.1:{}\n",
         (dir / "data").string(), port_);
+    if (!tls.empty()) {
+      cfg += fmt::format("  tls:\n    certificate: {}\n    key: {}\n",
+                         (tls / "server.crt").string(), (tls / "server.key").string());
+    }
     if (!htpasswd.empty()) {
       cfg += fmt::format("auth:\n  htpasswd:\n    realm: sbx-test\n    path: {}\n", htpasswd);
     }
@@ -243,7 +249,7 @@ class Registry {
 class RegistryPullTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    for (const char* tool : {"docker-registry", "skopeo", "htpasswd"}) {
+    for (const char* tool : {"docker-registry", "skopeo", "htpasswd", "openssl"}) {
       if (!HaveTool(tool)) {
         missing_ = std::string(tool) + " is not installed";
         return;
@@ -528,6 +534,62 @@ TEST_F(RegistryPullTest, CancelReturnsCancelledAndNoLayout) {
   EXPECT_EQ(later.status().code(), absl::StatusCode::kCancelled) << later.status();
   EXPECT_FALSE(fs::exists(out_ / "index.json"));
   EXPECT_TRUE(fs::exists(out_ / "blobs/sha256" / single_->config_digest.substr(7)));
+}
+
+// A CA of the test's own, and a certificate for 127.0.0.1 it signed (openssl CLI).
+bool MakeCa(const fs::path& dir, std::string* why) {
+  fs::create_directories(dir);
+  WriteFile(dir / "ext.cnf", "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n");
+  const std::string d = dir.string(), log = (dir / "openssl.log").string();
+  const std::vector<std::vector<std::string>> steps = {
+      {"openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", d + "/ca.key",
+       "-out", d + "/ca.crt", "-days", "2", "-subj", "/CN=sbx test CA"},
+      {"openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", d + "/server.key", "-out",
+       d + "/server.csr", "-subj", "/CN=127.0.0.1"},
+      {"openssl", "x509", "-req", "-in", d + "/server.csr", "-CA", d + "/ca.crt", "-CAkey",
+       d + "/ca.key", "-CAcreateserial", "-out", d + "/server.crt", "-days", "2", "-extfile",
+       d + "/ext.cnf"},
+  };
+  for (const auto& step : steps) {
+    if (RunTool(step, log) != 0) {
+      *why = "openssl " + step[1] + " failed: " + ReadFileOrEmpty(log);
+      return false;
+    }
+  }
+  return true;
+}
+
+TEST_F(RegistryPullTest, TlsIsVerifiedAgainstTheConfiguredCa) {
+  const fs::path tls = *dir_ / "tls";
+  std::string why;
+  ASSERT_TRUE(MakeCa(tls, &why)) << why;
+  Registry secure(*dir_ / "secure", "", tls);
+  ASSERT_TRUE(secure.up()) << secure.log();
+  ASSERT_TRUE(Push(*dir_ / "layout-one", "team/app:t", {}, &secure)) << missing_;
+  const std::string ref = secure.addr() + "/team/app:t";
+
+  // No CA for it: the system's do not know this one.
+  options_.registries.clear();
+  auto unknown = Pull(ref);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kUnavailable) << unknown.status();
+  EXPECT_NE(unknown.status().message().find("certificate"), std::string_view::npos)
+      << unknown.status();
+  EXPECT_FALSE(fs::exists(out_ / "index.json"));
+
+  // Its CA as the defaults' ca_file, then as the registry's own.
+  options_.registries[""].ca_file = (tls / "ca.crt").string();
+  auto by_default = Pull(ref);
+  ASSERT_TRUE(by_default.ok()) << by_default.status();
+  ExpectLayoutOf(*single_);
+
+  out_ += "-own";
+  options_.registries.clear();
+  options_.registries[secure.addr()].ca_file = (tls / "ca.crt").string();
+  auto own = Pull(ref);
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ(*own, single_->manifest_digest);
+  ExpectLayoutOf(*single_);
 }
 
 }  // namespace
