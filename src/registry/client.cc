@@ -561,6 +561,10 @@ class BlobFetcher {
       Done(d, "already here");
       return absl::OkStatus();
     }
+    // A whole .partial (a pull stopped between its last byte and the rename) needs no GET.
+    if (auto have = Sha256OfFile(partial, &size); have.ok() && *have == d.digest && size == d.size) {
+      return Finish(d, partial, final_path, "fetched earlier");
+    }
     bool resumed = false, restarted = false;
     absl::Status last;
     for (int attempt = 0; attempt <= options_.retries; ++attempt) {
@@ -590,10 +594,15 @@ class BlobFetcher {
       std::this_thread::sleep_for(std::chrono::milliseconds(250 << std::min(attempt, 4)));
     }
     if (!last.ok()) return last;
+    return Finish(d, partial, final_path, "fetched");
+  }
+
+  absl::Status Finish(const oci::Descriptor& d, const std::string& partial,
+                      const std::string& final_path, std::string_view how) {
     if (::rename(partial.c_str(), final_path.c_str()) != 0) {
       return ErrnoStatus(errno, "registry: rename " + partial);
     }
-    Done(d, "fetched");
+    Done(d, how);
     return absl::OkStatus();
   }
 

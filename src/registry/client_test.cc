@@ -362,6 +362,18 @@ TEST_F(ClientTest, AServerThatIgnoresRangeStartsTheBlobOver) {
   bool ranged = false;
   for (const auto& rq : reg.requests()) ranged = ranged || rq.range == "bytes=20000-";
   EXPECT_TRUE(ranged);
+
+  // A whole .partial (stopped before its rename) is taken without a GET.
+  fs::remove_all(dir_ / "out");
+  fs::create_directories(partial.parent_path());
+  std::ofstream(partial, std::ios::binary) << im.layer;
+  const size_t before = reg.requests().size();
+  digest = Pull(reg);
+  ASSERT_TRUE(digest.ok()) << digest.status();
+  EXPECT_EQ(Blob(im.layer_digest), im.layer);
+  for (size_t i = before; i < reg.requests().size(); ++i) {
+    EXPECT_EQ(reg.requests()[i].target.find(im.layer_digest), std::string::npos);
+  }
 }
 
 TEST_F(ClientTest, LimitsHold) {
