@@ -90,7 +90,8 @@ std::string RegistryErrorDetail(std::string_view body) {
     auto it = e.find(key);
     return it != e.end() && it->is_string() ? it->get<std::string>() : std::string();
   };
-  return fmt::format(": {:.60} {:.240}", str("code"), str("message"));
+  // Bounded in bytes: it goes into every error message of the pull.
+  return ": " + str("code").substr(0, 60) + " " + str("message").substr(0, 240);
 }
 
 }  // namespace sbx::registry
