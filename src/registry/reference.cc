@@ -59,19 +59,28 @@ absl::StatusOr<Reference> ParseReference(const std::string& text) {
   if (colon != std::string::npos && (last_slash == std::string::npos || colon > last_slash)) {
     r.tag = rest.substr(colon + 1);
     rest = rest.substr(0, colon);
+    constexpr const char* kTagRule =
+        "the tag must be 1 to 128 of [A-Za-z0-9_.-], not starting with '.' or '-'";
     if (r.tag.empty() || r.tag.size() > 128 || r.tag[0] == '.' || r.tag[0] == '-') {
-      return bad("bad tag");
+      return bad(kTagRule);
     }
     for (char c : r.tag) {
-      if (!TagChar(c)) return bad("bad tag");
+      if (!TagChar(c)) return bad(kTagRule);
     }
   }
   if (rest.empty()) return bad("no repository");
   for (char c : rest) {
     if (!PathChar(c)) return bad("a repository has lowercase letters, digits, '.', '_', '-', '/'");
   }
-  if (rest.front() == '/' || rest.back() == '/' || rest.find("//") != std::string::npos) {
-    return bad("bad repository path");
+  // Each path component starts and ends with a letter or digit ("a/.b", "a-/b" are not names).
+  for (size_t start = 0; start <= rest.size();) {
+    size_t end = rest.find('/', start);
+    if (end == std::string::npos) end = rest.size();
+    auto alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); };
+    if (end == start || !alnum(rest[start]) || !alnum(rest[end - 1])) {
+      return bad("each repository path component starts and ends with a letter or digit");
+    }
+    start = end + 1;
   }
   if (r.registry == "registry-1.docker.io" && rest.find('/') == std::string::npos) {
     rest = "library/" + rest;

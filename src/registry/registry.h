@@ -26,7 +26,9 @@ absl::StatusOr<Reference> ParseReference(const std::string& text);
 
 struct RegistrySettings {
   std::string username, password;  // basic, or the credentials of the token flow; "" = anonymous
-  bool insecure = false;           // plain http, or https without verification (labs)
+  // Plain http (a lab registry without TLS). https is always verified: a private CA goes in
+  // ca_file; there is no switch that turns verification off.
+  bool insecure = false;
   std::string ca_file;             // extra CA bundle to verify the registry's certificate
 };
 
