@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -70,6 +71,16 @@ struct SandboxSpec {
   // egress rules, so nothing it sends passes) until Instance::AttachEgress gives it a profile.
   // Only runtimes with Capabilities::network_ready accept it.
   bool network_ready = false;
+  // A template build's RUN step (docs/templates.md): the instance keeps a handle on its
+  // writable layer for ExportWritableLayer. Never adopted after a restart (the build fails).
+  bool keep_writable_layer = false;
+};
+
+// What ExportWritableLayer wrote.
+struct ExportedLayer {
+  std::string diff_id;  // "sha256:<hex>" of the tar
+  uint64_t tar_bytes = 0;
+  uint64_t entries = 0;
 };
 
 struct Capabilities {
@@ -140,6 +151,16 @@ class Instance {
     (void)port;
     (void)ipv6;
     return absl::UnimplementedError("dial port: this runtime cannot reach sandbox ports");
+  }
+
+  // Of an instance created keep_writable_layer: freezes its processes, writes what they changed
+  // over the template (the overlay's upper) to `out_fd` as an OCI layer tar, thaws them. The
+  // caller destroys the instance next.
+  virtual absl::StatusOr<ExportedLayer> ExportWritableLayer(
+      int out_fd, const std::function<bool()>& cancelled) {
+    (void)out_fd;
+    (void)cancelled;
+    return absl::UnimplementedError("export writable layer: this runtime cannot build templates");
   }
 };
 using InstancePtr = std::unique_ptr<Instance>;

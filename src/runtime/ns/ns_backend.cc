@@ -317,6 +317,13 @@ class Creation {
   absl::Status TakeDisk() {
     SBX_ASSIGN_OR_RETURN(disk_, s_.disks->Take(spec_.resources.disk_mib, dir_ + "/disk.img"));
     plan_.disk_fd = disk_.mount_fd();
+    // A build step's changes are read from the disk itself, below the overlay: this fd stays
+    // valid after the child attaches the mount in its namespace.
+    if (spec_.keep_writable_layer) {
+      upper_.Reset(::openat(disk_.mount_fd(), "upper",
+                            O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (!upper_) return ErrnoStatus(errno, "create: openat(disk, \"upper\")");
+    }
     return absl::OkStatus();
   }
 
@@ -515,7 +522,7 @@ class Creation {
       uid_claim_->Release();
     }
     return MakeNsInstance(std::move(shared), spec_.id, pid_, *start_time, std::move(pidfd),
-                          std::move(cgroup_), uid_base, std::move(network_));
+                          std::move(cgroup_), uid_base, std::move(network_), std::move(upper_));
   }
 
  private:
@@ -534,6 +541,7 @@ class Creation {
   std::optional<UidClaim> uid_claim_;
   UniqueFd userns_;
   PreparedDisk disk_;
+  UniqueFd upper_;  // keep_writable_layer: the disk's upper directory
   std::unique_ptr<SandboxCgroup> cgroup_;
   std::vector<UniqueFd> procs_fds_;
   UniqueFd v2_dir_;

@@ -23,6 +23,7 @@
 #include "runtime/ns/ns_network.h"
 #include "runtime/ns/pidfd.h"
 #include "runtime/ns/port_dial.h"
+#include "runtime/ns/upper_export.h"
 
 namespace sbx::runtime::ns {
 
@@ -32,7 +33,7 @@ class NsInstance : public Instance {
  public:
   NsInstance(std::shared_ptr<NsBackend::Shared> shared, std::string id, pid_t pid,
              uint64_t start_time, UniqueFd pidfd, std::unique_ptr<SandboxCgroup> cgroup,
-             uint32_t uid_base, std::unique_ptr<net::SandboxNetwork> network)
+             uint32_t uid_base, std::unique_ptr<net::SandboxNetwork> network, UniqueFd upper)
       : shared_(std::move(shared)),
         id_(std::move(id)),
         dir_(shared_->DirOf(id_)),
@@ -42,7 +43,8 @@ class NsInstance : public Instance {
         pidfd_(std::move(pidfd)),
         cgroup_(std::move(cgroup)),
         uid_base_(uid_base),
-        network_(std::move(network)) {
+        network_(std::move(network)),
+        upper_(std::move(upper)) {
     cgroup_->Release();  // the sandbox outlives this object (and sbxd); Destroy() is explicit
   }
   ~NsInstance() override {
@@ -138,9 +140,26 @@ class NsInstance : public Instance {
     return DialLoopback(pidfd_.get(), port, ipv6);
   }
 
+  absl::StatusOr<ExportedLayer> ExportWritableLayer(
+      int out_fd, const std::function<bool()>& cancelled) override {
+    if (destroyed_ || !upper_) {
+      return absl::FailedPreconditionError(fmt::format(
+          "export writable layer {}: not a build sandbox (keep_writable_layer)", id_));
+    }
+    // Frozen, nothing the step left running can change a file while it is read.
+    SBX_RETURN_IF_ERROR(Annotate(Freeze(), fmt::format("export writable layer {}", id_)));
+    auto layer = WriteUpperAsLayer(upper_.get(), uid_base_, out_fd, cancelled);
+    // Thawed again: a v1 freezer holds even SIGKILL until then, and Destroy comes next.
+    absl::Status thaw = Thaw();
+    if (!layer.ok()) return Annotate(layer.status(), fmt::format("export writable layer {}", id_));
+    SBX_RETURN_IF_ERROR(Annotate(thaw, fmt::format("export writable layer {}", id_)));
+    return ExportedLayer{layer->diff_id, layer->tar_bytes, layer->entries};
+  }
+
   absl::Status Destroy() override {
     if (destroyed_) return absl::OkStatus();
     const auto t0 = Clock::now();
+    upper_.Reset();  // it would keep the disk's ext4 mounted after the namespace is gone
     // 0. With a reaper: a reference to the sandbox's root (its overlay, which holds the disk),
     //    taken while the agent is alive. The mount namespace then dies with the last process as
     //    before, but the overlay and the disk's ext4 stay mounted, detached from every
@@ -248,6 +267,7 @@ class NsInstance : public Instance {
   std::unique_ptr<SandboxCgroup> cgroup_;
   uint32_t uid_base_;  // 0 without a user namespace
   std::unique_ptr<net::SandboxNetwork> network_;  // networked sandboxes only
+  UniqueFd upper_;  // build sandboxes only: the disk's upper directory (ExportWritableLayer)
   bool destroyed_ = false;
 };
 
@@ -256,10 +276,10 @@ class NsInstance : public Instance {
 InstancePtr MakeNsInstance(std::shared_ptr<NsBackend::Shared> shared, std::string id, pid_t pid,
                            uint64_t start_time, UniqueFd pidfd,
                            std::unique_ptr<SandboxCgroup> cgroup, uint32_t uid_base,
-                           std::unique_ptr<net::SandboxNetwork> network) {
+                           std::unique_ptr<net::SandboxNetwork> network, UniqueFd upper) {
   return std::make_unique<NsInstance>(std::move(shared), std::move(id), pid, start_time,
                                       std::move(pidfd), std::move(cgroup), uid_base,
-                                      std::move(network));
+                                      std::move(network), std::move(upper));
 }
 
 }  // namespace sbx::runtime::ns

@@ -19,6 +19,7 @@ namespace sbx::runtime::ns {
 InstancePtr MakeNsInstance(std::shared_ptr<NsBackend::Shared> shared, std::string id, pid_t pid,
                            uint64_t start_time, UniqueFd pidfd,
                            std::unique_ptr<SandboxCgroup> cgroup, uint32_t uid_base,
-                           std::unique_ptr<net::SandboxNetwork> network = nullptr);
+                           std::unique_ptr<net::SandboxNetwork> network = nullptr,
+                           UniqueFd upper = UniqueFd());
 
 }  // namespace sbx::runtime::ns
