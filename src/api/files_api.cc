@@ -247,8 +247,12 @@ bool Api::StreamsBody(const http::Request& req) {
   if (!put && !post) return false;
   auto t = ParseTarget(req.target());
   if (!t.ok() || t->segments.empty() || t->segments[0] != "v1") return false;
-  // An image archive for POST /v1/templates:import (template_routes.cc).
-  if (post) return t->segments.size() == 2 && t->segments[1] == "templates:import";
+  // An image archive for POST /v1/templates:import, a build context for :build
+  // (template_routes.cc).
+  if (post) {
+    return t->segments.size() == 2 &&
+           (t->segments[1] == "templates:import" || t->segments[1] == "templates:build");
+  }
   return t->segments.size() == 4 && t->segments[1] == "sandboxes" && t->segments[3] == "files";
 }
 

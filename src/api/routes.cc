@@ -40,6 +40,7 @@ constexpr Route kRoutes[] = {
     {verb::delete_, "v1/operations/{id}", Auth::kTenant, &Routes::CancelOperation},
 
     {verb::post, "v1/templates:import", Auth::kTenant, &Routes::ImportTemplate},
+    {verb::post, "v1/templates:build", Auth::kTenant, &Routes::BuildTemplate},
     {verb::post, "v1/templates:gc", Auth::kTenant, &Routes::TemplateGc},
     {verb::post, "v1/templates", Auth::kTenant, &Routes::CreateTemplate},
     {verb::get, "v1/templates", Auth::kTenant, &Routes::ListTemplates},

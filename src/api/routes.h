@@ -64,6 +64,7 @@ struct Routes {
   static Awaitable PatchSandboxEgress(Api& api, Call& call);
   // template_routes.cc
   static Awaitable ImportTemplate(Api& api, Call& call);
+  static Awaitable BuildTemplate(Api& api, Call& call);
   static Awaitable CreateTemplate(Api& api, Call& call);
   static Awaitable ListTemplates(Api& api, Call& call);
   static Awaitable GetTemplate(Api& api, Call& call);

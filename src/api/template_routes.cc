@@ -44,17 +44,12 @@ absl::StatusOr<service::TemplateTarget> TargetOf(std::optional<std::string> name
   return t;
 }
 
-}  // namespace
-
-// POST /v1/templates:import?name=N&tag=T, the archive as the body (streamed to a file of the
-// template store first: the archive's index may come after its layers).
-Awaitable Routes::ImportTemplate(Api& api, Call& call) {
-  service::TemplateService* tpl = api.opts_.templates;
-  if (tpl == nullptr) co_return Fail(call.ctx, TemplatesOff());
-  auto target = TargetOf(call.target.Query("name"), call.target.Query("tag"));
-  if (!target.ok()) co_return Fail(call.ctx, target.status());
+// The body of an import or a build, streamed to a file of the template store (an archive's
+// index may come after its layers); `what` names it in errors.
+boost::asio::awaitable<absl::StatusOr<service::Upload>> ReceiveUpload(
+    service::TemplateService* tpl, Call& call, std::string_view what) {
   auto upload = tpl->NewUpload();
-  if (!upload.ok()) co_return Fail(call.ctx, upload.status());
+  if (!upload.ok()) co_return upload.status();
   std::string buf(kUploadChunk, '\0');
   uint64_t total = 0;
   for (;;) {
@@ -63,7 +58,7 @@ Awaitable Routes::ImportTemplate(Api& api, Call& call) {
       auto r = co_await call.ctx.body->ReadSome(buf.data() + n, buf.size() - n);
       if (!r.ok()) {
         tpl->Discard(*upload);
-        co_return Fail(call.ctx, r.status());
+        co_return r.status();
       }
       if (*r == 0) break;
       n += *r;
@@ -72,24 +67,114 @@ Awaitable Routes::ImportTemplate(Api& api, Call& call) {
     total += n;
     if (total > tpl->max_archive_bytes()) {
       tpl->Discard(*upload);
-      co_return Fail(call.ctx,
-                     ApiError(absl::StatusCode::kInvalidArgument, "payload_too_large",
-                              fmt::format("the archive is larger than templates.max_archive_mib "
-                                          "({} bytes)",
-                                          tpl->max_archive_bytes())));
+      co_return ApiError(absl::StatusCode::kInvalidArgument, "payload_too_large",
+                         fmt::format("the {} is larger than templates.max_archive_mib ({} bytes)",
+                                     what, tpl->max_archive_bytes()));
     }
-    if (absl::Status w = archive::WriteAll(upload->fd, std::string_view(buf.data(), n), upload->path); !w.ok()) {
+    absl::Status w = archive::WriteAll(upload->fd, std::string_view(buf.data(), n), upload->path);
+    if (!w.ok()) {
       tpl->Discard(*upload);
-      co_return Fail(call.ctx, w);
+      co_return w;
     }
   }
   if (total == 0) {
     tpl->Discard(*upload);
-    co_return Fail(call.ctx, FieldError("body", "the body must be an image archive (docker save, "
-                                                "oci-archive, or an OCI layout as a tar)"));
+    co_return FieldError("body", fmt::format("the body must be the {}", what));
   }
+  co_return std::move(*upload);
+}
+
+// source.build of POST /v1/templates, or ?build= of POST /v1/templates:build:
+// {"dockerfile", "dockerfile_path", "args", "sandbox", "no_cache"}.
+absl::StatusOr<service::BuildSpec> ParseBuild(const json& b, const ResourceLimits& limits,
+                                              const std::string& field) {
+  if (!b.is_object()) return FieldError(field, field + " must be an object");
+  service::BuildSpec spec;
+  for (const auto& [k, v] : b.items()) {
+    const std::string f = field + "." + k;
+    if (k == "dockerfile" || k == "dockerfile_path") {
+      if (!v.is_string()) return FieldError(f, f + " must be a string");
+      (k == "dockerfile" ? spec.dockerfile : spec.dockerfile_path) = v.get<std::string>();
+    } else if (k == "args") {
+      if (!v.is_object()) return FieldError(f, f + " must be an object of strings");
+      for (const auto& [ak, av] : v.items()) {
+        if (!av.is_string() || ak.empty()) {
+          return FieldError(f, f + " must be an object of strings, with non-empty names");
+        }
+        spec.args[ak] = av.get<std::string>();
+      }
+    } else if (k == "no_cache") {
+      if (!v.is_boolean()) return FieldError(f, f + " must be a boolean");
+      spec.no_cache = v.get<bool>();
+    } else if (k == "sandbox") {
+      // The RUN steps' sandboxes: the fields of a create (vcpu, memory_mib, disk_mib,
+      // egress_profile, egress, timeout_s), checked as a create's are.
+      if (!v.is_object()) return FieldError(f, f + " must be an object");
+      for (const auto& [sk, sv] : v.items()) {
+        if (sk != "vcpu" && sk != "memory_mib" && sk != "disk_mib" && sk != "egress_profile" &&
+            sk != "egress" && sk != "runtime") {
+          return FieldError(f + "." + sk, fmt::format("unknown field {}.{}", f, sk));
+        }
+      }
+      auto req = ParseCreateSandbox(v.dump(), limits);
+      if (!req.ok()) {
+        return ApiError(req.status().code(), ApiErrorCode(req.status()),
+                        fmt::format("{}: {}", f, std::string(req.status().message())), f);
+      }
+      spec.sandbox = std::move(*req);
+    } else {
+      return FieldError(f, fmt::format("unknown field {}", f));
+    }
+  }
+  return spec;
+}
+
+}  // namespace
+
+// POST /v1/templates:import?name=N&tag=T, the archive as the body.
+Awaitable Routes::ImportTemplate(Api& api, Call& call) {
+  service::TemplateService* tpl = api.opts_.templates;
+  if (tpl == nullptr) co_return Fail(call.ctx, TemplatesOff());
+  auto target = TargetOf(call.target.Query("name"), call.target.Query("tag"));
+  if (!target.ok()) co_return Fail(call.ctx, target.status());
+  auto upload = co_await ReceiveUpload(
+      tpl, call, "image archive (docker save, oci-archive, or an OCI layout as a tar)");
+  if (!upload.ok()) co_return Fail(call.ctx, upload.status());
   auto started = log::With(call.ctx.log, [&] {
     return tpl->Import(call.caller, *target, std::move(*upload));
+  });
+  if (!started.ok()) co_return Fail(call.ctx, started.status());
+  co_return Started(*started);
+}
+
+// POST /v1/templates:build?name=N&tag=T[&dockerfile=PATH][&no_cache=1][&build=JSON], the build
+// context (a tar holding the Dockerfile) as the body.
+Awaitable Routes::BuildTemplate(Api& api, Call& call) {
+  service::TemplateService* tpl = api.opts_.templates;
+  if (tpl == nullptr) co_return Fail(call.ctx, TemplatesOff());
+  auto target = TargetOf(call.target.Query("name"), call.target.Query("tag"));
+  if (!target.ok()) co_return Fail(call.ctx, target.status());
+  json b = json::object();
+  if (auto q = call.target.Query("build")) {
+    auto j = ParseUntrustedJson(*q);
+    if (!j.ok()) co_return Fail(call.ctx, FieldError("build", "build must be a JSON object"));
+    b = std::move(*j);
+  }
+  if (auto q = call.target.Query("dockerfile"); q && b.is_object()) b["dockerfile_path"] = *q;
+  if (auto q = call.target.Query("no_cache"); q && b.is_object()) {
+    b["no_cache"] = *q == "1" || *q == "true";
+  }
+  if (b.is_object() && b.contains("dockerfile")) {
+    co_return Fail(call.ctx, FieldError("build.dockerfile",
+                                        "the Dockerfile of POST /v1/templates:build is a file of "
+                                        "the context (dockerfile=PATH)"));
+  }
+  auto spec = ParseBuild(b, api.limits(), "build");
+  if (!spec.ok()) co_return Fail(call.ctx, spec.status());
+  auto upload = co_await ReceiveUpload(tpl, call, "build context (a tar)");
+  if (!upload.ok()) co_return Fail(call.ctx, upload.status());
+  auto started = log::With(call.ctx.log, [&] {
+    return tpl->Build(call.caller, *target, std::move(*spec), std::move(*upload));
   });
   if (!started.ok()) co_return Fail(call.ctx, started.status());
   co_return Started(*started);
@@ -123,11 +208,19 @@ Awaitable Routes::CreateTemplate(Api& api, Call& call) {
   if (src == body->end() || !src->is_object()) {
     co_return Fail(call.ctx, FieldError("source", "source must be an object: {\"image\": REF}"));
   }
-  if (src->contains("build")) {
-    co_return Fail(call.ctx, ApiError(absl::StatusCode::kUnimplemented, "not_implemented",
-                                      "template builds (source.build) are not implemented yet: "
-                                      "import or pull an image",
-                                      "source.build"));
+  if (auto build = src->find("build"); build != src->end()) {
+    auto spec = ParseBuild(*build, api.limits(), "source.build");
+    if (!spec.ok()) co_return Fail(call.ctx, spec.status());
+    if (spec->dockerfile.empty()) {
+      co_return Fail(call.ctx, FieldError("source.build.dockerfile",
+                                          "source.build.dockerfile (the text) is required; a "
+                                          "build with a context is POST /v1/templates:build"));
+    }
+    auto started = log::With(call.ctx.log, [&] {
+      return tpl->Build(call.caller, *target, std::move(*spec), std::nullopt);
+    });
+    if (!started.ok()) co_return Fail(call.ctx, started.status());
+    co_return Started(*started);
   }
   auto image = str(*src, "image");
   if (!image.ok()) co_return Fail(call.ctx, image.status());

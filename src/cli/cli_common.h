@@ -60,6 +60,11 @@ absl::StatusOr<int> ListFiles(Client& client, const std::string& id, const std::
 absl::StatusOr<nlohmann::json> PostFile(Client& client, const std::string& token,
                                         const std::string& target, const std::string& local,
                                         const std::string& content_type, bool progress_on);
+// POSTs a tar of the local directory `dir` (names relative to it) as the body of `target`,
+// chunked; the JSON answer, or the API's error.
+absl::StatusOr<nlohmann::json> PostDirectoryTar(Client& client, const std::string& token,
+                                                const std::string& target, const std::string& dir,
+                                                bool progress_on);
 // `sbx template …` (template_cmds.cc).
 void RegisterTemplateCommands(CLI::App& app, Context& ctx, const std::string* token);
 // `sbx doctor`: local, links the doctor library (the only command that does not talk HTTP).

@@ -408,6 +408,29 @@ std::optional<std::pair<std::string, std::string>> ParseRemotePath(const std::st
   return r;
 }
 
+absl::StatusOr<nlohmann::json> PostDirectoryTar(Client& client, const std::string& token,
+                                                const std::string& target, const std::string& dir,
+                                                bool progress_on) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return ErrnoStatus(errno, fmt::format("stat {}", dir));
+  if (!S_ISDIR(st.st_mode)) return absl::InvalidArgumentError(dir + " is not a directory");
+  Progress progress(fmt::format("{}: sending", dir), progress_on);
+  Transfer t(client, token);
+  SBX_RETURN_IF_ERROR(t.Connect());
+  SBX_RETURN_IF_ERROR(t.SendHeader("POST", target, "application/x-tar", std::nullopt, ""));
+  std::string out;
+  absl::Status sent = TarLocal(t, dir, "", out, progress);
+  if (sent.ok()) {
+    out.append(archive::TarTrailer());
+    sent = t.SendBody(out);
+  }
+  if (sent.ok()) sent = t.EndBody();
+  json result;
+  SBX_RETURN_IF_ERROR(t.ReadResponse({}, &result));
+  SBX_RETURN_IF_ERROR(sent);
+  return result;
+}
+
 absl::StatusOr<nlohmann::json> PostFile(Client& client, const std::string& token,
                                         const std::string& target, const std::string& local,
                                         const std::string& content_type, bool progress_on) {

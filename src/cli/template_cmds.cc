@@ -1,4 +1,5 @@
-// `sbx template ls|inspect|import|pull|tag|rm|gc` (docs/templates.md).
+// `sbx template ls|inspect|import|pull|build|tag|rm|gc` (docs/templates.md).
+#include <filesystem>
 #include <unistd.h>
 
 #include <array>
@@ -10,6 +11,8 @@
 #include "cli/cli_common.h"
 
 namespace sbx::cli {
+namespace fs = std::filesystem;
+
 namespace {
 
 using json = nlohmann::json;
@@ -179,6 +182,71 @@ void RegisterImport(CLI::App& tpl, Context& ctx, const std::string* token) {
   });
 }
 
+void RegisterBuild(CLI::App& tpl, Context& ctx, const std::string* token) {
+  struct Flags {
+    SourceFlags src;
+    std::string file;
+    std::vector<std::string> args;
+    bool no_cache = false;
+    std::string egress_profile;
+    int64_t vcpu = 0, memory_mib = 0, disk_mib = 0;
+  };
+  auto f = std::make_shared<Flags>();
+  CLI::App* cmd = tpl.add_subcommand(
+      "build", "Build a template from a Dockerfile (FROM RUN COPY ADD ENV WORKDIR USER ARG LABEL "
+               "CMD ENTRYPOINT) and a context directory");
+  AddSourceFlags(cmd, f->src, "Context directory (sent as a tar)");
+  cmd->add_option("-f,--file", f->file,
+                  "The Dockerfile, inside the context (default: CONTEXT/Dockerfile)");
+  cmd->add_option("--build-arg", f->args, "ARG value: NAME=VALUE (repeatable)");
+  cmd->add_flag("--no-cache", f->no_cache, "Run every step again (the results are cached)");
+  cmd->add_option("--egress-profile", f->egress_profile,
+                  "Egress profile of the RUN steps (default none: no network)");
+  cmd->add_option("--vcpu", f->vcpu, "vCPUs of the RUN steps' sandboxes");
+  cmd->add_option("--memory-mib", f->memory_mib, "Memory of the RUN steps' sandboxes");
+  cmd->add_option("--disk-mib", f->disk_mib, "Writable disk of the RUN steps' sandboxes");
+  cmd->footer("Example: sbx template build -f Dockerfile . -t app:1 --build-arg V=2");
+  cmd->callback([f, &ctx, token] {
+    ctx.action = [f, token](Client& client) -> absl::StatusOr<int> {
+      const auto [name, tag] = SplitTarget(f->src.target);
+      json b = json::object();
+      if (!f->file.empty()) {
+        std::error_code ec;
+        const fs::path ctxdir = fs::weakly_canonical(f->src.source, ec);
+        const fs::path file = fs::weakly_canonical(f->file, ec);
+        const fs::path rel = file.lexically_relative(ctxdir);
+        if (ec || rel.empty() || *rel.begin() == "..") {
+          return absl::InvalidArgumentError(fmt::format(
+              "the Dockerfile {} must be inside the context {}", f->file, f->src.source));
+        }
+        b["dockerfile_path"] = rel.string();
+      }
+      for (const std::string& a : f->args) {
+        const size_t eq = a.find('=');
+        if (eq == std::string::npos || eq == 0) {
+          return absl::InvalidArgumentError("--build-arg takes NAME=VALUE, not " + a);
+        }
+        b["args"][a.substr(0, eq)] = a.substr(eq + 1);
+      }
+      if (f->no_cache) b["no_cache"] = true;
+      json sb = json::object();
+      if (!f->egress_profile.empty()) sb["egress_profile"] = f->egress_profile;
+      if (f->vcpu > 0) sb["vcpu"] = f->vcpu;
+      if (f->memory_mib > 0) sb["memory_mib"] = f->memory_mib;
+      if (f->disk_mib > 0) sb["disk_mib"] = f->disk_mib;
+      if (!sb.empty()) b["sandbox"] = sb;
+      const bool progress = f->src.progress || ::isatty(2);
+      auto answer = PostDirectoryTar(
+          client, *token,
+          fmt::format("/v1/templates:build?name={}&tag={}&build={}", UrlEncode(name),
+                      UrlEncode(tag), UrlEncode(b.dump())),
+          f->src.source, progress);
+      if (!answer.ok()) return answer.status();
+      return FinishOperation(client, *answer, !f->src.no_wait, progress);
+    };
+  });
+}
+
 void RegisterPull(CLI::App& tpl, Context& ctx) {
   auto f = std::make_shared<SourceFlags>();
   CLI::App* cmd = tpl.add_subcommand("pull", "Make a template from an image in a registry");
@@ -254,6 +322,7 @@ void RegisterTemplateCommands(CLI::App& app, Context& ctx, const std::string* to
   RegisterInspect(*tpl, ctx);
   RegisterImport(*tpl, ctx, token);
   RegisterPull(*tpl, ctx);
+  RegisterBuild(*tpl, ctx, token);
   RegisterRemove(*tpl, ctx);
   RegisterTag(*tpl, ctx);
   RegisterGc(*tpl, ctx);

@@ -540,6 +540,11 @@ absl::Status StartService(Daemon& d, const sbx::runtime::Resources& defaults) {
   d.svc = std::make_unique<sbx::service::SandboxService>(sopts, *d.store, *d.engine,
                                                          std::move(*d.templates), d.backends);
   d.templates.reset();
+  // Build steps run in sandboxes of the sandbox service (it outlives every build: the engine
+  // is shut down before it goes).
+  topts.build_step = [svc = d.svc.get()](const sbx::service::BuildStepRequest& r) {
+    return svc->RunBuildStep(r);
+  };
   auto tpl = sbx::service::TemplateService::Open(std::move(topts), *d.store, *d.engine,
                                                  std::move(shared));
   if (tpl.ok()) {

@@ -12,7 +12,7 @@ namespace sbx::image {
 
 struct Progress {
   // What runs now: "reading" (an archive or manifest), "fetching" (blobs from a registry),
-  // "unpacking" (layers into the store), "verifying", "done".
+  // "unpacking" (layers into the store), "verifying", "building" (a build's steps), "done".
   std::string stage;
   int layers_done = 0;
   int layers_total = 0;
@@ -23,6 +23,12 @@ struct Progress {
   // One line for the operation's log ("layer sha256:ab12… unpacked: 1,204 entries, 31 MiB"),
   // or empty when only the counters moved.
   std::string message;
+  // A build's steps (template_build): the one running now, and how many there are; 0 otherwise.
+  int steps_done = 0;
+  int steps_total = 0;
+  // A line of a build step's output: it joins the log but waits for the next throttled write
+  // (a chatty RUN must not write the store per line). The work's last call flushes.
+  bool quiet = false;
 };
 
 // Called on the working thread whenever a counter moves or a line is logged; it must be cheap

@@ -30,6 +30,7 @@
 #include "service/admission.h"
 #include "service/agent_client.h"
 #include "service/attach_token.h"
+#include "service/build_step.h"
 #include "service/inputs.h"
 #include "service/job_waiters.h"
 #include "service/reply_gate.h"
@@ -181,6 +182,10 @@ class SandboxService {
   // The agent of a sandbox the caller can see, for sandbox-wide agent calls (the process
   // list); sandbox_not_running when it is not running or frozen.
   absl::StatusOr<AgentClient> SandboxAgent(const Caller& caller, const std::string& sandbox_id);
+
+  // A step of a template build (build_step.h, build_steps.cc): blocking, on the caller's
+  // thread (TemplateService's operation worker).
+  absl::StatusOr<BuildStepResult> RunBuildStep(const BuildStepRequest& req);
 
   // What an attach (and any session call) needs: the session, its spec, and the agent of its
   // running sandbox.

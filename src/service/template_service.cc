@@ -80,8 +80,13 @@ std::string StringOr(const json& j, const char* key, const std::string& fallback
 }  // namespace
 
 std::string TemplateErrorCode(const absl::Status& s) {
-  // By kind only: codes the file helpers attach (not_found, path_outside_root) describe a
-  // path of the image, which is an invalid image here.
+  // The codes a build attaches say more than the kind; other codes the file helpers attach
+  // (not_found, path_outside_root) describe a path of the image, which is an invalid image.
+  const std::string attached = ApiErrorCode(s);
+  if (attached == "invalid_dockerfile" || attached == "build_step_failed" ||
+      attached == "invalid_build_context" || attached == "template_not_found") {
+    return attached;
+  }
   switch (s.code()) {
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kDataLoss:
@@ -203,7 +208,7 @@ absl::Status TemplateService::CheckAdmin(const Caller& caller) const {
 }
 
 bool TemplateService::IsTemplateOperation(const std::string& kind) const {
-  return kind == "template_import" || kind == "template_pull";
+  return kind == "template_import" || kind == "template_pull" || kind == "template_build";
 }
 
 absl::StatusOr<Upload> TemplateService::NewUpload() {
@@ -365,7 +370,8 @@ void TemplateService::Run(
       if (log.size() > kLogLines) log.erase(log.begin());
     }
     const auto now = internal::Clock::now();
-    if (p.message.empty() && p.stage == last_stage && now - last_write < opts_.progress_interval) {
+    if ((p.message.empty() || p.quiet) && p.stage == last_stage &&
+        now - last_write < opts_.progress_interval) {
       return;
     }
     last_stage = p.stage;
@@ -373,6 +379,10 @@ void TemplateService::Run(
     json snap = {{"stage", p.stage},           {"layers_done", p.layers_done},
                  {"layers_total", p.layers_total}, {"bytes_done", p.bytes_done},
                  {"bytes_total", p.bytes_total},   {"log", log}};
+    if (p.steps_total > 0) {
+      snap["steps_done"] = p.steps_done;
+      snap["steps_total"] = p.steps_total;
+    }
     absl::Status w = store_.Transact([&](Tx& tx) -> absl::Status {
       SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
       op.progress = snap;

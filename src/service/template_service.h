@@ -28,6 +28,7 @@
 #include "image/image.h"
 #include "ops/operation_engine.h"
 #include "registry/registry.h"
+#include "service/build_step.h"
 #include "service/inputs.h"
 #include "service/results.h"
 #include "service/templates.h"
@@ -45,6 +46,9 @@ struct TemplateServiceOptions {
   std::chrono::milliseconds progress_interval{250};
   // The tenant that may change templates.
   std::string admin_tenant = "default";
+  // Runs a build's RUN, COPY and ADD steps (SandboxService::RunBuildStep); unset: builds are
+  // refused (501 not_implemented).
+  BuildStepRunner build_step;
   // Where sbx_template_store_bytes and sbx_template_layers go; nullptr: metrics::Default().
   metrics::Registry* metrics = nullptr;
 };
@@ -53,6 +57,15 @@ struct TemplateServiceOptions {
 struct Upload {
   std::string path;
   int fd = -1;  // O_WRONLY, owned by the caller until passed to Import or Discard
+};
+
+// A template build (docs/templates.md, "Builds"): a Dockerfile subset run step by step.
+struct BuildSpec {
+  std::string dockerfile;                     // its text; "" reads dockerfile_path
+  std::string dockerfile_path = "Dockerfile";  // in the context
+  std::map<std::string, std::string> args;    // ARG values (--build-arg)
+  CreateSandboxRequest sandbox;  // resources and egress_profile of the RUN steps' sandboxes
+  bool no_cache = false;         // run every step, cached or not (the results are cached)
 };
 
 // What an import or pull makes: a release of `name`, tagged `tag`.
@@ -81,6 +94,12 @@ class TemplateService {
   // Starts the pull of `image` (a registry reference).
   absl::StatusOr<OperationStarted> Pull(const Caller& caller, const TemplateTarget& target,
                                         const std::string& image);
+  // Starts a build; `context` (the uploaded context tar, taken over) may be absent when the
+  // Dockerfile is given and copies nothing. A Dockerfile given as text is parsed here: its
+  // errors are 400 invalid_dockerfile naming the line; one read from the context fails the
+  // operation with that code.
+  absl::StatusOr<OperationStarted> Build(const Caller& caller, const TemplateTarget& target,
+                                         BuildSpec spec, std::optional<Upload> context);
   // DELETE /v1/operations/{id} of a template operation: stops it within one read; the
   // operation then fails with code "cancelled". NotFound for other operations.
   absl::StatusOr<store::OperationRecord> Cancel(const Caller& caller, const std::string& op_id);
@@ -120,6 +139,19 @@ class TemplateService {
   void Run(const std::string& op_id, const TemplateTarget& target, const nlohmann::json& source,
            const std::function<absl::StatusOr<image::Image>(
                const std::string&, const image::ProgressFn&, const image::CancelFn&)>& work);
+  absl::StatusOr<image::Image> RunBuild(const std::string& op_id, const BuildSpec& spec,
+                                        const std::string& context,
+                                        const image::ProgressFn& progress,
+                                        const image::CancelFn& cancelled);
+  absl::StatusOr<image::Image> RunBuildSteps(const std::string& op_id, const BuildSpec& spec,
+                                             const std::string& context,
+                                             const image::ProgressFn& progress,
+                                             const image::CancelFn& cancelled);
+  absl::StatusOr<image::Image> BuildParent(const std::string& op_id, const std::string& ref,
+                                           const std::string& dir,
+                                           const image::ProgressFn& progress,
+                                           const image::CancelFn& cancelled);
+  runtime::TemplateSpec SpecOfBuild(const image::Image& img) const;
   absl::Status Commit(const std::string& op_id, const TemplateTarget& target,
                       const nlohmann::json& source, const image::Image& img);
   void FailOperation(const std::string& op_id, const absl::Status& why);

@@ -219,7 +219,14 @@ def test_hostile_archives_fail_clearly_and_leave_nothing(api, sbxd, work):
     api.call("POST", "/v1/templates:import", params={"name": "empty"}, data=b"", expect=400)
     resp = api.call("POST", "/v1/templates", json_body={"name": "x", "source": {"image": "UPPER/x"}}, expect=400)
     assert resp.body["error"]["code"] == "invalid_image_ref"
-    resp = api.call("POST", "/v1/templates", json_body={"name": "x", "source": {"build": {}}}, expect=501)
+    for build, field in (({}, "source.build.dockerfile"), ([], "source.build"),
+                         ({"dockerfile": "FROM x", "shell": 1}, "source.build.shell"),
+                         ({"dockerfile": "FROM x", "args": {"A": 1}}, "source.build.args"),
+                         ({"dockerfile": "FROM x", "sandbox": {"vcpu": -1}}, "source.build.sandbox"),
+                         ({"dockerfile": "RUN true"}, "source.build.dockerfile")):
+        resp = api.call("POST", "/v1/templates", json_body={"name": "x", "source": {"build": build}},
+                        expect=400)
+        assert resp.body["error"]["details"]["field"] == field, (build, resp.body)
     api.call("GET", "/v1/templates/nope", expect=404)
     # A sandbox's operation is not cancelled by DELETE (the sandbox's delete ends it).
     sb = api.create_sandbox({})

@@ -1,0 +1,194 @@
+"""Template builds (docs/templates.md, "Builds"): a Dockerfile subset over an imported busybox
+image, RUN steps in sandboxes whose writable layer becomes the step's layer, COPY from an
+uploaded context, the config steps, the step cache (a rebuild with one changed step redoes only
+what follows it), failures that name the step and leave nothing behind, and the CLI."""
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+import pytest
+
+import images
+from conftest import ns_runtime_only
+from sbx_client import SbxClient
+
+pytestmark = ns_runtime_only("builds run their steps in ns sandboxes")
+
+
+@pytest.fixture(scope="module")
+def work():
+    d = Path(tempfile.mkdtemp(prefix="sbx-e2e-builds-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def parent(api, work):
+    """`bbuild:latest`, busybox with a file a build deletes."""
+    layout = work / "bb-layout"
+    if layout.exists():
+        return "bbuild"
+    images.write_layout(layout, [images.busybox_layer().dir("data").file("data/old", "old\n")
+                                 .bytes()], env=["PATH=/bin"])
+    archive = images.docker_archive(layout, work / "bb.tar")
+    resp = api.call("POST", "/v1/templates:import", params={"name": "bbuild"},
+                    data=archive.read_bytes(), headers={"Content-Type": "application/x-tar"},
+                    expect=202)
+    op = api.wait_operation(resp.body["operation"]["id"], timeout=120)
+    assert op["state"] == "succeeded", op
+    return "bbuild"
+
+
+def context_tar(files: dict[str, str]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            t.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def build(api: SbxClient, name: str, files: dict[str, str], build=None, expect_state="succeeded"):
+    params = {"name": name, "tag": "latest"}
+    if build is not None:
+        params["build"] = json.dumps(build)
+    resp = api.call("POST", "/v1/templates:build", params=params, data=context_tar(files),
+                    headers={"Content-Type": "application/x-tar"}, expect=202)
+    op = api.wait_operation(resp.body["operation"]["id"], timeout=300)
+    assert op["state"] == expect_state, "\n".join([str(op["error"])] + op["progress"]["log"])
+    assert op["kind"] == "template_build"
+    return op
+
+
+def run_out(api: SbxClient, template: str, script: str) -> str:
+    sb = api.create_sandbox({"template": template})["sandbox"]
+    try:
+        r = api.run(sb["id"], ["sh", "-c", script])
+        assert r.exit and r.exit.get("exit_code") == 0, (r.stdout, r.stderr, r.exit)
+        return r.stdout.decode()
+    finally:
+        api.delete_sandbox(sb["id"])
+
+
+DOCKERFILE = """\
+# a comment
+FROM bbuild
+ARG V=1
+ENV APP_HOME=/srv/app \\
+    MODE=prod
+WORKDIR $APP_HOME
+COPY app/ ./
+COPY hello.txt /etc/hello
+RUN echo "run $V in $(pwd) as $(id -u)" && cat /etc/hello > copied && echo $V > v \\
+    && rm /data/old && mkdir /data/new
+LABEL org.example.team=agents
+USER app
+CMD ["cat", "v"]
+"""
+
+FILES = {"Dockerfile": DOCKERFILE, "app/main.py": "print('hi')\n", "app/lib/util.py": "X = 1\n",
+         "hello.txt": "hello from the context\n"}
+
+
+def test_a_build_runs_its_steps_and_the_template_has_their_files_and_config(api, parent, work,
+                                                                            sbxd):
+    op = build(api, "built", FILES)
+    prog = op["progress"]
+    assert prog["steps_total"] == 10 and prog["steps_done"] == 10, prog
+    log = "\n".join(prog["log"])
+    assert "run 1 in /srv/app as 0" in log, log
+    assert "step 7/10 (Dockerfile line 9): RUN echo" in log, log
+    tpl = api.call("GET", "/v1/templates/built").body
+    digest = tpl["tags"]["latest"]
+    release = next(r for r in tpl["releases"] if r["digest"] == digest)
+    assert release["source"]["kind"] == "build"
+    cfg = release["config"]
+    assert cfg["working_dir"] == "/srv/app" and cfg["user"] == "app" and cfg["cmd"] == ["cat", "v"]
+    assert "MODE=prod" in cfg["env"] and cfg["labels"]["org.example.team"] == "agents"
+    out = run_out(api, "built", "pwd; id -u; echo $MODE; cat main.py lib/util.py copied v; "
+                                "test -e /data/old || echo gone; test -d /data/new && echo newdir")
+    assert out.split("\n")[:-1] == ["/srv/app", "1000", "prod", "print('hi')", "X = 1",
+                                    "hello from the context", "1", "gone", "newdir"], out
+    # Nothing of the build is left: its directory, its step sandboxes.
+    assert not list((sbxd.state_dir / "templates" / "builds").glob("*"))
+    sandboxes = api.call("GET", "/v1/sandboxes").body["sandboxes"]
+    assert not any(s.get("template_ref", "").startswith("build") for s in sandboxes)
+
+
+def test_a_rebuild_redoes_only_what_follows_a_changed_step(api, parent):
+    first = build(api, "cached", FILES)
+    again = build(api, "cached", FILES)
+    log = "\n".join(again["progress"]["log"])
+    assert log.count("cached:") == 3, log  # both COPYs and the RUN
+    assert again["result"]["template"]["digest"] == first["result"]["template"]["digest"]
+    # A changed ARG value changes what the RUN sees: the COPYs before it stay cached.
+    changed = build(api, "cached", FILES, build={"args": {"V": "2"}})
+    log = "\n".join(changed["progress"]["log"])
+    assert log.count("cached:") == 2 and "run 2 in" in log, log
+    assert run_out(api, "cached", "cat v").strip() == "2"
+    # A changed file of the context: its COPY and everything after it run again.
+    files = dict(FILES, **{"hello.txt": "changed\n"})
+    third = build(api, "cached", files)
+    log = "\n".join(third["progress"]["log"])
+    assert log.count("cached:") == 1, log
+    assert run_out(api, "cached", "cat copied").strip() == "changed"
+    no_cache = build(api, "cached", FILES, build={"no_cache": True})
+    assert "cached:" not in "\n".join(no_cache["progress"]["log"])
+
+
+def test_failures_name_the_step_and_leave_nothing(api, parent, sbxd):
+    failing = "FROM bbuild\nRUN echo about to fail && exit 3\n"
+    op = build(api, "failing", {"Dockerfile": failing}, expect_state="failed")
+    assert op["error"]["code"] == "build_step_failed", op
+    assert "line 2" in op["error"]["message"] and "exited with code 3" in op["error"]["message"]
+    assert "about to fail" in "\n".join(op["progress"]["log"])
+    missing = build(api, "failing", {"Dockerfile": "FROM bbuild\nCOPY nothere /x\n"},
+                    expect_state="failed")
+    assert missing["error"]["code"] == "invalid_build_context", missing
+    assert "nothere" in missing["error"]["message"]
+    unknown = build(api, "failing", {"Dockerfile": "FROM nosuchtemplate\nRUN true\n"},
+                    expect_state="failed")
+    assert unknown["error"]["code"] == "template_not_found", unknown
+    from_base = build(api, "failing", {"Dockerfile": "FROM base\n"}, expect_state="failed")
+    assert from_base["error"]["code"] == "invalid_dockerfile", from_base
+    # A Dockerfile given as text is parsed at once: 400 naming the line.
+    bad = api.call("POST", "/v1/templates", json_body={
+        "name": "failing", "source": {"build": {"dockerfile": "FROM bbuild\nRUN true\nEXPOSE 80\n"}}},
+        expect=400)
+    assert bad.body["error"]["code"] == "invalid_dockerfile"
+    assert "line 3" in bad.body["error"]["message"], bad.body
+    api.call("GET", "/v1/templates/failing", expect=404)
+    assert not list((sbxd.state_dir / "templates" / "builds").glob("*"))
+    assert not list((sbxd.state_dir / "templates" / "uploads").glob("*"))
+
+
+def test_a_build_from_json_without_context_and_from_the_cli(api, parent, sbxd, work):
+    resp = api.call("POST", "/v1/templates", json_body={
+        "name": "jsonbuild", "tag": "1",
+        "source": {"build": {"dockerfile": "FROM bbuild\nRUN echo json > /made\n"}}}, expect=202)
+    op = api.wait_operation(resp.body["operation"]["id"], timeout=300)
+    assert op["state"] == "succeeded", op
+    assert run_out(api, "jsonbuild:1", "cat /made").strip() == "json"
+
+    from conftest import build_dir
+    ctx = work / "cli-ctx"
+    (ctx / "sub").mkdir(parents=True)
+    (ctx / "sub" / "Buildfile").write_text("FROM bbuild\nARG WHO\nCOPY msg /msg\n"
+                                           "RUN echo \"$WHO\" >> /msg\n")
+    (ctx / "msg").write_text("from the cli\n")
+    cli = [str(build_dir() / "bin" / "sbx"), "--url", sbxd.url, "--token", sbxd.token]
+    p = subprocess.run([*cli, "template", "build", "-f", str(ctx / "sub" / "Buildfile"), str(ctx),
+                        "-t", "clibuild:1", "--build-arg", "WHO=me"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert p.stdout.startswith("clibuild:1 sha256:"), p.stdout
+    assert run_out(api, "clibuild:1", "cat /msg").split("\n")[:2] == ["from the cli", "me"]
