@@ -37,6 +37,7 @@ constexpr Route kRoutes[] = {
     {verb::get, "v1/egress-profiles", Auth::kTenant, &Routes::EgressProfiles},
 
     {verb::get, "v1/operations/{id}", Auth::kTenant, &Routes::GetOperation},
+    {verb::get, "v1/operations/{id}/events", Auth::kTenant, &Routes::OperationEvents},
     {verb::delete_, "v1/operations/{id}", Auth::kTenant, &Routes::CancelOperation},
 
     {verb::post, "v1/templates:import", Auth::kTenant, &Routes::ImportTemplate},

@@ -65,6 +65,7 @@ struct Routes {
   // template_routes.cc
   static Awaitable ImportTemplate(Api& api, Call& call);
   static Awaitable BuildTemplate(Api& api, Call& call);
+  static Awaitable OperationEvents(Api& api, Call& call);
   static Awaitable CreateTemplate(Api& api, Call& call);
   static Awaitable ListTemplates(Api& api, Call& call);
   static Awaitable GetTemplate(Api& api, Call& call);

@@ -108,11 +108,11 @@ absl::StatusOr<service::BuildSpec> ParseBuild(const json& b, const ResourceLimit
       spec.no_cache = v.get<bool>();
     } else if (k == "sandbox") {
       // The RUN steps' sandboxes: the fields of a create (vcpu, memory_mib, disk_mib,
-      // egress_profile, egress, timeout_s), checked as a create's are.
+      // egress_profile, egress), checked as a create's are; timeout_s bounds each RUN.
       if (!v.is_object()) return FieldError(f, f + " must be an object");
       for (const auto& [sk, sv] : v.items()) {
         if (sk != "vcpu" && sk != "memory_mib" && sk != "disk_mib" && sk != "egress_profile" &&
-            sk != "egress" && sk != "runtime") {
+            sk != "egress" && sk != "runtime" && sk != "timeout_s") {
           return FieldError(f + "." + sk, fmt::format("unknown field {}.{}", f, sk));
         }
       }

@@ -36,6 +36,7 @@ namespace {
 
 constexpr uint64_t kMaxDockerfileBytes = 1 << 20;
 constexpr size_t kMaxOutputLine = 512;
+constexpr int64_t kDefaultStepTimeoutS = 3600;
 
 absl::Status DockerfileError(const absl::Status& s) {
   return ApiError(absl::StatusCode::kInvalidArgument, "invalid_dockerfile",
@@ -484,14 +485,19 @@ absl::StatusOr<image::Image> TemplateService::RunBuildSteps(const std::string& o
           run.argv = s.args;
           run.cwd = img.config.working_dir.empty() ? "/" : img.config.working_dir;
           run.user = img.config.user;
+          // A RUN that never ends must not hold the build (and its engine worker) forever.
+          run.timeout_s = static_cast<uint64_t>(spec.sandbox.timeout_s.value_or(kDefaultStepTimeoutS));
           run.env = EnvMap(img.config.env);
           for (const auto& [k, v] : args_in_scope) run.env.emplace(k, v);
           if (run.env.find("PATH") == run.env.end()) {
             run.env["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
           }
+          // What the step could reach is part of what it is: a step that needs the network
+          // must not be satisfied offline by a result made with it, nor the other way.
           json env_key = args_in_scope;
-          step_key = fmt::format("{}\nRUN {}\n{}\n{}", key, json(run.argv).dump(),
-                                 env_key.dump(), json(run.env).dump());
+          step_key = fmt::format("{}\nRUN {}\n{}\n{}\n{}\n{}", key, json(run.argv).dump(),
+                                 env_key.dump(), json(run.env).dump(),
+                                 spec.sandbox.egress_profile, spec.sandbox.egress.dump());
           req.run = std::move(run);
         } else {
           if (context.empty()) {

@@ -131,10 +131,13 @@ absl::StatusOr<std::unique_ptr<TemplateService>> TemplateService::Open(
     TemplateServiceOptions opts, store::Store& store, ops::OperationEngine& engine,
     TemplateRegistry templates) {
   SBX_RETURN_IF_ERROR(MakeDir(opts.dir, 0700));
-  for (const char* sub : {"/uploads", "/pulls"}) {
+  // What work in flight left (a build's step tars and parent pull included): its operation
+  // fails as interrupted. The build cache stays.
+  for (const char* sub : {"/uploads", "/pulls", "/builds"}) {
     SBX_RETURN_IF_ERROR(MakeDir(opts.dir + sub, 0700));
     EmptyDir(opts.dir + sub);
   }
+  SBX_RETURN_IF_ERROR(MakeDir(opts.dir + "/build-cache", 0700));
   SBX_ASSIGN_OR_RETURN(std::unique_ptr<image::LayerStore> layers,
                        image::LayerStore::Open(opts.dir + "/store", opts.limits));
   SBX_RETURN_IF_ERROR(Annotate(layers->Sweep(), "templates: sweep of the layer store"));
@@ -209,6 +212,43 @@ absl::Status TemplateService::CheckAdmin(const Caller& caller) const {
 
 bool TemplateService::IsTemplateOperation(const std::string& kind) const {
   return kind == "template_import" || kind == "template_pull" || kind == "template_build";
+}
+
+void TemplateService::AppendEvent(const std::string& op_id, const std::string& line) {
+  std::lock_guard lock(events_mu_);
+  EventLog& log = events_[op_id];
+  log.lines.push_back(line);
+  if (log.lines.size() > kEventLines) {
+    log.lines.pop_front();
+    ++log.first_id;
+  }
+}
+
+void TemplateService::FinishEvents(const std::string& op_id) {
+  std::lock_guard lock(events_mu_);
+  events_[op_id].finished = true;
+  finished_events_.push_back(op_id);
+  while (finished_events_.size() > kFinishedKept) {
+    events_.erase(finished_events_.front());
+    finished_events_.pop_front();
+  }
+}
+
+absl::StatusOr<TemplateService::EventLines> TemplateService::Events(const std::string& op_id,
+                                                                    uint64_t after) const {
+  std::lock_guard lock(events_mu_);
+  auto it = events_.find(op_id);
+  if (it == events_.end()) {
+    return absl::NotFoundError("this sbxd keeps no event lines of operation " + op_id);
+  }
+  EventLines out;
+  const EventLog& log = it->second;
+  for (uint64_t id = std::max(after + 1, log.first_id); id < log.first_id + log.lines.size();
+       ++id) {
+    out.lines.emplace_back(id, log.lines[id - log.first_id]);
+  }
+  out.finished = log.finished;
+  return out;
 }
 
 absl::StatusOr<Upload> TemplateService::NewUpload() {
@@ -310,6 +350,10 @@ absl::StatusOr<OperationStarted> TemplateService::Start(
     return put;
   }
   const std::string op_id = op.id;
+  {
+    std::lock_guard lock(events_mu_);
+    events_[op_id];  // known from now on: a watcher waits for its first line
+  }
   engine_.Submit(
       "tpl:" + op.target,
       [this, op_id, target, source = std::move(source), work = std::move(work),
@@ -323,6 +367,7 @@ absl::StatusOr<OperationStarted> TemplateService::Start(
           FailOperation(op_id, absl::InternalError("sbxd failed internally"));
         }
         cleanup();
+        FinishEvents(op_id);
         std::lock_guard lock(mu_);
         cancels_.erase(op_id);
       },
@@ -365,6 +410,7 @@ void TemplateService::Run(
   std::string last_stage;
   auto last_write = internal::Clock::now() - opts_.progress_interval;
   image::ProgressFn progress = [&](const image::Progress& p) {
+    if (!p.message.empty()) AppendEvent(op_id, p.message);
     if (!p.message.empty()) {
       log.push_back(p.message);
       if (log.size() > kLogLines) log.erase(log.begin());

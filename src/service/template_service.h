@@ -14,12 +14,15 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -105,6 +108,19 @@ class TemplateService {
   absl::StatusOr<store::OperationRecord> Cancel(const Caller& caller, const std::string& op_id);
   bool IsTemplateOperation(const std::string& kind) const;
 
+  // GET /v1/operations/{id}/events: the log lines of a template operation after event id
+  // `after` (ids count from 1 and name each line for Last-Event-ID). This sbxd keeps every
+  // line of the operations it runs in memory (the last kEventLines of each, for the last
+  // kFinishedKept finished ones); NotFound for others (before a restart: the stored
+  // progress.log has the last lines).
+  struct EventLines {
+    std::vector<std::pair<uint64_t, std::string>> lines;
+    bool finished = false;
+  };
+  absl::StatusOr<EventLines> Events(const std::string& op_id, uint64_t after) const;
+  static constexpr size_t kEventLines = 10000;
+  static constexpr size_t kFinishedKept = 64;
+
   // {"templates": [...]} (TemplateView each), by name.
   absl::StatusOr<nlohmann::json> List(const Caller& caller);
   absl::StatusOr<nlohmann::json> Get(const Caller& caller, const std::string& name);
@@ -166,6 +182,18 @@ class TemplateService {
   TemplateRegistry templates_;
   std::unique_ptr<image::LayerStore> layers_;
   std::string skel_dir_;
+
+  // Event lines by operation (Events), with their own lock: a chatty build appends per line.
+  struct EventLog {
+    std::deque<std::string> lines;
+    uint64_t first_id = 1;  // the id of lines.front()
+    bool finished = false;
+  };
+  void AppendEvent(const std::string& op_id, const std::string& line);
+  void FinishEvents(const std::string& op_id);
+  mutable std::mutex events_mu_;
+  std::map<std::string, EventLog> events_;
+  std::deque<std::string> finished_events_;  // oldest first
 
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<std::atomic<bool>>> cancels_;  // running ops

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,66 @@ def test_a_build_from_json_without_context_and_from_the_cli(api, parent, sbxd, w
     assert p.returncode == 0, (p.stdout, p.stderr)
     assert p.stdout.startswith("clibuild:1 sha256:"), p.stdout
     assert run_out(api, "clibuild:1", "cat /msg").split("\n")[:2] == ["from the cli", "me"]
+
+
+def step_sandboxes(sbxd) -> list[str]:
+    d = sbxd.state_dir / "sandboxes"
+    return sorted(p.name for p in d.iterdir()) if d.exists() else []
+
+
+def test_a_build_is_cancelled_and_a_hung_step_times_out(api, parent, sbxd):
+    before = step_sandboxes(sbxd)
+    resp = api.call("POST", "/v1/templates", json_body={
+        "name": "slow", "source": {"build": {"dockerfile": "FROM bbuild\nRUN sleep 60\n"}}},
+        expect=202)
+    op_id = resp.body["operation"]["id"]
+    deadline = time.monotonic() + 60
+    while True:
+        op = api.call("GET", f"/v1/operations/{op_id}", params={"wait_ms": 200}).body
+        if any("step 2/2" in line for line in (op.get("progress") or {}).get("log", [])):
+            break
+        assert op["state"] in ("pending", "running") and time.monotonic() < deadline, op
+    started = time.monotonic()
+    api.call("DELETE", f"/v1/operations/{op_id}", expect=202)
+    op = api.wait_operation(op_id, timeout=30)
+    assert op["state"] == "failed" and op["error"]["code"] == "cancelled", op
+    assert time.monotonic() - started < 10
+    assert step_sandboxes(sbxd) == before, "the step's sandbox is destroyed with the build"
+    hung = api.call("POST", "/v1/templates", json_body={
+        "name": "slow", "source": {"build": {"dockerfile": "FROM bbuild\nRUN sleep 60\n",
+                                             "sandbox": {"timeout_s": 1}}}}, expect=202)
+    op = api.wait_operation(hung.body["operation"]["id"], timeout=60)
+    assert op["state"] == "failed" and op["error"]["code"] == "build_step_failed", op
+    assert "timed out" in op["error"]["message"], op
+    assert step_sandboxes(sbxd) == before
+
+
+def test_the_operation_streams_its_log_as_server_sent_events(api, parent):
+    from sbx_client import SseStream
+    dockerfile = "FROM bbuild\nRUN for i in 1 2 3; do echo line-$i; sleep 0.2; done\n"
+    resp = api.call("POST", "/v1/templates", json_body={
+        "name": "events", "source": {"build": {"dockerfile": dockerfile, "no_cache": True}}},
+        expect=202)
+    op_id = resp.body["operation"]["id"]
+
+    def follow(**kw):
+        r = api.call("GET", f"/v1/operations/{op_id}/events", stream=True, timeout=60,
+                     expect=200, **kw)
+        return list(SseStream(r, api.validator).events())
+
+    events = follow()  # from while it runs to its end
+    logs = [e for e in events if e.event == "log"]
+    lines = [e.data["line"] for e in logs]
+    assert ["line-1", "line-2", "line-3"] == [l for l in lines if l.startswith("line-")], lines
+    assert any(l.startswith("step 2/2 (Dockerfile line 2): RUN") for l in lines), lines
+    ids = [e.id for e in logs]
+    assert ids == list(range(1, len(ids) + 1)), ids
+    assert events[-1].event == "done" and events[-1].data["state"] == "succeeded", events[-1]
+    assert any(e.event == "progress" and e.data.get("steps_total") == 2 for e in events)
+    # Resumed after a line: only what came after it, then done at once (it has finished).
+    again = follow(headers={"Last-Event-ID": str(ids[2])})
+    assert [e.id for e in again if e.event == "log"] == ids[3:]
+    assert again[-1].event == "done"
+    bad = api.call("GET", f"/v1/operations/{op_id}/events", params={"after": "x"}, expect=400)
+    assert bad.body["error"]["details"]["field"] == "after"
+    api.call("GET", "/v1/operations/op_aaaaaaaaaaaaaaaaaaaa/events", expect=404)
