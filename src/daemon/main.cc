@@ -373,16 +373,6 @@ absl::Status OpenState(Daemon& d) {
                        sbx::store::OpenSqliteStore((fs::path(state_dir) / "sbx.db").string()));
   SBX_ASSIGN_OR_RETURN(auto templates, sbx::service::TemplateRegistry::Create(state_dir));
   d.templates.emplace(std::move(templates));
-  // Checked before the runtime touches the host: a pool of a template that does not exist
-  // would only log failed builds forever.
-  for (const auto& pool : WarmPoolsOf(d.cfg)) {
-    if (pool.size == 0) continue;
-    if (auto t = d.templates->Resolve(pool.template_name); !t.ok()) {
-      return absl::InvalidArgumentError(
-          fmt::format("{}: {}", sbx::daemon::Describe(d.cfg, "warm_pool." + pool.template_name),
-                      std::string(t.status().message())));
-    }
-  }
   return absl::OkStatus();
 }
 
@@ -545,6 +535,8 @@ absl::Status StartService(Daemon& d, const sbx::runtime::Resources& defaults) {
   topts.build_step = [svc = d.svc.get()](const sbx::service::BuildStepRequest& r) {
     return svc->RunBuildStep(r);
   };
+  topts.pooled_digests = [svc = d.svc.get()] { return svc->PooledDigests(); };
+  topts.template_changed = [svc = d.svc.get()] { svc->TemplateChanged(); };
   auto tpl = sbx::service::TemplateService::Open(std::move(topts), *d.store, *d.engine,
                                                  std::move(shared));
   if (tpl.ok()) {
@@ -553,6 +545,16 @@ absl::Status StartService(Daemon& d, const sbx::runtime::Resources& defaults) {
     // `base` still works; the template routes answer 501 naming the log.
     spdlog::error("templates: the template store did not open, only `base` is served: {}",
                   std::string(tpl.status().message()));
+  }
+  // Once image templates are loaded, before any pool fills: a pool of a template that does not
+  // exist would only log failed builds forever.
+  for (const auto& pool : WarmPoolsOf(d.cfg)) {
+    if (pool.size == 0) continue;
+    if (auto t = d.svc->ResolveTemplate(pool.template_name); !t.ok()) {
+      return absl::InvalidArgumentError(
+          fmt::format("{}: {}", sbx::daemon::Describe(d.cfg, "warm_pool." + pool.template_name),
+                      std::string(t.status().message())));
+    }
   }
   return absl::OkStatus();
 }

@@ -40,6 +40,14 @@ absl::StatusOr<WarmSandbox> SandboxService::BuildWarm(const WarmPoolConfig& conf
                      spec.resources, config.networked};
 }
 
+void SandboxService::TemplateChanged() {
+  pool_->DrainStale([this](const std::string& name) -> std::optional<std::string> {
+    auto t = templates_.Resolve(name);
+    if (!t.ok()) return std::nullopt;
+    return t->digest;
+  });
+}
+
 std::optional<WarmSandbox> SandboxService::TakeWarm(const CreateSandboxRequest& req,
                                                     const runtime::Resources& defaults,
                                                     const nlohmann::json& egress) {

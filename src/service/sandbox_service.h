@@ -132,6 +132,14 @@ class SandboxService {
   std::map<std::string, int> WarmPoolReady() const { return pool_->Ready(); }
   // The size each pool is kept at, per "runtime/template".
   std::map<std::string, int> WarmPoolSizes() const { return pool_->Sizes(); }
+  // Templates (TemplateService): a tag moved or went, so pooled sandboxes of the old release
+  // go (the refill builds the new one); the releases pooled sandboxes are built from.
+  void TemplateChanged();
+  // What a create of `ref` would run (its spec), or why not (sbxd's start-up checks pools).
+  absl::StatusOr<runtime::TemplateSpec> ResolveTemplate(const std::string& ref) const {
+    return templates_.Resolve(ref);
+  }
+  std::map<std::string, int> PooledDigests() const { return pool_->Digests(); }
   // The host's capacity as admission sees it now, and what sandboxes hold of it.
   Admission::Snapshot AdmissionSnapshot() const { return admission_->Read(); }
 

@@ -150,6 +150,8 @@ absl::StatusOr<json> TemplateService::Delete(const Caller& caller, const std::st
   }
   std::vector<TagRecord> removed;
   std::vector<std::string> releases_removed;
+  std::map<std::string, int> pooled =
+      opts_.pooled_digests ? opts_.pooled_digests() : std::map<std::string, int>();
   SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
     removed.clear();
     releases_removed.clear();
@@ -171,6 +173,14 @@ absl::StatusOr<json> TemplateService::Delete(const Caller& caller, const std::st
       if (tags_left[t.digest] == 0) orphans.insert(t.digest);
     }
     for (const std::string& d : orphans) {
+      if (int n = pooled.count(d) ? pooled[d] : 0; n > 0) {
+        return WithDetail(
+            ApiError(absl::StatusCode::kFailedPrecondition, "template_in_use",
+                     fmt::format("template {} ({}) is held by {} warm-pool sandbox(es): set its "
+                                 "warm_pool size to 0 first, or move another tag to this release",
+                                 tag.empty() ? name : name + ":" + tag, d, n)),
+            "digest", d);
+      }
       SBX_ASSIGN_OR_RETURN(int64_t live, tx.CountLiveSandboxesWithDigest(d));
       if (live > 0) {
         return WithDetail(
@@ -194,6 +204,7 @@ absl::StatusOr<json> TemplateService::Delete(const Caller& caller, const std::st
     tags_out.push_back({{"name", t.name}, {"tag", t.tag}, {"digest", t.digest}});
   }
   for (const std::string& d : releases_removed) templates_.RemoveImage(d);
+  if (opts_.template_changed) opts_.template_changed();
   spdlog::info("template {} deleted: {} tags, {} releases (their layers stay until gc)", ref_text,
                removed.size(), releases_removed.size());
   return json{{"deleted_tags", tags_out}, {"deleted_releases", releases_removed}};
@@ -228,6 +239,7 @@ absl::StatusOr<json> TemplateService::Tag(const Caller& caller, const std::strin
     return tx.PutTag(TagRecord{to.name, to.tag, digest, NowRfc3339()});
   }));
   templates_.SetTag(to.name, to.tag, digest);
+  if (opts_.template_changed && previous != digest) opts_.template_changed();
   spdlog::info("template {}:{} -> {} (was {})", to.name, to.tag, digest,
                previous.empty() ? "untagged" : previous);
   return json{{"name", to.name},
@@ -258,6 +270,9 @@ absl::StatusOr<json> TemplateService::Gc(const Caller& caller) {
   } done{this};
   std::vector<std::string> releases_removed;
   std::set<std::string> kept_layers;
+  // Warm-pool sandboxes run on their release's layers as much as created ones do.
+  const std::map<std::string, int> pooled =
+      opts_.pooled_digests ? opts_.pooled_digests() : std::map<std::string, int>();
   SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
     releases_removed.clear();
     kept_layers.clear();
@@ -266,7 +281,7 @@ absl::StatusOr<json> TemplateService::Gc(const Caller& caller) {
     std::set<std::string> tagged;
     for (const TagRecord& t : tags) tagged.insert(t.digest);
     for (const ImageRecord& rec : images) {
-      bool keep = tagged.count(rec.digest) > 0;
+      bool keep = tagged.count(rec.digest) > 0 || pooled.count(rec.digest) > 0;
       if (!keep) {
         SBX_ASSIGN_OR_RETURN(int64_t live, tx.CountLiveSandboxesWithDigest(rec.digest));
         keep = live > 0;

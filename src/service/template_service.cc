@@ -487,6 +487,7 @@ absl::Status TemplateService::Commit(const std::string& op_id, const TemplateTar
     return tx.PutOperation(op);
   }));
   templates_.SetTag(target.name, target.tag, rec.digest);
+  if (opts_.template_changed) opts_.template_changed();  // a pool of this tag drains
   spdlog::info("template {}:{} is {} ({} layers, {} MiB)", target.name, target.tag, rec.digest,
                img.layers.size(), rec.size >> 20);
   return absl::OkStatus();

@@ -52,6 +52,10 @@ struct TemplateServiceOptions {
   // Runs a build's RUN, COPY and ADD steps (SandboxService::RunBuildStep); unset: builds are
   // refused (501 not_implemented).
   BuildStepRunner build_step;
+  // The warm pools (SandboxService): the releases their ready sandboxes are built from, which
+  // delete and gc keep, and the call that drains them after a tag moved or went. Unset: none.
+  std::function<std::map<std::string, int>()> pooled_digests;
+  std::function<void()> template_changed;
   // Where sbx_template_store_bytes and sbx_template_layers go; nullptr: metrics::Default().
   metrics::Registry* metrics = nullptr;
 };

@@ -85,6 +85,37 @@ void WarmPool::Flush() {
   DestroyAll(std::move(doomed));
 }
 
+void WarmPool::DrainStale(
+    const std::function<std::optional<std::string>(const std::string&)>& current) {
+  std::vector<WarmSandbox> doomed;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [key, pool] : pools_) {
+      const std::optional<std::string> digest = current(pool.config.template_name);
+      std::deque<WarmSandbox> keep;
+      for (auto& sb : pool.ready) {
+        if (digest && sb.template_digest == *digest) {
+          keep.push_back(std::move(sb));
+        } else {
+          doomed.push_back(std::move(sb));
+        }
+      }
+      pool.ready = std::move(keep);
+    }
+  }
+  cv_.notify_all();
+  DestroyAll(std::move(doomed));
+}
+
+std::map<std::string, int> WarmPool::Digests() const {
+  std::lock_guard lock(mu_);
+  std::map<std::string, int> out;
+  for (const auto& [key, pool] : pools_) {
+    for (const auto& sb : pool.ready) ++out[sb.template_digest];
+  }
+  return out;
+}
+
 void WarmPool::Stop() {
   {
     std::lock_guard lock(mu_);

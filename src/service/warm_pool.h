@@ -21,6 +21,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -84,6 +85,13 @@ class WarmPool {
   // Destroys every ready sandbox; the refill rebuilds them (after the defaults they were built
   // with changed, so that the next creates do not pay for destroying them).
   void Flush();
+  // A template's tag moved or went: destroys the ready sandboxes whose digest is no longer what
+  // their pool's template resolves to (`current`: nullopt when it resolves to nothing); the
+  // refill builds from the new release.
+  void DrainStale(
+      const std::function<std::optional<std::string>(const std::string& template_name)>& current);
+  // Digest -> ready sandboxes built from it (template delete and gc keep those releases).
+  std::map<std::string, int> Digests() const;
 
   // "runtime/template" (network-ready pools: "runtime/template/networked") -> sandboxes ready
   // now, for every pool with a size or a ready sandbox.

@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -125,6 +127,28 @@ TEST(WarmPool, StaleDigestAndDeadAgentsAreDroppedNotHandedOut) {
     EXPECT_NE(next->instance->id(), dead_id);
   }
   EXPECT_EQ(f.destroyed.load(), destroyed_before + 1);
+}
+
+TEST(WarmPool, ATagMoveDrainsTheOldReleaseAndTheRefillFollows) {
+  Fixture f;
+  WarmPool pool({{"ns", "base", 1}}, f.Builder());
+  pool.Start();
+  ASSERT_TRUE(WaitReady(pool, 1));
+  EXPECT_EQ(pool.Digests(), (std::map<std::string, int>{{"sha256:a", 1}}));
+  // Still the release the template names: kept.
+  pool.DrainStale([](const std::string& name) -> std::optional<std::string> {
+    EXPECT_EQ(name, "base");
+    return "sha256:a";
+  });
+  EXPECT_EQ(f.destroyed.load(), 0);
+  // The tag moved: the pooled sandbox goes at once, not at the next take.
+  pool.DrainStale([](const std::string&) -> std::optional<std::string> { return "sha256:b"; });
+  EXPECT_EQ(f.destroyed.load(), 1);
+  ASSERT_TRUE(Eventually([&] { return f.built.load() == 2; }));
+  // The template went: likewise.
+  ASSERT_TRUE(WaitReady(pool, 1));
+  pool.DrainStale([](const std::string&) -> std::optional<std::string> { return std::nullopt; });
+  EXPECT_EQ(f.destroyed.load(), 2);
 }
 
 TEST(WarmPool, FailingBuilderBacksOffInsteadOfSpinning) {
