@@ -154,12 +154,13 @@ class Instance {
   }
 
   // Of an instance created keep_writable_layer: freezes its processes, writes what they changed
-  // over the template (the overlay's upper) to `out_fd` as an OCI layer tar, thaws them. The
-  // caller destroys the instance next.
+  // over the template (the overlay's upper) to `out_fd` as an OCI layer tar, thaws them; more
+  // than `max_entries` entries is ResourceExhausted. The caller destroys the instance next.
   virtual absl::StatusOr<ExportedLayer> ExportWritableLayer(
-      int out_fd, const std::function<bool()>& cancelled) {
+      int out_fd, const std::function<bool()>& cancelled, uint64_t max_entries) {
     (void)out_fd;
     (void)cancelled;
+    (void)max_entries;
     return absl::UnimplementedError("export writable layer: this runtime cannot build templates");
   }
 };

@@ -6,6 +6,7 @@
 // and destroyed before the call returns.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -29,6 +30,7 @@ struct BuildStepRequest {
   std::function<void(std::string_view)> output;
   std::function<bool()> cancelled;
   int layer_fd = -1;  // where the layer tar goes
+  uint64_t max_entries = UINT64_MAX;  // of the layer (templates.max_entries_per_layer)
 };
 
 struct BuildStepResult {

@@ -126,7 +126,7 @@ absl::StatusOr<BuildStepResult> SandboxService::RunBuildStep(const BuildStepRequ
     BuildStepResult out;
     out.failed = *ran;
     if (out.failed) return out;
-    SBX_ASSIGN_OR_RETURN(out.layer, (*inst)->ExportWritableLayer(req.layer_fd, req.cancelled));
+    SBX_ASSIGN_OR_RETURN(out.layer, (*inst)->ExportWritableLayer(req.layer_fd, req.cancelled, req.max_entries));
     return out;
   }();
   absl::Status gone = (*inst)->Destroy();

@@ -565,6 +565,7 @@ absl::StatusOr<image::Image> TemplateService::RunBuildSteps(const std::string& o
         UniqueFd out(::open(layer_tar.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
         if (!out) return ErrnoStatus(errno, "build: open " + layer_tar);
         req.layer_fd = out.get();
+        req.max_entries = opts_.limits.max_entries_per_layer;
         req.tmpl = SpecOfBuild(img);
         std::string partial;
         req.output = [&](std::string_view data) {

@@ -141,14 +141,14 @@ class NsInstance : public Instance {
   }
 
   absl::StatusOr<ExportedLayer> ExportWritableLayer(
-      int out_fd, const std::function<bool()>& cancelled) override {
+      int out_fd, const std::function<bool()>& cancelled, uint64_t max_entries) override {
     if (destroyed_ || !upper_) {
       return absl::FailedPreconditionError(fmt::format(
           "export writable layer {}: not a build sandbox (keep_writable_layer)", id_));
     }
     // Frozen, nothing the step left running can change a file while it is read.
     SBX_RETURN_IF_ERROR(Annotate(Freeze(), fmt::format("export writable layer {}", id_)));
-    auto layer = WriteUpperAsLayer(upper_.get(), uid_base_, out_fd, cancelled);
+    auto layer = WriteUpperAsLayer(upper_.get(), uid_base_, out_fd, cancelled, max_entries);
     // Thawed again: a v1 freezer holds even SIGKILL until then, and Destroy comes next.
     absl::Status thaw = Thaw();
     if (!layer.ok()) return Annotate(layer.status(), fmt::format("export writable layer {}", id_));

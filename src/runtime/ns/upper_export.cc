@@ -31,8 +31,9 @@ constexpr size_t kFlushBytes = 1 << 20;
 
 class Writer {
  public:
-  Writer(uint32_t uid_base, int out_fd, const std::function<bool()>& cancelled)
-      : uid_base_(uid_base), out_(out_fd), cancelled_(cancelled) {}
+  Writer(uint32_t uid_base, int out_fd, const std::function<bool()>& cancelled,
+         uint64_t max_entries)
+      : uid_base_(uid_base), out_(out_fd), cancelled_(cancelled), max_entries_(max_entries) {}
 
   absl::Status Dir(int dir, const std::string& prefix, int depth) {
     if (depth > kMaxUpperDepth) {
@@ -170,7 +171,10 @@ class Writer {
   }
 
   absl::Status Header(const TarEntry& e) {
-    ++entries_;
+    if (++entries_ > max_entries_) {
+      return absl::ResourceExhaustedError(fmt::format(
+          "build layer: more than {} entries (templates.max_entries_per_layer)", max_entries_));
+    }
     SBX_RETURN_IF_ERROR(archive::AppendTarHeader(buf_, e));
     return buf_.size() >= kFlushBytes ? Flush() : absl::OkStatus();
   }
@@ -192,6 +196,7 @@ class Writer {
   const uint32_t uid_base_;
   const int out_;
   const std::function<bool()>& cancelled_;
+  const uint64_t max_entries_;
   std::string buf_;
   Sha256Stream hash_;
   uint64_t written_ = 0;
@@ -202,8 +207,9 @@ class Writer {
 }  // namespace
 
 absl::StatusOr<UpperLayer> WriteUpperAsLayer(int upper_fd, uint32_t uid_base, int out_fd,
-                                             const std::function<bool()>& cancelled) {
-  Writer w(uid_base, out_fd, cancelled);
+                                             const std::function<bool()>& cancelled,
+                                             uint64_t max_entries) {
+  Writer w(uid_base, out_fd, cancelled, max_entries);
   SBX_RETURN_IF_ERROR(w.Dir(upper_fd, "", 0));
   return w.Finish();
 }

@@ -31,8 +31,10 @@ struct UpperLayer {
 // (the same changes give the same diff_id), directories before their contents, hard links
 // kept, whiteouts and opaque directories in OCI form, uids and gids in [uid_base,
 // uid_base + 65536) shifted down by uid_base and any other owner written as 0. Sockets and
-// devices other than whiteouts are left out. `cancelled` is asked between entries.
+// devices other than whiteouts are left out. `cancelled` is asked between entries. More than
+// `max_entries` entries is ResourceExhausted (the tar would cost 512 bytes of header each).
 absl::StatusOr<UpperLayer> WriteUpperAsLayer(int upper_fd, uint32_t uid_base, int out_fd,
-                                             const std::function<bool()>& cancelled = {});
+                                             const std::function<bool()>& cancelled = {},
+                                             uint64_t max_entries = UINT64_MAX);
 
 }  // namespace sbx::runtime::ns

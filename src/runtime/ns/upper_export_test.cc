@@ -146,6 +146,16 @@ TEST_F(UpperExport, ChangesThroughAnOverlayBecomeTheLayerEntriesThatMeanTheSame)
   EXPECT_EQ(second->diff_id, layer->diff_id);
 }
 
+TEST_F(UpperExport, TooManyEntriesStopTheWalk) {
+  for (int i = 0; i < 10; ++i) std::ofstream(dir_ + "/merged/f" + std::to_string(i)) << i;
+  Unmount();
+  UniqueFd upper(::open((dir_ + "/upper").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  UniqueFd out(::open((dir_ + "/m.tar").c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  auto layer = WriteUpperAsLayer(upper.get(), 0, out.get(), {}, 5);
+  EXPECT_TRUE(absl::IsResourceExhausted(layer.status())) << layer.status();
+  EXPECT_NE(layer.status().message().find("max_entries_per_layer"), std::string::npos);
+}
+
 TEST_F(UpperExport, CancelStopsTheWalk) {
   std::ofstream(dir_ + "/merged/x") << "x";
   Unmount();
