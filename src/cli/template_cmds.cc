@@ -73,9 +73,28 @@ absl::StatusOr<int> FinishOperation(Client& client, const json& answer, bool wai
     return 0;
   }
   json done;
+  if (progress && JsonString(op, "kind") == "template_build") {
+    // A build's log (each step, the RUN steps' output) as it happens: a build that fails says
+    // why where the user looks. Any trouble with the stream falls back to polling.
+    StreamOptions so;
+    so.target = "/v1/operations/" + JsonString(op, "id") + "/events";
+    absl::Status st = client.Stream(so, [&](const AttachEvent& ev) -> absl::StatusOr<bool> {
+      auto j = json::parse(ev.data, nullptr, false);
+      if (ev.type == "log" && j.is_object()) {
+        std::fprintf(stderr, "%s\n", JsonString(j, "line").c_str());
+      } else if (ev.type == "done" && j.is_object()) {
+        done = std::move(j);
+        return false;
+      }
+      return true;
+    });
+    if (!st.ok() && absl::IsCancelled(st)) return st;
+  }
   {
-    OperationProgress bar(progress);
-    auto r = WaitOperation(client, op, kTemplateTimeout, [&](const json& o) { bar.Show(o); });
+    // After the stream's `done` this returns at once, with the same error for a failure.
+    OperationProgress bar(progress && done.is_null());
+    auto r = WaitOperation(client, done.is_null() ? op : done, kTemplateTimeout,
+                           [&](const json& o) { bar.Show(o); });
     if (!r.ok()) return r.status();
     done = std::move(*r);
   }

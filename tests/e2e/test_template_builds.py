@@ -192,6 +192,18 @@ def test_a_build_from_json_without_context_and_from_the_cli(api, parent, sbxd, w
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, (p.stdout, p.stderr)
     assert p.stdout.startswith("clibuild:1 sha256:"), p.stdout
+    # --progress: the build's log on stderr as it happens (the SSE events).
+    p = subprocess.run([*cli, "template", "build", "--progress", "-f", str(ctx / "sub" / "Buildfile"),
+                        str(ctx), "-t", "clibuild:2", "--build-arg", "WHO=you", "--no-cache"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert "step 4/4 (Dockerfile line 4): RUN" in p.stderr, p.stderr
+    (ctx / "sub" / "Failfile").write_text("FROM bbuild\nRUN echo broken-step-output && exit 7\n")
+    p = subprocess.run([*cli, "template", "build", "--progress", "-f", str(ctx / "sub" / "Failfile"),
+                        str(ctx), "-t", "clibuild:3"], capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0, (p.stdout, p.stderr)
+    assert "broken-step-output" in p.stderr and "build_step_failed" in p.stderr, p.stderr
+    assert "exited with code 7" in p.stderr, p.stderr
     assert run_out(api, "clibuild:1", "cat /msg").split("\n")[:2] == ["from the cli", "me"]
 
 
