@@ -86,6 +86,20 @@ class Out {
   uint64_t bytes_ = 0;
 };
 
+// The normalized name of a context entry (or a hard link's target): nullopt for one that climbs
+// out or is absolute, which is never selected.
+std::optional<std::string> ContextName(std::string_view n) {
+  if (!n.empty() && n.front() == '/') return std::nullopt;
+  return NormalizeContextPath(n);
+}
+
+// The reader's error: a malformed context is the client's (InvalidArgument), while the
+// source's own errors (Cancelled, a failed read) stay what they are.
+absl::Status ContextError(const absl::Status& s) {
+  if (s.code() != absl::StatusCode::kInvalidArgument) return s;
+  return absl::InvalidArgumentError(fmt::format("build context: {}", std::string(s.message())));
+}
+
 }  // namespace
 
 std::optional<std::string> NormalizeContextPath(std::string_view p) {
@@ -121,7 +135,9 @@ absl::StatusOr<CopyResult> WriteCopyTar(const std::string& context_path, const C
     return absl::InvalidArgumentError(fmt::format("COPY: bad destination \"{:.100}\"", spec.dest));
   }
   const std::string dest = *dest_norm;
+  // DEST names a directory when it says so ("/app/", "/app/.") or the sources are several.
   const bool into_dir = sources.size() > 1 || spec.dest.empty() || spec.dest.back() == '/' ||
+                        spec.dest.ends_with("/.") || spec.dest == "." ||
                         HasGlob(spec.sources.empty() ? "" : spec.sources[0]);
 
   UniqueFd in(::open(context_path.c_str(), O_RDONLY | O_CLOEXEC));
@@ -143,13 +159,10 @@ absl::StatusOr<CopyResult> WriteCopyTar(const std::string& context_path, const C
   CopyResult result;
   for (;;) {
     auto next = reader.Next();
-    if (!next.ok()) {
-      return absl::InvalidArgumentError(
-          fmt::format("build context: {}", std::string(next.status().message())));
-    }
+    if (!next.ok()) return ContextError(next.status());
     if (!next->has_value()) break;
     TarEntry e = **next;
-    auto name = NormalizeContextPath(e.name);
+    auto name = ContextName(e.name);
     std::optional<std::string> target;
     if (name && !name->empty()) {
       for (size_t i = 0; i < sources.size() && !target; ++i) {
@@ -160,7 +173,9 @@ absl::StatusOr<CopyResult> WriteCopyTar(const std::string& context_path, const C
           item = "";
         } else if (HasGlob(s)) {
           auto p = Prefix(*name, Components(s));
-          if (p && ::fnmatch(s.c_str(), p->c_str(), FNM_PATHNAME | FNM_PERIOD) == 0) item = p;
+          // As Docker's (Go's filepath.Match): `*` stays within a component and matches a
+          // leading dot too.
+          if (p && ::fnmatch(s.c_str(), p->c_str(), FNM_PATHNAME) == 0) item = p;
         } else if (*name == s || name->rfind(s + "/", 0) == 0) {
           item = s;
         }
@@ -180,7 +195,7 @@ absl::StatusOr<CopyResult> WriteCopyTar(const std::string& context_path, const C
                       (e.type == TarType::kFile || e.type == TarType::kDirectory ||
                        e.type == TarType::kSymlink || e.type == TarType::kHardLink);
     if (keep && e.type == TarType::kHardLink) {
-      auto src = NormalizeContextPath(e.linkname);
+      auto src = ContextName(e.linkname);
       auto it = src ? renamed.find(*src) : renamed.end();
       if (it == renamed.end()) {
         // Its target was not copied: the link has nothing to point at in the image.
@@ -201,12 +216,16 @@ absl::StatusOr<CopyResult> WriteCopyTar(const std::string& context_path, const C
     uint64_t written = 0;
     for (;;) {
       auto piece = reader.Read();
-      if (!piece.ok()) {
-        return absl::InvalidArgumentError(
-            fmt::format("build context: {}", std::string(piece.status().message())));
-      }
+      if (!piece.ok()) return ContextError(piece.status());
       if (piece->bytes.empty()) break;
       if (!keep || e.type != TarType::kFile) continue;
+      // A sparse map may place data past the entry's size, or go back: what follows the header
+      // must be exactly e.size bytes, or the rest would read as entries of the image.
+      if (piece->offset < written || piece->offset > e.size ||
+          piece->bytes.size() > e.size - piece->offset) {
+        return absl::InvalidArgumentError(fmt::format(
+            "build context: \"{:.100}\": data beyond the entry's size", e.name));
+      }
       if (piece->offset > written) {  // a sparse entry's hole
         out.buf().append(piece->offset - written, '\0');
         written = piece->offset;

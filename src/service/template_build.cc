@@ -529,7 +529,12 @@ absl::StatusOr<image::Image> TemplateService::RunBuildSteps(const std::string& o
           files.Reset(::open(files_tar.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
           if (!files) return ErrnoStatus(errno, "build: open " + files_tar);
           auto copied = image::WriteCopyTar(context, cs, files.get(), cancelled);
-          if (!copied.ok()) return line_error(copied.status(), "invalid_build_context");
+          if (!copied.ok()) {
+            if (absl::IsCancelled(copied.status())) return copied.status();
+            return line_error(copied.status(), absl::IsInvalidArgument(copied.status())
+                                                   ? "invalid_build_context"
+                                                   : "template_failed");
+          }
           step_key = fmt::format("{}\n{}\n{}", key, s.text, copied->digest);
           say(fmt::format("{} entries, {} bytes from the context", copied->entries,
                           copied->bytes));
