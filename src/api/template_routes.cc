@@ -44,6 +44,52 @@ absl::StatusOr<service::TemplateTarget> TargetOf(std::optional<std::string> name
   return t;
 }
 
+// A release's start command: {"cmd": [argv] | true, "ready": [argv], "timeout_s": 1..3600}.
+absl::StatusOr<json> ParseStart(const json& j, const std::string& field) {
+  if (!j.is_object()) return FieldError(field, field + " must be an object");
+  auto argv = [&](const json& v, const std::string& f) -> absl::Status {
+    if (!v.is_array() || v.empty() || v.size() > 256) {
+      return FieldError(f, f + " must be a non-empty array of strings (argv)");
+    }
+    for (const auto& a : v) {
+      if (!a.is_string() || a.get_ref<const std::string&>().find('\0') != std::string::npos) {
+        return FieldError(f, f + " must be a non-empty array of strings (argv)");
+      }
+    }
+    if (v[0].get_ref<const std::string&>().empty()) return FieldError(f, f + "[0] is empty");
+    return absl::OkStatus();
+  };
+  for (const auto& [k, v] : j.items()) {
+    const std::string f = field + "." + k;
+    if (k == "cmd") {
+      if (!(v.is_boolean() && v.get<bool>())) SBX_RETURN_IF_ERROR(argv(v, f));
+    } else if (k == "ready") {
+      SBX_RETURN_IF_ERROR(argv(v, f));
+    } else if (k == "timeout_s") {
+      if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 3600) {
+        return FieldError(f, f + " must be an integer from 1 to 3600");
+      }
+    } else {
+      return FieldError(f, "unknown field " + f);
+    }
+  }
+  if (!j.contains("cmd")) {
+    return FieldError(field + ".cmd", field + ".cmd is required: an argv, or true for the "
+                                              "image's Entrypoint and Cmd");
+  }
+  return j;
+}
+
+// ?start=JSON of an import or a build.
+absl::Status StartFromQuery(const Call& call, service::TemplateTarget& t) {
+  auto q = call.target.Query("start");
+  if (!q) return absl::OkStatus();
+  auto j = ParseUntrustedJson(*q);
+  if (!j.ok()) return FieldError("start", "start must be a JSON object");
+  SBX_ASSIGN_OR_RETURN(t.start, ParseStart(*j, "start"));
+  return absl::OkStatus();
+}
+
 // The body of an import or a build, streamed to a file of the template store (an archive's
 // index may come after its layers); `what` names it in errors.
 boost::asio::awaitable<absl::StatusOr<service::Upload>> ReceiveUpload(
@@ -107,12 +153,13 @@ absl::StatusOr<service::BuildSpec> ParseBuild(const json& b, const ResourceLimit
       if (!v.is_boolean()) return FieldError(f, f + " must be a boolean");
       spec.no_cache = v.get<bool>();
     } else if (k == "sandbox") {
-      // The RUN steps' sandboxes: the fields of a create (vcpu, memory_mib, disk_mib,
-      // egress_profile, egress), checked as a create's are; timeout_s bounds each RUN.
+      // The RUN steps' sandboxes: the fields of a create (resources {vcpu, memory_mib,
+      // disk_mib}, egress_profile, egress, runtime), checked as a create's are; timeout_s
+      // bounds each RUN.
       if (!v.is_object()) return FieldError(f, f + " must be an object");
       for (const auto& [sk, sv] : v.items()) {
-        if (sk != "vcpu" && sk != "memory_mib" && sk != "disk_mib" && sk != "egress_profile" &&
-            sk != "egress" && sk != "runtime" && sk != "timeout_s") {
+        if (sk != "resources" && sk != "egress_profile" && sk != "egress" && sk != "runtime" &&
+            sk != "timeout_s") {
           return FieldError(f + "." + sk, fmt::format("unknown field {}.{}", f, sk));
         }
       }
@@ -137,6 +184,7 @@ Awaitable Routes::ImportTemplate(Api& api, Call& call) {
   if (tpl == nullptr) co_return Fail(call.ctx, TemplatesOff());
   auto target = TargetOf(call.target.Query("name"), call.target.Query("tag"));
   if (!target.ok()) co_return Fail(call.ctx, target.status());
+  if (absl::Status st = StartFromQuery(call, *target); !st.ok()) co_return Fail(call.ctx, st);
   auto upload = co_await ReceiveUpload(
       tpl, call, "image archive (docker save, oci-archive, or an OCI layout as a tar)");
   if (!upload.ok()) co_return Fail(call.ctx, upload.status());
@@ -154,6 +202,7 @@ Awaitable Routes::BuildTemplate(Api& api, Call& call) {
   if (tpl == nullptr) co_return Fail(call.ctx, TemplatesOff());
   auto target = TargetOf(call.target.Query("name"), call.target.Query("tag"));
   if (!target.ok()) co_return Fail(call.ctx, target.status());
+  if (absl::Status st = StartFromQuery(call, *target); !st.ok()) co_return Fail(call.ctx, st);
   json b = json::object();
   if (auto q = call.target.Query("build")) {
     auto j = ParseUntrustedJson(*q);
@@ -194,7 +243,7 @@ Awaitable Routes::CreateTemplate(Api& api, Call& call) {
     return std::optional<std::string>(it->get<std::string>());
   };
   for (const auto& [k, v] : body->items()) {
-    if (k != "name" && k != "tag" && k != "source") {
+    if (k != "name" && k != "tag" && k != "source" && k != "start") {
       co_return Fail(call.ctx, FieldError(k, fmt::format("unknown field {}", k)));
     }
   }
@@ -204,6 +253,11 @@ Awaitable Routes::CreateTemplate(Api& api, Call& call) {
   if (!tag.ok()) co_return Fail(call.ctx, tag.status());
   auto target = TargetOf(*name, *tag);
   if (!target.ok()) co_return Fail(call.ctx, target.status());
+  if (auto st = body->find("start"); st != body->end() && !st->is_null()) {
+    auto start = ParseStart(*st, "start");
+    if (!start.ok()) co_return Fail(call.ctx, start.status());
+    target->start = std::move(*start);
+  }
   auto src = body->find("source");
   if (src == body->end() || !src->is_object()) {
     co_return Fail(call.ctx, FieldError("source", "source must be an object: {\"image\": REF}"));

@@ -250,9 +250,9 @@ void RegisterBuild(CLI::App& tpl, Context& ctx, const std::string* token) {
       if (f->no_cache) b["no_cache"] = true;
       json sb = json::object();
       if (!f->egress_profile.empty()) sb["egress_profile"] = f->egress_profile;
-      if (f->vcpu > 0) sb["vcpu"] = f->vcpu;
-      if (f->memory_mib > 0) sb["memory_mib"] = f->memory_mib;
-      if (f->disk_mib > 0) sb["disk_mib"] = f->disk_mib;
+      if (f->vcpu > 0) sb["resources"]["vcpu"] = f->vcpu;
+      if (f->memory_mib > 0) sb["resources"]["memory_mib"] = f->memory_mib;
+      if (f->disk_mib > 0) sb["resources"]["disk_mib"] = f->disk_mib;
       if (!sb.empty()) b["sandbox"] = sb;
       const bool progress = f->src.progress || ::isatty(2);
       auto answer = PostDirectoryTar(

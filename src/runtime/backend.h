@@ -55,6 +55,12 @@ struct TemplateSpec {
   std::vector<std::string> env;
   std::vector<std::string> entrypoint;
   std::vector<std::string> cmd;
+  // The template's process (docs/templates.md, "Start command"): started in every new sandbox
+  // of the template before it is running, which waits until `ready_cmd` (run repeatedly)
+  // exits 0, for at most start_timeout_s. Empty: none.
+  std::vector<std::string> start_cmd;
+  std::vector<std::string> ready_cmd;
+  int start_timeout_s = 60;
 };
 
 struct SandboxSpec {

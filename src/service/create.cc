@@ -36,6 +36,12 @@ absl::StatusOr<WarmSandbox> SandboxService::BuildWarm(const WarmPoolConfig& conf
     admission_->Release(spec.id);  // Create leaves nothing behind
     return inst.status();
   }
+  // A pooled sandbox is handed out ready: its template's process runs and passed its check.
+  if (absl::Status st = StartTemplateProcess(**inst, tmpl); !st.ok()) {
+    (void)(*inst)->Destroy();
+    admission_->Release(spec.id);
+    return st;
+  }
   return WarmSandbox{std::move(*inst), config.runtime, config.template_name, tmpl.digest,
                      spec.resources, config.networked};
 }
@@ -191,7 +197,12 @@ absl::StatusOr<runtime::InstancePtr> SandboxService::BuildInstance(const Sandbox
   // The sandbox env is applied per session (CreateSession), as for pooled sandboxes.
   spec.hostname = sb.id.substr(0, 16);
   spec.egress = sb.egress;
-  return backend->Create(spec);
+  SBX_ASSIGN_OR_RETURN(runtime::InstancePtr inst, backend->Create(spec));
+  if (absl::Status st = StartTemplateProcess(*inst, tmpl); !st.ok()) {
+    (void)inst->Destroy();
+    return ApiError(st.code(), "template_start_failed", std::string(st.message()));
+  }
+  return inst;
 }
 
 void SandboxService::RunCreate(const std::string& op_id, const std::string& sandbox_id,
@@ -224,7 +235,11 @@ void SandboxService::RunCreate(const std::string& op_id, const std::string& sand
                const std::string& now) -> absl::StatusOr<bool> {
         cur.updated_at = now;
         if (!built) {
-          json err = ErrorJson("create_failed", inst.status());
+          // The template's own process failing is the template's fault, not the runtime's.
+          json err = ErrorJson(ApiErrorCode(inst.status()) == "template_start_failed"
+                                   ? "template_start_failed"
+                                   : "create_failed",
+                               inst.status());
           Finish(op, false, err, now);
           if (cur.state == kCreating) {
             cur.state = std::string(kFailed);

@@ -47,6 +47,9 @@ nlohmann::json EffectiveResources(const runtime::Resources& r, int64_t output_bu
 // default for it, both when (re)launched and when shown.
 runtime::Resources ResourcesOf(const nlohmann::json& eff, const runtime::Resources& d);
 Demand DemandOf(const runtime::Resources& r);
+// Starts the template's start command in a fresh instance and waits for its readiness check
+// (template_start.cc); OK at once for a template without one.
+absl::Status StartTemplateProcess(const runtime::Instance& inst, const runtime::TemplateSpec& t);
 // Whether a stored sandbox holds host resources (admission.h): everything that may still have
 // processes or a disk, frozen ones included. A failed sandbox holds nothing, except one whose
 // destroy failed: its processes may still run.

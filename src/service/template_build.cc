@@ -396,6 +396,7 @@ absl::StatusOr<image::Image> TemplateService::RunBuildSteps(const std::string& o
   std::string key;
   uint64_t budget = opts_.limits.max_image_bytes;
   std::map<std::string, std::string> args_in_scope;  // ARGs after FROM: env of RUN steps
+  bool cmd_set_here = false;                          // a CMD of this Dockerfile
   int n = 0;
   for (const df::Step& s : file.steps) {
     ++n;
@@ -403,8 +404,8 @@ absl::StatusOr<image::Image> TemplateService::RunBuildSteps(const std::string& o
     p.steps_done = n - 1;
     say(StepName(s, n, total));
     auto expand = [&](const std::string& w) -> absl::StatusOr<std::string> {
-      std::map<std::string, std::string> scope = vars;
-      for (const auto& [k, v] : args_in_scope) scope[k] = v;
+      // As Docker: an ARG declared before FROM is seen after it only when declared again.
+      std::map<std::string, std::string> scope = args_in_scope;
       for (const auto& [k, v] : EnvMap(img.config.env)) scope[k] = v;
       auto r = df::Expand(w, scope);
       if (!r.ok()) {
@@ -440,12 +441,16 @@ absl::StatusOr<image::Image> TemplateService::RunBuildSteps(const std::string& o
           }
         }
         break;
-      case df::Kind::kEnv:
+      case df::Kind::kEnv: {
+        // Every value of one ENV sees the environment from before it, as Docker's.
+        std::vector<std::pair<std::string, std::string>> set;
         for (const auto& [k, v] : s.pairs) {
           SBX_ASSIGN_OR_RETURN(std::string val, expand(v));
-          SetEnv(img.config.env, k, val);
+          set.emplace_back(k, std::move(val));
         }
+        for (const auto& [k, v] : set) SetEnv(img.config.env, k, v);
         break;
+      }
       case df::Kind::kLabel:
         for (const auto& [k, v] : s.pairs) {
           SBX_ASSIGN_OR_RETURN(std::string kk, expand(k));
@@ -463,11 +468,12 @@ absl::StatusOr<image::Image> TemplateService::RunBuildSteps(const std::string& o
       }
       case df::Kind::kCmd:
         img.config.cmd = s.args;
+        cmd_set_here = true;
         break;
       case df::Kind::kEntrypoint:
-        // As Docker: a new entrypoint drops the parent's CMD.
+        // As Docker: a new entrypoint drops a CMD the parent set, not one set here.
         img.config.entrypoint = s.args;
-        img.config.cmd.clear();
+        if (!cmd_set_here) img.config.cmd.clear();
         break;
       case df::Kind::kRun:
       case df::Kind::kCopy:

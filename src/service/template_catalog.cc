@@ -1,16 +1,21 @@
 // TemplateService (template_service.h): what is in the catalog, delete and garbage collection.
+#include <filesystem>
 #include <map>
 #include <set>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "common/files.h"
+#include "common/json_util.h"
 #include "common/status_util.h"
 #include "common/time_util.h"
 #include "service/template_ref.h"
 #include "service/template_service.h"
 
 namespace sbx::service {
+
+namespace fs = std::filesystem;
 
 using json = nlohmann::json;
 using store::ImageRecord;
@@ -307,11 +312,23 @@ absl::StatusOr<json> TemplateService::Gc(const Caller& caller) {
     ++layers_removed;
     freed += l.unpacked_bytes;
   }
-  spdlog::info("template gc: {} releases and {} layers removed, {} MiB freed",
-               releases_removed.size(), layers_removed, freed >> 20);
+  // Build-cache entries of layers gone now would only ever miss.
+  int cache_removed = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(opts_.dir + "/build-cache", ec)) {
+    auto j = ParseUntrustedJson(ReadFileOrEmpty(e.path().string()));
+    const std::string diff_id = j.ok() && j->is_object() ? j->value("diff_id", "") : "";
+    if (!j.ok() || (!diff_id.empty() && !layers_->Has(diff_id))) {
+      if (fs::remove(e.path(), ec)) ++cache_removed;
+    }
+  }
+  spdlog::info("template gc: {} releases and {} layers removed, {} MiB freed, {} build-cache "
+               "entries dropped",
+               releases_removed.size(), layers_removed, freed >> 20, cache_removed);
   return json{{"releases_removed", releases_removed},
               {"layers_removed", layers_removed},
-              {"bytes_freed", freed}};
+              {"bytes_freed", freed},
+              {"cache_entries_removed", cache_removed}};
 }
 
 }  // namespace sbx::service

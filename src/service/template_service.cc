@@ -200,6 +200,11 @@ absl::StatusOr<runtime::TemplateSpec> TemplateService::SpecOf(const ImageRecord&
   spec.cmd = Strings(c, "cmd");
   spec.workdir = StringOr(c, "working_dir", "/");
   spec.default_user = StringOr(c, "user", "root");
+  if (auto start = c.find("start"); start != c.end() && start->is_object()) {
+    spec.start_cmd = Strings(*start, "cmd");
+    spec.ready_cmd = Strings(*start, "ready");
+    spec.start_timeout_s = start->value("timeout_s", 60);
+  }
   return spec;
 }
 
@@ -458,6 +463,20 @@ absl::Status TemplateService::Commit(const std::string& op_id, const TemplateTar
   rec.name = target.name;
   rec.layers = LayersJson(img);
   rec.config = img.config_json;  // oci::ConfigJson of the image's config
+  if (target.start.is_object()) {
+    json start = target.start;
+    if (start.value("cmd", json()).is_boolean()) {
+      // `true`: what the image says it runs.
+      std::vector<std::string> argv = img.config.entrypoint;
+      argv.insert(argv.end(), img.config.cmd.begin(), img.config.cmd.end());
+      if (argv.empty()) {
+        return ApiError(absl::StatusCode::kInvalidArgument, "invalid_image",
+                        "start.cmd is true but the image has neither Entrypoint nor Cmd");
+      }
+      start["cmd"] = argv;
+    }
+    rec.config["start"] = start;
+  }
   rec.source = source;
   for (const auto& l : img.layers) rec.size += static_cast<int64_t>(l.unpacked_bytes);
   SBX_ASSIGN_OR_RETURN(runtime::TemplateSpec spec, SpecOf(rec));

@@ -79,6 +79,10 @@ struct BuildSpec {
 struct TemplateTarget {
   std::string name;
   std::string tag = "latest";
+  // The release's start command (docs/templates.md, "Start command"), as the API checked it:
+  // {"cmd": [argv] | true (the image's Entrypoint + Cmd), "ready": [argv], "timeout_s": N};
+  // null: none.
+  nlohmann::json start = nullptr;
 };
 
 class TemplateService {

@@ -268,3 +268,55 @@ def test_the_operation_streams_its_log_as_server_sent_events(api, parent):
     bad = api.call("GET", f"/v1/operations/{op_id}/events", params={"after": "x"}, expect=400)
     assert bad.body["error"]["details"]["field"] == "after"
     api.call("GET", "/v1/operations/op_aaaaaaaaaaaaaaaaaaaa/events", expect=404)
+
+
+def test_a_template_start_command_runs_in_every_sandbox_before_it_is_running(api, parent):
+    # The server of an E2B-like template: it writes a file when it has started; the readiness
+    # check waits for that file. CMD is the start command (start.cmd = true).
+    dockerfile = ("FROM bbuild\nCMD [\"sh\", \"-c\", \"sleep 0.3; echo up > /tmp/ready; "
+                  "exec sleep 1000\"]\n")
+    resp = api.call("POST", "/v1/templates", json_body={
+        "name": "served", "source": {"build": {"dockerfile": dockerfile}},
+        "start": {"cmd": True, "ready": ["test", "-e", "/tmp/ready"], "timeout_s": 30}},
+        expect=202)
+    op = api.wait_operation(resp.body["operation"]["id"], timeout=300)
+    assert op["state"] == "succeeded", op
+    release = api.call("GET", "/v1/templates/served").body["releases"][0]
+    assert release["config"]["start"]["cmd"] == ["sh", "-c", "sleep 0.3; echo up > /tmp/ready; "
+                                                 "exec sleep 1000"]
+    sb = api.create_sandbox({"template": "served"})["sandbox"]
+    # Running means ready: the file is there at once, and the process still runs.
+    r = api.run(sb["id"], ["sh", "-c", "cat /tmp/ready; ps 2>/dev/null | grep -c 'sleep 1000' || "
+                                       "ls /proc | grep -c '^[0-9]'"])
+    assert r.stdout.decode().split("\n")[0] == "up", r
+    api.delete_sandbox(sb["id"])
+    # A start command that dies, or a check that never passes: the create fails, saying so.
+    for start, words in (({"cmd": ["sh", "-c", "exit 4"], "ready": ["false"], "timeout_s": 5},
+                          "exited with code 4"),
+                         ({"cmd": ["sleep", "100"], "ready": ["false"], "timeout_s": 1},
+                          "did not pass")):
+        resp = api.call("POST", "/v1/templates", json_body={
+            "name": "broken", "source": {"build": {"dockerfile": "FROM bbuild\n"}}, "start": start},
+            expect=202)
+        assert api.wait_operation(resp.body["operation"]["id"], timeout=300)["state"] == "succeeded"
+        made = api.create_sandbox({"template": "broken"}, wait=False)
+        op = api.wait_operation(made["operation"]["id"], timeout=60)
+        assert op["state"] == "failed", op
+        assert op["error"]["code"] == "template_start_failed", op
+        assert words in op["error"]["message"], op
+        api.delete_sandbox(made["sandbox"]["id"])
+    bad = api.call("POST", "/v1/templates", json_body={
+        "name": "broken", "source": {"build": {"dockerfile": "FROM bbuild\n"}},
+        "start": {"ready": ["true"]}}, expect=400)
+    assert bad.body["error"]["details"]["field"] == "start.cmd"
+
+
+def test_a_build_takes_the_resources_of_its_step_sandboxes(api, parent):
+    dockerfile = "FROM bbuild\nRUN head -c 1000000 /dev/zero > /big\n"
+    op = build(api, "sized", {"Dockerfile": dockerfile},
+               build={"sandbox": {"resources": {"memory_mib": 128, "disk_mib": 64}}})
+    assert op["state"] == "succeeded"
+    bad = api.call("POST", "/v1/templates", json_body={
+        "name": "sized", "source": {"build": {"dockerfile": dockerfile,
+                                              "sandbox": {"vcpu": 1}}}}, expect=400)
+    assert bad.body["error"]["details"]["field"] == "source.build.sandbox.vcpu"

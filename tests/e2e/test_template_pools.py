@@ -4,6 +4,7 @@ the pool; a tag move drains the old release's sandboxes and the refill builds th
 delete and gc keep a release pooled sandboxes run on."""
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import tempfile
@@ -33,12 +34,17 @@ def wait_ready(client, template: str, n: int) -> None:
         time.sleep(0.1)
 
 
+START = {"cmd": ["sh", "-c", "cat /marker > /tmp/started; exec sleep 1000"],
+         "ready": ["test", "-e", "/tmp/started"]}
+
+
 def import_image(client, work: Path, name: str, tag: str, marker: str) -> str:
     layout = work / f"{name}-{tag}"
     images.write_layout(layout, [images.busybox_layer().file("marker", marker).bytes()],
                         env=["PATH=/bin"])
     archive = images.docker_archive(layout, work / f"{name}-{tag}.tar")
-    resp = client.call("POST", "/v1/templates:import", params={"name": name, "tag": tag},
+    resp = client.call("POST", "/v1/templates:import",
+                       params={"name": name, "tag": tag, "start": json.dumps(START)},
                        data=archive.read_bytes(), headers={"Content-Type": "application/x-tar"},
                        expect=202)
     op = client.wait_operation(resp.body["operation"]["id"], timeout=120)
@@ -61,6 +67,8 @@ def test_a_pool_of_an_image_template_serves_creates_and_follows_its_tag(restarta
         sb = made["sandbox"]
         assert sb["template_digest"] == one
         assert client.run(sb["id"], ["cat", "/marker"]).stdout == b"one"
+        # The pooled sandbox ran the release's start command before it was pooled.
+        assert client.run(sb["id"], ["cat", "/tmp/started"]).stdout == b"one"
         client.delete_sandbox(sb["id"])
         wait_ready(client, "pooled", 1)
         # The pooled sandbox runs on `one`: neither delete nor gc may take it away.

@@ -222,7 +222,8 @@ def test_hostile_archives_fail_clearly_and_leave_nothing(api, sbxd, work):
     for build, field in (({}, "source.build.dockerfile"), ([], "source.build"),
                          ({"dockerfile": "FROM x", "shell": 1}, "source.build.shell"),
                          ({"dockerfile": "FROM x", "args": {"A": 1}}, "source.build.args"),
-                         ({"dockerfile": "FROM x", "sandbox": {"vcpu": -1}}, "source.build.sandbox"),
+                         ({"dockerfile": "FROM x", "sandbox": {"resources": {"vcpu": -1}}},
+                          "source.build.sandbox"),
                          ({"dockerfile": "RUN true"}, "source.build.dockerfile")):
         resp = api.call("POST", "/v1/templates", json_body={"name": "x", "source": {"build": build}},
                         expect=400)
