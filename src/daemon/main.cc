@@ -45,6 +45,7 @@
 #include "runtime/ns/userns.h"
 #include "runtime/ns/seccomp.h"
 #include "service/sandbox_service.h"
+#include "service/template_ref.h"
 #include "service/templates.h"
 #include "store/sqlite_store.h"
 
@@ -373,6 +374,27 @@ absl::Status OpenState(Daemon& d) {
                        sbx::store::OpenSqliteStore((fs::path(state_dir) / "sbx.db").string()));
   SBX_ASSIGN_OR_RETURN(auto templates, sbx::service::TemplateRegistry::Create(state_dir));
   d.templates.emplace(std::move(templates));
+  // Checked before the runtime touches the host: a pool of a template that does not exist
+  // would only log failed builds forever. Image templates are not loaded yet: their tags and
+  // releases are looked up in the store (whether a release is usable is checked once loaded).
+  for (const auto& pool : WarmPoolsOf(d.cfg)) {
+    if (pool.size == 0) continue;
+    auto t = d.templates->Resolve(pool.template_name);
+    if (t.ok()) continue;
+    bool stored = false;
+    if (auto ref = sbx::service::ParseTemplateRef(pool.template_name); ref.ok()) {
+      (void)d.store->Transact([&](sbx::store::Tx& tx) -> absl::Status {
+        stored = ref->digest.empty() ? tx.GetTag(ref->name, ref->tag).ok()
+                                     : tx.GetImage(ref->digest).ok();
+        return absl::OkStatus();
+      });
+    }
+    if (!stored) {
+      return absl::InvalidArgumentError(
+          fmt::format("{}: {}", sbx::daemon::Describe(d.cfg, "warm_pool." + pool.template_name),
+                      std::string(t.status().message())));
+    }
+  }
   return absl::OkStatus();
 }
 
