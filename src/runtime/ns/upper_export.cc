@@ -35,13 +35,28 @@ class Writer {
          uint64_t max_entries)
       : uid_base_(uid_base), out_(out_fd), cancelled_(cancelled), max_entries_(max_entries) {}
 
-  absl::Status Dir(int dir, const std::string& prefix, int depth) {
-    if (depth > kMaxUpperDepth) {
-      return absl::ResourceExhaustedError(fmt::format(
-          "build layer: /{} is nested deeper than {} directories", prefix, kMaxUpperDepth));
-    }
-    SBX_ASSIGN_OR_RETURN(std::vector<std::string> names, Names(dir, prefix));
-    for (const std::string& n : names) {
+  // Depth first, with an explicit stack: the tree was made by the sandbox, and its depth must
+  // not become sbxd's stack depth.
+  absl::Status Walk(int root) {
+    struct Frame {
+      UniqueFd owned;  // empty for the root, which is the caller's
+      int fd;
+      std::string prefix;
+      std::vector<std::string> names;
+      size_t next = 0;
+    };
+    std::vector<Frame> stack;
+    stack.push_back(Frame{UniqueFd(), root, "", {}, 0});
+    SBX_ASSIGN_OR_RETURN(stack.back().names, Names(root, ""));
+    while (!stack.empty()) {
+      Frame& f = stack.back();
+      if (f.next == f.names.size()) {
+        stack.pop_back();
+        continue;
+      }
+      const std::string n = f.names[f.next++];
+      const int dir = f.fd;
+      const std::string prefix = f.prefix;  // `f` may move when a frame is pushed
       if (cancelled_ && cancelled_()) return absl::CancelledError("build layer: cancelled");
       struct stat st {};
       if (::fstatat(dir, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
@@ -60,6 +75,10 @@ class Writer {
         e.mode = 0;
         SBX_RETURN_IF_ERROR(Header(e));
       } else if (S_ISDIR(st.st_mode)) {
+        if (stack.size() >= static_cast<size_t>(kMaxUpperDepth)) {
+          return absl::ResourceExhaustedError(fmt::format(
+              "build layer: /{} is nested deeper than {} directories", e.name, kMaxUpperDepth));
+        }
         UniqueFd sub(::openat(dir, n.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
         if (!sub) return ErrnoStatus(errno, fmt::format("build layer: openat /{}", e.name));
         e.type = TarType::kDirectory;
@@ -71,7 +90,10 @@ class Writer {
           o.mtime = e.mtime;
           SBX_RETURN_IF_ERROR(Header(o));
         }
-        SBX_RETURN_IF_ERROR(Dir(sub.get(), e.name + "/", depth + 1));
+        const std::string sub_prefix = e.name + "/";
+        SBX_ASSIGN_OR_RETURN(std::vector<std::string> names, Names(sub.get(), sub_prefix));
+        const int fd = sub.get();
+        stack.push_back(Frame{std::move(sub), fd, sub_prefix, std::move(names), 0});
       } else if (S_ISLNK(st.st_mode)) {
         std::string target(4096, '\0');
         ssize_t len = ::readlinkat(dir, n.c_str(), target.data(), target.size());
@@ -123,7 +145,9 @@ class Writer {
     return n == 1 && v[0] == 'y';
   }
 
-  static absl::StatusOr<std::vector<std::string>> Names(int dir, const std::string& prefix) {
+  // A directory's names, sorted; more than the entries left of max_entries is refused while
+  // they are read (a directory of millions of names is not held first).
+  absl::StatusOr<std::vector<std::string>> Names(int dir, const std::string& prefix) const {
     // A fresh description of the directory: fdopendir takes the fd, and `dir` stays ours.
     int fd = ::openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) return ErrnoStatus(errno, fmt::format("build layer: open /{}", prefix));
@@ -136,7 +160,12 @@ class Writer {
     errno = 0;
     while (struct dirent* de = ::readdir(d)) {
       std::string_view n = de->d_name;
-      if (n != "." && n != "..") names.emplace_back(n);
+      if (n == "." || n == "..") continue;
+      if (entries_ + names.size() >= max_entries_) {
+        ::closedir(d);
+        return TooMany();
+      }
+      names.emplace_back(n);
     }
     const int err = errno;
     ::closedir(d);
@@ -170,11 +199,13 @@ class Writer {
     return absl::OkStatus();
   }
 
+  absl::Status TooMany() const {
+    return absl::ResourceExhaustedError(fmt::format(
+        "build layer: more than {} entries (templates.max_entries_per_layer)", max_entries_));
+  }
+
   absl::Status Header(const TarEntry& e) {
-    if (++entries_ > max_entries_) {
-      return absl::ResourceExhaustedError(fmt::format(
-          "build layer: more than {} entries (templates.max_entries_per_layer)", max_entries_));
-    }
+    if (++entries_ > max_entries_) return TooMany();
     SBX_RETURN_IF_ERROR(archive::AppendTarHeader(buf_, e));
     return buf_.size() >= kFlushBytes ? Flush() : absl::OkStatus();
   }
@@ -210,7 +241,7 @@ absl::StatusOr<UpperLayer> WriteUpperAsLayer(int upper_fd, uint32_t uid_base, in
                                              const std::function<bool()>& cancelled,
                                              uint64_t max_entries) {
   Writer w(uid_base, out_fd, cancelled, max_entries);
-  SBX_RETURN_IF_ERROR(w.Dir(upper_fd, "", 0));
+  SBX_RETURN_IF_ERROR(w.Walk(upper_fd));
   return w.Finish();
 }
 

@@ -156,6 +156,20 @@ TEST_F(UpperExport, TooManyEntriesStopTheWalk) {
   EXPECT_NE(layer.status().message().find("max_entries_per_layer"), std::string::npos);
 }
 
+TEST_F(UpperExport, NestingPastTheBoundStopsTheWalkWithoutRecursion) {
+  std::string path = dir_ + "/merged";
+  for (int i = 0; i < kMaxUpperDepth + 10; ++i) {
+    path += "/d";
+    ASSERT_EQ(::mkdir(path.c_str(), 0755), 0) << i << ": " << strerror(errno);
+  }
+  Unmount();
+  UniqueFd upper(::open((dir_ + "/upper").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  UniqueFd out(::open((dir_ + "/n.tar").c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  auto layer = WriteUpperAsLayer(upper.get(), 0, out.get());
+  EXPECT_TRUE(absl::IsResourceExhausted(layer.status())) << layer.status();
+  EXPECT_NE(layer.status().message().find("nested deeper"), std::string::npos);
+}
+
 TEST_F(UpperExport, CancelStopsTheWalk) {
   std::ofstream(dir_ + "/merged/x") << "x";
   Unmount();
