@@ -223,7 +223,9 @@ void TemplateService::AppendEvent(const std::string& op_id, const std::string& l
   std::lock_guard lock(events_mu_);
   EventLog& log = events_[op_id];
   log.lines.push_back(line);
-  if (log.lines.size() > kEventLines) {
+  log.bytes += line.size();
+  while (log.bytes > kEventBytes && log.lines.size() > 1) {
+    log.bytes -= log.lines.front().size();
     log.lines.pop_front();
     ++log.first_id;
   }

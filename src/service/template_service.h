@@ -118,16 +118,16 @@ class TemplateService {
 
   // GET /v1/operations/{id}/events: the log lines of a template operation after event id
   // `after` (ids count from 1 and name each line for Last-Event-ID). This sbxd keeps every
-  // line of the operations it runs in memory (the last kEventLines of each, for the last
-  // kFinishedKept finished ones); NotFound for others (before a restart: the stored
+  // line of the operations it runs in memory (the last kEventBytes of each, for the last
+  // kFinishedKept finished ones: a chatty RUN cannot grow sbxd); NotFound for others (before a restart: the stored
   // progress.log has the last lines).
   struct EventLines {
     std::vector<std::pair<uint64_t, std::string>> lines;
     bool finished = false;
   };
   absl::StatusOr<EventLines> Events(const std::string& op_id, uint64_t after) const;
-  static constexpr size_t kEventLines = 10000;
-  static constexpr size_t kFinishedKept = 64;
+  static constexpr size_t kEventBytes = 1 << 20;
+  static constexpr size_t kFinishedKept = 16;
 
   // {"templates": [...]} (TemplateView each), by name.
   absl::StatusOr<nlohmann::json> List(const Caller& caller);
@@ -194,6 +194,7 @@ class TemplateService {
   // Event lines by operation (Events), with their own lock: a chatty build appends per line.
   struct EventLog {
     std::deque<std::string> lines;
+    size_t bytes = 0;       // of `lines`
     uint64_t first_id = 1;  // the id of lines.front()
     bool finished = false;
   };
