@@ -198,6 +198,68 @@ absl::Status BindIdempotency(StmtCursor& q, const IdempotencyRecord& r) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<TenantRecord> ReadTenant(const StmtCursor& q) {
+  TenantRecord r;
+  r.id = q.Text(0);
+  r.name = q.Text(1);
+  r.state = q.Text(2);
+  const std::string what = fmt::format("tenant {}", r.id);
+  SBX_ASSIGN_OR_RETURN(r.quotas, ColumnJson(q, 3, what + " quotas"));
+  SBX_ASSIGN_OR_RETURN(r.rate_limit, ColumnJson(q, 4, what + " rate_limit"));
+  r.created_at = q.Text(5);
+  r.updated_at = q.Text(6);
+  return r;
+}
+
+absl::Status BindTenant(StmtCursor& q, const TenantRecord& r) {
+  const std::string what = fmt::format("put tenant {}", r.id);
+  q.Bind(1, r.id).Bind(2, r.name).Bind(3, r.state);
+  SBX_RETURN_IF_ERROR(BindJson(q, 4, r.quotas, what + " quotas"));
+  SBX_RETURN_IF_ERROR(BindJson(q, 5, r.rate_limit, what + " rate_limit"));
+  q.Bind(6, r.created_at).Bind(7, r.updated_at);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TokenRecord> ReadToken(const StmtCursor& q) {
+  TokenRecord r;
+  r.id = q.Text(0);
+  r.tenant_id = q.Text(1);
+  r.name = q.Text(2);
+  r.hash = q.Text(3);
+  SBX_ASSIGN_OR_RETURN(r.scopes, ColumnJson(q, 4, fmt::format("token {} scopes", r.id)));
+  r.expires_at = q.OptText(5);
+  r.created_at = q.Text(6);
+  r.revoked_at = q.OptText(7);
+  return r;
+}
+
+absl::Status BindToken(StmtCursor& q, const TokenRecord& r) {
+  q.Bind(1, r.id).Bind(2, r.tenant_id).Bind(3, r.name).Bind(4, r.hash);
+  SBX_RETURN_IF_ERROR(BindJson(q, 5, r.scopes, fmt::format("put token {} scopes", r.id)));
+  q.Bind(6, r.expires_at).Bind(7, r.created_at).Bind(8, r.revoked_at);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AuditRecord> ReadAudit(const StmtCursor& q) {
+  AuditRecord r;
+  r.seq = q.Int(0);
+  r.time = q.Text(1);
+  r.tenant_id = q.Text(2);
+  r.token_id = q.Text(3);
+  r.action = q.Text(4);
+  r.target = q.Text(5);
+  r.status = static_cast<int>(q.Int(6));
+  r.code = q.Text(7);
+  r.request_id = q.Text(8);
+  return r;
+}
+
+absl::Status BindAudit(StmtCursor& q, const AuditRecord& r) {
+  q.BindNull(1).Bind(2, r.time).Bind(3, r.tenant_id).Bind(4, r.token_id).Bind(5, r.action);
+  q.Bind(6, r.target).Bind(7, r.status).Bind(8, r.code).Bind(9, r.request_id);
+  return absl::OkStatus();
+}
+
 std::string EncodePageToken(const SandboxRecord& last) {
   return Base64UrlEncode(Json::array({last.created_at, last.id}).dump());
 }

@@ -29,6 +29,11 @@
 #define SBX_STORE_TAG_COLS "name, tag, digest, updated_at"
 #define SBX_STORE_IDEMPOTENCY_COLS \
   "tenant_id, key, method, route, body_hash, status, response_body, created_at"
+#define SBX_STORE_TENANT_COLS "id, name, state, quotas, rate_limit, created_at, updated_at"
+#define SBX_STORE_TOKEN_COLS \
+  "id, tenant_id, name, hash, scopes, expires_at, created_at, revoked_at"
+#define SBX_STORE_AUDIT_COLS \
+  "seq, time, tenant_id, token_id, action, target, status, code, request_id"
 
 namespace sbx::store {
 
@@ -51,6 +56,16 @@ absl::Status BindTag(StmtCursor& q, const TagRecord& r);
 
 IdempotencyRecord ReadIdempotency(const StmtCursor& q);
 absl::Status BindIdempotency(StmtCursor& q, const IdempotencyRecord& r);
+
+absl::StatusOr<TenantRecord> ReadTenant(const StmtCursor& q);
+absl::Status BindTenant(StmtCursor& q, const TenantRecord& r);
+
+absl::StatusOr<TokenRecord> ReadToken(const StmtCursor& q);
+absl::Status BindToken(StmtCursor& q, const TokenRecord& r);
+
+absl::StatusOr<AuditRecord> ReadAudit(const StmtCursor& q);
+// Binds ?1 (seq) to NULL whatever r.seq holds: SQLite assigns every line's seq.
+absl::Status BindAudit(StmtCursor& q, const AuditRecord& r);
 
 // The page token is base64url(JSON ["<created_at>", "<id>"]) of the last row returned: the
 // next page starts strictly after that position, so rows inserted meanwhile neither shift nor

@@ -153,6 +153,57 @@ CREATE TABLE template_tags (
 CREATE INDEX template_tags_by_digest ON template_tags (digest);
 CREATE INDEX sandboxes_by_digest ON sandboxes (template_digest) WHERE state <> 'deleted';
 )sql",
+    // 7: tenancy (issue 18): tenants with their quotas, management tokens (their hash only) and
+    // the audit log. "default" is inserted so that every sandbox made before has its tenant.
+    // Audit seqs use AUTOINCREMENT so that a seq is never reused, even after a future retention
+    // purge: a client paging with after_seq never skips a line. A row is never updated (the
+    // trigger); sandboxes_tenant_usage makes GetTenantUsage visit the tenant's live rows only
+    // (the same condition as its WHERE).
+    R"sql(
+CREATE TABLE tenants (
+  id         TEXT PRIMARY KEY,
+  name       TEXT NOT NULL,
+  state      TEXT NOT NULL,
+  quotas     TEXT,
+  rate_limit TEXT,
+  created_at TEXT NOT NULL,
+  updated_at TEXT NOT NULL
+) STRICT;
+INSERT INTO tenants (id, name, state, quotas, rate_limit, created_at, updated_at)
+  VALUES ('default', 'default', 'active', '{}', '{}', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),
+          strftime('%Y-%m-%dT%H:%M:%fZ', 'now'));
+
+CREATE TABLE tokens (
+  id         TEXT PRIMARY KEY,
+  tenant_id  TEXT NOT NULL REFERENCES tenants (id) DEFERRABLE INITIALLY DEFERRED,
+  name       TEXT NOT NULL,
+  hash       TEXT NOT NULL,
+  scopes     TEXT,
+  expires_at TEXT,
+  created_at TEXT NOT NULL,
+  revoked_at TEXT
+) STRICT;
+CREATE INDEX tokens_by_tenant ON tokens (tenant_id, created_at, id);
+
+CREATE TABLE audit_log (
+  seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+  time       TEXT NOT NULL,
+  tenant_id  TEXT NOT NULL,
+  token_id   TEXT NOT NULL,
+  action     TEXT NOT NULL,
+  target     TEXT NOT NULL,
+  status     INTEGER NOT NULL,
+  code       TEXT NOT NULL,
+  request_id TEXT NOT NULL
+) STRICT;
+CREATE INDEX audit_by_tenant ON audit_log (tenant_id, seq);
+CREATE INDEX audit_by_time ON audit_log (time);
+CREATE TRIGGER audit_log_append_only BEFORE UPDATE ON audit_log
+  BEGIN SELECT RAISE(ABORT, 'audit_log is append-only'); END;
+
+CREATE INDEX sandboxes_tenant_usage ON sandboxes (tenant_id)
+  WHERE state NOT IN ('deleted', 'failed');
+)sql",
 };
 constexpr int kSchemaVersion = static_cast<int>(std::size(kMigrations));
 

@@ -22,6 +22,7 @@ namespace sbx::store {
 namespace {
 
 constexpr int kMaxPageSize = 500;
+constexpr int kMaxAuditPage = 1000;
 
 // Statements are cached by the address of these constants, so each must be a named array.
 constexpr char kBegin[] = "BEGIN IMMEDIATE";
@@ -137,6 +138,50 @@ constexpr char kPurgeDeletedOperations[] =
 constexpr char kPurgeDeletedSandboxes[] =
     "DELETE FROM sandboxes WHERE state = 'deleted' AND updated_at < ?1";
 
+constexpr char kGetTenant[] = "SELECT " SBX_STORE_TENANT_COLS " FROM tenants WHERE id = ?1";
+constexpr char kPutTenant[] = "INSERT INTO tenants (" SBX_STORE_TENANT_COLS R"sql()
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+ON CONFLICT (id) DO UPDATE SET
+  name = excluded.name, state = excluded.state, quotas = excluded.quotas,
+  rate_limit = excluded.rate_limit, created_at = excluded.created_at,
+  updated_at = excluded.updated_at)sql";
+constexpr char kListTenants[] =
+    "SELECT " SBX_STORE_TENANT_COLS " FROM tenants ORDER BY created_at, id";
+constexpr char kDeleteTenant[] = "DELETE FROM tenants WHERE id = ?1";
+constexpr char kDeleteTenantTokens[] = "DELETE FROM tokens WHERE tenant_id = ?1";
+constexpr char kGetToken[] = "SELECT " SBX_STORE_TOKEN_COLS " FROM tokens WHERE id = ?1";
+constexpr char kPutToken[] = "INSERT INTO tokens (" SBX_STORE_TOKEN_COLS R"sql()
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+ON CONFLICT (id) DO UPDATE SET
+  tenant_id = excluded.tenant_id, name = excluded.name, hash = excluded.hash,
+  scopes = excluded.scopes, expires_at = excluded.expires_at, created_at = excluded.created_at,
+  revoked_at = excluded.revoked_at)sql";
+constexpr char kListTokens[] = "SELECT " SBX_STORE_TOKEN_COLS
+                               " FROM tokens WHERE tenant_id = ?1 ORDER BY created_at, id";
+// No upsert: a line is only ever appended (and the table's trigger refuses updates).
+constexpr char kAppendAudit[] = "INSERT INTO audit_log (" SBX_STORE_AUDIT_COLS
+                                ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
+// ?1 tenant (the "Tenant" variant only), ?2 since, ?3 after_seq, ?4 limit. Two statements so
+// that one tenant's page seeks in audit_by_tenant; all tenants' walks the seq (rowid) order.
+constexpr char kListAuditAll[] = "SELECT " SBX_STORE_AUDIT_COLS
+                                 " FROM audit_log WHERE seq > ?3 AND time >= ?2"
+                                 " ORDER BY seq LIMIT ?4";
+constexpr char kListAuditTenant[] = "SELECT " SBX_STORE_AUDIT_COLS
+                                    " FROM audit_log WHERE tenant_id = ?1 AND seq > ?3"
+                                    " AND time >= ?2 ORDER BY seq LIMIT ?4";
+// The WHERE repeats sandboxes_tenant_usage's condition word for word, so SQLite may use that
+// partial index. A suspended sandbox holds its disk only; a missing key (or a null
+// effective_resources) counts 0.
+constexpr char kGetTenantUsage[] = R"sql(SELECT COUNT(*),
+  IFNULL(SUM(CASE WHEN state = 'suspended' THEN 0
+                  ELSE IFNULL(json_extract(effective_resources, '$.vcpu'), 0) END), 0),
+  IFNULL(SUM(CASE WHEN state = 'suspended' THEN 0
+                  ELSE IFNULL(json_extract(effective_resources, '$.memory_mib'), 0) END), 0),
+  IFNULL(SUM(IFNULL(json_extract(effective_resources, '$.disk_mib'), 0)), 0)
+FROM sandboxes WHERE tenant_id = ?1 AND state NOT IN ('deleted', 'failed'))sql";
+constexpr char kCountLiveSessions[] =
+    "SELECT COUNT(*) FROM sessions WHERE sandbox_id = ?1 AND state <> 'exited'";
+
 // What sbx_store_query_duration_seconds{op} distinguishes: the Tx methods, BEGIN and COMMIT.
 enum class QueryOp {
   kBegin,
@@ -158,13 +203,20 @@ enum class QueryOp {
   kPurgeIdempotency,
   kPurgeDeletedSandboxes,
   kTemplates,
+  kTenants,
+  kGetToken,
+  kAppendAudit,
+  kListAudit,
+  kGetTenantUsage,
+  kCountLiveSessions,
   kCount,
 };
 constexpr std::string_view kQueryOpNames[] = {
     "Begin", "Commit", "GetSandbox", "ListSandboxes", "ListLiveSandboxes",
     "CountLiveSandboxesByState", "PutSandbox", "GetOperation", "PutOperation", "ListOperations",
     "ListUnfinishedOperations", "GetSession", "PutSession", "ListSessions", "GetIdempotency",
-    "PutIdempotency", "PurgeIdempotency", "PurgeDeletedSandboxes", "Templates",
+    "PutIdempotency", "PurgeIdempotency", "PurgeDeletedSandboxes", "Templates", "Tenants",
+    "GetToken", "AppendAudit", "ListAudit", "GetTenantUsage", "CountLiveSessions",
 };
 static_assert(std::size(kQueryOpNames) == static_cast<size_t>(QueryOp::kCount));
 
@@ -416,13 +468,7 @@ class SqliteTx final : public Tx {
 
   absl::StatusOr<int64_t> CountLiveSandboxesWithDigest(const std::string& digest) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kTemplates));
-    constexpr std::string_view kStep = "count sandboxes of a template digest";
-    SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(kCountLiveWithDigest, kStep));
-    StmtCursor q(stmt);
-    q.Bind(1, digest);
-    int rc = q.Step();
-    if (rc != SQLITE_ROW) return Error(rc, kStep);
-    return q.Int(0);
+    return CountOne(kCountLiveWithDigest, "count sandboxes of a template digest", digest);
   }
 
   absl::StatusOr<SessionRecord> GetSession(const std::string& id) override {
@@ -461,16 +507,98 @@ class SqliteTx final : public Tx {
 
   absl::StatusOr<int64_t> PurgeIdempotency(const std::string& before) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kPurgeIdempotency));
-    return DeleteBefore(kPurgeIdempotency, "purge idempotency keys", before);
+    return DeleteWhere(kPurgeIdempotency, "purge idempotency keys", before);
   }
 
   absl::StatusOr<int64_t> PurgeDeletedSandboxes(const std::string& before) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kPurgeDeletedSandboxes));
     constexpr std::string_view kStep = "purge deleted sandboxes";
     for (const char* sql : {kPurgeDeletedSessions, kPurgeDeletedOperations}) {
-      SBX_RETURN_IF_ERROR(DeleteBefore(sql, kStep, before).status());
+      SBX_RETURN_IF_ERROR(DeleteWhere(sql, kStep, before).status());
     }
-    return DeleteBefore(kPurgeDeletedSandboxes, kStep, before);
+    return DeleteWhere(kPurgeDeletedSandboxes, kStep, before);
+  }
+
+  // Tenant and token management is rare: one timer for its statements. GetToken (every
+  // authenticated request) and the audit and quota reads have their own.
+  absl::StatusOr<TenantRecord> GetTenant(const std::string& id) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kTenants));
+    return GetById<TenantRecord>(kGetTenant, "get tenant", "tenant", id, ReadTenant);
+  }
+
+  absl::Status PutTenant(const TenantRecord& r) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kTenants));
+    return Put(kPutTenant, "put tenant", r, BindTenant);
+  }
+
+  absl::StatusOr<std::vector<TenantRecord>> ListTenants() override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kTenants));
+    return ListAll<TenantRecord>(kListTenants, "list tenants", ReadTenant);
+  }
+
+  absl::Status DeleteTenant(const std::string& id) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kTenants));
+    constexpr std::string_view kStep = "delete tenant";
+    SBX_ASSIGN_OR_RETURN(int64_t n, DeleteWhere(kDeleteTenant, kStep, id));
+    if (n == 0) return absl::NotFoundError(fmt::format("tenant {} not found", id));
+    // The tokens' foreign key is deferred, so they may go after their tenant.
+    return DeleteWhere(kDeleteTenantTokens, kStep, id).status();
+  }
+
+  absl::StatusOr<TokenRecord> GetToken(const std::string& id) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kGetToken));
+    return GetById<TokenRecord>(kGetToken, "get token", "token", id, ReadToken);
+  }
+
+  absl::Status PutToken(const TokenRecord& r) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kTenants));
+    return Put(kPutToken, "put token", r, BindToken);
+  }
+
+  absl::StatusOr<std::vector<TokenRecord>> ListTokens(const std::string& tenant_id) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kTenants));
+    return ListAll<TokenRecord>(kListTokens, "list tokens", ReadToken, &tenant_id);
+  }
+
+  absl::StatusOr<int64_t> AppendAudit(const AuditRecord& r) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kAppendAudit));
+    SBX_RETURN_IF_ERROR(Put(kAppendAudit, "append audit line", r, BindAudit));
+    return static_cast<int64_t>(sqlite3_last_insert_rowid(store_.db()));
+  }
+
+  absl::StatusOr<std::vector<AuditRecord>> ListAudit(const AuditFilter& filter) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kListAudit));
+    constexpr std::string_view kStep = "list audit lines";
+    const char* sql = filter.tenant_id ? kListAuditTenant : kListAuditAll;
+    SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(sql, kStep));
+    StmtCursor q(stmt);
+    if (filter.tenant_id) q.Bind(1, *filter.tenant_id);
+    q.Bind(2, filter.since).Bind(3, filter.after_seq);
+    q.Bind(4, int64_t{std::clamp(filter.limit, 1, kMaxAuditPage)});
+    std::vector<AuditRecord> out;
+    int rc;
+    while ((rc = q.Step()) == SQLITE_ROW) {
+      SBX_ASSIGN_OR_RETURN(AuditRecord r, ReadAudit(q));
+      out.push_back(std::move(r));
+    }
+    if (rc != SQLITE_DONE) return Error(rc, kStep);
+    return out;
+  }
+
+  absl::StatusOr<TenantUsage> GetTenantUsage(const std::string& tenant_id) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kGetTenantUsage));
+    constexpr std::string_view kStep = "get tenant usage";
+    SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(kGetTenantUsage, kStep));
+    StmtCursor q(stmt);
+    q.Bind(1, tenant_id);
+    int rc = q.Step();
+    if (rc != SQLITE_ROW) return Error(rc, kStep);
+    return TenantUsage{q.Int(0), q.Int(1), q.Int(2), q.Int(3)};
+  }
+
+  absl::StatusOr<int64_t> CountLiveSessions(const std::string& sandbox_id) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kCountLiveSessions));
+    return CountOne(kCountLiveSessions, "count live sessions", sandbox_id);
   }
 
  private:
@@ -514,14 +642,25 @@ class SqliteTx final : public Tx {
     return Done(q, step);
   }
 
-  // Runs a DELETE whose ?1 is a time bound; returns how many rows it removed.
-  absl::StatusOr<int64_t> DeleteBefore(const char* sql, std::string_view step,
-                                       const std::string& before) {
+  // Runs a DELETE whose ?1 is `param` (a time bound, a key); returns how many rows it removed.
+  absl::StatusOr<int64_t> DeleteWhere(const char* sql, std::string_view step,
+                                      const std::string& param) {
     SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(sql, step));
     StmtCursor q(stmt);
-    q.Bind(1, before);
+    q.Bind(1, param);
     SBX_RETURN_IF_ERROR(Done(q, step));
     return static_cast<int64_t>(sqlite3_changes64(store_.db()));
+  }
+
+  // Runs a "SELECT COUNT(*) ... ?1" and returns the count.
+  absl::StatusOr<int64_t> CountOne(const char* sql, std::string_view step,
+                                   const std::string& param) {
+    SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(sql, step));
+    StmtCursor q(stmt);
+    q.Bind(1, param);
+    int rc = q.Step();
+    if (rc != SQLITE_ROW) return Error(rc, step);
+    return q.Int(0);
   }
 
   template <typename T, typename ReadFn>

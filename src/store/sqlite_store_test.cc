@@ -822,7 +822,7 @@ TEST_F(SqliteStoreTest, ReopenKeepsDataAndSchemaVersion) {
   store_.reset();
   {
     RawDb raw(path_);
-    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "6");
+    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "7");
     EXPECT_EQ(raw.QueryText("PRAGMA journal_mode"), "wal");
   }
   Open();
@@ -831,8 +831,14 @@ TEST_F(SqliteStoreTest, ReopenKeepsDataAndSchemaVersion) {
   ExpectSandboxEq(*got, FullSandbox("sbx_1"));
   store_.reset();
   RawDb raw(path_);
-  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "6");
+  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "7");
 }
+
+// Undoes migration 7 by hand (sqlite_sequence, which SQLite made for the AUTOINCREMENT, cannot be
+// dropped: emptied, it is what a version-6 file that never had one behaves like).
+constexpr char kUndoSchemaSeven[] =
+    "DROP INDEX sandboxes_tenant_usage; DROP TABLE audit_log; DROP TABLE tokens; "
+    "DROP TABLE tenants; DELETE FROM sqlite_sequence; PRAGMA user_version = 6;";
 
 // A database written by the first release (schema 1) opens: rows keep their values and the new
 // columns read as "not set" (idle_suspend_s null, initiator "api").
@@ -844,7 +850,8 @@ TEST_F(SqliteStoreTest, SchemaOneDatabaseIsMigrated) {
   ASSERT_TRUE(store_->Transact([&](Tx& tx) { return tx.PutOperation(op); }).ok());
   store_.reset();
   {
-    RawDb raw(path_);  // undo migrations 6, 5, 4, 3 and 2 by hand
+    RawDb raw(path_);  // undo migrations 7, 6, 5, 4, 3 and 2 by hand
+    raw.Exec(kUndoSchemaSeven);
     raw.Exec("DROP TABLE template_tags; DROP TABLE images; DROP INDEX sandboxes_by_digest; "
              "ALTER TABLE operations DROP COLUMN progress; "
              "ALTER TABLE operations DROP COLUMN target; "

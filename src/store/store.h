@@ -1,6 +1,7 @@
-// Store: the durable truth of sbxd. Sandboxes, operations, sessions and idempotency keys are
-// rows; every state change happens inside Transact(), so a crash leaves either the whole change
-// or none of it. Output never goes through the store (it lives in the agents' buffers).
+// Store: the durable truth of sbxd. Sandboxes, operations, sessions, idempotency keys, templates,
+// tenants, tokens and the audit log are rows; every state change happens inside Transact(), so
+// a crash leaves either the whole change or none of it. Output never goes through the store (it
+// lives in the agents' buffers).
 //
 // Implementations: SqliteStore (embedded default, WAL). PostgreSQL comes with scale-out.
 //
@@ -126,6 +127,64 @@ struct IdempotencyRecord {
   std::string created_at;
 };
 
+// A tenant (issue 18): the owner of sandboxes, templates and tokens. Schema 7 inserts "default",
+// which holds everything made before tenancy.
+struct TenantRecord {
+  std::string id;                // "ten_<20 base32>" or "default"
+  std::string name;
+  std::string state = "active";  // active | deleting
+  // {"max_sandboxes", "max_vcpu", "max_memory_mib", "max_disk_mib", "max_sessions_per_sandbox",
+  // "max_templates", "max_template_bytes"}; a key absent = unlimited. Not interpreted here.
+  Json quotas = Json::object();
+  Json rate_limit = Json::object();  // {"requests_per_s", "burst"}; not interpreted here
+  std::string created_at;            // RFC 3339
+  std::string updated_at;
+};
+
+// A management token. The store keeps its hash only, never the token itself.
+struct TokenRecord {
+  std::string id;  // "tok_<20 base32>"
+  std::string tenant_id;
+  std::string name;
+  std::string hash;                // "sha256:<hex>" of the whole token string
+  Json scopes = Json::array();     // ["read", "sandboxes", ...]
+  std::optional<std::string> expires_at;
+  std::string created_at;
+  std::optional<std::string> revoked_at;
+};
+
+// One line of the audit log. The log is append-only: rows are never updated or deleted.
+struct AuditRecord {
+  int64_t seq = 0;        // assigned by AppendAudit (monotonic, 1-based, never reused)
+  std::string time;       // RFC 3339 with milliseconds
+  std::string tenant_id;  // the caller's tenant
+  std::string token_id;   // "tok_...", "bootstrap" (the configured admin token) or "" (none)
+  std::string action;     // e.g. "POST /v1/sandboxes"
+  std::string target;     // the object acted on ("sbx_...", "ten_...", "tok_...", "name:tag") or ""
+  int status = 0;         // HTTP status answered
+  std::string code;       // API error code, "" on success
+  std::string request_id;
+};
+
+struct AuditFilter {
+  std::optional<std::string> tenant_id;
+  // RFC 3339; "" = from the start. Compared as text: every time is UTC "Z" in one format.
+  std::string since;
+  int64_t after_seq = 0;  // paging: only rows with seq > after_seq
+  int limit = 100;        // clamped to 1..1000
+};
+
+// What a tenant's sandboxes hold, for its quotas. A sandbox in state deleted or failed holds
+// nothing; a suspended one holds only its disk; every other state (creating, running, paused,
+// deleting, ...) holds everything. Summed from effective_resources (keys vcpu, memory_mib,
+// disk_mib; integers; a missing key counts 0).
+struct TenantUsage {
+  int64_t sandboxes = 0;  // not deleted/failed, suspended included
+  int64_t vcpu = 0;
+  int64_t memory_mib = 0;
+  int64_t disk_mib = 0;
+};
+
 struct SandboxFilter {
   std::string tenant_id;
   std::optional<std::string> state;
@@ -182,6 +241,26 @@ class Tx {
   virtual absl::StatusOr<std::vector<TagRecord>> ListTags() = 0;  // by name, tag
   // Sandboxes not deleted whose template_digest is `digest` (the sandboxes_by_digest index).
   virtual absl::StatusOr<int64_t> CountLiveSandboxesWithDigest(const std::string& digest) = 0;
+
+  // Tenants (issue 18). DeleteTenant also deletes the tenant's tokens (its sandboxes, templates
+  // and audit lines are the caller's business); NotFound when absent.
+  virtual absl::StatusOr<TenantRecord> GetTenant(const std::string& id) = 0;
+  virtual absl::Status PutTenant(const TenantRecord& rec) = 0;
+  virtual absl::StatusOr<std::vector<TenantRecord>> ListTenants() = 0;  // by created_at, id
+  virtual absl::Status DeleteTenant(const std::string& id) = 0;
+  // A token's tenant must exist when the transaction commits (a deferred foreign key).
+  virtual absl::StatusOr<TokenRecord> GetToken(const std::string& id) = 0;
+  virtual absl::Status PutToken(const TokenRecord& rec) = 0;
+  virtual absl::StatusOr<std::vector<TokenRecord>> ListTokens(
+      const std::string& tenant_id) = 0;  // by created_at, id
+  // Appends one line (rec.seq is ignored) and returns the seq it got.
+  virtual absl::StatusOr<int64_t> AppendAudit(const AuditRecord& rec) = 0;
+  // By seq ascending.
+  virtual absl::StatusOr<std::vector<AuditRecord>> ListAudit(const AuditFilter& filter) = 0;
+  // One query over the tenant's live sandboxes (the sandboxes_tenant_usage index).
+  virtual absl::StatusOr<TenantUsage> GetTenantUsage(const std::string& tenant_id) = 0;
+  // Sessions of the sandbox not in state "exited".
+  virtual absl::StatusOr<int64_t> CountLiveSessions(const std::string& sandbox_id) = 0;
 
   // Removes keys created before `before` (RFC 3339); returns how many.
   virtual absl::StatusOr<int64_t> PurgeIdempotency(const std::string& before) = 0;
