@@ -20,6 +20,7 @@
 #include "common/base64.h"
 #include "common/metrics.h"
 #include "common/status_util.h"
+#include "common/time_util.h"
 
 namespace sbx::store {
 namespace {
@@ -1035,6 +1036,518 @@ TEST_F(SqliteStoreTest, CountsLiveSandboxesByStateAcrossTenants) {
         "sbx_store_query_duration_seconds_count{op=\"GetSandbox\"} 0\n"}) {
     EXPECT_NE(text.find(line), std::string::npos) << line << " not in:\n" << text;
   }
+}
+
+// --- Tenancy (issue 18): tenants, tokens, the audit log, usage for quotas. ---
+
+TenantRecord MakeTenant(const std::string& id, int t) {
+  TenantRecord r;
+  r.id = id;
+  r.name = id + "-name";
+  r.quotas = {{"max_sandboxes", 10}, {"max_vcpu", 8}, {"max_template_bytes", int64_t{1} << 40}};
+  r.rate_limit = {{"requests_per_s", 5.5}, {"burst", 20}};
+  r.created_at = Ts(t);
+  r.updated_at = Ts(t);
+  return r;
+}
+
+TokenRecord MakeToken(const std::string& id, const std::string& tenant_id, int t) {
+  TokenRecord r;
+  r.id = id;
+  r.tenant_id = tenant_id;
+  r.name = id + "-name";
+  r.hash = "sha256:" + std::string(64, 'e');
+  r.created_at = Ts(t);
+  return r;
+}
+
+AuditRecord MakeAudit(const std::string& tenant_id, int t, const std::string& action) {
+  AuditRecord r;
+  r.time = Ts(t);
+  r.tenant_id = tenant_id;
+  r.token_id = "tok_" + tenant_id;
+  r.action = action;
+  r.target = "sbx_1";
+  r.status = 201;
+  r.request_id = fmt::format("req_{}", t);
+  return r;
+}
+
+void ExpectTenantEq(const TenantRecord& a, const TenantRecord& b) {
+  EXPECT_EQ(a.id, b.id);
+  EXPECT_EQ(a.name, b.name);
+  EXPECT_EQ(a.state, b.state);
+  EXPECT_EQ(a.quotas, b.quotas);
+  EXPECT_EQ(a.rate_limit, b.rate_limit);
+  EXPECT_EQ(a.created_at, b.created_at);
+  EXPECT_EQ(a.updated_at, b.updated_at);
+}
+
+void ExpectTokenEq(const TokenRecord& a, const TokenRecord& b) {
+  EXPECT_EQ(a.id, b.id);
+  EXPECT_EQ(a.tenant_id, b.tenant_id);
+  EXPECT_EQ(a.name, b.name);
+  EXPECT_EQ(a.hash, b.hash);
+  EXPECT_EQ(a.scopes, b.scopes);
+  EXPECT_EQ(a.expires_at, b.expires_at);
+  EXPECT_EQ(a.created_at, b.created_at);
+  EXPECT_EQ(a.revoked_at, b.revoked_at);
+}
+
+void ExpectAuditEq(const AuditRecord& a, const AuditRecord& b) {
+  EXPECT_EQ(a.seq, b.seq);
+  EXPECT_EQ(a.time, b.time);
+  EXPECT_EQ(a.tenant_id, b.tenant_id);
+  EXPECT_EQ(a.token_id, b.token_id);
+  EXPECT_EQ(a.action, b.action);
+  EXPECT_EQ(a.target, b.target);
+  EXPECT_EQ(a.status, b.status);
+  EXPECT_EQ(a.code, b.code);
+  EXPECT_EQ(a.request_id, b.request_id);
+}
+
+template <typename T>
+std::vector<std::string> Ids(const std::vector<T>& rows) {
+  std::vector<std::string> out;
+  for (const auto& r : rows) out.push_back(r.id);
+  return out;
+}
+
+// "default" as migration 7 inserted it: active, no quota, created when the schema was made.
+void ExpectDefaultTenant(const TenantRecord& t) {
+  EXPECT_EQ(t.id, "default");
+  EXPECT_EQ(t.name, "default");
+  EXPECT_EQ(t.state, "active");
+  EXPECT_EQ(t.quotas, Json::object());
+  EXPECT_EQ(t.rate_limit, Json::object());
+  EXPECT_TRUE(ParseRfc3339(t.created_at).has_value()) << t.created_at;
+  EXPECT_EQ(t.updated_at, t.created_at);
+}
+
+TEST_F(SqliteStoreTest, DefaultTenantExistsAfterOpen) {
+  Open();
+  auto def = Read([](Tx& tx) { return tx.GetTenant("default"); });
+  ASSERT_TRUE(def.ok()) << def.status();
+  ExpectDefaultTenant(*def);
+  auto all = Read([](Tx& tx) { return tx.ListTenants(); });
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(Ids(*all), std::vector<std::string>{"default"});
+}
+
+TEST_F(SqliteStoreTest, TenantsRoundTripUpsertListAndDelete) {
+  Open();
+  TenantRecord a = MakeTenant("ten_a", 2);
+  TenantRecord b = MakeTenant("ten_b", 1);
+  b.quotas = nullptr;  // JSON null and an empty object stay distinct
+  b.rate_limit = Json::object();
+  TenantRecord c = MakeTenant("ten_c", 1);  // same created_at as ten_b: the id breaks the tie
+  ASSERT_TRUE(store_
+                  ->Transact([&](Tx& tx) -> absl::Status {
+                    for (const auto& t : {a, c, b}) SBX_RETURN_IF_ERROR(tx.PutTenant(t));
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  for (const auto& want : {a, b, c}) {
+    auto got = Read([&](Tx& tx) { return tx.GetTenant(want.id); });
+    ASSERT_TRUE(got.ok()) << got.status();
+    ExpectTenantEq(*got, want);
+  }
+  auto got_b = Read([&](Tx& tx) { return tx.GetTenant("ten_b"); });
+  ASSERT_TRUE(got_b.ok());
+  EXPECT_TRUE(got_b->quotas.is_null());
+  EXPECT_TRUE(got_b->rate_limit.is_object() && got_b->rate_limit.empty());
+
+  auto all = Read([](Tx& tx) { return tx.ListTenants(); });
+  ASSERT_TRUE(all.ok()) << all.status();
+  std::vector<std::string> ids = Ids(*all);
+  ASSERT_EQ(ids.size(), 4u);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), "default"), 1);
+  ids.erase(std::remove(ids.begin(), ids.end(), "default"), ids.end());  // created "now"
+  EXPECT_EQ(ids, (std::vector<std::string>{"ten_b", "ten_c", "ten_a"}));
+
+  // Upsert overwrites every field.
+  TenantRecord changed = a;
+  changed.name = "renamed";
+  changed.state = "deleting";
+  changed.quotas = {{"max_sessions_per_sandbox", 3}};
+  changed.rate_limit = nullptr;
+  changed.updated_at = Ts(9);
+  ASSERT_TRUE(store_->Transact([&](Tx& tx) { return tx.PutTenant(changed); }).ok());
+  auto got = Read([&](Tx& tx) { return tx.GetTenant("ten_a"); });
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectTenantEq(*got, changed);
+
+  ASSERT_TRUE(store_->Transact([&](Tx& tx) { return tx.DeleteTenant("ten_a"); }).ok());
+  got = Read([&](Tx& tx) { return tx.GetTenant("ten_a"); });
+  EXPECT_EQ(got.status(), absl::NotFoundError("tenant ten_a not found"));
+  absl::Status st = store_->Transact([&](Tx& tx) { return tx.DeleteTenant("ten_a"); });
+  EXPECT_EQ(st, absl::NotFoundError("tenant ten_a not found"));
+  all = Read([](Tx& tx) { return tx.ListTenants(); });
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), 3u);
+}
+
+TEST_F(SqliteStoreTest, TokensRoundTripListAndRevoke) {
+  Open();
+  TokenRecord bare = MakeToken("tok_bare", "default", 3);  // no expiry, never revoked, no scope
+  TokenRecord full = MakeToken("tok_full", "default", 2);
+  full.scopes = {"read", "sandboxes", "admin"};
+  full.expires_at = Ts(100);
+  full.revoked_at = Ts(50);
+  TokenRecord nulls = MakeToken("tok_nulls", "default", 3);  // same created_at as tok_bare
+  nulls.scopes = nullptr;
+  TokenRecord other = MakeToken("tok_other", "ten_b", 1);
+  ASSERT_TRUE(store_
+                  ->Transact([&](Tx& tx) -> absl::Status {
+                    SBX_RETURN_IF_ERROR(tx.PutTenant(MakeTenant("ten_b", 1)));
+                    for (const auto& t : {nulls, full, other, bare}) {
+                      SBX_RETURN_IF_ERROR(tx.PutToken(t));
+                    }
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  for (const auto& want : {bare, full, nulls, other}) {
+    auto got = Read([&](Tx& tx) { return tx.GetToken(want.id); });
+    ASSERT_TRUE(got.ok()) << got.status();
+    ExpectTokenEq(*got, want);
+  }
+  auto got = Read([&](Tx& tx) { return tx.GetToken("tok_bare"); });
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE(got->expires_at.has_value());
+  EXPECT_FALSE(got->revoked_at.has_value());
+  EXPECT_TRUE(got->scopes.is_array() && got->scopes.empty());
+  got = Read([&](Tx& tx) { return tx.GetToken("tok_nulls"); });
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE(got->scopes.is_null());
+
+  auto list = Read([](Tx& tx) { return tx.ListTokens("default"); });
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(Ids(*list), (std::vector<std::string>{"tok_full", "tok_bare", "tok_nulls"}));
+  list = Read([](Tx& tx) { return tx.ListTokens("ten_nobody"); });
+  ASSERT_TRUE(list.ok());
+  EXPECT_TRUE(list->empty());
+
+  // Revoking is an upsert with revoked_at set; un-setting a field clears it.
+  bare.revoked_at = Ts(60);
+  full.expires_at.reset();
+  ASSERT_TRUE(store_
+                  ->Transact([&](Tx& tx) -> absl::Status {
+                    SBX_RETURN_IF_ERROR(tx.PutToken(bare));
+                    return tx.PutToken(full);
+                  })
+                  .ok());
+  for (const auto& want : {bare, full}) {
+    got = Read([&](Tx& tx) { return tx.GetToken(want.id); });
+    ASSERT_TRUE(got.ok()) << got.status();
+    ExpectTokenEq(*got, want);
+  }
+  EXPECT_EQ(Read([](Tx& tx) { return tx.GetToken("tok_nope"); }).status(),
+            absl::NotFoundError("token tok_nope not found"));
+
+  // A token of no tenant is refused at commit, and nothing is kept.
+  absl::Status st = store_->Transact(
+      [&](Tx& tx) { return tx.PutToken(MakeToken("tok_orphan", "ten_ghost", 1)); });
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_TRUE(absl::IsNotFound(Read([](Tx& tx) { return tx.GetToken("tok_orphan"); }).status()));
+}
+
+TEST_F(SqliteStoreTest, DeleteTenantTakesItsTokens) {
+  Open();
+  ASSERT_TRUE(store_
+                  ->Transact([&](Tx& tx) -> absl::Status {
+                    SBX_RETURN_IF_ERROR(tx.PutTenant(MakeTenant("ten_a", 1)));
+                    SBX_RETURN_IF_ERROR(tx.PutTenant(MakeTenant("ten_b", 1)));
+                    SBX_RETURN_IF_ERROR(tx.PutToken(MakeToken("tok_a1", "ten_a", 1)));
+                    SBX_RETURN_IF_ERROR(tx.PutToken(MakeToken("tok_a2", "ten_a", 2)));
+                    return tx.PutToken(MakeToken("tok_b1", "ten_b", 1));
+                  })
+                  .ok());
+  absl::Status st = store_->Transact([](Tx& tx) { return tx.DeleteTenant("ten_a"); });
+  ASSERT_TRUE(st.ok()) << st;
+  for (const char* id : {"tok_a1", "tok_a2"}) {
+    EXPECT_TRUE(absl::IsNotFound(Read([&](Tx& tx) { return tx.GetToken(id); }).status())) << id;
+  }
+  auto list = Read([](Tx& tx) { return tx.ListTokens("ten_a"); });
+  ASSERT_TRUE(list.ok());
+  EXPECT_TRUE(list->empty());
+  EXPECT_TRUE(Read([](Tx& tx) { return tx.GetToken("tok_b1"); }).ok());
+  EXPECT_TRUE(Read([](Tx& tx) { return tx.GetTenant("ten_b"); }).ok());
+  // A missing tenant is NotFound and the transaction keeps nothing it did before.
+  st = store_->Transact([](Tx& tx) -> absl::Status {
+    SBX_RETURN_IF_ERROR(tx.PutToken(MakeToken("tok_b2", "ten_b", 3)));
+    return tx.DeleteTenant("ten_a");
+  });
+  EXPECT_EQ(st, absl::NotFoundError("tenant ten_a not found"));
+  EXPECT_TRUE(absl::IsNotFound(Read([](Tx& tx) { return tx.GetToken("tok_b2"); }).status()));
+}
+
+TEST_F(SqliteStoreTest, AuditAppendsAndListsBySeq) {
+  Open();
+  std::vector<AuditRecord> in = {MakeAudit("ten_a", 1, "POST /v1/sandboxes"),
+                                 MakeAudit("ten_b", 2, "DELETE /v1/sandboxes/{id}"),
+                                 MakeAudit("ten_a", 3, "GET /v1/audit"),
+                                 MakeAudit("ten_a", 4, "POST /v1/tenants")};
+  in[1].status = 404;
+  in[1].code = "not_found";
+  in[1].target = "";
+  in[2].token_id = "bootstrap";
+  in[3].token_id = "";  // unauthenticated
+  in[3].seq = 99;       // ignored: the store assigns seqs
+  std::vector<int64_t> seqs;
+  ASSERT_TRUE(store_
+                  ->Transact([&](Tx& tx) -> absl::Status {
+                    for (const auto& r : in) {
+                      SBX_ASSIGN_OR_RETURN(int64_t seq, tx.AppendAudit(r));
+                      seqs.push_back(seq);
+                    }
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  EXPECT_EQ(seqs, (std::vector<int64_t>{1, 2, 3, 4}));
+  for (size_t i = 0; i < in.size(); ++i) in[i].seq = seqs[i];
+
+  auto list = [&](AuditFilter f) {
+    auto rows = Read([&](Tx& tx) { return tx.ListAudit(f); });
+    EXPECT_TRUE(rows.ok()) << rows.status();
+    std::vector<int64_t> out;
+    if (rows.ok()) {
+      for (const auto& r : *rows) out.push_back(r.seq);
+    }
+    return out;
+  };
+  auto all = Read([](Tx& tx) { return tx.ListAudit(AuditFilter{}); });
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 4u);
+  for (size_t i = 0; i < in.size(); ++i) ExpectAuditEq((*all)[i], in[i]);
+
+  AuditFilter f;
+  f.tenant_id = "ten_a";
+  EXPECT_EQ(list(f), (std::vector<int64_t>{1, 3, 4}));
+  f.tenant_id = "ten_nobody";
+  EXPECT_TRUE(list(f).empty());
+  f = AuditFilter{};
+  f.since = Ts(2);  // inclusive
+  EXPECT_EQ(list(f), (std::vector<int64_t>{2, 3, 4}));
+  f.tenant_id = "ten_a";
+  EXPECT_EQ(list(f), (std::vector<int64_t>{3, 4}));
+  f.after_seq = 3;
+  EXPECT_EQ(list(f), (std::vector<int64_t>{4}));
+  f = AuditFilter{};
+  f.after_seq = 1;
+  f.limit = 2;
+  EXPECT_EQ(list(f), (std::vector<int64_t>{2, 3}));
+  f.after_seq = 4;
+  EXPECT_TRUE(list(f).empty());
+  f = AuditFilter{};
+  f.limit = 0;  // clamped to 1
+  EXPECT_EQ(list(f), (std::vector<int64_t>{1}));
+  f.limit = -5;
+  EXPECT_EQ(list(f), (std::vector<int64_t>{1}));
+  f.since = "2999-01-01T00:00:00.000Z";
+  f.limit = 100;
+  EXPECT_TRUE(list(f).empty());
+}
+
+TEST_F(SqliteStoreTest, AuditPagesAtMostAThousandAndNeverReusesASeq) {
+  Open();
+  ASSERT_TRUE(store_
+                  ->Transact([&](Tx& tx) -> absl::Status {
+                    for (int i = 0; i < 1001; ++i) {
+                      SBX_RETURN_IF_ERROR(tx.AppendAudit(MakeAudit("ten_a", i % 3600, "GET /x"))
+                                              .status());
+                    }
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  AuditFilter f;
+  f.limit = 5000;
+  auto rows = Read([&](Tx& tx) { return tx.ListAudit(f); });
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ(rows->size(), 1000u);
+  EXPECT_EQ(rows->back().seq, 1000);
+  f.after_seq = rows->back().seq;
+  rows = Read([&](Tx& tx) { return tx.ListAudit(f); });
+  ASSERT_TRUE(rows.ok());
+  ASSERT_EQ(rows->size(), 1u);
+  EXPECT_EQ(rows->front().seq, 1001);
+
+  // Lines are never updated. Even a line removed by hand (a future retention purge) does not
+  // give its seq to the next one, so a client paging with after_seq skips nothing.
+  store_.reset();
+  {
+    RawDb raw(path_);
+    EXPECT_NE(sqlite3_exec(raw.db, "UPDATE audit_log SET status = 500 WHERE seq = 1", nullptr,
+                           nullptr, nullptr),
+              SQLITE_OK);
+    EXPECT_NE(std::string(sqlite3_errmsg(raw.db)).find("append-only"), std::string::npos)
+        << sqlite3_errmsg(raw.db);
+    raw.Exec("DELETE FROM audit_log WHERE seq > 999");
+  }
+  Open();
+  auto seq = Read([](Tx& tx) { return tx.AppendAudit(MakeAudit("ten_a", 1, "GET /y")); });
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  EXPECT_EQ(*seq, 1002);
+  rows = Read([](Tx& tx) { return tx.ListAudit(AuditFilter{.after_seq = 998}); });
+  ASSERT_TRUE(rows.ok());
+  ASSERT_EQ(rows->size(), 2u);
+  EXPECT_EQ((*rows)[0].seq, 999);
+  EXPECT_EQ((*rows)[0].status, 201);
+  EXPECT_EQ((*rows)[1].seq, 1002);
+}
+
+SandboxRecord UsageSandbox(const std::string& id, const std::string& tenant, const char* state,
+                           Json effective) {
+  SandboxRecord r = MinimalSandbox(id);
+  r.tenant_id = tenant;
+  r.state = state;
+  r.effective_resources = std::move(effective);
+  return r;
+}
+
+Json Res(int64_t vcpu, int64_t memory_mib, int64_t disk_mib) {
+  return {{"vcpu", vcpu}, {"memory_mib", memory_mib}, {"disk_mib", disk_mib}, {"pids", 1000}};
+}
+
+TEST_F(SqliteStoreTest, TenantUsageCountsWhatEachStateHolds) {
+  Open();
+  const std::vector<SandboxRecord> sandboxes = {
+      UsageSandbox("sbx_creating", "ten_a", "creating", Res(1, 256, 1024)),
+      UsageSandbox("sbx_running", "ten_a", "running", Res(2, 512, 2048)),
+      UsageSandbox("sbx_paused", "ten_a", "paused", Res(1, 128, 512)),
+      UsageSandbox("sbx_suspended", "ten_a", "suspended", Res(4, 4096, 8192)),  // disk only
+      UsageSandbox("sbx_deleting", "ten_a", "deleting", Res(1, 64, 100)),
+      UsageSandbox("sbx_deleted", "ten_a", "deleted", Res(8, 8192, 80000)),   // nothing
+      UsageSandbox("sbx_failed", "ten_a", "failed", Res(16, 16384, 160000)),  // nothing
+      UsageSandbox("sbx_null", "ten_a", "running", nullptr),                  // counts, holds 0
+      UsageSandbox("sbx_partial", "ten_a", "running", {{"vcpu", 3}}),         // missing keys: 0
+      UsageSandbox("sbx_other", "ten_b", "running", Res(100, 100000, 1000000)),
+  };
+  ASSERT_TRUE(store_
+                  ->Transact([&](Tx& tx) -> absl::Status {
+                    for (const auto& r : sandboxes) SBX_RETURN_IF_ERROR(tx.PutSandbox(r));
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  auto usage = Read([](Tx& tx) { return tx.GetTenantUsage("ten_a"); });
+  ASSERT_TRUE(usage.ok()) << usage.status();
+  EXPECT_EQ(usage->sandboxes, 7);
+  EXPECT_EQ(usage->vcpu, 1 + 2 + 1 + 1 + 3);
+  EXPECT_EQ(usage->memory_mib, 256 + 512 + 128 + 64);
+  EXPECT_EQ(usage->disk_mib, 1024 + 2048 + 512 + 8192 + 100);
+
+  usage = Read([](Tx& tx) { return tx.GetTenantUsage("ten_b"); });
+  ASSERT_TRUE(usage.ok());
+  EXPECT_EQ(usage->sandboxes, 1);
+  EXPECT_EQ(usage->vcpu, 100);
+  EXPECT_EQ(usage->memory_mib, 100000);
+  EXPECT_EQ(usage->disk_mib, 1000000);
+
+  usage = Read([](Tx& tx) { return tx.GetTenantUsage("ten_nobody"); });
+  ASSERT_TRUE(usage.ok());
+  EXPECT_EQ(usage->sandboxes, 0);
+  EXPECT_EQ(usage->vcpu, 0);
+  EXPECT_EQ(usage->memory_mib, 0);
+  EXPECT_EQ(usage->disk_mib, 0);
+
+  // A state change moves the sums: resuming gives back vcpu and memory, failing frees it all.
+  SandboxRecord resumed = sandboxes[3];
+  resumed.state = "running";
+  SandboxRecord failed = sandboxes[1];
+  failed.state = "failed";
+  ASSERT_TRUE(Put(resumed).ok());
+  ASSERT_TRUE(Put(failed).ok());
+  usage = Read([](Tx& tx) { return tx.GetTenantUsage("ten_a"); });
+  ASSERT_TRUE(usage.ok());
+  EXPECT_EQ(usage->sandboxes, 6);
+  EXPECT_EQ(usage->vcpu, 1 + 1 + 4 + 1 + 3);
+  EXPECT_EQ(usage->memory_mib, 256 + 128 + 4096 + 64);
+  EXPECT_EQ(usage->disk_mib, 1024 + 512 + 8192 + 100);
+}
+
+TEST_F(SqliteStoreTest, CountsLiveSessionsOfOneSandbox) {
+  Open();
+  ASSERT_TRUE(Put(MinimalSandbox("sbx_1")).ok());
+  ASSERT_TRUE(Put(MinimalSandbox("sbx_2")).ok());
+  ASSERT_TRUE(store_
+                  ->Transact([&](Tx& tx) -> absl::Status {
+                    int i = 0;
+                    for (const char* state : {"created", "running", "exited", "exited"}) {
+                      SessionRecord s = MakeSession(fmt::format("ses_{}", i), "sbx_1", i);
+                      s.state = state;
+                      ++i;
+                      SBX_RETURN_IF_ERROR(tx.PutSession(s));
+                    }
+                    SessionRecord other = MakeSession("ses_other", "sbx_2", 1);
+                    other.state = "running";
+                    return tx.PutSession(other);
+                  })
+                  .ok());
+  auto n = Read([](Tx& tx) { return tx.CountLiveSessions("sbx_1"); });
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 2);
+  n = Read([](Tx& tx) { return tx.CountLiveSessions("sbx_2"); });
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 1);
+  n = Read([](Tx& tx) { return tx.CountLiveSessions("sbx_nope"); });
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 0);
+}
+
+// A version-6 database (before tenancy) opens at version 7: its rows are untouched, it gains the
+// "default" tenant its sandboxes belong to, and the new index covers the rows it already had.
+TEST_F(SqliteStoreTest, SchemaSixDatabaseGainsTenancy) {
+  Open();
+  SandboxRecord sb = FullSandbox("sbx_1");
+  sb.tenant_id = "default";
+  sb.effective_resources = Res(2, 512, 1024);
+  ASSERT_TRUE(Put(sb).ok());
+  store_.reset();
+  {
+    RawDb raw(path_);
+    raw.Exec(kUndoSchemaSeven);
+    EXPECT_EQ(raw.QueryText("SELECT COUNT(*) FROM sqlite_master WHERE name = 'tenants'"), "0");
+  }
+  Open();
+  store_.reset();
+  {
+    RawDb raw(path_);
+    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "7");
+    EXPECT_EQ(raw.QueryText("SELECT group_concat(name, ',') FROM (SELECT name FROM sqlite_master"
+                            " WHERE name IN ('tenants', 'tokens', 'audit_log', 'tokens_by_tenant',"
+                            " 'audit_by_tenant', 'audit_by_time', 'sandboxes_tenant_usage')"
+                            " ORDER BY name)"),
+              "audit_by_tenant,audit_by_time,audit_log,sandboxes_tenant_usage,tenants,tokens,"
+              "tokens_by_tenant");
+    // The usage query's condition lets SQLite use the partial index.
+    sqlite3_stmt* st = nullptr;
+    ASSERT_EQ(sqlite3_prepare_v2(raw.db,
+                                 "EXPLAIN QUERY PLAN SELECT COUNT(*) FROM sandboxes"
+                                 " WHERE tenant_id = ?1 AND state NOT IN ('deleted', 'failed')",
+                                 -1, &st, nullptr),
+              SQLITE_OK);
+    std::string plan;
+    while (sqlite3_step(st) == SQLITE_ROW) {
+      plan += reinterpret_cast<const char*>(sqlite3_column_text(st, 3));
+    }
+    sqlite3_finalize(st);
+    EXPECT_NE(plan.find("sandboxes_tenant_usage"), std::string::npos) << plan;
+  }
+  Open();
+  auto got = Read([](Tx& tx) { return tx.GetSandbox("sbx_1"); });
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectSandboxEq(*got, sb);
+  auto def = Read([](Tx& tx) { return tx.GetTenant("default"); });
+  ASSERT_TRUE(def.ok()) << def.status();
+  ExpectDefaultTenant(*def);
+  auto usage = Read([](Tx& tx) { return tx.GetTenantUsage("default"); });
+  ASSERT_TRUE(usage.ok()) << usage.status();
+  EXPECT_EQ(usage->sandboxes, 1);
+  EXPECT_EQ(usage->vcpu, 2);
+  EXPECT_EQ(usage->memory_mib, 512);
+  EXPECT_EQ(usage->disk_mib, 1024);
+  auto seq = Read([](Tx& tx) { return tx.AppendAudit(MakeAudit("default", 1, "GET /v1/x")); });
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  EXPECT_EQ(*seq, 1);
 }
 
 }  // namespace
