@@ -28,6 +28,8 @@ using archive::TarType;
 
 constexpr size_t kFlushBytes = 1 << 20;
 constexpr size_t kReadBytes = 1 << 20;
+// The spooled archive's reads: its decompressor's output blocks are 64 KiB anyway.
+constexpr size_t kSpoolReadBytes = 64 << 10;
 
 bool HasGlob(std::string_view s) { return s.find_first_of("*?[") != std::string_view::npos; }
 
@@ -297,7 +299,7 @@ class Writer {
       return absl::InternalError(fmt::format("build ADD: libarchive's decompressors: {}",
                                              why != nullptr ? why : "not built in"));
     }
-    if (archive_read_open_fd(a, fd, kReadBytes) != ARCHIVE_OK) return false;
+    if (archive_read_open_fd(a, fd, kSpoolReadBytes) != ARCHIVE_OK) return false;
     ::archive_entry* raw = nullptr;
     if (archive_read_next_header(a, &raw) != ARCHIVE_OK) return false;
     // Docker decompresses once: a .tar.gz.gz is a file (the client's "none" is the first).
@@ -420,14 +422,15 @@ absl::StatusOr<CopyResult> WriteCopyTar(const std::string& context_path, const C
 
   UniqueFd in(::open(context_path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!in) return ErrnoStatus(errno, "build COPY: open the context " + context_path);
-  std::string chunk(kReadBytes, '\0');
+  // Not zeroed: a small context touches only the pages it is read into.
+  std::unique_ptr<char[]> chunk(new char[kReadBytes]);
   archive::TarReader reader([&]() -> absl::StatusOr<std::string_view> {
     if (cancelled && cancelled()) return absl::CancelledError("build COPY: cancelled");
     for (;;) {
-      ssize_t n = ::read(in.get(), chunk.data(), chunk.size());
+      ssize_t n = ::read(in.get(), chunk.get(), kReadBytes);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return ErrnoStatus(errno, "build COPY: read the context");
-      return std::string_view(chunk.data(), static_cast<size_t>(n));
+      return std::string_view(chunk.get(), static_cast<size_t>(n));
     }
   });
 
