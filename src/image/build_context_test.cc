@@ -1,12 +1,16 @@
 // COPY of a template build (build_context.h): context tars made with the project's tar writer,
 // WriteCopyTar's output read back with archive::TarReader. Docker's selection and renaming
 // rules, the entries of an untrusted context that must never be selected (`..`, absolute
-// names), links, --chmod, owners, the digest, and the errors.
+// names), links, --chmod, owners, the digest, and the errors. ADD's unpacking of archives,
+// compressed with libarchive's writer here, and the bound on the data written.
 #include "image/build_context.h"
 
+#include <archive.h>
+#include <archive_entry.h>
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -84,6 +88,44 @@ std::string PaxRecord(const std::string& key, const std::string& value) {
   return fmt::format("{} {}={}\n", len, key, value);
 }
 
+// `data` compressed by libarchive's writer with `filter` ("gzip", "bzip2", "xz", "zstd"; ""
+// leaves it as it is).
+std::string Compress(const std::string& data, const std::string& filter) {
+  if (filter.empty()) return data;
+  std::string out;
+  ::archive* a = archive_write_new();
+  EXPECT_EQ(archive_write_add_filter_by_name(a, filter.c_str()), ARCHIVE_OK) << filter;
+  EXPECT_EQ(archive_write_set_format_raw(a), ARCHIVE_OK);
+  EXPECT_EQ(archive_write_set_bytes_in_last_block(a, 1), ARCHIVE_OK);
+  auto write = [](::archive*, void* client, const void* buf, size_t n) -> la_ssize_t {
+    static_cast<std::string*>(client)->append(static_cast<const char*>(buf), n);
+    return static_cast<la_ssize_t>(n);
+  };
+  EXPECT_EQ(archive_write_open(a, &out, nullptr, write, nullptr), ARCHIVE_OK)
+      << archive_error_string(a);
+  ::archive_entry* e = archive_entry_new();
+  archive_entry_set_pathname(e, "data");
+  archive_entry_set_filetype(e, AE_IFREG);
+  archive_entry_set_size(e, static_cast<la_int64_t>(data.size()));
+  EXPECT_EQ(archive_write_header(a, e), ARCHIVE_OK) << archive_error_string(a);
+  EXPECT_EQ(archive_write_data(a, data.data(), data.size()), static_cast<la_ssize_t>(data.size()));
+  EXPECT_EQ(archive_write_close(a), ARCHIVE_OK) << archive_error_string(a);
+  archive_entry_free(e);
+  archive_write_free(a);
+  return out;
+}
+
+// The header block of `h` (one block) as a v7 tar has it: no "ustar" magic, version or the
+// fields after them.
+std::string V7(std::string h) {
+  std::memset(h.data() + 257, 0, archive::kTarBlock - 257);
+  std::memset(h.data() + 148, ' ', 8);
+  unsigned sum = 0;
+  for (char c : h) sum += static_cast<unsigned char>(c);
+  std::snprintf(h.data() + 148, 8, "%06o", sum);
+  return h;
+}
+
 struct OutEntry {
   TarEntry e;
   std::string data;
@@ -118,12 +160,29 @@ class BuildContextTest : public ::testing::Test {
   absl::StatusOr<CopyResult> Copy(std::vector<std::string> sources, std::string dest,
                                   std::optional<uint32_t> chmod = std::nullopt,
                                   const CancelFn& cancelled = {}) {
+    return Write(CopySpec{std::move(sources), std::move(dest), chmod}, cancelled);
+  }
+  absl::StatusOr<CopyResult> Write(const CopySpec& spec, const CancelFn& cancelled = {}) {
     const int fd = ::open(OutPath().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     EXPECT_GE(fd, 0);
-    auto r = WriteCopyTar(ContextPath(), CopySpec{std::move(sources), std::move(dest), chmod}, fd,
-                          cancelled);
+    auto r = WriteCopyTar(ContextPath(), spec, fd, cancelled);
     ::close(fd);
     return r;
+  }
+  // ADD: COPY that unpacks archives, with a bound on the data.
+  absl::StatusOr<CopyResult> Add(std::vector<std::string> sources, std::string dest,
+                                 uint64_t max_bytes = UINT64_MAX,
+                                 std::optional<uint32_t> chmod = std::nullopt,
+                                 const CancelFn& cancelled = {}) {
+    CopySpec spec{std::move(sources), std::move(dest), chmod};
+    spec.unpack_archives = true;
+    spec.max_bytes = max_bytes;
+    return Write(spec, cancelled);
+  }
+  std::vector<std::string> AddNames(std::vector<std::string> sources, std::string dest) {
+    auto r = Add(std::move(sources), std::move(dest));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? OutNames() : std::vector<std::string>{};
   }
 
   std::string OutBytes() const {
@@ -543,6 +602,313 @@ TEST_F(BuildContextTest, CancelReturnsCancelled) {
   // Never cancelled: the same copy succeeds.
   ASSERT_TRUE(Copy({"."}, "/app", std::nullopt, [] { return false; }).ok());
   EXPECT_THAT(OutNames(), UnorderedElementsAre("app/big", "app/after"));
+}
+
+// An archive as a client would ADD it: a directory, files, a symlink and a hard link.
+std::string AppTar() {
+  return Tar({Dir("./"), Dir("./pkg", 0700), File("./pkg/run", "#!/bin/sh\n", 0755),
+              File("./pkg/data", "data"), Symlink("./pkg/cur", "run"),
+              HardLink("./pkg/again", "./pkg/data")});
+}
+
+TEST_F(BuildContextTest, AddUnpacksATarAsIsOrCompressedIntoDest) {
+  for (const char* filter : {"", "gzip", "bzip2", "xz", "zstd"}) {
+    SCOPED_TRACE(filter);
+    const std::string archive = Compress(AppTar(), filter);
+    Context({File("app.archive", archive, 0600), File("other", "o")});
+    // DEST is a directory for the archive's contents, with or without its '/'; the archive's
+    // own name is not used.
+    for (const char* dest : {"/opt/app", "/opt/app/"}) {
+      auto r = Add({"app.archive"}, dest);
+      ASSERT_TRUE(r.ok()) << r.status();
+      auto out = ReadOut();
+      std::vector<std::string> names;
+      for (const OutEntry& o : out) names.push_back(o.e.name);
+      EXPECT_THAT(names, ElementsAre("opt/app/pkg", "opt/app/pkg/run", "opt/app/pkg/data",
+                                     "opt/app/pkg/cur", "opt/app/pkg/again"));
+      EXPECT_EQ(r->entries, 5u);
+      EXPECT_EQ(r->bytes, OutBytes().size());
+      EXPECT_EQ(r->digest, Sha256Digest(OutBytes()));
+      const OutEntry* pkg = Find(out, "opt/app/pkg");
+      const OutEntry* run = Find(out, "opt/app/pkg/run");
+      const OutEntry* cur = Find(out, "opt/app/pkg/cur");
+      const OutEntry* again = Find(out, "opt/app/pkg/again");
+      ASSERT_TRUE(pkg && run && cur && again);
+      EXPECT_EQ(pkg->e.type, TarType::kDirectory);
+      EXPECT_EQ(pkg->e.mode, 0700u);
+      EXPECT_EQ(run->data, "#!/bin/sh\n");
+      EXPECT_EQ(run->e.mode, 0755u);
+      EXPECT_EQ(cur->e.type, TarType::kSymlink);
+      EXPECT_EQ(cur->e.linkname, "run");
+      // A hard link follows its target's new name.
+      EXPECT_EQ(again->e.type, TarType::kHardLink);
+      EXPECT_EQ(again->e.linkname, "opt/app/pkg/data");
+      for (const OutEntry& o : out) {
+        EXPECT_EQ(o.e.uid, 0u) << o.e.name;
+        EXPECT_EQ(o.e.gid, 0u) << o.e.name;
+      }
+    }
+  }
+}
+
+TEST_F(BuildContextTest, CopyOfAnArchiveCopiesTheFile) {
+  const std::string archive = Compress(AppTar(), "gzip");
+  Context({File("app.tar.gz", archive)});
+  auto r = Copy({"app.tar.gz"}, "/opt/");
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto out = ReadOut();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].e.name, "opt/app.tar.gz");
+  EXPECT_TRUE(out[0].data == archive);
+  // The cache keys on the digest: ADD's tar is another.
+  const std::string copied = r->digest;
+  auto added = Add({"app.tar.gz"}, "/opt/");
+  ASSERT_TRUE(added.ok()) << added.status();
+  EXPECT_NE(added->digest, copied);
+}
+
+TEST_F(BuildContextTest, AddCopiesWhatIsNotAnArchiveAsAFile) {
+  const std::string text = "just text, long enough to fill a few blocks of a reader\n";
+  const std::vector<std::pair<std::string, std::string>> files = {
+      {"text", text},
+      {"empty", ""},
+      // gzip's magic, then garbage: Docker copies what it cannot decompress.
+      {"bad.gz", std::string("\x1f\x8b\x08\x00", 4) + std::string(600, 'x')},
+      {"bad.zst", std::string("\x28\xb5\x2f\xfd", 4) + std::string(600, 'x')},
+      // A gzip of a non-tar is the .gz file.
+      {"text.gz", Compress(std::string(4000, 't'), "gzip")},
+      {"text.xz", Compress(text, "xz")},
+      // Docker decompresses once: the tar under two gzips is not read.
+      {"app.tar.gz.gz", Compress(Compress(AppTar(), "gzip"), "gzip")},
+      // An archive without entries (its trailer only): Docker's reader ends at once.
+      {"none.tar", std::string(archive::TarTrailer())},
+      // 512 zero bytes and then a header: the archive ended at the zero block.
+      {"zeros", std::string(archive::kTarBlock * 4, '\0')},
+  };
+  for (const auto& [name, data] : files) {
+    SCOPED_TRACE(name);
+    Context({File(name, data, 0640)});
+    auto r = Add({name}, "/dst/f");
+    ASSERT_TRUE(r.ok()) << r.status();
+    auto out = ReadOut();
+    ASSERT_EQ(out.size(), 1u);
+    EXPECT_EQ(out[0].e.name, "dst/f");
+    EXPECT_EQ(out[0].e.type, TarType::kFile);
+    EXPECT_EQ(out[0].e.mode, 0640u);
+    EXPECT_EQ(out[0].e.uid, 0u);
+    EXPECT_TRUE(out[0].data == data);
+    EXPECT_EQ(r->entries, 1u);
+    EXPECT_EQ(r->digest, Sha256Digest(OutBytes()));
+    // As COPY would have it.
+    ASSERT_TRUE(Copy({name}, "/dst/f").ok());
+    EXPECT_EQ(OutBytes().size(), r->bytes);
+  }
+  // A plain copy of a spooled file as big as a few reads.
+  std::string big(3 * (1 << 20) + 7, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>('a' + (i * 31) % 26);
+  Context({File("big", big), HardLink("big-link", "big")});
+  auto r = Add({"big", "big-link"}, "/dst/");
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto out = ReadOut();
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].e.name, "dst/big");
+  EXPECT_TRUE(out[0].data == big);
+  // A hard link to a file copied as a file follows it.
+  EXPECT_EQ(out[1].e.type, TarType::kHardLink);
+  EXPECT_EQ(out[1].e.linkname, "dst/big");
+}
+
+TEST_F(BuildContextTest, AddRecognisesAV7Tar) {
+  std::string h;
+  ASSERT_TRUE(archive::AppendTarHeader(h, Entry("old.txt", TarType::kFile, 0644, 3)).ok());
+  std::string v7 = V7(h) + "old" + std::string(archive::TarPadding(3));
+  v7.append(archive::TarTrailer());
+  ASSERT_EQ(v7.find("ustar"), std::string::npos);
+  Context({File("old.tar", v7)});
+  EXPECT_THAT(AddNames({"old.tar"}, "/x"), ElementsAre("x/old.txt"));
+  auto out = ReadOut();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].data, "old");
+}
+
+TEST_F(BuildContextTest, AddUnpacksTheSourceNotFilesUnderADirectory) {
+  const std::string archive = Compress(AppTar(), "gzip");
+  const std::string inner = Compress(Tar({File("deep", "d")}), "gzip");
+  Context({Dir("d"), File("d/x.tar.gz", archive), File("a.tgz", archive),
+           File("b.tar", Tar({File("b1", "b"), File("inner.tar.gz", inner)}))});
+  // A directory source: its files are copied as they are, as Docker does.
+  EXPECT_THAT(AddNames({"d"}, "/dst"), ElementsAre("dst/x.tar.gz"));
+  // A glob's matches and several sources: each archive into DEST.
+  EXPECT_THAT(AddNames({"*.t*"}, "/dst"),
+              ElementsAre("dst/pkg", "dst/pkg/run", "dst/pkg/data", "dst/pkg/cur",
+                          "dst/pkg/again", "dst/b1", "dst/inner.tar.gz"));
+  // An archive in the archive stays an archive.
+  auto out = ReadOut();
+  const OutEntry* in = Find(out, "dst/inner.tar.gz");
+  ASSERT_NE(in, nullptr);
+  EXPECT_TRUE(in->data == inner);
+  // DEST "/": the archive's own names.
+  EXPECT_THAT(AddNames({"b.tar"}, "/"), ElementsAre("b1", "inner.tar.gz"));
+}
+
+TEST_F(BuildContextTest, AddDropsDevicesAndFifosAndDanglingLinksOfAnArchive) {
+  std::string tar = Tar({File("a", "a")});
+  tar.resize(tar.size() - 2 * archive::kTarBlock);  // its trailer
+  tar += RawHeader("fifo", '6', 0) + RawHeader("chr", '3', 0) + RawHeader("blk", '4', 0);
+  tar += Tar({HardLink("h", "a"), HardLink("h2", "missing"), Dir("."), Dir("./d")});
+  Context({File("x.tar", tar)});
+  auto r = Add({"x.tar"}, "/dst");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(OutNames(), ElementsAre("dst/a", "dst/h", "dst/d"));
+  EXPECT_EQ(r->entries, 3u);
+}
+
+TEST_F(BuildContextTest, AddAppliesChmodToAnArchivesEntries) {
+  Context({File("x.tar.xz", Compress(AppTar(), "xz"))});
+  auto r = Add({"x.tar.xz"}, "/dst", UINT64_MAX, 0640);
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (const OutEntry& o : ReadOut()) {
+    if (o.e.type == TarType::kSymlink) {
+      EXPECT_EQ(o.e.mode, 0777u) << o.e.name;
+    } else if (o.e.type != TarType::kHardLink) {
+      EXPECT_EQ(o.e.mode, 0640u) << o.e.name;
+    }
+  }
+}
+
+TEST_F(BuildContextTest, AddRefusesArchiveEntriesThatClimbOut) {
+  const std::vector<std::pair<std::string, std::string>> archives = {
+      {"up.tar", Tar({File("ok", "ok"), File("../evil", "e")})},
+      {"inner-up.tar.gz", Compress(Tar({File("ok", "ok"), File("a/../../evil", "e")}), "gzip")},
+      {"abs.tar", Tar({File("/etc/passwd", "root")})},
+      {"link.tar", Tar({File("ok", "ok"), HardLink("l", "../ok")})},
+      {"abslink.tar.bz2", Compress(Tar({File("ok", "ok"), HardLink("l", "/ok")}), "bzip2")},
+  };
+  for (const auto& [name, data] : archives) {
+    SCOPED_TRACE(name);
+    Context({File(name, data)});
+    auto r = Add({name}, "/dst");
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr(fmt::format("ADD: \"{}\": ", name)));
+    EXPECT_THAT(r.status().message(), HasSubstr("climbs out"));
+  }
+  Context({File("x.tar", archives[0].second)});
+  auto r = Add({"x.tar"}, "/dst");
+  EXPECT_THAT(r.status().message(), HasSubstr("\"../evil\""));
+}
+
+TEST_F(BuildContextTest, AddOfAnArchiveMalformedAfterItsFirstEntryFails) {
+  // Cut in the middle of the second entry's data.
+  std::string cut = Tar({File("a", "a"), File("b", std::string(8192, 'b'))});
+  cut.resize(3 * archive::kTarBlock + 1000);
+  // A second header whose checksum is wrong.
+  std::string damaged = Tar({File("a", "a"), File("b", "b")});
+  damaged[2 * archive::kTarBlock + 150] ^= 1;
+  // The compressed stream cut: the first entry reads, the rest does not.
+  std::string gz = Compress(Tar({File("a", "a"), File("b", std::string(1 << 20, 'b')),
+                                 File("c", "c")}),
+                            "gzip");
+  gz.resize(gz.size() / 2);
+  for (const auto& [name, data] : std::vector<std::pair<std::string, std::string>>{
+           {"cut.tar", cut}, {"damaged.tar.gz", Compress(damaged, "gzip")}, {"x.tar.gz", gz}}) {
+    SCOPED_TRACE(name);
+    Context({File(name, data)});
+    auto r = Add({name}, "/dst");
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr(fmt::format("ADD: \"{}\": ", name)));
+  }
+}
+
+TEST_F(BuildContextTest, AddOfADecompressionBombStopsAtMaxBytes) {
+  const std::string zeros = Tar({File("zeros", std::string(64 << 20, '\0'))});
+  const std::string bomb = Compress(zeros, "gzip");
+  ASSERT_LT(bomb.size(), 1u << 20);
+  Context({File("bomb.tar.gz", bomb)});
+  const auto start = std::chrono::steady_clock::now();
+  auto r = Add({"bomb.tar.gz"}, "/dst", 1 << 20);
+  const auto took = std::chrono::steady_clock::now() - start;
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("the template's max_unpacked_bytes"));
+  EXPECT_THAT(r.status().message(), HasSubstr("1048576"));
+  EXPECT_LT(OutBytes().size(), 2u << 20);
+  // Refused at the entry's header, before its data is decompressed.
+  EXPECT_LT(took, std::chrono::seconds(5));
+  // Many small entries: their headers count too.
+  std::vector<std::pair<TarEntry, std::string>> many;
+  for (int i = 0; i < 3000; ++i) many.push_back(File(fmt::format("f{}", i), ""));
+  Context({File("many.tar.zst", Compress(Tar(many), "zstd"))});
+  r = Add({"many.tar.zst"}, "/dst", 1 << 20);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  r = Add({"many.tar.zst"}, "/dst", 4 << 20);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->entries, 3000u);
+}
+
+TEST_F(BuildContextTest, MaxBytesBoundsPlainCopies) {
+  Context({File("a", std::string(100, 'a')), File("b", std::string(60, 'b')),
+           File("c", std::string(60, 'c'))});
+  auto bounded = [&](std::vector<std::string> sources, uint64_t max, bool add) {
+    CopySpec spec{std::move(sources), "/dst/", std::nullopt};
+    spec.unpack_archives = add;
+    spec.max_bytes = max;
+    return Write(spec);
+  };
+  for (bool add : {false, true}) {
+    SCOPED_TRACE(add);
+    EXPECT_TRUE(bounded({"a"}, 100, add).ok());
+    auto r = bounded({"a"}, 99, add);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr("the template's max_unpacked_bytes"));
+    EXPECT_THAT(r.status().message(), HasSubstr(add ? "ADD: \"a\"" : "COPY: \"a\""));
+    // The sum, not each file.
+    EXPECT_TRUE(bounded({"b", "c"}, 120, add).ok());
+    EXPECT_EQ(bounded({"b", "c"}, 119, add).status().code(),
+              absl::StatusCode::kResourceExhausted);
+  }
+  // A sparse file's hole counts: 10 bytes of data at the end of 1 GiB.
+  const std::string pax = PaxRecord("GNU.sparse.size", std::to_string(1ull << 30)) +
+                          PaxRecord("GNU.sparse.numblocks", "1") +
+                          PaxRecord("GNU.sparse.map", fmt::format("{},10", (1ull << 30) - 10));
+  std::string tar = RawHeader("PaxHeaders/s", 'x', pax.size());
+  tar += pax;
+  tar.append(archive::TarPadding(pax.size()));
+  tar += RawHeader("s", '0', 10);
+  tar += std::string(10, 's');
+  tar.append(archive::TarPadding(10));
+  tar.append(archive::TarTrailer());
+  WriteBytes(ContextPath(), tar);
+  auto r = bounded({"s"}, 1 << 20, false);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_LT(OutBytes().size(), 2u << 20);
+  // ADD spools it as a sparse file and finds no archive in it: the same bound.
+  r = bounded({"s"}, 1 << 20, true);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+}
+
+TEST_F(BuildContextTest, AddIsCancelledWhileItUnpacks) {
+  std::string big(3 << 20, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>('a' + (i * 131) % 26);
+  Context({File("x.tar", Tar({File("a", big), File("b", big)}))});
+  // What COPY asks reading the context alone; ADD asks more, while it unpacks.
+  int copy_calls = 0;
+  ASSERT_TRUE(Copy({"x.tar"}, "/dst", std::nullopt, [&] { return ++copy_calls < 0; }).ok());
+  int add_calls = 0;
+  ASSERT_TRUE(Add({"x.tar"}, "/dst", UINT64_MAX, std::nullopt, [&] {
+                return ++add_calls < 0;
+              }).ok());
+  ASSERT_GT(add_calls, copy_calls + 2);
+  int calls = 0;
+  auto r = Add({"x.tar"}, "/dst", UINT64_MAX, std::nullopt, [&] { return ++calls > copy_calls; });
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("ADD"));
 }
 
 }  // namespace

@@ -1,10 +1,12 @@
 // Fuzz target for COPY's selection of build-context entries (src/image/build_context.h): the
 // context tar is a client's upload. Each input is written to a file (made once per process)
-// and copied with a few fixed COPY steps into /dst/. Properties: never crashes or throws; a
-// successful copy's tar (written to a memfd) reads back whole, every entry of it lies under dst/ (no `..`
-// component, no leading '/'), a hard link points at an entry of the output, owners are 0, and
-// its digest, size and entry count are those of the file written. Input bytes '~' stand for
-// NUL so that the tar seeds survive as C strings.
+// and copied with a few fixed COPY steps into /dst/; the low bit of the input's last byte (past
+// a tar's trailer, which the reader never gets to) makes them ADD steps, which unpack a source
+// file that is an archive. Properties: never crashes or throws; a successful copy's tar (written
+// to a memfd) reads back whole, every entry of it lies under dst/ (no `..` component, no leading
+// '/'), a hard link points at an entry of the output, owners are 0, its files' data is within
+// max_bytes, and its digest, size and entry count are those of the file written. Input bytes
+// '~' stand for NUL so that the tar seeds survive as C strings.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -19,6 +21,9 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <archive.h>
+#include <archive_entry.h>
 
 #include "archive/tar.h"
 #include "common/digest.h"
@@ -88,6 +93,76 @@ std::string SparseSeed() {
 }
 const std::string kSparse = SparseSeed();
 
+constexpr uint64_t kMaxBytes = 1 << 20;
+
+// `data` gzipped by libarchive's writer (the magic the ADD steps detect); `salt` changes its
+// bytes.
+std::string Gzip(const std::string& data, int salt) {
+  std::string out;
+  ::archive* a = archive_write_new();
+  archive_write_add_filter_gzip(a);
+  archive_write_set_format_raw(a);
+  archive_write_set_bytes_in_last_block(a, 1);
+  archive_write_open(
+      a, &out, nullptr,
+      [](::archive*, void* client, const void* buf, size_t n) -> la_ssize_t {
+        static_cast<std::string*>(client)->append(static_cast<const char*>(buf), n);
+        return static_cast<la_ssize_t>(n);
+      },
+      nullptr);
+  ::archive_entry* e = archive_entry_new();
+  archive_entry_set_pathname(e, "data");
+  archive_entry_set_filetype(e, AE_IFREG);
+  archive_entry_set_mtime(e, salt, 0);
+  archive_entry_set_size(e, static_cast<la_int64_t>(data.size()));
+  archive_write_header(a, e);
+  archive_write_data(a, data.data(), data.size());
+  archive_write_close(a);
+  archive_entry_free(e);
+  archive_write_free(a);
+  return out;
+}
+
+// Contexts whose *.txt files are archives, with an odd last byte: ADD steps. In the first,
+// n.txt is a tar (a directory, a file, a symlink, hard links, a FIFO), m.txt the same gzipped
+// (with no '~' in its bytes, which would become NUL), b.txt not an archive; in the second,
+// e.txt has a `..` name after a good one.
+std::string Inner(std::initializer_list<std::pair<TarEntry, std::string>> entries) {
+  std::string t = TarSeed(entries);
+  for (char& c : t) {
+    if (c == '~') c = '\0';
+  }
+  return t;
+}
+std::string ArchiveSeed() {
+  const std::string inner =
+      Inner({{TarEntry{"./", TarType::kDirectory, 0755, 1, 1, 1, 0, ""}, ""},
+             {TarEntry{"d", TarType::kDirectory, 0700, 1, 1, 1, 0, ""}, ""},
+             {TarEntry{"d/f", TarType::kFile, 0644, 1, 1, 1, 2, ""}, "ff"},
+             {TarEntry{"d/s", TarType::kSymlink, 0777, 1, 1, 1, 0, "../.."}, ""},
+             {TarEntry{"d/h", TarType::kHardLink, 0644, 1, 1, 1, 0, "d/f"}, ""},
+             {TarEntry{"d/h2", TarType::kHardLink, 0644, 1, 1, 1, 0, "x"}, ""},
+             {TarEntry{"p", TarType::kFifo, 0644, 1, 1, 1, 0, ""}, ""}});
+  std::string gz;
+  for (int salt = 1; salt < 1000; ++salt) {
+    gz = Gzip(inner, salt);
+    if (gz.find('~') == std::string::npos) break;
+  }
+  return TarSeed({{TarEntry{"n.txt", TarType::kFile, 0644, 1, 1, 1, inner.size(), ""}, inner},
+                  {TarEntry{"m.txt", TarType::kFile, 0644, 1, 1, 1, gz.size(), ""}, gz},
+                  {TarEntry{"b.txt", TarType::kFile, 0644, 1, 1, 1, 1, ""}, "b"}}) +
+         "U";
+}
+std::string EvilArchiveSeed() {
+  const std::string evil = Inner({{TarEntry{"ok", TarType::kFile, 0644, 1, 1, 1, 1, ""}, "o"},
+                                  {TarEntry{"../up", TarType::kFile, 0644, 1, 1, 1, 1, ""}, "u"}});
+  return TarSeed({{TarEntry{"e.txt", TarType::kFile, 0644, 1, 1, 1, evil.size(), ""}, evil}}) +
+         "U";
+}
+const std::string kArchives = ArchiveSeed();
+const std::string kEvilArchive = EvilArchiveSeed();
+const std::string kTreeAdd = kTree + "U";
+
 // The context's file and the output (a memfd). The context is rewritten in place and cut to
 // size rather than truncated to 0 first: on ext4 that would flush it at every close.
 struct Files {
@@ -147,6 +222,7 @@ bool Contained(const std::string& name) {
 
 // The output of a successful copy, checked.
 void Check(const sbx::image::CopyResult& r, int fd) {
+  uint64_t data = 0;
   const std::string bytes = ReadOut(fd);
   if (r.digest != sbx::Sha256Digest(bytes) || r.bytes != bytes.size()) std::abort();
   bool given = false;
@@ -178,14 +254,16 @@ void Check(const sbx::image::CopyResult& r, int fd) {
       got = piece->offset + piece->bytes.size();
     }
     if (got > e.size) std::abort();
+    data += e.size;
   }
-  if (entries != r.entries) std::abort();
+  if (entries != r.entries || data > kMaxBytes) std::abort();
 }
 
 }  // namespace
 
-extern const char* const kFuzzSeeds[] = {kTree.c_str(), kHostile.c_str(), kSparse.c_str(), "",
-                                         "ustar"};
+extern const char* const kFuzzSeeds[] = {
+    kTree.c_str(),         kHostile.c_str(), kSparse.c_str(), kArchives.c_str(),
+    kEvilArchive.c_str(), kTreeAdd.c_str(), "",               "ustar"};
 extern const size_t kFuzzSeedCount = sizeof(kFuzzSeeds) / sizeof(kFuzzSeeds[0]);
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -194,12 +272,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (c == '~') c = '\0';
   }
   WriteContext(blob);
+  const bool add = size > 0 && (data[size - 1] & 1) != 0;
   const std::vector<std::string> sources[] = {{"."}, {"a"}, {"*.txt"}};
   for (const auto& s : sources) {
     const int fd = F().out;
     if (::ftruncate(fd, 0) != 0 || ::lseek(fd, 0, SEEK_SET) != 0) std::abort();
-    auto r = sbx::image::WriteCopyTar(F().context, sbx::image::CopySpec{s, "/dst/", std::nullopt},
-                                      fd, {});
+    sbx::image::CopySpec spec{s, "/dst/", std::nullopt};
+    spec.unpack_archives = add;
+    spec.max_bytes = kMaxBytes;
+    auto r = sbx::image::WriteCopyTar(F().context, spec, fd, {});
     if (r.ok()) Check(*r, fd);
   }
   return 0;
