@@ -133,6 +133,15 @@ absl::Status OpRead(Conn& c, const protocol::ReadRequest& req, const FileOptions
 absl::Status OpWrite(Conn& c, const protocol::WriteRequest& req, const FileOptions& o);
 absl::Status OpReadTar(Conn& c, const protocol::ReadRequest& req, const FileOptions& o);
 absl::Status OpWriteTar(Conn& c, const protocol::WriteRequest& req, const FileOptions& o);
+
+// The owner a write asks for: uid/gid given, or `user` ("name", "uid", "name:group",
+// "uid:gid") resolved through the sandbox's own /etc/passwd and /etc/group; unset fields keep
+// the writer's. unknown_user when the name resolves to nothing.
+struct Owner {
+  std::optional<uid_t> uid;
+  std::optional<gid_t> gid;
+};
+absl::StatusOr<Owner> RequestOwner(const protocol::WriteRequest& req, const FileOptions& o);
 absl::Status OpWatch(Conn& c, const protocol::WatchRequest& req, const FileOptions& o);
 
 }  // namespace sbx::agent::fileops

@@ -130,10 +130,15 @@ absl::Status OpWriteTar(Conn& c, const protocol::WriteRequest& req, const FileOp
   if (req.mkdirs) {
     if (auto s = MkdirParents(o.root_fd, *path, 0755); !s.ok()) return c.Fail(kResponse, s);
   }
+  auto owner = RequestOwner(req, o);
+  if (!owner.ok()) return c.Fail(kResponse, owner.status());
   auto base = OpenInRoot(o.root_fd, *path, O_PATH | O_DIRECTORY, 0, "untar");
   if (!base.ok()) return c.Fail(kResponse, base.status());
   SBX_RETURN_IF_ERROR(c.SendJson(FrameType::kResponse, protocol::OkReply{}.ToJson()));
   Extractor x(base->get(), *path == "/" ? "" : *path, req.max_bytes);
+  if (owner->uid || owner->gid) {
+    x.SetOwner(owner->uid.value_or(::geteuid()), owner->gid.value_or(::getegid()));
+  }
   bool conn_failed = false;
   Frame frame;  // holds the piece the extractor is reading
   absl::Status s = x.Run([&]() -> absl::StatusOr<std::string_view> {

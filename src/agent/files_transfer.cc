@@ -217,23 +217,30 @@ absl::Status OpRead(Conn& c, const protocol::ReadRequest& req, const FileOptions
   return c.SendJson(FrameType::kEnd, protocol::OkReply{}.ToJson());
 }
 
-absl::Status OpWrite(Conn& c, const protocol::WriteRequest& req, const FileOptions& o) {
-  auto path = ValidatePath(req.path, o.workdir);
-  if (!path.ok()) return c.Fail(kResponse, path.status());
-  std::optional<uid_t> owner_uid;
-  std::optional<gid_t> owner_gid;
-  if (req.uid) owner_uid = static_cast<uid_t>(*req.uid);
-  if (req.gid) owner_gid = static_cast<gid_t>(*req.gid);
+absl::StatusOr<Owner> RequestOwner(const protocol::WriteRequest& req, const FileOptions& o) {
+  Owner out;
+  if (req.uid) out.uid = static_cast<uid_t>(*req.uid);
+  if (req.gid) out.gid = static_cast<gid_t>(*req.gid);
   if (req.user && !req.user->empty()) {
     const std::string etc = o.root_path == "/" ? "/etc" : o.root_path + "/etc";
     auto ru = ResolveUserFromFiles(*req.user, etc + "/passwd", etc + "/group");
     if (!ru.ok()) {
-      return c.Fail(kResponse, ApiError(absl::StatusCode::kInvalidArgument, "unknown_user",
-                                        std::string(ru.status().message()), "owner"));
+      return ApiError(absl::StatusCode::kInvalidArgument, "unknown_user",
+                      std::string(ru.status().message()), "owner");
     }
-    owner_uid = ru->uid;
-    owner_gid = ru->gid;
+    out.uid = ru->uid;
+    out.gid = ru->gid;
   }
+  return out;
+}
+
+absl::Status OpWrite(Conn& c, const protocol::WriteRequest& req, const FileOptions& o) {
+  auto path = ValidatePath(req.path, o.workdir);
+  if (!path.ok()) return c.Fail(kResponse, path.status());
+  auto owner = RequestOwner(req, o);
+  if (!owner.ok()) return c.Fail(kResponse, owner.status());
+  const std::optional<uid_t> owner_uid = owner->uid;
+  const std::optional<gid_t> owner_gid = owner->gid;
   if (req.mkdirs) {
     auto parent = SplitParent(*path);
     if (!parent.ok()) return c.Fail(kResponse, parent.status());

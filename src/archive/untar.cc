@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -16,7 +17,8 @@
 namespace sbx::archive {
 
 // Creates every missing directory of `path` (like mkdir -p), each resolved inside the root.
-absl::Status MkdirParents(int root_fd, const std::string& path, mode_t mode) {
+absl::Status MkdirParents(int root_fd, const std::string& path, mode_t mode,
+                          std::optional<std::pair<uid_t, gid_t>> owner) {
   size_t pos = 1;
   while (pos <= path.size()) {
     size_t slash = path.find('/', pos);
@@ -27,8 +29,13 @@ absl::Status MkdirParents(int root_fd, const std::string& path, mode_t mode) {
     if (existing.ok()) continue;
     if (!absl::IsNotFound(existing.status())) return existing.status();
     SBX_ASSIGN_OR_RETURN(ParentRef p, OpenParent(root_fd, prefix));
-    if (::mkdirat(p.dir.get(), p.name.c_str(), mode) != 0 && errno != EEXIST) {
+    if (::mkdirat(p.dir.get(), p.name.c_str(), mode) != 0) {
+      if (errno == EEXIST) continue;
       return FileErrnoStatus(errno, fmt::format("mkdir {}: mkdirat", prefix));
+    }
+    if (owner && ::fchownat(p.dir.get(), p.name.c_str(), owner->first, owner->second,
+                            AT_SYMLINK_NOFOLLOW) != 0) {
+      return FileErrnoStatus(errno, fmt::format("mkdir {}: fchownat", prefix));
     }
   }
   return absl::OkStatus();
@@ -48,7 +55,8 @@ absl::Status WriteAll(int fd, std::string_view data, const std::string& path) {
 
 // Extracts a tar stream under `base` (an O_PATH fd). Every entry is resolved with `base` as
 // the root (RESOLVE_IN_ROOT), so `..`, absolute names and symlinks planted by earlier entries
-// cannot reach outside it; names that climb above it are refused, hard links are refused.
+// cannot reach outside it; names that climb above it are refused, and hard links may name only
+// the regular files this archive made.
 class Extractor::Impl {
  public:
   Impl(int base, std::string base_path, std::optional<uint64_t> max_bytes)
@@ -71,9 +79,13 @@ class Extractor::Impl {
     ++entries_;
     const std::string shown = base_path_ + (*norm == "/" ? "" : *norm);
     switch (e.type) {
-      case TarType::kDirectory:
+      case TarType::kDirectory: {
         if (*norm == "/") return absl::OkStatus();
-        return MkdirParents(base_, *norm, (e.mode & 07777) | 0700);
+        SBX_RETURN_IF_ERROR(MkdirParents(base_, *norm, (e.mode & 07777) | 0700, owner_));
+        if (!owner_) return absl::OkStatus();
+        SBX_ASSIGN_OR_RETURN(UniqueFd d, OpenInRoot(base_, *norm, O_PATH | O_DIRECTORY, 0, "untar"));
+        return Chown(d.get(), "", shown);
+      }
       case TarType::kFile: {
         SBX_ASSIGN_OR_RETURN(ParentRef p, PrepareLeaf(*norm, shown));
         file_.Reset(::openat(p.dir.get(), p.name.c_str(),
@@ -83,6 +95,7 @@ class Extractor::Impl {
         file_mode_ = e.mode & 07777;
         file_mtime_ = e.mtime;
         file_path_ = shown;
+        files_.insert(*norm);
         return absl::OkStatus();
       }
       case TarType::kSymlink: {
@@ -90,10 +103,25 @@ class Extractor::Impl {
         if (::symlinkat(e.linkname.c_str(), p.dir.get(), p.name.c_str()) != 0) {
           return FileErrnoStatus(errno, fmt::format("untar {}: symlinkat", shown));
         }
+        files_.erase(*norm);
+        return owner_ ? Chown(p.dir.get(), p.name, shown) : absl::OkStatus();
+      }
+      case TarType::kHardLink: {
+        auto target = ValidatePath(e.linkname, "/");
+        if (!target.ok() || !files_.contains(*target)) {
+          return Refuse(e, fmt::format("is a hard link to \"{:.200}\", which is not a file made "
+                                       "earlier by this archive", e.linkname));
+        }
+        // Both sides by their parent's fd (resolved in the root) and a last component that
+        // linkat does not follow: neither end can be steered out of the tree.
+        SBX_ASSIGN_OR_RETURN(ParentRef from, OpenParent(base_, *target));
+        SBX_ASSIGN_OR_RETURN(ParentRef p, PrepareLeaf(*norm, shown));
+        if (::linkat(from.dir.get(), from.name.c_str(), p.dir.get(), p.name.c_str(), 0) != 0) {
+          return FileErrnoStatus(errno, fmt::format("untar {}: linkat", shown));
+        }
+        files_.insert(*norm);
         return absl::OkStatus();
       }
-      case TarType::kHardLink:
-        return Refuse(e, "is a hard link (not supported)");
       default:
         --entries_;  // devices, FIFOs: skipped
         ++skipped_;
@@ -116,6 +144,7 @@ class Extractor::Impl {
     }
   }
 
+  void SetOwner(uid_t uid, gid_t gid) { owner_ = std::make_pair(uid, gid); }
   int entries() const { return entries_; }
   int skipped() const { return skipped_; }
 
@@ -140,6 +169,8 @@ class Extractor::Impl {
         return FileErrnoStatus(errno, fmt::format("untar {}: ftruncate", file_path_));
       }
     }
+    if (owner_) SBX_RETURN_IF_ERROR(Chown(file_.get(), "", file_path_));
+    // After the chown, which clears setuid and setgid bits.
     if (::fchmod(file_.get(), file_mode_) != 0) {
       return FileErrnoStatus(errno, fmt::format("untar {}: fchmod", file_path_));
     }
@@ -172,7 +203,7 @@ class Extractor::Impl {
                       fmt::format("untar into {}: an entry names the directory itself", base_path_));
     }
     SBX_ASSIGN_OR_RETURN(auto split, SplitParent(norm));
-    SBX_RETURN_IF_ERROR(MkdirParents(base_, split.first, 0755));
+    SBX_RETURN_IF_ERROR(MkdirParents(base_, split.first, 0755, owner_));
     SBX_ASSIGN_OR_RETURN(ParentRef p, OpenParent(base_, norm));
     if (::unlinkat(p.dir.get(), p.name.c_str(), 0) != 0 && errno != ENOENT) {
       return FileErrnoStatus(errno, fmt::format("untar {}: unlinkat", shown));
@@ -180,8 +211,18 @@ class Extractor::Impl {
     return p;
   }
 
+  absl::Status Chown(int dir, const std::string& name, const std::string& shown) {
+    const int flags = name.empty() ? AT_EMPTY_PATH : AT_SYMLINK_NOFOLLOW;
+    if (::fchownat(dir, name.c_str(), owner_->first, owner_->second, flags) != 0) {
+      return FileErrnoStatus(errno, fmt::format("untar {}: fchownat", shown));
+    }
+    return absl::OkStatus();
+  }
+
   int base_;
   std::string base_path_;
+  std::set<std::string> files_;  // regular files made so far: what a hard link may name
+  std::optional<std::pair<uid_t, gid_t>> owner_;
   std::optional<uint64_t> max_bytes_;
   uint64_t total_ = 0;
   int entries_ = 0, skipped_ = 0;
@@ -214,6 +255,8 @@ absl::Status Extractor::Run(const ByteSource& source) {
   }
   return s;
 }
+
+void Extractor::SetOwner(uid_t uid, gid_t gid) { impl_->SetOwner(uid, gid); }
 
 int Extractor::entries() const { return impl_->entries(); }
 int Extractor::skipped() const { return impl_->skipped(); }

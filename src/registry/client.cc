@@ -620,7 +620,8 @@ class BlobFetcher {
 absl::StatusOr<std::string> PullToLayout(const Reference& ref, const ClientOptions& options,
                                          const std::string& layout_dir,
                                          const image::ProgressFn& progress,
-                                         const image::CancelFn& cancelled) {
+                                         const image::CancelFn& cancelled,
+                                         const std::function<bool(const std::string&)>& have) {
   static std::once_flag curl_init;
   std::call_once(curl_init, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
   const std::string what = "pull " + ref.String();
@@ -634,6 +635,7 @@ absl::StatusOr<std::string> PullToLayout(const Reference& ref, const ClientOptio
   if (progress) progress({.stage = "fetching", .message = "fetching the manifest of " + ref.String()});
   SBX_ASSIGN_OR_RETURN(FetchedManifest m,
                        AnnotateOr(FetchManifest(p, ref, options), what + ": fetch the manifest"));
+  if (have && have(m.digest)) return m.digest;
   const std::string blob_dir = layout_dir + "/blobs/sha256/";
   BlobFetcher blobs(p, options, blob_dir, progress);
   SBX_RETURN_IF_ERROR(Annotate(blobs.FetchAll(m.manifest), what));

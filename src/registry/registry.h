@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -45,10 +46,12 @@ struct ClientOptions {
 // Fetches `ref` into `layout_dir` (made if missing): an index or manifest list picks
 // linux/amd64. Every blob's digest and size are verified; blobs already there and verified are
 // kept, partial ones are resumed. Returns the digest of the image manifest written to the
-// layout's index.json.
-absl::StatusOr<std::string> PullToLayout(const Reference& ref, const ClientOptions& options,
-                                         const std::string& layout_dir,
-                                         const image::ProgressFn& progress,
-                                         const image::CancelFn& cancelled);
+// layout's index.json. When `have` says yes to the image manifest's digest, nothing more is
+// fetched and the digest is returned with the layout left incomplete: the caller already
+// holds that image (a build's FROM of an image it pulled before).
+absl::StatusOr<std::string> PullToLayout(
+    const Reference& ref, const ClientOptions& options, const std::string& layout_dir,
+    const image::ProgressFn& progress, const image::CancelFn& cancelled,
+    const std::function<bool(const std::string& digest)>& have = nullptr);
 
 }  // namespace sbx::registry

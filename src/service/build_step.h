@@ -1,4 +1,4 @@
-// One step of a template build that changes files (RUN, COPY, ADD: docs/templates.md,
+// One step of a template build that changes files (RUN, COPY, ADD, WORKDIR: docs/templates.md,
 // "Builds"), as TemplateService asks for it and SandboxService::RunBuildStep does it: a
 // sandbox of the build's intermediate result, the step's command or files, then the sandbox's
 // writable layer written out as an OCI layer tar. The sandbox is not in the store or the API;
@@ -26,6 +26,10 @@ struct BuildStepRequest {
   std::optional<protocol::SessionSpec> run;
   // COPY/ADD: a tar stream unpacked at "/" (names relative to it), pieces until an empty one.
   std::function<absl::StatusOr<std::string_view>()> files;
+  // COPY --chown: the owner of every entry `files` makes ("user[:group]", "uid[:gid]").
+  std::string files_owner;
+  // WORKDIR: a directory made (with its parents) if missing.
+  std::optional<std::string> mkdir;
   // Each piece of the RUN's stdout and stderr as it comes.
   std::function<void(std::string_view)> output;
   std::function<bool()> cancelled;

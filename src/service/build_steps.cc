@@ -1,4 +1,4 @@
-// SandboxService::RunBuildStep (build_step.h): a template build's RUN, COPY or ADD in a
+// SandboxService::RunBuildStep (build_step.h): a template build's RUN, COPY, ADD or WORKDIR in a
 // sandbox of its own, whose writable layer becomes the step's layer.
 #include <csignal>
 
@@ -40,6 +40,7 @@ asio::awaitable<absl::StatusOr<std::optional<std::string>>> Drive(AgentClient ag
     protocol::WriteRequest w;
     w.tar = true;
     w.path = "/";
+    if (!req.files_owner.empty()) w.user = req.files_owner;
     auto up = co_await agent.Write(ex, w);
     if (!up.ok()) co_return Annotate(up.status(), "copy files into the build sandbox");
     for (;;) {
@@ -59,18 +60,19 @@ asio::awaitable<absl::StatusOr<std::optional<std::string>>> Drive(AgentClient ag
     auto end = co_await up->Finish();
     if (!end.ok()) co_return Annotate(end.status(), "copy files into the build sandbox");
   }
-  if (!req.run) co_return std::optional<std::string>();
-  const protocol::SessionSpec& spec = *req.run;
-  if (!spec.cwd.empty() && spec.cwd != "/") {
-    // WORKDIR makes its directory, as Docker's does.
+  // WORKDIR's directory, and a RUN's cwd (its WORKDIR, removed by a later step perhaps).
+  const std::string dir = req.mkdir ? *req.mkdir : req.run ? req.run->cwd : "";
+  if (!dir.empty() && dir != "/") {
     protocol::MkdirRequest m;
-    m.path = spec.cwd;
+    m.path = dir;
     m.parents = true;
     auto made = co_await agent.Mkdir(ex, m);
     if (!made.ok() && ApiErrorCode(made.status()) != "already_exists") {
-      co_return Annotate(made.status(), "make the WORKDIR " + spec.cwd);
+      co_return Annotate(made.status(), "make the WORKDIR " + dir);
     }
   }
+  if (!req.run) co_return std::optional<std::string>();
+  const protocol::SessionSpec& spec = *req.run;
   auto stream = co_await agent.Attach(ex, kBuildSession, 0, spec);
   if (!stream.ok()) co_return Annotate(stream.status(), "start the RUN");
   for (;;) {

@@ -42,15 +42,21 @@ absl::StatusOr<WarmSandbox> SandboxService::BuildWarm(const WarmPoolConfig& conf
     admission_->Release(spec.id);
     return st;
   }
-  return WarmSandbox{std::move(*inst), config.runtime, config.template_name, tmpl.digest,
-                     spec.resources, config.networked};
+  return WarmSandbox{std::move(*inst), config.runtime,   config.template_name, tmpl.digest,
+                     spec.resources,    config.networked, Revision(tmpl)};
+}
+
+std::string SandboxService::Revision(const runtime::TemplateSpec& t) {
+  if (t.start_cmd.empty()) return t.digest;
+  return fmt::format("{}#{}", t.digest,
+                     Sha256Digest(nlohmann::json{t.start_cmd, t.ready_cmd, t.start_timeout_s}.dump()));
 }
 
 void SandboxService::TemplateChanged() {
   pool_->DrainStale([this](const std::string& name) -> std::optional<std::string> {
     auto t = templates_.Resolve(name);
     if (!t.ok()) return std::nullopt;
-    return t->digest;
+    return Revision(*t);
   });
 }
 
@@ -65,7 +71,7 @@ std::optional<WarmSandbox> SandboxService::TakeWarm(const CreateSandboxRequest& 
   if (!tmpl.ok()) return std::nullopt;
   const bool networked = !egress.is_null();
   std::optional<WarmSandbox> warm = pool_->Take(req.runtime.value_or(opts_.default_runtime),
-                                                tmpl->name, tmpl->digest, defaults, networked);
+                                                tmpl->name, Revision(*tmpl), defaults, networked);
   if (!warm || !networked) return warm;
   // Its rules exist before the create is answered, as for a cold networked create. Outside the
   // store transaction, which may run more than once.

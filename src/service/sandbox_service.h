@@ -135,6 +135,9 @@ class SandboxService {
   // Templates (TemplateService): a tag moved or went, so pooled sandboxes of the old release
   // go (the refill builds the new one); the releases pooled sandboxes are built from.
   void TemplateChanged();
+  // What a pooled sandbox of `t` must match to be handed out: its digest, and its start
+  // command when it has one (a re-import of the release may change that alone).
+  static std::string Revision(const runtime::TemplateSpec& t);
   // What a create of `ref` would run (its spec), or why not (sbxd's start-up checks pools).
   absl::StatusOr<runtime::TemplateSpec> ResolveTemplate(const std::string& ref) const {
     return templates_.Resolve(ref);

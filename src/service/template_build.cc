@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/digest.h"
+#include "common/files.h"
 #include "common/json_util.h"
 #include "common/status_util.h"
 #include "common/unique_fd.h"
@@ -198,10 +199,7 @@ std::optional<image::LayerInfo> ReadCacheEntry(const std::string& path) {
   return out;
 }
 
-void WriteCacheEntry(const std::string& path, const image::LayerInfo& l) {
-  const std::string text = json{{"diff_id", l.diff_id},
-                                {"unpacked_bytes", l.unpacked_bytes},
-                                {"entries", l.entries}}.dump();
+void WriteCacheFile(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
   if (!fd || ::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) ||
@@ -209,6 +207,12 @@ void WriteCacheEntry(const std::string& path, const image::LayerInfo& l) {
     spdlog::warn("template build: cannot write the cache entry {}: {}", path, strerror(errno));
     ::unlink(tmp.c_str());
   }
+}
+
+void WriteCacheEntry(const std::string& path, const image::LayerInfo& l) {
+  WriteCacheFile(path, json{{"diff_id", l.diff_id},
+                            {"unpacked_bytes", l.unpacked_bytes},
+                            {"entries", l.entries}}.dump());
 }
 
 }  // namespace
@@ -247,27 +251,7 @@ absl::StatusOr<image::Image> TemplateService::BuildParent(const std::string& op_
                       "FROM base: `base` is a view of the host's /usr and /etc, not an image "
                       "to build on; build FROM an image template or a registry image");
     }
-    store::ImageRecord rec;
-    SBX_RETURN_IF_ERROR(store_.Transact([&](store::Tx& tx) -> absl::Status {
-      SBX_ASSIGN_OR_RETURN(rec, tx.GetImage(tmpl->digest));
-      return absl::OkStatus();
-    }));
-    image::Image img;
-    img.digest = rec.digest;
-    for (const auto& l : rec.layers) {
-      if (!l.is_object()) continue;
-      image::LayerInfo li;
-      li.diff_id = l.value("diff_id", "");
-      li.unpacked_bytes = l.value("unpacked_bytes", uint64_t{0});
-      li.entries = l.value("entries", uint64_t{0});
-      if (!layers_->Has(li.diff_id)) {
-        return absl::FailedPreconditionError(
-            fmt::format("FROM {}: its layer {} is gone from the store", ref, li.diff_id));
-      }
-      img.layers.push_back(li);
-    }
-    img.config = ConfigOf(rec.config);
-    return img;
+    return StoredImage(tmpl->digest, ref);
   }
   auto r = registry::ParseReference(ref);
   if (!r.ok()) {
@@ -275,9 +259,84 @@ absl::StatusOr<image::Image> TemplateService::BuildParent(const std::string& op_
                     fmt::format("FROM {:.100}: {}", ref, std::string(r.status().message())));
   }
   const std::string layout = dir + "/parent";
-  SBX_ASSIGN_OR_RETURN(std::string digest,
-                       registry::PullToLayout(*r, opts_.registry, layout, progress, cancelled));
-  return image::ImportLayout(layout, digest, *layers_, progress, cancelled);
+  // The tag is resolved again (it may have moved), but an image already in the store, every
+  // layer there, is not fetched again.
+  std::optional<image::Image> have;
+  SBX_ASSIGN_OR_RETURN(
+      std::string digest,
+      registry::PullToLayout(*r, opts_.registry, layout, progress, cancelled,
+                             [&](const std::string& d) {
+                               auto img = StoredImage(d, ref);
+                               if (!img.ok()) img = CachedParent(d);
+                               if (img.ok()) have = std::move(*img);
+                               return have.has_value();
+                             }));
+  if (have) return std::move(*have);
+  SBX_ASSIGN_OR_RETURN(image::Image img,
+                       image::ImportLayout(layout, digest, *layers_, progress, cancelled));
+  // Its layers stay in the store until a gc finds them unused; until then the next build
+  // FROM the same image fetches only its manifest.
+  json entry = {{"parent", img.digest},
+                {"config", image::oci::ConfigJson(img.config)},
+                {"layers", json::array()}};
+  for (const auto& l : img.layers) {
+    entry["layers"].push_back(
+        {{"diff_id", l.diff_id}, {"unpacked_bytes", l.unpacked_bytes}, {"entries", l.entries}});
+  }
+  WriteCacheFile(ParentCachePath(img.digest), entry.dump());
+  return img;
+}
+
+std::string TemplateService::ParentCachePath(const std::string& digest) const {
+  return fmt::format("{}/build-cache/parent-{}.json", opts_.dir,
+                     digest.substr(digest.find(':') + 1));
+}
+
+absl::StatusOr<image::Image> TemplateService::CachedParent(const std::string& digest) {
+  if (!image::IsDigest(digest)) return absl::NotFoundError("not a digest");
+  SBX_ASSIGN_OR_RETURN(json j, ParseUntrustedJson(ReadFileOrEmpty(ParentCachePath(digest))));
+  if (!j.is_object() || j.value("parent", "") != digest || !j.contains("layers") ||
+      !j["layers"].is_array() || !j.contains("config") || !j["config"].is_object()) {
+    return absl::NotFoundError("no cached parent " + digest);
+  }
+  image::Image img;
+  img.digest = digest;
+  for (const auto& l : j["layers"]) {
+    if (!l.is_object()) return absl::NotFoundError("bad cached parent " + digest);
+    image::LayerInfo li;
+    li.diff_id = l.value("diff_id", "");
+    li.unpacked_bytes = l.value("unpacked_bytes", uint64_t{0});
+    li.entries = l.value("entries", uint64_t{0});
+    if (!layers_->Has(li.diff_id)) return absl::NotFoundError("a layer of the parent is gone");
+    img.layers.push_back(li);
+  }
+  img.config = ConfigOf(j["config"]);
+  return img;
+}
+
+absl::StatusOr<image::Image> TemplateService::StoredImage(const std::string& digest,
+                                                          const std::string& ref) {
+  store::ImageRecord rec;
+  SBX_RETURN_IF_ERROR(store_.Transact([&](store::Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(rec, tx.GetImage(digest));
+    return absl::OkStatus();
+  }));
+  image::Image img;
+  img.digest = rec.digest;
+  for (const auto& l : rec.layers) {
+    if (!l.is_object()) continue;
+    image::LayerInfo li;
+    li.diff_id = l.value("diff_id", "");
+    li.unpacked_bytes = l.value("unpacked_bytes", uint64_t{0});
+    li.entries = l.value("entries", uint64_t{0});
+    if (!layers_->Has(li.diff_id)) {
+      return absl::FailedPreconditionError(
+          fmt::format("FROM {}: its layer {} is gone from the store", ref, li.diff_id));
+    }
+    img.layers.push_back(li);
+  }
+  img.config = ConfigOf(rec.config);
+  return img;
 }
 
 absl::StatusOr<OperationStarted> TemplateService::Build(const Caller& caller,
@@ -457,11 +516,6 @@ absl::StatusOr<image::Image> TemplateService::RunBuildSteps(const std::string& o
           SBX_ASSIGN_OR_RETURN(img.config.labels[kk], expand(v));
         }
         break;
-      case df::Kind::kWorkdir: {
-        SBX_ASSIGN_OR_RETURN(std::string w, expand(s.value));
-        img.config.working_dir = AbsPath(img.config.working_dir, w);
-        break;
-      }
       case df::Kind::kUser: {
         SBX_ASSIGN_OR_RETURN(img.config.user, expand(s.value));
         break;
@@ -475,6 +529,13 @@ absl::StatusOr<image::Image> TemplateService::RunBuildSteps(const std::string& o
         img.config.entrypoint = s.args;
         if (!cmd_set_here) img.config.cmd.clear();
         break;
+      case df::Kind::kWorkdir: {
+        SBX_ASSIGN_OR_RETURN(std::string w, expand(s.value));
+        img.config.working_dir = AbsPath(img.config.working_dir, w);
+        // As Docker's, WORKDIR makes its directory (as root): a step of its own, since the
+        // image may end there or be followed only by COPY.
+        [[fallthrough]];
+      }
       case df::Kind::kRun:
       case df::Kind::kCopy:
       case df::Kind::kAdd: {
@@ -505,6 +566,9 @@ absl::StatusOr<image::Image> TemplateService::RunBuildSteps(const std::string& o
                                  env_key.dump(), json(run.env).dump(),
                                  spec.sandbox.egress_profile, spec.sandbox.egress.dump());
           req.run = std::move(run);
+        } else if (s.kind == df::Kind::kWorkdir) {
+          req.mkdir = img.config.working_dir;
+          step_key = fmt::format("{}\nWORKDIR {}", key, img.config.working_dir);
         } else {
           if (context.empty()) {
             return line_error(absl::InvalidArgumentError(
@@ -512,10 +576,10 @@ absl::StatusOr<image::Image> TemplateService::RunBuildSteps(const std::string& o
                                   "POST /v1/templates:build (sbx template build CTX)"),
                               "invalid_build_context");
           }
+          // Resolved by the build sandbox's agent through the image's own /etc/passwd and
+          // /etc/group, as Docker does.
           if (!s.chown.empty()) {
-            return line_error(absl::InvalidArgumentError(
-                                  "--chown is not supported yet: RUN chown after the COPY"),
-                              "invalid_dockerfile");
+            SBX_ASSIGN_OR_RETURN(req.files_owner, expand(s.chown));
           }
           image::CopySpec cs;
           for (const std::string& src : s.sources) {
@@ -532,6 +596,9 @@ absl::StatusOr<image::Image> TemplateService::RunBuildSteps(const std::string& o
           cs.dest = AbsPath(img.config.working_dir, dest);
           if (!dest.empty() && dest.back() == '/' && cs.dest.back() != '/') cs.dest += '/';
           cs.chmod = s.chmod;
+          cs.unpack_archives = s.kind == df::Kind::kAdd;
+          // A bomb in the context must not fill sbxd's disk on its way to the step.
+          cs.max_bytes = budget;
           files.Reset(::open(files_tar.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
           if (!files) return ErrnoStatus(errno, "build: open " + files_tar);
           auto copied = image::WriteCopyTar(context, cs, files.get(), cancelled);
@@ -539,9 +606,11 @@ absl::StatusOr<image::Image> TemplateService::RunBuildSteps(const std::string& o
             if (absl::IsCancelled(copied.status())) return copied.status();
             return line_error(copied.status(), absl::IsInvalidArgument(copied.status())
                                                    ? "invalid_build_context"
+                                               : absl::IsResourceExhausted(copied.status())
+                                                   ? "image_too_large"
                                                    : "template_failed");
           }
-          step_key = fmt::format("{}\n{}\n{}", key, s.text, copied->digest);
+          step_key = fmt::format("{}\n{}\n{}\n{}", key, s.text, copied->digest, req.files_owner);
           say(fmt::format("{} entries, {} bytes from the context", copied->entries,
                           copied->bytes));
           req.files = [&, fd = files.get()]() -> absl::StatusOr<std::string_view> {
@@ -617,7 +686,8 @@ absl::StatusOr<image::Image> TemplateService::RunBuildSteps(const std::string& o
       }
     }
     // Config steps chain the key too: what follows them depends on them.
-    if (s.kind != df::Kind::kRun && s.kind != df::Kind::kCopy && s.kind != df::Kind::kAdd) {
+    if (s.kind != df::Kind::kRun && s.kind != df::Kind::kCopy && s.kind != df::Kind::kAdd &&
+        s.kind != df::Kind::kWorkdir) {
       key = Sha256Digest(fmt::format("{}\n{}\n{}", key, s.text,
                                      image::oci::ConfigJson(img.config).dump()));
     }

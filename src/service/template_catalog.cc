@@ -318,7 +318,14 @@ absl::StatusOr<json> TemplateService::Gc(const Caller& caller) {
   for (const auto& e : fs::directory_iterator(opts_.dir + "/build-cache", ec)) {
     auto j = ParseUntrustedJson(ReadFileOrEmpty(e.path().string()));
     const std::string diff_id = j.ok() && j->is_object() ? j->value("diff_id", "") : "";
-    if (!j.ok() || (!diff_id.empty() && !layers_->Has(diff_id))) {
+    // A registry parent's entry lists its layers: it goes with the first of them.
+    bool parent_gone = false;
+    if (j.ok() && j->is_object() && j->contains("layers") && (*j)["layers"].is_array()) {
+      for (const auto& l : (*j)["layers"]) {
+        if (!l.is_object() || !layers_->Has(l.value("diff_id", ""))) parent_gone = true;
+      }
+    }
+    if (!j.ok() || parent_gone || (!diff_id.empty() && !layers_->Has(diff_id))) {
       if (fs::remove(e.path(), ec)) ++cache_removed;
     }
   }

@@ -175,6 +175,12 @@ class TemplateService {
                                            const std::string& dir,
                                            const image::ProgressFn& progress,
                                            const image::CancelFn& cancelled);
+  // A release in the store, as a build's parent; FailedPrecondition when a layer is gone.
+  absl::StatusOr<image::Image> StoredImage(const std::string& digest, const std::string& ref);
+  // A registry parent an earlier build imported (build-cache/parent-<hex>.json), while all
+  // its layers are in the store.
+  absl::StatusOr<image::Image> CachedParent(const std::string& digest);
+  std::string ParentCachePath(const std::string& digest) const;
   runtime::TemplateSpec SpecOfBuild(const image::Image& img) const;
   absl::Status Commit(const std::string& op_id, const TemplateTarget& target,
                       const nlohmann::json& source, const image::Image& img);

@@ -94,7 +94,8 @@ void WarmPool::DrainStale(
       const std::optional<std::string> digest = current(pool.config.template_name);
       std::deque<WarmSandbox> keep;
       for (auto& sb : pool.ready) {
-        if (digest && sb.template_digest == *digest) {
+        const std::string& have = sb.revision.empty() ? sb.template_digest : sb.revision;
+        if (digest && have == *digest) {
           keep.push_back(std::move(sb));
         } else {
           doomed.push_back(std::move(sb));
@@ -149,7 +150,8 @@ std::optional<WarmSandbox> WarmPool::Take(const std::string& runtime,
     while (!ready.empty()) {
       WarmSandbox sb = std::move(ready.front());
       ready.pop_front();
-      if (sb.template_digest == digest && sb.resources == resources && sb.instance->Alive()) {
+      const std::string& have = sb.revision.empty() ? sb.template_digest : sb.revision;
+      if (have == digest && sb.resources == resources && sb.instance->Alive()) {
         out = std::move(sb);
         break;
       }

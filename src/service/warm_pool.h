@@ -46,6 +46,9 @@ struct WarmSandbox {
   std::string template_digest;
   runtime::Resources resources;
   bool networked = false;  // built network_ready (its pool's WarmPoolConfig::networked)
+  // What else a member must match besides its digest to stay pooled: the template's start
+  // command, which a re-import of the same release may change ("": the digest alone).
+  std::string revision;
 };
 
 class WarmPool {
@@ -66,8 +69,9 @@ class WarmPool {
   // Stops refilling and destroys every sandbox still pooled.
   void Stop();
 
-  // A ready sandbox of `runtime`/`template_name` built from `digest` with `resources`, or
-  // nullopt. Pooled sandboxes of another digest (the template changed) or other resources (the
+  // A ready sandbox of `runtime`/`template_name` built from `digest` (a revision, as
+  // DrainStale's) with `resources`, or nullopt. Pooled sandboxes of another one (the template
+  // changed) or other resources (the
   // deployment defaults changed), or whose agent died, are destroyed.
   // `networked`: from the network-ready pool.
   std::optional<WarmSandbox> Take(const std::string& runtime, const std::string& template_name,
@@ -85,9 +89,9 @@ class WarmPool {
   // Destroys every ready sandbox; the refill rebuilds them (after the defaults they were built
   // with changed, so that the next creates do not pay for destroying them).
   void Flush();
-  // A template's tag moved or went: destroys the ready sandboxes whose digest is no longer what
-  // their pool's template resolves to (`current`: nullopt when it resolves to nothing); the
-  // refill builds from the new release.
+  // A template's tag moved or went: destroys the ready sandboxes whose revision (digest, or
+  // WarmSandbox::revision when set) is no longer what their pool's template resolves to
+  // (`current`: nullopt when it resolves to nothing); the refill builds from the new release.
   void DrainStale(
       const std::function<std::optional<std::string>(const std::string& template_name)>& current);
   // Digest -> ready sandboxes built from it (template delete and gc keep those releases).

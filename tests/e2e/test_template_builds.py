@@ -129,18 +129,18 @@ def test_a_rebuild_redoes_only_what_follows_a_changed_step(api, parent):
     first = build(api, "cached", FILES)
     again = build(api, "cached", FILES)
     log = "\n".join(again["progress"]["log"])
-    assert log.count("cached:") == 3, log  # both COPYs and the RUN
+    assert log.count("cached:") == 4, log  # WORKDIR, both COPYs and the RUN
     assert again["result"]["template"]["digest"] == first["result"]["template"]["digest"]
     # A changed ARG value changes what the RUN sees: the COPYs before it stay cached.
     changed = build(api, "cached", FILES, build={"args": {"V": "2"}})
     log = "\n".join(changed["progress"]["log"])
-    assert log.count("cached:") == 2 and "run 2 in" in log, log
+    assert log.count("cached:") == 3 and "run 2 in" in log, log
     assert run_out(api, "cached", "cat v").strip() == "2"
     # A changed file of the context: its COPY and everything after it run again.
     files = dict(FILES, **{"hello.txt": "changed\n"})
     third = build(api, "cached", files)
     log = "\n".join(third["progress"]["log"])
-    assert log.count("cached:") == 1, log
+    assert log.count("cached:") == 2, log  # WORKDIR and the first COPY
     assert run_out(api, "cached", "cat copied").strip() == "changed"
     no_cache = build(api, "cached", FILES, build={"no_cache": True})
     assert "cached:" not in "\n".join(no_cache["progress"]["log"])
@@ -320,3 +320,57 @@ def test_a_build_takes_the_resources_of_its_step_sandboxes(api, parent):
         "name": "sized", "source": {"build": {"dockerfile": dockerfile,
                                               "sandbox": {"vcpu": 1}}}}, expect=400)
     assert bad.body["error"]["details"]["field"] == "source.build.sandbox.vcpu"
+
+
+def test_workdir_chown_hard_links(api, parent):
+    """WORKDIR makes its directory even when no RUN follows; COPY --chown owns what it copies
+    by the image's own users; hard links of the context stay hard links; ADD unpacks a local
+    archive."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
+        dockerfile = ("FROM bbuild\nARG OWNER=app\nWORKDIR /w/x\n"
+                      "COPY --chown=${OWNER}:app tree/ /owned/\nCOPY --chown=1234:55 one /num\n"
+                      "COPY links/ /links/\nADD --chown=app app.tgz /opt/app\n"
+                      "COPY app.tgz /opt/kept/\nWORKDIR rel\n")
+        inner = io.BytesIO()
+        with tarfile.open(fileobj=inner, mode="w:gz") as z:
+            for name, text in (("bin/run", "#!/bin/sh\n"), ("lib/x.txt", "x\n")):
+                info = tarfile.TarInfo(name)
+                info.size = len(text)
+                z.addfile(info, io.BytesIO(text.encode()))
+        info = tarfile.TarInfo("app.tgz")
+        info.size = len(inner.getvalue())
+        t.addfile(info, io.BytesIO(inner.getvalue()))
+        for name, text in (("Dockerfile", dockerfile), ("tree/a", "a\n"), ("tree/sub/b", "b\n"),
+                           ("one", "1\n"), ("links/f", "linked\n")):
+            info = tarfile.TarInfo(name)
+            info.size = len(text.encode())
+            t.addfile(info, io.BytesIO(text.encode()))
+        hard = tarfile.TarInfo("links/g")
+        hard.type = tarfile.LNKTYPE
+        hard.linkname = "links/f"
+        t.addfile(hard)
+    resp = api.call("POST", "/v1/templates:build", params={"name": "owned", "tag": "latest"},
+                    data=buf.getvalue(), headers={"Content-Type": "application/x-tar"}, expect=202)
+    op = api.wait_operation(resp.body["operation"]["id"], timeout=300)
+    assert op["state"] == "succeeded", "\n".join([str(op["error"])] + op["progress"]["log"])
+    cfg = api.call("GET", "/v1/templates/owned").body["releases"][0]["config"]
+    assert cfg["working_dir"] == "/w/x/rel", cfg
+    out = run_out(api, "owned", "pwd; stat -c '%n %u %g' /owned/a /owned/sub /owned/sub/b /num; "
+                                "stat -c '%i %h' /links/f /links/g; cat /links/g; "
+                                "stat -c '%n %u' /opt/app/bin/run /opt/app/lib/x.txt; "
+                                "test -f /opt/kept/app.tgz && echo kept")
+    lines = out.split("\n")
+    assert lines[0] == "/w/x/rel", out
+    assert lines[1:5] == ["/owned/a 1000 1000", "/owned/sub 1000 1000", "/owned/sub/b 1000 1000",
+                          "/num 1234 55"], out
+    f, g = lines[5].split(), lines[6].split()
+    assert f == g and f[1] == "2", out
+    assert lines[7] == "linked", out
+    # ADD unpacks a local archive into DEST (with --chown); COPY keeps it a file.
+    assert lines[8:11] == ["/opt/app/bin/run 1000", "/opt/app/lib/x.txt 1000", "kept"], out
+    # A user the image does not know: the COPY fails, naming it.
+    bad = build(api, "owned", {"Dockerfile": "FROM bbuild\nCOPY --chown=nobody-here x /x\n",
+                               "x": "x"}, expect_state="failed")
+    assert "nobody-here" in bad["error"]["message"], bad
+    assert "line 2" in bad["error"]["message"], bad

@@ -402,6 +402,41 @@ def test_pulls_from_a_registry_with_and_without_auth(puller, registries, work):
     assert state_leftovers(daemon) == []
 
 
+def test_a_build_from_a_registry_image_fetches_its_layers_once(puller, registries, work):
+    """FROM a registry image: the first build imports it; the next ones resolve the tag again
+    (it may have moved) but fetch no blob of an image whose layers are in the store."""
+    _, api, _ = puller
+    open_reg, _ = registries
+    layout = work / "parent-layout"
+    images.write_layout(layout, [base_layer(), top_layer("parent")], user="app")
+    open_reg.push(layout, "team/parent:1")
+    log = work / "reg-open" / "registry.log"
+
+    def blob_gets() -> int:
+        open_reg.log.flush()
+        return sum(1 for line in log.read_text(errors="replace").splitlines()
+                   if "GET /v2/team/parent/blobs/" in line)
+
+    dockerfile = f"FROM {open_reg.host}/team/parent:1\nUSER root\nRUN echo built > /built\n"
+    digests = []
+    for i in range(2):
+        before = blob_gets()
+        op = finished(api, api.call("POST", "/v1/templates", json_body={
+            "name": "fromreg", "tag": str(i),
+            "source": {"build": {"dockerfile": dockerfile, "no_cache": True}}}, expect=202).body,
+            timeout=300)
+        assert op["state"] == "succeeded", op
+        digests.append(op["result"]["template"]["digest"])
+        fetched = blob_gets() - before
+        if i == 0:
+            assert fetched >= 3, fetched  # the config and both layers
+        else:
+            assert fetched == 0, f"the second build fetched {fetched} blobs again"
+    sb = api.create_sandbox({"template": "fromreg:1"})["sandbox"]
+    assert run_out(api, sb["id"], "cat /built /data/new").split() == ["built", "parent"]
+    api.delete_sandbox(sb["id"])
+
+
 def test_a_restart_during_a_pull_fails_it_cleanly(restartable):
     """sbxd stopped (SIGKILL: a crash) in the middle of a pull: the next sbxd fails the
     operation as interrupted and leaves no partial layout, upload or layer behind."""
