@@ -114,9 +114,9 @@ ResourceLimits Api::limits() const {
   return opts_.limits;
 }
 
-absl::StatusOr<service::Caller> Api::Authenticate(const http::Request& req,
-                                                  const std::optional<std::string>& query_token,
-                                                  bool allow_attach_token) const {
+absl::StatusOr<service::Principal> Api::Authenticate(
+    const http::Request& req, const std::optional<std::string>& query_token,
+    bool allow_attach_token) const {
   std::optional<std::string> token;
   if (auto auth = Header(req, "Authorization")) {
     constexpr std::string_view kBearer = "Bearer ";
@@ -132,13 +132,23 @@ absl::StatusOr<service::Caller> Api::Authenticate(const http::Request& req,
   }
   if (allow_attach_token && token->rfind("sat1.", 0) == 0) {
     SBX_ASSIGN_OR_RETURN(auto claims, svc_.attach_tokens().Verify(*token));
-    return service::Caller{claims.tenant_id, claims.session_id};
+    service::Principal p;
+    p.caller = service::Caller{claims.tenant_id, claims.session_id};
+    p.caller.scopes = static_cast<uint32_t>(service::Scope::kSessions);
+    return p;
+  }
+  if (opts_.tenancy != nullptr && token->rfind(service::kMgmtTokenPrefix, 0) == 0) {
+    return opts_.tenancy->Authenticate(*token, std::chrono::system_clock::now());
   }
   // Hashing first makes the comparison length-independent as well as constant-time.
   if (!ConstantTimeEquals(Sha256Hex(*token), admin_token_hash_)) {
     return ApiError(absl::StatusCode::kUnauthenticated, "unauthenticated", "invalid token");
   }
-  return service::Caller{"default", std::nullopt};
+  if (opts_.tenancy != nullptr) return opts_.tenancy->Bootstrap();
+  service::Principal p;
+  p.caller = service::Caller{"default", std::nullopt};
+  p.caller.token_id = service::kBootstrapTokenId;
+  return p;
 }
 
 bool Api::Privileged(const http::Request& req) const {
@@ -147,7 +157,10 @@ bool Api::Privileged(const http::Request& req) const {
                                            t->segments[0] == "readyz")) {
     return true;
   }
-  return Authenticate(req, std::nullopt, /*allow_attach_token=*/false).ok();
+  // The operator's admin only: a tenant's token must not reach the reserve kept for them.
+  auto who = Authenticate(req, std::nullopt, /*allow_attach_token=*/false);
+  return who.ok() && who->caller.tenant_id == service::kOperatorTenant &&
+         service::HasScope(who->caller.scopes, service::Scope::kAdmin);
 }
 
 // The access-log line is the server's (http/server.cc), with what Route (routes.cc) added to

@@ -17,8 +17,10 @@
 #include "common/metrics.h"
 #include "http/server.h"
 #include "service/agent_client.h"
+#include "service/rate_limit.h"
 #include "service/sandbox_service.h"
 #include "service/template_service.h"
+#include "service/tenancy.h"
 
 namespace sbx::api {
 
@@ -39,6 +41,9 @@ struct ApiOptions {
   std::chrono::seconds port_idle_timeout{600};
   // Templates users bring (template_routes.cc); nullptr: only `base`, the routes answer 501.
   service::TemplateService* templates = nullptr;
+  // Tenants and their tokens, quotas and audit log (docs/tenancy.md); nullptr: the admin token
+  // alone, and the /v1/admin routes answer 501.
+  service::Tenancy* tenancy = nullptr;
 };
 
 class Api {
@@ -163,14 +168,25 @@ class Api {
   void ArmUpstreamSweep(http::asio::any_io_executor ex);
   void SweepUpstreams(std::shared_ptr<http::asio::steady_timer> timer,
                       boost::system::error_code ec);
-  absl::StatusOr<service::Caller> Authenticate(const http::Request& req,
-                                               const std::optional<std::string>& query_token,
-                                               bool allow_attach_token) const;
+  // The bearer token (or, on a session's data plane, `?token=`): the configured admin token,
+  // a tenant's management token (opts_.tenancy), or an attach token.
+  absl::StatusOr<service::Principal> Authenticate(const http::Request& req,
+                                                  const std::optional<std::string>& query_token,
+                                                  bool allow_attach_token) const;
+  // Runs a mutating route's handler under its Idempotency-Key (service/idempotency.h): a
+  // duplicate waits for the first and replays its answer.
+  http::asio::awaitable<std::optional<http::Response>> RunIdempotent(
+      http::RequestContext& ctx, const service::Caller& caller, const std::string& key,
+      const struct Route& route, struct Call& call);
+  // After the handler: the audit row of a management action (docs/tenancy.md, "Audit").
+  void AuditRequest(const http::RequestContext& ctx, const service::Caller& caller,
+                    const std::vector<std::string>& seg, const http::Response* res);
 
   service::SandboxService& svc_;
   ApiOptions opts_;  // opts_.limits only under limits_mu_
   mutable std::mutex limits_mu_;
   std::string admin_token_hash_;
+  service::RateLimiter rate_limiter_;
   metrics::Registry& registry_;
   metrics::Gauge& attach_streams_;
   metrics::Counter& streamed_stdout_;

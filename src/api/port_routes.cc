@@ -263,8 +263,10 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
   if (req.find(bhttp::field::authorization) != req.end()) {
     // A management token authenticates to sbxd and stays here; any other Authorization is the
     // application's own (its login), and goes on to it.
-    if (auto c = Authenticate(req, std::nullopt, /*allow_attach_token=*/false); c.ok()) {
-      creds.caller = std::move(*c);
+    // Only with the sessions scope: a port is a sandbox's data plane, as its sessions are.
+    if (auto c = Authenticate(req, std::nullopt, /*allow_attach_token=*/false);
+        c.ok() && service::HasScope(c->caller.scopes, service::Scope::kSessions)) {
+      creds.caller = std::move(c->caller);
       used_authorization = true;
     }
   }

@@ -249,6 +249,88 @@ absl::StatusOr<nlohmann::json> ParseEgressPatch(const std::string& body) {
   return j;
 }
 
+namespace {
+
+absl::StatusOr<std::string> GetName(const Json& v, const std::string& field) {
+  SBX_ASSIGN_OR_RETURN(std::string n, GetString(v, field, 128));
+  if (n.empty()) return FieldError(field, "must not be empty");
+  for (char c : n) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' ||
+          c == ' ')) {
+      return FieldError(field, "letters, digits, ' ', '.', '_' and '-' only");
+    }
+  }
+  return n;
+}
+
+}  // namespace
+
+absl::StatusOr<service::TenantSpec> ParseTenantSpec(const std::string& body, bool create) {
+  SBX_ASSIGN_OR_RETURN(Json j, ParseObject(body, /*empty_ok=*/!create));
+  SBX_RETURN_IF_ERROR(CheckKnown(j, {"name", "quotas", "rate_limit"}, ""));
+  service::TenantSpec out;
+  if (j.contains("name")) {
+    SBX_ASSIGN_OR_RETURN(out.name, GetName(j["name"], "name"));
+  } else if (create) {
+    return FieldError("name", "is required");
+  }
+  if (j.contains("quotas")) {
+    const Json& q = j["quotas"];
+    if (!q.is_object()) return FieldError("quotas", "must be an object");
+    SBX_RETURN_IF_ERROR(CheckKnown(q, {"max_sandboxes", "max_vcpu", "max_memory_mib",
+                                       "max_disk_mib", "max_sessions_per_sandbox",
+                                       "max_templates", "max_template_bytes"},
+                                   "quotas."));
+    Json checked = Json::object();
+    for (const auto& [k, v] : q.items()) {
+      SBX_ASSIGN_OR_RETURN(checked[k], GetInt(v, "quotas." + k, 0, int64_t{1} << 53));
+    }
+    out.quotas = std::move(checked);
+  }
+  if (j.contains("rate_limit")) {
+    const Json& r = j["rate_limit"];
+    if (!r.is_object()) return FieldError("rate_limit", "must be an object");
+    SBX_RETURN_IF_ERROR(CheckKnown(r, {"requests_per_s", "burst"}, "rate_limit."));
+    Json checked = Json::object();
+    if (r.contains("requests_per_s")) {
+      const Json& v = r["requests_per_s"];
+      if (!v.is_number() || v.get<double>() <= 0 || v.get<double>() > 1e6) {
+        return FieldError("rate_limit.requests_per_s", "must be a number above 0, at most 1e6");
+      }
+      checked["requests_per_s"] = v.get<double>();
+      if (r.contains("burst")) {
+        SBX_ASSIGN_OR_RETURN(checked["burst"], GetInt(r["burst"], "rate_limit.burst", 1, 1000000));
+      }
+    } else if (r.contains("burst")) {
+      return FieldError("rate_limit.burst", "needs rate_limit.requests_per_s");
+    }
+    out.rate_limit = std::move(checked);
+  }
+  return out;
+}
+
+absl::StatusOr<service::TokenSpec> ParseTokenSpec(const std::string& body) {
+  SBX_ASSIGN_OR_RETURN(Json j, ParseObject(body, /*empty_ok=*/false));
+  SBX_RETURN_IF_ERROR(CheckKnown(j, {"name", "scopes", "expires_in_s"}, ""));
+  service::TokenSpec out;
+  if (!j.contains("name")) return FieldError("name", "is required");
+  SBX_ASSIGN_OR_RETURN(out.name, GetName(j["name"], "name"));
+  if (!j.contains("scopes")) return FieldError("scopes", "is required");
+  const Json& sc = j["scopes"];
+  if (!sc.is_array() || sc.empty() || sc.size() > 16) {
+    return FieldError("scopes", "must be a non-empty array of scope names");
+  }
+  for (size_t i = 0; i < sc.size(); ++i) {
+    SBX_ASSIGN_OR_RETURN(std::string name, GetString(sc[i], fmt::format("scopes[{}]", i), 32));
+    out.scopes.push_back(std::move(name));
+  }
+  if (j.contains("expires_in_s")) {
+    SBX_ASSIGN_OR_RETURN(out.expires_in_s,
+                         GetInt(j["expires_in_s"], "expires_in_s", 1, int64_t{10} * 366 * 86400));
+  }
+  return out;
+}
+
 absl::StatusOr<CreateSessionRequest> ParseCreateSession(const std::string& body) {
   SBX_ASSIGN_OR_RETURN(Json j, ParseObject(body, /*empty_ok=*/false));
   SBX_RETURN_IF_ERROR(

@@ -34,6 +34,11 @@ using CreateSessionRequest = service::CreateSessionRequest;
 absl::StatusOr<CreateSandboxRequest> ParseCreateSandbox(const std::string& body,
                                                         const ResourceLimits& limits);
 absl::StatusOr<CreateSessionRequest> ParseCreateSession(const std::string& body);
+// POST /v1/admin/tenants (`create`: name required) and PATCH /v1/admin/tenants/{id}.
+absl::StatusOr<service::TenantSpec> ParseTenantSpec(const std::string& body, bool create);
+// POST /v1/admin/tenants/{id}/tokens: {"name", "scopes": [...], "expires_in_s"?}. The scope
+// names are checked by the service.
+absl::StatusOr<service::TokenSpec> ParseTokenSpec(const std::string& body);
 // pause, suspend and wake take no fields: an empty body or an empty JSON object.
 absl::Status ParseLifecycleBody(const std::string& body);
 // PATCH /v1/sandboxes/{id}/egress: {"allow": [rules]} (the rules are checked by the service,

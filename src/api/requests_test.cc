@@ -217,6 +217,47 @@ TEST(EgressPatch, TakesAllowOnly) {
   EXPECT_FALSE(ParseEgressPatch("{nope").ok());
 }
 
+TEST(TenantSpec, NameQuotasAndRate) {
+  auto ok = ParseTenantSpec(
+      R"({"name":"team a","quotas":{"max_sandboxes":3,"max_vcpu":0},"rate_limit":{"requests_per_s":0.5,"burst":2}})",
+      /*create=*/true);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(*ok->name, "team a");
+  EXPECT_EQ((*ok->quotas)["max_sandboxes"], 3);
+  EXPECT_EQ((*ok->rate_limit)["burst"], 2);
+  EXPECT_EQ(FieldOf(ParseTenantSpec("{}", true).status()), "name");
+  EXPECT_TRUE(ParseTenantSpec("", false).ok());  // a PATCH that changes nothing
+  EXPECT_EQ(FieldOf(ParseTenantSpec(R"({"name":""})", true).status()), "name");
+  EXPECT_EQ(FieldOf(ParseTenantSpec(R"({"name":"a/b"})", true).status()), "name");
+  EXPECT_EQ(FieldOf(ParseTenantSpec(R"({"name":"a","x":1})", true).status()), "x");
+  EXPECT_EQ(FieldOf(ParseTenantSpec(R"({"quotas":{"max_gpus":1}})", false).status()),
+            "quotas.max_gpus");
+  EXPECT_EQ(FieldOf(ParseTenantSpec(R"({"quotas":{"max_vcpu":-1}})", false).status()),
+            "quotas.max_vcpu");
+  EXPECT_EQ(FieldOf(ParseTenantSpec(R"({"quotas":{"max_vcpu":1.5}})", false).status()),
+            "quotas.max_vcpu");
+  EXPECT_EQ(FieldOf(ParseTenantSpec(R"({"quotas":[]})", false).status()), "quotas");
+  EXPECT_EQ(FieldOf(ParseTenantSpec(R"({"rate_limit":{"requests_per_s":0}})", false).status()),
+            "rate_limit.requests_per_s");
+  EXPECT_EQ(FieldOf(ParseTenantSpec(R"({"rate_limit":{"burst":3}})", false).status()),
+            "rate_limit.burst");
+  EXPECT_TRUE(ParseTenantSpec(R"({"rate_limit":{}})", false).ok());  // back to the default
+}
+
+TEST(TokenSpec, NameScopesExpiry) {
+  auto ok = ParseTokenSpec(R"({"name":"ci","scopes":["read","files"],"expires_in_s":60})");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->scopes, (std::vector<std::string>{"read", "files"}));
+  EXPECT_EQ(*ok->expires_in_s, 60);
+  EXPECT_EQ(FieldOf(ParseTokenSpec(R"({"scopes":["read"]})").status()), "name");
+  EXPECT_EQ(FieldOf(ParseTokenSpec(R"({"name":"x"})").status()), "scopes");
+  EXPECT_EQ(FieldOf(ParseTokenSpec(R"({"name":"x","scopes":[]})").status()), "scopes");
+  EXPECT_EQ(FieldOf(ParseTokenSpec(R"({"name":"x","scopes":[1]})").status()), "scopes[0]");
+  EXPECT_EQ(FieldOf(ParseTokenSpec(R"({"name":"x","scopes":["read"],"expires_in_s":0})").status()),
+            "expires_in_s");
+  EXPECT_FALSE(ParseTokenSpec("").ok());
+}
+
 std::string Deep(int levels) { return std::string(levels, '[') + std::string(levels, ']'); }
 
 // Issue 13: every body parser refuses a body nested past the limit, up front, with a 400 that

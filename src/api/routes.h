@@ -29,7 +29,8 @@ struct Call {
   http::RequestContext& ctx;
   const service::Caller& caller;
   const Target& target;
-  std::string id;      // the path's {id}, "" when it has none
+  std::string id;      // the path's {id}, "" when it has none (under /v1/admin: the one after
+                       // tenants/ or tokens/)
   std::string action;  // the path's last segment after {id} ("pause", "files:list", ...)
 };
 
@@ -73,6 +74,17 @@ struct Routes {
   static Awaitable TagTemplate(Api& api, Call& call);
   static Awaitable TemplateGc(Api& api, Call& call);
   static Awaitable CancelOperation(Api& api, Call& call);
+  // admin_routes.cc
+  static Awaitable CreateTenant(Api& api, Call& call);
+  static Awaitable ListTenants(Api& api, Call& call);
+  static Awaitable GetTenant(Api& api, Call& call);
+  static Awaitable UpdateTenant(Api& api, Call& call);
+  static Awaitable DeleteTenant(Api& api, Call& call);
+  static Awaitable CreateToken(Api& api, Call& call);
+  static Awaitable ListTokens(Api& api, Call& call);
+  static Awaitable GetToken(Api& api, Call& call);
+  static Awaitable RevokeToken(Api& api, Call& call);
+  static Awaitable ListAudit(Api& api, Call& call);
 };
 
 struct Route {
@@ -81,6 +93,9 @@ struct Route {
   // Segments separated by '/': literal, "{id}", or a literal prefix ending in '*' ("files*").
   std::string_view pattern;
   Auth auth;
+  // The token scopes that allow it (service/mgmt_token.h), any one of them; 0 for kNone and
+  // kMetrics routes. The admin scope allows every route.
+  uint32_t scopes;
   Routes::Handler handler;
 };
 

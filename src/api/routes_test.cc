@@ -35,6 +35,23 @@ TEST(Routes, TableIsConsistent) {
     auto [it, fresh] = auth.emplace(r.pattern, r.auth);
     EXPECT_EQ(it->second, r.auth) << r.pattern;
     EXPECT_NE(r.handler, nullptr) << r.pattern;
+    // Every authenticated route names the scopes that allow it; a GET of the tenant's objects
+    // needs read (or, for a session's data plane, sessions), anything else a scope that may
+    // change them, and /v1/admin the admin scope alone.
+    const bool authenticated = r.auth == Auth::kTenant || r.auth == Auth::kSession;
+    EXPECT_EQ(r.scopes != 0, authenticated) << r.pattern;
+    const uint32_t admin = static_cast<uint32_t>(service::Scope::kAdmin);
+    const uint32_t read = static_cast<uint32_t>(service::Scope::kRead);
+    const uint32_t sessions = static_cast<uint32_t>(service::Scope::kSessions);
+    if (std::string_view(r.pattern).rfind("v1/admin/", 0) == 0) {
+      EXPECT_EQ(r.scopes, admin) << r.pattern;
+    } else if (authenticated) {
+      EXPECT_EQ(r.scopes & admin, 0u) << r.pattern << ": admin implies every scope already";
+      if (r.method && *r.method != http::bhttp::verb::get) {
+        EXPECT_EQ(r.scopes & read, 0u) << r.pattern << ": read must not allow a change";
+      }
+      if (r.auth == Auth::kSession) EXPECT_EQ(r.scopes, sessions) << r.pattern;
+    }
   }
   // The session's data plane, and only it, takes the attach token.
   for (const auto& [pattern, a] : auth) {

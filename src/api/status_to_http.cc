@@ -15,6 +15,8 @@ http::bhttp::status HttpStatusFor(const absl::Status& s) {
   const std::string code = ApiErrorCode(s);
   // API codes whose status differs from the canonical code's.
   if (code == "template_not_found") return bhttp::unprocessable_entity;
+  // A sandbox its TTL deleted, while its record is kept: gone, not missing (docs/api.md).
+  if (code == "sandbox_expired") return bhttp::gone;
   if (code == "payload_too_large") return bhttp::payload_too_large;
   if (code == "method_not_allowed") return bhttp::method_not_allowed;
   // An agent reply outside the protocol's bounds (its per-frame limits): the upstream is at fault.
@@ -114,8 +116,10 @@ http::Response ErrorResponse(const absl::Status& s, const std::string& request_i
   if (std::string op = ApiErrorDetail(s, "operation_id"); !op.empty()) {
     details["operation_id"] = op;
   }
-  if (std::string r = ApiErrorDetail(s, "resource"); !r.empty()) details["resource"] = r;
-  for (const char* key : {"requested", "available", "capacity"}) {
+  for (const char* key : {"resource", "scope", "quota", "reason", "expired_at"}) {
+    if (std::string v = ApiErrorDetail(s, key); !v.empty()) details[key] = v;
+  }
+  for (const char* key : {"requested", "available", "capacity", "limit", "used"}) {
     const std::string v = ApiErrorDetail(s, key);
     int64_t n = 0;
     auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);

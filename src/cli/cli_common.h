@@ -69,6 +69,8 @@ absl::StatusOr<nlohmann::json> PostDirectoryTar(Client& client, const std::strin
 void RegisterTemplateCommands(CLI::App& app, Context& ctx, const std::string* token);
 // `sbx doctor`: local, links the doctor library (the only command that does not talk HTTP).
 void RegisterDoctorCommand(CLI::App& app, Context& ctx);
+// admin_cmds.cc
+void RegisterAdminCommands(CLI::App& app, Context& ctx);
 
 // The message of a status as a std::string (fmt cannot format Debian's absl::string_view).
 inline std::string Msg(const absl::Status& s) { return std::string(s.message()); }

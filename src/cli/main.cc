@@ -49,6 +49,7 @@ int main(int argc, char** argv) {
   RegisterFilesCommands(app, ctx, &token);
   RegisterTemplateCommands(app, ctx, &token);
   RegisterDoctorCommand(app, ctx);
+  RegisterAdminCommands(app, ctx);
 
   try {
     app.parse(argc, argv);

@@ -120,6 +120,13 @@ struct Config {
     bool public_endpoint = false;  // key metrics.public: /metrics without the admin token
     bool operator==(const Metrics&) const = default;
   };
+  // Tenants' management tokens (service/tenancy.h, docs/tenancy.md).
+  struct Tenancy {
+    int64_t rate_limit_rps = 0;    // per token of a tenant without its own rate_limit; 0: none
+    int64_t rate_limit_burst = 0;  // 0: the rate, at least 1
+    int64_t max_token_ttl_s = 0;   // longest expires_in_s a new token may ask for; 0: no bound
+    bool operator==(const Tenancy&) const = default;
+  };
   // Port exposure (api/port_routes.cc, docs/api.md "Ports").
   struct Ports {
     std::string domain;  // host-name routing {port}-{id}.{domain}; empty: path form only
@@ -186,6 +193,7 @@ struct Config {
   Sessions sessions;
   Retention retention;
   Metrics metrics;
+  Tenancy tenancy;
   Ports ports;
   // Template name -> sandboxes kept ready on the default runtime. Each entry is its own key
   // (warm_pool.<template>): layers override entries, not the whole table.

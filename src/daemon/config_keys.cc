@@ -342,6 +342,22 @@ const std::vector<KeyInfo> kKeys = {
      .help = "serve GET /metrics without the admin token (for a scraper on a trusted network; "
              "the counts it shows are deployment-wide, never per tenant)",
      SBX_BOOL(metrics.public_endpoint)},
+    {.path = "tenancy.rate_limit_rps", .type = Type::kInt, .flag = "--rate-limit-rps",
+     .reloadable = true, .min = 0, .max = 1000000, .why = "0 (none) to a million",
+     .help = "requests per second each management token of a tenant may make, unless the "
+             "tenant has its own rate_limit (0: unlimited; the configured admin token is never "
+             "limited)",
+     SBX_NUM(tenancy.rate_limit_rps)},
+    {.path = "tenancy.rate_limit_burst", .type = Type::kInt, .flag = "--rate-limit-burst",
+     .reloadable = true, .min = 0, .max = 1000000, .why = "0 (the rate) to a million",
+     .help = "how many requests a token may make at once above its rate (0: the rate, at "
+             "least 1)",
+     SBX_NUM(tenancy.rate_limit_burst)},
+    {.path = "tenancy.max_token_ttl_s", .type = Type::kInt, .flag = "--max-token-ttl-s",
+     .reloadable = true, .min = 0, .max = 316224000, .why = "0 (no bound) to ten years",
+     .help = "the longest expires_in_s a new management token may ask for (0: no bound; a "
+             "token without expires_in_s never expires)",
+     SBX_NUM(tenancy.max_token_ttl_s)},
     {.path = "ports.domain", .type = Type::kString, .flag = "--ports-domain",
      .reloadable = false,
      .help = "host-name routing of sandbox ports: a request whose Host is "

@@ -45,6 +45,7 @@
 #include "runtime/ns/userns.h"
 #include "runtime/ns/seccomp.h"
 #include "service/sandbox_service.h"
+#include "service/tenancy.h"
 #include "service/template_ref.h"
 #include "service/templates.h"
 #include "store/sqlite_store.h"
@@ -178,8 +179,18 @@ void SetLogLevel(const Config& c) {
 
 // SIGHUP: re-reads the file and the environment over the same flags and applies what can change
 // while sbxd runs. Any error leaves the running configuration as it was.
+sbx::service::TenancyOptions TenancyOptionsOf(const Config& c) {
+  sbx::service::TenancyOptions o;
+  o.default_rate_per_s = static_cast<double>(c.tenancy.rate_limit_rps);
+  o.default_burst = static_cast<uint64_t>(
+      c.tenancy.rate_limit_burst > 0 ? c.tenancy.rate_limit_burst
+                                     : std::max<int64_t>(1, c.tenancy.rate_limit_rps));
+  o.max_token_ttl_s = c.tenancy.max_token_ttl_s;
+  return o;
+}
+
 void Reload(const sbx::daemon::CommandLine& cl, Config& running, sbx::api::Api& api,
-            sbx::service::SandboxService& svc) {
+            sbx::service::SandboxService& svc, sbx::service::Tenancy& tenancy) {
   auto loaded = sbx::daemon::Load(cl, Environment());
   if (!loaded.ok()) {
     spdlog::error("SIGHUP: configuration not reloaded, the running one stays: {}",
@@ -194,6 +205,7 @@ void Reload(const sbx::daemon::CommandLine& cl, Config& running, sbx::api::Api& 
     return;
   }
   api.SetLimits(plan.config.sandbox.limits);
+  tenancy.SetOptions(TenancyOptionsOf(plan.config));
   SetLogLevel(plan.config);
   for (const auto& ch : plan.needs_restart) {
     spdlog::warn("SIGHUP: {} changed ({} -> {}) but needs a restart; keeping {}", ch.key,
@@ -233,6 +245,7 @@ struct Daemon {
   std::unique_ptr<sbx::service::TemplateService> template_svc;
   std::unique_ptr<sbx::ops::OperationEngine> engine;
   std::unique_ptr<sbx::service::SandboxService> svc;
+  std::unique_ptr<sbx::service::Tenancy> tenancy;
   std::unique_ptr<sbx::api::Api> api;
   std::unique_ptr<sbx::http::Server> server;
 };
@@ -592,6 +605,8 @@ absl::Status ServeApi(Daemon& d, sbx::http::ServerOptions hopts) {
   aopts.port_connect_timeout = std::chrono::milliseconds(d.cfg.ports.connect_timeout_ms);
   aopts.port_idle_timeout = std::chrono::seconds(d.cfg.ports.idle_timeout_s);
   aopts.templates = d.template_svc.get();
+  d.tenancy = std::make_unique<sbx::service::Tenancy>(*d.store, TenancyOptionsOf(d.cfg));
+  aopts.tenancy = d.tenancy.get();
   d.api = std::make_unique<sbx::api::Api>(*d.svc, aopts);
   sbx::api::Api& api = *d.api;
   hopts.privileged = [&api](const sbx::http::Request& req) { return api.Privileged(req); };
@@ -637,7 +652,7 @@ void WaitForSignals(const sigset_t& stop, const sbx::daemon::CommandLine& cl, Da
     sigwait(&stop, &sig);
     if (sig == SIGHUP) {
       sbx::log::Reopen();
-      Reload(cl, d.cfg, *d.api, *d.svc);
+      Reload(cl, d.cfg, *d.api, *d.svc, *d.tenancy);
       continue;
     }
     spdlog::info("signal {}: stopping the API; sandboxes keep running", sig);

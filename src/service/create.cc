@@ -11,6 +11,7 @@
 #include "service/sandbox_service.h"
 #include "service/sandbox_state.h"
 #include "service/service_internal.h"
+#include "service/tenancy.h"
 
 namespace sbx::service {
 
@@ -140,6 +141,8 @@ absl::StatusOr<Answer<SandboxCreated>> SandboxService::CreateSandbox(
     sb.egress = egress;
     sb.port_access = NewPortAccess(req.public_ports);
     SBX_RETURN_IF_ERROR(BackendFor(sb.runtime).status());
+    // In the transaction that records the sandbox: concurrent creates cannot pass it together.
+    SBX_RETURN_IF_ERROR(CheckSandboxQuota(tx, caller.tenant_id, effective, /*new_sandbox=*/true));
     sb.id = warm ? warm->instance->id() : NewId("sbx");
     // Before anything is recorded or built. A pooled sandbox already holds its resources
     // (under the same id).

@@ -47,9 +47,28 @@ struct CreateSessionRequest {
 struct Caller {
   std::string tenant_id;
   std::optional<std::string> session_scope;  // set for attach tokens: the only session allowed
+  // The management token ("tok_…", "bootstrap" for the configured admin token; "" for an
+  // attach token and the server's own timers) and its scopes (service/mgmt_token.h bits).
+  std::string token_id;
+  uint32_t scopes = UINT32_MAX;
   // Recorded on the operations this caller starts: "api" for clients, "ttl" and "idle" for the
   // server's own timers (whose calls do not count as activity on the sandbox).
   std::string initiator = "api";
+};
+
+// POST /v1/admin/tenants and PATCH /v1/admin/tenants/{id} (docs/tenancy.md). The quotas and
+// the rate limit are checked by the parser (known keys, non-negative integers).
+struct TenantSpec {
+  std::optional<std::string> name;
+  std::optional<nlohmann::json> quotas;      // {"max_sandboxes": N, ...}: replaces the whole set
+  std::optional<nlohmann::json> rate_limit;  // {"requests_per_s": R, "burst": B} or {}
+};
+
+// POST /v1/admin/tenants/{id}/tokens.
+struct TokenSpec {
+  std::string name;
+  std::vector<std::string> scopes;
+  std::optional<int64_t> expires_in_s;
 };
 
 }  // namespace sbx::service

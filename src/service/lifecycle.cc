@@ -10,6 +10,7 @@
 #include "service/sandbox_service.h"
 #include "service/sandbox_state.h"
 #include "service/service_internal.h"
+#include "service/tenancy.h"
 
 namespace sbx::service {
 
@@ -99,6 +100,13 @@ absl::StatusOr<SandboxService::StartedOperation> SandboxService::StartOperation(
     }
     return absl::InternalError(
         fmt::format("sandbox {} is {} but has no {} operation", sb.id, sb.state, kind));
+  }
+  if (verb == Verb::kWake && sb.state == "suspended") {
+    // A suspended sandbox holds only its disk against the tenant's quotas; waking takes the
+    // rest back.
+    runtime::Resources r = ResourcesOf(sb.effective_resources, defaults());
+    r.disk_mib = 0;
+    SBX_RETURN_IF_ERROR(CheckSandboxQuota(tx, sb.tenant_id, r, /*new_sandbox=*/false));
   }
   // An overtaking operation (delete) is queued behind the one in flight on the same key, and
   // that one sees the new state when it finishes.

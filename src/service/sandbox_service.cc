@@ -164,6 +164,41 @@ absl::StatusOr<SandboxRecord> SandboxService::GetSandbox(const Caller& caller,
   return out;
 }
 
+absl::Status SandboxService::ExpiredError(const Caller& caller, const std::string& id) {
+  std::optional<OperationRecord> ttl_delete;
+  SandboxRecord sb;
+  (void)store_.Transact([&](Tx& tx) -> absl::Status {
+    ttl_delete.reset();
+    std::string sandbox_id = id;
+    if (IsValidId(id, "ses")) {
+      SBX_ASSIGN_OR_RETURN(store::SessionRecord s, tx.GetSession(id));
+      if (s.tenant_id != caller.tenant_id) return absl::OkStatus();
+      sandbox_id = s.sandbox_id;
+    } else if (!IsValidId(id, "sbx")) {
+      return absl::OkStatus();
+    }
+    SBX_ASSIGN_OR_RETURN(sb, tx.GetSandbox(sandbox_id));
+    if (sb.tenant_id != caller.tenant_id || sb.state != kDeleted) return absl::OkStatus();
+    SBX_ASSIGN_OR_RETURN(auto ops, tx.ListOperations(sb.id));
+    for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
+      if (it->kind == "delete") {
+        if (it->initiator == "ttl") ttl_delete = *it;
+        break;
+      }
+    }
+    return absl::OkStatus();
+  });
+  if (!ttl_delete) return absl::OkStatus();
+  const std::string at = ttl_delete->completed_at.value_or(ttl_delete->created_at);
+  absl::Status s = ApiError(
+      absl::StatusCode::kFailedPrecondition, "sandbox_expired",
+      fmt::format("sandbox {} expired at {}: its timeout_s of {} s from its creation at {} ran "
+                  "out, and it was deleted (a longer timeout_s at create keeps a sandbox)",
+                  sb.id, at, sb.timeout_s.value_or(0), sb.created_at));
+  s = WithDetail(std::move(s), "expired_at", at);
+  return WithDetail(std::move(s), "reason", "timeout");
+}
+
 absl::StatusOr<store::Page<SandboxRecord>> SandboxService::ListSandboxes(
     const Caller& caller, store::SandboxFilter filter) {
   filter.tenant_id = caller.tenant_id;

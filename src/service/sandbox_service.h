@@ -177,6 +177,10 @@ class SandboxService {
                                                          const std::string& id,
                                                          const std::optional<Idempotency>& idem);
   absl::StatusOr<store::OperationRecord> GetOperation(const Caller& caller, const std::string& id);
+  // When the caller's sandbox `id` (or the sandbox of session `id`) was deleted because its
+  // TTL ran out, and its record is still kept: the 410 sandbox_expired error, saying when and
+  // why; OK otherwise. The router asks after a request on it failed.
+  absl::Status ExpiredError(const Caller& caller, const std::string& id);
   // `kind` is "pause", "suspend" or "wake". The runtime must have Capabilities::pause
   // (not_implemented otherwise, before any change). pause/suspend need a running sandbox, wake
   // a paused or suspended one (invalid_state); another lifecycle operation in flight is
@@ -246,6 +250,8 @@ class SandboxService {
                                     bool ipv6) const;
 
   const AttachTokens& attach_tokens() const { return tokens_; }
+  // For what the router keeps beside the service's own rows (service/idempotency.h).
+  store::Store& store() { return store_; }
   // Readers waiting for a sandbox's operations to move (keyed by sandbox id).
   JobWaiters& job_waiters() { return waiters_; }
 

@@ -7,6 +7,7 @@
 #include "common/status_util.h"
 #include "common/time_util.h"
 #include "service/service_internal.h"
+#include "service/tenancy.h"
 #include "service/sandbox_service.h"
 #include "service/sandbox_state.h"
 
@@ -28,6 +29,7 @@ absl::StatusOr<Answer<SessionCreated>> SandboxService::CreateSession(
       return ApiError(absl::StatusCode::kFailedPrecondition, "sandbox_not_running",
                       fmt::format("sandbox {} is {}, not running", sb.id, sb.state));
     }
+    SBX_RETURN_IF_ERROR(CheckSessionQuota(tx, sb.tenant_id, sb.id));
     const std::string now = NowRfc3339();
     SessionRecord s;
     s.id = NewId("ses");

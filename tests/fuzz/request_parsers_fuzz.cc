@@ -58,5 +58,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)sbx::api::ParseWsControl(in);
   (void)sbx::api::ParseLifecycleBody(in);
   (void)sbx::api::ParseEgressPatch(in);
+  (void)sbx::api::ParseTenantSpec(in, /*create=*/true);
+  (void)sbx::api::ParseTenantSpec(in, /*create=*/false);
+  (void)sbx::api::ParseTokenSpec(in);
   return 0;
 }

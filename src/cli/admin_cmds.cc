@@ -1,0 +1,184 @@
+// `sbx admin tenant|token|audit` (docs/tenancy.md): the /v1/admin routes. Every answer is
+// printed as JSON but a created token, whose secret is printed alone on stdout (it is shown
+// once) with its id on stderr.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_common.h"
+#include "cli/client.h"
+#include "common/status_util.h"
+
+namespace sbx::cli {
+namespace {
+
+using nlohmann::json;
+
+// --quota KEY=N and --rate/--burst into a tenant body.
+absl::StatusOr<json> TenantBody(const std::string& name, const std::vector<std::string>& quotas,
+                                double rate, int64_t burst) {
+  json body = json::object();
+  if (!name.empty()) body["name"] = name;
+  if (!quotas.empty()) {
+    json q = json::object();
+    for (const std::string& kv : quotas) {
+      const size_t eq = kv.find('=');
+      int64_t n = -1;
+      if (eq != std::string::npos) {
+        try {
+          size_t used = 0;
+          n = std::stoll(kv.substr(eq + 1), &used);
+          if (used != kv.size() - eq - 1) n = -1;
+        } catch (const std::exception&) {
+          n = -1;
+        }
+      }
+      if (eq == std::string::npos || n < 0) {
+        return absl::InvalidArgumentError(
+            fmt::format("--quota {}: expected KEY=N (e.g. max_sandboxes=10)", kv));
+      }
+      q["max_" + kv.substr(0, eq).substr(kv.rfind("max_", 0) == 0 ? 4 : 0)] = n;
+    }
+    body["quotas"] = q;
+  }
+  if (rate > 0) {
+    body["rate_limit"] = {{"requests_per_s", rate}};
+    if (burst > 0) body["rate_limit"]["burst"] = burst;
+  }
+  return body;
+}
+
+Action Call(std::string method, std::string path, std::shared_ptr<json> body = nullptr) {
+  return [method, path, body](Client& client) -> absl::StatusOr<int> {
+    auto res = client.Request(method, path, body ? body.get() : nullptr);
+    if (!res.ok()) return res.status();
+    PrintJson(res->body);
+    return 0;
+  };
+}
+
+void RegisterTenant(CLI::App& admin, Context& ctx) {
+  CLI::App* tenant = admin.add_subcommand("tenant", "Tenants: create, list, show, change, delete");
+  tenant->require_subcommand(1);
+  struct Flags {
+    std::string id, name;
+    std::vector<std::string> quotas;
+    double rate = 0;
+    int64_t burst = 0;
+  };
+  auto f = std::make_shared<Flags>();
+  auto add_limits = [f](CLI::App* cmd) {
+    cmd->add_option("--quota", f->quotas,
+                    "KEY=N, repeatable: sandboxes, vcpu, memory_mib, disk_mib, "
+                    "sessions_per_sandbox, templates, template_bytes (max_ optional)");
+    cmd->add_option("--rate", f->rate, "Requests per second per token");
+    cmd->add_option("--burst", f->burst, "Requests at once above the rate");
+  };
+  CLI::App* create = tenant->add_subcommand("create", "Create a tenant and print it");
+  create->add_option("name", f->name, "Its name")->required();
+  add_limits(create);
+  create->callback([f, &ctx] {
+    auto body = TenantBody(f->name, f->quotas, f->rate, f->burst);
+    ctx.action = [body](Client& client) -> absl::StatusOr<int> {
+      if (!body.ok()) return body.status();
+      return Call("POST", "/v1/admin/tenants", std::make_shared<json>(*body))(client);
+    };
+  });
+  tenant->add_subcommand("ls", "List tenants")->callback([&ctx] {
+    ctx.action = Call("GET", "/v1/admin/tenants");
+  });
+  CLI::App* get = tenant->add_subcommand("get", "Show a tenant and what it holds");
+  get->add_option("id", f->id, "ten_… or default")->required();
+  get->callback([f, &ctx] { ctx.action = Call("GET", "/v1/admin/tenants/" + UrlEncode(f->id)); });
+  CLI::App* update = tenant->add_subcommand("update", "Change a tenant (--quota replaces all quotas)");
+  update->add_option("id", f->id, "ten_…")->required();
+  update->add_option("--name", f->name, "A new name");
+  add_limits(update);
+  update->callback([f, &ctx] {
+    auto body = TenantBody(f->name, f->quotas, f->rate, f->burst);
+    const std::string path = "/v1/admin/tenants/" + UrlEncode(f->id);
+    ctx.action = [body, path](Client& client) -> absl::StatusOr<int> {
+      if (!body.ok()) return body.status();
+      return Call("PATCH", path, std::make_shared<json>(*body))(client);
+    };
+  });
+  CLI::App* rm = tenant->add_subcommand("rm", "Delete a tenant: its tokens at once, its sandboxes as operations");
+  rm->add_option("id", f->id, "ten_…")->required();
+  rm->callback([f, &ctx] { ctx.action = Call("DELETE", "/v1/admin/tenants/" + UrlEncode(f->id)); });
+}
+
+void RegisterToken(CLI::App& admin, Context& ctx) {
+  CLI::App* token = admin.add_subcommand("token", "Management tokens: create, list, revoke");
+  token->require_subcommand(1);
+  struct Flags {
+    std::string tenant, name, id;
+    std::vector<std::string> scopes;
+    int64_t expires_in = 0;
+  };
+  auto f = std::make_shared<Flags>();
+  CLI::App* create = token->add_subcommand(
+      "create", "Mint a token; prints its secret (shown once) on stdout, its id on stderr");
+  create->add_option("tenant", f->tenant, "ten_… or default")->required();
+  create->add_option("--name", f->name, "What it is for")->required();
+  create->add_option("--scope", f->scopes,
+                     "read, sandboxes, sessions, files, templates, admin (repeatable)")
+      ->required();
+  create->add_option("--expires-in", f->expires_in, "Seconds until it expires (default: never)");
+  create->callback([f, &ctx] {
+    auto body = std::make_shared<json>(json{{"name", f->name}, {"scopes", f->scopes}});
+    if (f->expires_in > 0) (*body)["expires_in_s"] = f->expires_in;
+    const std::string path = "/v1/admin/tenants/" + UrlEncode(f->tenant) + "/tokens";
+    ctx.action = [body, path](Client& client) -> absl::StatusOr<int> {
+      auto res = client.Request("POST", path, body.get());
+      if (!res.ok()) return res.status();
+      const json t = res->body.value("token", json::object());
+      PrintError(fmt::format("token {} of tenant {} ({}); its secret is shown this once",
+                             JsonString(t, "id"), JsonString(t, "tenant_id"),
+                             t.value("scopes", json::array()).dump()));
+      SBX_RETURN_IF_ERROR(WriteAll(1, JsonString(t, "token") + "\n"));
+      return 0;
+    };
+  });
+  CLI::App* ls = token->add_subcommand("ls", "List a tenant's tokens (never their secrets)");
+  ls->add_option("tenant", f->tenant, "ten_… or default")->required();
+  ls->callback([f, &ctx] {
+    ctx.action = Call("GET", "/v1/admin/tenants/" + UrlEncode(f->tenant) + "/tokens");
+  });
+  CLI::App* revoke = token->add_subcommand("revoke", "Revoke a token (the next request with it is 401)");
+  revoke->add_option("id", f->id, "tok_…")->required();
+  revoke->callback([f, &ctx] { ctx.action = Call("DELETE", "/v1/admin/tokens/" + UrlEncode(f->id)); });
+}
+
+void RegisterAudit(CLI::App& admin, Context& ctx) {
+  struct Flags {
+    std::string tenant, since;
+    int limit = 100;
+  };
+  auto f = std::make_shared<Flags>();
+  CLI::App* audit = admin.add_subcommand("audit", "Print audit rows (JSON), oldest first");
+  audit->add_option("--tenant", f->tenant, "Only this tenant's");
+  audit->add_option("--since", f->since, "RFC 3339 time");
+  audit->add_option("--limit", f->limit, "Rows (1..500)");
+  audit->callback([f, &ctx] {
+    std::string q = fmt::format("/v1/admin/audit?limit={}", f->limit);
+    if (!f->tenant.empty()) q += "&tenant=" + UrlEncode(f->tenant);
+    if (!f->since.empty()) q += "&since=" + UrlEncode(f->since);
+    ctx.action = Call("GET", q);
+  });
+}
+
+}  // namespace
+
+void RegisterAdminCommands(CLI::App& app, Context& ctx) {
+  CLI::App* admin = app.add_subcommand("admin", "Tenants, tokens and the audit log (docs/tenancy.md)");
+  admin->require_subcommand(1);
+  RegisterTenant(*admin, ctx);
+  RegisterToken(*admin, ctx);
+  RegisterAudit(*admin, ctx);
+}
+
+}  // namespace sbx::cli

@@ -1,0 +1,112 @@
+// Tenants, their management tokens, their quotas and the audit log (docs/tenancy.md).
+//
+// A management token ("sbxm1_…", service/mgmt_token.h) is looked up by the id it carries and
+// compared by hash in constant time on every request, so a revocation, an expiry or a tenant's
+// deletion takes effect on the next request, also on another sbxd sharing the store. The
+// configured admin token (api.admin_token) is the bootstrap admin of tenant `default`, the
+// operator's tenant: only its admin scope (and that of other `default` tokens) reaches every
+// tenant; a token of another tenant with the admin scope manages its own tenant's tokens and
+// reads its own audit rows. Another tenant's tenant or token is 404, as every object is.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "runtime/backend.h"
+#include "service/inputs.h"
+#include "service/mgmt_token.h"
+#include "store/store.h"
+
+namespace sbx::service {
+
+inline constexpr char kOperatorTenant[] = "default";
+inline constexpr char kBootstrapTokenId[] = "bootstrap";
+
+// Who a management token is, and how fast it may go.
+struct Principal {
+  Caller caller;
+  double rate_per_s = 0;  // 0: unlimited
+  uint64_t burst = 0;
+};
+
+struct TenancyOptions {
+  // Per token of a tenant without its own rate_limit (tenancy.rate_limit_rps, _burst).
+  double default_rate_per_s = 0;
+  uint64_t default_burst = 0;
+  // Longest expires_in_s a token may ask for (0: no bound).
+  int64_t max_token_ttl_s = 0;
+};
+
+class Tenancy {
+ public:
+  Tenancy(store::Store& store, TenancyOptions opts) : store_(store), opts_(std::move(opts)) {}
+
+  void SetOptions(const TenancyOptions& opts);
+  TenancyOptions options() const;
+
+  // A management token of the store: Unauthenticated (401) when malformed, unknown, revoked,
+  // expired or of a tenant being deleted. One primary-key read.
+  absl::StatusOr<Principal> Authenticate(std::string_view token,
+                                         std::chrono::system_clock::time_point now) const;
+  // The bootstrap admin (the configured admin token), with the deployment's default rate.
+  Principal Bootstrap() const;
+
+  // Admin API. `who` must hold the admin scope (the router checks); tenant-wide calls need
+  // the operator tenant's.
+  absl::StatusOr<nlohmann::json> CreateTenant(const Caller& who, const TenantSpec& spec);
+  absl::StatusOr<nlohmann::json> ListTenants(const Caller& who);
+  absl::StatusOr<nlohmann::json> GetTenant(const Caller& who, const std::string& id);
+  absl::StatusOr<nlohmann::json> UpdateTenant(const Caller& who, const std::string& id,
+                                              const TenantSpec& spec);
+  // Marks the tenant `deleting` (its tokens stop working at once) and returns its live
+  // sandboxes, which the caller deletes as operations. The row goes once they are gone
+  // (FinishDeletions). The operator tenant cannot be deleted.
+  absl::StatusOr<std::vector<std::string>> BeginDeleteTenant(const Caller& who,
+                                                             const std::string& id);
+  // Removes the rows of deleting tenants without live sandboxes; returns how many.
+  absl::StatusOr<int> FinishDeletions();
+
+  absl::StatusOr<nlohmann::json> CreateToken(const Caller& who, const std::string& tenant_id,
+                                             const TokenSpec& spec);
+  absl::StatusOr<nlohmann::json> ListTokens(const Caller& who, const std::string& tenant_id);
+  absl::StatusOr<nlohmann::json> GetToken(const Caller& who, const std::string& token_id);
+  absl::StatusOr<nlohmann::json> RevokeToken(const Caller& who, const std::string& token_id);
+
+  // Appends one row; never fails the request it describes (a store error is logged). The row
+  // also goes to the JSON log.
+  void Audit(store::AuditRecord rec);
+  absl::StatusOr<nlohmann::json> ListAudit(const Caller& who, const store::AuditFilter& filter);
+
+ private:
+  // The tenant `who` may see: its own, or any for the operator tenant's admin; 404 otherwise.
+  absl::StatusOr<store::TenantRecord> VisibleTenant(store::Tx& tx, const Caller& who,
+                                                    const std::string& id) const;
+
+  store::Store& store_;
+  mutable std::mutex mu_;
+  TenancyOptions opts_;
+};
+
+// Quotas (docs/tenancy.md, "Quotas"), checked inside the transaction that records the change,
+// so that concurrent requests can never pass a limit together: 429 quota_exceeded naming the
+// quota, its limit and the tenant's current use.
+//  - a new sandbox (`new_sandbox`) or a suspended one waking, holding `adding`;
+absl::Status CheckSandboxQuota(store::Tx& tx, const std::string& tenant_id,
+                               const runtime::Resources& adding, bool new_sandbox);
+//  - a new session of `sandbox_id`.
+absl::Status CheckSessionQuota(store::Tx& tx, const std::string& tenant_id,
+                               const std::string& sandbox_id);
+
+// The JSON form of a tenant and of a token (never its secret or hash).
+nlohmann::json TenantView(const store::TenantRecord& t);
+nlohmann::json TokenView(const store::TokenRecord& t);
+
+}  // namespace sbx::service

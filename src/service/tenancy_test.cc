@@ -1,0 +1,213 @@
+#include "service/tenancy.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include <gtest/gtest.h>
+
+#include "common/status_util.h"
+#include "common/time_util.h"
+#include "store/sqlite_store.h"
+
+namespace sbx::service {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using std::chrono::system_clock;
+
+class TenancyTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/sbx-tenancy-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    auto s = store::OpenSqliteStore((dir_ / "sbx.db").string(), registry_);
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = std::move(*s);
+    tenancy_ = std::make_unique<Tenancy>(*store_, TenancyOptions{});
+    op_ = tenancy_->Bootstrap().caller;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string NewTenant(json quotas = json::object(), json rate = json::object()) {
+    TenantSpec spec;
+    spec.name = "t";
+    spec.quotas = quotas;
+    spec.rate_limit = rate;
+    auto t = tenancy_->CreateTenant(op_, spec);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return (*t)["tenant"]["id"];
+  }
+
+  json NewToken(const std::string& tenant, std::vector<std::string> scopes,
+                std::optional<int64_t> expires = std::nullopt, const Caller* by = nullptr) {
+    TokenSpec spec{"t", std::move(scopes), expires};
+    auto t = tenancy_->CreateToken(by ? *by : op_, tenant, spec);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? (*t)["token"] : json();
+  }
+
+  void PutSandbox(const std::string& id, const std::string& tenant, const std::string& state,
+                  int64_t vcpu, int64_t mem, int64_t disk) {
+    store::SandboxRecord sb;
+    sb.id = id;
+    sb.tenant_id = tenant;
+    sb.state = state;
+    sb.template_ref = "base";
+    sb.template_digest = "sha256:x";
+    sb.runtime = "fake";
+    sb.egress_profile = "none";
+    sb.effective_resources = {{"vcpu", vcpu}, {"memory_mib", mem}, {"disk_mib", disk}};
+    sb.created_at = sb.updated_at = NowRfc3339();
+    ASSERT_TRUE(store_->Transact([&](store::Tx& tx) { return tx.PutSandbox(sb); }).ok());
+  }
+
+  absl::Status Check(const std::string& tenant, int64_t vcpu, int64_t mem, int64_t disk,
+                     bool new_sandbox = true) {
+    runtime::Resources r;
+    r.vcpu = vcpu;
+    r.memory_mib = mem;
+    r.disk_mib = disk;
+    return store_->Transact(
+        [&](store::Tx& tx) { return CheckSandboxQuota(tx, tenant, r, new_sandbox); });
+  }
+
+  fs::path dir_;
+  metrics::Registry registry_;
+  store::StorePtr store_;
+  std::unique_ptr<Tenancy> tenancy_;
+  Caller op_;
+};
+
+TEST_F(TenancyTest, ATokenAuthenticatesUntilRevokedOrExpired) {
+  const std::string ten = NewTenant();
+  json tok = NewToken(ten, {"read", "files"});
+  const auto now = system_clock::now();
+  auto p = tenancy_->Authenticate(tok["token"].get<std::string>(), now);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->caller.tenant_id, ten);
+  EXPECT_EQ(p->caller.token_id, tok["id"]);
+  EXPECT_TRUE(HasScope(p->caller.scopes, Scope::kFiles));
+  EXPECT_FALSE(HasScope(p->caller.scopes, Scope::kSandboxes));
+  // One byte off the secret: unauthenticated, and the message does not say the id exists.
+  std::string wrong = tok["token"];
+  char& c = wrong[wrong.size() - 10];  // inside the secret, where any base64url letter may be
+  c = c == 'a' ? 'b' : 'a';
+  auto bad = tenancy_->Authenticate(wrong, now);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(bad.status().message(), "invalid token");
+  ASSERT_TRUE(tenancy_->RevokeToken(op_, tok["id"]).ok());
+  EXPECT_EQ(tenancy_->Authenticate(tok["token"].get<std::string>(), now).status().message(),
+            "token revoked");
+  json exp = NewToken(ten, {"read"}, 60);
+  EXPECT_TRUE(tenancy_->Authenticate(exp["token"].get<std::string>(), now).ok());
+  EXPECT_EQ(tenancy_->Authenticate(exp["token"].get<std::string>(), now + std::chrono::seconds(61))
+                .status()
+                .message(),
+            "token expired");
+}
+
+TEST_F(TenancyTest, ScopesNeverWidenAndOtherTenantsAreNotFound) {
+  const std::string a = NewTenant(), b = NewTenant();
+  json admin_a = NewToken(a, {"admin"});
+  auto pa = tenancy_->Authenticate(admin_a["token"].get<std::string>(), system_clock::now());
+  ASSERT_TRUE(pa.ok());
+  // A tenant's admin mints within its own tenant only, and sees only itself.
+  EXPECT_TRUE(tenancy_->CreateToken(pa->caller, a, TokenSpec{"x", {"read"}, {}}).ok());
+  EXPECT_TRUE(absl::IsNotFound(tenancy_->CreateToken(pa->caller, b, TokenSpec{"x", {"read"}, {}}).status()));
+  EXPECT_TRUE(absl::IsNotFound(tenancy_->GetTenant(pa->caller, b).status()));
+  auto list = tenancy_->ListTenants(pa->caller);
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ((*list)["tenants"].size(), 1u);
+  EXPECT_EQ((*list)["tenants"][0]["id"], a);
+  EXPECT_EQ(tenancy_->CreateTenant(pa->caller, TenantSpec{"x", {}, {}}).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  // A read-only token cannot mint a files token.
+  json ro = NewToken(a, {"read", "admin"});
+  auto pro = tenancy_->Authenticate(ro["token"].get<std::string>(), system_clock::now());
+  Caller reader = pro->caller;
+  reader.scopes = static_cast<Scopes>(Scope::kRead);
+  auto widened = tenancy_->CreateToken(reader, a, TokenSpec{"x", {"files"}, {}});
+  EXPECT_EQ(ApiErrorCode(widened.status()), "missing_scope");
+  // Another tenant's token id is 404 to get and to revoke.
+  json tb = NewToken(b, {"read"});
+  EXPECT_TRUE(absl::IsNotFound(tenancy_->GetToken(pa->caller, tb["id"]).status()));
+  EXPECT_TRUE(absl::IsNotFound(tenancy_->RevokeToken(pa->caller, tb["id"]).status()));
+}
+
+TEST_F(TenancyTest, QuotasCountWhatEachStateHolds) {
+  const std::string t = NewTenant({{"max_sandboxes", 3}, {"max_vcpu", 4}, {"max_disk_mib", 300}});
+  PutSandbox("sbx_aaaaaaaaaaaaaaaaaaaa", t, "running", 1, 100, 100);
+  PutSandbox("sbx_bbbbbbbbbbbbbbbbbbbb", t, "suspended", 2, 100, 100);  // disk only
+  PutSandbox("sbx_cccccccccccccccccccc", t, "deleted", 8, 100, 100);    // nothing
+  PutSandbox("sbx_dddddddddddddddddddd", "other", "running", 8, 100, 100);
+  // vcpu: 1 held, 3 more fit, 4 do not.
+  EXPECT_TRUE(Check(t, 3, 0, 0).ok());
+  absl::Status over = Check(t, 4, 0, 0);
+  EXPECT_EQ(ApiErrorCode(over), "quota_exceeded");
+  EXPECT_EQ(ApiErrorDetail(over, "quota"), "max_vcpu");
+  EXPECT_EQ(ApiErrorDetail(over, "limit"), "4");
+  EXPECT_EQ(ApiErrorDetail(over, "used"), "1");
+  // disk: the suspended one's counts.
+  EXPECT_EQ(ApiErrorDetail(Check(t, 0, 0, 101), "quota"), "max_disk_mib");
+  EXPECT_TRUE(Check(t, 0, 0, 100).ok());
+  // Waking the suspended one adds its vcpu, not another sandbox.
+  EXPECT_TRUE(Check(t, 2, 100, 0, /*new_sandbox=*/false).ok());
+  PutSandbox("sbx_eeeeeeeeeeeeeeeeeeee", t, "paused", 0, 0, 0);
+  EXPECT_EQ(ApiErrorDetail(Check(t, 0, 0, 0), "quota"), "max_sandboxes");
+  // Exactly at a limit is allowed; a tenant without quotas has none.
+  EXPECT_TRUE(Check(NewTenant(), 1000, 1000000, 1000000).ok());
+}
+
+TEST_F(TenancyTest, ADeletingTenantStopsAuthenticatingAndGoesWhenEmpty) {
+  const std::string t = NewTenant();
+  json tok = NewToken(t, {"read"});
+  PutSandbox("sbx_ffffffffffffffffffff", t, "running", 1, 1, 1);
+  auto live = tenancy_->BeginDeleteTenant(op_, t);
+  ASSERT_TRUE(live.ok()) << live.status();
+  EXPECT_EQ(*live, std::vector<std::string>{"sbx_ffffffffffffffffffff"});
+  EXPECT_EQ(tenancy_->Authenticate(tok["token"].get<std::string>(), system_clock::now())
+                .status()
+                .code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(ApiErrorCode(Check(t, 0, 0, 0)), "tenant_deleting");
+  EXPECT_EQ(*tenancy_->FinishDeletions(), 0);  // a sandbox is left
+  PutSandbox("sbx_ffffffffffffffffffff", t, "deleted", 1, 1, 1);
+  EXPECT_EQ(*tenancy_->FinishDeletions(), 1);
+  EXPECT_TRUE(absl::IsNotFound(tenancy_->GetTenant(op_, t).status()));
+  EXPECT_EQ(tenancy_->BeginDeleteTenant(op_, kOperatorTenant).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(TenancyTest, AuditRowsAreListedByTenantAndPaged) {
+  const std::string a = NewTenant(), b = NewTenant();
+  for (int i = 0; i < 5; ++i) {
+    store::AuditRecord r;
+    r.tenant_id = i % 2 ? a : b;
+    r.token_id = "tok_x";
+    r.action = "POST /v1/sandboxes";
+    r.status = 202;
+    r.request_id = "req";
+    tenancy_->Audit(r);
+  }
+  store::AuditFilter f;
+  f.limit = 2;
+  auto page = tenancy_->ListAudit(op_, f);
+  ASSERT_TRUE(page.ok());
+  EXPECT_EQ((*page)["audit"].size(), 2u);
+  ASSERT_TRUE((*page)["next_page_token"].is_string());
+  json admin_a = NewToken(a, {"admin"});
+  auto pa = tenancy_->Authenticate(admin_a["token"].get<std::string>(), system_clock::now());
+  f.limit = 100;
+  auto mine = tenancy_->ListAudit(pa->caller, f);
+  ASSERT_TRUE(mine.ok());
+  EXPECT_EQ((*mine)["audit"].size(), 2u);
+  for (const auto& r : (*mine)["audit"]) EXPECT_EQ(r["tenant_id"], a);
+  f.tenant_id = b;
+  EXPECT_TRUE(absl::IsNotFound(tenancy_->ListAudit(pa->caller, f).status()));
+}
+
+}  // namespace
+}  // namespace sbx::service
