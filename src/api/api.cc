@@ -130,7 +130,7 @@ absl::StatusOr<service::Caller> Api::Authenticate(const http::Request& req,
     return ApiError(absl::StatusCode::kUnauthenticated, "unauthenticated",
                     "missing bearer token (Authorization: Bearer <token>)");
   }
-  if (allow_attach_token && token->rfind("sat1.", 0) == 0) {
+  if (allow_attach_token && service::LooksLikeAttachToken(*token)) {
     SBX_ASSIGN_OR_RETURN(auto claims, svc_.attach_tokens().Verify(*token));
     return service::Caller{claims.tenant_id, claims.session_id};
   }
