@@ -59,7 +59,7 @@ AttachKeysView ViewOf(const std::vector<AttachTokens::Key>& ring) {
 absl::Status BadRing(const std::string& path, std::string_view why) {
   return absl::FailedPreconditionError(fmt::format(
       "attach keys: {} is not a valid key ring: {} (restore it from a backup; removing it "
-      "invalidates every attach token out)",
+      "invalidates the attach tokens its keys signed)",
       path, why));
 }
 
