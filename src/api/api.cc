@@ -130,7 +130,7 @@ absl::StatusOr<service::Principal> Api::Authenticate(
     return ApiError(absl::StatusCode::kUnauthenticated, "unauthenticated",
                     "missing bearer token (Authorization: Bearer <token>)");
   }
-  if (allow_attach_token && token->rfind("sat1.", 0) == 0) {
+  if (allow_attach_token && service::LooksLikeAttachToken(*token)) {
     SBX_ASSIGN_OR_RETURN(auto claims, svc_.attach_tokens().Verify(*token));
     service::Principal p;
     p.caller = service::Caller{claims.tenant_id, claims.session_id};

@@ -229,7 +229,8 @@ void Reload(const sbx::daemon::CommandLine& cl, Config& running, sbx::api::Api& 
 struct Daemon {
   Config cfg;  // the running configuration: a SIGHUP replaces its live keys
   std::string agent_path;
-  std::string admin_token, attach_key;
+  std::string admin_token;
+  std::vector<sbx::service::AttachTokens::Key> attach_keys;  // STATE_DIR/attach-keys.json
   sbx::store::StorePtr store;
   std::optional<sbx::service::TemplateRegistry> templates;  // until the service takes it
   // Networked sandboxes' host side (egress.enabled only); outlives the backends that use it.
@@ -381,8 +382,8 @@ absl::Status OpenState(Daemon& d) {
   SBX_ASSIGN_OR_RETURN(d.admin_token, sbx::daemon::LoadOrCreateSecret(
                                           fs::path(state_dir) / "admin-token",
                                           d.cfg.server.admin_token));
-  SBX_ASSIGN_OR_RETURN(d.attach_key,
-                       sbx::daemon::LoadOrCreateSecret(fs::path(state_dir) / "attach-key", ""));
+  SBX_ASSIGN_OR_RETURN(d.attach_keys, sbx::service::AttachTokens::LoadOrCreateRing(
+                                          state_dir, std::chrono::system_clock::now()));
   SBX_ASSIGN_OR_RETURN(d.store,
                        sbx::store::OpenSqliteStore((fs::path(state_dir) / "sbx.db").string()));
   SBX_ASSIGN_OR_RETURN(auto templates, sbx::service::TemplateRegistry::Create(state_dir));
@@ -528,7 +529,9 @@ absl::Status StartService(Daemon& d, const sbx::runtime::Resources& defaults) {
   d.engine = std::make_unique<sbx::ops::OperationEngine>(static_cast<int>(cfg.runtime.workers));
   sbx::service::ServiceOptions sopts;
   sopts.default_runtime = cfg.runtime.default_runtime;
-  sopts.attach_key = d.attach_key;
+  sopts.attach_keys = d.attach_keys;
+  sopts.attach_keys_file =
+      (fs::path(cfg.state.dir) / sbx::service::AttachTokens::kRingFile).string();
   sopts.attach_token_ttl = std::chrono::seconds(cfg.sessions.attach_token_ttl_s);
   sopts.warm_pools = WarmPoolsOf(cfg);
   sopts.defaults = defaults;

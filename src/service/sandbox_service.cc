@@ -20,7 +20,7 @@ SandboxService::SandboxService(ServiceOptions opts, store::Store& store,
       engine_(engine),
       templates_(std::move(templates)),
       backends_(std::move(backends)),
-      tokens_(opts_.attach_key, opts_.attach_token_ttl),
+      tokens_(opts_.attach_keys, opts_.attach_keys_file, opts_.attach_token_ttl),
       defaults_(opts_.defaults),
       timer_settings_(opts_.timers),
       guest_replies_(opts_.guest_replies) {

@@ -67,7 +67,10 @@ struct ServiceOptions {
   // sandbox's effective_resources.
   int64_t output_buffer_bytes = protocol::kDefaultOutputBufferBytes;
   std::chrono::seconds attach_token_ttl{900};
-  std::string attach_key;  // HMAC key for attach tokens
+  // The attach-token key ring, oldest first (AttachTokens::LoadOrCreateRing), and the file
+  // RotateAttachKey keeps it in. No keys: one random key, in memory only (tests).
+  std::vector<AttachTokens::Key> attach_keys;
+  std::string attach_keys_file;
   // Sandboxes kept ready per runtime and template (warm_pool.h); a create with the default
   // resources is served from them.
   std::vector<WarmPoolConfig> warm_pools;
@@ -252,6 +255,12 @@ class SandboxService {
   const AttachTokens& attach_tokens() const { return tokens_; }
   // For what the router keeps beside the service's own rows (service/idempotency.h).
   store::Store& store() { return store_; }
+  // POST /v1/admin/attach-keys:rotate: a new key signs attach tokens from now on; the one it
+  // replaces still verifies for one token lifetime (AttachTokens::Rotate). Written to the
+  // state dir before it takes effect.
+  absl::StatusOr<AttachKeysView> RotateAttachKey();
+  // GET /v1/admin/attach-keys: the ring, without its secrets.
+  AttachKeysView AttachKeys() const { return tokens_.Keys(); }
   // Readers waiting for a sandbox's operations to move (keyed by sandbox id).
   JobWaiters& job_waiters() { return waiters_; }
 

@@ -347,7 +347,7 @@ class SandboxServiceTest : public ::testing::Test {
     opts.default_runtime = "fake";
     opts.defaults = defaults_;
     opts.output_buffer_bytes = output_buffer_bytes_;
-    opts.attach_key = "test-key";
+    opts.attach_keys = {AttachTokens::MakeKey("test-key", {})};
     opts.timers.default_timeout_s = default_timeout_s_;
     opts.warm_pools = warm_pools_;
     opts.metrics = &registry_;

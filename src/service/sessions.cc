@@ -339,4 +339,15 @@ void SandboxService::RecordSessionStatus(const std::string& session_id,
   if (!st.ok()) spdlog::warn("session {}: {}", session_id, std::string(st.message()));
 }
 
+absl::StatusOr<AttachKeysView> SandboxService::RotateAttachKey() {
+  auto rotated = tokens_.Rotate(std::chrono::system_clock::now());
+  if (!rotated.ok()) {
+    spdlog::warn("attach keys: rotation failed: {}", std::string(rotated.status().message()));
+    return rotated.status();
+  }
+  spdlog::info("attach keys: {} signs from now on; {} key(s) in the ring",
+               rotated->signing_key_id, rotated->keys.size());
+  return rotated;
+}
+
 }  // namespace sbx::service

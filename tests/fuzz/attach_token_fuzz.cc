@@ -1,8 +1,9 @@
 // Fuzz target for attach tokens (src/service/attach_token.h): the query parameter or bearer
-// token of an unauthenticated client, and, behind the signature, the claims JSON. Properties:
-// never crashes or throws; every failure is Unauthenticated; a token whose claims are the
-// input, correctly signed, is accepted only unexpired; a minted token verifies to the claims
-// it was minted with.
+// token of an unauthenticated client, and, behind the signature, the claims JSON, in both
+// formats (sat2 names its key, legacy sat1 does not). Properties: never crashes or throws;
+// every failure is Unauthenticated; a token whose claims are the input, correctly signed, is
+// accepted only unexpired; a token naming a key the ring lacks is refused; a minted token
+// verifies to the claims it was minted with.
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -34,26 +35,40 @@ extern const char* const kFuzzSeeds[] = {
     R"({"sid":"ses_aaaaaaaaaaaaaaaaaaaa","ten":"default","exp":4102444800})",
     R"({"sid":"ses_a","ten":"default","exp":1})", R"({"sid":1,"ten":"t","exp":"x"})",
     "sat1.eyJzaWQiOiJzIn0.AAAA", "sat1..", "sat1.", ".", "", "[]",
+    "sat2.0123abcd.eyJzaWQiOiJzIn0.AAAA", "sat2...", "sat2.", "sat2.x.", "sat2..e30.AAAA",
 };
 extern const size_t kFuzzSeedCount = sizeof(kFuzzSeeds) / sizeof(kFuzzSeeds[0]);
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string in(reinterpret_cast<const char*>(data), size);
-  const sbx::service::AttachTokens tokens(kKey, std::chrono::seconds(3600));
+  static const sbx::service::AttachTokens tokens(kKey, std::chrono::seconds(3600));
+  static const std::string kid = sbx::service::AttachTokens::KeyId(kKey);
   const auto now = std::chrono::system_clock::time_point(std::chrono::seconds(1700000000));
 
   // As a token, straight from the client.
   auto raw = tokens.VerifyAt(in, now);
   if (!raw.ok()) Check(raw.status().code() == absl::StatusCode::kUnauthenticated);
 
-  // As the claims of a token signed with the right key: reaches the JSON parser.
-  const std::string body = "sat1." + sbx::Base64UrlEncode(in);
-  const std::string token = body + "." + sbx::Base64UrlEncode(sbx::HmacSha256(kKey, body));
-  auto signed_claims = tokens.VerifyAt(token, now);
-  if (!signed_claims.ok()) {
-    Check(signed_claims.status().code() == absl::StatusCode::kUnauthenticated);
-  } else {
-    Check(token.size() <= 1024 && signed_claims->expires_unix > 1700000000);
+  // As the claims of a token signed with the right key, in either format: reaches the JSON
+  // parser.
+  for (const std::string& body :
+       {"sat1." + sbx::Base64UrlEncode(in), "sat2." + kid + "." + sbx::Base64UrlEncode(in)}) {
+    const std::string token = body + "." + sbx::Base64UrlEncode(sbx::HmacSha256(kKey, body));
+    auto signed_claims = tokens.VerifyAt(token, now);
+    if (!signed_claims.ok()) {
+      Check(signed_claims.status().code() == absl::StatusCode::kUnauthenticated);
+    } else {
+      Check(token.size() <= 1024 && signed_claims->expires_unix > 1700000000);
+    }
+  }
+
+  // As the kid of a correctly signed token: accepted only when it is the ring's key's id.
+  {
+    const std::string body = "sat2." + in + ".eyJzaWQiOiJzIiwidGVuIjoidCIsImV4cCI6NDEwMjQ0NDgwMH0";
+    const std::string token = body + "." + sbx::Base64UrlEncode(sbx::HmacSha256(kKey, body));
+    auto named = tokens.VerifyAt(token, now);
+    if (!named.ok()) Check(named.status().code() == absl::StatusCode::kUnauthenticated);
+    Check(named.ok() == (in == kid));
   }
 
   // Minted for ids made from the input (sbxd's ids are ASCII): verifies to the same claims
