@@ -39,6 +39,18 @@ std::optional<std::chrono::system_clock::time_point> ParseSince(const std::strin
   return ParseRfc3339(s.substr(0, 19) + "." + ms + "Z");
 }
 
+// The attach keys are the deployment's: the operator's admin only.
+absl::Status NeedOperator(const service::Caller& who) {
+  if (who.tenant_id == service::kOperatorTenant &&
+      service::HasScope(who.scopes, service::Scope::kAdmin)) {
+    return absl::OkStatus();
+  }
+  return WithDetail(ApiError(absl::StatusCode::kPermissionDenied, "missing_scope",
+                             "the attach-token keys need the admin scope of the operator "
+                             "tenant \"default\""),
+                    "scope", "admin");
+}
+
 }  // namespace
 
 Awaitable Routes::CreateTenant(Api& api, Call& call) {
@@ -130,6 +142,19 @@ Awaitable Routes::ListAudit(Api& api, Call& call) {
     f.after_seq = after;
   }
   co_return co_await Answer(call, api.opts_.tenancy->ListAudit(call.caller, f));
+}
+
+Awaitable Routes::AttachKeys(Api& api, Call& call) {
+  if (auto st = NeedOperator(call.caller); !st.ok()) co_return Fail(call.ctx, st);
+  co_return RenderJson(bhttp::status::ok, api.svc_.AttachKeys().ToJson());
+}
+
+// A new key signs from now on; the one it replaces verifies for one token lifetime more.
+Awaitable Routes::RotateAttachKey(Api& api, Call& call) {
+  if (auto st = NeedOperator(call.caller); !st.ok()) co_return Fail(call.ctx, st);
+  auto r = log::With(call.ctx.log, [&] { return api.svc_.RotateAttachKey(); });
+  if (!r.ok()) co_return Fail(call.ctx, r.status());
+  co_return RenderJson(bhttp::status::ok, r->ToJson());
 }
 
 }  // namespace sbx::api

@@ -90,6 +90,8 @@ constexpr Route kRoutes[] = {
     {verb::get, "v1/admin/tokens/{id}", Auth::kTenant, kAdmin, &Routes::GetToken},
     {verb::delete_, "v1/admin/tokens/{id}", Auth::kTenant, kAdmin, &Routes::RevokeToken},
     {verb::get, "v1/admin/audit", Auth::kTenant, kAdmin, &Routes::ListAudit},
+    {verb::get, "v1/admin/attach-keys", Auth::kTenant, kAdmin, &Routes::AttachKeys},
+    {verb::post, "v1/admin/attach-keys:rotate", Auth::kTenant, kAdmin, &Routes::RotateAttachKey},
 };
 
 }  // namespace

@@ -85,6 +85,8 @@ struct Routes {
   static Awaitable GetToken(Api& api, Call& call);
   static Awaitable RevokeToken(Api& api, Call& call);
   static Awaitable ListAudit(Api& api, Call& call);
+  static Awaitable AttachKeys(Api& api, Call& call);
+  static Awaitable RotateAttachKey(Api& api, Call& call);
 };
 
 struct Route {

@@ -171,6 +171,17 @@ void RegisterAudit(CLI::App& admin, Context& ctx) {
   });
 }
 
+void RegisterAttachKeys(CLI::App& admin, Context& ctx) {
+  auto rotate = std::make_shared<bool>(false);
+  CLI::App* keys = admin.add_subcommand("attach-keys", "Print the attach-token signing keys (ids, times)");
+  keys->add_flag("--rotate", *rotate, "Sign with a new key from now on (the previous one still "
+                                      "verifies for one attach-token lifetime)");
+  keys->callback([rotate, &ctx] {
+    ctx.action = *rotate ? Call("POST", "/v1/admin/attach-keys:rotate")
+                         : Call("GET", "/v1/admin/attach-keys");
+  });
+}
+
 }  // namespace
 
 void RegisterAdminCommands(CLI::App& app, Context& ctx) {
@@ -179,6 +190,7 @@ void RegisterAdminCommands(CLI::App& app, Context& ctx) {
   RegisterTenant(*admin, ctx);
   RegisterToken(*admin, ctx);
   RegisterAudit(*admin, ctx);
+  RegisterAttachKeys(*admin, ctx);
 }
 
 }  // namespace sbx::cli

@@ -322,3 +322,26 @@ def test_an_expired_sandbox_answers_410_saying_when_and_why(lab):
     lab.admin.delete_sandbox(other["id"])
     r = lab.admin.call("POST", f"/v1/sandboxes/{other['id']}/sessions", json_body={"argv": ["true"]})
     assert r.status_code == 409 and r.body["error"]["code"] == "sandbox_not_running", r.body
+
+
+def test_attach_keys_rotate_with_overlap(lab):
+    admin = lab.admin
+    before = admin.call("GET", "/v1/admin/attach-keys", expect=200).body
+    sb = admin.create_sandbox({})["sandbox"]
+    old = admin.create_session(sb["id"], ["echo", "old"])
+    assert old["attach"]["token"].startswith(f"sat2.{before['signing_key_id']}."), old["attach"]
+    after = admin.call("POST", "/v1/admin/attach-keys:rotate", expect=200).body
+    assert after["signing_key_id"] != before["signing_key_id"]
+    retired = [k for k in after["keys"] if k["id"] == before["signing_key_id"]]
+    assert retired and retired[0]["retire_at"], after
+    # The token minted before still opens its session; a new one names the new key.
+    r = admin.collect(admin.attach(old))
+    assert r.stdout == b"old\n", r
+    new = admin.create_session(sb["id"], ["true"])
+    assert new["attach"]["token"].startswith(f"sat2.{after['signing_key_id']}.")
+    assert "key" not in str(after["keys"][0].keys() - {"id", "created_at", "retire_at"})
+    # A tenant's admin cannot see or rotate the deployment's keys.
+    ten_admin = lab.client(lab.token(lab.tenant("keys"), ["admin"])["token"])
+    r = ten_admin.call("POST", "/v1/admin/attach-keys:rotate", expect=403)
+    assert r.body["error"]["code"] == "missing_scope"
+    admin.delete_sandbox(sb["id"])
