@@ -343,12 +343,13 @@ asio::awaitable<void> Connection::Run() {
 asio::awaitable<bool> Connection::Handshake() {
   // The stream's own timer, not deadline_: it closes the socket when it fires, which ends the
   // handshake wherever it waits, and nothing is to be answered to a client that sent no hello.
+  // The peer is read first: a timeout closes the socket, which then has no peer to name.
+  boost::system::error_code pec;
+  const auto peer = stream_.tcp().socket().remote_endpoint(pec);
   stream_.tcp().expires_at(deadline_.expiry());
   auto [ec] = co_await stream_.tls()->async_handshake(asio::ssl::stream_base::server, kTuple);
   stream_.tcp().expires_never();
   if (!ec) co_return true;
-  boost::system::error_code pec;
-  const auto peer = stream_.tcp().socket().remote_endpoint(pec);
   spdlog::debug("TLS handshake with {}: {}", pec ? std::string("?") : peer.address().to_string(),
                 ec == beast::error::timeout ? std::string("no hello in time") : ec.message());
   if (ec.category() == asio::error::get_ssl_category() &&

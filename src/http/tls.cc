@@ -54,6 +54,14 @@ absl::StatusOr<std::shared_ptr<ssl::context>> LoadServerTls(const std::string& c
         "TLS certificate {}: not a PEM certificate chain: {}", cert_file, OpenSslReasons(ec)));
   }
   ctx->use_private_key(boost::asio::buffer(key_pem), ssl::context::pem, ec);
+  const auto code = static_cast<unsigned long>(ec.value());
+  if (ec && ERR_GET_LIB(code) == ERR_LIB_X509 &&
+      ERR_GET_REASON(code) == X509_R_KEY_VALUES_MISMATCH) {
+    // OpenSSL checks the key against the certificate as it takes it.
+    return absl::InvalidArgumentError(
+        fmt::format("TLS key {} does not belong to the certificate of {}: {}", key_file,
+                    cert_file, OpenSslReasons(ec)));
+  }
   if (ec) {
     return absl::InvalidArgumentError(fmt::format("TLS key {}: not a PEM private key: {}",
                                                   key_file, OpenSslReasons(ec)));

@@ -323,6 +323,8 @@ def test_sighup_serves_a_new_certificate_to_new_connections(tls_sbxd, pki):
         tls_sbxd.cert_path.write_bytes(cert)
         tls_sbxd.key_path.write_bytes(key)
         tls_sbxd.sighup("SIGHUP: TLS certificate reloaded")
+        tls_sbxd.daemon.ca_file = str(other.path)  # for the final sweep
+        tls_sbxd.client.session.verify = tls_sbxd.daemon.ca_file
 
         after = tls_connect(tls_sbxd.port, cafile=str(other.path))
         with after:
@@ -364,7 +366,7 @@ def test_a_bad_certificate_or_key_stops_the_start_up_naming_the_file(tmp_path, p
     good_cert.write_bytes(cert)
     good_key.write_bytes(key)
     garbage = tmp_path / "garbage.pem"
-    garbage.write_text("-----BEGIN NOTHING-----\n")
+    garbage.write_text("not a certificate\n")
     _, other_key = pki["ca"].issue("other")
     wrong_key = tmp_path / "wrong.key"
     wrong_key.write_bytes(other_key)
