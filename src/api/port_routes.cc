@@ -27,6 +27,7 @@
 #include "api/upstream_pool.h"
 #include "common/log.h"
 #include "common/status_util.h"
+#include "common/tls_stream.h"
 
 namespace sbx::api {
 namespace {
@@ -104,7 +105,18 @@ class IdleWatch {
   bool done_ = false;  // one strand: no lock
 };
 
-asio::awaitable<void> Pump(tcp::socket& from, tcp::socket& to, IdleWatch& act) {
+// Shuts the sending side of the connection down, passing on the end of the other side.
+void ShutdownSend(tcp::socket& s) {
+  boost::system::error_code ignored;
+  s.shutdown(tcp::socket::shutdown_send, ignored);
+}
+// Over TLS the TCP connection is half-closed without close_notify: sending that would take an
+// SSL_shutdown, which must not run while the other direction reads the same TLS stream. The
+// client sees the relayed stream end as a truncated TLS stream.
+void ShutdownSend(MaybeTlsStream& s) { ShutdownSend(s.tcp().socket()); }
+
+template <class From, class To>
+asio::awaitable<void> Pump(From& from, To& to, IdleWatch& act) {
   std::unique_ptr<char[]> buf(new char[kPiece]);  // not zeroed: every byte is read into first
   for (;;) {
     auto [ec, n] = co_await from.async_read_some(asio::buffer(buf.get(), kPiece), kTuple);
@@ -113,8 +125,7 @@ asio::awaitable<void> Pump(tcp::socket& from, tcp::socket& to, IdleWatch& act) {
     auto [wec, wn] = co_await asio::async_write(to, asio::buffer(buf.get(), n), kTuple);
     if (wec) break;
   }
-  boost::system::error_code ignored;
-  to.shutdown(tcp::socket::shutdown_send, ignored);
+  ShutdownSend(to);
 }
 
 }  // namespace
@@ -290,7 +301,7 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
   }
   if (ctx.connection != nullptr) {
     boost::system::error_code ec;
-    auto ep = ctx.connection->socket().remote_endpoint(ec);
+    auto ep = ctx.connection->tcp().socket().remote_endpoint(ec);
     if (!ec) ho.forwarded_for = ep.address().to_string();
   }
   const std::string head = UpstreamHead(req, a.upstream_target, ho);
@@ -304,11 +315,13 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
     auto [ec, n] = co_await asio::async_write(up, asio::buffer(head), kTuple);
     if (ec) co_return Fail(ctx, Unreachable(a, fmt::format("send request: {}", ec.message())));
     ctx.taken_status = 101;
-    ctx.connection->expires_never();
-    tcp::socket& client = ctx.connection->socket();
+    ctx.connection->tcp().expires_never();
+    // Plain or TLS alike: the client's side is the connection's stream, whose TLS (if any)
+    // sbxd ends; the upstream is plain TCP in the sandbox.
+    MaybeTlsStream& client = *ctx.connection;
     IdleWatch act(up.get_executor(), opts_.port_idle_timeout);
     auto both_ways = Pump(client, up, act) && Pump(up, client, act);
-    co_await act.Run(std::move(both_ways), up, &client);
+    co_await act.Run(std::move(both_ways), up, &client.tcp().socket());
     co_return std::nullopt;
   }
 

@@ -16,6 +16,7 @@
 #include "common/json_util.h"
 #include "common/log.h"
 #include "common/status_util.h"
+#include "common/tls_stream.h"
 #include "service/agent_client.h"
 
 namespace sbx::api {
@@ -64,7 +65,7 @@ asio::awaitable<absl::Status> Deliver(asio::any_io_executor ex, service::AgentCl
 // time, so that stdin keeps its order.
 class WsBridge {
  public:
-  WsBridge(http::RequestContext& ctx, websocket::stream<beast::tcp_stream&>& ws,
+  WsBridge(http::RequestContext& ctx, websocket::stream<MaybeTlsStream&>& ws,
            service::SandboxService& svc, service::AttachStream& stream,
            service::AgentClient& agent, const store::SessionRecord& session, bool tty,
            std::chrono::milliseconds keepalive)
@@ -201,7 +202,7 @@ class WsBridge {
   }
 
   http::RequestContext& ctx_;
-  websocket::stream<beast::tcp_stream&>& ws_;
+  websocket::stream<MaybeTlsStream&>& ws_;
   service::SandboxService& svc_;
   service::AttachStream& stream_;
   service::AgentClient& agent_;
@@ -244,7 +245,7 @@ http::asio::awaitable<std::optional<http::Response>> Api::WebSocket(
   }
   log::With(ctx.log, [&] { svc_.RecordSessionStarted(session_id, stream->started()); });
 
-  websocket::stream<beast::tcp_stream&> ws(*ctx.connection);
+  websocket::stream<MaybeTlsStream&> ws(*ctx.connection);
   auto timeouts = websocket::stream_base::timeout::suggested(beast::role_type::server);
   timeouts.keep_alive_pings = true;  // an idle terminal is normal; a dead peer is not
   ws.set_option(timeouts);

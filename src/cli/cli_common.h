@@ -35,6 +35,7 @@ using Action = std::function<absl::StatusOr<int>(Client&)>;
 struct Context {
   std::string url_flag;
   std::string token_flag;
+  std::string cacert_flag;
   Action action;
   bool needs_client = true;
   std::vector<UsageError> usage_errors;

@@ -12,7 +12,9 @@
 #include <fmt/format.h>
 
 #include "common/ids.h"
+#include "cli/tls.h"
 #include "common/status_util.h"
+#include "common/tls_stream.h"
 
 namespace sbx::cli {
 namespace {
@@ -75,10 +77,12 @@ absl::StatusOr<Endpoint> ParseUrl(std::string_view url) {
         fmt::format("invalid sbxd URL \"{}\": expected http://HOST[:PORT]", url));
   }
   std::string scheme = Lower(rest.substr(0, scheme_end));
-  if (scheme != "http") {
+  if (scheme != "http" && scheme != "https") {
     return absl::InvalidArgumentError(fmt::format(
-        "invalid sbxd URL \"{}\": only http:// is supported (got {}://)", url, scheme));
+        "invalid sbxd URL \"{}\": only http:// and https:// are supported (got {}://)", url,
+        scheme));
   }
+  ep.scheme = scheme;
   rest.remove_prefix(scheme_end + 3);
   size_t path_start = rest.find_first_of("/?#");
   std::string_view authority = rest.substr(0, path_start);
@@ -94,7 +98,7 @@ absl::StatusOr<Endpoint> ParseUrl(std::string_view url) {
                     url));
   }
   std::string_view host = authority;
-  std::string_view port = "80";
+  std::string_view port = scheme == "https" ? "443" : "80";
   if (!authority.empty() && authority.front() == '[') {
     size_t close = authority.find(']');
     if (close == std::string_view::npos) {
@@ -185,7 +189,7 @@ std::string NewIdempotencyKey() { return "sbx-cli-" + sbx::NewSecret(18); }
 
 struct Client::Impl {
   asio::io_context ioc;
-  std::optional<beast::tcp_stream> stream;
+  std::optional<MaybeTlsStream> stream;
   beast::flat_buffer buffer;
   asio::steady_timer timer{ioc};
   std::optional<asio::signal_set> signals;
@@ -210,8 +214,8 @@ struct Client::Impl {
   void Close() {
     if (stream) {
       error_code ignored;
-      stream->socket().shutdown(tcp::socket::shutdown_both, ignored);
-      stream->close();
+      stream->tcp().socket().shutdown(tcp::socket::shutdown_both, ignored);
+      stream->tcp().close();
       stream.reset();
     }
     buffer.clear();
@@ -242,7 +246,7 @@ void Client::CatchInterrupts() {
           ::_exit(128 + sig);
         }
         self->interrupt_signal_ = sig;
-        if (self->impl_->stream) self->impl_->stream->cancel();
+        if (self->impl_->stream) self->impl_->stream->tcp().cancel();
         self->impl_->timer.cancel();
         Arm{self}();
       });
@@ -261,8 +265,9 @@ absl::Status Client::Connect() {
         fmt::format("cannot reach sbxd at {}: {}", endpoint_.url, ec.message()));
   }
   impl_->stream.emplace(impl_->ioc);
-  impl_->stream->expires_after(connect_timeout);
-  ec = impl_->Run([&](auto handler) { impl_->stream->async_connect(results, handler); });
+  beast::tcp_stream& tcp = impl_->stream->tcp();
+  tcp.expires_after(connect_timeout);
+  ec = impl_->Run([&](auto handler) { tcp.async_connect(results, handler); });
   if (ec) {
     impl_->Close();
     if (interrupted() && ec == asio::error::operation_aborted) {
@@ -270,6 +275,22 @@ absl::Status Client::Connect() {
     }
     std::string why = ec == beast::error::timeout ? "connection timed out" : ec.message();
     return absl::UnavailableError(fmt::format("cannot reach sbxd at {}: {}", endpoint_.url, why));
+  }
+  if (!endpoint_.https()) return absl::OkStatus();
+  if (auto st = PrepareTls(*impl_->stream, endpoint_); !st.ok()) {
+    impl_->Close();
+    return st;
+  }
+  // The handshake shares the connect's deadline.
+  ec = impl_->Run([&](auto handler) {
+    impl_->stream->tls()->async_handshake(asio::ssl::stream_base::client, handler);
+  });
+  if (ec) {
+    absl::Status st = interrupted() && ec == asio::error::operation_aborted
+                          ? absl::CancelledError("interrupted")
+                          : TlsHandshakeError(ec, *impl_->stream, endpoint_);
+    impl_->Close();
+    return st;
   }
   return absl::OkStatus();
 }
@@ -313,7 +334,7 @@ absl::StatusOr<HttpResult> Client::Request(std::string_view method, std::string_
     bool reused = impl_->stream.has_value();
     if (!reused) SBX_RETURN_IF_ERROR(Connect());
     auto& stream = *impl_->stream;
-    stream.expires_after(request_timeout);
+    stream.tcp().expires_after(request_timeout);
     error_code ec = impl_->Run([&](auto handler) { http::async_write(stream, req, handler); });
     http::response_parser<http::string_body> parser;
     parser.body_limit(kMaxJsonBody);
@@ -376,13 +397,13 @@ absl::Status Client::Stream(const StreamOptions& opts, const SseHandler& handler
   req.set(http::field::cache_control, "no-cache");
   req.set(http::field::authorization, "Bearer " + (opts.token.empty() ? token_ : opts.token));
   if (!opts.last_event_id.empty()) req.set("Last-Event-ID", opts.last_event_id);
-  stream.expires_after(request_timeout);
+  stream.tcp().expires_after(request_timeout);
   error_code ec = impl_->Run([&](auto handler) { http::async_write(stream, req, handler); });
   if (ec) return TransportError(ec, "attach", request_timeout);
 
   http::response_parser<http::buffer_body> parser;
   parser.body_limit(boost::none);
-  stream.expires_after(request_timeout);
+  stream.tcp().expires_after(request_timeout);
   ec = impl_->Run(
       [&](auto handler) { http::async_read_header(stream, impl_->buffer, parser, handler); });
   if (ec) return TransportError(ec, "attach", request_timeout);
@@ -395,7 +416,7 @@ absl::Status Client::Stream(const StreamOptions& opts, const SseHandler& handler
   auto read_some = [&](std::chrono::seconds timeout, error_code& read_ec) -> size_t {
     parser.get().body().data = buf.data();
     parser.get().body().size = buf.size();
-    stream.expires_after(timeout);
+    stream.tcp().expires_after(timeout);
     read_ec = impl_->Run(
         [&](auto handler) { http::async_read_some(stream, impl_->buffer, parser, handler); });
     if (read_ec == http::error::need_buffer) read_ec = {};

@@ -22,6 +22,10 @@
 #include "cli/sse_parser.h"
 #include "common/json_util.h"
 
+namespace boost::asio::ssl {
+class context;
+}
+
 namespace sbx::cli {
 
 // The deepest JSON the CLI parses from sbxd (common/json_util.h). sbxd's answers nest a few
@@ -29,12 +33,16 @@ namespace sbx::cli {
 // the limit only keeps a hostile endpoint from crashing the CLI through a recursive dump.
 inline constexpr int kMaxResponseJsonDepth = 4 * kMaxUntrustedJsonDepth;
 
-// http://host[:port][/prefix]
+// http://host[:port][/prefix] or https://…
 struct Endpoint {
   std::string url;  // as given, without a trailing slash: used in messages
+  std::string scheme = "http";  // "http" or "https"
   std::string host;
   std::string port;
   std::string base_path;  // "" or "/prefix"
+  // https: how sbxd's certificate is verified (cli/tls.h, SetUpTls); every connection's.
+  std::shared_ptr<boost::asio::ssl::context> tls;
+  bool https() const { return scheme == "https"; }
 };
 absl::StatusOr<Endpoint> ParseUrl(std::string_view url);
 

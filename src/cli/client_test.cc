@@ -34,14 +34,20 @@ TEST(ParseUrl, Accepts) {
   ASSERT_TRUE(e.ok());
   EXPECT_EQ(e->host, "::1");
   EXPECT_EQ(e->port, "9");
+  EXPECT_FALSE(e->https());
+  e = ParseUrl("HTTPS://sbx.example.org");
+  ASSERT_TRUE(e.ok());
+  EXPECT_TRUE(e->https());
+  EXPECT_EQ(e->port, "443");
 }
 
 TEST(ParseUrl, Rejects) {
-  for (const char* bad : {"127.0.0.1:7070", "https://x", "http://", "http://x:0", "http://x:99999",
+  for (const char* bad : {"127.0.0.1:7070", "ftp://x", "http://", "http://x:0", "http://x:99999",
                           "http://x:a", "http://u:p@x", "http://x/?q", "http://[::1"}) {
     EXPECT_FALSE(ParseUrl(bad).ok()) << bad;
   }
-  EXPECT_THAT(std::string(ParseUrl("https://x").status().message()), HasSubstr("only http://"));
+  EXPECT_THAT(std::string(ParseUrl("ftp://x").status().message()),
+              HasSubstr("only http:// and https://"));
 }
 
 TEST(UrlEncode, Encodes) {

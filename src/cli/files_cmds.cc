@@ -24,6 +24,7 @@
 #include "archive/tar.h"
 #include "archive/untar.h"
 #include "cli/cli_common.h"
+#include "cli/tls.h"
 #include "common/unique_fd.h"
 
 namespace sbx::cli {
@@ -95,8 +96,12 @@ class Transfer {
     boost::system::error_code ec;
     asio::ip::tcp::resolver resolver(ioc_);
     auto results = resolver.resolve(ep_.host, ep_.port, ec);
-    if (!ec) asio::connect(sock_, results, ec);
+    if (!ec) asio::connect(sock_.tcp().socket(), results, ec);
     if (ec) return absl::UnavailableError(fmt::format("connect to {}: {}", ep_.url, ec.message()));
+    if (!ep_.https()) return absl::OkStatus();
+    SBX_RETURN_IF_ERROR(PrepareTls(sock_, ep_));
+    sock_.tls()->handshake(asio::ssl::stream_base::client, ec);
+    if (ec) return TlsHandshakeError(ec, sock_, ep_);
     return absl::OkStatus();
   }
 
@@ -184,7 +189,7 @@ class Transfer {
   Endpoint ep_;
   std::string token_;
   asio::io_context ioc_;
-  asio::ip::tcp::socket sock_{ioc_};
+  MaybeTlsStream sock_{ioc_};
   beast::flat_buffer buf_;
   bool chunked_ = false;
   std::optional<http::response_parser<http::buffer_body>> parser_;

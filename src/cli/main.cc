@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "cli/cli_common.h"
+#include "cli/tls.h"
 
 namespace {
 
@@ -36,13 +37,17 @@ int main(int argc, char** argv) {
   Context ctx;
   CLI::App app{"sbx: run commands in sbxd sandboxes", "sbx"};
   app.footer(
-      "Environment: SBX_URL (default http://127.0.0.1:7070), SBX_TOKEN (default: the contents "
-      "of /var/lib/sbx/admin-token when readable).\n"
+      "Environment: SBX_URL (default http://127.0.0.1:7070; https://… verifies sbxd's "
+      "certificate), SBX_TOKEN (default: the contents of /var/lib/sbx/admin-token when "
+      "readable), SBX_CACERT (as --cacert).\n"
       "Example: sbx run -- python3 -c 'print(1+1)'");
   app.require_subcommand(1);
   app.fallthrough();
   app.add_option("--url", ctx.url_flag, "sbxd URL (overrides SBX_URL)");
   app.add_option("--token", ctx.token_flag, "API token (overrides SBX_TOKEN)");
+  app.add_option("--cacert", ctx.cacert_flag,
+                 "PEM file of the CA(s) that sign sbxd's certificate, for an https:// URL "
+                 "(overrides SBX_CACERT; default: the system's CAs)");
   RegisterSandboxCommands(app, ctx);
   RegisterSessionCommands(app, ctx);
   std::string token;  // filled in below, before any command runs
@@ -80,6 +85,11 @@ int main(int argc, char** argv) {
       return kExitUsage;
     }
     endpoint = *parsed;
+    const std::string cacert = !ctx.cacert_flag.empty() ? ctx.cacert_flag : Env("SBX_CACERT");
+    if (auto st = SetUpTls(endpoint, cacert); !st.ok()) {
+      PrintError(st);
+      return kExitUsage;
+    }
     token = !ctx.token_flag.empty() ? ctx.token_flag : Env("SBX_TOKEN");
     if (token.empty() && ::access(kAdminTokenFile, R_OK) == 0) {
       std::ifstream in(kAdminTokenFile);

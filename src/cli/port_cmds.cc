@@ -37,7 +37,7 @@ void RegisterPortCommand(CLI::App& app, Context& ctx) {
       const std::string url = fmt::format("{}/v1/sandboxes/{}/ports/{}/", ep.url, *id, *port);
       std::string host_url;
       if (sb->contains("ports_domain") && (*sb)["ports_domain"].is_string()) {
-        host_url = fmt::format("http://{}-{}.{}:{}{}/", *port, *id,
+        host_url = fmt::format("{}://{}-{}.{}:{}{}/", ep.scheme, *port, *id,
                                (*sb)["ports_domain"].get<std::string>(), ep.port, ep.base_path);
       }
       if (*json_out) {

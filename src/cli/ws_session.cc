@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_common.h"
+#include "cli/tls.h"
 #include "common/base64.h"
 
 namespace sbx::cli {
@@ -107,14 +108,28 @@ class WsSession {
           fmt::format("cannot reach sbxd at {}: {}", endpoint_.url, rec.message()));
       co_return false;
     }
-    beast::get_lowest_layer(ws_).expires_after(std::chrono::seconds(10));
-    auto [cec, ep] = co_await beast::get_lowest_layer(ws_).async_connect(results, kTuple);
+    beast::tcp_stream& tcp = ws_.next_layer().tcp();
+    tcp.expires_after(std::chrono::seconds(10));
+    auto [cec, ep] = co_await tcp.async_connect(results, kTuple);
     if (cec) {
       failure_ = absl::UnavailableError(
           fmt::format("cannot reach sbxd at {}: {}", endpoint_.url, cec.message()));
       co_return false;
     }
-    beast::get_lowest_layer(ws_).expires_never();
+    if (endpoint_.https()) {
+      if (auto st = PrepareTls(ws_.next_layer(), endpoint_); !st.ok()) {
+        failure_ = st;
+        co_return false;
+      }
+      // The handshake shares the connect's deadline.
+      auto [tec] = co_await ws_.next_layer().tls()->async_handshake(
+          asio::ssl::stream_base::client, kTuple);
+      if (tec) {
+        failure_ = TlsHandshakeError(tec, ws_.next_layer(), endpoint_);
+        co_return false;
+      }
+    }
+    ws_.next_layer().tcp().expires_never();
     ws_.set_option(websocket::stream_base::timeout::suggested(beast::role_type::client));
     ws_.set_option(websocket::stream_base::decorator([this](websocket::request_type& req) {
       req.set(beast::http::field::authorization, "Bearer " + token_);
@@ -250,7 +265,7 @@ class WsSession {
   }
 
   asio::io_context ioc_;
-  websocket::stream<beast::tcp_stream> ws_;
+  websocket::stream<MaybeTlsStream> ws_;
   const Endpoint& endpoint_;
   const std::string& token_;
   const std::string& session_id_;

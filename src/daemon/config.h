@@ -60,6 +60,13 @@ struct Config {
     int64_t guest_replies_per_sandbox = 2;
     bool operator==(const Server&) const = default;
   };
+  // TLS on the API's listener (http/tls.h): both files or neither.
+  struct Tls {
+    std::string cert_file;
+    std::string key_file;
+    bool enabled() const { return !cert_file.empty(); }
+    bool operator==(const Tls&) const = default;
+  };
   struct State {
     std::string dir = "/var/lib/sbx";
     bool operator==(const State&) const = default;
@@ -186,6 +193,7 @@ struct Config {
   };
 
   Server server;
+  Tls tls;
   State state;
   Runtime runtime;
   Sandbox sandbox;
@@ -207,7 +215,7 @@ struct Config {
 
   // Equal settings, wherever they came from.
   bool SameSettings(const Config& o) const {
-    return server == o.server && state == o.state && runtime == o.runtime &&
+    return server == o.server && tls == o.tls && state == o.state && runtime == o.runtime &&
            sandbox == o.sandbox && admission == o.admission && sessions == o.sessions && retention == o.retention && metrics == o.metrics && ports == o.ports &&
            warm_pool == o.warm_pool && egress == o.egress && templates == o.templates &&
            log == o.log;
@@ -256,9 +264,10 @@ void AddFlags(CLI::App& app, CommandLine& cl);
 // The layers, for Load and for tests. Each reports every problem it finds, joined by "; ".
 absl::Status ApplyToml(Config& c, std::string_view text, const std::string& file_name);
 // `env`: "NAME=VALUE" entries (environ). A variable is a configuration override when its name
-// starts with SBX_ and a table's name (SBX_SERVER_, SBX_STATE_, SBX_RUNTIME_, SBX_SANDBOX_,
-// SBX_ADMISSION_, SBX_SESSIONS_, SBX_WARM_POOL_, SBX_LOG_): it must then name a key. Other SBX_ variables
-// (SBX_TOKEN, SBX_TESTS_MUST_RUN, ...) belong to other tools and are ignored.
+// starts with SBX_ and a table's name (SBX_SERVER_, SBX_TLS_, SBX_STATE_, SBX_RUNTIME_,
+// SBX_SANDBOX_, SBX_ADMISSION_, SBX_SESSIONS_, SBX_WARM_POOL_, SBX_LOG_): it must then name a
+// key. Other SBX_ variables (SBX_TOKEN, SBX_CACERT, SBX_TESTS_MUST_RUN, ...) belong to other
+// tools and are ignored.
 absl::Status ApplyEnv(Config& c, const std::vector<std::string>& env);
 absl::Status ApplyFlags(Config& c, const CommandLine& cl);
 // Ranges, choices, HOST:PORT and the relations between keys (defaults within limits).

@@ -76,6 +76,15 @@ const std::vector<KeyInfo> kKeys = {
      .why = "at least one",
      .help = "of those, for one sandbox; more wait in line (16 at most, 10 s at most), then 429",
      SBX_NUM(server.guest_replies_per_sandbox)},
+    {.path = "tls.cert_file", .type = Type::kString, .flag = "--tls-cert-file",
+     .reloadable = true,
+     .help = "PEM certificate chain (the leaf first) of the API's listener; with tls.key_file "
+             "the listener speaks only HTTPS (TLS 1.2 at least). Empty: plain HTTP. SIGHUP "
+             "reads both files again; a pair that fails to load keeps the running one",
+     SBX_STR(tls.cert_file)},
+    {.path = "tls.key_file", .type = Type::kString, .flag = "--tls-key-file", .reloadable = true,
+     .help = "PEM private key of tls.cert_file's certificate (both or neither)",
+     SBX_STR(tls.key_file)},
     {.path = "state.dir", .type = Type::kString, .flag = "--state-dir", .reloadable = false,
      .help = "where the database, tokens and sandboxes live", SBX_STR(state.dir)},
     {.path = "runtime.default", .type = Type::kString, .flag = "--runtime", .reloadable = false,

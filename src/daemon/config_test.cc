@@ -404,6 +404,20 @@ TEST(Config, OutOfRangeValuesNameTheSourceAndTheRange) {
   EXPECT_THAT(std::string(Validate(s).message()), HasSubstr("SBX_STATE_DIR='': must not be empty"));
 }
 
+TEST(Config, TlsNeedsBothFilesOrNeither) {
+  Config c;
+  EXPECT_TRUE(Validate(c).ok());
+  ASSERT_TRUE(ApplyEnv(c, {"SBX_TLS_CERT_FILE=/etc/sbx/tls.pem"}).ok());
+  EXPECT_THAT(std::string(Validate(c).message()),
+              HasSubstr("SBX_TLS_CERT_FILE='/etc/sbx/tls.pem': tls.key_file must be set too"));
+  ASSERT_TRUE(ApplyToml(c, "[tls]\nkey_file = \"/etc/sbx/tls.key\"\n", "f.toml").ok());
+  EXPECT_TRUE(Validate(c).ok());
+  EXPECT_TRUE(c.tls.enabled());
+  Config k;
+  ASSERT_TRUE(ApplyToml(k, "[tls]\nkey_file = \"/etc/sbx/tls.key\"\n", "f.toml").ok());
+  EXPECT_THAT(std::string(Validate(k).message()), HasSubstr("tls.cert_file must be set too"));
+}
+
 TEST(Config, DefaultsMustLieWithinTheLimits) {
   Config c;
   ASSERT_TRUE(ApplyToml(c, "[sandbox.limits]\nmax_memory_mib = 256\n", "f.toml").ok());

@@ -52,6 +52,12 @@ absl::Status Validate(const Config& c) {
       }
     }
   }
+  if (c.tls.cert_file.empty() != c.tls.key_file.empty()) {
+    const KeyInfo& set = *FindKey(c.tls.cert_file.empty() ? "tls.key_file" : "tls.cert_file");
+    const char* unset = c.tls.cert_file.empty() ? "tls.cert_file" : "tls.key_file";
+    errors.push_back(fmt::format("{}: {} must be set too (TLS needs both files, or neither)",
+                                 LabelOf(c, set), unset));
+  }
   if (auto l = SplitListen(c.server.listen); !l.ok()) {
     errors.push_back(fmt::format("{}: {}", LabelOf(c, *FindKey("server.listen")),
                                  std::string(l.status().message())));

@@ -34,6 +34,7 @@
 #include "daemon/state_files.h"
 #include "daemon/templates_config.h"
 #include "http/server.h"
+#include "http/tls.h"
 #include "net/dns_server.h"
 #include "net/conn_proxy.h"
 #include "net/conn_proxy_host.h"
@@ -177,6 +178,43 @@ void SetLogLevel(const Config& c) {
   }
 }
 
+// The listener's certificate and key (tls.*), or nullptr for plain HTTP. A file that does not
+// load is an error naming the key, the file and OpenSSL's reason.
+absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>> LoadTls(const Config& c) {
+  if (!c.tls.enabled()) return nullptr;
+  auto ctx = sbx::http::LoadServerTls(c.tls.cert_file, c.tls.key_file);
+  if (!ctx.ok()) {
+    return sbx::Annotate(ctx.status(),
+                         fmt::format("{}, {}", sbx::daemon::Describe(c, "tls.cert_file"),
+                                     sbx::daemon::Describe(c, "tls.key_file")));
+  }
+  return ctx;
+}
+
+// SIGHUP's part for TLS: the files are read again even when their names did not change (a
+// renewed certificate is written over the old one). The scheme stays as started; a pair that
+// does not load leaves the running certificate serving. `next` gets the tls.* values in force.
+void ReloadTls(const Config& running, Config& next, sbx::http::Server& server) {
+  if (running.tls.enabled() != next.tls.enabled()) {
+    spdlog::warn("SIGHUP: tls.cert_file and tls.key_file switch between http and https, which "
+                 "needs a restart; keeping {}",
+                 running.tls.enabled() ? "https" : "http");
+    next.tls = running.tls;
+    return;
+  }
+  if (!next.tls.enabled()) return;
+  auto ctx = LoadTls(next);
+  absl::Status st = ctx.ok() ? server.SetTls(*ctx) : ctx.status();
+  if (!st.ok()) {
+    spdlog::error("SIGHUP: TLS certificate not reloaded, the running one stays: {}",
+                  std::string(st.message()));
+    next.tls = running.tls;
+    return;
+  }
+  spdlog::info("SIGHUP: TLS certificate reloaded from {} ({}); new connections get it",
+               next.tls.cert_file, sbx::http::DescribeServerTls(**ctx));
+}
+
 // SIGHUP: re-reads the file and the environment over the same flags and applies what can change
 // while sbxd runs. Any error leaves the running configuration as it was.
 sbx::service::TenancyOptions TenancyOptionsOf(const Config& c) {
@@ -190,7 +228,8 @@ sbx::service::TenancyOptions TenancyOptionsOf(const Config& c) {
 }
 
 void Reload(const sbx::daemon::CommandLine& cl, Config& running, sbx::api::Api& api,
-            sbx::service::SandboxService& svc, sbx::service::Tenancy& tenancy) {
+            sbx::service::SandboxService& svc, sbx::service::Tenancy& tenancy,
+            sbx::http::Server& server) {
   auto loaded = sbx::daemon::Load(cl, Environment());
   if (!loaded.ok()) {
     spdlog::error("SIGHUP: configuration not reloaded, the running one stays: {}",
@@ -207,12 +246,15 @@ void Reload(const sbx::daemon::CommandLine& cl, Config& running, sbx::api::Api& 
   api.SetLimits(plan.config.sandbox.limits);
   tenancy.SetOptions(TenancyOptionsOf(plan.config));
   SetLogLevel(plan.config);
+  ReloadTls(running, plan.config, server);
   for (const auto& ch : plan.needs_restart) {
     spdlog::warn("SIGHUP: {} changed ({} -> {}) but needs a restart; keeping {}", ch.key,
                  ch.from, ch.to, ch.from);
   }
   std::vector<std::string> applied;
   for (const auto& ch : plan.applied) {
+    // A change a step above kept from applying (tls.*) has been logged there.
+    if (sbx::daemon::ShowValue(plan.config, ch.key) != ch.to) continue;
     applied.push_back(fmt::format("{} {} -> {}", ch.key, ch.from, ch.to));
   }
   running = std::move(plan.config);
@@ -276,8 +318,9 @@ absl::Status InitLog(const Config& cfg, const std::vector<std::string>& warnings
 }
 
 // What can be refused before anything touches the host: a seccomp policy that does not
-// compile, the listen address, connection caps that do not fit in RLIMIT_NOFILE. Returns the
-// HTTP server's options but for the API's callbacks.
+// compile, the listen address, connection caps that do not fit in RLIMIT_NOFILE, a TLS
+// certificate or key that does not load. Returns the HTTP server's options but for the API's
+// callbacks.
 absl::StatusOr<sbx::http::ServerOptions> CheckSettings(const Config& cfg) {
   if (!cfg.runtime.ns.seccomp_policy.empty()) {
     if (auto p = sbx::runtime::ns::BuildSeccompProgramFromFile(cfg.runtime.ns.seccomp_policy);
@@ -303,6 +346,7 @@ absl::StatusOr<sbx::http::ServerOptions> CheckSettings(const Config& cfg) {
   hopts.reserved_connections = conn.reserved_connections;
   hopts.header_timeout = std::chrono::seconds(cfg.server.header_timeout_s);
   hopts.idle_timeout = std::chrono::seconds(cfg.server.idle_timeout_s);
+  SBX_ASSIGN_OR_RETURN(hopts.tls, LoadTls(cfg));
   return hopts;
 }
 
@@ -638,7 +682,12 @@ void LogReady(const Daemon& d, const sbx::http::ServerOptions& hopts,
                hopts.max_connections, hopts.max_connections_per_ip, hopts.reserved_connections,
                cfg.server.header_timeout_s);
   std::string host = hopts.host.find(':') != std::string::npos ? "[" + hopts.host + "]" : hopts.host;
-  std::cout << "sbxd listening on http://" << host << ":" << d.server->port() << std::endl;
+  if (d.server->tls()) {
+    spdlog::info("TLS: certificate {} ({}), key {}", cfg.tls.cert_file,
+                 sbx::http::DescribeServerTls(*hopts.tls), cfg.tls.key_file);
+  }
+  std::cout << "sbxd listening on " << (d.server->tls() ? "https://" : "http://") << host << ":"
+            << d.server->port() << std::endl;
   auto token_origin = cfg.origins.find("server.admin_token");
   spdlog::info("sbxd ready: runtime {}, state dir {}, configuration file {}, admin token from {}",
                cfg.runtime.default_runtime, cfg.state.dir,
@@ -655,7 +704,7 @@ void WaitForSignals(const sigset_t& stop, const sbx::daemon::CommandLine& cl, Da
     sigwait(&stop, &sig);
     if (sig == SIGHUP) {
       sbx::log::Reopen();
-      Reload(cl, d.cfg, *d.api, *d.svc, *d.tenancy);
+      Reload(cl, d.cfg, *d.api, *d.svc, *d.tenancy, *d.server);
       continue;
     }
     spdlog::info("signal {}: stopping the API; sandboxes keep running", sig);

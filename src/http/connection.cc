@@ -3,7 +3,11 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <openssl/ssl.h>
+
 #include <boost/asio/experimental/awaitable_operators.hpp>
+
+#include <array>
 
 #include <algorithm>
 #include <cstring>
@@ -25,11 +29,13 @@ constexpr size_t kReadChunk = 64 << 10;
 // malformed or too large request, and a reserve slot's request that is not privileged.
 constexpr size_t kDrainBad = 16u << 20;
 constexpr size_t kDrainShed = 1u << 20;
+// How long a closing TLS connection waits for the client's close_notify.
+constexpr auto kTlsShutdownTime = std::chrono::seconds(1);
 
 class ChunkedStream : public ResponseStream {
  public:
   // `last`: the connection closes after this response (a reserve slot): the header says so.
-  ChunkedStream(beast::tcp_stream& stream, std::chrono::seconds write_timeout,
+  ChunkedStream(MaybeTlsStream& stream, std::chrono::seconds write_timeout,
                 RequestCounter& requests, bhttp::verb method, bool last)
       : stream_(stream),
         write_timeout_(write_timeout),
@@ -44,7 +50,7 @@ class ChunkedStream : public ResponseStream {
     if (last_) res.keep_alive(false);
     res.chunked(true);
     bhttp::response_serializer<bhttp::empty_body> sr{res};
-    stream_.expires_after(write_timeout_);
+    stream_.tcp().expires_after(write_timeout_);
     auto [ec, n] = co_await bhttp::async_write_header(stream_, sr, kTuple);
     began_ = !ec;
     keep_alive_ = res.keep_alive();
@@ -54,7 +60,7 @@ class ChunkedStream : public ResponseStream {
 
   asio::awaitable<bool> Write(std::string data) override {
     if (failed_ || data.empty()) co_return !failed_;
-    stream_.expires_after(write_timeout_);
+    stream_.tcp().expires_after(write_timeout_);
     auto [ec, n] =
         co_await asio::async_write(stream_, bhttp::make_chunk(asio::buffer(data)), kTuple);
     if (ec) failed_ = true;
@@ -63,7 +69,7 @@ class ChunkedStream : public ResponseStream {
 
   asio::awaitable<bool> WriteBuffers(const std::vector<asio::const_buffer>& buffers) override {
     if (failed_ || asio::buffer_size(buffers) == 0) co_return !failed_;
-    stream_.expires_after(write_timeout_);
+    stream_.tcp().expires_after(write_timeout_);
     auto [ec, n] = co_await asio::async_write(stream_, bhttp::make_chunk(buffers), kTuple);
     if (ec) failed_ = true;
     co_return !ec;
@@ -72,7 +78,7 @@ class ChunkedStream : public ResponseStream {
   asio::awaitable<void> End() override {
     if (failed_ || ended_) co_return;
     ended_ = true;
-    stream_.expires_after(write_timeout_);
+    stream_.tcp().expires_after(write_timeout_);
     auto [ec, n] = co_await asio::async_write(stream_, bhttp::make_chunk_last(), kTuple);
     if (ec) failed_ = true;
   }
@@ -83,7 +89,7 @@ class ChunkedStream : public ResponseStream {
   bool reusable() const { return began_ && ended_ && !failed_ && keep_alive_; }
 
  private:
-  beast::tcp_stream& stream_;
+  MaybeTlsStream& stream_;
   std::chrono::seconds write_timeout_;
   RequestCounter& requests_;
   bhttp::verb method_;
@@ -100,7 +106,7 @@ class ChunkedStream : public ResponseStream {
 // socket into the handler's buffer.
 class StreamedBody : public BodyReader {
  public:
-  StreamedBody(beast::tcp_stream& stream, beast::flat_buffer& buffer,
+  StreamedBody(MaybeTlsStream& stream, beast::flat_buffer& buffer,
                bhttp::request_parser<bhttp::buffer_body>& parser, std::chrono::seconds timeout,
                uint64_t limit, bool expect_continue)
       : stream_(stream),
@@ -120,19 +126,19 @@ class StreamedBody : public BodyReader {
     if (expect_continue_) {
       expect_continue_ = false;
       static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
-      stream_.expires_after(timeout_);
+      stream_.tcp().expires_after(timeout_);
       auto [ec, n] = co_await asio::async_write(stream_, asio::buffer(kContinue), kTuple);
-      stream_.expires_never();
+      stream_.tcp().expires_never();
       if (ec) co_return absl::UnavailableError(fmt::format("send 100 Continue: {}", ec.message()));
     }
     if (remaining_) co_return co_await ReadKnownLength(buf, cap);
     while (!parser_.is_done()) {
       parser_.get().body().data = buf;
       parser_.get().body().size = cap;
-      stream_.expires_after(timeout_);
+      stream_.tcp().expires_after(timeout_);
       auto [ec, n] = co_await bhttp::async_read_some(stream_, buffer_, parser_, kTuple);
       // No deadline while the handler works between reads (a slow agent is not the client).
-      stream_.expires_never();
+      stream_.tcp().expires_never();
       if (ec == bhttp::error::need_buffer) ec = {};
       if (ec == bhttp::error::body_limit) {
         co_return ApiError(absl::StatusCode::kInvalidArgument, "payload_too_large",
@@ -162,9 +168,9 @@ class StreamedBody : public BodyReader {
       *remaining_ -= n;
       co_return n;
     }
-    stream_.expires_after(timeout_);
+    stream_.tcp().expires_after(timeout_);
     auto [ec, n] = co_await stream_.async_read_some(asio::buffer(buf, want), kTuple);
-    stream_.expires_never();
+    stream_.tcp().expires_never();
     if (ec == beast::error::timeout) {
       co_return absl::DeadlineExceededError("the request body did not arrive in time");
     }
@@ -174,7 +180,7 @@ class StreamedBody : public BodyReader {
     co_return n;
   }
 
-  beast::tcp_stream& stream_;
+  MaybeTlsStream& stream_;
   beast::flat_buffer& buffer_;
   bhttp::request_parser<bhttp::buffer_body>& parser_;
   std::chrono::seconds timeout_;
@@ -210,7 +216,9 @@ void LogAccess(const log::Context& ctx, std::string_view method, std::string_vie
 
 // The client went away while its body was read: nothing to answer.
 bool Disconnected(beast::error_code ec) {
+  // stream_truncated: a TLS client that closed without close_notify, as most do.
   return ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
+         ec == asio::ssl::error::stream_truncated ||
          ec == asio::error::connection_reset || ec == asio::error::operation_aborted;
 }
 
@@ -244,7 +252,8 @@ void Connection::ChunkExtensionCheck::operator()(std::uint64_t, beast::string_vi
   if (ext.size() > limit) ec = bhttp::error::bad_chunk_extension;
 }
 
-Connection::Connection(ConnectionEnv env, asio::ip::tcp::socket socket, bool reserve,
+Connection::Connection(ConnectionEnv env, asio::ip::tcp::socket socket,
+                       std::shared_ptr<asio::ssl::context> tls, bool reserve,
                        metrics::Counter& rejected)
     : env_(env),
       stream_(std::move(socket)),
@@ -252,17 +261,21 @@ Connection::Connection(ConnectionEnv env, asio::ip::tcp::socket socket, bool res
       deadline_(stream_.get_executor()),
       reserve_(reserve),
       rejected_(rejected),
-      check_chunk_header_{env_.opts.max_chunk_extension_bytes} {}
+      check_chunk_header_{env_.opts.max_chunk_extension_bytes} {
+  if (tls) stream_.StartTls(std::move(tls));
+}
 
 // Every Refusal handed to Refuse is a named local: g++ 12 corrupted the heap (free(): invalid
 // pointer) with a braced temporary in the co_await expression.
 asio::awaitable<void> Connection::Run() {
   const ServerOptions& opts = env_.opts;
-  // The first request's header is due within header_timeout of the accept.
+  // The first request's header is due within header_timeout of the accept, the TLS handshake
+  // included.
   deadline_.expires_after(opts.header_timeout);
+  if (stream_.is_tls() && !co_await Handshake()) co_return;
   for (bool first = true;; first = false) {
     // A write's deadline left from the last response must not cut a read short.
-    stream_.expires_never();
+    stream_.tcp().expires_never();
     auto [rec, block] = co_await ReadHeader(first);
     const auto started = std::chrono::steady_clock::now();
     if (rec) {
@@ -316,17 +329,70 @@ asio::awaitable<void> Connection::Run() {
     }
     if (!co_await Dispatch(parser, streamed, started)) break;
   }
+  if (MaybeTlsStream::Tls* tls = stream_.tls()) {
+    // close_notify tells the client that the response ended here rather than being cut off.
+    // Bounded: the client need not answer it, and then holds nothing of ours past this.
+    stream_.tcp().expires_after(kTlsShutdownTime);
+    co_await tls->async_shutdown(kTuple);
+  }
   boost::system::error_code ec;
-  stream_.socket().shutdown(asio::ip::tcp::socket::shutdown_send, ec);
-  stream_.close();
+  stream_.tcp().socket().shutdown(asio::ip::tcp::socket::shutdown_send, ec);
+  stream_.tcp().close();
+}
+
+asio::awaitable<bool> Connection::Handshake() {
+  // The stream's own timer, not deadline_: it closes the socket when it fires, which ends the
+  // handshake wherever it waits, and nothing is to be answered to a client that sent no hello.
+  // The peer is read first: a timeout closes the socket, which then has no peer to name.
+  boost::system::error_code pec;
+  const auto peer = stream_.tcp().socket().remote_endpoint(pec);
+  stream_.tcp().expires_at(deadline_.expiry());
+  auto [ec] = co_await stream_.tls()->async_handshake(asio::ssl::stream_base::server, kTuple);
+  stream_.tcp().expires_never();
+  if (!ec) co_return true;
+  spdlog::debug("TLS handshake with {}: {}", pec ? std::string("?") : peer.address().to_string(),
+                ec == beast::error::timeout ? std::string("no hello in time") : ec.message());
+  if (ec.category() == asio::error::get_ssl_category() &&
+      ERR_GET_REASON(static_cast<unsigned long>(ec.value())) == SSL_R_HTTP_REQUEST) {
+    co_await RefusePlainHttp();
+  }
+  stream_.tcp().close();
+  co_return false;
+}
+
+asio::awaitable<void> Connection::RefusePlainHttp() {
+  // A client that spoke plain HTTP to an HTTPS port gets its answer in plain HTTP: "use
+  // https://" instead of a reset it could not explain. Its request went to OpenSSL and is lost:
+  // nothing of it is trusted or logged.
+  Response res = env_.errors(bhttp::status::bad_request, "invalid_argument",
+                             "this port speaks HTTPS only: use https://", NewId("req"));
+  PrepareToSend(res, bhttp::verb::unknown, /*last=*/true);
+  beast::tcp_stream& tcp = stream_.tcp();
+  auto [ec, n] = co_await bhttp::async_write(tcp, res, kTuple);
+  if (ec) co_return;
+  boost::system::error_code ignored;
+  tcp.socket().shutdown(asio::ip::tcp::socket::shutdown_send, ignored);
+  // Read what else it sends for a moment: closing with bytes unread sends a reset, which can
+  // destroy the answer before the client reads it.
+  tcp.expires_after(std::chrono::seconds(1));
+  std::array<char, 4096> sink;
+  for (size_t drained = 0; drained < (64u << 10);) {
+    auto [dec, dn] = co_await tcp.async_read_some(asio::buffer(sink), kTuple);
+    if (dec) break;
+    drained += dn;
+  }
 }
 
 asio::awaitable<beast::error_code> Connection::ReadSome() {
   using namespace asio::experimental::awaitable_operators;
   const size_t room = std::min(kReadChunk, buffer_.max_size() - buffer_.size());
   if (room == 0) co_return bhttp::error::buffer_overflow;
-  auto r = co_await (stream_.socket().async_read_some(buffer_.prepare(room), kTuple) ||
-                     deadline_.async_wait(kTuple));
+  // Over plain TCP straight from the socket: the tcp_stream's timer bookkeeping is not needed
+  // with deadline_, and this read is on every request's path.
+  const auto into = buffer_.prepare(room);
+  auto read = stream_.is_tls() ? stream_.async_read_some(into, kTuple)
+                               : stream_.tcp().socket().async_read_some(into, kTuple);
+  auto r = co_await (std::move(read) || deadline_.async_wait(kTuple));
   if (r.index() == 1) co_return beast::error::timeout;
   auto [ec, n] = std::get<0>(r);
   buffer_.commit(n);
@@ -435,7 +501,7 @@ asio::awaitable<bool> Connection::Dispatch(HeaderParser& parser,
   ctx.connection = &stream_;
   if (body) ctx.body = &*body;
   // Handlers may stream for a long time (SSE): no read deadline while they run.
-  stream_.expires_never();
+  stream_.tcp().expires_never();
   std::optional<Response> res;
   bool keep = true;
   unsigned status = 0;
@@ -537,8 +603,8 @@ asio::awaitable<void> Connection::Refuse(Refusal refusal, const RequestLine& lin
   LogAccess(lctx, line.method, line.target, status, MsSince(started));
   if (refusal.drain == 0) co_return;
   boost::system::error_code ignored;
-  stream_.socket().shutdown(asio::ip::tcp::socket::shutdown_send, ignored);
-  stream_.expires_after(refusal.drain_time);
+  stream_.tcp().socket().shutdown(asio::ip::tcp::socket::shutdown_send, ignored);
+  stream_.tcp().expires_after(refusal.drain_time);
   size_t drained = 0;
   std::vector<char> sink(64 << 10);
   while (drained < refusal.drain) {
@@ -552,7 +618,7 @@ bool Connection::PrepareToSend(Response& res, bhttp::verb method, bool last) {
   env_.requests.Count(method, res.result_int());
   if (last) res.keep_alive(false);
   res.prepare_payload();
-  stream_.expires_after(env_.opts.write_timeout);
+  stream_.tcp().expires_after(env_.opts.write_timeout);
   return res.keep_alive();
 }
 

@@ -34,8 +34,10 @@ class Connection {
  public:
   // `reserve`: the connection holds a reserve slot (ConnectionTable): it serves one request,
   // and only a privileged one; any other is answered 503 and counted in `rejected`.
-  Connection(ConnectionEnv env, asio::ip::tcp::socket socket, bool reserve,
-             metrics::Counter& rejected);
+  // `tls`: the connection speaks TLS with this context (and keeps it while it lives);
+  // nullptr: plain HTTP.
+  Connection(ConnectionEnv env, asio::ip::tcp::socket socket,
+             std::shared_ptr<asio::ssl::context> tls, bool reserve, metrics::Counter& rejected);
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
@@ -70,6 +72,11 @@ class Connection {
     void operator()(std::uint64_t, beast::string_view ext, beast::error_code& ec) const;
   };
 
+  // The server's side of the TLS handshake, due by deadline_. False: the connection is over
+  // (a failed handshake is the client's business: logged at debug, never answered over TLS).
+  asio::awaitable<bool> Handshake();
+  // The answer to a client that sent plain HTTP to the TLS port: a 400 in plain HTTP.
+  asio::awaitable<void> RefusePlainHttp();
   // One read into buffer_, given up at deadline_.
   asio::awaitable<beast::error_code> ReadSome();
   // Reads until buffer_ starts with a whole header block; returns its length. A keep-alive
@@ -103,7 +110,7 @@ class Connection {
   bool PrepareToSend(Response& res, bhttp::verb method, bool last);
 
   ConnectionEnv env_;
-  beast::tcp_stream stream_;
+  MaybeTlsStream stream_;
   // Bounded: one header block plus one read. Beast keeps a chunk's size line and the trailer
   // here until each is complete, so this bound also ends an endless chunk extension.
   beast::flat_buffer buffer_;

@@ -168,7 +168,9 @@ Server::Server(ServerOptions opts, Handler handler, ErrorResponder errors)
                         .WithLabels()),
       spares_(opts_.reserved_connections + 1),
       iocs_(MakeContexts(opts_.threads)),
-      acceptor_(*iocs_.front()) {}
+      acceptor_(*iocs_.front()),
+      tls_enabled_(opts_.tls != nullptr),
+      tls_(std::move(opts_.tls)) {}
 
 Server::~Server() { Stop(); }
 
@@ -189,6 +191,16 @@ absl::Status Server::Listen() {
         fmt::format("listen on {}:{}: {}", opts_.host, opts_.port, ec.message()));
   }
   bound_port_ = acceptor_.local_endpoint().port();
+  return absl::OkStatus();
+}
+
+absl::Status Server::SetTls(std::shared_ptr<asio::ssl::context> tls) {
+  if (!tls_enabled_ || tls == nullptr) {
+    return absl::FailedPreconditionError(
+        "TLS: the listener's scheme (http or https) changes only with a restart");
+  }
+  std::lock_guard lock(tls_mu_);
+  tls_ = std::move(tls);
   return absl::OkStatus();
 }
 
@@ -225,11 +237,17 @@ metrics::Counter& Server::Rejected(std::string_view reason) {
 
 void Server::Refuse(asio::ip::tcp::socket socket, std::string_view reason, bool drain) {
   Rejected(reason).Inc();
+  boost::system::error_code ec;
+  if (tls_enabled_) {
+    // A plain-text 503 means nothing to a TLS client, and a handshake first would spend the
+    // CPU that shedding saves: the connection just closes.
+    socket.close(ec);
+    return;
+  }
   requests_.Count(bhttp::verb::unknown, 503);
   std::ostringstream out;
   out << UnavailableResponse(errors_, NewId("req"));
   const std::string bytes = out.str();
-  boost::system::error_code ec;
   // A fresh socket's send buffer is empty: the response fits, and the call never blocks.
   socket.non_blocking(true, ec);
   socket.send(asio::buffer(bytes), 0, ec);
@@ -363,8 +381,14 @@ asio::awaitable<void> Server::ShedAtFdLimit() {
 }
 
 asio::awaitable<void> Server::Serve(asio::ip::tcp::socket socket, ConnectionTable::Lease lease) {
+  std::shared_ptr<asio::ssl::context> tls;
+  if (tls_enabled_) {
+    std::lock_guard lock(tls_mu_);
+    tls = tls_;
+  }
   Connection connection(ConnectionEnv{opts_, requests_, handler_, errors_}, std::move(socket),
-                        lease.slot() == ConnectionTable::Slot::kReserve, Rejected(lease.reason()));
+                        std::move(tls), lease.slot() == ConnectionTable::Slot::kReserve,
+                        Rejected(lease.reason()));
   co_await connection.Run();
   spares_.Refill();
 }

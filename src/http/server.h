@@ -24,10 +24,12 @@
 
 #include <boost/asio.hpp>
 #include <boost/beast.hpp>
+#include <boost/asio/ssl/context.hpp>
 
 #include "absl/status/statusor.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/tls_stream.h"
 #include "http/connection_table.h"
 
 namespace sbx::http {
@@ -79,9 +81,10 @@ struct RequestContext {
   // it. Handlers are coroutines: pass it explicitly (SBX_LOG_*, log::With), see common/log.h.
   log::Context log;
   // For a handler that takes the connection over (a WebSocket upgrade): the connection's
-  // stream, valid while the handler runs. A handler that writes to it sets `taken_status` (101)
-  // and returns nullopt; the server then sends nothing more and closes the connection.
-  beast::tcp_stream* connection = nullptr;
+  // stream, valid while the handler runs; plain TCP or TLS (connection->tls()), an Asio stream
+  // either way. A handler that writes to it sets `taken_status` (101) and returns nullopt; the
+  // server then sends nothing more and closes the connection.
+  MaybeTlsStream* connection = nullptr;
   unsigned taken_status = 0;
   // Set for routes that stream their body (req.body() is then empty); nullptr otherwise.
   BodyReader* body = nullptr;
@@ -127,6 +130,9 @@ struct ServerOptions {
   // max_body_bytes and by read_timeout per read instead of for the whole body.
   std::function<bool(const Request&)> stream_body;
   uint64_t max_streamed_body_bytes = uint64_t{64} << 30;
+  // Set: the listener speaks only HTTPS, with this context (http/tls.h); Server::SetTls
+  // replaces it later. Unset: plain HTTP.
+  std::shared_ptr<asio::ssl::context> tls;
 };
 
 // sbx_http_requests_total{method,code}: every response the server sends, its own errors (400,
@@ -188,6 +194,11 @@ class Server {
   void Stop();
   // The context of the accept loop (the first one).
   asio::io_context& io_context() { return *iocs_.front(); }
+  // A new TLS context (a reloaded certificate) for the connections accepted from now on; those
+  // already open keep theirs. Only a server started with TLS takes one: the scheme of the
+  // listener does not change while it runs.
+  absl::Status SetTls(std::shared_ptr<asio::ssl::context> tls);
+  bool tls() const { return tls_enabled_; }
 
  private:
   asio::awaitable<void> AcceptLoop();
@@ -198,7 +209,7 @@ class Server {
   asio::awaitable<void> Serve(asio::ip::tcp::socket socket, ConnectionTable::Lease lease);
   // Answers 503 to a connection that has no slot, without reading its request, and closes it;
   // `drain`: first read what the client sends for a moment (bounded), so that the 503 is not
-  // lost to a reset.
+  // lost to a reset. A TLS listener sends nothing: the connection closes.
   void Refuse(asio::ip::tcp::socket socket, std::string_view reason, bool drain);
   asio::awaitable<void> DrainAndClose(asio::ip::tcp::socket socket);
   metrics::Counter& Rejected(std::string_view reason);
@@ -227,6 +238,9 @@ class Server {
   std::atomic<size_t> next_ioc_{0};
   asio::ip::tcp::acceptor acceptor_;
   uint16_t bound_port_ = 0;
+  const bool tls_enabled_;
+  mutable std::mutex tls_mu_;
+  std::shared_ptr<asio::ssl::context> tls_;  // guarded by tls_mu_
   std::vector<std::thread> threads_;
   std::atomic<bool> stopped_{false};
 };

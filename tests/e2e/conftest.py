@@ -77,6 +77,8 @@ class Daemon:
         self.extra_args = list(extra_args or [])
         self.extra_env = dict(extra_env or {})
         self.url = ""
+        # An sbxd started with tls.*: the CA file its clients verify it with (test_tls.py).
+        self.ca_file: str | None = None
         self.token = secrets.token_urlsafe(32)
         self.tmp = Path(tempfile.mkdtemp(prefix="sbx-e2e-"))
         self.state_dir = self.tmp / "state"
@@ -109,16 +111,19 @@ class Daemon:
 
         def reader():
             # Keeps draining the daemon's output into the log so it never blocks on a full pipe.
-            prefix = b"sbxd listening on http://127.0.0.1:"
+            prefixes = {b"sbxd listening on http://127.0.0.1:": "http",
+                        b"sbxd listening on https://127.0.0.1:": "https"}
             for line in self.proc.stdout:
                 log.write(line)
                 if not self._listen_line.is_set():
                     text = line.strip()
-                    idx = text.find(prefix)
-                    if idx >= 0:
+                    for prefix, scheme in prefixes.items():
+                        idx = text.find(prefix)
+                        if idx < 0:
+                            continue
                         port = text[idx + len(prefix):].split(b"/")[0].decode(errors="replace")
                         if port.isdigit():
-                            self.url = f"http://127.0.0.1:{port}"
+                            self.url = f"{scheme}://127.0.0.1:{port}"
                             self._listen_line.set()
             log.close()
 
@@ -131,7 +136,7 @@ class Daemon:
                 pytest.fail(f"sbxd exited with {self.proc.returncode} before listening; "
                             f"output:\n{self.log_tail()}")
             if time.monotonic() > deadline:
-                pytest.fail(f"sbxd printed no 'sbxd listening on http://127.0.0.1:PORT' line within "
+                pytest.fail(f"sbxd printed no 'sbxd listening on http(s)://127.0.0.1:PORT' line within "
                             f"{LISTEN_TIMEOUT_S}s; output:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 60) -> str:
@@ -213,6 +218,8 @@ def _delete_leftovers(daemon: Daemon, validator) -> list[str]:
     """Deletes, through the API, every sandbox not yet deleted."""
     problems = []
     client = SbxClient(daemon.url, daemon.token, validator)
+    if daemon.ca_file:
+        client.session.verify = daemon.ca_file
     try:
         leftovers = [s for s in client.list_sandboxes() if s["state"] != "deleted"]
         ops = []
