@@ -13,8 +13,9 @@ PACKAGES=(
   python3 python3-pytest python3-yaml python3-jsonschema python3-requests
   python3-prometheus-client
   bubblewrap procps iproute2 util-linux e2fsprogs
-  # openssl: test_egress_proxy.py makes its test CA and certificates at test time
-  openssl
+  # openssl: test_egress_proxy.py makes its test CA and certificates at test time;
+  # python3-cryptography: test_tls.py makes sbxd's test CA with it
+  openssl python3-cryptography
   gnuplot-nox runc
   # perf: sbx-load's CPU time and syscalls per operation, and tools/profile.sh's flame graphs
   linux-perf curl

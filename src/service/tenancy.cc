@@ -154,6 +154,15 @@ absl::StatusOr<TenantRecord> Tenancy::VisibleTenant(Tx& tx, const Caller& who,
   return t;
 }
 
+absl::StatusOr<TokenRecord> Tenancy::VisibleToken(Tx& tx, const Caller& who,
+                                                  const std::string& id) const {
+  auto t = tx.GetToken(id);
+  if (absl::IsNotFound(t.status())) return TokenNotFound(id);
+  SBX_RETURN_IF_ERROR(t.status());
+  if (!VisibleTenant(tx, who, t->tenant_id).ok()) return TokenNotFound(id);
+  return t;
+}
+
 absl::StatusOr<json> Tenancy::CreateTenant(const Caller& who, const TenantSpec& spec) {
   if (!IsOperatorAdmin(who)) return NeedOperator("creating a tenant");
   TenantRecord t;
@@ -322,11 +331,7 @@ absl::StatusOr<json> Tenancy::ListTokens(const Caller& who, const std::string& t
 absl::StatusOr<json> Tenancy::GetToken(const Caller& who, const std::string& token_id) {
   TokenRecord rec;
   SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
-    auto t = tx.GetToken(token_id);
-    if (absl::IsNotFound(t.status())) return TokenNotFound(token_id);
-    SBX_RETURN_IF_ERROR(t.status());
-    if (!VisibleTenant(tx, who, t->tenant_id).ok()) return TokenNotFound(token_id);
-    rec = *t;
+    SBX_ASSIGN_OR_RETURN(rec, VisibleToken(tx, who, token_id));
     return absl::OkStatus();
   }));
   return json{{"token", TokenView(rec)}};
@@ -335,11 +340,7 @@ absl::StatusOr<json> Tenancy::GetToken(const Caller& who, const std::string& tok
 absl::StatusOr<json> Tenancy::RevokeToken(const Caller& who, const std::string& token_id) {
   TokenRecord rec;
   SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
-    auto t = tx.GetToken(token_id);
-    if (absl::IsNotFound(t.status())) return TokenNotFound(token_id);
-    SBX_RETURN_IF_ERROR(t.status());
-    if (!VisibleTenant(tx, who, t->tenant_id).ok()) return TokenNotFound(token_id);
-    rec = *t;
+    SBX_ASSIGN_OR_RETURN(rec, VisibleToken(tx, who, token_id));
     if (!rec.revoked_at) {  // revoking twice keeps the first time
       rec.revoked_at = NowRfc3339();
       SBX_RETURN_IF_ERROR(tx.PutToken(rec));

@@ -89,6 +89,9 @@ class Tenancy {
   // The tenant `who` may see: its own, or any for the operator tenant's admin; 404 otherwise.
   absl::StatusOr<store::TenantRecord> VisibleTenant(store::Tx& tx, const Caller& who,
                                                     const std::string& id) const;
+  // A token of a tenant `who` may see; 404 otherwise.
+  absl::StatusOr<store::TokenRecord> VisibleToken(store::Tx& tx, const Caller& who,
+                                                  const std::string& id) const;
 
   store::Store& store_;
   mutable std::mutex mu_;
