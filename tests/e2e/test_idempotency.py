@@ -74,3 +74,22 @@ def test_bad_idempotency_key(api):
             api.created_sandboxes.append(resp.body["sandbox"]["id"])
         assert resp.status_code == 400, f"Idempotency-Key {bad!r}: expected 400, got {resp.status_code}"
         check_error_body(resp, resp.body, "invalid_argument")
+
+
+def test_a_key_is_replayed_across_a_restart_of_sbxd(restartable):
+    """The key is in the store: a retry after sbxd restarted gets the first answer, not a
+    second sandbox."""
+    client = restartable.start()
+    restartable.track(client)
+    first = client.call("POST", "/v1/sandboxes", json_body={},
+                        headers={"Idempotency-Key": "across-a-restart"}, expect=202)
+    client.wait_operation(first.body["operation"]["id"])
+    client.created_sandboxes.append(first.body["sandbox"]["id"])
+    client = restartable.restart()
+    restartable.track(client)
+    client.created_sandboxes.append(first.body["sandbox"]["id"])
+    again = client.call("POST", "/v1/sandboxes", json_body={},
+                        headers={"Idempotency-Key": "across-a-restart"}, expect=202)
+    assert again.headers.get("Idempotent-Replayed") == "true"
+    assert again.body["sandbox"]["id"] == first.body["sandbox"]["id"]
+    client.delete_sandbox(first.body["sandbox"]["id"])

@@ -345,3 +345,78 @@ def test_attach_keys_rotate_with_overlap(lab):
     r = ten_admin.call("POST", "/v1/admin/attach-keys:rotate", expect=403)
     assert r.body["error"]["code"] == "missing_scope"
     admin.delete_sandbox(sb["id"])
+
+
+def test_idempotent_create_under_concurrency_and_on_every_mutating_route(lab):
+    ten = lab.tenant("idem")
+    c = lab.client(lab.token(ten)["token"])
+    key = "ten-at-once"
+    with concurrent.futures.ThreadPoolExecutor(10) as pool:
+        rs = list(pool.map(lambda _: c.clone().call("POST", "/v1/sandboxes", json_body={},
+                                                    headers={"Idempotency-Key": key}),
+                           range(10)))
+    assert [r.status_code for r in rs] == [202] * 10, [r.status_code for r in rs]
+    ids = {r.body["sandbox"]["id"] for r in rs}
+    assert len(ids) == 1, ids
+    assert sum(r.headers.get("Idempotent-Replayed") == "true" for r in rs) == 9
+    sid = ids.pop()
+    c.created_sandboxes.append(sid)
+    wait_running(c, {"sandbox": rs[0].body["sandbox"], "operation": rs[0].body["operation"]})
+    # A route whose service call does not record the key: the router claims it. Five at once
+    # make one directory; the others replay its answer.
+    with concurrent.futures.ThreadPoolExecutor(5) as pool:
+        rs = list(pool.map(lambda _: c.clone().call(
+            "POST", f"/v1/sandboxes/{sid}/files:mkdir", json_body={"path": "/tmp/once"},
+            headers={"Idempotency-Key": "mkdir-once"}), range(5)))
+    codes = {r.status_code for r in rs}
+    assert len(codes) == 1 and codes < {200, 201}, [(r.status_code, r.body) for r in rs]
+    assert sum(r.headers.get("Idempotent-Replayed") == "true" for r in rs) == 4
+    assert len({json.dumps(r.body, sort_keys=True) for r in rs}) == 1
+    # The same key with another request: 409; a fresh key runs again (and fails: it exists).
+    r = c.call("POST", f"/v1/sandboxes/{sid}/files:mkdir", json_body={"path": "/tmp/other"},
+               headers={"Idempotency-Key": "mkdir-once"}, expect=409)
+    assert r.body["error"]["code"] == "idempotency_key_reused"
+    r = c.call("POST", f"/v1/sandboxes/{sid}/files:mkdir", json_body={"path": "/tmp/once"},
+               headers={"Idempotency-Key": "mkdir-twice"})
+    assert r.status_code == 409 and "Idempotent-Replayed" not in r.headers, r.body
+    # Admin routes too: one token, whatever the retries.
+    toks = [lab.admin.call("POST", f"/v1/admin/tenants/{ten}/tokens",
+                           json_body={"name": "retried", "scopes": ["read"]},
+                           headers={"Idempotency-Key": "one-token"}, expect=201) for _ in range(3)]
+    assert len({t.body["token"]["id"] for t in toks}) == 1
+    listed = lab.admin.call("GET", f"/v1/admin/tenants/{ten}/tokens", expect=200).body["tokens"]
+    assert sum(t["name"] == "retried" for t in listed) == 1
+    # Another tenant's same key is its own.
+    other = lab.client(lab.token(lab.tenant("idem-other"))["token"])
+    mine = other.call("POST", "/v1/sandboxes", json_body={}, headers={"Idempotency-Key": key},
+                      expect=202)
+    assert mine.body["sandbox"]["id"] != sid and "Idempotent-Replayed" not in mine.headers
+    other.created_sandboxes.append(mine.body["sandbox"]["id"])
+    other.delete_sandbox(mine.body["sandbox"]["id"])
+    c.delete_sandbox(sid)
+
+
+def test_an_attach_token_opens_only_its_own_tenants_session(lab):
+    ten_a = lab.tenant("att-a")
+    a = lab.client(lab.token(ten_a)["token"])
+    b = lab.client(lab.token(lab.tenant("att-b"))["token"])
+    sa = wait_running(a, a.create_sandbox({}, wait=False))
+    sb = wait_running(b, b.create_sandbox({}, wait=False))
+    ses_a = a.create_session(sa["id"], ["true"])
+    ses_b = b.create_session(sb["id"], ["true"])
+    # A's attach token on B's session, and A's management token on it: nothing opens.
+    r = a.call("GET", f"/v1/sessions/{ses_b['session_id']}/attach", token=ses_a["attach"]["token"],
+               headers={"Accept": "text/event-stream"}, expect=401)
+    assert r.body["error"]["code"] == "unauthenticated"
+    a.call("GET", f"/v1/sessions/{ses_b['session_id']}/attach",
+           headers={"Accept": "text/event-stream"}, expect=404)
+    # A token of A's without the sessions scope reads the session but cannot open its stream.
+    reader = lab.client(lab.token(ten_a, ["read"])["token"])
+    assert reader.call("GET", f"/v1/sessions/{ses_a['session_id']}", expect=200)
+    r = reader.call("GET", f"/v1/sessions/{ses_a['session_id']}/attach",
+                    headers={"Accept": "text/event-stream"}, expect=403)
+    assert r.body["error"]["details"]["scope"] == "sessions"
+    # B's session is untouched: it starts at its own first attach and runs to its end.
+    assert b.collect(b.attach(ses_b)).exit["exit_code"] == 0
+    for c, s in ((a, sa), (b, sb)):
+        c.delete_sandbox(s["id"])
