@@ -161,6 +161,16 @@ def test_another_tenants_objects_are_404_on_every_route_and_nothing_changes(lab)
     a.call("POST", f"/v1/sandboxes/{sb['id']}/wake", json_body={}, expect=202)
     # Every route that names an object was tried (the report counts them).
     assert sorted(checked) == sorted(f"{m} {p}" for m, p in cross_tenant.routes()), checked
+    # Every refused change left an audit row of B's (a session's stdin and resize excepted:
+    # an interactive session would fill the log).
+    rows = lab.admin.call("GET", "/v1/admin/audit", params={"tenant": b_ten, "limit": 500},
+                          expect=200).body["audit"]
+    audited = {r["action"] for r in rows if r["status"] == 404}
+    for method, path in cross_tenant.routes():
+        if method in ("GET", "HEAD") or path.endswith(("/stdin", "/resize")):
+            continue
+        url, _ = cross_tenant.request(method, path, dict(ids, operation_id=op_id))
+        assert f"{method} {url}" in audited, (method, url, sorted(audited))
     print(f"cross-tenant: {len(checked)} routes answered 404 to another tenant")
     # Nothing changed: A's sandbox, file, session, token and tenant are as they were.
     deadline = time.monotonic() + 60
