@@ -137,6 +137,11 @@ constexpr char kPurgeDeletedOperations[] =
     " (SELECT id FROM sandboxes WHERE state = 'deleted' AND updated_at < ?1)";
 constexpr char kPurgeDeletedSandboxes[] =
     "DELETE FROM sandboxes WHERE state = 'deleted' AND updated_at < ?1";
+// Template operations (imports, pulls, builds) have no sandbox to go with: a finished one goes
+// after the same retention as a deleted sandbox's, counted from its end.
+constexpr char kPurgeTemplateOperations[] =
+    "DELETE FROM operations WHERE sandbox_id = '' AND state IN ('succeeded', 'failed')"
+    " AND completed_at IS NOT NULL AND completed_at < ?1";
 
 constexpr char kGetTenant[] = "SELECT " SBX_STORE_TENANT_COLS " FROM tenants WHERE id = ?1";
 constexpr char kPutTenant[] = "INSERT INTO tenants (" SBX_STORE_TENANT_COLS R"sql()
@@ -513,7 +518,8 @@ class SqliteTx final : public Tx {
   absl::StatusOr<int64_t> PurgeDeletedSandboxes(const std::string& before) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kPurgeDeletedSandboxes));
     constexpr std::string_view kStep = "purge deleted sandboxes";
-    for (const char* sql : {kPurgeDeletedSessions, kPurgeDeletedOperations}) {
+    for (const char* sql : {kPurgeDeletedSessions, kPurgeDeletedOperations,
+                            kPurgeTemplateOperations}) {
       SBX_RETURN_IF_ERROR(DeleteWhere(sql, kStep, before).status());
     }
     return DeleteWhere(kPurgeDeletedSandboxes, kStep, before);

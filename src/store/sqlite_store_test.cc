@@ -909,6 +909,34 @@ TEST_F(SqliteStoreTest, PurgeDeletedSandboxesTakesTheirOperationsAndSessions) {
   EXPECT_EQ(*purged, 0);
 }
 
+// Template operations have no sandbox: a finished one goes after the same retention, counted
+// from its completion; one still running, or finished later, stays.
+TEST_F(SqliteStoreTest, PurgeTakesFinishedTemplateOperations) {
+  Open();
+  struct Case {
+    const char* id;
+    const char* state;
+    std::optional<int> completed;
+    bool purged;
+  };
+  const Case cases[] = {{"op_tpl_old", "succeeded", 5, true},
+                        {"op_tpl_failed", "failed", 6, true},
+                        {"op_tpl_recent", "succeeded", 50, false},
+                        {"op_tpl_running", "running", std::nullopt, false}};
+  for (const Case& c : cases) {
+    OperationRecord op = MakeOperation(c.id, "", c.state, 1);
+    op.kind = "template_build";
+    op.target = "app:1";
+    if (c.completed) op.completed_at = Ts(*c.completed);
+    ASSERT_TRUE(store_->Transact([&](Tx& tx) { return tx.PutOperation(op); }).ok());
+  }
+  ASSERT_TRUE(Read([&](Tx& tx) { return tx.PurgeDeletedSandboxes(Ts(10)); }).ok());
+  for (const Case& c : cases) {
+    auto got = Read([&](Tx& tx) { return tx.GetOperation(c.id); });
+    EXPECT_EQ(absl::IsNotFound(got.status()), c.purged) << c.id;
+  }
+}
+
 TEST_F(SqliteStoreTest, GarbageFileFailsCleanly) {
   std::string garbage(8192, 'x');
   for (size_t i = 0; i < garbage.size(); ++i) garbage[i] = static_cast<char>('a' + i % 26);
