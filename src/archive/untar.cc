@@ -95,7 +95,7 @@ class Extractor::Impl {
         file_mode_ = e.mode & 07777;
         file_mtime_ = e.mtime;
         file_path_ = shown;
-        files_.insert(*norm);
+        Remember(*norm);
         return absl::OkStatus();
       }
       case TarType::kSymlink: {
@@ -103,14 +103,18 @@ class Extractor::Impl {
         if (::symlinkat(e.linkname.c_str(), p.dir.get(), p.name.c_str()) != 0) {
           return FileErrnoStatus(errno, fmt::format("untar {}: symlinkat", shown));
         }
-        files_.erase(*norm);
+        Forget(*norm);
         return owner_ ? Chown(p.dir.get(), p.name, shown) : absl::OkStatus();
       }
       case TarType::kHardLink: {
         auto target = ValidatePath(e.linkname, "/");
         if (!target.ok() || !files_.contains(*target)) {
           return Refuse(e, fmt::format("is a hard link to \"{:.200}\", which is not a file made "
-                                       "earlier by this archive", e.linkname));
+                                       "earlier by this archive{}",
+                                       e.linkname,
+                                       targets_full_ ? " (only the first 16 MiB of file names are "
+                                                       "kept as link targets)"
+                                                     : ""));
         }
         // Both sides by their parent's fd (resolved in the root) and a last component that
         // linkat does not follow: neither end can be steered out of the tree.
@@ -119,7 +123,7 @@ class Extractor::Impl {
         if (::linkat(from.dir.get(), from.name.c_str(), p.dir.get(), p.name.c_str(), 0) != 0) {
           return FileErrnoStatus(errno, fmt::format("untar {}: linkat", shown));
         }
-        files_.insert(*norm);
+        Remember(*norm);
         return absl::OkStatus();
       }
       default:
@@ -211,6 +215,21 @@ class Extractor::Impl {
     return p;
   }
 
+  // The names a hard link may point at, bounded: the archive may be a sandbox's (sbx cp of a
+  // download), and millions of empty files must not become the extractor's memory.
+  void Remember(const std::string& name) {
+    if (files_.contains(name)) return;
+    if (files_bytes_ + name.size() > kMaxLinkTargetBytes) {
+      targets_full_ = true;
+      return;
+    }
+    files_bytes_ += name.size();
+    files_.insert(name);
+  }
+  void Forget(const std::string& name) {
+    if (files_.erase(name) != 0) files_bytes_ -= name.size();
+  }
+
   absl::Status Chown(int dir, const std::string& name, const std::string& shown) {
     const int flags = name.empty() ? AT_EMPTY_PATH : AT_SYMLINK_NOFOLLOW;
     if (::fchownat(dir, name.c_str(), owner_->first, owner_->second, flags) != 0) {
@@ -221,7 +240,10 @@ class Extractor::Impl {
 
   int base_;
   std::string base_path_;
+  static constexpr size_t kMaxLinkTargetBytes = 16 << 20;
   std::set<std::string> files_;  // regular files made so far: what a hard link may name
+  size_t files_bytes_ = 0;       // the names' bytes in files_
+  bool targets_full_ = false;    // a file was made but not remembered
   std::optional<std::pair<uid_t, gid_t>> owner_;
   std::optional<uint64_t> max_bytes_;
   uint64_t total_ = 0;
