@@ -14,6 +14,9 @@
 
 #include "common/status_util.h"
 
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010
+#endif
 #ifndef MFD_EXEC
 #define MFD_EXEC 0x0010U
 #endif
@@ -57,8 +60,16 @@ absl::StatusOr<AgentImage> AgentImage::Load(const std::string& path) {
     return absl::DataLossError(fmt::format("agent binary: {} shrank while being read", path));
   }
   if (::fchmod(mfd.get(), 0555) != 0) return ErrnoStatus(errno, "agent binary: fchmod(memfd)");
-  if (::fcntl(mfd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
-    return ErrnoStatus(errno, "agent binary: fcntl(memfd, F_ADD_SEALS)");
+  // F_SEAL_WRITE fails with EBUSY while any page of the memfd still carries an extra reference,
+  // and pages just written sit in another CPU's LRU batch holding one until that CPU drains it
+  // (seen in CI: sbxd refused to start). Nobody else holds this fd and it was never mapped, so
+  // F_SEAL_FUTURE_WRITE, which does not wait for those references, makes it just as immutable.
+  constexpr int kFixed = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  if (::fcntl(mfd.get(), F_ADD_SEALS, kFixed | F_SEAL_WRITE) != 0) {
+    if (errno != EBUSY) return ErrnoStatus(errno, "agent binary: fcntl(memfd, F_ADD_SEALS)");
+    if (::fcntl(mfd.get(), F_ADD_SEALS, kFixed | F_SEAL_FUTURE_WRITE) != 0) {
+      return ErrnoStatus(errno, "agent binary: fcntl(memfd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE)");
+    }
   }
   return AgentImage(std::move(mfd), static_cast<size_t>(st.st_size));
 }
