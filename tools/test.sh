@@ -188,7 +188,10 @@ if [[ "$SBX_TEST_ASAN" == "1" ]]; then
   else
     banner "ASan/UBSan build (build-asan/, at most ${remaining}s) + unit tests (ctest -LE root)"
     suite_start
-    run_budgeted "$remaining" bash tools/build.sh build-asan -DSBX_SANITIZE=ON
+    # -O1 -g1 (line tables) instead of -O2 -g halves the compile time of a sanitized object
+    # (routes.cc: 44 s -> 24 s) and still gives file:line in every report.
+    run_budgeted "$remaining" bash tools/build.sh build-asan -DSBX_SANITIZE=ON \
+      "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
     if [[ $BUDGET_OUTCOME == over-budget ]]; then
       echo "asan: the build did not finish within ${remaining}s; skipped"
       record asan-unit "skipped (build over time budget)"
