@@ -41,14 +41,7 @@ std::optional<std::chrono::system_clock::time_point> ParseSince(const std::strin
 
 // The attach keys are the deployment's: the operator's admin only.
 absl::Status NeedOperator(const service::Caller& who) {
-  if (who.tenant_id == service::kOperatorTenant &&
-      service::HasScope(who.scopes, service::Scope::kAdmin)) {
-    return absl::OkStatus();
-  }
-  return WithDetail(ApiError(absl::StatusCode::kPermissionDenied, "missing_scope",
-                             "the attach-token keys need the admin scope of the operator "
-                             "tenant \"default\""),
-                    "scope", "admin");
+  return service::RequireOperatorAdmin(who, "the attach-token keys");
 }
 
 }  // namespace

@@ -159,8 +159,7 @@ bool Api::Privileged(const http::Request& req) const {
   }
   // The operator's admin only: a tenant's token must not reach the reserve kept for them.
   auto who = Authenticate(req, std::nullopt, /*allow_attach_token=*/false);
-  return who.ok() && who->caller.tenant_id == service::kOperatorTenant &&
-         service::HasScope(who->caller.scopes, service::Scope::kAdmin);
+  return who.ok() && service::IsOperatorAdmin(who->caller);
 }
 
 // The access-log line is the server's (http/server.cc), with what Route (routes.cc) added to

@@ -193,9 +193,8 @@ Awaitable Api::Route(http::RequestContext& ctx) {
     // tenant, not the deployment.
     auto c = Authenticate(req, std::nullopt, /*allow_attach_token=*/false);
     if (!c.ok()) co_return Fail(ctx, c.status());
-    if (c->caller.tenant_id != service::kOperatorTenant ||
-        !service::HasScope(c->caller.scopes, service::Scope::kAdmin)) {
-      co_return Fail(ctx, MissingScope(service::Scope::kAdmin, "GET /metrics"));
+    if (auto st = service::RequireOperatorAdmin(c->caller, "GET /metrics"); !st.ok()) {
+      co_return Fail(ctx, st);
     }
   } else if (auth == Auth::kTenant || auth == Auth::kSession) {
     auto c = Authenticate(req, t.Query("token"), auth == Auth::kSession);

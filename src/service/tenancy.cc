@@ -33,15 +33,22 @@ absl::Status TokenNotFound(const std::string& id) {
                   fmt::format("token {:.64} not found", id));
 }
 
+}  // namespace
+
 bool IsOperatorAdmin(const Caller& who) {
   return who.tenant_id == kOperatorTenant && HasScope(who.scopes, Scope::kAdmin);
 }
 
-absl::Status NeedOperator(std::string_view what) {
-  return ApiError(absl::StatusCode::kPermissionDenied, "missing_scope",
-                  fmt::format("{} needs the admin scope of the operator tenant \"{}\"", what,
-                              kOperatorTenant));
+absl::Status RequireOperatorAdmin(const Caller& who, std::string_view what) {
+  if (IsOperatorAdmin(who)) return absl::OkStatus();
+  return WithDetail(
+      ApiError(absl::StatusCode::kPermissionDenied, "missing_scope",
+               fmt::format("{} needs the admin scope of the operator tenant \"{}\"", what,
+                           kOperatorTenant)),
+      "scope", "admin");
 }
+
+namespace {
 
 int64_t QuotaOf(const json& quotas, const char* key) {
   if (!quotas.is_object()) return -1;
@@ -164,7 +171,7 @@ absl::StatusOr<TokenRecord> Tenancy::VisibleToken(Tx& tx, const Caller& who,
 }
 
 absl::StatusOr<json> Tenancy::CreateTenant(const Caller& who, const TenantSpec& spec) {
-  if (!IsOperatorAdmin(who)) return NeedOperator("creating a tenant");
+  SBX_RETURN_IF_ERROR(RequireOperatorAdmin(who, "creating a tenant"));
   TenantRecord t;
   t.id = NewId("ten");
   t.name = spec.name.value_or("");
@@ -211,7 +218,7 @@ absl::StatusOr<json> Tenancy::UpdateTenant(const Caller& who, const std::string&
   SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
     SBX_ASSIGN_OR_RETURN(t, VisibleTenant(tx, who, id));
     // Seeing one's own tenant is not changing its quotas.
-    if (!IsOperatorAdmin(who)) return NeedOperator("changing a tenant");
+    SBX_RETURN_IF_ERROR(RequireOperatorAdmin(who, "changing a tenant"));
     if (t.state != "active") {
       return ApiError(absl::StatusCode::kFailedPrecondition, "tenant_deleting",
                       fmt::format("tenant {} is being deleted", id));
@@ -231,7 +238,7 @@ absl::StatusOr<std::vector<std::string>> Tenancy::BeginDeleteTenant(const Caller
   SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
     live.clear();
     SBX_ASSIGN_OR_RETURN(TenantRecord t, VisibleTenant(tx, who, id));
-    if (!IsOperatorAdmin(who)) return NeedOperator("deleting a tenant");
+    SBX_RETURN_IF_ERROR(RequireOperatorAdmin(who, "deleting a tenant"));
     if (id == kOperatorTenant) {
       return ApiError(absl::StatusCode::kFailedPrecondition, "failed_precondition",
                       "the operator tenant \"default\" cannot be deleted");

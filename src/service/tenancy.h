@@ -30,6 +30,14 @@ namespace sbx::service {
 inline constexpr char kOperatorTenant[] = "default";
 inline constexpr char kBootstrapTokenId[] = "bootstrap";
 
+// The deployment's own administrator: a token with the admin scope of the operator tenant. Only
+// it reaches what belongs to the deployment rather than to one tenant (tenants, the attach keys,
+// /metrics, the admission reserve, shared templates).
+bool IsOperatorAdmin(const Caller& who);
+// OK for the operator's admin; otherwise 403 missing_scope (detail scope=admin) saying that
+// `what` needs it.
+absl::Status RequireOperatorAdmin(const Caller& who, std::string_view what);
+
 // Who a management token is, and how fast it may go.
 struct Principal {
   Caller caller;
