@@ -10,6 +10,7 @@
 #include "api/render.h"
 #include "api/requests.h"
 #include "api/routes.h"
+#include "service/template_service.h"
 #include "common/log.h"
 #include "common/status_util.h"
 #include "common/time_util.h"
@@ -73,6 +74,12 @@ Awaitable Routes::DeleteTenant(Api& api, Call& call) {
   auto live = log::With(call.ctx.log,
                         [&] { return api.opts_.tenancy->BeginDeleteTenant(call.caller, call.id); });
   if (!live.ok()) co_return Fail(call.ctx, live.status());
+  if (api.opts_.templates != nullptr) {
+    // Its own templates go now (a release a sandbox of it still runs stays until gc).
+    auto dropped = log::With(call.ctx.log,
+                             [&] { return api.opts_.templates->DeleteNamespace(call.id); });
+    if (!dropped.ok()) co_return Fail(call.ctx, Annotate(dropped.status(), "delete its templates"));
+  }
   service::Caller owner;
   owner.tenant_id = call.id;
   owner.token_id = call.caller.token_id;

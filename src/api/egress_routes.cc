@@ -12,8 +12,9 @@ namespace sbx::api {
 namespace bhttp = http::bhttp;
 
 Awaitable Routes::EgressProfiles(Api& api, Call& call) {
-  (void)call;
-  co_return RenderJson(bhttp::status::ok, api.svc_.EgressProfiles());
+  auto profiles = log::With(call.ctx.log, [&] { return api.svc_.EgressProfiles(call.caller); });
+  if (!profiles.ok()) co_return Fail(call.ctx, profiles.status());
+  co_return RenderJson(bhttp::status::ok, *profiles);
 }
 
 Awaitable Routes::SandboxEgress(Api& api, Call& call) {

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <limits>
 
@@ -267,7 +268,7 @@ absl::StatusOr<std::string> GetName(const Json& v, const std::string& field) {
 
 absl::StatusOr<service::TenantSpec> ParseTenantSpec(const std::string& body, bool create) {
   SBX_ASSIGN_OR_RETURN(Json j, ParseObject(body, /*empty_ok=*/!create));
-  SBX_RETURN_IF_ERROR(CheckKnown(j, {"name", "quotas", "rate_limit"}, ""));
+  SBX_RETURN_IF_ERROR(CheckKnown(j, {"name", "quotas", "rate_limit", "egress_profiles"}, ""));
   service::TenantSpec out;
   if (j.contains("name")) {
     SBX_ASSIGN_OR_RETURN(out.name, GetName(j["name"], "name"));
@@ -305,6 +306,26 @@ absl::StatusOr<service::TenantSpec> ParseTenantSpec(const std::string& body, boo
       return FieldError("rate_limit.burst", "needs rate_limit.requests_per_s");
     }
     out.rate_limit = std::move(checked);
+  }
+  if (j.contains("egress_profiles")) {
+    // null: every profile of the deployment; a list: those (and `none`). A name the deployment
+    // lacks is accepted (profiles come and go with its configuration) and matches nothing.
+    const Json& e = j["egress_profiles"];
+    if (!e.is_null() && !e.is_array()) {
+      return FieldError("egress_profiles", "must be an array of profile names, or null for all");
+    }
+    if (e.is_array() && e.size() > 256) return FieldError("egress_profiles", "at most 256 names");
+    Json checked = e.is_null() ? Json(nullptr) : Json::array();
+    for (size_t i = 0; e.is_array() && i < e.size(); ++i) {
+      const std::string f = fmt::format("egress_profiles[{}]", i);
+      SBX_ASSIGN_OR_RETURN(std::string n, GetString(e[i], f, 63));
+      if (n.empty() || n.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") !=
+                           std::string::npos) {
+        return FieldError(f, "a profile name is 1-63 of a-z, 0-9 and '_'");
+      }
+      if (std::find(checked.begin(), checked.end(), n) == checked.end()) checked.push_back(n);
+    }
+    out.egress_profiles = std::move(checked);
   }
   return out;
 }

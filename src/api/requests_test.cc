@@ -244,6 +244,37 @@ TEST(TenantSpec, NameQuotasAndRate) {
   EXPECT_TRUE(ParseTenantSpec(R"({"rate_limit":{}})", false).ok());  // back to the default
 }
 
+TEST(TenantSpec, EgressProfiles) {
+  auto ok = ParseTenantSpec(R"({"egress_profiles":["lab","pypi","lab"]})", false);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(*ok->egress_profiles, nlohmann::json::array({"lab", "pypi"}));  // once each
+  ok = ParseTenantSpec(R"({"egress_profiles":null})", false);  // every profile again
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  ASSERT_TRUE(ok->egress_profiles.has_value());
+  EXPECT_TRUE(ok->egress_profiles->is_null());
+  ok = ParseTenantSpec(R"({"egress_profiles":[]})", false);  // `none` only
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(ok->egress_profiles->is_array() && ok->egress_profiles->empty());
+  EXPECT_FALSE(ParseTenantSpec(R"({"name":"a"})", true)->egress_profiles.has_value());
+  EXPECT_EQ(FieldOf(ParseTenantSpec(R"({"egress_profiles":"lab"})", false).status()),
+            "egress_profiles");
+  EXPECT_EQ(FieldOf(ParseTenantSpec(R"({"egress_profiles":{}})", false).status()),
+            "egress_profiles");
+  for (const char* bad : {R"([1])", R"([""])", R"(["Lab"])", R"(["a-b"])", R"(["a b"])",
+                          R"([null])", R"(["ok","p;drop"])"}) {
+    auto r = ParseTenantSpec(std::string(R"({"egress_profiles":)") + bad + "}", false);
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) {
+      EXPECT_EQ(FieldOf(r.status()).rfind("egress_profiles[", 0), 0u) << bad;
+    }
+  }
+  EXPECT_FALSE(ParseTenantSpec(R"({"egress_profiles":[")" + std::string(64, 'a') + R"("]})",
+                               false).ok());
+  std::string many = R"({"egress_profiles":[)";
+  for (int i = 0; i < 257; ++i) many += (i ? "," : "") + ("\"p" + std::to_string(i) + "\"");
+  EXPECT_EQ(FieldOf(ParseTenantSpec(many + "]}", false).status()), "egress_profiles");
+}
+
 TEST(TokenSpec, NameScopesExpiry) {
   auto ok = ParseTokenSpec(R"({"name":"ci","scopes":["read","files"],"expires_in_s":60})");
   ASSERT_TRUE(ok.ok()) << ok.status();

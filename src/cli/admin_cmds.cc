@@ -20,7 +20,9 @@ using nlohmann::json;
 
 // --quota KEY=N and --rate/--burst into a tenant body.
 absl::StatusOr<json> TenantBody(const std::string& name, const std::vector<std::string>& quotas,
-                                double rate, int64_t burst) {
+                                double rate, int64_t burst,
+                                const std::vector<std::string>& egress_profiles,
+                                bool all_egress_profiles) {
   json body = json::object();
   if (!name.empty()) body["name"] = name;
   if (!quotas.empty()) {
@@ -49,6 +51,11 @@ absl::StatusOr<json> TenantBody(const std::string& name, const std::vector<std::
     body["rate_limit"] = {{"requests_per_s", rate}};
     if (burst > 0) body["rate_limit"]["burst"] = burst;
   }
+  if (all_egress_profiles && !egress_profiles.empty()) {
+    return absl::InvalidArgumentError("--egress-profiles and --all-egress-profiles exclude each other");
+  }
+  if (all_egress_profiles) body["egress_profiles"] = nullptr;
+  if (!egress_profiles.empty()) body["egress_profiles"] = egress_profiles;
   return body;
 }
 
@@ -69,6 +76,8 @@ void RegisterTenant(CLI::App& admin, Context& ctx) {
     std::vector<std::string> quotas;
     double rate = 0;
     int64_t burst = 0;
+    std::vector<std::string> egress_profiles;
+    bool all_egress_profiles = false;
   };
   auto f = std::make_shared<Flags>();
   auto add_limits = [f](CLI::App* cmd) {
@@ -77,12 +86,19 @@ void RegisterTenant(CLI::App& admin, Context& ctx) {
                     "sessions_per_sandbox, templates, template_bytes (max_ optional)");
     cmd->add_option("--rate", f->rate, "Requests per second per token");
     cmd->add_option("--burst", f->burst, "Requests at once above the rate");
+    cmd->add_option("--egress-profiles", f->egress_profiles,
+                    "The egress profiles its sandboxes and builds may use (comma-separated; "
+                    "`none` is always allowed); default: every profile")
+        ->delimiter(',');
+    cmd->add_flag("--all-egress-profiles", f->all_egress_profiles,
+                  "Allow every egress profile of the deployment again");
   };
   CLI::App* create = tenant->add_subcommand("create", "Create a tenant and print it");
   create->add_option("name", f->name, "Its name")->required();
   add_limits(create);
   create->callback([f, &ctx] {
-    auto body = TenantBody(f->name, f->quotas, f->rate, f->burst);
+    auto body = TenantBody(f->name, f->quotas, f->rate, f->burst, f->egress_profiles,
+                           f->all_egress_profiles);
     ctx.action = [body](Client& client) -> absl::StatusOr<int> {
       if (!body.ok()) return body.status();
       return Call("POST", "/v1/admin/tenants", std::make_shared<json>(*body))(client);
@@ -99,7 +115,8 @@ void RegisterTenant(CLI::App& admin, Context& ctx) {
   update->add_option("--name", f->name, "A new name");
   add_limits(update);
   update->callback([f, &ctx] {
-    auto body = TenantBody(f->name, f->quotas, f->rate, f->burst);
+    auto body = TenantBody(f->name, f->quotas, f->rate, f->burst, f->egress_profiles,
+                           f->all_egress_profiles);
     const std::string path = "/v1/admin/tenants/" + UrlEncode(f->id);
     ctx.action = [body, path](Client& client) -> absl::StatusOr<int> {
       if (!body.ok()) return body.status();

@@ -108,7 +108,9 @@ absl::StatusOr<int> FinishOperation(Client& client, const json& answer, bool wai
 
 void RegisterList(CLI::App& tpl, Context& ctx) {
   auto as_json = std::make_shared<bool>(false);
-  CLI::App* cmd = tpl.add_subcommand("ls", "List templates (name, tag, digest, size, source)");
+  CLI::App* cmd = tpl.add_subcommand(
+      "ls", "List templates (name, tag, digest, size, source; OWNER: yours, or the "
+            "deployment's shared catalogue)");
   cmd->add_flag("--json", *as_json, "Print the JSON answer");
   cmd->callback([as_json, &ctx] {
     ctx.action = [as_json](Client& client) -> absl::StatusOr<int> {
@@ -118,8 +120,8 @@ void RegisterList(CLI::App& tpl, Context& ctx) {
         PrintJson(*res);
         return 0;
       }
-      std::vector<std::array<std::string, 5>> rows;
-      rows.push_back({"NAME:TAG", "DIGEST", "SIZE", "SOURCE", "CREATED"});
+      std::vector<std::array<std::string, 6>> rows;
+      rows.push_back({"NAME:TAG", "OWNER", "DIGEST", "SIZE", "SOURCE", "CREATED"});
       const json templates = res->value("templates", json::array());
       for (const json& t : templates) {
         std::map<std::string, json> releases;
@@ -132,19 +134,21 @@ void RegisterList(CLI::App& tpl, Context& ctx) {
           const json src = rel.value("source", t.value("source", json::object()));
           std::string source = src.is_object() ? JsonString(src, "kind") : "";
           if (src.is_object() && src.contains("image")) source += " " + JsonString(src, "image");
-          rows.push_back({JsonString(t, "name") + ":" + tag, d.substr(0, 19),
+          const bool shared = t.value("shared", true);
+          rows.push_back({JsonString(t, "name") + ":" + tag, shared ? "shared" : "yours",
+                          d.substr(0, 19),
                           rel.empty() ? "-" : Mib(rel, "size"), source,
                           JsonString(rel, "created_at")});
         }
       }
-      std::array<size_t, 5> w{};
+      std::array<size_t, 6> w{};
       for (const auto& r : rows) {
         for (size_t i = 0; i < r.size(); ++i) w[i] = std::max(w[i], r[i].size());
       }
       std::string out;
       for (const auto& r : rows) {
-        out += fmt::format("{:<{}}   {:<{}}   {:>{}}   {:<{}}   {}\n", r[0], w[0], r[1], w[1],
-                           r[2], w[2], r[3], w[3], r[4]);
+        out += fmt::format("{:<{}}   {:<{}}   {:<{}}   {:>{}}   {:<{}}   {}\n", r[0], w[0], r[1],
+                           w[1], r[2], w[2], r[3], w[3], r[4], w[4], r[5]);
       }
       SBX_RETURN_IF_ERROR(WriteAll(1, out));
       return 0;

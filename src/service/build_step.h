@@ -22,6 +22,7 @@ namespace sbx::service {
 struct BuildStepRequest {
   runtime::TemplateSpec tmpl;     // the intermediate result the step runs on
   CreateSandboxRequest sandbox;   // resources and egress profile the build names
+  std::string tenant_id;          // whose build: the egress profiles it may use apply
   // RUN: the process (argv, cwd, env, user, timeout); its cwd is made first if missing.
   std::optional<protocol::SessionSpec> run;
   // COPY/ADD: a tar stream unpacked at "/" (names relative to it), pieces until an empty one.

@@ -12,6 +12,7 @@
 #include "common/status_util.h"
 #include "service/build_step.h"
 #include "service/sandbox_service.h"
+#include "service/tenancy.h"
 #include "service/service_internal.h"
 
 namespace sbx::service {
@@ -99,6 +100,11 @@ asio::awaitable<absl::StatusOr<std::optional<std::string>>> Drive(AgentClient ag
 absl::StatusOr<BuildStepResult> SandboxService::RunBuildStep(const BuildStepRequest& req) {
   SBX_ASSIGN_OR_RETURN(runtime::Backend * backend,
                        BackendFor(req.sandbox.runtime.value_or(opts_.default_runtime)));
+  if (!req.tenant_id.empty()) {
+    SBX_RETURN_IF_ERROR(store_.Transact([&](store::Tx& tx) {
+      return CheckEgressProfile(tx, req.tenant_id, req.sandbox.egress_profile);
+    }));
+  }
   SBX_ASSIGN_OR_RETURN(nlohmann::json egress, ResolveEgress(req.sandbox));
   runtime::SandboxSpec spec;
   spec.id = NewId("sbx");

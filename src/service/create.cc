@@ -61,14 +61,15 @@ void SandboxService::TemplateChanged() {
   });
 }
 
-std::optional<WarmSandbox> SandboxService::TakeWarm(const CreateSandboxRequest& req,
+std::optional<WarmSandbox> SandboxService::TakeWarm(const Caller& caller,
+                                                    const CreateSandboxRequest& req,
                                                     const runtime::Resources& defaults,
                                                     const nlohmann::json& egress) {
   // Pooled sandboxes have the default limits; any other request is built cold. A `none` create
   // takes a loopback-only member, a networked one a network-ready member (never the other way:
   // a `none` sandbox must have no veth at all, docs/isolation.md §2.3a).
   if (!(EffectiveOf(req, defaults) == defaults)) return std::nullopt;
-  auto tmpl = templates_.Resolve(req.template_ref);
+  auto tmpl = templates_.Resolve(req.template_ref, TemplateNamespaceOf(caller));
   if (!tmpl.ok()) return std::nullopt;
   const bool networked = !egress.is_null();
   std::optional<WarmSandbox> warm = pool_->Take(req.runtime.value_or(opts_.default_runtime),
@@ -124,7 +125,7 @@ absl::StatusOr<Answer<SandboxCreated>> SandboxService::CreateSandbox(
   // with the old defaults the new ones' effective_resources.
   const runtime::Resources defaults = this->defaults();
   const runtime::Resources effective = EffectiveOf(req, defaults);
-  std::optional<WarmSandbox> warm = TakeWarm(req, defaults, egress);
+  std::optional<WarmSandbox> warm = TakeWarm(caller, req, defaults, egress);
   std::optional<OperationRecord> finished;  // the create, when the warm pool served it
   // The id this create holds capacity for; given back unless the transaction records it.
   std::optional<std::string> admitted;
@@ -136,11 +137,14 @@ absl::StatusOr<Answer<SandboxCreated>> SandboxService::CreateSandbox(
                                         [&](Tx& tx) -> absl::StatusOr<Accepted<SandboxCreated>> {
     finished.reset();
     unadmit();  // an earlier attempt of this transaction (busy retry) held it under another id
-    SBX_ASSIGN_OR_RETURN(runtime::TemplateSpec tmpl, templates_.Resolve(req.template_ref));
+    SBX_ASSIGN_OR_RETURN(runtime::TemplateSpec tmpl,
+                         templates_.Resolve(req.template_ref, TemplateNamespaceOf(caller)));
     SandboxRecord sb = NewSandbox(caller, req, tmpl);
     sb.egress = egress;
     sb.port_access = NewPortAccess(req.public_ports);
     SBX_RETURN_IF_ERROR(BackendFor(sb.runtime).status());
+    // The tenant's profiles, read with its quotas (one row, in this transaction).
+    SBX_RETURN_IF_ERROR(CheckEgressProfile(tx, caller.tenant_id, req.egress_profile));
     // In the transaction that records the sandbox: concurrent creates cannot pass it together.
     SBX_RETURN_IF_ERROR(CheckSandboxQuota(tx, caller.tenant_id, effective, /*new_sandbox=*/true));
     sb.id = warm ? warm->instance->id() : NewId("sbx");

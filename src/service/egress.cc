@@ -9,6 +9,7 @@
 #include "service/sandbox_service.h"
 #include "service/sandbox_state.h"
 #include "service/service_internal.h"
+#include "service/tenancy.h"
 
 namespace sbx::service {
 
@@ -37,9 +38,21 @@ absl::StatusOr<Json> SandboxService::ResolveEgress(const CreateSandboxRequest& r
   return resolved->ToJson();
 }
 
-Json SandboxService::EgressProfiles() const {
-  if (opts_.egress_catalog) return opts_.egress_catalog->ToJson();
-  return {{"egress_profiles", Json::array({net::NoneProfile().ToJson()})}};
+absl::StatusOr<Json> SandboxService::EgressProfiles(const Caller& caller) const {
+  if (!opts_.egress_catalog) return Json{{"egress_profiles", Json::array({net::NoneProfile().ToJson()})}};
+  Json all = opts_.egress_catalog->ToJson();
+  std::optional<std::set<std::string>> allowed;
+  SBX_RETURN_IF_ERROR(store_.Transact([&](store::Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(allowed, AllowedEgressProfiles(tx, caller.tenant_id));
+    return absl::OkStatus();
+  }));
+  if (!allowed || !all.contains("egress_profiles")) return all;
+  Json kept = Json::array();
+  for (const Json& p : all["egress_profiles"]) {
+    if (p.is_object() && allowed->count(p.value("name", ""))) kept.push_back(p);
+  }
+  all["egress_profiles"] = std::move(kept);
+  return all;
 }
 
 absl::StatusOr<Json> SandboxService::SandboxEgress(const Caller& caller, const std::string& id) {

@@ -62,6 +62,8 @@ struct TenantSpec {
   std::optional<std::string> name;
   std::optional<nlohmann::json> quotas;      // {"max_sandboxes": N, ...}: replaces the whole set
   std::optional<nlohmann::json> rate_limit;  // {"requests_per_s": R, "burst": B} or {}
+  // ["name", ...] (the egress profiles it may use besides `none`) or null (every one).
+  std::optional<nlohmann::json> egress_profiles;
 };
 
 // POST /v1/admin/tenants/{id}/tokens.

@@ -164,7 +164,8 @@ class SandboxService {
   absl::StatusOr<store::SandboxRecord> GetSandbox(const Caller& caller, const std::string& id);
   // Egress (egress.cc): the profiles offered (GET /v1/egress-profiles), and one sandbox's
   // rules and denials by reason (GET /v1/sandboxes/{id}/egress).
-  nlohmann::json EgressProfiles() const;
+  // The deployment's profiles that `caller`'s tenant may use (docs/tenancy.md).
+  absl::StatusOr<nlohmann::json> EgressProfiles(const Caller& caller) const;
   absl::StatusOr<nlohmann::json> SandboxEgress(const Caller& caller, const std::string& id);
   // PATCH /v1/sandboxes/{id}/egress with {"allow": [rules]}: the running sandbox's allow
   // rules, within its profile's, live and stored; answers what SandboxEgress does plus
@@ -381,7 +382,7 @@ class SandboxService {
   // A pooled sandbox that can serve `req` as requested with `defaults`, or nullopt. `egress`:
   // the create's resolved egress (null: `none`); a networked one is served by a network-ready
   // member, given `egress` here (Instance::AttachEgress), or by none when that fails.
-  std::optional<WarmSandbox> TakeWarm(const CreateSandboxRequest& req,
+  std::optional<WarmSandbox> TakeWarm(const Caller& caller, const CreateSandboxRequest& req,
                                       const runtime::Resources& defaults, const nlohmann::json& egress);
 
   ServiceOptions opts_;  // opts_.defaults is the start-up value only: see defaults_

@@ -234,12 +234,13 @@ runtime::TemplateSpec TemplateService::SpecOfBuild(const image::Image& img) cons
 
 absl::StatusOr<image::Image> TemplateService::BuildParent(const std::string& op_id,
                                                           const std::string& ref,
+                                                          const std::string& ns,
                                                           const std::string& dir,
                                                           const image::ProgressFn& progress,
                                                           const image::CancelFn& cancelled) {
   (void)op_id;
   if (ref.find('/') == std::string::npos) {
-    auto tmpl = templates_.Resolve(ref);
+    auto tmpl = templates_.Resolve(ref, ns);
     if (!tmpl.ok()) {
       return ApiError(absl::StatusCode::kNotFound, "template_not_found",
                       fmt::format("FROM {:.100}: {}; an image of a registry is named with its "
@@ -368,6 +369,17 @@ absl::StatusOr<OperationStarted> TemplateService::Build(const Caller& caller,
                            "a build needs a Dockerfile: its text, or a context that holds it",
                            "source.build.dockerfile"));
   }
+  spec.ns = NamespaceOf(caller);
+  spec.tenant_id = caller.tenant_id;
+  // Refused now rather than at the first RUN (each step checks again: the list may change).
+  if (absl::Status st = store_.Transact([&](store::Tx& tx) {
+        return CheckEgressProfile(tx, caller.tenant_id, spec.sandbox.egress_profile);
+      });
+      !st.ok()) {
+    return refuse(ApiError(st.code(), ApiErrorCode(st),
+                           fmt::format("source.build.sandbox: {}", std::string(st.message())),
+                           "source.build.sandbox.egress_profile"));
+  }
   json source = {{"kind", "build"}};
   if (!spec.args.empty()) source["args"] = spec.args;
   if (spec.sandbox.egress_profile != "none") source["egress_profile"] = spec.sandbox.egress_profile;
@@ -480,11 +492,13 @@ absl::StatusOr<image::Image> TemplateService::RunBuildSteps(const std::string& o
     switch (s.kind) {
       case df::Kind::kFrom: {
         SBX_ASSIGN_OR_RETURN(std::string ref, df::Expand(s.value, vars));
-        SBX_ASSIGN_OR_RETURN(img, BuildParent(op_id, ref, dir, progress, cancelled));
+        SBX_ASSIGN_OR_RETURN(img, BuildParent(op_id, ref, spec.ns, dir, progress, cancelled));
         img.config.os = "linux";
         img.config.architecture = "amd64";
         for (const auto& l : img.layers) budget -= std::min(budget, l.unpacked_bytes);
-        key = img.digest;
+        // Each tenant's steps chain from their own root: a cached RUN of another tenant (made
+        // with its egress, its secrets in ARGs) never stands in for this one's.
+        key = spec.ns.empty() ? img.digest : Sha256Digest(spec.ns + "\n" + img.digest);
         say(fmt::format("parent {} ({}, {} layers)", ref, img.digest, img.layers.size()));
         continue;
       }
@@ -541,6 +555,7 @@ absl::StatusOr<image::Image> TemplateService::RunBuildSteps(const std::string& o
       case df::Kind::kAdd: {
         BuildStepRequest req;
         req.sandbox = spec.sandbox;
+        req.tenant_id = spec.tenant_id;
         req.cancelled = cancelled;
         std::string step_key;
         const std::string files_tar = fmt::format("{}/copy-{}.tar", dir, n);

@@ -99,7 +99,8 @@ json TemplateService::TemplateView(const std::string& name, const std::vector<Ta
                         {"source", rec.source}, {"config", rec.config},
                         {"layers", rec.layers}, {"created_at", rec.created_at}});
   }
-  json out = {{"name", name}, {"tags", tag_map}, {"releases", releases}};
+  const SplitName shown = SplitTemplateName(name);
+  json out = {{"name", shown.name}, {"tags", tag_map}, {"releases", releases}};
   // The release of `latest` (or the tag moved last) in the summary fields.
   const ImageRecord* head = nullptr;
   if (newest != nullptr) {
@@ -111,35 +112,131 @@ json TemplateService::TemplateView(const std::string& name, const std::vector<Ta
   out["config"] = head ? head->config : json(nullptr);
   out["created_at"] = head ? json(head->created_at) : json(nullptr);
   out["builtin"] = false;
+  out["shared"] = shown.ns.empty();
   return out;
 }
 
-absl::StatusOr<json> TemplateService::List(const Caller&) {
-  SBX_ASSIGN_OR_RETURN(Catalog c, ReadCatalog(store_));
+namespace {
+
+// What namespace `ns` sees of the catalogue: its own tags and the shared ones, and the releases
+// made under those names or named by those tags. Another tenant's never shows, not even in the
+// sizes (unique_size is computed among what is seen).
+Catalog Visible(const Catalog& all, const std::string& ns) {
+  Catalog c;
+  std::set<std::string> digests;
+  auto sees = [&](const std::string& name) {
+    const std::string owner = SplitTemplateName(name).ns;
+    return owner.empty() || owner == ns;
+  };
+  for (const TagRecord& t : all.tags) {
+    if (!sees(t.name)) continue;
+    c.tags.push_back(t);
+    digests.insert(t.digest);
+  }
+  for (const auto& [digest, rec] : all.images) {
+    if (sees(rec.name) || digests.count(digest)) c.images[digest] = rec;
+  }
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<json> TemplateService::List(const Caller& caller) {
+  SBX_ASSIGN_OR_RETURN(Catalog all, ReadCatalog(store_));
+  const std::string ns = NamespaceOf(caller);
+  const Catalog c = Visible(all, ns);
   json list = json::array();
   list.push_back({{"name", "base"},
                   {"tags", {{"latest", templates_.base_digest()}}},
                   {"digest", templates_.base_digest()},
                   {"builtin", true},
+                  {"shared", true},
                   {"source", {{"kind", "builtin"}}}});
   std::set<std::string> names;
   for (const TagRecord& t : c.tags) names.insert(t.name);
-  for (const auto& [digest, rec] : c.images) names.insert(rec.name);
-  for (const std::string& n : names) list.push_back(TemplateView(n, c.tags, c.images));
-  return json{{"templates", list}, {"store_bytes", layers_->UsedBytes()}};
+  for (const auto& [digest, rec] : c.images) {
+    const std::string owner = SplitTemplateName(rec.name).ns;
+    if (owner.empty() || owner == ns) names.insert(rec.name);
+  }
+  // The caller's own first: a name of its own hides the shared one of that name in Get and in
+  // creates.
+  for (const std::string& n : names) {
+    if (!SplitTemplateName(n).ns.empty()) list.push_back(TemplateView(n, c.tags, c.images));
+  }
+  for (const std::string& n : names) {
+    if (SplitTemplateName(n).ns.empty()) list.push_back(TemplateView(n, c.tags, c.images));
+  }
+  json out = {{"templates", list}};
+  // The layer store is the deployment's: its size is the operator's to see.
+  if (ns.empty()) out["store_bytes"] = layers_->UsedBytes();
+  return out;
 }
 
 absl::StatusOr<json> TemplateService::Get(const Caller& caller, const std::string& name) {
   SBX_RETURN_IF_ERROR(CheckTemplateName(name));
   SBX_ASSIGN_OR_RETURN(json all, List(caller));
   for (const json& t : all["templates"]) {
-    if (t["name"] == name) return t;
+    if (t["name"] == name) return t;  // the caller's own comes first
   }
   return TemplateNotFound(name);
 }
 
+absl::StatusOr<TemplateService::Removed> TemplateService::RemoveTags(
+    const std::function<bool(const TagRecord&)>& goes, const std::string& what,
+    bool refuse_in_use) {
+  Removed out;
+  std::map<std::string, int> pooled =
+      opts_.pooled_digests ? opts_.pooled_digests() : std::map<std::string, int>();
+  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+    out = Removed{};
+    SBX_ASSIGN_OR_RETURN(std::vector<TagRecord> tags, tx.ListTags());
+    std::map<std::string, int> tags_left;  // digest -> tags that stay
+    for (const TagRecord& t : tags) {
+      if (goes(t)) {
+        out.tags.push_back(t);
+      } else {
+        ++tags_left[t.digest];
+      }
+    }
+    if (out.tags.empty()) return absl::OkStatus();
+    std::set<std::string> orphans;
+    for (const TagRecord& t : out.tags) {
+      if (tags_left[t.digest] == 0) orphans.insert(t.digest);
+    }
+    for (const std::string& d : orphans) {
+      const int held = pooled.count(d) ? pooled[d] : 0;
+      SBX_ASSIGN_OR_RETURN(int64_t live, tx.CountLiveSandboxesWithDigest(d));
+      if (held == 0 && live == 0) {
+        SBX_RETURN_IF_ERROR(tx.DeleteImage(d));
+        out.releases.push_back(d);
+        continue;
+      }
+      if (!refuse_in_use) continue;  // gc takes it once nothing runs it
+      if (held > 0) {
+        return WithDetail(
+            ApiError(absl::StatusCode::kFailedPrecondition, "template_in_use",
+                     fmt::format("template {} ({}) is held by {} warm-pool sandbox(es): set its "
+                                 "warm_pool size to 0 first, or move another tag to this release",
+                                 what, d, held)),
+            "digest", d);
+      }
+      return WithDetail(
+          ApiError(absl::StatusCode::kFailedPrecondition, "template_in_use",
+                   fmt::format("template {} ({}) is used by {} sandbox(es): delete them first, "
+                               "or move another tag to this release to keep it",
+                               what, d, live)),
+          "digest", d);
+    }
+    for (const TagRecord& t : out.tags) SBX_RETURN_IF_ERROR(tx.DeleteTag(t.name, t.tag));
+    return absl::OkStatus();
+  }));
+  for (const TagRecord& t : out.tags) templates_.RemoveTag(t.name, t.tag);
+  for (const std::string& d : out.releases) templates_.RemoveImage(d);
+  if (!out.tags.empty() && opts_.template_changed) opts_.template_changed();
+  return out;
+}
+
 absl::StatusOr<json> TemplateService::Delete(const Caller& caller, const std::string& ref_text) {
-  SBX_RETURN_IF_ERROR(CheckAdmin(caller));
   // "name" or "name:tag"; ParseTemplateRef would read a bare name as name:latest.
   std::string name = ref_text, tag;
   if (size_t colon = ref_text.rfind(':');
@@ -153,71 +250,48 @@ absl::StatusOr<json> TemplateService::Delete(const Caller& caller, const std::st
     return ApiError(absl::StatusCode::kFailedPrecondition, "template_builtin",
                     "`base` is the built-in template and cannot be deleted");
   }
-  std::vector<TagRecord> removed;
-  std::vector<std::string> releases_removed;
-  std::map<std::string, int> pooled =
-      opts_.pooled_digests ? opts_.pooled_digests() : std::map<std::string, int>();
-  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
-    removed.clear();
-    releases_removed.clear();
-    SBX_ASSIGN_OR_RETURN(std::vector<TagRecord> tags, tx.ListTags());
-    std::map<std::string, int> tags_left;  // digest -> tags that stay
-    for (const TagRecord& t : tags) {
-      const bool goes = t.name == name && (tag.empty() || t.tag == tag);
-      if (goes) {
-        removed.push_back(t);
-      } else {
-        ++tags_left[t.digest];
-      }
+  const std::string ns = NamespaceOf(caller);
+  const std::string stored = QualifiedTemplateName(ns, name);
+  const std::string what = tag.empty() ? name : name + ":" + tag;
+  SBX_ASSIGN_OR_RETURN(
+      Removed removed,
+      RemoveTags([&](const TagRecord& t) { return t.name == stored && (tag.empty() || t.tag == tag); },
+                 what, /*refuse_in_use=*/true));
+  if (removed.tags.empty()) {
+    if (!ns.empty() && templates_.Resolve(what, "").ok()) {
+      // Seen, so not a 404: it is the deployment's, not this tenant's.
+      return WithDetail(ApiError(absl::StatusCode::kPermissionDenied, "missing_scope",
+                                 fmt::format("template {} is shared by the operator: only the "
+                                             "operator tenant changes it",
+                                             what)),
+                        "scope", "admin");
     }
-    if (removed.empty()) {
-      return TemplateNotFound(tag.empty() ? name : name + ":" + tag);
-    }
-    std::set<std::string> orphans;
-    for (const TagRecord& t : removed) {
-      if (tags_left[t.digest] == 0) orphans.insert(t.digest);
-    }
-    for (const std::string& d : orphans) {
-      if (int n = pooled.count(d) ? pooled[d] : 0; n > 0) {
-        return WithDetail(
-            ApiError(absl::StatusCode::kFailedPrecondition, "template_in_use",
-                     fmt::format("template {} ({}) is held by {} warm-pool sandbox(es): set its "
-                                 "warm_pool size to 0 first, or move another tag to this release",
-                                 tag.empty() ? name : name + ":" + tag, d, n)),
-            "digest", d);
-      }
-      SBX_ASSIGN_OR_RETURN(int64_t live, tx.CountLiveSandboxesWithDigest(d));
-      if (live > 0) {
-        return WithDetail(
-            ApiError(absl::StatusCode::kFailedPrecondition, "template_in_use",
-                     fmt::format("template {} ({}) is used by {} sandbox(es): delete them first, "
-                                 "or move another tag to this release to keep it",
-                                 tag.empty() ? name : name + ":" + tag, d, live)),
-            "digest", d);
-      }
-    }
-    for (const TagRecord& t : removed) SBX_RETURN_IF_ERROR(tx.DeleteTag(t.name, t.tag));
-    for (const std::string& d : orphans) {
-      SBX_RETURN_IF_ERROR(tx.DeleteImage(d));
-      releases_removed.push_back(d);
-    }
-    return absl::OkStatus();
-  }));
-  json tags_out = json::array();
-  for (const TagRecord& t : removed) {
-    templates_.RemoveTag(t.name, t.tag);
-    tags_out.push_back({{"name", t.name}, {"tag", t.tag}, {"digest", t.digest}});
+    return TemplateNotFound(what);
   }
-  for (const std::string& d : releases_removed) templates_.RemoveImage(d);
-  if (opts_.template_changed) opts_.template_changed();
-  spdlog::info("template {} deleted: {} tags, {} releases (their layers stay until gc)", ref_text,
-               removed.size(), releases_removed.size());
-  return json{{"deleted_tags", tags_out}, {"deleted_releases", releases_removed}};
+  json tags_out = json::array();
+  for (const TagRecord& t : removed.tags) {
+    tags_out.push_back({{"name", name}, {"tag", t.tag}, {"digest", t.digest}});
+  }
+  spdlog::info("template {} deleted: {} tags, {} releases (their layers stay until gc)", stored,
+               removed.tags.size(), removed.releases.size());
+  return json{{"deleted_tags", tags_out}, {"deleted_releases", removed.releases}};
+}
+
+absl::StatusOr<int> TemplateService::DeleteNamespace(const std::string& tenant_id) {
+  if (tenant_id.empty() || tenant_id == kOperatorTenant) return 0;
+  SBX_ASSIGN_OR_RETURN(
+      Removed removed,
+      RemoveTags([&](const TagRecord& t) { return SplitTemplateName(t.name).ns == tenant_id; },
+                 "of tenant " + tenant_id, /*refuse_in_use=*/false));
+  if (!removed.tags.empty()) {
+    spdlog::info("templates of tenant {} deleted: {} tags, {} releases", tenant_id,
+                 removed.tags.size(), removed.releases.size());
+  }
+  return static_cast<int>(removed.tags.size());
 }
 
 absl::StatusOr<json> TemplateService::Tag(const Caller& caller, const std::string& target,
                                            const std::string& from) {
-  SBX_RETURN_IF_ERROR(CheckAdmin(caller));
   SBX_ASSIGN_OR_RETURN(TemplateRef to, ParseTemplateRef(target, "template"));
   if (!to.digest.empty()) {
     return ApiError(absl::StatusCode::kInvalidArgument, "invalid_template_ref",
@@ -228,24 +302,33 @@ absl::StatusOr<json> TemplateService::Tag(const Caller& caller, const std::strin
                     "`base` is the built-in template: choose another name", "template");
   }
   SBX_ASSIGN_OR_RETURN(TemplateRef src, ParseTemplateRef(from, "from"));
-  std::string digest, previous;
+  const std::string ns = NamespaceOf(caller);
+  // What the caller sees, as a create would: its own name first, then a shared one. A release
+  // of another tenant is not found, even by its digest.
+  auto resolved = templates_.Resolve(from, ns);
+  if (!resolved.ok()) return TemplateNotFound(src.String());
+  const std::string digest = resolved->digest;
+  const std::string stored = QualifiedTemplateName(ns, to.name);
+  std::string previous;
   SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
     previous.clear();
-    if (!src.digest.empty()) {
-      auto img = tx.GetImage(src.digest);
-      if (!img.ok()) return TemplateNotFound(src.String());
-      digest = src.digest;
-    } else {
-      auto t = tx.GetTag(src.name, src.tag);
-      if (!t.ok()) return TemplateNotFound(src.String());
-      digest = t->digest;
-    }
-    if (auto cur = tx.GetTag(to.name, to.tag); cur.ok()) previous = cur->digest;
-    return tx.PutTag(TagRecord{to.name, to.tag, digest, NowRfc3339()});
+    auto img = tx.GetImage(digest);
+    if (!img.ok()) return TemplateNotFound(src.String());  // base, or gone meanwhile
+    SBX_ASSIGN_OR_RETURN(std::vector<TagRecord> tags, tx.ListTags());
+    std::map<std::string, int64_t> sizes;
+    SBX_ASSIGN_OR_RETURN(std::vector<ImageRecord> images, tx.ListImages());
+    for (const ImageRecord& i : images) sizes[i.digest] = i.size;
+    auto size_of = [&](const std::string& d) { return sizes.count(d) ? sizes[d] : 0; };
+    const TagRecord put{stored, to.tag, digest, NowRfc3339()};
+    SBX_RETURN_IF_ERROR(CheckTemplateQuota(tx, caller.tenant_id,
+                                           UsageOfNamespace(ns, tags, std::nullopt, size_of),
+                                           UsageOfNamespace(ns, tags, put, size_of)));
+    if (auto cur = tx.GetTag(stored, to.tag); cur.ok()) previous = cur->digest;
+    return tx.PutTag(put);
   }));
-  templates_.SetTag(to.name, to.tag, digest);
+  templates_.SetTag(stored, to.tag, digest);
   if (opts_.template_changed && previous != digest) opts_.template_changed();
-  spdlog::info("template {}:{} -> {} (was {})", to.name, to.tag, digest,
+  spdlog::info("template {}:{} -> {} (was {})", stored, to.tag, digest,
                previous.empty() ? "untagged" : previous);
   return json{{"name", to.name},
               {"tag", to.tag},
@@ -254,7 +337,13 @@ absl::StatusOr<json> TemplateService::Tag(const Caller& caller, const std::strin
 }
 
 absl::StatusOr<json> TemplateService::Gc(const Caller& caller) {
-  SBX_RETURN_IF_ERROR(CheckAdmin(caller));
+  // The layer store is the deployment's (shared by every tenant's releases).
+  if (!NamespaceOf(caller).empty()) {
+    return WithDetail(ApiError(absl::StatusCode::kPermissionDenied, "missing_scope",
+                               "template gc collects the deployment's layer store: only the "
+                               "operator tenant runs it (a tenant's deletes free its share)"),
+                      "scope", "admin");
+  }
   {
     // An import or pull in flight has layers in the store that no release lists yet.
     std::lock_guard lock(mu_);

@@ -69,6 +69,17 @@ absl::Status CheckTemplateTag(std::string_view tag, const char* field) {
   return absl::OkStatus();
 }
 
+std::string QualifiedTemplateName(std::string_view ns, std::string_view name) {
+  if (ns.empty()) return std::string(name);
+  return fmt::format("{}/{}", ns, name);
+}
+
+SplitName SplitTemplateName(std::string_view stored) {
+  const size_t slash = stored.find('/');
+  if (slash == std::string_view::npos) return {"", std::string(stored)};
+  return {std::string(stored.substr(0, slash)), std::string(stored.substr(slash + 1))};
+}
+
 absl::StatusOr<TemplateRef> ParseTemplateRef(std::string_view text, const char* field) {
   TemplateRef ref;
   if (const size_t at = text.find('@'); at != std::string_view::npos) {

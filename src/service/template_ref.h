@@ -25,4 +25,16 @@ absl::Status CheckTemplateName(std::string_view name, const char* field = "name"
 absl::Status CheckTemplateTag(std::string_view tag, const char* field = "tag");
 bool IsSha256Digest(std::string_view digest);
 
+// Template namespaces (docs/tenancy.md, "Templates"). The operator tenant's templates are the
+// deployment's shared catalogue, namespace ""; every other tenant's own are in the namespace
+// named by its id. The store and the registry keep a tenant's names qualified as
+// "<tenant>/<name>": a name never holds '/', so a qualified name never meets a shared one, and
+// the API never shows the qualifier.
+std::string QualifiedTemplateName(std::string_view ns, std::string_view name);
+struct SplitName {
+  std::string ns;    // "" for a shared template
+  std::string name;  // as its owner wrote it
+};
+SplitName SplitTemplateName(std::string_view stored);
+
 }  // namespace sbx::service

@@ -37,5 +37,19 @@ TEST(TemplateRefTest, BadRefsNameWhatIsWrong) {
   EXPECT_FALSE(ParseTemplateRef("py@sha256:" + std::string(64, 'A')).ok());
 }
 
+TEST(TemplateRefTest, QualifiedNamesSplitBackAndNeverParseAsRefs) {
+  EXPECT_EQ(QualifiedTemplateName("", "py"), "py");
+  EXPECT_EQ(QualifiedTemplateName("ten_abc", "py"), "ten_abc/py");
+  auto s = SplitTemplateName("ten_abc/py");
+  EXPECT_EQ(s.ns, "ten_abc");
+  EXPECT_EQ(s.name, "py");
+  s = SplitTemplateName("py");
+  EXPECT_EQ(s.ns, "");
+  EXPECT_EQ(s.name, "py");
+  // A client cannot name another tenant's template by writing its stored form.
+  EXPECT_FALSE(ParseTemplateRef(QualifiedTemplateName("ten_abc", "py")).ok());
+  EXPECT_FALSE(ParseTemplateRef("ten_abc/py:latest").ok());
+}
+
 }  // namespace
 }  // namespace sbx::service

@@ -84,7 +84,8 @@ std::string TemplateErrorCode(const absl::Status& s) {
   // (not_found, path_outside_root) describe a path of the image, which is an invalid image.
   const std::string attached = ApiErrorCode(s);
   if (attached == "invalid_dockerfile" || attached == "build_step_failed" ||
-      attached == "invalid_build_context" || attached == "template_not_found") {
+      attached == "invalid_build_context" || attached == "template_not_found" ||
+      attached == "quota_exceeded" || attached == "tenant_deleting") {
     return attached;
   }
   switch (s.code()) {
@@ -208,12 +209,10 @@ absl::StatusOr<runtime::TemplateSpec> TemplateService::SpecOf(const ImageRecord&
   return spec;
 }
 
-absl::Status TemplateService::CheckAdmin(const Caller& caller) const {
-  if (caller.tenant_id == opts_.admin_tenant) return absl::OkStatus();
-  return ApiError(absl::StatusCode::kPermissionDenied, "forbidden",
-                  "templates are shared by every tenant of this sbxd: only the admin token may "
-                  "change them");
+std::string TemplateService::NamespaceOf(const Caller& caller) const {
+  return TemplateNamespaceOf(caller);
 }
+
 
 bool TemplateService::IsTemplateOperation(const std::string& kind) const {
   return kind == "template_import" || kind == "template_pull" || kind == "template_build";
@@ -329,7 +328,6 @@ absl::StatusOr<OperationStarted> TemplateService::Start(
                                                const image::CancelFn&)>
         work,
     std::function<void()> cleanup) {
-  SBX_RETURN_IF_ERROR(CheckAdmin(caller));
   SBX_RETURN_IF_ERROR(CheckTemplateName(target.name));
   SBX_RETURN_IF_ERROR(CheckTemplateTag(target.tag));
   if (target.name == "base") {
@@ -337,6 +335,9 @@ absl::StatusOr<OperationStarted> TemplateService::Start(
                     "`base` is the built-in template: choose another name", "name");
   }
   if (stopping_) return absl::UnavailableError("sbxd is stopping");
+  // The work and the store see the qualified name; the operation shows the caller's.
+  TemplateTarget stored = target;
+  stored.name = QualifiedTemplateName(NamespaceOf(caller), target.name);
   OperationRecord op = NewOperation(caller.tenant_id, kind, "", NowRfc3339());
   op.initiator = caller.initiator;
   op.target = target.name + ":" + target.tag;
@@ -350,7 +351,18 @@ absl::StatusOr<OperationStarted> TemplateService::Start(
     }
     cancels_[op.id] = std::make_shared<std::atomic<bool>>(false);
   }
-  absl::Status put = store_.Transact([&](Tx& tx) { return tx.PutOperation(op); });
+  absl::Status put = store_.Transact([&](Tx& tx) -> absl::Status {
+    // A new name is refused now (its bytes are known, and checked, when it commits).
+    SBX_ASSIGN_OR_RETURN(std::vector<TagRecord> tags, tx.ListTags());
+    auto no_size = [](const std::string&) -> int64_t { return 0; };
+    const std::string ns = NamespaceOf(caller);
+    const TemplateUsage before = UsageOfNamespace(ns, tags, std::nullopt, no_size);
+    const TemplateUsage after = UsageOfNamespace(
+        ns, tags, TagRecord{stored.name, stored.tag, "", ""}, no_size);
+    SBX_RETURN_IF_ERROR(CheckTemplateQuota(tx, caller.tenant_id, {before.names, 0},
+                                           {after.names, 0}));
+    return tx.PutOperation(op);
+  });
   if (!put.ok()) {
     std::lock_guard lock(mu_);
     cancels_.erase(op.id);
@@ -362,8 +374,8 @@ absl::StatusOr<OperationStarted> TemplateService::Start(
     events_[op_id];  // known from now on: a watcher waits for its first line
   }
   engine_.Submit(
-      "tpl:" + op.target,
-      [this, op_id, target, source = std::move(source), work = std::move(work),
+      "tpl:" + stored.name + ":" + stored.tag,
+      [this, op_id, target = stored, source = std::move(source), work = std::move(work),
        cleanup = std::move(cleanup)] {
         try {
           Run(op_id, target, source, work);
@@ -481,13 +493,25 @@ absl::Status TemplateService::Commit(const std::string& op_id, const TemplateTar
   }
   rec.source = source;
   for (const auto& l : img.layers) rec.size += static_cast<int64_t>(l.unpacked_bytes);
-  SBX_ASSIGN_OR_RETURN(runtime::TemplateSpec spec, SpecOf(rec));
-  // In memory first: a tag committed below must resolve at once; a release no tag names yet is
-  // harmless.
-  templates_.AddImage(spec);
+  // Checked before anything is recorded: a release whose layers cannot be used is not kept.
+  SBX_RETURN_IF_ERROR(SpecOf(rec).status());
   const std::string now = NowRfc3339();
-  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+  const SplitName shown = SplitTemplateName(target.name);
+  absl::Status committed = store_.Transact([&](Tx& tx) -> absl::Status {
     SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
+    {
+      // In the transaction that records the tag: concurrent imports cannot pass it together.
+      SBX_ASSIGN_OR_RETURN(std::vector<TagRecord> tags, tx.ListTags());
+      SBX_ASSIGN_OR_RETURN(std::vector<ImageRecord> images, tx.ListImages());
+      std::map<std::string, int64_t> sizes;
+      for (const ImageRecord& i : images) sizes[i.digest] = i.size;
+      sizes[rec.digest] = rec.size;
+      auto size_of = [&](const std::string& d) { return sizes.count(d) ? sizes[d] : 0; };
+      const TemplateUsage before = UsageOfNamespace(shown.ns, tags, std::nullopt, size_of);
+      const TemplateUsage after = UsageOfNamespace(
+          shown.ns, tags, TagRecord{target.name, target.tag, rec.digest, now}, size_of);
+      SBX_RETURN_IF_ERROR(CheckTemplateQuota(tx, op.tenant_id, before, after));
+    }
     auto existing = tx.GetImage(rec.digest);
     if (existing.ok()) {
       rec.created_at = existing->created_at;  // the same release again: first made then
@@ -500,13 +524,18 @@ absl::Status TemplateService::Commit(const std::string& op_id, const TemplateTar
     SBX_RETURN_IF_ERROR(tx.PutImage(rec));
     SBX_RETURN_IF_ERROR(tx.PutTag(TagRecord{target.name, target.tag, rec.digest, now}));
     Finish(op, true, nullptr, now);
-    op.result = {{"template", {{"name", target.name}, {"tag", target.tag},
+    op.result = {{"template", {{"name", shown.name}, {"tag", target.tag},
                                {"digest", rec.digest}, {"size", rec.size}}}};
     json progress = op.progress.is_object() ? op.progress : json::object();
     progress["stage"] = "done";
     op.progress = progress;
     return tx.PutOperation(op);
-  }));
+  });
+  SBX_RETURN_IF_ERROR(committed);
+  // As stored (the same release made again keeps the name it was first made under, maybe by
+  // another tenant); before its tag, so that the tag resolves the moment it is set.
+  SBX_ASSIGN_OR_RETURN(runtime::TemplateSpec spec, SpecOf(rec));
+  templates_.AddImage(spec);
   templates_.SetTag(target.name, target.tag, rec.digest);
   if (opts_.template_changed) opts_.template_changed();  // a pool of this tag drains
   spdlog::info("template {}:{} is {} ({} layers, {} MiB)", target.name, target.tag, rec.digest,

@@ -6,8 +6,9 @@
 // transaction, then tells the TemplateRegistry, which creates resolve against. Layers live in
 // the image::LayerStore, shared by every release that lists them.
 //
-// Templates are global to this sbxd for now: every tenant sees and uses them, and only the
-// admin tenant ("default") may change them (tenancy is issue 18's).
+// Templates belong to a namespace (template_ref.h): the operator tenant's are the shared
+// catalogue every tenant sees; any other tenant's are its own, seen and changed by it alone,
+// within its quotas max_templates and max_template_bytes (docs/tenancy.md, "Templates").
 //
 // Thread safety: all methods are safe to call concurrently.
 #pragma once
@@ -35,6 +36,7 @@
 #include "service/inputs.h"
 #include "service/results.h"
 #include "service/templates.h"
+#include "service/tenancy.h"
 #include "store/store.h"
 
 namespace sbx::service {
@@ -47,8 +49,6 @@ struct TemplateServiceOptions {
   registry::ClientOptions registry;
   // The least time between two progress writes of one operation (a log line is always written).
   std::chrono::milliseconds progress_interval{250};
-  // The tenant that may change templates.
-  std::string admin_tenant = "default";
   // Runs a build's RUN, COPY and ADD steps (SandboxService::RunBuildStep); unset: builds are
   // refused (501 not_implemented).
   BuildStepRunner build_step;
@@ -73,6 +73,12 @@ struct BuildSpec {
   std::map<std::string, std::string> args;    // ARG values (--build-arg)
   CreateSandboxRequest sandbox;  // resources and egress_profile of the RUN steps' sandboxes
   bool no_cache = false;         // run every step, cached or not (the results are cached)
+  // Set by Build: the caller's tenant (its egress profiles apply to the RUN steps) and template
+  // namespace.
+  std::string tenant_id;
+  // The caller's template namespace. FROM resolves in it, and its steps' cache
+  // entries are its own (another tenant's RUN never stands in for this one's).
+  std::string ns;
 };
 
 // What an import or pull makes: a release of `name`, tagged `tag`.
@@ -144,6 +150,11 @@ class TemplateService {
   // Removes releases no tag names and no live sandbox uses, then layers no release lists.
   // {"releases_removed", "layers_removed", "bytes_freed"}.
   absl::StatusOr<nlohmann::json> Gc(const Caller& caller);
+  // A deleted tenant's templates: its tags go, and its releases with them unless a live
+  // sandbox still runs one (gc takes those later). The number of tags removed.
+  absl::StatusOr<int> DeleteNamespace(const std::string& tenant_id);
+  // The namespace `caller`'s template names live in ("" for the operator tenant).
+  std::string NamespaceOf(const Caller& caller) const;
   // Bytes of the layer store (metrics, GET /v1/templates).
   uint64_t StoreBytes() const;
   uint64_t max_archive_bytes() const { return opts_.limits.max_archive_bytes; }
@@ -152,7 +163,14 @@ class TemplateService {
   TemplateService(TemplateServiceOptions opts, store::Store& store, ops::OperationEngine& engine,
                   TemplateRegistry templates, std::unique_ptr<image::LayerStore> layers);
   absl::Status Load();
-  absl::Status CheckAdmin(const Caller& caller) const;
+  // Removes tags (in one transaction) and the releases only they named, unless in use; the
+  // tags and releases removed. `refuse_in_use`: a release still in use fails it (409) instead.
+  struct Removed {
+    std::vector<store::TagRecord> tags;
+    std::vector<std::string> releases;
+  };
+  absl::StatusOr<Removed> RemoveTags(const std::function<bool(const store::TagRecord&)>& goes,
+                                     const std::string& what, bool refuse_in_use);
   absl::StatusOr<OperationStarted> Start(const Caller& caller, const std::string& kind,
                                          const TemplateTarget& target, nlohmann::json source,
                                          std::function<absl::StatusOr<image::Image>(
@@ -172,7 +190,7 @@ class TemplateService {
                                              const image::ProgressFn& progress,
                                              const image::CancelFn& cancelled);
   absl::StatusOr<image::Image> BuildParent(const std::string& op_id, const std::string& ref,
-                                           const std::string& dir,
+                                           const std::string& ns, const std::string& dir,
                                            const image::ProgressFn& progress,
                                            const image::CancelFn& cancelled);
   // A release in the store, as a build's parent; FailedPrecondition when a layer is gone.
@@ -186,6 +204,7 @@ class TemplateService {
                       const nlohmann::json& source, const image::Image& img);
   void FailOperation(const std::string& op_id, const absl::Status& why);
   absl::StatusOr<runtime::TemplateSpec> SpecOf(const store::ImageRecord& rec) const;
+  // `name` qualified; shown unqualified, with "shared" telling whose it is.
   nlohmann::json TemplateView(const std::string& name,
                               const std::vector<store::TagRecord>& tags,
                               const std::map<std::string, store::ImageRecord>& images) const;

@@ -108,15 +108,19 @@ absl::StatusOr<TemplateRegistry> TemplateRegistry::Create(const std::string& sta
 
 namespace {
 
-absl::Status NotFound(const std::string& ref, const std::map<std::string, std::string>& tags) {
+// Names the caller's namespace sees: its own (shown without the qualifier) and the shared ones.
+absl::Status NotFound(const std::string& ref, const std::map<std::string, std::string>& tags,
+                      const std::string& ns) {
   std::string names = "base";
   int n = 0;
   for (const auto& [key, digest] : tags) {
+    const SplitName s = SplitTemplateName(key);
+    if (!s.ns.empty() && s.ns != ns) continue;
     if (++n > 10) {
       names += ", ...";
       break;
     }
-    names += ", " + key;
+    names += ", " + s.name;
   }
   return ApiError(absl::StatusCode::kFailedPrecondition, "template_not_found",
                   fmt::format("template '{}' not found (available: {})", ref, names), "template");
@@ -124,27 +128,35 @@ absl::Status NotFound(const std::string& ref, const std::map<std::string, std::s
 
 }  // namespace
 
-absl::StatusOr<runtime::TemplateSpec> TemplateRegistry::Resolve(const std::string& ref) const {
+absl::StatusOr<runtime::TemplateSpec> TemplateRegistry::Resolve(const std::string& ref,
+                                                                const std::string& ns) const {
   SBX_ASSIGN_OR_RETURN(TemplateRef r, ParseTemplateRef(ref));
   if (r.name == "base" && (r.tag == "latest" || r.digest == base_.digest)) return base_;
+  // The caller's own name first, then the shared one.
+  std::vector<std::string> names;
+  if (!ns.empty()) names.push_back(QualifiedTemplateName(ns, r.name));
+  names.push_back(r.name);
   std::shared_lock lock(images_->mu);
-  std::string digest = r.digest;
-  if (digest.empty()) {
-    auto t = images_->tags.find(r.name + ":" + r.tag);
-    if (t == images_->tags.end()) return NotFound(ref, images_->tags);
-    digest = t->second;
-  }
-  auto it = images_->by_digest.find(digest);
-  if (it == images_->by_digest.end()) return NotFound(ref, images_->tags);
-  if (!r.digest.empty() && it->second.name != r.name) {
-    // name@digest names a release of that name: made under it, or tagged under it now.
-    bool tagged = false;
-    for (const auto& [key, d] : images_->tags) {
-      tagged = tagged || (d == digest && key.rfind(r.name + ":", 0) == 0);
+  if (r.digest.empty()) {
+    for (const std::string& name : names) {
+      auto t = images_->tags.find(name + ":" + r.tag);
+      if (t == images_->tags.end()) continue;
+      auto it = images_->by_digest.find(t->second);
+      if (it == images_->by_digest.end()) break;
+      return it->second;
     }
-    if (!tagged) return NotFound(ref, images_->tags);
+    return NotFound(ref, images_->tags, ns);
   }
-  return it->second;
+  auto it = images_->by_digest.find(r.digest);
+  if (it == images_->by_digest.end()) return NotFound(ref, images_->tags, ns);
+  // name@digest names a release of that name: made under it, or tagged under it now.
+  for (const std::string& name : names) {
+    if (it->second.name == name) return it->second;
+    for (const auto& [key, d] : images_->tags) {
+      if (d == r.digest && key.rfind(name + ":", 0) == 0) return it->second;
+    }
+  }
+  return NotFound(ref, images_->tags, ns);
 }
 
 absl::StatusOr<runtime::TemplateSpec> TemplateRegistry::ResolvePinned(

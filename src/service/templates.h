@@ -22,7 +22,11 @@ class TemplateRegistry {
                                                  const std::string& host_root = "/");
   // "base", "name", "name:tag", "name@sha256:..." -> the spec (its digest the release's);
   // a malformed reference -> invalid_template_ref; unknown names or tags -> template_not_found.
-  absl::StatusOr<runtime::TemplateSpec> Resolve(const std::string& ref) const;
+  // `ns` is the caller's template namespace (template_ref.h): its own name wins over a shared
+  // one of the same name; "" sees the shared catalogue only. The error lists only names `ns`
+  // sees.
+  absl::StatusOr<runtime::TemplateSpec> Resolve(const std::string& ref,
+                                                const std::string& ns = "") const;
   // The spec a sandbox was created with: its release `digest`, wherever `ref`'s tag points
   // now. FailedPrecondition when that release is gone.
   absl::StatusOr<runtime::TemplateSpec> ResolvePinned(const std::string& ref,
@@ -34,7 +38,7 @@ class TemplateRegistry {
   void RemoveImage(const std::string& digest);
   void SetTag(const std::string& name, const std::string& tag, const std::string& digest);
   void RemoveTag(const std::string& name, const std::string& tag);
-  // "name:tag" -> digest of every tag, base's included.
+  // "name:tag" -> digest of every tag (names qualified), base's included.
   std::map<std::string, std::string> Tags() const;
   const std::string& base_digest() const { return base_.digest; }
   // Resolve, plus what a launch would find missing only at the first create: the skeleton

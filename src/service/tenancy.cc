@@ -1,6 +1,8 @@
 #include "service/tenancy.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -9,6 +11,7 @@
 #include "common/status_util.h"
 #include "common/time_util.h"
 #include "service/mgmt_token.h"
+#include "service/template_ref.h"
 
 namespace sbx::service {
 
@@ -37,6 +40,10 @@ absl::Status TokenNotFound(const std::string& id) {
 
 bool IsOperatorAdmin(const Caller& who) {
   return who.tenant_id == kOperatorTenant && HasScope(who.scopes, Scope::kAdmin);
+}
+
+std::string TemplateNamespaceOf(const Caller& who) {
+  return who.tenant_id == kOperatorTenant ? std::string() : who.tenant_id;
 }
 
 absl::Status RequireOperatorAdmin(const Caller& who, std::string_view what) {
@@ -77,6 +84,7 @@ json TenantView(const TenantRecord& t) {
               {"state", t.state},
               {"quotas", t.quotas.is_object() ? t.quotas : json::object()},
               {"rate_limit", t.rate_limit.is_object() ? t.rate_limit : json::object()},
+              {"egress_profiles", t.egress_profiles.is_array() ? t.egress_profiles : json(nullptr)},
               {"created_at", t.created_at},
               {"updated_at", t.updated_at}};
 }
@@ -177,6 +185,7 @@ absl::StatusOr<json> Tenancy::CreateTenant(const Caller& who, const TenantSpec& 
   t.name = spec.name.value_or("");
   t.quotas = spec.quotas.value_or(json::object());
   t.rate_limit = spec.rate_limit.value_or(json::object());
+  t.egress_profiles = spec.egress_profiles.value_or(json(nullptr));
   t.created_at = t.updated_at = NowRfc3339();
   SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) { return tx.PutTenant(t); }));
   spdlog::info("tenant {} ({}) created", t.id, t.name);
@@ -203,10 +212,12 @@ absl::StatusOr<json> Tenancy::GetTenant(const Caller& who, const std::string& id
     SBX_ASSIGN_OR_RETURN(TenantRecord t, VisibleTenant(tx, who, id));
     SBX_ASSIGN_OR_RETURN(store::TenantUsage u, tx.GetTenantUsage(id));
     out = TenantView(t);
-    out["usage"] = {{"sandboxes", u.sandboxes},
-                    {"vcpu", u.vcpu},
-                    {"memory_mib", u.memory_mib},
-                    {"disk_mib", u.disk_mib}};
+    Caller owner;
+    owner.tenant_id = id;
+    SBX_ASSIGN_OR_RETURN(TemplateUsage tu, ReadTemplateUsage(tx, TemplateNamespaceOf(owner)));
+    out["usage"] = {{"sandboxes", u.sandboxes},   {"vcpu", u.vcpu},
+                    {"memory_mib", u.memory_mib}, {"disk_mib", u.disk_mib},
+                    {"templates", tu.names},      {"template_bytes", tu.bytes}};
     return absl::OkStatus();
   }));
   return json{{"tenant", out}};
@@ -226,6 +237,7 @@ absl::StatusOr<json> Tenancy::UpdateTenant(const Caller& who, const std::string&
     if (spec.name) t.name = *spec.name;
     if (spec.quotas) t.quotas = *spec.quotas;
     if (spec.rate_limit) t.rate_limit = *spec.rate_limit;
+    if (spec.egress_profiles) t.egress_profiles = *spec.egress_profiles;
     t.updated_at = NowRfc3339();
     return tx.PutTenant(t);
   }));
@@ -427,6 +439,89 @@ absl::Status CheckSandboxQuota(Tx& tx, const std::string& tenant_id,
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckTemplateQuota(Tx& tx, const std::string& tenant_id, const TemplateUsage& now,
+                                const TemplateUsage& after) {
+  auto t = tx.GetTenant(tenant_id);
+  if (absl::IsNotFound(t.status())) {
+    // Its row went while an import ran: what it made must not outlive the tenant.
+    return ApiError(absl::StatusCode::kFailedPrecondition, "tenant_deleting",
+                    fmt::format("tenant {} has been deleted", tenant_id));
+  }
+  SBX_RETURN_IF_ERROR(t.status());
+  if (t->state != "active") {
+    return ApiError(absl::StatusCode::kFailedPrecondition, "tenant_deleting",
+                    fmt::format("tenant {} is being deleted: it takes no new work", tenant_id));
+  }
+  struct Row {
+    const char* quota;
+    int64_t used, next;
+  };
+  const Row rows[] = {{"max_templates", now.names, after.names},
+                      {"max_template_bytes", now.bytes, after.bytes}};
+  for (const Row& r : rows) {
+    const int64_t limit = QuotaOf(t->quotas, r.quota);
+    // Only growth is refused: a tenant over a quota lowered meanwhile may still shrink.
+    if (limit >= 0 && r.next > r.used && r.next > limit) {
+      return Exceeded(tenant_id, r.quota, limit, r.used, r.next - r.used);
+    }
+  }
+  return absl::OkStatus();
+}
+
+TemplateUsage UsageOfNamespace(const std::string& ns, const std::vector<store::TagRecord>& tags,
+                               const std::optional<store::TagRecord>& change,
+                               const std::function<int64_t(const std::string&)>& size_of) {
+  std::set<std::string> names, digests;
+  auto count = [&](const store::TagRecord& t) {
+    if (SplitTemplateName(t.name).ns != ns) return;
+    names.insert(t.name);
+    digests.insert(t.digest);
+  };
+  for (const store::TagRecord& t : tags) {
+    if (!change || t.name != change->name || t.tag != change->tag) count(t);
+  }
+  if (change) count(*change);
+  TemplateUsage u;
+  u.names = static_cast<int64_t>(names.size());
+  for (const std::string& d : digests) u.bytes += size_of(d);
+  return u;
+}
+
+absl::StatusOr<TemplateUsage> ReadTemplateUsage(Tx& tx, const std::string& ns) {
+  SBX_ASSIGN_OR_RETURN(std::vector<store::TagRecord> tags, tx.ListTags());
+  SBX_ASSIGN_OR_RETURN(std::vector<store::ImageRecord> images, tx.ListImages());
+  std::map<std::string, int64_t> sizes;
+  for (const store::ImageRecord& i : images) sizes[i.digest] = i.size;
+  return UsageOfNamespace(ns, tags, std::nullopt, [&](const std::string& d) {
+    auto it = sizes.find(d);
+    return it == sizes.end() ? int64_t{0} : it->second;
+  });
+}
+
+absl::StatusOr<std::optional<std::set<std::string>>> AllowedEgressProfiles(
+    Tx& tx, const std::string& tenant_id) {
+  auto t = tx.GetTenant(tenant_id);
+  if (absl::IsNotFound(t.status())) return std::optional<std::set<std::string>>();
+  SBX_RETURN_IF_ERROR(t.status());
+  if (!t->egress_profiles.is_array()) return std::optional<std::set<std::string>>();
+  std::set<std::string> names = {"none"};
+  for (const json& n : t->egress_profiles) {
+    if (n.is_string()) names.insert(n.get<std::string>());
+  }
+  return std::optional<std::set<std::string>>(std::move(names));
+}
+
+absl::Status CheckEgressProfile(Tx& tx, const std::string& tenant_id, const std::string& profile) {
+  SBX_ASSIGN_OR_RETURN(auto allowed, AllowedEgressProfiles(tx, tenant_id));
+  if (!allowed || allowed->count(profile)) return absl::OkStatus();
+  // As for a profile the deployment does not have: to the tenant, it does not exist.
+  std::string names;
+  for (const std::string& n : *allowed) names += (names.empty() ? "" : ", ") + n;
+  return FieldError("egress_profile",
+                    fmt::format("egress_profile: unknown profile '{:.64}' (available: {})", profile,
+                                names));
 }
 
 absl::Status CheckSessionQuota(Tx& tx, const std::string& tenant_id,

@@ -11,8 +11,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,6 +39,9 @@ bool IsOperatorAdmin(const Caller& who);
 // OK for the operator's admin; otherwise 403 missing_scope (detail scope=admin) saying that
 // `what` needs it.
 absl::Status RequireOperatorAdmin(const Caller& who, std::string_view what);
+// The template namespace of `who` (template_ref.h): "" (the shared catalogue) for the operator
+// tenant, the tenant's id for any other.
+std::string TemplateNamespaceOf(const Caller& who);
 
 // Who a management token is, and how fast it may go.
 struct Principal {
@@ -115,6 +120,32 @@ absl::Status CheckSandboxQuota(store::Tx& tx, const std::string& tenant_id,
 //  - a new session of `sandbox_id`.
 absl::Status CheckSessionQuota(store::Tx& tx, const std::string& tenant_id,
                                const std::string& sandbox_id);
+
+//  - a tenant's own templates: the distinct names its tags use and the unpacked bytes of the
+//    distinct releases they name, as they are (`now`) and as the change would make them
+//    (`after`). A tenant being deleted takes no new template either.
+struct TemplateUsage {
+  int64_t names = 0;
+  int64_t bytes = 0;
+};
+absl::Status CheckTemplateQuota(store::Tx& tx, const std::string& tenant_id,
+                                const TemplateUsage& now, const TemplateUsage& after);
+// What the tags of template namespace `ns` hold, with `change` (a tag put, replacing the one of
+// its name and tag) applied when given; `size_of` gives a release's unpacked bytes by digest.
+TemplateUsage UsageOfNamespace(const std::string& ns, const std::vector<store::TagRecord>& tags,
+                               const std::optional<store::TagRecord>& change,
+                               const std::function<int64_t(const std::string&)>& size_of);
+// The same, read in `tx`.
+absl::StatusOr<TemplateUsage> ReadTemplateUsage(store::Tx& tx, const std::string& ns);
+
+// Egress profiles per tenant: the names a tenant may use (`none` always among them), or nullopt
+// for every profile of the deployment (no list, or no row).
+absl::StatusOr<std::optional<std::set<std::string>>> AllowedEgressProfiles(
+    store::Tx& tx, const std::string& tenant_id);
+// 400 on field egress_profile, worded as for a profile the deployment lacks, when the tenant
+// may not use `profile`.
+absl::Status CheckEgressProfile(store::Tx& tx, const std::string& tenant_id,
+                                const std::string& profile);
 
 // The JSON form of a tenant and of a token (never its secret or hash).
 nlohmann::json TenantView(const store::TenantRecord& t);

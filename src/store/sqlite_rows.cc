@@ -208,6 +208,7 @@ absl::StatusOr<TenantRecord> ReadTenant(const StmtCursor& q) {
   SBX_ASSIGN_OR_RETURN(r.rate_limit, ColumnJson(q, 4, what + " rate_limit"));
   r.created_at = q.Text(5);
   r.updated_at = q.Text(6);
+  SBX_ASSIGN_OR_RETURN(r.egress_profiles, ColumnJson(q, 7, what + " egress_profiles"));
   return r;
 }
 
@@ -217,6 +218,7 @@ absl::Status BindTenant(StmtCursor& q, const TenantRecord& r) {
   SBX_RETURN_IF_ERROR(BindJson(q, 4, r.quotas, what + " quotas"));
   SBX_RETURN_IF_ERROR(BindJson(q, 5, r.rate_limit, what + " rate_limit"));
   q.Bind(6, r.created_at).Bind(7, r.updated_at);
+  SBX_RETURN_IF_ERROR(BindJson(q, 8, r.egress_profiles, what + " egress_profiles"));
   return absl::OkStatus();
 }
 

@@ -29,7 +29,8 @@
 #define SBX_STORE_TAG_COLS "name, tag, digest, updated_at"
 #define SBX_STORE_IDEMPOTENCY_COLS \
   "tenant_id, key, method, route, body_hash, status, response_body, created_at"
-#define SBX_STORE_TENANT_COLS "id, name, state, quotas, rate_limit, created_at, updated_at"
+#define SBX_STORE_TENANT_COLS \
+  "id, name, state, quotas, rate_limit, created_at, updated_at, egress_profiles"
 #define SBX_STORE_TOKEN_COLS \
   "id, tenant_id, name, hash, scopes, expires_at, created_at, revoked_at"
 #define SBX_STORE_AUDIT_COLS \

@@ -204,6 +204,11 @@ CREATE TRIGGER audit_log_append_only BEFORE UPDATE ON audit_log
 CREATE INDEX sandboxes_tenant_usage ON sandboxes (tenant_id)
   WHERE state NOT IN ('deleted', 'failed');
 )sql",
+    // 8: the egress profiles a tenant may use (issue 18); NULL, as every existing row reads,
+    // is every profile of the deployment.
+    R"sql(
+ALTER TABLE tenants ADD COLUMN egress_profiles TEXT;
+)sql",
 };
 constexpr int kSchemaVersion = static_cast<int>(std::size(kMigrations));
 

@@ -145,11 +145,11 @@ constexpr char kPurgeTemplateOperations[] =
 
 constexpr char kGetTenant[] = "SELECT " SBX_STORE_TENANT_COLS " FROM tenants WHERE id = ?1";
 constexpr char kPutTenant[] = "INSERT INTO tenants (" SBX_STORE_TENANT_COLS R"sql()
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
 ON CONFLICT (id) DO UPDATE SET
   name = excluded.name, state = excluded.state, quotas = excluded.quotas,
   rate_limit = excluded.rate_limit, created_at = excluded.created_at,
-  updated_at = excluded.updated_at)sql";
+  updated_at = excluded.updated_at, egress_profiles = excluded.egress_profiles)sql";
 constexpr char kListTenants[] =
     "SELECT " SBX_STORE_TENANT_COLS " FROM tenants ORDER BY created_at, id";
 constexpr char kDeleteTenant[] = "DELETE FROM tenants WHERE id = ?1";

@@ -823,7 +823,7 @@ TEST_F(SqliteStoreTest, ReopenKeepsDataAndSchemaVersion) {
   store_.reset();
   {
     RawDb raw(path_);
-    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "7");
+    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "8");
     EXPECT_EQ(raw.QueryText("PRAGMA journal_mode"), "wal");
   }
   Open();
@@ -832,12 +832,13 @@ TEST_F(SqliteStoreTest, ReopenKeepsDataAndSchemaVersion) {
   ExpectSandboxEq(*got, FullSandbox("sbx_1"));
   store_.reset();
   RawDb raw(path_);
-  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "7");
+  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "8");
 }
 
 // Undoes migration 7 by hand (sqlite_sequence, which SQLite made for the AUTOINCREMENT, cannot be
 // dropped: emptied, it is what a version-6 file that never had one behaves like).
 constexpr char kUndoSchemaSeven[] =
+    "ALTER TABLE tenants DROP COLUMN egress_profiles; "
     "DROP INDEX sandboxes_tenant_usage; DROP TABLE audit_log; DROP TABLE tokens; "
     "DROP TABLE tenants; DELETE FROM sqlite_sequence; PRAGMA user_version = 6;";
 
@@ -1074,6 +1075,7 @@ TenantRecord MakeTenant(const std::string& id, int t) {
   r.name = id + "-name";
   r.quotas = {{"max_sandboxes", 10}, {"max_vcpu", 8}, {"max_template_bytes", int64_t{1} << 40}};
   r.rate_limit = {{"requests_per_s", 5.5}, {"burst", 20}};
+  r.egress_profiles = Json::array({"dev", "pypi"});
   r.created_at = Ts(t);
   r.updated_at = Ts(t);
   return r;
@@ -1107,6 +1109,7 @@ void ExpectTenantEq(const TenantRecord& a, const TenantRecord& b) {
   EXPECT_EQ(a.state, b.state);
   EXPECT_EQ(a.quotas, b.quotas);
   EXPECT_EQ(a.rate_limit, b.rate_limit);
+  EXPECT_EQ(a.egress_profiles, b.egress_profiles);
   EXPECT_EQ(a.created_at, b.created_at);
   EXPECT_EQ(a.updated_at, b.updated_at);
 }
@@ -1521,7 +1524,34 @@ TEST_F(SqliteStoreTest, CountsLiveSessionsOfOneSandbox) {
   EXPECT_EQ(*n, 0);
 }
 
-// A version-6 database (before tenancy) opens at version 7: its rows are untouched, it gains the
+// A version-7 database opens at version 8: its tenants may use every egress profile (null), and a
+// list written afterwards reads back.
+TEST_F(SqliteStoreTest, SchemaSevenDatabaseGainsEgressProfilesPerTenant) {
+  Open();
+  TenantRecord t = MakeTenant("ten_a", 1);
+  t.egress_profiles = nullptr;
+  ASSERT_TRUE(store_->Transact([&](Tx& tx) { return tx.PutTenant(t); }).ok());
+  store_.reset();
+  {
+    RawDb raw(path_);
+    raw.Exec("ALTER TABLE tenants DROP COLUMN egress_profiles; PRAGMA user_version = 7;");
+  }
+  Open();
+  auto got = Read([&](Tx& tx) { return tx.GetTenant("ten_a"); });
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectTenantEq(*got, t);
+  EXPECT_TRUE(got->egress_profiles.is_null());
+  t.egress_profiles = Json::array({"dev"});
+  ASSERT_TRUE(store_->Transact([&](Tx& tx) { return tx.PutTenant(t); }).ok());
+  got = Read([&](Tx& tx) { return tx.GetTenant("ten_a"); });
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->egress_profiles, Json::array({"dev"}));
+  store_.reset();
+  RawDb raw(path_);
+  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "8");
+}
+
+// A version-6 database (before tenancy) opens at version 8: its rows are untouched, it gains the
 // "default" tenant its sandboxes belong to, and the new index covers the rows it already had.
 TEST_F(SqliteStoreTest, SchemaSixDatabaseGainsTenancy) {
   Open();
@@ -1539,7 +1569,7 @@ TEST_F(SqliteStoreTest, SchemaSixDatabaseGainsTenancy) {
   store_.reset();
   {
     RawDb raw(path_);
-    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "7");
+    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "8");
     EXPECT_EQ(raw.QueryText("SELECT group_concat(name, ',') FROM (SELECT name FROM sqlite_master"
                             " WHERE name IN ('tenants', 'tokens', 'audit_log', 'tokens_by_tenant',"
                             " 'audit_by_tenant', 'audit_by_time', 'sandboxes_tenant_usage')"

@@ -137,6 +137,9 @@ struct TenantRecord {
   // "max_templates", "max_template_bytes"}; a key absent = unlimited. Not interpreted here.
   Json quotas = Json::object();
   Json rate_limit = Json::object();  // {"requests_per_s", "burst"}; not interpreted here
+  // ["name", ...]: the egress profiles its sandboxes and builds may use (besides `none`);
+  // null: every profile of the deployment. Not interpreted here.
+  Json egress_profiles = nullptr;
   std::string created_at;            // RFC 3339
   std::string updated_at;
 };

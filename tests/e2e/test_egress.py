@@ -234,3 +234,64 @@ def test_domain_rules_narrow_open_and_admit_nothing_by_address(lab):
         r = lab.call("POST", "/v1/sandboxes", json_body=body, expect=400)
         assert needle in r.body["error"]["message"], (body, r.body)
     assert {s["id"] for s in lab.list_sandboxes()} == before
+
+
+@pytest.mark.attack(cls="tenancy",
+                    tried="a tenant allowed only `lab` asks for `open` (create, build, listing); a "
+                          "tenant allowed nothing but `none` asks for `lab`")
+def test_a_tenant_uses_only_the_egress_profiles_it_is_given(lab):
+    def tenant(name, profiles):
+        t = lab.call("POST", "/v1/admin/tenants",
+                     json_body={"name": name, "egress_profiles": profiles}, expect=201).body["tenant"]
+        assert t["egress_profiles"] == profiles, t
+        tok = lab.call("POST", f"/v1/admin/tenants/{t['id']}/tokens",
+                       json_body={"name": "t", "scopes": ["read", "sandboxes", "sessions", "templates"]},
+                       expect=201).body["token"]["token"]
+        c = SbxClient(lab.base_url, tok, lab.validator)
+        c.created_sandboxes = lab.created_sandboxes  # the lab's cleanup checks them
+        return t["id"], c
+
+    lab_only_id, lab_only = tenant("lab-only", ["lab"])
+    nothing_id, nothing = tenant("nothing", [])
+    try:
+        # What each is offered: its own list, and `none`.
+        names = lambda c: [p["name"] for p in c.call("GET", "/v1/egress-profiles", expect=200)
+                           .body["egress_profiles"]]
+        assert names(lab_only) == ["none", "lab"]
+        assert names(nothing) == ["none"]
+        assert names(lab) == ["none", "open", "lab"]
+        # A profile it is not given is refused as one the deployment lacks, listing only its own.
+        for c, profile, available in ((lab_only, "open", "lab, none"), (nothing, "lab", "none"),
+                                      (nothing, "open", "none")):
+            r = c.call("POST", "/v1/sandboxes", json_body={"egress_profile": profile}, expect=400)
+            err = r.body["error"]
+            assert err["details"]["field"] == "egress_profile", err
+            assert f"unknown profile '{profile}' (available: {available})" in err["message"], err
+            r = c.call("POST", "/v1/templates", json_body={
+                "name": "b", "source": {"build": {"dockerfile": "FROM x\n",
+                                                  "sandbox": {"egress_profile": profile}}}},
+                expect=400)
+            assert r.body["error"]["details"]["field"] == "source.build.sandbox.egress_profile", r.body
+        assert lab_only.call("GET", "/v1/sandboxes", expect=200).body["sandboxes"] == []
+        # What it is given works, to the byte of its rules.
+        sb = create(lab_only, {"egress_profile": "lab"})
+        got = probe(lab_only, sb["id"], f"tcp:{INTERNET}:{HTTP_PORT}", f"tcp:{FAR}:{OTHER_PORT}")
+        assert got[f"tcp:{INTERNET}:{HTTP_PORT}"] == "ok" and got[f"tcp:{FAR}:{OTHER_PORT}"] != "ok", got
+        sb_none = create(nothing, {})
+        assert sb_none["egress_profile"] == "none"
+        # Taken away: new creates are refused, the running sandbox keeps what it had.
+        lab.call("PATCH", f"/v1/admin/tenants/{lab_only_id}", json_body={"egress_profiles": []},
+                 expect=200)
+        lab_only.call("POST", "/v1/sandboxes", json_body={"egress_profile": "lab"}, expect=400)
+        assert probe(lab_only, sb["id"], f"tcp:{INTERNET}:{HTTP_PORT}")[f"tcp:{INTERNET}:{HTTP_PORT}"] == "ok"
+        # Given back in full (null: every profile).
+        lab.call("PATCH", f"/v1/admin/tenants/{lab_only_id}", json_body={"egress_profiles": None},
+                 expect=200)
+        assert names(lab_only) == ["none", "open", "lab"]
+        lab_only.delete_sandbox(sb["id"])
+        nothing.delete_sandbox(sb_none["id"])
+    finally:
+        for t in (lab_only_id, nothing_id):
+            lab.call("DELETE", f"/v1/admin/tenants/{t}", expect=(202, 404))
+        lab_only.close()
+        nothing.close()

@@ -6,6 +6,7 @@ exist, and A's objects must be as they were."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -75,3 +76,63 @@ def test_another_tenants_object_is_404(tenants, method, path):
     assert t["name"] == "victim" and t["state"] == "active"
     tok = a.call("GET", f"/v1/admin/tokens/{ids['token_id']}", expect=200).body["token"]
     assert tok["revoked_at"] is None
+
+
+@pytest.fixture(scope="module")
+def a_template(tenants, tmp_path_factory):
+    """A template of A's own ("secret-tpl"), and its release digest."""
+    import images  # tests/e2e: image archives written with skopeo
+    work = tmp_path_factory.mktemp("tenant-templates")
+    images.write_layout(work / "layout", [images.busybox_layer().file("marker", "a\n").bytes()],
+                        env=["PATH=/bin"])
+    data = images.docker_archive(work / "layout", work / "a.tar").read_bytes()
+    a = tenants["a"]
+    op = a.call("POST", "/v1/templates:import", params={"name": "secret-tpl"}, data=data,
+                headers={"Content-Type": "application/x-tar"}, expect=202).body["operation"]
+    done = a.wait_operation(op["id"], timeout=120)
+    assert done["state"] == "succeeded", done
+    return done["result"]["template"]["digest"]
+
+
+# (method, path, body, status): B naming A's template by its name or its digest. Every answer is
+# what a template that does not exist gets.
+TEMPLATE_ATTACKS = [
+    ("GET", "/v1/templates/secret-tpl", None, 404),
+    ("DELETE", "/v1/templates/secret-tpl", None, 404),
+    ("DELETE", "/v1/templates/secret-tpl:latest", None, 404),
+    ("PUT", "/v1/templates/stolen:1", {"from": "secret-tpl"}, 404),
+    ("PUT", "/v1/templates/stolen:2", {"from": "secret-tpl@DIGEST"}, 404),
+    ("POST", "/v1/sandboxes", {"template": "secret-tpl"}, 422),
+    ("POST", "/v1/sandboxes", {"template": "secret-tpl@DIGEST"}, 422),
+    ("POST", "/v1/templates",
+     {"name": "built", "source": {"build": {"dockerfile": "FROM secret-tpl\nENV X=1\n"}}}, 202),
+    ("POST", "/v1/templates",
+     {"name": "built", "source": {"build": {"dockerfile": "FROM secret-tpl@DIGEST\n"}}}, 202),
+]
+
+
+@attack("tenancy", "reach another tenant's template by its name or digest: read, delete, tag "
+                   "from it, create from it, build FROM it")
+@pytest.mark.parametrize("method,path,body,status", TEMPLATE_ATTACKS,
+                         ids=[f"{m} {p} #{i}" for i, (m, p, _, _) in enumerate(TEMPLATE_ATTACKS)])
+def test_another_tenants_template_does_not_exist(tenants, a_template, method, path, body, status):
+    a, b = tenants["a"], tenants["b"]
+    if body is not None:
+        body = json.loads(json.dumps(body).replace("DIGEST", a_template))
+    r = b.call(method, path, json_body=body, expect=status)
+    if status == 202:
+        # A build: it fails as FROM a name that does not exist.
+        op = b.wait_operation(r.body["operation"]["id"], timeout=120)
+        assert op["state"] == "failed" and op["error"]["code"] == "template_not_found", op
+        assert "secret-tpl" not in op["error"]["message"].split("available:")[-1], op
+    elif status == 422:
+        err = r.body["error"]
+        assert err["code"] == "template_not_found", err
+        assert "secret-tpl" not in err["message"].split("available:")[-1], err
+    else:
+        assert r.body["error"]["code"] == "not_found", r.body
+    # Nothing of A's changed, and B sees none of it.
+    t = a.call("GET", "/v1/templates/secret-tpl", expect=200).body
+    assert t["tags"] == {"latest": a_template} and t["shared"] is False, t
+    listed = b.call("GET", "/v1/templates", expect=200).body["templates"]
+    assert all(x["name"] not in ("secret-tpl", "stolen", "built") for x in listed), listed
