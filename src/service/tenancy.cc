@@ -520,8 +520,7 @@ absl::Status CheckEgressProfile(Tx& tx, const std::string& tenant_id, const std:
   std::string names;
   for (const std::string& n : *allowed) names += (names.empty() ? "" : ", ") + n;
   return FieldError("egress_profile",
-                    fmt::format("egress_profile: unknown profile '{:.64}' (available: {})", profile,
-                                names));
+                    fmt::format("unknown profile '{:.64}' (available: {})", profile, names));
 }
 
 absl::Status CheckSessionQuota(Tx& tx, const std::string& tenant_id,

@@ -161,6 +161,86 @@ TEST_F(TenancyTest, QuotasCountWhatEachStateHolds) {
   EXPECT_TRUE(Check(NewTenant(), 1000, 1000000, 1000000).ok());
 }
 
+TEST_F(TenancyTest, TemplateUsageCountsNamesAndDistinctReleasesOfItsNamespace) {
+  const std::string t = NewTenant({{"max_templates", 2}, {"max_template_bytes", 300}});
+  std::vector<store::TagRecord> tags = {
+      {t + "/a", "latest", "sha256:1", ""}, {t + "/a", "v2", "sha256:1", ""},  // one release
+      {t + "/b", "latest", "sha256:2", ""},
+      {"shared", "latest", "sha256:3", ""},  // the operator's: not the tenant's
+      {"ten_other/a", "latest", "sha256:4", ""}};
+  auto size = [](const std::string& d) -> int64_t {
+    return d == "sha256:1" ? 100 : d == "sha256:2" ? 150 : 1000;
+  };
+  TemplateUsage u = UsageOfNamespace(t, tags, std::nullopt, size);
+  EXPECT_EQ(u.names, 2);
+  EXPECT_EQ(u.bytes, 250);
+  // Moving a tag replaces it; a new tag of a counted release adds no bytes.
+  u = UsageOfNamespace(t, tags, store::TagRecord{t + "/b", "latest", "sha256:1", ""}, size);
+  EXPECT_EQ(u.names, 2);
+  EXPECT_EQ(u.bytes, 100);
+  u = UsageOfNamespace("", tags, std::nullopt, size);
+  EXPECT_EQ(u.names, 1);
+  EXPECT_EQ(u.bytes, 1000);
+
+  auto check = [&](TemplateUsage now, TemplateUsage after) {
+    return store_->Transact(
+        [&](store::Tx& tx) { return CheckTemplateQuota(tx, t, now, after); });
+  };
+  EXPECT_TRUE(check({2, 250}, {2, 300}).ok());  // exactly at both limits
+  absl::Status over = check({2, 250}, {3, 250});
+  EXPECT_EQ(ApiErrorCode(over), "quota_exceeded");
+  EXPECT_EQ(ApiErrorDetail(over, "quota"), "max_templates");
+  EXPECT_EQ(ApiErrorDetail(over, "used"), "2");
+  over = check({2, 250}, {2, 301});
+  EXPECT_EQ(ApiErrorDetail(over, "quota"), "max_template_bytes");
+  EXPECT_EQ(ApiErrorDetail(over, "requested"), "51");
+  // A tenant over a lowered quota may still shrink, or stay as it is.
+  EXPECT_TRUE(check({5, 900}, {4, 800}).ok());
+  EXPECT_TRUE(check({5, 900}, {5, 900}).ok());
+  // A tenant being deleted, or gone, takes no new template.
+  EXPECT_EQ(ApiErrorCode(store_->Transact([&](store::Tx& tx) {
+              return CheckTemplateQuota(tx, "ten_gone", {0, 0}, {1, 1});
+            })),
+            "tenant_deleting");
+}
+
+TEST_F(TenancyTest, EgressProfilesPerTenant) {
+  const std::string all = NewTenant();
+  TenantSpec spec;
+  spec.name = "limited";
+  spec.egress_profiles = json::array({"lab"});
+  auto made = tenancy_->CreateTenant(op_, spec);
+  ASSERT_TRUE(made.ok()) << made.status();
+  const std::string limited = (*made)["tenant"]["id"];
+  EXPECT_EQ((*made)["tenant"]["egress_profiles"], json::array({"lab"}));
+  auto check = [&](const std::string& t, const std::string& p) {
+    return store_->Transact([&](store::Tx& tx) { return CheckEgressProfile(tx, t, p); });
+  };
+  for (const char* p : {"none", "open", "lab", "anything"}) EXPECT_TRUE(check(all, p).ok()) << p;
+  EXPECT_TRUE(check(limited, "lab").ok());
+  EXPECT_TRUE(check(limited, "none").ok());  // always
+  absl::Status refused = check(limited, "open");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ApiErrorField(refused), "egress_profile");
+  EXPECT_NE(std::string(refused.message()).find("unknown profile 'open' (available: lab, none)"),
+            std::string::npos)
+      << refused;
+  // null gives every profile back; [] leaves `none` alone.
+  TenantSpec change;
+  change.egress_profiles = json::array();
+  ASSERT_TRUE(tenancy_->UpdateTenant(op_, limited, change).ok());
+  EXPECT_FALSE(check(limited, "lab").ok());
+  EXPECT_TRUE(check(limited, "none").ok());
+  change.egress_profiles = json(nullptr);
+  ASSERT_TRUE(tenancy_->UpdateTenant(op_, limited, change).ok());
+  EXPECT_TRUE(check(limited, "open").ok());
+  auto got = tenancy_->GetTenant(op_, limited);
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE((*got)["tenant"]["egress_profiles"].is_null());
+  EXPECT_EQ((*got)["tenant"]["usage"]["templates"], 0);
+  EXPECT_EQ((*got)["tenant"]["usage"]["template_bytes"], 0);
+}
+
 TEST_F(TenancyTest, ADeletingTenantStopsAuthenticatingAndGoesWhenEmpty) {
   const std::string t = NewTenant();
   json tok = NewToken(t, {"read"});
