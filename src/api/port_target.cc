@@ -106,6 +106,8 @@ std::optional<absl::StatusOr<PortAddress>> MatchPortHost(std::string_view host,
   // a client may have raised it.
   a.sandbox_id = std::string(label.substr(dash + 1));
   for (char& c : a.sandbox_id) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  // "sbx-…", the form a DNS name and a wildcard certificate allow, is the id "sbx_…".
+  if (a.sandbox_id.rfind("sbx-", 0) == 0) a.sandbox_id[3] = '_';
   a.port = *port;
   a.upstream_target = target.empty() || target[0] != '/' ? "/" : std::string(target);
   a.by_host = true;

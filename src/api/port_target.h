@@ -28,6 +28,8 @@ struct PortAddress {
 // port (400 naming the field "port").
 std::optional<absl::StatusOr<PortAddress>> MatchPortPath(std::string_view target);
 // `domain` empty: host-name routing is off. The Host header may carry a :port, and any case.
+// The id may be written with `-` for its `_` (`8080-sbx-abc…`): `_` is no host-name character,
+// and TLS clients match no wildcard certificate (`*.domain`) to a label holding one.
 std::optional<absl::StatusOr<PortAddress>> MatchPortHost(std::string_view host,
                                                         std::string_view target,
                                                         std::string_view domain);

@@ -46,6 +46,11 @@ TEST(PortTargetTest, HostForm) {
   EXPECT_EQ((*m)->port, 8080);
   EXPECT_EQ((*m)->upstream_target, "/p?q");
   EXPECT_TRUE((*m)->by_host);
+  // The id's `_` may come as `-`, the only form a wildcard certificate covers.
+  auto dashed = MatchPortHost("8080-sbx-abc.sbx.example", "/", "sbx.example");
+  ASSERT_TRUE(dashed && dashed->ok());
+  EXPECT_EQ((*dashed)->sandbox_id, "sbx_abc");
+  EXPECT_EQ((*dashed)->port, 8080);
   EXPECT_FALSE(MatchPortHost("8080-sbx_abc.sbx.example", "/", ""));
   EXPECT_FALSE(MatchPortHost("sbx.example", "/", "sbx.example"));
   EXPECT_FALSE(MatchPortHost("8080-sbx_abc.evilsbx.example", "/", "sbx.example"));
