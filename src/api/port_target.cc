@@ -126,6 +126,7 @@ std::string UpstreamHead(const http::Request& req, const std::string& target,
     const std::string_view name(f.name_string().data(), f.name_string().size());
     if (HopByHop(name) || IEquals(name, kTrafficTokenHeader) ||
         IEquals(name, kE2bTrafficTokenHeader) || IEquals(name, "x-forwarded-for") ||
+        IEquals(name, "x-forwarded-proto") ||
         (o.strip_authorization && IEquals(name, "authorization"))) {
       continue;
     }
@@ -135,6 +136,9 @@ std::string UpstreamHead(const http::Request& req, const std::string& target,
     head += "\r\n";
   }
   if (!o.forwarded_for.empty()) head += fmt::format("X-Forwarded-For: {}\r\n", o.forwarded_for);
+  if (!o.forwarded_proto.empty()) {
+    head += fmt::format("X-Forwarded-Proto: {}\r\n", o.forwarded_proto);
+  }
   if (o.upgrade) {
     auto up = req.find(http::bhttp::field::upgrade);
     head += "Connection: Upgrade\r\nUpgrade: ";

@@ -45,6 +45,10 @@ struct UpstreamHeadOptions {
   bool has_body = false;
   std::optional<uint64_t> content_length;  // with has_body: else chunked
   std::string forwarded_for;  // the client's address, "" if unknown
+  // The client's scheme ("http", "https": sbxd's listener ended TLS), "" if unknown. The
+  // server behind sbxd sees plain HTTP either way, and would otherwise build http:// links
+  // and redirects for a client that came over https.
+  std::string forwarded_proto;
 };
 std::string UpstreamHead(const http::Request& req, const std::string& target,
                          const UpstreamHeadOptions& o);

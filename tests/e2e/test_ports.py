@@ -64,6 +64,7 @@ def test_get_reaches_the_server_with_the_rest_of_the_path(served):
     assert "x-sbx-traffic-token" not in seen["headers"]
     assert "authorization" not in seen["headers"]
     assert seen["headers"].get("x-forwarded-for") == "127.0.0.1"
+    assert seen["headers"].get("x-forwarded-proto") == "http"
 
 
 def test_management_token_also_opens_the_port_and_is_not_passed_on(served, sbxd):
