@@ -178,6 +178,11 @@ class Api {
   http::asio::awaitable<std::optional<http::Response>> RunIdempotent(
       http::RequestContext& ctx, const service::Caller& caller, const std::string& key,
       const struct Route& route, struct Call& call);
+  // The most a streamed request's route takes of its body (an upload: the sandbox's disk
+  // cap; an import or build: templates.max_archive_mib), 0 for no bound of its own: how much
+  // of a duplicate's body is read to compare it with the first's.
+  uint64_t StreamedBodyLimit(http::RequestContext& ctx, const service::Caller& caller,
+                             const struct Call& call);
   // After the handler: the audit row of a management action (docs/tenancy.md, "Audit").
   void AuditRequest(const http::RequestContext& ctx, const service::Caller& caller,
                     const std::vector<std::string>& seg, const http::Response* res);

@@ -303,6 +303,7 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
     boost::system::error_code ec;
     auto ep = ctx.connection->tcp().socket().remote_endpoint(ec);
     if (!ec) ho.forwarded_for = ep.address().to_string();
+    ho.forwarded_proto = ctx.connection->is_tls() ? "https" : "http";
   }
   const std::string head = UpstreamHead(req, a.upstream_target, ho);
 

@@ -106,6 +106,8 @@ std::optional<absl::StatusOr<PortAddress>> MatchPortHost(std::string_view host,
   // a client may have raised it.
   a.sandbox_id = std::string(label.substr(dash + 1));
   for (char& c : a.sandbox_id) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  // "sbx-…", the form a DNS name and a wildcard certificate allow, is the id "sbx_…".
+  if (a.sandbox_id.rfind("sbx-", 0) == 0) a.sandbox_id[3] = '_';
   a.port = *port;
   a.upstream_target = target.empty() || target[0] != '/' ? "/" : std::string(target);
   a.by_host = true;
@@ -124,6 +126,7 @@ std::string UpstreamHead(const http::Request& req, const std::string& target,
     const std::string_view name(f.name_string().data(), f.name_string().size());
     if (HopByHop(name) || IEquals(name, kTrafficTokenHeader) ||
         IEquals(name, kE2bTrafficTokenHeader) || IEquals(name, "x-forwarded-for") ||
+        IEquals(name, "x-forwarded-proto") ||
         (o.strip_authorization && IEquals(name, "authorization"))) {
       continue;
     }
@@ -133,6 +136,9 @@ std::string UpstreamHead(const http::Request& req, const std::string& target,
     head += "\r\n";
   }
   if (!o.forwarded_for.empty()) head += fmt::format("X-Forwarded-For: {}\r\n", o.forwarded_for);
+  if (!o.forwarded_proto.empty()) {
+    head += fmt::format("X-Forwarded-Proto: {}\r\n", o.forwarded_proto);
+  }
   if (o.upgrade) {
     auto up = req.find(http::bhttp::field::upgrade);
     head += "Connection: Upgrade\r\nUpgrade: ";

@@ -28,6 +28,8 @@ struct PortAddress {
 // port (400 naming the field "port").
 std::optional<absl::StatusOr<PortAddress>> MatchPortPath(std::string_view target);
 // `domain` empty: host-name routing is off. The Host header may carry a :port, and any case.
+// The id may be written with `-` for its `_` (`8080-sbx-abc…`): `_` is no host-name character,
+// and TLS clients match no wildcard certificate (`*.domain`) to a label holding one.
 std::optional<absl::StatusOr<PortAddress>> MatchPortHost(std::string_view host,
                                                         std::string_view target,
                                                         std::string_view domain);
@@ -43,6 +45,10 @@ struct UpstreamHeadOptions {
   bool has_body = false;
   std::optional<uint64_t> content_length;  // with has_body: else chunked
   std::string forwarded_for;  // the client's address, "" if unknown
+  // The client's scheme ("http", "https": sbxd's listener ended TLS), "" if unknown. The
+  // server behind sbxd sees plain HTTP either way, and would otherwise build http:// links
+  // and redirects for a client that came over https.
+  std::string forwarded_proto;
 };
 std::string UpstreamHead(const http::Request& req, const std::string& target,
                          const UpstreamHeadOptions& o);

@@ -46,6 +46,11 @@ TEST(PortTargetTest, HostForm) {
   EXPECT_EQ((*m)->port, 8080);
   EXPECT_EQ((*m)->upstream_target, "/p?q");
   EXPECT_TRUE((*m)->by_host);
+  // The id's `_` may come as `-`, the only form a wildcard certificate covers.
+  auto dashed = MatchPortHost("8080-sbx-abc.sbx.example", "/", "sbx.example");
+  ASSERT_TRUE(dashed && dashed->ok());
+  EXPECT_EQ((*dashed)->sandbox_id, "sbx_abc");
+  EXPECT_EQ((*dashed)->port, 8080);
   EXPECT_FALSE(MatchPortHost("8080-sbx_abc.sbx.example", "/", ""));
   EXPECT_FALSE(MatchPortHost("sbx.example", "/", "sbx.example"));
   EXPECT_FALSE(MatchPortHost("8080-sbx_abc.evilsbx.example", "/", "sbx.example"));
@@ -66,11 +71,13 @@ TEST(PortTargetTest, UpstreamHeadStripsCredentialsAndHopByHop) {
   req.set(http::bhttp::field::connection, "keep-alive");
   req.set(http::bhttp::field::transfer_encoding, "chunked");
   req.set("X-Forwarded-For", "6.6.6.6");
+  req.set("X-Forwarded-Proto", "gopher");
   req.set("X-App", "1");
   UpstreamHeadOptions o;
   o.strip_authorization = true;
   o.has_body = true;
   o.forwarded_for = "127.0.0.1";
+  o.forwarded_proto = "https";
   const std::string head = UpstreamHead(req, "/a", o);
   EXPECT_EQ(head.rfind("POST /a HTTP/1.1\r\n", 0), 0u) << head;
   EXPECT_EQ(head.find("secret"), std::string::npos) << head;
@@ -82,6 +89,9 @@ TEST(PortTargetTest, UpstreamHeadStripsCredentialsAndHopByHop) {
   EXPECT_EQ(head.find("Connection:"), std::string::npos) << head;
   EXPECT_NE(head.find("Transfer-Encoding: chunked\r\n"), std::string::npos) << head;
   EXPECT_NE(head.find("X-Forwarded-For: 127.0.0.1\r\n"), std::string::npos) << head;
+  // The scheme is sbxd's word too: a client's own claim does not reach the server.
+  EXPECT_EQ(head.find("gopher"), std::string::npos) << head;
+  EXPECT_NE(head.find("X-Forwarded-Proto: https\r\n"), std::string::npos) << head;
   EXPECT_EQ(head.substr(head.size() - 4), "\r\n\r\n");
   // Another Authorization is the application's own.
   o.strip_authorization = false;

@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "common/status_util.h"
 #include "service/idempotency.h"
+#include "service/template_service.h"
 
 namespace sbx::api {
 namespace {
@@ -145,22 +146,97 @@ constexpr auto kIdempotencyAbandoned = std::chrono::seconds(600);
 constexpr auto kIdempotencyPoll = std::chrono::milliseconds(50);
 
 // The Idempotency-Key of a mutating request that the router keeps ("" for none). The routes
-// whose service call records its own (create, delete, lifecycle, session creation) and
-// streamed uploads (whose body is not held to be hashed) are left to themselves.
-absl::StatusOr<std::string> IdempotencyKeyOf(const http::Request& req, const api::Route& route,
-                                             bool streamed) {
+// whose service call records its own (create, delete, lifecycle, session creation) are left to
+// themselves.
+absl::StatusOr<std::string> IdempotencyKeyOf(const http::Request& req, const api::Route& route) {
   if (req.method() == verb::get || req.method() == verb::head) return std::string();
   auto it = req.find("Idempotency-Key");
   if (it == req.end()) return std::string();
   if (route.handler == &Routes::CreateSandbox || route.handler == &Routes::DeleteSandbox ||
       route.handler == &Routes::Lifecycle || route.handler == &Routes::CreateSession ||
-      route.handler == &Routes::WebSocket || streamed) {
+      route.handler == &Routes::WebSocket) {
     return std::string();
   }
   std::string key(it->value());
   SBX_RETURN_IF_ERROR(ValidateIdempotencyKey(key));
   return key;
 }
+
+// A streamed request's body as its handler reads it, hashed on the way behind the fingerprint's
+// head (method and target): the hash is then the one a buffered request with the same bytes
+// gets, and no byte is held.
+class HashingBody final : public http::BodyReader {
+ public:
+  HashingBody(http::BodyReader& inner, std::string_view head) : inner_(inner) {
+    sha_.Update(head.data(), head.size());
+  }
+  http::asio::awaitable<absl::StatusOr<size_t>> ReadSome(char* buf, size_t cap) override {
+    absl::StatusOr<size_t> n = co_await inner_.ReadSome(buf, cap);
+    if (n.ok()) {
+      sha_.Update(buf, *n);
+      read_ += *n;
+    }
+    co_return n;
+  }
+  bool done() const override { return inner_.done(); }
+  uint64_t read() const { return read_; }
+  // The fingerprint (Sha256Hex's form) once the body was read to its end; "" before.
+  std::string Hash() {
+    if (!inner_.done()) return std::string();
+    std::string digest = sha_.Digest();  // "sha256:<hex>"
+    return digest.substr(digest.find(':') + 1);
+  }
+
+ private:
+  http::BodyReader& inner_;
+  Sha256Stream sha_;
+  uint64_t read_ = 0;
+};
+
+// Reads the rest of `body` so that its hash is known, failing past `limit` bytes (0: only the
+// server's own bound), as the route would have.
+http::asio::awaitable<absl::Status> ReadToEnd(HashingBody& body, uint64_t limit) {
+  std::vector<char> sink(256 << 10);
+  while (!body.done()) {
+    absl::StatusOr<size_t> n = co_await body.ReadSome(sink.data(), sink.size());
+    if (!n.ok()) co_return Annotate(n.status(), "read the body to compare it");
+    if (*n == 0) break;
+    if (limit > 0 && body.read() > limit) {
+      co_return ApiError(absl::StatusCode::kInvalidArgument, "payload_too_large",
+                         fmt::format("request body is larger than this route's {} bytes", limit));
+    }
+  }
+  co_return absl::OkStatus();
+}
+
+// Gives the key back if the request ends between its claim and its answer without recording
+// one (a handler that threw, a coroutine destroyed with its connection): a duplicate then runs
+// instead of waiting out the claim.
+class ClaimHold {
+ public:
+  ClaimHold(store::Store& store, const service::IdempotencyKey& k) : store_(store), k_(k) {}
+  ClaimHold(const ClaimHold&) = delete;
+  ClaimHold& operator=(const ClaimHold&) = delete;
+  ~ClaimHold() {
+    if (!held_) return;
+    service::IdempotencyKey released = k_;
+    released.body_hash.clear();
+    absl::Status st = service::FinishIdempotent(store_, released, 0, "");
+    if (!st.ok()) {
+      spdlog::warn("idempotency: the claim of {} {} was not given back: {}", k_.method, k_.route,
+                   std::string(st.message()));
+    }
+  }
+  absl::Status Finish(int status, const std::string& body) {
+    held_ = false;
+    return service::FinishIdempotent(store_, k_, status, body);
+  }
+
+ private:
+  store::Store& store_;
+  const service::IdempotencyKey& k_;
+  bool held_ = true;
+};
 
 absl::Status NoRoute(const Target& t) {
   return ApiError(absl::StatusCode::kNotFound, "not_found", fmt::format("no route for {}", t.path));
@@ -256,7 +332,7 @@ Awaitable Api::Route(http::RequestContext& ctx) {
       action = seg.size() > 4 ? seg[4] : std::string();
     }
     Call call{ctx, caller, t, std::move(id), std::move(action)};
-    auto key = IdempotencyKeyOf(req, *route, ctx.body != nullptr);
+    auto key = IdempotencyKeyOf(req, *route);
     if (!key.ok()) {
       res = Fail(ctx, key.status());
     } else if (key->empty()) {
@@ -292,7 +368,14 @@ Awaitable Api::RunIdempotent(http::RequestContext& ctx, const service::Caller& c
   const std::string target(ctx.req.target());
   k.route = target.substr(0, target.find('?'));
   // The query is part of the request (a file's path is there): in the hash, not the route.
-  k.body_hash = Sha256Hex(fmt::format("{}\n{}\n{}", k.method, target, ctx.req.body()));
+  const std::string head = fmt::format("{}\n{}\n", k.method, target);
+  // A streamed body is hashed as it is read (HashingBody); its key carries no hash till then.
+  std::optional<HashingBody> hashing;
+  if (ctx.body != nullptr) {
+    hashing.emplace(*ctx.body, head);
+  } else {
+    k.body_hash = Sha256Hex(head + ctx.req.body());
+  }
   const auto deadline = std::chrono::steady_clock::now() + kIdempotencyWait;
   for (;;) {
     auto claim = log::With(ctx.log, [&] {
@@ -300,6 +383,12 @@ Awaitable Api::RunIdempotent(http::RequestContext& ctx, const service::Caller& c
     });
     if (!claim.ok()) co_return Fail(ctx, claim.status());
     if (auto* r = std::get_if<service::Replay>(&*claim)) {
+      if (hashing) {
+        // A duplicate of a finished upload: the same request only if its bytes are the same.
+        absl::Status read = co_await ReadToEnd(*hashing, StreamedBodyLimit(ctx, caller, call));
+        if (!read.ok()) co_return Fail(ctx, read);
+        if (hashing->Hash() != r->body_hash) co_return Fail(ctx, service::KeyReusedError());
+      }
       co_return RenderAnswer(service::Rendered{r->status, r->body}, /*replayed=*/true);
     }
     if (std::holds_alternative<service::Claimed>(*claim)) break;
@@ -309,22 +398,47 @@ Awaitable Api::RunIdempotent(http::RequestContext& ctx, const service::Caller& c
                                    "a request with this Idempotency-Key is still running"));
     }
     // The duplicate in flight is another request, perhaps on another sbxd: its answer shows
-    // in the store.
+    // in the store. A streamed body waits unread meanwhile: if the first gives the key back,
+    // this one runs with it.
     http::asio::steady_timer timer(ctx.executor, kIdempotencyPoll);
     boost::system::error_code ec;
     co_await timer.async_wait(http::asio::redirect_error(http::asio::use_awaitable, ec));
   }
+  ClaimHold hold(svc_.store(), k);
+  http::BodyReader* const raw_body = ctx.body;
+  if (hashing) ctx.body = &*hashing;
   std::optional<http::Response> res = co_await route.handler(*this, call);
+  ctx.body = raw_body;
+  // A body the handler left unread has no hash: the key is given back (FinishIdempotent), as
+  // the handler answered before it took the request in.
+  if (hashing) k.body_hash = hashing->Hash();
   const bool json = res && res->find(bhttp::field::content_type) != res->end() &&
                     (*res)[bhttp::field::content_type] == "application/json";
-  absl::Status saved = service::FinishIdempotent(
-      svc_.store(), k, res && json ? static_cast<int>(res->result_int()) : 0,
-      res && json ? res->body() : std::string());
+  absl::Status saved = hold.Finish(res && json ? static_cast<int>(res->result_int()) : 0,
+                                   res && json ? res->body() : std::string());
   if (!saved.ok()) {
     spdlog::warn("idempotency: the answer to {} {} was not recorded: {}", k.method, k.route,
                  std::string(saved.message()));
   }
   co_return res;
+}
+
+uint64_t Api::StreamedBodyLimit(http::RequestContext& ctx, const service::Caller& caller,
+                                const Call& call) {
+  const auto& seg = call.target.segments;
+  if (seg.size() > 1 && seg[1].rfind("templates", 0) == 0) {
+    return opts_.templates != nullptr ? opts_.templates->max_archive_bytes() : 0;
+  }
+  if (seg.size() > 2 && seg[1] == "sandboxes") {
+    // A sandbox gone since the first upload has no cap left: the server's bound stays.
+    auto sb = log::With(ctx.log, [&] { return svc_.GetSandbox(caller, seg[2]); });
+    if (!sb.ok()) return 0;
+    auto d = sb->effective_resources.find("disk_mib");
+    if (d != sb->effective_resources.end() && d->is_number_integer() && d->get<int64_t>() > 0) {
+      return static_cast<uint64_t>(d->get<int64_t>()) << 20;
+    }
+  }
+  return 0;
 }
 
 // Management actions: every request that may change something, by a management token, except

@@ -1,5 +1,6 @@
 // `sbx port SANDBOX_ID PORT`: where a server listening in the sandbox is reached through sbxd
 // (docs/api.md, "Ports"): the path form, and the host-name form when sbxd has ports.domain.
+#include <algorithm>
 #include <memory>
 
 #include <fmt/format.h>
@@ -37,7 +38,11 @@ void RegisterPortCommand(CLI::App& app, Context& ctx) {
       const std::string url = fmt::format("{}/v1/sandboxes/{}/ports/{}/", ep.url, *id, *port);
       std::string host_url;
       if (sb->contains("ports_domain") && (*sb)["ports_domain"].is_string()) {
-        host_url = fmt::format("{}://{}-{}.{}:{}{}/", ep.scheme, *port, *id,
+        // The id's `_` as `-`: a host name has no `_`, and a wildcard certificate matches no
+        // label holding one (sbxd takes both forms).
+        std::string label = *id;
+        std::replace(label.begin(), label.end(), '_', '-');
+        host_url = fmt::format("{}://{}-{}.{}:{}{}/", ep.scheme, *port, label,
                                (*sb)["ports_domain"].get<std::string>(), ep.port, ep.base_path);
       }
       if (*json_out) {

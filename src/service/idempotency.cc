@@ -14,6 +14,11 @@ constexpr int kReleased = -1;
 
 }  // namespace
 
+absl::Status KeyReusedError() {
+  return ApiError(absl::StatusCode::kFailedPrecondition, "idempotency_key_reused",
+                  "Idempotency-Key was already used with a different request");
+}
+
 absl::StatusOr<ClaimResult> ClaimIdempotent(store::Store& store, const IdempotencyKey& k,
                                             std::chrono::seconds abandoned_after) {
   ClaimResult out = Claimed{};
@@ -22,12 +27,13 @@ absl::StatusOr<ClaimResult> ClaimIdempotent(store::Store& store, const Idempoten
     out = Claimed{};
     SBX_ASSIGN_OR_RETURN(auto rec, tx.GetIdempotency(k.tenant_id, k.key, k.method, k.route));
     if (rec && rec->status != kReleased) {
-      if (rec->body_hash != k.body_hash) {
-        return ApiError(absl::StatusCode::kFailedPrecondition, "idempotency_key_reused",
-                        "Idempotency-Key was already used with a different request");
+      // A streamed request's hash is empty until its body has been read, both in its claim
+      // and in a duplicate's key.
+      if (!k.body_hash.empty() && !rec->body_hash.empty() && rec->body_hash != k.body_hash) {
+        return KeyReusedError();
       }
       if (rec->status != kInProgress) {
-        out = Replay{rec->status, rec->response_body};
+        out = Replay{rec->status, rec->response_body, rec->body_hash};
         return absl::OkStatus();
       }
       auto since = ParseRfc3339(rec->created_at);
@@ -57,7 +63,7 @@ absl::Status FinishIdempotent(store::Store& store, const IdempotencyKey& k, int 
   rec.method = k.method;
   rec.route = k.route;
   rec.body_hash = k.body_hash;
-  const bool keep = status >= 100 && status < 500;
+  const bool keep = status >= 100 && status < 500 && !k.body_hash.empty();
   rec.status = keep ? status : kReleased;
   rec.response_body = keep ? body : "";
   rec.created_at = NowRfc3339();

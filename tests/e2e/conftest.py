@@ -217,9 +217,7 @@ def shutdown(daemon: Daemon, validator, ids: list[str]) -> list[str]:
 def _delete_leftovers(daemon: Daemon, validator) -> list[str]:
     """Deletes, through the API, every sandbox not yet deleted."""
     problems = []
-    client = SbxClient(daemon.url, daemon.token, validator)
-    if daemon.ca_file:
-        client.session.verify = daemon.ca_file
+    client = SbxClient(daemon.url, daemon.token, validator, ca_file=daemon.ca_file)
     try:
         leftovers = [s for s in client.list_sandboxes() if s["state"] != "deleted"]
         ops = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -186,20 +187,40 @@ class SseStream:
 
 
 class SbxClient:
+    """`base_url` may be https://: the server's certificate is then verified against `ca_file`
+    (a PEM CA certificate; None: the system's CAs), also by clones and `ssl_context()`."""
+
     def __init__(self, base_url: str, token: str, validator: OpenApiValidator,
-                 timeout: float = 30.0):
+                 timeout: float = 30.0, ca_file: str | None = None):
         self.base_url = base_url.rstrip("/")
         self.token = token
         self.validator = validator
         self.timeout = timeout
         self.session = requests.Session()
         self.session.trust_env = False  # never route 127.0.0.1 traffic through a proxy
+        self.ca_file: str | None = None
+        self.use_ca(ca_file)
         self.created_sandboxes: list[str] = []
         self._lock = threading.Lock()
 
+    @property
+    def https(self) -> bool:
+        return self.base_url.startswith("https://")
+
+    def use_ca(self, ca_file: str | None) -> None:
+        """Verifies the server against `ca_file` from the next connection on (a rotated
+        certificate from another CA)."""
+        self.ca_file = ca_file
+        self.session.verify = ca_file if ca_file else True
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """For a raw socket to the server (WebSocket, a hand-made request): verifies the
+        certificate and the name as the session does."""
+        return ssl.create_default_context(cafile=self.ca_file)
+
     def clone(self) -> "SbxClient":
         """A client with its own connection pool (requests.Session is not thread-safe)."""
-        c = SbxClient(self.base_url, self.token, self.validator, self.timeout)
+        c = SbxClient(self.base_url, self.token, self.validator, self.timeout, self.ca_file)
         c.created_sandboxes = self.created_sandboxes
         c._lock = self._lock
         return c

@@ -64,6 +64,7 @@ def test_get_reaches_the_server_with_the_rest_of_the_path(served):
     assert "x-sbx-traffic-token" not in seen["headers"]
     assert "authorization" not in seen["headers"]
     assert seen["headers"].get("x-forwarded-for") == "127.0.0.1"
+    assert seen["headers"].get("x-forwarded-proto") == "http"
 
 
 def test_management_token_also_opens_the_port_and_is_not_passed_on(served, sbxd):
@@ -151,6 +152,11 @@ def test_host_name_form(served, sbxd):
     r = served.http.get(f"{sbxd.url}/headers", timeout=30,
                         headers={"Host": host.upper() + ":80", "X-Sbx-Traffic-Token": served.token})
     assert r.status_code == 200, r.text
+    # The id's `_` as `-` (a host name's form, and a wildcard certificate's).
+    dashed = f"8000-{served.sandbox['id'].replace('_', '-')}.{PORTS_DOMAIN}"
+    r = served.http.get(f"{sbxd.url}/headers", timeout=30,
+                        headers={"Host": dashed, "X-Sbx-Traffic-Token": served.token})
+    assert r.status_code == 200 and r.json()["headers"]["host"] == dashed, r.text
     bad = served.http.get(f"{sbxd.url}/x", timeout=30,
                           headers={"Host": f"99999-{served.sandbox['id']}.{PORTS_DOMAIN}"})
     assert bad.status_code == 400 and error_of(bad)["details"]["field"] == "port"
@@ -269,7 +275,7 @@ def test_cli_prints_the_urls(served, sbxd):
     assert out.returncode == 0, out.stderr
     port = sbxd.url.rsplit(":", 1)[1]
     assert out.stdout.splitlines() == [f"{sbxd.url}/v1/sandboxes/{sid}/ports/8000/",
-                                       f"http://8000-{sid}.{PORTS_DOMAIN}:{port}/"]
+                                       f"http://8000-{sid.replace('_', '-')}.{PORTS_DOMAIN}:{port}/"]
     bad = subprocess.run([str(build_dir() / "bin" / "sbx"), "--url", sbxd.url, "--token", sbxd.token,
                           "port", sid, "70000"], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2

@@ -406,6 +406,37 @@ def test_idempotent_create_under_concurrency_and_on_every_mutating_route(lab):
     c.delete_sandbox(sid)
 
 
+def test_an_upload_key_is_its_tenants_own(lab):
+    """Idempotency-Key on an upload (its body streams) is scoped per tenant as on any route:
+    another tenant's request with the same key and URL is not a replay of the first's answer
+    (it is 404: the sandbox is not its), and the same key on its own sandbox runs."""
+    clients, sandboxes = [], []
+    for name in ("up-a", "up-b"):
+        c = lab.client(lab.token(lab.tenant(name))["token"])
+        created = c.create_sandbox({}, wait=False)
+        clients.append(c)
+        sandboxes.append(wait_running(c, created)["id"])
+    (a, b), (sa, sb) = clients, sandboxes
+    headers = {"Idempotency-Key": "upload-once", "Content-Type": "application/octet-stream"}
+
+    def put(c, sid, data):
+        return c.call("PUT", f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/up"},
+                      data=data, headers=headers)
+
+    first = put(a, sa, b"from a\n")
+    assert first.status_code == 200 and "Idempotent-Replayed" not in first.headers, first.body
+    foreign = put(b, sa, b"from a\n")
+    assert foreign.status_code == 404 and "Idempotent-Replayed" not in foreign.headers, foreign.body
+    own = put(b, sb, b"from a\n")
+    assert own.status_code == 200 and "Idempotent-Replayed" not in own.headers, own.body
+    assert put(a, sa, b"from a\n").headers.get("Idempotent-Replayed") == "true"
+    assert put(b, sb, b"from a\n").headers.get("Idempotent-Replayed") == "true"
+    for c, sid in zip(clients, sandboxes):
+        got = c.call("GET", f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/up"}, expect=200)
+        assert got.content == b"from a\n"
+        c.delete_sandbox(sid)
+
+
 def test_an_attach_token_opens_only_its_own_tenants_session(lab):
     ten_a = lab.tenant("att-a")
     a = lab.client(lab.token(ten_a)["token"])

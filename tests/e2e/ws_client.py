@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import socket
+import ssl
 import struct
 from urllib.parse import urlsplit
 
@@ -24,11 +25,22 @@ class HandshakeError(Exception):
 
 class WsClient:
     def __init__(self, base_url: str, path: str, token: str | None, timeout: float = 30.0,
-                 extra_headers: dict | None = None):
+                 extra_headers: dict | None = None, ssl_context: ssl.SSLContext | None = None,
+                 host: str | None = None):
+        """An https:// `base_url` needs `ssl_context` (SbxClient.ssl_context()); `host` is
+        the Host header and the TLS server name (default: the URL's host)."""
         u = urlsplit(base_url)
+        host = host or u.hostname
         self.sock = socket.create_connection((u.hostname, u.port), timeout=timeout)
+        if u.scheme == "https":
+            assert ssl_context is not None, "an https:// URL needs an ssl_context"
+            try:
+                self.sock = ssl_context.wrap_socket(self.sock, server_hostname=host)
+            except BaseException:
+                self.sock.close()
+                raise
         key = base64.b64encode(os.urandom(16)).decode()
-        lines = [f"GET {path} HTTP/1.1", f"Host: {u.hostname}:{u.port}", "Upgrade: websocket",
+        lines = [f"GET {path} HTTP/1.1", f"Host: {host}:{u.port}", "Upgrade: websocket",
                  "Connection: Upgrade", f"Sec-WebSocket-Key: {key}", "Sec-WebSocket-Version: 13"]
         if token:
             lines.append(f"Authorization: Bearer {token}")
