@@ -112,9 +112,11 @@ class Extractor::Impl {
           return Refuse(e, fmt::format("is a hard link to \"{:.200}\", which is not a file made "
                                        "earlier by this archive{}",
                                        e.linkname,
-                                       targets_full_ ? " (only the first 16 MiB of file names are "
-                                                       "kept as link targets)"
-                                                     : ""));
+                                       targets_full_
+                                           ? fmt::format(" (only the first {} bytes of file names "
+                                                         "are kept as link targets)",
+                                                         link_target_budget_)
+                                           : ""));
         }
         // Both sides by their parent's fd (resolved in the root) and a last component that
         // linkat does not follow: neither end can be steered out of the tree.
@@ -149,6 +151,7 @@ class Extractor::Impl {
   }
 
   void SetOwner(uid_t uid, gid_t gid) { owner_ = std::make_pair(uid, gid); }
+  void SetLinkTargetBudget(size_t bytes) { link_target_budget_ = bytes; }
   int entries() const { return entries_; }
   int skipped() const { return skipped_; }
 
@@ -219,7 +222,7 @@ class Extractor::Impl {
   // download), and millions of empty files must not become the extractor's memory.
   void Remember(const std::string& name) {
     if (files_.contains(name)) return;
-    if (files_bytes_ + name.size() > kMaxLinkTargetBytes) {
+    if (files_bytes_ + name.size() > link_target_budget_) {
       targets_full_ = true;
       return;
     }
@@ -240,7 +243,7 @@ class Extractor::Impl {
 
   int base_;
   std::string base_path_;
-  static constexpr size_t kMaxLinkTargetBytes = 16 << 20;
+  size_t link_target_budget_ = Extractor::kLinkTargetBytes;
   std::set<std::string> files_;  // regular files made so far: what a hard link may name
   size_t files_bytes_ = 0;       // the names' bytes in files_
   bool targets_full_ = false;    // a file was made but not remembered
@@ -279,6 +282,7 @@ absl::Status Extractor::Run(const ByteSource& source) {
 }
 
 void Extractor::SetOwner(uid_t uid, gid_t gid) { impl_->SetOwner(uid, gid); }
+void Extractor::SetLinkTargetBudget(size_t bytes) { impl_->SetLinkTargetBudget(bytes); }
 
 int Extractor::entries() const { return impl_->entries(); }
 int Extractor::skipped() const { return impl_->skipped(); }

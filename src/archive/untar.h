@@ -46,6 +46,10 @@ class Extractor {
   // Every entry made from now on is owned by uid:gid instead of the extracting process (a
   // build's COPY --chown, a PUT with an owner); the archive's own owners are never used.
   void SetOwner(uid_t uid, gid_t gid);
+  // The bytes of file names kept as hard-link targets (kLinkTargetBytes by default): past it a
+  // file is still made, but a later hard link to it is refused and says why.
+  void SetLinkTargetBudget(size_t bytes);
+  static constexpr size_t kLinkTargetBytes = 16 << 20;
   int entries() const;
   int skipped() const;
 

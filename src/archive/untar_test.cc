@@ -47,8 +47,10 @@ class Untar : public ::testing::Test {
   void TearDown() override { fs::remove_all(top_); }
 
   // Extracts `tar` handed out in pieces of 100 bytes.
-  absl::Status Extract(std::string_view tar, std::optional<uint64_t> cap = std::nullopt) {
+  absl::Status Extract(std::string_view tar, std::optional<uint64_t> cap = std::nullopt,
+                       std::optional<size_t> link_budget = std::nullopt) {
     Extractor x(base_.get(), "/into", cap);
+    if (link_budget) x.SetLinkTargetBudget(*link_budget);
     size_t at = 0;
     absl::Status s = x.Run([&]() -> absl::StatusOr<std::string_view> {
       const std::string_view next = tar.substr(std::min(at, tar.size()), 100);
@@ -141,6 +143,48 @@ TEST_F(Untar, HardLinksElsewhereAreRefused) {
   EXPECT_EQ(st.st_nlink, 1u);
   ASSERT_EQ(::stat((top_ / "into/existing").c_str(), &st), 0);
   EXPECT_EQ(st.st_nlink, 1u);
+}
+
+// The names kept as link targets are bounded: past the budget files are still made, a link to
+// one that did not fit is refused saying why, links to those kept still work, and a name
+// forgotten (replaced) gives its bytes back.
+TEST_F(Untar, LinkTargetsAreBounded) {
+  absl::Status s = Extract(BuildTar({{File("aaaa", 1), "a"},
+                                     {File("bbbb", 1), "b"},
+                                     {File("cccc", 1), "c"},  // 12 bytes of names > 10
+                                     {Link("ha", "aaaa", TarType::kHardLink), ""},
+                                     {Link("hb", "bbbb", TarType::kHardLink), ""}}),
+                           std::nullopt, /*link_budget=*/10);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(fs::hard_link_count(top_ / "into/aaaa"), 2u);
+  EXPECT_EQ(fs::hard_link_count(top_ / "into/bbbb"), 2u);
+  fs::remove_all(top_ / "into");
+  fs::create_directories(top_ / "into");
+  base_.Reset(::open((top_ / "into").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  s = Extract(BuildTar({{File("aaaa", 1), "a"},
+                        {File("bbbb", 1), "b"},
+                        {File("cccc", 1), "c"},
+                        {Link("hc", "cccc", TarType::kHardLink), ""}}),
+              std::nullopt, 10);
+  EXPECT_EQ(ApiErrorCode(s), "invalid_tar") << s;
+  EXPECT_NE(std::string(s.message()).find("only the first 10 bytes of file names"),
+            std::string::npos)
+      << s;
+  EXPECT_TRUE(fs::exists(top_ / "into/cccc"));  // the file itself was made
+  EXPECT_FALSE(fs::exists(fs::symlink_status(top_ / "into/hc")));
+  // A name replaced by a symlink is forgotten: its bytes make room for the next file.
+  fs::remove_all(top_ / "into");
+  fs::create_directories(top_ / "into");
+  base_.Reset(::open((top_ / "into").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  s = Extract(BuildTar({{File("aaaa", 1), "a"},
+                        {File("bbbb", 1), "b"},
+                        {Link("aaaa", "bbbb"), ""},
+                        {File("cccc", 1), "c"},
+                        {Link("hc", "cccc", TarType::kHardLink), ""}}),
+              std::nullopt, 10);
+  EXPECT_TRUE(s.ok()) << s;
+  // The default is 16 MiB.
+  EXPECT_EQ(Extractor::kLinkTargetBytes, size_t{16} << 20);
 }
 
 // SetOwner: every entry made is owned by the given ids, whatever the archive says; a file's
