@@ -5,6 +5,7 @@ attacks take their list from here, so a route added to the document is tried by 
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import yaml
@@ -71,3 +72,17 @@ def request(method: str, path: str, ids: dict[str, str]) -> tuple[str, dict]:
                              "Sec-WebSocket-Version": "13",
                              "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
     return url, kwargs
+
+
+def delete_tenants(admin, tenants: list[str], timeout: float = 60) -> None:
+    """Deletes `tenants` through `admin` (which deletes their sandboxes and templates) and waits
+    until each row has gone: the end of a tenancy test's tenants is its cleanup."""
+    for t in tenants:
+        r = admin.call("DELETE", f"/v1/admin/tenants/{t}", expect=(202, 404))
+        for op in (r.body or {}).get("operations", []):
+            admin.call("GET", f"/v1/operations/{op}", expect=(200, 404))
+    deadline = time.monotonic() + timeout
+    for t in tenants:
+        while admin.call("GET", f"/v1/admin/tenants/{t}").status_code != 404:
+            assert time.monotonic() < deadline, f"tenant {t} still there after {timeout} s"
+            time.sleep(0.1)

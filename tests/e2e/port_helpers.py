@@ -22,3 +22,19 @@ def start_server(api, sandbox_id: str, port: int, *addrs: str) -> dict:
             if ev.event == "process_exited":
                 break
     raise AssertionError(f"port server did not start: {out[-2000:]!r}")
+
+
+def websocket_echo(ws) -> None:
+    """Text and a 300 KB binary message through the echo server's WebSocket, then a clean close;
+    the socket is closed whatever happens."""
+    import os
+    from ws_client import OP_BINARY, OP_TEXT
+    try:
+        ws.send_frame(OP_TEXT, b"hello")
+        assert ws.recv() == (OP_TEXT, b"hello")
+        big = os.urandom(300_000)
+        ws.send_binary(big)
+        assert ws.recv() == (OP_BINARY, big)
+        ws.close()
+    finally:
+        ws.sock.close()

@@ -16,8 +16,8 @@ import time
 
 from conftest import PORTS_DOMAIN, Daemon, shutdown
 from sbx_client import SbxClient
-from port_helpers import start_server
-from ws_client import OP_BINARY, OP_TEXT, WsClient
+from port_helpers import start_server, websocket_echo
+from ws_client import WsClient
 
 
 class Ports:
@@ -128,17 +128,8 @@ def test_sse_events_arrive_one_by_one(served):
 
 
 def test_websocket_echo(served, sbxd):
-    ws = WsClient(sbxd.url, f"/v1/sandboxes/{served.sandbox['id']}/ports/8000/ws", None,
-                  extra_headers={"X-Sbx-Traffic-Token": served.token})
-    try:
-        ws.send_frame(OP_TEXT, b"hello")
-        assert ws.recv() == (OP_TEXT, b"hello")
-        big = os.urandom(300_000)
-        ws.send_binary(big)
-        assert ws.recv() == (OP_BINARY, big)
-        ws.close()
-    finally:
-        ws.sock.close()
+    websocket_echo(WsClient(sbxd.url, f"/v1/sandboxes/{served.sandbox['id']}/ports/8000/ws", None,
+                            extra_headers={"X-Sbx-Traffic-Token": served.token}))
 
 
 def test_host_name_form(served, sbxd):

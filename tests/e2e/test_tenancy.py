@@ -47,16 +47,7 @@ class Lab:
 
     def close(self) -> list[str]:
         ids = [i for c in self.clients for i in c.created_sandboxes] + self.admin.created_sandboxes
-        # A tenant's deletion deletes its sandboxes: the end of the tenants is the cleanup.
-        for t in self.tenants:
-            r = self.admin.call("DELETE", f"/v1/admin/tenants/{t}", expect=(202, 404))
-            for op in (r.body or {}).get("operations", []):
-                self.admin.call("GET", f"/v1/operations/{op}", expect=(200, 404))
-        deadline = time.monotonic() + 60
-        for t in self.tenants:
-            while self.admin.call("GET", f"/v1/admin/tenants/{t}").status_code != 404:
-                assert time.monotonic() < deadline, f"tenant {t} still there after 60 s"
-                time.sleep(0.1)
+        cross_tenant.delete_tenants(self.admin, self.tenants)
         problems = shutdown(self.daemon, self.validator, ids)
         for c in self.clients + [self.admin]:
             c.close()

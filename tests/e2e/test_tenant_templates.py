@@ -9,11 +9,11 @@ import json
 import shutil
 import sqlite3
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
+import cross_tenant
 import images
 from conftest import Daemon, ns_runtime_only, shutdown
 from sbx_client import SbxClient
@@ -67,13 +67,7 @@ class Lab:
 
     def close(self) -> list[str]:
         ids = [i for c in self.clients for i in c.created_sandboxes] + self.admin.created_sandboxes
-        for t in self.tenants:
-            self.admin.call("DELETE", f"/v1/admin/tenants/{t}", expect=(202, 404))
-        deadline = time.monotonic() + 60
-        for t in self.tenants:
-            while self.admin.call("GET", f"/v1/admin/tenants/{t}").status_code != 404:
-                assert time.monotonic() < deadline, f"tenant {t} still there after 60 s"
-                time.sleep(0.1)
+        cross_tenant.delete_tenants(self.admin, self.tenants)
         problems = shutdown(self.daemon, self.validator, ids)
         for c in self.clients + [self.admin]:
             c.close()

@@ -30,9 +30,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 import requests
 
 from conftest import PORTS_DOMAIN, RUNTIME, Daemon, build_dir, shutdown, skip_or_fail
-from port_helpers import start_server
+from port_helpers import start_server, websocket_echo
 from sbx_client import SbxClient
-from ws_client import OP_BINARY, OP_TEXT, WsClient
+from ws_client import WsClient
 
 RELOAD_TIMEOUT_S = 10
 CLI_TIMEOUT_S = 120
@@ -335,17 +335,8 @@ def test_port_relay_over_tls(tls_sbxd, pki):
 
         # A WebSocket through the relay, inside TLS, by path and by host name.
         for path, name in ((f"/v1/sandboxes/{sid}/ports/8000/ws", None), ("/ws", host)):
-            ws = WsClient(base, path, None, extra_headers=traffic, ssl_context=api.ssl_context(),
-                          host=name)
-            try:
-                ws.send_frame(OP_TEXT, b"hello")
-                assert ws.recv() == (OP_TEXT, b"hello")
-                big = os.urandom(300_000)
-                ws.send_binary(big)
-                assert ws.recv() == (OP_BINARY, big)
-                ws.close()
-            finally:
-                ws.sock.close()
+            websocket_echo(WsClient(base, path, None, extra_headers=traffic,
+                                    ssl_context=api.ssl_context(), host=name))
 
         # Plain HTTP to the port's URL on the TLS listener: refused with the "use https://"
         # answer, and the relay goes on serving.
