@@ -1231,11 +1231,18 @@ TEST(AgentProcesses, ListsSessionProcessesButNotTheAgent) {
   for (int i = 0; i < 500 && (sh.is_null() || sleeper.is_null()); ++i) {
     auto r = Call(agent, Json{{"op", "processes"}});
     ASSERT_TRUE(r.ok()) << r.status();
+    // A child sh forked but has not exec'd yet carries sh's argv too: the sh is the one whose
+    // child `sleep 32` is.
+    std::vector<Json> shs;
+    sh = sleeper = Json();
     for (const auto& p : (*r)["processes"]) {
       EXPECT_NE(p["pid"], agent.pid()) << "the agent lists itself";
-      if (p["argv"] == Json::array({"sh", "-c", "sleep 31 & sleep 32; wait"})) sh = p;
+      if (p["argv"] == Json::array({"sh", "-c", "sleep 31 & sleep 32; wait"})) shs.push_back(p);
       if (p["argv"] == Json::array({"sleep", "31"})) child = p;
       if (p["argv"] == Json::array({"sleep", "32"})) sleeper = p;
+    }
+    for (const Json& p : shs) {
+      if (!sleeper.is_null() && p["pid"] == sleeper["ppid"]) sh = p;
     }
     if (sh.is_null() || sleeper.is_null()) std::this_thread::sleep_for(10ms);
   }
