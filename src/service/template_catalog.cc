@@ -212,20 +212,16 @@ absl::StatusOr<TemplateService::Removed> TemplateService::RemoveTags(
         continue;
       }
       if (!refuse_in_use) continue;  // gc takes it once nothing runs it
-      if (held > 0) {
-        return WithDetail(
-            ApiError(absl::StatusCode::kFailedPrecondition, "template_in_use",
-                     fmt::format("template {} ({}) is held by {} warm-pool sandbox(es): set its "
-                                 "warm_pool size to 0 first, or move another tag to this release",
-                                 what, d, held)),
-            "digest", d);
-      }
-      return WithDetail(
-          ApiError(absl::StatusCode::kFailedPrecondition, "template_in_use",
-                   fmt::format("template {} ({}) is used by {} sandbox(es): delete them first, "
-                               "or move another tag to this release to keep it",
-                               what, d, live)),
-          "digest", d);
+      const std::string why =
+          held > 0 ? fmt::format("is held by {} warm-pool sandbox(es): set its warm_pool size to "
+                                 "0 first, or move another tag to this release",
+                                 held)
+                   : fmt::format("is used by {} sandbox(es): delete them first, or move another "
+                                 "tag to this release to keep it",
+                                 live);
+      return WithDetail(ApiError(absl::StatusCode::kFailedPrecondition, "template_in_use",
+                                 fmt::format("template {} ({}) {}", what, d, why)),
+                        "digest", d);
     }
     for (const TagRecord& t : out.tags) SBX_RETURN_IF_ERROR(tx.DeleteTag(t.name, t.tag));
     return absl::OkStatus();
