@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-import cross_tenant
 import images
-from conftest import Daemon, ns_runtime_only, shutdown
+import tenancy_lab
+from conftest import ns_runtime_only
 from sbx_client import SbxClient
 
 pytestmark = ns_runtime_only("image layers are overlay lowers of the ns runtime")
@@ -31,27 +31,16 @@ def image(work: Path, marker: str) -> Path:
     return images.docker_archive(layout, work / f"{marker}.tar")
 
 
-class Lab:
+class Lab(tenancy_lab.TenancyLab):
     def __init__(self, validator):
-        self.validator = validator
+        super().__init__(validator)
         self.work = Path(tempfile.mkdtemp(prefix="sbx-e2e-tenant-templates-"))
-        self.daemon = Daemon()
-        self.daemon.start()
-        self.admin = SbxClient(self.daemon.url, self.daemon.token, validator)
-        self.clients: list[SbxClient] = []
-        self.tenants: list[str] = []
         self.archives: dict[str, Path] = {}
 
-    def tenant(self, name: str, **fields) -> tuple[str, SbxClient]:
-        t = self.admin.call("POST", "/v1/admin/tenants", json_body={"name": name, **fields},
-                            expect=201).body["tenant"]
-        self.tenants.append(t["id"])
-        tok = self.admin.call("POST", f"/v1/admin/tenants/{t['id']}/tokens",
-                              json_body={"name": "t", "scopes": ALL_SCOPES},
-                              expect=201).body["token"]["token"]
-        c = SbxClient(self.daemon.url, tok, self.validator)
-        self.clients.append(c)
-        return t["id"], c
+    def tenant_client(self, name: str, **fields) -> tuple[str, SbxClient]:
+        """A tenant and a client of a token with every scope but admin."""
+        t = self.tenant(name, **fields)
+        return t, self.client(self.token(t, ALL_SCOPES)["token"])
 
     def archive(self, marker: str) -> bytes:
         if marker not in self.archives:
@@ -66,11 +55,7 @@ class Lab:
             db.close()
 
     def close(self) -> list[str]:
-        ids = [i for c in self.clients for i in c.created_sandboxes] + self.admin.created_sandboxes
-        cross_tenant.delete_tenants(self.admin, self.tenants)
-        problems = shutdown(self.daemon, self.validator, ids)
-        for c in self.clients + [self.admin]:
-            c.close()
+        problems = super().close()
         shutil.rmtree(self.work, ignore_errors=True)
         return problems
 
@@ -116,8 +101,8 @@ def names(c: SbxClient) -> dict[str, list[bool]]:
 
 def test_a_tenants_templates_are_its_own_on_every_route(lab):
     shared_op = imported(lab.admin, lab.archive("shared"), "common")
-    a_ten, a = lab.tenant("tpl-a")
-    b_ten, b = lab.tenant("tpl-b")
+    a_ten, a = lab.tenant_client("tpl-a")
+    b_ten, b = lab.tenant_client("tpl-b")
     done = imported(a, lab.archive("a-own"), "mine")
     digest = done["result"]["template"]["digest"]
     assert done["result"]["template"]["name"] == "mine", done
@@ -197,7 +182,7 @@ def test_a_tenants_templates_are_its_own_on_every_route(lab):
 
 
 def test_template_quotas_count_names_and_bytes(lab):
-    ten, c = lab.tenant("tpl-quota", quotas={"max_templates": 1})
+    ten, c = lab.tenant_client("tpl-quota", quotas={"max_templates": 1})
     imported(c, lab.archive("q1"), "one")
     # A second tag of the same name is not a second template.
     imported(c, lab.archive("q2"), "one", "v2")
@@ -227,7 +212,7 @@ def test_template_quotas_count_names_and_bytes(lab):
     assert len([n for n, shared in names(c).items() if shared == [False]]) == 2
 
     # Bytes: what the tenant's tags name, each release once.
-    ten2, c2 = lab.tenant("tpl-bytes")
+    ten2, c2 = lab.tenant_client("tpl-bytes")
     first = imported(c2, lab.archive("b1"), "x")
     size = first["result"]["template"]["size"]
     assert size > 0
