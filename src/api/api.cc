@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "api/attach_events.h"
+#include "api/e2b/e2b.h"
 #include "api/status_to_http.h"
 #include "api/target.h"
 #include "common/digest.h"
@@ -130,6 +131,12 @@ absl::StatusOr<service::Principal> Api::Authenticate(
     return ApiError(absl::StatusCode::kUnauthenticated, "unauthenticated",
                     "missing bearer token (Authorization: Bearer <token>)");
   }
+  return AuthenticateToken(*token, allow_attach_token);
+}
+
+absl::StatusOr<service::Principal> Api::AuthenticateToken(const std::string& bearer,
+                                                          bool allow_attach_token) const {
+  const std::string* token = &bearer;
   if (allow_attach_token && service::LooksLikeAttachToken(*token)) {
     SBX_ASSIGN_OR_RETURN(auto claims, svc_.attach_tokens().Verify(*token));
     service::Principal p;
@@ -165,8 +172,16 @@ bool Api::Privileged(const http::Request& req) const {
 // The access-log line is the server's (http/server.cc), with what Route (routes.cc) added to
 // ctx.log.
 // A sandbox port's request (path or host name, port_routes.cc) never reaches the route table.
+// E2B's routes (e2b/e2b.h) are told apart by their paths and headers, which sbx's own never
+// use; its envd answers on the host-name route's port 49983.
 Awaitable Api::Handle(http::RequestContext& ctx) {
-  if (auto port = MatchPort(ctx.req)) return ProxyPort(ctx, std::move(*port));
+  if (auto port = MatchPort(ctx.req)) {
+    if (port->ok() && (*port)->by_host && (*port)->port == e2b::kEnvdPort) {
+      return e2b::Gateway::HandleEnvd(*this, ctx, (*port)->sandbox_id);
+    }
+    return ProxyPort(ctx, std::move(*port));
+  }
+  if (e2b::Gateway::Matches(ctx.req)) return e2b::Gateway::Handle(*this, ctx);
   return Route(ctx);
 }
 

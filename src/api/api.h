@@ -24,6 +24,10 @@
 
 namespace sbx::api {
 
+namespace e2b {
+struct Gateway;
+}
+
 struct ApiOptions {
   std::string admin_token;  // acts for tenant "default"
   ResourceLimits limits;    // the start-up value; SetLimits replaces it
@@ -71,6 +75,8 @@ class Api {
  private:
   // The route table's handlers (routes.h) call the service and the members below.
   friend struct Routes;
+  // The E2B-compatible API (e2b/e2b.h) is a thin adapter over the same members.
+  friend struct e2b::Gateway;
   // Authenticates, matches the route table and runs the handler (routes.cc).
   http::asio::awaitable<std::optional<http::Response>> Route(http::RequestContext& ctx);
   http::asio::awaitable<std::optional<http::Response>> Attach(http::RequestContext& ctx,
@@ -173,6 +179,9 @@ class Api {
   absl::StatusOr<service::Principal> Authenticate(const http::Request& req,
                                                   const std::optional<std::string>& query_token,
                                                   bool allow_attach_token) const;
+  // The same for a token taken from elsewhere (E2B's X-API-KEY).
+  absl::StatusOr<service::Principal> AuthenticateToken(const std::string& token,
+                                                       bool allow_attach_token) const;
   // Runs a mutating route's handler under its Idempotency-Key (service/idempotency.h): a
   // duplicate waits for the first and replays its answer.
   http::asio::awaitable<std::optional<http::Response>> RunIdempotent(

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "api/api.h"
+#include "api/e2b/e2b.h"
 #include "api/handler_util.h"
 #include "api/status_to_http.h"
 #include "api/requests.h"
@@ -243,6 +244,7 @@ http::asio::awaitable<absl::StatusOr<http::Response>> ShortFileOp(http::RequestC
 }  // namespace
 
 bool Api::StreamsBody(const http::Request& req) {
+  if (e2b::Gateway::StreamsBody(req)) return true;
   const bool put = req.method() == bhttp::verb::put, post = req.method() == bhttp::verb::post;
   if (!put && !post) return false;
   auto t = ParseTarget(req.target());

@@ -283,6 +283,7 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
   }
   creds.traffic_token = HeaderValue(req, kTrafficTokenHeader);
   if (!creds.traffic_token) creds.traffic_token = HeaderValue(req, kE2bTrafficTokenHeader);
+  creds.envd_token = HeaderValue(req, "X-Access-Token");
   auto tenant = log::With(ctx.log, [&] { return svc_.AuthorizePort(a.sandbox_id, creds); });
   if (!tenant.ok()) co_return Fail(ctx, tenant.status());
   ctx.log.tenant = *tenant;

@@ -245,9 +245,24 @@ class SandboxService {
   struct PortCredentials {
     std::optional<Caller> caller;              // from a valid management token
     std::optional<std::string> traffic_token;  // as the client sent it, unchecked
+    // E2B's X-Access-Token (api/e2b): the sandbox's envd token opens its ports too (it can
+    // run any process in it already); anything else is the application's own header.
+    std::optional<std::string> envd_token;
   };
   absl::StatusOr<std::string> AuthorizePort(const std::string& sandbox_id,
                                             const PortCredentials& creds);
+  // E2B's envd (api/e2b): the owner of running sandbox `sandbox_id` when `token` is its envd
+  // token, as a caller that may run processes and touch files in it and nothing else;
+  // unauthenticated without it or with another, not_found, sandbox_not_running. Counts as
+  // activity. EnvdToken: the caller's sandbox's token, minted and stored when it has none (a
+  // sandbox made before they existed).
+  absl::StatusOr<Caller> AuthorizeEnvd(const std::string& sandbox_id,
+                                       const std::optional<std::string>& token);
+  absl::StatusOr<std::string> EnvdToken(const Caller& caller, const std::string& sandbox_id);
+  // A new TTL that ends `seconds` from now (E2B's setTimeout, connect's timeout): timeout_s
+  // becomes the sandbox's age plus `seconds` (1 s to 30 days). invalid_state once deleting.
+  absl::StatusOr<store::SandboxRecord> SetTimeoutFromNow(const Caller& caller,
+                                                         const std::string& id, int64_t seconds);
   // A socket connecting to the sandbox's loopback `port` (runtime::Instance::DialPort), made in
   // its network namespace; sandbox_not_running when it is not running or frozen.
   absl::StatusOr<UniqueFd> DialPort(const std::string& sandbox_id, uint16_t port,
@@ -422,7 +437,13 @@ class SandboxService {
     std::string tenant_id;
     bool is_public = false;
     std::string token_sha256;  // hex; empty: none
+    std::string envd_sha256;   // of the envd token (api/e2b); empty: none
   };
+  // A sandbox's access as cached for a running one, else from its record (`state` then set to
+  // the record's state; empty when cached).
+  absl::StatusOr<PortAccess> AccessOf(const std::string& sandbox_id, std::string& state);
+  absl::Status CheckRunningAndCache(const std::string& sandbox_id, const PortAccess& access,
+                                    std::string state);
   std::map<std::string, PortAccess> port_access_;
   // Takes sandbox `id`'s instance out of instances_ (under mu_), with what is cached beside it.
   runtime::InstancePtr EraseInstanceLocked(const std::string& id);

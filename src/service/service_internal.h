@@ -31,6 +31,8 @@ absl::Status BadId(std::string_view kind, const std::string& id);
 // A new sandbox's SandboxRecord::port_access (ports.cc): a fresh traffic token, and whether its
 // ports are open without one.
 nlohmann::json NewPortAccess(bool public_ports);
+// A new envd access token (api/e2b): "set1." and 32 random bytes.
+std::string NewEnvdToken();
 absl::Status NotFound(std::string_view kind, const std::string& id);
 nlohmann::json ErrorJson(std::string_view code, const absl::Status& s);
 

@@ -21,6 +21,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/log.h"
+#include "common/status_util.h"
 #include "common/time_util.h"
 #include "service/agent_client.h"
 #include "service/sandbox_service.h"
@@ -168,6 +169,32 @@ void SandboxService::RunTimersOnce(std::chrono::system_clock::time_point wall,
     spdlog::info("retention: purged {} idempotency keys and {} deleted sandboxes", keys,
                  sandboxes);
   }
+}
+
+absl::StatusOr<SandboxRecord> SandboxService::SetTimeoutFromNow(const Caller& caller,
+                                                              const std::string& id,
+                                                              int64_t seconds) {
+  constexpr int64_t kMaxTimeout = 30LL * 86400;
+  if (seconds < 1 || seconds > kMaxTimeout) {
+    return FieldError("timeout", fmt::format("must be 1 to {} seconds", kMaxTimeout));
+  }
+  SandboxRecord out;
+  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(out, VisibleSandbox(tx, caller, id));
+    if (out.state == kDeleted || out.state == kDeleting) {
+      return ApiError(absl::StatusCode::kFailedPrecondition, "invalid_state",
+                      fmt::format("sandbox {} is {}", id, out.state));
+    }
+    // The TTL counts from created_at (timers above): the new one is the age plus `seconds`.
+    const auto now = std::chrono::system_clock::now();
+    const auto created = ParseRfc3339(out.created_at).value_or(now);
+    const int64_t age =
+        std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::seconds>(now - created).count());
+    out.timeout_s = age + seconds;
+    out.updated_at = FormatRfc3339(now);
+    return tx.PutSandbox(out);
+  }));
+  return out;
 }
 
 }  // namespace sbx::service
