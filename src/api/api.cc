@@ -9,6 +9,7 @@
 
 #include "api/attach_events.h"
 #include "api/e2b/e2b.h"
+#include "api/e2b/state.h"
 #include "api/status_to_http.h"
 #include "api/target.h"
 #include "common/digest.h"
@@ -99,7 +100,8 @@ Api::Api(service::SandboxService& svc, ApiOptions opts)
                                     "Attach (SSE) streams open to clients.")
                           .WithLabels()),
       streamed_stdout_(StreamedBytes(registry_).WithLabels({"stdout"})),
-      streamed_stderr_(StreamedBytes(registry_).WithLabels({"stderr"})) {}
+      streamed_stderr_(StreamedBytes(registry_).WithLabels({"stderr"})),
+      e2b_(std::make_unique<e2b::State>()) {}
 
 Api::~Api() {
   for (uint64_t h : upstreams_.Clear()) svc_.job_waiters().Remove(h);

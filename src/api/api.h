@@ -26,6 +26,7 @@ namespace sbx::api {
 
 namespace e2b {
 struct Gateway;
+struct State;
 }
 
 struct ApiOptions {
@@ -206,6 +207,8 @@ class Api {
   metrics::Counter& streamed_stdout_;
   metrics::Counter& streamed_stderr_;
   UpstreamPool upstreams_;
+  // The E2B adapter's tables (e2b/state.h).
+  std::unique_ptr<e2b::State> e2b_;
   std::mutex sweep_mu_;
   bool sweep_armed_ = false;  // under sweep_mu_: a sweep timer is pending
 };

@@ -37,8 +37,11 @@ inline constexpr std::string_view kEnvdVersion = "0.5.7";
 
 // One envd request, authenticated by the sandbox's envd token: the sandbox, its owner (the
 // caller every service call is made as) and its running agent.
+struct State;
+
 struct EnvdCall {
   Api& api;
+  State& state;
   http::RequestContext& ctx;
   const Target& target;
   service::Caller owner;

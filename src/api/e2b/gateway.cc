@@ -4,6 +4,7 @@
 #include "api/e2b/connect.h"
 #include "api/e2b/e2b.h"
 #include "api/e2b/errors.h"
+#include "api/e2b/state.h"
 #include "api/handler_util.h"
 #include "api/port_target.h"
 #include "common/base64.h"
@@ -210,7 +211,7 @@ Awaitable Gateway::HandleEnvd(Api& api, http::RequestContext& ctx, std::string s
     }
     co_return RestEmpty(ctx, 204);
   }
-  EnvdCall call{api, ctx, t, std::move(*owner), sandbox_id, std::move(*agent), std::move(*user)};
+  EnvdCall call{api, *api.e2b_, ctx, t, std::move(*owner), sandbox_id, std::move(*agent), std::move(*user)};
   switch (route.kind) {
     case EnvdRoute::Kind::kProcess:
       co_return co_await ProcessRpc(call, route.method);

@@ -1,0 +1,14 @@
+// What the E2B adapter keeps between requests, owned by Api (one per sbxd).
+#pragma once
+
+#include "api/e2b/process_table.h"
+#include "api/e2b/watchers.h"
+
+namespace sbx::api::e2b {
+
+struct State {
+  ProcessTable processes;
+  WatcherTable watchers;
+};
+
+}  // namespace sbx::api::e2b
