@@ -6,6 +6,7 @@
 #include "api/e2b/e2b.h"
 #include "api/e2b/errors.h"
 #include "api/requests.h"
+#include "common/ids.h"
 #include "common/json_util.h"
 #include "common/log.h"
 #include "common/status_util.h"
@@ -258,7 +259,11 @@ Awaitable Gateway::ControlPlane(Api& api, http::RequestContext& ctx, const Targe
     if (auto md = t.Query("metadata"); md && !md->empty()) {
       auto inner = ParseTarget("/?" + *md);
       if (!inner.ok()) co_return fail(FieldError("metadata", "must be k=v pairs joined by &"));
-      for (const auto& [k, v] : inner->query) want[k] = v;
+      for (const auto& [k, v] : inner->query) {
+        auto dk = PercentDecode(k, false), dv = PercentDecode(v, false);
+        if (!dk || !dv) co_return fail(FieldError("metadata", "bad percent-encoding"));
+        want[*dk] = *dv;
+      }
     }
     int limit = 100;
     if (auto l = t.Query("limit")) {
@@ -303,6 +308,10 @@ Awaitable Gateway::ControlPlane(Api& api, http::RequestContext& ctx, const Targe
                                         t.path)));
   }
   const std::string id = seg[1];
+  if (!IsValidId(id, "sbx")) {
+    co_return fail(ApiError(absl::StatusCode::kNotFound, "not_found",
+                            fmt::format("sandbox {} not found", id)));
+  }
   ctx.log.sandbox = id;
   const std::string action = seg.size() > 2 ? seg[2] : std::string();
   if (seg.size() > 3) {
@@ -345,6 +354,13 @@ Awaitable Gateway::ControlPlane(Api& api, http::RequestContext& ctx, const Targe
        action != "resume" && action != "connect")) {
     if (action == "metrics" || action == "logs" || action == "snapshots" || action == "fork" ||
         action == "network") {
+      // An unknown sandbox first: its 404 is what the SDKs turn into NotFound.
+      auto sb = log::With(ctx.log, [&] { return svc.GetSandbox(caller, id); });
+      if (!sb.ok()) co_return fail(sb.status());
+      if (!E2bState(sb->state)) {
+        co_return fail(ApiError(absl::StatusCode::kNotFound, "not_found",
+                                fmt::format("sandbox {} is {}", id, sb->state)));
+      }
       co_return fail(ApiError(absl::StatusCode::kUnimplemented, "not_implemented",
                               fmt::format("{} of a sandbox is not supported by sbx (docs/e2b.md)",
                                           action)));

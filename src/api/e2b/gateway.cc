@@ -8,6 +8,7 @@
 #include "api/handler_util.h"
 #include "api/port_target.h"
 #include "common/base64.h"
+#include "common/ids.h"
 #include "common/log.h"
 #include "common/status_util.h"
 
@@ -179,11 +180,21 @@ Awaitable Gateway::HandleEnvd(Api& api, http::RequestContext& ctx, std::string s
     res.prepare_payload();
     return res;
   };
+  // A sandbox that does not exist (or no longer: killed, expired) is what E2B's proxy answers
+  // 502 for, which the SDKs read as "not running" (isRunning() false, TimeoutError): a 404
+  // would read as a missing file.
+  auto gone = [&]() {
+    return ApiError(absl::StatusCode::kFailedPrecondition, "sandbox_not_running",
+                    fmt::format("sandbox {} not found", sandbox_id));
+  };
+  if (!IsValidId(sandbox_id, "sbx")) co_return fail(gone());
   ctx.log.sandbox = sandbox_id;
   auto owner = log::With(ctx.log, [&] {
     return api.svc_.AuthorizeEnvd(sandbox_id, HeaderOf(req, kAccessTokenHeader));
   });
-  if (!owner.ok()) co_return fail(owner.status());
+  if (!owner.ok()) {
+    co_return fail(owner.status().code() == absl::StatusCode::kNotFound ? gone() : owner.status());
+  }
   ctx.log.tenant = owner->tenant_id;
   auto user = BasicUser(req);
   if (!user.ok()) co_return fail(user.status());
