@@ -9,6 +9,7 @@
 #include "api/port_target.h"
 #include "common/base64.h"
 #include "common/ids.h"
+#include "common/json_util.h"
 #include "common/log.h"
 #include "common/status_util.h"
 
@@ -156,7 +157,20 @@ Awaitable Gateway::Handle(Api& api, http::RequestContext& ctx) {
       co_return res;
     }
   }
-  co_return co_await ControlPlane(api, ctx, *parsed, who->caller);
+  std::optional<http::Response> res = co_await ControlPlane(api, ctx, *parsed, who->caller);
+  // Management actions are audited as on /v1 (docs/tenancy.md, "Audit"): the sandbox is the
+  // path's, or the one a create made.
+  if (req.method() != bhttp::verb::get && req.method() != bhttp::verb::head) {
+    std::vector<std::string> seg = parsed->segments;
+    if (seg.front() == "v2") seg.erase(seg.begin());
+    std::string id = seg.size() > 1 ? seg[1] : std::string();
+    if (id.empty() && res && res->result_int() < 300) {
+      auto body = ParseUntrustedJson(res->body());
+      if (body.ok() && body->is_object()) id = body->value("sandboxID", std::string());
+    }
+    api.AuditRequest(ctx, who->caller, {"e2b", "sandboxes", id}, res ? &*res : nullptr);
+  }
+  co_return res;
 }
 
 Awaitable Gateway::HandleEnvd(Api& api, http::RequestContext& ctx, std::string sandbox_id) {
