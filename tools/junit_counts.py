@@ -8,6 +8,8 @@ on tests that did not run; a "Not Run" that is not a skip counts as failed, as c
 (a pytest teardown error after a pass included), else skipped, else passed.
 
 Usage: python3 tools/junit_counts.py REPORT.xml   (exit 2 when the report cannot be read)
+       python3 tools/junit_counts.py --failed REPORT.xml   the failed tests' names, one a line
+       (what the drift suite prints: its row must say which tests a new SDK release broke)
 """
 from __future__ import annotations
 
@@ -16,6 +18,12 @@ import xml.etree.ElementTree as ET
 
 
 def counts(path: str) -> tuple[int, int, int]:
+    values = list(outcomes(path).values())
+    return values.count("passed"), values.count("failed"), values.count("skipped")
+
+
+def outcomes(path: str) -> dict[tuple[str, str], str]:
+    """(classname, name) -> passed / failed / skipped, for each test case."""
     root = ET.parse(path).getroot()
     cases: dict[tuple[str, str], str] = {}
     rank = {"passed": 0, "skipped": 1, "failed": 2}
@@ -37,11 +45,24 @@ def counts(path: str) -> tuple[int, int, int]:
         key = (tc.get("classname", ""), name) if name else ("", f"#{i}")
         if rank[outcome] >= rank.get(cases.get(key, "passed"), 0):
             cases[key] = outcome
-    values = list(cases.values())
-    return values.count("passed"), values.count("failed"), values.count("skipped")
+    return cases
+
+
+def failed_names(path: str) -> list[str]:
+    return [f"{cls}::{name}" if cls else name
+            for (cls, name), outcome in outcomes(path).items() if outcome == "failed"]
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[1] == "--failed":
+        try:
+            names = failed_names(argv[2])
+        except (OSError, ET.ParseError) as e:
+            print(f"junit_counts: cannot read {argv[2]}: {e}", file=sys.stderr)
+            return 2
+        for n in names:
+            print(n)
+        return 0
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2

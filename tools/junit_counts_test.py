@@ -64,6 +64,14 @@ class JunitCountsTest(unittest.TestCase):
         self.assertEqual(junit_counts.counts(self.write('<testsuites><testsuite name="pytest" tests="0"/></testsuites>')),
                          (0, 0, 0))
 
+    def test_failed_names(self):
+        # A failure, a teardown error after a pass and a setup error; skips and passes are not.
+        self.assertEqual(junit_counts.failed_names(self.write(PYTEST)),
+                         ["test_s::test_fail", "test_s::test_teardown", "test_s::test_setup"])
+        res = subprocess.run([sys.executable, str(HERE / "junit_counts.py"), "--failed",
+                              self.write(CTEST)], capture_output=True, text=True)
+        self.assertEqual((res.returncode, res.stdout), (0, "bad::bad\nnotrun::notrun\n"))
+
     def test_the_command_line(self):
         script = str(HERE / "junit_counts.py")
         res = subprocess.run([sys.executable, script, self.write(CTEST)], capture_output=True, text=True)

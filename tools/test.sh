@@ -6,6 +6,11 @@
 #   1. ctest on build/ (unit tests and the root integration tests, label `root`)
 #   2. the end-to-end suite (tests/e2e, pytest) against a real sbxd
 #   2a. the escape and abuse suite (tests/security, pytest): attacks from inside real sandboxes
+#   2a'. e2b (tests/e2b, pytest + node --test): the official E2B SDKs as published (Python e2b
+#       2.21.1 + e2b-code-interpreter 2.6.2, npm e2b 2.51.0 + @e2b/code-interpreter, pinned by
+#       lock files; tools/e2b/sdk-env.sh installs them once per lock hash) driving a real sbxd
+#   2a''. e2b-drift: the same tests with the newest releases of those SDKs; prints the versions
+#       and the tests that failed ("drift" in the table) and never fails the run
 #   2b. soak (tests/soak, pytest): SBX_SOAK_S seconds of mixed load on one sbxd with the issue 13
 #       abuse cases interleaved; sbxd's RSS and fds back near their start, no false `running`,
 #       nothing leaked (build/soak-report.json)
@@ -32,6 +37,8 @@
 #   SBX_SOAK_S            seconds of load in the soak suite (default 60; 600 is the issue's
 #                         10-minute soak, run by hand: SBX_SOAK_S=600 bash tools/test.sh); its
 #                         timeout SBX_SOAK_TIMEOUT_S defaults to SBX_SOAK_S + 600
+#   SBX_E2B_DRIFT=0       leave out the e2b-drift suite (it asks PyPI and npm for the newest SDKs)
+#   SBX_CACHE_DIR         where tools/e2b/sdk-env.sh keeps the SDKs (default ~/.cache/sbx)
 #   PYTEST_ARGS           extra arguments for pytest (e.g. "-k attach")
 set -uo pipefail
 
@@ -97,6 +104,7 @@ else
   record ctest "failed (not run: no build)"
   record e2e "failed (not run: no build)"
   record security "failed (not run: no build)"
+  record e2b "failed (not run: no build)"
   record soak "failed (not run: no build)"
   record bench-smoke "failed (not run: no build)"
   finish
@@ -138,6 +146,48 @@ security_rc=$?
 tried=$(attacks_tried "$SECURITY_REPORT")
 judge security "$(attacks_verdict "$(pytest_result $security_rc)" "$tried")" \
   "$RESULTS_DIR/security.xml" "$tried attacks tried"
+
+# ---- the official E2B SDKs -----------------------------------------------------------------------
+# tests/e2b runs in the venv that tools/e2b/sdk-env.sh made (the SDKs are not Debian packages),
+# the node tests under `node --test` one by one from test_node_sdk.py. The env file names the
+# venv's python, the node_modules and the versions.
+run_e2b() {  # run_e2b NAME ENV_FILE
+  local name=$1 env_file=$2
+  # shellcheck disable=SC1090
+  source "$env_file"
+  echo "$name: $SBX_E2B_VERSIONS"
+  # shellcheck disable=SC2086
+  SBX_E2B_NODE_MODULES="$SBX_E2B_NODE_MODULES" timeout -k 30 "${SBX_E2B_TIMEOUT_S:-900}" \
+    "$SBX_E2B_PYTHON" -m pytest tests/e2b -v --junitxml="$RESULTS_DIR/$name.xml" ${PYTEST_ARGS:-}
+}
+
+banner "e2b (official E2B SDKs, pinned: pytest tests/e2b)"
+suite_start
+if bash tools/e2b/sdk-env.sh --env-file "$ROOT/build/e2b-env.sh"; then
+  run_e2b e2b "$ROOT/build/e2b-env.sh"
+  judge e2b "$(pytest_result $?)" "$RESULTS_DIR/e2b.xml"
+else
+  record e2b "failed (tools/e2b/sdk-env.sh could not install the pinned SDKs)"
+fi
+
+if [[ "${SBX_E2B_DRIFT:-1}" != "0" ]]; then
+  banner "e2b-drift (the newest E2B SDKs: reported, never failing the run)"
+  suite_start
+  if bash tools/e2b/sdk-env.sh --newest --env-file "$ROOT/build/e2b-drift-env.sh"; then
+    run_e2b e2b-drift "$ROOT/build/e2b-drift-env.sh"
+    drift_rc=$?
+    # shellcheck disable=SC1091
+    drift_row=$(drift_verdict "$drift_rc" "$RESULTS_DIR/e2b-drift.xml" \
+                "$(source "$ROOT/build/e2b-drift-env.sh"; echo "$SBX_E2B_VERSIONS")")
+    echo "e2b-drift: $drift_row"
+    drift_counts=$(junit_counts "$RESULTS_DIR/e2b-drift.xml" || echo -)
+    # Its report must not count as the run's: the table's row carries its numbers.
+    mv -f "$RESULTS_DIR/e2b-drift.xml" "$ROOT/build/e2b-drift.xml" 2>/dev/null
+    record e2b-drift "$drift_row" "$drift_counts"
+  else
+    record e2b-drift "drift (tools/e2b/sdk-env.sh --newest could not install the newest SDKs)"
+  fi
+fi
 
 # ---- soak --------------------------------------------------------------------------------------
 # One sbxd for SBX_SOAK_S seconds: create/sessions/stdin/files/pause/delete in a few workers,

@@ -162,6 +162,17 @@ fi
 out=$(NAMES=() RESULTS=() COUNTS=() WALL=(); record a passed; record b "passed (3 attacks tried)"; finish)
 expect_eq "passed with a note counts as passed" "$?|$(tail -1 <<<"$out")" "0|summary: 2 passed, 0 failed"
 
+# ---- the drift suite: reported, never failing -----------------------------------------------------
+expect_eq "drift: all passed" "$(drift_verdict 0 "$TMP/some.xml" "e2b 9.9")" "passed (e2b 9.9)"
+expect_eq "drift: failures name the tests" "$(drift_verdict 1 "$TMP/fails.xml" "e2b 9.9")" \
+  "drift (1 failed with e2b 9.9: f0)"
+expect_prefix "drift: no report" "$(drift_verdict 2 "$TMP/missing.xml" "e2b 9.9")" "drift (no test report"
+expect_prefix "drift: nothing ran" "$(drift_verdict 0 "$TMP/allskip.xml" "e2b 9.9")" "drift (pytest exit 0, 0 passed"
+out=$(NAMES=() RESULTS=() COUNTS=() WALL=(); record a passed; record e2b-drift "drift (1 failed with x: t)"; finish)
+rc=$?
+expect_eq "a drift row fails nothing" "$rc|$(tail -1 <<<"$out")" "0|summary: 1 passed, 0 failed"
+if grep -q '^drift: e2b-drift ' <<<"$out"; then ok "the drift line"; else bad "no drift line in: $out"; fi
+
 if [[ $FAILS -gt 0 ]]; then
   echo "test_lib_test: $FAILS failed"
   exit 1
