@@ -15,6 +15,9 @@
 #                                  file_transfer.json,latency.png,benchmarks-tables.md,
 #                                  specification-table.md} and never touches the tracked tree
 #   bash tools/bench.sh [--quick] -- ARGS...   extra sbx-load flags (e.g. --scenarios exec)
+# Both forms end with bench/e2b_create_run.py (the E2B SDK's create + first command against sbx's
+# own API, its own sbxd; 20 rounds, --quick 3) in the venv of tools/e2b/sdk-env.sh:
+# e2b_create_run.json beside the other results.
 #
 # Environment: SBX_SKIP_INSTALL=1 skips tools/install-deps.sh; SBX_BENCH_WARM_POOL (default
 # base=64, enough for the 50-create burst) is the warm sbxd's --warm-pool value.
@@ -54,6 +57,7 @@ if [[ $quick -eq 1 ]]; then
                --spec-out "$OUT_DIR/specification-table.md")
   LOAD_MODE=(--quick)
   FT_MIB=16
+  E2B_MODE=(--quick)
 else
   OUT_DIR="$ROOT/bench/results"
   mkdir -p "$OUT_DIR"
@@ -64,9 +68,11 @@ else
   REPORT_ARGS=(--docs "$ROOT/docs/benchmarks.md" --spec "$ROOT/SPECIFICATION.md")
   LOAD_MODE=()
   FT_MIB=256
+  E2B_MODE=()
 fi
 FT_JSON="$OUT_DIR/file_transfer.json"
-rm -f "$JSON" "$PNG" "$FT_JSON"
+E2B_JSON="$OUT_DIR/e2b_create_run.json"
+rm -f "$JSON" "$PNG" "$FT_JSON" "$E2B_JSON"
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/sbx-bench.XXXXXX")
 TOKEN="bench-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
@@ -178,6 +184,16 @@ if ! bash bench/file_transfer.sh "$FT_MIB" --json "$FT_JSON" > "$WORK/file_trans
   exit 1
 fi
 cat "$WORK/file_transfer.txt"
+# The E2B compatibility layer's cost: the official Python SDK against sbx's own API (its own sbxd).
+log "running bench/e2b_create_run.py${E2B_MODE[*]:+ ${E2B_MODE[*]}} (results: $E2B_JSON)"
+if ! bash tools/e2b/sdk-env.sh --env-file "$WORK/e2b-env.sh" > "$WORK/e2b-env.txt" 2>&1; then
+  echo "bench: tools/e2b/sdk-env.sh failed; its output:" >&2
+  tail -n 30 "$WORK/e2b-env.txt" >&2
+  exit 1
+fi
+# shellcheck disable=SC1091
+SBX_E2B_PYTHON=$(source "$WORK/e2b-env.sh"; echo "$SBX_E2B_PYTHON")
+"$SBX_E2B_PYTHON" bench/e2b_create_run.py "${E2B_MODE[@]}" --build "$ROOT/build" --json "$E2B_JSON"
 python3 bench/report.py --in "$JSON" --micro "$MICRO" --png "$PNG" --file-transfer "$FT_JSON" \
   "${REPORT_ARGS[@]}"
 # The figures a loaded host does not skew, in one table at the end of the log.
