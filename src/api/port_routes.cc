@@ -292,6 +292,7 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
   const bool upgrade = WantsUpgrade(req) && ctx.connection != nullptr;
   UpstreamHeadOptions ho;
   ho.strip_authorization = used_authorization;
+  ho.strip_access_token = req.find("E2b-Sandbox-Id") != req.end();
   ho.upgrade = upgrade;
   // The server hands every port request's body over as a stream; only a request that has one
   // (a length, or chunks) sends one on.

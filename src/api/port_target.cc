@@ -127,7 +127,8 @@ std::string UpstreamHead(const http::Request& req, const std::string& target,
     if (HopByHop(name) || IEquals(name, kTrafficTokenHeader) ||
         IEquals(name, kE2bTrafficTokenHeader) || IEquals(name, "x-forwarded-for") ||
         IEquals(name, "x-forwarded-proto") ||
-        (o.strip_authorization && IEquals(name, "authorization"))) {
+        (o.strip_authorization && IEquals(name, "authorization")) ||
+        (o.strip_access_token && IEquals(name, "x-access-token"))) {
       continue;
     }
     head += name;

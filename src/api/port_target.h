@@ -41,6 +41,9 @@ absl::StatusOr<uint16_t> ParsePortNumber(std::string_view text);
 // and the body framing, which UpstreamHead writes itself.
 struct UpstreamHeadOptions {
   bool strip_authorization = false;
+  // A request of the E2B gateway (e2b/e2b.h): its X-Access-Token is the sandbox's envd token,
+  // sbxd's credential, not the application's.
+  bool strip_access_token = false;
   bool upgrade = false;        // keep Connection: Upgrade and Upgrade (else keep-alive)
   bool has_body = false;
   std::optional<uint64_t> content_length;  // with has_body: else chunked

@@ -100,5 +100,15 @@ TEST(PortTargetTest, UpstreamHeadStripsCredentialsAndHopByHop) {
   EXPECT_EQ(UpstreamHead(req, "/a", o).find("close"), std::string::npos);
 }
 
+TEST(PortTargetTest, UpstreamHeadStripsTheEnvdTokenOfE2bRequests) {
+  http::Request req{http::bhttp::verb::get, "/execute", 11};
+  req.set("X-Access-Token", "set1.secret");
+  UpstreamHeadOptions o;
+  // Outside the E2B gateway an X-Access-Token is the application's own header.
+  EXPECT_NE(UpstreamHead(req, "/execute", o).find("set1.secret"), std::string::npos);
+  o.strip_access_token = true;
+  EXPECT_EQ(UpstreamHead(req, "/execute", o).find("set1.secret"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace sbx::api
