@@ -3,7 +3,7 @@ through the official Python SDK (`e2b`, pinned in tests/e2b/python/requirements.
 same flow through sbx's own API, from the same Python process and the same sbxd, rounds
 alternating between the two so that a drifting host weighs on both alike.
 
-  E2B:  Sandbox.create() (POST /sandboxes, returns once usable) -> commands.run("echo hi")
+  E2B:  Sandbox.create(allow_internet_access=False) (POST /sandboxes, returns once usable) -> commands.run("echo hi")
         (Connect stream /process.Process/Start) -> kill() (DELETE /sandboxes/{id})
   sbx:  POST /v1/sandboxes + GET /v1/operations/{id}?wait_ms (until running) -> POST sessions
         + GET attach (SSE until process_exited) -> DELETE /v1/sandboxes/{id} (not waited for,
@@ -113,7 +113,9 @@ def ms(t0: float, t1: float) -> float:
 
 def e2b_round(Sandbox) -> dict:
     t0 = time.perf_counter()
-    sbx = Sandbox.create()
+    # No network on either side: sbx's flow creates with egress profile none (the default), and
+    # the SDK's default allow_internet_access=True would ask for `open` (another launch path).
+    sbx = Sandbox.create(allow_internet_access=False)
     t1 = time.perf_counter()
     try:
         r = sbx.commands.run("echo hi")
