@@ -125,6 +125,10 @@ def lab(sbxd, validator):
 def e2b_env(lab, metrics, request):
     """The E2B environment for one test; after it, every sandbox the tenant has is gone (a
     sandbox the test's own cleanup left running is deleted and noted)."""
+    try:
+        request.node.sbxd_log_offset = lab.daemon.log_path.stat().st_size
+    except OSError:
+        request.node.sbxd_log_offset = 0
     yield lab
     left = lab.sweep()
     if left:
@@ -169,6 +173,34 @@ def code_interpreter_template(lab):
     return CI_TEMPLATE
 
 
+def requests_since(log_path: Path, offset: int, limit: int = 80) -> str:
+    """What the SDK asked sbxd and what it answered during one test, from sbxd's JSON log: one
+    line per request (method, path, status, tenant) and sbxd's warnings and errors."""
+    import json
+    out = []
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(offset)
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError as e:
+        return f"(cannot read {log_path}: {e})"
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if "method" in rec and "status" in rec:
+            if rec.get("path", "").startswith("/v1/"):
+                continue  # the fixture's own checks through sbx's API
+            out.append(f"{rec['method']} {rec['path']} -> {rec['status']} "
+                       f"({rec.get('duration_ms', '?')} ms)")
+        elif rec.get("level") in ("warn", "warning", "error") or "refused" in rec.get("msg", ""):
+            out.append(f"  [{rec.get('level')}] {rec.get('msg', '')[:300]}")
+    if len(out) > limit:
+        out = out[:10] + [f"  ... {len(out) - limit} more ..."] + out[-(limit - 10):]
+    return "\n".join(out) or "(no E2B request reached sbxd)"
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
@@ -176,7 +208,11 @@ def pytest_runtest_makereport(item, call):
     if report.failed and report.when in ("call", "teardown"):
         lab_ = getattr(item, "funcargs", {}).get("e2b_env") or getattr(item, "funcargs", {}).get("lab")
         if lab_ is not None:
-            report.sections.append(("sbxd log (tail)", lab_.daemon.log_tail(60)))
+            offset = getattr(item, "sbxd_log_offset", None)
+            if offset is not None:
+                report.sections.append(("E2B requests sbxd saw in this test",
+                                        requests_since(lab_.daemon.log_path, offset)))
+            report.sections.append(("sbxd log", str(lab_.daemon.log_path)))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
