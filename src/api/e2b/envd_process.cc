@@ -383,7 +383,7 @@ http::asio::awaitable<std::optional<int64_t>> RunningPid(EnvdCall& call,
 }  // namespace
 
 http::asio::awaitable<absl::StatusOr<ProcessEntry>> ResolveProcess(EnvdCall& call,
-                                                                   const Selector& sel) {
+                                                                   Selector sel) {
   ProcessTable& table = call.state.processes;
   const auto not_found = [&] {
     return ApiError(absl::StatusCode::kNotFound, "not_found",
@@ -579,7 +579,13 @@ Awaitable ProcessRpc(EnvdCall& call, std::string_view method) {
   }
   auto msg = ParseUnaryRequest(req.body());
   if (!msg.ok()) co_return UnaryError(req, RpcErrorFor(msg.status()));
-  Reply r = method == "List" ? co_await List(call) : co_await OnProcess(call, *msg, method);
+  // (No co_await inside ?: : GCC 12 destroys its result twice.)
+  Reply r = absl::UnknownError("");
+  if (method == "List") {
+    r = co_await List(call);
+  } else {
+    r = co_await OnProcess(call, *msg, method);
+  }
   if (!r.ok()) {
     if (method == "List") co_return UnaryError(req, RpcErrorFor(r.status()));
     auto sel = ParseSelector(*msg);

@@ -104,7 +104,7 @@ Awaitable ProcessConnect(EnvdCall& call);
 // The session a selector names in the call's sandbox: the table, else the agent's process
 // list (for a pid). not_found when none, or when it has exited. (envd_process.cc)
 http::asio::awaitable<absl::StatusOr<ProcessEntry>> ResolveProcess(EnvdCall& call,
-                                                                   const Selector& sel);
+                                                                   Selector sel);
 // An agent error of a call on a resolved process, as envd's: the session gone or over is
 // not_found.
 RpcError ProcessCallError(const absl::Status& s, const Selector& sel);

@@ -107,14 +107,10 @@ struct Relay {
     return o;
   }
 
-  // Writes `batch` (then the end-of-stream frame when `done`); false when the client is gone.
-  http::asio::awaitable<bool> Send(std::string batch, bool done,
-                                   const std::optional<RpcError>& error) {
+  // What a write sends: `batch`, then the end-of-stream frame when `done`.
+  static std::string Finish(std::string batch, bool done, const std::optional<RpcError>& error) {
     if (done) batch += EndStreamEnvelope(error);
-    if (batch.empty()) co_return true;
-    if (!co_await call.ctx.stream.Write(std::move(batch))) co_return false;
-    if (delivered > 0) call.state.processes.Delivered(session_id, delivered);
-    co_return true;
+    return batch;
   }
 
   // The relay after the header; `early`: events read before it (Start's spawn check).
@@ -129,10 +125,12 @@ struct Relay {
       error = AgentGone(early_status);
       done = true;
     }
-    if (!co_await Send(std::move(batch), done, error)) {
+    std::string out = Finish(std::move(batch), done, error);
+    if (!co_await call.ctx.stream.Write(std::move(out))) {
       Gone();
       co_return;
     }
+    if (delivered > 0) call.state.processes.Delivered(session_id, delivered);
     std::vector<service::AttachFrame> frames;
     bool killed = false;
     while (!done) {
@@ -141,13 +139,16 @@ struct Relay {
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - Clock::now());
         if (left <= std::chrono::milliseconds(0)) {
           if (!kill_at_deadline || killed) {
-            co_await Send({}, true, RpcError{Code::kDeadlineExceeded,
-                                             "the stream's deadline (Connect-Timeout-Ms) passed"});
+            std::optional<RpcError> late = RpcError{
+                Code::kDeadlineExceeded, "the stream's deadline (Connect-Timeout-Ms) passed"};
+            std::string last = EndStreamEnvelope(late);
+            co_await call.ctx.stream.Write(std::move(last));
             Gone();
             co_return;
           }
           // The agent's timeout (whole seconds) kills it too; the deadline is in ms.
-          (void)co_await call.agent.Signal(call.ctx.executor, session_id, 9);
+          absl::Status signalled = co_await call.agent.Signal(call.ctx.executor, session_id, 9);
+          (void)signalled;
           killed = true;
           deadline = Clock::now() + kKillExitWait;
           continue;
@@ -174,10 +175,14 @@ struct Relay {
           if ((done = Append(batch, *ev, error))) break;
         }
       }
-      if (!co_await Send(std::move(batch), done, error)) {
-      Gone();
-      co_return;
-    }
+      std::string chunk = Finish(std::move(batch), done, error);
+      bool written = true;
+      if (!chunk.empty()) written = co_await call.ctx.stream.Write(std::move(chunk));
+      if (!written) {
+        Gone();
+        co_return;
+      }
+      if (delivered > 0) call.state.processes.Delivered(session_id, delivered);
     }
     stream.Close();
     co_await call.ctx.stream.End();
@@ -362,7 +367,8 @@ Awaitable ProcessConnect(EnvdCall& call) {
     stream->Close();
     co_return std::nullopt;
   }
-  co_await relay.Run({}, absl::OkStatus());
+  std::vector<OwnedEvent> none;
+  co_await relay.Run(std::move(none), absl::OkStatus());
   co_return std::nullopt;
 }
 
