@@ -252,7 +252,14 @@ Awaitable ProcessStart(EnvdCall& call) {
   if (!target.ok()) co_return fail(target.status());
   auto awake = svc.activity().StreamOpened(call.sandbox_id);
   auto stream = co_await target->agent.Attach(ex, session_id, 0, target->spec);
-  if (!stream.ok()) co_return fail(stream.status());
+  if (!stream.ok()) {
+    // The first attach starts the process: not_found is then its user (envd: unauthenticated).
+    if (stream.status().code() == absl::StatusCode::kNotFound) {
+      co_return ErrorStream(req, RpcError{Code::kUnauthenticated,
+                                          fmt::format("invalid user: {}", std::string(stream.status().message()))});
+    }
+    co_return fail(stream.status());
+  }
 
   ProcessEntry entry;
   entry.sandbox_id = call.sandbox_id;
