@@ -104,8 +104,7 @@ absl::StatusOr<json> TranslateCreate(const json& in, const json& profiles) {
     }
   }
   // Internet access: E2B's default is on. sbx gives the `open` egress profile when the
-  // deployment has networking and the tenant may use it; asked for explicitly when it cannot,
-  // the create fails instead of starting a sandbox without the network it expects.
+  // deployment has networking and the tenant may use it.
   bool has_open = false;
   if (profiles.is_object() && profiles.contains("egress_profiles")) {
     for (const json& p : profiles["egress_profiles"]) {
@@ -134,15 +133,10 @@ absl::StatusOr<json> TranslateCreate(const json& in, const json& profiles) {
       }
     }
   }
-  if (internet.value_or(true)) {
-    if (has_open) {
-      out["egress_profile"] = "open";
-    } else if (internet) {
-      return Unsupported("allow_internet_access",
-                         "this sbxd gives this tenant no internet access (the `open` egress "
-                         "profile is not available); create with allow_internet_access false");
-    }
-  }
+  // The Python SDK sends `true` whatever its caller said, so a deployment (or tenant) without
+  // `open` gives `none` rather than failing every default create; getInfo's
+  // allowInternetAccess then says false, and docs/e2b.md says so.
+  if (internet.value_or(true) && has_open) out["egress_profile"] = "open";
   return out;
 }
 

@@ -55,7 +55,7 @@ struct EnvdCall {
 // The body of an E2B create (NewSandbox) as sbx's own (POST /v1/sandboxes), which
 // ParseCreateSandbox then checks: templateID → template, timeout → timeout_s (default 300),
 // metadata → labels, envVars → env, allow_internet_access (default true) → the `open` egress
-// profile when `profiles` (GET /v1/egress-profiles' answer for the caller) has it,
+// profile when `profiles` (GET /v1/egress-profiles' answer for the caller) has it, else `none`,
 // network.allowPublicTraffic → public_ports. What sbx cannot do (autoPause, network rules,
 // volume mounts, MCP) is a 400 naming the field, never ignored.
 absl::StatusOr<nlohmann::json> TranslateCreate(const nlohmann::json& in,
