@@ -195,7 +195,6 @@ def main() -> int:
     args = ap.parse_args()
     rounds = 3 if args.quick else args.rounds
     try:
-        import e2b
         from e2b import Sandbox
     except ImportError:
         print("e2b_create_run: the e2b SDK is not importable: run it with the python that "
@@ -205,7 +204,7 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="sbx-e2b-bench-"))
     proc = None
-    url = admin = ""
+    url = admin = ten = ""
     made: list[str] = []
     try:
         if args.url:
@@ -260,18 +259,20 @@ def main() -> int:
         print(f"e2b_create_run: FAILED: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     finally:
-        if proc is not None:
-            # sbxd leaves its sandboxes running when it stops: delete whatever a failed round
-            # left first, so that sbxd itself releases every kernel object.
+        # Deleting the bench's tenant deletes whatever a failed round left (sbxd leaves its
+        # sandboxes running when it stops: they must go first, through sbxd itself).
+        if ten:
             try:
-                admin_api = SbxApi(url, admin)
-                live = [s["id"] for s in admin_api.call("GET", "/v1/sandboxes").json()["sandboxes"]
-                        if s["state"] not in ("deleted", "deleting")]
-                for sid in live:
-                    admin_api.call("DELETE", f"/v1/sandboxes/{sid}", expect=(202, 404, 409))
-                admin_api.wait_gone(live + made)
+                root = SbxApi(url, admin)
+                root.call("DELETE", f"/v1/admin/tenants/{ten}", expect=(202, 404))
+                deadline = time.monotonic() + 120
+                while root.call("GET", f"/v1/admin/tenants/{ten}", expect=(200, 404)).status_code != 404:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"tenant {ten} still there after 120 s")
+                    time.sleep(0.05)
             except Exception as e:  # noqa: BLE001
                 print(f"e2b_create_run: cleanup: {e}", file=sys.stderr)
+        if proc is not None:
             stop_sbxd(proc)
         if any(f" {work}/" in line for line in open("/proc/self/mountinfo")):
             print(f"e2b_create_run: mounts remain under {work}; leaving it in place", file=sys.stderr)
