@@ -96,6 +96,13 @@ class Lab:
             time.sleep(0.1)
 
     def close(self) -> None:
+        # Every sandbox the SDKs made, deleted ones included: the host sweep at the end of the
+        # session checks that none left a kernel object behind.
+        try:
+            self.seen.update(s["id"] for s in self.sbx.list_sandboxes(state="deleted"))
+            self.seen.update(s["id"] for s in self.sbx.list_sandboxes())
+        except Exception as e:  # noqa: BLE001 - the tenant's deletion below must still run
+            e2e.METRICS.append(f"PROBLEM: listing the E2B tenant's sandboxes: {e}")
         with e2e._ALL_LOCK:
             e2e.ALL_SANDBOXES.extend(sorted(self.seen))
         try:
