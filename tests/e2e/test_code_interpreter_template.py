@@ -198,6 +198,17 @@ def test_bad_requests_are_json_errors(jupyter):
     assert jupyter.http.get(jupyter.base + "/health", timeout=60).json() == "OK"
 
 
+def test_a_kernel_that_dies_is_reported_and_replaced(jupyter):
+    ctx = jupyter.call("POST", "/contexts", {})
+    try:
+        lines = jupyter.execute("lost = 1\nimport os\nos._exit(3)", context_id=ctx["id"])
+        assert [e["name"] for e in of(lines, "error")] == ["KernelDied"], lines
+        err = of(jupyter.execute("lost", context_id=ctx["id"]), "error")
+        assert err and err[0]["name"] == "NameError", err  # a new kernel, not a hang
+    finally:
+        jupyter.call("DELETE", f"/contexts/{ctx['id']}", expect=204)
+
+
 def test_a_client_that_goes_away_frees_the_context(jupyter):
     # The code would run for 10 minutes; the client reads its first line and leaves. The
     # server interrupts the kernel, so the next execution in the same context runs at once.

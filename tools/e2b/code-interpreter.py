@@ -370,6 +370,7 @@ def ensure(args) -> int:
     timing["fetch_wheels"] = time.monotonic() - t0
     if args.fetch_only:
         print(f"{archive} {parent_digest}\n{wheels}")
+        say("timing: " + " ".join(f"{k}={v:.1f}s" for k, v in timing.items()))
         return 0
 
     sbxd = Sbxd(url, token)

@@ -218,9 +218,9 @@ class Registry:
 
     def remove(self, cid: str) -> None:
         ctx = self.get(cid)
-        ctx.removed = True
-        ctx.generation += 1
         with self.lock:
+            ctx.removed = True
+            ctx.generation += 1
             self.contexts.pop(cid, None)
         # A running execution sees the new generation within POLL_S and lets go of the lock.
         with ctx.lock:
@@ -229,7 +229,8 @@ class Registry:
 
     def restart(self, cid: str) -> None:
         ctx = self.get(cid)
-        ctx.generation += 1
+        with self.lock:
+            ctx.generation += 1
         with ctx.lock:
             if ctx.removed:
                 raise HttpError(404, f"Context {cid} not found")
@@ -354,8 +355,8 @@ class Execution:
                 if self.ctx.generation != self.gen:
                     raise self.ctx.gone()
                 if not self.ctx.alive():
-                    raise ContextGone("KernelDied", "The kernel of this context died; restart "
-                                      "the context to use it again")
+                    raise ContextGone("KernelDied", "The kernel of this context died: its state "
+                                      "is lost, the next execution starts a new one")
                 try:
                     if not self.client_open():
                         raise ClientGone()
@@ -610,9 +611,21 @@ class Handler(BaseHTTPRequestHandler):
             write({"type": "error", "name": e.name, "value": e.value, "traceback": ""})
             return self.end_stream(write)
         try:
+            if not ctx.alive():
+                # Its kernel died (os._exit, the OOM killer) during an earlier execution, which
+                # reported KernelDied: this one gets a new kernel, as Jupyter's restarter does.
+                LOG.warning("context %s: the kernel is gone, starting a new one", ctx.id)
+                ctx.stop()
+                ctx.start()
             Execution(ctx, gen, write, keepalive, self.client_open).run(code, env)
         except ContextGone as e:
             write({"type": "error", "name": e.name, "value": e.value, "traceback": ""})
+        except (ClientGone, BrokenPipeError, ConnectionResetError):
+            raise
+        except Exception as e:  # noqa: BLE001 - the 200 is sent: the failure goes in the stream
+            LOG.exception("execution in %s failed", ctx.id)
+            write({"type": "error", "name": type(e).__name__,
+                   "value": e.message if isinstance(e, HttpError) else str(e), "traceback": ""})
         finally:
             ctx.lock.release()
         self.end_stream(write)
