@@ -81,7 +81,8 @@ def of(lines: list[dict], kind: str) -> list[dict]:
     return [x for x in lines if x["type"] == kind]
 
 
-@pytest.fixture(scope="session")
+# Module scope: the sandbox is gone before other modules count sandboxes or capacity.
+@pytest.fixture(scope="module")
 def jupyter(sbxd, validator, template):
     client = SbxClient(sbxd.url, sbxd.token, validator)
     t0 = time.monotonic()
