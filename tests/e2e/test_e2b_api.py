@@ -12,9 +12,9 @@ import time
 import pytest
 import requests
 
-from conftest import RUNTIME
+from conftest import ns_runtime_only
 
-pytestmark = pytest.mark.skipif(RUNTIME == "fake", reason="envd needs a sandbox's agent")
+pytestmark = ns_runtime_only("envd needs a sandbox's agent")
 
 
 def envelope(payload: bytes, flags: int = 0) -> bytes:
