@@ -23,6 +23,9 @@ PACKAGES=(
   # busybox-static, write archives and push to a loopback docker-registry with skopeo (htpasswd
   # for its basic auth); bench/template_import.sh compares against skopeo + umoci.
   libcurl4-openssl-dev busybox-static skopeo docker-registry apache2-utils umoci
+  # The E2B code-interpreter template (tools/e2b/code-interpreter.py): mmdebstrap makes its
+  # Debian parent, pip downloads its wheels on the host
+  mmdebstrap python3-pip
 )
 
 die() { echo "install-deps: ERROR: $*" >&2; exit 1; }

@@ -42,6 +42,8 @@ struct ApiOptions {
   // and how long a connect to a sandbox port may take before the request fails with 504.
   std::string ports_domain;
   std::chrono::milliseconds port_connect_timeout{5000};
+  // The `domain` of E2B's answers (e2b/control_plane.cc; config e2b.domain); empty: null.
+  std::string e2b_domain;
   // A relay to a sandbox port with no byte moving either way for this long is ended.
   std::chrono::seconds port_idle_timeout{600};
   // Templates users bring (template_routes.cc); nullptr: only `base`, the routes answer 501.

@@ -203,6 +203,14 @@ struct Config {
   Metrics metrics;
   Tenancy tenancy;
   Ports ports;
+  // The E2B-compatible API (docs/e2b.md).
+  struct E2b {
+    // What E2B answers say as a sandbox's `domain`, for SDKs that build host names
+    // {port}-{id}.{domain} (with :port when sbxd's listener is not on 443); empty: ports.domain.
+    std::string domain;
+    bool operator==(const E2b&) const = default;
+  };
+  E2b e2b;
   // Template name -> sandboxes kept ready on the default runtime. Each entry is its own key
   // (warm_pool.<template>): layers override entries, not the whole table.
   std::map<std::string, int64_t> warm_pool = {{"base", 2}};

@@ -76,6 +76,15 @@ absl::Status Validate(const Config& c) {
                                  "'.'; empty turns host-name routing off)",
                                  LabelOf(c, *FindKey("ports.domain")), d));
   }
+  if (const std::string& d = c.e2b.domain;
+      !d.empty() && (d.size() > 206 || d.front() == '.' ||
+                     !std::all_of(d.begin(), d.end(), [](unsigned char ch) {
+                       return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-' ||
+                              ch == '.' || ch == ':';
+                     }))) {
+    errors.push_back(fmt::format("{}: '{}' is not a lowercase DNS name with an optional :PORT",
+                                 LabelOf(c, *FindKey("e2b.domain")), d));
+  }
   if (c.state.dir.empty()) {
     errors.push_back(fmt::format("{}: must not be empty", LabelOf(c, *FindKey("state.dir"))));
   }

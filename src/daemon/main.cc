@@ -649,6 +649,7 @@ absl::Status ServeApi(Daemon& d, sbx::http::ServerOptions hopts) {
   aopts.limits = d.cfg.sandbox.limits;
   aopts.metrics_public = d.cfg.metrics.public_endpoint;
   aopts.ports_domain = d.cfg.ports.domain;
+  aopts.e2b_domain = d.cfg.e2b.domain.empty() ? d.cfg.ports.domain : d.cfg.e2b.domain;
   aopts.port_connect_timeout = std::chrono::milliseconds(d.cfg.ports.connect_timeout_ms);
   aopts.port_idle_timeout = std::chrono::seconds(d.cfg.ports.idle_timeout_s);
   aopts.templates = d.template_svc.get();

@@ -17,6 +17,11 @@ from conftest import ns_runtime_only
 pytestmark = ns_runtime_only("envd needs a sandbox's agent")
 
 
+def sbx_id(e2b_id: str) -> str:
+    """sbx's id of a sandbox E2B names with `-` for the `_` (docs/e2b.md)."""
+    return e2b_id.replace("sbx-", "sbx_", 1)
+
+
 def envelope(payload: bytes, flags: int = 0) -> bytes:
     return struct.pack(">BI", flags, len(payload)) + payload
 
@@ -64,7 +69,7 @@ class E2b:
         deadline = time.monotonic() + 60
         for sid in self.made:
             while time.monotonic() < deadline:
-                r = self.http.get(f"{self.url}/v1/sandboxes/{sid}",
+                r = self.http.get(f"{self.url}/v1/sandboxes/{sbx_id(sid)}",
                                   headers={"Authorization": f"Bearer {self.key}"}, timeout=30)
                 if r.status_code == 404 or r.json().get("state") == "deleted":
                     break
@@ -136,6 +141,10 @@ def test_list_filters_and_info(e2b):
     error_body(e2b.cp("GET", "/v2/sandboxes", params={"state": "gone"}), 400)
     info = e2b.cp("GET", f"/sandboxes/{a['sandboxID']}")
     assert info.status_code == 200 and info.json()["metadata"]["who"] == "a b&c", info.text
+    # E2B's name has `-` for the id's `_` (host names, wildcard certificates); sbx's own
+    # spelling is taken too, on every route.
+    assert a["sandboxID"].startswith("sbx-"), a
+    assert e2b.cp("GET", f"/sandboxes/{sbx_id(a['sandboxID'])}").json() == info.json()
     error_body(e2b.cp("GET", "/sandboxes/sbx_doesnotexist00000000"), 404)
     # Not even an sbx id: unknown all the same.
     error_body(e2b.cp("GET", "/sandboxes/not-an-id"), 404)
@@ -244,7 +253,7 @@ def test_other_ports_go_to_the_port_relay(e2b, api):
     sid = sb["sandboxID"]
     # A server on 49999 inside the sandbox, started with sbx's own session API (a session's
     # process starts when it is attached).
-    ses = api.create_session(sid, ["python3", "-m", "http.server", "49999", "--bind", "127.0.0.1"])
+    ses = api.create_session(sbx_id(sid), ["python3", "-m", "http.server", "49999", "--bind", "127.0.0.1"])
     attach = api.attach(ses)
     try:
         deadline = time.monotonic() + 20

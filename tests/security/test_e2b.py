@@ -19,6 +19,10 @@ SCOPES = ["read", "sandboxes", "sessions", "files", "templates", "admin"]
 SECRET = b"the victim's file"
 
 
+def _sbx_id(e2b_id: str) -> str:
+    return e2b_id.replace("sbx-", "sbx_", 1)
+
+
 def _envelope(payload: dict) -> bytes:
     data = json.dumps(payload).encode()
     return struct.pack(">BI", 0, len(data)) + data
@@ -47,7 +51,7 @@ def lab(sbxd, sclient, validator):
         return r.json()
 
     victim, mine = create(a_key), create(b_key)
-    a.call("PUT", f"/v1/sandboxes/{victim['sandboxID']}/files", params={"path": "/tmp/secret"},
+    a.call("PUT", f"/v1/sandboxes/{_sbx_id(victim['sandboxID'])}/files", params={"path": "/tmp/secret"},
            data=SECRET, headers={"Content-Type": "application/octet-stream"}, expect=(200, 201, 204))
     yield {"url": sbxd.url, "a": a, "b": b, "a_key": a_key, "b_key": b_key, "victim": victim,
            "mine": mine}
@@ -63,7 +67,7 @@ def lab(sbxd, sclient, validator):
 
 
 def _victim_intact(lab):
-    sb = lab["a"].get_sandbox(lab["victim"]["sandboxID"])
+    sb = lab["a"].get_sandbox(_sbx_id(lab["victim"]["sandboxID"]))
     assert sb["state"] == "running", sb["state"]
     r = lab["a"].session.get(f"{lab['url']}/v1/sandboxes/{sb['id']}/files",
                           params={"path": "/tmp/secret"},
@@ -145,7 +149,7 @@ def test_envd_token_is_not_a_management_token(lab):
     tok = lab["victim"]["envdAccessToken"]
     r = lab["b"].session.get(lab["url"] + "/v2/sandboxes", headers={"X-API-KEY": tok})
     assert r.status_code == 401, r.text
-    r = lab["b"].session.delete(f"{lab['url']}/v1/sandboxes/{lab['victim']['sandboxID']}",
+    r = lab["b"].session.delete(f"{lab['url']}/v1/sandboxes/{_sbx_id(lab['victim']['sandboxID'])}",
                              headers={"Authorization": f"Bearer {tok}"})
     assert r.status_code == 401, r.text
     _victim_intact(lab)

@@ -55,7 +55,7 @@ std::string EndAt(const store::SandboxRecord& sb) {
 // ListedSandbox and SandboxDetail (e2b-compat.md §4.5).
 json Listed(const store::SandboxRecord& sb) {
   json metadata = sb.labels.is_object() ? sb.labels : json::object();
-  return json{{"sandboxID", sb.id},
+  return json{{"sandboxID", E2bSandboxId(sb.id)},
               {"templateID", sb.template_ref},
               {"alias", sb.template_ref},
               {"clientID", "sbx"},
@@ -70,6 +70,18 @@ json Listed(const store::SandboxRecord& sb) {
 }
 
 }  // namespace
+
+std::string E2bSandboxId(std::string_view sbx_id) {
+  std::string out(sbx_id);
+  if (out.rfind("sbx_", 0) == 0) out[3] = '-';
+  return out;
+}
+
+std::string SbxSandboxId(std::string_view e2b_id) {
+  std::string out(e2b_id);
+  if (out.rfind("sbx-", 0) == 0) out[3] = '_';
+  return out;
+}
 
 absl::StatusOr<json> TranslateCreate(const json& in, const json& profiles) {
   json out = json::object();
@@ -197,15 +209,15 @@ Awaitable Gateway::ControlPlane(Api& api, http::RequestContext& ctx, const Targe
     if (!token.ok()) return fail(token.status());
     const std::string traffic =
         sb->port_access.is_object() ? sb->port_access.value("traffic_token", std::string()) : "";
-    json out = {{"sandboxID", id},
+    json out = {{"sandboxID", E2bSandboxId(id)},
                 {"templateID", sb->template_ref},
                 {"alias", sb->template_ref},
                 {"clientID", "sbx"},
                 {"envdVersion", std::string(kEnvdVersion)},
                 {"envdAccessToken", *token},
                 {"trafficAccessToken", traffic.empty() ? json(nullptr) : json(traffic)},
-                {"domain", api.opts_.ports_domain.empty() ? json(nullptr)
-                                                          : json(api.opts_.ports_domain)}};
+                {"domain", api.opts_.e2b_domain.empty() ? json(nullptr)
+                                                        : json(api.opts_.e2b_domain)}};
     return RestJson(ctx, status, Dump(out));
   };
 
@@ -301,7 +313,7 @@ Awaitable Gateway::ControlPlane(Api& api, http::RequestContext& ctx, const Targe
                             fmt::format("no route for {} {}", std::string(req.method_string()),
                                         t.path)));
   }
-  const std::string id = seg[1];
+  const std::string id = SbxSandboxId(seg[1]);
   if (!IsValidId(id, "sbx")) {
     co_return fail(ApiError(absl::StatusCode::kNotFound, "not_found",
                             fmt::format("sandbox {} not found", id)));
@@ -324,7 +336,7 @@ Awaitable Gateway::ControlPlane(Api& api, http::RequestContext& ctx, const Targe
     json out = Listed(*sb);
     auto token = log::With(ctx.log, [&] { return svc.EnvdToken(caller, id); });
     if (token.ok()) out["envdAccessToken"] = *token;
-    out["domain"] = api.opts_.ports_domain.empty() ? json(nullptr) : json(api.opts_.ports_domain);
+    out["domain"] = api.opts_.e2b_domain.empty() ? json(nullptr) : json(api.opts_.e2b_domain);
     out["allowInternetAccess"] = sb->egress_profile != "none" && !sb->egress_profile.empty();
     out["lifecycle"] = {{"onTimeout", "kill"}, {"autoResume", false}};
     co_return RestJson(ctx, 200, Dump(out));

@@ -52,6 +52,13 @@ struct EnvdCall {
   std::optional<std::string> user;
 };
 
+// E2B's name of a sandbox: its id with `-` for the `_` ("sbx-abc…"). The SDKs put it in host
+// names ({port}-{id}.{domain}, the Python code interpreter always), where `_` is no host-name
+// character and a wildcard certificate matches no label holding one. Every E2B route takes
+// either form.
+std::string E2bSandboxId(std::string_view sbx_id);
+std::string SbxSandboxId(std::string_view e2b_id);
+
 // The body of an E2B create (NewSandbox) as sbx's own (POST /v1/sandboxes), which
 // ParseCreateSandbox then checks: templateID → template, timeout → timeout_s (default 300),
 // metadata → labels, envVars → env, allow_internet_access (default true) → the `open` egress

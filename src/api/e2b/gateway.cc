@@ -121,13 +121,13 @@ Awaitable Gateway::Handle(Api& api, http::RequestContext& ctx) {
       // form {port}-{id}.{domain} would reach it. It checks the credentials itself (the envd
       // token among them).
       PortAddress a;
-      a.sandbox_id = *id;
+      a.sandbox_id = SbxSandboxId(*id);
       a.port = port;
       a.upstream_target = std::string(req.target());
       a.by_host = true;
       co_return co_await api.ProxyPort(ctx, std::move(a));
     }
-    co_return co_await HandleEnvd(api, ctx, *id);
+    co_return co_await HandleEnvd(api, ctx, SbxSandboxId(*id));
   }
 
   auto parsed = ParseTarget(req.target());
@@ -163,10 +163,10 @@ Awaitable Gateway::Handle(Api& api, http::RequestContext& ctx) {
   if (req.method() != bhttp::verb::get && req.method() != bhttp::verb::head) {
     std::vector<std::string> seg = parsed->segments;
     if (seg.front() == "v2") seg.erase(seg.begin());
-    std::string id = seg.size() > 1 ? seg[1] : std::string();
+    std::string id = seg.size() > 1 ? SbxSandboxId(seg[1]) : std::string();
     if (id.empty() && res && res->result_int() < 300) {
       auto body = ParseUntrustedJson(res->body());
-      if (body.ok() && body->is_object()) id = body->value("sandboxID", std::string());
+      if (body.ok() && body->is_object()) id = SbxSandboxId(body->value("sandboxID", std::string()));
     }
     api.AuditRequest(ctx, who->caller, {"e2b", "sandboxes", id}, res ? &*res : nullptr);
   }
