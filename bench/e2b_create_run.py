@@ -16,8 +16,8 @@ E2B cloud's published ~440 ms create -> first command (../shared/research/peers.
 a published number, not measured here.
 
 Usage (root; in the SDKs' venv: `eval "$(bash tools/e2b/sdk-env.sh)"`):
-  $SBX_E2B_PYTHON bench/e2b_create_run.py [--rounds 20 | --quick] [--json OUT] [--build DIR]
-  $SBX_E2B_PYTHON bench/e2b_create_run.py --url URL --admin-token T   (an sbxd already running)
+  $SBX_TEST_E2B_PYTHON bench/e2b_create_run.py [--rounds 20 | --quick] [--json OUT] [--build DIR]
+  $SBX_TEST_E2B_PYTHON bench/e2b_create_run.py --url URL --admin-token T   (an sbxd already running)
 Exits 1 if a flow fails; the ratio is reported, not enforced (a loaded host skews one round).
 """
 from __future__ import annotations
@@ -198,7 +198,7 @@ def main() -> int:
         from e2b import Sandbox
     except ImportError:
         print("e2b_create_run: the e2b SDK is not importable: run it with the python that "
-              "tools/e2b/sdk-env.sh prints (SBX_E2B_PYTHON)", file=sys.stderr)
+              "tools/e2b/sdk-env.sh prints (SBX_TEST_E2B_PYTHON)", file=sys.stderr)
         return 2
     from importlib.metadata import version
 

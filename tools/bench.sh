@@ -192,8 +192,8 @@ if ! bash tools/e2b/sdk-env.sh --env-file "$WORK/e2b-env.sh" > "$WORK/e2b-env.tx
   exit 1
 fi
 # shellcheck disable=SC1091
-SBX_E2B_PYTHON=$(source "$WORK/e2b-env.sh"; echo "$SBX_E2B_PYTHON")
-"$SBX_E2B_PYTHON" bench/e2b_create_run.py "${E2B_MODE[@]}" --build "$ROOT/build" --json "$E2B_JSON"
+SBX_TEST_E2B_PYTHON=$(source "$WORK/e2b-env.sh"; echo "$SBX_TEST_E2B_PYTHON")
+"$SBX_TEST_E2B_PYTHON" bench/e2b_create_run.py "${E2B_MODE[@]}" --build "$ROOT/build" --json "$E2B_JSON"
 python3 bench/report.py --in "$JSON" --micro "$MICRO" --png "$PNG" --file-transfer "$FT_JSON" \
   "${REPORT_ARGS[@]}"
 # The figures a loaded host does not skew, in one table at the end of the log.

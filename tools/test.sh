@@ -37,7 +37,7 @@
 #   SBX_SOAK_S            seconds of load in the soak suite (default 60; 600 is the issue's
 #                         10-minute soak, run by hand: SBX_SOAK_S=600 bash tools/test.sh); its
 #                         timeout SBX_SOAK_TIMEOUT_S defaults to SBX_SOAK_S + 600
-#   SBX_E2B_DRIFT=0       leave out the e2b-drift suite (it asks PyPI and npm for the newest SDKs)
+#   SBX_TEST_E2B_DRIFT=0  leave out the e2b-drift suite (it asks PyPI and npm for the newest SDKs)
 #   SBX_CACHE_DIR         where tools/e2b/sdk-env.sh keeps the SDKs (default ~/.cache/sbx)
 #   PYTEST_ARGS           extra arguments for pytest (e.g. "-k attach")
 set -uo pipefail
@@ -156,13 +156,13 @@ run_e2b() {  # run_e2b NAME ENV_FILE [PYTEST ARGS...]
   shift 2
   # shellcheck disable=SC1090
   source "$env_file"
-  echo "$name: $SBX_E2B_VERSIONS"
+  echo "$name: $SBX_TEST_E2B_VERSIONS"
   # shellcheck disable=SC2086
-  SBX_E2B_NODE_MODULES="$SBX_E2B_NODE_MODULES" timeout -k 30 "${SBX_E2B_TIMEOUT_S:-900}" \
-    "$SBX_E2B_PYTHON" -m pytest tests/e2b -v --junitxml="$RESULTS_DIR/$name.xml" "$@" ${PYTEST_ARGS:-}
+  SBX_TEST_E2B_NODE_MODULES="$SBX_TEST_E2B_NODE_MODULES" timeout -k 30 "${SBX_TEST_E2B_TIMEOUT_S:-900}" \
+    "$SBX_TEST_E2B_PYTHON" -m pytest tests/e2b -v --junitxml="$RESULTS_DIR/$name.xml" "$@" ${PYTEST_ARGS:-}
 }
 # The node line of an env file's versions ("node: e2b@X @e2b/code-interpreter@Y ...").
-node_versions() { (source "$1"; echo "${SBX_E2B_VERSIONS#*; node: }"); }
+node_versions() { (source "$1"; echo "${SBX_TEST_E2B_VERSIONS#*; node: }"); }
 
 banner "e2b (official E2B SDKs, pinned: pytest tests/e2b)"
 suite_start
@@ -173,7 +173,7 @@ else
   record e2b "failed (tools/e2b/sdk-env.sh could not install the pinned SDKs)"
 fi
 
-if [[ "${SBX_E2B_DRIFT:-1}" != "0" ]]; then
+if [[ "${SBX_TEST_E2B_DRIFT:-1}" != "0" ]]; then
   banner "e2b-drift (the newest E2B SDKs: reported, never failing the run)"
   suite_start
   if bash tools/e2b/sdk-env.sh --newest --env-file "$ROOT/build/e2b-drift-env.sh"; then
@@ -189,7 +189,7 @@ if [[ "${SBX_E2B_DRIFT:-1}" != "0" ]]; then
     drift_rc=$?
     # shellcheck disable=SC1091
     drift_row=$(drift_verdict "$drift_rc" "$RESULTS_DIR/e2b-drift.xml" \
-                "$(source "$ROOT/build/e2b-drift-env.sh"; echo "$SBX_E2B_VERSIONS")")
+                "$(source "$ROOT/build/e2b-drift-env.sh"; echo "$SBX_TEST_E2B_VERSIONS")")
     echo "e2b-drift: $drift_row"
     drift_counts=$(junit_counts "$RESULTS_DIR/e2b-drift.xml" || echo -)
     # Its report must not count as the run's: the table's row carries its numbers.

@@ -11,7 +11,7 @@ tokens. The SDKs are pointed at sbxd through the environment only, as a user wou
 E2B_API_URL, E2B_SANDBOX_URL (both the daemon's origin) and E2B_API_KEY.
 
 Environment: as tests/e2e (SBX_BUILD_DIR, SBX_TESTS_MUST_RUN; the ns runtime), plus
-  SBX_E2B_NODE_MODULES  node_modules holding e2b and @e2b/code-interpreter (sdk-env.sh prints it)
+  SBX_TEST_E2B_NODE_MODULES  node_modules holding e2b and @e2b/code-interpreter (sdk-env.sh prints it)
 """
 from __future__ import annotations
 

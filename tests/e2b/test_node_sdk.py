@@ -37,9 +37,9 @@ def js_regex_escape(s: str) -> str:
 
 
 def node_modules() -> Path:
-    d = os.environ.get("SBX_E2B_NODE_MODULES", "")
+    d = os.environ.get("SBX_TEST_E2B_NODE_MODULES", "")
     if not d or not (Path(d) / "e2b" / "package.json").is_file():
-        pytest.fail("SBX_E2B_NODE_MODULES does not name a node_modules with e2b in it: prepare "
+        pytest.fail("SBX_TEST_E2B_NODE_MODULES does not name a node_modules with e2b in it: prepare "
                     "the SDKs with tools/e2b/sdk-env.sh and pass what it prints (tools/test.sh "
                     f"does); got {d!r}")
     return Path(d)

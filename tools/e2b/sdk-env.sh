@@ -9,7 +9,7 @@
 #     @e2b/code-interpreter (the drift suite), keyed by the versions the registries name today:
 #     installed once per release.
 # Prints the versions it installed, then (last lines, for eval or an env file):
-#   SBX_E2B_PYTHON=<venv>/bin/python  SBX_E2B_NODE_MODULES=<dir>/node_modules  SBX_E2B_VERSIONS=...
+#   SBX_TEST_E2B_PYTHON=<venv>/bin/python  SBX_TEST_E2B_NODE_MODULES=<dir>/node_modules  SBX_TEST_E2B_VERSIONS=...
 #
 # Usage: bash tools/e2b/sdk-env.sh [--newest] [--env-file FILE] [--relock]
 #   --env-file FILE  also writes those assignments to FILE
@@ -152,9 +152,9 @@ log "node   ($NODE_ENV): $js_versions"
 
 versions="python: $py_versions; node: $js_versions"
 out=$(cat <<EOF
-SBX_E2B_PYTHON=$PY_ENV/bin/python
-SBX_E2B_NODE_MODULES=$NODE_ENV/node_modules
-SBX_E2B_VERSIONS='$versions'
+SBX_TEST_E2B_PYTHON=$PY_ENV/bin/python
+SBX_TEST_E2B_NODE_MODULES=$NODE_ENV/node_modules
+SBX_TEST_E2B_VERSIONS='$versions'
 EOF
 )
 echo "$out"
