@@ -141,13 +141,13 @@ absl::StatusOr<Answer<SandboxCreated>> SandboxService::CreateSandbox(
                          templates_.Resolve(req.template_ref, TemplateNamespaceOf(caller)));
     SandboxRecord sb = NewSandbox(caller, req, tmpl);
     sb.egress = egress;
-    sb.port_access = NewPortAccess(req.public_ports);
     SBX_RETURN_IF_ERROR(BackendFor(sb.runtime).status());
     // The tenant's profiles, read with its quotas (one row, in this transaction).
     SBX_RETURN_IF_ERROR(CheckEgressProfile(tx, caller.tenant_id, req.egress_profile));
     // In the transaction that records the sandbox: concurrent creates cannot pass it together.
     SBX_RETURN_IF_ERROR(CheckSandboxQuota(tx, caller.tenant_id, effective, /*new_sandbox=*/true));
     sb.id = warm ? warm->instance->id() : NewId("sbx");
+    sb.port_access = NewPortAccess(req.public_ports, sb.id);
     // Before anything is recorded or built. A pooled sandbox already holds its resources
     // (under the same id).
     if (!warm) {

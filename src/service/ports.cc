@@ -11,17 +11,19 @@
 namespace sbx::service {
 namespace internal {
 
-nlohmann::json NewPortAccess(bool public_ports) {
+nlohmann::json NewPortAccess(bool public_ports, const std::string& sandbox_id) {
   // A secret of its own, not derived from the attach key: rotating that key must not cut the
   // URLs handed out, and a leaked traffic token opens this sandbox's ports and nothing else.
   // The envd token (api/e2b): E2B's per-sandbox access token for its processes and files.
   // A secret of its own too: it opens one sandbox's data plane, never its management.
   return {{"traffic_token", "stt1." + NewSecret(32)},
           {"public", public_ports},
-          {"envd_token", NewEnvdToken()}};
+          {"envd_token", NewEnvdToken(sandbox_id)}};
 }
 
-std::string NewEnvdToken() { return "set1." + NewSecret(32); }
+std::string NewEnvdToken(const std::string& sandbox_id) {
+  return "set1." + sandbox_id + "." + NewSecret(32);
+}
 
 }  // namespace internal
 
@@ -142,11 +144,11 @@ absl::StatusOr<std::string> SandboxService::EnvdToken(const Caller& caller,
   SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
     SBX_ASSIGN_OR_RETURN(SandboxRecord sb, VisibleSandbox(tx, caller, sandbox_id));
     if (sb.state == kDeleted || sb.state == kDeleting) return NotFound("sandbox", sandbox_id);
-    if (!sb.port_access.is_object()) sb.port_access = NewPortAccess(false);
+    if (!sb.port_access.is_object()) sb.port_access = NewPortAccess(false, sb.id);
     token = sb.port_access.value("envd_token", std::string());
     if (!token.empty()) return absl::OkStatus();
     // A sandbox made before envd tokens existed gets one now, kept with its record.
-    token = NewEnvdToken();
+    token = NewEnvdToken(sb.id);
     sb.port_access["envd_token"] = token;
     return tx.PutSandbox(sb);
   }));

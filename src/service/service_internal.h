@@ -30,9 +30,11 @@ using store::Tx;
 absl::Status BadId(std::string_view kind, const std::string& id);
 // A new sandbox's SandboxRecord::port_access (ports.cc): a fresh traffic token, and whether its
 // ports are open without one.
-nlohmann::json NewPortAccess(bool public_ports);
-// A new envd access token (api/e2b): "set1." and 32 random bytes.
-std::string NewEnvdToken();
+nlohmann::json NewPortAccess(bool public_ports, const std::string& sandbox_id);
+// A new envd access token (api/e2b): "set1.<sandbox id>.<32 random bytes>". It names its
+// sandbox because an SDK may send it without E2b-Sandbox-Id (Python e2b 2.21.1 after
+// Sandbox.connect(id)); only the secret part authenticates.
+std::string NewEnvdToken(const std::string& sandbox_id);
 absl::Status NotFound(std::string_view kind, const std::string& id);
 nlohmann::json ErrorJson(std::string_view code, const absl::Status& s);
 

@@ -84,17 +84,33 @@ bool IsRpc(EnvdRoute::Kind k) {
          k == EnvdRoute::Kind::kOtherRpc;
 }
 
-}  // namespace
+// The sandbox an envd request is for: its E2b-Sandbox-Id, else the one its envd token names
+// ("set1.<id>.<secret>": Python e2b 2.21.1 sends no E2b-Sandbox-Id after Sandbox.connect(id)).
+// nullopt: not an envd request. Only the token's secret authenticates (AuthorizeEnvd).
+std::optional<std::string> EnvdSandboxOf(const http::Request& req) {
+  if (auto id = HeaderOf(req, kSandboxIdHeader)) return id;
+  auto token = HeaderOf(req, kAccessTokenHeader);
+  if (!token || token->rfind("set1.", 0) != 0) return std::nullopt;
+  const size_t dot = token->find('.', 5);
+  if (dot == std::string::npos) return std::nullopt;
+  auto t = ParseTarget(req.target());
+  if (!t.ok() || RouteOf(*t).kind == EnvdRoute::Kind::kUnknown) return std::nullopt;
+  return token->substr(5, dot - 5);
+}
 
-bool Gateway::Matches(const http::Request& req) {
-  if (req.find(kSandboxIdHeader) != req.end()) return true;
+bool IsControlPlane(const http::Request& req) {
   auto t = ParseTarget(req.target());
   return t.ok() && IsControlPlanePath(t->segments);
 }
 
+}  // namespace
+
+bool Gateway::Matches(const http::Request& req) {
+  return IsControlPlane(req) || EnvdSandboxOf(req).has_value();
+}
+
 bool Gateway::StreamsBody(const http::Request& req) {
-  auto id = req.find(kSandboxIdHeader);
-  if (id == req.end()) return false;
+  if (IsControlPlane(req) || !EnvdSandboxOf(req)) return false;
   // Another port's request goes to the sandbox's port relay, which streams bodies.
   if (auto port = HeaderOf(req, kSandboxPortHeader); port && *port != std::to_string(kEnvdPort)) {
     return true;
@@ -106,7 +122,11 @@ bool Gateway::StreamsBody(const http::Request& req) {
 
 Awaitable Gateway::Handle(Api& api, http::RequestContext& ctx) {
   const http::Request& req = ctx.req;
-  if (auto id = HeaderOf(req, kSandboxIdHeader)) {
+  // A control-plane path is the control plane whatever else the request carries: Python e2b
+  // 2.21.1 sends its connect with the E2b-Sandbox-* headers of the sandbox it connects to.
+  std::optional<std::string> id;
+  if (!IsControlPlane(req)) id = EnvdSandboxOf(req);
+  if (id) {
     uint16_t port = kEnvdPort;
     if (auto p = HeaderOf(req, kSandboxPortHeader)) {
       auto n = ParsePortNumber(*p);
