@@ -382,8 +382,8 @@ std::vector<json> FilesystemEvents(std::string_view root, const service::FileWat
   if (!name || ev.type == "overflow") return out;
   if (ev.type == "move") {
     if (ev.from && is_temp(*ev.from)) {
+      // The agent closes the file after the rename: its modify (WRITE) follows.
       out.push_back(event(*name, "EVENT_TYPE_CREATE"));
-      out.push_back(event(*name, "EVENT_TYPE_WRITE"));
       return out;
     }
     if (ev.from) {

@@ -31,8 +31,9 @@ std::optional<nlohmann::json> EntryInfoFromListing(const nlohmann::json& entry);
 // the watched directory `root` (absolute, normalized): names are relative to it, as envd's.
 // create → CREATE, modify → WRITE, delete → REMOVE, a move → RENAME of the old name and CREATE
 // of the new (as fsnotify reports a rename). sbx's uploads write a temporary file
-// (.sbx-upload-*) and rename it into place: its events are hidden and the rename is a CREATE
-// and a WRITE of the file, what envd's in-place write gives. overflow: nothing.
+// (.sbx-upload-*), rename it into place and close it: the temporary file's events are hidden,
+// the rename is a CREATE of the file and the close its WRITE, what envd's in-place write
+// gives. overflow: nothing.
 std::vector<nlohmann::json> FilesystemEvents(std::string_view root,
                                              const service::FileWatchEvent& ev);
 
