@@ -10,6 +10,7 @@ PACKAGES=(
   libboost1.81-dev nlohmann-json3-dev libabsl-dev libseccomp-dev libcap-dev
   libspdlog-dev libfmt-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
   libsqlite3-dev libssl-dev libtomlplusplus-dev libmnl-dev libnftables-dev libarchive-dev
+  zlib1g-dev
   python3 python3-pytest python3-yaml python3-jsonschema python3-requests
   python3-prometheus-client
   bubblewrap procps iproute2 util-linux e2fsprogs

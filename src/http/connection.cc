@@ -8,6 +8,7 @@
 #include <boost/asio/experimental/awaitable_operators.hpp>
 
 #include <array>
+#include <charconv>
 
 #include <algorithm>
 #include <cstring>
@@ -48,7 +49,16 @@ class ChunkedStream : public ResponseStream {
     requests_.Count(method_, header.result_int());
     bhttp::response<bhttp::empty_body> res{std::move(header)};
     if (last_) res.keep_alive(false);
-    res.chunked(true);
+    // A header with Content-Length: the body goes as it is, and must be exactly that long
+    // (End() closes the connection otherwise). Clients that want the length up front (E2B's
+    // GET /files) get it without the body being held.
+    if (auto cl = res.find(bhttp::field::content_length); cl != res.end()) {
+      uint64_t n = 0;
+      const std::string_view v(cl->value().data(), cl->value().size());
+      auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+      if (ec == std::errc() && p == v.data() + v.size()) sized_ = n;
+    }
+    if (!sized_) res.chunked(true);
     bhttp::response_serializer<bhttp::empty_body> sr{res};
     stream_.tcp().expires_after(write_timeout_);
     auto [ec, n] = co_await bhttp::async_write_header(stream_, sr, kTuple);
@@ -60,6 +70,7 @@ class ChunkedStream : public ResponseStream {
 
   asio::awaitable<bool> Write(std::string data) override {
     if (failed_ || data.empty()) co_return !failed_;
+    if (sized_) co_return co_await WriteSized(asio::const_buffer(data.data(), data.size()));
     stream_.tcp().expires_after(write_timeout_);
     auto [ec, n] =
         co_await asio::async_write(stream_, bhttp::make_chunk(asio::buffer(data)), kTuple);
@@ -69,6 +80,7 @@ class ChunkedStream : public ResponseStream {
 
   asio::awaitable<bool> WriteBuffers(const std::vector<asio::const_buffer>& buffers) override {
     if (failed_ || asio::buffer_size(buffers) == 0) co_return !failed_;
+    if (sized_) co_return co_await WriteSized(buffers);
     stream_.tcp().expires_after(write_timeout_);
     auto [ec, n] = co_await asio::async_write(stream_, bhttp::make_chunk(buffers), kTuple);
     if (ec) failed_ = true;
@@ -78,6 +90,11 @@ class ChunkedStream : public ResponseStream {
   asio::awaitable<void> End() override {
     if (failed_ || ended_) co_return;
     ended_ = true;
+    if (sized_) {
+      // Short of the length the header promised: the client must not take it as whole.
+      if (written_ != *sized_) failed_ = true;
+      co_return;
+    }
     stream_.tcp().expires_after(write_timeout_);
     auto [ec, n] = co_await asio::async_write(stream_, bhttp::make_chunk_last(), kTuple);
     if (ec) failed_ = true;
@@ -89,11 +106,28 @@ class ChunkedStream : public ResponseStream {
   bool reusable() const { return began_ && ended_ && !failed_ && keep_alive_; }
 
  private:
+  // A body of the header's Content-Length: its bytes as they are, never more.
+  template <typename Buffers>
+  asio::awaitable<bool> WriteSized(const Buffers& buffers) {
+    const size_t size = asio::buffer_size(buffers);
+    if (written_ + size > *sized_) {
+      failed_ = true;
+      co_return false;
+    }
+    stream_.tcp().expires_after(write_timeout_);
+    auto [ec, n] = co_await asio::async_write(stream_, buffers, kTuple);
+    written_ += n;
+    if (ec) failed_ = true;
+    co_return !ec;
+  }
+
   MaybeTlsStream& stream_;
   std::chrono::seconds write_timeout_;
   RequestCounter& requests_;
   bhttp::verb method_;
   bool last_;
+  std::optional<uint64_t> sized_;
+  uint64_t written_ = 0;
   bool began_ = false;
   bool ended_ = false;
   bool failed_ = false;

@@ -45,7 +45,9 @@ using Response = bhttp::response<bhttp::string_body>;
 class ResponseStream {
  public:
   virtual ~ResponseStream() = default;
-  // Sends the status line and headers with Transfer-Encoding: chunked. False if the client is
+  // Sends the status line and headers with Transfer-Encoding: chunked, or, when the header
+  // sets Content-Length, with that length: the writes are then exactly that many bytes (more
+  // fails, fewer makes End() close the connection). False if the client is
   // gone.
   virtual asio::awaitable<bool> Begin(bhttp::response_header<> header) = 0;
   // Sends one chunk; false if the client is gone (the handler should stop).

@@ -23,6 +23,17 @@ bool SandboxGone(const std::string& code) {
 unsigned RestStatusFor(const absl::Status& s, Side side) {
   const std::string code = ApiCodeFor(s);
   if (side == Side::kEnvd && SandboxGone(code)) return 502;
+  // envd's /files (e2b-compat.md §6.2-6.3): a path that is no file to read or write is 400
+  // (InvalidArgumentError), an unknown user 401, no room 507 (NotEnoughSpaceError): the
+  // sandbox's disk cap as well as a full disk.
+  if (side == Side::kEnvd) {
+    if (code == "is_a_directory" || code == "not_a_directory" || code == "not_a_regular_file" ||
+        code == "invalid_path" || code == "path_outside_root") {
+      return 400;
+    }
+    if (code == "unknown_user") return 401;
+    if (code == "payload_too_large" || code == "insufficient_storage") return 507;
+  }
   // E2B answers an unknown sandbox with 404 whether it never existed or expired.
   if (code == "sandbox_expired") return 404;
   // A template that does not exist is E2B's 404 (sbx: 422, the body names what is visible).
