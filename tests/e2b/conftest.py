@@ -10,13 +10,28 @@ made through its admin API (docs/tenancy.md) whose token is the E2B API key: E2B
 tokens. The SDKs are pointed at sbxd through the environment only, as a user would:
 E2B_API_URL, E2B_SANDBOX_URL (both the daemon's origin) and E2B_API_KEY.
 
+That sbxd is set up as an E2B-style deployment, because e2b-code-interpreter 2.6.2 ignores
+E2B_SANDBOX_URL for its server on port 49999 and always calls https://49999-{sandbox id}.{domain}
+(domain: what the create answer says): it serves TLS only, with a certificate of a CA made for the
+session (openssl) for 127.0.0.1 and *.e2b.test; it routes {port}-{id}.e2b.test to sandbox ports
+(--ports-domain) and answers `domain: e2b.test:PORT` (--e2b-domain), its port chosen before it
+starts. The SDKs trust the CA through the environment (SSL_CERT_FILE for Python's httpx,
+NODE_EXTRA_CA_CERTS for node), and a wildcard DNS record *.e2b.test -> 127.0.0.1 is simulated
+inside this pytest process only (socket.getaddrinfo, for the session; .test is a reserved TLD, so
+nothing real is shadowed and nothing leaves loopback). The node SDKs honour E2B_SANDBOX_URL for
+port 49999 and need no name.
+
 Environment: as tests/e2e (SBX_BUILD_DIR, SBX_TESTS_MUST_RUN; the ns runtime), plus
   SBX_TEST_E2B_NODE_MODULES  node_modules holding e2b and @e2b/code-interpreter (sdk-env.sh prints it)
 """
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,9 +48,8 @@ e2e = load_e2e_conftest()
 from sbx_client import SbxClient  # noqa: E402
 import cross_tenant  # noqa: E402
 
-# The e2e fixtures by name: one sbxd for the session, swept and checked when it stops.
+# The e2e fixtures by name (sbxd is this suite's own, below).
 validator = e2e.validator
-sbxd = e2e.sbxd
 metrics = e2e.metrics
 skip_or_fail = e2e.skip_or_fail
 REPO = e2e.REPO
@@ -45,7 +59,107 @@ TENANT_SCOPES = ["read", "sandboxes", "sessions", "files", "templates"]
 # How long a killed sandbox may take to be gone from sbx's own API (E2B's kill answers at once;
 # sbx finishes the delete in the background).
 GONE_TIMEOUT_S = 60
+# The session's E2B domain: sandbox ports are https://{port}-{sandbox id}.e2b.test:PORT.
+E2B_DOMAIN = "e2b.test"
+START_ATTEMPTS = 3  # a port chosen free can be taken before sbxd binds it
 
+
+# ---- sbxd as an E2B deployment: TLS, a wildcard name ----------------------------------------------
+
+def make_pki(d: Path) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate for 127.0.0.1 and *.e2b.test: (CA, certificate, key), PEM.
+    With the openssl command (as test_egress_proxy.py): the SDKs' venv has no `cryptography`."""
+    def run(*argv: str) -> None:
+        r = subprocess.run(["openssl", *argv], cwd=d, capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.fail(f"openssl {' '.join(argv)}: exit {r.returncode}: {r.stderr[-2000:]}")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+        "-subj", "/CN=sbx e2b test CA",
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    run("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=sbxd e2b test")
+    (d / "server.ext").write_text(
+        f"subjectAltName=IP:127.0.0.1,DNS:*.{E2B_DOMAIN}\n"
+        "basicConstraints=critical,CA:FALSE\n"
+        "keyUsage=critical,digitalSignature\n"
+        "extendedKeyUsage=serverAuth\n"
+        "subjectKeyIdentifier=hash\n"
+        "authorityKeyIdentifier=keyid\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+        "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "server.ext")
+    (d / "server.key").chmod(0o600)
+    return d / "ca.pem", d / "server.pem", d / "server.key"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_e2b_daemon(ca: Path, cert: Path, key: Path):
+    """sbxd over TLS on a port known before it starts, so that its E2B answers can name it."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        port = free_port()
+        d = e2e.Daemon(listen=f"127.0.0.1:{port}", ports_domain=E2B_DOMAIN,
+                       extra_args=["--tls-cert-file", str(cert), "--tls-key-file", str(key),
+                                   "--e2b-domain", f"{E2B_DOMAIN}:{port}"])
+        d.ca_file = str(ca)
+        try:
+            d.start()
+        except pytest.fail.Exception:
+            taken = "Address already in use" in d.log_tail()
+            d.stop()
+            shutil.rmtree(d.tmp, ignore_errors=True)
+            if taken and attempt < START_ATTEMPTS:
+                continue
+            raise
+        assert d.url == f"https://127.0.0.1:{port}", d.url
+        return d
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="session")
+def sbxd(validator):
+    """tests/e2e's session sbxd (swept and checked when it stops), with TLS and E2B's host names."""
+    if e2e.RUNTIME != "fake" and os.geteuid() != 0:
+        skip_or_fail("the ns runtime needs root (or set SBX_E2E_RUNTIME=fake)")
+    pki = Path(tempfile.mkdtemp(prefix="sbx-e2b-pki-"))
+    daemon = None
+    problems: list[str] = []
+    try:
+        daemon = start_e2b_daemon(*make_pki(pki))
+        yield daemon
+    finally:
+        if daemon is not None:
+            with e2e._ALL_LOCK:
+                ids = list(e2e.ALL_SANDBOXES)
+            problems = e2e.shutdown(daemon, validator, ids)
+            for p in problems:
+                e2e.METRICS.append(f"PROBLEM: {p}")
+        shutil.rmtree(pki, ignore_errors=True)
+    if problems:
+        pytest.fail("end of session: " + "; ".join(problems), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def wildcard_dns():
+    """What a DNS record *.e2b.test -> 127.0.0.1 would do, for this process and this session only:
+    the code interpreter SDK reaches its sandbox's port 49999 by such a name."""
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, *args, **kwargs):
+        name = host.decode() if isinstance(host, bytes) else host
+        if isinstance(name, str) and name.rstrip(".").lower().endswith("." + E2B_DOMAIN):
+            host = "127.0.0.1"
+        return real(host, *args, **kwargs)
+
+    socket.getaddrinfo = getaddrinfo
+    try:
+        yield
+    finally:
+        socket.getaddrinfo = real
 
 class Lab:
     """The session's tenant, its E2B API key, and the clients that check and clean up."""
@@ -53,7 +167,7 @@ class Lab:
     def __init__(self, daemon, validator_):
         self.daemon = daemon
         self.url = daemon.url
-        self.admin = SbxClient(daemon.url, daemon.token, validator_)
+        self.admin = SbxClient(daemon.url, daemon.token, validator_, ca_file=daemon.ca_file)
         t = self.admin.call("POST", "/v1/admin/tenants", json_body={"name": "e2b-sdk"},
                             expect=201).body["tenant"]
         self.tenant = t["id"]
@@ -62,12 +176,15 @@ class Lab:
                               expect=201).body["token"]
         self.key = tok["token"]
         # The tenant's own view, through sbx's API (not the SDK): what is left after a test.
-        self.sbx = SbxClient(daemon.url, self.key, validator_)
+        self.sbx = SbxClient(daemon.url, self.key, validator_, ca_file=daemon.ca_file)
         self.seen: set[str] = set()
 
     def env(self) -> dict[str, str]:
-        """What an E2B user sets to move an application to sbx, nothing more."""
-        return {"E2B_API_URL": self.url, "E2B_SANDBOX_URL": self.url, "E2B_API_KEY": self.key}
+        """What an E2B user sets to move an application to sbx, nothing more: the three E2B
+        variables, and trust in the CA of sbxd's certificate (a private one here) for Python
+        (httpx reads SSL_CERT_FILE) and node (NODE_EXTRA_CA_CERTS)."""
+        return {"E2B_API_URL": self.url, "E2B_SANDBOX_URL": self.url, "E2B_API_KEY": self.key,
+                "SSL_CERT_FILE": self.daemon.ca_file, "NODE_EXTRA_CA_CERTS": self.daemon.ca_file}
 
     def live_sandboxes(self) -> list[dict]:
         return [s for s in self.sbx.list_sandboxes() if s["state"] != "deleted"]
@@ -113,7 +230,9 @@ class Lab:
 
 
 @pytest.fixture(scope="session")
-def lab(sbxd, validator):
+def lab(sbxd, validator, wildcard_dns):
+    # The environment is set before any test makes an SDK client: the e2b SDK's transport (and
+    # its TLS context, read from SSL_CERT_FILE) is made once per process.
     lab_ = Lab(sbxd, validator)
     saved = {k: os.environ.get(k) for k in lab_.env()}
     os.environ.update(lab_.env())
@@ -161,8 +280,7 @@ def code_interpreter_template(lab):
     if script is None:
         skip_or_fail(f"{CI_SCRIPTS[0].relative_to(REPO)} not found: the template {CI_TEMPLATE} "
                      "cannot be built")
-    import subprocess
-    env = dict(os.environ, SBX_URL=lab.url, SBX_TOKEN=lab.daemon.token,
+    env = dict(os.environ, SBX_URL=lab.url, SBX_TOKEN=lab.daemon.token, SBX_CACERT=lab.daemon.ca_file,
                SBX_BUILD_DIR=str(e2e.build_dir()))
     # Debian's python for the .py (standard library only), not the SDKs' venv.
     argv = ["/usr/bin/python3", str(script)] if script.suffix == ".py" else ["bash", str(script)]

@@ -371,8 +371,9 @@ def test_run_code_with_a_plot(e2b_env, code_interpreter_template):
             ex = sbx.run_code("x = 6 * 7\nprint('out', x)\nx")
         except httpx.ConnectError as e:
             # e2b-code-interpreter up to 2.6.x reaches Jupyter at https://49999-<id>.<domain>
-            # whatever E2B_SANDBOX_URL says (newer ones honour it): on a machine where that name
-            # does not resolve to sbxd, say so rather than leave a bare DNS error.
+            # whatever E2B_SANDBOX_URL says (newer ones honour it); conftest.py's sbxd gives it
+            # that name (TLS, e2b.test). If the name does not reach sbxd, say so rather than
+            # leave a bare DNS or TLS error.
             pytest.fail(f"run_code could not connect to {sbx.get_host(49999)} ({e}): this "
                         "e2b-code-interpreter ignores E2B_SANDBOX_URL for the code interpreter's "
                         "port and needs that host name (DNS, TLS) to reach sbxd")

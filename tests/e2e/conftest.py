@@ -72,10 +72,16 @@ def ns_runtime_only(reason: str):
 
 
 class Daemon:
-    def __init__(self, extra_args: list[str] | None = None, extra_env: dict[str, str] | None = None):
+    def __init__(self, extra_args: list[str] | None = None, extra_env: dict[str, str] | None = None,
+                 listen: str = "127.0.0.1:0", ports_domain: str = PORTS_DOMAIN):
+        """`listen` and `ports_domain`: sbxd takes each flag once, so a suite that needs its
+        own (tests/e2b: a port known before the start, its own domain) passes them here rather
+        than in `extra_args`."""
         self.proc: subprocess.Popen | None = None
         self.extra_args = list(extra_args or [])
         self.extra_env = dict(extra_env or {})
+        self.listen = listen
+        self.ports_domain = ports_domain
         self.url = ""
         # An sbxd started with tls.*: the CA file its clients verify it with (test_tls.py).
         self.ca_file: str | None = None
@@ -96,9 +102,9 @@ class Daemon:
         # line of this log.
         # --ports-domain: test_ports.py reaches sandbox ports by Host name too (never resolved:
         # the name only travels in the Host header to 127.0.0.1).
-        argv = [str(self.binary), "--listen", "127.0.0.1:0", "--state-dir", str(self.state_dir),
+        argv = [str(self.binary), "--listen", self.listen, "--state-dir", str(self.state_dir),
                 "--admin-token", self.token, "--log-format", "json",
-                "--ports-domain", PORTS_DOMAIN]
+                "--ports-domain", self.ports_domain]
         if self.runtime == "fake":
             argv += ["--runtime", "fake"]
         argv += self.extra_args

@@ -4,6 +4,9 @@
 
   SBX_URL=http://127.0.0.1:8080 SBX_TOKEN=<operator token> python3 tools/e2b/code-interpreter.py
 
+With an https:// SBX_URL, sbxd's certificate is verified against the system's CAs, or against the
+PEM file SBX_CACERT names (as the sbx CLI's --cacert).
+
 1. The parent: a Debian bookworm rootfs made on this host with mmdebstrap (Python 3.11, bash,
    a user `user` 1000:1000 with home /home/user) from the host's configured apt sources, wrapped
    as an OCI archive. Cached by its inputs in $SBX_CACHE_DIR/e2b (default ~/.cache/sbx/e2b).
@@ -33,6 +36,7 @@ import io
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import tarfile
@@ -262,11 +266,18 @@ def write_lock() -> None:
 # ---- 3. sbxd ------------------------------------------------------------------------------------
 
 class Sbxd:
-    def __init__(self, url: str, token: str):
+    def __init__(self, url: str, token: str, cafile: str | None = None):
         self.url = url.rstrip("/")
         self.token = token
         # sbxd is usually on loopback: no proxy from the environment stands between.
-        self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        handlers: list = [urllib.request.ProxyHandler({})]
+        if cafile:
+            try:
+                ctx = ssl.create_default_context(cafile=cafile)
+            except (OSError, ssl.SSLError) as e:
+                raise Failure(f"SBX_CACERT {cafile}: {e}")
+            handlers.append(urllib.request.HTTPSHandler(context=ctx))
+        self.opener = urllib.request.build_opener(*handlers)
 
     def call(self, method: str, path: str, params: dict | None = None, body=None,
              headers: dict | None = None, timeout: float = 60, ok=(200,)):
@@ -373,7 +384,7 @@ def ensure(args) -> int:
         say("timing: " + " ".join(f"{k}={v:.1f}s" for k, v in timing.items()))
         return 0
 
-    sbxd = Sbxd(url, token)
+    sbxd = Sbxd(url, token, os.environ.get("SBX_CACERT") or None)
     parent_ref = f"{PARENT_NAME}:py311-{key[:12]}"
     with tempfile.TemporaryDirectory(prefix="ci-context-") as d:
         ctx = Path(d) / "context.tar"
