@@ -224,7 +224,7 @@ struct Config {
   // Equal settings, wherever they came from.
   bool SameSettings(const Config& o) const {
     return server == o.server && tls == o.tls && state == o.state && runtime == o.runtime &&
-           sandbox == o.sandbox && admission == o.admission && sessions == o.sessions && retention == o.retention && metrics == o.metrics && ports == o.ports &&
+           sandbox == o.sandbox && admission == o.admission && sessions == o.sessions && retention == o.retention && metrics == o.metrics && ports == o.ports && e2b == o.e2b &&
            warm_pool == o.warm_pool && egress == o.egress && templates == o.templates &&
            log == o.log;
   }

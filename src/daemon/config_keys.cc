@@ -373,12 +373,6 @@ const std::vector<KeyInfo> kKeys = {
              "{port}-{sandbox id}.{domain} goes to that port (point a wildcard DNS name at "
              "sbxd); empty: only the path form /v1/sandboxes/{id}/ports/{port}/...",
      SBX_STR(ports.domain)},
-    {.path = "e2b.domain", .type = Type::kString, .flag = "--e2b-domain",
-     .reloadable = false,
-     .help = "the `domain` E2B answers give (create, connect, info): SDKs without "
-             "E2B_SANDBOX_URL reach https://{port}-{sandbox id}.{domain}; may carry :PORT when "
-             "sbxd's listener is not on 443; empty: ports.domain",
-     SBX_STR(e2b.domain)},
     {.path = "ports.connect_timeout_ms", .type = Type::kInt, .flag = "--ports-connect-timeout-ms",
      .reloadable = false, .min = 10, .max = 60000, .why = "10 ms to a minute",
      .help = "how long sbxd waits for a connection to a sandbox port before answering 504",
@@ -388,6 +382,12 @@ const std::vector<KeyInfo> kKeys = {
      .help = "a request or WebSocket relayed to a sandbox port is ended once no byte has "
              "moved either way for this long (a server that never answers holds nothing)",
      SBX_NUM(ports.idle_timeout_s)},
+    {.path = "e2b.domain", .type = Type::kString, .flag = "--e2b-domain",
+     .reloadable = false,
+     .help = "the `domain` E2B answers give (create, connect, info): SDKs without "
+             "E2B_SANDBOX_URL reach https://{port}-{sandbox id}.{domain}; may carry :PORT when "
+             "sbxd's listener is not on 443; empty: ports.domain",
+     SBX_STR(e2b.domain)},
     {.path = "templates.max_image_mib", .type = Type::kInt, .flag = "--templates-max-image-mib",
      .reloadable = false, .min = 1, .max = 16 << 20, .why = "1 MiB to 16 TiB",
      .help = "unpacked bytes of one template's layers; an import or pull past it fails "
