@@ -322,7 +322,8 @@ def test_wrong_method_is_405(api, sandbox, nothing_created):
 
 
 def test_unknown_route_is_404(api):
-    for path in ("/v1/nope", "/v2/sandboxes", "/", "/v1/sandboxes/x/y/z"):
+    # /sandboxes and /v2/sandboxes are the E2B API's (docs/e2b.md, test_e2b_api.py).
+    for path in ("/v1/nope", "/v2/nope", "/v3/sandboxes", "/", "/v1/sandboxes/x/y/z"):
         resp = api.call("GET", path, validate=False)
         assert resp.status_code == 404, f"GET {path}: expected 404, got {resp.status_code}"
         check_error_body(resp, resp.body, "not_found")
