@@ -129,7 +129,8 @@ def e2b_round(Sandbox) -> dict:
     if killed is not True:
         raise RuntimeError(f"E2B kill returned {killed}")
     return {"create": ms(t0, t1), "run": ms(t1, t2), "create_run": ms(t0, t2), "kill": ms(t3, t4),
-            "id": sbx.sandbox_id}
+            # E2B spells the id with `-` for its `_` (docs/e2b.md); sbx's own API takes `_`.
+            "id": sbx.sandbox_id.replace("sbx-", "sbx_", 1)}
 
 
 def sbx_round(api: SbxApi) -> dict:
