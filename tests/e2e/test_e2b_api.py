@@ -273,3 +273,24 @@ def test_other_ports_go_to_the_port_relay(e2b, api):
         assert r.status_code == 401, r.text[:200]
     finally:
         attach.close()
+
+
+def test_gzip_upload_inflates_in_bounded_pieces(e2b):
+    """`files.write(.., gzip=True)`: a small body that inflates 1000:1 (64 MiB of zeros) is
+    written whole and exactly, and a body that is not gzip, or stops short, is refused."""
+    import gzip
+    import hashlib
+    sb = e2b.create()
+    raw = b"\0" * (64 << 20) + b"end"
+    body = gzip.compress(raw, 9)
+    assert len(body) < 200 << 10
+    hdr = {"Content-Type": "application/octet-stream", "Content-Encoding": "gzip"}
+    r = e2b.envd(sb, "POST", "/files", params={"path": "/tmp/bomb"}, data=body, headers=hdr)
+    assert r.status_code == 200 and r.json()[0]["path"] == "/tmp/bomb", r.text
+    got = e2b.envd(sb, "GET", "/files", params={"path": "/tmp/bomb"})
+    assert got.status_code == 200 and int(got.headers["Content-Length"]) == len(raw)
+    assert hashlib.sha256(got.content).digest() == hashlib.sha256(raw).digest()
+    error_body(e2b.envd(sb, "POST", "/files", params={"path": "/tmp/x"}, data=b"not gzip",
+                        headers=hdr), 400)
+    error_body(e2b.envd(sb, "POST", "/files", params={"path": "/tmp/x"}, data=body[:len(body) // 2],
+                        headers=hdr), 400)

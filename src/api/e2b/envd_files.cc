@@ -164,22 +164,36 @@ class Gunzip {
   }
   Gunzip(const Gunzip&) = delete;
   Gunzip& operator=(const Gunzip&) = delete;
-  // Inflates `in` into `out` (appended). InvalidArgument for a body that is not gzip.
-  absl::Status Inflate(std::string_view in, std::string& out) {
-    if (!ok_) return absl::InternalError("zlib: inflateInit2 failed");
+  // Takes `in` as the next input; Inflate then returns its output in pieces. The caller keeps
+  // `in` alive until pending() is false.
+  void Feed(std::string_view in) {
     zs_.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
     zs_.avail_in = static_cast<uInt>(in.size());
-    char buf[64 << 10];
-    while (zs_.avail_in > 0 && !done_) {
-      zs_.next_out = reinterpret_cast<Bytef*>(buf);
-      zs_.avail_out = sizeof(buf);
-      const int r = inflate(&zs_, Z_NO_FLUSH);
-      if (r != Z_OK && r != Z_STREAM_END && r != Z_BUF_ERROR) {
-        return Bad(fmt::format("the gzip body does not inflate: {}", zs_.msg ? zs_.msg : "corrupt"));
-      }
-      out.append(buf, sizeof(buf) - zs_.avail_out);
-      if (r == Z_STREAM_END) done_ = true;
-      if (r == Z_BUF_ERROR && zs_.avail_out == sizeof(buf)) break;
+  }
+  // Input left, or output zlib could not hand over in the last piece (it filled it).
+  bool pending() const { return !done_ && (zs_.avail_in > 0 || full_); }
+  // Replaces `out` with at most kMaxPiece inflated bytes of what was fed: a gzip bomb (1000:1)
+  // costs sbxd one piece at a time, never the inflated chunk whole. InvalidArgument for a body
+  // that is not gzip.
+  static constexpr size_t kMaxPiece = 256 << 10;
+  absl::Status Inflate(std::string& out) {
+    if (!ok_) return absl::InternalError("zlib: inflateInit2 failed");
+    out.resize(kMaxPiece);
+    zs_.next_out = reinterpret_cast<Bytef*>(out.data());
+    zs_.avail_out = static_cast<uInt>(out.size());
+    const int r = inflate(&zs_, Z_NO_FLUSH);
+    if (r != Z_OK && r != Z_STREAM_END && r != Z_BUF_ERROR) {
+      out.clear();
+      return Bad(fmt::format("the gzip body does not inflate: {}", zs_.msg ? zs_.msg : "corrupt"));
+    }
+    full_ = zs_.avail_out == 0;
+    out.resize(out.size() - zs_.avail_out);
+    if (r == Z_STREAM_END) done_ = true;
+    // No progress with input left: zlib wants more than this input holds (a truncated body
+    // is caught at the end by done()).
+    if (r == Z_BUF_ERROR && out.empty()) {
+      zs_.avail_in = 0;
+      full_ = false;
     }
     return absl::OkStatus();
   }
@@ -189,6 +203,7 @@ class Gunzip {
   z_stream zs_{};
   bool ok_ = false;
   bool done_ = false;
+  bool full_ = false;
 };
 
 struct UploadContext {
@@ -309,15 +324,18 @@ asio::awaitable<absl::StatusOr<json>> UploadRaw(EnvdCall& call, const std::strin
     }
     if (*n == 0) break;
     std::string_view data(buf.data(), *n);
-    if (gz) {
-      inflated.clear();
-      if (auto st = gz->Inflate(data, inflated); !st.ok()) {
+    if (!gz) {
+      if (auto st = co_await sink.Append(data); !st.ok()) co_return st;
+      continue;
+    }
+    gz->Feed(data);
+    while (gz->pending()) {
+      if (auto st = gz->Inflate(inflated); !st.ok()) {
         sink.Abort();
         co_return st;
       }
-      data = inflated;
+      if (auto st = co_await sink.Append(inflated); !st.ok()) co_return st;
     }
-    if (auto st = co_await sink.Append(data); !st.ok()) co_return st;
   }
   if (gz && !gz->done()) {
     sink.Abort();
