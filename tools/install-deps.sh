@@ -22,8 +22,9 @@ PACKAGES=(
   linux-perf curl
   # Templates (docs/templates.md): libcurl for registry pulls; the tests build images from
   # busybox-static, write archives and push to a loopback docker-registry with skopeo (htpasswd
-  # for its basic auth); bench/template_import.sh compares against skopeo + umoci.
-  libcurl4-openssl-dev busybox-static skopeo docker-registry apache2-utils umoci
+  # for its basic auth); bench/template_import.sh compares against skopeo + umoci; tinyproxy
+  # (its binary only, no service) is the configured proxy of test_registry_token.py.
+  libcurl4-openssl-dev busybox-static skopeo docker-registry apache2-utils umoci tinyproxy-bin
   # The E2B code-interpreter template (tools/e2b/code-interpreter.py): mmdebstrap makes its
   # Debian parent, pip downloads its wheels on the host
   mmdebstrap python3-pip

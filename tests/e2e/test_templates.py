@@ -18,6 +18,7 @@ import pytest
 
 import images
 from conftest import Daemon, ns_runtime_only, shutdown, skip_or_fail
+from registry_lab import Registry
 from sbx_client import SbxClient
 
 pytestmark = ns_runtime_only("image layers are overlay lowers of the ns runtime")
@@ -236,60 +237,6 @@ def test_hostile_archives_fail_clearly_and_leave_nothing(api, sbxd, work):
     api.call("DELETE", "/v1/operations/op_" + "a" * 20, expect=404)
     assert api.call("DELETE", "/v1/templates/base", expect=409).body["error"]["code"] == "template_builtin"
     assert state_leftovers(sbxd) == []
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Registry:
-    """Debian's docker-registry on 127.0.0.1, optionally behind htpasswd basic auth."""
-
-    def __init__(self, root: Path, htpasswd: Path | None = None):
-        exe = shutil.which("docker-registry")
-        if not exe:
-            skip_or_fail("docker-registry is not installed (tools/install-deps.sh installs it)")
-        self.port = free_port()
-        root.mkdir(parents=True, exist_ok=True)
-        cfg = {"version": 0.1, "storage": {"filesystem": {"rootdirectory": str(root / "data")}},
-               "http": {"addr": f"127.0.0.1:{self.port}"}}
-        if htpasswd:
-            cfg["auth"] = {"htpasswd": {"realm": "sbx-test", "path": str(htpasswd)}}
-        (root / "config.yml").write_text(json.dumps(cfg))  # JSON is YAML
-        self.log = open(root / "registry.log", "wb")
-        self.proc = subprocess.Popen([exe, "serve", str(root / "config.yml")], stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                break
-            except OSError:
-                assert self.proc.poll() is None, (root / "registry.log").read_text()
-                assert time.monotonic() < deadline, "docker-registry did not listen"
-                time.sleep(0.05)
-
-    @property
-    def host(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def push(self, layout: Path, repo: str, creds: str | None = None) -> None:
-        args = ["copy", "-q", "--dest-tls-verify=false"]
-        if creds:
-            args += ["--dest-creds", creds]
-        images.skopeo(*args, f"oci:{layout}:t", f"docker://{self.host}/{repo}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.log.close()
 
 
 @pytest.fixture(scope="module")
