@@ -142,6 +142,10 @@ struct Owner {
   std::optional<gid_t> gid;
 };
 absl::StatusOr<Owner> RequestOwner(const protocol::WriteRequest& req, const FileOptions& o);
+absl::StatusOr<Owner> UserOwner(const std::optional<std::string>& user, const FileOptions& o);
+// What MkdirParents takes: the directories a write or mkdir makes go to its owner, as
+// `mkdir -p` run by that user would leave them (the user can write into them).
+std::optional<std::pair<uid_t, gid_t>> DirOwner(const Owner& owner);
 absl::Status OpWatch(Conn& c, const protocol::WatchRequest& req, const FileOptions& o);
 
 }  // namespace sbx::agent::fileops

@@ -217,13 +217,11 @@ absl::Status OpRead(Conn& c, const protocol::ReadRequest& req, const FileOptions
   return c.SendJson(FrameType::kEnd, protocol::OkReply{}.ToJson());
 }
 
-absl::StatusOr<Owner> RequestOwner(const protocol::WriteRequest& req, const FileOptions& o) {
+absl::StatusOr<Owner> UserOwner(const std::optional<std::string>& user, const FileOptions& o) {
   Owner out;
-  if (req.uid) out.uid = static_cast<uid_t>(*req.uid);
-  if (req.gid) out.gid = static_cast<gid_t>(*req.gid);
-  if (req.user && !req.user->empty()) {
+  if (user && !user->empty()) {
     const std::string etc = o.root_path == "/" ? "/etc" : o.root_path + "/etc";
-    auto ru = ResolveUserFromFiles(*req.user, etc + "/passwd", etc + "/group");
+    auto ru = ResolveUserFromFiles(*user, etc + "/passwd", etc + "/group");
     if (!ru.ok()) {
       return ApiError(absl::StatusCode::kInvalidArgument, "unknown_user",
                       std::string(ru.status().message()), "owner");
@@ -232,6 +230,20 @@ absl::StatusOr<Owner> RequestOwner(const protocol::WriteRequest& req, const File
     out.gid = ru->gid;
   }
   return out;
+}
+
+absl::StatusOr<Owner> RequestOwner(const protocol::WriteRequest& req, const FileOptions& o) {
+  SBX_ASSIGN_OR_RETURN(Owner out, UserOwner(req.user, o));
+  if (req.user && !req.user->empty()) return out;
+  if (req.uid) out.uid = static_cast<uid_t>(*req.uid);
+  if (req.gid) out.gid = static_cast<gid_t>(*req.gid);
+  return out;
+}
+
+std::optional<std::pair<uid_t, gid_t>> DirOwner(const Owner& owner) {
+  if (!owner.uid && !owner.gid) return std::nullopt;
+  return std::make_pair(owner.uid ? *owner.uid : static_cast<uid_t>(-1),
+                        owner.gid ? *owner.gid : static_cast<gid_t>(-1));
 }
 
 absl::Status OpWrite(Conn& c, const protocol::WriteRequest& req, const FileOptions& o) {
@@ -244,7 +256,7 @@ absl::Status OpWrite(Conn& c, const protocol::WriteRequest& req, const FileOptio
   if (req.mkdirs) {
     auto parent = SplitParent(*path);
     if (!parent.ok()) return c.Fail(kResponse, parent.status());
-    absl::Status made = MkdirParents(o.root_fd, parent->first, 0755);
+    absl::Status made = MkdirParents(o.root_fd, parent->first, 0755, DirOwner(*owner));
     if (!made.ok()) return c.Fail(kResponse, made);
   }
   auto p = OpenParent(o.root_fd, *path);

@@ -133,12 +133,18 @@ absl::StatusOr<std::string> OpList(const protocol::ListRequest& req, const FileO
 absl::StatusOr<Json> OpMkdir(const protocol::MkdirRequest& req, const FileOptions& o) {
   SBX_ASSIGN_OR_RETURN(std::string path, ValidatePath(req.path, o.workdir));
   const mode_t m = static_cast<mode_t>(req.mode.value_or(0755));
+  SBX_ASSIGN_OR_RETURN(Owner owner, UserOwner(req.user, o));
+  const auto dir_owner = DirOwner(owner);
   if (req.parents) {
-    SBX_RETURN_IF_ERROR(MkdirParents(o.root_fd, path, m));
+    SBX_RETURN_IF_ERROR(MkdirParents(o.root_fd, path, m, dir_owner));
   } else {
     SBX_ASSIGN_OR_RETURN(ParentRef p, OpenParent(o.root_fd, path));
     if (::mkdirat(p.dir.get(), p.name.c_str(), m) != 0) {
       return FileErrnoStatus(errno, fmt::format("mkdir {}: mkdirat", path));
+    }
+    if (dir_owner && ::fchownat(p.dir.get(), p.name.c_str(), dir_owner->first,
+                                dir_owner->second, AT_SYMLINK_NOFOLLOW) != 0) {
+      return FileErrnoStatus(errno, fmt::format("mkdir {}: fchownat", path));
     }
   }
   SBX_ASSIGN_OR_RETURN(protocol::FileEntry e, StatEntry(o.root_fd, path));

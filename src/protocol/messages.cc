@@ -317,6 +317,7 @@ Json MkdirRequest::ToJson() const {
   j["path"] = path;
   j["parents"] = parents;
   if (mode) j["mode"] = *mode;
+  if (user) j["user"] = *user;
   return j;
 }
 
@@ -327,6 +328,7 @@ absl::StatusOr<MkdirRequest> MkdirRequest::FromJson(const Json& j) {
   SBX_ASSIGN_OR_RETURN(s.path, r.String("path"));
   SBX_ASSIGN_OR_RETURN(s.parents, r.Bool("parents"));
   SBX_ASSIGN_OR_RETURN(s.mode, r.OptU64("mode", 0, 07777));
+  SBX_ASSIGN_OR_RETURN(s.user, r.OptString("user"));
   return s;
 }
 

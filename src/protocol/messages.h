@@ -147,6 +147,8 @@ struct MkdirRequest {
   std::string path;
   bool parents = false;
   std::optional<uint64_t> mode;  // permission bits, <= 07777
+  // Owner of every directory it makes, as WriteRequest::user; unset: the agent (root).
+  std::optional<std::string> user;
   Json ToJson() const;
   static absl::StatusOr<MkdirRequest> FromJson(const Json& j);
 };

@@ -36,6 +36,8 @@ TEST(MessagesTest, RequestsKeepTheirWireBytes) {
   EXPECT_EQ(EncodeRequest(ListRequest{"/a", 1}), R"({"depth":1,"op":"list","path":"/a"})");
   EXPECT_EQ(EncodeRequest(MkdirRequest{"/a", true, 0755}),
             R"({"mode":493,"op":"mkdir","parents":true,"path":"/a"})");
+  EXPECT_EQ(EncodeRequest(MkdirRequest{"/a", false, std::nullopt, "app"}),
+            R"({"op":"mkdir","parents":false,"path":"/a","user":"app"})");
   EXPECT_EQ(EncodeRequest(MoveRequest{"/a", "/b", false}),
             R"({"from":"/a","op":"move","overwrite":false,"to":"/b"})");
   ReadRequest read;
@@ -58,7 +60,8 @@ TEST(MessagesTest, EveryRequestDecodesToWhatWasEncoded) {
       PingRequest{}, AttachRequest{"s", 0, spec}, StatusRequest{"s"}, SignalRequest{"s", 9},
       StdinRequest{"s", "YQ=="}, StdinCloseRequest{"s"}, ResizeRequest{"s", 1, 2},
       ProcessesRequest{}, StatRequest{"/"}, ListRequest{"/", std::nullopt},
-      MkdirRequest{"/m", false, std::nullopt}, DeleteRequest{"/d", true},
+      MkdirRequest{"/m", false, std::nullopt}, MkdirRequest{"/m", true, 0700, "bob"},
+      DeleteRequest{"/d", true},
       MoveRequest{"/a", "/b", true}, ReadRequest{true, "/t", {}, {}, {}},
       WriteRequest{false, "/w", 0644, 1, 2, "bob", true, 100}, WatchRequest{"/w", false}};
   for (const Request& r : requests) {

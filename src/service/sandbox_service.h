@@ -145,6 +145,11 @@ class SandboxService {
   absl::StatusOr<runtime::TemplateSpec> ResolveTemplate(const std::string& ref) const {
     return templates_.Resolve(ref);
   }
+  // The release `sb` was made from (fixed at its create): the defaults of what is done in it
+  // (workdir, default user, env). FailedPrecondition once that release left the store.
+  absl::StatusOr<runtime::TemplateSpec> PinnedTemplate(const store::SandboxRecord& sb) const {
+    return templates_.ResolvePinned(sb.template_ref, sb.template_digest);
+  }
   std::map<std::string, int> PooledDigests() const { return pool_->Digests(); }
   // The host's capacity as admission sees it now, and what sandboxes hold of it.
   Admission::Snapshot AdmissionSnapshot() const { return admission_->Read(); }

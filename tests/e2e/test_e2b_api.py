@@ -9,9 +9,12 @@ import json
 import struct
 import time
 
+import base64
+
 import pytest
 import requests
 
+import images
 from conftest import ns_runtime_only
 
 pytestmark = ns_runtime_only("envd needs a sandbox's agent")
@@ -294,3 +297,60 @@ def test_gzip_upload_inflates_in_bounded_pieces(e2b):
                         headers=hdr), 400)
     error_body(e2b.envd(sb, "POST", "/files", params={"path": "/tmp/x"}, data=body[:len(body) // 2],
                         headers=hdr), 400)
+
+
+def test_what_envd_makes_belongs_to_the_templates_user(e2b, api, tmp_path):
+    """envd gives new files and directories to its user; sbx to the template's default user
+    (code-interpreter-v1's `user`), so code running as that user can change what its client
+    uploaded. A named user (?username=, Basic auth) wins; root stays root."""
+    layout = tmp_path / "layout"
+    images.write_layout(layout, [images.busybox_layer().dir("home").dir("home/app", 0o755, 1000, 1000)
+                                 .bytes()], user="app", workdir="/home/app")
+    archive = images.docker_archive(layout, tmp_path / "img.tar")
+    op = api.call("POST", "/v1/templates:import", params={"name": "e2b-user", "tag": "latest"},
+                  data=archive.read_bytes(), headers={"Content-Type": "application/x-tar"},
+                  expect=202).body
+    assert api.wait_operation(op["operation"]["id"], timeout=120)["state"] == "succeeded"
+    try:
+        sb = e2b.create(templateID="e2b-user")
+        sid = sbx_id(sb["sandboxID"])
+        octet = {"Content-Type": "application/octet-stream"}
+
+        def owners(*paths: str) -> list[str]:
+            r = api.run(sid, ["stat", "-c", "%U", *paths])
+            assert r.exit and r.exit.get("exit_code") == 0, (r.stdout, r.stderr)
+            return r.stdout.decode().split()
+
+        r = e2b.envd(sb, "POST", "/files", params={"path": "/home/app/new/dir/f.txt"}, data=b"hi",
+                     headers=octet)
+        assert r.status_code == 200, r.text
+        assert owners("/home/app/new", "/home/app/new/dir", "/home/app/new/dir/f.txt") == ["app"] * 3
+        # The user can change it: what an agent's code does next with the file it was given.
+        r = api.run(sid, ["sh", "-c", "echo more >> /home/app/new/dir/f.txt && touch /home/app/new/dir/g"])
+        assert r.exit and r.exit.get("exit_code") == 0, (r.stdout, r.stderr)
+        r = e2b.envd(sb, "POST", "/filesystem.Filesystem/MakeDir", json={"path": "/home/app/a/b"})
+        assert r.status_code == 200, r.text
+        assert owners("/home/app/a", "/home/app/a/b") == ["app", "app"]
+        # Named users: the query's, then Basic auth's.
+        r = e2b.envd(sb, "POST", "/files", params={"path": "/home/app/byroot", "username": "root"},
+                     data=b"x", headers=octet)
+        assert r.status_code == 200, r.text
+        basic = {"Authorization": "Basic " + base64.b64encode(b"root:").decode()}
+        r = e2b.envd(sb, "POST", "/filesystem.Filesystem/MakeDir", json={"path": "/home/app/rootdir"},
+                     headers=basic)
+        assert r.status_code == 200, r.text
+        assert owners("/home/app/byroot", "/home/app/rootdir") == ["root", "root"]
+        r = e2b.envd(sb, "POST", "/files", params={"path": "/home/app/x", "username": "nobody-here"},
+                     data=b"x", headers=octet)
+        assert r.status_code in (400, 401), r.text
+    finally:
+        for sid_ in list(e2b.made):
+            e2b.cp("DELETE", f"/sandboxes/{sid_}")
+        e2b.close()
+        e2b.made.clear()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            r = api.call("DELETE", "/v1/templates/e2b-user", expect=None)
+            if r.status_code != 409:
+                break
+            time.sleep(0.2)

@@ -117,6 +117,13 @@ def test_mode_and_owner(api, sandbox):
     assert r.body["error"]["details"]["field"] == "mode"
     r = put(api, sid, "/srv/bad", b"x", owner="no-such-user-e2e", expect=400)
     assert r.body["error"]["code"] == "unknown_user"
+    # The directories a write makes (mkdirs) go to the file's owner, as `mkdir -p` run by that
+    # user would leave them; one that was there keeps its owner.
+    put(api, sid, "/srv/made/deeper/f", b"x", uid="1000", gid="1001", mkdirs="true")
+    assert in_sandbox(api, sid, "stat -c '%u %g' /srv /srv/made /srv/made/deeper /srv/made/deeper/f") == \
+        b"0 0\n1000 1001\n1000 1001\n1000 1001\n"
+    put(api, sid, "/srv/made/root/f", b"x", mkdirs="true")
+    assert in_sandbox(api, sid, "stat -c '%u' /srv/made/root") == b"0\n"
     still_works(api, sid)
 
 

@@ -52,6 +52,13 @@ struct EnvdCall {
   std::optional<std::string> user;
 };
 
+// Who owns what an envd call makes (written files, the directories made for them, MakeDir):
+// `named` (?username=) or the call's user, else the sandbox's template's default user, as
+// envd gives new files to its `user`; nullopt: the agent (root). A template whose user is not
+// root (code-interpreter-v1's `user`) must be able to change the files its client uploads.
+std::optional<std::string> MakerOf(EnvdCall& call, const store::SandboxRecord& sb,
+                                   const std::optional<std::string>& named = std::nullopt);
+
 // E2B's name of a sandbox: its id with `-` for the `_` ("sbx-abc…"). The SDKs put it in host
 // names ({port}-{id}.{domain}, the Python code interpreter always), where `_` is no host-name
 // character and a wildcard certificate matches no label holding one. Every E2B route takes

@@ -365,6 +365,7 @@ Awaitable Upload(EnvdCall& call) {
   // from Content-Length, then as the bytes arrive (the agent's max_bytes).
   auto sb = Gateway::Service(call.api).GetSandbox(call.owner, call.sandbox_id);
   if (!sb.ok()) co_return RestError(ctx, sb.status(), Side::kEnvd);
+  up.user = MakerOf(call, *sb, up.user);
   if (auto d = sb->effective_resources.find("disk_mib");
       d != sb->effective_resources.end() && d->is_number_integer() && d->get<int64_t>() > 0) {
     up.disk_cap = static_cast<uint64_t>(d->get<int64_t>()) << 20;
@@ -414,6 +415,18 @@ Awaitable Upload(EnvdCall& call) {
 }
 
 }  // namespace
+
+std::optional<std::string> MakerOf(EnvdCall& call, const store::SandboxRecord& sb,
+                                   const std::optional<std::string>& named) {
+  if (named && !named->empty()) return named;
+  if (call.user && !call.user->empty()) return call.user;
+  // A template removed since the create leaves root, as for sessions (service/sessions.cc).
+  auto tmpl = Gateway::Service(call.api).PinnedTemplate(sb);
+  if (!tmpl.ok() || tmpl->default_user.empty() || tmpl->default_user == "root") {
+    return std::nullopt;
+  }
+  return tmpl->default_user;
+}
 
 Awaitable FilesRest(EnvdCall& call) {
   const auto method = call.ctx.req.method();

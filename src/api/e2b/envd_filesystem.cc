@@ -92,12 +92,15 @@ JsonCall Stat(EnvdCall& call, const json& msg) {
 JsonCall MakeDir(EnvdCall& call, const json& msg) {
   auto path = PathField(msg, "path");
   if (!path.ok()) co_return path.status();
+  auto sb = Gateway::Service(call.api).GetSandbox(call.owner, call.sandbox_id);
+  if (!sb.ok()) co_return sb.status();
+  const std::optional<std::string> maker = MakerOf(call, *sb);
   // Without parents first: an existing directory (or file) is then already_exists, which the
   // SDKs read as "makeDir returned false" (with parents, mkdir -p, it would be success).
-  service::MkdirRequest one{*path, false, std::nullopt};
+  service::MkdirRequest one{*path, false, std::nullopt, maker};
   auto entry = co_await call.agent.Mkdir(call.ctx.executor, std::move(one));
   if (!entry.ok() && entry.status().code() == absl::StatusCode::kNotFound) {
-    service::MkdirRequest all{*path, true, std::nullopt};
+    service::MkdirRequest all{*path, true, std::nullopt, maker};
     entry = co_await call.agent.Mkdir(call.ctx.executor, std::move(all));
   }
   if (!entry.ok()) co_return entry.status();
