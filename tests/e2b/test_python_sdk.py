@@ -214,6 +214,9 @@ def test_files_exists_make_dir_list_rename_remove(e2b_env):
         assert entries["inner"].type == FileType.DIR
         assert entries["f.txt"].type == FileType.FILE
         assert entries["f.txt"].size == 5 and entries["f.txt"].path == f"{d}/f.txt"
+        # Owners by name, as envd gives them (`base` runs as root).
+        assert (entries["f.txt"].owner, entries["f.txt"].group) == ("root", "root")
+        assert sbx.files.get_info(d).owner == "root"
         moved = sbx.files.rename(f"{d}/f.txt", f"{d}/g.txt")
         assert moved.path == f"{d}/g.txt" and moved.name == "g.txt"
         assert sbx.files.exists(f"{d}/f.txt") is False

@@ -331,6 +331,13 @@ def test_what_envd_makes_belongs_to_the_templates_user(e2b, api, tmp_path):
         r = e2b.envd(sb, "POST", "/filesystem.Filesystem/MakeDir", json={"path": "/home/app/a/b"})
         assert r.status_code == 200, r.text
         assert owners("/home/app/a", "/home/app/a/b") == ["app", "app"]
+        # EntryInfo names them as envd does, from the sandbox's own /etc/passwd and /etc/group.
+        assert r.json()["entry"]["owner"] == "app", r.json()
+        r = e2b.envd(sb, "POST", "/filesystem.Filesystem/ListDir", json={"path": "/home/app/new"})
+        assert r.status_code == 200, r.text
+        assert [(e["name"], e["owner"]) for e in r.json()["entries"]] == [("dir", "app")], r.json()
+        r = e2b.envd(sb, "POST", "/filesystem.Filesystem/Stat", json={"path": "/"})
+        assert (r.json()["entry"]["owner"], r.json()["entry"]["group"]) == ("root", "root"), r.json()
         # Named users: the query's, then Basic auth's.
         r = e2b.envd(sb, "POST", "/files", params={"path": "/home/app/byroot", "username": "root"},
                      data=b"x", headers=octet)

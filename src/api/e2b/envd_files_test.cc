@@ -56,6 +56,44 @@ TEST(EntryInfo, PermissionsAsGoWritesThem) {
   EXPECT_EQ(EntryInfo(Entry("directory", 01777))["mode"], 0777);
 }
 
+TEST(EntryInfo, OwnersNamedFromTheSandboxsOwnFiles) {
+  // Comments, blank and short lines, a non-number id and a second name of one id are taken in
+  // stride: the files are the guest's.
+  const GuestIds ids = ParseGuestIds(
+      "# users\nroot:x:0:0:root:/root:/bin/sh\n\nbroken\nuser:x:1000:1000::/home/user:/bin/bash\r\n"
+      "alias:x:1000:1000::/:/bin/sh\nodd:x:notanumber:1:::\n:x:5:5:::\n",
+      "root:x:0:\nuser:x:1000:\n");
+  EXPECT_EQ(ids.user_names.size(), 2u);
+  EXPECT_EQ(ids.user_names.at(1000), "user");
+  json info = EntryInfo(Entry("file", 0644));  // uid 1000, gid 1001
+  NameOwners(info, ids);
+  EXPECT_EQ(info["owner"], "user");
+  EXPECT_EQ(info["group"], "1001");  // no group of that id: the number stays
+  json odd = info;
+  odd["owner"] = "12x";
+  NameOwners(odd, ids);
+  EXPECT_EQ(odd["owner"], "12x");
+  // Bounded: a huge file stops at its caps, never holds more than kMaxIdEntries names.
+  std::string many;
+  for (int i = 0; i < 70000; ++i) many += "u" + std::to_string(i) + ":x:" + std::to_string(i) + ":0:::\n";
+  EXPECT_LE(ParseGuestIds(many, "").user_names.size(), kMaxIdEntries);
+}
+
+TEST(GuestIdsCache, KeptForItsTtlAndBounded) {
+  GuestIdsCache cache;
+  const auto t0 = GuestIdsCache::Clock::now();
+  auto ids = std::make_shared<const GuestIds>();
+  cache.Put("a", ids, t0);
+  EXPECT_EQ(cache.Get("a", t0 + std::chrono::seconds(5)), ids);
+  EXPECT_EQ(cache.Get("a", t0 + GuestIdsCache::kTtl + std::chrono::seconds(1)), nullptr);
+  EXPECT_EQ(cache.Get("b", t0), nullptr);
+  for (size_t i = 0; i < GuestIdsCache::kMaxSandboxes + 10; ++i) {
+    cache.Put("s" + std::to_string(i), ids, t0 + std::chrono::milliseconds(i));
+  }
+  EXPECT_EQ(cache.size(), GuestIdsCache::kMaxSandboxes);
+  EXPECT_EQ(cache.Get("a", t0), nullptr);  // the oldest went first
+}
+
 TEST(EntryInfo, FromTheAgentsListing) {
   // As parsed from the agent's bytes (non-negative numbers are unsigned).
   const json listed = json::parse(R"({"name":"b","path":"/b","type":"directory","size":4096,

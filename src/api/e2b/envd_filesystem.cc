@@ -5,6 +5,8 @@
 // API's too; docs/e2b.md says why that and not the user's home).
 #include "api/e2b/envd_filesystem.h"
 
+#include <charconv>
+
 #include <fmt/format.h>
 
 #include <boost/asio/co_spawn.hpp>
@@ -81,12 +83,62 @@ asio::awaitable<absl::StatusOr<std::string>> WatchRoot(EnvdCall& call, const std
   co_return entry->path;
 }
 
+// At most `cap` bytes of a small file of the sandbox; "" when it has none.
+asio::awaitable<absl::StatusOr<std::string>> ReadSmallFile(EnvdCall& call, std::string path,
+                                                           size_t cap) {
+  service::ReadRequest request;
+  request.path = std::move(path);
+  request.offset = 0;
+  request.length = cap;
+  auto stream = co_await call.agent.Read(call.ctx.executor, std::move(request));
+  if (!stream.ok()) {
+    if (stream.status().code() == absl::StatusCode::kNotFound) co_return std::string();
+    co_return stream.status();
+  }
+  std::string out;
+  for (;;) {
+    auto chunk = co_await stream->NextChunk();
+    if (!chunk.ok()) {
+      stream->Close();
+      co_return chunk.status();
+    }
+    if (!*chunk) break;
+    out += **chunk;
+    if (out.size() >= cap) break;
+  }
+  stream->Close();
+  if (out.size() > cap) out.resize(cap);
+  co_return out;
+}
+
+// The sandbox's user and group names, cached (guest_ids.h); null when they cannot be read
+// (EntryInfo then keeps the numbers: a name is a nicety, never a reason to fail a call).
+asio::awaitable<std::shared_ptr<const GuestIds>> Ids(EnvdCall& call) {
+  if (auto cached = call.state.guest_ids.Get(call.sandbox_id, GuestIdsCache::Clock::now())) {
+    co_return cached;
+  }
+  auto passwd = co_await ReadSmallFile(call, "/etc/passwd", kMaxIdFileBytes);
+  if (!passwd.ok()) co_return nullptr;
+  auto group = co_await ReadSmallFile(call, "/etc/group", kMaxIdFileBytes);
+  if (!group.ok()) co_return nullptr;
+  auto ids = std::make_shared<const GuestIds>(ParseGuestIds(*passwd, *group));
+  call.state.guest_ids.Put(call.sandbox_id, ids, GuestIdsCache::Clock::now());
+  co_return ids;
+}
+
+asio::awaitable<json> Named(EnvdCall& call, json info) {
+  if (auto ids = co_await Ids(call)) NameOwners(info, *ids);
+  co_return info;
+}
+
 JsonCall Stat(EnvdCall& call, const json& msg) {
   auto path = PathField(msg, "path");
   if (!path.ok()) co_return path.status();
   auto entry = co_await call.agent.Stat(call.ctx.executor, *path);
   if (!entry.ok()) co_return entry.status();
-  co_return json{{"entry", EntryInfo(*entry)}};
+  // Two statements: GCC 12 miscompiles some co_await inside a larger expression.
+  json info = co_await Named(call, EntryInfo(*entry));
+  co_return json{{"entry", std::move(info)}};
 }
 
 JsonCall MakeDir(EnvdCall& call, const json& msg) {
@@ -104,7 +156,9 @@ JsonCall MakeDir(EnvdCall& call, const json& msg) {
     entry = co_await call.agent.Mkdir(call.ctx.executor, std::move(all));
   }
   if (!entry.ok()) co_return entry.status();
-  co_return json{{"entry", EntryInfo(*entry)}};
+  // Two statements: GCC 12 miscompiles some co_await inside a larger expression.
+  json info = co_await Named(call, EntryInfo(*entry));
+  co_return json{{"entry", std::move(info)}};
 }
 
 JsonCall Move(EnvdCall& call, const json& msg) {
@@ -116,7 +170,9 @@ JsonCall Move(EnvdCall& call, const json& msg) {
   service::MoveRequest request{*from, *to, true};
   auto entry = co_await call.agent.Move(call.ctx.executor, std::move(request));
   if (!entry.ok()) co_return entry.status();
-  co_return json{{"entry", EntryInfo(*entry)}};
+  // Two statements: GCC 12 miscompiles some co_await inside a larger expression.
+  json info = co_await Named(call, EntryInfo(*entry));
+  co_return json{{"entry", std::move(info)}};
 }
 
 JsonCall Remove(EnvdCall& call, const json& msg) {
@@ -152,8 +208,12 @@ JsonCall ListDir(EnvdCall& call, const json& msg) {
                        "the agent's listing is not {\"entries\": [...]}");
   }
   json entries = json::array();
+  auto ids = co_await Ids(call);
   for (const json& e : (*listing)["entries"]) {
-    if (auto info = EntryInfoFromListing(e)) entries.push_back(std::move(*info));
+    if (auto info = EntryInfoFromListing(e)) {
+      if (ids) NameOwners(*info, *ids);
+      entries.push_back(std::move(*info));
+    }
   }
   if (listing->value("truncated", false)) {
     SBX_LOG_WARN(call.ctx.log, "ListDir {} in {}: the agent's listing was truncated at {} entries",
@@ -356,6 +416,20 @@ json EntryInfo(const service::FileEntry& e) {
             {"modifiedTime", e.mtime}};
   if (e.symlink_target) j["symlinkTarget"] = *e.symlink_target;
   return j;
+}
+
+void NameOwners(json& info, const GuestIds& ids) {
+  auto rename = [&](const char* field, const std::map<uint32_t, std::string>& names) {
+    auto it = info.find(field);
+    if (it == info.end() || !it->is_string()) return;
+    uint32_t id = 0;
+    const std::string& s = it->get_ref<const std::string&>();
+    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), id);
+    if (ec != std::errc() || p != s.data() + s.size()) return;
+    if (auto n = names.find(id); n != names.end()) *it = n->second;
+  };
+  rename("owner", ids.user_names);
+  rename("group", ids.group_names);
 }
 
 std::optional<json> EntryInfoFromListing(const json& entry) {

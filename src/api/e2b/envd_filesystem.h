@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/e2b/guest_ids.h"
 #include "service/agent_types.h"
 
 namespace sbx::api::e2b {
@@ -21,6 +22,9 @@ namespace sbx::api::e2b {
 // "dtrwxrwxrwx"), owner and group the numeric ids as strings, modifiedTime RFC 3339,
 // symlinkTarget for a symlink.
 nlohmann::json EntryInfo(const service::FileEntry& e);
+// envd names the owner and group ("user", "root"): their names in the sandbox's /etc/passwd
+// and /etc/group replace the numbers of `info` (an EntryInfo), where those files name them.
+void NameOwners(nlohmann::json& info, const GuestIds& ids);
 // Go's os.FileMode(...).String() of an sbx type and permission bits.
 std::string GoPermissions(std::string_view type, uint64_t mode);
 // An entry of the agent's listing ({name, path, type, size, mode, uid, gid, mtime

@@ -1,6 +1,7 @@
 // What the E2B adapter keeps between requests, owned by Api (one per sbxd).
 #pragma once
 
+#include "api/e2b/guest_ids.h"
 #include "api/e2b/process_table.h"
 #include "api/e2b/watchers.h"
 
@@ -9,6 +10,7 @@ namespace sbx::api::e2b {
 struct State {
   ProcessTable processes;
   WatcherTable watchers;
+  GuestIdsCache guest_ids;
 };
 
 }  // namespace sbx::api::e2b
