@@ -49,6 +49,17 @@ struct Pending {
   Clock::time_point deadline;
 };
 
+// A query retried over TCP because the upstream's UDP answer was truncated (TC): a large
+// answer (many addresses) would otherwise reach the sandbox incomplete or empty.
+struct UpstreamTcp {
+  Pending p;
+  uint16_t uid = 0;
+  UniqueFd fd;
+  std::string out;  // the length-prefixed query, what is left of it to send
+  std::string in;
+  bool connected = false;
+};
+
 struct Conn {
   UniqueFd fd;
   std::string in, out;
@@ -130,6 +141,7 @@ struct DnsServer::Impl {
   std::atomic<bool> stop{false};
   std::map<uint16_t, Pending> pending;
   std::map<uint64_t, Conn> conns;
+  std::map<uint64_t, UpstreamTcp> up_tcp;
   uint64_t next_conn = 1;
   size_t next_upstream = 0;
   std::mt19937 rng{std::random_device{}()};
@@ -140,6 +152,8 @@ struct DnsServer::Impl {
   void OnAccept(int fd);
   void OnConn(uint64_t id, short revents);
   void OnUpstream(int fd);
+  void RetryOverTcp(Pending p, uint16_t uid);
+  void OnUpstreamTcp(uint64_t id, short revents);
   void Expire();
   void HandleQuery(const Sender& s, std::string_view wire);
   void Answer(Pending& p, const dns::Response& r);
@@ -195,12 +209,20 @@ void DnsServer::Impl::Loop() {
       fds.push_back({c.fd.get(), static_cast<short>((c.waiting ? 0 : POLLIN) | (c.out.empty() ? 0 : POLLOUT)), 0});
       conn_ids.push_back(id);
     }
+    const size_t up_first = fds.size();
+    std::vector<uint64_t> up_ids;
+    for (auto& [id, u] : up_tcp) {
+      fds.push_back({u.fd.get(), static_cast<short>(!u.connected || !u.out.empty() ? POLLOUT : POLLIN), 0});
+      up_ids.push_back(id);
+    }
     int timeout = 1000;
     const auto now = Clock::now();
-    for (const auto& [id, p] : pending) {
-      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(p.deadline - now).count();
+    auto sooner = [&](Clock::time_point deadline) {
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
       timeout = static_cast<int>(std::clamp<int64_t>(ms + 1, 0, timeout));
-    }
+    };
+    for (const auto& [id, p] : pending) sooner(p.deadline);
+    for (const auto& [id, u] : up_tcp) sooner(u.p.deadline);
     if (::poll(fds.data(), fds.size(), timeout) < 0 && errno != EINTR) {
       spdlog::error("dns: poll: {}", ErrnoMessage(errno));
       return;
@@ -214,6 +236,9 @@ void DnsServer::Impl::Loop() {
     if (fds[6].revents) OnUpstream(up6.get());
     for (size_t i = 0; i < conn_ids.size(); ++i) {
       if (fds[7 + i].revents) OnConn(conn_ids[i], fds[7 + i].revents);
+    }
+    for (size_t i = 0; i < up_ids.size(); ++i) {
+      if (fds[up_first + i].revents) OnUpstreamTcp(up_ids[i], fds[up_first + i].revents);
     }
     Expire();
   }
@@ -426,7 +451,7 @@ void DnsServer::Impl::HandleQuery(const Sender& s, std::string_view wire) {
   if (q->qtype != dns::kTypeA && q->qtype != dns::kTypeAaaa && q->qtype != dns::kTypeCname) {
     return Send(s, dns::BuildReply(*q, dns::kNoError, {}, Limit(s, *q)));
   }
-  if (opts.upstreams.empty() || pending.size() >= kMaxInflight) {
+  if (opts.upstreams.empty() || pending.size() + up_tcp.size() >= kMaxInflight) {
     return Send(s, dns::BuildReply(*q, dns::kServFail, {}, Limit(s, *q)));
   }
   uint16_t uid = 0;
@@ -468,7 +493,77 @@ void DnsServer::Impl::OnUpstream(int fd) {
     }
     Pending p = std::move(it->second);
     pending.erase(it);
+    if (r->tc) {
+      RetryOverTcp(std::move(p), uid);
+      continue;
+    }
     Answer(p, *r);
+  }
+}
+
+// The same question to the same upstream over TCP, within what is left of the query's time
+// (RFC 7766: a truncated UDP answer is retried over TCP). SERVFAIL when it cannot be sent.
+void DnsServer::Impl::RetryOverTcp(Pending p, uint16_t uid) {
+  const DnsUpstream& u = opts.upstreams[p.upstream];
+  UpstreamTcp t;
+  t.fd.Reset(::socket(u.addr.is_v4() ? AF_INET : AF_INET6,
+                      SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  sockaddr_storage to{};
+  const socklen_t to_len = SockaddrOf(u.addr, u.port, &to);
+  if (!t.fd || (::connect(t.fd.get(), reinterpret_cast<sockaddr*>(&to), to_len) != 0 &&
+                errno != EINPROGRESS)) {
+    spdlog::warn("dns: {} over tcp to {}: {}", p.q.name, u.ToString(), ErrnoMessage(errno));
+    return Send(p.to, dns::BuildReply(p.q, dns::kServFail, {}, Limit(p.to, p.q)));
+  }
+  const std::string q = dns::BuildUpstreamQuery(p.q, uid);
+  t.out.push_back(static_cast<char>(q.size() >> 8));
+  t.out.push_back(static_cast<char>(q.size() & 0xff));
+  t.out += q;
+  t.p = std::move(p);
+  t.uid = uid;
+  up_tcp.emplace(next_conn++, std::move(t));
+}
+
+void DnsServer::Impl::OnUpstreamTcp(uint64_t id, short revents) {
+  auto it = up_tcp.find(id);
+  if (it == up_tcp.end()) return;
+  UpstreamTcp& t = it->second;
+  auto fail = [&](std::string_view why) {
+    spdlog::warn("dns: {} over tcp to {}: {}", t.p.q.name,
+                 opts.upstreams[t.p.upstream].ToString(), why);
+    Pending p = std::move(t.p);
+    up_tcp.erase(it);
+    Send(p.to, dns::BuildReply(p.q, dns::kServFail, {}, Limit(p.to, p.q)));
+  };
+  if (!t.connected) {
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (::getsockopt(t.fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+    if (err == EINPROGRESS || (err == 0 && !(revents & (POLLOUT | POLLERR | POLLHUP)))) return;
+    if (err != 0) return fail(fmt::format("connect: {}", ErrnoMessage(err)));
+    t.connected = true;
+  }
+  while (!t.out.empty()) {
+    const ssize_t n = ::send(t.fd.get(), t.out.data(), t.out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (n <= 0) return fail(fmt::format("send: {}", ErrnoMessage(errno)));
+    t.out.erase(0, static_cast<size_t>(n));
+  }
+  if (!(revents & (POLLIN | POLLHUP | POLLERR))) return;
+  for (;;) {
+    const ssize_t n = ::recv(t.fd.get(), buf.data(), buf.size(), MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (n < 0) return fail(fmt::format("recv: {}", ErrnoMessage(errno)));
+    if (n == 0) return fail("closed before a whole answer");
+    t.in.append(buf.data(), static_cast<size_t>(n));
+    if (t.in.size() < 2) continue;
+    const size_t want = (static_cast<uint8_t>(t.in[0]) << 8) | static_cast<uint8_t>(t.in[1]);
+    if (t.in.size() < 2 + want) continue;
+    auto r = dns::ParseResponse(std::string_view(t.in).substr(2, want), t.p.q, t.uid);
+    if (!r.ok()) return fail(std::string(r.status().message()));
+    Pending p = std::move(t.p);
+    up_tcp.erase(it);
+    return Answer(p, *r);
   }
 }
 
@@ -515,6 +610,15 @@ void DnsServer::Impl::Expire() {
     }
     Pending p = std::move(it->second);
     it = pending.erase(it);
+    Send(p.to, dns::BuildReply(p.q, dns::kServFail, {}, Limit(p.to, p.q)));
+  }
+  for (auto it = up_tcp.begin(); it != up_tcp.end();) {
+    if (it->second.p.deadline > now) {
+      ++it;
+      continue;
+    }
+    Pending p = std::move(it->second.p);
+    it = up_tcp.erase(it);
     Send(p.to, dns::BuildReply(p.q, dns::kServFail, {}, Limit(p.to, p.q)));
   }
   for (auto it = conns.begin(); it != conns.end();) {

@@ -14,8 +14,9 @@
 //      against the sandbox's live rules (dns_policy.h; REFUSED and a `dns_name` denial);
 //   3. forwards a fresh query (new random id, only the question) to egress.dns_upstream over
 //      UDP; an answer is taken only from that upstream's address and port with the same id and
-//      question. At most kMaxInflight queries wait upstream, each at most the timeout
-//      (SERVFAIL then, or at once when the table is full);
+//      question. An answer the upstream truncated (TC) is asked again over TCP (RFC 7766),
+//      within the same deadline. At most kMaxInflight queries wait upstream, each at most the
+//      timeout (SERVFAIL then, or at once when the table is full);
 //   4. keeps the answer's CNAME chain, strips addresses a packet could not reach anyway
 //      (logged as denials), records the rest in NameTable and, for a domain-ruled sandbox, in
 //      the nft sets resolved4/resolved6 (one transaction per answer, before the reply leaves,

@@ -23,7 +23,8 @@ PROFILES = f"""
 description = "two names, a wildcard, and one name the DNS server forges"
 allow = [{{domain = "allowed.test", ports = "{HTTP_PORT}"}},
          {{domain = "*.cdn.test", ports = "{HTTP_PORT}"}},
-         {{domain = "forged.test", ports = "{HTTP_PORT}"}}]
+         {{domain = "forged.test", ports = "{HTTP_PORT}"}},
+         {{domain = "many.test", ports = "{HTTP_PORT}"}}]
 """
 
 # A DNS server the test controls, run in the stand-in internet (UDP and TCP port 53 on every
@@ -41,7 +42,10 @@ ZONE = {
     # An allowed name pointed at private and metadata addresses beside the real one.
     "forged.test": [(1, 300, "198.18.0.2"), (1, 300, "10.0.0.5"), (1, 300, "169.254.169.254")],
     "other.test": [(1, 300, "198.18.0.2")],
+    # 120 addresses: ~3 KB, more than a UDP answer holds (the server truncates it, TC).
+    "many.test": [(1, 300, f"198.18.1.{i}") for i in range(1, 121)],
 }
+UDP_MAX = 1232  # the EDNS payload size sbxd's resolver advertises upstream
 def name_of(msg, pos):
     labels = []
     while msg[pos]:
@@ -92,7 +96,12 @@ print("ready", flush=True)
 while True:
     q, addr = u.recvfrom(2048)
     try:
-        u.sendto(answer(q), addr)
+        a = answer(q)
+        if len(a) > UDP_MAX:  # as a real server does: TC, the question, no records
+            _, end = name_of(q, 12)
+            flags, = struct.unpack("!H", a[2:4])
+            a = a[:2] + struct.pack("!HHHHH", flags | 0x0200, 1, 0, 0, 0) + q[12:end + 4]
+        u.sendto(a, addr)
     except Exception as e:
         print("dns server:", e, file=sys.stderr, flush=True)
 """
@@ -238,6 +247,18 @@ def test_allow_list_resolves_exactly_its_names(lab):
         names = [d.get("name") for d in eg["recent_denials"] if d.get("reason") == "dns_name"]
         assert "other.test" in names, eg
         assert eg["denied"].get("dns_name", 0) > 0, eg
+
+
+def test_an_answer_too_large_for_udp_comes_whole_over_tcp(lab):
+    """The upstream truncates (TC) an answer of 120 addresses: sbxd asks again over TCP, and the
+    sandbox's resolver (glibc: a 512-byte UDP answer, then TCP to sbxd) gets every address."""
+    with sandbox(lab, {"egress_profile": "names"}) as sb:
+        got = dns_probe(lab, sb["id"], "gai:many.test")
+        want = {f"198.18.1.{i}" for i in range(1, 121)}
+        assert set(got["gai:many.test"].split(",")) == want, got
+        # Asked at least twice upstream: over UDP (truncated), then over TCP.
+        asked = [line.split()[0] for line in LOG.read_text().splitlines() if line.strip()]
+        assert asked.count("many.test") >= 2, asked
 
 
 @pytest.mark.attack(cls="egress",
