@@ -55,6 +55,11 @@ def test_create_with_metadata_and_envs(e2b_env):
         assert sbx.is_running() is True
         r = sbx.commands.run('echo "$GREETING/$N"')
         assert (r.exit_code, r.stdout, r.stderr) == (0, "hello from envs/7\n", "")
+        # What envd adds for every command; a command's own envs go over it.
+        r = sbx.commands.run('echo "$E2B_SANDBOX $E2B_SANDBOX_ID $E2B_TEMPLATE_ID"')
+        assert r.stdout == f"true {sbx.sandbox_id} base\n", r.stdout
+        r = sbx.commands.run('echo "$E2B_SANDBOX"', envs={"E2B_SANDBOX": "mine"})
+        assert r.stdout == "mine\n", r.stdout
         info = sbx.get_info()
         assert info.sandbox_id == sbx.sandbox_id
         assert info.template_id
@@ -368,7 +373,9 @@ def test_unknown_template(e2b_env):
 def test_run_code_with_a_plot(e2b_env, code_interpreter_template):
     from e2b_code_interpreter import Sandbox as CodeSandbox
     import httpx
-    sbx = CodeSandbox.create(timeout=TIMEOUT_S)  # the SDK's default template, unchanged
+    # The SDK's default template, unchanged; the create's envs reach its kernels (E2B's docs
+    # show exactly this), whether its server started before the create (warm pool) or not.
+    sbx = CodeSandbox.create(timeout=TIMEOUT_S, envs={"SBX_FROM_CREATE": "create-time"})
     try:
         try:
             ex = sbx.run_code("x = 6 * 7\nprint('out', x)\nx")
@@ -383,6 +390,11 @@ def test_run_code_with_a_plot(e2b_env, code_interpreter_template):
         assert ex.error is None, ex.error
         assert ex.logs.stdout == ["out 42\n"]
         assert ex.text == "42"
+        ex = sbx.run_code("import os\nprint(os.environ.get('SBX_FROM_CREATE'), os.environ.get('E2B_SANDBOX'))")
+        assert ex.logs.stdout == ["create-time true\n"], (ex.logs, ex.error)
+        ex = sbx.run_code("print(os.environ['SBX_FROM_CREATE'])", envs={"SBX_FROM_CREATE": "per-run"})
+        assert ex.logs.stdout == ["per-run\n"], (ex.logs, ex.error)
+        assert sbx.run_code("print(os.environ['SBX_FROM_CREATE'])").logs.stdout == ["create-time\n"]
         ex = sbx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.show()")
         assert ex.error is None, ex.error
         pngs = [r.png for r in ex.results if r.png]

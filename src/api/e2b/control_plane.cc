@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/status_util.h"
 #include "common/time_util.h"
+#include "service/agent_client.h"
 #include "service/sandbox_state.h"
 
 namespace sbx::api::e2b {
@@ -175,6 +176,44 @@ Awaitable Gateway::WaitForRunning(Api& api, http::RequestContext& ctx,
                       Side::kControlPlane);
 }
 
+json E2bDefaultEnv(const store::SandboxRecord& sb) {
+  return json{{"E2B_SANDBOX", "true"},
+              {"E2B_SANDBOX_ID", E2bSandboxId(sb.id)},
+              {"E2B_TEAM_ID", sb.tenant_id},
+              {"E2B_TEMPLATE_ID", sb.template_ref}};
+}
+
+namespace {
+
+// Writes kSharedEnvPath into a new sandbox whose template has a start process (docs/e2b.md,
+// "The code interpreter"). Its failure is logged, not answered: the sandbox exists and works.
+http::asio::awaitable<absl::Status> ShareEnv(Api& api, http::RequestContext& ctx,
+                                       const service::Caller& caller, const std::string& id) {
+  auto& svc = Gateway::Service(api);
+  auto sb = log::With(ctx.log, [&] { return svc.GetSandbox(caller, id); });
+  if (!sb.ok()) co_return sb.status();
+  auto tmpl = svc.PinnedTemplate(*sb);
+  if (!tmpl.ok() || tmpl->start_cmd.empty()) co_return absl::OkStatus();
+  json env = E2bDefaultEnv(*sb);
+  if (sb->env.is_object()) {
+    for (const auto& [k, v] : sb->env.items()) env[k] = v;
+  }
+  auto agent = log::With(ctx.log, [&] { return svc.SandboxAgent(caller, id); });
+  if (!agent.ok()) co_return agent.status();
+  service::WriteRequest w;
+  w.path = std::string(kSharedEnvPath);
+  w.mode = 0644;
+  w.mkdirs = true;
+  auto up = co_await agent->Write(ctx.executor, std::move(w));
+  if (!up.ok()) co_return up.status();
+  const std::string bytes = env.dump();
+  if (auto st = co_await up->Send(bytes); !st.ok()) co_return st;
+  auto done = co_await up->Finish();
+  co_return done.status();
+}
+
+}  // namespace
+
 Awaitable Gateway::ControlPlane(Api& api, http::RequestContext& ctx, const Target& t,
                                 const service::Caller& caller) {
   namespace sv = service;
@@ -238,6 +277,10 @@ Awaitable Gateway::ControlPlane(Api& api, http::RequestContext& ctx, const Targe
     ctx.log.sandbox = created.sandbox.id;
     if (auto err = co_await WaitForRunning(api, ctx, caller, created.operation.id)) {
       co_return std::move(*err);
+    }
+    if (absl::Status st = co_await ShareEnv(api, ctx, caller, created.sandbox.id); !st.ok()) {
+      SBX_LOG_WARN(ctx.log, "sandbox {}: {} not written, its start process lacks the env: {}",
+                   created.sandbox.id, kSharedEnvPath, std::string(st.message()));
     }
     co_return sandbox_answer(created.sandbox.id, 201);
   }

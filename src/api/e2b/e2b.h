@@ -82,6 +82,16 @@ Awaitable FilesystemRpc(EnvdCall& call, std::string_view method);
 // GET and POST /files.
 Awaitable FilesRest(EnvdCall& call);
 
+// The variables envd gives every command: E2B_SANDBOX=true, E2B_SANDBOX_ID (E2B's spelling of
+// the id), E2B_TEAM_ID (the sandbox's tenant), E2B_TEMPLATE_ID (its template). Under the
+// sandbox's env and a command's envs.
+nlohmann::json E2bDefaultEnv(const store::SandboxRecord& sb);
+// Where a template's start process finds what envd would have given it: E2bDefaultEnv with
+// the create's envs over it, as a JSON object (written by the create, 0644, when the template
+// has a start process; docs/e2b.md). The code interpreter's server started before a create
+// from the warm pool knew its env: its kernels read this.
+inline constexpr std::string_view kSharedEnvPath = "/run/sbx/e2b/env.json";
+
 // The gateway (gateway.cc): which requests are E2B's, their authentication and dispatch.
 // A friend of Api: it uses its service, its authentication and its port relay as they are.
 struct Gateway {

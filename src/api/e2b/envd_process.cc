@@ -93,10 +93,12 @@ absl::StatusOr<StartSpec> ParseStart(const json& msg) {
 }
 
 json SessionBody(const StartSpec& s, const std::optional<std::string>& user,
-                 std::optional<int64_t> timeout_ms) {
+                 std::optional<int64_t> timeout_ms, const json& defaults) {
   json argv = json::array({s.config.cmd});
   for (const std::string& a : s.config.args) argv.push_back(a);
-  json body = {{"argv", std::move(argv)}, {"env", s.config.envs}, {"stdin", s.stdin}};
+  json env = defaults.is_object() ? defaults : json::object();
+  for (const auto& [k, v] : s.config.envs) env[k] = v;
+  json body = {{"argv", std::move(argv)}, {"env", std::move(env)}, {"stdin", s.stdin}};
   if (s.config.cwd) body["cwd"] = *s.config.cwd;
   if (user) body["user"] = *user;
   if (s.pty) body["tty"] = {{"rows", s.pty->rows}, {"cols", s.pty->cols}};
@@ -312,6 +314,11 @@ ProcessConfigInfo ConfigFromSpec(const json& spec) {
   }
   if (auto it = spec.find("env"); it != spec.end() && it->is_object()) {
     for (const auto& [k, v] : it->items()) {
+      // envd lists what the Start asked for, not the variables it adds itself.
+      if (k == "E2B_SANDBOX" || k == "E2B_SANDBOX_ID" || k == "E2B_TEAM_ID" ||
+          k == "E2B_TEMPLATE_ID") {
+        continue;
+      }
       if (v.is_string()) c.envs[k] = v.get<std::string>();
     }
   }

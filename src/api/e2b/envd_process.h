@@ -39,9 +39,10 @@ absl::StatusOr<StartSpec> ParseStart(const nlohmann::json& msg);
 // sbx's own session body (POST /v1/sandboxes/{id}/sessions), for ParseCreateSession to check:
 // argv = [cmd, args...], env, cwd, user, tty {rows, cols}, stdin, and `timeout_ms` (the
 // Start's Connect-Timeout-Ms) as timeout_s (rounded up, at most 30 days) with no grace: envd
-// kills the process at its deadline.
+// kills the process at its deadline. `defaults` (E2bDefaultEnv) go under the command's envs.
 nlohmann::json SessionBody(const StartSpec& s, const std::optional<std::string>& user,
-                           std::optional<int64_t> timeout_ms);
+                           std::optional<int64_t> timeout_ms,
+                           const nlohmann::json& defaults = nlohmann::json::object());
 
 // ProcessSelector {pid | tag}, the `process` field of Connect, SendInput, SendSignal,
 // CloseStdin, Update and StreamInput's start.

@@ -229,7 +229,10 @@ Awaitable ProcessStart(EnvdCall& call) {
   if (!timeout_ms.ok()) co_return fail(timeout_ms.status());
   const auto started_at = Clock::now();
   // sbx's own request, through sbx's own parser: every limit and check of a session applies.
-  auto parsed = ParseCreateSession(SessionBody(*spec, call.user, *timeout_ms).dump());
+  auto sb = log::With(call.ctx.log, [&] { return svc.GetSandbox(call.owner, call.sandbox_id); });
+  if (!sb.ok()) co_return fail(sb.status());
+  auto parsed =
+      ParseCreateSession(SessionBody(*spec, call.user, *timeout_ms, E2bDefaultEnv(*sb)).dump());
   if (!parsed.ok()) co_return fail(parsed.status());
   if (spec->config.cwd) {
     // envd refuses a cwd that does not exist before it starts anything.

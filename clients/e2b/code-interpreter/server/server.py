@@ -16,7 +16,8 @@ Errors are JSON `{"code": status, "message"}`. There is no authentication here: 
 relay admits only the sandbox's owner or the holder of its traffic token.
 
 Environment: SBX_CI_PORT (49999), SBX_CI_HOST (0.0.0.0), SBX_CI_MAX_CONTEXTS (16),
-SBX_CI_KERNEL_START_S (60).
+SBX_CI_KERNEL_START_S (60), SBX_CI_SANDBOX_ENV (/run/sbx/e2b/env.json: the sandbox's env as
+sbxd writes it at the create, which kernels take as envd's would).
 """
 from __future__ import annotations
 
@@ -93,8 +94,42 @@ class ContextGone(Exception):
 _MANAGE = threading.Lock()
 
 
+# The env envd would have given this server (E2B_SANDBOX, E2B_SANDBOX_ID, ... and the create's
+# envs): sbxd writes it at the create, which for a sandbox from the warm pool is after this
+# server and its first kernel started. Read again whenever the file changes.
+SANDBOX_ENV_FILE = os.environ.get("SBX_CI_SANDBOX_ENV", "/run/sbx/e2b/env.json")
+MAX_SANDBOX_ENV_BYTES = 1 << 20
+_sandbox_env_lock = threading.Lock()
+_sandbox_env_seen: tuple = (None, {})
+
+
+def sandbox_env() -> dict[str, str]:
+    global _sandbox_env_seen
+    try:
+        st = os.stat(SANDBOX_ENV_FILE)
+    except OSError:
+        return {}
+    key = (st.st_ino, st.st_mtime_ns, st.st_size)
+    with _sandbox_env_lock:
+        if _sandbox_env_seen[0] == key:
+            return _sandbox_env_seen[1]
+    env: dict[str, str] = {}
+    try:
+        with open(SANDBOX_ENV_FILE, encoding="utf-8") as f:
+            data = json.loads(f.read(MAX_SANDBOX_ENV_BYTES))
+        if isinstance(data, dict):
+            env = {k: v for k, v in data.items() if isinstance(k, str) and k and "=" not in k
+                   and "\0" not in k and isinstance(v, str) and "\0" not in v}
+    except (OSError, ValueError) as e:
+        LOG.warning("%s: %s", SANDBOX_ENV_FILE, e)
+    with _sandbox_env_lock:
+        _sandbox_env_seen = (key, env)
+    return env
+
+
 def kernel_env() -> dict[str, str]:
     env = dict(os.environ)
+    env.update(sandbox_env())
     for k in ("SBX_CI_PORT", "SBX_CI_HOST", "SBX_CI_MAX_CONTEXTS", "SBX_CI_KERNEL_START_S"):
         env.pop(k, None)
     env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
@@ -113,6 +148,7 @@ class Context:
         self.removed = False
         self.km: KernelManager | None = None
         self.kc = None
+        self.sandbox_env: dict[str, str] = {}  # what of sandbox_env() the kernel has
 
     def describe(self) -> dict:
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
@@ -120,6 +156,7 @@ class Context:
     def start(self) -> None:
         with _MANAGE:
             km = KernelManager(kernel_name="python3")
+            self.sandbox_env = sandbox_env()
             km.start_kernel(cwd=self.cwd, env=kernel_env(), extra_arguments=KERNEL_ARGS)
         kc = km.blocking_client()
         kc.start_channels()
@@ -304,6 +341,11 @@ class Execution:
         self.emit, self.keepalive, self.client_open = emit, keepalive, client_open
 
     def run(self, code: str, env: dict[str, str] | None) -> None:
+        senv = sandbox_env()
+        if senv != self.ctx.sandbox_env:
+            # For good, unlike a run's own env_vars: the kernel started before the create.
+            self.silent(f"import os as _sbx_os\n_sbx_os.environ.update({senv!r})\ndel _sbx_os\n")
+            self.ctx.sandbox_env = senv
         if env:
             before, after = env_snippets(env)
             self.silent(before)
