@@ -28,6 +28,9 @@ PACKAGES=(
   # The E2B code-interpreter template (tools/e2b/code-interpreter.py): mmdebstrap makes its
   # Debian parent, pip downloads its wheels on the host
   mmdebstrap python3-pip
+  # The microvm runtime (docs/microvm.md): QEMU's microvm machine and Debian's guest kernel,
+  # whose bzImage and /lib/modules sbxd turns into a guest's vmlinux and initramfs
+  qemu-system-x86 linux-image-amd64
 )
 
 die() { echo "install-deps: ERROR: $*" >&2; exit 1; }

@@ -8,8 +8,10 @@
 #include <cstring>
 #include <cstdint>
 #include <string>
+#include <unistd.h>
 
 #include "agent/agent.h"
+#include "agent/vm_init.h"
 
 namespace {
 
@@ -20,7 +22,8 @@ void Usage(FILE* out) {
       "                 [--root DIR] [--workdir PATH] [--userns-fd N --caps MASK]\n"
       "                 [--cgroup-procs-fd N]...\n"
       "  --listen-fd N       serve on an inherited, listening unix socket (ns runtime)\n"
-      "  --listen PATH       bind and serve on a unix socket at PATH\n",
+      "  --listen PATH       bind and serve on a unix socket at PATH\n"
+      "  or: sbx-agent --vm-bridge PORT_SOCKET LISTEN_PATH  (a microVM's host bridge)\n",
       out);
   std::fprintf(out, "  --buffer-bytes N    output retained per session and stream (default %zu)\n",
                sbx::protocol::kDefaultOutputBufferBytes);
@@ -53,6 +56,11 @@ bool ParseNumber(const char* s, long long min, long long max, long long* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The initramfs of a microVM runs this binary as /init (docs/microvm.md).
+  if (::getpid() == 1 && argc == 1) return sbx::agent::RunVmInit();
+  if (argc == 4 && std::string(argv[1]) == "--vm-bridge") {
+    return sbx::agent::RunVmBridge(argv[2], argv[3]);
+  }
   // Sandbox root runs with the agent's uid, so without this it could open /proc/1/mem (rewrite
   // the agent), /proc/1/fd/* (the host-side agent.log, the socket sbxd talks on) and ptrace it.
   // Non-dumpable makes those need CAP_SYS_PTRACE, which no sandbox process has. Children get

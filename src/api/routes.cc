@@ -54,6 +54,7 @@ constexpr Route kRoutes[] = {
      &Routes::PatchSandboxEgress},
 
     {verb::get, "v1/egress-profiles", Auth::kTenant, kRead, &Routes::EgressProfiles},
+    {verb::get, "v1/runtimes", Auth::kTenant, kRead, &Routes::Runtimes},
 
     {verb::get, "v1/operations/{id}", Auth::kTenant, kRead, &Routes::GetOperation},
     {verb::get, "v1/operations/{id}/events", Auth::kTenant, kRead, &Routes::OperationEvents},

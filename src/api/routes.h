@@ -61,6 +61,7 @@ struct Routes {
   static Awaitable GetOperation(Api& api, Call& call);
   // egress_routes.cc
   static Awaitable EgressProfiles(Api& api, Call& call);
+  static Awaitable Runtimes(Api& api, Call& call);
   static Awaitable SandboxEgress(Api& api, Call& call);
   static Awaitable PatchSandboxEgress(Api& api, Call& call);
   // template_routes.cc

@@ -85,6 +85,16 @@ struct Config {
     int64_t agent_pids = runtime::ns::NsOptions{}.agent_pids;
     bool operator==(const Ns&) const = default;
   };
+  // The microvm runtime (docs/microvm.md): offered beside the default one when enabled and
+  // the host can run it.
+  struct Microvm {
+    bool enabled = true;
+    std::string qemu = "qemu-system-x86_64";
+    std::string kernel;           // empty: the newest /boot/vmlinuz-*
+    std::string accel = "auto";   // auto | kvm | tcg
+    int64_t boot_timeout_s = 120;
+    bool operator==(const Microvm&) const = default;
+  };
   struct Runtime {
     std::string default_runtime = "ns";  // key runtime.default
     std::string agent_path;              // empty: sbx-agent beside sbxd
@@ -93,6 +103,7 @@ struct Config {
     // busy (3.98 worker-seconds per second) while the CPU had room.
     int64_t workers = 16;
     Ns ns;
+    Microvm microvm;
     bool operator==(const Runtime&) const = default;
   };
   // Server-side timers of new sandboxes (keys sandbox.defaults.timeout_s and idle_suspend_s).

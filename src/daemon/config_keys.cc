@@ -98,6 +98,29 @@ const std::vector<KeyInfo> kKeys = {
      .min = 1, .max = 64, .why = "threads running lifecycle operations",
      .help = "threads running lifecycle operations (creates, deletes, pauses)",
      SBX_NUM(runtime.workers)},
+    {.path = "runtime.microvm.enabled", .type = Type::kBool, .flag = "--microvm",
+     .reloadable = false,
+     .help = "offer the microvm runtime (a QEMU microVM per sandbox, `runtime: \"microvm\"` on "
+             "create) beside runtime.default when this host can run it; sbxd logs why not "
+             "otherwise, and such creates get 501 with that reason",
+     SBX_BOOL(runtime.microvm.enabled)},
+    {.path = "runtime.microvm.qemu", .type = Type::kString, .flag = "--microvm-qemu",
+     .reloadable = false, .help = "QEMU binary of the microvm runtime (a name is looked up in PATH)",
+     SBX_STR(runtime.microvm.qemu)},
+    {.path = "runtime.microvm.kernel", .type = Type::kString, .flag = "--microvm-kernel",
+     .reloadable = false,
+     .help = "guest kernel (a bzImage, e.g. /boot/vmlinuz-6.1.0-27-amd64) whose modules are in "
+             "/lib/modules/<version>; empty: the newest /boot/vmlinuz-* (linux-image-amd64)",
+     SBX_STR(runtime.microvm.kernel)},
+    {.path = "runtime.microvm.accel", .type = Type::kString, .flag = "--microvm-accel",
+     .reloadable = false, .choices = "auto|kvm|tcg",
+     .help = "how QEMU runs guests: kvm, tcg (software emulation, seconds per boot), or auto: kvm "
+             "when /dev/kvm is usable and the CPU shows vmx/svm, tcg otherwise",
+     SBX_STR(runtime.microvm.accel)},
+    {.path = "runtime.microvm.boot_timeout_s", .type = Type::kInt, .flag = "--microvm-boot-timeout",
+     .reloadable = false, .min = 5, .max = 3600, .why = "seconds a guest may take to boot",
+     .help = "seconds a microVM's guest may take to boot before its create fails",
+     SBX_NUM(runtime.microvm.boot_timeout_s)},
     {.path = "runtime.ns.user_namespaces", .type = Type::kBool, .flag = "--userns",
      .reloadable = false,
      .help = "run each sandbox in its own user namespace and host uid range (false only for "

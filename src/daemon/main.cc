@@ -31,6 +31,7 @@
 #include "daemon/host_capacity.h"
 #include "common/ticker.h"
 #include "daemon/preflight.h"
+#include "daemon/runtime_options.h"
 #include "daemon/state_files.h"
 #include "daemon/templates_config.h"
 #include "http/server.h"
@@ -42,6 +43,7 @@
 #include "ops/operation_engine.h"
 #include "runtime/doctor/density.h"
 #include "runtime/fake/fake_backend.h"
+#include "runtime/microvm/microvm_backend.h"
 #include "runtime/ns/ns_backend.h"
 #include "runtime/ns/userns.h"
 #include "runtime/ns/seccomp.h"
@@ -150,26 +152,6 @@ sbx::service::LiveOptions LiveOptionsOf(const Config& c) {
   live.warm_pools = WarmPoolsOf(c);
   live.admission = AdmissionOf(c);
   return live;
-}
-
-sbx::runtime::ns::NsOptions NsOptionsOf(const Config& c, const std::string& agent_path) {
-  const auto& ns = c.runtime.ns;
-  sbx::runtime::ns::NsOptions o;
-  o.state_dir = c.state.dir;
-  o.agent_path = agent_path;
-  o.agent_buffer_bytes = static_cast<size_t>(c.sessions.output_buffer_bytes);
-  o.cgroup_favor_dynmods = ns.cgroup_favor_dynmods;
-  o.cgroup_parent = ns.cgroup_parent;
-  o.netns_pool_size = static_cast<int>(ns.netns_pool);
-  o.disk_pool_size = static_cast<int>(ns.disk_pool);
-  o.disk_pool_mib = static_cast<int>(c.sandbox.defaults.disk_mib);
-  o.removal_backlog = static_cast<size_t>(ns.removal_backlog);
-  o.user_namespaces = ns.user_namespaces;
-  o.userns_pool_size = static_cast<int>(ns.userns_pool);
-  o.seccomp_policy_path = ns.seccomp_policy;
-  o.agent_memory_mib = static_cast<int>(ns.agent_memory_mib);
-  o.agent_pids = static_cast<int>(ns.agent_pids);
-  return o;
 }
 
 void SetLogLevel(const Config& c) {
@@ -282,8 +264,11 @@ struct Daemon {
   // Domain rules' Host/SNI check on each connection (net/conn_proxy.h); stops before network.
   std::unique_ptr<sbx::net::ConnProxy> proxy;
   std::shared_ptr<const sbx::net::ProfileCatalog> egress_catalog;
-  std::unique_ptr<sbx::runtime::Backend> ns_backend, fake_backend;
+  std::unique_ptr<sbx::runtime::Backend> ns_backend, fake_backend, microvm_backend;
   std::map<std::string, sbx::runtime::Backend*> backends;
+  // Runtimes this sbxd offers but this host cannot run, with the reason (a create asking for
+  // one gets 501 naming it).
+  std::map<std::string, std::string> unavailable_runtimes;
   // Declared before the engine, which runs its jobs: destroyed after the engine's shutdown.
   std::unique_ptr<sbx::service::TemplateService> template_svc;
   std::unique_ptr<sbx::ops::OperationEngine> engine;
@@ -530,11 +515,32 @@ absl::Status StartNetwork(Daemon& d) {
   return absl::OkStatus();
 }
 
+// The microvm runtime beside the default one (runtime.microvm.enabled): a host that cannot run
+// it keeps sbxd starting, and the reason goes to the log and to every create that asks for it.
+void StartMicrovm(Daemon& d) {
+  const Config& cfg = d.cfg;
+  if (!cfg.runtime.microvm.enabled) {
+    d.unavailable_runtimes["microvm"] = "runtime.microvm.enabled is false";
+    return;
+  }
+  auto backend = std::make_unique<sbx::runtime::microvm::MicrovmBackend>(
+      sbx::daemon::MicrovmOptionsOf(cfg, d.agent_path));
+  if (absl::Status st = backend->Probe(); !st.ok()) {
+    spdlog::warn("runtime microvm unavailable: {}", std::string(st.message()));
+    d.unavailable_runtimes["microvm"] = std::string(st.message());
+    return;
+  }
+  spdlog::info("runtime microvm: accel {} ({})", backend->accel(), backend->accel_reason());
+  d.backends["microvm"] = backend.get();
+  d.microvm_backend = std::move(backend);
+}
+
 // The default runtime, probed: a host it cannot work on stops sbxd here.
 absl::Status StartRuntime(Daemon& d) {
   const Config& cfg = d.cfg;
+  if (cfg.runtime.default_runtime != "fake") StartMicrovm(d);
   if (cfg.runtime.default_runtime == "ns") {
-    auto ns_opts = NsOptionsOf(cfg, d.agent_path);
+    auto ns_opts = sbx::daemon::NsOptionsOf(cfg, d.agent_path);
     ns_opts.network = d.network.get();
     d.ns_backend = std::make_unique<sbx::runtime::ns::NsBackend>(std::move(ns_opts));
     SBX_RETURN_IF_ERROR(
@@ -573,6 +579,7 @@ absl::Status StartService(Daemon& d, const sbx::runtime::Resources& defaults) {
   d.engine = std::make_unique<sbx::ops::OperationEngine>(static_cast<int>(cfg.runtime.workers));
   sbx::service::ServiceOptions sopts;
   sopts.default_runtime = cfg.runtime.default_runtime;
+  sopts.unavailable_runtimes = d.unavailable_runtimes;
   sopts.attach_keys = d.attach_keys;
   sopts.attach_keys_file =
       (fs::path(cfg.state.dir) / sbx::service::AttachTokens::kRingFile).string();

@@ -191,6 +191,16 @@ class Backend {
   virtual Capabilities GetCapabilities() const = 0;
   // Checks that this host can run the backend; the message says what is missing.
   virtual absl::Status Probe() = 0;
+  // Whether a sandbox of these effective resources, networked or not, can be made at all: asked
+  // before a create records anything, so a request this runtime can never serve is refused at
+  // once. InvalidArgument names the resources field; Unimplemented says what is missing.
+  virtual absl::Status CheckCreate(const Resources& effective, bool networked) const {
+    (void)effective;
+    (void)networked;
+    return absl::OkStatus();
+  }
+  // What GET /v1/runtimes shows beside the capabilities (e.g. how guests are run).
+  virtual Json Describe() const { return Json::object(); }
   // Builds and starts the sandbox; returns once its agent has answered the protocol hello.
   // On failure nothing is left behind and the status names the step that failed.
   virtual absl::StatusOr<InstancePtr> Create(const SandboxSpec& spec) = 0;

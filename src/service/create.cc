@@ -141,7 +141,12 @@ absl::StatusOr<Answer<SandboxCreated>> SandboxService::CreateSandbox(
                          templates_.Resolve(req.template_ref, TemplateNamespaceOf(caller)));
     SandboxRecord sb = NewSandbox(caller, req, tmpl);
     sb.egress = egress;
-    SBX_RETURN_IF_ERROR(BackendFor(sb.runtime).status());
+    SBX_ASSIGN_OR_RETURN(runtime::Backend * backend, BackendFor(sb.runtime));
+    if (absl::Status st = backend->CheckCreate(effective, !egress.is_null()); !st.ok()) {
+      const bool field = st.code() == absl::StatusCode::kInvalidArgument;
+      return ApiError(st.code(), field ? "invalid_argument" : "not_implemented", std::string(st.message()),
+                      field ? "resources" : "runtime");
+    }
     // The tenant's profiles, read with its quotas (one row, in this transaction).
     SBX_RETURN_IF_ERROR(CheckEgressProfile(tx, caller.tenant_id, req.egress_profile));
     // In the transaction that records the sandbox: concurrent creates cannot pass it together.

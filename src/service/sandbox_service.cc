@@ -1,5 +1,7 @@
 #include "service/sandbox_service.h"
 
+#include <set>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -130,6 +132,11 @@ bool SandboxService::ready() const {
 absl::StatusOr<runtime::Backend*> SandboxService::BackendFor(const std::string& name) const {
   auto it = backends_.find(name);
   if (it == backends_.end()) {
+    if (auto u = opts_.unavailable_runtimes.find(name); u != opts_.unavailable_runtimes.end()) {
+      return ApiError(absl::StatusCode::kUnimplemented, "not_implemented",
+                      fmt::format("runtime '{}' is not available on this host: {}", name, u->second),
+                      "runtime");
+    }
     std::string have;
     for (const auto& [n, b] : backends_) have += (have.empty() ? "" : ", ") + n;
     return ApiError(absl::StatusCode::kUnimplemented, "not_implemented",
@@ -138,6 +145,38 @@ absl::StatusOr<runtime::Backend*> SandboxService::BackendFor(const std::string& 
                     "runtime");
   }
   return it->second;
+}
+
+nlohmann::json SandboxService::Runtimes() const {
+  std::set<std::string> names;
+  for (const auto& [n, b] : backends_) names.insert(n);
+  for (const auto& [n, why] : opts_.unavailable_runtimes) names.insert(n);
+  nlohmann::json out = nlohmann::json::array();
+  const nlohmann::json defaults = EffectiveResources(this->defaults(), opts_.output_buffer_bytes);
+  for (const auto& n : names) {
+    nlohmann::json r = {{"name", n}, {"default", n == opts_.default_runtime}};
+    auto it = backends_.find(n);
+    if (it == backends_.end()) {
+      r["available"] = false;
+      r["reason"] = opts_.unavailable_runtimes.at(n);
+      r["capabilities"] = nullptr;
+      r["defaults"] = nullptr;
+      r["details"] = nlohmann::json::object();
+    } else {
+      const runtime::Capabilities c = it->second->GetCapabilities();
+      r["available"] = true;
+      r["reason"] = nullptr;
+      r["capabilities"] = {{"pause", c.pause},
+                           {"suspend_releases_memory", false},
+                           {"snapshots", c.snapshots},
+                           {"egress_policy", c.egress_policy},
+                           {"warm_pool_networked", c.network_ready}};
+      r["defaults"] = defaults;
+      r["details"] = it->second->Describe();
+    }
+    out.push_back(std::move(r));
+  }
+  return {{"runtimes", std::move(out)}};
 }
 
 absl::StatusOr<SandboxRecord> SandboxService::VisibleSandbox(Tx& tx, const Caller& caller,

@@ -60,6 +60,8 @@ struct TimerSettings {
 
 struct ServiceOptions {
   std::string default_runtime = "ns";
+  // Runtimes sbxd knows but this host cannot run, with the reason a create is told.
+  std::map<std::string, std::string> unavailable_runtimes;
   // Applied where a request omits a resource; pids, open_files, tmp_mib and shm_mib are not
   // requestable and always come from here.
   runtime::Resources defaults;
@@ -171,6 +173,9 @@ class SandboxService {
   // rules and denials by reason (GET /v1/sandboxes/{id}/egress).
   // The deployment's profiles that `caller`'s tenant may use (docs/tenancy.md).
   absl::StatusOr<nlohmann::json> EgressProfiles(const Caller& caller) const;
+  // GET /v1/runtimes: every runtime this sbxd knows, whether this host can run it (and why
+  // not), its capabilities and the resources a create gets by default.
+  nlohmann::json Runtimes() const;
   absl::StatusOr<nlohmann::json> SandboxEgress(const Caller& caller, const std::string& id);
   // PATCH /v1/sandboxes/{id}/egress with {"allow": [rules]}: the running sandbox's allow
   // rules, within its profile's, live and stored; answers what SandboxEgress does plus

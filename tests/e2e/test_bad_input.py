@@ -95,7 +95,7 @@ CREATE_CASES = [
      "resources.output_buffer_bytes"),
     ("unknown_template", {"template": "no-such-template"}, 422, "template_not_found", "template"),
     ("unknown_template_tag", {"template": "base:no-such-tag"}, 422, "template_not_found", "template"),
-    ("unsupported_runtime", {"runtime": "microvm"}, 501, "not_implemented", "runtime"),
+    ("unsupported_runtime", {"runtime": "firecracker"}, 501, "not_implemented", "runtime"),
     ("ttl_zero", {"timeout_s": 0}, 400, "invalid_argument", "timeout_s"),
     ("ttl_over_30_days", {"timeout_s": 30 * 86400 + 1}, 400, "invalid_argument", "timeout_s"),
     ("ttl_string", {"timeout_s": "60"}, 400, "invalid_argument", "timeout_s"),

@@ -1,6 +1,6 @@
 // device.loop (the ns runtime's disk caps attach each sandbox's ext4 image to a loop device) and
-// device.kvm (what a microVM runtime would need; none exists yet, so never required; a 7-byte
-// test guest is run, no Linux guest is booted).
+// device.kvm (whether the microvm runtime gets hardware KVM or falls back to TCG, so never
+// required; a 7-byte test guest is run, no Linux guest is booted).
 #include <fcntl.h>
 #include <linux/kvm.h>
 #include <linux/loop.h>
@@ -208,18 +208,20 @@ void CheckKvm(const Context& ctx) {
   }
   if (pvm) {
     c.result = CheckResult::kWarn;
-    c.detail = fmt::format("PVM-only KVM: stock guest kernels cannot boot; a microVM runtime would "
-                           "need a PVM-enabled guest kernel (kvm_pvm loaded, no kvm_intel/kvm_amd{})",
+    c.detail = fmt::format("PVM-only KVM: stock guest kernels cannot boot, so the microvm runtime "
+                           "runs guests under TCG (software emulation: seconds per boot; kvm_pvm "
+                           "loaded, no kvm_intel/kvm_amd{})",
                            probe);
-    c.remedy = "nothing to do for the ns and fake runtimes; a microVM runtime would need a "
-               "PVM-enabled guest kernel";
+    c.remedy = "nothing to do for the ns and fake runtimes; for microvm boots in milliseconds, a "
+               "host with hardware KVM (kvm_intel or kvm_amd)";
   } else {
     if (probe_failed) {
       c.result = CheckResult::kWarn;
-      c.remedy = "nothing to do for the ns and fake runtimes; a microVM runtime would need /dev/kvm usable";
+      c.remedy = "nothing to do for the ns and fake runtimes; the microvm runtime falls back to "
+                 "TCG (software emulation) until /dev/kvm is usable";
     }
-    c.detail = fmt::format("present ({}){}; no microvm runtime in this build, so no Linux guest boot "
-                           "was attempted",
+    c.detail = fmt::format("present ({}){}; the microvm runtime runs stock guests with KVM here "
+                           "(runtime.microvm.accel auto)",
                            intel ? "kvm_intel" : amd ? "kvm_amd" : "vendor module unknown", probe);
   }
   ctx.Add(std::move(c));

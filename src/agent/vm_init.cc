@@ -1,0 +1,334 @@
+#include "agent/vm_init.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <sys/reboot.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "protocol/mux.h"
+
+extern char** environ;
+
+namespace sbx::agent {
+namespace {
+
+using Json = nlohmann::json;
+
+// Everything init says goes to the console (the VM's serial console, kept by the host in
+// console.log), where the host reads the reason a boot failed.
+void Say(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  std::fputs("sbx-init: ", stderr);
+  std::vfprintf(stderr, fmt, ap);
+  std::fputc('\n', stderr);
+  va_end(ap);
+}
+
+[[noreturn]] void Fail(const char* step) {
+  Say("%s: %s; powering off", step, std::strerror(errno));
+  ::sync();
+  ::reboot(RB_POWER_OFF);
+  _exit(1);
+}
+
+[[noreturn]] void FailMsg(const std::string& msg) {
+  Say("%s; powering off", msg.c_str());
+  ::reboot(RB_POWER_OFF);
+  _exit(1);
+}
+
+void MkdirP(const std::string& path, mode_t mode = 0755) {
+  std::string cur;
+  std::stringstream ss(path);
+  std::string part;
+  while (std::getline(ss, part, '/')) {
+    if (part.empty()) continue;
+    cur += "/" + part;
+    ::mkdir(cur.c_str(), mode);
+  }
+}
+
+void Mount(const char* src, const std::string& dst, const char* type, unsigned long flags,
+           const std::string& data) {
+  if (::mount(src, dst.c_str(), type, flags, data.empty() ? nullptr : data.c_str()) != 0) {
+    const int e = errno;
+    FailMsg(std::string("mount ") + type + " " + src + " on " + dst + " (" + data +
+            "): " + std::strerror(e));
+  }
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// virtio_mmio is a module in Debian's kernel, so the devices QEMU lists on the command line
+// (virtio_mmio.device=...) reach it only when init passes them, as modprobe would.
+std::string ModuleParams(const std::string& module) {
+  std::string name = module.substr(module.rfind('/') + 1);
+  name = name.substr(0, name.find('.'));
+  for (char& c : name) {
+    if (c == '-') c = '_';
+  }
+  std::string cmdline = ReadFile("/proc/cmdline");
+  std::stringstream ss(cmdline);
+  std::string word, out;
+  while (ss >> word) {
+    if (word.rfind(name + ".", 0) == 0) {
+      if (!out.empty()) out += ' ';
+      out += word.substr(name.size() + 1);
+    }
+  }
+  return out;
+}
+
+void LoadModules() {
+  std::ifstream list("/lib/modules/load.list");
+  std::string path;
+  while (std::getline(list, path)) {
+    if (path.empty()) continue;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) Fail(("open " + path).c_str());
+    const std::string params = ModuleParams(path);
+    if (::syscall(SYS_finit_module, fd, params.c_str(), 0) != 0 && errno != EEXIST) {
+      Fail(("finit_module " + path).c_str());
+    }
+    ::close(fd);
+  }
+}
+
+// The device node of the virtio-serial port named `name`, once the kernel made it.
+std::string FindPort(const std::string& name) {
+  DIR* d = ::opendir("/sys/class/virtio-ports");
+  if (d == nullptr) return {};
+  std::string found;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::string n = ReadFile(std::string("/sys/class/virtio-ports/") + e->d_name + "/name");
+    while (!n.empty() && (n.back() == '\n' || n.back() == '\0')) n.pop_back();
+    if (n == name) {
+      found = std::string("/dev/") + e->d_name;
+      break;
+    }
+  }
+  ::closedir(d);
+  return found;
+}
+
+// Devices appear as their drivers probe them, after finit_module returned.
+std::string WaitFor(const std::function<std::string()>& probe, const char* what) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    std::string p = probe();
+    if (!p.empty() && ::access(p.c_str(), F_OK) == 0) return p;
+    if (std::chrono::steady_clock::now() > deadline) {
+      FailMsg(std::string("no ") + what + " after 30 s");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+constexpr const char* k9p = "trans=virtio,version=9p2000.L,msize=512000";
+
+}  // namespace
+
+static int VmInit() {
+  ::umask(022);
+  MkdirP("/dev");
+  MkdirP("/proc");
+  MkdirP("/sys");
+  if (::mount("devtmpfs", "/dev", "devtmpfs", MS_NOSUID, "mode=0755") != 0 && errno != EBUSY) {
+    Fail("mount /dev");
+  }
+  // The kernel opened /dev/console for us before /dev existed, or not at all.
+  if (int c = ::open("/dev/console", O_RDWR | O_CLOEXEC); c >= 0) {
+    ::dup2(c, 0);
+    ::dup2(c, 1);
+    ::dup2(c, 2);
+    ::close(c);
+  }
+  Mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "");
+  Mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "");
+  LoadModules();
+
+  const std::string port =
+      WaitFor([] { return FindPort(kGuestPortName); }, "virtio-serial port sbx.agent");
+  MkdirP("/cfg");
+  Mount(kGuestConfigTag, "/cfg", "9p", MS_RDONLY | MS_NOSUID | MS_NODEV, k9p);
+  Json cfg;
+  const std::string cfg_text = ReadFile("/cfg/config.json");
+  try {
+    cfg = Json::parse(cfg_text);
+  } catch (const std::exception& e) {
+    FailMsg(std::string("config.json: ") + e.what() + ": " + cfg_text.substr(0, 200));
+  }
+
+  // The root: the template's trees (top first) under the sandbox's own disk.
+  std::string lowers;
+  int n = 0;
+  for (const auto& tag : cfg.at("lowers")) {
+    const std::string dir = "/lower/" + std::to_string(n++);
+    MkdirP(dir);
+    Mount(tag.get<std::string>().c_str(), dir, "9p", MS_RDONLY | MS_NOSUID | MS_NODEV, k9p);
+    lowers += (lowers.empty() ? "" : ":") + dir;
+  }
+  const std::string disk = WaitFor([] { return std::string("/dev/vda"); }, "disk /dev/vda");
+  MkdirP("/disk");
+  Mount(disk.c_str(), "/disk", "ext4", MS_NOSUID | MS_NODEV, "");
+  MkdirP("/newroot");
+  Mount("overlay", "/newroot", "overlay", 0,
+        "lowerdir=" + lowers + ",upperdir=/disk/upper,workdir=/disk/work");
+  for (const auto& b : cfg.at("binds")) {
+    const std::string dst = "/newroot" + b.at("path").get<std::string>();
+    MkdirP(dst);
+    unsigned long flags = MS_NOSUID | MS_NODEV;
+    if (b.value("read_only", true)) flags |= MS_RDONLY;
+    Mount(b.at("tag").get<std::string>().c_str(), dst, "9p", flags, k9p);
+  }
+  MkdirP("/newroot/proc");
+  MkdirP("/newroot/sys");
+  MkdirP("/newroot/dev");
+  MkdirP("/newroot/tmp", 01777);
+  MkdirP("/newroot/run");
+  Mount("proc", "/newroot/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "");
+  Mount("sysfs", "/newroot/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "");
+  Mount("devtmpfs", "/newroot/dev", "devtmpfs", MS_NOSUID, "mode=0755");
+  MkdirP("/newroot/dev/pts");
+  MkdirP("/newroot/dev/shm", 01777);
+  Mount("devpts", "/newroot/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+        "newinstance,ptmxmode=0666,mode=0620");
+  Mount("tmpfs", "/newroot/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
+  // The agent's socket: root's alone. Whoever reaches it runs anything as anyone, and a
+  // template's code may run as an ordinary user.
+  MkdirP("/newroot/run/sbx", 0700);
+  Mount("tmpfs", "/newroot/run/sbx", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0700");
+
+  const std::string hostname = cfg.value("hostname", std::string("sandbox"));
+  ::sethostname(hostname.data(), hostname.size());
+
+  const int port_fd = ::open(port.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY);
+  if (port_fd < 0) Fail(("open " + port).c_str());
+  const int self = ::open("/init", O_RDONLY | O_CLOEXEC);
+  if (self < 0) Fail("open /init");
+
+  if (::chdir("/newroot") != 0) Fail("chdir /newroot");
+  if (::mount(".", "/", nullptr, MS_MOVE, nullptr) != 0) Fail("move the root");
+  if (::chroot(".") != 0) Fail("chroot");
+  if (::chdir("/") != 0) Fail("chdir /");
+
+  const pid_t pump = ::fork();
+  if (pump < 0) Fail("fork the mux pump");
+  if (pump == 0) {
+    protocol::MuxPumpOptions o;
+    o.port_fd = port_fd;
+    o.connect_path = kGuestAgentSocket;
+    o.port_reconnects = true;
+    const absl::Status st = protocol::RunMuxPump(o);
+    Say("mux pump ended: %s", std::string(st.message()).c_str());
+    _exit(1);
+  }
+  ::close(port_fd);
+
+  std::vector<std::string> env;
+  const Json env_cfg = cfg.value("env", Json::object());
+  for (const auto& [k, v] : env_cfg.items()) {
+    env.push_back(k + "=" + v.get<std::string>());
+  }
+  std::vector<std::string> args = {"sbx-agent",   "--listen",     kGuestAgentSocket,
+                                   "--sandbox-id", cfg.value("id", std::string()),
+                                   "--root",      "/",
+                                   "--workdir",   cfg.value("workdir", std::string("/"))};
+  if (const int64_t b = cfg.value("buffer_bytes", int64_t{0}); b > 0) {
+    args.push_back("--buffer-bytes");
+    args.push_back(std::to_string(b));
+  }
+  std::vector<char*> argv, envp;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  ::fexecve(self, argv.data(), envp.data());
+  Fail("exec the agent");
+}
+
+int RunVmInit() {
+  try {
+    return VmInit();
+  } catch (const std::exception& e) {
+    FailMsg(std::string("init: ") + e.what());
+  }
+}
+
+int RunVmBridge(const std::string& port_path, const std::string& listen_path) {
+  auto addr_of = [](const std::string& p, sockaddr_un* a) {
+    *a = {};
+    a->sun_family = AF_UNIX;
+    if (p.size() >= sizeof(a->sun_path)) return false;
+    std::memcpy(a->sun_path, p.data(), p.size());
+    return true;
+  };
+  sockaddr_un la{}, pa{};
+  if (!addr_of(listen_path, &la) || !addr_of(port_path, &pa)) {
+    std::fprintf(stderr, "sbx-agent --vm-bridge: socket path too long\n");
+    return 2;
+  }
+  const int lfd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ::unlink(listen_path.c_str());
+  if (lfd < 0 || ::bind(lfd, reinterpret_cast<sockaddr*>(&la), sizeof(la)) != 0 ||
+      ::listen(lfd, 128) != 0) {
+    std::fprintf(stderr, "sbx-agent --vm-bridge: listen on %s: %s\n", listen_path.c_str(),
+                 std::strerror(errno));
+    return 1;
+  }
+  // QEMU makes its end when it starts, which may be just after us.
+  int pfd = -1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    pfd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (::connect(pfd, reinterpret_cast<sockaddr*>(&pa), sizeof(pa)) == 0) break;
+    const int e = errno;
+    ::close(pfd);
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::fprintf(stderr, "sbx-agent --vm-bridge: connect to %s: %s\n", port_path.c_str(),
+                   std::strerror(e));
+      return 1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  protocol::MuxPumpOptions o;
+  o.port_fd = pfd;
+  o.listen_fd = lfd;
+  const absl::Status st = protocol::RunMuxPump(o);
+  ::unlink(listen_path.c_str());
+  if (!st.ok()) {
+    std::fprintf(stderr, "sbx-agent --vm-bridge: %s\n", std::string(st.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace sbx::agent

@@ -1,0 +1,75 @@
+// MicrovmBackend: every sandbox in its own QEMU microVM, so a guest kernel, not the host's
+// namespaces, is the boundary (docs/microvm.md). The agent inside speaks the same protocol;
+// sbxd reaches it through the VM's host bridge on <state>/vm/<id>/agent.sock, as it reaches
+// the ns runtime's agent, so nothing above the Backend interface knows the difference.
+//
+// Layout of a sandbox: <state>/vm/<id>/
+//   guest/config.json   what the guest's init builds (9p share `sbxcfg`, read-only)
+//   disk.img            the writable layer: a sparse copy of the golden ext4 image of its size
+//   serial.sock         the agent port's host end (QEMU listens; the bridge connects)
+//   agent.sock          the bridge's listener (sbxd connects)
+//   qmp.sock            QEMU's control socket
+//   console.log, qemu.log, bridge.log
+//   vm.json             {"qemu_pid","bridge_pid"}: what Adopt, Remove and Sweep act on
+// QEMU and the bridge each lead a session of their own, outside sbxd's, so that a `kill -9`
+// of sbxd leaves the VM serving and the next sbxd adopts it.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "runtime/backend.h"
+#include "runtime/microvm/boot_assets.h"
+
+namespace sbx::runtime::microvm {
+
+struct MicrovmOptions {
+  std::string state_dir;
+  std::string agent_path;    // the static sbx-agent: the guest's init and the host bridge
+  // What the initramfs carries: agent_path + "-guest" (the build's copy without debug
+  // sections) when it exists, else agent_path.
+  std::string qemu = "qemu-system-x86_64";
+  std::string kernel;        // empty: the newest /boot/vmlinuz-*
+  std::string accel = "auto";  // auto | kvm | tcg
+  int boot_timeout_s = 120;  // TCG boots take seconds; a loaded 2-core host, more
+  size_t agent_buffer_bytes = 0;
+};
+
+// The least memory a guest boots with: the Debian kernel plus the initramfs.
+inline constexpr int64_t kMinGuestMemoryMib = 128;
+
+class MicrovmBackend : public Backend {
+ public:
+  explicit MicrovmBackend(MicrovmOptions opts);
+
+  std::string Name() const override { return "microvm"; }
+  Capabilities GetCapabilities() const override { return Capabilities{.pause = true}; }
+  absl::Status Probe() override;
+  absl::Status CheckCreate(const Resources& effective, bool networked) const override;
+  Json Describe() const override;
+  absl::StatusOr<InstancePtr> Create(const SandboxSpec& spec) override;
+  absl::StatusOr<InstancePtr> Adopt(const std::string& id, const Json& persisted) override;
+  absl::Status Remove(const std::string& id) override;
+  absl::Status Sweep(const std::set<std::string>& known_ids) override;
+
+  // "kvm" or "tcg", as Probe() resolved runtime.microvm.accel, with the reason for the choice.
+  const std::string& accel() const { return accel_; }
+  const std::string& accel_reason() const { return accel_reason_; }
+
+ private:
+  std::string SandboxDir(const std::string& id) const;
+  absl::StatusOr<BootAssets> Assets();
+  absl::StatusOr<std::string> DiskImage(int64_t size_mib, const std::string& dest);
+
+  MicrovmOptions opts_;
+  std::string qemu_path_;  // resolved by Probe
+  std::string accel_ = "tcg";
+  std::string accel_reason_;
+  std::mutex mu_;  // guards assets_ and the making of golden disk images
+  std::optional<BootAssets> assets_;
+};
+
+}  // namespace sbx::runtime::microvm

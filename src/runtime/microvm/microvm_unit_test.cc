@@ -1,0 +1,146 @@
+#include <archive.h>
+#include <archive_entry.h>
+
+#include <elf.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "runtime/microvm/boot_assets.h"
+#include "runtime/microvm/qemu.h"
+
+namespace sbx::runtime::microvm {
+namespace {
+
+std::string Compress(const std::string& data, bool xz) {
+  archive* a = archive_write_new();
+  archive_write_set_format_raw(a);
+  if (xz) {
+    archive_write_add_filter_xz(a);
+  } else {
+    archive_write_add_filter_gzip(a);
+  }
+  std::vector<char> buf(data.size() + 65536);
+  size_t used = 0;
+  archive_write_open_memory(a, buf.data(), buf.size(), &used);
+  archive_entry* e = archive_entry_new();
+  archive_entry_set_filetype(e, AE_IFREG);
+  archive_entry_set_size(e, static_cast<la_int64_t>(data.size()));
+  archive_write_header(a, e);
+  archive_write_data(a, data.data(), data.size());
+  archive_entry_free(e);
+  archive_write_close(a);
+  archive_write_free(a);
+  return std::string(buf.data(), used);
+}
+
+// A bzImage as the boot protocol lays it out: setup sectors, then the protected-mode code
+// whose payload_offset/payload_length point at the compressed kernel.
+std::string BzImage(const std::string& payload, uint8_t setup_sects, uint32_t offset) {
+  std::string b((setup_sects + 1) * 512 + offset, '\0');
+  b[0x1f1] = static_cast<char>(setup_sects);
+  b.replace(0x202, 4, "HdrS");
+  auto put = [&](size_t at, uint32_t v) {
+    for (int i = 0; i < 4; ++i) b[at + static_cast<size_t>(i)] = static_cast<char>((v >> (8 * i)) & 0xff);
+  };
+  put(0x248, offset);
+  put(0x24c, static_cast<uint32_t>(payload.size()));
+  b += payload;
+  b += std::string(100, 'T');  // trailing bytes after the payload are not the kernel's
+  return b;
+}
+
+// An ELF64 header with one program header whose segment covers the rest of the image.
+std::string Elf(size_t size) {
+  std::string e(size, 'k');
+  Elf64_Ehdr eh{};
+  std::memcpy(eh.e_ident, ELFMAG, SELFMAG);
+  eh.e_ident[EI_CLASS] = ELFCLASS64;
+  eh.e_phoff = sizeof(Elf64_Ehdr);
+  eh.e_phentsize = sizeof(Elf64_Phdr);
+  eh.e_phnum = 1;
+  Elf64_Phdr ph{};
+  ph.p_type = PT_LOAD;
+  ph.p_offset = 4096;
+  ph.p_filesz = size - 4096;
+  std::memcpy(e.data(), &eh, sizeof(eh));
+  std::memcpy(e.data() + sizeof(eh), &ph, sizeof(ph));
+  return e;
+}
+
+TEST(BootAssets, ExtractsTheElfWhateverTheCompression) {
+  const std::string elf = Elf(200000);
+  for (bool xz : {true, false}) {
+    auto got = ExtractVmlinux(BzImage(Compress(elf, xz), 27, 0x3a0));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(*got == elf);
+  }
+}
+
+TEST(BootAssets, RefusesWhatIsNoBzImage) {
+  EXPECT_FALSE(ExtractVmlinux("").ok());
+  EXPECT_FALSE(ExtractVmlinux(std::string(4096, 'x')).ok());
+  std::string b = BzImage(Compress("not an elf", true), 4, 0);
+  EXPECT_FALSE(ExtractVmlinux(b).ok());
+  // The kernel build's size_append: four bytes after the compressed stream.
+  const std::string elf = Elf(100000);
+  auto sized = ExtractVmlinux(BzImage(Compress(elf, true) + std::string("\xa0\x86\x01\x00", 4), 4, 0));
+  ASSERT_TRUE(sized.ok()) << sized.status();
+  EXPECT_TRUE(*sized == elf);
+  // A payload length past the end of the file.
+  std::string cut = BzImage(Compress(std::string("\x7f" "ELF") + "x", true), 4, 0);
+  cut.resize(cut.size() - 120);
+  EXPECT_FALSE(ExtractVmlinux(cut).ok());
+}
+
+TEST(BootAssets, ModulesComeAfterWhatTheyNeed) {
+  const std::string dep =
+      "kernel/fs/ext4/ext4.ko: kernel/lib/crc16.ko kernel/fs/mbcache.ko kernel/fs/jbd2/jbd2.ko\n"
+      "kernel/fs/jbd2/jbd2.ko:\n"
+      "kernel/fs/mbcache.ko:\n"
+      "kernel/lib/crc16.ko:\n"
+      "kernel/drivers/virtio/virtio_mmio.ko: kernel/drivers/virtio/virtio.ko kernel/drivers/virtio/virtio_ring.ko\n"
+      "kernel/drivers/virtio/virtio.ko: kernel/drivers/virtio/virtio_ring.ko\n"
+      "kernel/drivers/virtio/virtio_ring.ko:\n";
+  auto order = ModuleLoadOrder(dep, "kernel/fs/overlayfs/overlay.ko\n", {"virtio_mmio", "ext4", "overlay"});
+  ASSERT_TRUE(order.ok()) << order.status();
+  auto pos = [&](const std::string& p) {
+    return std::find(order->begin(), order->end(), p) - order->begin();
+  };
+  EXPECT_EQ(order->size(), 7u);  // overlay is built in
+  EXPECT_LT(pos("kernel/drivers/virtio/virtio_ring.ko"), pos("kernel/drivers/virtio/virtio.ko"));
+  EXPECT_LT(pos("kernel/drivers/virtio/virtio.ko"), pos("kernel/drivers/virtio/virtio_mmio.ko"));
+  EXPECT_LT(pos("kernel/fs/jbd2/jbd2.ko"), pos("kernel/fs/ext4/ext4.ko"));
+  auto missing = ModuleLoadOrder(dep, "", {"9p"});
+  EXPECT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("9p"), std::string::npos);
+}
+
+TEST(Qemu, ArgvEscapesCommasAndListsEveryShare) {
+  QemuVm vm;
+  vm.vmlinux = "/a/vmlinux";
+  vm.initramfs = "/a/initramfs.cpio";
+  vm.disk_image = "/s/x,y/disk.img";
+  vm.serial_socket = "/s/serial.sock";
+  vm.qmp_socket = "/s/qmp.sock";
+  vm.console_log = "/s/console.log";
+  vm.shares = {{"sbxcfg", "/s/guest"}, {"lower0", "/t/root"}};
+  vm.memory_mib = 256;
+  vm.vcpus = 2;
+  const auto argv = QemuArgv(vm);
+  std::string all;
+  for (const auto& a : argv) all += a + " ";
+  EXPECT_NE(all.find("file=/s/x,,y/disk.img"), std::string::npos) << all;
+  EXPECT_NE(all.find("mount_tag=sbxcfg"), std::string::npos);
+  EXPECT_NE(all.find("path=/t/root,security_model=none,readonly=on"), std::string::npos);
+  EXPECT_NE(all.find("-m 256M"), std::string::npos);
+  EXPECT_NE(all.find("-smp 2"), std::string::npos);
+  EXPECT_NE(all.find("-accel tcg -cpu max"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace sbx::runtime::microvm

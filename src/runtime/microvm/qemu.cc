@@ -1,0 +1,153 @@
+#include "runtime/microvm/qemu.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "common/status_util.h"
+#include "common/unique_fd.h"
+
+namespace sbx::runtime::microvm {
+namespace {
+
+using Json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// QEMU's option syntax: a comma inside a value is written twice.
+std::string Esc(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    out += c;
+    if (c == ',') out += ',';
+  }
+  return out;
+}
+
+class QmpConn {
+ public:
+  QmpConn(UniqueFd fd, Clock::time_point deadline) : fd_(std::move(fd)), deadline_(deadline) {}
+
+  // The next JSON object QEMU sends that is not an event.
+  absl::StatusOr<Json> Next() {
+    for (;;) {
+      const size_t nl = buf_.find('\n');
+      if (nl != std::string::npos) {
+        std::string line = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        Json j = Json::parse(line, nullptr, false);
+        if (j.is_discarded() || !j.is_object()) {
+          return absl::InternalError(fmt::format("qmp: not JSON: {}", line.substr(0, 200)));
+        }
+        if (j.contains("event")) continue;
+        return j;
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now());
+      if (left.count() <= 0) return absl::UnavailableError("qmp: no answer in time");
+      pollfd p{fd_.get(), POLLIN, 0};
+      const int n = ::poll(&p, 1, static_cast<int>(left.count()));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return absl::UnavailableError("qmp: no answer in time");
+      char tmp[4096];
+      const ssize_t r = ::read(fd_.get(), tmp, sizeof(tmp));
+      if (r == 0) return absl::UnavailableError("qmp: QEMU closed the socket");
+      if (r < 0) {
+        if (errno == EINTR || errno == EAGAIN) continue;
+        return ErrnoStatus(errno, "qmp: read");
+      }
+      buf_.append(tmp, static_cast<size_t>(r));
+      if (buf_.size() > (1u << 20)) return absl::InternalError("qmp: answer over 1 MiB");
+    }
+  }
+
+  absl::StatusOr<Json> Execute(const std::string& command, const Json& arguments) {
+    Json req = {{"execute", command}};
+    if (!arguments.is_null()) req["arguments"] = arguments;
+    const std::string line = req.dump() + "\n";
+    if (::send(fd_.get(), line.data(), line.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(line.size())) {
+      return ErrnoStatus(errno, fmt::format("qmp: send {}", command));
+    }
+    SBX_ASSIGN_OR_RETURN(Json ans, Next());
+    if (ans.contains("error")) {
+      return absl::FailedPreconditionError(
+          fmt::format("qmp {}: {}", command, ans["error"].value("desc", ans["error"].dump())));
+    }
+    if (!ans.contains("return")) {
+      return absl::InternalError(fmt::format("qmp {}: unexpected answer {}", command, ans.dump()));
+    }
+    return ans["return"];
+  }
+
+ private:
+  UniqueFd fd_;
+  Clock::time_point deadline_;
+  std::string buf_;
+};
+
+}  // namespace
+
+std::vector<std::string> QemuArgv(const QemuVm& vm) {
+  std::vector<std::string> a = {
+      vm.qemu,
+      // pit, pic and rtc: without them a stock kernel under TCG hangs at "Marking TSC unstable"
+      // (research/feasibility.md, row 8c).
+      "-M", "microvm,pit=on,pic=on,rtc=on",
+      "-accel", vm.accel,
+      "-cpu", vm.accel == "kvm" ? "host" : "max",
+      "-smp", std::to_string(vm.vcpus),
+      "-m", fmt::format("{}M", vm.memory_mib),
+      "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+      // QEMU's own seccomp filter: no exec, no setuid, no new privileges for the VMM.
+      "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+      "-kernel", vm.vmlinux,
+      "-initrd", vm.initramfs,
+      // panic=-1: a guest panic reboots at once, which -no-reboot turns into QEMU's exit.
+      "-append", "console=ttyS0 panic=-1 quiet",
+      "-serial", "file:" + vm.console_log,
+      "-device", "virtio-serial-device",
+      "-chardev", fmt::format("socket,id=agent,path={},server=on,wait=off", Esc(vm.serial_socket)),
+      "-device", "virtserialport,chardev=agent,name=sbx.agent",
+      "-drive", fmt::format("file={},format=raw,if=none,id=disk,cache=none,aio=threads",
+                            Esc(vm.disk_image)),
+      "-device", "virtio-blk-device,drive=disk",
+      "-qmp", fmt::format("unix:{},server=on,wait=off", Esc(vm.qmp_socket)),
+  };
+  int i = 0;
+  for (const auto& s : vm.shares) {
+    const std::string id = fmt::format("fs{}", i++);
+    a.push_back("-fsdev");
+    a.push_back(fmt::format("local,id={},path={},security_model=none,readonly=on", id, Esc(s.host_path)));
+    a.push_back("-device");
+    a.push_back(fmt::format("virtio-9p-device,fsdev={},mount_tag={}", id, s.tag));
+  }
+  return a;
+}
+
+absl::StatusOr<Json> QmpCommand(const std::string& socket, const std::string& command,
+                                const Json& arguments, std::chrono::milliseconds timeout) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(fmt::format("qmp: socket path {} is too long", socket));
+  }
+  std::memcpy(addr.sun_path, socket.data(), socket.size());
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return ErrnoStatus(errno, "qmp: socket");
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return ErrnoStatus(errno, fmt::format("qmp: connect({})", socket));
+  }
+  QmpConn c(std::move(fd), Clock::now() + timeout);
+  SBX_ASSIGN_OR_RETURN(Json greeting, c.Next());
+  if (!greeting.contains("QMP")) {
+    return absl::InternalError(fmt::format("qmp: no greeting: {}", greeting.dump()));
+  }
+  SBX_RETURN_IF_ERROR(c.Execute("qmp_capabilities", nullptr).status());
+  return c.Execute(command, arguments);
+}
+
+}  // namespace sbx::runtime::microvm

@@ -1,0 +1,168 @@
+"""The microvm runtime: a QEMU microVM per sandbox, behind the same API (docs/microvm.md).
+
+Under TCG (these machines: research/feasibility.md, row 8c) a boot takes seconds, so the cases
+are few and each does several things with one VM.
+"""
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ns_runtime_only, skip_or_fail
+
+pytestmark = ns_runtime_only("sbxd on the fake runtime offers no microvm")
+
+MICROVM = {"runtime": "microvm", "resources": {"memory_mib": 256}}
+
+
+def vm_processes(state_dir: Path, sandbox_id: str) -> list[int]:
+    """PIDs of live processes (QEMU, the bridge) whose command line names the sandbox's dir."""
+    needle = f"{state_dir}/vm/{sandbox_id}/".encode()
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            if needle in (p / "cmdline").read_bytes():
+                stat = (p / "stat").read_text()
+                if stat[stat.rfind(")") + 2] not in "ZX":
+                    out.append(int(p.name))
+        except OSError:
+            continue
+    return out
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+@pytest.fixture
+def microvm_available(api):
+    runtimes = api.call("GET", "/v1/runtimes").body["runtimes"]
+    mv = next(r for r in runtimes if r["name"] == "microvm")
+    if not mv["available"]:
+        skip_or_fail(f"the microvm runtime is not available here: {mv['reason']}")
+    return mv
+
+
+def test_create_exec_files_pause_delete_leave_nothing(api, sbxd, microvm_available, metrics):
+    t0 = time.monotonic()
+    sb = api.create_sandbox(MICROVM, timeout=300)["sandbox"]
+    boot = time.monotonic() - t0
+    sid = sb["id"]
+    assert sb["runtime"] == "microvm", sb
+    procs = vm_processes(sbxd.state_dir, sid)
+    assert len(procs) == 2, f"QEMU and its bridge, got {procs}"
+
+    # A kernel of its own: no host process (sbxd, pytest) and no host file (sbxd's state
+    # dir) is visible, and its PID 1 is the agent.
+    r = api.run(sid, ["sh", "-c", "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | "
+                      "grep -c -e 'sbx[d]' -e 'pytes[t]'; tr '\\0' ' ' < /proc/1/cmdline; echo; "
+                      f"test -e {sbxd.state_dir} && echo host-visible || echo host-hidden"])
+    lines = r.stdout.decode().splitlines()
+    assert lines[0] == "0", r
+    assert "--listen /run/sbx/agent.sock" in lines[1], r
+    assert lines[2] == "host-hidden", r
+
+    # stdout, stderr and the exit code come back as from any runtime.
+    r = api.run(sid, ["sh", "-c", "echo out; echo err >&2; exit 7"])
+    assert r.stdout == b"out\n" and r.stderr == b"err\n" and r.exit["exit_code"] == 7, r
+
+    # Files in and out.
+    payload = os.urandom(300_000)
+    api.call("PUT", f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/in.bin"}, data=payload,
+             headers={"Content-Type": "application/octet-stream"}, expect=200)
+    r = api.run(sid, ["sha256sum", "/tmp/in.bin"])
+    assert r.stdout.decode().split()[0] == hashlib.sha256(payload).hexdigest(), r
+    r = api.run(sid, ["sh", "-c", "head -c 100000 /dev/urandom > /tmp/out.bin; sha256sum /tmp/out.bin"])
+    want = r.stdout.decode().split()[0]
+    got = api.call("GET", f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/out.bin"}, expect=200)
+    assert hashlib.sha256(got.content).hexdigest() == want
+
+    # Pause stops the vCPUs: a counter does not move; wake lets it continue.
+    counting = api.create_session(sid, ["sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/c.n; "
+                                   "mv /tmp/c.n /tmp/c; sleep 0.05; done"])
+    api.attach(counting).close()  # the first attach starts it; it runs on without a client
+
+    def counter() -> int:
+        deadline = time.monotonic() + 30
+        while True:
+            r = api.run(sid, ["cat", "/tmp/c"])
+            if r.exit["exit_code"] == 0:
+                return int(r.stdout)
+            assert time.monotonic() < deadline, (r, counting)
+    c0 = counter()
+    op = api.call("POST", f"/v1/sandboxes/{sid}/pause", expect=202).body["operation"]
+    assert api.wait_operation(op["id"], timeout=60)["state"] == "succeeded"
+    assert api.get_sandbox(sid)["state"] == "paused"
+    op = api.call("POST", f"/v1/sandboxes/{sid}/wake", expect=202).body["operation"]
+    assert api.wait_operation(op["id"], timeout=60)["state"] == "succeeded"
+    c1 = counter()
+    time.sleep(0.5)
+    c2 = counter()
+    assert c0 <= c1 < c2, (c0, c1, c2)
+
+    vmm_rss = rss_kib(procs[0])
+    metrics.append(f"microvm: create -> running {boot:.2f} s (TCG here), VMM RSS {vmm_rss // 1024} MiB "
+                   "with a 256 MiB guest (informational)")
+
+    api.delete_sandbox(sid)
+    assert vm_processes(sbxd.state_dir, sid) == []
+    assert not (sbxd.state_dir / "vm" / sid).exists()
+
+
+def test_a_guest_that_dies_marks_its_sandbox_failed(api, sbxd, microvm_available):
+    sid = api.create_sandbox(MICROVM, timeout=300)["sandbox"]["id"]
+    qemu = [p for p in vm_processes(sbxd.state_dir, sid)
+            if b"qemu" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert len(qemu) == 1
+    # The guest's root crashes its kernel: sysrq-trigger 'c'.
+    crash = api.create_session(sid, ["sh", "-c", "echo c > /proc/sysrq-trigger"])
+    api.attach(crash).close()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        sb = api.get_sandbox(sid)
+        if sb["state"] == "failed":
+            break
+        time.sleep(0.2)
+    assert sb["state"] == "failed", sb
+    assert "panic" in sb["error"]["message"] or "VMM" in sb["error"]["message"], sb
+    api.delete_sandbox(sid)
+    assert vm_processes(sbxd.state_dir, sid) == []
+
+
+def test_unknown_runtime_and_too_little_memory_are_refused(api, microvm_available):
+    resp = api.call("POST", "/v1/sandboxes", json_body={"runtime": "microvm", "resources": {"memory_mib": 64}})
+    assert resp.status_code in (400, 422), resp.body
+    assert "memory_mib" in resp.body["error"]["message"], resp.body
+
+
+def test_a_vm_outlives_a_kill_9_of_sbxd_and_its_session_replays(restartable):
+    """QEMU and the bridge lead sessions of their own: a crash of sbxd leaves the VM serving,
+    and the next sbxd adopts it; a session that ran on meanwhile replays from its first byte."""
+    api = restartable.start()
+    restartable.track(api)
+    mv = next(r for r in api.call("GET", "/v1/runtimes").body["runtimes"] if r["name"] == "microvm")
+    if not mv["available"]:
+        skip_or_fail(f"the microvm runtime is not available here: {mv['reason']}")
+    state_dir = restartable.daemon.state_dir
+    sid = api.create_sandbox(MICROVM, timeout=300)["sandbox"]["id"]
+    before = sorted(vm_processes(state_dir, sid))
+    session = api.create_session(sid, ["sh", "-c", "for i in $(seq 1 60); do echo line$i; sleep 0.05; done"])
+    api.attach(session).close()
+    api = restartable.restart(kill=True)
+    assert api.get_sandbox(sid)["state"] == "running"
+    assert sorted(vm_processes(state_dir, sid)) == before, "the VM was not adopted as it ran"
+    with api.attach(session["session_id"], last_event_id=0) as stream:
+        r = api.collect(stream, first_id=1)
+    assert r.exit is not None and r.exit["exit_code"] == 0, r
+    assert r.stdout.decode().split() == [f"line{i}" for i in range(1, 61)], r.stdout
+    assert api.run(sid, ["echo", "after"]).stdout == b"after\n"
+    api.delete_sandbox(sid)
+    assert vm_processes(state_dir, sid) == []
