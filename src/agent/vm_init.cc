@@ -324,6 +324,7 @@ int RunVmBridge(const std::string& port_path, const std::string& listen_path) {
   o.listen_fd = lfd;
   const absl::Status st = protocol::RunMuxPump(o);
   ::unlink(listen_path.c_str());
+  std::fprintf(stderr, "sbx-agent --vm-bridge: the VM's port %s closed\n", port_path.c_str());
   if (!st.ok()) {
     std::fprintf(stderr, "sbx-agent --vm-bridge: %s\n", std::string(st.message()).c_str());
     return 1;

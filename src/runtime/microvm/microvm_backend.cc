@@ -108,9 +108,25 @@ void Stop(pid_t pid, const std::string& dir) {
   }
 }
 
-bool Alive(pid_t pid, const std::string& dir) {
+// How a child we reaped ended, for error messages; the reap happens once, so the status is kept.
+std::string Ended(int status) {
+  if (WIFEXITED(status)) return fmt::format("exit code {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return fmt::format("killed by signal {}", WTERMSIG(status));
+  return "ended";
+}
+
+// Our own unreaped child cannot have been replaced by another process, and its command line
+// may still be empty while its exec finishes (posix_spawn returns once the child's memory is
+// replaced, before its arguments are in place): only a process we did not start (adopted after
+// a restart) is checked by its command line.
+bool Alive(pid_t pid, const std::string& dir, std::string* ended = nullptr) {
   int status = 0;
-  if (::waitpid(pid, &status, WNOHANG) == pid) return false;
+  const pid_t r = ::waitpid(pid, &status, WNOHANG);
+  if (r == pid) {
+    if (ended != nullptr) *ended = Ended(status);
+    return false;
+  }
+  if (r == 0) return true;
   return IsOurs(pid, dir);
 }
 
@@ -188,7 +204,11 @@ class MicrovmInstance : public Instance {
   Json Persist() const override {
     return Json{{"dir", dir_}, {"qemu_pid", qemu_}, {"bridge_pid", bridge_}};
   }
-  bool Alive() const override { return microvm::Alive(qemu_, dir_) && microvm::Alive(bridge_, dir_); }
+  bool Alive() const override {
+    const bool qemu = microvm::Alive(qemu_, dir_, &qemu_ended_);
+    const bool bridge = microvm::Alive(bridge_, dir_, &bridge_ended_);
+    return qemu && bridge;
+  }
   std::string DeathReason() const override {
     // The bridge ends when QEMU's end of the port closes, often before QEMU is reaped: what
     // the guest's console and QEMU said come first.
@@ -200,12 +220,14 @@ class MicrovmInstance : public Instance {
       return "the guest's init failed: " + Tail(console.substr(p, console.find('\n', p) - p), 300);
     }
     const std::string qemu = Tail(ReadFileOrEmpty(dir_ + "/qemu.log"), 300);
-    if (!microvm::Alive(qemu_, dir_) || !qemu.empty()) {
-      return fmt::format("the VMM (QEMU) exited{}{}", qemu.empty() ? "" : ": " + qemu,
+    if (!microvm::Alive(qemu_, dir_, &qemu_ended_) || !qemu.empty()) {
+      return fmt::format("the VMM (QEMU) exited ({}){}{}", qemu_ended_.empty() ? "not our child" : qemu_ended_,
+                         qemu.empty() ? "" : ": " + qemu,
                          console.empty() ? "" : "; guest console: " + Tail(console, 300));
     }
     const std::string bridge = Tail(ReadFileOrEmpty(dir_ + "/bridge.log"), 300);
-    return "the VM's agent bridge exited" + (bridge.empty() ? std::string() : ": " + bridge);
+    return fmt::format("the VM's agent bridge exited ({}){}", bridge_ended_.empty() ? "not our child" : bridge_ended_,
+                       bridge.empty() ? std::string() : ": " + bridge);
   }
   absl::Status Destroy() override {
     Stop(bridge_, dir_);
@@ -233,6 +255,7 @@ class MicrovmInstance : public Instance {
   std::string dir_;
   pid_t qemu_;
   pid_t bridge_;
+  mutable std::string qemu_ended_, bridge_ended_;  // how each ended, once reaped here
 };
 
 }  // namespace
@@ -288,6 +311,16 @@ absl::Status MicrovmBackend::Probe() {
                               "runs no stock guest): software emulation, boots take seconds"
                             : "no /dev/kvm: software emulation, boots take seconds";
   }
+  if (accel_ == "tcg") {
+    std::string config;
+    if (auto kernel = opts_.kernel.empty() ? FindKernel() : absl::StatusOr<std::string>(opts_.kernel); kernel.ok()) {
+      const std::string base = kernel->substr(kernel->rfind('/') + 1);
+      if (base.rfind("vmlinuz-", 0) == 0) {
+        config = ReadFileOrEmpty(kernel->substr(0, kernel->rfind('/') + 1) + "config-" + base.substr(8));
+      }
+    }
+    extra_cmdline_ = TcgKernelParams(cpuinfo, "\n" + config);
+  }
   std::error_code ec;
   fs::create_directories(opts_.state_dir + "/vm", ec);
   if (ec) return absl::InternalError(fmt::format("microvm: mkdir {}/vm: {}", opts_.state_dir, ec.message()));
@@ -309,7 +342,7 @@ absl::Status MicrovmBackend::CheckCreate(const Resources& effective, bool networ
 
 Json MicrovmBackend::Describe() const {
   return Json{{"vmm", "qemu"}, {"accel", accel_}, {"accel_reason", accel_reason_},
-              {"min_memory_mib", kMinGuestMemoryMib}};
+              {"min_memory_mib", kMinGuestMemoryMib}, {"kernel_params", extra_cmdline_}};
 }
 
 absl::StatusOr<BootAssets> MicrovmBackend::Assets() {
@@ -383,6 +416,7 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
   vm.serial_socket = dir + "/serial.sock";
   vm.qmp_socket = dir + "/qmp.sock";
   vm.console_log = dir + "/console.log";
+  vm.extra_cmdline = extra_cmdline_;
   vm.shares.push_back({"sbxcfg", dir + "/guest"});
   Json lowers = Json::array();
   Json binds = Json::array();

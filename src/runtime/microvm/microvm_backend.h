@@ -68,6 +68,7 @@ class MicrovmBackend : public Backend {
   std::string qemu_path_;  // resolved by Probe
   std::string accel_ = "tcg";
   std::string accel_reason_;
+  std::string extra_cmdline_;  // TcgKernelParams under TCG
   std::mutex mu_;  // guards assets_ and the making of golden disk images
   std::optional<BootAssets> assets_;
 };

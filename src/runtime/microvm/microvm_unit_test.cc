@@ -139,7 +139,15 @@ TEST(Qemu, ArgvEscapesCommasAndListsEveryShare) {
   EXPECT_NE(all.find("path=/t/root,security_model=none,readonly=on"), std::string::npos);
   EXPECT_NE(all.find("-m 256M"), std::string::npos);
   EXPECT_NE(all.find("-smp 2"), std::string::npos);
-  EXPECT_NE(all.find("-accel tcg -cpu max"), std::string::npos);
+  EXPECT_NE(all.find("-accel tcg,tb-size=64 -cpu max"), std::string::npos);
+}
+
+TEST(Qemu, TcgParamsComeFromTheHostsTscAndTheKernelsHz) {
+  EXPECT_EQ(TcgKernelParams("processor\t: 0\ncpu MHz\t\t: 2596.146\n", "\nCONFIG_HZ_250=y\nCONFIG_HZ=250\n"),
+            "tsc_early_khz=2596146 no_timer_check lpj=10384584");
+  EXPECT_EQ(TcgKernelParams("cpu MHz\t: 2000.000\n", ""), "tsc_early_khz=2000000 no_timer_check");
+  EXPECT_EQ(TcgKernelParams("model name: x\n", "\nCONFIG_HZ=250\n"), "");
+  EXPECT_EQ(TcgKernelParams("cpu MHz\t: nonsense\n", ""), "");
 }
 
 }  // namespace

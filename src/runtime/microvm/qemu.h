@@ -37,7 +37,16 @@ struct QemuVm {
   std::string serial_socket;      // the agent port's host end (QEMU listens)
   std::string qmp_socket;
   std::string console_log;
+  std::string extra_cmdline;  // appended to the guest kernel's command line
 };
+
+// Kernel parameters a TCG guest needs to boot reliably: under emulation on a loaded host the
+// kernel's TSC calibration against the PIT sometimes fails and the boot then hangs after
+// "tsc: Marking TSC unstable" (1 boot in 10 here). Giving the TSC's frequency
+// (tsc_early_khz, from the host's /proc/cpuinfo: TCG's guest TSC is the host's) and the delay
+// loop's (lpj, with the kernel's HZ from its config) skips both calibrations. Empty when the
+// host does not say its frequency.
+std::string TcgKernelParams(const std::string& cpuinfo, const std::string& kernel_config);
 
 // argv for QEMU (argv[0] is vm.qemu).
 std::vector<std::string> QemuArgv(const QemuVm& vm);

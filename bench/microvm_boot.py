@@ -1,0 +1,180 @@
+"""microvm create -> running against a bare QEMU boot of the same kernel and initramfs (issue 20).
+
+Same run, interleaved: (a) `POST /v1/sandboxes {"runtime":"microvm"}` until its operation
+succeeded, then a delete; (b) the peer: the same QEMU command line, guest config and a fresh
+copy of the same empty disk, started by hand with the bridge, timed from QEMU's spawn to the
+agent's first answer (a protocol ping). Also the VMM's memory overhead: QEMU's RSS minus what
+is resident of the guest's RAM mapping, after one command ran.
+
+Usage: python3 bench/microvm_boot.py [--runs 10] [--memory-mib 256]   (root; build/bin/sbxd)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from template_pool_bench import Sbxd  # noqa: E402
+
+
+def vm_pids(state: Path, sid: str) -> dict[str, int]:
+    needle = f"{state}/vm/{sid}/".encode()
+    out = {}
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in cmd:
+            out["qemu" if b"qemu-system" in cmd else "bridge"] = int(p.name)
+    return out
+
+
+def overhead_kib(pid: int, guest_mib: int) -> tuple[int, int]:
+    """(QEMU's RSS, its private memory outside the guest's RAM mapping) in KiB. File pages
+    (the kernel image, the initramfs, QEMU's own code) are the page cache every VM shares."""
+    total, private, size, file_backed = 0, 0, 0, False
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and not head[0].endswith(":"):
+            file_backed = len(head) > 5 and head[5].startswith("/")
+        elif line.startswith("Size:"):
+            size = int(head[1])
+        elif line.startswith("Rss:"):
+            total += int(head[1])
+        elif line.startswith(("Private_Clean:", "Private_Dirty:")) and size != guest_mib * 1024 \
+                and not file_backed:
+            private += int(head[1])
+    return total, private
+
+
+def frame(kind: int, payload: bytes) -> bytes:
+    return struct.pack(">IBBH", len(payload), 1, kind, 0) + payload
+
+
+def ping(path: str) -> bool:
+    """One protocol ping through the bridge: True once the agent answered."""
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(2)
+            s.connect(path)
+            s.sendall(frame(1, b'{"version":1,"role":"host"}') + frame(2, b'{"op":"ping"}'))
+            buf = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    return False
+                buf += chunk
+                while len(buf) >= 8:
+                    n, _, kind, _ = struct.unpack(">IBBH", buf[:8])
+                    if len(buf) < 8 + n:
+                        break
+                    if kind == 3:
+                        return b'"ok":true' in buf[8:8 + n]
+                    buf = buf[8 + n:]
+    except OSError:
+        return False
+
+
+def bare_boot(argv: list[str], sandbox_dir: str, config: bytes, golden: Path, agent: Path,
+              work: Path) -> float:
+    d = Path(tempfile.mkdtemp(prefix="peer-", dir=work))
+    (d / "guest").mkdir()
+    (d / "guest/config.json").write_bytes(config)
+    subprocess.run(["cp", "--sparse=always", str(golden), str(d / "disk.img")], check=True)
+    args = [a.replace(sandbox_dir, str(d)) for a in argv]
+    t0 = time.monotonic()
+    qemu = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    bridge = subprocess.Popen([str(agent), "--vm-bridge", str(d / "serial.sock"), str(d / "agent.sock")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = t0 + 120
+        while not ping(str(d / "agent.sock")):
+            assert qemu.poll() is None, "the peer's QEMU exited"
+            assert time.monotonic() < deadline, \
+                "the peer's guest did not answer in 120 s: " + (d / "console.log").read_text()[-1500:]
+            time.sleep(0.005)
+        return time.monotonic() - t0
+    finally:
+        for p in (bridge, qemu):
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--memory-mib", type=int, default=256)
+    args = ap.parse_args()
+    build = Path(os.environ.get("SBX_BUILD_DIR", ROOT / "build"))
+    work = Path(tempfile.mkdtemp(prefix="sbx-microvm-bench-", dir="/var/tmp"))
+    state = work / "state"
+    state.mkdir()
+    sbxd = None
+    body = {"runtime": "microvm", "resources": {"memory_mib": args.memory_mib}}
+    try:
+        sbxd = Sbxd(build, state, secrets.token_hex(16), work / "sbxd.log", ["--warm-pool", "base=0"])
+        mv = next(r for r in sbxd.call("GET", "/v1/runtimes")["runtimes"] if r["name"] == "microvm")
+        if not mv["available"]:
+            print(f"microvm not available here: {mv['reason']}")
+            return 1
+        # The first create makes the boot assets; it also gives the peer its command line.
+        ans = sbxd.call("POST", "/v1/sandboxes", body)
+        assert sbxd.wait(ans["operation"]["id"])["state"] == "succeeded"
+        sid = ans["sandbox"]["id"]
+        pids = vm_pids(state, sid)
+        argv = [a.decode() for a in Path(f"/proc/{pids['qemu']}/cmdline").read_bytes().split(b"\0")[:-1]]
+        config = (state / "vm" / sid / "guest/config.json").read_bytes()
+        sbxd.call("POST", f"/v1/sandboxes/{sid}/sessions", {"argv": ["true"]})
+        rss, over = overhead_kib(pids["qemu"], args.memory_mib)
+        sandbox_dir = str(state / "vm" / sid)
+        sbxd.call("DELETE", f"/v1/sandboxes/{sid}")
+        golden = state / "microvm-assets" / f"golden-{mv['defaults']['disk_mib']}m.img"
+        agent = build / "bin/sbx-agent"
+
+        ours, peer = [], []
+        for _ in range(args.runs):
+            t0 = time.monotonic()
+            ans = sbxd.call("POST", "/v1/sandboxes", body)
+            op = sbxd.wait(ans["operation"]["id"])
+            ours.append(time.monotonic() - t0)
+            assert op["state"] == "succeeded", op
+            sbxd.wait(sbxd.call("DELETE", f"/v1/sandboxes/{ans['sandbox']['id']}")["operation"]["id"])
+            peer.append(bare_boot(argv, sandbox_dir, config, golden, agent, work))
+
+        def p(xs, q):
+            xs = sorted(xs)
+            return xs[min(len(xs) - 1, int(q * len(xs)))]
+        print(f"accel: {mv['details'].get('accel')} ({mv['details'].get('accel_reason')})")
+        print(f"{'':34} {'p50':>9} {'p90':>9}")
+        print(f"{'sbx create -> running (microvm)':34} {p(ours, .5) * 1000:8.0f}ms {p(ours, .9) * 1000:8.0f}ms")
+        print(f"{'bare QEMU boot -> agent answers':34} {p(peer, .5) * 1000:8.0f}ms {p(peer, .9) * 1000:8.0f}ms")
+        print(f"ratio (p50): {statistics.median(ours) / statistics.median(peer):.2f}x   (goal <= 1.2x)")
+        print(f"VMM memory: RSS {rss // 1024} MiB with a {args.memory_mib} MiB guest; "
+              f"private memory outside guest RAM {over / 1024:.1f} MiB   (goal <= 10 MiB)")
+        return 0
+    finally:
+        if sbxd is not None:
+            sbxd.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
