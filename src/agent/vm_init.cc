@@ -221,7 +221,11 @@ static int VmInit() {
   MkdirP("/newroot/dev/shm", 01777);
   Mount("devpts", "/newroot/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
         "newinstance,ptmxmode=0666,mode=0620");
-  Mount("tmpfs", "/newroot/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
+  // /tmp and /dev/shm as on the ns runtime: tmpfs of the sandbox's tmp_mib and shm_mib.
+  Mount("tmpfs", "/newroot/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV,
+        "mode=1777,size=" + std::to_string(cfg.value("shm_mib", int64_t{64})) + "m");
+  Mount("tmpfs", "/newroot/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
+        "mode=1777,size=" + std::to_string(cfg.value("tmp_mib", int64_t{256})) + "m");
   // The agent's socket: root's alone. Whoever reaches it runs anything as anyone, and a
   // template's code may run as an ordinary user.
   MkdirP("/newroot/run/sbx", 0700);

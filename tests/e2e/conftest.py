@@ -31,6 +31,9 @@ import hostcheck  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 MUST_RUN = os.environ.get("SBX_TESTS_MUST_RUN") == "1"
 RUNTIME = os.environ.get("SBX_E2E_RUNTIME", "ns")
+# SBX_E2E_SANDBOX_RUNTIME=microvm: the `sandbox` fixture's sandboxes run on that runtime (sbxd
+# itself stays on RUNTIME), so the same cases check it (tools/e2e-microvm.sh picks them).
+SANDBOX_RUNTIME = os.environ.get("SBX_E2E_SANDBOX_RUNTIME", "")
 PORTS_DOMAIN = "sbx.test"
 LISTEN_TIMEOUT_S = 30
 STOP_GRACE_S = 15
@@ -282,7 +285,11 @@ def api(sbxd, validator):
 @pytest.fixture
 def sandbox(api) -> dict:
     """A running sandbox, deleted after the test."""
-    return api.create_sandbox({"labels": {"e2e": "1"}})["sandbox"]
+    body = {"labels": {"e2e": "1"}}
+    if SANDBOX_RUNTIME:
+        body["runtime"] = SANDBOX_RUNTIME
+        body["resources"] = {"memory_mib": 256}
+    return api.create_sandbox(body, timeout=300)["sandbox"]
 
 
 @pytest.fixture

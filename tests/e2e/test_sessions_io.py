@@ -50,6 +50,24 @@ class Collector:
         return self.result
 
 
+def wait_output(api, session, text: bytes, max_seconds: float = 60) -> None:
+    """Returns once the session's stdout holds `text` (a second attach, replayed from the start):
+    what the process sets up before saying so (a trap) is then in place, however slow the
+    sandbox (a microVM under emulation)."""
+    seen = b""
+    deadline = time.monotonic() + max_seconds
+    with api.attach(session) as stream:
+        for ev in stream.events():
+            assert time.monotonic() < deadline, f"no {text!r} within {max_seconds} s: {seen!r}"
+            if ev.event == "stdout":
+                seen += base64.b64decode(ev.data["data_b64"])
+                if text in seen:
+                    return
+            if ev.event == "process_exited":
+                break
+    raise AssertionError(f"the process ended without printing {text!r}: {seen!r}")
+
+
 def error_code(resp):
     return resp.body["error"]["code"]
 

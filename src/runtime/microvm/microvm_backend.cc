@@ -210,8 +210,13 @@ class MicrovmInstance : public Instance {
     return qemu && bridge;
   }
   std::string DeathReason() const override {
-    // The bridge ends when QEMU's end of the port closes, often before QEMU is reaped: what
-    // the guest's console and QEMU said come first.
+    // The bridge ends when QEMU's end of the port closes, often before QEMU has exited and
+    // its console file holds the guest's last words: give QEMU a moment to finish.
+    const auto deadline = std::chrono::steady_clock::now() + 2s;
+    while (microvm::Alive(qemu_, dir_, &qemu_ended_) && !microvm::Alive(bridge_, dir_, &bridge_ended_) &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(10ms);
+    }
     const std::string console = Tail(ReadFileOrEmpty(dir_ + "/console.log"), 2000);
     if (const size_t p = console.find("Kernel panic"); p != std::string::npos) {
       return "the guest kernel panicked: " + Tail(console.substr(p, console.find('\n', p) - p), 300);
@@ -450,6 +455,8 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
               {"lowers", lowers},
               {"binds", binds},
               {"env", env},
+              {"tmp_mib", spec.resources.tmp_mib},
+              {"shm_mib", spec.resources.shm_mib},
               {"buffer_bytes", opts_.agent_buffer_bytes}};
   {
     std::ofstream out(dir + "/guest/config.json");
