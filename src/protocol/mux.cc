@@ -113,7 +113,9 @@ class Pump {
         if (!*go_on) return absl::OkStatus();
       }
       if ((port.revents & POLLOUT) && !port_out_.empty()) {
-        SBX_RETURN_IF_ERROR(WritePort());
+        absl::StatusOr<bool> go_on = WritePort();
+        if (!go_on.ok()) return go_on.status();
+        if (!*go_on) return absl::OkStatus();
       }
       if (listening) {
         if (fds[i++].revents & POLLIN) Accept();
@@ -216,17 +218,19 @@ class Pump {
     }
   }
 
-  absl::Status WritePort() {
+  // False: the port ended (host: QEMU's end closed while we wrote, as when it reads one).
+  absl::StatusOr<bool> WritePort() {
     const ssize_t w = ::write(o_.port_fd, port_out_.data(), port_out_.size());
     if (w > 0) {
       port_out_.erase(0, static_cast<size_t>(w));
-      return absl::OkStatus();
+      return true;
     }
-    if (w < 0 && (errno == EAGAIN || errno == EINTR)) return absl::OkStatus();
+    if (w < 0 && (errno == EAGAIN || errno == EINTR)) return true;
     if (o_.port_reconnects) {
       DropAll();
-      return absl::OkStatus();
+      return true;
     }
+    if (w < 0 && (errno == EPIPE || errno == ECONNRESET)) return false;
     return ErrnoStatus(errno, "mux pump: write(port)");
   }
 
