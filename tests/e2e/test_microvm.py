@@ -123,7 +123,9 @@ def test_a_guest_that_dies_marks_its_sandbox_failed(api, sbxd, microvm_available
             if b"qemu" in Path(f"/proc/{p}/cmdline").read_bytes()]
     assert len(qemu) == 1
     # The guest's root crashes its kernel: sysrq-trigger 'c'.
-    crash = api.create_session(sid, ["sh", "-c", "echo c > /proc/sysrq-trigger"])
+    # Its console says a lot first: sbxd reads only the log's tail for the reason.
+    crash = api.create_session(sid, ["sh", "-c", "head -c 200000 /dev/zero | tr '\\0' x > /dev/console; "
+                                     "echo c > /proc/sysrq-trigger"])
     api.attach(crash).close()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -133,6 +135,7 @@ def test_a_guest_that_dies_marks_its_sandbox_failed(api, sbxd, microvm_available
         time.sleep(0.2)
     assert sb["state"] == "failed", sb
     assert "panic" in sb["error"]["message"] or "VMM" in sb["error"]["message"], sb
+    assert len(sb["error"]["message"]) < 4000, sb
     api.delete_sandbox(sid)
     assert vm_processes(sbxd.state_dir, sid) == []
 

@@ -25,6 +25,7 @@
 #include "common/files.h"
 #include "common/ids.h"
 #include "common/status_util.h"
+#include "common/unique_fd.h"
 #include "protocol/protocol.h"
 #include "runtime/microvm/host_view.h"
 #include "runtime/microvm/qemu.h"
@@ -42,6 +43,21 @@ std::string Tail(const std::string& s, size_t n) {
   std::string t = s.size() > n ? s.substr(s.size() - n) : s;
   while (!t.empty() && (t.back() == '\n' || t.back() == '\r')) t.pop_back();
   return t;
+}
+
+// The last `n` bytes of a log file, read from its end. console.log holds whatever the guest
+// wrote to its serial console, any amount: only the tail ever enters sbxd's memory.
+std::string FileTail(const std::string& path, size_t n) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return {};
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return {};
+  const off_t size = st.st_size;
+  const off_t from = size > static_cast<off_t>(n) ? size - static_cast<off_t>(n) : 0;
+  std::string out(static_cast<size_t>(size - from), '\0');
+  const ssize_t r = ::pread(fd.get(), out.data(), out.size(), from);
+  out.resize(r > 0 ? static_cast<size_t>(r) : 0);
+  return Tail(out, n);
 }
 
 // The process `pid` is alive (not a zombie) and its command line names `dir`: guards every
@@ -217,20 +233,20 @@ class MicrovmInstance : public Instance {
            std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(10ms);
     }
-    const std::string console = Tail(ReadFileOrEmpty(dir_ + "/console.log"), 2000);
+    const std::string console = FileTail(dir_ + "/console.log", 2000);
     if (const size_t p = console.find("Kernel panic"); p != std::string::npos) {
       return "the guest kernel panicked: " + Tail(console.substr(p, console.find('\n', p) - p), 300);
     }
     if (const size_t p = console.find("sbx-init: "); p != std::string::npos) {
       return "the guest's init failed: " + Tail(console.substr(p, console.find('\n', p) - p), 300);
     }
-    const std::string qemu = Tail(ReadFileOrEmpty(dir_ + "/qemu.log"), 300);
+    const std::string qemu = FileTail(dir_ + "/qemu.log", 300);
     if (!microvm::Alive(qemu_, dir_, &qemu_ended_) || !qemu.empty()) {
       return fmt::format("the VMM (QEMU) exited ({}){}{}", qemu_ended_.empty() ? "not our child" : qemu_ended_,
                          qemu.empty() ? "" : ": " + qemu,
                          console.empty() ? "" : "; guest console: " + Tail(console, 300));
     }
-    const std::string bridge = Tail(ReadFileOrEmpty(dir_ + "/bridge.log"), 300);
+    const std::string bridge = FileTail(dir_ + "/bridge.log", 300);
     return fmt::format("the VM's agent bridge exited ({}){}", bridge_ended_.empty() ? "not our child" : bridge_ended_,
                        bridge.empty() ? std::string() : ": " + bridge);
   }
@@ -487,7 +503,7 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
       return fail(absl::DeadlineExceededError(fmt::format(
           "the guest's agent did not answer within {} s (accel {}): {}; guest console: {}",
           opts_.boot_timeout_s, accel_, std::string(ping.status().message()),
-          Tail(ReadFileOrEmpty(dir + "/console.log"), 400))));
+          FileTail(dir + "/console.log", 400))));
     }
     std::this_thread::sleep_for(backoff);
     backoff = std::min<std::chrono::milliseconds>(backoff * 2, 50ms);
