@@ -152,6 +152,33 @@ std::string WaitFor(const std::function<std::string()>& probe, const char* what)
   }
 }
 
+// The virtio disk QEMU was given with `serial=<serial>`: the order of virtio-mmio devices is
+// the kernel's, so disks are known by the serial the host gave them, not by vda, vdb, ...
+std::string FindDisk(const std::string& serial) {
+  DIR* d = ::opendir("/sys/block");
+  if (d == nullptr) return {};
+  std::string found;
+  while (dirent* e = ::readdir(d)) {
+    if (std::strncmp(e->d_name, "vd", 2) != 0) continue;
+    std::string s = ReadFile(std::string("/sys/block/") + e->d_name + "/serial");
+    while (!s.empty() && (s.back() == '\n' || s.back() == '\0')) s.pop_back();
+    if (s == serial) {
+      found = std::string("/dev/") + e->d_name;
+      break;
+    }
+  }
+  ::closedir(d);
+  return found;
+}
+
+// The config disk holds the JSON, then zeros up to its size (a whole number of sectors).
+std::string ReadConfigDisk(const std::string& dev) {
+  std::string text = ReadFile(dev);
+  const size_t end = text.find('\0');
+  if (end != std::string::npos) text.resize(end);
+  return text;
+}
+
 constexpr const char* k9p = "trans=virtio,version=9p2000.L,msize=512000";
 
 }  // namespace
@@ -177,10 +204,11 @@ static int VmInit() {
 
   const std::string port =
       WaitFor([] { return FindPort(kGuestPortName); }, "virtio-serial port sbx.agent");
-  MkdirP("/cfg");
-  Mount(kGuestConfigTag, "/cfg", "9p", MS_RDONLY | MS_NOSUID | MS_NODEV, k9p);
+  // Config and template trees on disks, not 9p shares where it can: QEMU refuses to migrate a
+  // VM that has a 9p share mounted, and suspend is a migration to a file.
+  const std::string cfg_dev = WaitFor([] { return FindDisk(kGuestConfigSerial); }, "config disk");
   Json cfg;
-  const std::string cfg_text = ReadFile("/cfg/config.json");
+  const std::string cfg_text = ReadConfigDisk(cfg_dev);
   try {
     cfg = Json::parse(cfg_text);
   } catch (const std::exception& e) {
@@ -190,13 +218,19 @@ static int VmInit() {
   // The root: the template's trees (top first) under the sandbox's own disk.
   std::string lowers;
   int n = 0;
-  for (const auto& tag : cfg.at("lowers")) {
+  for (const auto& l : cfg.at("lowers")) {
     const std::string dir = "/lower/" + std::to_string(n++);
     MkdirP(dir);
-    Mount(tag.get<std::string>().c_str(), dir, "9p", MS_RDONLY | MS_NOSUID | MS_NODEV, k9p);
+    if (l.contains("disk")) {
+      const std::string serial = l.at("disk").get<std::string>();
+      const std::string dev = WaitFor([&] { return FindDisk(serial); }, ("disk " + serial).c_str());
+      Mount(dev.c_str(), dir, "ext4", MS_RDONLY | MS_NOSUID | MS_NODEV, "noload");
+    } else {
+      Mount(l.at("share").get<std::string>().c_str(), dir, "9p", MS_RDONLY | MS_NOSUID | MS_NODEV, k9p);
+    }
     lowers += (lowers.empty() ? "" : ":") + dir;
   }
-  const std::string disk = WaitFor([] { return std::string("/dev/vda"); }, "disk /dev/vda");
+  const std::string disk = WaitFor([] { return FindDisk(kGuestDiskSerial); }, "the sandbox's disk");
   MkdirP("/disk");
   Mount(disk.c_str(), "/disk", "ext4", MS_NOSUID | MS_NODEV, "");
   MkdirP("/newroot");

@@ -20,8 +20,10 @@ int RunVmInit();
 // `listen_path` and relays until the VM is gone. Returns the process's exit code.
 int RunVmBridge(const std::string& port_path, const std::string& listen_path);
 
-// The guest config the runtime writes (config.json on the `sbxcfg` share); exposed for tests.
-inline constexpr const char* kGuestConfigTag = "sbxcfg";
+// The virtio disks' serials: the guest config the runtime writes (JSON, zero-padded) and the
+// sandbox's own disk. Template trees are disks `sbxl<N>` or 9p shares (config.json, "lowers").
+inline constexpr const char* kGuestConfigSerial = "sbxcfg";
+inline constexpr const char* kGuestDiskSerial = "sbxdisk";
 inline constexpr const char* kGuestPortName = "sbx.agent";
 inline constexpr const char* kGuestAgentSocket = "/run/sbx/agent.sock";
 

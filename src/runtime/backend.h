@@ -91,10 +91,21 @@ struct ExportedLayer {
 
 struct Capabilities {
   bool pause = false;  // Instance::Freeze/Thaw work (pause, suspend and wake)
+  // Instance::Suspend can write a sandbox's memory to disk and give it back to the host (for
+  // some sandboxes: SuspendOutcome says, per suspend).
+  bool suspend_releases_memory = false;
   bool snapshots = false;
   bool egress_policy = false;
   // Create takes SandboxSpec::network_ready and its instances implement AttachEgress.
   bool network_ready = false;
+};
+
+// What a suspend did with the sandbox's memory: the suspend operation's `result`.
+struct SuspendOutcome {
+  bool memory_preserved = true;  // on wake, processes continue where they stood
+  bool memory_released = false;  // the host has the memory back while suspended
+  std::string how;               // one sentence: where the memory is, and why
+  int64_t snapshot_bytes = 0;    // the saved state on the host's disk, when released
 };
 
 class Instance {
@@ -127,6 +138,16 @@ class Instance {
   // What the kernel says now: true once a freeze was requested (done or in progress) and not
   // undone. The service trusts this over its store after a restart.
   virtual absl::StatusOr<bool> IsFrozen() const { return false; }
+  // Suspend: where a runtime can, the sandbox's whole state goes to disk and its memory back
+  // to the host; otherwise a freeze, memory resident. Resume undoes either (and a Freeze).
+  // On failure the sandbox is left as IsFrozen() says.
+  virtual absl::StatusOr<SuspendOutcome> Suspend() {
+    absl::Status st = Freeze();
+    if (!st.ok()) return st;
+    return SuspendOutcome{.how = "frozen in place: the sandbox's memory stays resident (this runtime "
+                                 "cannot save a sandbox's processes to disk)"};
+  }
+  virtual absl::Status Resume() { return Thaw(); }
 
   // What the sandbox tried to reach and its egress profile refused, by reason, since the
   // sandbox's network was made (sbx_egress_denied_total{sandbox,reason}): the kernel's packet

@@ -222,11 +222,23 @@ void SandboxService::RunLifecycle(const std::string& op_id, const std::string& s
     if (inst && freeze) frozen_.insert(sandbox_id);
   }
   const auto started = Clock::now();
-  absl::Status done =
-      inst == nullptr
-          ? absl::FailedPreconditionError(
-                fmt::format("{} {}: sbxd holds no runtime instance for it", kind, sandbox_id))
-          : (freeze ? inst->Freeze() : inst->Thaw());
+  absl::Status done;
+  nlohmann::json result = nullptr;
+  if (inst == nullptr) {
+    done = absl::FailedPreconditionError(
+        fmt::format("{} {}: sbxd holds no runtime instance for it", kind, sandbox_id));
+  } else if (verb == Verb::kSuspend) {
+    absl::StatusOr<runtime::SuspendOutcome> out = inst->Suspend();
+    done = out.status();
+    if (out.ok()) {
+      result = {{"memory_preserved", out->memory_preserved},
+                {"memory_released", out->memory_released},
+                {"memory", out->how}};
+      if (out->memory_released) result["snapshot_bytes"] = out->snapshot_bytes;
+    }
+  } else {
+    done = freeze ? inst->Freeze() : inst->Resume();
+  }
   const double runtime_ms = MsSince(started);
   // What the kernel says decides where the sandbox stands, also after a failure.
   bool frozen = freeze ? done.ok() : !done.ok();
@@ -248,6 +260,7 @@ void SandboxService::RunLifecycle(const std::string& op_id, const std::string& s
                const std::string& now) -> absl::StatusOr<bool> {
         if (done.ok()) {
           Finish(op, true, nullptr, now);
+          op.result = result;
         } else {
           Finish(op, false, ErrorJson(fmt::format("{}_failed", kind), done), now);
         }

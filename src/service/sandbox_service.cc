@@ -167,7 +167,7 @@ nlohmann::json SandboxService::Runtimes() const {
       r["available"] = true;
       r["reason"] = nullptr;
       r["capabilities"] = {{"pause", c.pause},
-                           {"suspend_releases_memory", false},
+                           {"suspend_releases_memory", c.suspend_releases_memory},
                            {"snapshots", c.snapshots},
                            {"egress_policy", c.egress_policy},
                            {"warm_pool_networked", c.network_ready}};

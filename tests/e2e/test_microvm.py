@@ -4,6 +4,7 @@ Under TCG (these machines: research/feasibility.md, row 8c) a boot takes seconds
 are few and each does several things with one VM.
 """
 
+import base64
 import hashlib
 import os
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import images
 from conftest import ns_runtime_only, skip_or_fail
 
 pytestmark = ns_runtime_only("sbxd on the fake runtime offers no microvm")
@@ -108,6 +110,21 @@ def test_create_exec_files_pause_delete_leave_nothing(api, sbxd, microvm_availab
     c2 = counter()
     assert c0 <= c1 < c2, (c0, c1, c2)
 
+    # The base template shares host directories over 9p, which QEMU cannot save: its suspend
+    # is a pause, and the operation says so.
+    op = api.call("POST", f"/v1/sandboxes/{sid}/suspend", expect=202).body["operation"]
+    done = api.wait_operation(op["id"], timeout=60)
+    assert done["state"] == "succeeded", done
+    assert done["result"]["memory_preserved"] is True and done["result"]["memory_released"] is False, done
+    assert "9p" in done["result"]["memory"], done
+    assert sorted(vm_processes(sbxd.state_dir, sid)) == sorted(procs)
+    op = api.call("POST", f"/v1/sandboxes/{sid}/wake", expect=202).body["operation"]
+    assert api.wait_operation(op["id"], timeout=60)["state"] == "succeeded"
+    deadline = time.monotonic() + 30
+    while counter() <= c2:
+        assert time.monotonic() < deadline, "the counter did not move after a wake from suspend"
+        time.sleep(0.1)
+
     vmm_rss = rss_kib(procs[0])
     metrics.append(f"microvm: create -> running {boot:.2f} s (TCG here), VMM RSS {vmm_rss // 1024} MiB "
                    "with a 256 MiB guest (informational)")
@@ -186,3 +203,90 @@ def test_what_microvm_does_not_do_yet_is_refused_at_once(api, microvm_available)
     assert "port" in resp.text, resp.text[:300]
     assert time.monotonic() - t0 < 10
     api.delete_sandbox(sid)
+
+
+def busybox_template(api, work: Path, name: str) -> str:
+    """An image template of busybox (no host directory in it): its trees reach the VM as disks."""
+    layout = work / f"{name}-layout"
+    images.write_layout(layout, [images.busybox_layer().bytes()], env=["PATH=/bin"])
+    archive = images.oci_archive(layout, work / f"{name}.tar")
+    resp = api.call("POST", "/v1/templates:import", params={"name": name, "tag": "latest"},
+                    data=archive.read_bytes(), headers={"Content-Type": "application/x-tar"}, expect=202)
+    op = api.wait_operation(resp.body["operation"]["id"], timeout=120)
+    assert op["state"] == "succeeded", op
+    return f"{name}:latest"
+
+
+def read_counter(api, sid: str) -> tuple[int, int]:
+    """(pid, count) of the counting shell, from the file it rewrites."""
+    deadline = time.monotonic() + 60
+    while True:
+        r = api.run(sid, ["cat", "/tmp/c"])
+        words = r.stdout.decode().split()
+        if r.exit["exit_code"] == 0 and len(words) == 2:
+            return int(words[0]), int(words[1])
+        assert time.monotonic() < deadline, r
+
+
+def test_suspend_saves_the_vm_to_disk_releases_its_memory_and_survives_a_kill_9(restartable, tmp_path):
+    """Suspend writes the VM's whole state to disk and QEMU exits (its memory goes back to the
+    host); a crash of sbxd meanwhile changes nothing; wake loads it, and a shell's counter
+    continues from where it stood, in the same process, with its session's output kept."""
+    api = restartable.start()
+    restartable.track(api)
+    mv = next(r for r in api.call("GET", "/v1/runtimes").body["runtimes"] if r["name"] == "microvm")
+    if not mv["available"]:
+        skip_or_fail(f"the microvm runtime is not available here: {mv['reason']}")
+    assert mv["capabilities"]["suspend_releases_memory"] is True, mv
+    state_dir = restartable.daemon.state_dir
+    tmpl = busybox_template(api, tmp_path, "mvbb")
+    sid = api.create_sandbox({**MICROVM, "template": tmpl}, timeout=300)["sandbox"]["id"]
+    procs = vm_processes(state_dir, sid)
+    assert len(procs) == 2, procs
+    qemu = next(p for p in procs if b"qemu" in Path(f"/proc/{p}/cmdline").read_bytes())
+    rss_before = rss_kib(qemu)
+    counting = api.create_session(sid, ["sh", "-c", "i=0; while true; do i=$((i+1)); echo \"$$ $i\" > /tmp/c; "
+                                        "echo tick$i; sleep 0.05; done"])
+    api.attach(counting).close()
+    pid0, c0 = read_counter(api, sid)
+
+    t0 = time.monotonic()
+    op = api.call("POST", f"/v1/sandboxes/{sid}/suspend", expect=202).body["operation"]
+    done = api.wait_operation(op["id"], timeout=300)
+    suspend_s = time.monotonic() - t0
+    assert done["state"] == "succeeded", done
+    res = done["result"]
+    assert res["memory_preserved"] is True and res["memory_released"] is True, res
+    assert res["snapshot_bytes"] > 0, res
+    assert api.get_sandbox(sid)["state"] == "suspended"
+    assert vm_processes(state_dir, sid) == [], "QEMU (and the guest's memory) should be gone"
+    assert (state_dir / "vm" / sid / "state").stat().st_size == res["snapshot_bytes"]
+    # Nothing answers while suspended, and nothing hangs.
+    resp = api.call("GET", f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/c"}, validate=False)
+    assert resp.status_code == 409, (resp.status_code, resp.text[:300])
+
+    api = restartable.restart(kill=True)
+    assert api.get_sandbox(sid)["state"] == "suspended"
+    assert vm_processes(state_dir, sid) == []
+
+    t0 = time.monotonic()
+    op = api.call("POST", f"/v1/sandboxes/{sid}/wake", expect=202).body["operation"]
+    assert api.wait_operation(op["id"], timeout=300)["state"] == "succeeded"
+    wake_s = time.monotonic() - t0
+    assert api.get_sandbox(sid)["state"] == "running"
+    pid1, c1 = read_counter(api, sid)
+    assert pid1 == pid0 and c1 >= c0, ((pid0, c0), (pid1, c1))
+    time.sleep(0.5)
+    pid2, c2 = read_counter(api, sid)
+    assert pid2 == pid0 and c2 > c1, ((pid1, c1), (pid2, c2))
+    assert not (state_dir / "vm" / sid / "state").exists()
+    # The session's output from before the suspend is still in the agent's buffer.
+    with api.attach(counting["session_id"], last_event_id=0) as stream:
+        first = next(ev for ev in stream.events() if ev.event == "stdout")
+    assert base64.b64decode(first.data["data_b64"]).startswith(b"tick1\n"), first
+    assert len(vm_processes(state_dir, sid)) == 2
+    api.delete_sandbox(sid)
+    assert vm_processes(state_dir, sid) == []
+    assert not (state_dir / "vm" / sid).exists()
+    print(f"microvm suspend {suspend_s:.2f} s, wake {wake_s:.2f} s, state {res['snapshot_bytes'] >> 20} MiB "
+          f"for a 256 MiB guest (VMM RSS before {rss_before >> 10} MiB)")

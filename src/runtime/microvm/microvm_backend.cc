@@ -4,7 +4,6 @@
 #include <elf.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -24,11 +23,14 @@
 
 #include "common/files.h"
 #include "common/ids.h"
+#include "common/process.h"
 #include "common/status_util.h"
 #include "common/unique_fd.h"
 #include "protocol/protocol.h"
+#include "agent/vm_init.h"
 #include "runtime/microvm/host_view.h"
 #include "runtime/microvm/qemu.h"
+#include "runtime/microvm/tree_image.h"
 #include "runtime/ns/disk_image.h"
 
 namespace sbx::runtime::microvm {
@@ -71,35 +73,6 @@ bool IsOurs(pid_t pid, const std::string& dir) {
   if (state == 'Z' || state == 'X') return false;
   const std::string cmdline = ReadFileOrEmpty(fmt::format("/proc/{}/cmdline", pid));
   return cmdline.find(dir + "/") != std::string::npos;
-}
-
-// Starts argv[0] in a session of its own (outside sbxd's, so it outlives a kill -9 of sbxd),
-// stdin /dev/null, stdout and stderr to `log`, default signal dispositions.
-absl::StatusOr<pid_t> SpawnDetached(const std::vector<std::string>& args, const std::string& log) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  char* envp[] = {const_cast<char*>("PATH=/usr/sbin:/usr/bin:/sbin:/bin"), nullptr};
-  posix_spawn_file_actions_t fa;
-  posix_spawnattr_t attr;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawnattr_init(&attr);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
-  sigset_t all, none;
-  sigfillset(&all);
-  sigemptyset(&none);
-  posix_spawnattr_setsigdefault(&attr, &all);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-  pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, args[0].c_str(), &fa, &attr, argv.data(), envp);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0) return ErrnoStatus(rc, fmt::format("posix_spawn({})", args[0]));
-  return pid;
 }
 
 // Kills `pid` (and its process group: it leads its session) if it is still ours, and waits
@@ -146,27 +119,73 @@ bool Alive(pid_t pid, const std::string& dir, std::string* ended = nullptr) {
   return IsOurs(pid, dir);
 }
 
-absl::StatusOr<std::pair<pid_t, pid_t>> ReadPids(const std::string& dir) {
+// vm.json, the VM's record beside it: what adoption, delete and the sweep need after sbxd
+// restarts, and what a wake from suspend needs to start QEMU again with the same devices.
+struct VmRecord {
+  pid_t qemu = 0;
+  pid_t bridge = 0;
+  bool suspended = false;   // the state is in <dir>/state, no process runs
+  bool migratable = false;  // no 9p share: suspend can save the VM
+  std::vector<std::string> qemu_argv;
+};
+
+absl::StatusOr<VmRecord> ReadRecord(const std::string& dir) {
   std::string text = ReadFileOrEmpty(dir + "/vm.json");
   Json j = Json::parse(text, nullptr, false);
   if (!j.is_object() || !j.contains("qemu_pid") || !j["qemu_pid"].is_number_integer() ||
       !j.contains("bridge_pid") || !j["bridge_pid"].is_number_integer()) {
     return absl::NotFoundError(fmt::format("{}/vm.json: no pids", dir));
   }
-  return std::make_pair(j["qemu_pid"].get<pid_t>(), j["bridge_pid"].get<pid_t>());
+  VmRecord r;
+  r.qemu = j["qemu_pid"].get<pid_t>();
+  r.bridge = j["bridge_pid"].get<pid_t>();
+  r.suspended = j.value("suspended", false);
+  r.migratable = j.value("migratable", false);
+  if (j.contains("qemu_argv") && j["qemu_argv"].is_array()) {
+    for (const auto& a : j["qemu_argv"]) {
+      if (a.is_string()) r.qemu_argv.push_back(a.get<std::string>());
+    }
+  }
+  return r;
 }
 
-absl::Status WritePids(const std::string& dir, pid_t qemu, pid_t bridge) {
+absl::Status WriteRecord(const std::string& dir, const VmRecord& r) {
   const std::string tmp = dir + "/vm.json.tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << Json{{"qemu_pid", qemu}, {"bridge_pid", bridge}}.dump() << "\n";
+    out << Json{{"qemu_pid", r.qemu}, {"bridge_pid", r.bridge}, {"suspended", r.suspended},
+                {"migratable", r.migratable}, {"qemu_argv", r.qemu_argv}}
+               .dump()
+        << "\n";
     if (!out) return absl::InternalError(fmt::format("write {}", tmp));
   }
   if (::rename(tmp.c_str(), (dir + "/vm.json").c_str()) != 0) {
     return ErrnoStatus(errno, fmt::format("rename({}, vm.json)", tmp));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<pid_t> StartBridge(const std::string& agent, const std::string& dir) {
+  return SpawnDetached({agent, "--vm-bridge", dir + "/serial.sock", dir + "/agent.sock"},
+                       DetachedOptions{.log = dir + "/bridge.log"});
+}
+
+// Until the guest's agent answers through the bridge; a VM that exits first says why.
+absl::Status WaitForAgent(const Instance& vm, const std::string& dir, int timeout_s, const std::string& accel) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  auto backoff = 5ms;
+  for (;;) {
+    auto ping = protocol::CallAgent(dir + "/agent.sock", protocol::Json{{"op", "ping"}}, 2000);
+    if (ping.ok()) return absl::OkStatus();
+    if (!vm.Alive()) return absl::UnavailableError(vm.DeathReason());
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return absl::DeadlineExceededError(fmt::format(
+          "the guest's agent did not answer within {} s (accel {}): {}; guest console: {}", timeout_s, accel,
+          std::string(ping.status().message()), FileTail(dir + "/console.log", 400)));
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min<std::chrono::milliseconds>(backoff * 2, 50ms);
+  }
 }
 
 // Whether an ELF file asks for a dynamic loader (PT_INTERP): the guest has no libraries.
@@ -187,49 +206,34 @@ absl::StatusOr<bool> IsStaticElf(const std::string& path) {
   return true;
 }
 
-absl::StatusOr<std::string> FindProgram(const std::string& name) {
-  if (name.find('/') != std::string::npos) {
-    if (::access(name.c_str(), X_OK) == 0) return name;
-    return ErrnoStatus(errno, fmt::format("access({})", name));
-  }
-  std::vector<std::string> dirs = {"/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin"};
-  if (const char* p = std::getenv("PATH"); p != nullptr) {
-    std::string path = p;
-    size_t start = 0;
-    while (start <= path.size()) {
-      size_t end = path.find(':', start);
-      if (end == std::string::npos) end = path.size();
-      if (end > start) dirs.push_back(path.substr(start, end - start));
-      start = end + 1;
-    }
-  }
-  for (const auto& d : dirs) {
-    const std::string c = d + "/" + name;
-    if (d.starts_with("/") && ::access(c.c_str(), X_OK) == 0) return c;
-  }
-  return absl::NotFoundError(fmt::format("{} is not installed", name));
-}
+// What a resumed VM needs from its backend.
+struct ResumeContext {
+  std::string agent_path;
+  int boot_timeout_s = 60;
+  std::string accel;
+};
 
 class MicrovmInstance : public Instance {
  public:
-  MicrovmInstance(std::string id, std::string dir, pid_t qemu, pid_t bridge)
-      : id_(std::move(id)), dir_(std::move(dir)), qemu_(qemu), bridge_(bridge) {}
+  MicrovmInstance(std::string id, std::string dir, VmRecord rec, ResumeContext ctx)
+      : id_(std::move(id)), dir_(std::move(dir)), rec_(std::move(rec)), ctx_(std::move(ctx)) {}
 
   const std::string& id() const override { return id_; }
   std::string AgentSocketPath() const override { return dir_ + "/agent.sock"; }
   Json Persist() const override {
-    return Json{{"dir", dir_}, {"qemu_pid", qemu_}, {"bridge_pid", bridge_}};
+    return Json{{"dir", dir_}, {"qemu_pid", rec_.qemu}, {"bridge_pid", rec_.bridge}, {"suspended", rec_.suspended}};
   }
   bool Alive() const override {
-    const bool qemu = microvm::Alive(qemu_, dir_, &qemu_ended_);
-    const bool bridge = microvm::Alive(bridge_, dir_, &bridge_ended_);
+    if (rec_.suspended) return true;  // nothing runs, and nothing is lost: the state is on disk
+    const bool qemu = microvm::Alive(rec_.qemu, dir_, &qemu_ended_);
+    const bool bridge = microvm::Alive(rec_.bridge, dir_, &bridge_ended_);
     return qemu && bridge;
   }
   std::string DeathReason() const override {
     // The bridge ends when QEMU's end of the port closes, often before QEMU has exited and
     // its console file holds the guest's last words: give QEMU a moment to finish.
     const auto deadline = std::chrono::steady_clock::now() + 2s;
-    while (microvm::Alive(qemu_, dir_, &qemu_ended_) && !microvm::Alive(bridge_, dir_, &bridge_ended_) &&
+    while (microvm::Alive(rec_.qemu, dir_, &qemu_ended_) && !microvm::Alive(rec_.bridge, dir_, &bridge_ended_) &&
            std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(10ms);
     }
@@ -241,7 +245,7 @@ class MicrovmInstance : public Instance {
       return "the guest's init failed: " + Tail(console.substr(p, console.find('\n', p) - p), 300);
     }
     const std::string qemu = FileTail(dir_ + "/qemu.log", 300);
-    if (!microvm::Alive(qemu_, dir_, &qemu_ended_) || !qemu.empty()) {
+    if (!microvm::Alive(rec_.qemu, dir_, &qemu_ended_) || !qemu.empty()) {
       return fmt::format("the VMM (QEMU) exited ({}){}{}", qemu_ended_.empty() ? "not our child" : qemu_ended_,
                          qemu.empty() ? "" : ": " + qemu,
                          console.empty() ? "" : "; guest console: " + Tail(console, 300));
@@ -251,8 +255,8 @@ class MicrovmInstance : public Instance {
                        bridge.empty() ? std::string() : ": " + bridge);
   }
   absl::Status Destroy() override {
-    Stop(bridge_, dir_);
-    Stop(qemu_, dir_);
+    Stop(rec_.bridge, dir_);
+    Stop(rec_.qemu, dir_);
     std::error_code ec;
     fs::remove_all(dir_, ec);
     if (ec) return absl::InternalError(fmt::format("destroy {}: remove {}: {}", id_, dir_, ec.message()));
@@ -260,22 +264,135 @@ class MicrovmInstance : public Instance {
   }
   // The VMM stops the vCPUs: nothing in the guest runs, its memory stays resident.
   absl::Status Freeze() override {
+    if (rec_.suspended) return absl::OkStatus();
     return Annotate(QmpCommand(dir_ + "/qmp.sock", "stop").status(), fmt::format("pause {}", id_));
   }
-  absl::Status Thaw() override {
-    return Annotate(QmpCommand(dir_ + "/qmp.sock", "cont").status(), fmt::format("wake {}", id_));
-  }
+  absl::Status Thaw() override { return Resume(); }
   absl::StatusOr<bool> IsFrozen() const override {
+    if (rec_.suspended) return true;
     auto st = QmpCommand(dir_ + "/qmp.sock", "query-status");
     if (!st.ok()) return st.status();
     return st->value("status", std::string()) != "running";
   }
 
+  // The VM's whole state (memory, vCPUs, devices) goes to <dir>/state as a QEMU migration
+  // stream, then QEMU and the bridge exit: the host has the guest's memory back. A VM with a
+  // 9p share mounted cannot be migrated (QEMU refuses), so it is paused instead.
+  absl::StatusOr<SuspendOutcome> Suspend() override {
+    if (rec_.suspended) {
+      return SuspendOutcome{.memory_released = true, .how = "already saved to disk", .snapshot_bytes = StateBytes()};
+    }
+    SBX_RETURN_IF_ERROR(Freeze());
+    if (!rec_.migratable) {
+      return SuspendOutcome{.how = "paused with its memory resident: the template shares host directories "
+                                   "with the VM (9p), and QEMU cannot save a VM that has them mounted"};
+    }
+    const std::string state = dir_ + "/state", tmp = dir_ + "/state.tmp";
+    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    if (!fd.valid()) return ErrnoStatus(errno, fmt::format("suspend {}: open({})", id_, tmp));
+    auto saved = QmpSaveState(dir_ + "/qmp.sock", fd.get(), 300s);
+    if (!saved.ok()) {
+      ::unlink(tmp.c_str());
+      return Annotate(saved.status(), fmt::format("suspend {}: save the VM (it stays paused)", id_));
+    }
+    if (::fsync(fd.get()) != 0 || ::rename(tmp.c_str(), state.c_str()) != 0) {
+      const int e = errno;
+      ::unlink(tmp.c_str());
+      return ErrnoStatus(e, fmt::format("suspend {}: keep {} (the VM stays paused)", id_, state));
+    }
+    fd.Reset();
+    // The record says "suspended" before any process ends: a crash from here on wakes from
+    // the file, which holds everything (adoption stops the processes the record still names).
+    VmRecord next = rec_;
+    next.suspended = true;
+    if (auto st = WriteRecord(dir_, next); !st.ok()) {
+      ::unlink(state.c_str());
+      return Annotate(st, fmt::format("suspend {} (the VM stays paused)", id_));
+    }
+    (void)QmpCommand(dir_ + "/qmp.sock", "quit");
+    Stop(rec_.qemu, dir_);
+    Stop(rec_.bridge, dir_);
+    next.qemu = next.bridge = 0;
+    (void)WriteRecord(dir_, next);
+    rec_ = next;
+    qemu_ended_.clear();
+    bridge_ended_.clear();
+    return SuspendOutcome{.memory_released = true,
+                          .how = "saved to the host's disk with the VM's devices; QEMU exited, so the host "
+                                 "has the guest's memory back",
+                          .snapshot_bytes = StateBytes()};
+  }
+
+  // From a pause: the vCPUs continue. From a suspend: a new QEMU with the same devices loads
+  // the saved state, a new bridge says hello (the guest drops the streams of the old one), and
+  // the state file goes once the agent answers.
+  absl::Status Resume() override {
+    if (!rec_.suspended) {
+      return Annotate(QmpCommand(dir_ + "/qmp.sock", "cont").status(), fmt::format("wake {}", id_));
+    }
+    if (rec_.qemu_argv.empty()) {
+      return absl::FailedPreconditionError(fmt::format("wake {}: vm.json has no QEMU command line", id_));
+    }
+    const std::string state = dir_ + "/state";
+    UniqueFd in(::open(state.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!in.valid()) return ErrnoStatus(errno, fmt::format("wake {}: open({})", id_, state));
+    std::vector<std::string> argv = rec_.qemu_argv;
+    argv.push_back("-incoming");
+    argv.push_back("fd:3");
+    auto qemu = SpawnDetached(argv, DetachedOptions{.log = dir_ + "/qemu.log", .pass_fd = in.get()});
+    if (!qemu.ok()) return Annotate(qemu.status(), fmt::format("wake {}", id_));
+    in.Reset();
+    const VmRecord before = rec_;
+    VmRecord live = rec_;
+    live.qemu = *qemu;
+    auto undo = [&](absl::Status st) {
+      Stop(live.bridge, dir_);
+      Stop(live.qemu, dir_);
+      rec_ = before;
+      (void)WriteRecord(dir_, before);
+      return Annotate(st, fmt::format("wake {} (it stays suspended)", id_));
+    };
+    // Still suspended (the file is the truth until the agent answers), but a crash from here
+    // leaves processes that adoption must stop: the record names them.
+    if (auto st = WriteRecord(dir_, live); !st.ok()) return undo(st);
+    // QEMU answers QMP once it listens; the load runs before the VM may continue.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(ctx_.boot_timeout_s);
+    for (auto pause = 2ms;; pause = std::min<std::chrono::milliseconds>(pause * 2, 20ms)) {
+      auto st = QmpCommand(dir_ + "/qmp.sock", "query-status");
+      if (st.ok() && st->value("status", std::string()) != "inmigrate") break;
+      std::string ended;
+      if (!microvm::Alive(live.qemu, dir_, &ended)) {
+        return undo(absl::UnavailableError(fmt::format("QEMU exited ({}) loading {}: {}", ended, state,
+                                                       FileTail(dir_ + "/qemu.log", 300))));
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return undo(absl::DeadlineExceededError(fmt::format("QEMU did not load {} within {} s", state, ctx_.boot_timeout_s)));
+      }
+      std::this_thread::sleep_for(pause);
+    }
+    auto bridge = StartBridge(ctx_.agent_path, dir_);
+    if (!bridge.ok()) return undo(bridge.status());
+    live.bridge = *bridge;
+    if (auto st = WriteRecord(dir_, live); !st.ok()) return undo(st);
+    if (auto st = QmpCommand(dir_ + "/qmp.sock", "cont"); !st.ok()) return undo(st.status());
+    live.suspended = false;
+    rec_ = live;
+    if (auto st = WaitForAgent(*this, dir_, ctx_.boot_timeout_s, ctx_.accel); !st.ok()) return undo(st);
+    if (auto st = WriteRecord(dir_, rec_); !st.ok()) return undo(st);
+    ::unlink(state.c_str());
+    return absl::OkStatus();
+  }
+
  private:
+  int64_t StateBytes() const {
+    struct stat st;
+    return ::stat((dir_ + "/state").c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
+  }
+
   std::string id_;
   std::string dir_;
-  pid_t qemu_;
-  pid_t bridge_;
+  VmRecord rec_;
+  ResumeContext ctx_;
   mutable std::string qemu_ended_, bridge_ended_;  // how each ended, once reaped here
 };
 
@@ -416,14 +533,12 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
   if (::mkdir(dir.c_str(), 0700) != 0) {
     return ErrnoStatus(errno, fmt::format("create sandbox {}: mkdir({})", spec.id, dir));
   }
-  auto instance = std::make_unique<MicrovmInstance>(spec.id, dir, 0, 0);
+  const ResumeContext ctx{opts_.agent_path, opts_.boot_timeout_s, accel_};
+  auto instance = std::make_unique<MicrovmInstance>(spec.id, dir, VmRecord{}, ctx);
   auto fail = [&](absl::Status s) -> absl::Status {
     (void)instance->Destroy();
     return Annotate(s, fmt::format("create sandbox {} (microvm)", spec.id));
   };
-  if (::mkdir((dir + "/guest").c_str(), 0755) != 0) {
-    return fail(ErrnoStatus(errno, fmt::format("mkdir({}/guest)", dir)));
-  }
 
   // What the guest's init builds (agent/vm_init.cc).
   QemuVm vm;
@@ -433,22 +548,24 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
   vm.memory_mib = spec.resources.memory_mib;
   vm.vmlinux = assets.vmlinux;
   vm.initramfs = assets.initramfs;
-  vm.disk_image = dir + "/disk.img";
   vm.serial_socket = dir + "/serial.sock";
   vm.qmp_socket = dir + "/qmp.sock";
   vm.console_log = dir + "/console.log";
   vm.extra_cmdline = extra_cmdline_;
-  vm.shares.push_back({"sbxcfg", dir + "/guest"});
+  vm.disks.push_back({dir + "/guest.cfg", agent::kGuestConfigSerial, true});
+  vm.disks.push_back({dir + "/disk.img", agent::kGuestDiskSerial, false});
   Json lowers = Json::array();
   Json binds = Json::array();
-  int n = 0;
-  auto lower = [&](const std::string& path) {
-    const std::string tag = fmt::format("lower{}", n++);
-    vm.shares.push_back({tag, path});
-    lowers.push_back(tag);
-  };
-  lower(spec.tmpl.rootfs_dir);
-  for (const auto& l : spec.tmpl.lower_dirs) lower(l);
+  // The template's trees as shared read-only images (made on first use), top first.
+  std::vector<std::string> trees = {spec.tmpl.rootfs_dir};
+  trees.insert(trees.end(), spec.tmpl.lower_dirs.begin(), spec.tmpl.lower_dirs.end());
+  for (size_t i = 0; i < trees.size(); ++i) {
+    auto image = TreeImage(trees[i], opts_.state_dir + "/microvm-assets");
+    if (!image.ok()) return fail(Annotate(image.status(), "the template's trees as disks"));
+    const std::string serial = fmt::format("sbxl{}", i);
+    vm.disks.push_back({*image, serial, true});
+    lowers.push_back({{"disk", serial}});
+  }
   auto shares = SharesForBinds(spec.tmpl.binds, opts_.state_dir + "/microvm-assets/views");
   if (!shares.ok()) return fail(shares.status());
   int b = 0;
@@ -475,39 +592,30 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
               {"shm_mib", spec.resources.shm_mib},
               {"buffer_bytes", opts_.agent_buffer_bytes}};
   {
-    std::ofstream out(dir + "/guest/config.json");
-    out << cfg.dump();
-    if (!out) return fail(absl::InternalError(fmt::format("write {}/guest/config.json", dir)));
+    // A raw disk: the JSON, then zeros to a whole number of 4 KiB blocks.
+    std::string text = cfg.dump();
+    text.resize((text.size() / 4096 + 1) * 4096, '\0');
+    std::ofstream out(dir + "/guest.cfg", std::ios::binary);
+    out << text;
+    if (!out) return fail(absl::InternalError(fmt::format("write {}/guest.cfg", dir)));
   }
-  if (auto disk = DiskImage(spec.resources.disk_mib, vm.disk_image); !disk.ok()) {
+  if (auto disk = DiskImage(spec.resources.disk_mib, dir + "/disk.img"); !disk.ok()) {
     return fail(disk.status());
   }
 
-  auto qemu = SpawnDetached(QemuArgv(vm), dir + "/qemu.log");
+  VmRecord rec;
+  rec.qemu_argv = QemuArgv(vm);
+  rec.migratable = vm.shares.empty();
+  auto qemu = SpawnDetached(rec.qemu_argv, DetachedOptions{.log = dir + "/qemu.log"});
   if (!qemu.ok()) return fail(qemu.status());
-  instance = std::make_unique<MicrovmInstance>(spec.id, dir, *qemu, 0);
-  auto bridge = SpawnDetached({opts_.agent_path, "--vm-bridge", vm.serial_socket, dir + "/agent.sock"},
-                              dir + "/bridge.log");
+  rec.qemu = *qemu;
+  instance = std::make_unique<MicrovmInstance>(spec.id, dir, rec, ctx);
+  auto bridge = StartBridge(opts_.agent_path, dir);
   if (!bridge.ok()) return fail(bridge.status());
-  instance = std::make_unique<MicrovmInstance>(spec.id, dir, *qemu, *bridge);
-  if (auto st = WritePids(dir, *qemu, *bridge); !st.ok()) return fail(st);
-
-  // Ready when the agent answers through the bridge; a VM that exits first says why.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(opts_.boot_timeout_s);
-  auto backoff = 5ms;
-  for (;;) {
-    auto ping = protocol::CallAgent(dir + "/agent.sock", protocol::Json{{"op", "ping"}}, 2000);
-    if (ping.ok()) break;
-    if (!instance->Alive()) return fail(absl::UnavailableError(instance->DeathReason()));
-    if (std::chrono::steady_clock::now() >= deadline) {
-      return fail(absl::DeadlineExceededError(fmt::format(
-          "the guest's agent did not answer within {} s (accel {}): {}; guest console: {}",
-          opts_.boot_timeout_s, accel_, std::string(ping.status().message()),
-          FileTail(dir + "/console.log", 400))));
-    }
-    std::this_thread::sleep_for(backoff);
-    backoff = std::min<std::chrono::milliseconds>(backoff * 2, 50ms);
-  }
+  rec.bridge = *bridge;
+  instance = std::make_unique<MicrovmInstance>(spec.id, dir, rec, ctx);
+  if (auto st = WriteRecord(dir, rec); !st.ok()) return fail(st);
+  if (auto st = WaitForAgent(*instance, dir, opts_.boot_timeout_s, accel_); !st.ok()) return fail(st);
   return InstancePtr(std::move(instance));
 }
 
@@ -517,29 +625,40 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Adopt(const std::string& id, const J
   }
   (void)persisted;  // vm.json in the sandbox's dir is the record, kept with the VM itself
   const std::string dir = SandboxDir(id);
-  auto pids = ReadPids(dir);
-  if (!pids.ok()) return absl::NotFoundError(fmt::format("adopt sandbox {}: {}", id, std::string(pids.status().message())));
-  auto [qemu, bridge] = *pids;
-  if (!IsOurs(qemu, dir)) {
-    return absl::NotFoundError(fmt::format("adopt sandbox {}: its VMM (pid {}) is gone", id, qemu));
+  auto rec = ReadRecord(dir);
+  if (!rec.ok()) return absl::NotFoundError(fmt::format("adopt sandbox {}: {}", id, std::string(rec.status().message())));
+  const ResumeContext ctx{opts_.agent_path, opts_.boot_timeout_s, accel_};
+  if (rec->suspended) {
+    // sbxd died while suspending or waking: the state file holds the VM; processes the record
+    // still names are leftovers of that step.
+    if (::access((dir + "/state").c_str(), R_OK) != 0) {
+      return absl::NotFoundError(fmt::format("adopt sandbox {}: suspended, but {}/state is gone", id, dir));
+    }
+    Stop(rec->bridge, dir);
+    Stop(rec->qemu, dir);
+    rec->qemu = rec->bridge = 0;
+    SBX_RETURN_IF_ERROR(WriteRecord(dir, *rec));
+    return InstancePtr(std::make_unique<MicrovmInstance>(id, dir, *rec, ctx));
   }
-  if (!IsOurs(bridge, dir)) {
+  if (!IsOurs(rec->qemu, dir)) {
+    return absl::NotFoundError(fmt::format("adopt sandbox {}: its VMM (pid {}) is gone", id, rec->qemu));
+  }
+  if (!IsOurs(rec->bridge, dir)) {
     // The VM outlived its bridge: a new one says hello, and the guest drops the old streams.
-    auto b = SpawnDetached({opts_.agent_path, "--vm-bridge", dir + "/serial.sock", dir + "/agent.sock"},
-                           dir + "/bridge.log");
+    auto b = StartBridge(opts_.agent_path, dir);
     if (!b.ok()) return Annotate(b.status(), fmt::format("adopt sandbox {}: restart its bridge", id));
-    bridge = *b;
-    SBX_RETURN_IF_ERROR(WritePids(dir, qemu, bridge));
+    rec->bridge = *b;
+    SBX_RETURN_IF_ERROR(WriteRecord(dir, *rec));
   }
-  return InstancePtr(std::make_unique<MicrovmInstance>(id, dir, qemu, bridge));
+  return InstancePtr(std::make_unique<MicrovmInstance>(id, dir, *rec, ctx));
 }
 
 absl::Status MicrovmBackend::Remove(const std::string& id) {
   if (!IsValidId(id, "sbx")) return absl::InvalidArgumentError(fmt::format("remove: invalid id \"{}\"", id));
   const std::string dir = SandboxDir(id);
-  if (auto pids = ReadPids(dir); pids.ok()) {
-    Stop(pids->second, dir);
-    Stop(pids->first, dir);
+  if (auto rec = ReadRecord(dir); rec.ok()) {
+    Stop(rec->bridge, dir);
+    Stop(rec->qemu, dir);
   }
   std::error_code ec;
   fs::remove_all(dir, ec);

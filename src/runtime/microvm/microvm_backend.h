@@ -46,7 +46,9 @@ class MicrovmBackend : public Backend {
   explicit MicrovmBackend(MicrovmOptions opts);
 
   std::string Name() const override { return "microvm"; }
-  Capabilities GetCapabilities() const override { return Capabilities{.pause = true}; }
+  Capabilities GetCapabilities() const override {
+    return Capabilities{.pause = true, .suspend_releases_memory = true};
+  }
   absl::Status Probe() override;
   absl::Status CheckCreate(const Resources& effective, bool networked) const override;
   Json Describe() const override;

@@ -2,6 +2,11 @@
 #include <archive_entry.h>
 
 #include <elf.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include <algorithm>
 #include <cstring>
@@ -12,6 +17,9 @@
 
 #include "runtime/microvm/boot_assets.h"
 #include "runtime/microvm/qemu.h"
+#include "runtime/microvm/tree_image.h"
+#include "common/process.h"
+#include "common/test_util.h"
 
 namespace sbx::runtime::microvm {
 namespace {
@@ -120,26 +128,33 @@ TEST(BootAssets, ModulesComeAfterWhatTheyNeed) {
   EXPECT_NE(missing.status().message().find("9p"), std::string::npos);
 }
 
-TEST(Qemu, ArgvEscapesCommasAndListsEveryShare) {
+TEST(Qemu, ArgvEscapesCommasAndListsEveryDiskAndShare) {
   QemuVm vm;
   vm.vmlinux = "/a/vmlinux";
   vm.initramfs = "/a/initramfs.cpio";
-  vm.disk_image = "/s/x,y/disk.img";
+  vm.disks = {{"/s/guest.cfg", "sbxcfg", true}, {"/s/x,y/disk.img", "sbxdisk", false}};
   vm.serial_socket = "/s/serial.sock";
   vm.qmp_socket = "/s/qmp.sock";
   vm.console_log = "/s/console.log";
-  vm.shares = {{"sbxcfg", "/s/guest"}, {"lower0", "/t/root"}};
+  vm.shares = {{"bind0", "/h/usr"}, {"lower0", "/t/root"}};
   vm.memory_mib = 256;
   vm.vcpus = 2;
   const auto argv = QemuArgv(vm);
   std::string all;
   for (const auto& a : argv) all += a + " ";
-  EXPECT_NE(all.find("file=/s/x,,y/disk.img"), std::string::npos) << all;
-  EXPECT_NE(all.find("mount_tag=sbxcfg"), std::string::npos);
+  EXPECT_NE(all.find("file=/s/x,,y/disk.img,format=raw,if=none,id=disk1,cache=none,aio=threads "), std::string::npos) << all;
+  EXPECT_NE(all.find("file=/s/guest.cfg,format=raw,if=none,id=disk0,cache=none,aio=threads,readonly=on"), std::string::npos) << all;
+  EXPECT_NE(all.find("virtio-blk-device,drive=disk0,serial=sbxcfg"), std::string::npos) << all;
+  EXPECT_NE(all.find("mount_tag=bind0"), std::string::npos);
+  EXPECT_EQ(all.find("-incoming"), std::string::npos);
   EXPECT_NE(all.find("path=/t/root,security_model=none,readonly=on"), std::string::npos);
   EXPECT_NE(all.find("-m 256M"), std::string::npos);
   EXPECT_NE(all.find("-smp 2"), std::string::npos);
   EXPECT_NE(all.find("-accel tcg,tb-size=64 -cpu max"), std::string::npos);
+  vm.incoming_fd3 = true;
+  all.clear();
+  for (const auto& a : QemuArgv(vm)) all += a + " ";
+  EXPECT_NE(all.find("-incoming fd:3 "), std::string::npos) << all;
 }
 
 TEST(Qemu, TcgParamsComeFromTheHostsTscAndTheKernelsHz) {
@@ -148,6 +163,47 @@ TEST(Qemu, TcgParamsComeFromTheHostsTscAndTheKernelsHz) {
   EXPECT_EQ(TcgKernelParams("cpu MHz\t: 2000.000\n", ""), "tsc_early_khz=2000000 no_timer_check");
   EXPECT_EQ(TcgKernelParams("model name: x\n", "\nCONFIG_HZ=250\n"), "");
   EXPECT_EQ(TcgKernelParams("cpu MHz\t: nonsense\n", ""), "");
+}
+
+TEST(TreeImage, SizeCoversTheTreeAndGrowsWithIt) {
+  const TreeSize small{.data_bytes = 4096, .inodes = 3};
+  const TreeSize big{.data_bytes = uint64_t{1} << 30, .inodes = 30000};
+  EXPECT_GE(TreeImageMib(small), 8);
+  EXPECT_GT(TreeImageMib(big), 1024 + 30000 * 256 / (1 << 20));
+  EXPECT_LT(TreeImageMib(big), 1024 * 13 / 10);
+}
+
+// mke2fs -d copies the tree; the image is made once and then found by the tree's identity.
+TEST(TreeImage, MadeOnceFromTheTreeAndReused) {
+  if (!FindProgram("mke2fs").ok()) SBX_SKIP_OR_FAIL("mke2fs (e2fsprogs) is not installed");
+  namespace fs = std::filesystem;
+  char tmp[] = "/tmp/sbx-tree-image-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmp), nullptr);
+  const fs::path root = fs::path(tmp) / "tree", cache = fs::path(tmp) / "cache";
+  fs::create_directories(root / "bin");
+  std::ofstream(root / "bin" / "tool") << std::string(100000, 'x');
+  fs::create_symlink("tool", root / "bin" / "link");
+  fs::create_hard_link(root / "bin" / "tool", root / "bin" / "hard");
+  auto measured = MeasureTree(root.string());
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  EXPECT_EQ(measured->inodes, 5u);  // root, bin, tool, link, hard (a link counted as a file)
+  auto image = TreeImage(root.string(), cache.string());
+  ASSERT_TRUE(image.ok()) << image.status();
+  struct stat st1, st2;
+  ASSERT_EQ(::stat(image->c_str(), &st1), 0);
+  EXPECT_EQ(st1.st_size, TreeImageMib(*measured) << 20);
+  std::string out;
+  auto rc = RunProgram({*FindProgram("debugfs"), "-R", "ls -l /bin", *image}, &out);
+  ASSERT_TRUE(rc.ok());
+  EXPECT_NE(out.find("tool"), std::string::npos) << out;
+  EXPECT_NE(out.find("link"), std::string::npos) << out;
+  auto again = TreeImage(root.string(), cache.string());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *image);
+  ASSERT_EQ(::stat(again->c_str(), &st2), 0);
+  EXPECT_EQ(st1.st_ino, st2.st_ino);
+  EXPECT_FALSE(TreeImage((fs::path(tmp) / "missing").string(), cache.string()).ok());
+  fs::remove_all(tmp);
 }
 
 }  // namespace

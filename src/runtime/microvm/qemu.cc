@@ -2,12 +2,14 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -66,11 +68,26 @@ class QmpConn {
     }
   }
 
-  absl::StatusOr<Json> Execute(const std::string& command, const Json& arguments) {
+  // `pass_fd` >= 0 travels with the command (SCM_RIGHTS), for `getfd`.
+  absl::StatusOr<Json> Execute(const std::string& command, const Json& arguments, int pass_fd = -1) {
     Json req = {{"execute", command}};
     if (!arguments.is_null()) req["arguments"] = arguments;
     const std::string line = req.dump() + "\n";
-    if (::send(fd_.get(), line.data(), line.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(line.size())) {
+    iovec iov{const_cast<char*>(line.data()), line.size()};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    if (pass_fd >= 0) {
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+    }
+    if (::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(line.size())) {
       return ErrnoStatus(errno, fmt::format("qmp: send {}", command));
     }
     SBX_ASSIGN_OR_RETURN(Json ans, Next());
@@ -115,11 +132,21 @@ std::vector<std::string> QemuArgv(const QemuVm& vm) {
       "-device", "virtio-serial-device",
       "-chardev", fmt::format("socket,id=agent,path={},server=on,wait=off", Esc(vm.serial_socket)),
       "-device", "virtserialport,chardev=agent,name=sbx.agent",
-      "-drive", fmt::format("file={},format=raw,if=none,id=disk,cache=none,aio=threads",
-                            Esc(vm.disk_image)),
-      "-device", "virtio-blk-device,drive=disk",
       "-qmp", fmt::format("unix:{},server=on,wait=off", Esc(vm.qmp_socket)),
   };
+  int d = 0;
+  for (const auto& disk : vm.disks) {
+    const std::string id = fmt::format("disk{}", d++);
+    a.push_back("-drive");
+    a.push_back(fmt::format("file={},format=raw,if=none,id={},cache=none,aio=threads{}", Esc(disk.path), id,
+                            disk.read_only ? ",readonly=on" : ""));
+    a.push_back("-device");
+    a.push_back(fmt::format("virtio-blk-device,drive={},serial={}", id, disk.serial));
+  }
+  if (vm.incoming_fd3) {
+    a.push_back("-incoming");
+    a.push_back("fd:3");
+  }
   int i = 0;
   for (const auto& s : vm.shares) {
     const std::string id = fmt::format("fs{}", i++);
@@ -168,6 +195,44 @@ absl::StatusOr<Json> QmpCommand(const std::string& socket, const std::string& co
   }
   SBX_RETURN_IF_ERROR(c.Execute("qmp_capabilities", nullptr).status());
   return c.Execute(command, arguments);
+}
+
+absl::StatusOr<Json> QmpSaveState(const std::string& socket, int fd, std::chrono::milliseconds timeout) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(fmt::format("qmp: socket path {} is too long", socket));
+  }
+  std::memcpy(addr.sun_path, socket.data(), socket.size());
+  UniqueFd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!s.valid()) return ErrnoStatus(errno, "qmp: socket");
+  if (::connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return ErrnoStatus(errno, fmt::format("qmp: connect({})", socket));
+  }
+  const auto deadline = Clock::now() + timeout;
+  QmpConn c(std::move(s), deadline);
+  SBX_ASSIGN_OR_RETURN(Json greeting, c.Next());
+  if (!greeting.contains("QMP")) return absl::InternalError(fmt::format("qmp: no greeting: {}", greeting.dump()));
+  SBX_RETURN_IF_ERROR(c.Execute("qmp_capabilities", nullptr).status());
+  SBX_RETURN_IF_ERROR(c.Execute("getfd", Json{{"fdname", "sbxstate"}}, fd).status());
+  SBX_RETURN_IF_ERROR(c.Execute("migrate", Json{{"uri", "fd:sbxstate"}}).status());
+  // The VM is stopped, so the whole state goes in one pass; QEMU answers query-migrate while
+  // it writes.
+  auto pause = std::chrono::milliseconds(1);
+  for (;;) {
+    SBX_ASSIGN_OR_RETURN(Json st, c.Execute("query-migrate", nullptr));
+    const std::string status = st.value("status", std::string());
+    if (status == "completed") return st;
+    if (status == "failed" || status == "cancelled") {
+      return absl::InternalError(fmt::format("qmp migrate: {}: {}", status, st.value("error-desc", std::string("no reason given"))));
+    }
+    if (Clock::now() >= deadline) {
+      (void)c.Execute("migrate_cancel", nullptr);
+      return absl::DeadlineExceededError(fmt::format("qmp migrate: still {} after {} ms", status, timeout.count()));
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(20));
+  }
 }
 
 }  // namespace sbx::runtime::microvm

@@ -4,9 +4,11 @@
 // A VM's devices, all virtio-mmio (the microvm machine has no PCI):
 //   - virtio-serial with one port, `sbx.agent`, whose host end is a unix socket QEMU listens on
 //     (serial.sock); the bridge (sbx-agent --vm-bridge) connects to it (protocol/mux.h);
-//   - virtio-blk: the sandbox's disk (an ext4 image holding the overlay's upper and work);
-//   - virtio-9p, read-only: the guest's config (tag sbxcfg), the template's trees (lower0..)
-//     and its read-only binds (bind0..);
+//   - virtio-blk, each known to the guest by its serial: the guest's config (sbxcfg, read-only),
+//     the sandbox's disk (sbxdisk: an ext4 image holding the overlay's upper and work) and the
+//     template's trees as read-only ext4 images (sbxl0..);
+//   - virtio-9p, read-only: what is not an image (a template's binds of host directories).
+//     QEMU refuses to migrate a VM with a 9p share mounted, so such a VM's suspend is a pause.
 //   - the serial console (ttyS0) into console.log, where a guest's boot errors and panics land.
 #pragma once
 
@@ -25,6 +27,12 @@ struct QemuShare {
   std::string host_path;
 };
 
+struct QemuDisk {
+  std::string path;
+  std::string serial;  // what the guest finds it by (/sys/block/vdX/serial), <= 20 bytes
+  bool read_only = true;
+};
+
 struct QemuVm {
   std::string qemu = "qemu-system-x86_64";
   std::string accel = "tcg";  // "kvm" or "tcg"
@@ -32,12 +40,15 @@ struct QemuVm {
   int64_t memory_mib = 512;
   std::string vmlinux;
   std::string initramfs;
-  std::string disk_image;
+  std::vector<QemuDisk> disks;
   std::vector<QemuShare> shares;  // read-only 9p shares
   std::string serial_socket;      // the agent port's host end (QEMU listens)
   std::string qmp_socket;
   std::string console_log;
   std::string extra_cmdline;  // appended to the guest kernel's command line
+  // Wake from suspend: QEMU reads the VM's saved state from its fd 3 (a migration stream) and
+  // waits, stopped, for `cont`.
+  bool incoming_fd3 = false;
 };
 
 // Kernel parameters a TCG guest needs to boot reliably: under emulation on a loaded host the
@@ -57,5 +68,11 @@ std::vector<std::string> QemuArgv(const QemuVm& vm);
 absl::StatusOr<nlohmann::json> QmpCommand(const std::string& socket, const std::string& command,
                                           const nlohmann::json& arguments = nullptr,
                                           std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
+// Writes the stopped VM's whole state (memory, devices) to `fd` with QMP `getfd` (the fd goes
+// over the socket with SCM_RIGHTS) and `migrate fd:`, and waits until QEMU says completed.
+// Returns QEMU's final migration statistics (query-migrate). The VM must be stopped already.
+absl::StatusOr<nlohmann::json> QmpSaveState(const std::string& socket, int fd,
+                                            std::chrono::milliseconds timeout);
 
 }  // namespace sbx::runtime::microvm

@@ -1,7 +1,6 @@
 #include "runtime/ns/disk_image.h"
 
 #include <fcntl.h>
-#include <spawn.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -18,56 +17,14 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "common/process.h"
 #include "common/status_util.h"
 #include "runtime/ns/fsutil.h"
-
-extern char** environ;
 
 namespace sbx::runtime::ns {
 namespace {
 
 constexpr int64_t kMiB = 1024 * 1024;
-
-// Runs argv[0] (an absolute path) with stdin from /dev/null, and returns its exit status; its
-// stdout and stderr (the first 4 KiB) go to *output for error messages.
-absl::StatusOr<int> RunProgram(const std::vector<std::string>& argv, std::string* output) {
-  int pipefd[2];
-  if (::pipe2(pipefd, O_CLOEXEC) != 0) return ErrnoStatus(errno, "run: pipe2");
-  UniqueFd rd(pipefd[0]);
-  UniqueFd wr(pipefd[1]);
-  posix_spawn_file_actions_t fa;
-  posix_spawnattr_t attr;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawnattr_init(&attr);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&fa, wr.get(), 1);
-  posix_spawn_file_actions_adddup2(&fa, wr.get(), 2);
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = -1;
-  int err = ::posix_spawn(&pid, argv[0].c_str(), &fa, &attr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  if (err != 0) return ErrnoStatus(err, fmt::format("run: posix_spawn({})", argv[0]));
-  wr.Reset();
-  char buf[4096];
-  for (;;) {
-    ssize_t n = ::read(rd.get(), buf, sizeof(buf));
-    if (n > 0) {
-      if (output->size() < 4096) output->append(buf, static_cast<size_t>(n));
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    break;
-  }
-  int wstatus = 0;
-  while (::waitpid(pid, &wstatus, 0) < 0) {
-    if (errno != EINTR) return ErrnoStatus(errno, fmt::format("run: waitpid({})", argv[0]));
-  }
-  if (WIFSIGNALED(wstatus)) return 128 + WTERMSIG(wstatus);
-  return WEXITSTATUS(wstatus);
-}
 
 // The kernel's own explanation of a failed fsconfig (the fs context's message log).
 std::string FsContextMessages(int fs_fd) {
@@ -340,24 +297,9 @@ std::string DiskProvider::GoldenPath(int size_mib) const {
 absl::StatusOr<std::string> DiskProvider::Mke2fs() {
   std::lock_guard lock(golden_mu_);
   if (!mke2fs_.empty()) return mke2fs_;
-  // sbxd may run with a minimal PATH (systemd), and mke2fs lives in sbin.
-  std::vector<std::string> dirs = {"/usr/sbin", "/sbin"};
-  if (const char* path = std::getenv("PATH"); path != nullptr) {
-    std::string p = path;
-    size_t start = 0;
-    while (start <= p.size()) {
-      size_t end = p.find(':', start);
-      if (end == std::string::npos) end = p.size();
-      if (end > start) dirs.push_back(p.substr(start, end - start));
-      start = end + 1;
-    }
-  }
-  for (const std::string& d : dirs) {
-    std::string candidate = d + "/mke2fs";
-    if (d.starts_with("/") && ::access(candidate.c_str(), X_OK) == 0) {
-      mke2fs_ = candidate;
-      return mke2fs_;
-    }
+  if (auto found = FindProgram("mke2fs"); found.ok()) {
+    mke2fs_ = *found;
+    return mke2fs_;
   }
   return absl::FailedPreconditionError(
       "disk caps: mke2fs not found in /usr/sbin, /sbin or PATH (install e2fsprogs: "

@@ -1,0 +1,76 @@
+#include "common/process.h"
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace sbx {
+namespace {
+
+TEST(Process, FindsProgramsInSbinAndPathAndNamesWhatIsMissing) {
+  auto sh = FindProgram("sh");
+  ASSERT_TRUE(sh.ok()) << sh.status();
+  EXPECT_EQ(sh->front(), '/');
+  EXPECT_TRUE(FindProgram("/bin/sh").ok());
+  auto missing = FindProgram("sbx-no-such-program");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("sbx-no-such-program"), std::string::npos);
+  EXPECT_FALSE(FindProgram("/nonexistent/sh").ok());
+}
+
+TEST(Process, RunProgramReturnsTheExitStatusAndOutput) {
+  std::string out;
+  auto rc = RunProgram({"/bin/sh", "-c", "echo to-out; echo to-err >&2; exit 3"}, &out);
+  ASSERT_TRUE(rc.ok()) << rc.status();
+  EXPECT_EQ(*rc, 3);
+  EXPECT_NE(out.find("to-out"), std::string::npos);
+  EXPECT_NE(out.find("to-err"), std::string::npos);
+  out.clear();
+  rc = RunProgram({"/bin/sh", "-c", "kill -9 $$"}, &out);
+  ASSERT_TRUE(rc.ok());
+  EXPECT_EQ(*rc, 128 + 9);
+  EXPECT_FALSE(RunProgram({"/nonexistent"}, &out).ok());
+}
+
+TEST(Process, SpawnDetachedGivesASessionALogAndFd3) {
+  char dir[] = "/tmp/sbx-process-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string log = std::string(dir) + "/log";
+  int p[2];
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+  ::write(p[1], "from-fd3", 8);
+  ::close(p[1]);
+  // The child reads fd 3, says its session id is its pid, and that fd 4 is closed.
+  auto pid = SpawnDetached({"/bin/sh", "-c",
+                            "cat <&3; echo; ps -o sid= -p $$ | tr -d ' '; echo $$; "
+                            "(: <&4) 2>/dev/null && echo fd4-open || echo fd4-closed"},
+                           DetachedOptions{.log = log, .pass_fd = p[0]});
+  ::close(p[0]);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  int status = 0;
+  ASSERT_EQ(::waitpid(*pid, &status, 0), *pid);
+  std::ifstream in(log);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string line, sid, self;
+  std::getline(ss, line);
+  EXPECT_EQ(line, "from-fd3");
+  std::getline(ss, sid);
+  std::getline(ss, self);
+  EXPECT_EQ(sid, self);
+  std::getline(ss, line);
+  EXPECT_EQ(line, "fd4-closed");
+  ::unlink(log.c_str());
+  ::rmdir(dir);
+}
+
+}  // namespace
+}  // namespace sbx
