@@ -2,6 +2,11 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
+#include <linux/ipv6.h>
+#include <net/if.h>
+#include <net/route.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/reboot.h>
 #include <sys/socket.h>
@@ -181,6 +186,112 @@ std::string ReadConfigDisk(const std::string& dev) {
 
 constexpr const char* k9p = "trans=virtio,version=9p2000.L,msize=512000";
 
+void WriteSmall(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)!::write(fd, text.data(), text.size());
+  ::close(fd);
+}
+
+void IfUp(int sock, const std::string& name) {
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, name.c_str(), IFNAMSIZ - 1);
+  if (::ioctl(sock, SIOCGIFFLAGS, &ifr) != 0) Fail(("SIOCGIFFLAGS " + name).c_str());
+  ifr.ifr_flags |= IFF_UP;
+  if (::ioctl(sock, SIOCSIFFLAGS, &ifr) != 0) Fail(("SIOCSIFFLAGS " + name).c_str());
+}
+
+// "10.0.0.2/30" -> the address's bytes and the prefix length.
+template <typename Addr>
+int ParseCidr(const std::string& cidr, int family, Addr* out) {
+  const size_t slash = cidr.find('/');
+  const std::string a = cidr.substr(0, slash);
+  if (::inet_pton(family, a.c_str(), out) != 1) FailMsg("network: bad address " + cidr);
+  return slash == std::string::npos ? (family == AF_INET ? 32 : 128) : std::atoi(cidr.c_str() + slash + 1);
+}
+
+// The sandbox's NIC (virtio-net on the host's tap), as the ns runtime's eth0: the sandbox end's
+// addresses, default routes via the host end, with ioctls (no netlink library in the guest).
+// Duplicate address detection is off: the /126 holds only the host end and us.
+void SetUpNic(const Json& net) {
+  const std::string nic = WaitFor(
+      [] {
+        DIR* d = ::opendir("/sys/class/net");
+        std::string found;
+        while (d != nullptr && found.empty()) {
+          dirent* e = ::readdir(d);
+          if (e == nullptr) break;
+          if (e->d_name[0] != '.' && std::strcmp(e->d_name, "lo") != 0) found = e->d_name;
+        }
+        if (d != nullptr) ::closedir(d);
+        return found.empty() ? found : "/sys/class/net/" + found;
+      },
+      "network interface");
+  const std::string name = nic.substr(nic.rfind('/') + 1);
+  const int s4 = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  const int s6 = ::socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s4 < 0 || s6 < 0) Fail("network: socket");
+  WriteSmall("/proc/sys/net/ipv6/conf/" + name + "/accept_dad", "0");
+  WriteSmall("/proc/sys/net/ipv6/conf/" + name + "/accept_ra", "0");
+  WriteSmall("/proc/sys/net/ipv6/conf/" + name + "/autoconf", "0");
+
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, name.c_str(), IFNAMSIZ - 1);
+  auto* sin = reinterpret_cast<sockaddr_in*>(&ifr.ifr_addr);
+  sin->sin_family = AF_INET;
+  const int len4 = ParseCidr(net.at("ipv4").get<std::string>(), AF_INET, &sin->sin_addr);
+  if (::ioctl(s4, SIOCSIFADDR, &ifr) != 0) Fail("network: SIOCSIFADDR");
+  sin->sin_addr.s_addr = len4 == 0 ? 0 : htonl(~uint32_t{0} << (32 - len4));
+  if (::ioctl(s4, SIOCSIFNETMASK, &ifr) != 0) Fail("network: SIOCSIFNETMASK");
+  IfUp(s4, name);
+  if (::ioctl(s4, SIOCGIFINDEX, &ifr) != 0) Fail("network: SIOCGIFINDEX");
+  const int ifindex = ifr.ifr_ifindex;
+
+  in6_ifreq r6{};
+  r6.ifr6_prefixlen = static_cast<uint32_t>(ParseCidr(net.at("ipv6").get<std::string>(), AF_INET6, &r6.ifr6_addr));
+  r6.ifr6_ifindex = ifindex;
+  if (::ioctl(s6, SIOCSIFADDR, &r6) != 0) Fail("network: SIOCSIFADDR (IPv6)");
+
+  rtentry rt{};
+  auto* gw = reinterpret_cast<sockaddr_in*>(&rt.rt_gateway);
+  gw->sin_family = AF_INET;
+  ParseCidr(net.at("gw4").get<std::string>(), AF_INET, &gw->sin_addr);
+  reinterpret_cast<sockaddr_in*>(&rt.rt_dst)->sin_family = AF_INET;
+  reinterpret_cast<sockaddr_in*>(&rt.rt_genmask)->sin_family = AF_INET;
+  rt.rt_flags = RTF_UP | RTF_GATEWAY;
+  if (::ioctl(s4, SIOCADDRT, &rt) != 0) Fail("network: SIOCADDRT (default route)");
+  in6_rtmsg rt6{};
+  ParseCidr(net.at("gw6").get<std::string>(), AF_INET6, &rt6.rtmsg_gateway);
+  rt6.rtmsg_flags = RTF_UP | RTF_GATEWAY;
+  rt6.rtmsg_metric = 1;
+  rt6.rtmsg_ifindex = ifindex;
+  if (::ioctl(s6, SIOCADDRT, &rt6) != 0) Fail("network: SIOCADDRT (IPv6 default route)");
+  ::close(s4);
+  ::close(s6);
+}
+
+// sbxd's resolver for this sandbox, over the template's /etc/resolv.conf (or the file a link
+// there names), as the ns runtime binds it; the file itself lives in root's /run/sbx.
+void BindResolvConf(const Json& net) {
+  const std::string text = net.value("resolv_conf", std::string());
+  std::string target = "/newroot" + net.value("resolv_path", std::string("/etc/resolv.conf"));
+  const std::string src = "/newroot/run/sbx/resolv.conf";
+  {
+    std::ofstream out(src);
+    out << text;
+  }
+  ::chmod(src.c_str(), 0644);
+  if (::access(target.c_str(), F_OK) != 0) {
+    MkdirP(target.substr(0, target.rfind('/')));
+    const int fd = ::open(target.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd >= 0) ::close(fd);
+  }
+  if (::mount(src.c_str(), target.c_str(), nullptr, MS_BIND, nullptr) != 0 ||
+      ::mount(nullptr, target.c_str(), nullptr, MS_BIND | MS_REMOUNT | MS_RDONLY, nullptr) != 0) {
+    Say("resolv.conf: bind over %s: %s (the sandbox keeps the template's)", target.c_str(), std::strerror(errno));
+  }
+}
+
 }  // namespace
 
 static int VmInit() {
@@ -264,6 +375,18 @@ static int VmInit() {
   // template's code may run as an ordinary user.
   MkdirP("/newroot/run/sbx", 0700);
   Mount("tmpfs", "/newroot/run/sbx", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0700");
+
+  {
+    // The kernel leaves lo down; servers on 127.0.0.1 (and the port exposure into them) need it.
+    const int s = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (s < 0) Fail("socket");
+    IfUp(s, "lo");
+    ::close(s);
+  }
+  if (cfg.contains("net") && cfg["net"].is_object()) {
+    SetUpNic(cfg["net"]);
+    BindResolvConf(cfg["net"]);
+  }
 
   const std::string hostname = cfg.value("hostname", std::string("sandbox"));
   ::sethostname(hostname.data(), hostname.size());

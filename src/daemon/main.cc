@@ -523,8 +523,9 @@ void StartMicrovm(Daemon& d) {
     d.unavailable_runtimes["microvm"] = "runtime.microvm.enabled is false";
     return;
   }
-  auto backend = std::make_unique<sbx::runtime::microvm::MicrovmBackend>(
-      sbx::daemon::MicrovmOptionsOf(cfg, d.agent_path));
+  auto opts = sbx::daemon::MicrovmOptionsOf(cfg, d.agent_path);
+  opts.network = d.network.get();
+  auto backend = std::make_unique<sbx::runtime::microvm::MicrovmBackend>(std::move(opts));
   if (absl::Status st = backend->Probe(); !st.ok()) {
     spdlog::warn("runtime microvm unavailable: {}", std::string(st.message()));
     d.unavailable_runtimes["microvm"] = std::string(st.message());

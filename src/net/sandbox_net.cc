@@ -12,6 +12,7 @@
 #include "common/status_util.h"
 #include "common/unique_fd.h"
 #include "net/netlink.h"
+#include "net/tap.h"
 #include "net/nft_counters.h"
 
 namespace sbx::net {
@@ -123,6 +124,24 @@ absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Attach(const std::s
   return net;
 }
 
+absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::AttachTap(const std::string& id,
+                                                                       const SandboxPolicy& policy) {
+  SBX_RETURN_IF_ERROR(CheckPolicy(id, policy));
+  SBX_ASSIGN_OR_RETURN(SandboxAddrs addrs, pool_.Allocate());
+  std::unique_ptr<SandboxNetwork> net(new SandboxNetwork(this, id, addrs, policy));
+  Register(*net);
+  {
+    std::lock_guard lock(mu_);
+    net_of_id_[id] = net.get();
+  }
+  net->narrowed_ = policy.narrowed.has_value();
+  SBX_RETURN_IF_ERROR(nft_->Run(AddSandboxRuleset(id, net->veth_, addrs, cfg_, policy),
+                                fmt::format("sandbox {}: add its nftables rules", id)));
+  net->rules_ = true;
+  SBX_RETURN_IF_ERROR(BuildLink(*net, -1, id));
+  return net;
+}
+
 absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Prebuild(int netns_fd) {
   SBX_ASSIGN_OR_RETURN(SandboxAddrs addrs, pool_.Allocate());
   std::unique_ptr<SandboxNetwork> net(new SandboxNetwork(this, "", addrs, std::nullopt));
@@ -156,7 +175,11 @@ absl::Status NetworkHost::Claim(SandboxNetwork& net, const std::string& id,
 absl::Status NetworkHost::BuildLink(SandboxNetwork& net, int netns_fd, const std::string& alias) {
   const SandboxAddrs& addrs = net.addrs_;
   SBX_ASSIGN_OR_RETURN(Netlink host, Netlink::Open());
-  SBX_RETURN_IF_ERROR(host.CreateVeth(net.veth_, kSandboxIfName, netns_fd));
+  if (netns_fd < 0) {
+    SBX_RETURN_IF_ERROR(CreatePersistentTap(net.veth_));
+  } else {
+    SBX_RETURN_IF_ERROR(host.CreateVeth(net.veth_, kSandboxIfName, netns_fd));
+  }
   net.link_ = true;
   SBX_ASSIGN_OR_RETURN(int host_idx, host.IfIndex(net.veth_));
   net.ifindex_ = host_idx;
@@ -165,6 +188,12 @@ absl::Status NetworkHost::BuildLink(SandboxNetwork& net, int netns_fd, const std
   SBX_RETURN_IF_ERROR(host.AddAddress(host_idx, addrs.host4));
   SBX_RETURN_IF_ERROR(host.AddAddress(host_idx, addrs.host6));
   SBX_RETURN_IF_ERROR(host.SetUp(host_idx));
+  if (netns_fd < 0) {
+    // A tap has no carrier until its VMM opens it, and its other end is the guest's NIC: no
+    // sandbox end to set up here, no wait. Only the direction toward the sandbox is shaped
+    // (the guest sends through QEMU, outside any qdisc of ours).
+    return LimitRate(alias, host_idx, -1, 0);
+  }
   SBX_ASSIGN_OR_RETURN(Netlink inside, Netlink::Open(netns_fd));
   SBX_ASSIGN_OR_RETURN(int idx, inside.IfIndex(kSandboxIfName));
   SBX_RETURN_IF_ERROR(inside.AddAddress(idx, addrs.sandbox4));

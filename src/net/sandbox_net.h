@@ -108,6 +108,11 @@ class NetworkHost {
   // Builds sandbox `id`'s network, its sandbox end in the namespace of `netns_fd`.
   absl::StatusOr<std::unique_ptr<SandboxNetwork>> Attach(const std::string& id, int netns_fd,
                                                          const SandboxPolicy& policy);
+  // A microVM's network: steps 1 and 2 as Attach, then instead of a veth pair a persistent
+  // tap (net/tap.h) named and addressed as the veth's host end would be. The VM's NIC holds
+  // addrs().sandbox4/6 and routes via host4/6; the guest configures them itself.
+  absl::StatusOr<std::unique_ptr<SandboxNetwork>> AttachTap(const std::string& id,
+                                                            const SandboxPolicy& policy);
   // Steps 1 and 3-5 for the namespace of `netns_fd`, which no sandbox has yet: a pooled
   // network (id() empty) that passes no traffic until Claim.
   absl::StatusOr<std::unique_ptr<SandboxNetwork>> Prebuild(int netns_fd);
@@ -174,7 +179,7 @@ class NetworkHost {
                            bool narrowed);
   // Refuses an id that cannot be put in rules or a profile this host does not have.
   absl::Status CheckPolicy(const std::string& id, const SandboxPolicy& policy) const;
-  // Steps 3-5 for `net` (step 1 done), its veth named by `alias`.
+  // Steps 3-5 for `net` (step 1 done), its veth named by `alias`; netns_fd < 0: a tap instead.
   absl::Status BuildLink(SandboxNetwork& net, int netns_fd, const std::string& alias);
   void Register(const SandboxNetwork& net);
   void Unregister(const std::string& veth);

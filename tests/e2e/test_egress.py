@@ -295,3 +295,33 @@ def test_a_tenant_uses_only_the_egress_profiles_it_is_given(lab):
             lab.call("DELETE", f"/v1/admin/tenants/{t}", expect=(202, 404))
         lab_only.close()
         nothing.close()
+
+
+def test_a_microvm_gets_the_same_rules_through_its_tap(lab):
+    """The microvm runtime's NIC is a tap in the place of a veth's host end (docs/microvm.md,
+    "Networking"): the same profile admits and refuses the same traffic, names resolve through
+    sbxd's resolver, and a port is reached on the guest's own address."""
+    mv = next(r for r in lab.call("GET", "/v1/runtimes").body["runtimes"] if r["name"] == "microvm")
+    if not mv["available"]:
+        from conftest import skip_or_fail
+        skip_or_fail(f"the microvm runtime is not available here: {mv['reason']}")
+    assert mv["capabilities"]["egress_policy"] is True, mv
+    sb = lab.create_sandbox({"runtime": "microvm", "egress_profile": "lab", "resources": {"memory_mib": 256}},
+                            timeout=300)["sandbox"]
+    sid = sb["id"]
+    got = probe(lab, sid, f"tcp:{INTERNET}:{HTTP_PORT}", f"tcp:{FAR}:{OTHER_PORT}",
+                f"tcp:{UPLINK_HOST}:{HOST_SERVICE_PORT}", "tcp:169.254.169.254:80")
+    assert got[f"tcp:{INTERNET}:{HTTP_PORT}"] == "ok", got
+    assert all(v != "ok" for k, v in got.items() if k != f"tcp:{INTERNET}:{HTTP_PORT}"), got
+    eg = lab.call("GET", f"/v1/sandboxes/{sid}/egress", expect=200).body
+    assert eg["profile"] == "lab" and eg["denied"].get("metadata", 0) > 0, eg
+    r = lab.run(sid, ["sh", "-c", "cat /etc/resolv.conf; ip -brief addr 2>/dev/null || cat /proc/net/if_inet6"])
+    assert b"nameserver" in r.stdout, r
+    # A server in the VM on the wildcard address, reached through sbxd's port route.
+    from port_helpers import start_server
+    import requests
+    start_server(lab, sid, 8000, "0.0.0.0")
+    resp = requests.get(f"{lab.base_url}/v1/sandboxes/{sid}/ports/8000/headers",
+                        headers={"X-Sbx-Traffic-Token": sb["traffic_token"]}, timeout=60)
+    assert resp.status_code == 200, (resp.status_code, resp.text[:300])
+    lab.delete_sandbox(sid)

@@ -131,7 +131,7 @@ const std::vector<std::string>& GuestModules() {
   // crc32c_generic: ext4 asks the crypto API for "crc32c" by name, which only modprobe
   // would load (no hard dependency in modules.dep).
   static const std::vector<std::string> kModules = {
-      "virtio_mmio", "virtio_console", "virtio_blk", "9pnet_virtio", "9p",
+      "virtio_mmio", "virtio_console", "virtio_blk", "virtio_net", "9pnet_virtio", "9p",
       "crc32c_generic", "ext4", "overlay"};
   return kModules;
 }

@@ -4,6 +4,9 @@
 #include <elf.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -31,7 +34,11 @@
 #include "runtime/microvm/host_view.h"
 #include "runtime/microvm/qemu.h"
 #include "runtime/microvm/tree_image.h"
+#include "runtime/microvm/vm_instance.h"
+#include "net/dns_policy.h"
+#include "net/profiles.h"
 #include "runtime/ns/disk_image.h"
+#include "runtime/ns/ns_network.h"
 
 namespace sbx::runtime::microvm {
 namespace fs = std::filesystem;
@@ -40,153 +47,6 @@ using namespace std::chrono_literals;
 namespace {
 
 constexpr char kDefaultPath[] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
-std::string Tail(const std::string& s, size_t n) {
-  std::string t = s.size() > n ? s.substr(s.size() - n) : s;
-  while (!t.empty() && (t.back() == '\n' || t.back() == '\r')) t.pop_back();
-  return t;
-}
-
-// The last `n` bytes of a log file, read from its end. console.log holds whatever the guest
-// wrote to its serial console, any amount: only the tail ever enters sbxd's memory.
-std::string FileTail(const std::string& path, size_t n) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return {};
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return {};
-  const off_t size = st.st_size;
-  const off_t from = size > static_cast<off_t>(n) ? size - static_cast<off_t>(n) : 0;
-  std::string out(static_cast<size_t>(size - from), '\0');
-  const ssize_t r = ::pread(fd.get(), out.data(), out.size(), from);
-  out.resize(r > 0 ? static_cast<size_t>(r) : 0);
-  return Tail(out, n);
-}
-
-// The process `pid` is alive (not a zombie) and its command line names `dir`: guards every
-// kill of a pid read from a file against pid reuse.
-bool IsOurs(pid_t pid, const std::string& dir) {
-  if (pid <= 0) return false;
-  const std::string stat = ReadFileOrEmpty(fmt::format("/proc/{}/stat", pid));
-  const size_t close = stat.rfind(')');
-  if (close == std::string::npos || close + 2 >= stat.size()) return false;
-  const char state = stat[close + 2];
-  if (state == 'Z' || state == 'X') return false;
-  const std::string cmdline = ReadFileOrEmpty(fmt::format("/proc/{}/cmdline", pid));
-  return cmdline.find(dir + "/") != std::string::npos;
-}
-
-// Kills `pid` (and its process group: it leads its session) if it is still ours, and waits
-// until it is gone: reaped when it is our child, vanished from /proc otherwise.
-void Stop(pid_t pid, const std::string& dir) {
-  if (pid <= 0) return;
-  int status = 0;
-  const pid_t r = ::waitpid(pid, &status, WNOHANG);
-  if (r == pid) return;  // it had ended on its own; now reaped
-  const bool child = r == 0;
-  if (!child && !IsOurs(pid, dir)) return;
-  ::kill(-pid, SIGKILL);
-  ::kill(pid, SIGKILL);
-  if (child) {
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    return;
-  }
-  const auto deadline = std::chrono::steady_clock::now() + 5s;
-  while (IsOurs(pid, dir) && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(1ms);
-  }
-}
-
-// How a child we reaped ended, for error messages; the reap happens once, so the status is kept.
-std::string Ended(int status) {
-  if (WIFEXITED(status)) return fmt::format("exit code {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return fmt::format("killed by signal {}", WTERMSIG(status));
-  return "ended";
-}
-
-// Our own unreaped child cannot have been replaced by another process, and its command line
-// may still be empty while its exec finishes (posix_spawn returns once the child's memory is
-// replaced, before its arguments are in place): only a process we did not start (adopted after
-// a restart) is checked by its command line.
-bool Alive(pid_t pid, const std::string& dir, std::string* ended = nullptr) {
-  int status = 0;
-  const pid_t r = ::waitpid(pid, &status, WNOHANG);
-  if (r == pid) {
-    if (ended != nullptr) *ended = Ended(status);
-    return false;
-  }
-  if (r == 0) return true;
-  return IsOurs(pid, dir);
-}
-
-// vm.json, the VM's record beside it: what adoption, delete and the sweep need after sbxd
-// restarts, and what a wake from suspend needs to start QEMU again with the same devices.
-struct VmRecord {
-  pid_t qemu = 0;
-  pid_t bridge = 0;
-  bool suspended = false;   // the state is in <dir>/state, no process runs
-  bool migratable = false;  // no 9p share: suspend can save the VM
-  std::vector<std::string> qemu_argv;
-};
-
-absl::StatusOr<VmRecord> ReadRecord(const std::string& dir) {
-  std::string text = ReadFileOrEmpty(dir + "/vm.json");
-  Json j = Json::parse(text, nullptr, false);
-  if (!j.is_object() || !j.contains("qemu_pid") || !j["qemu_pid"].is_number_integer() ||
-      !j.contains("bridge_pid") || !j["bridge_pid"].is_number_integer()) {
-    return absl::NotFoundError(fmt::format("{}/vm.json: no pids", dir));
-  }
-  VmRecord r;
-  r.qemu = j["qemu_pid"].get<pid_t>();
-  r.bridge = j["bridge_pid"].get<pid_t>();
-  r.suspended = j.value("suspended", false);
-  r.migratable = j.value("migratable", false);
-  if (j.contains("qemu_argv") && j["qemu_argv"].is_array()) {
-    for (const auto& a : j["qemu_argv"]) {
-      if (a.is_string()) r.qemu_argv.push_back(a.get<std::string>());
-    }
-  }
-  return r;
-}
-
-absl::Status WriteRecord(const std::string& dir, const VmRecord& r) {
-  const std::string tmp = dir + "/vm.json.tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << Json{{"qemu_pid", r.qemu}, {"bridge_pid", r.bridge}, {"suspended", r.suspended},
-                {"migratable", r.migratable}, {"qemu_argv", r.qemu_argv}}
-               .dump()
-        << "\n";
-    if (!out) return absl::InternalError(fmt::format("write {}", tmp));
-  }
-  if (::rename(tmp.c_str(), (dir + "/vm.json").c_str()) != 0) {
-    return ErrnoStatus(errno, fmt::format("rename({}, vm.json)", tmp));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<pid_t> StartBridge(const std::string& agent, const std::string& dir) {
-  return SpawnDetached({agent, "--vm-bridge", dir + "/serial.sock", dir + "/agent.sock"},
-                       DetachedOptions{.log = dir + "/bridge.log"});
-}
-
-// Until the guest's agent answers through the bridge; a VM that exits first says why.
-absl::Status WaitForAgent(const Instance& vm, const std::string& dir, int timeout_s, const std::string& accel) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-  auto backoff = 5ms;
-  for (;;) {
-    auto ping = protocol::CallAgent(dir + "/agent.sock", protocol::Json{{"op", "ping"}}, 2000);
-    if (ping.ok()) return absl::OkStatus();
-    if (!vm.Alive()) return absl::UnavailableError(vm.DeathReason());
-    if (std::chrono::steady_clock::now() >= deadline) {
-      return absl::DeadlineExceededError(fmt::format(
-          "the guest's agent did not answer within {} s (accel {}): {}; guest console: {}", timeout_s, accel,
-          std::string(ping.status().message()), FileTail(dir + "/console.log", 400)));
-    }
-    std::this_thread::sleep_for(backoff);
-    backoff = std::min<std::chrono::milliseconds>(backoff * 2, 50ms);
-  }
-}
 
 // Whether an ELF file asks for a dynamic loader (PT_INTERP): the guest has no libraries.
 absl::StatusOr<bool> IsStaticElf(const std::string& path) {
@@ -205,196 +65,6 @@ absl::StatusOr<bool> IsStaticElf(const std::string& path) {
   }
   return true;
 }
-
-// What a resumed VM needs from its backend.
-struct ResumeContext {
-  std::string agent_path;
-  int boot_timeout_s = 60;
-  std::string accel;
-};
-
-class MicrovmInstance : public Instance {
- public:
-  MicrovmInstance(std::string id, std::string dir, VmRecord rec, ResumeContext ctx)
-      : id_(std::move(id)), dir_(std::move(dir)), rec_(std::move(rec)), ctx_(std::move(ctx)) {}
-
-  const std::string& id() const override { return id_; }
-  std::string AgentSocketPath() const override { return dir_ + "/agent.sock"; }
-  Json Persist() const override {
-    return Json{{"dir", dir_}, {"qemu_pid", rec_.qemu}, {"bridge_pid", rec_.bridge}, {"suspended", rec_.suspended}};
-  }
-  bool Alive() const override {
-    if (rec_.suspended) return true;  // nothing runs, and nothing is lost: the state is on disk
-    const bool qemu = microvm::Alive(rec_.qemu, dir_, &qemu_ended_);
-    const bool bridge = microvm::Alive(rec_.bridge, dir_, &bridge_ended_);
-    return qemu && bridge;
-  }
-  std::string DeathReason() const override {
-    // The bridge ends when QEMU's end of the port closes, often before QEMU has exited and
-    // its console file holds the guest's last words: give QEMU a moment to finish.
-    const auto deadline = std::chrono::steady_clock::now() + 2s;
-    while (microvm::Alive(rec_.qemu, dir_, &qemu_ended_) && !microvm::Alive(rec_.bridge, dir_, &bridge_ended_) &&
-           std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(10ms);
-    }
-    const std::string console = FileTail(dir_ + "/console.log", 2000);
-    if (const size_t p = console.find("Kernel panic"); p != std::string::npos) {
-      return "the guest kernel panicked: " + Tail(console.substr(p, console.find('\n', p) - p), 300);
-    }
-    if (const size_t p = console.find("sbx-init: "); p != std::string::npos) {
-      return "the guest's init failed: " + Tail(console.substr(p, console.find('\n', p) - p), 300);
-    }
-    const std::string qemu = FileTail(dir_ + "/qemu.log", 300);
-    if (!microvm::Alive(rec_.qemu, dir_, &qemu_ended_) || !qemu.empty()) {
-      return fmt::format("the VMM (QEMU) exited ({}){}{}", qemu_ended_.empty() ? "not our child" : qemu_ended_,
-                         qemu.empty() ? "" : ": " + qemu,
-                         console.empty() ? "" : "; guest console: " + Tail(console, 300));
-    }
-    const std::string bridge = FileTail(dir_ + "/bridge.log", 300);
-    return fmt::format("the VM's agent bridge exited ({}){}", bridge_ended_.empty() ? "not our child" : bridge_ended_,
-                       bridge.empty() ? std::string() : ": " + bridge);
-  }
-  absl::Status Destroy() override {
-    Stop(rec_.bridge, dir_);
-    Stop(rec_.qemu, dir_);
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-    if (ec) return absl::InternalError(fmt::format("destroy {}: remove {}: {}", id_, dir_, ec.message()));
-    return absl::OkStatus();
-  }
-  // The VMM stops the vCPUs: nothing in the guest runs, its memory stays resident.
-  absl::Status Freeze() override {
-    if (rec_.suspended) return absl::OkStatus();
-    return Annotate(QmpCommand(dir_ + "/qmp.sock", "stop").status(), fmt::format("pause {}", id_));
-  }
-  absl::Status Thaw() override { return Resume(); }
-  absl::StatusOr<bool> IsFrozen() const override {
-    if (rec_.suspended) return true;
-    auto st = QmpCommand(dir_ + "/qmp.sock", "query-status");
-    if (!st.ok()) return st.status();
-    return st->value("status", std::string()) != "running";
-  }
-
-  // The VM's whole state (memory, vCPUs, devices) goes to <dir>/state as a QEMU migration
-  // stream, then QEMU and the bridge exit: the host has the guest's memory back. A VM with a
-  // 9p share mounted cannot be migrated (QEMU refuses), so it is paused instead.
-  absl::StatusOr<SuspendOutcome> Suspend() override {
-    if (rec_.suspended) {
-      return SuspendOutcome{.memory_released = true, .how = "already saved to disk", .snapshot_bytes = StateBytes()};
-    }
-    SBX_RETURN_IF_ERROR(Freeze());
-    if (!rec_.migratable) {
-      return SuspendOutcome{.how = "paused with its memory resident: the template shares host directories "
-                                   "with the VM (9p), and QEMU cannot save a VM that has them mounted"};
-    }
-    const std::string state = dir_ + "/state", tmp = dir_ + "/state.tmp";
-    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-    if (!fd.valid()) return ErrnoStatus(errno, fmt::format("suspend {}: open({})", id_, tmp));
-    auto saved = QmpSaveState(dir_ + "/qmp.sock", fd.get(), 300s);
-    if (!saved.ok()) {
-      ::unlink(tmp.c_str());
-      return Annotate(saved.status(), fmt::format("suspend {}: save the VM (it stays paused)", id_));
-    }
-    if (::fsync(fd.get()) != 0 || ::rename(tmp.c_str(), state.c_str()) != 0) {
-      const int e = errno;
-      ::unlink(tmp.c_str());
-      return ErrnoStatus(e, fmt::format("suspend {}: keep {} (the VM stays paused)", id_, state));
-    }
-    fd.Reset();
-    // The record says "suspended" before any process ends: a crash from here on wakes from
-    // the file, which holds everything (adoption stops the processes the record still names).
-    VmRecord next = rec_;
-    next.suspended = true;
-    if (auto st = WriteRecord(dir_, next); !st.ok()) {
-      ::unlink(state.c_str());
-      return Annotate(st, fmt::format("suspend {} (the VM stays paused)", id_));
-    }
-    (void)QmpCommand(dir_ + "/qmp.sock", "quit");
-    Stop(rec_.qemu, dir_);
-    Stop(rec_.bridge, dir_);
-    next.qemu = next.bridge = 0;
-    (void)WriteRecord(dir_, next);
-    rec_ = next;
-    qemu_ended_.clear();
-    bridge_ended_.clear();
-    return SuspendOutcome{.memory_released = true,
-                          .how = "saved to the host's disk with the VM's devices; QEMU exited, so the host "
-                                 "has the guest's memory back",
-                          .snapshot_bytes = StateBytes()};
-  }
-
-  // From a pause: the vCPUs continue. From a suspend: a new QEMU with the same devices loads
-  // the saved state, a new bridge says hello (the guest drops the streams of the old one), and
-  // the state file goes once the agent answers.
-  absl::Status Resume() override {
-    if (!rec_.suspended) {
-      return Annotate(QmpCommand(dir_ + "/qmp.sock", "cont").status(), fmt::format("wake {}", id_));
-    }
-    if (rec_.qemu_argv.empty()) {
-      return absl::FailedPreconditionError(fmt::format("wake {}: vm.json has no QEMU command line", id_));
-    }
-    const std::string state = dir_ + "/state";
-    UniqueFd in(::open(state.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!in.valid()) return ErrnoStatus(errno, fmt::format("wake {}: open({})", id_, state));
-    std::vector<std::string> argv = rec_.qemu_argv;
-    argv.push_back("-incoming");
-    argv.push_back("fd:3");
-    auto qemu = SpawnDetached(argv, DetachedOptions{.log = dir_ + "/qemu.log", .pass_fd = in.get()});
-    if (!qemu.ok()) return Annotate(qemu.status(), fmt::format("wake {}", id_));
-    in.Reset();
-    const VmRecord before = rec_;
-    VmRecord live = rec_;
-    live.qemu = *qemu;
-    auto undo = [&](absl::Status st) {
-      Stop(live.bridge, dir_);
-      Stop(live.qemu, dir_);
-      rec_ = before;
-      (void)WriteRecord(dir_, before);
-      return Annotate(st, fmt::format("wake {} (it stays suspended)", id_));
-    };
-    // Still suspended (the file is the truth until the agent answers), but a crash from here
-    // leaves processes that adoption must stop: the record names them.
-    if (auto st = WriteRecord(dir_, live); !st.ok()) return undo(st);
-    // QEMU answers QMP once it listens; the load runs before the VM may continue.
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(ctx_.boot_timeout_s);
-    for (auto pause = 2ms;; pause = std::min<std::chrono::milliseconds>(pause * 2, 20ms)) {
-      auto st = QmpCommand(dir_ + "/qmp.sock", "query-status");
-      if (st.ok() && st->value("status", std::string()) != "inmigrate") break;
-      std::string ended;
-      if (!microvm::Alive(live.qemu, dir_, &ended)) {
-        return undo(absl::UnavailableError(fmt::format("QEMU exited ({}) loading {}: {}", ended, state,
-                                                       FileTail(dir_ + "/qemu.log", 300))));
-      }
-      if (std::chrono::steady_clock::now() >= deadline) {
-        return undo(absl::DeadlineExceededError(fmt::format("QEMU did not load {} within {} s", state, ctx_.boot_timeout_s)));
-      }
-      std::this_thread::sleep_for(pause);
-    }
-    auto bridge = StartBridge(ctx_.agent_path, dir_);
-    if (!bridge.ok()) return undo(bridge.status());
-    live.bridge = *bridge;
-    if (auto st = WriteRecord(dir_, live); !st.ok()) return undo(st);
-    if (auto st = QmpCommand(dir_ + "/qmp.sock", "cont"); !st.ok()) return undo(st.status());
-    live.suspended = false;
-    rec_ = live;
-    if (auto st = WaitForAgent(*this, dir_, ctx_.boot_timeout_s, ctx_.accel); !st.ok()) return undo(st);
-    if (auto st = WriteRecord(dir_, rec_); !st.ok()) return undo(st);
-    ::unlink(state.c_str());
-    return absl::OkStatus();
-  }
-
- private:
-  int64_t StateBytes() const {
-    struct stat st;
-    return ::stat((dir_ + "/state").c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
-  }
-
-  std::string id_;
-  std::string dir_;
-  VmRecord rec_;
-  ResumeContext ctx_;
-  mutable std::string qemu_ended_, bridge_ended_;  // how each ended, once reaped here
-};
 
 }  // namespace
 
@@ -466,9 +136,9 @@ absl::Status MicrovmBackend::Probe() {
 }
 
 absl::Status MicrovmBackend::CheckCreate(const Resources& effective, bool networked) const {
-  if (networked) {
-    return absl::UnimplementedError(
-        "microvm: networked sandboxes are not built yet (egress profile none only)");
+  if (networked && opts_.network == nullptr) {
+    return absl::FailedPreconditionError(
+        "microvm: a networked egress profile needs networking, which this sbxd has off (egress.enabled)");
   }
   if (effective.memory_mib < kMinGuestMemoryMib) {
     return absl::InvalidArgumentError(fmt::format(
@@ -517,7 +187,10 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
   if (!IsValidId(spec.id, "sbx")) {
     return absl::InvalidArgumentError(fmt::format("create sandbox: invalid id \"{}\"", spec.id));
   }
-  SBX_RETURN_IF_ERROR(CheckCreate(spec.resources, !spec.egress.is_null() || spec.network_ready));
+  if (spec.network_ready) {
+    return absl::UnimplementedError("microvm: no network-ready warm-pool members (the pool serves the ns runtime)");
+  }
+  SBX_RETURN_IF_ERROR(CheckCreate(spec.resources, false));
   if (spec.keep_writable_layer) {
     return absl::UnimplementedError("microvm: template builds run on the ns runtime");
   }
@@ -533,10 +206,17 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
   if (::mkdir(dir.c_str(), 0700) != 0) {
     return ErrnoStatus(errno, fmt::format("create sandbox {}: mkdir({})", spec.id, dir));
   }
-  const ResumeContext ctx{opts_.agent_path, opts_.boot_timeout_s, accel_};
-  auto instance = std::make_unique<MicrovmInstance>(spec.id, dir, VmRecord{}, ctx);
+  const ResumeContext ctx{opts_.agent_path, opts_.boot_timeout_s, accel_, opts_.network};
+  std::unique_ptr<net::SandboxNetwork> network;  // until the instance owns it
+  VmRecord rec;
+  // Until the instance exists: what a failure leaves is stopped and removed here (the network
+  // by its destructor, since it was never released).
   auto fail = [&](absl::Status s) -> absl::Status {
-    (void)instance->Destroy();
+    Stop(rec.bridge, dir);
+    Stop(rec.qemu, dir);
+    if (network) (void)network->Destroy();
+    std::error_code rm;
+    fs::remove_all(dir, rm);
     return Annotate(s, fmt::format("create sandbox {} (microvm)", spec.id));
   };
 
@@ -574,6 +254,31 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
     vm.shares.push_back({tag, share.host_path});
     binds.push_back({{"tag", tag}, {"path", share.sandbox_path}, {"read_only", true}});
   }
+  Json net_cfg = nullptr;
+  if (!spec.egress.is_null()) {
+    auto resolved = net::ResolvedEgress::FromJson(spec.egress);
+    if (!resolved.ok()) return fail(Annotate(resolved.status(), "network"));
+    if (resolved->networked) {
+      if (opts_.network == nullptr) {
+        return fail(absl::FailedPreconditionError(fmt::format(
+            "network: egress profile '{}' needs networking, which this sbxd has off (egress.enabled)",
+            resolved->profile)));
+      }
+      auto attached = opts_.network->AttachTap(spec.id, resolved->policy());
+      if (!attached.ok()) return fail(Annotate(attached.status(), "network"));
+      network = std::move(*attached);
+      const net::SandboxAddrs& a = network->addrs();
+      vm.tap = network->veth();
+      vm.mac = fmt::format("02:73:62:{:02x}:{:02x}:{:02x}", (a.slot >> 16) & 0xff, (a.slot >> 8) & 0xff, a.slot & 0xff);
+      auto resolv = ns::PlanResolvConf(spec.tmpl, dir);
+      net_cfg = {{"ipv4", a.sandbox4.ToString()},
+                 {"ipv6", a.sandbox6.ToString()},
+                 {"gw4", a.host4.ToString()},
+                 {"gw6", a.host6.ToString()},
+                 {"resolv_conf", net::SandboxResolvConf(a.host4, a.host6)},
+                 {"resolv_path", resolv.ok() ? resolv->sandbox_path : std::string("/etc/resolv.conf")}};
+    }
+  }
   std::map<std::string, std::string> env;
   for (const auto& kv : spec.tmpl.env) {
     const size_t eq = kv.find('=');
@@ -591,6 +296,7 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
               {"tmp_mib", spec.resources.tmp_mib},
               {"shm_mib", spec.resources.shm_mib},
               {"buffer_bytes", opts_.agent_buffer_bytes}};
+  if (!net_cfg.is_null()) cfg["net"] = net_cfg;
   {
     // A raw disk: the JSON, then zeros to a whole number of 4 KiB blocks.
     std::string text = cfg.dump();
@@ -603,31 +309,38 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
     return fail(disk.status());
   }
 
-  VmRecord rec;
   rec.qemu_argv = QemuArgv(vm);
   rec.migratable = vm.shares.empty();
   auto qemu = SpawnDetached(rec.qemu_argv, DetachedOptions{.log = dir + "/qemu.log"});
   if (!qemu.ok()) return fail(qemu.status());
   rec.qemu = *qemu;
-  instance = std::make_unique<MicrovmInstance>(spec.id, dir, rec, ctx);
   auto bridge = StartBridge(opts_.agent_path, dir);
   if (!bridge.ok()) return fail(bridge.status());
   rec.bridge = *bridge;
-  instance = std::make_unique<MicrovmInstance>(spec.id, dir, rec, ctx);
   if (auto st = WriteRecord(dir, rec); !st.ok()) return fail(st);
-  if (auto st = WaitForAgent(*instance, dir, opts_.boot_timeout_s, accel_); !st.ok()) return fail(st);
-  return InstancePtr(std::move(instance));
+  InstancePtr instance = NewMicrovmInstance(spec.id, dir, rec, ctx, std::move(network));
+  if (auto st = WaitForAgent(*instance, dir, opts_.boot_timeout_s, accel_); !st.ok()) {
+    (void)instance->Destroy();
+    return Annotate(st, fmt::format("create sandbox {} (microvm)", spec.id));
+  }
+  return instance;
 }
 
 absl::StatusOr<InstancePtr> MicrovmBackend::Adopt(const std::string& id, const Json& persisted) {
   if (!IsValidId(id, "sbx")) {
     return absl::InvalidArgumentError(fmt::format("adopt sandbox: invalid id \"{}\"", id));
   }
-  (void)persisted;  // vm.json in the sandbox's dir is the record, kept with the VM itself
+  // vm.json in the sandbox's dir is the VM's record, kept with the VM itself; the store's
+  // record says what network policy it has.
   const std::string dir = SandboxDir(id);
   auto rec = ReadRecord(dir);
   if (!rec.ok()) return absl::NotFoundError(fmt::format("adopt sandbox {}: {}", id, std::string(rec.status().message())));
-  const ResumeContext ctx{opts_.agent_path, opts_.boot_timeout_s, accel_};
+  const ResumeContext ctx{opts_.agent_path, opts_.boot_timeout_s, accel_, opts_.network};
+  std::unique_ptr<net::SandboxNetwork> network;
+  if (persisted.is_object() && persisted.value("networked", false)) {
+    network = ns::AdoptNetwork(opts_.network, id, persisted.value("egress", Json(nullptr)));
+    if (!network) return absl::NotFoundError(fmt::format("adopt sandbox {}: its tap is gone", id));
+  }
   if (rec->suspended) {
     // sbxd died while suspending or waking: the state file holds the VM; processes the record
     // still names are leftovers of that step.
@@ -638,7 +351,7 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Adopt(const std::string& id, const J
     Stop(rec->qemu, dir);
     rec->qemu = rec->bridge = 0;
     SBX_RETURN_IF_ERROR(WriteRecord(dir, *rec));
-    return InstancePtr(std::make_unique<MicrovmInstance>(id, dir, *rec, ctx));
+    return NewMicrovmInstance(id, dir, *rec, ctx, std::move(network));
   }
   if (!IsOurs(rec->qemu, dir)) {
     return absl::NotFoundError(fmt::format("adopt sandbox {}: its VMM (pid {}) is gone", id, rec->qemu));
@@ -650,7 +363,7 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Adopt(const std::string& id, const J
     rec->bridge = *b;
     SBX_RETURN_IF_ERROR(WriteRecord(dir, *rec));
   }
-  return InstancePtr(std::make_unique<MicrovmInstance>(id, dir, *rec, ctx));
+  return NewMicrovmInstance(id, dir, *rec, ctx, std::move(network));
 }
 
 absl::Status MicrovmBackend::Remove(const std::string& id) {

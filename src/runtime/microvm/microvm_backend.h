@@ -22,6 +22,7 @@
 #include <string>
 
 #include "runtime/backend.h"
+#include "net/sandbox_net.h"
 #include "runtime/microvm/boot_assets.h"
 
 namespace sbx::runtime::microvm {
@@ -36,6 +37,9 @@ struct MicrovmOptions {
   std::string accel = "auto";  // auto | kvm | tcg
   int boot_timeout_s = 120;  // TCG boots take seconds; a loaded 2-core host, more
   size_t agent_buffer_bytes = 0;
+  // sbxd's networking (null: off). A networked sandbox's NIC is a tap in its place
+  // (NetworkHost::AttachTap): the same addresses, nftables elements and resolver as a veth.
+  net::NetworkHost* network = nullptr;
 };
 
 // The least memory a guest boots with: the Debian kernel plus the initramfs.
@@ -47,7 +51,7 @@ class MicrovmBackend : public Backend {
 
   std::string Name() const override { return "microvm"; }
   Capabilities GetCapabilities() const override {
-    return Capabilities{.pause = true, .suspend_releases_memory = true};
+    return Capabilities{.pause = true, .suspend_releases_memory = true, .egress_policy = opts_.network != nullptr};
   }
   absl::Status Probe() override;
   absl::Status CheckCreate(const Resources& effective, bool networked) const override;

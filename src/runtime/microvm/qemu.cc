@@ -143,6 +143,13 @@ std::vector<std::string> QemuArgv(const QemuVm& vm) {
     a.push_back("-device");
     a.push_back(fmt::format("virtio-blk-device,drive={},serial={}", id, disk.serial));
   }
+  if (!vm.tap.empty()) {
+    // The tap exists (persistent, made by sbxd); QEMU only opens it, and runs no script.
+    a.push_back("-netdev");
+    a.push_back(fmt::format("tap,id=net0,ifname={},script=no,downscript=no", vm.tap));
+    a.push_back("-device");
+    a.push_back(fmt::format("virtio-net-device,netdev=net0,mac={}", vm.mac));
+  }
   if (vm.incoming_fd3) {
     a.push_back("-incoming");
     a.push_back("fd:3");

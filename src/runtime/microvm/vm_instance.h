@@ -1,0 +1,61 @@
+// A microVM's host side: the record kept beside it (vm.json), its processes (QEMU and the
+// agent bridge, each leading a session of its own), and the runtime::Instance that pauses,
+// suspends, wakes, dials and destroys it (docs/microvm.md).
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "net/sandbox_net.h"
+#include "runtime/backend.h"
+
+namespace sbx::runtime::microvm {
+
+// The last `n` bytes of `s` / of a log file (read from its end: a guest may have written any
+// amount to its console), trailing newlines dropped.
+std::string Tail(const std::string& s, size_t n);
+std::string FileTail(const std::string& path, size_t n);
+
+// The process `pid` is alive (not a zombie) and its command line names `dir`: guards every
+// kill of a pid read from a file against pid reuse.
+bool IsOurs(pid_t pid, const std::string& dir);
+// Kills `pid` (and its process group) if it is still ours, and waits until it is gone.
+void Stop(pid_t pid, const std::string& dir);
+// Whether `pid` still runs; `*ended` says how, once this process reaped it.
+bool Alive(pid_t pid, const std::string& dir, std::string* ended = nullptr);
+
+// vm.json, the VM's record beside it: what adoption, delete and the sweep need after sbxd
+// restarts, and what a wake from suspend needs to start QEMU again with the same devices.
+struct VmRecord {
+  pid_t qemu = 0;
+  pid_t bridge = 0;
+  bool suspended = false;   // the state is in <dir>/state, no process runs
+  bool migratable = false;  // no 9p share: suspend can save the VM
+  std::vector<std::string> qemu_argv;
+};
+
+absl::StatusOr<VmRecord> ReadRecord(const std::string& dir);
+absl::Status WriteRecord(const std::string& dir, const VmRecord& r);
+
+// `agent --vm-bridge <dir>/serial.sock <dir>/agent.sock`, detached, logging to bridge.log.
+absl::StatusOr<pid_t> StartBridge(const std::string& agent, const std::string& dir);
+// Until the guest's agent answers through the bridge; a VM that exits first says why.
+absl::Status WaitForAgent(const Instance& vm, const std::string& dir, int timeout_s, const std::string& accel);
+
+// What a resumed VM needs from its backend.
+struct ResumeContext {
+  std::string agent_path;
+  int boot_timeout_s = 60;
+  std::string accel;
+  net::NetworkHost* network = nullptr;
+};
+
+InstancePtr NewMicrovmInstance(std::string id, std::string dir, VmRecord rec, ResumeContext ctx,
+                               std::unique_ptr<net::SandboxNetwork> network);
+
+}  // namespace sbx::runtime::microvm
