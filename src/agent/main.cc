@@ -8,10 +8,12 @@
 #include <cstring>
 #include <cstdint>
 #include <string>
+#include <vector>
 #include <unistd.h>
 
 #include "agent/agent.h"
 #include "agent/vm_init.h"
+#include "agent/vm_jail.h"
 
 namespace {
 
@@ -23,7 +25,8 @@ void Usage(FILE* out) {
       "                 [--cgroup-procs-fd N]...\n"
       "  --listen-fd N       serve on an inherited, listening unix socket (ns runtime)\n"
       "  --listen PATH       bind and serve on a unix socket at PATH\n"
-      "  or: sbx-agent --vm-bridge PORT_SOCKET LISTEN_PATH  (a microVM's host bridge)\n",
+      "  or: sbx-agent --vm-bridge PORT_SOCKET LISTEN_PATH  (a microVM's host bridge)\n"
+      "  or: sbx-agent --vm-jail SPEC_JSON -- QEMU ARGV...  (a microVM's VMM, jailed)\n",
       out);
   std::fprintf(out, "  --buffer-bytes N    output retained per session and stream (default %zu)\n",
                sbx::protocol::kDefaultOutputBufferBytes);
@@ -60,6 +63,9 @@ int main(int argc, char** argv) {
   if (::getpid() == 1 && argc == 1) return sbx::agent::RunVmInit();
   if (argc == 4 && std::string(argv[1]) == "--vm-bridge") {
     return sbx::agent::RunVmBridge(argv[2], argv[3]);
+  }
+  if (argc >= 5 && std::string(argv[1]) == "--vm-jail" && std::string(argv[3]) == "--") {
+    return sbx::agent::RunVmJail(argv[2], std::vector<std::string>(argv + 4, argv + argc));
   }
   // Sandbox root runs with the agent's uid, so without this it could open /proc/1/mem (rewrite
   // the agent), /proc/1/fd/* (the host-side agent.log, the socket sbxd talks on) and ptrace it.

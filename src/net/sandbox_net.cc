@@ -138,7 +138,7 @@ absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::AttachTap(const std
   SBX_RETURN_IF_ERROR(nft_->Run(AddSandboxRuleset(id, net->veth_, addrs, cfg_, policy),
                                 fmt::format("sandbox {}: add its nftables rules", id)));
   net->rules_ = true;
-  SBX_RETURN_IF_ERROR(BuildLink(*net, -1, id));
+  SBX_RETURN_IF_ERROR(BuildLink(*net, -1, id, /*tap=*/true));
   return net;
 }
 
@@ -172,10 +172,10 @@ absl::Status NetworkHost::Claim(SandboxNetwork& net, const std::string& id,
   return host.SetAlias(net.ifindex_, id);
 }
 
-absl::Status NetworkHost::BuildLink(SandboxNetwork& net, int netns_fd, const std::string& alias) {
+absl::Status NetworkHost::BuildLink(SandboxNetwork& net, int netns_fd, const std::string& alias, bool tap) {
   const SandboxAddrs& addrs = net.addrs_;
   SBX_ASSIGN_OR_RETURN(Netlink host, Netlink::Open());
-  if (netns_fd < 0) {
+  if (tap) {
     SBX_RETURN_IF_ERROR(CreatePersistentTap(net.veth_));
   } else {
     SBX_RETURN_IF_ERROR(host.CreateVeth(net.veth_, kSandboxIfName, netns_fd));
@@ -188,7 +188,7 @@ absl::Status NetworkHost::BuildLink(SandboxNetwork& net, int netns_fd, const std
   SBX_RETURN_IF_ERROR(host.AddAddress(host_idx, addrs.host4));
   SBX_RETURN_IF_ERROR(host.AddAddress(host_idx, addrs.host6));
   SBX_RETURN_IF_ERROR(host.SetUp(host_idx));
-  if (netns_fd < 0) {
+  if (tap) {
     // A tap has no carrier until its VMM opens it, and its other end is the guest's NIC: no
     // sandbox end to set up here, no wait. Only the direction toward the sandbox is shaped
     // (the guest sends through QEMU, outside any qdisc of ours).

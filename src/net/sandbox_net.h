@@ -179,8 +179,8 @@ class NetworkHost {
                            bool narrowed);
   // Refuses an id that cannot be put in rules or a profile this host does not have.
   absl::Status CheckPolicy(const std::string& id, const SandboxPolicy& policy) const;
-  // Steps 3-5 for `net` (step 1 done), its veth named by `alias`; netns_fd < 0: a tap instead.
-  absl::Status BuildLink(SandboxNetwork& net, int netns_fd, const std::string& alias);
+  // Steps 3-5 for `net` (step 1 done), its veth named by `alias`; `tap`: a tap instead.
+  absl::Status BuildLink(SandboxNetwork& net, int netns_fd, const std::string& alias, bool tap = false);
   void Register(const SandboxNetwork& net);
   void Unregister(const std::string& veth);
   // The bandwidth limit of a new sandbox (cfg_.rate_mbit; limits.h): a shaper on each end of

@@ -48,7 +48,7 @@ absl::Status NetworkHost::LimitRate(const std::string& id, int host_ifindex, int
   SBX_ASSIGN_OR_RETURN(TrafficControl host, TrafficControl::Open());
   SBX_RETURN_IF_ERROR(Annotate(host.LimitRate(host_ifindex, cfg_.rate_mbit),
                                fmt::format("sandbox {}: bandwidth limit toward it", id)));
-  if (netns_fd < 0) return absl::OkStatus();  // a tap: no sandbox end on this host
+  if (sandbox_ifindex == 0) return absl::OkStatus();  // a tap: no sandbox end on this host
   SBX_ASSIGN_OR_RETURN(TrafficControl inside, TrafficControl::Open(netns_fd));
   return Annotate(inside.LimitRate(sandbox_ifindex, cfg_.rate_mbit),
                   fmt::format("sandbox {}: bandwidth limit from it", id));

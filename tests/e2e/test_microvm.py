@@ -62,6 +62,19 @@ def test_create_exec_files_pause_delete_leave_nothing(api, sbxd, microvm_availab
     procs = vm_processes(sbxd.state_dir, sid)
     assert len(procs) == 2, f"QEMU and its bridge, got {procs}"
 
+    # The VMM's jail (docs/isolation.md §8): its own uid, no network, a root of its own files.
+    qemu = next(p for p in procs if b"qemu" in Path(f"/proc/{p}/cmdline").read_bytes())
+    status = Path(f"/proc/{qemu}/status").read_text()
+    uids = next(l for l in status.splitlines() if l.startswith("Uid:")).split()[1:]
+    assert all(int(u) >= 0x80000 for u in uids), status
+    assert "NoNewPrivs:\t1" in status and "CapEff:\t0000000000000000" in status, status
+    for ns in ("net", "mnt", "ipc"):
+        assert os.readlink(f"/proc/{qemu}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}"), ns
+    jail_root = Path(f"/proc/{qemu}/root")
+    assert sorted(p.name for p in (jail_root / str(sbxd.state_dir).lstrip("/") / "vm").iterdir()) == [sid]
+    assert not (jail_root / "etc").exists() and not (jail_root / "home").exists()
+    assert not (jail_root / str(sbxd.state_dir).lstrip("/") / "vm" / sid / "vm.json").exists()
+
     # A kernel of its own: no host process (sbxd, pytest) and no host file (sbxd's state
     # dir) is visible, and its PID 1 is the agent.
     r = api.run(sid, ["sh", "-c", "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | "

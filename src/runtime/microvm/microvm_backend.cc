@@ -34,6 +34,7 @@
 #include "runtime/microvm/host_view.h"
 #include "runtime/microvm/qemu.h"
 #include "runtime/microvm/tree_image.h"
+#include "protocol/jail_spec.h"
 #include "runtime/microvm/vm_instance.h"
 #include "net/dns_policy.h"
 #include "net/profiles.h"
@@ -132,7 +133,7 @@ absl::Status MicrovmBackend::Probe() {
   std::error_code ec;
   fs::create_directories(opts_.state_dir + "/vm", ec);
   if (ec) return absl::InternalError(fmt::format("microvm: mkdir {}/vm: {}", opts_.state_dir, ec.message()));
-  return absl::OkStatus();
+  return Annotate(uids_.Init(), "microvm: the VMMs' uids");
 }
 
 absl::Status MicrovmBackend::CheckCreate(const Resources& effective, bool networked) const {
@@ -197,7 +198,7 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
   if (qemu_path_.empty()) SBX_RETURN_IF_ERROR(Probe());
   SBX_ASSIGN_OR_RETURN(BootAssets assets, Assets());
   const std::string dir = SandboxDir(spec.id);
-  if (dir.size() + 16 >= sizeof(sockaddr_un::sun_path)) {
+  if (dir.size() + 20 >= sizeof(sockaddr_un::sun_path)) {
     return absl::InvalidArgumentError(fmt::format(
         "create sandbox {}: {} is too long for unix socket paths (a shorter state.dir)", spec.id, dir));
   }
@@ -206,19 +207,31 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
   if (::mkdir(dir.c_str(), 0700) != 0) {
     return ErrnoStatus(errno, fmt::format("create sandbox {}: mkdir({})", spec.id, dir));
   }
-  const ResumeContext ctx{opts_.agent_path, opts_.boot_timeout_s, accel_, opts_.network};
+  const ResumeContext ctx{opts_.agent_path, opts_.boot_timeout_s, accel_, opts_.network, &uids_};
   std::unique_ptr<net::SandboxNetwork> network;  // until the instance owns it
   VmRecord rec;
+  bool claimed = false;
   // Until the instance exists: what a failure leaves is stopped and removed here (the network
   // by its destructor, since it was never released).
   auto fail = [&](absl::Status s) -> absl::Status {
     Stop(rec.bridge, dir);
     Stop(rec.qemu, dir);
     if (network) (void)network->Destroy();
+    if (claimed) (void)uids_.Release(rec.uid, dir);
     std::error_code rm;
     fs::remove_all(dir, rm);
     return Annotate(s, fmt::format("create sandbox {} (microvm)", spec.id));
   };
+
+  // The VMM's own uid, and the one directory it may write.
+  auto uid = uids_.Claim(dir);
+  if (!uid.ok()) return fail(Annotate(uid.status(), "the VMM's uid"));
+  rec.uid = *uid;
+  claimed = true;
+  if (::mkdir((dir + "/vmm").c_str(), 0700) != 0 || ::chown((dir + "/vmm").c_str(), rec.uid, rec.uid) != 0 ||
+      ::mkdir((dir + "/jail").c_str(), 0755) != 0) {
+    return fail(ErrnoStatus(errno, fmt::format("mkdir {}/vmm, {}/jail", dir, dir)));
+  }
 
   // What the guest's init builds (agent/vm_init.cc).
   QemuVm vm;
@@ -228,12 +241,12 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
   vm.memory_mib = spec.resources.memory_mib;
   vm.vmlinux = assets.vmlinux;
   vm.initramfs = assets.initramfs;
-  vm.serial_socket = dir + "/serial.sock";
-  vm.qmp_socket = dir + "/qmp.sock";
-  vm.console_log = dir + "/console.log";
+  vm.serial_socket = dir + "/vmm/serial.sock";
+  vm.qmp_socket = dir + "/vmm/qmp.sock";
+  vm.console_log = dir + "/vmm/console.log";
   vm.extra_cmdline = extra_cmdline_;
   vm.disks.push_back({dir + "/guest.cfg", agent::kGuestConfigSerial, true});
-  vm.disks.push_back({dir + "/disk.img", agent::kGuestDiskSerial, false});
+  vm.disks.push_back({dir + "/vmm/disk.img", agent::kGuestDiskSerial, false});
   Json lowers = Json::array();
   Json binds = Json::array();
   // The template's trees as shared read-only images (made on first use), top first.
@@ -305,11 +318,40 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
     out << text;
     if (!out) return fail(absl::InternalError(fmt::format("write {}/guest.cfg", dir)));
   }
-  if (auto disk = DiskImage(spec.resources.disk_mib, dir + "/disk.img"); !disk.ok()) {
+  ::chmod((dir + "/guest.cfg").c_str(), 0644);  // the VMM's uid reads it
+  if (auto disk = DiskImage(spec.resources.disk_mib, dir + "/vmm/disk.img"); !disk.ok()) {
     return fail(disk.status());
   }
+  if (::chown((dir + "/vmm/disk.img").c_str(), rec.uid, rec.uid) != 0) {
+    return fail(ErrnoStatus(errno, "chown disk.img to the VMM's uid"));
+  }
+  // The jail holds QEMU's program and libraries (/usr), what the VM reads, and vmm/.
+  protocol::JailSpec jail;
+  jail.uid = jail.gid = rec.uid;
+  jail.root = dir + "/jail";
+  jail.tap = vm.tap;
+  jail.binds.push_back({"/usr", false, false});
+  jail.binds.push_back({"/dev/null", true, true});
+  jail.binds.push_back({"/dev/urandom", false, true});
+  if (accel_ == "kvm") {
+    jail.binds.push_back({"/dev/kvm", true, true});
+    struct stat kvm;
+    if (::stat("/dev/kvm", &kvm) == 0 && kvm.st_gid != 0) jail.groups.push_back(kvm.st_gid);
+  }
+  for (const std::string& p : {vm.vmlinux, vm.initramfs}) jail.binds.push_back({p, false, false});
+  for (const auto& d : vm.disks) {
+    if (d.read_only) jail.binds.push_back({d.path, false, false});
+  }
+  for (const auto& sh : vm.shares) jail.binds.push_back({sh.host_path, false, false});
+  jail.binds.push_back({dir + "/vmm", true, false});
+  {
+    std::ofstream out(dir + "/jail.json");
+    out << jail.ToJson().dump();
+    if (!out) return fail(absl::InternalError(fmt::format("write {}/jail.json", dir)));
+  }
 
-  rec.qemu_argv = QemuArgv(vm);
+  rec.qemu_argv = {opts_.agent_path, "--vm-jail", dir + "/jail.json", "--"};
+  for (auto& a : QemuArgv(vm)) rec.qemu_argv.push_back(std::move(a));
   rec.migratable = vm.shares.empty();
   auto qemu = SpawnDetached(rec.qemu_argv, DetachedOptions{.log = dir + "/qemu.log"});
   if (!qemu.ok()) return fail(qemu.status());
@@ -335,7 +377,8 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Adopt(const std::string& id, const J
   const std::string dir = SandboxDir(id);
   auto rec = ReadRecord(dir);
   if (!rec.ok()) return absl::NotFoundError(fmt::format("adopt sandbox {}: {}", id, std::string(rec.status().message())));
-  const ResumeContext ctx{opts_.agent_path, opts_.boot_timeout_s, accel_, opts_.network};
+  const ResumeContext ctx{opts_.agent_path, opts_.boot_timeout_s, accel_, opts_.network, &uids_};
+  if (rec->uid != 0) SBX_RETURN_IF_ERROR(Annotate(uids_.Reclaim(rec->uid, dir), fmt::format("adopt sandbox {}", id)));
   std::unique_ptr<net::SandboxNetwork> network;
   if (persisted.is_object() && persisted.value("networked", false)) {
     network = ns::AdoptNetwork(opts_.network, id, persisted.value("egress", Json(nullptr)));
@@ -373,6 +416,7 @@ absl::Status MicrovmBackend::Remove(const std::string& id) {
     Stop(rec->bridge, dir);
     Stop(rec->qemu, dir);
   }
+  (void)uids_.ReleaseOwner(dir);
   std::error_code ec;
   fs::remove_all(dir, ec);
   if (ec) return absl::InternalError(fmt::format("remove {}: {}", dir, ec.message()));
@@ -401,6 +445,7 @@ absl::Status MicrovmBackend::Sweep(const std::set<std::string>& known_ids) {
     }
     if (!st.ok() && first.ok()) first = st;
   }
+  if (auto st = uids_.Sweep(root, known_ids); !st.ok() && first.ok()) first = st;
   // Half-made boot assets of a process that died while making them.
   if (DIR* a = ::opendir((opts_.state_dir + "/microvm-assets").c_str())) {
     while (dirent* e = ::readdir(a)) {

@@ -4,13 +4,18 @@
 // the ns runtime's agent, so nothing above the Backend interface knows the difference.
 //
 // Layout of a sandbox: <state>/vm/<id>/
-//   guest/config.json   what the guest's init builds (9p share `sbxcfg`, read-only)
-//   disk.img            the writable layer: a sparse copy of the golden ext4 image of its size
-//   serial.sock         the agent port's host end (QEMU listens; the bridge connects)
+//   guest.cfg           what the guest's init builds (JSON on a read-only raw disk, `sbxcfg`)
+//   jail.json, jail/    the VMM's jail: its spec and its (empty, on the host) root
+//   vmm/                the VMM's own directory (its uid's), the only writable path in its jail:
+//     disk.img          the writable layer: a sparse copy of the golden ext4 image of its size
+//     serial.sock       the agent port's host end (QEMU listens; the bridge connects)
+//     qmp.sock          QEMU's control socket
+//     console.log       the guest's serial console
 //   agent.sock          the bridge's listener (sbxd connects)
-//   qmp.sock            QEMU's control socket
-//   console.log, qemu.log, bridge.log
-//   vm.json             {"qemu_pid","bridge_pid"}: what Adopt, Remove and Sweep act on
+//   qemu.log, bridge.log
+//   state               while suspended: the VM's saved state (a QEMU migration stream)
+//   vm.json             pids, QEMU's command line, uid, suspended: what Adopt, Remove, Sweep
+//                       and a wake act on
 // QEMU and the bridge each lead a session of their own, outside sbxd's, so that a `kill -9`
 // of sbxd leaves the VM serving and the next sbxd adopts it.
 #pragma once
@@ -24,6 +29,7 @@
 #include "runtime/backend.h"
 #include "net/sandbox_net.h"
 #include "runtime/microvm/boot_assets.h"
+#include "runtime/ns/userns.h"
 
 namespace sbx::runtime::microvm {
 
@@ -77,6 +83,8 @@ class MicrovmBackend : public Backend {
   std::string extra_cmdline_;  // TcgKernelParams under TCG
   std::mutex mu_;  // guards assets_ and the making of golden disk images
   std::optional<BootAssets> assets_;
+  // Each VMM's uid and gid: a range claimed host-wide, beside the ns runtime's sandboxes.
+  ns::UidRanges uids_;
 };
 
 }  // namespace sbx::runtime::microvm

@@ -144,9 +144,10 @@ std::vector<std::string> QemuArgv(const QemuVm& vm) {
     a.push_back(fmt::format("virtio-blk-device,drive={},serial={}", id, disk.serial));
   }
   if (!vm.tap.empty()) {
-    // The tap exists (persistent, made by sbxd); QEMU only opens it, and runs no script.
+    // The tap exists (persistent, made by sbxd); the VMM's jail opens it as fd 4 before it
+    // leaves the host's network namespace, so QEMU only uses it.
     a.push_back("-netdev");
-    a.push_back(fmt::format("tap,id=net0,ifname={},script=no,downscript=no", vm.tap));
+    a.push_back("tap,id=net0,fd=4");
     a.push_back("-device");
     a.push_back(fmt::format("virtio-net-device,netdev=net0,mac={}", vm.mac));
   }

@@ -42,7 +42,8 @@ struct QemuVm {
   std::string initramfs;
   std::vector<QemuDisk> disks;
   std::vector<QemuShare> shares;  // read-only 9p shares
-  std::string tap;                // the host's tap for the VM's virtio-net NIC (empty: no NIC)
+  std::string tap;                // the host's tap for the VM's virtio-net NIC (empty: no NIC);
+                                  // QEMU gets it open as fd 4 (agent/vm_jail.h)
   std::string mac;
   std::string serial_socket;      // the agent port's host end (QEMU listens)
   std::string qmp_socket;

@@ -92,6 +92,12 @@ absl::StatusOr<std::string> TreeImage(const std::string& tree, const std::string
     return absl::InternalError(fmt::format("tree image: {} -d {} ({} MiB) exited with status {}: {}", mke2fs,
                                            tree, mib, *rc, output));
   }
+  // Every VMM reads it under its own uid (each only the images bound into its jail).
+  if (::chmod(tmp.c_str(), 0644) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    return ErrnoStatus(e, fmt::format("tree image: chmod({})", tmp));
+  }
   if (::rename(tmp.c_str(), image.c_str()) != 0) {
     const int e = errno;
     ::unlink(tmp.c_str());

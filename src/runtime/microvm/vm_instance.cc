@@ -127,6 +127,7 @@ absl::StatusOr<VmRecord> ReadRecord(const std::string& dir) {
   r.bridge = j["bridge_pid"].get<pid_t>();
   r.suspended = j.value("suspended", false);
   r.migratable = j.value("migratable", false);
+  r.uid = j.value("uid", uint32_t{0});
   if (j.contains("qemu_argv") && j["qemu_argv"].is_array()) {
     for (const auto& a : j["qemu_argv"]) {
       if (a.is_string()) r.qemu_argv.push_back(a.get<std::string>());
@@ -140,7 +141,7 @@ absl::Status WriteRecord(const std::string& dir, const VmRecord& r) {
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << Json{{"qemu_pid", r.qemu}, {"bridge_pid", r.bridge}, {"suspended", r.suspended},
-                {"migratable", r.migratable}, {"qemu_argv", r.qemu_argv}}
+                {"migratable", r.migratable}, {"qemu_argv", r.qemu_argv}, {"uid", r.uid}}
                .dump()
         << "\n";
     if (!out) return absl::InternalError(fmt::format("write {}", tmp));
@@ -152,7 +153,7 @@ absl::Status WriteRecord(const std::string& dir, const VmRecord& r) {
 }
 
 absl::StatusOr<pid_t> StartBridge(const std::string& agent, const std::string& dir) {
-  return SpawnDetached({agent, "--vm-bridge", dir + "/serial.sock", dir + "/agent.sock"},
+  return SpawnDetached({agent, "--vm-bridge", dir + "/vmm/serial.sock", dir + "/agent.sock"},
                        DetachedOptions{.log = dir + "/bridge.log"});
 }
 
@@ -167,7 +168,7 @@ absl::Status WaitForAgent(const Instance& vm, const std::string& dir, int timeou
     if (std::chrono::steady_clock::now() >= deadline) {
       return absl::DeadlineExceededError(fmt::format(
           "the guest's agent did not answer within {} s (accel {}): {}; guest console: {}", timeout_s, accel,
-          std::string(ping.status().message()), FileTail(dir + "/console.log", 400)));
+          std::string(ping.status().message()), FileTail(dir + "/vmm/console.log", 400)));
     }
     std::this_thread::sleep_for(backoff);
     backoff = std::min<std::chrono::milliseconds>(backoff * 2, 50ms);
@@ -262,7 +263,7 @@ class MicrovmInstance : public Instance {
            std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(10ms);
     }
-    const std::string console = FileTail(dir_ + "/console.log", 2000);
+    const std::string console = FileTail(dir_ + "/vmm/console.log", 2000);
     if (const size_t p = console.find("Kernel panic"); p != std::string::npos) {
       return "the guest kernel panicked: " + Tail(console.substr(p, console.find('\n', p) - p), 300);
     }
@@ -286,6 +287,9 @@ class MicrovmInstance : public Instance {
       SBX_RETURN_IF_ERROR(Annotate(network_->Destroy(), fmt::format("destroy {}: network", id_)));
       network_.reset();
     }
+    if (ctx_.uids != nullptr && rec_.uid != 0) {
+      SBX_RETURN_IF_ERROR(Annotate(ctx_.uids->Release(rec_.uid, dir_), fmt::format("destroy {}: the VMM's uid", id_)));
+    }
     std::error_code ec;
     fs::remove_all(dir_, ec);
     if (ec) return absl::InternalError(fmt::format("destroy {}: remove {}: {}", id_, dir_, ec.message()));
@@ -294,12 +298,12 @@ class MicrovmInstance : public Instance {
   // The VMM stops the vCPUs: nothing in the guest runs, its memory stays resident.
   absl::Status Freeze() override {
     if (rec_.suspended) return absl::OkStatus();
-    return Annotate(QmpCommand(dir_ + "/qmp.sock", "stop").status(), fmt::format("pause {}", id_));
+    return Annotate(QmpCommand(dir_ + "/vmm/qmp.sock", "stop").status(), fmt::format("pause {}", id_));
   }
   absl::Status Thaw() override { return Resume(); }
   absl::StatusOr<bool> IsFrozen() const override {
     if (rec_.suspended) return true;
-    auto st = QmpCommand(dir_ + "/qmp.sock", "query-status");
+    auto st = QmpCommand(dir_ + "/vmm/qmp.sock", "query-status");
     if (!st.ok()) return st.status();
     return st->value("status", std::string()) != "running";
   }
@@ -319,7 +323,7 @@ class MicrovmInstance : public Instance {
     const std::string state = dir_ + "/state", tmp = dir_ + "/state.tmp";
     UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
     if (!fd.valid()) return ErrnoStatus(errno, fmt::format("suspend {}: open({})", id_, tmp));
-    auto saved = QmpSaveState(dir_ + "/qmp.sock", fd.get(), 300s);
+    auto saved = QmpSaveState(dir_ + "/vmm/qmp.sock", fd.get(), 300s);
     if (!saved.ok()) {
       ::unlink(tmp.c_str());
       return Annotate(saved.status(), fmt::format("suspend {}: save the VM (it stays paused)", id_));
@@ -338,7 +342,7 @@ class MicrovmInstance : public Instance {
       ::unlink(state.c_str());
       return Annotate(st, fmt::format("suspend {} (the VM stays paused)", id_));
     }
-    (void)QmpCommand(dir_ + "/qmp.sock", "quit");
+    (void)QmpCommand(dir_ + "/vmm/qmp.sock", "quit");
     Stop(rec_.qemu, dir_);
     Stop(rec_.bridge, dir_);
     next.qemu = next.bridge = 0;
@@ -357,7 +361,7 @@ class MicrovmInstance : public Instance {
   // the state file goes once the agent answers.
   absl::Status Resume() override {
     if (!rec_.suspended) {
-      return Annotate(QmpCommand(dir_ + "/qmp.sock", "cont").status(), fmt::format("wake {}", id_));
+      return Annotate(QmpCommand(dir_ + "/vmm/qmp.sock", "cont").status(), fmt::format("wake {}", id_));
     }
     if (rec_.qemu_argv.empty()) {
       return absl::FailedPreconditionError(fmt::format("wake {}: vm.json has no QEMU command line", id_));
@@ -387,7 +391,7 @@ class MicrovmInstance : public Instance {
     // QEMU answers QMP once it listens; the load runs before the VM may continue.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(ctx_.boot_timeout_s);
     for (auto pause = 2ms;; pause = std::min<std::chrono::milliseconds>(pause * 2, 20ms)) {
-      auto st = QmpCommand(dir_ + "/qmp.sock", "query-status");
+      auto st = QmpCommand(dir_ + "/vmm/qmp.sock", "query-status");
       if (st.ok() && st->value("status", std::string()) != "inmigrate") break;
       std::string ended;
       if (!microvm::Alive(live.qemu, dir_, &ended)) {
@@ -403,7 +407,7 @@ class MicrovmInstance : public Instance {
     if (!bridge.ok()) return undo(bridge.status());
     live.bridge = *bridge;
     if (auto st = WriteRecord(dir_, live); !st.ok()) return undo(st);
-    if (auto st = QmpCommand(dir_ + "/qmp.sock", "cont"); !st.ok()) return undo(st.status());
+    if (auto st = QmpCommand(dir_ + "/vmm/qmp.sock", "cont"); !st.ok()) return undo(st.status());
     live.suspended = false;
     rec_ = live;
     if (auto st = WaitForAgent(*this, dir_, ctx_.boot_timeout_s, ctx_.accel); !st.ok()) return undo(st);

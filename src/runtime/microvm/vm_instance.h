@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "net/sandbox_net.h"
 #include "runtime/backend.h"
+#include "runtime/ns/userns.h"
 
 namespace sbx::runtime::microvm {
 
@@ -36,7 +37,10 @@ struct VmRecord {
   pid_t bridge = 0;
   bool suspended = false;   // the state is in <dir>/state, no process runs
   bool migratable = false;  // no 9p share: suspend can save the VM
+  // How QEMU starts: through the jail (sbx-agent --vm-jail <dir>/jail.json -- QEMU ...), so a
+  // wake appends `-incoming fd:3` and runs it again.
   std::vector<std::string> qemu_argv;
+  uint32_t uid = 0;  // the VMM's uid and gid: the base of a claimed uid range (0: none claimed)
 };
 
 absl::StatusOr<VmRecord> ReadRecord(const std::string& dir);
@@ -53,6 +57,7 @@ struct ResumeContext {
   int boot_timeout_s = 60;
   std::string accel;
   net::NetworkHost* network = nullptr;
+  ns::UidRanges* uids = nullptr;  // where the VMM's uid is claimed; Destroy releases it
 };
 
 InstancePtr NewMicrovmInstance(std::string id, std::string dir, VmRecord rec, ResumeContext ctx,

@@ -1,0 +1,30 @@
+// The VMM's jail (`sbx-agent --vm-jail SPEC -- QEMU ARGV...`): the microvm runtime starts QEMU
+// through it so that the process emulating a guest's devices holds only what that one VM needs
+// (docs/isolation.md §8, "The VMM's jail", lists the steps in order):
+//   1. join the VM's cgroups (writes its own pid to each cgroup.procs in the spec);
+//   2. open the VM's tap (persistent, made by sbxd) as fd 4, while it still may;
+//   3. new mount, network, IPC and UTS namespaces: no network at all (the tap's fd carries the
+//      guest's packets, unix sockets are reached by path), no host IPC;
+//   4. a tmpfs root holding only the spec's paths, each bound at its own path (read-only unless
+//      the spec says writable; nosuid, nodev except the listed devices), the host's merged-/usr
+//      links, then pivot_root and the old root detached;
+//   5. the VM's own uid and gid (a range claimed host-wide, as the ns runtime's), supplementary
+//      groups only as listed (kvm), no_new_privs, every capability gone with the uid change;
+//   6. exec QEMU, which adds its own seccomp filter (-sandbox).
+// Any failure exits 125 with the step and errno on stderr (qemu.log), before QEMU runs.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "protocol/jail_spec.h"
+
+namespace sbx::agent {
+
+using protocol::JailBind;
+using protocol::JailSpec;
+
+// Never returns on success (QEMU runs); exits 125 on failure.
+int RunVmJail(const std::string& spec_path, const std::vector<std::string>& argv);
+
+}  // namespace sbx::agent
