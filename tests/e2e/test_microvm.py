@@ -70,6 +70,8 @@ def test_create_exec_files_pause_delete_leave_nothing(api, sbxd, microvm_availab
     assert "NoNewPrivs:\t1" in status and "CapEff:\t0000000000000000" in status, status
     for ns in ("net", "mnt", "ipc"):
         assert os.readlink(f"/proc/{qemu}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}"), ns
+    cgroups = Path(f"/proc/{qemu}/cgroup").read_text()
+    assert f"/sbx-vm/{sid}" in cgroups, cgroups
     jail_root = Path(f"/proc/{qemu}/root")
     assert sorted(p.name for p in (jail_root / str(sbxd.state_dir).lstrip("/") / "vm").iterdir()) == [sid]
     assert not (jail_root / "etc").exists() and not (jail_root / "home").exists()
@@ -145,6 +147,9 @@ def test_create_exec_files_pause_delete_leave_nothing(api, sbxd, microvm_availab
     api.delete_sandbox(sid)
     assert vm_processes(sbxd.state_dir, sid) == []
     assert not (sbxd.state_dir / "vm" / sid).exists()
+    left = [p for p in [*Path("/sys/fs/cgroup").glob(f"*/sbx-vm/{sid}"), Path(f"/sys/fs/cgroup/sbx-vm/{sid}")]
+            if p.exists()]
+    assert not left, f"the VMM's cgroup was left: {left}"
 
 
 def test_a_guest_that_dies_marks_its_sandbox_failed(api, sbxd, microvm_available):

@@ -133,7 +133,17 @@ absl::Status MicrovmBackend::Probe() {
   std::error_code ec;
   fs::create_directories(opts_.state_dir + "/vm", ec);
   if (ec) return absl::InternalError(fmt::format("microvm: mkdir {}/vm: {}", opts_.state_dir, ec.message()));
-  return Annotate(uids_.Init(), "microvm: the VMMs' uids");
+  SBX_RETURN_IF_ERROR(Annotate(uids_.Init(), "microvm: the VMMs' uids"));
+  if (!cgroups_) {
+    ns::CgroupEnv env;
+    env.parent = kVmCgroupParent;
+    auto driver = ns::MakeCgroupDriver(env);
+    if (!driver.ok()) return Annotate(driver.status(), "microvm: the VMMs' cgroups");
+    SBX_RETURN_IF_ERROR(Annotate((*driver)->Setup(), "microvm: the VMMs' cgroups"));
+    SBX_RETURN_IF_ERROR(Annotate((*driver)->CheckLimits(VmCgroupLimits(1, kMinGuestMemoryMib)), "microvm: the VMMs' cgroups"));
+    cgroups_ = std::move(*driver);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status MicrovmBackend::CheckCreate(const Resources& effective, bool networked) const {
@@ -207,7 +217,7 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
   if (::mkdir(dir.c_str(), 0700) != 0) {
     return ErrnoStatus(errno, fmt::format("create sandbox {}: mkdir({})", spec.id, dir));
   }
-  const ResumeContext ctx{opts_.agent_path, opts_.boot_timeout_s, accel_, opts_.network, &uids_};
+  const ResumeContext ctx{opts_.agent_path, opts_.boot_timeout_s, accel_, opts_.network, &uids_, cgroups_.get()};
   std::unique_ptr<net::SandboxNetwork> network;  // until the instance owns it
   VmRecord rec;
   bool claimed = false;
@@ -325,8 +335,13 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
   if (::chown((dir + "/vmm/disk.img").c_str(), rec.uid, rec.uid) != 0) {
     return fail(ErrnoStatus(errno, "chown disk.img to the VMM's uid"));
   }
+  rec.vcpus = spec.resources.vcpu;
+  rec.memory_mib = spec.resources.memory_mib;
+  auto cgroup = cgroups_->Create(spec.id, VmCgroupLimits(rec.vcpus, rec.memory_mib));
+  if (!cgroup.ok()) return fail(Annotate(cgroup.status(), "the VMM's cgroup"));
   // The jail holds QEMU's program and libraries (/usr), what the VM reads, and vmm/.
   protocol::JailSpec jail;
+  for (const auto& d : (*cgroup)->dirs()) jail.cgroup_procs.push_back(d.path + "/cgroup.procs");
   jail.uid = jail.gid = rec.uid;
   jail.root = dir + "/jail";
   jail.tap = vm.tap;
@@ -360,6 +375,7 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
   if (!bridge.ok()) return fail(bridge.status());
   rec.bridge = *bridge;
   if (auto st = WriteRecord(dir, rec); !st.ok()) return fail(st);
+  (*cgroup)->Release();  // the instance's now: Destroy removes it by the sandbox's id
   InstancePtr instance = NewMicrovmInstance(spec.id, dir, rec, ctx, std::move(network));
   if (auto st = WaitForAgent(*instance, dir, opts_.boot_timeout_s, accel_); !st.ok()) {
     (void)instance->Destroy();
@@ -377,7 +393,7 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Adopt(const std::string& id, const J
   const std::string dir = SandboxDir(id);
   auto rec = ReadRecord(dir);
   if (!rec.ok()) return absl::NotFoundError(fmt::format("adopt sandbox {}: {}", id, std::string(rec.status().message())));
-  const ResumeContext ctx{opts_.agent_path, opts_.boot_timeout_s, accel_, opts_.network, &uids_};
+  const ResumeContext ctx{opts_.agent_path, opts_.boot_timeout_s, accel_, opts_.network, &uids_, cgroups_.get()};
   if (rec->uid != 0) SBX_RETURN_IF_ERROR(Annotate(uids_.Reclaim(rec->uid, dir), fmt::format("adopt sandbox {}", id)));
   std::unique_ptr<net::SandboxNetwork> network;
   if (persisted.is_object() && persisted.value("networked", false)) {
@@ -416,6 +432,7 @@ absl::Status MicrovmBackend::Remove(const std::string& id) {
     Stop(rec->bridge, dir);
     Stop(rec->qemu, dir);
   }
+  if (cgroups_) (void)cgroups_->Existing(id)->Destroy();
   (void)uids_.ReleaseOwner(dir);
   std::error_code ec;
   fs::remove_all(dir, ec);

@@ -29,6 +29,7 @@
 #include "runtime/backend.h"
 #include "net/sandbox_net.h"
 #include "runtime/microvm/boot_assets.h"
+#include "runtime/ns/cgroup.h"
 #include "runtime/ns/userns.h"
 
 namespace sbx::runtime::microvm {
@@ -50,6 +51,8 @@ struct MicrovmOptions {
 
 // The least memory a guest boots with: the Debian kernel plus the initramfs.
 inline constexpr int64_t kMinGuestMemoryMib = 128;
+// The VMMs' cgroups: this parent in every hierarchy, one directory per sandbox id.
+inline constexpr char kVmCgroupParent[] = "/sbx-vm";
 
 class MicrovmBackend : public Backend {
  public:
@@ -85,6 +88,9 @@ class MicrovmBackend : public Backend {
   std::optional<BootAssets> assets_;
   // Each VMM's uid and gid: a range claimed host-wide, beside the ns runtime's sandboxes.
   ns::UidRanges uids_;
+  // The VMMs' cgroups: <root of each hierarchy>/sbx-vm/<sandbox id>, apart from the ns runtime's
+  // (whose sweep would otherwise take them for its own leftovers).
+  std::unique_ptr<ns::CgroupDriver> cgroups_;
 };
 
 }  // namespace sbx::runtime::microvm

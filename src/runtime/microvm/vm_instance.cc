@@ -128,6 +128,8 @@ absl::StatusOr<VmRecord> ReadRecord(const std::string& dir) {
   r.suspended = j.value("suspended", false);
   r.migratable = j.value("migratable", false);
   r.uid = j.value("uid", uint32_t{0});
+  r.vcpus = j.value("vcpus", int64_t{1});
+  r.memory_mib = j.value("memory_mib", int64_t{0});
   if (j.contains("qemu_argv") && j["qemu_argv"].is_array()) {
     for (const auto& a : j["qemu_argv"]) {
       if (a.is_string()) r.qemu_argv.push_back(a.get<std::string>());
@@ -141,7 +143,8 @@ absl::Status WriteRecord(const std::string& dir, const VmRecord& r) {
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << Json{{"qemu_pid", r.qemu}, {"bridge_pid", r.bridge}, {"suspended", r.suspended},
-                {"migratable", r.migratable}, {"qemu_argv", r.qemu_argv}, {"uid", r.uid}}
+                {"migratable", r.migratable}, {"qemu_argv", r.qemu_argv}, {"uid", r.uid},
+                {"vcpus", r.vcpus}, {"memory_mib", r.memory_mib}}
                .dump()
         << "\n";
     if (!out) return absl::InternalError(fmt::format("write {}", tmp));
@@ -287,6 +290,9 @@ class MicrovmInstance : public Instance {
       SBX_RETURN_IF_ERROR(Annotate(network_->Destroy(), fmt::format("destroy {}: network", id_)));
       network_.reset();
     }
+    if (ctx_.cgroups != nullptr) {
+      SBX_RETURN_IF_ERROR(Annotate(ctx_.cgroups->Existing(id_)->Destroy(), fmt::format("destroy {}: the VMM's cgroup", id_)));
+    }
     if (ctx_.uids != nullptr && rec_.uid != 0) {
       SBX_RETURN_IF_ERROR(Annotate(ctx_.uids->Release(rec_.uid, dir_), fmt::format("destroy {}: the VMM's uid", id_)));
     }
@@ -367,6 +373,15 @@ class MicrovmInstance : public Instance {
       return absl::FailedPreconditionError(fmt::format("wake {}: vm.json has no QEMU command line", id_));
     }
     const std::string state = dir_ + "/state";
+    if (ctx_.cgroups != nullptr && rec_.memory_mib > 0) {
+      // After a host reboot the VMM's cgroup is gone with the rest of the cgroup tree.
+      const auto dirs = ctx_.cgroups->SandboxDirs(id_);
+      if (!dirs.empty() && ::access(dirs.front().path.c_str(), F_OK) != 0) {
+        auto cg = ctx_.cgroups->Create(id_, VmCgroupLimits(rec_.vcpus, rec_.memory_mib));
+        if (!cg.ok()) return Annotate(cg.status(), fmt::format("wake {}: the VMM's cgroup", id_));
+        (*cg)->Release();
+      }
+    }
     UniqueFd in(::open(state.c_str(), O_RDONLY | O_CLOEXEC));
     if (!in.valid()) return ErrnoStatus(errno, fmt::format("wake {}: open({})", id_, state));
     std::vector<std::string> argv = rec_.qemu_argv;
@@ -431,6 +446,15 @@ class MicrovmInstance : public Instance {
 };
 
 }  // namespace
+
+ns::CgroupLimits VmCgroupLimits(int64_t vcpus, int64_t memory_mib) {
+  ns::CgroupLimits l;
+  l.memory_bytes = (memory_mib + 256) << 20;
+  l.pids = 1024;  // QEMU's threads: vCPUs, the I/O thread pool, RCU, the main loop
+  l.cpu_period_us = 100000;
+  l.cpu_quota_us = vcpus * 100000 + 50000;
+  return l;
+}
 
 InstancePtr NewMicrovmInstance(std::string id, std::string dir, VmRecord rec, ResumeContext ctx,
                                std::unique_ptr<net::SandboxNetwork> network) {

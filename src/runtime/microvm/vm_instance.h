@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "net/sandbox_net.h"
 #include "runtime/backend.h"
+#include "runtime/ns/cgroup.h"
 #include "runtime/ns/userns.h"
 
 namespace sbx::runtime::microvm {
@@ -41,6 +42,7 @@ struct VmRecord {
   // wake appends `-incoming fd:3` and runs it again.
   std::vector<std::string> qemu_argv;
   uint32_t uid = 0;  // the VMM's uid and gid: the base of a claimed uid range (0: none claimed)
+  int64_t vcpus = 1, memory_mib = 0;  // for the VMM's cgroup limits, made again on a wake after a reboot
 };
 
 absl::StatusOr<VmRecord> ReadRecord(const std::string& dir);
@@ -58,7 +60,12 @@ struct ResumeContext {
   std::string accel;
   net::NetworkHost* network = nullptr;
   ns::UidRanges* uids = nullptr;  // where the VMM's uid is claimed; Destroy releases it
+  ns::CgroupDriver* cgroups = nullptr;  // the VMMs' cgroups (VmCgroupLimits)
 };
+
+// The VMM's cgroup: the guest's memory plus what QEMU needs beside it (TCG's code cache,
+// device emulation, I/O threads), its vCPUs plus half a CPU for device emulation.
+ns::CgroupLimits VmCgroupLimits(int64_t vcpus, int64_t memory_mib);
 
 InstancePtr NewMicrovmInstance(std::string id, std::string dir, VmRecord rec, ResumeContext ctx,
                                std::unique_ptr<net::SandboxNetwork> network);
