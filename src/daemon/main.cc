@@ -761,7 +761,8 @@ int main(int argc, char** argv) {
                                                cfg.runtime.ns.cgroup_parent,
                                                cfg.admission.max_sandboxes,
                                                cfg.runtime.ns.netns_pool + cfg.runtime.ns.userns_pool +
-                                                   cfg.runtime.ns.disk_pool};
+                                                   cfg.runtime.ns.disk_pool,
+                                               cfg.runtime.microvm.qemu, cfg.runtime.microvm.kernel};
   if (check) return sbx::daemon::RunCheckCommand(preflight, check_json);
 
   RaiseOpenFiles();

@@ -22,6 +22,8 @@ runtime::doctor::DoctorOptions Options(const PreflightConfig& c) {
   o.cgroup_parent = c.cgroup_parent;
   o.max_sandboxes = c.max_sandboxes;
   o.pooled = c.pooled;
+  o.microvm_qemu = c.microvm_qemu;
+  o.microvm_kernel = c.microvm_kernel;
   return o;
 }
 

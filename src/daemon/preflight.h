@@ -21,6 +21,8 @@ struct PreflightConfig {
   std::string cgroup_parent;
   int64_t max_sandboxes = 0;  // admission.max_sandboxes: the limits.* rows of --check
   int64_t pooled = 0;         // what the ns pools hold beside the sandboxes
+  std::string microvm_qemu;   // runtime.microvm.qemu / .kernel: the microvm.* rows
+  std::string microvm_kernel;
 };
 
 // `sbxd --check`: every row, printed as a table (color on a tty) or as JSON on stdout. Touches

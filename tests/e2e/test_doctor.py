@@ -25,7 +25,7 @@ CHECK_KEYS = {"id", "title", "result", "detail", "remedy", "required"}
 ALWAYS = {"kernel.version", "namespace.user", "namespace.net", "cgroup.layout", "cgroup.memory",
           "fs.overlay", "seccomp.policy", "landlock", "network.veth", "network.nftables",
           "device.loop", "device.kvm", "storage.state_dir", "storage.socket_path",
-          "storage.space", "agent.binary", "template.base"}
+          "storage.space", "agent.binary", "template.base", "microvm.qemu", "microvm.kernel"}
 
 
 def binary(name: str) -> str:

@@ -45,6 +45,7 @@ void CheckDevices(const Context& ctx);
 void CheckStorage(const Context& ctx);
 void CheckInstall(const Context& ctx);
 void CheckDensity(const Context& ctx);  // density.cc
+void CheckMicrovm(const Context& ctx);  // microvm.cc
 
 // --- child processes ---------------------------------------------------------------------------
 

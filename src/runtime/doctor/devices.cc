@@ -146,9 +146,11 @@ void CheckKvm(const Context& ctx) {
   const bool pvm = ctx.Exists("/sys/module/kvm_pvm") && !intel && !amd;
   if (!present) {
     c.result = CheckResult::kWarn;
-    c.detail = fmt::format("no {}: no hardware virtualization here (only a future microVM runtime "
-                           "would need it; ns and fake do not)", ctx.Host("/dev/kvm"));
-    c.remedy = "nothing to do for the ns and fake runtimes";
+    c.detail = fmt::format("no {}: no hardware virtualization here; the microvm runtime runs guests "
+                           "under TCG (software emulation: seconds per boot; ns and fake need no KVM)",
+                           ctx.Host("/dev/kvm"));
+    c.remedy = "nothing to do for the ns and fake runtimes; for microvm boots in milliseconds, a "
+               "host with hardware KVM (kvm_intel or kvm_amd)";
     ctx.Add(std::move(c));
     return;
   }

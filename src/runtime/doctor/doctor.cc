@@ -281,6 +281,7 @@ Report RunDoctor(const DoctorOptions& options) {
   RunSection(ctx, "security", CheckSecurity);
   RunSection(ctx, "network", CheckNetwork);
   RunSection(ctx, "device", CheckDevices);
+  RunSection(ctx, "microvm", CheckMicrovm);
   RunSection(ctx, "storage", CheckStorage);
   RunSection(ctx, "install", CheckInstall);
   if (!options.only_required) RunSection(ctx, "limits", CheckDensity);
@@ -308,7 +309,8 @@ std::string FormatTable(const Report& report, bool color, int width, bool verdic
     std::vector<std::string> lines = WrapText(OneLine(c.detail), text_w);
     for (size_t i = 0; i < lines.size(); ++i) s += (i == 0 ? "" : pad) + lines[i] + "\n";
     if (!c.remedy.empty() && c.result != CheckResult::kOk) {
-      std::vector<std::string> fix = WrapText("fix: " + OneLine(c.remedy), text_w);
+      // Its continuation lines sit 5 columns further in, under the text after "fix: ".
+      std::vector<std::string> fix = WrapText("fix: " + OneLine(c.remedy), text_w > 5 ? text_w - 5 : text_w);
       for (size_t i = 0; i < fix.size(); ++i) {
         s += pad + (i == 0 ? "" : "     ") + fix[i] + "\n";
       }

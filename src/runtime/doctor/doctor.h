@@ -54,6 +54,8 @@ struct DoctorOptions {
   bool user_namespaces = true;  // sbxd --userns: idmapped mounts and user namespaces needed
   std::string seccomp_policy_path;  // empty: the policy embedded at build time
   std::string cgroup_parent;        // runtime.ns.cgroup_parent; empty: <own cgroup>/sbx
+  std::string microvm_qemu;         // runtime.microvm.qemu; empty: qemu-system-x86_64
+  std::string microvm_kernel;       // runtime.microvm.kernel; empty: the newest /boot/vmlinuz-*
   // Resolves the `base` template (the caller owns the template code: sbxd, sbx). Unset: the
   // row reports kSkip.
   std::function<absl::Status()> template_check;

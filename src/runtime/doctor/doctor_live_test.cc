@@ -60,7 +60,8 @@ TEST(DoctorLive, EveryCheckReportsAndNsRequirementsPass) {
         "cgroup.freezer", "fs.overlay", "fs.ext4", "fs.idmap", "security.privileges",
         "security.capabilities", "seccomp.kernel", "seccomp.policy", "landlock", "network.veth",
         "network.nftables", "device.loop", "device.kvm", "storage.state_dir", "storage.socket_path",
-        "storage.space", "storage.fstype", "storage.disk_caps", "agent.binary", "template.base"}) {
+        "storage.space", "storage.fstype", "storage.disk_caps", "agent.binary", "template.base",
+        "microvm.qemu", "microvm.kernel"}) {
     const Check* c = r.Find(id);
     ASSERT_NE(c, nullptr) << "no row " << id;
     EXPECT_FALSE(c->detail.empty()) << id;

@@ -216,6 +216,27 @@ TEST(DoctorFakeHost, HardwareKvmSaysMicrovmUsesIt) {
   EXPECT_EQ(row.detail.find("PVM"), std::string::npos);
 }
 
+TEST(DoctorFakeHost, MicrovmRowsNameQemuAndTheGuestKernelOrTheirPackages) {
+  FakeHost h;
+  Report r = RunDoctor(h.Options());
+  const Check& qemu = Row(r, "microvm.qemu");
+  EXPECT_EQ(qemu.result, CheckResult::kWarn);
+  EXPECT_FALSE(qemu.required);
+  EXPECT_NE(qemu.remedy.find("qemu-system-x86"), std::string::npos) << qemu.remedy;
+  const Check& kernel = Row(r, "microvm.kernel");
+  EXPECT_EQ(kernel.result, CheckResult::kWarn);
+  EXPECT_NE(kernel.remedy.find("linux-image-amd64"), std::string::npos) << kernel.remedy;
+  EXPECT_TRUE(r.ok());
+
+  h.Write("usr/bin/qemu-system-x86_64", "");
+  h.Write("boot/vmlinuz-6.1.0-28-amd64", "");
+  r = RunDoctor(h.Options());
+  EXPECT_EQ(Row(r, "microvm.qemu").result, CheckResult::kOk) << Row(r, "microvm.qemu").detail;
+  const Check& found = Row(r, "microvm.kernel");
+  EXPECT_EQ(found.result, CheckResult::kOk) << found.detail;
+  EXPECT_NE(found.detail.find("vmlinuz-6.1.0-28-amd64"), std::string::npos) << found.detail;
+}
+
 TEST(DoctorFakeHost, OldKernelNamesTheMissingFeatures) {
   FakeHost h;
   h.Write("proc/sys/kernel/osrelease", "5.4.0-150-generic\n");
