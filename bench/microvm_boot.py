@@ -91,31 +91,49 @@ def ping(path: str) -> bool:
         return False
 
 
-def bare_boot(argv: list[str], sandbox_dir: str, config: bytes, golden: Path, agent: Path,
-              work: Path) -> float:
+def start_bare(argv: list[str], sandbox_dir: str, cfg: bytes, work: Path, golden: Path, agent: Path,
+               extra: list[str] = (), pass_fds=()) -> tuple[Path, subprocess.Popen, subprocess.Popen]:
+    """The peer: sbxd's QEMU command line for a copy of the sandbox's files in a directory of
+    its own, QEMU started by hand as root (no jail) with the bridge beside it."""
     d = Path(tempfile.mkdtemp(prefix="peer-", dir=work))
-    (d / "guest").mkdir()
-    (d / "guest/config.json").write_bytes(config)
-    subprocess.run(["cp", "--sparse=always", str(golden), str(d / "disk.img")], check=True)
-    args = [a.replace(sandbox_dir, str(d)) for a in argv]
-    t0 = time.monotonic()
+    (d / "vmm").mkdir()
+    (d / "guest.cfg").write_bytes(cfg)
+    subprocess.run(["cp", "--sparse=always", str(golden), str(d / "vmm/disk.img")], check=True)
+    args = [a.replace(sandbox_dir, str(d)) for a in argv] + list(extra)
     qemu = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    bridge = subprocess.Popen([str(agent), "--vm-bridge", str(d / "serial.sock"), str(d / "agent.sock")],
+                            start_new_session=True, pass_fds=pass_fds)
+    bridge = subprocess.Popen([str(agent), "--vm-bridge", str(d / "vmm/serial.sock"), str(d / "agent.sock")],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = t0 + 120
-        while not ping(str(d / "agent.sock")):
-            assert qemu.poll() is None, "the peer's QEMU exited"
-            assert time.monotonic() < deadline, \
-                "the peer's guest did not answer in 120 s: " + (d / "console.log").read_text()[-1500:]
-            time.sleep(0.005)
-        return time.monotonic() - t0
-    finally:
-        for p in (bridge, qemu):
+    return d, qemu, bridge
+
+
+def wait_agent(d: Path, qemu: subprocess.Popen, t0: float) -> float:
+    deadline = t0 + 120
+    while not ping(str(d / "agent.sock")):
+        assert qemu.poll() is None, "the peer's QEMU exited"
+        assert time.monotonic() < deadline, \
+            "the peer's guest did not answer in 120 s: " + (d / "vmm/console.log").read_text()[-1500:]
+        time.sleep(0.005)
+    return time.monotonic() - t0
+
+
+def stop_bare(d: Path, *procs: subprocess.Popen) -> None:
+    for p in procs:
+        try:
             os.killpg(p.pid, signal.SIGKILL)
-            p.wait(10)
-        shutil.rmtree(d, ignore_errors=True)
+        except ProcessLookupError:
+            pass
+        p.wait(10)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def bare_boot(argv: list[str], sandbox_dir: str, cfg: bytes, golden: Path, agent: Path, work: Path) -> float:
+    t0 = time.monotonic()
+    d, qemu, bridge = start_bare(argv, sandbox_dir, cfg, work, golden, agent)
+    try:
+        return wait_agent(d, qemu, t0)
+    finally:
+        stop_bare(d, bridge, qemu)
 
 
 def main() -> int:
@@ -141,10 +159,10 @@ def main() -> int:
         sid = ans["sandbox"]["id"]
         pids = vm_pids(state, sid)
         argv = [a.decode() for a in Path(f"/proc/{pids['qemu']}/cmdline").read_bytes().split(b"\0")[:-1]]
-        config = (state / "vm" / sid / "guest/config.json").read_bytes()
         sbxd.call("POST", f"/v1/sandboxes/{sid}/sessions", {"argv": ["true"]})
         rss, over = overhead_kib(pids["qemu"], args.memory_mib)
         sandbox_dir = str(state / "vm" / sid)
+        cfg = (Path(sandbox_dir) / "guest.cfg").read_bytes()
         sbxd.call("DELETE", f"/v1/sandboxes/{sid}")
         golden = state / "microvm-assets" / f"golden-{mv['defaults']['disk_mib']}m.img"
         agent = build / "bin/sbx-agent"
@@ -157,7 +175,7 @@ def main() -> int:
             ours.append(time.monotonic() - t0)
             assert op["state"] == "succeeded", op
             sbxd.wait(sbxd.call("DELETE", f"/v1/sandboxes/{ans['sandbox']['id']}")["operation"]["id"])
-            peer.append(bare_boot(argv, sandbox_dir, config, golden, agent, work))
+            peer.append(bare_boot(argv, sandbox_dir, cfg, golden, agent, work))
 
         def p(xs, q):
             xs = sorted(xs)
