@@ -233,7 +233,9 @@ class SandboxService {
   // When the sandbox's agent has died (a kernel bug, a host OOM: nothing the guest does can
   // end it, src/agent/identity.h): marks the sandbox failed (code agent_lost, with how it
   // ended) and its unfinished sessions exited with error sandbox_failed, once, and returns
-  // that message. nullopt while the agent lives (or the sandbox is not here). The timers call
+  // that message. nullopt while the agent lives (or the sandbox is not here), and while an
+  // operation owns the sandbox (it sees the dead agent itself: a suspend stops a VMM on
+  // purpose). The timers call
   // it every tick; a data-plane route whose agent connection broke calls it to say why.
   std::optional<std::string> CheckAgentLost(const std::string& sandbox_id);
   // Whether this process holds a runtime instance of the sandbox (it is not being deleted).

@@ -191,13 +191,15 @@ std::optional<std::string> SandboxService::CheckAgentLost(const std::string& san
       "with it, and their unread output is lost; delete the sandbox", reason);
   std::string from;
   std::vector<std::string> ended;  // sessions that were running
+  bool in_flight = false;
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
     from.clear();
     ended.clear();
     SBX_ASSIGN_OR_RETURN(SandboxRecord sb, tx.GetSandbox(sandbox_id));
     // An operation in flight (a delete above all) owns the sandbox: it sees the dead agent
     // itself, and the next tick looks again once it is done.
-    if (sb.current_operation_id || !(sb.state == kRunning || IsFrozenState(sb.state))) {
+    in_flight = sb.current_operation_id.has_value();
+    if (in_flight || !(sb.state == kRunning || IsFrozenState(sb.state))) {
       return absl::OkStatus();
     }
     const std::string now = NowRfc3339();
@@ -225,6 +227,9 @@ std::optional<std::string> SandboxService::CheckAgentLost(const std::string& san
                  std::string(st.message()));
     return message;
   }
+  // The operation decides (a suspend that stops the VMM on purpose, a delete): whoever asked
+  // is told nothing failed, since nothing has, yet.
+  if (in_flight) return std::nullopt;
   if (!from.empty()) {
     {
       std::lock_guard lock(mu_);

@@ -263,10 +263,31 @@ def test_suspend_saves_the_vm_to_disk_releases_its_memory_and_survives_a_kill_9(
     api.attach(counting).close()
     pid0, c0 = read_counter(api, sid)
 
+    # A client attached across the suspend: its stream ends when the VM's connections do.
+    import threading
+    seen = {"events": [], "ended": False}
+    held = api.attach(counting["session_id"], last_event_id=0)
+
+    def read_held():
+        try:
+            for ev in held.events():
+                seen["events"].append((time.monotonic(), ev.event if ev.event != "error" else f"error {ev.data}"))
+        except Exception as e:  # noqa: BLE001 - what ended it is the finding
+            seen["events"].append((time.monotonic(), f"raised {type(e).__name__}"))
+        seen["ended"] = time.monotonic()
+    reader = threading.Thread(target=read_held, daemon=True)
+    reader.start()
+    time.sleep(0.5)
+
     t0 = time.monotonic()
     op = api.call("POST", f"/v1/sandboxes/{sid}/suspend", expect=202).body["operation"]
     done = api.wait_operation(op["id"], timeout=300)
     suspend_s = time.monotonic() - t0
+    reader.join(30)
+    held.close()
+    assert seen["ended"], "an attach stream stayed open across a suspend that stopped QEMU"
+    last = seen["events"][-1][1]
+    assert last.startswith("error") and "sandbox_not_running" in last, seen["events"][-3:]
     assert done["state"] == "succeeded", done
     res = done["result"]
     assert res["memory_preserved"] is True and res["memory_released"] is True, res

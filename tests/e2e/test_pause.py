@@ -23,7 +23,18 @@ def do(api, sandbox_id: str, kind: str) -> dict:
     assert op["state"] in ("pending", "running", "succeeded"), op
     op = api.wait_operation(op["id"], timeout=60)
     assert op["state"] == "succeeded", op
-    assert op["error"] is None and op["result"] is None, op
+    assert op["error"] is None, op
+    if kind == "suspend":
+        # What happened to the memory (docs/api.md): the ns runtime freezes in place.
+        res = op["result"]
+        assert res["memory_preserved"] is True and isinstance(res["memory_released"], bool), op
+        assert res["memory"], op
+        if res["memory_released"]:
+            assert res["snapshot_bytes"] > 0, op
+        else:
+            assert "snapshot_bytes" not in res, op
+    else:
+        assert op["result"] is None, op
     return op
 
 

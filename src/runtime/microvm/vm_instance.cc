@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <fstream>
 #include <thread>
 
@@ -227,10 +228,11 @@ class MicrovmInstance : public Instance {
   const std::string& id() const override { return id_; }
   std::string AgentSocketPath() const override { return dir_ + "/agent.sock"; }
   Json Persist() const override {
+    const VmRecord rec = Rec();
     return Json{{"dir", dir_},
-                {"qemu_pid", rec_.qemu},
-                {"bridge_pid", rec_.bridge},
-                {"suspended", rec_.suspended},
+                {"qemu_pid", rec.qemu},
+                {"bridge_pid", rec.bridge},
+                {"suspended", rec.suspended},
                 {"networked", network_ != nullptr},
                 {"egress", ns::NetworkPolicyJson(network_.get())}};
   }
@@ -239,7 +241,7 @@ class MicrovmInstance : public Instance {
       return absl::UnimplementedError(
           "microvm: port exposure reaches a VM over its network: create it with a networked egress profile");
     }
-    if (rec_.suspended) return absl::FailedPreconditionError(fmt::format("dial port {}: suspended", id_));
+    if (Rec().suspended) return absl::FailedPreconditionError(fmt::format("dial port {}: suspended", id_));
     return DialGuest(ipv6 ? network_->addrs().sandbox6 : network_->addrs().sandbox4, port);
   }
   absl::StatusOr<std::map<std::string, uint64_t>> DeniedEgress() const override {
@@ -253,17 +255,16 @@ class MicrovmInstance : public Instance {
     return *counts;
   }
   bool Alive() const override {
-    if (rec_.suspended) return true;  // nothing runs, and nothing is lost: the state is on disk
-    const bool qemu = microvm::Alive(rec_.qemu, dir_, &qemu_ended_);
-    const bool bridge = microvm::Alive(rec_.bridge, dir_, &bridge_ended_);
-    return qemu && bridge;
+    // Suspended (or on the way there: marked before QEMU is told to quit), nothing runs and
+    // nothing is lost: the state is on disk.
+    if (Rec().suspended) return true;
+    return ProcAlive(true) && ProcAlive(false);
   }
   std::string DeathReason() const override {
     // The bridge ends when QEMU's end of the port closes, often before QEMU has exited and
     // its console file holds the guest's last words: give QEMU a moment to finish.
     const auto deadline = std::chrono::steady_clock::now() + 2s;
-    while (microvm::Alive(rec_.qemu, dir_, &qemu_ended_) && !microvm::Alive(rec_.bridge, dir_, &bridge_ended_) &&
-           std::chrono::steady_clock::now() < deadline) {
+    while (ProcAlive(true) && !ProcAlive(false) && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(10ms);
     }
     const std::string console = FileTail(dir_ + "/vmm/console.log", 2000);
@@ -274,18 +275,21 @@ class MicrovmInstance : public Instance {
       return "the guest's init failed: " + Tail(console.substr(p, console.find('\n', p) - p), 300);
     }
     const std::string qemu = FileTail(dir_ + "/qemu.log", 300);
-    if (!microvm::Alive(rec_.qemu, dir_, &qemu_ended_) || !qemu.empty()) {
-      return fmt::format("the VMM (QEMU) exited ({}){}{}", qemu_ended_.empty() ? "not our child" : qemu_ended_,
+    if (!ProcAlive(true) || !qemu.empty()) {
+      const std::string ended = EndedOf(true);
+      return fmt::format("the VMM (QEMU) exited ({}){}{}", ended.empty() ? "not our child" : ended,
                          qemu.empty() ? "" : ": " + qemu,
                          console.empty() ? "" : "; guest console: " + Tail(console, 300));
     }
     const std::string bridge = FileTail(dir_ + "/bridge.log", 300);
-    return fmt::format("the VM's agent bridge exited ({}){}", bridge_ended_.empty() ? "not our child" : bridge_ended_,
+    const std::string ended = EndedOf(false);
+    return fmt::format("the VM's agent bridge exited ({}){}", ended.empty() ? "not our child" : ended,
                        bridge.empty() ? std::string() : ": " + bridge);
   }
   absl::Status Destroy() override {
-    Stop(rec_.bridge, dir_);
-    Stop(rec_.qemu, dir_);
+    const VmRecord rec = Rec();
+    Stop(rec.bridge, dir_);
+    Stop(rec.qemu, dir_);
     if (network_) {
       SBX_RETURN_IF_ERROR(Annotate(network_->Destroy(), fmt::format("destroy {}: network", id_)));
       network_.reset();
@@ -293,8 +297,8 @@ class MicrovmInstance : public Instance {
     if (ctx_.cgroups != nullptr) {
       SBX_RETURN_IF_ERROR(Annotate(ctx_.cgroups->Existing(id_)->Destroy(), fmt::format("destroy {}: the VMM's cgroup", id_)));
     }
-    if (ctx_.uids != nullptr && rec_.uid != 0) {
-      SBX_RETURN_IF_ERROR(Annotate(ctx_.uids->Release(rec_.uid, dir_), fmt::format("destroy {}: the VMM's uid", id_)));
+    if (ctx_.uids != nullptr && rec.uid != 0) {
+      SBX_RETURN_IF_ERROR(Annotate(ctx_.uids->Release(rec.uid, dir_), fmt::format("destroy {}: the VMM's uid", id_)));
     }
     std::error_code ec;
     fs::remove_all(dir_, ec);
@@ -303,12 +307,12 @@ class MicrovmInstance : public Instance {
   }
   // The VMM stops the vCPUs: nothing in the guest runs, its memory stays resident.
   absl::Status Freeze() override {
-    if (rec_.suspended) return absl::OkStatus();
+    if (Rec().suspended) return absl::OkStatus();
     return Annotate(QmpCommand(dir_ + "/vmm/qmp.sock", "stop").status(), fmt::format("pause {}", id_));
   }
   absl::Status Thaw() override { return Resume(); }
   absl::StatusOr<bool> IsFrozen() const override {
-    if (rec_.suspended) return true;
+    if (Rec().suspended) return true;
     auto st = QmpCommand(dir_ + "/vmm/qmp.sock", "query-status");
     if (!st.ok()) return st.status();
     return st->value("status", std::string()) != "running";
@@ -318,11 +322,11 @@ class MicrovmInstance : public Instance {
   // stream, then QEMU and the bridge exit: the host has the guest's memory back. A VM with a
   // 9p share mounted cannot be migrated (QEMU refuses), so it is paused instead.
   absl::StatusOr<SuspendOutcome> Suspend() override {
-    if (rec_.suspended) {
+    if (Rec().suspended) {
       return SuspendOutcome{.memory_released = true, .how = "already saved to disk", .snapshot_bytes = StateBytes()};
     }
     SBX_RETURN_IF_ERROR(Freeze());
-    if (!rec_.migratable) {
+    if (!Rec().migratable) {
       return SuspendOutcome{.how = "paused with its memory resident: the template shares host directories "
                                    "with the VM (9p), and QEMU cannot save a VM that has them mounted"};
     }
@@ -342,20 +346,26 @@ class MicrovmInstance : public Instance {
     fd.Reset();
     // The record says "suspended" before any process ends: a crash from here on wakes from
     // the file, which holds everything (adoption stops the processes the record still names).
-    VmRecord next = rec_;
+    VmRecord next = Rec();
     next.suspended = true;
     if (auto st = WriteRecord(dir_, next); !st.ok()) {
       ::unlink(state.c_str());
       return Annotate(st, fmt::format("suspend {} (the VM stays paused)", id_));
     }
+    // Suspended from here on, also for the threads asking Alive(): the VM's connections break
+    // now, and that must not read as a dead agent.
+    SetRec(next);
     (void)QmpCommand(dir_ + "/vmm/qmp.sock", "quit");
-    Stop(rec_.qemu, dir_);
-    Stop(rec_.bridge, dir_);
+    Stop(next.qemu, dir_);
+    Stop(next.bridge, dir_);
     next.qemu = next.bridge = 0;
     (void)WriteRecord(dir_, next);
-    rec_ = next;
-    qemu_ended_.clear();
-    bridge_ended_.clear();
+    {
+      std::lock_guard lock(mu_);
+      rec_ = next;
+      qemu_ended_.clear();
+      bridge_ended_.clear();
+    }
     return SuspendOutcome{.memory_released = true,
                           .how = "saved to the host's disk with the VM's devices; QEMU exited, so the host "
                                  "has the guest's memory back",
@@ -366,37 +376,37 @@ class MicrovmInstance : public Instance {
   // the saved state, a new bridge says hello (the guest drops the streams of the old one), and
   // the state file goes once the agent answers.
   absl::Status Resume() override {
-    if (!rec_.suspended) {
+    const VmRecord before = Rec();
+    if (!before.suspended) {
       return Annotate(QmpCommand(dir_ + "/vmm/qmp.sock", "cont").status(), fmt::format("wake {}", id_));
     }
-    if (rec_.qemu_argv.empty()) {
+    if (before.qemu_argv.empty()) {
       return absl::FailedPreconditionError(fmt::format("wake {}: vm.json has no QEMU command line", id_));
     }
     const std::string state = dir_ + "/state";
-    if (ctx_.cgroups != nullptr && rec_.memory_mib > 0) {
+    if (ctx_.cgroups != nullptr && before.memory_mib > 0) {
       // After a host reboot the VMM's cgroup is gone with the rest of the cgroup tree.
       const auto dirs = ctx_.cgroups->SandboxDirs(id_);
       if (!dirs.empty() && ::access(dirs.front().path.c_str(), F_OK) != 0) {
-        auto cg = ctx_.cgroups->Create(id_, VmCgroupLimits(rec_.vcpus, rec_.memory_mib));
+        auto cg = ctx_.cgroups->Create(id_, VmCgroupLimits(before.vcpus, before.memory_mib));
         if (!cg.ok()) return Annotate(cg.status(), fmt::format("wake {}: the VMM's cgroup", id_));
         (*cg)->Release();
       }
     }
     UniqueFd in(::open(state.c_str(), O_RDONLY | O_CLOEXEC));
     if (!in.valid()) return ErrnoStatus(errno, fmt::format("wake {}: open({})", id_, state));
-    std::vector<std::string> argv = rec_.qemu_argv;
+    std::vector<std::string> argv = before.qemu_argv;
     argv.push_back("-incoming");
     argv.push_back("fd:3");
     auto qemu = SpawnDetached(argv, DetachedOptions{.log = dir_ + "/qemu.log", .pass_fd = in.get()});
     if (!qemu.ok()) return Annotate(qemu.status(), fmt::format("wake {}", id_));
     in.Reset();
-    const VmRecord before = rec_;
-    VmRecord live = rec_;
+    VmRecord live = before;
     live.qemu = *qemu;
     auto undo = [&](absl::Status st) {
       Stop(live.bridge, dir_);
       Stop(live.qemu, dir_);
-      rec_ = before;
+      SetRec(before);
       (void)WriteRecord(dir_, before);
       return Annotate(st, fmt::format("wake {} (it stays suspended)", id_));
     };
@@ -424,14 +434,33 @@ class MicrovmInstance : public Instance {
     if (auto st = WriteRecord(dir_, live); !st.ok()) return undo(st);
     if (auto st = QmpCommand(dir_ + "/vmm/qmp.sock", "cont"); !st.ok()) return undo(st.status());
     live.suspended = false;
-    rec_ = live;
+    SetRec(live);
     if (auto st = WaitForAgent(*this, dir_, ctx_.boot_timeout_s, ctx_.accel); !st.ok()) return undo(st);
-    if (auto st = WriteRecord(dir_, rec_); !st.ok()) return undo(st);
+    if (auto st = WriteRecord(dir_, live); !st.ok()) return undo(st);
     ::unlink(state.c_str());
     return absl::OkStatus();
   }
 
  private:
+  // The record changes in Suspend and Resume (one job at a time) while other threads ask
+  // Alive(), Persist() and DialPort(): copies under mu_.
+  VmRecord Rec() const {
+    std::lock_guard lock(mu_);
+    return rec_;
+  }
+  void SetRec(const VmRecord& r) {
+    std::lock_guard lock(mu_);
+    rec_ = r;
+  }
+  // Whether QEMU (or the bridge) of the current record runs; how it ended is kept once reaped.
+  bool ProcAlive(bool qemu) const {
+    std::lock_guard lock(mu_);
+    return microvm::Alive(qemu ? rec_.qemu : rec_.bridge, dir_, qemu ? &qemu_ended_ : &bridge_ended_);
+  }
+  std::string EndedOf(bool qemu) const {
+    std::lock_guard lock(mu_);
+    return qemu ? qemu_ended_ : bridge_ended_;
+  }
   int64_t StateBytes() const {
     struct stat st;
     return ::stat((dir_ + "/state").c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
@@ -442,6 +471,7 @@ class MicrovmInstance : public Instance {
   VmRecord rec_;
   ResumeContext ctx_;
   std::unique_ptr<net::SandboxNetwork> network_;  // networked sandboxes only
+  mutable std::mutex mu_;
   mutable std::string qemu_ended_, bridge_ended_;  // how each ended, once reaped here
 };
 
