@@ -108,24 +108,16 @@ absl::Status NetworkHost::CheckPolicy(const std::string& id, const SandboxPolicy
 absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Attach(const std::string& id,
                                                                     int netns_fd,
                                                                     const SandboxPolicy& policy) {
-  SBX_RETURN_IF_ERROR(CheckPolicy(id, policy));
-  SBX_ASSIGN_OR_RETURN(SandboxAddrs addrs, pool_.Allocate());
-  std::unique_ptr<SandboxNetwork> net(new SandboxNetwork(this, id, addrs, policy));
-  Register(*net);
-  {
-    std::lock_guard lock(mu_);
-    net_of_id_[id] = net.get();
-  }
-  net->narrowed_ = policy.narrowed.has_value();
-  SBX_RETURN_IF_ERROR(nft_->Run(AddSandboxRuleset(id, net->veth_, addrs, cfg_, policy),
-                                fmt::format("sandbox {}: add its nftables rules", id)));
-  net->rules_ = true;
-  SBX_RETURN_IF_ERROR(BuildLink(*net, netns_fd, id));
-  return net;
+  return AttachLink(id, netns_fd, policy, /*tap=*/false);
 }
 
 absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::AttachTap(const std::string& id,
                                                                        const SandboxPolicy& policy) {
+  return AttachLink(id, -1, policy, /*tap=*/true);
+}
+
+absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::AttachLink(const std::string& id, int netns_fd,
+                                                                        const SandboxPolicy& policy, bool tap) {
   SBX_RETURN_IF_ERROR(CheckPolicy(id, policy));
   SBX_ASSIGN_OR_RETURN(SandboxAddrs addrs, pool_.Allocate());
   std::unique_ptr<SandboxNetwork> net(new SandboxNetwork(this, id, addrs, policy));
@@ -138,7 +130,7 @@ absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::AttachTap(const std
   SBX_RETURN_IF_ERROR(nft_->Run(AddSandboxRuleset(id, net->veth_, addrs, cfg_, policy),
                                 fmt::format("sandbox {}: add its nftables rules", id)));
   net->rules_ = true;
-  SBX_RETURN_IF_ERROR(BuildLink(*net, -1, id, /*tap=*/true));
+  SBX_RETURN_IF_ERROR(BuildLink(*net, netns_fd, id, tap));
   return net;
 }
 

@@ -179,6 +179,9 @@ class NetworkHost {
                            bool narrowed);
   // Refuses an id that cannot be put in rules or a profile this host does not have.
   absl::Status CheckPolicy(const std::string& id, const SandboxPolicy& policy) const;
+  // Attach and AttachTap: steps 1 and 2, then BuildLink.
+  absl::StatusOr<std::unique_ptr<SandboxNetwork>> AttachLink(const std::string& id, int netns_fd,
+                                                             const SandboxPolicy& policy, bool tap);
   // Steps 3-5 for `net` (step 1 done), its veth named by `alias`; `tap`: a tap instead.
   absl::Status BuildLink(SandboxNetwork& net, int netns_fd, const std::string& alias, bool tap = false);
   void Register(const SandboxNetwork& net);

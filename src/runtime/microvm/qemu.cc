@@ -183,8 +183,10 @@ std::string TcgKernelParams(const std::string& cpuinfo, const std::string& kerne
   return out;
 }
 
-absl::StatusOr<Json> QmpCommand(const std::string& socket, const std::string& command,
-                                const Json& arguments, std::chrono::milliseconds timeout) {
+namespace {
+
+// A QMP connection past its greeting and capabilities negotiation.
+absl::StatusOr<QmpConn> OpenQmp(const std::string& socket, Clock::time_point deadline) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (socket.size() >= sizeof(addr.sun_path)) {
@@ -196,32 +198,26 @@ absl::StatusOr<Json> QmpCommand(const std::string& socket, const std::string& co
   if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     return ErrnoStatus(errno, fmt::format("qmp: connect({})", socket));
   }
-  QmpConn c(std::move(fd), Clock::now() + timeout);
+  QmpConn c(std::move(fd), deadline);
   SBX_ASSIGN_OR_RETURN(Json greeting, c.Next());
   if (!greeting.contains("QMP")) {
     return absl::InternalError(fmt::format("qmp: no greeting: {}", greeting.dump()));
   }
   SBX_RETURN_IF_ERROR(c.Execute("qmp_capabilities", nullptr).status());
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<Json> QmpCommand(const std::string& socket, const std::string& command,
+                                const Json& arguments, std::chrono::milliseconds timeout) {
+  SBX_ASSIGN_OR_RETURN(QmpConn c, OpenQmp(socket, Clock::now() + timeout));
   return c.Execute(command, arguments);
 }
 
 absl::StatusOr<Json> QmpSaveState(const std::string& socket, int fd, std::chrono::milliseconds timeout) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (socket.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(fmt::format("qmp: socket path {} is too long", socket));
-  }
-  std::memcpy(addr.sun_path, socket.data(), socket.size());
-  UniqueFd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!s.valid()) return ErrnoStatus(errno, "qmp: socket");
-  if (::connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return ErrnoStatus(errno, fmt::format("qmp: connect({})", socket));
-  }
   const auto deadline = Clock::now() + timeout;
-  QmpConn c(std::move(s), deadline);
-  SBX_ASSIGN_OR_RETURN(Json greeting, c.Next());
-  if (!greeting.contains("QMP")) return absl::InternalError(fmt::format("qmp: no greeting: {}", greeting.dump()));
-  SBX_RETURN_IF_ERROR(c.Execute("qmp_capabilities", nullptr).status());
+  SBX_ASSIGN_OR_RETURN(QmpConn c, OpenQmp(socket, deadline));
   SBX_RETURN_IF_ERROR(c.Execute("getfd", Json{{"fdname", "sbxstate"}}, fd).status());
   SBX_RETURN_IF_ERROR(c.Execute("migrate", Json{{"uri", "fd:sbxstate"}}).status());
   // The VM is stopped, so the whole state goes in one pass; QEMU answers query-migrate while
