@@ -8,11 +8,13 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -126,6 +128,12 @@ int RunVmJail(const std::string& spec_path, const std::vector<std::string>& argv
     if (::mount(nullptr, "/", nullptr, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, nullptr) != 0) {
       Die("remount / read-only");
     }
+  }
+  // The files it writes: bounded, and a write past the bound fails instead of killing QEMU.
+  if (spec.max_file_bytes > 0) {
+    const rlimit lim{spec.max_file_bytes, spec.max_file_bytes};
+    if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) Die("setrlimit(RLIMIT_FSIZE)");
+    if (::signal(SIGXFSZ, SIG_IGN) == SIG_ERR) Die("ignore SIGXFSZ");
   }
   // 5. Credentials.
   std::vector<gid_t> groups(spec.groups.begin(), spec.groups.end());

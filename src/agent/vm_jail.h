@@ -8,7 +8,8 @@
 //   4. a tmpfs root holding only the spec's paths, each bound at its own path (read-only unless
 //      the spec says writable; nosuid, nodev except the listed devices), the host's merged-/usr
 //      links, then pivot_root and the old root detached;
-//   5. the VM's own uid and gid (a range claimed host-wide, as the ns runtime's), supplementary
+//   5. RLIMIT_FSIZE (SIGXFSZ ignored) so no file it writes outgrows the sandbox's own sizes (the
+//      guest's console log above all); the VM's own uid and gid (a range claimed host-wide, as the ns runtime's), supplementary
 //      groups only as listed (kvm), no_new_privs, every capability gone with the uid change;
 //   6. exec QEMU, which adds its own seccomp filter (-sandbox).
 // Any failure exits 125 with the step and errno on stderr (qemu.log), before QEMU runs.

@@ -6,7 +6,8 @@ nlohmann::json JailSpec::ToJson() const {
   nlohmann::json binds_json = nlohmann::json::array();
   for (const auto& b : binds) binds_json.push_back({{"path", b.path}, {"writable", b.writable}, {"device", b.device}});
   return {{"uid", uid}, {"gid", gid}, {"groups", groups}, {"root", root}, {"binds", binds_json},
-          {"cgroup_procs", cgroup_procs}, {"tap", tap}};
+          {"cgroup_procs", cgroup_procs}, {"tap", tap},
+          {"max_file_bytes", max_file_bytes}};
 }
 
 bool JailSpec::FromJson(const nlohmann::json& j, JailSpec* out, std::string* error) {
@@ -21,6 +22,7 @@ bool JailSpec::FromJson(const nlohmann::json& j, JailSpec* out, std::string* err
     }
     s.cgroup_procs = j.at("cgroup_procs").get<std::vector<std::string>>();
     s.tap = j.at("tap").get<std::string>();
+    s.max_file_bytes = j.value("max_file_bytes", 0ULL);
     if (s.uid == 0 || s.gid == 0) {
       *error = "the VMM's uid and gid must not be root's";
       return false;

@@ -23,6 +23,10 @@ struct JailSpec {
   std::vector<JailBind> binds;
   std::vector<std::string> cgroup_procs;
   std::string tap;  // opened as fd 4 before the network namespace; empty: none
+  // RLIMIT_FSIZE, with SIGXFSZ ignored: no file the VMM writes (the guest's console log above
+  // all, which a guest can write without end) grows past it; a write beyond gets EFBIG.
+  // 0: unlimited.
+  unsigned long long max_file_bytes = 0;
 
   nlohmann::json ToJson() const;
   static bool FromJson(const nlohmann::json& j, JailSpec* out, std::string* error);

@@ -70,6 +70,15 @@ def test_create_exec_files_pause_delete_leave_nothing(api, sbxd, microvm_availab
     assert "NoNewPrivs:\t1" in status and "CapEff:\t0000000000000000" in status, status
     for ns in ("net", "mnt", "ipc"):
         assert os.readlink(f"/proc/{qemu}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}"), ns
+    # The console log a guest can write without end is bounded: no file QEMU writes may outgrow
+    # the larger of its disk and its memory (+64 MiB), and SIGXFSZ is ignored (EFBIG, no kill).
+    res = {k: sb["resources"].get(k) or microvm_available["defaults"][k] for k in ("disk_mib", "memory_mib")}
+    cap = (max(res["disk_mib"], res["memory_mib"]) + 64) << 20
+    limits = Path(f"/proc/{qemu}/limits").read_text()
+    fsize = next(l for l in limits.splitlines() if l.startswith("Max file size")).split()[3:5]
+    assert fsize == [str(cap), str(cap)], limits
+    sig_ign = int(next(l for l in status.splitlines() if l.startswith("SigIgn:")).split()[1], 16)
+    assert sig_ign & (1 << (25 - 1)), status  # SIGXFSZ
     cgroups = Path(f"/proc/{qemu}/cgroup").read_text()
     assert f"/sbx-vm/{sid}" in cgroups, cgroups
     jail_root = Path(f"/proc/{qemu}/root")

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -345,6 +346,10 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
   jail.uid = jail.gid = rec.uid;
   jail.root = dir + "/jail";
   jail.tap = vm.tap;
+  // The largest files the VMM writes are its disk (disk_mib) and a suspend's state (at most
+  // the guest's memory and its devices); the console log may not outgrow them.
+  jail.max_file_bytes =
+      static_cast<unsigned long long>(std::max(spec.resources.disk_mib, spec.resources.memory_mib) + 64) << 20;
   jail.binds.push_back({"/usr", false, false});
   jail.binds.push_back({"/dev/null", true, true});
   jail.binds.push_back({"/dev/urandom", false, true});
