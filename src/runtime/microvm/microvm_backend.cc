@@ -351,6 +351,9 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
   jail.max_file_bytes =
       static_cast<unsigned long long>(std::max(spec.resources.disk_mib, spec.resources.memory_mib) + 64) << 20;
   jail.binds.push_back({"/usr", false, false});
+  // A QEMU installed elsewhere (runtime.microvm.qemu) comes along as its one file; its
+  // libraries are the host's (/usr) or a failing exec says which is missing in qemu.log.
+  if (!qemu_path_.starts_with("/usr/")) jail.binds.push_back({qemu_path_, false, false});
   jail.binds.push_back({"/dev/null", true, true});
   jail.binds.push_back({"/dev/urandom", false, true});
   if (accel_ == "kvm") {
