@@ -1,8 +1,6 @@
 #include "runtime/microvm/vm_instance.h"
 
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -28,6 +26,7 @@
 #include "protocol/protocol.h"
 #include "runtime/microvm/qemu.h"
 #include "runtime/ns/ns_network.h"
+#include "runtime/ns/port_dial.h"
 
 namespace sbx::runtime::microvm {
 namespace fs = std::filesystem;
@@ -181,39 +180,6 @@ absl::Status WaitForAgent(const Instance& vm, const std::string& dir, int timeou
 
 namespace {
 
-// A port of a networked VM: a non-blocking connect to the guest's own address over its tap
-// (the server must listen on the NIC's address or the wildcard, not on loopback only).
-absl::StatusOr<UniqueFd> DialGuest(const net::IpPrefix& addr, uint16_t port) {
-  const bool v6 = !addr.is_v4();
-  UniqueFd sock(::socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!sock.valid()) return ErrnoStatus(errno, "dial port: socket");
-  const int one = 1;
-  (void)::setsockopt(sock.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  sockaddr_storage ss{};
-  socklen_t len;
-  if (v6) {
-    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
-    a->sin6_family = AF_INET6;
-    a->sin6_port = htons(port);
-    std::memcpy(&a->sin6_addr, addr.addr.data(), 16);
-    len = sizeof(sockaddr_in6);
-  } else {
-    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
-    a->sin_family = AF_INET;
-    a->sin_port = htons(port);
-    std::memcpy(&a->sin_addr, addr.addr.data(), 4);
-    len = sizeof(sockaddr_in);
-  }
-  if (::connect(sock.get(), reinterpret_cast<sockaddr*>(&ss), len) != 0 && errno != EINPROGRESS) {
-    const int e = errno;
-    if (e == ECONNREFUSED) {
-      return absl::UnavailableError(fmt::format("dial port: connect({}:{}): nothing listening", addr.ToString(), port));
-    }
-    return ErrnoStatus(e, fmt::format("dial port: connect({}:{})", addr.ToString(), port));
-  }
-  return sock;
-}
-
 class MicrovmInstance : public Instance {
  public:
   MicrovmInstance(std::string id, std::string dir, VmRecord rec, ResumeContext ctx,
@@ -242,7 +208,10 @@ class MicrovmInstance : public Instance {
           "microvm: port exposure reaches a VM over its network: create it with a networked egress profile");
     }
     if (Rec().suspended) return absl::FailedPreconditionError(fmt::format("dial port {}: suspended", id_));
-    return DialGuest(ipv6 ? network_->addrs().sandbox6 : network_->addrs().sandbox4, port);
+    // The guest's own address over its tap: the server must listen on the NIC's address or the
+    // wildcard, not on loopback only.
+    const net::IpPrefix& a = ipv6 ? network_->addrs().sandbox6 : network_->addrs().sandbox4;
+    return ns::DialAddress(-1, ipv6 ? AF_INET6 : AF_INET, a.addr.data(), port);
   }
   absl::StatusOr<std::map<std::string, uint64_t>> DeniedEgress() const override {
     if (!network_ || ctx_.network == nullptr) {

@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <sys/socket.h>
 
+#include <array>
 #include <cerrno>
 #include <cstring>
 
@@ -17,11 +18,21 @@
 namespace sbx::runtime::ns {
 
 absl::StatusOr<UniqueFd> DialLoopback(int ns_source, uint16_t port, bool ipv6) {
-  const int family = ipv6 ? AF_INET6 : AF_INET;
+  std::array<uint8_t, 16> loopback{};
+  if (ipv6) {
+    std::memcpy(loopback.data(), &in6addr_loopback, 16);
+  } else {
+    const uint32_t lo = htonl(INADDR_LOOPBACK);
+    std::memcpy(loopback.data(), &lo, 4);
+  }
+  return DialAddress(ns_source, ipv6 ? AF_INET6 : AF_INET, loopback.data(), port);
+}
+
+absl::StatusOr<UniqueFd> DialAddress(int ns_source, int family, const uint8_t* addr, uint16_t port) {
   UniqueFd sock;
   if (ns_source < 0) {
     sock.Reset(::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-    if (!sock) return ErrnoStatus(errno, "dial port: socket(AF_INET)");
+    if (!sock) return ErrnoStatus(errno, "dial port: socket()");
   } else {
     UniqueFd original(::open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC));
     if (!original) return ErrnoStatus(errno, "dial port: open(/proc/thread-self/ns/net)");
@@ -42,23 +53,26 @@ absl::StatusOr<UniqueFd> DialLoopback(int ns_source, uint16_t port, bool ipv6) {
   const int one = 1;
   // Small requests and WebSocket messages go out at once, as a direct client's would.
   (void)::setsockopt(sock.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  int rc;
-  if (ipv6) {
-    sockaddr_in6 a{};
-    a.sin6_family = AF_INET6;
-    a.sin6_port = htons(port);
-    a.sin6_addr = in6addr_loopback;
-    rc = ::connect(sock.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  sockaddr_storage ss{};
+  socklen_t len;
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (family == AF_INET6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+    a->sin6_family = AF_INET6;
+    a->sin6_port = htons(port);
+    std::memcpy(&a->sin6_addr, addr, 16);
+    len = sizeof(*a);
   } else {
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    rc = ::connect(sock.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+    a->sin_family = AF_INET;
+    a->sin_port = htons(port);
+    std::memcpy(&a->sin_addr, addr, 4);
+    len = sizeof(*a);
   }
-  if (rc != 0 && errno != EINPROGRESS) {
+  ::inet_ntop(family, addr, text, sizeof(text));
+  const std::string where = family == AF_INET6 ? fmt::format("[{}]:{}", text, port) : fmt::format("{}:{}", text, port);
+  if (::connect(sock.get(), reinterpret_cast<sockaddr*>(&ss), len) != 0 && errno != EINPROGRESS) {
     const int err = errno;
-    const std::string where = ipv6 ? fmt::format("[::1]:{}", port) : fmt::format("127.0.0.1:{}", port);
     if (err == ECONNREFUSED) {
       return absl::UnavailableError(fmt::format("dial port: connect({}): nothing listening", where));
     }

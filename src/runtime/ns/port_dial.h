@@ -18,4 +18,8 @@ namespace sbx::runtime::ns {
 // runtime). ECONNREFUSED at once is returned as kUnavailable.
 absl::StatusOr<UniqueFd> DialLoopback(int ns_source, uint16_t port, bool ipv6);
 
+// The same for any address: `addr` is 4 (AF_INET) or 16 (AF_INET6) bytes in network order.
+// The microvm runtime dials a guest's own address over its tap with it (ns_source < 0).
+absl::StatusOr<UniqueFd> DialAddress(int ns_source, int family, const uint8_t* addr, uint16_t port);
+
 }  // namespace sbx::runtime::ns
