@@ -2,10 +2,13 @@
 #include <archive_entry.h>
 
 #include <elf.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <thread>
 #include <fstream>
 
 #include <algorithm>
@@ -204,6 +207,40 @@ TEST(TreeImage, MadeOnceFromTheTreeAndReused) {
   EXPECT_EQ(st1.st_ino, st2.st_ino);
   EXPECT_FALSE(TreeImage((fs::path(tmp) / "missing").string(), cache.string()).ok());
   fs::remove_all(tmp);
+}
+
+// A VMM that answers its control socket with hostile bytes (deep nesting, a line that never
+// ends) gets an error within the deadline, never a crash or a hang of sbxd.
+TEST(Qmp, HostileAnswersAreErrorsNotCrashes) {
+  char dir[] = "/tmp/sbx-qmp-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/qmp.sock";
+  for (const std::string& answer : {std::string(200000, '[') + "\n", std::string("{\"QMP\":1}\n") + std::string(2 << 20, 'x')}) {
+    const int l = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::memcpy(a.sun_path, path.data(), path.size());
+    ::unlink(path.c_str());
+    ASSERT_EQ(::bind(l, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    ASSERT_EQ(::listen(l, 1), 0);
+    std::thread server([&] {
+      const int c = ::accept(l, nullptr, nullptr);
+      if (c >= 0) {
+        (void)!::send(c, answer.data(), answer.size(), MSG_NOSIGNAL);
+        char buf[256];
+        while (::recv(c, buf, sizeof(buf), 0) > 0) {
+        }
+        ::close(c);
+      }
+    });
+    auto st = QmpCommand(path, "query-status", nullptr, std::chrono::milliseconds(2000));
+    EXPECT_FALSE(st.ok());
+    ::shutdown(l, SHUT_RDWR);
+    ::close(l);
+    server.join();
+  }
+  ::unlink(path.c_str());
+  ::rmdir(dir);
 }
 
 }  // namespace
