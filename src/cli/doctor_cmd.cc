@@ -48,9 +48,9 @@ void RegisterDoctorCommand(CLI::App& app, Context& ctx) {
                 "required check fails)");
   cmd->add_flag("--json", f->json, "print {\"ok\": bool, \"checks\": [...]} instead of the table");
   cmd->add_option("--state-dir", f->state_dir, "sbxd's state dir")->capture_default_str();
-  cmd->add_option("--runtime", f->runtime, "the runtime whose requirements count: ns or fake")
+  cmd->add_option("--runtime", f->runtime, "the runtime whose requirements count: ns, microvm or fake")
       ->capture_default_str()
-      ->check(CLI::IsMember({"ns", "fake"}));
+      ->check(CLI::IsMember({"ns", "microvm", "fake"}));
   cmd->add_option("--agent-path", f->agent_path, "sbx-agent binary (default: beside sbx)");
   cmd->add_option("--userns", f->userns, "as sbxd --userns: whether user namespaces are required")
       ->capture_default_str();

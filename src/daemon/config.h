@@ -80,6 +80,7 @@ struct Config {
     std::string seccomp_policy;  // empty: the policy embedded at build time
     bool cgroup_favor_dynmods = true;
     std::string cgroup_parent;  // empty: <sbxd's own cgroup>/sbx
+    bool enabled = true;  // offered beside a microvm default
     // The agent's own cgroup budget; built-in values from the runtime's options.
     int64_t agent_memory_mib = runtime::ns::NsOptions{}.agent_memory_mib;
     int64_t agent_pids = runtime::ns::NsOptions{}.agent_pids;

@@ -88,8 +88,9 @@ const std::vector<KeyInfo> kKeys = {
     {.path = "state.dir", .type = Type::kString, .flag = "--state-dir", .reloadable = false,
      .help = "where the database, tokens and sandboxes live", SBX_STR(state.dir)},
     {.path = "runtime.default", .type = Type::kString, .flag = "--runtime", .reloadable = false,
-     .choices = "ns|fake",
-     .help = "default runtime: ns (namespaces) or fake (no isolation, tests only)",
+     .choices = "ns|microvm|fake",
+     .help = "default runtime: ns (namespaces), microvm (a guest kernel per sandbox) or fake "
+             "(no isolation, tests only)",
      SBX_STR(runtime.default_runtime)},
     {.path = "runtime.agent_path", .type = Type::kString, .flag = "--agent-path",
      .reloadable = false, .help = "sbx-agent binary (empty: the one beside sbxd)",
@@ -104,6 +105,10 @@ const std::vector<KeyInfo> kKeys = {
              "create) beside runtime.default when this host can run it; sbxd logs why not "
              "otherwise, and such creates get 501 with that reason",
      SBX_BOOL(runtime.microvm.enabled)},
+    {.path = "runtime.ns.enabled", .type = Type::kBool, .flag = "--ns", .reloadable = false,
+     .help = "with runtime.default = \"microvm\": also offer the ns runtime (`runtime: \"ns\"` "
+             "on create, and the sandboxes of template builds) where this host can run it",
+     SBX_BOOL(runtime.ns.enabled)},
     {.path = "runtime.microvm.qemu", .type = Type::kString, .flag = "--microvm-qemu",
      .reloadable = false, .help = "QEMU binary of the microvm runtime (a name is looked up in PATH)",
      SBX_STR(runtime.microvm.qemu)},

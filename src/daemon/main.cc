@@ -472,9 +472,9 @@ absl::Status StartResolver(Daemon& d, const sbx::daemon::EgressSetup& setup) {
 absl::Status StartNetwork(Daemon& d) {
   const Config& cfg = d.cfg;
   if (!cfg.egress.enabled) return absl::OkStatus();
-  if (cfg.runtime.default_runtime != "ns") {
+  if (cfg.runtime.default_runtime == "fake") {
     return absl::InvalidArgumentError(fmt::format(
-        "{}: networked sandboxes need runtime.default = \"ns\"",
+        "{}: networked sandboxes need runtime.default = \"ns\" or \"microvm\"",
         sbx::daemon::Describe(cfg, "egress.enabled")));
   }
   SBX_ASSIGN_OR_RETURN(sbx::daemon::EgressSetup setup, sbx::daemon::EgressFromConfig(cfg));
@@ -536,18 +536,47 @@ void StartMicrovm(Daemon& d) {
   d.microvm_backend = std::move(backend);
 }
 
+// The ns runtime: the default one, or offered beside a microvm default (runtime.ns.enabled),
+// where a host that cannot run it only withholds it.
+absl::Status StartNs(Daemon& d, bool is_default) {
+  const Config& cfg = d.cfg;
+  if (!is_default && !cfg.runtime.ns.enabled) {
+    d.unavailable_runtimes["ns"] = "runtime.ns.enabled is false";
+    return absl::OkStatus();
+  }
+  auto ns_opts = sbx::daemon::NsOptionsOf(cfg, d.agent_path);
+  ns_opts.network = d.network.get();
+  auto backend = std::make_unique<sbx::runtime::ns::NsBackend>(std::move(ns_opts));
+  if (absl::Status st = backend->Probe(); !st.ok()) {
+    if (is_default) return sbx::Annotate(st, "runtime ns cannot work on this host");
+    spdlog::warn("runtime ns unavailable: {}", std::string(st.message()));
+    d.unavailable_runtimes["ns"] = std::string(st.message());
+    return absl::OkStatus();
+  }
+  d.ns_backend = std::move(backend);
+  d.backends["ns"] = d.ns_backend.get();
+  return absl::OkStatus();
+}
+
 // The default runtime, probed: a host it cannot work on stops sbxd here.
 absl::Status StartRuntime(Daemon& d) {
   const Config& cfg = d.cfg;
-  if (cfg.runtime.default_runtime != "fake") StartMicrovm(d);
   if (cfg.runtime.default_runtime == "ns") {
-    auto ns_opts = sbx::daemon::NsOptionsOf(cfg, d.agent_path);
-    ns_opts.network = d.network.get();
-    d.ns_backend = std::make_unique<sbx::runtime::ns::NsBackend>(std::move(ns_opts));
-    SBX_RETURN_IF_ERROR(
-        sbx::Annotate(d.ns_backend->Probe(), "runtime ns cannot work on this host"));
-    d.backends["ns"] = d.ns_backend.get();
-    return absl::OkStatus();
+    StartMicrovm(d);
+    return StartNs(d, /*is_default=*/true);
+  }
+  if (cfg.runtime.default_runtime == "microvm") {
+    if (!cfg.runtime.microvm.enabled) {
+      return absl::InvalidArgumentError(
+          fmt::format("{} contradicts {}", sbx::daemon::Describe(cfg, "runtime.default"),
+                      sbx::daemon::Describe(cfg, "runtime.microvm.enabled")));
+    }
+    StartMicrovm(d);
+    if (!d.microvm_backend) {
+      return absl::FailedPreconditionError(fmt::format(
+          "runtime microvm cannot work on this host: {}", d.unavailable_runtimes["microvm"]));
+    }
+    return StartNs(d, /*is_default=*/false);
   }
   d.fake_backend = std::make_unique<sbx::runtime::FakeBackend>(
       cfg.state.dir, d.agent_path, static_cast<size_t>(cfg.sessions.output_buffer_bytes));

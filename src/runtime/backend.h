@@ -98,6 +98,9 @@ struct Capabilities {
   bool egress_policy = false;
   // Create takes SandboxSpec::network_ready and its instances implement AttachEgress.
   bool network_ready = false;
+  // Create takes SandboxSpec::keep_writable_layer and its instances implement
+  // ExportWritableLayer: a template build's RUN steps can run on it.
+  bool template_builds = false;
 };
 
 // What a suspend did with the sandbox's memory: the suspend operation's `result`.

@@ -98,8 +98,15 @@ asio::awaitable<absl::StatusOr<std::optional<std::string>>> Drive(AgentClient ag
 }  // namespace
 
 absl::StatusOr<BuildStepResult> SandboxService::RunBuildStep(const BuildStepRequest& req) {
-  SBX_ASSIGN_OR_RETURN(runtime::Backend * backend,
-                       BackendFor(req.sandbox.runtime.value_or(opts_.default_runtime)));
+  const std::string runtime_name = req.sandbox.runtime.value_or(BuildRuntime());
+  SBX_ASSIGN_OR_RETURN(runtime::Backend * backend, BackendFor(runtime_name));
+  if (!backend->GetCapabilities().template_builds) {
+    return ApiError(absl::StatusCode::kUnimplemented, "not_implemented",
+                    fmt::format("runtime '{}' cannot run a template build's RUN steps (it cannot "
+                                "export a sandbox's writable layer); build on runtime 'ns'",
+                                runtime_name),
+                    "runtime");
+  }
   if (!req.tenant_id.empty()) {
     SBX_RETURN_IF_ERROR(store_.Transact([&](store::Tx& tx) {
       return CheckEgressProfile(tx, req.tenant_id, req.sandbox.egress_profile);

@@ -147,6 +147,15 @@ absl::StatusOr<runtime::Backend*> SandboxService::BackendFor(const std::string& 
   return it->second;
 }
 
+std::string SandboxService::BuildRuntime() const {
+  auto can_build = [&](const std::string& name) {
+    auto it = backends_.find(name);
+    return it != backends_.end() && it->second->GetCapabilities().template_builds;
+  };
+  if (can_build(opts_.default_runtime) || !can_build("ns")) return opts_.default_runtime;
+  return "ns";
+}
+
 nlohmann::json SandboxService::Runtimes() const {
   std::set<std::string> names;
   for (const auto& [n, b] : backends_) names.insert(n);
@@ -170,7 +179,8 @@ nlohmann::json SandboxService::Runtimes() const {
                            {"suspend_releases_memory", c.suspend_releases_memory},
                            {"snapshots", c.snapshots},
                            {"egress_policy", c.egress_policy},
-                           {"warm_pool_networked", c.network_ready}};
+                           {"warm_pool_networked", c.network_ready},
+                           {"template_builds", c.template_builds}};
       r["defaults"] = defaults;
       r["details"] = it->second->Describe();
     }

@@ -379,6 +379,8 @@ class SandboxService {
   void RunLifecycle(const std::string& op_id, const std::string& sandbox_id,
                     const std::string& kind, TimePoint requested);
   absl::StatusOr<runtime::Backend*> BackendFor(const std::string& name) const;
+  // The runtime of a template build that names none: the default when it can build, else ns.
+  std::string BuildRuntime() const;
   // The spec fields of tty, stdin and timeout_s sessions (protocol/messages.h).
   static void AddInteractiveSpec(const CreateSessionRequest& req, SessionSpec& spec);
   // Destroys whatever the runtime still holds for a sandbox (instance in memory, or adopted).

@@ -333,3 +333,82 @@ def test_suspend_saves_the_vm_to_disk_releases_its_memory_and_survives_a_kill_9(
     assert not (state_dir / "vm" / sid).exists()
     print(f"microvm suspend {suspend_s:.2f} s, wake {wake_s:.2f} s, state {res['snapshot_bytes'] >> 20} MiB "
           f"for a 256 MiB guest (VMM RSS before {rss_before >> 10} MiB)")
+
+
+def test_microvm_as_the_deployment_default_with_a_warm_pool_and_ns_beside(sbxd, validator, tmp_path):
+    """runtime.default = "microvm": a create that names no runtime gets a VM, from a warm pool
+    of booted VMs when one is ready; ns is offered beside it, and a template build that names
+    no runtime runs its RUN steps there (microvm cannot export a writable layer yet), while one
+    that names microvm is refused at once."""
+    import json
+    import re
+
+    from conftest import Daemon, shutdown
+    from sbx_client import SbxClient
+    from test_template_builds import context_tar
+
+    d = Daemon(["--runtime", "microvm", "--warm-pool", "base=1", "--default-memory-mib", "256"])
+    d.start()
+    api = SbxClient(d.url, d.token, validator)
+    try:
+        runtimes = {r["name"]: r for r in api.call("GET", "/v1/runtimes").body["runtimes"]}
+        mv = runtimes["microvm"]
+        if not mv["available"]:
+            skip_or_fail(f"the microvm runtime is not available here: {mv['reason']}")
+        assert mv["default"] is True and runtimes["ns"]["default"] is False, runtimes
+        assert runtimes["ns"]["available"] is True, runtimes["ns"]
+        assert mv["capabilities"]["template_builds"] is False, mv
+        assert runtimes["ns"]["capabilities"]["template_builds"] is True, runtimes["ns"]
+
+        ready = 'sbx_warm_pool_ready{runtime="microvm",template="base",egress="none"}'
+        deadline = time.monotonic() + 240
+        while True:
+            text = api.call("GET", "/metrics", validate=False, expect=200).text
+            m = re.search(rf"^{re.escape(ready)} (\S+)$", text, re.M)
+            if m and float(m.group(1)) == 1:
+                break
+            assert time.monotonic() < deadline, f"no warm microVM after 240 s: {d.log_tail(30)}"
+            time.sleep(0.5)
+        t0 = time.monotonic()
+        made = api.create_sandbox({}, timeout=60)
+        took = time.monotonic() - t0
+        sb = made["sandbox"]
+        assert sb["runtime"] == "microvm", sb
+        assert made["operation"]["result"] == {"warm_pool": True}, made["operation"]
+        assert len(vm_processes(d.state_dir, sb["id"])) == 2, "a warm sandbox is a running VM"
+        r = api.run(sb["id"], ["sh", "-c", "echo from-the-pool; uname -r"])
+        assert r.exit["exit_code"] == 0 and r.stdout.startswith(b"from-the-pool\n"), r
+        print(f"warm microvm create: {took * 1000:.0f} ms")
+        assert api.delete_sandbox(sb["id"])["state"] == "succeeded"
+
+        # A build that names no runtime runs on ns; naming microvm is refused before any work.
+        import images
+        layout = tmp_path / "bb-layout"
+        images.write_layout(layout, [images.busybox_layer().bytes()], env=["PATH=/bin"])
+        archive = images.docker_archive(layout, tmp_path / "bb.tar")
+        resp = api.call("POST", "/v1/templates:import", params={"name": "bbdef"},
+                        data=archive.read_bytes(), headers={"Content-Type": "application/x-tar"},
+                        expect=202)
+        assert api.wait_operation(resp.body["operation"]["id"], timeout=120)["state"] == "succeeded"
+        files = {"Dockerfile": "FROM bbdef\nRUN echo built > /built\n"}
+        resp = api.call("POST", "/v1/templates:build", params={"name": "bbdef2", "tag": "latest"},
+                        data=context_tar(files), headers={"Content-Type": "application/x-tar"},
+                        expect=202)
+        op = api.wait_operation(resp.body["operation"]["id"], timeout=300)
+        assert op["state"] == "succeeded", "\n".join([str(op["error"])] + op["progress"]["log"])
+        params = {"name": "bbdef3", "tag": "latest",
+                  "build": json.dumps({"sandbox": {"runtime": "microvm"}})}
+        files = {"Dockerfile": "FROM bbdef\nRUN echo not-cached > /built\n"}  # the cache would serve it
+        resp = api.call("POST", "/v1/templates:build", params=params, data=context_tar(files),
+                        headers={"Content-Type": "application/x-tar"}, expect=202)
+        op = api.wait_operation(resp.body["operation"]["id"], timeout=120)
+        assert op["state"] == "failed", op
+        assert "cannot run a template build's RUN steps" in json.dumps(op["error"]), op["error"]
+    finally:
+        ids = list(api.created_sandboxes)
+        api.close()
+        problems = shutdown(d, validator, ids)
+    vm_dir = d.state_dir / "vm"
+    assert not problems, problems
+    assert not vm_dir.is_dir() or not any(vm_dir.iterdir()) or not d.tmp.exists(), \
+        f"VMs left after sbxd stopped: {list(vm_dir.iterdir())}"

@@ -20,6 +20,7 @@ struct Context {
   const DoctorOptions& opts;
   bool live = true;  // opts.live and host_root == "/"
   bool ns = true;    // runtime "ns"
+  bool microvm = false;  // runtime "microvm": its rows are required
   std::vector<Check>* out = nullptr;
 
   // `path` (absolute, host view) under opts.host_root.

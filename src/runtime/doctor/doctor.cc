@@ -267,11 +267,11 @@ std::vector<std::string> WrapText(const std::string& text, size_t width) {
 Report RunDoctor(const DoctorOptions& options) {
   Report report;
   Context ctx{options, options.live && (options.host_root.empty() || options.host_root == "/"),
-              options.runtime == "ns", &report.checks};
-  if (options.runtime != "ns" && options.runtime != "fake") {
+              options.runtime == "ns", options.runtime == "microvm", &report.checks};
+  if (options.runtime != "ns" && options.runtime != "microvm" && options.runtime != "fake") {
     ctx.Add(Check{"doctor.runtime", "runtime", CheckResult::kFail,
                   fmt::format("unknown runtime \"{}\"", options.runtime),
-                  "pick --runtime ns or --runtime fake", true});
+                  "pick --runtime ns, --runtime microvm or --runtime fake", true});
     return report;
   }
   RunSection(ctx, "kernel", CheckKernel);

@@ -237,6 +237,36 @@ TEST(DoctorFakeHost, MicrovmRowsNameQemuAndTheGuestKernelOrTheirPackages) {
   EXPECT_NE(found.detail.find("vmlinuz-6.1.0-28-amd64"), std::string::npos) << found.detail;
 }
 
+TEST(DoctorFakeHost, OnRuntimeMicrovmItsRowsAreRequiredAndTheNsRowsAreNot) {
+  FakeHost h;
+  DoctorOptions o = h.Options();
+  o.runtime = "microvm";
+  Report r = RunDoctor(o);
+  const Check& qemu = Row(r, "microvm.qemu");
+  EXPECT_EQ(qemu.result, CheckResult::kFail);
+  EXPECT_TRUE(qemu.required);
+  EXPECT_NE(qemu.detail.find("cannot start on runtime microvm"), std::string::npos) << qemu.detail;
+  EXPECT_EQ(Row(r, "microvm.kernel").result, CheckResult::kFail);
+  EXPECT_FALSE(r.ok());
+  std::vector<std::string> failed;
+  for (const auto& c : r.RequiredFailures()) failed.push_back(c.id);
+  EXPECT_EQ(failed, (std::vector<std::string>{"microvm.qemu", "microvm.kernel"}));
+
+  h.Write("usr/bin/qemu-system-x86_64", "");
+  h.Write("boot/vmlinuz-6.1.0-28-amd64", "");
+  r = RunDoctor(o);
+  EXPECT_TRUE(r.ok()) << FormatTable(r, false, 100, true);
+}
+
+TEST(DoctorFakeHost, AnUnknownRuntimeNamesTheThreeItKnows) {
+  FakeHost h;
+  DoctorOptions o = h.Options();
+  o.runtime = "gvisor";
+  Report r = RunDoctor(o);
+  ASSERT_EQ(r.checks.size(), 1u);
+  EXPECT_NE(r.checks[0].remedy.find("--runtime microvm"), std::string::npos) << r.checks[0].remedy;
+}
+
 TEST(DoctorFakeHost, OldKernelNamesTheMissingFeatures) {
   FakeHost h;
   h.Write("proc/sys/kernel/osrelease", "5.4.0-150-generic\n");

@@ -1,6 +1,7 @@
 // microvm.* (what the microvm runtime needs besides /dev/kvm, which device.kvm reports): QEMU
-// and a guest kernel. Never required: sbxd offers microvm beside the default runtime only where
-// these rows are ok, and GET /v1/runtimes gives the same reason when it does not.
+// and a guest kernel. Required only when microvm is the runtime checked for (runtime.default =
+// "microvm"); otherwise sbxd offers microvm beside the default runtime only where these rows are
+// ok, and GET /v1/runtimes gives the same reason when it does not.
 #include <sys/stat.h>
 
 #include <fmt/format.h>
@@ -12,9 +13,13 @@
 namespace sbx::runtime::doctor {
 
 void CheckMicrovm(const Context& ctx) {
-  if (!ctx.Wants(false)) return;
+  if (!ctx.Wants(ctx.microvm)) return;
+  // Without them the default runtime cannot start; beside ns they only withhold microvm.
+  const CheckResult missing = ctx.microvm ? CheckResult::kFail : CheckResult::kWarn;
+  const std::string unavailable = ctx.microvm ? "sbxd cannot start on runtime microvm"
+                                              : "the microvm runtime is unavailable";
   {
-    Check c{"microvm.qemu", "QEMU for microVMs", CheckResult::kOk, "", "", false};
+    Check c{"microvm.qemu", "QEMU for microVMs", CheckResult::kOk, "", "", ctx.microvm};
     const std::string name = ctx.opts.microvm_qemu.empty() ? "qemu-system-x86_64" : ctx.opts.microvm_qemu;
     absl::StatusOr<std::string> path = absl::NotFoundError("fake host root");
     if (ctx.live) {
@@ -25,21 +30,24 @@ void CheckMicrovm(const Context& ctx) {
     if (path.ok()) {
       c.detail = fmt::format("{} (runtime.microvm.qemu)", *path);
     } else {
-      c.result = CheckResult::kWarn;
-      c.detail = fmt::format("no {}: {}; the microvm runtime is unavailable", name, std::string(path.status().message()));
-      c.remedy = "apt-get install qemu-system-x86 (or set runtime.microvm.qemu); nothing to do for ns";
+      c.result = missing;
+      c.detail = fmt::format("no {}: {}; {}", name, std::string(path.status().message()), unavailable);
+      c.remedy = ctx.microvm ? "apt-get install qemu-system-x86 (or set runtime.microvm.qemu)"
+                             : "apt-get install qemu-system-x86 (or set runtime.microvm.qemu); "
+                               "nothing to do for ns";
     }
     ctx.Add(std::move(c));
   }
   {
-    Check c{"microvm.kernel", "guest kernel", CheckResult::kOk, "", "", false};
+    Check c{"microvm.kernel", "guest kernel", CheckResult::kOk, "", "", ctx.microvm};
     if (!ctx.opts.microvm_kernel.empty()) {
       struct stat st;
       if (::stat(ctx.Host(ctx.opts.microvm_kernel).c_str(), &st) == 0) {
         c.detail = fmt::format("{} (runtime.microvm.kernel)", ctx.opts.microvm_kernel);
       } else {
-        c.result = CheckResult::kWarn;
-        c.detail = fmt::format("runtime.microvm.kernel {} is missing", ctx.opts.microvm_kernel);
+        c.result = missing;
+        c.detail = fmt::format("runtime.microvm.kernel {} is missing; {}", ctx.opts.microvm_kernel,
+                               unavailable);
         c.remedy = "point runtime.microvm.kernel at a bzImage or vmlinux, or leave it empty";
       }
     } else if (auto k = microvm::FindKernel(ctx.Host("/boot")); k.ok()) {
@@ -47,8 +55,8 @@ void CheckMicrovm(const Context& ctx) {
                              "first microvm create and cached by content",
                              *k);
     } else {
-      c.result = CheckResult::kWarn;
-      c.detail = fmt::format("no /boot/vmlinuz-*: {}", std::string(k.status().message()));
+      c.result = missing;
+      c.detail = fmt::format("no /boot/vmlinuz-*: {}; {}", std::string(k.status().message()), unavailable);
       c.remedy = "apt-get install linux-image-amd64 (the guest kernel; the host need not boot it)";
     }
     ctx.Add(std::move(c));

@@ -654,6 +654,7 @@ Capabilities NsBackend::GetCapabilities() const {
   Capabilities caps;
   caps.pause = shared_->cgroups != nullptr && shared_->cgroups->CanFreeze();
   caps.network_ready = shared_->opts.network != nullptr;
+  caps.template_builds = true;
   return caps;
 }
 
