@@ -27,6 +27,7 @@
 #include "common/log.h"
 #include "common/status_util.h"
 #include "daemon/config.h"
+#include "daemon/density.h"
 #include "daemon/egress_config.h"
 #include "daemon/host_capacity.h"
 #include "common/ticker.h"
@@ -333,75 +334,6 @@ absl::StatusOr<sbx::http::ServerOptions> CheckSettings(const Config& cfg) {
   hopts.idle_timeout = std::chrono::seconds(cfg.server.idle_timeout_s);
   SBX_ASSIGN_OR_RETURN(hopts.tls, LoadTls(cfg));
   return hopts;
-}
-
-// Descriptors are sbxd's first limit on density (one pidfd per sandbox, beside the
-// connections): the soft limit goes up to the hard one, which needs no privilege. Before
-// CheckSettings, whose derived connection caps read the soft limit.
-void RaiseOpenFiles() {
-  rlimit rl{};
-  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) {
-    spdlog::warn("density: getrlimit(RLIMIT_NOFILE): {}", sbx::ErrnoMessage(errno));
-    return;
-  }
-  if (rl.rlim_cur == rl.rlim_max) return;
-  const rlim_t before = rl.rlim_cur;
-  rl.rlim_cur = rl.rlim_max;
-  if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) {
-    spdlog::warn("density: setrlimit(RLIMIT_NOFILE, {}): {}; keeping {}",
-                 static_cast<uint64_t>(rl.rlim_max), sbx::ErrnoMessage(errno),
-                 static_cast<uint64_t>(before));
-    return;
-  }
-  spdlog::info("density: raised the soft RLIMIT_NOFILE from {} to the hard limit {}",
-               static_cast<uint64_t>(before), static_cast<uint64_t>(rl.rlim_max));
-}
-
-// How many sandboxes the host's limits hold (runtime/doctor/density.h): the cap of
-// admission.max_sandboxes 0, and the refusal of an explicit maximum they cannot hold, instead
-// of launches failing midway at EMFILE, EAGAIN or ENOSPC.
-absl::Status ResolveDensity(const Config& cfg, const sbx::http::ServerOptions& hopts) {
-  namespace doctor = sbx::runtime::doctor;
-  SBX_ASSIGN_OR_RETURN(doctor::HostLimits host, doctor::ReadHostLimits());
-  doctor::DensityInputs in;
-  in.max_sandboxes = cfg.admission.max_sandboxes;
-  in.ns = cfg.runtime.default_runtime == "ns";
-  in.user_namespaces = cfg.runtime.ns.user_namespaces;
-  if (in.ns) {
-    in.pooled = cfg.runtime.ns.netns_pool + cfg.runtime.ns.userns_pool + cfg.runtime.ns.disk_pool;
-  }
-  // Connections, their reserve and as many spare descriptors (docs/config.md, [server]).
-  in.held_fds = static_cast<int64_t>(hopts.max_connections + 2 * hopts.reserved_connections + 1);
-  in.uid_ranges = (sbx::runtime::ns::kUidRangeEnd - sbx::runtime::ns::kUidRangeFirst) /
-                  sbx::runtime::ns::kUidRangeSize;
-  const doctor::DensityPlan plan = doctor::PlanDensity(host, in);
-  if (!plan.Short().empty()) {
-    return absl::FailedPreconditionError(fmt::format(
-        "{}: this host's limits hold {} sandboxes: {} (`sbx doctor --max-sandboxes {}` lists "
-        "them)",
-        sbx::daemon::Describe(cfg, "admission.max_sandboxes"), plan.host_holds,
-        doctor::DescribeShort(plan), plan.max_sandboxes));
-  }
-  g_host_holds = plan.host_holds;
-  int64_t memory_holds = -1;
-  for (const doctor::LimitRow& r : plan.rows) {
-    if (r.id != "limits.kernel_memory") continue;
-    memory_holds = r.holds;
-    // An explicit maximum past it is the operator's call, but not a silent one.
-    if (cfg.admission.max_sandboxes > 0 && r.need > r.have) {
-      spdlog::warn("density: {} sandboxes would take ~{} MiB of kernel memory, more than {}% of "
-                   "MemTotal ({} MiB): it grows as the square of the count; about {} fit",
-                   plan.max_sandboxes, r.need, doctor::kKernelMemoryWarnPercent, r.have, r.holds);
-    }
-  }
-  spdlog::info("density: this host's limits hold {} sandboxes (set by {}); at most {} at once{}{}",
-               plan.host_holds, plan.bottleneck, plan.max_sandboxes,
-               cfg.admission.max_sandboxes == 0 ? " (admission.max_sandboxes 0: all of them)" : "",
-               memory_holds >= 0 ? fmt::format("; the kernel memory of about {} idle ones stays "
-                                               "under {}% of MemTotal", memory_holds,
-                                               doctor::kKernelMemoryWarnPercent)
-                                 : std::string());
-  return absl::OkStatus();
 }
 
 // The state dir, its secrets, the database and the templates.
@@ -794,10 +726,14 @@ int main(int argc, char** argv) {
                                                cfg.runtime.microvm.qemu, cfg.runtime.microvm.kernel};
   if (check) return sbx::daemon::RunCheckCommand(preflight, check_json);
 
-  RaiseOpenFiles();
+  sbx::daemon::RaiseOpenFiles();
   auto hopts = CheckSettings(cfg);
   if (!hopts.ok()) return Fail(hopts.status());
-  if (auto st = ResolveDensity(cfg, *hopts); !st.ok()) return Fail(st);
+  // Connections, their reserve and as many spare descriptors (docs/config.md, [server]).
+  auto holds = sbx::daemon::ResolveDensity(
+      cfg, static_cast<int64_t>(hopts->max_connections + 2 * hopts->reserved_connections + 1));
+  if (!holds.ok()) return Fail(holds.status());
+  g_host_holds = *holds;
   const sbx::runtime::Resources defaults = DefaultsOf(cfg);
   if (auto st = OpenState(d); !st.ok()) return Fail(st);
   // A host that lacks what the runtime needs is refused here, with the doctor's diagnosis,
