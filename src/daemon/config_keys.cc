@@ -105,10 +105,6 @@ const std::vector<KeyInfo> kKeys = {
              "create) beside runtime.default when this host can run it; sbxd logs why not "
              "otherwise, and such creates get 501 with that reason",
      SBX_BOOL(runtime.microvm.enabled)},
-    {.path = "runtime.ns.enabled", .type = Type::kBool, .flag = "--ns", .reloadable = false,
-     .help = "with runtime.default = \"microvm\": also offer the ns runtime (`runtime: \"ns\"` "
-             "on create, and the sandboxes of template builds) where this host can run it",
-     SBX_BOOL(runtime.ns.enabled)},
     {.path = "runtime.microvm.qemu", .type = Type::kString, .flag = "--microvm-qemu",
      .reloadable = false, .help = "QEMU binary of the microvm runtime (a name is looked up in PATH)",
      SBX_STR(runtime.microvm.qemu)},
@@ -126,6 +122,10 @@ const std::vector<KeyInfo> kKeys = {
      .reloadable = false, .min = 5, .max = 3600, .why = "seconds a guest may take to boot",
      .help = "seconds a microVM's guest may take to boot before its create fails",
      SBX_NUM(runtime.microvm.boot_timeout_s)},
+    {.path = "runtime.ns.enabled", .type = Type::kBool, .flag = "--ns", .reloadable = false,
+     .help = "with runtime.default = \"microvm\": also offer the ns runtime (`runtime: \"ns\"` "
+             "on create, and the sandboxes of template builds) where this host can run it",
+     SBX_BOOL(runtime.ns.enabled)},
     {.path = "runtime.ns.user_namespaces", .type = Type::kBool, .flag = "--userns",
      .reloadable = false,
      .help = "run each sandbox in its own user namespace and host uid range (false only for "

@@ -392,7 +392,7 @@ TEST(Config, OutOfRangeValuesNameTheSourceAndTheRange) {
   std::string msg(Validate(g).message());
   EXPECT_THAT(msg, HasSubstr("--default-open-files 3: must be between 64 and 1048576"));
   EXPECT_THAT(msg, HasSubstr("--shm-mib -1: must be between 1 and 1048576"));
-  EXPECT_THAT(msg, HasSubstr("--runtime 'vm': expected ns or fake"));
+  EXPECT_THAT(msg, HasSubstr("--runtime 'vm': expected ns, microvm or fake"));
   EXPECT_THAT(msg, HasSubstr("--listen 'localhost': expected HOST:PORT"));
   EXPECT_THAT(msg, HasSubstr("--log-level 'loud': expected trace, debug, info, warn or error"));
   Config p;
