@@ -6,7 +6,9 @@ secret, and whatever host state the attack aimed at is unchanged.
 It reuses the end-to-end suite's daemon fixture and client (tests/e2e/conftest.py,
 sbx_client.py, hostcheck.py): the same sbxd start/stop, leftover sweep and contract checks.
 
-Environment: as tests/e2e (SBX_BUILD_DIR, SBX_TESTS_MUST_RUN); the ns runtime only.
+Environment: as tests/e2e (SBX_BUILD_DIR, SBX_TESTS_MUST_RUN). The attacks target the ns
+runtime, and test_microvm_guest.py's (marked runtime="microvm") a microVM beside it; the report
+counts them per runtime.
 """
 
 from __future__ import annotations
@@ -159,6 +161,7 @@ def pytest_runtest_makereport(item, call):
         "file": item.nodeid.split("::", 1)[0],
         "class": marker.kwargs.get("cls"),
         "tried": marker.kwargs.get("tried"),
+        "runtime": marker.kwargs.get("runtime", "ns"),
         "outcome": "contained",
         "detail": "",
         "seconds": 0.0,
@@ -191,6 +194,17 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             terminalreporter.write_line(f"{c['outcome'].upper()}: {c['name']} [{c['class']}] {c['detail'][:300]}")
     for line in e2e.METRICS:
         terminalreporter.write_line(line)
+    by_runtime = {}
+    for c in cases:
+        r = by_runtime.setdefault(c["runtime"], {"tried": 0, "contained": 0, "skipped": 0})
+        if c["outcome"] == "skipped":
+            r["skipped"] += 1
+        else:
+            r["tried"] += 1
+            r["contained"] += c["outcome"] == "contained"
+    for name, r in sorted(by_runtime.items()):
+        terminalreporter.write_line(f"security on runtime {name}: {r['tried']} attacks tried, "
+                                    f"{r['contained']} contained, {r['skipped']} not run")
     terminalreporter.write_line(f"security: {len(tried)} attacks tried, {len(contained)} contained")
     try:
         REPORT_PATH.parent.mkdir(parents=True, exist_ok=True)
@@ -199,6 +213,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             "kernel": os.uname().release,
             "tried": len(tried),
             "contained": len(contained),
+            "by_runtime": by_runtime,
             "cases": cases,
         }, indent=2) + "\n")
         terminalreporter.write_line(f"security report: {REPORT_PATH}")
