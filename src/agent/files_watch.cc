@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <map>
 #include <string>
 #include <vector>
@@ -36,12 +37,27 @@ class Watcher {
   // itself is deleted.
   absl::Status Run() {
     std::vector<char> buf(64 * 1024);
+    // A rename's IN_MOVED_FROM and IN_MOVED_TO are queued one after the other, but a read may
+    // end between them (a slow guest under emulation does): an unpaired IN_MOVED_FROM waits
+    // kMovePairWait for its other half in the next read before it counts as a delete.
+    std::map<uint32_t, std::pair<std::string, bool>> moved_from;  // cookie -> path, is_dir
+    std::chrono::steady_clock::time_point pair_until{};
     for (;;) {
       pollfd fds[2] = {{ino_.get(), POLLIN, 0}, {c_.fd(), POLLIN | POLLRDHUP, 0}};
-      int n = ::poll(fds, 2, -1);
+      int timeout_ms = -1;
+      if (!moved_from.empty()) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            pair_until - std::chrono::steady_clock::now());
+        timeout_ms = static_cast<int>(std::max<int64_t>(0, left.count()));
+      }
+      int n = ::poll(fds, 2, timeout_ms);
       if (n < 0) {
         if (errno == EINTR) continue;
         return ErrnoStatus(errno, "watch: poll");
+      }
+      if (n == 0) {
+        SBX_RETURN_IF_ERROR(EmitMovedAway(moved_from));
+        continue;
       }
       // The host sends nothing after the request: anything readable is EOF or an error.
       if (fds[1].revents) return absl::OkStatus();
@@ -51,10 +67,14 @@ class Watcher {
         if (errno == EINTR || errno == EAGAIN) continue;
         return ErrnoStatus(errno, "watch: read inotify");
       }
-      std::map<uint32_t, std::pair<std::string, bool>> moved_from;  // cookie -> path, is_dir
+      // Halves left from the last read pair only with the first events of this one.
+      std::map<uint32_t, std::pair<std::string, bool>> carried;
+      carried.swap(moved_from);
       for (ssize_t off = 0; off < len;) {
         const auto* ev = reinterpret_cast<const inotify_event*>(buf.data() + off);
         off += static_cast<ssize_t>(sizeof(inotify_event) + ev->len);
+        // Whatever comes after a carried half other than its pair: that half moved away.
+        if (!carried.empty() && !(ev->mask & IN_MOVED_TO)) SBX_RETURN_IF_ERROR(EmitMovedAway(carried));
         if (ev->mask & IN_Q_OVERFLOW) {
           SBX_RETURN_IF_ERROR(Emit(Event("overflow", top_, true)));
           continue;
@@ -86,18 +106,18 @@ class Watcher {
         } else if (ev->mask & IN_MOVED_TO) {
           if (is_dir && recursive_) AddChild(it->second.fd.get(), name, path);
           auto from = moved_from.find(ev->cookie);
-          Json e = Event(from != moved_from.end() ? "move" : "create", path, is_dir);
-          if (from != moved_from.end()) {
+          auto& half = from != moved_from.end() ? moved_from : carried;
+          if (from == moved_from.end()) from = carried.find(ev->cookie);
+          Json e = Event(from != half.end() ? "move" : "create", path, is_dir);
+          if (from != half.end()) {
             e["from"] = from->second.first;
-            moved_from.erase(from);
+            half.erase(from);
           }
           SBX_RETURN_IF_ERROR(Emit(e));
         }
       }
-      // Moved out of the watched tree (no matching IN_MOVED_TO): gone from here.
-      for (const auto& [cookie, pd] : moved_from) {
-        SBX_RETURN_IF_ERROR(Emit(Event("delete", pd.first, pd.second)));
-      }
+      SBX_RETURN_IF_ERROR(EmitMovedAway(carried));
+      if (!moved_from.empty()) pair_until = std::chrono::steady_clock::now() + kMovePairWait;
     }
   }
 
@@ -111,6 +131,14 @@ class Watcher {
     return protocol::WatchEvent{type, path, is_dir, std::nullopt}.ToJson();
   }
   absl::Status Emit(const Json& e) { return c_.SendJson(FrameType::kData, e); }
+  // Moved out of the watched tree (no IN_MOVED_TO came): gone from here.
+  absl::Status EmitMovedAway(std::map<uint32_t, std::pair<std::string, bool>>& halves) {
+    for (const auto& [cookie, pd] : halves) SBX_RETURN_IF_ERROR(Emit(Event("delete", pd.first, pd.second)));
+    halves.clear();
+    return absl::OkStatus();
+  }
+
+  static constexpr std::chrono::milliseconds kMovePairWait{200};
 
   absl::Status Add(int dir_fd, const std::string& path, bool top) {
     if (dirs_.size() >= kMaxWatches) return absl::OkStatus();  // the rest goes unwatched

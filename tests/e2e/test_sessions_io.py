@@ -158,7 +158,9 @@ def test_signal(api, sandbox):
         check_error_body(resp, resp.body, "invalid_argument")
     resp = post(api, sid, "signal", json_body={"signal": "BOGUS"}, expect=400)
     assert resp.body["error"]["details"]["field"] == "signal", resp.body
-    # The trap runs once the shell sees the signal, however far it is.
+    # Once the trap is in place (a microVM under emulation takes long to start a shell, and a
+    # HUP before the trap ends it by the default action), the shell runs it however far it is.
+    wait_output(api, session, b"ready")
     post(api, sid, "signal", json_body={"signal": "hup"}, token=session["attach"]["token"], expect=204)
     result = col.wait()
     assert result.exit["exit_code"] == 7, result.exit
