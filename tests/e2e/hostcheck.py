@@ -52,6 +52,24 @@ def processes_mentioning(needle: str) -> list[dict]:
     return found
 
 
+def vm_processes(state_dir: Path, sandbox_id: str) -> list[int]:
+    """PIDs of live processes (the VMM, the bridge) whose command line names the sandbox's
+    microVM directory."""
+    needle = f"{state_dir}/vm/{sandbox_id}/".encode()
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            if needle in (p / "cmdline").read_bytes():
+                stat = (p / "stat").read_text()
+                if stat[stat.rfind(")") + 2] not in "ZX":
+                    out.append(int(p.name))
+        except OSError:
+            continue
+    return out
+
+
 def mountinfo_lines(needle: str) -> list[str]:
     return [line for line in _read("/proc/self/mountinfo").splitlines() if needle in line]
 

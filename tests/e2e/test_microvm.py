@@ -13,28 +13,12 @@ from pathlib import Path
 import pytest
 
 import images
+from hostcheck import vm_processes
 from conftest import ns_runtime_only, skip_or_fail
 
 pytestmark = ns_runtime_only("sbxd on the fake runtime offers no microvm")
 
 MICROVM = {"runtime": "microvm", "resources": {"memory_mib": 256}}
-
-
-def vm_processes(state_dir: Path, sandbox_id: str) -> list[int]:
-    """PIDs of live processes (QEMU, the bridge) whose command line names the sandbox's dir."""
-    needle = f"{state_dir}/vm/{sandbox_id}/".encode()
-    out = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            if needle in (p / "cmdline").read_bytes():
-                stat = (p / "stat").read_text()
-                if stat[stat.rfind(")") + 2] not in "ZX":
-                    out.append(int(p.name))
-        except OSError:
-            continue
-    return out
 
 
 def rss_kib(pid: int) -> int:

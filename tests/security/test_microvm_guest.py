@@ -276,16 +276,6 @@ def test_a_guest_that_crashes_its_kernel_ends_alone(session_sandboxes, sclient, 
 
 
 def _vm_pids(sbxd, sid: str) -> list[int]:
-    needle = f"{sbxd.state_dir}/vm/{sid}/".encode()
-    out = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            if needle in (p / "cmdline").read_bytes():
-                stat = (p / "stat").read_text()
-                if stat[stat.rfind(")") + 2] not in "ZX":
-                    out.append(int(p.name))
-        except OSError:
-            continue
-    return out
+    from hostcheck import vm_processes  # tests/e2e
+
+    return vm_processes(sbxd.state_dir, sid)
