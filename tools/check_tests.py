@@ -12,7 +12,8 @@
    this configuration (`if(TARGET ...)`) or a gtest binary with no tests also shows.
 2. Raw skips. A skip must go through the helpers that honour SBX_TESTS_MUST_RUN=1
    (src/common/test_util.h: SBX_SKIP_OR_FAIL, SBX_SKIP_NOT_APPLICABLE; tests/e2e/conftest.py:
-   skip_or_fail, not_applicable_on_fake_runtime, ns_runtime_only). Anywhere else under src/,
+   skip_or_fail, not_applicable_on_fake_runtime, ns_runtime_only,
+   not_run_without_optional_component). Anywhere else under src/,
    tests/ and bench/, these fail the check: GTEST_SKIP, a DISABLED_ gtest, pytest.skip,
    pytest.mark.skip / skipif / xfail, pytest.importorskip, unittest's skip decorators,
    skipTest and SkipTest.
@@ -39,7 +40,7 @@ SKIP_DIR_NAMES = {".git", "__pycache__", "node_modules"}
 # Where a raw skip is allowed: the helpers themselves (file -> helper names).
 CC_HELPERS = {"src/common/test_util.h": {"SBX_SKIP_OR_FAIL", "SBX_SKIP_NOT_APPLICABLE"}}
 PY_HELPERS = {"tests/e2e/conftest.py": {"skip_or_fail", "not_applicable_on_fake_runtime",
-                                        "ns_runtime_only"}}
+                                        "ns_runtime_only", "not_run_without_optional_component"}}
 PY_SKIP_ATTRS = {"skip", "skipif", "xfail", "importorskip", "skipTest", "SkipTest", "skipIf",
                  "skipUnless", "expectedFailure"}
 PY_SKIP_MODULES = {"pytest", "unittest", "_pytest"}

@@ -25,7 +25,8 @@ void Usage(FILE* out) {
       "                 [--cgroup-procs-fd N]...\n"
       "  --listen-fd N       serve on an inherited, listening unix socket (ns runtime)\n"
       "  --listen PATH       bind and serve on a unix socket at PATH\n"
-      "  or: sbx-agent --vm-bridge PORT_SOCKET LISTEN_PATH  (a microVM's host bridge)\n"
+      "  or: sbx-agent --vm-bridge PORT_SOCKET LISTEN_PATH [CONNECT_LINE]  (a microVM's host bridge;\n"
+      "      CONNECT_LINE: what Firecracker's vsock socket is sent first)\n"
       "  or: sbx-agent --vm-jail SPEC_JSON -- QEMU ARGV...  (a microVM's VMM, jailed)\n",
       out);
   std::fprintf(out, "  --buffer-bytes N    output retained per session and stream (default %zu)\n",
@@ -61,8 +62,8 @@ bool ParseNumber(const char* s, long long min, long long max, long long* out) {
 int main(int argc, char** argv) {
   // The initramfs of a microVM runs this binary as /init (docs/microvm.md).
   if (::getpid() == 1 && argc == 1) return sbx::agent::RunVmInit();
-  if (argc == 4 && std::string(argv[1]) == "--vm-bridge") {
-    return sbx::agent::RunVmBridge(argv[2], argv[3]);
+  if ((argc == 4 || argc == 5) && std::string(argv[1]) == "--vm-bridge") {
+    return sbx::agent::RunVmBridge(argv[2], argv[3], argc == 5 ? argv[4] : "");
   }
   if (argc >= 5 && std::string(argv[1]) == "--vm-jail" && std::string(argv[3]) == "--") {
     return sbx::agent::RunVmJail(argv[2], std::vector<std::string>(argv + 4, argv + argc));

@@ -6,10 +6,12 @@
 #include <linux/ipv6.h>
 #include <net/if.h>
 #include <net/route.h>
+#include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/reboot.h>
 #include <sys/socket.h>
+#include <linux/vm_sockets.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -157,9 +159,35 @@ std::string WaitFor(const std::function<std::string()>& probe, const char* what)
   }
 }
 
+// Under Firecracker (kernel parameter sbx.disks=order) disks have no serial; they come in the
+// order the runtime gave them: config, the sandbox's disk, then the trees sbxl0, sbxl1, ...
+std::string DiskByOrder(const std::string& serial) {
+  int index = -1;
+  if (serial == kGuestConfigSerial) {
+    index = 0;
+  } else if (serial == kGuestDiskSerial) {
+    index = 1;
+  } else if (serial.rfind("sbxl", 0) == 0 && serial.size() > 4 && serial.size() < 7) {
+    index = 2 + std::atoi(serial.c_str() + 4);
+  }
+  if (index < 0 || index >= 26) return {};
+  return std::string("/dev/vd") + static_cast<char>('a' + index);
+}
+
+bool DisksByOrder() {
+  std::stringstream ss(ReadFile("/proc/cmdline"));
+  std::string word;
+  while (ss >> word) {
+    if (word == "sbx.disks=order") return true;
+  }
+  return false;
+}
+
 // The virtio disk QEMU was given with `serial=<serial>`: the order of virtio-mmio devices is
 // the kernel's, so disks are known by the serial the host gave them, not by vda, vdb, ...
 std::string FindDisk(const std::string& serial) {
+  static const bool by_order = DisksByOrder();
+  if (by_order) return DiskByOrder(serial);
   DIR* d = ::opendir("/sys/block");
   if (d == nullptr) return {};
   std::string found;
@@ -313,8 +341,7 @@ static int VmInit() {
   Mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "");
   LoadModules();
 
-  const std::string port =
-      WaitFor([] { return FindPort(kGuestPortName); }, "virtio-serial port sbx.agent");
+
   // Config and template trees on disks, not 9p shares where it can: QEMU refuses to migrate a
   // VM that has a 9p share mounted, and suspend is a migration to a file.
   const std::string cfg_dev = WaitFor([] { return FindDisk(kGuestConfigSerial); }, "config disk");
@@ -391,8 +418,24 @@ static int VmInit() {
   const std::string hostname = cfg.value("hostname", std::string("sandbox"));
   ::sethostname(hostname.data(), hostname.size());
 
-  const int port_fd = ::open(port.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY);
-  if (port_fd < 0) Fail(("open " + port).c_str());
+  // The host's way in: QEMU's virtio-serial port, or (Firecracker) a vsock port it connects to.
+  const bool vsock = cfg.value("agent_link", std::string("virtio-serial")) == "vsock";
+  int port_fd = -1;
+  if (vsock) {
+    port_fd = ::socket(AF_VSOCK, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_vm addr{};
+    addr.svm_family = AF_VSOCK;
+    addr.svm_cid = VMADDR_CID_ANY;
+    addr.svm_port = kGuestVsockPort;
+    if (port_fd < 0 || ::bind(port_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        ::listen(port_fd, 4) != 0) {
+      Fail("listen on vsock");
+    }
+  } else {
+    const std::string port = WaitFor([] { return FindPort(kGuestPortName); }, "virtio-serial port sbx.agent");
+    port_fd = ::open(port.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY);
+    if (port_fd < 0) Fail(("open " + port).c_str());
+  }
   const int self = ::open("/init", O_RDONLY | O_CLOEXEC);
   if (self < 0) Fail("open /init");
 
@@ -405,12 +448,28 @@ static int VmInit() {
   if (pump < 0) Fail("fork the mux pump");
   if (pump == 0) {
     protocol::MuxPumpOptions o;
-    o.port_fd = port_fd;
     o.connect_path = kGuestAgentSocket;
-    o.port_reconnects = true;
-    const absl::Status st = protocol::RunMuxPump(o);
-    Say("mux pump ended: %s", std::string(st.message()).c_str());
-    _exit(1);
+    if (!vsock) {
+      o.port_fd = port_fd;
+      o.port_reconnects = true;
+      const absl::Status st = protocol::RunMuxPump(o);
+      Say("mux pump ended: %s", std::string(st.message()).c_str());
+      _exit(1);
+    }
+    // One host bridge at a time; a new one (after a wake: Firecracker resets vsock connections
+    // on a snapshot load) starts with no streams, as a hello does on the serial port.
+    for (;;) {
+      const int conn = ::accept4(port_fd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (conn < 0) {
+        if (errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;
+      }
+      o.port_fd = conn;
+      if (const absl::Status st = protocol::RunMuxPump(o); !st.ok()) {
+        Say("mux pump: %s", std::string(st.message()).c_str());
+      }
+      ::close(conn);
+    }
   }
   ::close(port_fd);
 
@@ -444,7 +503,26 @@ int RunVmInit() {
   }
 }
 
-int RunVmBridge(const std::string& port_path, const std::string& listen_path) {
+namespace {
+
+// Firecracker's vsock: the host side connects to its unix socket and asks for the guest's port
+// with a line; "OK <n>" means the guest accepted. Until the guest listens, the VMM closes it.
+bool VsockHandshake(int fd, const std::string& line) {
+  if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) return false;
+  std::string answer;
+  char c = 0;
+  pollfd p{fd, POLLIN, 0};
+  while (answer.size() < 64) {
+    if (::poll(&p, 1, 2000) != 1 || ::read(fd, &c, 1) != 1) return false;
+    if (c == '\n') break;
+    answer += c;
+  }
+  return answer.rfind("OK ", 0) == 0;
+}
+
+}  // namespace
+
+int RunVmBridge(const std::string& port_path, const std::string& listen_path, const std::string& connect_line) {
   auto addr_of = [](const std::string& p, sockaddr_un* a) {
     *a = {};
     a->sun_family = AF_UNIX;
@@ -465,13 +543,19 @@ int RunVmBridge(const std::string& port_path, const std::string& listen_path) {
                  std::strerror(errno));
     return 1;
   }
-  // QEMU makes its end when it starts, which may be just after us.
+  // QEMU makes its end when it starts, which may be just after us; a guest behind vsock
+  // accepts once its init listens, after its kernel booted.
   int pfd = -1;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(connect_line.empty() ? 30 : 300);
   for (;;) {
     pfd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (::connect(pfd, reinterpret_cast<sockaddr*>(&pa), sizeof(pa)) == 0) break;
-    const int e = errno;
+    int e = 0;
+    if (::connect(pfd, reinterpret_cast<sockaddr*>(&pa), sizeof(pa)) == 0) {
+      if (connect_line.empty() || VsockHandshake(pfd, connect_line)) break;
+      e = ECONNREFUSED;
+    } else {
+      e = errno;
+    }
     ::close(pfd);
     if (std::chrono::steady_clock::now() > deadline) {
       std::fprintf(stderr, "sbx-agent --vm-bridge: connect to %s: %s\n", port_path.c_str(),

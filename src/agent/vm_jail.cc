@@ -71,6 +71,23 @@ void Bind(const std::string& root, const JailBind& b) {
   if (::mount(nullptr, at.c_str(), nullptr, flags, nullptr) != 0) Die("remount " + b.path);
 }
 
+// The files it writes: bounded, and a write past the bound fails instead of killing the VMM.
+void BoundFiles(const JailSpec& spec) {
+  if (spec.max_file_bytes == 0) return;
+  const rlimit lim{spec.max_file_bytes, spec.max_file_bytes};
+  if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) Die("setrlimit(RLIMIT_FSIZE)");
+  if (::signal(SIGXFSZ, SIG_IGN) == SIG_ERR) Die("ignore SIGXFSZ");
+}
+
+[[noreturn]] void Exec(const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  char* envp[] = {const_cast<char*>("PATH=/usr/bin:/bin"), nullptr};
+  ::execve(args[0], args.data(), envp);
+  Die("execve " + argv[0]);
+}
+
 }  // namespace
 
 int RunVmJail(const std::string& spec_path, const std::vector<std::string>& argv) {
@@ -88,6 +105,11 @@ int RunVmJail(const std::string& spec_path, const std::vector<std::string>& argv
     const int fd = ::open(procs.c_str(), O_WRONLY | O_CLOEXEC);
     if (fd < 0 || ::write(fd, "0", 1) != 1) Die("join " + procs);
     ::close(fd);
+  }
+  // The program jails itself (Firecracker's jailer): it runs as root, its files bounded.
+  if (spec.delegate) {
+    BoundFiles(spec);
+    Exec(argv);
   }
   // 2. The tap: opening a tap by name needs CAP_NET_ADMIN and the host's network namespace.
   if (!spec.tap.empty()) {
@@ -129,12 +151,7 @@ int RunVmJail(const std::string& spec_path, const std::vector<std::string>& argv
       Die("remount / read-only");
     }
   }
-  // The files it writes: bounded, and a write past the bound fails instead of killing QEMU.
-  if (spec.max_file_bytes > 0) {
-    const rlimit lim{spec.max_file_bytes, spec.max_file_bytes};
-    if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) Die("setrlimit(RLIMIT_FSIZE)");
-    if (::signal(SIGXFSZ, SIG_IGN) == SIG_ERR) Die("ignore SIGXFSZ");
-  }
+  BoundFiles(spec);
   // 5. Credentials.
   std::vector<gid_t> groups(spec.groups.begin(), spec.groups.end());
   if (::setgroups(groups.size(), groups.data()) != 0) Die("setgroups");
@@ -142,12 +159,7 @@ int RunVmJail(const std::string& spec_path, const std::vector<std::string>& argv
   if (::setresuid(spec.uid, spec.uid, spec.uid) != 0) Die("setresuid");
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) Die("prctl(PR_SET_NO_NEW_PRIVS)");
   // 6. QEMU.
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  char* envp[] = {const_cast<char*>("PATH=/usr/bin:/bin"), nullptr};
-  ::execve(args[0], args.data(), envp);
-  Die("execve " + argv[0]);
+  Exec(argv);
 }
 
 }  // namespace sbx::agent

@@ -90,7 +90,10 @@ struct Config {
   // the host can run it.
   struct Microvm {
     bool enabled = true;
+    std::string vmm = "qemu";     // qemu | firecracker
     std::string qemu = "qemu-system-x86_64";
+    std::string firecracker = "firecracker";
+    std::string jailer = "jailer";
     std::string kernel;           // empty: the newest /boot/vmlinuz-*
     std::string accel = "auto";   // auto | kvm | tcg
     int64_t boot_timeout_s = 120;

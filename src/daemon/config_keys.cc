@@ -105,9 +105,22 @@ const std::vector<KeyInfo> kKeys = {
              "create) beside runtime.default when this host can run it; sbxd logs why not "
              "otherwise, and such creates get 501 with that reason",
      SBX_BOOL(runtime.microvm.enabled)},
+    {.path = "runtime.microvm.vmm", .type = Type::kString, .flag = "--microvm-vmm",
+     .reloadable = false, .choices = "qemu|firecracker",
+     .help = "the VMM of new microVMs: qemu (Debian's qemu-system-x86) or firecracker (its release "
+             "binaries, installed by the operator; needs KVM)",
+     SBX_STR(runtime.microvm.vmm)},
     {.path = "runtime.microvm.qemu", .type = Type::kString, .flag = "--microvm-qemu",
      .reloadable = false, .help = "QEMU binary of the microvm runtime (a name is looked up in PATH)",
      SBX_STR(runtime.microvm.qemu)},
+    {.path = "runtime.microvm.firecracker", .type = Type::kString, .flag = "--microvm-firecracker",
+     .reloadable = false,
+     .help = "Firecracker binary with runtime.microvm.vmm = firecracker (a name is looked up in PATH)",
+     SBX_STR(runtime.microvm.firecracker)},
+    {.path = "runtime.microvm.jailer", .type = Type::kString, .flag = "--microvm-jailer",
+     .reloadable = false,
+     .help = "Firecracker's jailer binary (it ships beside firecracker; a name is looked up in PATH)",
+     SBX_STR(runtime.microvm.jailer)},
     {.path = "runtime.microvm.kernel", .type = Type::kString, .flag = "--microvm-kernel",
      .reloadable = false,
      .help = "guest kernel (a bzImage, e.g. /boot/vmlinuz-6.1.0-27-amd64) whose modules are in "

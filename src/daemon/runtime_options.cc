@@ -26,7 +26,10 @@ runtime::microvm::MicrovmOptions MicrovmOptionsOf(const Config& c, const std::st
   runtime::microvm::MicrovmOptions o;
   o.state_dir = c.state.dir;
   o.agent_path = agent_path;
+  o.vmm = c.runtime.microvm.vmm;
   o.qemu = c.runtime.microvm.qemu;
+  o.firecracker = c.runtime.microvm.firecracker;
+  o.jailer = c.runtime.microvm.jailer;
   o.kernel = c.runtime.microvm.kernel;
   o.accel = c.runtime.microvm.accel;
   o.boot_timeout_s = static_cast<int>(c.runtime.microvm.boot_timeout_s);

@@ -112,12 +112,14 @@ absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Attach(const std::s
 }
 
 absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::AttachTap(const std::string& id,
-                                                                       const SandboxPolicy& policy) {
-  return AttachLink(id, -1, policy, /*tap=*/true);
+                                                                       const SandboxPolicy& policy,
+                                                                       uint32_t owner) {
+  return AttachLink(id, -1, policy, /*tap=*/true, owner);
 }
 
 absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::AttachLink(const std::string& id, int netns_fd,
-                                                                        const SandboxPolicy& policy, bool tap) {
+                                                                        const SandboxPolicy& policy, bool tap,
+                                                                        uint32_t tap_owner) {
   SBX_RETURN_IF_ERROR(CheckPolicy(id, policy));
   SBX_ASSIGN_OR_RETURN(SandboxAddrs addrs, pool_.Allocate());
   std::unique_ptr<SandboxNetwork> net(new SandboxNetwork(this, id, addrs, policy));
@@ -130,7 +132,7 @@ absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::AttachLink(const st
   SBX_RETURN_IF_ERROR(nft_->Run(AddSandboxRuleset(id, net->veth_, addrs, cfg_, policy),
                                 fmt::format("sandbox {}: add its nftables rules", id)));
   net->rules_ = true;
-  SBX_RETURN_IF_ERROR(BuildLink(*net, netns_fd, id, tap));
+  SBX_RETURN_IF_ERROR(BuildLink(*net, netns_fd, id, tap, tap_owner));
   return net;
 }
 
@@ -164,11 +166,12 @@ absl::Status NetworkHost::Claim(SandboxNetwork& net, const std::string& id,
   return host.SetAlias(net.ifindex_, id);
 }
 
-absl::Status NetworkHost::BuildLink(SandboxNetwork& net, int netns_fd, const std::string& alias, bool tap) {
+absl::Status NetworkHost::BuildLink(SandboxNetwork& net, int netns_fd, const std::string& alias, bool tap,
+                                    uint32_t tap_owner) {
   const SandboxAddrs& addrs = net.addrs_;
   SBX_ASSIGN_OR_RETURN(Netlink host, Netlink::Open());
   if (tap) {
-    SBX_RETURN_IF_ERROR(CreatePersistentTap(net.veth_));
+    SBX_RETURN_IF_ERROR(CreatePersistentTap(net.veth_, tap_owner));
   } else {
     SBX_RETURN_IF_ERROR(host.CreateVeth(net.veth_, kSandboxIfName, netns_fd));
   }

@@ -111,8 +111,11 @@ class NetworkHost {
   // A microVM's network: steps 1 and 2 as Attach, then instead of a veth pair a persistent
   // tap (net/tap.h) named and addressed as the veth's host end would be. The VM's NIC holds
   // addrs().sandbox4/6 and routes via host4/6; the guest configures them itself.
+  // `owner` (not 0): the uid that may open the tap without privileges (a VMM that opens its
+  // NIC by name, as Firecracker does).
   absl::StatusOr<std::unique_ptr<SandboxNetwork>> AttachTap(const std::string& id,
-                                                            const SandboxPolicy& policy);
+                                                            const SandboxPolicy& policy,
+                                                            uint32_t owner = 0);
   // Steps 1 and 3-5 for the namespace of `netns_fd`, which no sandbox has yet: a pooled
   // network (id() empty) that passes no traffic until Claim.
   absl::StatusOr<std::unique_ptr<SandboxNetwork>> Prebuild(int netns_fd);
@@ -181,9 +184,11 @@ class NetworkHost {
   absl::Status CheckPolicy(const std::string& id, const SandboxPolicy& policy) const;
   // Attach and AttachTap: steps 1 and 2, then BuildLink.
   absl::StatusOr<std::unique_ptr<SandboxNetwork>> AttachLink(const std::string& id, int netns_fd,
-                                                             const SandboxPolicy& policy, bool tap);
+                                                             const SandboxPolicy& policy, bool tap,
+                                                             uint32_t tap_owner = 0);
   // Steps 3-5 for `net` (step 1 done), its veth named by `alias`; `tap`: a tap instead.
-  absl::Status BuildLink(SandboxNetwork& net, int netns_fd, const std::string& alias, bool tap = false);
+  absl::Status BuildLink(SandboxNetwork& net, int netns_fd, const std::string& alias, bool tap = false,
+                         uint32_t tap_owner = 0);
   void Register(const SandboxNetwork& net);
   void Unregister(const std::string& veth);
   // The bandwidth limit of a new sandbox (cfg_.rate_mbit; limits.h): a shaper on each end of

@@ -16,7 +16,7 @@
 
 namespace sbx::net {
 
-absl::Status CreatePersistentTap(const std::string& name) {
+absl::Status CreatePersistentTap(const std::string& name, uint32_t owner) {
   if (name.empty() || name.size() >= IFNAMSIZ) {
     return absl::InvalidArgumentError(fmt::format("tap: bad interface name '{}'", name));
   }
@@ -29,6 +29,9 @@ absl::Status CreatePersistentTap(const std::string& name) {
     const int e = errno;
     if (e == EBUSY || e == EEXIST) return absl::AlreadyExistsError(fmt::format("tap {}: exists", name));
     return ErrnoStatus(e, fmt::format("tap {}: ioctl(TUNSETIFF)", name));
+  }
+  if (owner != 0 && ::ioctl(fd.get(), TUNSETOWNER, static_cast<unsigned long>(owner)) != 0) {
+    return ErrnoStatus(errno, fmt::format("tap {}: ioctl(TUNSETOWNER, {})", name, owner));
   }
   if (::ioctl(fd.get(), TUNSETPERSIST, 1) != 0) return ErrnoStatus(errno, fmt::format("tap {}: ioctl(TUNSETPERSIST)", name));
   return absl::OkStatus();

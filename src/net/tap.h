@@ -5,6 +5,7 @@
 // across a suspend and an sbxd restart; removed with RTM_DELLINK like a veth.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -12,7 +13,8 @@
 namespace sbx::net {
 
 // Creates tap `name` (IFF_TAP | IFF_NO_PI | IFF_VNET_HDR, as QEMU opens it) and makes it persist
-// after the creating fd closes. AlreadyExists when a link of that name exists.
-absl::Status CreatePersistentTap(const std::string& name);
+// after the creating fd closes. AlreadyExists when a link of that name exists. `owner` (not 0)
+// may open it later without CAP_NET_ADMIN.
+absl::Status CreatePersistentTap(const std::string& name, uint32_t owner = 0);
 
 }  // namespace sbx::net

@@ -7,7 +7,7 @@ nlohmann::json JailSpec::ToJson() const {
   for (const auto& b : binds) binds_json.push_back({{"path", b.path}, {"writable", b.writable}, {"device", b.device}});
   return {{"uid", uid}, {"gid", gid}, {"groups", groups}, {"root", root}, {"binds", binds_json},
           {"cgroup_procs", cgroup_procs}, {"tap", tap},
-          {"max_file_bytes", max_file_bytes}};
+          {"max_file_bytes", max_file_bytes}, {"delegate", delegate}};
 }
 
 bool JailSpec::FromJson(const nlohmann::json& j, JailSpec* out, std::string* error) {
@@ -23,7 +23,8 @@ bool JailSpec::FromJson(const nlohmann::json& j, JailSpec* out, std::string* err
     s.cgroup_procs = j.at("cgroup_procs").get<std::vector<std::string>>();
     s.tap = j.at("tap").get<std::string>();
     s.max_file_bytes = j.value("max_file_bytes", 0ULL);
-    if (s.uid == 0 || s.gid == 0) {
+    s.delegate = j.value("delegate", false);
+    if (!s.delegate && (s.uid == 0 || s.gid == 0)) {
       *error = "the VMM's uid and gid must not be root's";
       return false;
     }

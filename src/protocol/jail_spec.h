@@ -27,6 +27,9 @@ struct JailSpec {
   // all, which a guest can write without end) grows past it; a write beyond gets EFBIG.
   // 0: unlimited.
   unsigned long long max_file_bytes = 0;
+  // The program jails itself (Firecracker's jailer: chroot, uid, namespaces): only the cgroups
+  // and max_file_bytes are applied here, and it runs as root with the fields above unused.
+  bool delegate = false;
 
   nlohmann::json ToJson() const;
   static bool FromJson(const nlohmann::json& j, JailSpec* out, std::string* error);

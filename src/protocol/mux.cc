@@ -59,6 +59,8 @@ struct Stream {
 class Pump {
  public:
   explicit Pump(const MuxPumpOptions& o) : o_(o) {}
+  // A guest on vsock runs one pump per host connection: the streams of one end with it.
+  ~Pump() { DropStreams(); }
 
   absl::Status Run() {
     ::signal(SIGPIPE, SIG_IGN);

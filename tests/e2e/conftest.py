@@ -60,6 +60,13 @@ def skip_or_fail(reason: str) -> None:
     pytest.skip(reason)
 
 
+def not_run_without_optional_component(reason: str) -> None:
+    """For a test of a component Debian does not ship and the operator installs (Firecracker's
+    release binaries): where it is absent the test is reported as not run, also under
+    SBX_TESTS_MUST_RUN=1 (tools/test.sh prints a row saying so), never as passed."""
+    pytest.skip(f"not run: {reason}")
+
+
 def not_applicable_on_fake_runtime(reason: str) -> None:
     """For a test of what only the ns runtime has (kernel objects, limits, namespaces): on the
     fake runtime, which the runner chose with SBX_E2E_RUNTIME=fake, there is nothing to test,

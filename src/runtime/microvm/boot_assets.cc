@@ -132,7 +132,9 @@ const std::vector<std::string>& GuestModules() {
   // would load (no hard dependency in modules.dep).
   static const std::vector<std::string> kModules = {
       "virtio_mmio", "virtio_console", "virtio_blk", "virtio_net", "9pnet_virtio", "9p",
-      "crc32c_generic", "ext4", "overlay"};
+      "crc32c_generic", "ext4", "overlay",
+      // Firecracker has no virtio-serial: the agent's link there is vsock.
+      "vmw_vsock_virtio_transport"};
   return kModules;
 }
 

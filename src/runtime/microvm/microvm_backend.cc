@@ -33,6 +33,7 @@
 #include "protocol/protocol.h"
 #include "agent/vm_init.h"
 #include "runtime/microvm/host_view.h"
+#include "runtime/microvm/firecracker.h"
 #include "runtime/microvm/qemu.h"
 #include "runtime/microvm/tree_image.h"
 #include "protocol/jail_spec.h"
@@ -77,12 +78,30 @@ std::string MicrovmBackend::SandboxDir(const std::string& id) const {
 }
 
 absl::Status MicrovmBackend::Probe() {
-  auto qemu = FindProgram(opts_.qemu);
-  if (!qemu.ok()) {
-    return Annotate(qemu.status(),
-                    "microvm: no QEMU (apt-get install qemu-system-x86, or set runtime.microvm.qemu)");
+  if (opts_.vmm == "firecracker") {
+    // Firecracker's release binaries, installed by the operator (docs/microvm.md, "Firecracker").
+    auto fc = FindProgram(opts_.firecracker);
+    if (!fc.ok()) {
+      return Annotate(fc.status(), "microvm: no Firecracker (install its release binaries and set "
+                                   "runtime.microvm.firecracker, or runtime.microvm.vmm = \"qemu\")");
+    }
+    auto jailer = FindProgram(opts_.jailer);
+    if (!jailer.ok()) {
+      return Annotate(jailer.status(), "microvm: no Firecracker jailer (it ships beside firecracker; set "
+                                       "runtime.microvm.jailer)");
+    }
+    firecracker_path_ = *fc;
+    jailer_path_ = *jailer;
+  } else if (opts_.vmm == "qemu") {
+    auto qemu = FindProgram(opts_.qemu);
+    if (!qemu.ok()) {
+      return Annotate(qemu.status(),
+                      "microvm: no QEMU (apt-get install qemu-system-x86, or set runtime.microvm.qemu)");
+    }
+    qemu_path_ = *qemu;
+  } else {
+    return absl::InvalidArgumentError(fmt::format("microvm: unknown VMM \"{}\" (qemu, firecracker)", opts_.vmm));
   }
-  qemu_path_ = *qemu;
   if (opts_.kernel.empty()) {
     SBX_RETURN_IF_ERROR(Annotate(FindKernel().status(), "microvm"));
   } else if (::access(opts_.kernel.c_str(), R_OK) != 0) {
@@ -120,6 +139,11 @@ absl::Status MicrovmBackend::Probe() {
     accel_reason_ = kvm_dev ? "/dev/kvm exists but the CPU shows no vmx/svm (a paravirtual KVM "
                               "runs no stock guest): software emulation, boots take seconds"
                             : "no /dev/kvm: software emulation, boots take seconds";
+  }
+  if (opts_.vmm == "firecracker" && accel_ != "kvm") {
+    return absl::FailedPreconditionError(fmt::format(
+        "microvm: Firecracker needs KVM that runs stock guests (it emulates no CPU); this host: {}",
+        accel_reason_));
   }
   if (accel_ == "tcg") {
     std::string config;
@@ -161,7 +185,7 @@ absl::Status MicrovmBackend::CheckCreate(const Resources& effective, bool networ
 }
 
 Json MicrovmBackend::Describe() const {
-  return Json{{"vmm", "qemu"}, {"accel", accel_}, {"accel_reason", accel_reason_},
+  return Json{{"vmm", opts_.vmm}, {"accel", accel_}, {"accel_reason", accel_reason_},
               {"min_memory_mib", kMinGuestMemoryMib}, {"kernel_params", extra_cmdline_}};
 }
 
@@ -206,7 +230,8 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
   if (spec.keep_writable_layer) {
     return absl::UnimplementedError("microvm: template builds run on the ns runtime");
   }
-  if (qemu_path_.empty()) SBX_RETURN_IF_ERROR(Probe());
+  if (qemu_path_.empty() && firecracker_path_.empty()) SBX_RETURN_IF_ERROR(Probe());
+  const bool firecracker = opts_.vmm == "firecracker";
   SBX_ASSIGN_OR_RETURN(BootAssets assets, Assets());
   const std::string dir = SandboxDir(spec.id);
   if (dir.size() + 20 >= sizeof(sockaddr_un::sun_path)) {
@@ -226,7 +251,7 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
   // by its destructor, since it was never released).
   auto fail = [&](absl::Status s) -> absl::Status {
     Stop(rec.bridge, dir);
-    Stop(rec.qemu, dir);
+    Stop(rec.vmm_pid, dir);
     if (network) (void)network->Destroy();
     if (claimed) (void)uids_.Release(rec.uid, dir);
     std::error_code rm;
@@ -270,6 +295,11 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
     vm.disks.push_back({*image, serial, true});
     lowers.push_back({{"disk", serial}});
   }
+  if (firecracker && !spec.tmpl.binds.empty()) {
+    return fail(absl::UnimplementedError(
+        "Firecracker has no 9p: a template that binds host directories (base's /usr and /etc) cannot "
+        "run on it; use an image template, or runtime.microvm.vmm = \"qemu\""));
+  }
   auto shares = SharesForBinds(spec.tmpl.binds, opts_.state_dir + "/microvm-assets/views");
   if (!shares.ok()) return fail(shares.status());
   int b = 0;
@@ -288,7 +318,8 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
             "network: egress profile '{}' needs networking, which this sbxd has off (egress.enabled)",
             resolved->profile)));
       }
-      auto attached = opts_.network->AttachTap(spec.id, resolved->policy());
+      // Firecracker opens its tap by name, as the VMM's uid; QEMU gets it open from its jail.
+      auto attached = opts_.network->AttachTap(spec.id, resolved->policy(), firecracker ? rec.uid : 0);
       if (!attached.ok()) return fail(Annotate(attached.status(), "network"));
       network = std::move(*attached);
       const net::SandboxAddrs& a = network->addrs();
@@ -319,7 +350,9 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
               {"env", env},
               {"tmp_mib", spec.resources.tmp_mib},
               {"shm_mib", spec.resources.shm_mib},
-              {"buffer_bytes", opts_.agent_buffer_bytes}};
+              {"buffer_bytes", opts_.agent_buffer_bytes},
+              // QEMU gives the agent a virtio-serial port; Firecracker has only vsock.
+              {"agent_link", firecracker ? "vsock" : "virtio-serial"}};
   if (!net_cfg.is_null()) cfg["net"] = net_cfg;
   {
     // A raw disk: the JSON, then zeros to a whole number of 4 KiB blocks.
@@ -340,16 +373,66 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
   rec.memory_mib = spec.resources.memory_mib;
   auto cgroup = cgroups_->Create(spec.id, VmCgroupLimits(rec.vcpus, rec.memory_mib));
   if (!cgroup.ok()) return fail(Annotate(cgroup.status(), "the VMM's cgroup"));
+  std::vector<std::string> procs;
+  for (const auto& d : (*cgroup)->dirs()) procs.push_back(d.path + "/cgroup.procs");
+  auto argv = firecracker ? FirecrackerLaunch(dir, vm, spec, procs, rec.uid) : QemuLaunch(dir, vm, spec, procs, rec.uid);
+  if (!argv.ok()) return fail(argv.status());
+  rec.vmm = opts_.vmm;
+  rec.vmm_argv = std::move(*argv);
+  rec.migratable = vm.shares.empty();
+  auto vmm = OpenVmm(rec.vmm, dir);
+  if (!vmm.ok()) return fail(vmm.status());
+  auto pid = SpawnDetached(rec.vmm_argv, DetachedOptions{.log = VmmLog(dir, rec)});
+  if (!pid.ok()) return fail(pid.status());
+  rec.vmm_pid = *pid;
+  auto bridge = StartBridge(opts_.agent_path, dir, (*vmm)->Link());
+  if (!bridge.ok()) return fail(bridge.status());
+  rec.bridge = *bridge;
+  if (auto st = WriteRecord(dir, rec); !st.ok()) return fail(st);
+  auto made = NewMicrovmInstance(spec.id, dir, rec, ctx, std::move(network));
+  if (!made.ok()) return fail(made.status());
+  (*cgroup)->Release();  // the instance's now: Destroy removes it by the sandbox's id
+  InstancePtr instance = std::move(*made);
+  if (auto st = WaitForAgent(*instance, dir, opts_.boot_timeout_s, accel_); !st.ok()) {
+    (void)instance->Destroy();
+    return Annotate(st, fmt::format("create sandbox {} (microvm)", spec.id));
+  }
+  return instance;
+}
+
+namespace {
+
+// The jail spec's bound for the files a VMM writes: its disk (disk_mib) and a suspend's state
+// (at most the guest's memory and its devices); the console log may not outgrow them.
+unsigned long long MaxFileBytes(const SandboxSpec& spec) {
+  return static_cast<unsigned long long>(std::max(spec.resources.disk_mib, spec.resources.memory_mib) + 64) << 20;
+}
+
+absl::StatusOr<std::vector<std::string>> Jailed(const std::string& agent, const std::string& dir,
+                                                const protocol::JailSpec& jail, const std::vector<std::string>& argv) {
+  {
+    std::ofstream out(dir + "/jail.json");
+    out << jail.ToJson().dump();
+    if (!out) return absl::InternalError(fmt::format("write {}/jail.json", dir));
+  }
+  std::vector<std::string> out = {agent, "--vm-jail", dir + "/jail.json", "--"};
+  out.insert(out.end(), argv.begin(), argv.end());
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> MicrovmBackend::QemuLaunch(const std::string& dir, const QemuVm& vm,
+                                                                    const SandboxSpec& spec,
+                                                                    const std::vector<std::string>& cgroup_procs,
+                                                                    uint32_t uid) {
   // The jail holds QEMU's program and libraries (/usr), what the VM reads, and vmm/.
   protocol::JailSpec jail;
-  for (const auto& d : (*cgroup)->dirs()) jail.cgroup_procs.push_back(d.path + "/cgroup.procs");
-  jail.uid = jail.gid = rec.uid;
+  jail.cgroup_procs = cgroup_procs;
+  jail.uid = jail.gid = uid;
   jail.root = dir + "/jail";
   jail.tap = vm.tap;
-  // The largest files the VMM writes are its disk (disk_mib) and a suspend's state (at most
-  // the guest's memory and its devices); the console log may not outgrow them.
-  jail.max_file_bytes =
-      static_cast<unsigned long long>(std::max(spec.resources.disk_mib, spec.resources.memory_mib) + 64) << 20;
+  jail.max_file_bytes = MaxFileBytes(spec);
   jail.binds.push_back({"/usr", false, false});
   // A QEMU installed elsewhere (runtime.microvm.qemu) comes along as its one file; its
   // libraries are the host's (/usr) or a failing exec says which is missing in qemu.log.
@@ -367,29 +450,35 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
   }
   for (const auto& sh : vm.shares) jail.binds.push_back({sh.host_path, false, false});
   jail.binds.push_back({dir + "/vmm", true, false});
-  {
-    std::ofstream out(dir + "/jail.json");
-    out << jail.ToJson().dump();
-    if (!out) return fail(absl::InternalError(fmt::format("write {}/jail.json", dir)));
-  }
+  return Jailed(opts_.agent_path, dir, jail, QemuArgv(vm));
+}
 
-  rec.qemu_argv = {opts_.agent_path, "--vm-jail", dir + "/jail.json", "--"};
-  for (auto& a : QemuArgv(vm)) rec.qemu_argv.push_back(std::move(a));
-  rec.migratable = vm.shares.empty();
-  auto qemu = SpawnDetached(rec.qemu_argv, DetachedOptions{.log = dir + "/qemu.log"});
-  if (!qemu.ok()) return fail(qemu.status());
-  rec.qemu = *qemu;
-  auto bridge = StartBridge(opts_.agent_path, dir);
-  if (!bridge.ok()) return fail(bridge.status());
-  rec.bridge = *bridge;
-  if (auto st = WriteRecord(dir, rec); !st.ok()) return fail(st);
-  (*cgroup)->Release();  // the instance's now: Destroy removes it by the sandbox's id
-  InstancePtr instance = NewMicrovmInstance(spec.id, dir, rec, ctx, std::move(network));
-  if (auto st = WaitForAgent(*instance, dir, opts_.boot_timeout_s, accel_); !st.ok()) {
-    (void)instance->Destroy();
-    return Annotate(st, fmt::format("create sandbox {} (microvm)", spec.id));
-  }
-  return instance;
+// Firecracker's jailer makes the chroot, the device nodes, the uid and the new PID namespace;
+// the jail before it only joins the VMM's cgroup and bounds its files (delegate mode).
+absl::StatusOr<std::vector<std::string>> MicrovmBackend::FirecrackerLaunch(
+    const std::string& dir, const QemuVm& vm, const SandboxSpec& spec, const std::vector<std::string>& cgroup_procs,
+    uint32_t uid) {
+  FirecrackerVm fc;
+  fc.firecracker = firecracker_path_;
+  fc.jailer = jailer_path_;
+  fc.vm_dir = dir;
+  fc.sandbox_id = spec.id;
+  fc.uid = uid;
+  fc.vcpus = vm.vcpus;
+  fc.memory_mib = vm.memory_mib;
+  fc.vmlinux = vm.vmlinux;
+  fc.initramfs = vm.initramfs;
+  fc.tap = vm.tap;
+  fc.mac = vm.mac;
+  fc.max_file_bytes = MaxFileBytes(spec);
+  // In the order the guest knows them by (sbx.disks=order): config, disk, trees.
+  for (const auto& d : vm.disks) fc.drives.push_back({d.path, d.read_only});
+  SBX_ASSIGN_OR_RETURN(std::vector<std::string> argv, PrepareFirecracker(fc));
+  protocol::JailSpec jail;
+  jail.cgroup_procs = cgroup_procs;
+  jail.delegate = true;
+  jail.max_file_bytes = MaxFileBytes(spec);
+  return Jailed(opts_.agent_path, dir, jail, argv);
 }
 
 absl::StatusOr<InstancePtr> MicrovmBackend::Adopt(const std::string& id, const Json& persisted) {
@@ -415,17 +504,18 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Adopt(const std::string& id, const J
       return absl::NotFoundError(fmt::format("adopt sandbox {}: suspended, but {}/state is gone", id, dir));
     }
     Stop(rec->bridge, dir);
-    Stop(rec->qemu, dir);
-    rec->qemu = rec->bridge = 0;
+    Stop(rec->vmm_pid, dir);
+    rec->vmm_pid = rec->bridge = 0;
     SBX_RETURN_IF_ERROR(WriteRecord(dir, *rec));
     return NewMicrovmInstance(id, dir, *rec, ctx, std::move(network));
   }
-  if (!IsOurs(rec->qemu, dir)) {
-    return absl::NotFoundError(fmt::format("adopt sandbox {}: its VMM (pid {}) is gone", id, rec->qemu));
+  if (!IsOurs(rec->vmm_pid, dir)) {
+    return absl::NotFoundError(fmt::format("adopt sandbox {}: its VMM (pid {}) is gone", id, rec->vmm_pid));
   }
   if (!IsOurs(rec->bridge, dir)) {
     // The VM outlived its bridge: a new one says hello, and the guest drops the old streams.
-    auto b = StartBridge(opts_.agent_path, dir);
+    SBX_ASSIGN_OR_RETURN(std::unique_ptr<Vmm> vmm, OpenVmm(rec->vmm, dir));
+    auto b = StartBridge(opts_.agent_path, dir, vmm->Link());
     if (!b.ok()) return Annotate(b.status(), fmt::format("adopt sandbox {}: restart its bridge", id));
     rec->bridge = *b;
     SBX_RETURN_IF_ERROR(WriteRecord(dir, *rec));
@@ -438,7 +528,7 @@ absl::Status MicrovmBackend::Remove(const std::string& id) {
   const std::string dir = SandboxDir(id);
   if (auto rec = ReadRecord(dir); rec.ok()) {
     Stop(rec->bridge, dir);
-    Stop(rec->qemu, dir);
+    Stop(rec->vmm_pid, dir);
   }
   if (cgroups_) (void)cgroups_->Existing(id)->Destroy();
   (void)uids_.ReleaseOwner(dir);

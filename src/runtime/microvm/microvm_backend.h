@@ -1,4 +1,5 @@
-// MicrovmBackend: every sandbox in its own QEMU microVM, so a guest kernel, not the host's
+// MicrovmBackend: every sandbox in its own microVM (QEMU, or Firecracker where the operator
+// installed it: vmm.h), so a guest kernel, not the host's
 // namespaces, is the boundary (docs/microvm.md). The agent inside speaks the same protocol;
 // sbxd reaches it through the VM's host bridge on <state>/vm/<id>/agent.sock, as it reaches
 // the ns runtime's agent, so nothing above the Backend interface knows the difference.
@@ -29,6 +30,7 @@
 #include "runtime/backend.h"
 #include "net/sandbox_net.h"
 #include "runtime/microvm/boot_assets.h"
+#include "runtime/microvm/qemu.h"
 #include "runtime/ns/cgroup.h"
 #include "runtime/ns/userns.h"
 
@@ -39,7 +41,10 @@ struct MicrovmOptions {
   std::string agent_path;    // the static sbx-agent: the guest's init and the host bridge
   // What the initramfs carries: agent_path + "-guest" (the build's copy without debug
   // sections) when it exists, else agent_path.
+  std::string vmm = "qemu";  // the driver of new VMs: qemu | firecracker (vmm.h)
   std::string qemu = "qemu-system-x86_64";
+  std::string firecracker = "firecracker";  // Firecracker's release binaries (vmm = firecracker)
+  std::string jailer = "jailer";
   std::string kernel;        // empty: the newest /boot/vmlinuz-*
   std::string accel = "auto";  // auto | kvm | tcg
   int boot_timeout_s = 120;  // TCG boots take seconds; a loaded 2-core host, more
@@ -75,12 +80,21 @@ class MicrovmBackend : public Backend {
   const std::string& accel_reason() const { return accel_reason_; }
 
  private:
+  // The command line of a new VM's VMM under its jail (vm.json's vmm_argv), per driver.
+  absl::StatusOr<std::vector<std::string>> QemuLaunch(const std::string& dir, const QemuVm& vm,
+                                                      const SandboxSpec& spec, const std::vector<std::string>& cgroup_procs,
+                                                      uint32_t uid);
+  absl::StatusOr<std::vector<std::string>> FirecrackerLaunch(const std::string& dir, const QemuVm& vm,
+                                                             const SandboxSpec& spec,
+                                                             const std::vector<std::string>& cgroup_procs, uint32_t uid);
+
   std::string SandboxDir(const std::string& id) const;
   absl::StatusOr<BootAssets> Assets();
   absl::StatusOr<std::string> DiskImage(int64_t size_mib, const std::string& dest);
 
   MicrovmOptions opts_;
-  std::string qemu_path_;  // resolved by Probe
+  std::string qemu_path_;  // resolved by Probe (vmm qemu)
+  std::string firecracker_path_, jailer_path_;  // resolved by Probe (vmm firecracker)
   std::string accel_ = "tcg";
   std::string accel_reason_;
   std::string extra_cmdline_;  // TcgKernelParams under TCG

@@ -1,5 +1,8 @@
 #include "runtime/microvm/qemu.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -242,5 +245,76 @@ absl::StatusOr<Json> QmpSaveState(const std::string& socket, int fd, std::chrono
     pause = std::min(pause * 2, std::chrono::milliseconds(20));
   }
 }
+
+namespace {
+
+// QMP on <dir>/vmm/qmp.sock; the agent's port on <dir>/vmm/serial.sock.
+class QemuVmm : public Vmm {
+ public:
+  explicit QemuVmm(std::string dir) : dir_(std::move(dir)), qmp_(dir_ + "/vmm/qmp.sock") {}
+
+  std::string Name() const override { return "qemu"; }
+  absl::Status Pause() const override { return QmpCommand(qmp_, "stop").status(); }
+  absl::Status Continue() const override { return QmpCommand(qmp_, "cont").status(); }
+  absl::StatusOr<bool> Running() const override {
+    SBX_ASSIGN_OR_RETURN(Json st, QmpCommand(qmp_, "query-status"));
+    return st.value("status", std::string()) == "running";
+  }
+
+  // One migration stream, written through a descriptor QEMU gets over the socket: its jail
+  // cannot open the file itself.
+  absl::StatusOr<int64_t> Save(const std::string& state, std::chrono::seconds timeout) const override {
+    const std::string tmp = state + ".tmp";
+    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    if (!fd.valid()) return ErrnoStatus(errno, fmt::format("open({})", tmp));
+    auto saved = QmpSaveState(qmp_, fd.get(), timeout);
+    if (!saved.ok()) {
+      ::unlink(tmp.c_str());
+      return saved.status();
+    }
+    struct stat st{};
+    if (::fsync(fd.get()) != 0 || ::fstat(fd.get(), &st) != 0 || ::rename(tmp.c_str(), state.c_str()) != 0) {
+      const int e = errno;
+      ::unlink(tmp.c_str());
+      return ErrnoStatus(e, fmt::format("keep {}", state));
+    }
+    return static_cast<int64_t>(st.st_size);
+  }
+  void Quit() const override { (void)QmpCommand(qmp_, "quit"); }
+
+  absl::StatusOr<RestoreStart> Restore(const std::vector<std::string>& boot_argv,
+                                       const std::string& state) const override {
+    RestoreStart r;
+    r.fd3 = UniqueFd(::open(state.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!r.fd3.valid()) return ErrnoStatus(errno, fmt::format("open({})", state));
+    r.argv = boot_argv;
+    r.argv.push_back("-incoming");
+    r.argv.push_back("fd:3");
+    return r;
+  }
+  // QEMU answers QMP once it listens; the load runs before the VM may continue.
+  absl::Status AwaitLoaded(const std::string& state, const std::function<absl::Status()>& alive,
+                           std::chrono::steady_clock::time_point deadline) const override {
+    for (auto pause = std::chrono::milliseconds(2);; pause = std::min(pause * 2, std::chrono::milliseconds(20))) {
+      auto st = QmpCommand(qmp_, "query-status");
+      if (st.ok() && st->value("status", std::string()) != "inmigrate") return absl::OkStatus();
+      SBX_RETURN_IF_ERROR(Annotate(alive(), fmt::format("QEMU loading {}", state)));
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return absl::DeadlineExceededError(fmt::format("QEMU did not load {} in time", state));
+      }
+      std::this_thread::sleep_for(pause);
+    }
+  }
+
+  GuestLink Link() const override { return {dir_ + "/vmm/serial.sock", ""}; }
+
+ private:
+  std::string dir_;
+  std::string qmp_;
+};
+
+}  // namespace
+
+std::unique_ptr<Vmm> NewQemuVmm(const std::string& vm_dir) { return std::make_unique<QemuVmm>(vm_dir); }
 
 }  // namespace sbx::runtime::microvm

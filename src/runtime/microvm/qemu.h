@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "runtime/microvm/vmm.h"
 
 namespace sbx::runtime::microvm {
 
@@ -77,5 +78,9 @@ absl::StatusOr<nlohmann::json> QmpCommand(const std::string& socket, const std::
 // Returns QEMU's final migration statistics (query-migrate). The VM must be stopped already.
 absl::StatusOr<nlohmann::json> QmpSaveState(const std::string& socket, int fd,
                                             std::chrono::milliseconds timeout);
+
+// The QEMU driver of the VM in `vm_dir` (QMP on vmm/qmp.sock, the agent's port on
+// vmm/serial.sock).
+std::unique_ptr<Vmm> NewQemuVmm(const std::string& vm_dir);
 
 }  // namespace sbx::runtime::microvm

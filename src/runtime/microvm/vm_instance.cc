@@ -24,7 +24,8 @@
 #include "common/unique_fd.h"
 #include "net/nft_ruleset.h"
 #include "protocol/protocol.h"
-#include "runtime/microvm/qemu.h"
+#include "runtime/microvm/firecracker.h"
+#include "runtime/microvm/vmm.h"
 #include "runtime/ns/ns_network.h"
 #include "runtime/ns/port_dial.h"
 
@@ -73,7 +74,10 @@ bool IsOurs(pid_t pid, const std::string& dir) {
   const char state = stat[close + 2];
   if (state == 'Z' || state == 'X') return false;
   const std::string cmdline = ReadFileOrEmpty(fmt::format("/proc/{}/cmdline", pid));
-  return cmdline.find(dir + "/") != std::string::npos;
+  if (cmdline.find(dir + "/") != std::string::npos) return true;
+  // Firecracker, exec'd by its jailer, names only paths in its chroot and the jailer's --id.
+  const std::string id = JailerId(fs::path(dir).filename().string());
+  return cmdline.find(std::string("--id") + '\0' + id + '\0') != std::string::npos;
 }
 
 // Kills `pid` (and its process group: it leads its session) if it is still ours, and waits
@@ -118,21 +122,25 @@ bool Alive(pid_t pid, const std::string& dir, std::string* ended) {
 absl::StatusOr<VmRecord> ReadRecord(const std::string& dir) {
   std::string text = ReadFileOrEmpty(dir + "/vm.json");
   Json j = Json::parse(text, nullptr, false);
-  if (!j.is_object() || !j.contains("qemu_pid") || !j["qemu_pid"].is_number_integer() ||
+  // Records written before the VMM drivers name QEMU's pid and command line as such.
+  const char* pid_key = j.is_object() && j.contains("vmm_pid") ? "vmm_pid" : "qemu_pid";
+  const char* argv_key = j.is_object() && j.contains("vmm_argv") ? "vmm_argv" : "qemu_argv";
+  if (!j.is_object() || !j.contains(pid_key) || !j[pid_key].is_number_integer() ||
       !j.contains("bridge_pid") || !j["bridge_pid"].is_number_integer()) {
     return absl::NotFoundError(fmt::format("{}/vm.json: no pids", dir));
   }
   VmRecord r;
-  r.qemu = j["qemu_pid"].get<pid_t>();
+  r.vmm = j.value("vmm", std::string("qemu"));
+  r.vmm_pid = j[pid_key].get<pid_t>();
   r.bridge = j["bridge_pid"].get<pid_t>();
   r.suspended = j.value("suspended", false);
   r.migratable = j.value("migratable", false);
   r.uid = j.value("uid", uint32_t{0});
   r.vcpus = j.value("vcpus", int64_t{1});
   r.memory_mib = j.value("memory_mib", int64_t{0});
-  if (j.contains("qemu_argv") && j["qemu_argv"].is_array()) {
-    for (const auto& a : j["qemu_argv"]) {
-      if (a.is_string()) r.qemu_argv.push_back(a.get<std::string>());
+  if (j.contains(argv_key) && j[argv_key].is_array()) {
+    for (const auto& a : j[argv_key]) {
+      if (a.is_string()) r.vmm_argv.push_back(a.get<std::string>());
     }
   }
   return r;
@@ -142,9 +150,9 @@ absl::Status WriteRecord(const std::string& dir, const VmRecord& r) {
   const std::string tmp = dir + "/vm.json.tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << Json{{"qemu_pid", r.qemu}, {"bridge_pid", r.bridge}, {"suspended", r.suspended},
-                {"migratable", r.migratable}, {"qemu_argv", r.qemu_argv}, {"uid", r.uid},
-                {"vcpus", r.vcpus}, {"memory_mib", r.memory_mib}}
+    out << Json{{"vmm", r.vmm}, {"vmm_pid", r.vmm_pid}, {"bridge_pid", r.bridge},
+                {"suspended", r.suspended}, {"migratable", r.migratable}, {"vmm_argv", r.vmm_argv},
+                {"uid", r.uid}, {"vcpus", r.vcpus}, {"memory_mib", r.memory_mib}}
                .dump()
         << "\n";
     if (!out) return absl::InternalError(fmt::format("write {}", tmp));
@@ -155,9 +163,12 @@ absl::Status WriteRecord(const std::string& dir, const VmRecord& r) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<pid_t> StartBridge(const std::string& agent, const std::string& dir) {
-  return SpawnDetached({agent, "--vm-bridge", dir + "/vmm/serial.sock", dir + "/agent.sock"},
-                       DetachedOptions{.log = dir + "/bridge.log"});
+std::string VmmLog(const std::string& dir, const VmRecord& rec) { return fmt::format("{}/{}.log", dir, rec.vmm); }
+
+absl::StatusOr<pid_t> StartBridge(const std::string& agent, const std::string& dir, const GuestLink& link) {
+  std::vector<std::string> argv = {agent, "--vm-bridge", link.socket, dir + "/agent.sock"};
+  if (!link.connect_line.empty()) argv.push_back(link.connect_line);
+  return SpawnDetached(argv, DetachedOptions{.log = dir + "/bridge.log"});
 }
 
 // Until the guest's agent answers through the bridge; a VM that exits first says why.
@@ -182,10 +193,10 @@ namespace {
 
 class MicrovmInstance : public Instance {
  public:
-  MicrovmInstance(std::string id, std::string dir, VmRecord rec, ResumeContext ctx,
-                  std::unique_ptr<net::SandboxNetwork> network = nullptr)
-      : id_(std::move(id)), dir_(std::move(dir)), rec_(std::move(rec)), ctx_(std::move(ctx)),
-        network_(std::move(network)) {}
+  MicrovmInstance(std::string id, std::string dir, VmRecord rec, std::unique_ptr<Vmm> vmm,
+                  ResumeContext ctx, std::unique_ptr<net::SandboxNetwork> network = nullptr)
+      : id_(std::move(id)), dir_(std::move(dir)), rec_(std::move(rec)), vmm_(std::move(vmm)),
+        ctx_(std::move(ctx)), network_(std::move(network)) {}
   ~MicrovmInstance() override {
     // sbxd stops and the VM runs on: its tap stays for the next sbxd to adopt.
     if (network_) network_->Release();
@@ -196,7 +207,8 @@ class MicrovmInstance : public Instance {
   Json Persist() const override {
     const VmRecord rec = Rec();
     return Json{{"dir", dir_},
-                {"qemu_pid", rec.qemu},
+                {"vmm", rec.vmm},
+                {"vmm_pid", rec.vmm_pid},
                 {"bridge_pid", rec.bridge},
                 {"suspended", rec.suspended},
                 {"networked", network_ != nullptr},
@@ -236,18 +248,20 @@ class MicrovmInstance : public Instance {
     while (ProcAlive(true) && !ProcAlive(false) && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(10ms);
     }
-    const std::string console = FileTail(dir_ + "/vmm/console.log", 2000);
+    // QEMU writes the guest's console to its own file; Firecracker to its stdout (its log).
+    std::string console = FileTail(dir_ + "/vmm/console.log", 2000);
+    if (console.empty()) console = FileTail(VmmLog(dir_, Rec()), 2000);
     if (const size_t p = console.find("Kernel panic"); p != std::string::npos) {
       return "the guest kernel panicked: " + Tail(console.substr(p, console.find('\n', p) - p), 300);
     }
     if (const size_t p = console.find("sbx-init: "); p != std::string::npos) {
       return "the guest's init failed: " + Tail(console.substr(p, console.find('\n', p) - p), 300);
     }
-    const std::string qemu = FileTail(dir_ + "/qemu.log", 300);
-    if (!ProcAlive(true) || !qemu.empty()) {
+    const std::string log = FileTail(VmmLog(dir_, Rec()), 300);
+    if (!ProcAlive(true) || !log.empty()) {
       const std::string ended = EndedOf(true);
-      return fmt::format("the VMM (QEMU) exited ({}){}{}", ended.empty() ? "not our child" : ended,
-                         qemu.empty() ? "" : ": " + qemu,
+      return fmt::format("the VMM ({}) exited ({}){}{}", vmm_->Name(), ended.empty() ? "not our child" : ended,
+                         log.empty() ? "" : ": " + log,
                          console.empty() ? "" : "; guest console: " + Tail(console, 300));
     }
     const std::string bridge = FileTail(dir_ + "/bridge.log", 300);
@@ -258,7 +272,7 @@ class MicrovmInstance : public Instance {
   absl::Status Destroy() override {
     const VmRecord rec = Rec();
     Stop(rec.bridge, dir_);
-    Stop(rec.qemu, dir_);
+    Stop(rec.vmm_pid, dir_);
     if (network_) {
       SBX_RETURN_IF_ERROR(Annotate(network_->Destroy(), fmt::format("destroy {}: network", id_)));
       network_.reset();
@@ -277,19 +291,18 @@ class MicrovmInstance : public Instance {
   // The VMM stops the vCPUs: nothing in the guest runs, its memory stays resident.
   absl::Status Freeze() override {
     if (Rec().suspended) return absl::OkStatus();
-    return Annotate(QmpCommand(dir_ + "/vmm/qmp.sock", "stop").status(), fmt::format("pause {}", id_));
+    return Annotate(vmm_->Pause(), fmt::format("pause {}", id_));
   }
   absl::Status Thaw() override { return Resume(); }
   absl::StatusOr<bool> IsFrozen() const override {
     if (Rec().suspended) return true;
-    auto st = QmpCommand(dir_ + "/vmm/qmp.sock", "query-status");
-    if (!st.ok()) return st.status();
-    return st->value("status", std::string()) != "running";
+    SBX_ASSIGN_OR_RETURN(bool running, vmm_->Running());
+    return !running;
   }
 
-  // The VM's whole state (memory, vCPUs, devices) goes to <dir>/state as a QEMU migration
-  // stream, then QEMU and the bridge exit: the host has the guest's memory back. A VM with a
-  // 9p share mounted cannot be migrated (QEMU refuses), so it is paused instead.
+  // The VM's whole state (memory, vCPUs, devices) goes to <dir>/state (the driver's format),
+  // then the VMM and the bridge exit: the host has the guest's memory back. A VM with a 9p share
+  // mounted cannot be migrated (QEMU refuses), so it is paused instead.
   absl::StatusOr<SuspendOutcome> Suspend() override {
     if (Rec().suspended) {
       return SuspendOutcome{.memory_released = true, .how = "already saved to disk", .snapshot_bytes = StateBytes()};
@@ -299,20 +312,9 @@ class MicrovmInstance : public Instance {
       return SuspendOutcome{.how = "paused with its memory resident: the template shares host directories "
                                    "with the VM (9p), and QEMU cannot save a VM that has them mounted"};
     }
-    const std::string state = dir_ + "/state", tmp = dir_ + "/state.tmp";
-    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-    if (!fd.valid()) return ErrnoStatus(errno, fmt::format("suspend {}: open({})", id_, tmp));
-    auto saved = QmpSaveState(dir_ + "/vmm/qmp.sock", fd.get(), 300s);
-    if (!saved.ok()) {
-      ::unlink(tmp.c_str());
-      return Annotate(saved.status(), fmt::format("suspend {}: save the VM (it stays paused)", id_));
-    }
-    if (::fsync(fd.get()) != 0 || ::rename(tmp.c_str(), state.c_str()) != 0) {
-      const int e = errno;
-      ::unlink(tmp.c_str());
-      return ErrnoStatus(e, fmt::format("suspend {}: keep {} (the VM stays paused)", id_, state));
-    }
-    fd.Reset();
+    const std::string state = dir_ + "/state";
+    auto saved = vmm_->Save(state, 300s);
+    if (!saved.ok()) return Annotate(saved.status(), fmt::format("suspend {}: save the VM (it stays paused)", id_));
     // The record says "suspended" before any process ends: a crash from here on wakes from
     // the file, which holds everything (adoption stops the processes the record still names).
     VmRecord next = Rec();
@@ -324,33 +326,32 @@ class MicrovmInstance : public Instance {
     // Suspended from here on, also for the threads asking Alive(): the VM's connections break
     // now, and that must not read as a dead agent.
     SetRec(next);
-    (void)QmpCommand(dir_ + "/vmm/qmp.sock", "quit");
-    Stop(next.qemu, dir_);
+    vmm_->Quit();
+    Stop(next.vmm_pid, dir_);
     Stop(next.bridge, dir_);
-    next.qemu = next.bridge = 0;
+    next.vmm_pid = next.bridge = 0;
     (void)WriteRecord(dir_, next);
     {
       std::lock_guard lock(mu_);
       rec_ = next;
-      qemu_ended_.clear();
+      vmm_ended_.clear();
       bridge_ended_.clear();
     }
     return SuspendOutcome{.memory_released = true,
-                          .how = "saved to the host's disk with the VM's devices; QEMU exited, so the host "
-                                 "has the guest's memory back",
-                          .snapshot_bytes = StateBytes()};
+                          .how = fmt::format("saved to the host's disk with the VM's devices; the VMM ({}) "
+                                             "exited, so the host has the guest's memory back",
+                                             vmm_->Name()),
+                          .snapshot_bytes = *saved};
   }
 
-  // From a pause: the vCPUs continue. From a suspend: a new QEMU with the same devices loads
+  // From a pause: the vCPUs continue. From a suspend: a new VMM with the same devices loads
   // the saved state, a new bridge says hello (the guest drops the streams of the old one), and
-  // the state file goes once the agent answers.
+  // the state goes once the agent answers.
   absl::Status Resume() override {
     const VmRecord before = Rec();
-    if (!before.suspended) {
-      return Annotate(QmpCommand(dir_ + "/vmm/qmp.sock", "cont").status(), fmt::format("wake {}", id_));
-    }
-    if (before.qemu_argv.empty()) {
-      return absl::FailedPreconditionError(fmt::format("wake {}: vm.json has no QEMU command line", id_));
+    if (!before.suspended) return Annotate(vmm_->Continue(), fmt::format("wake {}", id_));
+    if (before.vmm_argv.empty()) {
+      return absl::FailedPreconditionError(fmt::format("wake {}: vm.json has no VMM command line", id_));
     }
     const std::string state = dir_ + "/state";
     if (ctx_.cgroups != nullptr && before.memory_mib > 0) {
@@ -362,19 +363,16 @@ class MicrovmInstance : public Instance {
         (*cg)->Release();
       }
     }
-    UniqueFd in(::open(state.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!in.valid()) return ErrnoStatus(errno, fmt::format("wake {}: open({})", id_, state));
-    std::vector<std::string> argv = before.qemu_argv;
-    argv.push_back("-incoming");
-    argv.push_back("fd:3");
-    auto qemu = SpawnDetached(argv, DetachedOptions{.log = dir_ + "/qemu.log", .pass_fd = in.get()});
-    if (!qemu.ok()) return Annotate(qemu.status(), fmt::format("wake {}", id_));
-    in.Reset();
+    auto start = vmm_->Restore(before.vmm_argv, state);
+    if (!start.ok()) return Annotate(start.status(), fmt::format("wake {}", id_));
+    auto pid = SpawnDetached(start->argv, DetachedOptions{.log = VmmLog(dir_, before), .pass_fd = start->fd3.get()});
+    if (!pid.ok()) return Annotate(pid.status(), fmt::format("wake {}", id_));
+    start->fd3.Reset();
     VmRecord live = before;
-    live.qemu = *qemu;
+    live.vmm_pid = *pid;
     auto undo = [&](absl::Status st) {
       Stop(live.bridge, dir_);
-      Stop(live.qemu, dir_);
+      Stop(live.vmm_pid, dir_);
       SetRec(before);
       (void)WriteRecord(dir_, before);
       return Annotate(st, fmt::format("wake {} (it stays suspended)", id_));
@@ -382,31 +380,23 @@ class MicrovmInstance : public Instance {
     // Still suspended (the file is the truth until the agent answers), but a crash from here
     // leaves processes that adoption must stop: the record names them.
     if (auto st = WriteRecord(dir_, live); !st.ok()) return undo(st);
-    // QEMU answers QMP once it listens; the load runs before the VM may continue.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(ctx_.boot_timeout_s);
-    for (auto pause = 2ms;; pause = std::min<std::chrono::milliseconds>(pause * 2, 20ms)) {
-      auto st = QmpCommand(dir_ + "/vmm/qmp.sock", "query-status");
-      if (st.ok() && st->value("status", std::string()) != "inmigrate") break;
+    auto alive = [&]() -> absl::Status {
       std::string ended;
-      if (!microvm::Alive(live.qemu, dir_, &ended)) {
-        return undo(absl::UnavailableError(fmt::format("QEMU exited ({}) loading {}: {}", ended, state,
-                                                       FileTail(dir_ + "/qemu.log", 300))));
-      }
-      if (std::chrono::steady_clock::now() >= deadline) {
-        return undo(absl::DeadlineExceededError(fmt::format("QEMU did not load {} within {} s", state, ctx_.boot_timeout_s)));
-      }
-      std::this_thread::sleep_for(pause);
-    }
-    auto bridge = StartBridge(ctx_.agent_path, dir_);
+      if (microvm::Alive(live.vmm_pid, dir_, &ended)) return absl::OkStatus();
+      return absl::UnavailableError(fmt::format("the VMM exited ({}): {}", ended, FileTail(VmmLog(dir_, live), 300)));
+    };
+    if (auto st = vmm_->AwaitLoaded(state, alive, deadline); !st.ok()) return undo(st);
+    auto bridge = StartBridge(ctx_.agent_path, dir_, vmm_->Link());
     if (!bridge.ok()) return undo(bridge.status());
     live.bridge = *bridge;
     if (auto st = WriteRecord(dir_, live); !st.ok()) return undo(st);
-    if (auto st = QmpCommand(dir_ + "/vmm/qmp.sock", "cont"); !st.ok()) return undo(st.status());
+    if (auto st = vmm_->Continue(); !st.ok()) return undo(st);
     live.suspended = false;
     SetRec(live);
     if (auto st = WaitForAgent(*this, dir_, ctx_.boot_timeout_s, ctx_.accel); !st.ok()) return undo(st);
     if (auto st = WriteRecord(dir_, live); !st.ok()) return undo(st);
-    ::unlink(state.c_str());
+    RemoveState(state);
     return absl::OkStatus();
   }
 
@@ -421,27 +411,43 @@ class MicrovmInstance : public Instance {
     std::lock_guard lock(mu_);
     rec_ = r;
   }
-  // Whether QEMU (or the bridge) of the current record runs; how it ended is kept once reaped.
-  bool ProcAlive(bool qemu) const {
+  // Whether the VMM (or the bridge) of the current record runs; how it ended is kept once
+  // reaped.
+  bool ProcAlive(bool vmm) const {
     std::lock_guard lock(mu_);
-    return microvm::Alive(qemu ? rec_.qemu : rec_.bridge, dir_, qemu ? &qemu_ended_ : &bridge_ended_);
+    return microvm::Alive(vmm ? rec_.vmm_pid : rec_.bridge, dir_, vmm ? &vmm_ended_ : &bridge_ended_);
   }
-  std::string EndedOf(bool qemu) const {
+  std::string EndedOf(bool vmm) const {
     std::lock_guard lock(mu_);
-    return qemu ? qemu_ended_ : bridge_ended_;
+    return vmm ? vmm_ended_ : bridge_ended_;
   }
+  // The saved state: `state` and the driver's `state.*` beside it.
   int64_t StateBytes() const {
-    struct stat st;
-    return ::stat((dir_ + "/state").c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
+    int64_t total = 0;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir_, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name == "state" || name.starts_with("state.")) total += static_cast<int64_t>(e.file_size(ec));
+    }
+    return total;
+  }
+  void RemoveState(const std::string& state) const {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir_, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name == "state" || name.starts_with("state.")) fs::remove(e.path(), ec);
+    }
+    (void)state;
   }
 
   std::string id_;
   std::string dir_;
   VmRecord rec_;
+  std::unique_ptr<Vmm> vmm_;  // the driver named by rec_.vmm
   ResumeContext ctx_;
   std::unique_ptr<net::SandboxNetwork> network_;  // networked sandboxes only
   mutable std::mutex mu_;
-  mutable std::string qemu_ended_, bridge_ended_;  // how each ended, once reaped here
+  mutable std::string vmm_ended_, bridge_ended_;  // how each ended, once reaped here
 };
 
 }  // namespace
@@ -455,10 +461,11 @@ ns::CgroupLimits VmCgroupLimits(int64_t vcpus, int64_t memory_mib) {
   return l;
 }
 
-InstancePtr NewMicrovmInstance(std::string id, std::string dir, VmRecord rec, ResumeContext ctx,
-                               std::unique_ptr<net::SandboxNetwork> network) {
-  return std::make_unique<MicrovmInstance>(std::move(id), std::move(dir), std::move(rec), std::move(ctx),
-                                           std::move(network));
+absl::StatusOr<InstancePtr> NewMicrovmInstance(std::string id, std::string dir, VmRecord rec, ResumeContext ctx,
+                                               std::unique_ptr<net::SandboxNetwork> network) {
+  SBX_ASSIGN_OR_RETURN(std::unique_ptr<Vmm> vmm, OpenVmm(rec.vmm, dir));
+  return InstancePtr(std::make_unique<MicrovmInstance>(std::move(id), std::move(dir), std::move(rec), std::move(vmm),
+                                                       std::move(ctx), std::move(network)));
 }
 
 }  // namespace sbx::runtime::microvm

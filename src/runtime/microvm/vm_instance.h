@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "net/sandbox_net.h"
 #include "runtime/backend.h"
+#include "runtime/microvm/vmm.h"
 #include "runtime/ns/cgroup.h"
 #include "runtime/ns/userns.h"
 
@@ -34,13 +35,14 @@ bool Alive(pid_t pid, const std::string& dir, std::string* ended = nullptr);
 // vm.json, the VM's record beside it: what adoption, delete and the sweep need after sbxd
 // restarts, and what a wake from suspend needs to start QEMU again with the same devices.
 struct VmRecord {
-  pid_t qemu = 0;
+  std::string vmm = "qemu";  // the VMM's driver (vmm.h)
+  pid_t vmm_pid = 0;
   pid_t bridge = 0;
   bool suspended = false;   // the state is in <dir>/state, no process runs
   bool migratable = false;  // no 9p share: suspend can save the VM
-  // How QEMU starts: through the jail (sbx-agent --vm-jail <dir>/jail.json -- QEMU ...), so a
-  // wake appends `-incoming fd:3` and runs it again.
-  std::vector<std::string> qemu_argv;
+  // How the VMM starts, through its jail (QEMU: sbx-agent --vm-jail <dir>/jail.json -- QEMU
+  // ...), so that a wake runs it again as its driver's Restore says.
+  std::vector<std::string> vmm_argv;
   uint32_t uid = 0;  // the VMM's uid and gid: the base of a claimed uid range (0: none claimed)
   int64_t vcpus = 1, memory_mib = 0;  // for the VMM's cgroup limits, made again on a wake after a reboot
 };
@@ -48,8 +50,11 @@ struct VmRecord {
 absl::StatusOr<VmRecord> ReadRecord(const std::string& dir);
 absl::Status WriteRecord(const std::string& dir, const VmRecord& r);
 
-// `agent --vm-bridge <dir>/serial.sock <dir>/agent.sock`, detached, logging to bridge.log.
-absl::StatusOr<pid_t> StartBridge(const std::string& agent, const std::string& dir);
+// `agent --vm-bridge <link.socket> <dir>/agent.sock [CONNECT-LINE]`, detached, logging to
+// bridge.log.
+absl::StatusOr<pid_t> StartBridge(const std::string& agent, const std::string& dir, const GuestLink& link);
+// Where the VMM of `rec` logs (its stderr): <dir>/<driver>.log.
+std::string VmmLog(const std::string& dir, const VmRecord& rec);
 // Until the guest's agent answers through the bridge; a VM that exits first says why.
 absl::Status WaitForAgent(const Instance& vm, const std::string& dir, int timeout_s, const std::string& accel);
 
@@ -67,7 +72,8 @@ struct ResumeContext {
 // device emulation, I/O threads), its vCPUs plus half a CPU for device emulation.
 ns::CgroupLimits VmCgroupLimits(int64_t vcpus, int64_t memory_mib);
 
-InstancePtr NewMicrovmInstance(std::string id, std::string dir, VmRecord rec, ResumeContext ctx,
-                               std::unique_ptr<net::SandboxNetwork> network);
+// NotFound when the record names a VMM driver this sbx does not have.
+absl::StatusOr<InstancePtr> NewMicrovmInstance(std::string id, std::string dir, VmRecord rec, ResumeContext ctx,
+                                               std::unique_ptr<net::SandboxNetwork> network);
 
 }  // namespace sbx::runtime::microvm
