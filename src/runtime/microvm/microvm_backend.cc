@@ -24,6 +24,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "common/files.h"
 #include "common/ids.h"
@@ -402,6 +403,10 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
 
 namespace {
 
+// A tree image or view younger than this is left to the sweep after: a create may be about to
+// use what it just made.
+constexpr int64_t kSharedAssetMinAgeS = 600;
+
 // The jail spec's bound for the files a VMM writes: its disk (disk_mib) and a suspend's state
 // (at most the guest's memory and its devices); the console log may not outgrow them.
 unsigned long long MaxFileBytes(const SandboxSpec& spec) {
@@ -570,6 +575,11 @@ absl::Status MicrovmBackend::Sweep(const std::set<std::string>& known_ids) {
       }
     }
     ::closedir(a);
+  }
+  // Tree images and masked views no VM uses any more: they grow with every template and host
+  // tree a host has run, and a deleted template's image would otherwise stay for good.
+  for (const auto& path : SweepSharedAssets(opts_.state_dir + "/microvm-assets", root, kSharedAssetMinAgeS)) {
+    spdlog::info("microvm: removed {} (no VM uses it)", path);
   }
   return first;
 }

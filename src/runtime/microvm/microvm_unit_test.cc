@@ -245,3 +245,38 @@ TEST(Qmp, HostileAnswersAreErrorsNotCrashes) {
 
 }  // namespace
 }  // namespace sbx::runtime::microvm
+
+namespace sbx::runtime::microvm {
+namespace {
+
+TEST(SharedAssets, TheSweepKeepsWhatAVmNamesOrLinksAndWhatIsNewAndRemovesTheRest) {
+  namespace fs = std::filesystem;
+  char t[] = "/tmp/sbx-assets-XXXXXX";
+  ASSERT_NE(::mkdtemp(t), nullptr);
+  const fs::path root(t), assets = root / "microvm-assets", vms = root / "vm";
+  fs::create_directories(assets / "views" / "v-used");
+  fs::create_directories(assets / "views" / "v-old");
+  fs::create_directories(vms / "sbx_a" / "fc");
+  for (const char* f : {"tree-used.img", "tree-old.img", "tree-new.img", "tree-linked.img", "golden-64m.img"}) {
+    std::ofstream(assets / f) << f;
+  }
+  fs::create_hard_link(assets / "tree-linked.img", vms / "sbx_a" / "fc" / "drive2");
+  std::ofstream(vms / "sbx_a" / "vm.json")
+      << "{\"vmm_argv\":[\"-drive\",\"file=" << (assets / "tree-used.img").string() << ",format=raw\"]}";
+  std::ofstream(vms / "sbx_a" / "jail.json") << "{\"binds\":[{\"path\":\"" << (assets / "views" / "v-used").string()
+                                             << "\"}]}";
+  const auto old = fs::file_time_type::clock::now() - std::chrono::hours(2);
+  for (const char* p : {"tree-used.img", "tree-old.img", "tree-linked.img", "views/v-used", "views/v-old"}) {
+    fs::last_write_time(assets / p, old);
+  }
+  std::vector<std::string> removed = SweepSharedAssets(assets.string(), vms.string(), 600);
+  std::sort(removed.begin(), removed.end());
+  EXPECT_EQ(removed, (std::vector<std::string>{(assets / "tree-old.img").string(), (assets / "views" / "v-old").string()}));
+  for (const char* kept : {"tree-used.img", "tree-new.img", "tree-linked.img", "golden-64m.img", "views/v-used"}) {
+    EXPECT_TRUE(fs::exists(assets / kept)) << kept;
+  }
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace sbx::runtime::microvm

@@ -6,6 +6,8 @@
 
 #include <cerrno>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include <fmt/format.h>
 
@@ -104,6 +106,38 @@ absl::StatusOr<std::string> TreeImage(const std::string& tree, const std::string
     return ErrnoStatus(e, fmt::format("tree image: rename({}, {})", tmp, image));
   }
   return image;
+}
+
+std::vector<std::string> SweepSharedAssets(const std::string& assets_dir, const std::string& vm_root,
+                                           int64_t min_age_s) {
+  // Everything any VM's records name; the paths are absolute, so a substring test suffices.
+  std::string named;
+  std::error_code ec;
+  for (const auto& vm : fs::directory_iterator(vm_root, ec)) {
+    for (const char* record : {"/vm.json", "/jail.json"}) {
+      std::ifstream in(vm.path().string() + record);
+      named.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      named += '\n';
+    }
+  }
+  const auto now = fs::file_time_type::clock::now();
+  std::vector<std::string> removed;
+  auto sweep = [&](const fs::path& p, bool dir) {
+    const std::string path = p.string();
+    if (named.find(path) != std::string::npos) return;
+    std::error_code e;
+    if (!dir && fs::hard_link_count(p, e) > 1) return;  // linked into a Firecracker root
+    const auto mtime = fs::last_write_time(p, e);
+    if (e || now - mtime < std::chrono::seconds(min_age_s)) return;
+    fs::remove_all(p, e);
+    if (!e) removed.push_back(path);
+  };
+  for (const auto& f : fs::directory_iterator(assets_dir, ec)) {
+    const std::string name = f.path().filename().string();
+    if (name.rfind("tree-", 0) == 0 && f.path().extension() == ".img") sweep(f.path(), false);
+  }
+  for (const auto& v : fs::directory_iterator(fs::path(assets_dir) / "views", ec)) sweep(v.path(), true);
+  return removed;
 }
 
 }  // namespace sbx::runtime::microvm

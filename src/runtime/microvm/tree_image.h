@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -32,5 +33,13 @@ int64_t TreeImageMib(const TreeSize& s);
 // Safe against concurrent callers for the same tree (each makes a temporary file and renames
 // it into place) and against a crash midway (a `.tmp-` file the backend's sweep removes).
 absl::StatusOr<std::string> TreeImage(const std::string& tree, const std::string& cache_dir);
+
+// The start-up sweep's part for what VMs share (docs/microvm.md, "How a sandbox is built"):
+// removes the tree images (tree-*.img) and masked views (views/*) under `assets_dir` that no
+// VM under `vm_root` uses (named in its vm.json's VMM command line or its jail.json, or, for
+// an image, hard-linked into a Firecracker root) and that are older than `min_age_s` (one a
+// create is making or about to use is younger). Returns what it removed.
+std::vector<std::string> SweepSharedAssets(const std::string& assets_dir, const std::string& vm_root,
+                                           int64_t min_age_s);
 
 }  // namespace sbx::runtime::microvm
