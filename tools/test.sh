@@ -5,7 +5,7 @@
 #      the layering and file-size rules of docs/architecture.md
 #   1. ctest on build/ (unit tests and the root integration tests, label `root`)
 #   2. the end-to-end suite (tests/e2e, pytest) against a real sbxd
-#   2'. e2e-microvm: the session, exit, output and file cases of tests/e2e again on runtime microvm
+#   2'. e2e-microvm: the session, exit, output, file and port cases of tests/e2e again on microvm
 #   2''. e2e-firecracker: the Firecracker driver's lifecycle, where SBX_FIRECRACKER is set
 #   2a. the escape and abuse suite (tests/security, pytest): attacks from inside real sandboxes
 #   2a'. e2b (tests/e2b, pytest + node --test): the official E2B SDKs as published (Python e2b
@@ -137,7 +137,7 @@ judge e2e "$(pytest_result $?)" "$RESULTS_DIR/e2e.xml"
 # ---- the same cases on the microvm runtime -------------------------------------------------------
 # Sessions (stdin, signals, deadlines, processes, PTY, WebSocket, replay), exit codes and output
 # again, with the `sandbox` fixture's sandboxes on `microvm` (a QEMU microVM each: ~2.5 s per
-# boot under TCG here), and pause, suspend and wake, and the file routes. tests/e2e/test_microvm.py
+# boot under TCG here), and pause, suspend and wake, the file routes and port exposure. tests/e2e/test_microvm.py
 # ran in the suite above. Not run here: test_files.py's case on the ns runtime's view of /sys and
 # /proc (docs/microvm.md, "Tests").
 banner "e2e-microvm (the same cases on runtime microvm)"
@@ -145,7 +145,7 @@ suite_start
 # shellcheck disable=SC2086
 SBX_E2E_SANDBOX_RUNTIME=microvm timeout -k 30 "${SBX_E2E_MICROVM_TIMEOUT_S:-900}" "$PY" -m pytest \
   tests/e2e/test_sessions_io.py tests/e2e/test_exit.py tests/e2e/test_output.py tests/e2e/test_pause.py \
-  tests/e2e/test_files.py -v -k "not test_kernel_file_systems_are_403" \
+  tests/e2e/test_files.py tests/e2e/test_ports.py -v -k "not test_kernel_file_systems_are_403" \
   --junitxml="$RESULTS_DIR/e2e-microvm.xml" ${PYTEST_ARGS:-}
 judge e2e-microvm "$(pytest_result $?)" "$RESULTS_DIR/e2e-microvm.xml"
 

@@ -535,14 +535,27 @@ int RunVmBridge(const std::string& port_path, const std::string& listen_path, co
     std::fprintf(stderr, "sbx-agent --vm-bridge: socket path too long\n");
     return 2;
   }
-  const int lfd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ::unlink(listen_path.c_str());
-  if (lfd < 0 || ::bind(lfd, reinterpret_cast<sockaddr*>(&la), sizeof(la)) != 0 ||
-      ::listen(lfd, 128) != 0) {
-    std::fprintf(stderr, "sbx-agent --vm-bridge: listen on %s: %s\n", listen_path.c_str(),
-                 std::strerror(errno));
-    return 1;
+  auto listen_on = [&](const std::string& path, const sockaddr_un& a) {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ::unlink(path.c_str());
+    if (fd < 0 || ::bind(fd, reinterpret_cast<const sockaddr*>(&a), sizeof(a)) != 0 || ::listen(fd, 128) != 0) {
+      std::fprintf(stderr, "sbx-agent --vm-bridge: listen on %s: %s\n", path.c_str(), std::strerror(errno));
+      return -1;
+    }
+    return fd;
+  };
+  const int lfd = listen_on(listen_path, la);
+  if (lfd < 0) return 1;
+  // Beside it, ports.sock: a client names a port (protocol/mux.h, kOpen's port target) and
+  // talks to that port in the guest, which needs no NIC for it.
+  const std::string ports_path = listen_path.substr(0, listen_path.rfind('/') + 1) + kBridgePortsSocket;
+  sockaddr_un pta{};
+  if (!addr_of(ports_path, &pta)) {
+    std::fprintf(stderr, "sbx-agent --vm-bridge: socket path too long\n");
+    return 2;
   }
+  const int ports_fd = listen_on(ports_path, pta);
+  if (ports_fd < 0) return 1;
   // QEMU makes its end when it starts, which may be just after us; a guest behind vsock
   // accepts once its init listens, after its kernel booted.
   int pfd = -1;
@@ -567,8 +580,10 @@ int RunVmBridge(const std::string& port_path, const std::string& listen_path, co
   protocol::MuxPumpOptions o;
   o.port_fd = pfd;
   o.listen_fd = lfd;
+  o.port_listen_fd = ports_fd;
   const absl::Status st = protocol::RunMuxPump(o);
   ::unlink(listen_path.c_str());
+  ::unlink(ports_path.c_str());
   std::fprintf(stderr, "sbx-agent --vm-bridge: the VM's port %s closed\n", port_path.c_str());
   if (!st.ok()) {
     std::fprintf(stderr, "sbx-agent --vm-bridge: %s\n", std::string(st.message()).c_str());

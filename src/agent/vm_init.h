@@ -28,6 +28,8 @@ inline constexpr const char* kGuestConfigSerial = "sbxcfg";
 inline constexpr const char* kGuestDiskSerial = "sbxdisk";
 inline constexpr const char* kGuestPortName = "sbx.agent";
 inline constexpr const char* kGuestAgentSocket = "/run/sbx/agent.sock";
+// The host bridge's second listener, beside the agent's socket: port streams (protocol/mux.h).
+inline constexpr const char* kBridgePortsSocket = "ports.sock";
 // The guest's agent link under Firecracker (config "agent_link": "vsock"): this vsock port.
 inline constexpr unsigned kGuestVsockPort = 1024;
 

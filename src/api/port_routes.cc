@@ -416,9 +416,12 @@ http::asio::awaitable<Api::PortExchange> Api::Exchange(http::RequestContext& ctx
       auto [ec, n] = co_await bhttp::async_read_header(up, ubuf, p, kTuple);
       if (ec) {
         // Nothing at all came back: on a kept connection, the server had closed it.
+        // Beast says end_of_stream for a stream that ended before any byte of the head (the
+        // race with a server closing the kept connection just as it is reused: rare over
+        // loopback TCP, common when the close travels through a microVM's bridge).
         out.stale = ubuf.size() == 0 && !p.got_some() &&
-                    (ec == asio::error::eof || ec == asio::error::connection_reset ||
-                     ec == asio::error::broken_pipe);
+                    (ec == asio::error::eof || ec == bhttp::error::end_of_stream ||
+                     ec == asio::error::connection_reset || ec == asio::error::broken_pipe);
         out.error = upload_failed && !upload_error.ok()
                         ? upload_error
                         : Unreachable(a, fmt::format("no answer ({})", ec.message()));

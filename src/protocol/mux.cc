@@ -4,6 +4,8 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -52,9 +54,20 @@ struct Stream {
   bool write_shut = false;
   bool connecting = false;     // guest: a non-blocking connect in progress
   bool retry = false;          // guest: the agent's socket is not there yet
+  std::string target;          // guest: a kOpen's port target (u16 port, u8 family); empty: the agent
+  std::string header;          // host: what a ports.sock client sent of its target so far
+  bool awaiting_target = false;  // host: a ports.sock client whose target is not complete
+  bool awaiting_ack = false;     // host: its target sent, the guest's connect not yet done
   Clock::time_point retry_until{};
   Clock::time_point retry_at{};
 };
+
+// u16 port (not 0), u8 address family (4 or 6).
+bool ValidPortTarget(std::string_view t) {
+  if (t.size() != kMuxPortOpenBytes) return false;
+  const unsigned port = (static_cast<uint8_t>(t[0]) << 8) | static_cast<uint8_t>(t[1]);
+  return port != 0 && (t[2] == 4 || t[2] == 6);
+}
 
 class Pump {
  public:
@@ -69,6 +82,8 @@ class Pump {
       SetNonBlocking(o_.listen_fd);
       AppendMuxFrame(port_out_, MuxType::kHello, 0, {});
     }
+    // Accept() takes connections until EAGAIN: a blocking listener would hang the pump.
+    if (o_.port_listen_fd >= 0) SetNonBlocking(o_.port_listen_fd);
     std::vector<pollfd> fds;
     std::vector<uint16_t> ids;
     for (;;) {
@@ -79,6 +94,8 @@ class Pump {
       fds.push_back({o_.port_fd, port_events, 0});
       const bool listening = o_.listen_fd >= 0 && streams_.size() < 65535;
       if (listening) fds.push_back({o_.listen_fd, POLLIN, 0});
+      const bool port_listening = o_.port_listen_fd >= 0 && streams_.size() < 65535;
+      if (port_listening) fds.push_back({o_.port_listen_fd, POLLIN, 0});
       int timeout_ms = -1;
       const auto now = Clock::now();
       for (auto& [id, s] : streams_) {
@@ -91,6 +108,8 @@ class Pump {
         short ev = 0;
         if (s.connecting) {
           ev = POLLOUT;
+        } else if (s.awaiting_target) {
+          ev = POLLIN;
         } else {
           if (!s.read_eof && s.credit > 0 && port_out_.size() < kPortOutHigh) ev |= POLLIN;
           if (!s.out.empty()) ev |= POLLOUT;
@@ -120,7 +139,10 @@ class Pump {
         if (!*go_on) return absl::OkStatus();
       }
       if (listening) {
-        if (fds[i++].revents & POLLIN) Accept();
+        if (fds[i++].revents & POLLIN) Accept(o_.listen_fd, false);
+      }
+      if (port_listening) {
+        if (fds[i++].revents & POLLIN) Accept(o_.port_listen_fd, true);
       }
       for (size_t k = 0; i < fds.size(); ++i, ++k) {
         if (fds[i].revents == 0) continue;
@@ -184,7 +206,7 @@ class Pump {
       case MuxType::kOpen:
         if (o_.connect_path.empty()) return;  // the host opens, never the guest
         Drop(f.stream);
-        Open(f.stream);
+        Open(f.stream, f.payload);
         return;
       default:
         break;
@@ -211,6 +233,10 @@ class Pump {
         Drop(f.stream);
         return;
       case MuxType::kWindow: {
+        if (s.awaiting_ack) {
+          Acknowledge(f.stream, s);
+          return;
+        }
         const uint64_t c = uint64_t{s.credit} + GetU32(f.payload);
         s.credit = static_cast<uint32_t>(std::min<uint64_t>(c, kMuxWindow));
         return;
@@ -236,9 +262,11 @@ class Pump {
     return ErrnoStatus(errno, "mux pump: write(port)");
   }
 
-  void Accept() {
+  // A connection on agent.sock opens a stream to the agent at once; one on ports.sock first
+  // says which port (kMuxPortOpenBytes), then opens a stream to it.
+  void Accept(int listen_fd, bool port_target) {
     for (;;) {
-      const int fd = ::accept4(o_.listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) return;
       if (streams_.size() >= 65535) {
         ::close(fd);
@@ -249,20 +277,107 @@ class Pump {
       } while (streams_.count(next_id_) != 0);
       Stream s;
       s.fd = fd;
+      s.awaiting_target = port_target;
       streams_[next_id_] = std::move(s);
-      AppendMuxFrame(port_out_, MuxType::kOpen, next_id_, {});
+      if (!port_target) AppendMuxFrame(port_out_, MuxType::kOpen, next_id_, {});
     }
   }
 
-  void Open(uint16_t id) {
+  // A ports.sock client's target, byte by byte as it comes; nothing went on the port yet, so a
+  // client that ends early or names no valid target is dropped here alone.
+  void ReadTarget(uint16_t id, Stream& s) {
+    char buf[kMuxPortOpenBytes];
+    const ssize_t r = ::recv(s.fd, buf, kMuxPortOpenBytes - s.header.size(), 0);
+    if (r < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (r <= 0) {
+      Drop(id);
+      return;
+    }
+    s.header.append(buf, static_cast<size_t>(r));
+    if (s.header.size() < kMuxPortOpenBytes) return;
+    if (!ValidPortTarget(s.header)) {
+      Drop(id);
+      return;
+    }
+    s.awaiting_target = false;
+    s.awaiting_ack = true;
+    AppendMuxFrame(port_out_, MuxType::kOpen, id, s.header);
+  }
+
+  // The guest connected a port stream (its first kWindow, of 0): the client learns it with one
+  // byte, 1, before any data; a refused port ends the stream (kClose) and the client sees EOF.
+  void Acknowledge(uint16_t id, Stream& s) {
+    s.awaiting_ack = false;
+    const char ok = 1;
+    if (::send(s.fd, &ok, 1, MSG_NOSIGNAL) != 1) Reset(id);
+  }
+
+  // Guest: tells the host a port stream's connect completed (protocol/mux.h, kOpen).
+  void Connected(uint16_t id, const Stream& s) {
+    if (s.target.empty()) return;
+    std::string zero;
+    PutU32(zero, 0);
+    AppendMuxFrame(port_out_, MuxType::kWindow, id, zero);
+  }
+
+  void Open(uint16_t id, const std::string& target) {
     Stream s;
     s.retry_until = Clock::now() + kConnectRetryFor;
+    s.target = target;
     streams_[id] = std::move(s);
     Connect(id, streams_[id]);
   }
 
+  // The guest's own loopback at the target's port: a server listening there (no retry: a port
+  // nobody listens on is refused at once, as on the ns runtime).
+  void ConnectPort(uint16_t id, Stream& s) {
+    if (!ValidPortTarget(s.target)) {
+      Reset(id);
+      return;
+    }
+    const uint16_t port = static_cast<uint16_t>((static_cast<uint8_t>(s.target[0]) << 8) |
+                                                static_cast<uint8_t>(s.target[1]));
+    const bool v6 = s.target[2] == 6;
+    const int fd = ::socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      Reset(id);
+      return;
+    }
+    sockaddr_storage ss{};
+    socklen_t len = 0;
+    if (v6) {
+      auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+      a->sin6_family = AF_INET6;
+      a->sin6_port = htons(port);
+      a->sin6_addr = in6addr_loopback;
+      len = sizeof(*a);
+    } else {
+      auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+      a->sin_family = AF_INET;
+      a->sin_port = htons(port);
+      a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      len = sizeof(*a);
+    }
+    const int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&ss), len);
+    if (rc == 0 || errno == EINPROGRESS) {
+      s.fd = fd;
+      s.connecting = rc != 0;
+      if (!s.connecting) {
+        Connected(id, s);
+        Flush(id, s);
+      }
+      return;
+    }
+    ::close(fd);
+    Reset(id);
+  }
+
   void Connect(uint16_t id, Stream& s) {
     s.retry = false;
+    if (!s.target.empty()) {
+      ConnectPort(id, s);
+      return;
+    }
     const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
       Reset(id);
@@ -304,6 +419,10 @@ class Pump {
   }
 
   void Service(uint16_t id, Stream& s, short revents) {
+    if (s.awaiting_target) {
+      ReadTarget(id, s);
+      return;
+    }
     if (s.connecting) {
       int err = 0;
       socklen_t len = sizeof(err);
@@ -313,6 +432,7 @@ class Pump {
         return;
       }
       s.connecting = false;
+      Connected(id, s);
       Flush(id, s);
       return;
     }
@@ -436,10 +556,10 @@ absl::StatusOr<size_t> ParseMuxFrame(std::string_view in, MuxFrame* frame) {
   if ((t == MuxType::kHello) != (stream == 0)) {
     return absl::InvalidArgumentError(fmt::format("mux frame: type {} on stream {}", type, stream));
   }
-  const bool empty = t == MuxType::kHello || t == MuxType::kOpen || t == MuxType::kEof ||
-                     t == MuxType::kClose;
+  const bool empty = t == MuxType::kHello || t == MuxType::kEof || t == MuxType::kClose;
   if ((empty && len != 0) || (t == MuxType::kWindow && len != 4) ||
-      (t == MuxType::kData && len == 0)) {
+      (t == MuxType::kData && len == 0) ||
+      (t == MuxType::kOpen && len != 0 && len != kMuxPortOpenBytes)) {
     return absl::InvalidArgumentError(
         fmt::format("mux frame: type {} with a {}-byte payload", type, len));
   }
@@ -452,6 +572,9 @@ absl::StatusOr<size_t> ParseMuxFrame(std::string_view in, MuxFrame* frame) {
 
 absl::Status RunMuxPump(const MuxPumpOptions& opts) {
   if (opts.port_fd < 0) return absl::InvalidArgumentError("mux pump: no port");
+  if (opts.port_listen_fd >= 0 && opts.listen_fd < 0) {
+    return absl::InvalidArgumentError("mux pump: a ports listener without the agent's");
+  }
   if ((opts.listen_fd >= 0) == !opts.connect_path.empty()) {
     return absl::InvalidArgumentError("mux pump: exactly one of a listener and a connect path");
   }

@@ -13,7 +13,12 @@
 //   u8 type, u8 reserved (0), u16 stream id (big-endian), u32 payload length (big-endian).
 //   kHello  (stream 0, empty)  first frame of a host pump: the guest drops every stream, since
 //                              they belonged to an earlier host pump (sbxd restarted it)
-//   kOpen   (empty)            host → guest: a new connection with this id (1..65535)
+//   kOpen   (empty, or 3 bytes) host → guest: a new connection with this id (1..65535), to
+//                              the agent; or, with a port target (u16 port, big-endian, not
+//                              0; u8 address family 4 or 6), to that port on the guest's own
+//                              loopback: port exposure of a microVM. The guest answers a
+//                              port stream's connect with kWindow 0 (then the host's client
+//                              gets one byte, 1) or kClose (refused: the client sees EOF)
 //   kData   (1..kMaxMuxPayload bytes)
 //   kEof    (empty)            the sender's side will send no more (a socket's shutdown(WR))
 //   kClose  (empty)            the stream is gone (error or reset): drop it, no answer
@@ -45,6 +50,7 @@ enum class MuxType : uint8_t {
 inline constexpr size_t kMuxHeaderBytes = 8;
 inline constexpr uint32_t kMaxMuxPayload = 64 * 1024;
 inline constexpr uint32_t kMuxWindow = 1024 * 1024;
+inline constexpr size_t kMuxPortOpenBytes = 3;  // a kOpen's port target
 
 struct MuxFrame {
   MuxType type = MuxType::kData;
@@ -65,6 +71,9 @@ struct MuxPumpOptions {
   int port_fd = -1;
   // Host: the listening socket whose connections become streams (kOpen). Owned by the caller.
   int listen_fd = -1;
+  // Host, optional: a listening socket whose clients first send a port target
+  // (kMuxPortOpenBytes), then talk to that port in the guest. Owned by the caller.
+  int port_listen_fd = -1;
   // Guest: where a kOpen connects (the agent's unix socket).
   std::string connect_path;
   // The guest's port: its host end may be absent (no bridge yet, or one that went away). Then

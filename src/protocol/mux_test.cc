@@ -1,6 +1,8 @@
 #include "protocol/mux.h"
 
 #include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -71,7 +73,13 @@ TEST(MuxFrame, RejectsWhatIsNoFrame) {
   AppendMuxFrame(t, MuxType::kHello, 3, {});  // hello on a stream
   EXPECT_TRUE(bad(t));
   t.clear();
-  AppendMuxFrame(t, MuxType::kOpen, 3, "x");  // payload on an empty type
+  AppendMuxFrame(t, MuxType::kOpen, 3, "x");  // an open's payload is empty or a port target
+  EXPECT_TRUE(bad(t));
+  t.clear();
+  AppendMuxFrame(t, MuxType::kOpen, 3, std::string("\x1f\x40\x04", 3));
+  EXPECT_FALSE(bad(t));
+  t.clear();
+  AppendMuxFrame(t, MuxType::kEof, 3, "x");  // payload on an empty type
   EXPECT_TRUE(bad(t));
   t.clear();
   AppendMuxFrame(t, MuxType::kWindow, 3, "xy");
@@ -95,6 +103,8 @@ class MuxPumps : public ::testing::Test {
     host_path_ = dir_ + "/host.sock";
     echo_fd_ = Listen(echo_path_);
     host_fd_ = Listen(host_path_);
+    ports_path_ = dir_ + "/ports.sock";
+    ports_fd_ = Listen(ports_path_);
     echo_ = std::thread([this] {
       for (;;) {
         const int c = ::accept(echo_fd_, nullptr, nullptr);
@@ -123,6 +133,7 @@ class MuxPumps : public ::testing::Test {
     guest_port_ = sv[1];
     host_opts_.port_fd = host_port_;
     host_opts_.listen_fd = host_fd_;
+    host_opts_.port_listen_fd = ports_fd_;
     guest_opts_.port_fd = guest_port_;
     guest_opts_.connect_path = echo_path_;
     host_ = std::thread([this] { host_status_ = RunMuxPump(host_opts_); });
@@ -136,7 +147,7 @@ class MuxPumps : public ::testing::Test {
     EXPECT_TRUE(host_status_.ok()) << host_status_;
     ::shutdown(echo_fd_, SHUT_RDWR);
     echo_.join();
-    for (int fd : {host_port_, guest_port_, echo_fd_, host_fd_}) ::close(fd);
+    for (int fd : {host_port_, guest_port_, echo_fd_, host_fd_, ports_fd_}) ::close(fd);
     std::system(("rm -rf " + dir_).c_str());
   }
 
@@ -178,8 +189,31 @@ class MuxPumps : public ::testing::Test {
     return got;
   }
 
-  std::string dir_, echo_path_, host_path_;
-  int echo_fd_ = -1, host_fd_ = -1, host_port_ = -1, guest_port_ = -1;
+  // Through ports.sock to `target` (mux.h: u16 port, u8 family) in the "guest": the byte that
+  // says connected (or nothing: refused), then the echo of `data`.
+  std::pair<bool, std::string> PortRoundTrip(const std::string& target, const std::string& data) {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, ports_path_.c_str(), sizeof(a.sun_path) - 1);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return {false, "connect failed"};
+    (void)!::send(fd, target.data(), target.size(), MSG_NOSIGNAL);
+    char ack = 0;
+    if (::read(fd, &ack, 1) != 1 || ack != 1) {
+      ::close(fd);
+      return {false, ""};
+    }
+    (void)!::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+    ::shutdown(fd, SHUT_WR);
+    std::string got;
+    char buf[4096];
+    for (ssize_t r; (r = ::read(fd, buf, sizeof(buf))) > 0;) got.append(buf, static_cast<size_t>(r));
+    ::close(fd);
+    return {true, got};
+  }
+
+  std::string dir_, echo_path_, host_path_, ports_path_;
+  int echo_fd_ = -1, host_fd_ = -1, host_port_ = -1, guest_port_ = -1, ports_fd_ = -1;
   MuxPumpOptions host_opts_, guest_opts_;
   absl::Status host_status_, guest_status_;
   std::thread echo_, host_, guest_;
@@ -238,6 +272,78 @@ TEST_F(MuxPumps, AStalledStreamDoesNotStallOthers) {
   writer.join();
   ::close(fd);
   EXPECT_EQ(got.size(), big.size());
+}
+
+
+// A TCP echo server on 127.0.0.1 (the "guest's" loopback here), one connection at a time.
+class LoopbackEcho {
+ public:
+  LoopbackEcho() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    EXPECT_EQ(::listen(fd_, 8), 0);
+    socklen_t len = sizeof(a);
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    t_ = std::thread([this] {
+      for (;;) {
+        const int c = ::accept(fd_, nullptr, nullptr);
+        if (c < 0) return;
+        char buf[4096];
+        std::string all;
+        for (ssize_t r; (r = ::read(c, buf, sizeof(buf))) > 0;) all.append(buf, static_cast<size_t>(r));
+        (void)!::send(c, all.data(), all.size(), MSG_NOSIGNAL);
+        ::close(c);
+      }
+    });
+  }
+  ~LoopbackEcho() {
+    ::shutdown(fd_, SHUT_RDWR);
+    t_.join();
+    ::close(fd_);
+  }
+  uint16_t port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  uint16_t port_ = 0;
+  std::thread t_;
+};
+
+std::string Target(uint16_t port, char family) {
+  return std::string{static_cast<char>(port >> 8), static_cast<char>(port & 0xff), family};
+}
+
+TEST_F(MuxPumps, PortStreamsReachTheGuestsLoopbackAndRefusalsEndAtOnce) {
+  LoopbackEcho server;
+  auto [ok, got] = PortRoundTrip(Target(server.port(), 4), "GET / HTTP/1.1\r\n\r\n");
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(got, "GET / HTTP/1.1\r\n\r\n");
+  // Nobody listens on a port just freed: refused, the client sees the end without the byte.
+  uint16_t unused = 0;
+  {
+    LoopbackEcho gone;
+    unused = gone.port();
+  }
+  EXPECT_FALSE(PortRoundTrip(Target(unused, 4), "x").first);
+  // Targets that are no target (port 0, a family other than 4 or 6) end at the host's pump.
+  EXPECT_FALSE(PortRoundTrip(Target(0, 4), "x").first);
+  EXPECT_FALSE(PortRoundTrip(Target(server.port(), 5), "x").first);
+  // A client that goes before naming its target costs nothing; the agent's streams go on.
+  {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, ports_path_.c_str(), sizeof(a.sun_path) - 1);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    (void)!::send(fd, "\x1f", 1, MSG_NOSIGNAL);
+    ::close(fd);
+  }
+  EXPECT_EQ(RoundTrip("still"), "still");
+  EXPECT_TRUE(PortRoundTrip(Target(server.port(), 4), "again").first);
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,10 +26,11 @@
 #include "common/unique_fd.h"
 #include "net/nft_ruleset.h"
 #include "protocol/protocol.h"
+#include "protocol/mux.h"
+#include "agent/vm_init.h"
 #include "runtime/microvm/firecracker.h"
 #include "runtime/microvm/vmm.h"
 #include "runtime/ns/ns_network.h"
-#include "runtime/ns/port_dial.h"
 
 namespace sbx::runtime::microvm {
 namespace fs = std::filesystem;
@@ -214,16 +217,34 @@ class MicrovmInstance : public Instance {
                 {"networked", network_ != nullptr},
                 {"egress", ns::NetworkPolicyJson(network_.get())}};
   }
+  // Through the bridge's ports.sock (protocol/mux.h, kOpen's port target) to the guest's own
+  // loopback, as the ns runtime dials a sandbox's: a server listening on 127.0.0.1 is reached,
+  // and a VM without a NIC too.
   absl::StatusOr<UniqueFd> DialPort(uint16_t port, bool ipv6) const override {
-    if (!network_) {
-      return absl::UnimplementedError(
-          "microvm: port exposure reaches a VM over its network: create it with a networked egress profile");
-    }
     if (Rec().suspended) return absl::FailedPreconditionError(fmt::format("dial port {}: suspended", id_));
-    // The guest's own address over its tap: the server must listen on the NIC's address or the
-    // wildcard, not on loopback only.
-    const net::IpPrefix& a = ipv6 ? network_->addrs().sandbox6 : network_->addrs().sandbox4;
-    return ns::DialAddress(-1, ipv6 ? AF_INET6 : AF_INET, a.addr.data(), port);
+    const std::string path = dir_ + "/" + agent::kBridgePortsSocket;
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!fd.valid()) return ErrnoStatus(errno, "dial port: socket");
+    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      return ErrnoStatus(errno, fmt::format("dial port {}: connect({})", port, path));
+    }
+    const char target[protocol::kMuxPortOpenBytes] = {static_cast<char>(port >> 8), static_cast<char>(port & 0xff),
+                                                      static_cast<char>(ipv6 ? 6 : 4)};
+    if (::send(fd.get(), target, sizeof(target), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(target))) {
+      return ErrnoStatus(errno, fmt::format("dial port {}: send to the bridge", port));
+    }
+    pollfd p{fd.get(), POLLIN, 0};
+    char ok = 0;
+    const int ready = ::poll(&p, 1, 10000);
+    if (ready == 0) return absl::DeadlineExceededError(fmt::format("dial port {}: the guest did not answer in 10 s", port));
+    if (ready < 0 || ::recv(fd.get(), &ok, 1, 0) != 1 || ok != 1) {
+      // The guest's connect was refused: nothing listens there.
+      return absl::UnavailableError(fmt::format("dial port {}: refused in the guest ({})", port, ipv6 ? "[::1]" : "127.0.0.1"));
+    }
+    return fd;
   }
   absl::StatusOr<std::map<std::string, uint64_t>> DeniedEgress() const override {
     if (!network_ || ctx_.network == nullptr) {
