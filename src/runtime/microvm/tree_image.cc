@@ -6,12 +6,11 @@
 
 #include <cerrno>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 
 #include <fmt/format.h>
 
 #include "common/digest.h"
+#include "common/files.h"
 #include "common/process.h"
 #include "common/status_util.h"
 #include "common/unique_fd.h"
@@ -115,8 +114,7 @@ std::vector<std::string> SweepSharedAssets(const std::string& assets_dir, const 
   std::error_code ec;
   for (const auto& vm : fs::directory_iterator(vm_root, ec)) {
     for (const char* record : {"/vm.json", "/jail.json"}) {
-      std::ifstream in(vm.path().string() + record);
-      named.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      named += ReadFileOrEmpty(vm.path().string() + record);
       named += '\n';
     }
   }
