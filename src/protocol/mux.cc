@@ -4,8 +4,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -17,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "common/loopback.h"
 #include "common/status_util.h"
 
 namespace sbx::protocol {
@@ -343,21 +342,8 @@ class Pump {
       Reset(id);
       return;
     }
-    sockaddr_storage ss{};
-    socklen_t len = 0;
-    if (v6) {
-      auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
-      a->sin6_family = AF_INET6;
-      a->sin6_port = htons(port);
-      a->sin6_addr = in6addr_loopback;
-      len = sizeof(*a);
-    } else {
-      auto* a = reinterpret_cast<sockaddr_in*>(&ss);
-      a->sin_family = AF_INET;
-      a->sin_port = htons(port);
-      a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      len = sizeof(*a);
-    }
+    sockaddr_storage ss;
+    const socklen_t len = LoopbackSockaddr(port, v6, &ss);
     const int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&ss), len);
     if (rc == 0 || errno == EINPROGRESS) {
       s.fd = fd;

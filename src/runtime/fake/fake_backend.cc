@@ -28,6 +28,7 @@
 #include <fmt/format.h>
 
 #include "common/files.h"
+#include "common/loopback.h"
 #include "common/status_util.h"
 #include "protocol/protocol.h"
 
@@ -216,21 +217,8 @@ class FakeInstance : public Instance {
   absl::StatusOr<UniqueFd> DialPort(uint16_t port, bool ipv6) const override {
     UniqueFd sock(::socket(ipv6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     if (!sock) return ErrnoStatus(errno, "fake dial port: socket()");
-    sockaddr_storage ss{};
-    socklen_t len;
-    if (ipv6) {
-      auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
-      a->sin6_family = AF_INET6;
-      a->sin6_port = htons(port);
-      a->sin6_addr = in6addr_loopback;
-      len = sizeof(*a);
-    } else {
-      auto* a = reinterpret_cast<sockaddr_in*>(&ss);
-      a->sin_family = AF_INET;
-      a->sin_port = htons(port);
-      a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      len = sizeof(*a);
-    }
+    sockaddr_storage ss;
+    const socklen_t len = LoopbackSockaddr(port, ipv6, &ss);
     if (::connect(sock.get(), reinterpret_cast<sockaddr*>(&ss), len) != 0 && errno != EINPROGRESS) {
       if (errno == ECONNREFUSED) {
         return absl::UnavailableError(fmt::format("fake dial port {}: nothing listening", port));

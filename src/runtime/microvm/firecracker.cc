@@ -30,8 +30,14 @@ constexpr char kConfigFile[] = "/vm-config.json";
 constexpr char kSnapFile[] = "/state.snap";
 constexpr char kMemFile[] = "/state.mem";
 
+// Firecracker's answers are a few hundred bytes of JSON; the VMM runs a guest, so what it says
+// is held only up to this much (returning short makes curl fail the transfer).
+constexpr size_t kMaxApiResponse = 64 * 1024;
+
 size_t Collect(char* data, size_t size, size_t n, void* out) {
-  static_cast<std::string*>(out)->append(data, size * n);
+  auto* s = static_cast<std::string*>(out);
+  if (s->size() + size * n > kMaxApiResponse) return 0;
+  s->append(data, size * n);
   return size * n;
 }
 

@@ -198,6 +198,30 @@ TEST(Firecracker, ApiRequestsCarryTheirBodyAndFaultsComeBackInFirecrackersWords)
   EXPECT_NE(gone.status().message().find("none.sock"), std::string::npos) << gone.status();
 }
 
+TEST(Firecracker, AnAnswerPastItsBoundIsAnErrorNotHeld) {
+  TempDir tmp;
+  const std::string sock = tmp.path() + "/api.sock";
+  const int l = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, sock.c_str(), sizeof(a.sun_path) - 1);
+  ASSERT_EQ(::bind(l, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(l, 1), 0);
+  std::thread server([&] {
+    const int c = ::accept(l, nullptr, nullptr);
+    char buf[4096];
+    (void)!::read(c, buf, sizeof(buf));
+    const std::string body(1 << 20, 'x');  // a VMM that answers without end
+    const std::string reply = "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    (void)!::send(c, reply.data(), reply.size(), MSG_NOSIGNAL);
+    ::close(c);
+  });
+  auto r = FirecrackerRequest(sock, "GET", "/", nullptr, std::chrono::seconds(5));
+  server.join();
+  ::close(l);
+  EXPECT_FALSE(r.ok());
+}
+
 TEST(Firecracker, TheJailDelegatesOnlyWhenAskedAndOtherwiseRefusesRoot) {
   protocol::JailSpec delegate;
   delegate.delegate = true;

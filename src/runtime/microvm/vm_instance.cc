@@ -417,7 +417,7 @@ class MicrovmInstance : public Instance {
     SetRec(live);
     if (auto st = WaitForAgent(*this, dir_, ctx_.boot_timeout_s, ctx_.accel); !st.ok()) return undo(st);
     if (auto st = WriteRecord(dir_, live); !st.ok()) return undo(st);
-    RemoveState(state);
+    RemoveState();
     return absl::OkStatus();
   }
 
@@ -452,13 +452,12 @@ class MicrovmInstance : public Instance {
     }
     return total;
   }
-  void RemoveState(const std::string& state) const {
+  void RemoveState() const {
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(dir_, ec)) {
       const std::string name = e.path().filename().string();
       if (name == "state" || name.starts_with("state.")) fs::remove(e.path(), ec);
     }
-    (void)state;
   }
 
   std::string id_;
