@@ -514,6 +514,7 @@ void Agent::ForkFileWorker(Connection& c, const Json& req, protocol::FrameDecode
   // connections, pipes, the listening socket) must not stay open here, or their peers would
   // not see them close.
   std::vector<int> sorted = {c.fd.get(), root_fd_.get(), opts_.log_fd};
+  if (opts_.upper_fd >= 0) sorted.push_back(opts_.upper_fd);
   const SandboxIdentity& identity = opts_.identity;
   if (identity.userns_fd >= 0) sorted.push_back(identity.userns_fd);
   for (int fd : identity.cgroup_procs_fds) sorted.push_back(fd);
@@ -546,6 +547,8 @@ void Agent::ForkFileWorker(Connection& c, const Json& req, protocol::FrameDecode
   fo.root_fd = root_fd_.get();
   fo.root_path = opts_.root;
   fo.workdir = opts_.workdir;
+  fo.upper_fd = opts_.upper_fd;
+  fo.spare_pids = opts_.spare_pids;
   ServeFileRequest(c.fd.get(), req, std::move(rest), fo);
   ::_exit(0);
 }

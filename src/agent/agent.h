@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "agent/identity.h"
 #include "protocol/limits.h"
@@ -39,6 +40,10 @@ struct AgentOptions {
   // Whom session processes and file workers become (identity.h): the sandbox's user
   // namespace, capability set and cgroups. Default: the agent's own.
   SandboxIdentity identity;
+  // A microVM build step (vm_init.cc): its overlay upper, which export_layer streams, and the
+  // guest's mux pump, which export_layer must leave alive. -1 / empty elsewhere.
+  int upper_fd = -1;
+  std::vector<int> spare_pids;
 };
 
 // Runs until SIGTERM/SIGINT; returns the process exit code.

@@ -14,6 +14,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -22,6 +24,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "archive/tar.h"
 #include "common/unique_fd.h"
 #include "protocol/limits.h"
 #include "protocol/protocol.h"
@@ -42,24 +45,62 @@ using protocol::Json;
 
 class Agent {
  public:
-  Agent() {
+  // `upper`: files made in <dir>/upper, which the agent gets as --upper-fd (a microVM build
+  // step's agent), and a child it has from before its exec, spared (as the guest's mux pump).
+  explicit Agent(const std::function<void(const fs::path&)>& upper = {}) {
     char tmpl[] = "/tmp/sbx-agent-files-XXXXXX";
     dir_ = ::mkdtemp(tmpl);
     fs::create_directories(dir_ / "root" / "srv");
     socket_ = (dir_ / "agent.sock").string();
     std::vector<std::string> args = {SBX_AGENT_PATH, "--listen", socket_, "--no-user-switch",
                                      "--root", (dir_ / "root").string()};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
+    UniqueFd upper_fd;
+    if (upper) {
+      fs::create_directories(dir_ / "upper");
+      upper(dir_ / "upper");
+      upper_fd = UniqueFd(::open((dir_ / "upper").c_str(), O_RDONLY | O_DIRECTORY));  // inherited
+      args.insert(args.end(), {"--upper-fd", std::to_string(upper_fd.get())});
+    }
     char path_env[] = "PATH=/usr/bin:/bin";
     char* envp[] = {path_env, nullptr};
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
     const std::string log = (dir_ / "agent.log").string();
-    posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-    EXPECT_EQ(posix_spawn(&pid_, SBX_AGENT_PATH, &fa, nullptr, argv.data(), envp), 0);
-    posix_spawn_file_actions_destroy(&fa);
+    if (upper) {
+      // fork, fork the spared child, exec the agent: the child is then the agent's, as init's
+      // pump is in a guest.
+      int p[2];
+      if (::pipe(p) != 0 || (pid_ = ::fork()) < 0) {
+        ADD_FAILURE() << "pipe or fork: " << std::strerror(errno);
+        return;
+      }
+      if (pid_ == 0) {
+        const pid_t kept = ::fork();
+        if (kept == 0) {
+          ::pause();
+          ::_exit(0);
+        }
+        (void)!::write(p[1], &kept, sizeof(kept));
+        args.insert(args.end(), {"--spare-pid", std::to_string(kept)});
+        std::vector<char*> argv;
+        for (auto& a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        const int err = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+        ::dup2(err, 2);
+        ::execve(SBX_AGENT_PATH, argv.data(), envp);
+        ::_exit(127);
+      }
+      ::close(p[1]);
+      EXPECT_EQ(::read(p[0], &spared_, sizeof(spared_)), static_cast<ssize_t>(sizeof(spared_)));
+      ::close(p[0]);
+    } else {
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      posix_spawn_file_actions_t fa;
+      posix_spawn_file_actions_init(&fa);
+      posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+      EXPECT_EQ(posix_spawn(&pid_, SBX_AGENT_PATH, &fa, nullptr, argv.data(), envp), 0);
+      posix_spawn_file_actions_destroy(&fa);
+    }
     for (int i = 0; i < 500; ++i) {
       if (protocol::CallAgent(socket_, Json{{"op", "ping"}}, 1000).ok()) return;
       std::this_thread::sleep_for(10ms);
@@ -67,6 +108,7 @@ class Agent {
     ADD_FAILURE() << "agent did not answer a ping";
   }
   ~Agent() {
+    if (spared_ > 0) ::kill(spared_, SIGKILL);
     ::kill(pid_, SIGTERM);
     int status = 0;
     ::waitpid(pid_, &status, 0);
@@ -122,8 +164,10 @@ class Agent {
 
   const fs::path& root_parent() const { return dir_; }
   fs::path root() const { return dir_ / "root"; }
+  pid_t spared() const { return spared_; }
 
  private:
+  pid_t spared_ = -1;
   fs::path dir_;
   std::string socket_;
   pid_t pid_ = -1;
@@ -212,6 +256,87 @@ TEST(AgentFiles, WorkersDoNotDisturbSessions) {
     EXPECT_EQ(ev->signal, "SIGTERM");
     break;
   }
+}
+
+// A microVM build step's layer: the agent ends what the step left running (but the processes it
+// is told to spare), then streams its upper as an OCI layer tar the host can unpack, and counts
+// what it sent; more entries than asked for end the stream with the reason.
+TEST(AgentFiles, ExportLayerEndsLeftoversAndStreamsTheUpper) {
+  std::string big(700 * 1024, 'b');  // more than one kData frame
+  Agent a(
+      [&](const fs::path& up) {
+        fs::create_directories(up / "etc" / "app");
+        std::ofstream(up / "etc" / "app" / "conf") << "x=1\n";
+        std::ofstream(up / "big") << big;
+        fs::create_symlink("/etc/app/conf", up / "link");
+        fs::create_hard_link(up / "big", up / "big2");
+      });
+  protocol::AgentConnection c = *protocol::AgentConnection::Connect(
+      (a.root_parent() / "agent.sock").string(), 10000);
+  auto started = c.Call(Json{{"op", "attach"}, {"session_id", "left"}, {"spec", {{"argv", {"sleep", "300"}}}}});
+  ASSERT_TRUE(started.ok()) << started.status();
+
+  auto frames = a.Exchange(Json{{"op", "export_layer"}, {"max_entries", 100}});
+  ASSERT_GE(frames.size(), 4u);  // hello, response, data..., end
+  EXPECT_TRUE(Payload(frames[1])["ok"].get<bool>()) << frames[1].payload;
+  std::string tar;
+  for (size_t i = 2; i + 1 < frames.size(); ++i) {
+    ASSERT_EQ(frames[i].type, FrameType::kData);
+    EXPECT_LE(frames[i].payload.size(), protocol::kMaxDataFrameBytes);
+    tar += frames[i].payload;
+  }
+  ASSERT_EQ(frames.back().type, FrameType::kEnd);
+  const Json end = Payload(frames.back());
+  ASSERT_TRUE(end["ok"].get<bool>()) << end.dump();
+  EXPECT_EQ(end["tar_bytes"], tar.size());
+  std::map<std::string, archive::TarType> seen;
+  bool given = false;
+  archive::TarReader r([&]() -> absl::StatusOr<std::string_view> {
+    if (given) return std::string_view();
+    given = true;
+    return std::string_view(tar);
+  });
+  for (;;) {
+    auto e = r.Next();
+    ASSERT_TRUE(e.ok()) << e.status();
+    if (!e->has_value()) break;
+    seen[(*e)->name] = (*e)->type;
+  }
+  EXPECT_EQ(end["entries"], seen.size());
+  EXPECT_EQ(seen["etc/app/conf"], archive::TarType::kFile);
+  EXPECT_EQ(seen["link"], archive::TarType::kSymlink);
+  EXPECT_EQ(seen["big"], archive::TarType::kFile);
+  EXPECT_EQ(seen["big2"], archive::TarType::kHardLink);
+  // The step's leftover is gone; the spared process is not.
+  for (;;) {
+    auto f = c.ReadFrame();
+    ASSERT_TRUE(f.ok()) << f.status();
+    if (f->type != FrameType::kExit) continue;
+    auto ev = protocol::DecodeExit(f->payload);
+    ASSERT_TRUE(ev.ok());
+    EXPECT_EQ(ev->signal, "SIGKILL");
+    break;
+  }
+  // The agent reaps its children: a spared one killed would be gone from /proc by now.
+  std::ifstream st(fmt::format("/proc/{}/stat", a.spared()));
+  std::string line;
+  ASSERT_TRUE(std::getline(st, line)) << "the spared child was ended";
+  EXPECT_EQ(line.substr(line.rfind(')') + 2, 1), "S") << line;
+
+  auto few = a.Exchange(Json{{"op", "export_layer"}, {"max_entries", 2}});
+  ASSERT_GE(few.size(), 3u);
+  ASSERT_EQ(few.back().type, FrameType::kEnd);
+  EXPECT_EQ(Payload(few.back())["error"]["code"], "resource_exhausted") << few.back().payload;
+}
+
+TEST(AgentFiles, ExportLayerIsRefusedWithoutAnUpper) {
+  Agent a;
+  auto frames = a.Exchange(Json{{"op", "export_layer"}});
+  ASSERT_EQ(frames.size(), 2u);
+  EXPECT_EQ(Payload(frames[1])["error"]["code"], "failed_precondition") << frames[1].payload;
+  auto bad = a.Exchange(Json{{"op", "export_layer"}, {"max_entries", 0}});
+  ASSERT_EQ(bad.size(), 2u);
+  EXPECT_EQ(Payload(bad[1])["error"]["code"], "invalid_argument") << bad[1].payload;
 }
 
 // Issue 13 audit: the agent's only recursive walks of guest-made trees (recursive delete, tar

@@ -151,6 +151,7 @@ const OldFields* OldFieldsOf(std::string_view op) {
        true},
       {"write_tar", {"path"}, {{"max_bytes", kMaxFileOffset}}, {"mkdirs"}},
       {"watch", {"path"}, {}, {"recursive"}},
+      {"export_layer", {}, {{"max_entries", UINT64_MAX}}, {}},
   };
   for (const OldFields& f : kOld) {
     if (f.op == op) return &f;
@@ -237,6 +238,10 @@ void ServeFileRequest(int fd, const protocol::Json& req, protocol::FrameDecoder 
     }
     if (const auto* w = std::get_if<protocol::WatchRequest>(&*typed)) {
       (void)OpWatch(c, *w, opts);
+      return;
+    }
+    if (const auto* e = std::get_if<protocol::ExportLayerRequest>(&*typed)) {
+      (void)OpExportLayer(c, *e, opts);
       return;
     }
     if (const auto* l = std::get_if<protocol::ListRequest>(&*typed)) {

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include "protocol/protocol.h"
 
@@ -22,6 +23,12 @@ struct FileOptions {
   int root_fd = -1;            // O_PATH fd of the sandbox's root ("/" in the ns runtime)
   std::string root_path = "/";  // the same, as a path (for /etc/passwd of `user`)
   std::string workdir = "/";   // what relative paths are relative to
+  // A microVM build step's overlay upper (--upper-fd; vm_init.cc keeps it open across the move
+  // of the root): export_layer streams it. -1: export_layer is refused.
+  int upper_fd = -1;
+  // Processes export_layer must not end besides itself and the agent (the guest's mux pump,
+  // which carries every connection to the host).
+  std::vector<int> spare_pids;
 };
 
 // True for the ops ServeFileRequest handles.

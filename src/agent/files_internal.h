@@ -1,6 +1,7 @@
 // The pieces the file operations (files.h) share: the worker's blocking frame I/O, entries, and
 // the ops themselves, one file per kind: files_tree.cc (stat, list, mkdir, delete, move),
-// files_transfer.cc (read, write), files_tar.cc (read_tar, write_tar), files_watch.cc (watch).
+// files_transfer.cc (read, write), files_tar.cc (read_tar, write_tar), files_watch.cc (watch),
+// export_layer.cc (export_layer).
 // files.cc decodes the request once (protocol/messages.h) and hands each op its typed request.
 // Not for use outside these files.
 #pragma once
@@ -133,6 +134,8 @@ absl::Status OpRead(Conn& c, const protocol::ReadRequest& req, const FileOptions
 absl::Status OpWrite(Conn& c, const protocol::WriteRequest& req, const FileOptions& o);
 absl::Status OpReadTar(Conn& c, const protocol::ReadRequest& req, const FileOptions& o);
 absl::Status OpWriteTar(Conn& c, const protocol::WriteRequest& req, const FileOptions& o);
+// export_layer.cc: a microVM build step's writable layer.
+absl::Status OpExportLayer(Conn& c, const protocol::ExportLayerRequest& req, const FileOptions& o);
 
 // The owner a write asks for: uid/gid given, or `user` ("name", "uid", "name:group",
 // "uid:gid") resolved through the sandbox's own /etc/passwd and /etc/group; unset fields keep

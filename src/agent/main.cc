@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "agent/agent.h"
@@ -22,7 +23,7 @@ void Usage(FILE* out) {
       "usage: sbx-agent (--listen-fd N | --listen PATH) [--buffer-bytes N] [--log-fd N]\n"
       "                 [--no-user-switch] [--oom-counter-fd N] [--sandbox-id ID]\n"
       "                 [--root DIR] [--workdir PATH] [--userns-fd N --caps MASK]\n"
-      "                 [--cgroup-procs-fd N]...\n"
+      "                 [--cgroup-procs-fd N]... [--upper-fd N] [--spare-pid N]...\n"
       "  --listen-fd N       serve on an inherited, listening unix socket (ns runtime)\n"
       "  --listen PATH       bind and serve on a unix socket at PATH\n"
       "  or: sbx-agent --vm-bridge PORT_SOCKET LISTEN_PATH [CONNECT_LINE]  (a microVM's host bridge;\n"
@@ -44,7 +45,9 @@ void Usage(FILE* out) {
       "  --caps MASK         capabilities sandbox root keeps there (with --userns-fd)\n"
       "  --uid-map \"B N\"     its ids 0..N-1 are host B.. (to show processes' uids as inside)\n"
       "  --cgroup-procs-fd N cgroup.procs that session processes and file workers join\n"
-      "                      (repeatable: one per hierarchy)\n",
+      "                      (repeatable: one per hierarchy)\n"
+      "  --upper-fd N        a microVM build step's overlay upper: serve export_layer\n"
+      "  --spare-pid N       a process export_layer leaves alive (repeatable)\n",
       out);
 }
 
@@ -131,6 +134,15 @@ int main(int argc, char** argv) {
       opts.identity.caps = *caps;
     } else if (arg == "--cgroup-procs-fd") {
       opts.identity.cgroup_procs_fds.push_back(static_cast<int>(number("--cgroup-procs-fd", 0, 1 << 20)));
+    } else if (arg == "--upper-fd") {
+      opts.upper_fd = static_cast<int>(number("--upper-fd", 3, 1 << 20));
+      // Sessions must not inherit it: from the upper's disk, ".." leads out of the root.
+      if (::fcntl(opts.upper_fd, F_SETFD, FD_CLOEXEC) != 0) {
+        std::fprintf(stderr, "sbx-agent: --upper-fd %d: %s\n", opts.upper_fd, std::strerror(errno));
+        return 2;
+      }
+    } else if (arg == "--spare-pid") {
+      opts.spare_pids.push_back(static_cast<int>(number("--spare-pid", 2, 1 << 22)));
     } else if (arg == "--no-user-switch") {
       opts.switch_user = false;
     } else if (arg == "--help" || arg == "-h") {

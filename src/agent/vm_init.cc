@@ -438,6 +438,13 @@ static int VmInit() {
   }
   const int self = ::open("/init", O_RDONLY | O_CLOEXEC);
   if (self < 0) Fail("open /init");
+  // A build step's upper, opened before the move hides /disk: the agent streams it as the
+  // step's layer (export_layer.cc). Inherited by the agent, which marks it close-on-exec.
+  int upper = -1;
+  if (cfg.value("keep_writable_layer", false)) {
+    upper = ::open("/disk/upper", O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+    if (upper < 0) Fail("open /disk/upper");
+  }
 
   if (::chdir("/newroot") != 0) Fail("chdir /newroot");
   if (::mount(".", "/", nullptr, MS_MOVE, nullptr) != 0) Fail("move the root");
@@ -485,6 +492,9 @@ static int VmInit() {
   if (const int64_t b = cfg.value("buffer_bytes", int64_t{0}); b > 0) {
     args.push_back("--buffer-bytes");
     args.push_back(std::to_string(b));
+  }
+  if (upper >= 0) {
+    args.insert(args.end(), {"--upper-fd", std::to_string(upper), "--spare-pid", std::to_string(pump)});
   }
   std::vector<char*> argv, envp;
   for (auto& a : args) argv.push_back(a.data());

@@ -22,6 +22,9 @@ struct DoctorFlags {
   bool userns = true;
   std::string cgroup_parent;
   int64_t max_sandboxes = 0;
+  std::string vmm = "qemu";  // --vmm: runtime.microvm.vmm
+  std::string firecracker = "firecracker";
+  std::string jailer = "jailer";
   int64_t pooled = 10;   // --pooled: runtime.ns.netns_pool 4 + userns_pool 4 + disk_pool 2
 };
 
@@ -52,6 +55,11 @@ void RegisterDoctorCommand(CLI::App& app, Context& ctx) {
       ->capture_default_str()
       ->check(CLI::IsMember({"ns", "microvm", "fake"}));
   cmd->add_option("--agent-path", f->agent_path, "sbx-agent binary (default: beside sbx)");
+  cmd->add_option("--vmm", f->vmm, "as runtime.microvm.vmm: the VMM whose rows count (qemu or firecracker)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"qemu", "firecracker"}));
+  cmd->add_option("--firecracker", f->firecracker, "as runtime.microvm.firecracker")->capture_default_str();
+  cmd->add_option("--jailer", f->jailer, "as runtime.microvm.jailer")->capture_default_str();
   cmd->add_option("--userns", f->userns, "as sbxd --userns: whether user namespaces are required")
       ->capture_default_str();
   cmd->add_option("--cgroup-parent", f->cgroup_parent,
@@ -76,6 +84,9 @@ void RegisterDoctorCommand(CLI::App& app, Context& ctx) {
       o.cgroup_parent = f->cgroup_parent;
       o.max_sandboxes = f->max_sandboxes;
       o.pooled = f->pooled;
+      o.microvm_vmm = f->vmm;
+      o.microvm_firecracker = f->firecracker;
+      o.microvm_jailer = f->jailer;
       const std::string state_dir = f->state_dir;
       o.template_check = [state_dir] { return service::CheckTemplateForDoctor(state_dir); };
       runtime::doctor::Report report = runtime::doctor::RunDoctor(o);

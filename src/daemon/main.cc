@@ -723,7 +723,9 @@ int main(int argc, char** argv) {
                                                cfg.admission.max_sandboxes,
                                                cfg.runtime.ns.netns_pool + cfg.runtime.ns.userns_pool +
                                                    cfg.runtime.ns.disk_pool,
-                                               cfg.runtime.microvm.qemu, cfg.runtime.microvm.kernel};
+                                               cfg.runtime.microvm.qemu, cfg.runtime.microvm.kernel,
+                                               cfg.runtime.microvm.vmm, cfg.runtime.microvm.firecracker,
+                                               cfg.runtime.microvm.jailer};
   if (check) return sbx::daemon::RunCheckCommand(preflight, check_json);
 
   sbx::daemon::RaiseOpenFiles();

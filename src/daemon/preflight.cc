@@ -24,6 +24,9 @@ runtime::doctor::DoctorOptions Options(const PreflightConfig& c) {
   o.pooled = c.pooled;
   o.microvm_qemu = c.microvm_qemu;
   o.microvm_kernel = c.microvm_kernel;
+  o.microvm_vmm = c.microvm_vmm;
+  o.microvm_firecracker = c.microvm_firecracker;
+  o.microvm_jailer = c.microvm_jailer;
   return o;
 }
 

@@ -23,6 +23,9 @@ struct PreflightConfig {
   int64_t pooled = 0;         // what the ns pools hold beside the sandboxes
   std::string microvm_qemu;   // runtime.microvm.qemu / .kernel: the microvm.* rows
   std::string microvm_kernel;
+  std::string microvm_vmm = "qemu";  // runtime.microvm.vmm / .firecracker / .jailer
+  std::string microvm_firecracker = "firecracker";
+  std::string microvm_jailer = "jailer";
 };
 
 // `sbxd --check`: every row, printed as a table (color on a tty) or as JSON on stdout. Touches

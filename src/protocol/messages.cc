@@ -430,6 +430,20 @@ absl::StatusOr<WatchRequest> WatchRequest::FromJson(const Json& j) {
   return s;
 }
 
+Json ExportLayerRequest::ToJson() const {
+  Json j = Op(kOp);
+  j["max_entries"] = max_entries;
+  return j;
+}
+
+absl::StatusOr<ExportLayerRequest> ExportLayerRequest::FromJson(const Json& j) {
+  Reader r(j, "export_layer request");
+  ExportLayerRequest e;
+  SBX_ASSIGN_OR_RETURN(auto max, r.OptU64("max_entries", 1, UINT64_MAX));
+  e.max_entries = max.value_or(UINT64_MAX);
+  return e;
+}
+
 namespace {
 
 template <typename T>
@@ -462,6 +476,7 @@ constexpr OpEntry kOps[] = {
     {WriteRequest::kOp, As<WriteRequest>},
     {WriteRequest::kTarOp, As<WriteRequest>},
     {WatchRequest::kOp, As<WatchRequest>},
+    {ExportLayerRequest::kOp, As<ExportLayerRequest>},
 };
 
 }  // namespace
@@ -657,6 +672,21 @@ absl::StatusOr<WriteTarEnd> WriteTarEnd::FromJson(const Json& j) {
   SBX_ASSIGN_OR_RETURN(auto skipped, r.OptU64("skipped", 0, UINT64_MAX));
   w.skipped = skipped.value_or(0);
   return w;
+}
+
+Json ExportLayerEnd::ToJson() const {
+  Json j = OkJson();
+  j["entries"] = entries;
+  j["tar_bytes"] = tar_bytes;
+  return j;
+}
+
+absl::StatusOr<ExportLayerEnd> ExportLayerEnd::FromJson(const Json& j) {
+  Reader r(j, "export_layer end");
+  ExportLayerEnd e;
+  SBX_ASSIGN_OR_RETURN(e.entries, r.U64("entries"));
+  SBX_ASSIGN_OR_RETURN(e.tar_bytes, r.U64("tar_bytes"));
+  return e;
 }
 
 Json WatchEvent::ToJson() const {

@@ -208,10 +208,20 @@ struct WatchRequest {
   static absl::StatusOr<WatchRequest> FromJson(const Json& j);
 };
 
+// A template build's RUN step on a microVM (docs/templates.md, "Builds"): the agent ends every
+// process but its own, then streams its overlay's upper as an OCI layer tar (kData frames,
+// then a kEnd ExportLayerEnd). Only an agent started with --upper-fd serves it.
+struct ExportLayerRequest {
+  static constexpr std::string_view kOp = "export_layer";
+  uint64_t max_entries = UINT64_MAX;  // more is ResourceExhausted
+  Json ToJson() const;
+  static absl::StatusOr<ExportLayerRequest> FromJson(const Json& j);
+};
+
 using Request = std::variant<PingRequest, AttachRequest, StatusRequest, SignalRequest,
                              StdinRequest, StdinCloseRequest, ResizeRequest, ProcessesRequest,
                              StatRequest, ListRequest, MkdirRequest, DeleteRequest, MoveRequest,
-                             ReadRequest, WriteRequest, WatchRequest>;
+                             ReadRequest, WriteRequest, WatchRequest, ExportLayerRequest>;
 
 // A kRequest payload: depth-checked JSON object, dispatched on "op". InvalidArgument names the
 // bad field ("request: no string \"op\"", "stat request: field \"path\" must be a string").
@@ -307,6 +317,15 @@ struct WriteTarEnd {
   uint64_t skipped = 0;
   Json ToJson() const;
   static absl::StatusOr<WriteTarEnd> FromJson(const Json& j);
+};
+
+// The agent's kEnd after an "export_layer" (the guest's count: the host hashes and bounds the
+// bytes itself, and the layer store counts the entries again when it unpacks them).
+struct ExportLayerEnd {
+  uint64_t entries = 0;
+  uint64_t tar_bytes = 0;
+  Json ToJson() const;
+  static absl::StatusOr<ExportLayerEnd> FromJson(const Json& j);
 };
 
 // One kData frame of a "watch".

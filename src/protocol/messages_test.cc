@@ -63,7 +63,8 @@ TEST(MessagesTest, EveryRequestDecodesToWhatWasEncoded) {
       MkdirRequest{"/m", false, std::nullopt}, MkdirRequest{"/m", true, 0700, "bob"},
       DeleteRequest{"/d", true},
       MoveRequest{"/a", "/b", true}, ReadRequest{true, "/t", {}, {}, {}},
-      WriteRequest{false, "/w", 0644, 1, 2, "bob", true, 100}, WatchRequest{"/w", false}};
+      WriteRequest{false, "/w", 0644, 1, 2, "bob", true, 100}, WatchRequest{"/w", false},
+      ExportLayerRequest{1000}};
   for (const Request& r : requests) {
     const std::string wire = std::visit([](const auto& v) { return EncodeRequest(v); }, r);
     auto back = DecodeRequest(wire);
@@ -92,8 +93,24 @@ TEST(MessagesTest, DecodeNamesTheBadField) {
   EXPECT_NE(bad(R"({"op":"signal","session_id":"s","signal":"NOPE"})").find("\"signal\""),
             std::string::npos);
   EXPECT_NE(bad(R"({"op":7})").find("op"), std::string::npos);
+  EXPECT_NE(bad(R"({"op":"export_layer","max_entries":0})").find("\"max_entries\""),
+            std::string::npos);
+  EXPECT_NE(bad(R"({"op":"export_layer","max_entries":"9"})").find("\"max_entries\""),
+            std::string::npos);
   EXPECT_EQ(DecodeRequest(R"({"op":"dance"})").status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_FALSE(DecodeRequest("[1]").ok());
+}
+
+TEST(MessagesTest, ExportLayerDefaultsAndItsEnd) {
+  auto r = DecodeRequest(R"({"op":"export_layer"})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(std::get<ExportLayerRequest>(*r).max_entries, UINT64_MAX);
+  auto end = ExportLayerEnd::FromJson(ExportLayerEnd{3, 2048}.ToJson());
+  ASSERT_TRUE(end.ok()) << end.status();
+  EXPECT_EQ(end->entries, 3u);
+  EXPECT_EQ(end->tar_bytes, 2048u);
+  EXPECT_FALSE(ExportLayerEnd::FromJson(Json::parse(R"({"ok":true,"entries":-1,"tar_bytes":0})")).ok());
+  EXPECT_FALSE(ExportLayerEnd::FromJson(Json::parse(R"({"ok":true,"entries":1})")).ok());
 }
 
 TEST(MessagesTest, SignalsDecodeFromNumbersAndNames) {

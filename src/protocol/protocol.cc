@@ -431,6 +431,21 @@ AgentConnection::~AgentConnection() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+absl::Status ReplyStatus(const Json& j, std::string_view what) {
+  auto ok = j.find("ok");
+  if (ok == j.end() || !ok->is_boolean()) {
+    return absl::InternalError(fmt::format("{}: reply has no boolean \"ok\" field", what));
+  }
+  if (ok->get<bool>()) return absl::OkStatus();
+  std::string code = "internal";
+  std::string message;
+  if (auto err = j.find("error"); err != j.end() && err->is_object()) {
+    if (auto c = err->find("code"); c != err->end() && c->is_string()) code = c->get<std::string>();
+    if (auto m = err->find("message"); m != err->end() && m->is_string()) message = m->get<std::string>();
+  }
+  return absl::Status(AgentCodeToStatus(code), fmt::format("agent: {}: {}", code, message));
+}
+
 absl::StatusOr<Json> AgentConnection::Call(const Json& request) {
   if (fd_ < 0) return absl::FailedPreconditionError("agent call: connection is closed");
   decoder_.LimitToAgentBounds(IsGuestSizedOp(StringField(request, "op")));
@@ -465,23 +480,7 @@ absl::StatusOr<Json> AgentConnection::Call(const Json& request) {
                                            static_cast<int>(resp.type)));
   }
   SBX_ASSIGN_OR_RETURN(Json j, ParseObject(resp.payload, "agent response"));
-  auto ok = j.find("ok");
-  if (ok == j.end() || !ok->is_boolean()) {
-    return absl::InternalError("agent call: response has no boolean \"ok\" field");
-  }
-  if (!ok->get<bool>()) {
-    std::string code = "internal";
-    std::string message;
-    if (auto err = j.find("error"); err != j.end() && err->is_object()) {
-      if (auto c = err->find("code"); c != err->end() && c->is_string()) {
-        code = c->get<std::string>();
-      }
-      if (auto m = err->find("message"); m != err->end() && m->is_string()) {
-        message = m->get<std::string>();
-      }
-    }
-    return absl::Status(AgentCodeToStatus(code), fmt::format("agent: {}: {}", code, message));
-  }
+  SBX_RETURN_IF_ERROR(ReplyStatus(j, "agent call"));
   return j;
 }
 

@@ -112,6 +112,9 @@
 //   {"op":"watch","path":DIR,"recursive":b} -> {"ok":true}, then one kData frame per event,
 //       JSON {"type":"create|modify|delete|move|overflow","path","is_dir"[,"from"]}, until the
 //       host closes the connection (the worker then exits) or DIR is deleted (kEnd).
+//   {"op":"export_layer","max_entries":N} -> (a microVM build step's agent only, --upper-fd)
+//       every other process of the guest SIGKILLed, {"ok":true}, kData frames of its overlay
+//       upper as an OCI layer tar, kEnd {"ok":true,"entries":N,"tar_bytes":B} or an error.
 //   E = {"name","path","type":"file|directory|symlink|other","size","mode" (permission bits),
 //        "uid","gid","mtime" (RFC 3339),"symlink_target" (symlinks only)}
 //
@@ -254,6 +257,10 @@ absl::StatusCode ErrorCodeFromName(std::string_view name);
 // Signal numbers <-> "SIGTERM" names, for the signals a session can receive or die from.
 std::optional<std::string> SignalName(int signo);
 std::optional<int> SignalNumber(std::string_view name);  // accepts "TERM" and "SIGTERM"
+
+// A parsed response or kEnd: OK for "ok":true, else the status its error names ("agent: CODE:
+// MESSAGE"); no boolean "ok" is Internal, naming `what`.
+absl::Status ReplyStatus(const Json& reply, std::string_view what);
 
 // A blocking client for one request on one connection; used by runtimes (readiness), tests and
 // the fuzz corpus generator. sbxd's own calls go through service/agent_client.h.

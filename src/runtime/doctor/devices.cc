@@ -137,8 +137,19 @@ void RunTinyGuest(int kvm, int vm, KvmProbe* r) {
   }
 }
 
+// With runtime.default = "microvm" on Firecracker, a KVM that runs no stock guest leaves sbxd
+// nothing to start VMs with: QEMU falls back to TCG, Firecracker has no software emulation.
+void RequireForFirecracker(const Context& ctx, Check& c) {
+  if (!(ctx.microvm && ctx.opts.microvm_vmm == "firecracker")) return;
+  c.required = true;
+  if (c.result != CheckResult::kWarn) return;
+  c.result = CheckResult::kFail;
+  c.detail += "; runtime.microvm.vmm = \"firecracker\" needs it (Firecracker has no software emulation)";
+  c.remedy = "a host whose KVM runs stock guests (kvm_intel or kvm_amd), or runtime.microvm.vmm = \"qemu\" (TCG)";
+}
+
 void CheckKvm(const Context& ctx) {
-  if (!ctx.Wants(false)) return;
+  if (!ctx.Wants(ctx.microvm && ctx.opts.microvm_vmm == "firecracker")) return;
   Check c{"device.kvm", "KVM (/dev/kvm)", CheckResult::kOk, "", "", false};
   const bool present = ctx.Exists("/dev/kvm");
   const bool intel = ctx.Exists("/sys/module/kvm_intel");
@@ -151,6 +162,7 @@ void CheckKvm(const Context& ctx) {
                            ctx.Host("/dev/kvm"));
     c.remedy = "nothing to do for the ns and fake runtimes; for microvm boots in milliseconds, a "
                "host with hardware KVM (kvm_intel or kvm_amd)";
+    RequireForFirecracker(ctx, c);
     ctx.Add(std::move(c));
     return;
   }
@@ -226,6 +238,7 @@ void CheckKvm(const Context& ctx) {
                            "(runtime.microvm.accel auto)",
                            intel ? "kvm_intel" : amd ? "kvm_amd" : "vendor module unknown", probe);
   }
+  RequireForFirecracker(ctx, c);
   ctx.Add(std::move(c));
 }
 

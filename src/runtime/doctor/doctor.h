@@ -56,6 +56,12 @@ struct DoctorOptions {
   std::string cgroup_parent;        // runtime.ns.cgroup_parent; empty: <own cgroup>/sbx
   std::string microvm_qemu;         // runtime.microvm.qemu; empty: qemu-system-x86_64
   std::string microvm_kernel;       // runtime.microvm.kernel; empty: the newest /boot/vmlinuz-*
+  // runtime.microvm.vmm ("qemu" or "firecracker") and Firecracker's binaries (names on PATH or
+  // paths): with "firecracker" the microvm.firecracker row replaces microvm.qemu, and KVM that
+  // runs stock guests becomes required (Firecracker has no software emulation).
+  std::string microvm_vmm = "qemu";
+  std::string microvm_firecracker = "firecracker";
+  std::string microvm_jailer = "jailer";
   // Resolves the `base` template (the caller owns the template code: sbxd, sbx). Unset: the
   // row reports kSkip.
   std::function<absl::Status()> template_check;

@@ -258,6 +258,49 @@ TEST(DoctorFakeHost, OnRuntimeMicrovmItsRowsAreRequiredAndTheNsRowsAreNot) {
   EXPECT_TRUE(r.ok()) << FormatTable(r, false, 100, true);
 }
 
+// runtime.microvm.vmm = "firecracker": its binaries replace the QEMU row, and KVM that runs
+// stock guests is required (no TCG to fall back to), where QEMU only warns.
+TEST(DoctorFakeHost, OnFirecrackerItsBinariesAndStockGuestKvmAreRequired) {
+  FakeHost h;
+  h.Write("dev/kvm", "");
+  h.Mkdir("sys/module/kvm");
+  h.Mkdir("sys/module/kvm_pvm");
+  h.Write("boot/vmlinuz-6.1.0-28-amd64", "");
+  DoctorOptions o = h.Options();
+  o.runtime = "microvm";
+  o.microvm_vmm = "firecracker";
+  Report r = RunDoctor(o);
+  EXPECT_FALSE(std::any_of(r.checks.begin(), r.checks.end(),
+                           [](const Check& c) { return c.id == "microvm.qemu"; }));
+  const Check& fc = Row(r, "microvm.firecracker");
+  EXPECT_EQ(fc.result, CheckResult::kFail);
+  EXPECT_TRUE(fc.required);
+  EXPECT_NE(fc.detail.find("no firecracker"), std::string::npos) << fc.detail;
+  EXPECT_NE(fc.detail.find("no jailer"), std::string::npos) << fc.detail;
+  const Check& kvm = Row(r, "device.kvm");
+  EXPECT_EQ(kvm.result, CheckResult::kFail) << kvm.detail;
+  EXPECT_TRUE(kvm.required);
+  EXPECT_NE(kvm.detail.find("Firecracker has no software emulation"), std::string::npos) << kvm.detail;
+  std::vector<std::string> failed;
+  for (const auto& c : r.RequiredFailures()) failed.push_back(c.id);
+  std::sort(failed.begin(), failed.end());
+  EXPECT_EQ(failed, (std::vector<std::string>{"device.kvm", "microvm.firecracker"}));
+
+  h.Write("usr/local/bin/firecracker", "");
+  h.Write("usr/local/bin/jailer", "");
+  h.Mkdir("sys/module/kvm_intel");
+  r = RunDoctor(o);
+  EXPECT_TRUE(r.ok()) << FormatTable(r, false, 100, true);
+  EXPECT_EQ(Row(r, "microvm.firecracker").result, CheckResult::kOk);
+
+  // Beside ns (microvm not the default) nothing of it is required.
+  o.runtime = "ns";
+  h.Remove("sys/module/kvm_intel");
+  r = RunDoctor(o);
+  EXPECT_FALSE(Row(r, "device.kvm").required);
+  EXPECT_EQ(Row(r, "device.kvm").result, CheckResult::kWarn);
+}
+
 TEST(DoctorFakeHost, AnUnknownRuntimeNamesTheThreeItKnows) {
   FakeHost h;
   DoctorOptions o = h.Options();

@@ -1,5 +1,6 @@
-// microvm.* (what the microvm runtime needs besides /dev/kvm, which device.kvm reports): QEMU
-// and a guest kernel. Required only when microvm is the runtime checked for (runtime.default =
+// microvm.* (what the microvm runtime needs besides /dev/kvm, which device.kvm reports): its
+// VMM (QEMU, or Firecracker and its jailer with runtime.microvm.vmm = "firecracker") and a
+// guest kernel. Required only when microvm is the runtime checked for (runtime.default =
 // "microvm"); otherwise sbxd offers microvm beside the default runtime only where these rows are
 // ok, and GET /v1/runtimes gives the same reason when it does not.
 #include <sys/stat.h>
@@ -18,7 +19,33 @@ void CheckMicrovm(const Context& ctx) {
   const CheckResult missing = ctx.microvm ? CheckResult::kFail : CheckResult::kWarn;
   const std::string unavailable = ctx.microvm ? "sbxd cannot start on runtime microvm"
                                               : "the microvm runtime is unavailable";
-  {
+  if (ctx.opts.microvm_vmm == "firecracker") {
+    // Firecracker's release binaries, which the operator installs (docs/microvm.md).
+    Check c{"microvm.firecracker", "Firecracker and its jailer", CheckResult::kOk, "", "", ctx.microvm};
+    std::string found, absent;
+    for (const std::string& name : {ctx.opts.microvm_firecracker, ctx.opts.microvm_jailer}) {
+      absl::StatusOr<std::string> path = absl::NotFoundError("fake host root");
+      if (ctx.live) {
+        path = FindProgram(name);
+      } else if (ctx.Exists(name.starts_with("/") ? name : "/usr/local/bin/" + name)) {
+        path = name.starts_with("/") ? name : "/usr/local/bin/" + name;
+      }
+      if (path.ok()) {
+        found += (found.empty() ? "" : ", ") + *path;
+      } else {
+        absent += fmt::format("{}no {}: {}", absent.empty() ? "" : "; ", name, std::string(path.status().message()));
+      }
+    }
+    if (absent.empty()) {
+      c.detail = fmt::format("{} (runtime.microvm.firecracker, runtime.microvm.jailer)", found);
+    } else {
+      c.result = missing;
+      c.detail = fmt::format("{}; {}", absent, unavailable);
+      c.remedy = "install Firecracker's release binaries (docs/microvm.md, \"Firecracker\") and set "
+                 "runtime.microvm.firecracker and .jailer, or runtime.microvm.vmm = \"qemu\"";
+    }
+    ctx.Add(std::move(c));
+  } else {
     Check c{"microvm.qemu", "QEMU for microVMs", CheckResult::kOk, "", "", ctx.microvm};
     const std::string name = ctx.opts.microvm_qemu.empty() ? "qemu-system-x86_64" : ctx.opts.microvm_qemu;
     absl::StatusOr<std::string> path = absl::NotFoundError("fake host root");

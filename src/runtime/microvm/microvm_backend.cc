@@ -228,9 +228,6 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
     return absl::UnimplementedError("microvm: no network-ready warm-pool members (the pool serves the ns runtime)");
   }
   SBX_RETURN_IF_ERROR(CheckCreate(spec.resources, false));
-  if (spec.keep_writable_layer) {
-    return absl::UnimplementedError("microvm: template builds run on the ns runtime");
-  }
   if (qemu_path_.empty() && firecracker_path_.empty()) SBX_RETURN_IF_ERROR(Probe());
   const bool firecracker = opts_.vmm == "firecracker";
   SBX_ASSIGN_OR_RETURN(BootAssets assets, Assets());
@@ -355,6 +352,9 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
               // QEMU gives the agent a virtio-serial port; Firecracker has only vsock.
               {"agent_link", firecracker ? "vsock" : "virtio-serial"}};
   if (!net_cfg.is_null()) cfg["net"] = net_cfg;
+  if (spec.keep_writable_layer) cfg["keep_writable_layer"] = true;
+  rec.keep_writable_layer = spec.keep_writable_layer;
+  rec.disk_mib = spec.resources.disk_mib;
   {
     // A raw disk: the JSON, then zeros to a whole number of 4 KiB blocks.
     std::string text = cfg.dump();

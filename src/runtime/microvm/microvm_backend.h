@@ -65,7 +65,10 @@ class MicrovmBackend : public Backend {
 
   std::string Name() const override { return "microvm"; }
   Capabilities GetCapabilities() const override {
-    return Capabilities{.pause = true, .suspend_releases_memory = true, .egress_policy = opts_.network != nullptr};
+    return Capabilities{.pause = true,
+                        .suspend_releases_memory = true,
+                        .egress_policy = opts_.network != nullptr,
+                        .template_builds = true};
   }
   absl::Status Probe() override;
   absl::Status CheckCreate(const Resources& effective, bool networked) const override;

@@ -20,12 +20,14 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "archive/upper_layer.h"
 #include "common/files.h"
 #include "common/process.h"
 #include "common/status_util.h"
 #include "common/unique_fd.h"
 #include "net/nft_ruleset.h"
 #include "protocol/protocol.h"
+#include "protocol/messages.h"
 #include "protocol/mux.h"
 #include "agent/vm_init.h"
 #include "runtime/microvm/firecracker.h"
@@ -194,6 +196,10 @@ absl::Status WaitForAgent(const Instance& vm, const std::string& dir, int timeou
 
 namespace {
 
+// A build step's layer export: the guest walks its upper and streams it (120 s per frame at
+// most, as the agent's own file I/O bound).
+constexpr int kExportIoTimeoutMs = 120000;
+
 class MicrovmInstance : public Instance {
  public:
   MicrovmInstance(std::string id, std::string dir, VmRecord rec, std::unique_ptr<Vmm> vmm,
@@ -245,6 +251,48 @@ class MicrovmInstance : public Instance {
       return absl::UnavailableError(fmt::format("dial port {}: refused in the guest ({})", port, ipv6 ? "[::1]" : "127.0.0.1"));
     }
     return fd;
+  }
+  // The guest's agent ends the step's leftover processes and streams its overlay's upper
+  // (agent/export_layer.cc); what arrives is the guest's word, so it is hashed here, bounded by
+  // the disk it came from, and unpacked by the layer store like any layer sbxd did not make.
+  absl::StatusOr<ExportedLayer> ExportWritableLayer(int out_fd, const std::function<bool()>& cancelled,
+                                                    uint64_t max_entries) override {
+    const VmRecord rec = Rec();
+    if (!rec.keep_writable_layer || rec.suspended) {
+      return absl::FailedPreconditionError(fmt::format(
+          "export writable layer {}: not a running build step's VM (keep_writable_layer)", id_));
+    }
+    auto done = [&](const absl::Status& s) { return Annotate(s, fmt::format("export writable layer {}", id_)); };
+    auto conn = protocol::AgentConnection::Connect(AgentSocketPath(), kExportIoTimeoutMs);
+    if (!conn.ok()) return done(conn.status());
+    protocol::ExportLayerRequest req;
+    req.max_entries = std::max<uint64_t>(max_entries, 1);
+    if (auto r = conn->Call(req.ToJson()); !r.ok()) return done(r.status());
+    // Every entry costs at most a header and a long name's extension (3 blocks); the files'
+    // bytes fit the disk they were on.
+    const uint64_t headers = std::min<uint64_t>(max_entries, uint64_t{1} << 24) * 1536;
+    archive::LayerTarFile file(out_fd, (static_cast<uint64_t>(std::max<int64_t>(rec.disk_mib, 0)) << 20) + headers + (1 << 20));
+    for (;;) {
+      if (cancelled && cancelled()) return absl::CancelledError(fmt::format("export writable layer {}: cancelled", id_));
+      auto f = conn->ReadFrame();
+      if (!f.ok()) return done(f.status());
+      if (f->type == protocol::FrameType::kData) {
+        if (absl::Status w = file.Write(f->payload); !w.ok()) return done(w);
+        continue;
+      }
+      if (f->type != protocol::FrameType::kEnd) {
+        return done(absl::InternalError(fmt::format("the agent sent frame type {} in a layer", static_cast<int>(f->type))));
+      }
+      auto j = protocol::ParseObjectPayload(f->payload, "export_layer end");
+      if (!j.ok()) return done(j.status());
+      if (absl::Status s = protocol::ReplyStatus(*j, "export_layer end"); !s.ok()) return done(s);
+      auto end = protocol::ExportLayerEnd::FromJson(*j);
+      if (!end.ok()) return done(end.status());
+      if (end->tar_bytes != file.bytes()) {
+        return done(absl::DataLossError(fmt::format("the agent counted {} bytes, {} arrived", end->tar_bytes, file.bytes())));
+      }
+      return ExportedLayer{file.Digest(), file.bytes(), std::min(end->entries, max_entries)};
+    }
   }
   absl::StatusOr<std::map<std::string, uint64_t>> DeniedEgress() const override {
     if (!network_ || ctx_.network == nullptr) {

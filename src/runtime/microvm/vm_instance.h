@@ -45,6 +45,10 @@ struct VmRecord {
   std::vector<std::string> vmm_argv;
   uint32_t uid = 0;  // the VMM's uid and gid: the base of a claimed uid range (0: none claimed)
   int64_t vcpus = 1, memory_mib = 0;  // for the VMM's cgroup limits, made again on a wake after a reboot
+  // A template build step's VM (SandboxSpec::keep_writable_layer): ExportWritableLayer works,
+  // its stream bounded by the disk. Not in vm.json: a build step's VM is never adopted.
+  bool keep_writable_layer = false;
+  int64_t disk_mib = 0;
 };
 
 absl::StatusOr<VmRecord> ReadRecord(const std::string& dir);

@@ -23,7 +23,7 @@
 #include "runtime/ns/ns_network.h"
 #include "runtime/ns/pidfd.h"
 #include "runtime/ns/port_dial.h"
-#include "runtime/ns/upper_export.h"
+#include "archive/upper_layer.h"
 
 namespace sbx::runtime::ns {
 
@@ -148,7 +148,8 @@ class NsInstance : public Instance {
     }
     // Frozen, nothing the step left running can change a file while it is read.
     SBX_RETURN_IF_ERROR(Annotate(Freeze(), fmt::format("export writable layer {}", id_)));
-    auto layer = WriteUpperAsLayer(upper_.get(), uid_base_, out_fd, cancelled, max_entries);
+    auto layer = archive::WriteUpperAsLayerFile(upper_.get(), uid_base_, kUidRangeSize, out_fd,
+                                                cancelled, max_entries);
     // Thawed again: a v1 freezer holds even SIGKILL until then, and Destroy comes next.
     absl::Status thaw = Thaw();
     if (!layer.ok()) return Annotate(layer.status(), fmt::format("export writable layer {}", id_));

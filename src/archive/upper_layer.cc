@@ -1,4 +1,4 @@
-#include "runtime/ns/upper_export.h"
+#include "archive/upper_layer.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -16,24 +16,24 @@
 #include <fmt/format.h>
 
 #include "archive/tar.h"
-#include "common/digest.h"
 #include "common/status_util.h"
 #include "common/unique_fd.h"
-#include "runtime/ns/userns.h"
 
-namespace sbx::runtime::ns {
+namespace sbx::archive {
 namespace {
 
-using archive::TarEntry;
-using archive::TarType;
 
 constexpr size_t kFlushBytes = 1 << 20;
 
 class Writer {
  public:
-  Writer(uint32_t uid_base, int out_fd, const std::function<bool()>& cancelled,
-         uint64_t max_entries)
-      : uid_base_(uid_base), out_(out_fd), cancelled_(cancelled), max_entries_(max_entries) {}
+  Writer(uint32_t uid_base, uint32_t uid_range, const TarSink& sink,
+         const std::function<bool()>& cancelled, uint64_t max_entries)
+      : uid_base_(uid_base),
+        uid_range_(uid_range),
+        sink_(sink),
+        cancelled_(cancelled),
+        max_entries_(max_entries) {}
 
   // Depth first, with an explicit stack: the tree was made by the sandbox, and its depth must
   // not become sbxd's stack depth.
@@ -122,11 +122,10 @@ class Writer {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<UpperLayer> Finish() {
-    buf_.append(archive::TarTrailer());
+  absl::StatusOr<UpperWalk> Finish() {
+    buf_.append(TarTrailer());
     SBX_RETURN_IF_ERROR(Flush());
-    UpperLayer out;
-    out.diff_id = hash_.Digest();
+    UpperWalk out;
     out.tar_bytes = written_;
     out.entries = entries_;
     return out;
@@ -135,7 +134,7 @@ class Writer {
  private:
   uint32_t Shift(uint32_t id) const {
     if (uid_base_ == 0) return id;
-    return id >= uid_base_ && id - uid_base_ < kUidRangeSize ? id - uid_base_ : 0;
+    return id >= uid_base_ && id - uid_base_ < uid_range_ ? id - uid_base_ : 0;
   }
 
   static bool Opaque(int dirfd) {
@@ -195,7 +194,7 @@ class Writer {
       off += static_cast<uint64_t>(r);
       if (buf_.size() >= kFlushBytes) SBX_RETURN_IF_ERROR(Flush());
     }
-    buf_.append(archive::TarPadding(e.size));
+    buf_.append(TarPadding(e.size));
     return absl::OkStatus();
   }
 
@@ -206,30 +205,24 @@ class Writer {
 
   absl::Status Header(const TarEntry& e) {
     if (++entries_ > max_entries_) return TooMany();
-    SBX_RETURN_IF_ERROR(archive::AppendTarHeader(buf_, e));
+    SBX_RETURN_IF_ERROR(AppendTarHeader(buf_, e));
     return buf_.size() >= kFlushBytes ? Flush() : absl::OkStatus();
   }
 
   absl::Status Flush() {
-    hash_.Update(buf_.data(), buf_.size());
-    std::string_view rest = buf_;
-    while (!rest.empty()) {
-      ssize_t w = ::write(out_, rest.data(), rest.size());
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) return ErrnoStatus(errno, "build layer: write the layer tar");
-      rest.remove_prefix(static_cast<size_t>(w));
-    }
+    if (buf_.empty()) return absl::OkStatus();
+    SBX_RETURN_IF_ERROR(sink_(buf_));
     written_ += buf_.size();
     buf_.clear();
     return absl::OkStatus();
   }
 
   const uint32_t uid_base_;
-  const int out_;
+  const uint32_t uid_range_;
+  const TarSink& sink_;
   const std::function<bool()>& cancelled_;
   const uint64_t max_entries_;
   std::string buf_;
-  Sha256Stream hash_;
   uint64_t written_ = 0;
   uint64_t entries_ = 0;
   std::map<std::pair<dev_t, ino_t>, std::string> links_;
@@ -237,12 +230,13 @@ class Writer {
 
 }  // namespace
 
-absl::StatusOr<UpperLayer> WriteUpperAsLayer(int upper_fd, uint32_t uid_base, int out_fd,
-                                             const std::function<bool()>& cancelled,
-                                             uint64_t max_entries) {
-  Writer w(uid_base, out_fd, cancelled, max_entries);
+absl::StatusOr<UpperWalk> WriteUpperAsLayer(int upper_fd, uint32_t uid_base, uint32_t uid_range,
+                                            const TarSink& sink,
+                                            const std::function<bool()>& cancelled,
+                                            uint64_t max_entries) {
+  Writer w(uid_base, uid_range, sink, cancelled, max_entries);
   SBX_RETURN_IF_ERROR(w.Walk(upper_fd));
   return w.Finish();
 }
 
-}  // namespace sbx::runtime::ns
+}  // namespace sbx::archive

@@ -2,7 +2,7 @@
 // (a new file, a deleted one, a replaced directory, links, an owner in the sandbox's range)
 // come out as the OCI layer entries that mean the same. Root (overlayfs and trusted.* xattrs);
 // skips without it, fails instead when SBX_TESTS_MUST_RUN=1.
-#include "runtime/ns/upper_export.h"
+#include "archive/upper_layer.h"
 
 #include <fcntl.h>
 #include <sys/mount.h>
@@ -22,13 +22,13 @@
 #include "common/test_util.h"
 #include "common/unique_fd.h"
 
-namespace sbx::runtime::ns {
+namespace sbx::archive {
 namespace {
 
 namespace fs = std::filesystem;
 
 struct Seen {
-  archive::TarType type;
+  TarType type;
   uint32_t uid, gid, mode;
   std::string linkname;
   std::string data;
@@ -38,7 +38,7 @@ std::map<std::string, Seen> ReadTar(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   bool given = false;
-  archive::TarReader r([&]() -> absl::StatusOr<std::string_view> {
+  TarReader r([&]() -> absl::StatusOr<std::string_view> {
     if (given) return std::string_view();
     given = true;
     return std::string_view(all);
@@ -110,7 +110,7 @@ TEST_F(UpperExport, ChangesThroughAnOverlayBecomeTheLayerEntriesThatMeanTheSame)
   ASSERT_TRUE(upper.valid());
   const std::string tar = dir_ + "/layer.tar";
   UniqueFd out(::open(tar.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-  auto layer = WriteUpperAsLayer(upper.get(), base, out.get());
+  auto layer = WriteUpperAsLayerFile(upper.get(), base, 65536, out.get());
   ASSERT_TRUE(layer.ok()) << layer.status();
   out.Reset();
 
@@ -121,7 +121,7 @@ TEST_F(UpperExport, ChangesThroughAnOverlayBecomeTheLayerEntriesThatMeanTheSame)
 
   auto e = ReadTar(tar);
   ASSERT_TRUE(e.count("etc/.wh.gone")) << "a deleted lower file is a whiteout entry";
-  EXPECT_EQ(e["etc/.wh.gone"].type, archive::TarType::kFile);
+  EXPECT_EQ(e["etc/.wh.gone"].type, TarType::kFile);
   ASSERT_TRUE(e.count("etc/old/.wh..wh..opq")) << "a replaced directory is opaque";
   EXPECT_EQ(e["etc/old/b"].data, "bee");
   EXPECT_FALSE(e.count("etc/old/a"));
@@ -132,16 +132,16 @@ TEST_F(UpperExport, ChangesThroughAnOverlayBecomeTheLayerEntriesThatMeanTheSame)
   EXPECT_EQ(e["app.py"].mode, 04755u);
   EXPECT_EQ(e["app.py"].data, "print(1)\n");
   ASSERT_TRUE(e.count("app2.py"));
-  EXPECT_EQ(e["app2.py"].type, archive::TarType::kHardLink);
+  EXPECT_EQ(e["app2.py"].type, TarType::kHardLink);
   EXPECT_EQ(e["app2.py"].linkname, "app.py");
-  EXPECT_EQ(e["lnk"].type, archive::TarType::kSymlink);
+  EXPECT_EQ(e["lnk"].type, TarType::kSymlink);
   EXPECT_EQ(e["lnk"].linkname, "/etc/passwd") << "a link is written, never followed";
-  EXPECT_EQ(e["fifo"].type, archive::TarType::kFifo);
+  EXPECT_EQ(e["fifo"].type, TarType::kFifo);
   EXPECT_EQ(e["etc"].uid, 0u) << "an owner outside the range (host root) is 0";
 
   // The same changes, the same diff_id (the build cache keys on it).
   UniqueFd again(::open((dir_ + "/again.tar").c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-  auto second = WriteUpperAsLayer(upper.get(), base, again.get());
+  auto second = WriteUpperAsLayerFile(upper.get(), base, 65536, again.get());
   ASSERT_TRUE(second.ok());
   EXPECT_EQ(second->diff_id, layer->diff_id);
 }
@@ -151,7 +151,7 @@ TEST_F(UpperExport, TooManyEntriesStopTheWalk) {
   Unmount();
   UniqueFd upper(::open((dir_ + "/upper").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   UniqueFd out(::open((dir_ + "/m.tar").c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-  auto layer = WriteUpperAsLayer(upper.get(), 0, out.get(), {}, 5);
+  auto layer = WriteUpperAsLayerFile(upper.get(), 0, 65536, out.get(), {}, 5);
   EXPECT_TRUE(absl::IsResourceExhausted(layer.status())) << layer.status();
   EXPECT_NE(layer.status().message().find("max_entries_per_layer"), std::string::npos);
 }
@@ -165,7 +165,7 @@ TEST_F(UpperExport, NestingPastTheBoundStopsTheWalkWithoutRecursion) {
   Unmount();
   UniqueFd upper(::open((dir_ + "/upper").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   UniqueFd out(::open((dir_ + "/n.tar").c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-  auto layer = WriteUpperAsLayer(upper.get(), 0, out.get());
+  auto layer = WriteUpperAsLayerFile(upper.get(), 0, 65536, out.get());
   EXPECT_TRUE(absl::IsResourceExhausted(layer.status())) << layer.status();
   EXPECT_NE(layer.status().message().find("nested deeper"), std::string::npos);
 }
@@ -175,9 +175,9 @@ TEST_F(UpperExport, CancelStopsTheWalk) {
   Unmount();
   UniqueFd upper(::open((dir_ + "/upper").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   UniqueFd out(::open((dir_ + "/c.tar").c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-  auto layer = WriteUpperAsLayer(upper.get(), 0, out.get(), [] { return true; });
+  auto layer = WriteUpperAsLayerFile(upper.get(), 0, 65536, out.get(), [] { return true; });
   EXPECT_TRUE(absl::IsCancelled(layer.status())) << layer.status();
 }
 
 }  // namespace
-}  // namespace sbx::runtime::ns
+}  // namespace sbx::archive
