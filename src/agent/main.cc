@@ -26,8 +26,9 @@ void Usage(FILE* out) {
       "                 [--cgroup-procs-fd N]... [--upper-fd N] [--spare-pid N]...\n"
       "  --listen-fd N       serve on an inherited, listening unix socket (ns runtime)\n"
       "  --listen PATH       bind and serve on a unix socket at PATH\n"
-      "  or: sbx-agent --vm-bridge PORT_SOCKET LISTEN_PATH [CONNECT_LINE]  (a microVM's host bridge;\n"
-      "      CONNECT_LINE: what Firecracker's vsock socket is sent first)\n"
+      "  or: sbx-agent --vm-bridge PORT_SOCKET LISTEN_PATH [CONNECT_LINE] [--as-uid N]  (a microVM's\n"
+      "      host bridge; CONNECT_LINE: what Firecracker's vsock socket is sent first; --as-uid: confined\n"
+      "      to that uid once its sockets are open)\n"
       "  or: sbx-agent --vm-jail SPEC_JSON -- QEMU ARGV...  (a microVM's VMM, jailed)\n",
       out);
   std::fprintf(out, "  --buffer-bytes N    output retained per session and stream (default %zu)\n",
@@ -65,8 +66,24 @@ bool ParseNumber(const char* s, long long min, long long max, long long* out) {
 int main(int argc, char** argv) {
   // The initramfs of a microVM runs this binary as /init (docs/microvm.md).
   if (::getpid() == 1 && argc == 1) return sbx::agent::RunVmInit();
-  if ((argc == 4 || argc == 5) && std::string(argv[1]) == "--vm-bridge") {
-    return sbx::agent::RunVmBridge(argv[2], argv[3], argc == 5 ? argv[4] : "");
+  if (argc >= 4 && std::string(argv[1]) == "--vm-bridge") {
+    // PORT LISTEN [CONNECT_LINE] [--as-uid N]
+    std::vector<std::string> rest(argv + 2, argv + argc);
+    uint32_t as_uid = 0;
+    if (rest.size() >= 4 && rest[rest.size() - 2] == "--as-uid") {
+      long long n = 0;
+      if (!ParseNumber(rest.back().c_str(), 1, UINT32_MAX - 1, &n)) {
+        std::fprintf(stderr, "sbx-agent --vm-bridge: bad --as-uid\n");
+        return 2;
+      }
+      as_uid = static_cast<uint32_t>(n);
+      rest.resize(rest.size() - 2);
+    }
+    if (rest.size() != 2 && rest.size() != 3) {
+      Usage(stderr);
+      return 2;
+    }
+    return sbx::agent::RunVmBridge(rest[0], rest[1], rest.size() == 3 ? rest[2] : "", as_uid);
   }
   if (argc >= 5 && std::string(argv[1]) == "--vm-jail" && std::string(argv[3]) == "--") {
     return sbx::agent::RunVmJail(argv[2], std::vector<std::string>(argv + 4, argv + argc));

@@ -33,6 +33,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/vm_jail.h"
 #include "protocol/mux.h"
 
 extern char** environ;
@@ -532,7 +533,8 @@ bool VsockHandshake(int fd, const std::string& line) {
 
 }  // namespace
 
-int RunVmBridge(const std::string& port_path, const std::string& listen_path, const std::string& connect_line) {
+int RunVmBridge(const std::string& port_path, const std::string& listen_path, const std::string& connect_line,
+                uint32_t as_uid) {
   auto addr_of = [](const std::string& p, sockaddr_un* a) {
     *a = {};
     a->sun_family = AF_UNIX;
@@ -586,6 +588,13 @@ int RunVmBridge(const std::string& port_path, const std::string& listen_path, co
       return 1;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (as_uid != 0) {
+    const std::string empty = listen_path.substr(0, listen_path.rfind('/') + 1) + "bridge-root";
+    if (const absl::Status st = ConfineBridge(as_uid, empty); !st.ok()) {
+      std::fprintf(stderr, "sbx-agent --vm-bridge: %s\n", std::string(st.message()).c_str());
+      return 1;
+    }
   }
   protocol::MuxPumpOptions o;
   o.port_fd = pfd;

@@ -18,9 +18,11 @@ int RunVmInit();
 
 // Connects to `port_path` (QEMU's chardev socket, or Firecracker's vsock socket, to which it
 // first writes `connect_line`; retried while the VMM and the guest start), listens on
-// `listen_path` and relays until the VM is gone. Returns the process's exit code.
+// `listen_path` and relays until the VM is gone. With `as_uid`, confined to it once the
+// sockets are open (vm_jail.h, ConfineBridge; its empty root is `<listen dir>/bridge-root`).
+// Returns the process's exit code.
 int RunVmBridge(const std::string& port_path, const std::string& listen_path,
-                const std::string& connect_line = "");
+                const std::string& connect_line = "", uint32_t as_uid = 0);
 
 // The virtio disks' serials: the guest config the runtime writes (JSON, zero-padded) and the
 // sandbox's own disk. Template trees are disks `sbxl<N>` or 9p shares (config.json, "lowers").

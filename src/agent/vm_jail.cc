@@ -20,6 +20,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/status_util.h"
+
 namespace sbx::agent {
 namespace {
 
@@ -160,6 +162,31 @@ int RunVmJail(const std::string& spec_path, const std::vector<std::string>& argv
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) Die("prctl(PR_SET_NO_NEW_PRIVS)");
   // 6. QEMU.
   Exec(argv);
+}
+
+absl::Status ConfineBridge(uint32_t uid, const std::string& empty_dir) {
+  auto fail = [](const char* step) { return ErrnoStatus(errno, std::string("confine the bridge: ") + step); };
+  if (uid == 0) return absl::InvalidArgumentError("confine the bridge: uid 0 is no confinement");
+  if (::unshare(CLONE_NEWNET | CLONE_NEWIPC) != 0) return fail("unshare(CLONE_NEWNET|CLONE_NEWIPC)");
+  if (::mkdir(empty_dir.c_str(), 0555) != 0 && errno != EEXIST) return fail("mkdir the empty root");
+  struct stat st {};
+  // Made by this root-run process in sbxd's own VM directory; anything else there is refused.
+  if (::lstat(empty_dir.c_str(), &st) != 0) return fail("lstat the empty root");
+  if (!S_ISDIR(st.st_mode) || st.st_uid != 0 || (st.st_mode & 0222) != 0) {
+    errno = EPERM;
+    return fail("the empty root is not a read-only directory of root's");
+  }
+  if (::chroot(empty_dir.c_str()) != 0) return fail("chroot");
+  if (::chdir("/") != 0) return fail("chdir /");
+  const rlimit fsize{16u << 20, 16u << 20};
+  ::signal(SIGXFSZ, SIG_IGN);
+  if (::setrlimit(RLIMIT_FSIZE, &fsize) != 0) return fail("setrlimit(RLIMIT_FSIZE)");
+  if (::setgroups(0, nullptr) != 0) return fail("setgroups(0)");
+  if (::setresgid(uid, uid, uid) != 0) return fail("setresgid");
+  if (::setresuid(uid, uid, uid) != 0) return fail("setresuid");
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return fail("prctl(PR_SET_NO_NEW_PRIVS)");
+  if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return fail("prctl(PR_SET_DUMPABLE, 0)");
+  return absl::OkStatus();
 }
 
 }  // namespace sbx::agent

@@ -65,6 +65,19 @@ def test_create_exec_files_pause_delete_leave_nothing(api, sbxd, microvm_availab
     assert sig_ign & (1 << (25 - 1)), status  # SIGXFSZ
     cgroups = Path(f"/proc/{qemu}/cgroup").read_text()
     assert f"/sbx-vm/{sid}" in cgroups, cgroups
+    # The bridge, the first host process to parse what the guest sends, is confined once its
+    # sockets are open: the VMM's uid, no capabilities, not dumpable, no network, an empty root.
+    bridge = next(p for p in procs if p != qemu)
+    bstatus = Path(f"/proc/{bridge}/status").read_text()
+    buids = next(l for l in bstatus.splitlines() if l.startswith("Uid:")).split()[1:]
+    assert buids == uids, (bstatus, status)
+    assert next(l for l in bstatus.splitlines() if l.startswith("Groups:")).split()[1:] == [], bstatus
+    assert "NoNewPrivs:\t1" in bstatus and "CapEff:\t0000000000000000" in bstatus, bstatus
+    assert "CapPrm:\t0000000000000000" in bstatus, bstatus
+    for ns in ("net", "ipc"):
+        assert os.readlink(f"/proc/{bridge}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}"), ns
+    assert os.readlink(f"/proc/{bridge}/root") == str(sbxd.state_dir / "vm" / sid / "bridge-root")
+    assert os.listdir(f"/proc/{bridge}/root") == []
     jail_root = Path(f"/proc/{qemu}/root")
     assert sorted(p.name for p in (jail_root / str(sbxd.state_dir).lstrip("/") / "vm").iterdir()) == [sid]
     assert not (jail_root / "etc").exists() and not (jail_root / "home").exists()

@@ -386,7 +386,7 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
   auto pid = SpawnDetached(rec.vmm_argv, DetachedOptions{.log = VmmLog(dir, rec)});
   if (!pid.ok()) return fail(pid.status());
   rec.vmm_pid = *pid;
-  auto bridge = StartBridge(opts_.agent_path, dir, (*vmm)->Link());
+  auto bridge = StartBridge(opts_.agent_path, dir, (*vmm)->Link(), rec.uid);
   if (!bridge.ok()) return fail(bridge.status());
   rec.bridge = *bridge;
   if (auto st = WriteRecord(dir, rec); !st.ok()) return fail(st);
@@ -520,7 +520,7 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Adopt(const std::string& id, const J
   if (!IsOurs(rec->bridge, dir)) {
     // The VM outlived its bridge: a new one says hello, and the guest drops the old streams.
     SBX_ASSIGN_OR_RETURN(std::unique_ptr<Vmm> vmm, OpenVmm(rec->vmm, dir));
-    auto b = StartBridge(opts_.agent_path, dir, vmm->Link());
+    auto b = StartBridge(opts_.agent_path, dir, vmm->Link(), rec->uid);
     if (!b.ok()) return Annotate(b.status(), fmt::format("adopt sandbox {}: restart its bridge", id));
     rec->bridge = *b;
     SBX_RETURN_IF_ERROR(WriteRecord(dir, *rec));

@@ -170,9 +170,11 @@ absl::Status WriteRecord(const std::string& dir, const VmRecord& r) {
 
 std::string VmmLog(const std::string& dir, const VmRecord& rec) { return fmt::format("{}/{}.log", dir, rec.vmm); }
 
-absl::StatusOr<pid_t> StartBridge(const std::string& agent, const std::string& dir, const GuestLink& link) {
+absl::StatusOr<pid_t> StartBridge(const std::string& agent, const std::string& dir, const GuestLink& link,
+                                  uint32_t uid) {
   std::vector<std::string> argv = {agent, "--vm-bridge", link.socket, dir + "/agent.sock"};
   if (!link.connect_line.empty()) argv.push_back(link.connect_line);
+  if (uid != 0) argv.insert(argv.end(), {"--as-uid", std::to_string(uid)});
   return SpawnDetached(argv, DetachedOptions{.log = dir + "/bridge.log"});
 }
 
@@ -456,7 +458,7 @@ class MicrovmInstance : public Instance {
       return absl::UnavailableError(fmt::format("the VMM exited ({}): {}", ended, FileTail(VmmLog(dir_, live), 300)));
     };
     if (auto st = vmm_->AwaitLoaded(state, alive, deadline); !st.ok()) return undo(st);
-    auto bridge = StartBridge(ctx_.agent_path, dir_, vmm_->Link());
+    auto bridge = StartBridge(ctx_.agent_path, dir_, vmm_->Link(), live.uid);
     if (!bridge.ok()) return undo(bridge.status());
     live.bridge = *bridge;
     if (auto st = WriteRecord(dir_, live); !st.ok()) return undo(st);

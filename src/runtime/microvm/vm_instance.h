@@ -54,9 +54,11 @@ struct VmRecord {
 absl::StatusOr<VmRecord> ReadRecord(const std::string& dir);
 absl::Status WriteRecord(const std::string& dir, const VmRecord& r);
 
-// `agent --vm-bridge <link.socket> <dir>/agent.sock [CONNECT-LINE]`, detached, logging to
-// bridge.log.
-absl::StatusOr<pid_t> StartBridge(const std::string& agent, const std::string& dir, const GuestLink& link);
+// `agent --vm-bridge <link.socket> <dir>/agent.sock [CONNECT-LINE] [--as-uid UID]`, detached,
+// logging to bridge.log; confined to the VMM's uid (0: none claimed, not confined) once its
+// sockets are open, before it parses what the guest sends.
+absl::StatusOr<pid_t> StartBridge(const std::string& agent, const std::string& dir, const GuestLink& link,
+                                  uint32_t uid);
 // Where the VMM of `rec` logs (its stderr): <dir>/<driver>.log.
 std::string VmmLog(const std::string& dir, const VmRecord& rec);
 // Until the guest's agent answers through the bridge; a VM that exits first says why.
