@@ -1,3 +1,4 @@
+#include "net/limits.h"
 #include "net/nft_ruleset.h"
 
 #include <fmt/format.h>
@@ -149,6 +150,20 @@ std::vector<EgressProfile> NetworkedProfiles(const NetPolicyConfig& cfg) {
 
 }  // namespace
 
+// What a microVM's guest sends, forwarded or to the host, beyond egress.rate_mbit is dropped
+// (the bucket holds the shaper's burst and queue: ~70 ms at the rate, so TCP's bursts pass).
+std::string TapRateRules(const NetPolicyConfig& cfg) {
+  if (cfg.rate_mbit == 0) return "";
+  const RateParams p = RateParamsFor(cfg.rate_mbit);
+  std::string out;
+  for (const char* chain : {"forward", "input"}) {
+    out += fmt::format("add rule inet {} {} iifname @taps update @tap_rate {{ iifname limit rate over {} "
+                       "bytes/second burst {} bytes }} drop\n",
+                       kTable, chain, p.bytes_per_s, static_cast<uint64_t>(p.burst) + p.queue);
+  }
+  return out;
+}
+
 std::string BaseRuleset(const NetPolicyConfig& cfg) {
   const char* t = kTable;
   std::string out = fmt::format(
@@ -169,11 +184,17 @@ std::string BaseRuleset(const NetPolicyConfig& cfg) {
   }
   out += fmt::format("add set inet {} lograte {{ type ifname; size {}; flags dynamic; }}\n", t,
                      AddrPool::kMaxSlots);
+  // microVM taps (AddSandboxRuleset's `tap`) and, per tap, the token bucket of what its guest
+  // sends: a policer, since no qdisc sees those packets before the host routes them.
+  out += fmt::format("add set inet {} taps {{ type ifname; }}\n", t);
+  out += fmt::format("add set inet {} tap_rate {{ type ifname; size {}; flags dynamic,timeout; timeout 1m; }}\n", t,
+                     AddrPool::kMaxSlots);
   for (const auto& p : NetworkedProfiles(cfg)) out += fmt::format("add chain inet {} {}\n", t, ProfileChain(p.name));
   for (const char* c : {"forward", "input", "postrouting", "prerouting", "egress"}) {
     out += fmt::format("flush chain inet {} {}\n", t, c);
   }
   for (const auto& p : NetworkedProfiles(cfg)) out += fmt::format("flush chain inet {} {}\n", t, ProfileChain(p.name));
+  out += TapRateRules(cfg);
   out += fmt::format(
       "add rule inet {t} forward iifname \"sbxv*\" jump egress\n"
       "add rule inet {t} forward oifname \"sbxv*\" ct state established,related accept\n"
@@ -247,9 +268,10 @@ std::string UdpDomainRules(const std::string& chain) {
 
 std::string AddSandboxRuleset(const std::string& id, const std::string& veth,
                               const SandboxAddrs& addrs, const NetPolicyConfig& cfg,
-                              const SandboxPolicy& policy) {
+                              const SandboxPolicy& policy, bool tap) {
   const char* t = kTable;
   std::string out;
+  if (tap) out += AddTapElement(veth);
   for (const auto& reason : DenialReasons()) {
     out += fmt::format("add element inet {} deny_{} {{ \"{}\" }}\n", t, reason, veth);
   }
@@ -308,8 +330,12 @@ std::string ConnLimitRules(const NetPolicyConfig& cfg) {
   return out;
 }
 
+std::string AddTapElement(const std::string& veth) {
+  return fmt::format("add element inet {} taps {{ \"{}\" }}\n", kTable, veth);
+}
+
 std::vector<std::string> DeleteSandboxCommands(const std::string& id, const std::string& veth,
-                                               const SandboxAddrs& addrs, bool narrowed) {
+                                               const SandboxAddrs& addrs, bool narrowed, bool tap) {
   const char* t = kTable;
   // The map element first: it is the last reference to a narrowed sandbox's chain.
   std::vector<std::string> out = {
@@ -320,6 +346,7 @@ std::vector<std::string> DeleteSandboxCommands(const std::string& id, const std:
   for (const auto& reason : DenialReasons()) {
     out.push_back(fmt::format("delete element inet {} deny_{} {{ \"{}\" }}", t, reason, veth));
   }
+  if (tap) out.push_back(fmt::format("delete element inet {} taps {{ \"{}\" }}", t, veth));
   return out;
 }
 

@@ -84,13 +84,19 @@ std::string BaseRuleset(const NetPolicyConfig& cfg);
 // A sandbox's elements (and its chain when narrowed), in one transaction.
 // NotFound-free by construction: `policy.profile` must be `open` or one of cfg.profiles
 // (the caller checks; the transaction fails otherwise).
+// `tap`: the link is a microVM's tap (net/tap.h), whose guest sends through its VMM, outside
+// any qdisc: it joins the `taps` set, where the base ruleset polices what it sends at
+// cfg.rate_mbit (the ns runtime shapes its veth's sandbox end instead, limits.h).
 std::string AddSandboxRuleset(const std::string& id, const std::string& veth,
                               const SandboxAddrs& addrs, const NetPolicyConfig& cfg,
-                              const SandboxPolicy& policy);
+                              const SandboxPolicy& policy, bool tap = false);
+// The element that puts a tap in the `taps` set (AddSandboxRuleset with tap, and an adopted
+// tap made before the set existed); "add" keeps one that is there.
+std::string AddTapElement(const std::string& veth);
 // Removes them. Each line is a command of its own: a caller whose transaction failed because
 // one element was already gone runs them one by one.
 std::vector<std::string> DeleteSandboxCommands(const std::string& id, const std::string& veth,
-                                               const SandboxAddrs& addrs, bool narrowed);
+                                               const SandboxAddrs& addrs, bool narrowed, bool tap = false);
 // A PATCH of a running sandbox's allow rules (each within its profile's: the caller checks),
 // one transaction: the sandbox's own chain (made now when its create did not narrow) is
 // refilled with the profile's deny rules and `allow`, and its map element points at it.

@@ -74,6 +74,35 @@ TEST(NftRuleset, SandboxAddsOnlyElementsUnlessNarrowed) {
   Pos(n, "add element inet sbx profile_of { \"sbxv0\" : jump sbx_abc }");
 }
 
+// A microVM's tap: its guest sends past every qdisc, so with a rate the base ruleset polices
+// what comes in on a tap of the `taps` set (forwarded or to the host), before any other rule;
+// without a rate nothing is policed; the tap's element comes and goes with its sandbox's.
+TEST(NftRuleset, TapsArePolicedAtTheRateBeforeAnyOtherRule) {
+  NetPolicyConfig c = LabCfg();
+  std::string none = BaseRuleset(c);
+  Pos(none, "add set inet sbx taps { type ifname; }");
+  EXPECT_EQ(none.find("@tap_rate"), std::string::npos) << none;
+  c.rate_mbit = 40;
+  std::string t = BaseRuleset(c);
+  const std::string police =
+      "iifname @taps update @tap_rate { iifname limit rate over 5000000 bytes/second burst 381072 bytes } drop";
+  size_t fwd = Pos(t, "add rule inet sbx forward " + police);
+  size_t in = Pos(t, "add rule inet sbx input " + police);
+  EXPECT_LT(fwd, Pos(t, "add rule inet sbx forward iifname \"sbxv*\" jump egress"));
+  EXPECT_LT(in, Pos(t, "add rule inet sbx input iifname \"sbxv*\" ct state established,related accept"));
+
+  AddrPool pool = *AddrPool::Make(Cfg().pool4, Cfg().pool6);
+  SandboxAddrs a = *pool.Allocate();
+  EXPECT_EQ(AddSandboxRuleset("sbx_abc", "sbxv0", a, c, {.profile = "lab"}).find("taps"), std::string::npos);
+  Pos(AddSandboxRuleset("sbx_abc", "sbxv0", a, c, {.profile = "lab"}, /*tap=*/true),
+      "add element inet sbx taps { \"sbxv0\" }");
+  auto del = DeleteSandboxCommands("sbx_abc", "sbxv0", a, false, /*tap=*/true);
+  EXPECT_EQ(del.back(), "delete element inet sbx taps { \"sbxv0\" }");
+  for (const auto& cmd : DeleteSandboxCommands("sbx_abc", "sbxv0", a, false)) {
+    EXPECT_EQ(cmd.find("taps"), std::string::npos) << cmd;
+  }
+}
+
 TEST(NftRuleset, BaseMasqueradesTowardUplink) {
   std::string t = BaseRuleset(Cfg());
   Pos(t, "oifname \"up0\" ip saddr 10.200.0.0/16 masquerade");

@@ -1,6 +1,7 @@
 #include "net/sandbox_net.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -68,7 +69,7 @@ absl::Status SandboxNetwork::Destroy() {
     else first.Update(st);
   }
   if (rules_) {
-    absl::Status st = host_->RemoveRules(id_, veth_, addrs_, narrowed_);
+    absl::Status st = host_->RemoveRules(id_, veth_, addrs_, narrowed_, tap_);
     if (st.ok()) rules_ = false;
     else first.Update(st);
   }
@@ -129,7 +130,8 @@ absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::AttachLink(const st
     net_of_id_[id] = net.get();
   }
   net->narrowed_ = policy.narrowed.has_value();
-  SBX_RETURN_IF_ERROR(nft_->Run(AddSandboxRuleset(id, net->veth_, addrs, cfg_, policy),
+  net->tap_ = tap;
+  SBX_RETURN_IF_ERROR(nft_->Run(AddSandboxRuleset(id, net->veth_, addrs, cfg_, policy, tap),
                                 fmt::format("sandbox {}: add its nftables rules", id)));
   net->rules_ = true;
   SBX_RETURN_IF_ERROR(BuildLink(*net, netns_fd, id, tap, tap_owner));
@@ -235,6 +237,13 @@ absl::StatusOr<std::unique_ptr<SandboxNetwork>> NetworkHost::Adopt(
   }
   net->link_ = true;
   net->rules_ = true;
+  // A tap (a microVM's: tun devices have tun_flags) is policed through the `taps` set; one
+  // made by an sbxd from before that set joins it now.
+  struct stat tun {};
+  if (::stat(fmt::format("/sys/class/net/{}/tun_flags", net->veth_).c_str(), &tun) == 0) {
+    net->tap_ = true;
+    SBX_RETURN_IF_ERROR(nft_->Run(AddTapElement(net->veth_), fmt::format("sandbox {}: its tap into the taps set", id)));
+  }
   auto mapped = nft_->MappedVeths();
   net->narrowed_ = mapped.ok() && (*mapped)[net->veth_] == id;
   return net;
@@ -312,8 +321,8 @@ absl::Status NetworkHost::SetPolicy(const std::string& id, const SandboxPolicy& 
 }
 
 absl::Status NetworkHost::RemoveRules(const std::string& id, const std::string& veth,
-                                      const SandboxAddrs& addrs, bool narrowed) {
-  std::vector<std::string> cmds = DeleteSandboxCommands(id, veth, addrs, narrowed);
+                                      const SandboxAddrs& addrs, bool narrowed, bool tap) {
+  std::vector<std::string> cmds = DeleteSandboxCommands(id, veth, addrs, narrowed, tap);
   std::string all;
   for (const auto& c : cmds) all += c + "\n";
   std::string what = fmt::format("sandbox {}: remove its nftables rules", id);
@@ -355,7 +364,8 @@ absl::Status NetworkHost::Sweep(const std::set<std::string>& known_ids) {
     if (!slot.has_value() || *slot >= pool_.capacity()) continue;
     spdlog::info("network sweep: removing nftables elements of veth {} (its sandbox is gone)", veth);
     bool narrowed = target.rfind("p_", 0) != 0;
-    first.Update(RemoveRules(narrowed ? target : "gone", veth, pool_.AddrsOf(*slot), narrowed));
+    // Whether it was a tap is not known any more: its element is removed if there.
+    first.Update(RemoveRules(narrowed ? target : "gone", veth, pool_.AddrsOf(*slot), narrowed, /*tap=*/true));
   }
   SBX_ASSIGN_OR_RETURN(auto chains, nft_->SandboxChains());
   for (const auto& id : chains) {

@@ -91,6 +91,7 @@ class SandboxNetwork {
   bool rules_ = false;  // step 2 done
   bool link_ = false;   // step 3 done
   bool slot_ = true;    // step 1 done, not yet given back
+  bool tap_ = false;    // a microVM's tap, in the `taps` set (nft_ruleset.h)
   int ifindex_ = 0;     // of the host end, once step 3 is done
 };
 
@@ -179,7 +180,7 @@ class NetworkHost {
   // Removes a sandbox's elements (and chain): one transaction, or command by command when
   // part of it is already gone (a sweep, the kernel removing a veth).
   absl::Status RemoveRules(const std::string& id, const std::string& veth, const SandboxAddrs& addrs,
-                           bool narrowed);
+                           bool narrowed, bool tap);
   // Refuses an id that cannot be put in rules or a profile this host does not have.
   absl::Status CheckPolicy(const std::string& id, const SandboxPolicy& policy) const;
   // Attach and AttachTap: steps 1 and 2, then BuildLink.

@@ -349,3 +349,41 @@ def test_bandwidth_limit_caps_both_directions(plab):
         assert limited > 0, (kind, r.stdout, r.stderr)
         assert limited < unlimited / 2, (kind, limited, unlimited)
     plab.delete_sandbox(sid)
+
+
+# In a sandbox: uploads to the sink for argv[2] seconds and prints the bytes the sink got and
+# the seconds until it answered (the socket buffer drains after the last send, counted too).
+UPLOAD_RATE = r"""
+import socket, sys, time
+host, secs = sys.argv[1], float(sys.argv[2])
+s = socket.create_connection((host, 8092), timeout=5); chunk = b"u" * 65536
+t0 = time.time(); end = t0 + secs
+while time.time() < end:
+    s.sendall(chunk)
+s.shutdown(socket.SHUT_WR); s.settimeout(120)
+n = int(s.recv(64))
+print(n, time.time() - t0)
+"""
+
+
+def test_what_a_microvm_guest_sends_is_policed_at_the_rate(plab):
+    """A microVM's guest sends through its VMM into the tap, past every qdisc of the host: what
+    it sends is policed by nftables at egress.rate_mbit instead (docs/networking.md, the
+    bandwidth limit). 40 Mbit/s is 5 MB/s; the guest's upload, its buffer drained, stays near
+    it (an unlimited guest sends several times that even under TCG)."""
+    mv = next(r for r in plab.call("GET", "/v1/runtimes").body["runtimes"] if r["name"] == "microvm")
+    if not mv["available"]:
+        from conftest import skip_or_fail
+        skip_or_fail(f"the microvm runtime is not available here: {mv['reason']}")
+    sb = plab.create_sandbox({"runtime": "microvm", "egress_profile": "open",
+                              "resources": {"memory_mib": 256}}, timeout=300)["sandbox"]
+    sid = sb["id"]
+    r = plab.run(sid, ["/usr/bin/python3", "-c", UPLOAD_RATE, INTERNET, "3"], max_seconds=180)
+    assert r.exit["exit_code"] == 0, (r.stdout, r.stderr)
+    n, took = r.stdout.decode().split()
+    rate = int(n) / float(took)
+    print(f"microvm guest upload at egress.rate_mbit {RATE_MBIT}: {rate / 1e6:.2f} MB/s "
+          f"({int(n) >> 20} MiB in {float(took):.1f} s)")
+    assert int(n) > 0
+    assert rate < RATE_MBIT * 1e6 / 8 * 1.5, rate
+    plab.delete_sandbox(sid)
