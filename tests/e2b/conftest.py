@@ -98,14 +98,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_e2b_daemon(ca: Path, cert: Path, key: Path):
+def start_e2b_daemon(ca: Path, cert: Path, key: Path, extra_args: list[str] | None = None):
     """sbxd over TLS on a port known before it starts, so that its E2B answers can name it."""
     for attempt in range(1, START_ATTEMPTS + 1):
         port = free_port()
         d = e2e.Daemon(listen=f"127.0.0.1:{port}", ports_domain=E2B_DOMAIN,
                        extra_args=["--tls-cert-file", str(cert), "--tls-key-file", str(key),
-                                   "--e2b-domain", f"{E2B_DOMAIN}:{port}"])
+                                   "--e2b-domain", f"{E2B_DOMAIN}:{port}", *(extra_args or [])])
         d.ca_file = str(ca)
+        d.pki = (ca, cert, key)
         try:
             d.start()
         except pytest.fail.Exception:
@@ -342,3 +343,29 @@ def pytest_runtest_makereport(item, call):
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     e2e.pytest_terminal_summary(terminalreporter, exitstatus, config)
+
+
+# ---- an E2B deployment on the microvm runtime -------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def microvm_lab(sbxd, lab, validator):
+    """A second sbxd, its default runtime microvm (docs/microvm.md), with the session's TLS
+    certificate (the SDKs trust its CA already) and a tenant of its own. Skipped (failed with
+    SBX_TESTS_MUST_RUN=1) where microvm cannot run."""
+    daemon = start_e2b_daemon(*sbxd.pki, extra_args=["--runtime", "microvm", "--default-memory-mib", "256",
+                                                     "--warm-pool", "base=0"])
+    lab_ = None
+    problems: list[str] = []
+    try:
+        lab_ = Lab(daemon, validator)
+        yield lab_
+    finally:
+        if lab_ is not None:
+            lab_.sweep()
+            ids = sorted(lab_.seen)
+            lab_.close()
+            problems = e2e.shutdown(daemon, validator, ids)
+        else:
+            daemon.stop()
+    if problems:
+        pytest.fail("microvm E2B sbxd: " + "; ".join(problems), pytrace=False)

@@ -409,3 +409,64 @@ def test_run_code_with_a_plot(e2b_env, code_interpreter_template):
         with contextlib.suppress(Exception):
             sbx.kill()
 
+
+
+# ---- on the microvm runtime ------------------------------------------------------------------------
+
+def test_pause_of_a_microvm_sandbox_releases_its_memory(microvm_lab, tmp_path):
+    """E2B's pause is sbx's suspend (docs/e2b.md): on a deployment whose default runtime is
+    microvm, a sandbox of an image template is written to disk and its VMM exits, so the host
+    has the guest's memory back while it is paused; connect resumes it where it stood (files
+    and a process's memory). Driven by the SDK; checked on the host and through sbx's API."""
+    import os
+    import images
+    from hostcheck import vm_processes
+
+    mv = next(r for r in microvm_lab.admin.call("GET", "/v1/runtimes").body["runtimes"] if r["name"] == "microvm")
+    if not mv["available"]:
+        from conftest import skip_or_fail
+        skip_or_fail(f"the microvm runtime is not available here: {mv['reason']}")
+    layout = tmp_path / "bb"
+    images.write_layout(layout, [images.busybox_layer().bytes()], env=["PATH=/bin"])
+    archive = images.docker_archive(layout, tmp_path / "bb.tar")
+    resp = microvm_lab.admin.call("POST", "/v1/templates:import", params={"name": "bbvm-e2b"},
+                                  data=archive.read_bytes(), headers={"Content-Type": "application/x-tar"},
+                                  expect=202)
+    op = microvm_lab.admin.wait_operation(resp.body["operation"]["id"], timeout=120)
+    assert op["state"] == "succeeded", op
+    saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
+    os.environ.update({"E2B_API_URL": microvm_lab.url, "E2B_SANDBOX_URL": microvm_lab.url,
+                       "E2B_API_KEY": microvm_lab.key})
+    try:
+        with sandbox(template="bbvm-e2b") as sbx:
+            sid = sbx.sandbox_id.replace("sbx-", "sbx_", 1)  # E2B spells sbx's ids with a dash
+            state_dir = microvm_lab.daemon.state_dir
+            view = microvm_lab.sbx.call("GET", f"/v1/sandboxes/{sid}").body
+            assert view.get("runtime") == "microvm", (sid, view)
+            assert len(vm_processes(state_dir, sid)) == 2, "QEMU and its bridge"
+            sbx.files.write("/tmp/state.txt", "kept across pause")
+            # A counter in a shell's memory, through sbx's API (the image has no bash for E2B's
+            # commands): after the resume it goes on from where it stood.
+            r = microvm_lab.sbx.run(sid, ["sh", "-c", "(i=0; while true; do i=$((i+1)); echo $i > /tmp/n; "
+                                                      "sleep 0.2; done) >/dev/null 2>&1 & echo started"])
+            assert r.exit["exit_code"] == 0, r
+            until("the counter counts", lambda: sbx.files.read("/tmp/n").strip() not in ("", "0"))
+            sbx.pause()
+            assert sbx.get_info().state == SandboxState.PAUSED
+            assert vm_processes(state_dir, sid) == [], "paused, no VMM holds the guest's memory"
+            # sbx's own view: suspended, the guest's state on disk in its place.
+            assert microvm_lab.sbx.call("GET", f"/v1/sandboxes/{sid}").body["state"] == "suspended"
+            assert (state_dir / "vm" / sid / "state").stat().st_size > 0
+            sbx.connect()  # resumes it
+            assert sbx.get_info().state == SandboxState.RUNNING
+            assert len(vm_processes(state_dir, sid)) == 2
+            assert sbx.files.read("/tmp/state.txt") == "kept across pause"
+            first = int(sbx.files.read("/tmp/n"))
+            assert first > 0
+            until("the counter goes on after connect", lambda: int(sbx.files.read("/tmp/n")) > first)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
