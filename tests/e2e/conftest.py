@@ -360,10 +360,11 @@ def restartable(validator):
             state["daemon"] = d
             return SbxClient(d.url, d.token, validator)
 
-        def restart(self, extra_args: list[str] | None = None, kill: bool = False):
+        def restart(self, extra_args: list[str] | None = None, kill: bool = False, between=None):
             """A new sbxd on the same state (and token), as after an upgrade; `extra_args`
             are its additional flags. `kill`: the old one gets SIGKILL (a crash) instead of
-            SIGTERM."""
+            SIGTERM. `between`: called once the old one is gone, before the new one starts
+            (what a host reboot would have removed meanwhile)."""
             old = state["daemon"]
             if kill:
                 os.kill(old.proc.pid, signal.SIGKILL)
@@ -373,6 +374,8 @@ def restartable(validator):
             else:
                 rc = old.stop()
                 assert rc in (0, -15), f"sbxd exited with {rc} on SIGTERM"
+            if between is not None:
+                between()
             d = Daemon(extra_args)
             shutil.rmtree(d.tmp, ignore_errors=True)
             d.tmp, d.state_dir, d.log_path, d.token = old.tmp, old.state_dir, old.log_path, old.token

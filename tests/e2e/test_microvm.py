@@ -260,7 +260,8 @@ def read_counter(api, sid: str) -> tuple[int, int]:
 
 def test_suspend_saves_the_vm_to_disk_releases_its_memory_and_survives_a_kill_9(restartable, tmp_path):
     """Suspend writes the VM's whole state to disk and QEMU exits (its memory goes back to the
-    host); a crash of sbxd meanwhile changes nothing; wake loads it, and a shell's counter
+    host); a crash of sbxd meanwhile, and a reboot's loss of the VMM's cgroup, change nothing;
+    wake loads it (its cgroup made again), and a shell's counter
     continues from where it stood, in the same process, with its session's output kept."""
     api = restartable.start()
     restartable.track(api)
@@ -316,15 +317,27 @@ def test_suspend_saves_the_vm_to_disk_releases_its_memory_and_survives_a_kill_9(
     resp = api.call("GET", f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/c"}, validate=False)
     assert resp.status_code == 409, (resp.status_code, resp.text[:300])
 
-    api = restartable.restart(kill=True)
+    # A crash of sbxd and, meanwhile, what a host reboot clears: the VMM's cgroup (the state
+    # file and the record are on disk and stay).
+    import glob
+    vm_cgroups = glob.glob(f"/sys/fs/cgroup/sbx-vm/{sid}") + glob.glob(f"/sys/fs/cgroup/*/sbx-vm/{sid}")
+
+    def reboot_clears_cgroups():
+        assert vm_cgroups, "the suspended VM's cgroup should be there until the reboot"
+        for d in vm_cgroups:
+            os.rmdir(d)
+
+    api = restartable.restart(kill=True, between=reboot_clears_cgroups)
     assert api.get_sandbox(sid)["state"] == "suspended"
     assert vm_processes(state_dir, sid) == []
+    assert not any(os.path.exists(d) for d in vm_cgroups)
 
     t0 = time.monotonic()
     op = api.call("POST", f"/v1/sandboxes/{sid}/wake", expect=202).body["operation"]
     assert api.wait_operation(op["id"], timeout=300)["state"] == "succeeded"
     wake_s = time.monotonic() - t0
     assert api.get_sandbox(sid)["state"] == "running"
+    assert all(os.path.isdir(d) for d in vm_cgroups), "the wake makes the VMM's cgroup again"
     pid1, c1 = read_counter(api, sid)
     assert pid1 == pid0 and c1 >= c0, ((pid0, c0), (pid1, c1))
     time.sleep(0.5)
