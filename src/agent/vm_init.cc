@@ -590,8 +590,8 @@ int RunVmBridge(const std::string& port_path, const std::string& listen_path, co
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   if (as_uid != 0) {
-    const std::string empty = listen_path.substr(0, listen_path.rfind('/') + 1) + "bridge-root";
-    if (const absl::Status st = ConfineBridge(as_uid, empty); !st.ok()) {
+    const std::string dir = listen_path.substr(0, listen_path.rfind('/') + 1);
+    if (const absl::Status st = ConfineBridge(as_uid, dir + "bridge-root", dir + "jail.json"); !st.ok()) {
       std::fprintf(stderr, "sbx-agent --vm-bridge: %s\n", std::string(st.message()).c_str());
       return 1;
     }

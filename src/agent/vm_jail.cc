@@ -164,9 +164,27 @@ int RunVmJail(const std::string& spec_path, const std::vector<std::string>& argv
   Exec(argv);
 }
 
-absl::Status ConfineBridge(uint32_t uid, const std::string& empty_dir) {
+absl::Status ConfineBridge(uint32_t uid, const std::string& empty_dir, const std::string& jail_spec) {
   auto fail = [](const char* step) { return ErrnoStatus(errno, std::string("confine the bridge: ") + step); };
   if (uid == 0) return absl::InvalidArgumentError("confine the bridge: uid 0 is no confinement");
+  // The VM's cgroups: what the bridge uses counts against the VM's memory and task limits.
+  if (std::ifstream in(jail_spec); in) {
+    std::stringstream text;
+    text << in.rdbuf();
+    const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, false);
+    JailSpec spec;
+    std::string error;
+    if (j.is_discarded() || !JailSpec::FromJson(j, &spec, &error)) {
+      return absl::InvalidArgumentError("confine the bridge: " + jail_spec + ": " + error);
+    }
+    for (const auto& procs : spec.cgroup_procs) {
+      const int fd = ::open(procs.c_str(), O_WRONLY | O_CLOEXEC);
+      const bool joined = fd >= 0 && ::write(fd, "0", 1) == 1;
+      const int err = errno;
+      if (fd >= 0) ::close(fd);
+      if (!joined) return ErrnoStatus(err, "confine the bridge: join " + procs);
+    }
+  }
   if (::unshare(CLONE_NEWNET | CLONE_NEWIPC) != 0) return fail("unshare(CLONE_NEWNET|CLONE_NEWIPC)");
   if (::mkdir(empty_dir.c_str(), 0555) != 0 && errno != EEXIST) return fail("mkdir the empty root");
   struct stat st {};

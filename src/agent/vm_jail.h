@@ -31,10 +31,11 @@ int RunVmJail(const std::string& spec_path, const std::vector<std::string>& argv
 
 // The bridge's confinement (`sbx-agent --vm-bridge ... --as-uid N`), once it holds every socket
 // it will use and before it reads a byte the guest sent (the mux frames are the first guest
-// data a host process parses): new network and IPC namespaces, chroot into `empty_dir` (made
-// here, root's, mode 0555), the VMM's uid and gid without supplementary groups, every
+// data a host process parses): the VMM's cgroups (the `cgroup_procs` of the VM's jail spec at
+// `jail_spec`, when there is one), new network and IPC namespaces, chroot into `empty_dir`
+// (made here, root's, mode 0555), the VMM's uid and gid without supplementary groups, every
 // capability gone with the uid change, no_new_privs, not dumpable (QEMU, which runs as the same
 // uid, cannot ptrace it), RLIMIT_FSIZE at 16 MiB (its log). An error names the step and errno.
-absl::Status ConfineBridge(uint32_t uid, const std::string& empty_dir);
+absl::Status ConfineBridge(uint32_t uid, const std::string& empty_dir, const std::string& jail_spec);
 
 }  // namespace sbx::agent

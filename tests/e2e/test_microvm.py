@@ -78,6 +78,7 @@ def test_create_exec_files_pause_delete_leave_nothing(api, sbxd, microvm_availab
         assert os.readlink(f"/proc/{bridge}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}"), ns
     assert os.readlink(f"/proc/{bridge}/root") == str(sbxd.state_dir / "vm" / sid / "bridge-root")
     assert os.listdir(f"/proc/{bridge}/root") == []
+    assert Path(f"/proc/{bridge}/cgroup").read_text() == Path(f"/proc/{qemu}/cgroup").read_text()
     jail_root = Path(f"/proc/{qemu}/root")
     assert sorted(p.name for p in (jail_root / str(sbxd.state_dir).lstrip("/") / "vm").iterdir()) == [sid]
     assert not (jail_root / "etc").exists() and not (jail_root / "home").exists()
