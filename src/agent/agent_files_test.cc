@@ -175,6 +175,17 @@ class Agent {
 
 Json Payload(const Frame& f) { return Json::parse(f.payload); }
 
+// The signal the attached session's exit names ("" when the stream ends first).
+std::string ExitSignal(protocol::AgentConnection& c) {
+  for (;;) {
+    auto f = c.ReadFrame();
+    if (!f.ok()) return "";
+    if (f->type != FrameType::kExit) continue;
+    auto ev = protocol::DecodeExit(f->payload);
+    return ev.ok() ? ev->signal.value_or("") : "";
+  }
+}
+
 TEST(AgentFiles, WriteReadStatThroughWorkers) {
   Agent a;
   // Bytes that differ from position to position, so that a chunk lost, repeated or moved (the
@@ -247,15 +258,7 @@ TEST(AgentFiles, WorkersDoNotDisturbSessions) {
   auto sig = protocol::CallAgent((a.root_parent() / "agent.sock").string(),
                                  Json{{"op", "signal"}, {"session_id", "s1"}, {"signal", "TERM"}});
   ASSERT_TRUE(sig.ok()) << sig.status();
-  for (;;) {
-    auto f = c.ReadFrame();
-    ASSERT_TRUE(f.ok()) << f.status();
-    if (f->type != FrameType::kExit) continue;
-    auto ev = protocol::DecodeExit(f->payload);
-    ASSERT_TRUE(ev.ok());
-    EXPECT_EQ(ev->signal, "SIGTERM");
-    break;
-  }
+  EXPECT_EQ(ExitSignal(c), "SIGTERM");
 }
 
 // A microVM build step's layer: the agent ends what the step left running (but the processes it
@@ -308,15 +311,7 @@ TEST(AgentFiles, ExportLayerEndsLeftoversAndStreamsTheUpper) {
   EXPECT_EQ(seen["big"], archive::TarType::kFile);
   EXPECT_EQ(seen["big2"], archive::TarType::kHardLink);
   // The step's leftover is gone; the spared process is not.
-  for (;;) {
-    auto f = c.ReadFrame();
-    ASSERT_TRUE(f.ok()) << f.status();
-    if (f->type != FrameType::kExit) continue;
-    auto ev = protocol::DecodeExit(f->payload);
-    ASSERT_TRUE(ev.ok());
-    EXPECT_EQ(ev->signal, "SIGKILL");
-    break;
-  }
+  EXPECT_EQ(ExitSignal(c), "SIGKILL");
   // The agent reaps its children: a spared one killed would be gone from /proc by now.
   std::ifstream st(fmt::format("/proc/{}/stat", a.spared()));
   std::string line;

@@ -26,6 +26,7 @@ Environment: as tests/e2e (SBX_BUILD_DIR, SBX_TESTS_MUST_RUN; the ns runtime), p
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -230,21 +231,30 @@ class Lab:
             self.admin.close()
 
 
-@pytest.fixture(scope="session")
-def lab(sbxd, validator, wildcard_dns):
-    # The environment is set before any test makes an SDK client: the e2b SDK's transport (and
-    # its TLS context, read from SSL_CERT_FILE) is made once per process.
-    lab_ = Lab(sbxd, validator)
-    saved = {k: os.environ.get(k) for k in lab_.env()}
-    os.environ.update(lab_.env())
+@contextlib.contextmanager
+def environment(values: dict[str, str]):
+    """os.environ with `values` set, as it was again at the end."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     try:
-        yield lab_
+        yield
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def lab(sbxd, validator, wildcard_dns):
+    # The environment is set before any test makes an SDK client: the e2b SDK's transport (and
+    # its TLS context, read from SSL_CERT_FILE) is made once per process.
+    lab_ = Lab(sbxd, validator)
+    try:
+        with environment(lab_.env()):
+            yield lab_
+    finally:
         lab_.close()
 
 

@@ -418,7 +418,6 @@ def test_pause_of_a_microvm_sandbox_releases_its_memory(microvm_lab, tmp_path):
     microvm, a sandbox of an image template is written to disk and its VMM exits, so the host
     has the guest's memory back while it is paused; connect resumes it where it stood (files
     and a process's memory). Driven by the SDK; checked on the host and through sbx's API."""
-    import os
     import images
     from hostcheck import vm_processes
 
@@ -434,10 +433,10 @@ def test_pause_of_a_microvm_sandbox_releases_its_memory(microvm_lab, tmp_path):
                                   expect=202)
     op = microvm_lab.admin.wait_operation(resp.body["operation"]["id"], timeout=120)
     assert op["state"] == "succeeded", op
-    saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
-    os.environ.update({"E2B_API_URL": microvm_lab.url, "E2B_SANDBOX_URL": microvm_lab.url,
-                       "E2B_API_KEY": microvm_lab.key})
-    try:
+    from conftest import environment
+    e2b_vars = {"E2B_API_URL": microvm_lab.url, "E2B_SANDBOX_URL": microvm_lab.url,
+                "E2B_API_KEY": microvm_lab.key}
+    with environment(e2b_vars):
         with sandbox(template="bbvm-e2b") as sbx:
             sid = sbx.sandbox_id.replace("sbx-", "sbx_", 1)  # E2B spells sbx's ids with a dash
             state_dir = microvm_lab.daemon.state_dir
@@ -464,9 +463,3 @@ def test_pause_of_a_microvm_sandbox_releases_its_memory(microvm_lab, tmp_path):
             first = int(sbx.files.read("/tmp/n"))
             assert first > 0
             until("the counter goes on after connect", lambda: int(sbx.files.read("/tmp/n")) > first)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
