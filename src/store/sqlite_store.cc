@@ -15,7 +15,9 @@
 
 #include "common/status_util.h"
 #include "store/sqlite_handle.h"
-#include "store/sqlite_rows.h"
+#include "store/query_timers.h"
+#include "store/rows.h"
+#include "store/statements.h"
 #include "store/sqlite_schema.h"
 
 namespace sbx::store {
@@ -29,217 +31,14 @@ constexpr char kBegin[] = "BEGIN IMMEDIATE";
 constexpr char kCommit[] = "COMMIT";
 constexpr char kRollback[] = "ROLLBACK";
 
-constexpr char kGetSandbox[] = "SELECT " SBX_STORE_SANDBOX_COLS " FROM sandboxes WHERE id = ?1";
-// ?2 state filter, ?3 include_deleted, ?4/?5 label key/value, ?6 limit; the "after" variant
-// starts strictly after the position (?7, ?8). Two statements rather than "?7 IS NULL OR ..."
-// so later pages seek in sandboxes_by_tenant instead of scanning from the tenant's first row.
-// json_each avoids building a JSON path from a caller-supplied label key.
-#define SBX_LIST_SANDBOXES_WHERE                                                    \
-  " FROM sandboxes"                                                                 \
-  " WHERE tenant_id = ?1"                                                           \
-  " AND (?2 IS NULL OR state = ?2)"                                                 \
-  " AND (?3 OR state <> 'deleted')"                                                 \
-  " AND (?4 IS NULL OR EXISTS (SELECT 1 FROM json_each(sandboxes.labels) AS l"      \
-  "      WHERE l.key = ?4 AND l.type = 'text' AND l.value = ?5))"
-constexpr char kListSandboxesFirst[] = "SELECT " SBX_STORE_SANDBOX_COLS
-                                       SBX_LIST_SANDBOXES_WHERE
-                                       " ORDER BY created_at, id LIMIT ?6";
-constexpr char kListSandboxesAfter[] = "SELECT " SBX_STORE_SANDBOX_COLS
-                                       SBX_LIST_SANDBOXES_WHERE
-                                       " AND (created_at, id) > (?7, ?8)"
-                                       " ORDER BY created_at, id LIMIT ?6";
-#undef SBX_LIST_SANDBOXES_WHERE
-constexpr char kListLiveSandboxes[] = "SELECT " SBX_STORE_SANDBOX_COLS
-                                      " FROM sandboxes WHERE state <> 'deleted'"
-                                      " ORDER BY created_at, id";
-// The partial index sandboxes_live has the same condition, so only live rows are visited.
-constexpr char kCountLiveSandboxesByState[] =
-    "SELECT state, COUNT(*) FROM sandboxes WHERE state <> 'deleted' GROUP BY state";
-constexpr char kPutSandbox[] = "INSERT INTO sandboxes (" SBX_STORE_SANDBOX_COLS R"sql()
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)
-ON CONFLICT (id) DO UPDATE SET
-  tenant_id = excluded.tenant_id, state = excluded.state,
-  template_ref = excluded.template_ref, template_digest = excluded.template_digest,
-  runtime = excluded.runtime, resources = excluded.resources,
-  effective_resources = excluded.effective_resources, egress_profile = excluded.egress_profile,
-  env = excluded.env, labels = excluded.labels, timeout_s = excluded.timeout_s,
-  created_at = excluded.created_at, updated_at = excluded.updated_at,
-  current_operation_id = excluded.current_operation_id, error = excluded.error,
-  runtime_state = excluded.runtime_state, idle_suspend_s = excluded.idle_suspend_s,
-  egress = excluded.egress, port_access = excluded.port_access)sql";
-
-constexpr char kGetOperation[] =
-    "SELECT " SBX_STORE_OPERATION_COLS " FROM operations WHERE id = ?1";
-constexpr char kListUnfinishedOperations[] =
-    "SELECT " SBX_STORE_OPERATION_COLS
-    " FROM operations WHERE state IN ('pending', 'running') ORDER BY created_at, id";
-constexpr char kListOperations[] = "SELECT " SBX_STORE_OPERATION_COLS
-                                   " FROM operations WHERE sandbox_id = ?1"
-                                   " ORDER BY created_at, id";
-constexpr char kPutOperation[] = "INSERT INTO operations (" SBX_STORE_OPERATION_COLS R"sql()
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
-ON CONFLICT (id) DO UPDATE SET
-  tenant_id = excluded.tenant_id, kind = excluded.kind, sandbox_id = excluded.sandbox_id,
-  state = excluded.state, error = excluded.error, result = excluded.result,
-  created_at = excluded.created_at, updated_at = excluded.updated_at,
-  completed_at = excluded.completed_at, initiator = excluded.initiator,
-  target = excluded.target, progress = excluded.progress)sql";
-
-constexpr char kGetImage[] = "SELECT " SBX_STORE_IMAGE_COLS " FROM images WHERE digest = ?1";
-constexpr char kPutImage[] = "INSERT INTO images (" SBX_STORE_IMAGE_COLS R"sql()
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-ON CONFLICT (digest) DO UPDATE SET
-  name = excluded.name, layers = excluded.layers, config = excluded.config,
-  source = excluded.source, size = excluded.size, created_at = excluded.created_at)sql";
-constexpr char kDeleteImage[] = "DELETE FROM images WHERE digest = ?1";
-constexpr char kListImages[] =
-    "SELECT " SBX_STORE_IMAGE_COLS " FROM images ORDER BY created_at, digest";
-constexpr char kGetTag[] =
-    "SELECT " SBX_STORE_TAG_COLS " FROM template_tags WHERE name = ?1 AND tag = ?2";
-constexpr char kPutTag[] = "INSERT INTO template_tags (" SBX_STORE_TAG_COLS R"sql()
-VALUES (?1, ?2, ?3, ?4)
-ON CONFLICT (name, tag) DO UPDATE SET
-  digest = excluded.digest, updated_at = excluded.updated_at)sql";
-constexpr char kDeleteTag[] = "DELETE FROM template_tags WHERE name = ?1 AND tag = ?2";
-constexpr char kListTags[] = "SELECT " SBX_STORE_TAG_COLS " FROM template_tags ORDER BY name, tag";
-constexpr char kCountLiveWithDigest[] =
-    "SELECT COUNT(*) FROM sandboxes WHERE template_digest = ?1 AND state <> 'deleted'";
-
-constexpr char kGetSession[] = "SELECT " SBX_STORE_SESSION_COLS " FROM sessions WHERE id = ?1";
-constexpr char kListSessions[] = "SELECT " SBX_STORE_SESSION_COLS
-                                 " FROM sessions WHERE sandbox_id = ?1 ORDER BY created_at, id";
-constexpr char kPutSession[] = "INSERT INTO sessions (" SBX_STORE_SESSION_COLS R"sql()
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
-ON CONFLICT (id) DO UPDATE SET
-  tenant_id = excluded.tenant_id, sandbox_id = excluded.sandbox_id, state = excluded.state,
-  spec = excluded.spec, exit_code = excluded.exit_code, signal = excluded.signal,
-  timed_out = excluded.timed_out, oom_killed = excluded.oom_killed,
-  created_at = excluded.created_at, started_at = excluded.started_at,
-  exited_at = excluded.exited_at, error = excluded.error)sql";
-
-constexpr char kGetIdempotency[] = "SELECT " SBX_STORE_IDEMPOTENCY_COLS
-                                   " FROM idempotency_keys"
-                                   " WHERE tenant_id = ?1 AND key = ?2 AND method = ?3"
-                                   " AND route = ?4";
-constexpr char kPutIdempotency[] =
-    "INSERT INTO idempotency_keys (" SBX_STORE_IDEMPOTENCY_COLS R"sql()
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
-ON CONFLICT (tenant_id, key, method, route) DO UPDATE SET
-  body_hash = excluded.body_hash, status = excluded.status,
-  response_body = excluded.response_body, created_at = excluded.created_at)sql";
-constexpr char kPurgeIdempotency[] = "DELETE FROM idempotency_keys WHERE created_at < ?1";
-// Children first: the foreign keys are checked at COMMIT, but a dangling row must never exist.
-constexpr char kPurgeDeletedSessions[] =
-    "DELETE FROM sessions WHERE sandbox_id IN"
-    " (SELECT id FROM sandboxes WHERE state = 'deleted' AND updated_at < ?1)";
-constexpr char kPurgeDeletedOperations[] =
-    "DELETE FROM operations WHERE sandbox_id IN"
-    " (SELECT id FROM sandboxes WHERE state = 'deleted' AND updated_at < ?1)";
-constexpr char kPurgeDeletedSandboxes[] =
-    "DELETE FROM sandboxes WHERE state = 'deleted' AND updated_at < ?1";
-// Template operations (imports, pulls, builds) have no sandbox to go with: a finished one goes
-// after the same retention as a deleted sandbox's, counted from its end.
-constexpr char kPurgeTemplateOperations[] =
-    "DELETE FROM operations WHERE sandbox_id = '' AND state IN ('succeeded', 'failed')"
-    " AND completed_at IS NOT NULL AND completed_at < ?1";
-
-constexpr char kGetTenant[] = "SELECT " SBX_STORE_TENANT_COLS " FROM tenants WHERE id = ?1";
-constexpr char kPutTenant[] = "INSERT INTO tenants (" SBX_STORE_TENANT_COLS R"sql()
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
-ON CONFLICT (id) DO UPDATE SET
-  name = excluded.name, state = excluded.state, quotas = excluded.quotas,
-  rate_limit = excluded.rate_limit, created_at = excluded.created_at,
-  updated_at = excluded.updated_at, egress_profiles = excluded.egress_profiles)sql";
-constexpr char kListTenants[] =
-    "SELECT " SBX_STORE_TENANT_COLS " FROM tenants ORDER BY created_at, id";
-constexpr char kDeleteTenant[] = "DELETE FROM tenants WHERE id = ?1";
-constexpr char kDeleteTenantTokens[] = "DELETE FROM tokens WHERE tenant_id = ?1";
-constexpr char kGetToken[] = "SELECT " SBX_STORE_TOKEN_COLS " FROM tokens WHERE id = ?1";
-constexpr char kPutToken[] = "INSERT INTO tokens (" SBX_STORE_TOKEN_COLS R"sql()
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
-ON CONFLICT (id) DO UPDATE SET
-  tenant_id = excluded.tenant_id, name = excluded.name, hash = excluded.hash,
-  scopes = excluded.scopes, expires_at = excluded.expires_at, created_at = excluded.created_at,
-  revoked_at = excluded.revoked_at)sql";
-constexpr char kListTokens[] = "SELECT " SBX_STORE_TOKEN_COLS
-                               " FROM tokens WHERE tenant_id = ?1 ORDER BY created_at, id";
-// No upsert: a line is only ever appended (and the table's trigger refuses updates).
-constexpr char kAppendAudit[] = "INSERT INTO audit_log (" SBX_STORE_AUDIT_COLS
-                                ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
-// ?1 tenant (the "Tenant" variant only), ?2 since, ?3 after_seq, ?4 limit. Two statements so
-// that one tenant's page seeks in audit_by_tenant; all tenants' walks the seq (rowid) order.
-constexpr char kListAuditAll[] = "SELECT " SBX_STORE_AUDIT_COLS
-                                 " FROM audit_log WHERE seq > ?3 AND time >= ?2"
-                                 " ORDER BY seq LIMIT ?4";
-constexpr char kListAuditTenant[] = "SELECT " SBX_STORE_AUDIT_COLS
-                                    " FROM audit_log WHERE tenant_id = ?1 AND seq > ?3"
-                                    " AND time >= ?2 ORDER BY seq LIMIT ?4";
-// The WHERE repeats sandboxes_tenant_usage's condition word for word, so SQLite may use that
-// partial index. A suspended sandbox holds its disk only; a missing key (or a null
-// effective_resources) counts 0.
-constexpr char kGetTenantUsage[] = R"sql(SELECT COUNT(*),
-  IFNULL(SUM(CASE WHEN state = 'suspended' THEN 0
-                  ELSE IFNULL(json_extract(effective_resources, '$.vcpu'), 0) END), 0),
-  IFNULL(SUM(CASE WHEN state = 'suspended' THEN 0
-                  ELSE IFNULL(json_extract(effective_resources, '$.memory_mib'), 0) END), 0),
-  IFNULL(SUM(IFNULL(json_extract(effective_resources, '$.disk_mib'), 0)), 0)
-FROM sandboxes WHERE tenant_id = ?1 AND state NOT IN ('deleted', 'failed'))sql";
-constexpr char kCountLiveSessions[] =
-    "SELECT COUNT(*) FROM sessions WHERE sandbox_id = ?1 AND state <> 'exited'";
-
-// What sbx_store_query_duration_seconds{op} distinguishes: the Tx methods, BEGIN and COMMIT.
-enum class QueryOp {
-  kBegin,
-  kCommit,
-  kGetSandbox,
-  kListSandboxes,
-  kListLiveSandboxes,
-  kCountLiveSandboxesByState,
-  kPutSandbox,
-  kGetOperation,
-  kPutOperation,
-  kListOperations,
-  kListUnfinishedOperations,
-  kGetSession,
-  kPutSession,
-  kListSessions,
-  kGetIdempotency,
-  kPutIdempotency,
-  kPurgeIdempotency,
-  kPurgeDeletedSandboxes,
-  kTemplates,
-  kTenants,
-  kGetToken,
-  kAppendAudit,
-  kListAudit,
-  kGetTenantUsage,
-  kCountLiveSessions,
-  kCount,
-};
-constexpr std::string_view kQueryOpNames[] = {
-    "Begin", "Commit", "GetSandbox", "ListSandboxes", "ListLiveSandboxes",
-    "CountLiveSandboxesByState", "PutSandbox", "GetOperation", "PutOperation", "ListOperations",
-    "ListUnfinishedOperations", "GetSession", "PutSession", "ListSessions", "GetIdempotency",
-    "PutIdempotency", "PurgeIdempotency", "PurgeDeletedSandboxes", "Templates", "Tenants",
-    "GetToken", "AppendAudit", "ListAudit", "GetTenantUsage", "CountLiveSessions",
-};
-static_assert(std::size(kQueryOpNames) == static_cast<size_t>(QueryOp::kCount));
+using namespace sql;  // NOLINT: the shared statements are this file's vocabulary
 
 class SqliteStore final : public Store {
  public:
   SqliteStore(SqliteDb db, std::string path, metrics::Registry& registry)
-      : db_(std::move(db)), path_(std::move(path)) {
-    // Most statements take tens of microseconds; the top buckets catch busy waits and fsyncs.
-    auto& family = registry.AddHistogram(
-        "sbx_store_query_duration_seconds",
-        "Time of one store statement (op: the store method, or Begin/Commit of a transaction).",
-        {"op"},
-        {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-         1, 5});
-    for (size_t i = 0; i < timers_.size(); ++i) timers_[i] = &family.WithLabels({kQueryOpNames[i]});
-  }
+      : db_(std::move(db)), path_(std::move(path)), timers_(registry) {}
 
-  metrics::Histogram& Timer(QueryOp op) { return *timers_[static_cast<size_t>(op)]; }
+  metrics::Histogram& Timer(QueryOp op) { return timers_[op]; }
 
   absl::Status Init() { return PrepareSchema(db_.get(), path_); }
   absl::Status Transact(const std::function<absl::Status(Tx&)>& fn) override;
@@ -263,7 +62,7 @@ class SqliteStore final : public Store {
   // Declared after db_ so the statements are finalized before the connection closes.
   std::unordered_map<const char*, SqliteStmt> stmts_;
   std::string path_;
-  std::array<metrics::Histogram*, static_cast<size_t>(QueryOp::kCount)> timers_{};
+  QueryTimers timers_;
 };
 
 absl::StatusOr<sqlite3_stmt*> SqliteStore::Prepare(const char* sql, std::string_view step) {
@@ -330,7 +129,7 @@ class SqliteTx final : public Tx {
 
   absl::StatusOr<SandboxRecord> GetSandbox(const std::string& id) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kGetSandbox));
-    return GetById<SandboxRecord>(kGetSandbox, "get sandbox", "sandbox", id, ReadSandbox);
+    return GetById<SandboxRecord>(kGetSandbox, "get sandbox", "sandbox", id, ReadSandbox<StmtCursor>);
   }
 
   absl::StatusOr<Page<SandboxRecord>> ListSandboxes(const SandboxFilter& filter) override {
@@ -374,7 +173,7 @@ class SqliteTx final : public Tx {
 
   absl::StatusOr<std::vector<SandboxRecord>> ListLiveSandboxes() override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kListLiveSandboxes));
-    return ListAll<SandboxRecord>(kListLiveSandboxes, "list live sandboxes", ReadSandbox);
+    return ListAll<SandboxRecord>(kListLiveSandboxes, "list live sandboxes", ReadSandbox<StmtCursor>);
   }
 
   absl::StatusOr<std::map<std::string, int64_t>> CountLiveSandboxesByState() override {
@@ -394,42 +193,42 @@ class SqliteTx final : public Tx {
 
   absl::Status PutSandbox(const SandboxRecord& r) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kPutSandbox));
-    return Put(kPutSandbox, "put sandbox", r, BindSandbox);
+    return Put(kPutSandbox, "put sandbox", r, BindSandbox<StmtCursor>);
   }
 
   absl::StatusOr<OperationRecord> GetOperation(const std::string& id) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kGetOperation));
     return GetById<OperationRecord>(kGetOperation, "get operation", "operation", id,
-                                    ReadOperation);
+                                    ReadOperation<StmtCursor>);
   }
 
   absl::Status PutOperation(const OperationRecord& r) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kPutOperation));
-    return Put(kPutOperation, "put operation", r, BindOperation);
+    return Put(kPutOperation, "put operation", r, BindOperation<StmtCursor>);
   }
 
   absl::StatusOr<std::vector<OperationRecord>> ListUnfinishedOperations() override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kListUnfinishedOperations));
     return ListAll<OperationRecord>(kListUnfinishedOperations, "list unfinished operations",
-                                    ReadOperation);
+                                    ReadOperation<StmtCursor>);
   }
 
   absl::StatusOr<std::vector<OperationRecord>> ListOperations(
       const std::string& sandbox_id) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kListOperations));
-    return ListAll<OperationRecord>(kListOperations, "list operations", ReadOperation,
+    return ListAll<OperationRecord>(kListOperations, "list operations", ReadOperation<StmtCursor>,
                                     &sandbox_id);
   }
 
   // Templates are rare writes and small reads: one timer for all their statements.
   absl::StatusOr<ImageRecord> GetImage(const std::string& digest) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kTemplates));
-    return GetById<ImageRecord>(kGetImage, "get image", "template image", digest, ReadImage);
+    return GetById<ImageRecord>(kGetImage, "get image", "template image", digest, ReadImage<StmtCursor>);
   }
 
   absl::Status PutImage(const ImageRecord& r) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kTemplates));
-    return Put(kPutImage, "put image", r, BindImage);
+    return Put(kPutImage, "put image", r, BindImage<StmtCursor>);
   }
 
   absl::Status DeleteImage(const std::string& digest) override {
@@ -439,7 +238,7 @@ class SqliteTx final : public Tx {
 
   absl::StatusOr<std::vector<ImageRecord>> ListImages() override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kTemplates));
-    return ListAll<ImageRecord>(kListImages, "list images", ReadImage);
+    return ListAll<ImageRecord>(kListImages, "list images", ReadImage<StmtCursor>);
   }
 
   absl::StatusOr<TagRecord> GetTag(const std::string& name, const std::string& tag) override {
@@ -458,7 +257,7 @@ class SqliteTx final : public Tx {
 
   absl::Status PutTag(const TagRecord& r) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kTemplates));
-    return Put(kPutTag, "put template tag", r, BindTag);
+    return Put(kPutTag, "put template tag", r, BindTag<StmtCursor>);
   }
 
   absl::Status DeleteTag(const std::string& name, const std::string& tag) override {
@@ -468,7 +267,7 @@ class SqliteTx final : public Tx {
 
   absl::StatusOr<std::vector<TagRecord>> ListTags() override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kTemplates));
-    return ListAll<TagRecord>(kListTags, "list template tags", ReadTag);
+    return ListAll<TagRecord>(kListTags, "list template tags", ReadTag<StmtCursor>);
   }
 
   absl::StatusOr<int64_t> CountLiveSandboxesWithDigest(const std::string& digest) override {
@@ -478,17 +277,17 @@ class SqliteTx final : public Tx {
 
   absl::StatusOr<SessionRecord> GetSession(const std::string& id) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kGetSession));
-    return GetById<SessionRecord>(kGetSession, "get session", "session", id, ReadSession);
+    return GetById<SessionRecord>(kGetSession, "get session", "session", id, ReadSession<StmtCursor>);
   }
 
   absl::Status PutSession(const SessionRecord& r) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kPutSession));
-    return Put(kPutSession, "put session", r, BindSession);
+    return Put(kPutSession, "put session", r, BindSession<StmtCursor>);
   }
 
   absl::StatusOr<std::vector<SessionRecord>> ListSessions(const std::string& sandbox_id) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kListSessions));
-    return ListAll<SessionRecord>(kListSessions, "list sessions", ReadSession, &sandbox_id);
+    return ListAll<SessionRecord>(kListSessions, "list sessions", ReadSession<StmtCursor>, &sandbox_id);
   }
 
   absl::StatusOr<std::optional<IdempotencyRecord>> GetIdempotency(
@@ -507,7 +306,7 @@ class SqliteTx final : public Tx {
 
   absl::Status PutIdempotency(const IdempotencyRecord& r) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kPutIdempotency));
-    return Put(kPutIdempotency, "put idempotency key", r, BindIdempotency);
+    return Put(kPutIdempotency, "put idempotency key", r, BindIdempotency<StmtCursor>);
   }
 
   absl::StatusOr<int64_t> PurgeIdempotency(const std::string& before) override {
@@ -529,17 +328,17 @@ class SqliteTx final : public Tx {
   // authenticated request) and the audit and quota reads have their own.
   absl::StatusOr<TenantRecord> GetTenant(const std::string& id) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kTenants));
-    return GetById<TenantRecord>(kGetTenant, "get tenant", "tenant", id, ReadTenant);
+    return GetById<TenantRecord>(kGetTenant, "get tenant", "tenant", id, ReadTenant<StmtCursor>);
   }
 
   absl::Status PutTenant(const TenantRecord& r) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kTenants));
-    return Put(kPutTenant, "put tenant", r, BindTenant);
+    return Put(kPutTenant, "put tenant", r, BindTenant<StmtCursor>);
   }
 
   absl::StatusOr<std::vector<TenantRecord>> ListTenants() override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kTenants));
-    return ListAll<TenantRecord>(kListTenants, "list tenants", ReadTenant);
+    return ListAll<TenantRecord>(kListTenants, "list tenants", ReadTenant<StmtCursor>);
   }
 
   absl::Status DeleteTenant(const std::string& id) override {
@@ -553,22 +352,22 @@ class SqliteTx final : public Tx {
 
   absl::StatusOr<TokenRecord> GetToken(const std::string& id) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kGetToken));
-    return GetById<TokenRecord>(kGetToken, "get token", "token", id, ReadToken);
+    return GetById<TokenRecord>(kGetToken, "get token", "token", id, ReadToken<StmtCursor>);
   }
 
   absl::Status PutToken(const TokenRecord& r) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kTenants));
-    return Put(kPutToken, "put token", r, BindToken);
+    return Put(kPutToken, "put token", r, BindToken<StmtCursor>);
   }
 
   absl::StatusOr<std::vector<TokenRecord>> ListTokens(const std::string& tenant_id) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kTenants));
-    return ListAll<TokenRecord>(kListTokens, "list tokens", ReadToken, &tenant_id);
+    return ListAll<TokenRecord>(kListTokens, "list tokens", ReadToken<StmtCursor>, &tenant_id);
   }
 
   absl::StatusOr<int64_t> AppendAudit(const AuditRecord& r) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kAppendAudit));
-    SBX_RETURN_IF_ERROR(Put(kAppendAudit, "append audit line", r, BindAudit));
+    SBX_RETURN_IF_ERROR(Put(kAppendAudit, "append audit line", r, BindAudit<StmtCursor>));
     return static_cast<int64_t>(sqlite3_last_insert_rowid(store_.db()));
   }
 
