@@ -119,9 +119,9 @@ absl::StatusOr<SessionRecord> SandboxService::GetSession(const Caller& caller,
     auto s = tx.GetSession(id);
     if (!s.ok() || s->tenant_id != caller.tenant_id) return NotFound("session", id);
     out = *s;
-    if (caller.initiator == "api") activity_.Touch(s->sandbox_id);
     return absl::OkStatus();
   }));
+  if (caller.initiator == "api") activity_.Touch(out.sandbox_id);
   return out;
 }
 

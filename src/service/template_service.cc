@@ -497,7 +497,11 @@ absl::Status TemplateService::Commit(const std::string& op_id, const TemplateTar
   SBX_RETURN_IF_ERROR(SpecOf(rec).status());
   const std::string now = NowRfc3339();
   const SplitName shown = SplitTemplateName(target.name);
+  // Each attempt starts from the record as built: an earlier one may have taken the name and
+  // created_at of a release that is gone by the next.
+  const ImageRecord built = rec;
   absl::Status committed = store_.Transact([&](Tx& tx) -> absl::Status {
+    rec = built;
     SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation(op_id));
     {
       // In the transaction that records the tag: concurrent imports cannot pass it together.

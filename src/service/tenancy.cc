@@ -196,6 +196,7 @@ absl::StatusOr<json> Tenancy::ListTenants(const Caller& who) {
   SBX_RETURN_IF_ERROR(FinishDeletions().status());
   json out = json::array();
   SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+    out = json::array();
     SBX_ASSIGN_OR_RETURN(std::vector<TenantRecord> all, tx.ListTenants());
     for (const auto& t : all) {
       if (IsOperatorAdmin(who) || t.id == who.tenant_id) out.push_back(TenantView(t));
@@ -390,6 +391,7 @@ absl::StatusOr<json> Tenancy::ListAudit(const Caller& who, const store::AuditFil
   int64_t last = f.after_seq;
   SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
     rows = json::array();
+    last = f.after_seq;
     SBX_ASSIGN_OR_RETURN(std::vector<store::AuditRecord> got, tx.ListAudit(f));
     for (const auto& r : got) {
       rows.push_back({{"seq", r.seq},
