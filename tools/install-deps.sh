@@ -31,6 +31,9 @@ PACKAGES=(
   # The microvm runtime (docs/microvm.md): QEMU's microvm machine and Debian's guest kernel,
   # whose bzImage and /lib/modules sbxd turns into a guest's vmlinux and initramfs
   qemu-system-x86 linux-image-amd64
+  # The PostgreSQL store (docs/store.md): libpqxx to build it, the server for its tests
+  # (tools/pg_test_server.sh starts a throwaway one)
+  libpqxx-dev postgresql
 )
 
 die() { echo "install-deps: ERROR: $*" >&2; exit 1; }

@@ -71,6 +71,12 @@ struct Config {
     std::string dir = "/var/lib/sbx";
     bool operator==(const State&) const = default;
   };
+  // The database (docs/store.md): SQLite in the state dir unless url names another.
+  struct Store {
+    std::string url;  // "" | /abs/path | sqlite:///abs/path | postgresql://... (a secret)
+    int64_t pool_size = 4;
+    bool operator==(const Store&) const = default;
+  };
   struct Ns {
     bool user_namespaces = true;
     int64_t userns_pool = 4;
@@ -210,6 +216,7 @@ struct Config {
   Server server;
   Tls tls;
   State state;
+  Store store;
   Runtime runtime;
   Sandbox sandbox;
   Admission admission;
@@ -238,7 +245,7 @@ struct Config {
 
   // Equal settings, wherever they came from.
   bool SameSettings(const Config& o) const {
-    return server == o.server && tls == o.tls && state == o.state && runtime == o.runtime &&
+    return server == o.server && tls == o.tls && state == o.state && store == o.store && runtime == o.runtime &&
            sandbox == o.sandbox && admission == o.admission && sessions == o.sessions && retention == o.retention && metrics == o.metrics && ports == o.ports && e2b == o.e2b &&
            warm_pool == o.warm_pool && egress == o.egress && templates == o.templates &&
            log == o.log;

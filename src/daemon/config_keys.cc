@@ -87,6 +87,17 @@ const std::vector<KeyInfo> kKeys = {
      SBX_STR(tls.key_file)},
     {.path = "state.dir", .type = Type::kString, .flag = "--state-dir", .reloadable = false,
      .help = "where the database, tokens and sandboxes live", SBX_STR(state.dir)},
+    {.path = "store.url", .type = Type::kString, .flag = "--store", .reloadable = false,
+     .secret = true,
+     .help = "the database: empty for SQLite at STATE_DIR/sbx.db, an absolute path or "
+             "sqlite:///PATH for SQLite elsewhere, postgresql://USER:PASSWORD@HOST:PORT/DB "
+             "(libpq's URL; postgres:// too) for PostgreSQL (docs/store.md)",
+     SBX_STR(store.url)},
+    {.path = "store.pool_size", .type = Type::kInt, .flag = "--store-pool-size",
+     .reloadable = false, .min = 1, .max = 256, .why = "connections to PostgreSQL",
+     .help = "connections sbxd keeps to PostgreSQL, i.e. its transactions at once (SQLite: "
+             "unused, one connection)",
+     SBX_NUM(store.pool_size)},
     {.path = "runtime.default", .type = Type::kString, .flag = "--runtime", .reloadable = false,
      .choices = "ns|microvm|fake",
      .help = "default runtime: ns (namespaces), microvm (a guest kernel per sandbox) or fake "

@@ -9,6 +9,7 @@
 #include "daemon/config_internal.h"
 #include "daemon/egress_config.h"
 #include "runtime/ns/cgroup.h"
+#include "store/open_store.h"
 
 namespace sbx::daemon {
 
@@ -87,6 +88,10 @@ absl::Status Validate(const Config& c) {
   }
   if (c.state.dir.empty()) {
     errors.push_back(fmt::format("{}: must not be empty", LabelOf(c, *FindKey("state.dir"))));
+  }
+  if (absl::Status st = store::ValidateStoreUrl(c.store.url); !st.ok()) {
+    errors.push_back(fmt::format("{}: {}", LabelOf(c, *FindKey("store.url")),
+                                 std::string(st.message())));
   }
   for (const auto& [name, n] : c.warm_pool) {
     const bool name_ok = !name.empty() && name.size() <= 255 &&

@@ -52,7 +52,7 @@
 #include "service/tenancy.h"
 #include "service/template_ref.h"
 #include "service/templates.h"
-#include "store/sqlite_store.h"
+#include "store/open_store.h"
 
 namespace {
 
@@ -345,8 +345,10 @@ absl::Status OpenState(Daemon& d) {
                                           d.cfg.server.admin_token));
   SBX_ASSIGN_OR_RETURN(d.attach_keys, sbx::service::AttachTokens::LoadOrCreateRing(
                                           state_dir, std::chrono::system_clock::now()));
-  SBX_ASSIGN_OR_RETURN(d.store,
-                       sbx::store::OpenSqliteStore((fs::path(state_dir) / "sbx.db").string()));
+  const sbx::store::StoreConfig store_cfg{d.cfg.store.url,
+                                          static_cast<int>(d.cfg.store.pool_size)};
+  SBX_ASSIGN_OR_RETURN(d.store, sbx::store::OpenStore(store_cfg, state_dir));
+  spdlog::info("store: {}", sbx::store::DescribeStore(store_cfg, state_dir));
   SBX_ASSIGN_OR_RETURN(auto templates, sbx::service::TemplateRegistry::Create(state_dir));
   d.templates.emplace(std::move(templates));
   // Checked before the runtime touches the host: a pool of a template that does not exist

@@ -3,9 +3,11 @@
 // a crash leaves either the whole change or none of it. Output never goes through the store (it
 // lives in the agents' buffers).
 //
-// Implementations: SqliteStore (embedded default, WAL). PostgreSQL comes with scale-out.
+// Implementations: SqliteStore (embedded default, WAL; transactions serialized) and PgStore
+// (PostgreSQL, for several sbxd on one database; SERIALIZABLE transactions from a connection
+// pool). store/open_store.h picks one by URL.
 //
-// Thread safety: a Store is safe for concurrent use; transactions are serialized.
+// Thread safety: a Store is safe for concurrent use.
 //
 // Usage:
 //   SBX_RETURN_IF_ERROR(store.Transact([&](Tx& tx) -> absl::Status {
@@ -277,6 +279,11 @@ class Store {
   virtual ~Store() = default;
   // Runs `fn` in one transaction: commits if it returns OK, rolls back otherwise and returns
   // its status. SQLITE_BUSY and similar are retried inside; never returned as success.
+  //
+  // `fn` may run more than once: PostgreSQL rolls back a transaction that lost a serialization
+  // race and the store runs `fn` again. Whatever `fn` changes outside `tx` must be reset or
+  // overwritten at its start, and side effects (metrics, logs, kernel or runtime calls,
+  // callbacks) belong after Transact returns OK.
   virtual absl::Status Transact(const std::function<absl::Status(Tx&)>& fn) = 0;
 };
 

@@ -354,8 +354,8 @@ def restartable(validator):
             """The sbxd running now."""
             return state["daemon"]
 
-        def start(self):
-            d = Daemon()
+        def start(self, extra_args: list[str] | None = None):
+            d = Daemon(extra_args)
             d.start()
             state["daemon"] = d
             return SbxClient(d.url, d.token, validator)
