@@ -19,8 +19,11 @@ out="$CACHE/helm-$key"
 if [[ ! -x "$out/helm" ]]; then
   echo "helm/build.sh: building helm into $out (cold: a few minutes)" >&2
   mkdir -p "$out"
-  # -mod=readonly: go.sum is the lock; a build that would change it fails instead.
-  (cd "$DIR" && CGO_ENABLED=0 "$GO" build -mod=readonly -trimpath -o "$out/helm.tmp" \
+  ver=$(cd "$DIR" && "$GO" list -mod=readonly -m -f '{{.Version}}' helm.sh/helm/v4)
+  # -mod=readonly: go.sum is the lock; a build that would change it fails instead. The version
+  # stamp is what helm's own Makefile sets (`helm version` says v4.3 without it).
+  (cd "$DIR" && CGO_ENABLED=0 "$GO" build -mod=readonly -trimpath \
+     -ldflags "-X helm.sh/helm/v4/internal/version.version=$ver" -o "$out/helm.tmp" \
      helm.sh/helm/v4/cmd/helm)
   mv "$out/helm.tmp" "$out/helm"  # atomically: an interrupted build leaves no binary behind
 fi
