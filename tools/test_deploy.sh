@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The deploy suite (tests/deploy, issue 21): the Helm chart deploy/helm/sbx lints, renders,
+# validates against the Kubernetes schemas (kubernetes-validate, strict), matches the committed
+# deploy/k8s/sbx.yaml, and its sbxd config passes sbxd's own checker.
+#   1. helm: tools/helm/build.sh (helm.sh/helm/v4, pinned by tools/helm/go.sum; cached by hash)
+#   2. venv: tests/deploy/requirements.lock (--require-hashes) in
+#      $SBX_CACHE_DIR/deploy/py-<hash of python version + lock>, made once
+#   3. pytest tests/deploy -v --junitxml=JUNIT, with that venv's python
+# Prints how long each step took.
+#
+# Usage: bash tools/test_deploy.sh JUNIT_XML
+#        bash tools/test_deploy.sh --relock   (regenerates requirements.lock from requirements.in)
+# Environment: SBX_CACHE_DIR (default ${XDG_CACHE_HOME:-$HOME/.cache}/sbx), SBX_BUILD_DIR (sbxd
+# for the config test; default <repo>/build), SBX_TESTS_MUST_RUN=1 (nothing may skip).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+REQ="$ROOT/tests/deploy"
+BASE_PY=/usr/bin/python3
+CACHE="${SBX_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/sbx}"
+export SBX_CACHE_DIR="$CACHE"
+
+if [[ ${1:-} == --relock ]]; then
+  scratch=$(mktemp -d "${TMPDIR:-/tmp}/sbx-relock.XXXXXX")
+  trap 'rm -rf "$scratch"' EXIT
+  "$BASE_PY" -m venv "$scratch/venv"
+  "$scratch/venv/bin/pip" install -q pip-tools
+  (cd "$REQ" && "$scratch/venv/bin/pip-compile" -q --generate-hashes --allow-unsafe --strip-extras \
+     --no-emit-index-url --no-emit-find-links --rebuild -o requirements.lock requirements.in)
+  exit 0
+fi
+[[ $# -eq 1 ]] || { echo "usage: $0 JUNIT_XML | --relock" >&2; exit 2; }
+junit=$(realpath -m "$1")
+
+step_start=0
+step() { step_start=$EPOCHREALTIME; echo "test_deploy: $1" >&2; }
+took() { awk -v a="$step_start" -v b="$EPOCHREALTIME" -v n="$1" \
+           'BEGIN { printf "test_deploy: %-6s took %6.1f s\n", n, b - a }' >&2; }
+
+step "building helm (tools/helm/build.sh)"
+helm=$(bash "$ROOT/tools/helm/build.sh" | tail -n1)
+took helm
+
+step "preparing the venv (tests/deploy/requirements.lock)"
+pyver=$("$BASE_PY" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')
+venv="$CACHE/deploy/py-$(printf '%s' "$pyver" | cat - "$REQ/requirements.lock" | sha256sum | cut -c1-16)"
+if [[ ! -f "$venv/.complete" ]]; then  # the marker comes last: an interrupted install is redone
+  rm -rf "$venv"
+  mkdir -p "$(dirname "$venv")"
+  "$BASE_PY" -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check --require-hashes --no-deps \
+    -r "$REQ/requirements.lock" >&2
+  "$venv/bin/pip" check >&2
+  touch "$venv/.complete"
+fi
+took venv
+
+step "pytest tests/deploy"
+rc=0
+(cd "$ROOT" && SBX_HELM="$helm" "$venv/bin/python" -m pytest tests/deploy -v -p no:cacheprovider \
+   --junitxml="$junit") || rc=$?
+took pytest
+exit $rc
