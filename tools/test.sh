@@ -4,6 +4,7 @@
 #      target, and no test skips outside the SBX_TESTS_MUST_RUN helpers; tools/check_house.py:
 #      the layering and file-size rules of docs/architecture.md
 #   1. ctest on build/ (unit tests and the root integration tests, label `root`)
+#   1'. deploy: tools/test_deploy.sh (the Helm chart renders, validates, matches deploy/k8s)
 #   2. the end-to-end suite (tests/e2e, pytest) against a real sbxd
 #   2'. e2e-microvm: the session, exit, output, file and port cases of tests/e2e again on microvm
 #   2''. e2e-firecracker: the Firecracker driver's lifecycle, where SBX_FIRECRACKER is set
@@ -105,6 +106,7 @@ if bash tools/build.sh build; then
 else
   record build failed
   record ctest "failed (not run: no build)"
+  record deploy "failed (not run: no build)"
   record e2e "failed (not run: no build)"
   record security "failed (not run: no build)"
   record e2b "failed (not run: no build)"
@@ -124,6 +126,17 @@ if ctest --test-dir build --output-on-failure -j2 --no-tests=error --timeout 600
 else
   judge ctest "failed: $(failed_tests build)" "$RESULTS_DIR/ctest.xml"
 fi
+
+# ---- deploy: the Helm chart -------------------------------------------------------------------
+# helm (built from its Go module, pinned by tools/helm/go.sum, cached by hash) lints and renders
+# deploy/helm/sbx; every object validates against the Kubernetes schemas (kubernetes-validate,
+# pinned by tests/deploy/requirements.lock); deploy/k8s/sbx.yaml must equal a fresh render; the
+# rendered sbxd config passes sbxd's own checker.
+banner "deploy (tools/test_deploy.sh: the Helm chart)"
+suite_start
+SBX_BUILD_DIR="$ROOT/build" timeout -k 30 "${SBX_DEPLOY_TIMEOUT_S:-900}" \
+  bash tools/test_deploy.sh "$RESULTS_DIR/deploy.xml"
+judge deploy "$(pytest_result $?)" "$RESULTS_DIR/deploy.xml"
 
 # ---- end-to-end --------------------------------------------------------------------------------
 banner "e2e (pytest tests/e2e)"
