@@ -157,4 +157,78 @@ Awaitable Routes::RotateAttachKey(Api& api, Call& call) {
   co_return RenderJson(bhttp::status::ok, r->ToJson());
 }
 
+// Nodes are the deployment's (docs/scale.md): the operator's admin only.
+namespace {
+
+nlohmann::json NodeView(const service::NodeInfo& n) {
+  const store::NodeRecord& r = n.record;
+  return {{"name", r.name},
+          {"url", r.url},
+          {"role", r.role},
+          {"state", r.state},
+          {"reason", r.reason.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.reason)},
+          {"epoch", r.epoch},
+          {"heartbeat_at", r.heartbeat_at},
+          {"heartbeat_age_ms", n.heartbeat_age_ms},
+          {"alive", n.fresh && r.state != service::kNodeLost},
+          {"started_at", r.started_at},
+          {"sandboxes", n.sandboxes},
+          {"capacity", r.capacity},
+          {"load", r.load},
+          {"labels", r.labels}};
+}
+
+absl::Status NeedCluster(const service::Caller& who) {
+  return service::RequireOperatorAdmin(who, "the nodes");
+}
+
+}  // namespace
+
+Awaitable Routes::ListNodes(Api& api, Call& call) {
+  if (auto st = NeedCluster(call.caller); !st.ok()) co_return Fail(call.ctx, st);
+  if (api.opts_.cluster == nullptr) {
+    co_return Fail(call.ctx, ApiError(absl::StatusCode::kUnimplemented, "not_implemented",
+                                      "this sbxd keeps no node registry"));
+  }
+  auto nodes = api.opts_.cluster->ListNodes();
+  if (!nodes.ok()) co_return Fail(call.ctx, nodes.status());
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& n : *nodes) out.push_back(NodeView(n));
+  co_return RenderJson(bhttp::status::ok, {{"nodes", out}});
+}
+
+namespace {
+
+Awaitable SetDraining(service::Cluster* cluster, Call& call, bool draining) {
+  if (cluster == nullptr) {
+    co_return Fail(call.ctx, ApiError(absl::StatusCode::kUnimplemented, "not_implemented",
+                                      "this sbxd keeps no node registry"));
+  }
+  auto r = cluster->SetDraining(call.id, draining);
+  if (!r.ok()) co_return Fail(call.ctx, r.status());
+  auto nodes = cluster->ListNodes();
+  if (nodes.ok()) {
+    for (const auto& n : *nodes) {
+      if (n.record.name == call.id) co_return RenderJson(bhttp::status::ok, NodeView(n));
+    }
+  }
+  service::NodeInfo info;
+  info.record = *r;
+  co_return RenderJson(bhttp::status::ok, NodeView(info));
+}
+
+}  // namespace
+
+// Placement stops; the node keeps serving its sandboxes until they end (`sbx admin node drain
+// --wait` polls `sandboxes` down to 0).
+Awaitable Routes::DrainNode(Api& api, Call& call) {
+  if (auto st = NeedCluster(call.caller); !st.ok()) co_return Fail(call.ctx, st);
+  co_return co_await SetDraining(api.opts_.cluster, call, true);
+}
+
+Awaitable Routes::ActivateNode(Api& api, Call& call) {
+  if (auto st = NeedCluster(call.caller); !st.ok()) co_return Fail(call.ctx, st);
+  co_return co_await SetDraining(api.opts_.cluster, call, false);
+}
+
 }  // namespace sbx::api

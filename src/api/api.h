@@ -51,6 +51,8 @@ struct ApiOptions {
   // Tenants and their tokens, quotas and audit log (docs/tenancy.md); nullptr: the admin token
   // alone, and the /v1/admin routes answer 501.
   service::Tenancy* tenancy = nullptr;
+  // The nodes of the store (docs/scale.md), for /v1/admin/nodes; nullptr: those routes 501.
+  service::Cluster* cluster = nullptr;
 };
 
 class Api {
@@ -160,18 +162,6 @@ class Api {
   // else a new one.
   http::asio::awaitable<absl::StatusOr<http::asio::ip::tcp::socket>> DialUpstream(
       http::RequestContext& ctx, const PortAddress& a, bool* reused);
-  // One request and its response over `up`.
-  struct PortExchange {
-    std::optional<http::Response> whole;  // a response sent in one piece
-    bool began = false;                   // else: streamed to the client (began), or failed
-    absl::Status error;
-    bool stale = false;     // the upstream closed before any byte of an answer
-    bool reusable = false;  // a clean exchange with a keep-alive answer: `up` may be kept
-  };
-  http::asio::awaitable<PortExchange> Exchange(http::RequestContext& ctx, const PortAddress& a,
-                                               http::asio::ip::tcp::socket& up,
-                                               const std::string& head,
-                                               const UpstreamHeadOptions& ho);
   // Gives `up` to upstreams_, and arranges that it is closed in time.
   void KeepUpstream(const PortAddress& a, http::asio::ip::tcp::socket& up);
   void ArmUpstreamSweep(http::asio::any_io_executor ex);

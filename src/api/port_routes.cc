@@ -23,6 +23,7 @@
 
 #include "api/api.h"
 #include "api/handler_util.h"
+#include "api/http_relay.h"
 #include "api/port_target.h"
 #include "api/upstream_pool.h"
 #include "common/log.h"
@@ -39,10 +40,6 @@ using tcp = asio::ip::tcp;
 using namespace asio::experimental::awaitable_operators;
 
 constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
-constexpr size_t kPiece = 64 << 10;
-// A response of known length up to this is read whole and sent in one write.
-constexpr uint64_t kWholeBelow = 256 << 10;
-constexpr uint32_t kMaxUpstreamHeader = 64 << 10;
 
 std::optional<std::string> HeaderValue(const http::Request& req, std::string_view name) {
   auto it = req.find(name);
@@ -50,83 +47,11 @@ std::optional<std::string> HeaderValue(const http::Request& req, std::string_vie
   return std::string(it->value());
 }
 
-// Upgrade: X with a Connection header naming "upgrade" (RFC 9110 §7.8), in any case.
-bool WantsUpgrade(const http::Request& req) {
-  if (req.find(bhttp::field::upgrade) == req.end()) return false;
-  std::string conn(req[bhttp::field::connection]);
-  for (char& c : conn) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return conn.find("upgrade") != std::string::npos;
-}
-
 absl::Status Unreachable(const PortAddress& a, std::string_view why) {
   return ApiError(absl::StatusCode::kUnavailable, "port_unreachable",
                   fmt::format("port {} of sandbox {}: {}", a.port, a.sandbox_id, why));
 }
 
-// Bytes one way until the source ends or either side fails; then the end is passed on
-// (shutdown of the sending side), so a half-closed WebSocket or TCP stream stays half-closed.
-// Ends a relay once nothing has moved for `idle`: closing the sockets fails their pending reads
-// and writes, so the relay's own error paths end it (never a cancelled write half-way into the
-// client's stream). Without it a server in the sandbox that never answers, or a WebSocket both
-// ends abandoned, would hold the descriptors, and the sandbox's network namespace they keep
-// alive, for ever. `Run` returns when `relay` has returned.
-class IdleWatch {
- public:
-  IdleWatch(asio::any_io_executor ex, std::chrono::seconds idle) : timer_(ex), idle_(idle) {}
-  void Touch() { last_ = std::chrono::steady_clock::now(); }
-
-  asio::awaitable<void> Run(asio::awaitable<void> relay, tcp::socket& a, tcp::socket* b) {
-    co_await (Finish(std::move(relay)) && Watch(a, b));
-  }
-
- private:
-  asio::awaitable<void> Finish(asio::awaitable<void> relay) {
-    co_await std::move(relay);
-    done_ = true;
-    timer_.cancel();
-  }
-  asio::awaitable<void> Watch(tcp::socket& a, tcp::socket* b) {
-    while (!done_) {
-      const auto due = last_ + idle_;
-      if (std::chrono::steady_clock::now() >= due) {
-        boost::system::error_code ignored;
-        a.close(ignored);
-        if (b != nullptr) b->close(ignored);
-        co_return;
-      }
-      timer_.expires_at(due);
-      co_await timer_.async_wait(kTuple);  // cancelled once the relay is done
-    }
-  }
-
-  asio::steady_timer timer_;
-  std::chrono::seconds idle_;
-  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
-  bool done_ = false;  // one strand: no lock
-};
-
-// Shuts the sending side of the connection down, passing on the end of the other side.
-void ShutdownSend(tcp::socket& s) {
-  boost::system::error_code ignored;
-  s.shutdown(tcp::socket::shutdown_send, ignored);
-}
-// Over TLS the TCP connection is half-closed without close_notify: sending that would take an
-// SSL_shutdown, which must not run while the other direction reads the same TLS stream. The
-// client sees the relayed stream end as a truncated TLS stream.
-void ShutdownSend(MaybeTlsStream& s) { ShutdownSend(s.tcp().socket()); }
-
-template <class From, class To>
-asio::awaitable<void> Pump(From& from, To& to, IdleWatch& act) {
-  std::unique_ptr<char[]> buf(new char[kPiece]);  // not zeroed: every byte is read into first
-  for (;;) {
-    auto [ec, n] = co_await from.async_read_some(asio::buffer(buf.get(), kPiece), kTuple);
-    if (ec) break;
-    act.Touch();
-    auto [wec, wn] = co_await asio::async_write(to, asio::buffer(buf.get(), n), kTuple);
-    if (wec) break;
-  }
-  ShutdownSend(to);
-}
 
 }  // namespace
 
@@ -289,7 +214,7 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
   ctx.log.tenant = *tenant;
   ctx.log.sandbox = a.sandbox_id;
 
-  const bool upgrade = WantsUpgrade(req) && ctx.connection != nullptr;
+  const bool upgrade = relay::WantsUpgrade(req) && ctx.connection != nullptr;
   UpstreamHeadOptions ho;
   ho.strip_authorization = used_authorization;
   ho.strip_access_token = req.find("E2b-Sandbox-Id") != req.end();
@@ -317,14 +242,7 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
     // the upstream wrote it.
     auto [ec, n] = co_await asio::async_write(up, asio::buffer(head), kTuple);
     if (ec) co_return Fail(ctx, Unreachable(a, fmt::format("send request: {}", ec.message())));
-    ctx.taken_status = 101;
-    ctx.connection->tcp().expires_never();
-    // Plain or TLS alike: the client's side is the connection's stream, whose TLS (if any)
-    // sbxd ends; the upstream is plain TCP in the sandbox.
-    MaybeTlsStream& client = *ctx.connection;
-    IdleWatch act(up.get_executor(), opts_.port_idle_timeout);
-    auto both_ways = Pump(client, up, act) && Pump(up, client, act);
-    co_await act.Run(std::move(both_ways), up, &client.tcp().socket());
+    co_await relay::Tunnel(ctx, up, opts_.port_idle_timeout);
     co_return std::nullopt;
   }
 
@@ -335,168 +253,14 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
     bool reused = false;
     auto upstream = co_await DialUpstream(ctx, a, &reused);
     if (!upstream.ok()) co_return Fail(ctx, upstream.status());
-    auto out = co_await Exchange(ctx, a, *upstream, head, ho);
+    auto out = co_await relay::Exchange(ctx, *upstream, head, ho, opts_.port_idle_timeout,
+                                        [&a](std::string_view why) { return Unreachable(a, why); });
     if (out.stale && reused && replayable && attempt == 0) continue;
     if (out.reusable) KeepUpstream(a, *upstream);
     if (out.whole) co_return std::move(out.whole);
     if (!out.began) co_return Fail(ctx, out.error.ok() ? Unreachable(a, "no answer") : out.error);
     co_return std::nullopt;
   }
-}
-
-http::asio::awaitable<Api::PortExchange> Api::Exchange(http::RequestContext& ctx,
-                                                       const PortAddress& a, tcp::socket& up,
-                                                       const std::string& head,
-                                                       const UpstreamHeadOptions& ho) {
-  const http::Request& req = ctx.req;
-  PortExchange out;
-  // Request: the head, then the body as it arrives.
-  IdleWatch act(up.get_executor(), opts_.port_idle_timeout);
-  bool upload_failed = false;
-  bool upload_done = false;  // all of the request went out
-  absl::Status upload_error;
-  auto upload = [&]() -> asio::awaitable<void> {
-    auto [ec, n] = co_await asio::async_write(up, asio::buffer(head), kTuple);
-    if (ec) {
-      upload_failed = true;
-      co_return;
-    }
-    if (!ho.has_body) {
-      upload_done = true;
-      co_return;
-    }
-    std::unique_ptr<char[]> buf(new char[kPiece]);  // not zeroed: every byte is read into first
-    std::vector<asio::const_buffer> bufs;
-    const bool chunked = !ho.content_length;
-    for (;;) {
-      auto got = co_await ctx.body->ReadSome(buf.get(), kPiece);
-      act.Touch();
-      if (!got.ok()) {
-        upload_error = got.status();
-        upload_failed = true;
-        boost::system::error_code ignored;
-        up.shutdown(tcp::socket::shutdown_both, ignored);  // ends the response side as well
-        co_return;
-      }
-      std::string frame;
-      if (*got == 0) {
-        if (chunked) {
-          frame = "0\r\n\r\n";
-          auto [wec, wn] = co_await asio::async_write(up, asio::buffer(frame), kTuple);
-          if (wec) co_return;
-        }
-        upload_done = true;
-        co_return;
-      }
-      bufs.clear();
-      if (chunked) {
-        frame = fmt::format("{:x}\r\n", *got);
-        bufs.push_back(asio::buffer(frame));
-      }
-      bufs.push_back(asio::buffer(buf.get(), *got));
-      if (chunked) bufs.push_back(asio::buffer("\r\n", 2));
-      auto [wec, wn] = co_await asio::async_write(up, bufs, kTuple);
-      if (wec) {
-        // The upstream stopped reading (it answered early, or closed): its answer still counts.
-        co_return;
-      }
-    }
-  };
-
-  // Response: the head, then the body piece by piece.
-  bool answered = false;  // the whole response was read
-  bool keep_alive = false;
-  auto relay = [&]() -> asio::awaitable<void> {
-    beast::flat_buffer ubuf;
-    bhttp::response_parser<bhttp::buffer_body> p;
-    p.header_limit(kMaxUpstreamHeader);
-    p.body_limit(boost::none);
-    if (req.method() == bhttp::verb::head) p.skip(true);
-    {
-      auto [ec, n] = co_await bhttp::async_read_header(up, ubuf, p, kTuple);
-      if (ec) {
-        // Nothing at all came back: on a kept connection, the server had closed it.
-        // Beast says end_of_stream for a stream that ended before any byte of the head (the
-        // race with a server closing the kept connection just as it is reused: rare over
-        // loopback TCP, common when the close travels through a microVM's bridge).
-        out.stale = ubuf.size() == 0 && !p.got_some() &&
-                    (ec == asio::error::eof || ec == bhttp::error::end_of_stream ||
-                     ec == asio::error::connection_reset || ec == asio::error::broken_pipe);
-        out.error = upload_failed && !upload_error.ok()
-                        ? upload_error
-                        : Unreachable(a, fmt::format("no answer ({})", ec.message()));
-        co_return;
-      }
-    }
-    const auto& uh = p.get();
-    // A 1xx is not the answer, and what follows it is not relayed as one: not kept.
-    keep_alive = p.keep_alive() && uh.result_int() >= 200;
-    std::unique_ptr<char[]> buf(new char[kPiece]);  // not zeroed: every byte is read into first
-    auto next_piece = [&]() -> asio::awaitable<absl::StatusOr<size_t>> {
-      p.get().body().data = buf.get();
-      p.get().body().size = kPiece;
-      auto [ec, n] = co_await bhttp::async_read_some(up, ubuf, p, kTuple);
-      act.Touch();
-      if (ec && ec != bhttp::error::need_buffer) {
-        co_return Unreachable(a, fmt::format("response broke off ({})", ec.message()));
-      }
-      co_return kPiece - p.get().body().size;
-    };
-    auto copy_fields = [&](auto& dst) {
-      for (const auto& f : uh) {
-        const std::string_view name(f.name_string().data(), f.name_string().size());
-        if (PassResponseHeader(name)) dst.insert(f.name_string(), f.value());
-      }
-    };
-    const auto length = p.content_length();
-    if (p.is_done() || (length && *length <= kWholeBelow)) {
-      http::Response res;
-      res.result(uh.result_int());
-      res.reason(uh.reason());
-      copy_fields(res);
-      std::string body;
-      if (length) body.reserve(*length);
-      while (!p.is_done()) {
-        auto n = co_await next_piece();
-        if (!n.ok()) {
-          out.error = n.status();
-          co_return;
-        }
-        body.append(buf.get(), *n);
-      }
-      res.body() = std::move(body);
-      out.whole = std::move(res);
-      answered = ubuf.size() == 0;
-      co_return;
-    }
-    bhttp::response_header<> header;
-    header.result(uh.result_int());
-    header.reason(uh.reason());
-    copy_fields(header);
-    header.version(req.version());
-    if (!req.keep_alive()) header.set(bhttp::field::connection, "close");
-    out.began = true;
-    if (!co_await ctx.stream.Begin(std::move(header))) co_return;
-    std::vector<asio::const_buffer> pieces(1);
-    while (!p.is_done()) {
-      auto n = co_await next_piece();
-      if (!n.ok()) co_return;  // the client sees the chunked body end without its last chunk
-      if (*n == 0) continue;
-      pieces[0] = asio::buffer(buf.get(), *n);
-      if (!co_await ctx.stream.WriteBuffers(pieces)) co_return;
-    }
-    answered = ubuf.size() == 0;  // read whole, and nothing after it
-    co_await ctx.stream.End();
-  };
-
-  // Only the upstream is closed when idle: the client then gets the 502 (no answer yet) or
-  // sees the streamed body end.
-  auto exchange = upload() && relay();
-  co_await act.Run(std::move(exchange), up, nullptr);
-  // Kept only after a clean exchange both ways: a connection left mid-request or mid-response
-  // would hand the next request the rest of this one.
-  out.reusable = answered && keep_alive && upload_done && up.is_open();
-  co_return out;
 }
 
 }  // namespace sbx::api

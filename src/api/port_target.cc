@@ -124,8 +124,11 @@ std::string UpstreamHead(const http::Request& req, const std::string& target,
   head += " HTTP/1.1\r\n";
   for (const auto& f : req) {
     const std::string_view name(f.name_string().data(), f.name_string().size());
-    if (HopByHop(name) || IEquals(name, kTrafficTokenHeader) ||
-        IEquals(name, kE2bTrafficTokenHeader) || IEquals(name, "x-forwarded-for") ||
+    if (HopByHop(name) ||
+        (!o.keep_credentials &&
+         (IEquals(name, kTrafficTokenHeader) || IEquals(name, kE2bTrafficTokenHeader))) ||
+        IEquals(name, "x-forwarded-for") ||
+        (!o.request_id.empty() && IEquals(name, "x-request-id")) ||
         IEquals(name, "x-forwarded-proto") ||
         (o.strip_authorization && IEquals(name, "authorization")) ||
         (o.strip_access_token && IEquals(name, "x-access-token"))) {
@@ -137,6 +140,7 @@ std::string UpstreamHead(const http::Request& req, const std::string& target,
     head += "\r\n";
   }
   if (!o.forwarded_for.empty()) head += fmt::format("X-Forwarded-For: {}\r\n", o.forwarded_for);
+  if (!o.request_id.empty()) head += fmt::format("X-Request-Id: {}\r\n", o.request_id);
   if (!o.forwarded_proto.empty()) {
     head += fmt::format("X-Forwarded-Proto: {}\r\n", o.forwarded_proto);
   }

@@ -44,6 +44,12 @@ struct UpstreamHeadOptions {
   // A request of the E2B gateway (e2b/e2b.h): its X-Access-Token is the sandbox's envd token,
   // sbxd's credential, not the application's.
   bool strip_access_token = false;
+  // Forwarding to a node of the cluster (cluster_router.h), which authenticates: the traffic
+  // token headers go on too.
+  bool keep_credentials = false;
+  // Non-empty: sent as X-Request-Id instead of the client's (the node then answers with the
+  // replica's id, so the error body and the header agree).
+  std::string request_id;
   bool upgrade = false;        // keep Connection: Upgrade and Upgrade (else keep-alive)
   bool has_body = false;
   std::optional<uint64_t> content_length;  // with has_body: else chunked

@@ -94,6 +94,9 @@ constexpr Route kRoutes[] = {
     {verb::get, "v1/admin/audit", Auth::kTenant, kAdmin, &Routes::ListAudit},
     {verb::get, "v1/admin/attach-keys", Auth::kTenant, kAdmin, &Routes::AttachKeys},
     {verb::post, "v1/admin/attach-keys:rotate", Auth::kTenant, kAdmin, &Routes::RotateAttachKey},
+    {verb::get, "v1/admin/nodes", Auth::kTenant, kAdmin, &Routes::ListNodes},
+    {verb::post, "v1/admin/nodes/{id}/drain", Auth::kTenant, kAdmin, &Routes::DrainNode},
+    {verb::post, "v1/admin/nodes/{id}/activate", Auth::kTenant, kAdmin, &Routes::ActivateNode},
 };
 
 }  // namespace

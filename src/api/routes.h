@@ -88,6 +88,9 @@ struct Routes {
   static Awaitable ListAudit(Api& api, Call& call);
   static Awaitable AttachKeys(Api& api, Call& call);
   static Awaitable RotateAttachKey(Api& api, Call& call);
+  static Awaitable ListNodes(Api& api, Call& call);
+  static Awaitable DrainNode(Api& api, Call& call);
+  static Awaitable ActivateNode(Api& api, Call& call);
 };
 
 struct Route {

@@ -23,6 +23,8 @@ http::bhttp::status HttpStatusFor(const absl::Status& s) {
   if (code == "bad_agent_reply") return bhttp::bad_gateway;
   // Port exposure: nothing listens on the sandbox port, or it broke off (port_routes.cc).
   if (code == "port_unreachable") return bhttp::bad_gateway;
+  // A cluster's api replica could not reach the node (cluster_router.cc).
+  if (code == "node_unreachable") return bhttp::bad_gateway;
   // Admission (service/admission.h): full now (a delete makes room), or never.
   if (code == "insufficient_capacity") return bhttp::service_unavailable;
   if (code == "exceeds_capacity") return bhttp::unprocessable_entity;

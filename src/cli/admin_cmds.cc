@@ -1,7 +1,9 @@
-// `sbx admin tenant|token|audit` (docs/tenancy.md): the /v1/admin routes. Every answer is
+// `sbx admin tenant|token|audit|nodes|node` (docs/tenancy.md, docs/scale.md): the /v1/admin routes. Every answer is
 // printed as JSON but a created token, whose secret is printed alone on stdout (it is shown
 // once) with its id on stderr.
+#include <chrono>
 #include <memory>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -199,15 +201,99 @@ void RegisterAttachKeys(CLI::App& admin, Context& ctx) {
   });
 }
 
+// `sbx admin nodes` and `sbx admin node drain|activate` (docs/scale.md).
+void RegisterNodes(CLI::App& admin, Context& ctx) {
+  auto as_json = std::make_shared<bool>(false);
+  CLI::App* nodes = admin.add_subcommand("nodes", "List the nodes: state, heartbeat, load");
+  nodes->add_flag("--json", *as_json, "Print the answer as JSON");
+  nodes->callback([as_json, &ctx] {
+    ctx.action = [as_json](Client& client) -> absl::StatusOr<int> {
+      auto res = client.Request("GET", "/v1/admin/nodes", nullptr);
+      if (!res.ok()) return res.status();
+      if (*as_json) {
+        PrintJson(res->body);
+        return 0;
+      }
+      fmt::print("{:<24} {:<9} {:<6} {:>9} {:>13} {:>17} {:>10}\n", "NAME", "STATE", "ALIVE",
+                 "SANDBOXES", "VCPU", "MEMORY_MIB", "HEARTBEAT");
+      for (const json& n : res->body.value("nodes", json::array())) {
+        const json load = n.value("load", json::object());
+        const json cap = n.value("capacity", json::object());
+        auto pair = [&](const char* k) {
+          return fmt::format("{}/{}", load.value(k, int64_t{0}), cap.value(k, int64_t{0}));
+        };
+        fmt::print("{:<24} {:<9} {:<6} {:>9} {:>13} {:>17} {:>8}ms\n", n.value("name", ""),
+                   n.value("state", ""), n.value("alive", false) ? "yes" : "no",
+                   n.value("sandboxes", int64_t{0}), pair("vcpu"), pair("memory_mib"),
+                   n.value("heartbeat_age_ms", int64_t{0}));
+      }
+      return 0;
+    };
+  });
+
+  CLI::App* node = admin.add_subcommand("node", "One node: drain it, or put it back");
+  node->require_subcommand(1);
+  struct Flags {
+    std::string name;
+    bool wait = false;
+    int64_t timeout_s = 3600;
+  };
+  auto f = std::make_shared<Flags>();
+  CLI::App* drain = node->add_subcommand(
+      "drain", "Stop placing sandboxes on the node; with --wait, wait until it holds none");
+  drain->add_option("name", f->name, "The node's name (sbx admin nodes)")->required();
+  drain->add_flag("--wait", f->wait, "Wait until its sandboxes have ended (deleted elsewhere)");
+  drain->add_option("--timeout", f->timeout_s, "With --wait: give up after this many seconds");
+  drain->callback([f, &ctx] {
+    ctx.action = [f](Client& client) -> absl::StatusOr<int> {
+      const std::string path = "/v1/admin/nodes/" + UrlEncode(f->name);
+      auto res = client.Request("POST", path + "/drain", nullptr);
+      if (!res.ok()) return res.status();
+      if (!f->wait) {
+        PrintJson(res->body);
+        return 0;
+      }
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(f->timeout_s);
+      int64_t last = -1;
+      for (;;) {
+        auto list = client.Request("GET", "/v1/admin/nodes", nullptr);
+        if (!list.ok()) return list.status();
+        int64_t held = -1;
+        for (const json& n : list->body.value("nodes", json::array())) {
+          if (n.value("name", "") == f->name) held = n.value("sandboxes", int64_t{0});
+        }
+        if (held < 0) return absl::NotFoundError(fmt::format("node {} is gone", f->name));
+        if (held == 0) {
+          fmt::print(stderr, "node {} is drained: it holds no sandbox\n", f->name);
+          return 0;
+        }
+        if (held != last) fmt::print(stderr, "node {}: {} sandboxes left\n", f->name, held);
+        last = held;
+        if (std::chrono::steady_clock::now() >= deadline) {
+          return absl::DeadlineExceededError(fmt::format(
+              "node {} still holds {} sandboxes after {} s", f->name, held, f->timeout_s));
+        }
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
+    };
+  });
+  CLI::App* activate = node->add_subcommand("activate", "Place sandboxes on a drained node again");
+  activate->add_option("name", f->name, "The node's name")->required();
+  activate->callback([f, &ctx] {
+    ctx.action = Call("POST", "/v1/admin/nodes/" + UrlEncode(f->name) + "/activate");
+  });
+}
+
 }  // namespace
 
 void RegisterAdminCommands(CLI::App& app, Context& ctx) {
-  CLI::App* admin = app.add_subcommand("admin", "Tenants, tokens and the audit log (docs/tenancy.md)");
+  CLI::App* admin = app.add_subcommand("admin", "Tenants, tokens, the audit log (docs/tenancy.md) and nodes (docs/scale.md)");
   admin->require_subcommand(1);
   RegisterTenant(*admin, ctx);
   RegisterToken(*admin, ctx);
   RegisterAudit(*admin, ctx);
   RegisterAttachKeys(*admin, ctx);
+  RegisterNodes(*admin, ctx);
 }
 
 }  // namespace sbx::cli

@@ -77,6 +77,15 @@ struct Config {
     int64_t pool_size = 4;
     bool operator==(const Store&) const = default;
   };
+  // This process's place in a cluster (docs/scale.md).
+  struct Node {
+    std::string role = "all";  // all | api | node
+    std::string name;          // empty: the host name
+    std::string url;           // empty: from server.listen (a wildcard address: the host name)
+    int64_t heartbeat_ms = 2000;
+    int64_t lost_after_ms = 30000;
+    bool operator==(const Node&) const = default;
+  };
   struct Ns {
     bool user_namespaces = true;
     int64_t userns_pool = 4;
@@ -217,6 +226,7 @@ struct Config {
   Tls tls;
   State state;
   Store store;
+  Node node;
   Runtime runtime;
   Sandbox sandbox;
   Admission admission;
@@ -245,10 +255,10 @@ struct Config {
 
   // Equal settings, wherever they came from.
   bool SameSettings(const Config& o) const {
-    return server == o.server && tls == o.tls && state == o.state && store == o.store && runtime == o.runtime &&
+    return server == o.server && tls == o.tls && state == o.state && store == o.store && node == o.node && runtime == o.runtime &&
            sandbox == o.sandbox && admission == o.admission && sessions == o.sessions && retention == o.retention && metrics == o.metrics && ports == o.ports && e2b == o.e2b &&
            warm_pool == o.warm_pool && egress == o.egress && templates == o.templates &&
-           log == o.log;
+           log == o.log && tenancy == o.tenancy;
   }
 };
 

@@ -98,6 +98,29 @@ const std::vector<KeyInfo> kKeys = {
      .help = "connections sbxd keeps to PostgreSQL, i.e. its transactions at once (SQLite: "
              "unused, one connection)",
      SBX_NUM(store.pool_size)},
+    {.path = "node.role", .type = Type::kString, .flag = "--role", .reloadable = false,
+     .choices = "all|api|node",
+     .help = "all: one sbxd does everything (the default); api: a stateless replica (the API, "
+             "placement, forwarding to nodes; no runtime); node: runtimes and the sandboxes "
+             "placed here. api and node need a PostgreSQL store.url (docs/scale.md)",
+     SBX_STR(node.role)},
+    {.path = "node.name", .type = Type::kString, .flag = "--node-name", .reloadable = false,
+     .help = "this node's name in the store, stamped on its sandboxes (empty: the host name); "
+             "keep it stable across restarts",
+     SBX_STR(node.name)},
+    {.path = "node.url", .type = Type::kString, .flag = "--node-url", .reloadable = false,
+     .help = "the http:// URL api replicas reach this node's API at (empty: from "
+             "server.listen, with the host name for a wildcard address)",
+     SBX_STR(node.url)},
+    {.path = "node.heartbeat_ms", .type = Type::kInt, .flag = "--node-heartbeat-ms",
+     .reloadable = false, .min = 100, .max = 60000, .why = "0.1 s to a minute",
+     .help = "how often a node writes its heartbeat (load, capacity) to the store",
+     SBX_NUM(node.heartbeat_ms)},
+    {.path = "node.lost_after_ms", .type = Type::kInt, .flag = "--node-lost-after-ms",
+     .reloadable = false, .min = 500, .max = 3600000, .why = "0.5 s to an hour",
+     .help = "a node whose last heartbeat is older than this is declared lost: its sandboxes "
+             "become `lost`, its operations fail; at least 3 heartbeats",
+     SBX_NUM(node.lost_after_ms)},
     {.path = "runtime.default", .type = Type::kString, .flag = "--runtime", .reloadable = false,
      .choices = "ns|microvm|fake",
      .help = "default runtime: ns (namespaces), microvm (a guest kernel per sandbox) or fake "

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -92,6 +93,29 @@ absl::Status Validate(const Config& c) {
   if (absl::Status st = store::ValidateStoreUrl(c.store.url); !st.ok()) {
     errors.push_back(fmt::format("{}: {}", LabelOf(c, *FindKey("store.url")),
                                  std::string(st.message())));
+  }
+  if (c.node.role != "all" && c.store.url.rfind("postgres", 0) != 0) {
+    errors.push_back(fmt::format(
+        "{} needs a store every process shares: set {} to a postgresql:// URL (docs/scale.md)",
+        LabelOf(c, *FindKey("node.role")), LabelOf(c, *FindKey("store.url"))));
+  }
+  if (c.node.lost_after_ms < 3 * c.node.heartbeat_ms) {
+    errors.push_back(fmt::format("{} must be at least 3 x {}: one late heartbeat must not lose a "
+                                 "node",
+                                 LabelOf(c, *FindKey("node.lost_after_ms")),
+                                 LabelOf(c, *FindKey("node.heartbeat_ms"))));
+  }
+  if (!c.node.url.empty() && c.node.url.rfind("http://", 0) != 0) {
+    errors.push_back(fmt::format("{}: '{}' must be an http:// URL (api replicas reach nodes in "
+                                 "plain HTTP on the cluster network)",
+                                 LabelOf(c, *FindKey("node.url")), c.node.url));
+  }
+  if (c.node.name.size() > 253 ||
+      !std::all_of(c.node.name.begin(), c.node.name.end(), [](unsigned char ch) {
+        return std::isalnum(ch) || ch == '-' || ch == '.' || ch == '_';
+      })) {
+    errors.push_back(fmt::format("{}: '{}' is not a node name (letters, digits, '-', '.', '_')",
+                                 LabelOf(c, *FindKey("node.name")), c.node.name));
   }
   for (const auto& [name, n] : c.warm_pool) {
     const bool name_ok = !name.empty() && name.size() <= 255 &&

@@ -26,6 +26,7 @@
 #include "common/ids.h"
 #include "common/log.h"
 #include "common/status_util.h"
+#include "daemon/cluster_role.h"
 #include "daemon/config.h"
 #include "daemon/density.h"
 #include "daemon/egress_config.h"
@@ -275,8 +276,11 @@ struct Daemon {
   std::unique_ptr<sbx::ops::OperationEngine> engine;
   std::unique_ptr<sbx::service::SandboxService> svc;
   std::unique_ptr<sbx::service::Tenancy> tenancy;
+  std::unique_ptr<sbx::service::Cluster> cluster;
   std::unique_ptr<sbx::api::Api> api;
   std::unique_ptr<sbx::http::Server> server;
+  // Last: its heartbeat reads the service, so it stops first.
+  sbx::daemon::NodeRole node;
 };
 
 // Blocks the stop signals before any thread starts so that only sigwait (WaitForSignals) sees
@@ -543,6 +547,9 @@ absl::Status StartService(Daemon& d, const sbx::runtime::Resources& defaults) {
   d.engine = std::make_unique<sbx::ops::OperationEngine>(static_cast<int>(cfg.runtime.workers));
   sbx::service::ServiceOptions sopts;
   sopts.default_runtime = cfg.runtime.default_runtime;
+  sopts.node_name = sbx::daemon::NodeNameOf(cfg);
+  sopts.claim_unassigned = cfg.node.role == "all";
+  topts.node_name = sopts.node_name;
   sopts.unavailable_runtimes = d.unavailable_runtimes;
   sopts.attach_keys = d.attach_keys;
   sopts.attach_keys_file =
@@ -626,6 +633,8 @@ absl::Status ServeApi(Daemon& d, sbx::http::ServerOptions hopts) {
   aopts.templates = d.template_svc.get();
   d.tenancy = std::make_unique<sbx::service::Tenancy>(*d.store, TenancyOptionsOf(d.cfg));
   aopts.tenancy = d.tenancy.get();
+  d.cluster = sbx::daemon::MakeCluster(d.cfg, *d.store);
+  aopts.cluster = d.cluster.get();
   d.api = std::make_unique<sbx::api::Api>(*d.svc, aopts);
   sbx::api::Api& api = *d.api;
   hopts.privileged = [&api](const sbx::http::Request& req) { return api.Privileged(req); };
@@ -738,6 +747,8 @@ int main(int argc, char** argv) {
       cfg, static_cast<int64_t>(hopts->max_connections + 2 * hopts->reserved_connections + 1));
   if (!holds.ok()) return Fail(holds.status());
   g_host_holds = *holds;
+  // A replica of the api tier has no runtime, state or service of its own (docs/scale.md).
+  if (cfg.node.role == "api") return sbx::daemon::RunApiRole(cfg, *hopts, stop);
   const sbx::runtime::Resources defaults = DefaultsOf(cfg);
   if (auto st = OpenState(d); !st.ok()) return Fail(st);
   // A host that lacks what the runtime needs is refused here, with the doctor's diagnosis,
@@ -747,6 +758,10 @@ int main(int argc, char** argv) {
   if (auto st = StartRuntime(d); !st.ok()) return Fail(st);
   if (auto st = StartService(d, defaults); !st.ok()) return Fail(st);
   if (auto st = ServeApi(d, *hopts); !st.ok()) return Fail(st);
+  auto node = sbx::daemon::StartNodeRole(cfg, *d.store, *d.cluster, *d.svc,
+                                         d.server->port());
+  if (!node.ok()) return Fail(node.status());
+  d.node = std::move(*node);
 
   d.svc->StartWarmPools();
   d.svc->StartTimers();
@@ -757,6 +772,7 @@ int main(int argc, char** argv) {
   sbx::Ticker trim(std::chrono::seconds(10), [] { malloc_trim(0); });
   LogReady(d, *hopts, loaded->file);
   WaitForSignals(stop, cl, d);
+  d.node = {};  // no heartbeat of a node that is going away
   d.server->Stop();
   if (d.template_svc) d.template_svc->Stop();  // imports and pulls end within one read
   d.engine->Shutdown();

@@ -152,6 +152,7 @@ absl::StatusOr<Answer<SandboxCreated>> SandboxService::CreateSandbox(
     // In the transaction that records the sandbox: concurrent creates cannot pass it together.
     SBX_RETURN_IF_ERROR(CheckSandboxQuota(tx, caller.tenant_id, effective, /*new_sandbox=*/true));
     sb.id = warm ? warm->instance->id() : NewId("sbx");
+    sb.node = opts_.node_name;
     sb.port_access = NewPortAccess(req.public_ports, sb.id);
     // Before anything is recorded or built. A pooled sandbox already holds its resources
     // (under the same id).
@@ -162,6 +163,7 @@ absl::StatusOr<Answer<SandboxCreated>> SandboxService::CreateSandbox(
     sb.resources = RequestedResources(req);
     sb.effective_resources = EffectiveResources(effective, opts_.output_buffer_bytes);
     OperationRecord op = NewOperation(caller.tenant_id, "create", sb.id, sb.created_at);
+    op.node = opts_.node_name;
     Accepted<SandboxCreated> out;
     if (warm) {
       // Already running: the create is done in this transaction.

@@ -113,6 +113,7 @@ absl::StatusOr<SandboxService::StartedOperation> SandboxService::StartOperation(
   const std::string now = NowRfc3339();
   OperationRecord op = NewOperation(caller.tenant_id, kind, sb.id, now);
   op.initiator = caller.initiator;
+  op.node = opts_.node_name;
   if (!t.during.empty()) sb.state = std::string(t.during);
   sb.current_operation_id = op.id;
   sb.updated_at = now;
@@ -122,6 +123,9 @@ absl::StatusOr<SandboxService::StartedOperation> SandboxService::StartOperation(
 }
 
 absl::Status SandboxService::DestroyRuntime(const SandboxRecord& sb) {
+  // Another node's sandbox (deleted here because its node is lost): nothing of it is on this
+  // host's runtime; its own node removes what it left when it comes back (Reconcile, Fence).
+  if (!sb.node.empty() && sb.node != opts_.node_name) return absl::OkStatus();
   // The last denied-egress reading, while the sandbox's network still exists.
   ReadDeniedEgress(sb.id, /*baseline=*/false);
   runtime::InstancePtr inst;

@@ -11,6 +11,7 @@
 #include "service/sandbox_service.h"
 #include "service/sandbox_state.h"
 #include "service/service_internal.h"
+#include "service/template_ref.h"
 
 namespace sbx::service {
 
@@ -19,11 +20,22 @@ using namespace internal;  // this folder's helpers (service_internal.h)
 absl::Status SandboxService::Reconcile() {
   std::vector<SandboxRecord> live;
   std::vector<OperationRecord> unfinished;
+  int64_t claimed = 0;
   SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
-    SBX_ASSIGN_OR_RETURN(live, tx.ListLiveSandboxes());
-    SBX_ASSIGN_OR_RETURN(unfinished, tx.ListUnfinishedOperations());
+    // Rows from before nodes existed are this host's when it is the only one (--role all).
+    claimed = 0;
+    if (opts_.claim_unassigned) {
+      SBX_ASSIGN_OR_RETURN(claimed, tx.ClaimUnassigned(opts_.node_name));
+    }
+    // Only this node's: other nodes on the same store keep theirs (docs/scale.md).
+    SBX_ASSIGN_OR_RETURN(live, tx.ListLiveSandboxes(opts_.node_name));
+    SBX_ASSIGN_OR_RETURN(unfinished, tx.ListUnfinishedOperations(opts_.node_name));
     return absl::OkStatus();
   }));
+  if (claimed > 0) {
+    spdlog::info("reconcile: {} sandboxes from before schema 9 are node {}'s", claimed,
+                 opts_.node_name);
+  }
 
   std::map<std::string, std::set<std::string>> known;  // runtime -> ids it may keep
   struct Redrive {
@@ -37,6 +49,8 @@ absl::Status SandboxService::Reconcile() {
     lctx.sandbox = sb.id;
     lctx.tenant = sb.tenant_id;
     log::Scope scope(lctx);
+    // A lost sandbox is not this node's any more: what is left of it here is swept below.
+    if (OnRestartOf(sb.state) == OnRestart::kRelease) continue;
     known[sb.runtime].insert(sb.id);
     switch (OnRestartOf(sb.state)) {
       case OnRestart::kAdopt: {
@@ -57,6 +71,7 @@ absl::Status SandboxService::Reconcile() {
         }
         continue;
       case OnRestart::kKeep:
+      case OnRestart::kRelease:
         continue;  // failed sandboxes stay as they are until deleted
     }
     const std::string from = sb.state;
@@ -193,6 +208,72 @@ void SandboxService::RestoreActiveSessions(const std::vector<std::string>& adopt
   for (const std::string& id : running_sessions) {
     metrics_->SessionStarted(id, /*count_start=*/false);
   }
+}
+
+int SandboxService::ReleaseUnowned() {
+  std::vector<std::string> ids;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, inst] : instances_) ids.push_back(id);
+  }
+  int released = 0;
+  for (const std::string& id : ids) {
+    std::optional<SandboxRecord> sb;
+    absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+      sb.reset();
+      auto got = tx.GetSandbox(id);
+      if (absl::IsNotFound(got.status())) return absl::OkStatus();
+      SBX_RETURN_IF_ERROR(got.status());
+      sb = std::move(*got);
+      return absl::OkStatus();
+    });
+    if (!st.ok()) {
+      spdlog::warn("sandbox {}: kept: the store could not say whose it is: {}", id,
+                   std::string(st.message()));
+      continue;
+    }
+    if (sb && sb->node == opts_.node_name && sb->state != kLost && sb->state != kDeleted) {
+      continue;
+    }
+    spdlog::warn("sandbox {}: no longer this node's ({}): destroying it", id,
+                 sb ? fmt::format("{} on node '{}'", sb->state, sb->node) : "not in the store");
+    activity_.Forget(id);
+    ReleaseCapacity(id);
+    DropInstance(id);
+    ++released;
+  }
+  return released;
+}
+
+NodeReport SandboxService::Report() const {
+  NodeReport r;
+  const Admission::Snapshot snap = admission_->Read();
+  r.capacity.vcpu = snap.capacity.vcpu;
+  r.capacity.memory_mib = snap.capacity.memory_mib;
+  r.capacity.disk_mib = snap.capacity.disk_mib;
+  r.capacity.max_sandboxes = admission_->settings().max_sandboxes;
+  for (const auto& [name, backend] : backends_) r.capacity.runtimes.push_back(name);
+  r.capacity.templates.push_back("base");
+  // As a create names them: "name:tag" without the tenant's namespace, and the digest.
+  for (const auto& [qualified, digest] : templates_.Tags()) {
+    const size_t colon = qualified.rfind(':');
+    if (colon == std::string::npos) continue;
+    r.capacity.templates.push_back(SplitTemplateName(qualified.substr(0, colon)).name +
+                                   qualified.substr(colon));
+    r.capacity.templates.push_back(digest);
+  }
+  for (const auto& [key, ready] : pool_->Ready()) {
+    // "runtime/template[/networked]": placement asks by template.
+    const size_t a = key.find('/');
+    if (a == std::string::npos) continue;
+    const size_t b = key.find('/', a + 1);
+    r.capacity.warm[key.substr(a + 1, b == std::string::npos ? b : b - a - 1)] += ready;
+  }
+  r.load.sandboxes = snap.holders;
+  r.load.vcpu = snap.reserved.vcpu;
+  r.load.memory_mib = snap.reserved.memory_mib;
+  r.load.disk_mib = snap.reserved.disk_mib;
+  return r;
 }
 
 void SandboxService::RestoreLedger(const std::vector<SandboxRecord>& live) {

@@ -31,6 +31,7 @@
 #include "service/agent_client.h"
 #include "service/attach_token.h"
 #include "service/build_step.h"
+#include "service/cluster.h"
 #include "service/inputs.h"
 #include "service/job_waiters.h"
 #include "service/reply_gate.h"
@@ -60,6 +61,11 @@ struct TimerSettings {
 
 struct ServiceOptions {
   std::string default_runtime = "ns";
+  // This process's node (node.name, docs/scale.md): stamped on the sandboxes it creates and the
+  // operations it runs; the start-up reconcile and the timers look at these only.
+  std::string node_name;
+  // Whether the reconcile takes the rows of no node (from before schema 9): `--role all` only.
+  bool claim_unassigned = true;
   // Runtimes sbxd knows but this host cannot run, with the reason a create is told.
   std::map<std::string, std::string> unavailable_runtimes;
   // Applied where a request omits a resource; pids, open_files, tmp_mib and shm_mib are not
@@ -120,6 +126,11 @@ class SandboxService {
   // sweeps kernel objects that no stored sandbox owns.
   absl::Status Reconcile();
   bool ready() const;
+  // After this node was fenced (cluster.h): destroys every instance whose sandbox the store no
+  // longer gives this node (lost, deleted, or another node's). Returns how many.
+  int ReleaseUnowned();
+  // What this node's heartbeat reports (cluster.h): capacity, load, runtimes, templates, pools.
+  NodeReport Report() const;
   // Starts filling the warm pools; call after Reconcile (its sweep would take pooled sandboxes
   // for leftovers). Stopped and emptied when the service is destroyed.
   void StartWarmPools();

@@ -33,14 +33,17 @@ inline constexpr std::string_view kSuspended = "suspended";
 inline constexpr std::string_view kFailed = "failed";
 inline constexpr std::string_view kDeleting = "deleting";
 inline constexpr std::string_view kDeleted = "deleted";
+// Its node stopped heartbeating (docs/scale.md): nothing of it can be reached; it holds nothing
+// and can only be deleted.
+inline constexpr std::string_view kLost = "lost";
 
 // Every state, in the order of the rows of kTransitions.
-inline constexpr std::array<std::string_view, 7> kStates = {
-    kCreating, kRunning, kPaused, kSuspended, kFailed, kDeleting, kDeleted};
+inline constexpr std::array<std::string_view, 8> kStates = {
+    kCreating, kRunning, kPaused, kSuspended, kFailed, kDeleting, kDeleted, kLost};
 
 // Every state but deleted (deleted rows are kept for good): what sbx_sandboxes reports.
-inline constexpr std::string_view kLiveStates[] = {kCreating, kRunning, kPaused,
-                                                   kSuspended, kFailed,  kDeleting};
+inline constexpr std::string_view kLiveStates[] = {kCreating, kRunning,  kPaused, kSuspended,
+                                                   kFailed,   kDeleting, kLost};
 
 inline constexpr std::optional<size_t> StateIndex(std::string_view s) {
   for (size_t i = 0; i < kStates.size(); ++i) {
@@ -126,6 +129,8 @@ inline constexpr Transition kTransitions[kStates.size()][kVerbs.size()] = {
                     transitions::kInvalid},
     /* deleted  */ {transitions::kDeletedAlready, transitions::kInvalid, transitions::kInvalid,
                     transitions::kInvalid},
+    /* lost     */ {transitions::kDelete, transitions::kInvalid, transitions::kInvalid,
+                    transitions::kInvalid},
 };
 
 // The transition of `verb` from `state`; a state the store should never hold refuses.
@@ -141,12 +146,14 @@ enum class OnRestart {
   kFail,           // creating: failed (create_failed), the build was interrupted
   kRedriveDelete,  // deleting: its delete runs again
   kKeep,           // failed, deleted: as they are
+  kRelease,        // lost: kept as it is in the store; what the node still holds of it goes
 };
 
 inline constexpr OnRestart OnRestartOf(std::string_view state) {
   if (state == kRunning || IsFrozenState(state)) return OnRestart::kAdopt;
   if (state == kCreating) return OnRestart::kFail;
   if (state == kDeleting) return OnRestart::kRedriveDelete;
+  if (state == kLost) return OnRestart::kRelease;
   return OnRestart::kKeep;
 }
 

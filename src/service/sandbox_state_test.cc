@@ -57,6 +57,12 @@ constexpr Row kExpected[] = {
     {kDeleted, Verb::kPause, Answer::kRefuse, "", "", "invalid_state"},
     {kDeleted, Verb::kSuspend, Answer::kRefuse, "", "", "invalid_state"},
     {kDeleted, Verb::kWake, Answer::kRefuse, "", "", "invalid_state"},
+
+    // Its node is gone (docs/scale.md): it can only be deleted.
+    {kLost, Verb::kDelete, Answer::kStart, kDeleting, kDeleted, ""},
+    {kLost, Verb::kPause, Answer::kRefuse, "", "", "invalid_state"},
+    {kLost, Verb::kSuspend, Answer::kRefuse, "", "", "invalid_state"},
+    {kLost, Verb::kWake, Answer::kRefuse, "", "", "invalid_state"},
 };
 
 TEST(SandboxState, EveryStateAndVerb) {
@@ -109,6 +115,7 @@ TEST(SandboxState, OnRestart) {
   EXPECT_EQ(OnRestartOf(kFailed), OnRestart::kKeep);
   EXPECT_EQ(OnRestartOf(kDeleting), OnRestart::kRedriveDelete);
   EXPECT_EQ(OnRestartOf(kDeleted), OnRestart::kKeep);
+  EXPECT_EQ(OnRestartOf(kLost), OnRestart::kRelease);
 }
 
 TEST(SandboxState, LiveAndFrozen) {

@@ -340,6 +340,7 @@ absl::StatusOr<OperationStarted> TemplateService::Start(
   stored.name = QualifiedTemplateName(NamespaceOf(caller), target.name);
   OperationRecord op = NewOperation(caller.tenant_id, kind, "", NowRfc3339());
   op.initiator = caller.initiator;
+  op.node = opts_.node_name;
   op.target = target.name + ":" + target.tag;
   op.progress = {{"stage", "queued"}, {"log", json::array()}};
   {

@@ -42,6 +42,8 @@
 namespace sbx::service {
 
 struct TemplateServiceOptions {
+  // This process's node (ServiceOptions::node_name): stamped on the operations it runs.
+  std::string node_name;
   // <state>/templates: layers/ (the LayerStore), skel/ (the topmost lower of image templates),
   // uploads/ (archives being received), pulls/<op>/ (OCI layouts being fetched).
   std::string dir;

@@ -97,7 +97,7 @@ void SandboxService::RunTimersOnce(std::chrono::system_clock::time_point wall,
   CheckAgentsAlive();
   std::vector<SandboxRecord> live;
   absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
-    auto all = tx.ListLiveSandboxes();
+    auto all = tx.ListLiveSandboxes(opts_.node_name);
     if (!all.ok()) return all.status();
     live = std::move(*all);
     return absl::OkStatus();

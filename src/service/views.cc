@@ -29,6 +29,8 @@ nlohmann::json SandboxView(const store::SandboxRecord& r) {
       {"template", r.template_ref},
       {"template_digest", r.template_digest},
       {"runtime", r.runtime},
+      // Which node holds it (docs/scale.md); null for a row no node has claimed yet.
+      {"node", r.node.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.node)},
       {"resources", requested},
       {"effective_resources", r.effective_resources},
       {"egress_profile", r.egress_profile},

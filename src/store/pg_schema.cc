@@ -166,7 +166,28 @@ CREATE TRIGGER audit_log_append_only BEFORE UPDATE ON audit_log
 
 // Entry 0 stands for the baseline; entry i (i >= 1) upgrades version kBaselineVersion + i - 1
 // to the next. Append only, in step with SQLite's list.
-constexpr const char* kMigrations[] = {kBaseline};
+// 9: nodes (issue 21), as SQLite's 9.
+constexpr char kNodes[] = R"sql(
+ALTER TABLE sandboxes ADD COLUMN node TEXT COLLATE "C" NOT NULL DEFAULT '';
+ALTER TABLE operations ADD COLUMN node TEXT COLLATE "C" NOT NULL DEFAULT '';
+CREATE INDEX sandboxes_by_node ON sandboxes (node) WHERE state <> 'deleted';
+CREATE INDEX operations_unfinished ON operations (node) WHERE state IN ('pending', 'running');
+CREATE TABLE nodes (
+  name         TEXT COLLATE "C" PRIMARY KEY,
+  url          TEXT NOT NULL,
+  role         TEXT NOT NULL,
+  state        TEXT NOT NULL,
+  epoch        BIGINT NOT NULL,
+  heartbeat_at TEXT COLLATE "C" NOT NULL,
+  started_at   TEXT NOT NULL,
+  capacity     TEXT,
+  load         TEXT,
+  labels       TEXT,
+  reason       TEXT NOT NULL DEFAULT ''
+);
+)sql";
+
+constexpr const char* kMigrations[] = {kBaseline, kNodes};
 constexpr int kSchemaVersion = kBaselineVersion + static_cast<int>(std::size(kMigrations)) - 1;
 
 // Every sbxd sharing the database takes this lock before it reads or changes the version, so

@@ -79,7 +79,7 @@ constexpr char kPgGetTenantUsage[] = R"sql(SELECT COUNT(*),
                ELSE COALESCE((effective_resources::jsonb ->> 'memory_mib')::numeric, 0) END),
            0)::bigint,
   COALESCE(SUM(COALESCE((effective_resources::jsonb ->> 'disk_mib')::numeric, 0)), 0)::bigint
-FROM sandboxes WHERE tenant_id = $1 AND state NOT IN ('deleted', 'failed'))sql";
+FROM sandboxes WHERE tenant_id = $1 AND state NOT IN ('deleted', 'failed') AND state <> 'lost')sql";
 
 // SQLite's ?N placeholders as PostgreSQL's $N. The shared statements hold no '?' elsewhere.
 std::string ToPgPlaceholders(std::string_view sql) {
@@ -328,9 +328,44 @@ class PgTx final : public Tx {
     return page;
   }
 
-  absl::StatusOr<std::vector<SandboxRecord>> ListLiveSandboxes() override {
+  absl::StatusOr<std::vector<SandboxRecord>> ListLiveSandboxes(const std::string& node) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kListLiveSandboxes));
-    return List<SandboxRecord>(kListLiveSandboxes, "list live sandboxes", {}, ReadSandbox<PgRow>);
+    return List<SandboxRecord>(kListLiveSandboxes, "list live sandboxes", Key(node),
+                               ReadSandbox<PgRow>);
+  }
+
+  absl::StatusOr<int64_t> ClaimUnassigned(const std::string& node) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kNodes));
+    SBX_RETURN_IF_ERROR(
+        Exec(kClaimUnassignedOperations, "claim unassigned operations", Key(node)).status());
+    SBX_ASSIGN_OR_RETURN(pqxx::result res,
+                         Exec(kClaimUnassignedSandboxes, "claim unassigned sandboxes", Key(node)));
+    return static_cast<int64_t>(res.affected_rows());
+  }
+
+  absl::StatusOr<NodeRecord> GetNode(const std::string& name) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kNodes));
+    return GetOne<NodeRecord>(kGetNode, "get node", Key(name), ReadNode<PgRow>,
+                              [&] { return fmt::format("node {} not found", name); });
+  }
+
+  absl::Status PutNode(const NodeRecord& r) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kNodes));
+    return Put(kPutNode, "put node", r, BindNode<PgParams>);
+  }
+
+  absl::StatusOr<std::vector<NodeRecord>> ListNodes() override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kNodes));
+    return List<NodeRecord>(kListNodes, "list nodes", {}, ReadNode<PgRow>);
+  }
+
+  absl::StatusOr<std::map<std::string, int64_t>> CountHeldSandboxesByNode() override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kNodes));
+    SBX_ASSIGN_OR_RETURN(pqxx::result res,
+                         Exec(kCountHeldByNode, "count sandboxes by node", {}));
+    std::map<std::string, int64_t> out;
+    for (const pqxx::row& row : res) out[PgRow(row).Text(0)] = PgRow(row).Int(1);
+    return out;
   }
 
   absl::StatusOr<std::map<std::string, int64_t>> CountLiveSandboxesByState() override {
@@ -366,10 +401,11 @@ class PgTx final : public Tx {
                                  ReadOperation<PgRow>);
   }
 
-  absl::StatusOr<std::vector<OperationRecord>> ListUnfinishedOperations() override {
+  absl::StatusOr<std::vector<OperationRecord>> ListUnfinishedOperations(
+      const std::string& node) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kListUnfinishedOperations));
-    return List<OperationRecord>(kListUnfinishedOperations, "list unfinished operations", {},
-                                 ReadOperation<PgRow>);
+    return List<OperationRecord>(kListUnfinishedOperations, "list unfinished operations",
+                                 Key(node), ReadOperation<PgRow>);
   }
 
   absl::StatusOr<SessionRecord> GetSession(const std::string& id) override {

@@ -37,6 +37,7 @@ enum class QueryOp {
   kListAudit,
   kGetTenantUsage,
   kCountLiveSessions,
+  kNodes,
   kCount,
 };
 inline constexpr std::string_view kQueryOpNames[] = {
@@ -44,7 +45,7 @@ inline constexpr std::string_view kQueryOpNames[] = {
     "CountLiveSandboxesByState", "PutSandbox", "GetOperation", "PutOperation", "ListOperations",
     "ListUnfinishedOperations", "GetSession", "PutSession", "ListSessions", "GetIdempotency",
     "PutIdempotency", "PurgeIdempotency", "PurgeDeletedSandboxes", "Templates", "Tenants",
-    "GetToken", "AppendAudit", "ListAudit", "GetTenantUsage", "CountLiveSessions",
+    "GetToken", "AppendAudit", "ListAudit", "GetTenantUsage", "CountLiveSessions", "Nodes",
 };
 static_assert(std::size(kQueryOpNames) == static_cast<size_t>(QueryOp::kCount));
 

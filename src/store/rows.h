@@ -27,10 +27,10 @@
 #define SBX_STORE_SANDBOX_COLS                                                               \
   "id, tenant_id, state, template_ref, template_digest, runtime, resources, "                \
   "effective_resources, egress_profile, env, labels, timeout_s, created_at, updated_at, "    \
-  "current_operation_id, error, runtime_state, idle_suspend_s, egress, port_access"
+  "current_operation_id, error, runtime_state, idle_suspend_s, egress, port_access, node"
 #define SBX_STORE_OPERATION_COLS                                                           \
   "id, tenant_id, kind, sandbox_id, state, error, result, created_at, updated_at, "          \
-  "completed_at, initiator, target, progress"
+  "completed_at, initiator, target, progress, node"
 #define SBX_STORE_SESSION_COLS                                                               \
   "id, tenant_id, sandbox_id, state, spec, exit_code, signal, timed_out, oom_killed, "        \
   "created_at, started_at, exited_at, error"
@@ -42,6 +42,8 @@
   "id, name, state, quotas, rate_limit, created_at, updated_at, egress_profiles"
 #define SBX_STORE_TOKEN_COLS \
   "id, tenant_id, name, hash, scopes, expires_at, created_at, revoked_at"
+#define SBX_STORE_NODE_COLS \
+  "name, url, role, state, epoch, heartbeat_at, started_at, capacity, load, labels, reason"
 #define SBX_STORE_AUDIT_COLS \
   "seq, time, tenant_id, token_id, action, target, status, code, request_id"
 
@@ -104,6 +106,7 @@ absl::StatusOr<SandboxRecord> ReadSandbox(const Row& q) {
   r.idle_suspend_s = q.OptInt(17);
   SBX_ASSIGN_OR_RETURN(r.egress, rows_internal::ColumnJson(q, 18, what + " egress"));
   SBX_ASSIGN_OR_RETURN(r.port_access, rows_internal::ColumnJson(q, 19, what + " port_access"));
+  r.node = q.Text(20);
   return r;
 }
 
@@ -124,6 +127,7 @@ absl::Status BindSandbox(Params& q, const SandboxRecord& r) {
   q.Bind(18, r.idle_suspend_s);
   SBX_RETURN_IF_ERROR(rows_internal::BindJson(q, 19, r.egress, what + " egress"));
   SBX_RETURN_IF_ERROR(rows_internal::BindJson(q, 20, r.port_access, what + " port_access"));
+  q.Bind(21, r.node);
   return absl::OkStatus();
 }
 
@@ -144,6 +148,7 @@ absl::StatusOr<OperationRecord> ReadOperation(const Row& q) {
   r.initiator = q.Text(10);
   r.target = q.Text(11);
   SBX_ASSIGN_OR_RETURN(r.progress, rows_internal::ColumnJson(q, 12, what + " progress"));
+  r.node = q.Text(13);
   return r;
 }
 
@@ -156,6 +161,37 @@ absl::Status BindOperation(Params& q, const OperationRecord& r) {
   q.Bind(8, r.created_at).Bind(9, r.updated_at).Bind(10, r.completed_at);
   q.Bind(11, r.initiator).Bind(12, r.target);
   SBX_RETURN_IF_ERROR(rows_internal::BindJson(q, 13, r.progress, what + " progress"));
+  q.Bind(14, r.node);
+  return absl::OkStatus();
+}
+
+template <typename Row>
+absl::StatusOr<NodeRecord> ReadNode(const Row& q) {
+  NodeRecord r;
+  r.name = q.Text(0);
+  r.url = q.Text(1);
+  r.role = q.Text(2);
+  r.state = q.Text(3);
+  r.epoch = q.Int(4);
+  r.heartbeat_at = q.Text(5);
+  r.started_at = q.Text(6);
+  const std::string what = fmt::format("node {}", r.name);
+  SBX_ASSIGN_OR_RETURN(r.capacity, rows_internal::ColumnJson(q, 7, what + " capacity"));
+  SBX_ASSIGN_OR_RETURN(r.load, rows_internal::ColumnJson(q, 8, what + " load"));
+  SBX_ASSIGN_OR_RETURN(r.labels, rows_internal::ColumnJson(q, 9, what + " labels"));
+  r.reason = q.Text(10);
+  return r;
+}
+
+template <typename Params>
+absl::Status BindNode(Params& q, const NodeRecord& r) {
+  const std::string what = fmt::format("put node {}", r.name);
+  q.Bind(1, r.name).Bind(2, r.url).Bind(3, r.role).Bind(4, r.state).Bind(5, r.epoch);
+  q.Bind(6, r.heartbeat_at).Bind(7, r.started_at);
+  SBX_RETURN_IF_ERROR(rows_internal::BindJson(q, 8, r.capacity, what + " capacity"));
+  SBX_RETURN_IF_ERROR(rows_internal::BindJson(q, 9, r.load, what + " load"));
+  SBX_RETURN_IF_ERROR(rows_internal::BindJson(q, 10, r.labels, what + " labels"));
+  q.Bind(11, r.reason);
   return absl::OkStatus();
 }
 

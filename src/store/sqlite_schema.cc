@@ -209,6 +209,28 @@ CREATE INDEX sandboxes_tenant_usage ON sandboxes (tenant_id)
     R"sql(
 ALTER TABLE tenants ADD COLUMN egress_profiles TEXT;
 )sql",
+    // 9: nodes (issue 21, docs/scale.md): which node holds each sandbox and runs each
+    // operation, and the nodes' registrations. Existing rows get node '' (claimed by the next
+    // single-host sbxd to start).
+    R"sql(
+ALTER TABLE sandboxes ADD COLUMN node TEXT NOT NULL DEFAULT '';
+ALTER TABLE operations ADD COLUMN node TEXT NOT NULL DEFAULT '';
+CREATE INDEX sandboxes_by_node ON sandboxes (node) WHERE state <> 'deleted';
+CREATE INDEX operations_unfinished ON operations (node) WHERE state IN ('pending', 'running');
+CREATE TABLE nodes (
+  name         TEXT PRIMARY KEY,
+  url          TEXT NOT NULL,
+  role         TEXT NOT NULL,
+  state        TEXT NOT NULL,
+  epoch        INTEGER NOT NULL,
+  heartbeat_at TEXT NOT NULL,
+  started_at   TEXT NOT NULL,
+  capacity     TEXT,
+  load         TEXT,
+  labels       TEXT,
+  reason       TEXT NOT NULL DEFAULT ''
+);
+)sql",
 };
 constexpr int kSchemaVersion = static_cast<int>(std::size(kMigrations));
 

@@ -171,9 +171,44 @@ class SqliteTx final : public Tx {
     return page;
   }
 
-  absl::StatusOr<std::vector<SandboxRecord>> ListLiveSandboxes() override {
+  absl::StatusOr<std::vector<SandboxRecord>> ListLiveSandboxes(const std::string& node) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kListLiveSandboxes));
-    return ListAll<SandboxRecord>(kListLiveSandboxes, "list live sandboxes", ReadSandbox<StmtCursor>);
+    return ListAll<SandboxRecord>(kListLiveSandboxes, "list live sandboxes", ReadSandbox<StmtCursor>,
+                                  &node);
+  }
+
+  absl::StatusOr<int64_t> ClaimUnassigned(const std::string& node) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kNodes));
+    SBX_RETURN_IF_ERROR(
+        DeleteWhere(kClaimUnassignedOperations, "claim unassigned operations", node).status());
+    return DeleteWhere(kClaimUnassignedSandboxes, "claim unassigned sandboxes", node);
+  }
+
+  absl::StatusOr<NodeRecord> GetNode(const std::string& name) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kNodes));
+    return GetById<NodeRecord>(kGetNode, "get node", "node", name, ReadNode<StmtCursor>);
+  }
+
+  absl::Status PutNode(const NodeRecord& r) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kNodes));
+    return Put(kPutNode, "put node", r, BindNode<StmtCursor>);
+  }
+
+  absl::StatusOr<std::vector<NodeRecord>> ListNodes() override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kNodes));
+    return ListAll<NodeRecord>(kListNodes, "list nodes", ReadNode<StmtCursor>);
+  }
+
+  absl::StatusOr<std::map<std::string, int64_t>> CountHeldSandboxesByNode() override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kNodes));
+    constexpr std::string_view kStep = "count sandboxes by node";
+    SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(kCountHeldByNode, kStep));
+    StmtCursor q(stmt);
+    std::map<std::string, int64_t> out;
+    int rc;
+    while ((rc = q.Step()) == SQLITE_ROW) out[q.Text(0)] = q.Int(1);
+    if (rc != SQLITE_DONE) return Error(rc, kStep);
+    return out;
   }
 
   absl::StatusOr<std::map<std::string, int64_t>> CountLiveSandboxesByState() override {
@@ -207,10 +242,11 @@ class SqliteTx final : public Tx {
     return Put(kPutOperation, "put operation", r, BindOperation<StmtCursor>);
   }
 
-  absl::StatusOr<std::vector<OperationRecord>> ListUnfinishedOperations() override {
+  absl::StatusOr<std::vector<OperationRecord>> ListUnfinishedOperations(
+      const std::string& node) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kListUnfinishedOperations));
     return ListAll<OperationRecord>(kListUnfinishedOperations, "list unfinished operations",
-                                    ReadOperation<StmtCursor>);
+                                    ReadOperation<StmtCursor>, &node);
   }
 
   absl::StatusOr<std::vector<OperationRecord>> ListOperations(
@@ -447,7 +483,8 @@ class SqliteTx final : public Tx {
     return Done(q, step);
   }
 
-  // Runs a DELETE whose ?1 is `param` (a time bound, a key); returns how many rows it removed.
+  // Runs a DELETE (or UPDATE) whose ?1 is `param` (a time bound, a key); returns how many rows
+  // it removed (changed).
   absl::StatusOr<int64_t> DeleteWhere(const char* sql, std::string_view step,
                                       const std::string& param) {
     SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(sql, step));

@@ -29,13 +29,30 @@ inline constexpr char kListSandboxesAfter[] = "SELECT " SBX_STORE_SANDBOX_COLS
                                        " ORDER BY created_at, id LIMIT ?6";
 #undef SBX_LIST_SANDBOXES_WHERE
 inline constexpr char kListLiveSandboxes[] = "SELECT " SBX_STORE_SANDBOX_COLS
-                                      " FROM sandboxes WHERE state <> 'deleted'"
+                                      " FROM sandboxes WHERE state <> 'deleted' AND node = ?1"
                                       " ORDER BY created_at, id";
+// Rows of no node (before schema 9) go to the single-host sbxd that asks.
+inline constexpr char kClaimUnassignedSandboxes[] =
+    "UPDATE sandboxes SET node = ?1 WHERE node = '' AND state <> 'deleted'";
+inline constexpr char kClaimUnassignedOperations[] =
+    "UPDATE operations SET node = ?1 WHERE node = '' AND state IN ('pending', 'running')";
+inline constexpr char kCountHeldByNode[] =
+    "SELECT node, COUNT(*) FROM sandboxes WHERE state NOT IN ('deleted', 'failed', 'lost')"
+    " GROUP BY node";
+inline constexpr char kGetNode[] = "SELECT " SBX_STORE_NODE_COLS " FROM nodes WHERE name = ?1";
+inline constexpr char kListNodes[] = "SELECT " SBX_STORE_NODE_COLS " FROM nodes ORDER BY name";
+inline constexpr char kPutNode[] = "INSERT INTO nodes (" SBX_STORE_NODE_COLS R"sql()
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+ON CONFLICT (name) DO UPDATE SET
+  url = excluded.url, role = excluded.role, state = excluded.state, epoch = excluded.epoch,
+  heartbeat_at = excluded.heartbeat_at, started_at = excluded.started_at,
+  capacity = excluded.capacity, load = excluded.load, labels = excluded.labels,
+  reason = excluded.reason)sql";
 // The partial index sandboxes_live has the same condition, so only live rows are visited.
 inline constexpr char kCountLiveSandboxesByState[] =
     "SELECT state, COUNT(*) FROM sandboxes WHERE state <> 'deleted' GROUP BY state";
 inline constexpr char kPutSandbox[] = "INSERT INTO sandboxes (" SBX_STORE_SANDBOX_COLS R"sql()
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)
 ON CONFLICT (id) DO UPDATE SET
   tenant_id = excluded.tenant_id, state = excluded.state,
   template_ref = excluded.template_ref, template_digest = excluded.template_digest,
@@ -45,24 +62,27 @@ ON CONFLICT (id) DO UPDATE SET
   created_at = excluded.created_at, updated_at = excluded.updated_at,
   current_operation_id = excluded.current_operation_id, error = excluded.error,
   runtime_state = excluded.runtime_state, idle_suspend_s = excluded.idle_suspend_s,
-  egress = excluded.egress, port_access = excluded.port_access)sql";
+  egress = excluded.egress, port_access = excluded.port_access, node = excluded.node
+WHERE sandboxes.state <> 'lost' OR excluded.state IN ('lost', 'deleting', 'deleted'))sql";
 
 inline constexpr char kGetOperation[] =
     "SELECT " SBX_STORE_OPERATION_COLS " FROM operations WHERE id = ?1";
 inline constexpr char kListUnfinishedOperations[] =
     "SELECT " SBX_STORE_OPERATION_COLS
-    " FROM operations WHERE state IN ('pending', 'running') ORDER BY created_at, id";
+    " FROM operations WHERE state IN ('pending', 'running') AND node = ?1"
+    " ORDER BY created_at, id";
 inline constexpr char kListOperations[] = "SELECT " SBX_STORE_OPERATION_COLS
                                    " FROM operations WHERE sandbox_id = ?1"
                                    " ORDER BY created_at, id";
 inline constexpr char kPutOperation[] = "INSERT INTO operations (" SBX_STORE_OPERATION_COLS R"sql()
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
 ON CONFLICT (id) DO UPDATE SET
   tenant_id = excluded.tenant_id, kind = excluded.kind, sandbox_id = excluded.sandbox_id,
   state = excluded.state, error = excluded.error, result = excluded.result,
   created_at = excluded.created_at, updated_at = excluded.updated_at,
   completed_at = excluded.completed_at, initiator = excluded.initiator,
-  target = excluded.target, progress = excluded.progress)sql";
+  target = excluded.target, progress = excluded.progress, node = excluded.node
+WHERE operations.state NOT IN ('succeeded', 'failed'))sql";
 
 inline constexpr char kGetImage[] = "SELECT " SBX_STORE_IMAGE_COLS " FROM images WHERE digest = ?1";
 inline constexpr char kPutImage[] = "INSERT INTO images (" SBX_STORE_IMAGE_COLS R"sql()
@@ -162,7 +182,7 @@ inline constexpr char kGetTenantUsage[] = R"sql(SELECT COUNT(*),
   IFNULL(SUM(CASE WHEN state = 'suspended' THEN 0
                   ELSE IFNULL(json_extract(effective_resources, '$.memory_mib'), 0) END), 0),
   IFNULL(SUM(IFNULL(json_extract(effective_resources, '$.disk_mib'), 0)), 0)
-FROM sandboxes WHERE tenant_id = ?1 AND state NOT IN ('deleted', 'failed'))sql";
+FROM sandboxes WHERE tenant_id = ?1 AND state NOT IN ('deleted', 'failed') AND state <> 'lost')sql";
 inline constexpr char kCountLiveSessions[] =
     "SELECT COUNT(*) FROM sessions WHERE sandbox_id = ?1 AND state <> 'exited'";
 

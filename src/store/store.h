@@ -59,6 +59,9 @@ struct SandboxRecord {
   // Port exposure (api/port_routes.cc): {"traffic_token": "stt1....", "public": bool}, set at
   // create; null for a sandbox created before schema 5 (reachable with a management token only).
   Json port_access = nullptr;
+  // The node (sbxd --node-name) whose runtime holds the sandbox; "" for a row written before
+  // schema 9, which only a `--role all` sbxd claims (Tx::ClaimUnassigned).
+  std::string node;
 };
 
 struct OperationRecord {
@@ -78,6 +81,9 @@ struct OperationRecord {
   // ({stage, layers_done, layers_total, bytes_done, bytes_total}); null for sandbox operations.
   std::string target;
   Json progress = nullptr;
+  // The node whose process runs the operation (its jobs are in that process's memory); "" as
+  // for SandboxRecord::node.
+  std::string node;
 };
 
 // A template release: one image whose layers are in the layer store (image/image.h), named by
@@ -190,6 +196,23 @@ struct TenantUsage {
   int64_t disk_mib = 0;
 };
 
+// A node of a cluster (docs/scale.md): one sbxd with runtimes, registered and kept alive by its
+// heartbeat. `epoch` is the node's lease: it grows by one at each registration and when the node
+// is declared lost, so a node that finds a different epoch than its own knows it was fenced.
+struct NodeRecord {
+  std::string name;
+  std::string url;    // how api replicas reach its HTTP API, e.g. "http://10.0.0.5:7070"
+  std::string role;   // node | all
+  std::string state;  // active | draining | lost
+  int64_t epoch = 0;
+  std::string heartbeat_at;  // RFC 3339 with milliseconds
+  std::string started_at;
+  Json capacity = Json::object();  // service::NodeCapacity as JSON (placement.h)
+  Json load = Json::object();      // {sandboxes, vcpu, memory_mib, disk_mib} it holds
+  Json labels = Json::object();
+  std::string reason;  // why it is draining or lost; "" when active
+};
+
 struct SandboxFilter {
   std::string tenant_id;
   std::optional<std::string> state;
@@ -212,8 +235,12 @@ class Tx {
 
   virtual absl::StatusOr<SandboxRecord> GetSandbox(const std::string& id) = 0;
   virtual absl::StatusOr<Page<SandboxRecord>> ListSandboxes(const SandboxFilter& filter) = 0;
-  // Every sandbox not in state "deleted" (all tenants): the start-up reconciler's input.
-  virtual absl::StatusOr<std::vector<SandboxRecord>> ListLiveSandboxes() = 0;
+  // Every sandbox of `node` not in state "deleted" (all tenants): the start-up reconciler's
+  // input.
+  virtual absl::StatusOr<std::vector<SandboxRecord>> ListLiveSandboxes(const std::string& node) = 0;
+  // A sandbox in state "lost" stays lost (its node was declared gone, docs/scale.md) unless the
+  // new row is lost, deleting or deleted: a node that comes back cannot revive it. Such a put
+  // changes nothing and is not an error.
   virtual absl::Status PutSandbox(const SandboxRecord& rec) = 0;
   // Sandboxes per state (all tenants), the deleted ones left out: their rows are kept for good,
   // and a count of them would cost a scan that grows with history. States without a sandbox
@@ -221,12 +248,26 @@ class Tx {
   virtual absl::StatusOr<std::map<std::string, int64_t>> CountLiveSandboxesByState() = 0;
 
   virtual absl::StatusOr<OperationRecord> GetOperation(const std::string& id) = 0;
+  // A finished operation (succeeded or failed) is never changed again: a put over one changes
+  // nothing and is not an error (an operation failed because its node was lost stays failed).
   virtual absl::Status PutOperation(const OperationRecord& rec) = 0;
   // Every operation of one sandbox, oldest first.
   virtual absl::StatusOr<std::vector<OperationRecord>> ListOperations(
       const std::string& sandbox_id) = 0;
-  // Operations in state pending or running (all tenants): re-driven after a restart.
-  virtual absl::StatusOr<std::vector<OperationRecord>> ListUnfinishedOperations() = 0;
+  // Operations of `node` in state pending or running (all tenants): re-driven after a restart.
+  virtual absl::StatusOr<std::vector<OperationRecord>> ListUnfinishedOperations(
+      const std::string& node) = 0;
+  // Gives the sandboxes and operations of no node (rows from before schema 9) to `node`;
+  // returns how many sandboxes. Only a single-host (`--role all`) sbxd calls it.
+  virtual absl::StatusOr<int64_t> ClaimUnassigned(const std::string& node) = 0;
+
+  // Nodes (docs/scale.md). GetNode: NotFound when absent. ListNodes: by name.
+  virtual absl::StatusOr<NodeRecord> GetNode(const std::string& name) = 0;
+  virtual absl::Status PutNode(const NodeRecord& rec) = 0;
+  virtual absl::StatusOr<std::vector<NodeRecord>> ListNodes() = 0;
+  // Sandboxes that hold resources (not deleted, failed or lost) per node; nodes without one
+  // are absent.
+  virtual absl::StatusOr<std::map<std::string, int64_t>> CountHeldSandboxesByNode() = 0;
 
   virtual absl::StatusOr<SessionRecord> GetSession(const std::string& id) = 0;
   virtual absl::Status PutSession(const SessionRecord& rec) = 0;

@@ -207,6 +207,7 @@ void ExpectSandboxEq(const SandboxRecord& a, const SandboxRecord& b) {
   EXPECT_EQ(a.current_operation_id, b.current_operation_id);
   EXPECT_EQ(a.error, b.error);
   EXPECT_EQ(a.runtime_state, b.runtime_state);
+  EXPECT_EQ(a.node, b.node);
 }
 
 void ExpectOperationEq(const OperationRecord& a, const OperationRecord& b) {
@@ -337,7 +338,7 @@ TEST_P(StoreTest, TemplateOperationWithoutSandboxRoundTrips) {
   auto got = Read([&](Tx& tx) { return tx.GetOperation("op_tpl"); });
   ASSERT_TRUE(got.ok()) << got.status();
   ExpectOperationEq(*got, op);
-  auto unfinished = Read([&](Tx& tx) { return tx.ListUnfinishedOperations(); });
+  auto unfinished = Read([&](Tx& tx) { return tx.ListUnfinishedOperations(""); });
   ASSERT_TRUE(unfinished.ok()) << unfinished.status();
   ASSERT_EQ(unfinished->size(), 1u);
   EXPECT_EQ((*unfinished)[0].target, "py:3.12");
@@ -472,7 +473,7 @@ TEST_P(StoreTest, UpsertOverwritesEveryField) {
   auto got = Read([&](Tx& tx) { return tx.GetSandbox("sbx_1"); });
   ASSERT_TRUE(got.ok()) << got.status();
   ExpectSandboxEq(*got, changed);
-  auto live = Read([&](Tx& tx) { return tx.ListLiveSandboxes(); });
+  auto live = Read([&](Tx& tx) { return tx.ListLiveSandboxes(""); });
   ASSERT_TRUE(live.ok());
   EXPECT_EQ(live->size(), 1u);
 
@@ -795,13 +796,13 @@ TEST_P(StoreTest, ListLiveUnfinishedAndSessions) {
                   })
                   .ok());
 
-  auto live = Read([&](Tx& tx) { return tx.ListLiveSandboxes(); });
+  auto live = Read([&](Tx& tx) { return tx.ListLiveSandboxes(""); });
   ASSERT_TRUE(live.ok());
   ASSERT_EQ(live->size(), 2u);
   EXPECT_EQ((*live)[0].id, "sbx_b");
   EXPECT_EQ((*live)[1].id, "sbx_a");
 
-  auto ops = Read([&](Tx& tx) { return tx.ListUnfinishedOperations(); });
+  auto ops = Read([&](Tx& tx) { return tx.ListUnfinishedOperations(""); });
   ASSERT_TRUE(ops.ok());
   ASSERT_EQ(ops->size(), 2u);
   EXPECT_EQ((*ops)[0].id, "op_2");
@@ -881,7 +882,7 @@ TEST_F(SqliteStoreTest, ReopenKeepsDataAndSchemaVersion) {
   store_.reset();
   {
     RawDb raw(path_);
-    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "8");
+    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "9");
     EXPECT_EQ(raw.QueryText("PRAGMA journal_mode"), "wal");
   }
   Open();
@@ -890,12 +891,16 @@ TEST_F(SqliteStoreTest, ReopenKeepsDataAndSchemaVersion) {
   ExpectSandboxEq(*got, FullSandbox("sbx_1"));
   store_.reset();
   RawDb raw(path_);
-  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "8");
+  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "9");
 }
 
 // Undoes migration 7 by hand (sqlite_sequence, which SQLite made for the AUTOINCREMENT, cannot be
 // dropped: emptied, it is what a version-6 file that never had one behaves like).
+#define SBX_UNDO_SCHEMA_NINE                                                          \
+  "DROP INDEX sandboxes_by_node; DROP INDEX operations_unfinished; DROP TABLE nodes; " \
+  "ALTER TABLE sandboxes DROP COLUMN node; ALTER TABLE operations DROP COLUMN node; "
 constexpr char kUndoSchemaSeven[] =
+    SBX_UNDO_SCHEMA_NINE
     "ALTER TABLE tenants DROP COLUMN egress_profiles; "
     "DROP INDEX sandboxes_tenant_usage; DROP TABLE audit_log; DROP TABLE tokens; "
     "DROP TABLE tenants; DELETE FROM sqlite_sequence; PRAGMA user_version = 6;";
@@ -930,6 +935,157 @@ TEST_F(SqliteStoreTest, SchemaOneDatabaseIsMigrated) {
   auto got_op = Read([&](Tx& tx) { return tx.GetOperation("op_1"); });
   ASSERT_TRUE(got_op.ok()) << got_op.status();
   EXPECT_EQ(got_op->initiator, "api");
+}
+
+// Nodes (docs/scale.md): registrations, and what each node may see and change.
+TEST_P(StoreTest, NodesRoundTripAndListByName) {
+  Open();
+  NodeRecord n;
+  n.name = "node-b";
+  n.url = "http://10.0.0.2:7070";
+  n.role = "node";
+  n.state = "active";
+  n.epoch = 3;
+  n.heartbeat_at = Ts(5);
+  n.started_at = Ts(1);
+  n.capacity = {{"vcpu", 8}, {"runtimes", {"ns"}}};
+  n.load = {{"sandboxes", 2}};
+  n.labels = {{"zone", "a"}};
+  ASSERT_TRUE(store_->Transact([&](Tx& tx) { return tx.PutNode(n); }).ok());
+  NodeRecord a = n;
+  a.name = "node-a";
+  a.reason = "drained by an operator";
+  a.state = "draining";
+  ASSERT_TRUE(store_->Transact([&](Tx& tx) { return tx.PutNode(a); }).ok());
+  auto got = Read([&](Tx& tx) { return tx.GetNode("node-b"); });
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->url, n.url);
+  EXPECT_EQ(got->role, "node");
+  EXPECT_EQ(got->epoch, 3);
+  EXPECT_EQ(got->heartbeat_at, Ts(5));
+  EXPECT_EQ(got->capacity, n.capacity);
+  EXPECT_EQ(got->load, n.load);
+  EXPECT_EQ(got->labels, n.labels);
+  EXPECT_EQ(got->reason, "");
+  n.epoch = 4;
+  ASSERT_TRUE(store_->Transact([&](Tx& tx) { return tx.PutNode(n); }).ok());
+  auto all = Read([&](Tx& tx) { return tx.ListNodes(); });
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].name, "node-a");
+  EXPECT_EQ((*all)[0].reason, "drained by an operator");
+  EXPECT_EQ((*all)[1].epoch, 4);
+  auto missing = Read([&](Tx& tx) { return tx.GetNode("node-z"); });
+  EXPECT_TRUE(absl::IsNotFound(missing.status())) << missing.status();
+}
+
+TEST_P(StoreTest, EachNodeListsOnlyItsOwnSandboxesAndOperations) {
+  Open();
+  SandboxRecord a1 = FullSandbox("sbx_a1"), a2 = FullSandbox("sbx_a2"), b1 = FullSandbox("sbx_b1");
+  SandboxRecord old = FullSandbox("sbx_old");  // from before schema 9: no node
+  a1.node = a2.node = "a";
+  b1.node = "b";
+  a2.state = "failed";
+  for (const auto* r : {&a1, &a2, &b1, &old}) ASSERT_TRUE(Put(*r).ok());
+  OperationRecord op_a = MakeOperation("op_a", "sbx_a1", "running", 1);
+  OperationRecord op_b = MakeOperation("op_b", "sbx_b1", "pending", 2);
+  OperationRecord op_old = MakeOperation("op_old", "sbx_old", "running", 3);
+  op_a.node = "a";
+  op_b.node = "b";
+  ASSERT_TRUE(store_->Transact([&](Tx& tx) -> absl::Status {
+    for (const auto* op : {&op_a, &op_b, &op_old}) SBX_RETURN_IF_ERROR(tx.PutOperation(*op));
+    return absl::OkStatus();
+  }).ok());
+  auto live_a = Read([&](Tx& tx) { return tx.ListLiveSandboxes("a"); });
+  ASSERT_TRUE(live_a.ok()) << live_a.status();
+  ASSERT_EQ(live_a->size(), 2u);
+  EXPECT_EQ((*live_a)[0].node, "a");
+  auto ops_b = Read([&](Tx& tx) { return tx.ListUnfinishedOperations("b"); });
+  ASSERT_TRUE(ops_b.ok());
+  ASSERT_EQ(ops_b->size(), 1u);
+  EXPECT_EQ((*ops_b)[0].id, "op_b");
+  auto held = Read([&](Tx& tx) { return tx.CountHeldSandboxesByNode(); });
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ((*held)["a"], 1);  // the failed one holds nothing
+  EXPECT_EQ((*held)["b"], 1);
+  EXPECT_EQ((*held)[""], 1);
+  // The single-host sbxd takes the rows of no node, and only those.
+  auto claimed = Read([&](Tx& tx) { return tx.ClaimUnassigned("a"); });
+  ASSERT_TRUE(claimed.ok()) << claimed.status();
+  EXPECT_EQ(*claimed, 1);
+  live_a = Read([&](Tx& tx) { return tx.ListLiveSandboxes("a"); });
+  ASSERT_TRUE(live_a.ok());
+  EXPECT_EQ(live_a->size(), 3u);
+  auto ops_a = Read([&](Tx& tx) { return tx.ListUnfinishedOperations("a"); });
+  ASSERT_TRUE(ops_a.ok());
+  EXPECT_EQ(ops_a->size(), 2u);
+  auto none_left = Read([&](Tx& tx) { return tx.ListLiveSandboxes(""); });
+  ASSERT_TRUE(none_left.ok());
+  EXPECT_TRUE(none_left->empty());
+}
+
+// A node declared lost may still finish work it had started; the store keeps the verdict.
+TEST_P(StoreTest, LostSandboxesStayLostAndFinishedOperationsStayFinished) {
+  Open();
+  SandboxRecord sb = FullSandbox("sbx_1");
+  sb.node = "a";
+  sb.state = "lost";
+  sb.error = {{"code", "node_lost"}, {"message", "node a was lost"}};
+  ASSERT_TRUE(Put(sb).ok());
+  SandboxRecord late = sb;
+  late.state = "running";
+  late.error = nullptr;
+  ASSERT_TRUE(Put(late).ok());  // not an error: nothing changes
+  auto got = Read([&](Tx& tx) { return tx.GetSandbox("sbx_1"); });
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->state, "lost");
+  EXPECT_EQ(got->error.value("code", ""), "node_lost");
+  for (const char* next : {"deleting", "deleted"}) {
+    SandboxRecord d = sb;
+    d.state = next;
+    ASSERT_TRUE(Put(d).ok());
+    got = Read([&](Tx& tx) { return tx.GetSandbox("sbx_1"); });
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(got->state, next);
+  }
+
+  OperationRecord op = MakeOperation("op_1", "sbx_1", "failed", 1);
+  op.error = {{"code", "node_lost"}};
+  ASSERT_TRUE(store_->Transact([&](Tx& tx) { return tx.PutOperation(op); }).ok());
+  OperationRecord done = op;
+  done.state = "succeeded";
+  done.error = nullptr;
+  ASSERT_TRUE(store_->Transact([&](Tx& tx) { return tx.PutOperation(done); }).ok());
+  auto got_op = Read([&](Tx& tx) { return tx.GetOperation("op_1"); });
+  ASSERT_TRUE(got_op.ok());
+  EXPECT_EQ(got_op->state, "failed");
+  EXPECT_EQ(got_op->error.value("code", ""), "node_lost");
+  // Unfinished ones change as before.
+  OperationRecord running = MakeOperation("op_2", "sbx_1", "running", 2);
+  ASSERT_TRUE(store_->Transact([&](Tx& tx) { return tx.PutOperation(running); }).ok());
+  running.state = "succeeded";
+  ASSERT_TRUE(store_->Transact([&](Tx& tx) { return tx.PutOperation(running); }).ok());
+  got_op = Read([&](Tx& tx) { return tx.GetOperation("op_2"); });
+  ASSERT_TRUE(got_op.ok());
+  EXPECT_EQ(got_op->state, "succeeded");
+}
+
+// A database of schema 8 opens: its rows belong to no node until a single-host sbxd claims them.
+TEST_F(SqliteStoreTest, SchemaEightDatabaseGainsNodes) {
+  Open();
+  ASSERT_TRUE(Put(FullSandbox("sbx_1")).ok());
+  store_.reset();
+  {
+    RawDb raw(path_);
+    raw.Exec(SBX_UNDO_SCHEMA_NINE "PRAGMA user_version = 8;");
+  }
+  Open();
+  auto got = Read([&](Tx& tx) { return tx.GetSandbox("sbx_1"); });
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->node, "");
+  auto nodes = Read([&](Tx& tx) { return tx.ListNodes(); });
+  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  EXPECT_TRUE(nodes->empty());
 }
 
 TEST_P(StoreTest, PurgeDeletedSandboxesTakesTheirOperationsAndSessions) {
@@ -1586,7 +1742,7 @@ TEST_F(SqliteStoreTest, SchemaSevenDatabaseGainsEgressProfilesPerTenant) {
   store_.reset();
   {
     RawDb raw(path_);
-    raw.Exec("ALTER TABLE tenants DROP COLUMN egress_profiles; PRAGMA user_version = 7;");
+    raw.Exec(SBX_UNDO_SCHEMA_NINE "ALTER TABLE tenants DROP COLUMN egress_profiles; PRAGMA user_version = 7;");
   }
   Open();
   auto got = Read([&](Tx& tx) { return tx.GetTenant("ten_a"); });
@@ -1600,7 +1756,7 @@ TEST_F(SqliteStoreTest, SchemaSevenDatabaseGainsEgressProfilesPerTenant) {
   EXPECT_EQ(got->egress_profiles, Json::array({"dev"}));
   store_.reset();
   RawDb raw(path_);
-  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "8");
+  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "9");
 }
 
 // A version-6 database (before tenancy) opens at version 8: its rows are untouched, it gains the
@@ -1621,7 +1777,7 @@ TEST_F(SqliteStoreTest, SchemaSixDatabaseGainsTenancy) {
   store_.reset();
   {
     RawDb raw(path_);
-    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "8");
+    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "9");
     EXPECT_EQ(raw.QueryText("SELECT group_concat(name, ',') FROM (SELECT name FROM sqlite_master"
                             " WHERE name IN ('tenants', 'tokens', 'audit_log', 'tokens_by_tenant',"
                             " 'audit_by_tenant', 'audit_by_time', 'sandboxes_tenant_usage')"

@@ -1,0 +1,131 @@
+#include "daemon/cluster_role.h"
+
+#include <unistd.h>
+
+#include <iostream>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "api/cluster_router.h"
+#include "api/status_to_http.h"
+#include "common/status_util.h"
+#include "store/open_store.h"
+
+namespace sbx::daemon {
+namespace {
+
+std::string HostName() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "localhost";
+  return buf;
+}
+
+service::Cluster::Options ClusterOptionsOf(const Config& cfg) {
+  service::Cluster::Options o;
+  o.lost_after = std::chrono::milliseconds(cfg.node.lost_after_ms);
+  return o;
+}
+
+// Declares silent nodes lost every heartbeat interval.
+std::unique_ptr<Ticker> StartReaper(const Config& cfg, service::Cluster& cluster) {
+  return std::make_unique<Ticker>(std::chrono::milliseconds(cfg.node.heartbeat_ms), [&cluster] {
+    auto lost = cluster.DeclareSilentNodesLost();
+    if (!lost.ok()) {
+      spdlog::warn("cluster: checking the nodes' heartbeats: {}",
+                   std::string(lost.status().message()));
+    }
+  });
+}
+
+}  // namespace
+
+std::string NodeNameOf(const Config& cfg) {
+  return cfg.node.name.empty() ? HostName() : cfg.node.name;
+}
+
+std::string NodeUrlOf(const Config& cfg, uint16_t bound_port) {
+  if (!cfg.node.url.empty()) return cfg.node.url;
+  std::string host = cfg.server.listen.substr(0, cfg.server.listen.rfind(':'));
+  if (!host.empty() && host.front() == '[') host = host.substr(1, host.size() - 2);
+  if (host.empty() || host == "0.0.0.0" || host == "::") host = HostName();
+  if (host.find(':') != std::string::npos) host = "[" + host + "]";
+  return fmt::format("http://{}:{}", host, bound_port);
+}
+
+std::unique_ptr<service::Cluster> MakeCluster(const Config& cfg, store::Store& store) {
+  return std::make_unique<service::Cluster>(store, ClusterOptionsOf(cfg));
+}
+
+absl::StatusOr<NodeRole> StartNodeRole(const Config& cfg, store::Store& store,
+                                       service::Cluster& cluster, service::SandboxService& svc,
+                                       uint16_t bound_port) {
+  NodeRole role;
+  service::NodeMembership::Options mo;
+  mo.name = NodeNameOf(cfg);
+  mo.url = NodeUrlOf(cfg, bound_port);
+  mo.role = cfg.node.role;
+  mo.heartbeat = std::chrono::milliseconds(cfg.node.heartbeat_ms);
+  mo.report = [&svc] { return svc.Report(); };
+  mo.on_fenced = [&svc] {
+    const int n = svc.ReleaseUnowned();
+    spdlog::warn("node fenced: {} sandboxes the store no longer gives this node were destroyed", n);
+  };
+  role.membership = std::make_unique<service::NodeMembership>(store, std::move(mo));
+  SBX_RETURN_IF_ERROR(Annotate(role.membership->Register(), "register the node"));
+  role.membership->Start();
+  // Only where other processes share the store is there anyone else to declare lost.
+  if (cfg.store.url.rfind("postgres", 0) == 0 && cfg.node.role == "all") {
+    role.reaper = StartReaper(cfg, cluster);
+  }
+  return role;
+}
+
+int RunApiRole(const Config& cfg, http::ServerOptions hopts, const sigset_t& stop) {
+  const store::StoreConfig store_cfg{cfg.store.url, static_cast<int>(cfg.store.pool_size)};
+  auto store = store::OpenStore(store_cfg, cfg.state.dir);
+  if (!store.ok()) {
+    spdlog::critical("sbxd: {}", std::string(store.status().message()));
+    std::cerr << "sbxd: " << store.status().message() << std::endl;
+    return 1;
+  }
+  spdlog::info("role api: store {}", store::DescribeStore(store_cfg, cfg.state.dir));
+  service::Cluster cluster(**store, ClusterOptionsOf(cfg));
+  api::ClusterRouterOptions ro;
+  ro.ports_domain = cfg.ports.domain;
+  ro.connect_timeout = std::chrono::milliseconds(cfg.ports.connect_timeout_ms);
+  ro.idle_timeout = std::chrono::seconds(cfg.ports.idle_timeout_s);
+  api::ClusterRouter router(cluster, ro);
+  hopts.stream_body = [](const http::Request& req) { return api::ClusterRouter::StreamsBody(req); };
+  hopts.privileged = [](const http::Request& req) {
+    const std::string_view t(req.target().data(), req.target().size());
+    return t.rfind("/healthz", 0) == 0 || t.rfind("/readyz", 0) == 0;
+  };
+  http::Server server(hopts, [&router](http::RequestContext& ctx) { return router.Handle(ctx); },
+                      api::RawErrorResponse);
+  if (auto st = server.Listen(); !st.ok()) {
+    std::cerr << "sbxd: " << st.message() << std::endl;
+    return 1;
+  }
+  server.Start();
+  auto reaper = StartReaper(cfg, cluster);
+  std::string host = hopts.host.find(':') != std::string::npos ? "[" + hopts.host + "]" : hopts.host;
+  std::cout << "sbxd listening on " << (server.tls() ? "https://" : "http://") << host << ":"
+            << server.port() << std::endl;
+  spdlog::info("sbxd ready: role api, nodes lost after {} ms of silence", cfg.node.lost_after_ms);
+  for (;;) {
+    int sig = 0;
+    sigwait(&stop, &sig);
+    if (sig == SIGHUP) {
+      spdlog::info("SIGHUP: the api role has nothing to reload");
+      continue;
+    }
+    spdlog::info("signal {}: stopping the api replica", sig);
+    break;
+  }
+  reaper.reset();
+  server.Stop();
+  return 0;
+}
+
+}  // namespace sbx::daemon

@@ -1,0 +1,54 @@
+// Placement (docs/scale.md): which node a new sandbox goes to. A pure function of the nodes'
+// last reports and the create's request, so that an api replica decides in microseconds from
+// what it read of the store, and tests and benchmarks need no cluster.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+
+namespace sbx::service {
+
+// What a node reports in its heartbeat.
+struct NodeCapacity {
+  int64_t vcpu = 0, memory_mib = 0, disk_mib = 0;  // offered to sandboxes in all; 0: no limit
+  int64_t max_sandboxes = 0;                       // 0: no limit
+  std::vector<std::string> runtimes;               // e.g. {"ns", "microvm"}
+  std::vector<std::string> templates;              // "base", "python:3.12", "sha256:..."
+  std::map<std::string, int64_t> warm;             // template -> ready warm-pool members
+};
+// Held by the live sandboxes on a node.
+struct NodeLoad {
+  int64_t sandboxes = 0, vcpu = 0, memory_mib = 0, disk_mib = 0;
+};
+struct PlacementNode {
+  std::string name;
+  std::string state;  // active | draining | lost
+  bool fresh = true;  // heartbeat within the lost-after time
+  NodeCapacity capacity;
+  NodeLoad load;
+  int64_t same_group = 0;  // live sandboxes on it with the request's anti-affinity label
+};
+struct PlacementRequest {
+  std::string runtime;       // "" : any
+  std::string template_ref;  // as requested ("base", "python:3.12", "name@sha256:...")
+  int64_t vcpu = 0, memory_mib = 0, disk_mib = 0;
+  bool anti_affinity = false;  // prefer nodes with the fewest same_group
+};
+struct PlacementDecision {
+  std::string node;
+  std::string why;  // one line for the log
+};
+
+absl::StatusOr<PlacementDecision> Place(const std::vector<PlacementNode>& nodes,
+                                        const PlacementRequest& req);
+
+nlohmann::json CapacityToJson(const NodeCapacity& c);
+absl::StatusOr<NodeCapacity> CapacityFromJson(const nlohmann::json& j);
+
+}  // namespace sbx::service
