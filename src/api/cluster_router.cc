@@ -1,5 +1,8 @@
 #include "api/cluster_router.h"
 
+#include <algorithm>
+#include <cctype>
+
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -96,7 +99,34 @@ asio::awaitable<absl::StatusOr<tcp::socket>> Dial(asio::any_io_executor ex,
 
 }  // namespace
 
+namespace {
+
+// An id that can name a stored object: anything else goes to any node, which answers 404.
+RouteKey Keyed(RouteKey::Kind kind, std::string id) {
+  const bool ok = !id.empty() && id.size() <= 128 &&
+                  std::all_of(id.begin(), id.end(), [](unsigned char c) {
+                    return std::isalnum(c) || c == '_' || c == '-';
+                  });
+  if (!ok) return {RouteKey::Kind::kAny, ""};
+  return {kind, std::move(id)};
+}
+
+RouteKey ClassifyRaw(const http::Request& req, std::string_view ports_domain);
+
+}  // namespace
+
 RouteKey Classify(const http::Request& req, std::string_view ports_domain) {
+  RouteKey k = ClassifyRaw(req, ports_domain);
+  using Kind = RouteKey::Kind;
+  if (k.kind == Kind::kSandbox || k.kind == Kind::kSession || k.kind == Kind::kOperation) {
+    return Keyed(k.kind, std::move(k.id));
+  }
+  return k;
+}
+
+namespace {
+
+RouteKey ClassifyRaw(const http::Request& req, std::string_view ports_domain) {
   using Kind = RouteKey::Kind;
   const std::string_view target(req.target().data(), req.target().size());
   const std::string_view path = target.substr(0, target.find('?'));
@@ -134,6 +164,8 @@ RouteKey Classify(const http::Request& req, std::string_view ports_domain) {
   }
   return {Kind::kAny, ""};
 }
+
+}  // namespace
 
 std::optional<service::PlacementRequest> PlacementOf(const http::Request& req, bool e2b) {
   auto body = ParseUntrustedJson(req.body());
