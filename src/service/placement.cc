@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <string_view>
 
 #include "common/status_util.h"
@@ -14,7 +15,7 @@ namespace {
 // Why a node cannot take the sandbox: the first filter it fails, in this order.
 enum Excluded { kSilent, kDraining, kRuntime, kFull, kVcpu, kMemory, kDisk, kReasons };
 constexpr std::array<std::string_view, kReasons> kWhy = {
-    "lost or not heartbeating", "draining", "without the runtime", "at their sandbox limit",
+    "lost or not heartbeating", "draining", "without runtime", "at their sandbox limit",
     "without the vCPUs", "without the memory", "without the disk"};
 
 bool Fits(int64_t load, int64_t want, int64_t cap) { return cap <= 0 || load + want <= cap; }
@@ -23,9 +24,17 @@ double Fraction(int64_t load, int64_t want, int64_t cap) {
   return cap <= 0 ? 0.0 : static_cast<double>(load + want) / static_cast<double>(cap);
 }
 
+// "base" is on every node. Nodes report "name:tag" and bare digests ("sha256:..."), so a
+// pinned "name@sha256:..." is held when its digest is.
 bool Holds(const NodeCapacity& c, const std::string& ref) {
   if (ref == "base") return true;
-  return std::find(c.templates.begin(), c.templates.end(), ref) != c.templates.end();
+  const size_t at = ref.find('@');
+  const std::string_view digest =
+      at == std::string::npos ? std::string_view() : std::string_view(ref).substr(at + 1);
+  for (const std::string& t : c.templates) {
+    if (t == ref || (!digest.empty() && t == digest)) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -71,6 +80,7 @@ absl::StatusOr<PlacementDecision> Place(const std::vector<PlacementNode>& nodes,
       continue;
     }
     auto warm = c.warm.find(req.template_ref);
+    // fill: the fullest limited dimension once this sandbox is in (the count too, as +1).
     Score s{req.anti_affinity ? n.same_group : 0, warm != c.warm.end() && warm->second > 0 ? 0 : 1,
             Holds(c, req.template_ref) ? 0 : 1,
             std::max({Fraction(l.sandboxes, 1, c.max_sandboxes), Fraction(l.vcpu, req.vcpu, c.vcpu),
@@ -89,17 +99,23 @@ absl::StatusOr<PlacementDecision> Place(const std::vector<PlacementNode>& nodes,
     }
     std::string msg = fmt::format("no node can take this sandbox: {} node{} registered",
                                   nodes.size(), nodes.size() == 1 ? "" : "s");
+    const char* sep = "; ";
     for (int i = 0; i < kReasons; ++i) {
       if (excluded[i] == 0) continue;
-      msg += fmt::format("; {} {}", excluded[i], kWhy[i]);
+      msg += fmt::format("{}{} {}", sep, excluded[i], kWhy[i]);
+      sep = ", ";
       if (i == kRuntime) msg += " " + req.runtime;
     }
     return ApiError(absl::StatusCode::kUnavailable, "no_capacity", msg);
   }
-  std::string why = fmt::format("{}{}{:.0f}% full",
-                                best_score.warm == 0 ? "warm pool hit, " : "",
-                                best_score.cached == 0 ? "template held, " : "",
-                                best_score.fill * 100);
+  const NodeCapacity& c = best->capacity;
+  std::string why = fmt::format(
+      "{}{}{}, {}{} sandboxes, {:.0f}% full",
+      req.anti_affinity ? fmt::format("{} of its group, ", best_score.group) : std::string(),
+      best_score.warm == 0 ? "warm pool hit, " : "",
+      best_score.cached == 0 ? "template cached" : "template not cached", best->load.sandboxes,
+      c.max_sandboxes > 0 ? fmt::format("/{}", c.max_sandboxes) : std::string(),
+      best_score.fill * 100);
   return PlacementDecision{best->name, std::move(why)};
 }
 
@@ -120,7 +136,8 @@ absl::StatusOr<NodeCapacity> CapacityFromJson(const nlohmann::json& j) {
   auto num = [&](const char* k, int64_t& out) -> absl::Status {
     auto it = j.find(k);
     if (it == j.end() || it->is_null()) return absl::OkStatus();
-    if (!it->is_number_integer()) {
+    if (!it->is_number_integer() ||
+        (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t{INT64_MAX})) {
       return absl::InvalidArgumentError(fmt::format("node capacity: {} is not an integer", k));
     }
     out = it->get<int64_t>();
@@ -147,7 +164,8 @@ absl::StatusOr<NodeCapacity> CapacityFromJson(const nlohmann::json& j) {
   if (auto it = j.find("warm"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) return absl::InvalidArgumentError("node capacity: warm is not an object");
     for (const auto& [k, v] : it->items()) {
-      if (!v.is_number_integer()) {
+      if (!v.is_number_integer() ||
+          (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX})) {
         return absl::InvalidArgumentError("node capacity: warm holds a non-integer");
       }
       c.warm[k] = v.get<int64_t>();

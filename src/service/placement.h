@@ -45,9 +45,18 @@ struct PlacementDecision {
   std::string why;  // one line for the log
 };
 
+// Hard filters, in order (a node is counted under the first it fails): active and fresh, the
+// runtime, a free sandbox slot, vCPU, memory, disk (a capacity of 0 is no limit). Then, smaller
+// first: same_group (with anti_affinity), no ready warm member for the template, template not
+// held ("base" is held everywhere; "name@sha256:..." is held when its digest is), fill (the
+// fullest limited dimension with this sandbox in), name. O(nodes), no allocation per node.
+// None left: ApiError(kUnavailable, "no_capacity", ...) counting the nodes per reason.
 absl::StatusOr<PlacementDecision> Place(const std::vector<PlacementNode>& nodes,
                                         const PlacementRequest& req);
 
+// The store's form of NodeCapacity: keys vcpu, memory_mib, disk_mib, max_sandboxes, runtimes,
+// templates, warm. FromJson takes missing keys (and null) as their defaults, refuses wrong
+// types with InvalidArgument and never throws.
 nlohmann::json CapacityToJson(const NodeCapacity& c);
 absl::StatusOr<NodeCapacity> CapacityFromJson(const nlohmann::json& j);
 
