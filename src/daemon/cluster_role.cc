@@ -9,6 +9,7 @@
 
 #include "api/cluster_router.h"
 #include "api/status_to_http.h"
+#include "common/metrics.h"
 #include "common/status_util.h"
 #include "store/open_store.h"
 
@@ -36,6 +37,15 @@ std::unique_ptr<Ticker> StartReaper(const Config& cfg, service::Cluster& cluster
                    std::string(lost.status().message()));
     }
   });
+}
+
+// sbx_node_info{node, role} 1: every series of this process joins its node by instance.
+void PublishNodeInfo(const std::string& node, const std::string& role) {
+  metrics::Default()
+      .AddGauge("sbx_node_info", "Always 1: the node name and role of this sbxd (docs/scale.md).",
+                {"node", "role"})
+      .WithLabels({node, role})
+      .Set(1);
 }
 
 }  // namespace
@@ -71,6 +81,7 @@ absl::StatusOr<NodeRole> StartNodeRole(const Config& cfg, store::Store& store,
     const int n = svc.ReleaseUnowned();
     spdlog::warn("node fenced: {} sandboxes the store no longer gives this node were destroyed", n);
   };
+  PublishNodeInfo(mo.name, cfg.node.role);
   role.membership = std::make_unique<service::NodeMembership>(store, std::move(mo));
   SBX_RETURN_IF_ERROR(Annotate(role.membership->Register(), "register the node"));
   role.membership->Start();
@@ -91,6 +102,7 @@ int RunApiRole(const Config& cfg, http::ServerOptions hopts, const sigset_t& sto
   }
   spdlog::info("role api: store {}", store::DescribeStore(store_cfg, cfg.state.dir));
   service::Cluster cluster(**store, ClusterOptionsOf(cfg));
+  PublishNodeInfo(NodeNameOf(cfg), "api");
   api::ClusterRouterOptions ro;
   ro.ports_domain = cfg.ports.domain;
   ro.connect_timeout = std::chrono::milliseconds(cfg.ports.connect_timeout_ms);

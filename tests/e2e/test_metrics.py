@@ -28,7 +28,7 @@ STDOUT_BYTES = 200_003  # more than one agent read, so the attach batches severa
 STDERR_BYTES = 4_321
 KINDS = ("create", "delete", "pause", "suspend", "wake")
 RESULTS = ("succeeded", "failed", "cancelled")
-LIVE_STATES = ("creating", "running", "paused", "suspended", "failed", "deleting")
+LIVE_STATES = ("creating", "running", "paused", "suspended", "failed", "deleting", "lost")
 
 
 class Scrape:
