@@ -6,8 +6,10 @@ tools/pg_test_server.sh):
   single  sbxd --role all on SQLite: today's single process (the peer)
   cluster sbxd --role api in front of nodes (--role node), each with its own state dir and
           cgroup parent
-Rounds alternate between them. Scenarios (sbx-load): create_cold (create -> running) and exec
-(session, attach, exit) p50, through the replica vs the single process, as ratios; then
+Rounds alternate between them and the node addressed directly (the same node, no replica: what
+PostgreSQL costs apart from the forwarding). Scenarios (sbx-load): create_cold (create ->
+running) and exec (session, attach, exit) p50, through the replica vs the single process and vs
+the node itself, as ratios; then
 `sustained` (create+exec+delete from 8 workers) through the replica with one node and with
 three, cycles/s as a ratio.
 
@@ -146,19 +148,22 @@ def main() -> int:
         single = start("single", ["--cgroup-parent", f"/sbx-bench-{tag}-single"])
         single.wait_ready()
         api, nodes = cluster(1)
-        p50 = {"single": {"create_cold": [], "exec": []}, "replica": {"create_cold": [], "exec": []}}
+        p50 = {w: {"create_cold": [], "exec": []} for w in ("single", "node", "replica")}
         for r in range(args.rounds):
-            for who, url in (("single", single.url), ("replica", api.url)):
+            for who, url in (("single", single.url), ("node", nodes[0].url), ("replica", api.url)):
                 s = load(build, url, token, "create_cold,exec", work / f"{who}-{r}.json",
                          ["--create-n", str(args.create_n), "--exec-n", str(args.exec_n)])
                 for k in ("create_cold", "exec"):
                     p50[who][k].append(s[k]["p50_ms"])
                 delete_all(url, token)
         for k in ("create_cold", "exec"):
-            a, b = statistics.median(p50["single"][k]), statistics.median(p50["replica"][k])
-            result[k] = {"single_p50_ms": p50["single"][k], "replica_p50_ms": p50["replica"][k],
-                         "ratio": round(b / a, 3)}
-            print(f"{k}: p50 single {a:.2f} ms, through a replica {b:.2f} ms, ratio {b / a:.3f}")
+            a, n, b = (statistics.median(p50[w][k]) for w in ("single", "node", "replica"))
+            result[k] = {"single_p50_ms": p50["single"][k], "node_p50_ms": p50["node"][k],
+                         "replica_p50_ms": p50["replica"][k], "ratio": round(b / a, 3),
+                         "ratio_to_node": round(b / n, 3)}
+            print(f"{k}: p50 single process (SQLite) {a:.2f} ms, the node itself (PostgreSQL) "
+                  f"{n:.2f} ms, through a replica {b:.2f} ms; replica/single {b / a:.3f}, "
+                  f"replica/node {b / n:.3f}")
         sustained = {}
         s1 = load(build, api.url, token, "sustained", work / "sustained-1.json",
                   ["--sustained-s", str(args.sustained_s)])["sustained"]

@@ -198,6 +198,28 @@ std::optional<service::PlacementRequest> PlacementOf(const http::Request& req, b
   return p;
 }
 
+void ClusterRouter::RememberMade(const std::string& body, const std::string& served_by) {
+  auto j = ParseUntrustedJson(body);
+  if (!j.ok() || !j->is_object()) return;
+  // The sandbox's own view says where it is: a create replayed under its Idempotency-Key by
+  // another node answers for a sandbox the first node made.
+  std::string node = served_by;
+  if (auto sb = j->find("sandbox"); sb != j->end() && sb->is_object()) {
+    if (auto n = sb->find("node"); n != sb->end() && n->is_string()) node = n->get<std::string>();
+  }
+  auto remember = [&](const char* object, const char* field) {
+    auto o = j->find(object);
+    if (o == j->end() || !o->is_object()) return;
+    auto id = o->find(field);
+    if (id != o->end() && id->is_string()) cluster_.RememberOwner(id->get<std::string>(), node);
+  };
+  remember("sandbox", "id");
+  remember("operation", "id");
+  if (auto s = j->find("session_id"); s != j->end() && s->is_string()) {
+    cluster_.RememberOwner(s->get<std::string>(), node);
+  }
+}
+
 ClusterRouter::ClusterRouter(service::Cluster& cluster, ClusterRouterOptions opts)
     : cluster_(cluster),
       opts_(std::move(opts)),
@@ -280,15 +302,37 @@ asio::awaitable<std::optional<http::Response>> ClusterRouter::Handle(http::Reque
   const std::string_view target(ctx.req.target().data(), ctx.req.target().size());
   const bool node_change =
       ctx.req.method() == bhttp::verb::post && target.rfind("/v1/admin/nodes/", 0) == 0;
-  auto res = co_await Forward(ctx, *to, any);
+  std::string node;
+  auto res = co_await Forward(ctx, *to, any, &node);
+  // What a create or a new session made lives on the node that answered: its next requests
+  // (the operation's wait, the attach) go there without a store lookup.
+  if (res && (res->result_int() == 201 || res->result_int() == 202) && !node.empty() &&
+      (key.kind == RouteKey::Kind::kCreate || key.kind == RouteKey::Kind::kSandbox)) {
+    RememberMade(res->body(), node);
+  }
   // A drain or activate through this replica counts for its next create at once (other
   // replicas see it when their view of the nodes is next read, within Options::node_cache).
   if (node_change) cluster_.Invalidate();
   co_return res;
 }
 
+asio::awaitable<absl::StatusOr<tcp::socket>> ClusterRouter::Connect(
+    http::RequestContext& ctx, const service::Cluster::Target& to, bool* reused) {
+  *reused = false;
+  if (auto kept = kept_.Take(to.url, 0, UpstreamPool::Clock::now())) {
+    tcp::socket sock(ctx.executor);
+    boost::system::error_code ec;
+    sock.assign(kept->ipv6 ? tcp::v6() : tcp::v4(), kept->fd.Release(), ec);
+    if (!ec) {
+      *reused = true;
+      co_return std::move(sock);
+    }
+  }
+  co_return co_await Dial(ctx.executor, to, opts_.connect_timeout);
+}
+
 asio::awaitable<std::optional<http::Response>> ClusterRouter::Forward(
-    http::RequestContext& ctx, service::Cluster::Target to, bool any) {
+    http::RequestContext& ctx, service::Cluster::Target to, bool any, std::string* served_by) {
   const http::Request& req = ctx.req;
   UpstreamHeadOptions ho;
   ho.keep_credentials = true;  // the node authenticates: every credential goes on to it
@@ -318,7 +362,8 @@ asio::awaitable<std::optional<http::Response>> ClusterRouter::Forward(
   head += whole;  // a create's body, read whole for placement
   if (!whole.empty()) ho.has_body = false;  // nothing left to stream
 
-  auto up = co_await Dial(ctx.executor, to, opts_.connect_timeout);
+  bool reused = false;
+  auto up = co_await Connect(ctx, to, &reused);
   // A node that died since its last heartbeat: for a request any node may answer, the others
   // are tried in turn (a few: each failed dial costs up to connect_timeout).
   std::vector<std::string> tried;
@@ -328,7 +373,7 @@ asio::awaitable<std::optional<http::Response>> ClusterRouter::Forward(
     auto next = cluster_.AnyNode(tried);
     if (!next.ok()) break;
     to = *next;
-    up = co_await Dial(ctx.executor, to, opts_.connect_timeout);
+    up = co_await Connect(ctx, to, &reused);
   }
   if (!up.ok()) {
     forwarded_.WithLabels({to.node, "unreachable"}).Inc();
@@ -344,9 +389,26 @@ asio::awaitable<std::optional<http::Response>> ClusterRouter::Forward(
     co_await relay::Tunnel(ctx, *up, opts_.idle_timeout);
     co_return std::nullopt;
   }
-  auto out = co_await relay::Exchange(ctx, *up, head, ho, opts_.idle_timeout,
-                                      [&to](std::string_view why) { return NodeUnreachable(to, why); });
+  auto unreachable = [&to](std::string_view why) { return NodeUnreachable(to, why); };
+  auto out = co_await relay::Exchange(ctx, *up, head, ho, opts_.idle_timeout, unreachable);
+  // A kept connection the node closed meanwhile fails before any byte of an answer: a request
+  // whose body is not streamed (it is all in `head`) goes once more on a new connection.
+  if (out.stale && reused && !ho.has_body) {
+    up = co_await Dial(ctx.executor, to, opts_.connect_timeout);
+    if (!up.ok()) {
+      forwarded_.WithLabels({to.node, "unreachable"}).Inc();
+      co_return Fail(ctx, up.status());
+    }
+    out = co_await relay::Exchange(ctx, *up, head, ho, opts_.idle_timeout, unreachable);
+  }
+  if (out.reusable) {
+    boost::system::error_code ec;
+    const bool ipv6 = up->local_endpoint(ec).address().is_v6();
+    UniqueFd fd(up->release(ec));
+    if (!ec && fd) kept_.Put(to.url, 0, UpstreamPool::Conn{std::move(fd), ipv6}, UpstreamPool::Clock::now());
+  }
   forwarded_.WithLabels({to.node, out.whole || out.began ? "ok" : "unreachable"}).Inc();
+  *served_by = to.node;
   if (out.whole) co_return std::move(out.whole);
   if (!out.began) co_return Fail(ctx, out.error.ok() ? NodeUnreachable(to, "no answer") : out.error);
   co_return std::nullopt;

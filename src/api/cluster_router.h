@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "api/upstream_pool.h"
 #include "common/metrics.h"
 #include "http/server.h"
 #include "service/cluster.h"
@@ -54,14 +55,24 @@ class ClusterRouter {
  private:
   // `any`: the request may go to any live node, so a node that refuses the connection is
   // replaced by the next one (nothing was sent to it yet).
+  // *served_by: the node that answered.
   http::asio::awaitable<std::optional<http::Response>> Forward(
-      http::RequestContext& ctx, service::Cluster::Target to, bool any);
+      http::RequestContext& ctx, service::Cluster::Target to, bool any, std::string* served_by);
   // *any: the request may go to any live node (it names none, or its node is not alive).
   absl::StatusOr<service::Cluster::Target> TargetOf(const RouteKey& key,
                                                     const http::Request& req, bool* any);
 
+  // Remembers where what a create or a new session made lives (its node, from the answer).
+  void RememberMade(const std::string& body, const std::string& served_by);
+  // A kept connection to the node when one is idle (*reused then true), else a new one.
+  http::asio::awaitable<absl::StatusOr<http::asio::ip::tcp::socket>> Connect(
+      http::RequestContext& ctx, const service::Cluster::Target& to, bool* reused);
+
   service::Cluster& cluster_;
   const ClusterRouterOptions opts_;
+  // Idle keep-alive connections per node (keyed by URL, port 0): a forwarded request costs no
+  // connect and no accept on the node when one is free.
+  UpstreamPool kept_;
   metrics::Registry& registry_;
   metrics::Family<metrics::Counter>& forwarded_;  // {node, outcome}
 };

@@ -155,6 +155,7 @@ absl::StatusOr<std::vector<NodeInfo>> Cluster::Nodes(bool fresh_read) {
   for (NodeRecord& r : rows) {
     NodeInfo n;
     auto at = ParseRfc3339(r.heartbeat_at);
+    n.heartbeat = at;
     n.heartbeat_age_ms =
         at ? std::chrono::duration_cast<std::chrono::milliseconds>(now - *at).count() : INT64_MAX;
     n.fresh = at && n.heartbeat_age_ms <= opts_.lost_after.count();
@@ -169,6 +170,13 @@ absl::StatusOr<std::vector<NodeInfo>> Cluster::Nodes(bool fresh_read) {
   return out;
 }
 
+// Judged now, not when the view was read: a view kept for node_cache must not keep a node that
+// went silent meanwhile alive.
+bool Cluster::Alive(const NodeInfo& n) const {
+  return n.record.state != kNodeLost && n.heartbeat &&
+         std::chrono::system_clock::now() - *n.heartbeat <= opts_.lost_after;
+}
+
 absl::StatusOr<std::vector<NodeInfo>> Cluster::ListNodes() { return Nodes(/*fresh_read=*/true); }
 
 absl::StatusOr<std::optional<Cluster::Target>> Cluster::TargetOfNode(const std::string& node) {
@@ -176,68 +184,76 @@ absl::StatusOr<std::optional<Cluster::Target>> Cluster::TargetOfNode(const std::
   for (const NodeInfo& n : nodes) {
     if (n.record.name != node) continue;
     // A draining node still serves its sandboxes; a lost or silent one cannot.
-    if (n.record.state == kNodeLost || !n.fresh) return std::nullopt;
+    if (!Alive(n)) return std::nullopt;
     return Target{n.record.name, n.record.url};
   }
   return std::nullopt;
 }
 
-absl::StatusOr<std::optional<Cluster::Target>> Cluster::NodeOfSandbox(const std::string& id) {
-  std::string node;
-  {
-    std::lock_guard lock(mu_);
-    if (auto it = owner_.find(id); it != owner_.end()) node = it->second;
-  }
-  if (node.empty()) {
-    bool found = true;
+std::optional<std::string> Cluster::CachedOwner(const std::string& id) {
+  std::lock_guard lock(mu_);
+  auto it = owner_.find(id);
+  if (it == owner_.end()) return std::nullopt;
+  return it->second;
+}
+
+void Cluster::RememberOwner(const std::string& id, const std::string& node) {
+  std::lock_guard lock(mu_);
+  if (owner_.size() >= kMaxOwners) owner_.clear();
+  owner_[id] = node;
+}
+
+// Sandboxes never move, and neither do a session's sandbox and an operation's node: the answer
+// is kept (the node's liveness is looked up each time, from the node view).
+absl::StatusOr<std::optional<Cluster::Target>> Cluster::NodeOf(
+    const std::string& id, const std::function<absl::StatusOr<std::string>(Tx&)>& lookup) {
+  std::optional<std::string> node = CachedOwner(id);
+  if (!node) {
+    std::string found;
     SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
-      auto sb = tx.GetSandbox(id);
-      found = sb.ok();
-      if (absl::IsNotFound(sb.status())) return absl::OkStatus();
-      SBX_RETURN_IF_ERROR(sb.status());
-      node = sb->node;
+      auto n = lookup(tx);
+      if (absl::IsNotFound(n.status())) {
+        found.clear();
+        return absl::OkStatus();
+      }
+      SBX_RETURN_IF_ERROR(n.status());
+      found = *n;
       return absl::OkStatus();
     }));
-    if (!found || node.empty()) return std::nullopt;
-    std::lock_guard lock(mu_);
-    if (owner_.size() >= kMaxOwners) owner_.clear();
-    owner_[id] = node;
+    if (found.empty()) return std::nullopt;
+    RememberOwner(id, found);
+    node = found;
   }
-  return TargetOfNode(node);
+  return TargetOfNode(*node);
+}
+
+absl::StatusOr<std::optional<Cluster::Target>> Cluster::NodeOfSandbox(const std::string& id) {
+  return NodeOf(id, [&](Tx& tx) -> absl::StatusOr<std::string> {
+    SBX_ASSIGN_OR_RETURN(store::SandboxRecord sb, tx.GetSandbox(id));
+    return sb.node;
+  });
 }
 
 absl::StatusOr<std::optional<Cluster::Target>> Cluster::NodeOfSession(const std::string& id) {
-  std::string sandbox;
-  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
-    auto s = tx.GetSession(id);
-    if (absl::IsNotFound(s.status())) return absl::OkStatus();
-    SBX_RETURN_IF_ERROR(s.status());
-    sandbox = s->sandbox_id;
-    return absl::OkStatus();
-  }));
-  if (sandbox.empty()) return std::nullopt;
-  return NodeOfSandbox(sandbox);
+  return NodeOf(id, [&](Tx& tx) -> absl::StatusOr<std::string> {
+    SBX_ASSIGN_OR_RETURN(store::SessionRecord s, tx.GetSession(id));
+    SBX_ASSIGN_OR_RETURN(store::SandboxRecord sb, tx.GetSandbox(s.sandbox_id));
+    return sb.node;
+  });
 }
 
 absl::StatusOr<std::optional<Cluster::Target>> Cluster::NodeOfOperation(const std::string& id) {
-  std::string node;
-  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
-    auto op = tx.GetOperation(id);
-    if (absl::IsNotFound(op.status())) return absl::OkStatus();
-    SBX_RETURN_IF_ERROR(op.status());
-    node = op->node;
-    return absl::OkStatus();
-  }));
-  if (node.empty()) return std::nullopt;
-  return TargetOfNode(node);
+  return NodeOf(id, [&](Tx& tx) -> absl::StatusOr<std::string> {
+    SBX_ASSIGN_OR_RETURN(store::OperationRecord op, tx.GetOperation(id));
+    return op.node;
+  });
 }
 
 absl::StatusOr<Cluster::Target> Cluster::AnyNode(const std::vector<std::string>& except) {
   SBX_ASSIGN_OR_RETURN(std::vector<NodeInfo> nodes, Nodes(false));
   std::vector<const NodeInfo*> live;
   for (const NodeInfo& n : nodes) {
-    if (n.fresh && n.record.state != kNodeLost &&
-        std::find(except.begin(), except.end(), n.record.name) == except.end()) {
+    if (Alive(n) && std::find(except.begin(), except.end(), n.record.name) == except.end()) {
       live.push_back(&n);
     }
   }
@@ -258,7 +274,7 @@ absl::StatusOr<Cluster::Target> Cluster::Place(const PlacementRequest& req, std:
     PlacementNode p;
     p.name = n.record.name;
     p.state = n.record.state;
-    p.fresh = n.fresh;
+    p.fresh = Alive(n);
     auto cap = CapacityFromJson(n.record.capacity);
     if (cap.ok()) p.capacity = std::move(*cap);
     p.load = LoadFromJson(n.record.load);

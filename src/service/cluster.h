@@ -78,8 +78,9 @@ class NodeMembership {
 // A node as the api tier sees it.
 struct NodeInfo {
   store::NodeRecord record;
-  bool fresh = false;        // heartbeat within lost_after
+  bool fresh = false;        // heartbeat within lost_after, when read
   int64_t heartbeat_age_ms = 0;
+  std::optional<std::chrono::system_clock::time_point> heartbeat;  // parsed heartbeat_at
   int64_t sandboxes = 0;     // holding resources, counted in the store
 };
 
@@ -115,6 +116,9 @@ class Cluster {
   absl::StatusOr<store::NodeRecord> SetDraining(const std::string& name, bool draining);
   // The next lookup reads the nodes from the store (a drain went through this replica).
   void Invalidate();
+  // That sandbox, session or operation `id` is on `node` (what a node's answer to a create
+  // said): its requests need no store lookup.
+  void RememberOwner(const std::string& id, const std::string& node);
 
   // Declares every active or draining node whose heartbeat is older than lost_after lost: its
   // sandboxes become `lost`, its unfinished operations fail and the running sessions of its
@@ -124,7 +128,11 @@ class Cluster {
 
  private:
   absl::StatusOr<std::vector<NodeInfo>> Nodes(bool fresh_read);
+  bool Alive(const NodeInfo& n) const;
   absl::StatusOr<std::optional<Target>> TargetOfNode(const std::string& node);
+  std::optional<std::string> CachedOwner(const std::string& id);
+  absl::StatusOr<std::optional<Target>> NodeOf(
+      const std::string& id, const std::function<absl::StatusOr<std::string>(store::Tx&)>& lookup);
   absl::Status DeclareLost(const std::string& name, const std::string& why);
 
   store::Store& store_;

@@ -210,11 +210,17 @@ def test_a_draining_node_gets_no_new_sandbox(cluster):
 
 def test_a_killed_node_loses_its_sandboxes_and_comes_back_clean(cluster):
     api = cluster.client(cluster.apis[1])
-    made = []
-    for _ in range(6):
-        made.append(api.create_sandbox({"labels": {"case": "loss"}})["sandbox"])
+    made = [api.create_sandbox({"labels": {"case": "loss"}})["sandbox"] for _ in range(2)]
+    # Two more certainly on node-c: the others are drained meanwhile.
+    for n in ("node-a", "node-b"):
+        api.call("POST", f"/v1/admin/nodes/{n}/drain", expect=200)
+    try:
+        made += [api.create_sandbox({"labels": {"case": "loss"}})["sandbox"] for _ in range(2)]
+    finally:
+        for n in ("node-a", "node-b"):
+            api.call("POST", f"/v1/admin/nodes/{n}/activate", expect=200)
     on_c = [sb["id"] for sb in made if api.get_sandbox(sb["id"])["node"] == "node-c"]
-    assert on_c, "placement put nothing on node-c"
+    assert len(on_c) >= 2, on_c
     # An operation in flight on node-c when it dies: its session's sandbox is paused meanwhile.
     victim = cluster.nodes["node-c"]
     cgroups_before = cgroup_dirs(cgroup_parent("node-c", cluster.tag))
@@ -267,6 +273,7 @@ def test_an_api_replica_killed_mid_create_leaves_exactly_one_sandbox(cluster):
     t.start()
     time.sleep(0.005)
     cluster.kill(doomed)
+    cluster.apis.remove(doomed)
     t.join(30)
     # The client retries through the other replica with the same key.
     api = cluster.client(cluster.apis[0])
@@ -372,17 +379,24 @@ def test_chaos_kills_of_nodes_and_replicas_lose_no_output_and_leave_nothing_stuc
         t.join(120)
     assert not any(t.is_alive() for t in threads), "a chaos thread did not finish"
     cluster.ensure_nodes_running()
-    api = cluster.client(cluster.apis[-1])
+    api = cluster.client(next(d for d in cluster.apis if d.proc.poll() is None))
     wait_for("every node alive", lambda: all(
         n["alive"] for n in api.call("GET", "/v1/admin/nodes", expect=200).body["nodes"]), 30)
     assert stats["kills"] >= 3 and stats["cycles"] >= 3, stats
     assert not bad_output, bad_output
 
+    busy: list[dict] = []
+
     def settled():
         sbs = [s for s in api.list_sandboxes(label="case=chaos") if s["state"] != "deleted"]
-        return None if any(s["current_operation_id"] or s["state"] in ("creating", "deleting")
-                           for s in sbs) else sbs
-    left = wait_for("no chaos sandbox in an operation", settled, timeout=60, every=0.5)
+        busy[:] = [{"id": s["id"], "node": s["node"], "state": s["state"],
+                    "op": s["current_operation_id"] and api.get_operation(s["current_operation_id"])}
+                   for s in sbs if s["current_operation_id"] or s["state"] in ("creating", "deleting")]
+        return None if busy else {"left": sbs}  # a dict: an empty list would read as "not yet"
+    try:
+        left = wait_for("no chaos sandbox in an operation", settled, timeout=60, every=0.5)["left"]
+    except AssertionError:
+        raise AssertionError(f"stuck: {busy}") from None
     by_key: dict[str, int] = {}
     for s in (api.list_sandboxes(label="case=chaos")
               + api.list_sandboxes(label="case=chaos", state="deleted")):
