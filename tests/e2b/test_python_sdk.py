@@ -42,6 +42,15 @@ def until(what: str, check, timeout: float = 20.0, interval: float = 0.1):
     pytest.fail(f"{what}: not within {timeout}s (last: {last!r})")
 
 
+def read_or_empty(sbx, path: str) -> str:
+    """The file's text, or "" while it does not exist yet."""
+    from e2b.exceptions import FileNotFoundException
+    try:
+        return sbx.files.read(path)
+    except FileNotFoundException:
+        return ""
+
+
 def pids(sbx) -> set[int]:
     return {p.pid for p in sbx.commands.list()}
 
@@ -449,7 +458,9 @@ def test_pause_of_a_microvm_sandbox_releases_its_memory(microvm_lab, tmp_path):
             r = microvm_lab.sbx.run(sid, ["sh", "-c", "(i=0; while true; do i=$((i+1)); echo $i > /tmp/n; "
                                                       "sleep 0.2; done) >/dev/null 2>&1 & echo started"])
             assert r.exit["exit_code"] == 0, r
-            until("the counter counts", lambda: sbx.files.read("/tmp/n").strip() not in ("", "0"))
+            # The loop runs in the background: its first write may come after the session ended
+            # (slow under TCG), so a file not there yet is "not yet".
+            until("the counter counts", lambda: read_or_empty(sbx, "/tmp/n").strip() not in ("", "0"))
             sbx.pause()
             assert sbx.get_info().state == SandboxState.PAUSED
             assert vm_processes(state_dir, sid) == [], "paused, no VMM holds the guest's memory"
