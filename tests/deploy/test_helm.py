@@ -134,7 +134,12 @@ def test_default_render_validates(helm, validator):
     assert paths == {"/var/lib/sbx", "/sys/fs/cgroup"}
     (doctor,) = pod["initContainers"]
     assert doctor["command"] + doctor["args"] == ["sbx", "doctor", "--state-dir", "/var/lib/sbx",
-                                                  "--runtime", "ns"]
+                                                  "--runtime", "ns", "--cgroup-parent", "/sbx"]
+    env = {e["name"]: e.get("value") for e in sbxd["env"]}
+    assert env["SBX_STATE_DIR"] == "/var/lib/sbx"
+    assert env["SBX_RUNTIME_NS_CGROUP_PARENT"] == "/sbx"
+    mounts = {m["mountPath"]: m for m in sbxd["volumeMounts"]}
+    assert mounts["/var/lib/sbx"]["mountPropagation"] == "Bidirectional"
     for workload in (deploy, ds):
         tmpl = workload["spec"]["template"]
         ann = tmpl["metadata"]["annotations"]
