@@ -131,7 +131,8 @@ fi
 # helm (built from its Go module, pinned by tools/helm/go.sum, cached by hash) lints and renders
 # deploy/helm/sbx; every object validates against the Kubernetes schemas (kubernetes-validate,
 # pinned by tests/deploy/requirements.lock); deploy/k8s/sbx.yaml must equal a fresh render; the
-# rendered sbxd config passes sbxd's own checker.
+# rendered sbxd config passes sbxd's own checker; the rendered api and node pods, started as a
+# kubelet would (namespaces, volumes, env, probes) on a throwaway PostgreSQL, form a cluster.
 banner "deploy (tools/test_deploy.sh: the Helm chart)"
 suite_start
 SBX_BUILD_DIR="$ROOT/build" timeout -k 30 "${SBX_DEPLOY_TIMEOUT_S:-900}" \

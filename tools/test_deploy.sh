@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The deploy suite (tests/deploy, issue 21): the Helm chart deploy/helm/sbx lints, renders,
 # validates against the Kubernetes schemas (kubernetes-validate, strict), matches the committed
-# deploy/k8s/sbx.yaml, and its sbxd config passes sbxd's own checker.
+# deploy/k8s/sbx.yaml, and its sbxd config passes sbxd's own checker; tests/deploy/test_pods.py
+# starts the rendered api and node pods the way a kubelet would (root, a throwaway PostgreSQL
+# from tools/pg_test_server.sh, the sbxd of SBX_BUILD_DIR) and runs a sandbox through them.
 #   1. helm: tools/helm/build.sh (helm.sh/helm/v4, pinned by tools/helm/go.sum; cached by hash)
 #   2. venv: tests/deploy/requirements.lock (--require-hashes) in
 #      $SBX_CACHE_DIR/deploy/py-<hash of python version + lock>, made once

@@ -606,6 +606,25 @@ TEST(Config, ConnectionLimitsDeriveFromTheFdLimit) {
   EXPECT_FALSE(ResolveConnectionLimits(c, 30).ok());
 }
 
+TEST(Config, ANodesPerAddressLimitIsItsWholeLimit) {
+  // Behind the api tier every connection comes from a replica's address.
+  Config c;
+  c.node.role = "node";
+  auto l = ResolveConnectionLimits(c, 20000);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->max_connections_per_ip, l->max_connections);
+  // Set explicitly, it is what the operator said.
+  c.server.max_connections_per_ip = 10;
+  l = ResolveConnectionLimits(c, 20000);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->max_connections_per_ip, 10u);
+  c.node.role = "api";
+  c.server.max_connections_per_ip = 0;
+  l = ResolveConnectionLimits(c, 20000);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->max_connections_per_ip, 1024u);
+}
+
 TEST(Config, ExplicitConnectionLimitsAreCheckedAgainstTheFdLimit) {
   Config c;
   CommandLine cl;

@@ -204,6 +204,10 @@ absl::StatusOr<ConnectionLimits> ResolveConnectionLimits(const Config& c,
                       key("server.max_connections_per_ip"), out.max_connections,
                       key("server.max_connections"), open_files));
     }
+  } else if (c.node.role == "node") {
+    // A node's every client is an api replica, each arriving from one address: a quarter would
+    // let two replicas starve the others' forwarded requests.
+    out.max_connections_per_ip = out.max_connections;
   } else {
     out.max_connections_per_ip = std::max<size_t>(1, out.max_connections / 4);
   }

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import tempfile
 
 import pytest
 import yaml
+
+from conftest import cannot_run
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "sbx"
@@ -31,42 +34,18 @@ RELEASE = "sbx"
 MANIFEST_SETS = ["adminToken.existingSecret=sbx-admin-token", "database.existingSecret=sbx-database"]
 
 
-def cannot_run(reason: str) -> None:
-    # Never a skip: helm and the validator are built by tools/test_deploy.sh wherever it runs,
-    # so a missing one is a failure of that script, on a laptop as in CI.
-    pytest.fail(reason)
-
-
-@pytest.fixture(scope="session")
-def helm() -> str:
-    path = os.environ.get("SBX_HELM")
-    if not path:
-        try:
-            out = subprocess.run(["bash", str(ROOT / "tools/helm/build.sh")], check=True,
-                                 capture_output=True, text=True)
-            path = out.stdout.strip().splitlines()[-1]
-        except (subprocess.CalledProcessError, IndexError) as e:
-            cannot_run(f"could not build helm with tools/helm/build.sh: {e}")
-    if not os.access(path, os.X_OK):
-        cannot_run(f"no helm binary at {path}")
-    return path
-
-
-@pytest.fixture(scope="session")
-def validator():
-    try:
-        import kubernetes_validate
-    except ImportError:
-        cannot_run("kubernetes-validate is not installed: run under tools/test_deploy.sh's venv")
-    return kubernetes_validate
-
-
 def newest_schema(kv) -> str:
     """The newest Kubernetes version whose strict schemas kubernetes-validate ships."""
     return kv.latest_version()
 
 
+# The chart refuses to render without a database; the tests that are not about it give one.
+SOME_DATABASE = "database.url=postgresql://sbx@postgres:5432/sbx"
+
+
 def render_text(helm: str, *sets: str) -> str:
+    if not any(s.startswith("database.") for s in sets):
+        sets = (SOME_DATABASE,) + sets
     args = [helm, "template", RELEASE, str(CHART)]
     for s in sets:
         args += ["--set", s]
@@ -112,8 +91,20 @@ def flag(args: list[str], name: str) -> str:
 
 
 def test_helm_lint(helm):
-    out = subprocess.run([helm, "lint", "--strict", str(CHART)], capture_output=True, text=True)
+    out = subprocess.run([helm, "lint", "--strict", str(CHART), "--set", SOME_DATABASE],
+                         capture_output=True, text=True)
     assert out.returncode == 0, f"helm lint: {out.stdout}{out.stderr}"
+
+
+def test_no_database_is_refused_at_render(helm):
+    # Pods that would all exit at start for want of a store are worse than a failed install.
+    for sets in ([], ["database.url="]):
+        args = [helm, "template", RELEASE, str(CHART)]
+        for s in sets:
+            args += ["--set", s]
+        out = subprocess.run(args, capture_output=True, text=True)
+        assert out.returncode != 0, out.stdout
+        assert "database.url (postgresql://...) or database.existingSecret is required" in out.stderr
 
 
 def test_default_render_validates(helm, validator):
@@ -182,6 +173,7 @@ def test_overrides(helm, validator):
     pod = ds["spec"]["template"]["spec"]
     node_env = {e["name"]: e for e in pod["containers"][0]["env"]}
     assert node_env["SBX_SERVER_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "my-admin"
+    assert node_env["SBX_STORE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "my-db"
     (kvm,) = [v for v in pod["volumes"] if v.get("hostPath", {}).get("path") == "/dev/kvm"]
     assert kvm["hostPath"]["type"] == "CharDevice"
     for c in pod["containers"] + pod["initContainers"]:
@@ -225,6 +217,22 @@ def test_container_commands(helm):
     assert flag(api, "--store") == "$(SBX_STORE_URL)"
     assert flag(node, "--role") == "node"
     assert flag(node, "--node-name") == "$(NODE_NAME)"
+    # A node registers in the same store, under the address the replicas dial: its pod's.
+    assert flag(node, "--store") == "$(SBX_STORE_URL)"
+    assert flag(node, "--node-url") == "http://$(POD_IP):7070"
     env = {e["name"]: e for e in one(objs, "DaemonSet")["spec"]["template"]["spec"]
            ["containers"][0]["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env["SBX_STORE_URL"]["valueFrom"]["secretKeyRef"]["key"] == "url"
+    # Every variable an arg names is defined before use (the kubelet leaves others verbatim).
+    names = [e["name"] for e in one(objs, "DaemonSet")["spec"]["template"]["spec"]
+             ["containers"][0]["env"]]
+    for a in node:
+        for var in re.findall(r"\$\(([A-Z_]+)\)", a):
+            assert var in names, f"{a}: ${var} is not in the container's env"
+    # Another port, or an explicit URL (an IPv6 pod network's brackets).
+    node = sbxd_args(one(render(helm, "service.port=8080"), "DaemonSet"))
+    assert flag(node, "--node-url") == "http://$(POD_IP):8080"
+    node = sbxd_args(one(render(helm, "node.url=http://[$(POD_IP)]:7070"), "DaemonSet"))
+    assert flag(node, "--node-url") == "http://[$(POD_IP)]:7070"

@@ -54,6 +54,15 @@ prometheus.io/port: {{ .Values.service.port | quote }}
       key: {{ .Values.adminToken.key }}
 {{- end -}}
 
+{{/* The shared store's URL from the database Secret: both tiers meet there (docs/scale.md). */}}
+{{- define "sbx.storeUrlEnv" -}}
+- name: SBX_STORE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "sbx.databaseSecret" . }}
+      key: {{ .Values.database.key }}
+{{- end -}}
+
 {{- define "sbx.probes" -}}
 readinessProbe:
   httpGet:
