@@ -195,6 +195,19 @@ std::optional<service::PlacementRequest> PlacementOf(const http::Request& req, b
     p.memory_mib = num("memory_mib");
     p.disk_mib = num("disk_mib");
   }
+  // sbx's own create only (E2B's has no such field); the node checks the rest of it.
+  if (auto pl = body->find("placement"); !e2b && pl != body->end() && pl->is_object()) {
+    auto key = pl->find("anti_affinity");
+    auto labels = body->find("labels");
+    if (key != pl->end() && key->is_string() && labels != body->end() && labels->is_object()) {
+      auto value = labels->find(key->get<std::string>());
+      if (value != labels->end() && value->is_string()) {
+        p.anti_affinity = true;
+        p.group_key = key->get<std::string>();
+        p.group_value = value->get<std::string>();
+      }
+    }
+  }
   return p;
 }
 
@@ -248,6 +261,15 @@ absl::StatusOr<service::Cluster::Target> ClusterRouter::TargetOf(const RouteKey&
       if (!p) {
         *any = true;
         return cluster_.AnyNode();  // the node says what is wrong with the body
+      }
+      if (p->anti_affinity) {
+        auto tenant = opts_.tenant_of ? opts_.tenant_of(req)
+                                      : absl::StatusOr<std::string>(absl::UnavailableError(""));
+        if (tenant.ok()) {
+          p->tenant = std::move(*tenant);
+        } else {
+          p->anti_affinity = false;
+        }
       }
       std::string why;
       auto placed = cluster_.Place(*p, &why);

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -30,6 +31,10 @@ struct ClusterRouterOptions {
   // A forwarded exchange with no byte moving either way for this long is ended.
   std::chrono::seconds idle_timeout{600};
   metrics::Registry* metrics = nullptr;  // nullptr: metrics::Default()
+  // The tenant a request's credentials name, asked only for a create with anti-affinity (whose
+  // group is the tenant's). Null, or an error: placed without it; the node then answers for
+  // the credentials.
+  std::function<absl::StatusOr<std::string>(const http::Request&)> tenant_of;
 };
 
 // Where a request goes (Classify).

@@ -99,5 +99,34 @@ TEST(ClusterRouterTest, PlacementReadsTemplateRuntimeAndResources) {
   }
 }
 
+TEST(ClusterRouterTest, PlacementReadsTheAntiAffinityGroup) {
+  auto p = PlacementOf(Req(http::bhttp::verb::post, "/v1/sandboxes", "",
+                           R"({"labels":{"job":"j1","team":"red"},
+                               "placement":{"anti_affinity":"job"}})"),
+                       false);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_TRUE(p->anti_affinity);
+  EXPECT_EQ(p->group_key, "job");
+  EXPECT_EQ(p->group_value, "j1");
+  EXPECT_EQ(p->tenant, "");  // the router asks tenant_of, which needs the credentials
+  // Without a group to count, plain placement (the node refuses what is invalid).
+  for (const char* body : {R"({"placement":{"anti_affinity":"job"}})",
+                           R"({"labels":{"team":"red"},"placement":{"anti_affinity":"job"}})",
+                           R"({"labels":{"job":7},"placement":{"anti_affinity":"job"}})",
+                           R"({"labels":{"job":"x"},"placement":{"anti_affinity":7}})",
+                           R"({"labels":{"job":"x"},"placement":"job"})"}) {
+    auto q = PlacementOf(Req(http::bhttp::verb::post, "/v1/sandboxes", "", body), false);
+    ASSERT_TRUE(q.has_value()) << body;
+    EXPECT_FALSE(q->anti_affinity) << body;
+  }
+  // E2B's create has no such field.
+  auto e2b = PlacementOf(Req(http::bhttp::verb::post, "/sandboxes", "",
+                             R"({"templateID":"base","labels":{"job":"x"},
+                                 "placement":{"anti_affinity":"job"}})"),
+                         true);
+  ASSERT_TRUE(e2b.has_value());
+  EXPECT_FALSE(e2b->anti_affinity);
+}
+
 }  // namespace
 }  // namespace sbx::api

@@ -167,7 +167,8 @@ absl::StatusOr<CreateSandboxRequest> ParseCreateSandbox(const std::string& body,
   SBX_ASSIGN_OR_RETURN(Json j, ParseObject(body, /*empty_ok=*/true));
   SBX_RETURN_IF_ERROR(CheckKnown(j,
                                  {"template", "resources", "egress_profile", "egress", "env", "labels",
-                                  "runtime", "timeout_s", "idle_suspend_s", "public_ports"},
+                                  "runtime", "timeout_s", "idle_suspend_s", "public_ports",
+                                  "placement"},
                                  ""));
   CreateSandboxRequest r;
   if (j.contains("template")) {
@@ -233,6 +234,23 @@ absl::StatusOr<CreateSandboxRequest> ParseCreateSandbox(const std::string& body,
                         fmt::format("must be a boolean, got {}", TypeName(j["public_ports"])));
     }
     r.public_ports = j["public_ports"].get<bool>();
+  }
+  if (j.contains("placement") && !j["placement"].is_null()) {
+    const Json& pl = j["placement"];
+    if (!pl.is_object()) {
+      return FieldError("placement", fmt::format("must be an object, got {}", TypeName(pl)));
+    }
+    SBX_RETURN_IF_ERROR(CheckKnown(pl, {"anti_affinity"}, "placement."));
+    if (pl.contains("anti_affinity") && !pl["anti_affinity"].is_null()) {
+      SBX_ASSIGN_OR_RETURN(std::string key,
+                           GetString(pl["anti_affinity"], "placement.anti_affinity", 63));
+      // Spreading by a value the sandbox does not have would spread it by nothing.
+      if (!r.labels.contains(key)) {
+        return FieldError("placement.anti_affinity",
+                          fmt::format("'{}' is not a key of this create's labels", key));
+      }
+      r.anti_affinity = std::move(key);
+    }
   }
   r.canonical = std::move(j);
   return r;

@@ -74,12 +74,30 @@ TEST(ParseCreateSandbox, RejectsWithFieldNames) {
       {R"({"egress_profile":7})", "egress_profile"},
       {R"({"egress":[1]})", "egress"},
       {R"({"timeout_s":-1})", "timeout_s"},
+      {R"({"placement":[]})", "placement"},
+      {R"({"placement":{"node":"a"}})", "placement.node"},
+      {R"({"placement":{"anti_affinity":7}})", "placement.anti_affinity"},
+      {R"({"placement":{"anti_affinity":"job"}})", "placement.anti_affinity"},
+      {R"({"labels":{"job":"x"},"placement":{"anti_affinity":"team"}})", "placement.anti_affinity"},
   };
   for (const auto& c : cases) {
     auto r = ParseCreateSandbox(c.body, kLimits);
     ASSERT_FALSE(r.ok()) << c.body;
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << c.body;
     EXPECT_EQ(FieldOf(r.status()), c.field) << c.body << ": " << r.status();
+  }
+}
+
+TEST(ParseCreateSandbox, AntiAffinityNamesOneOfTheLabels) {
+  auto r = ParseCreateSandbox(R"({"labels":{"job":"x"},"placement":{"anti_affinity":"job"}})",
+                              kLimits);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->anti_affinity, "job");
+  for (const char* body : {R"({"placement":null})", R"({"placement":{}})",
+                           R"({"placement":{"anti_affinity":null}})"}) {
+    r = ParseCreateSandbox(body, kLimits);
+    ASSERT_TRUE(r.ok()) << body << ": " << r.status();
+    EXPECT_FALSE(r->anti_affinity.has_value()) << body;
   }
 }
 

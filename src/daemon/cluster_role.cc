@@ -1,5 +1,6 @@
 #include "daemon/cluster_role.h"
 
+#include <strings.h>
 #include <unistd.h>
 
 #include <iostream>
@@ -9,8 +10,10 @@
 
 #include "api/cluster_router.h"
 #include "api/status_to_http.h"
+#include "common/digest.h"
 #include "common/metrics.h"
 #include "common/status_util.h"
+#include "service/tenancy.h"
 #include "store/open_store.h"
 
 namespace sbx::daemon {
@@ -92,6 +95,36 @@ absl::StatusOr<NodeRole> StartNodeRole(const Config& cfg, store::Store& store,
   return role;
 }
 
+namespace {
+
+// The tenant of a request's bearer token, as a node would authenticate it (api.cc): a
+// management token by its row, else the configured admin token.
+std::function<absl::StatusOr<std::string>(const http::Request&)> TenantOfRequest(
+    store::Store& store, const std::string& admin_token) {
+  auto tenancy = std::make_shared<service::Tenancy>(store, service::TenancyOptions{});
+  const std::string admin_hash = admin_token.empty() ? "" : Sha256Hex(admin_token);
+  return [tenancy, admin_hash](const http::Request& req) -> absl::StatusOr<std::string> {
+    constexpr std::string_view kBearer = "Bearer ";
+    auto it = req.find(boost::beast::http::field::authorization);
+    if (it == req.end() || it->value().size() <= kBearer.size() ||
+        strncasecmp(it->value().data(), kBearer.data(), kBearer.size()) != 0) {
+      return absl::UnauthenticatedError("no bearer token");
+    }
+    const std::string token(it->value().substr(kBearer.size()));
+    if (token.rfind(service::kMgmtTokenPrefix, 0) == 0) {
+      SBX_ASSIGN_OR_RETURN(service::Principal p,
+                           tenancy->Authenticate(token, std::chrono::system_clock::now()));
+      return p.caller.tenant_id;
+    }
+    if (admin_hash.empty() || !ConstantTimeEquals(Sha256Hex(token), admin_hash)) {
+      return absl::UnauthenticatedError("invalid token");
+    }
+    return tenancy->Bootstrap().caller.tenant_id;
+  };
+}
+
+}  // namespace
+
 int RunApiRole(const Config& cfg, http::ServerOptions hopts, const sigset_t& stop) {
   const store::StoreConfig store_cfg{cfg.store.url, static_cast<int>(cfg.store.pool_size)};
   auto store = store::OpenStore(store_cfg, cfg.state.dir);
@@ -107,6 +140,7 @@ int RunApiRole(const Config& cfg, http::ServerOptions hopts, const sigset_t& sto
   ro.ports_domain = cfg.ports.domain;
   ro.connect_timeout = std::chrono::milliseconds(cfg.ports.connect_timeout_ms);
   ro.idle_timeout = std::chrono::seconds(cfg.ports.idle_timeout_s);
+  ro.tenant_of = TenantOfRequest(**store, cfg.server.admin_token);
   api::ClusterRouter router(cluster, ro);
   hopts.stream_body = [](const http::Request& req) { return api::ClusterRouter::StreamsBody(req); };
   hopts.privileged = [](const http::Request& req) {

@@ -278,9 +278,31 @@ absl::StatusOr<Cluster::Target> Cluster::Place(const PlacementRequest& req, std:
     auto cap = CapacityFromJson(n.record.capacity);
     if (cap.ok()) p.capacity = std::move(*cap);
     p.load = LoadFromJson(n.record.load);
-    // The store's count is newer than the last heartbeat's.
-    p.load.sandboxes = std::max(p.load.sandboxes, n.sandboxes);
+    // The store's count is newer than the last heartbeat's: sandboxes made since the node
+    // reported are charged their size there (as the node's defaults: the rows' sizes would
+    // cost a read per placement), or a burst through several replicas piles onto one node.
+    if (const int64_t unreported = n.sandboxes - p.load.sandboxes; unreported > 0) {
+      const Want w = WantOn(p.capacity, PlacementRequest{});
+      p.load.sandboxes = n.sandboxes;
+      p.load.vcpu += unreported * w.vcpu;
+      p.load.memory_mib += unreported * w.memory_mib;
+      p.load.disk_mib += unreported * w.disk_mib;
+    }
     candidates.push_back(std::move(p));
+  }
+  if (req.anti_affinity && !req.tenant.empty()) {
+    // Read fresh, not from the cached view: a client spreading a group creates its members one
+    // after another, each seeing the one before.
+    std::map<std::string, int64_t> group;
+    SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+      SBX_ASSIGN_OR_RETURN(group, tx.CountLabelledSandboxesByNode(req.tenant, req.group_key,
+                                                                  req.group_value));
+      return absl::OkStatus();
+    }));
+    for (PlacementNode& p : candidates) {
+      auto it = group.find(p.name);
+      p.same_group = it == group.end() ? 0 : it->second;
+    }
   }
   SBX_ASSIGN_OR_RETURN(PlacementDecision d, service::Place(candidates, req));
   if (why != nullptr) *why = d.why;
@@ -294,10 +316,13 @@ absl::StatusOr<Cluster::Target> Cluster::Place(const PlacementRequest& req, std:
       ++n.sandboxes;
       nlohmann::json& load = n.record.load;
       if (!load.is_object()) load = nlohmann::json::object();
+      // What the node will charge: a create that names no size gets the node's defaults.
+      auto parsed = CapacityFromJson(n.record.capacity);
+      const Want w = WantOn(parsed.ok() ? *parsed : NodeCapacity{}, req);
       load["sandboxes"] = load.value("sandboxes", int64_t{0}) + 1;
-      load["vcpu"] = load.value("vcpu", int64_t{0}) + req.vcpu;
-      load["memory_mib"] = load.value("memory_mib", int64_t{0}) + req.memory_mib;
-      load["disk_mib"] = load.value("disk_mib", int64_t{0}) + req.disk_mib;
+      load["vcpu"] = load.value("vcpu", int64_t{0}) + w.vcpu;
+      load["memory_mib"] = load.value("memory_mib", int64_t{0}) + w.memory_mib;
+      load["disk_mib"] = load.value("disk_mib", int64_t{0}) + w.disk_mib;
       nlohmann::json& cap = n.record.capacity;
       if (cap.is_object() && cap.contains("warm") && cap["warm"].is_object()) {
         nlohmann::json& w = cap["warm"];

@@ -214,6 +214,43 @@ TEST_F(ClusterTest, DrainingStopsPlacementAndOutlivesARestart) {
   EXPECT_TRUE(absl::IsNotFound(cluster.SetDraining("node-z", true).status()));
 }
 
+TEST_F(ClusterTest, AntiAffinityCountsTheTenantsGroupInTheStore) {
+  auto a = Member("node-a"), b = Member("node-b", 3);
+  ASSERT_TRUE(a->Register().ok());
+  ASSERT_TRUE(b->Register().ok());
+  Cluster cluster(*store_, Cluster::Options{milliseconds(30000)});
+  // node-a is the emptier, but holds one of the group already.
+  auto put_labelled = [&](const char* id, const char* node, const char* tenant) {
+    Put(id, node, "running");
+    ASSERT_TRUE(store_->Transact([&](store::Tx& tx) -> absl::Status {
+      SBX_ASSIGN_OR_RETURN(store::SandboxRecord sb, tx.GetSandbox(id));
+      sb.tenant_id = tenant;
+      sb.labels = {{"job", "j1"}};
+      return tx.PutSandbox(sb);
+    }).ok());
+  };
+  put_labelled("sbx_1", "node-a", "default");
+  PlacementRequest r{"ns", "base"};
+  r.anti_affinity = true;
+  r.tenant = "default";
+  r.group_key = "job";
+  r.group_value = "j1";
+  auto placed = cluster.Place(r);
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  EXPECT_EQ(placed->node, "node-b");
+  // Another tenant's group of the same name is not this one.
+  r.tenant = "ten_other";
+  placed = cluster.Place(r);
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  EXPECT_EQ(placed->node, "node-a");
+  // A tie in the group falls back to fill.
+  put_labelled("sbx_2", "node-b", "default");
+  r.tenant = "default";
+  placed = cluster.Place(r);
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  EXPECT_EQ(placed->node, "node-a");
+}
+
 TEST_F(ClusterTest, AnyNodeSkipsSilentNodesAndThoseAlreadyTried) {
   auto a = Member("node-a"), b = Member("node-b");
   ASSERT_TRUE(a->Register().ok());

@@ -27,6 +27,10 @@ struct CreateSandboxRequest {
   // Port exposure without a token (docs/api.md, "Ports"): anyone who can reach sbxd can reach
   // the sandbox's servers.
   bool public_ports = false;
+  // placement.anti_affinity: a key of `labels`. Across nodes (docs/scale.md), the sandbox goes
+  // preferably where the fewest of the tenant's live sandboxes share its value; one host has
+  // no choice to make.
+  std::optional<std::string> anti_affinity;
   nlohmann::json canonical;  // the parsed body, for idempotency hashing
 };
 

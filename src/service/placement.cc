@@ -48,11 +48,15 @@ absl::StatusOr<PlacementDecision> Place(const std::vector<PlacementNode>& nodes,
     int64_t group;
     int warm, cached;  // 0 when it has it
     double fill;
+    // Where no dimension is limited every fill is 0: the count still spreads a burst (the
+    // replica counts each placement at once, before any heartbeat tells it).
+    int64_t sandboxes;
     bool operator<(const Score& o) const {
       if (group != o.group) return group < o.group;
       if (warm != o.warm) return warm < o.warm;
       if (cached != o.cached) return cached < o.cached;
-      return fill < o.fill;
+      if (fill != o.fill) return fill < o.fill;
+      return sandboxes < o.sandboxes;
     }
   } best_score{};
   for (const PlacementNode& n : nodes) {
@@ -68,11 +72,11 @@ absl::StatusOr<PlacementDecision> Place(const std::vector<PlacementNode>& nodes,
       why = kRuntime;
     } else if (!Fits(l.sandboxes, 1, c.max_sandboxes)) {
       why = kFull;
-    } else if (!Fits(l.vcpu, req.vcpu, c.vcpu)) {
+    } else if (!Fits(l.vcpu, WantOn(c, req).vcpu, c.vcpu)) {
       why = kVcpu;
-    } else if (!Fits(l.memory_mib, req.memory_mib, c.memory_mib)) {
+    } else if (!Fits(l.memory_mib, WantOn(c, req).memory_mib, c.memory_mib)) {
       why = kMemory;
-    } else if (!Fits(l.disk_mib, req.disk_mib, c.disk_mib)) {
+    } else if (!Fits(l.disk_mib, WantOn(c, req).disk_mib, c.disk_mib)) {
       why = kDisk;
     }
     if (why >= 0) {
@@ -83,9 +87,11 @@ absl::StatusOr<PlacementDecision> Place(const std::vector<PlacementNode>& nodes,
     // fill: the fullest limited dimension once this sandbox is in (the count too, as +1).
     Score s{req.anti_affinity ? n.same_group : 0, warm != c.warm.end() && warm->second > 0 ? 0 : 1,
             Holds(c, req.template_ref) ? 0 : 1,
-            std::max({Fraction(l.sandboxes, 1, c.max_sandboxes), Fraction(l.vcpu, req.vcpu, c.vcpu),
-                      Fraction(l.memory_mib, req.memory_mib, c.memory_mib),
-                      Fraction(l.disk_mib, req.disk_mib, c.disk_mib)})};
+            std::max({Fraction(l.sandboxes, 1, c.max_sandboxes),
+                      Fraction(l.vcpu, WantOn(c, req).vcpu, c.vcpu),
+                      Fraction(l.memory_mib, WantOn(c, req).memory_mib, c.memory_mib),
+                      Fraction(l.disk_mib, WantOn(c, req).disk_mib, c.disk_mib)}),
+            l.sandboxes};
     if (best == nullptr || s < best_score ||
         (!(best_score < s) && n.name < best->name)) {
       best = &n;
@@ -119,6 +125,12 @@ absl::StatusOr<PlacementDecision> Place(const std::vector<PlacementNode>& nodes,
   return PlacementDecision{best->name, std::move(why)};
 }
 
+Want WantOn(const NodeCapacity& c, const PlacementRequest& req) {
+  return {req.vcpu > 0 ? req.vcpu : c.default_vcpu,
+          req.memory_mib > 0 ? req.memory_mib : c.default_memory_mib,
+          req.disk_mib > 0 ? req.disk_mib : c.default_disk_mib};
+}
+
 nlohmann::json CapacityToJson(const NodeCapacity& c) {
   return {{"vcpu", c.vcpu},
           {"memory_mib", c.memory_mib},
@@ -126,7 +138,10 @@ nlohmann::json CapacityToJson(const NodeCapacity& c) {
           {"max_sandboxes", c.max_sandboxes},
           {"runtimes", c.runtimes},
           {"templates", c.templates},
-          {"warm", c.warm}};
+          {"warm", c.warm},
+          {"default_vcpu", c.default_vcpu},
+          {"default_memory_mib", c.default_memory_mib},
+          {"default_disk_mib", c.default_disk_mib}};
 }
 
 absl::StatusOr<NodeCapacity> CapacityFromJson(const nlohmann::json& j) {
@@ -159,6 +174,9 @@ absl::StatusOr<NodeCapacity> CapacityFromJson(const nlohmann::json& j) {
   SBX_RETURN_IF_ERROR(num("memory_mib", c.memory_mib));
   SBX_RETURN_IF_ERROR(num("disk_mib", c.disk_mib));
   SBX_RETURN_IF_ERROR(num("max_sandboxes", c.max_sandboxes));
+  SBX_RETURN_IF_ERROR(num("default_vcpu", c.default_vcpu));
+  SBX_RETURN_IF_ERROR(num("default_memory_mib", c.default_memory_mib));
+  SBX_RETURN_IF_ERROR(num("default_disk_mib", c.default_disk_mib));
   SBX_RETURN_IF_ERROR(strings("runtimes", c.runtimes));
   SBX_RETURN_IF_ERROR(strings("templates", c.templates));
   if (auto it = j.find("warm"); it != j.end() && !it->is_null()) {

@@ -21,6 +21,9 @@ struct NodeCapacity {
   std::vector<std::string> runtimes;               // e.g. {"ns", "microvm"}
   std::vector<std::string> templates;              // "base", "python:3.12", "sha256:..."
   std::map<std::string, int64_t> warm;             // template -> ready warm-pool members
+  // What a sandbox holds there when its create names no size (the node's sandbox.defaults):
+  // placement charges these for a create's missing vcpu, memory_mib and disk_mib.
+  int64_t default_vcpu = 0, default_memory_mib = 0, default_disk_mib = 0;
 };
 // Held by the live sandboxes on a node.
 struct NodeLoad {
@@ -37,8 +40,11 @@ struct PlacementNode {
 struct PlacementRequest {
   std::string runtime;       // "" : any
   std::string template_ref;  // as requested ("base", "python:3.12", "name@sha256:...")
-  int64_t vcpu = 0, memory_mib = 0, disk_mib = 0;
+  int64_t vcpu = 0, memory_mib = 0, disk_mib = 0;  // 0: the node's default
   bool anti_affinity = false;  // prefer nodes with the fewest same_group
+  // The group anti_affinity counts (Cluster::Place fills same_group from them): the tenant's
+  // live sandboxes whose label group_key is group_value.
+  std::string tenant, group_key, group_value;
 };
 struct PlacementDecision {
   std::string node;
@@ -49,13 +55,19 @@ struct PlacementDecision {
 // runtime, a free sandbox slot, vCPU, memory, disk (a capacity of 0 is no limit). Then, smaller
 // first: same_group (with anti_affinity), no ready warm member for the template, template not
 // held ("base" is held everywhere; "name@sha256:..." is held when its digest is), fill (the
-// fullest limited dimension with this sandbox in), name. O(nodes), no allocation per node.
+// fullest limited dimension with this sandbox in), the sandbox count, name. O(nodes), no allocation per node.
 // None left: ApiError(kUnavailable, "no_capacity", ...) counting the nodes per reason.
 absl::StatusOr<PlacementDecision> Place(const std::vector<PlacementNode>& nodes,
                                         const PlacementRequest& req);
 
+// What `req` holds on a node of capacity `c`: each size asked for, else the node's default.
+struct Want {
+  int64_t vcpu, memory_mib, disk_mib;
+};
+Want WantOn(const NodeCapacity& c, const PlacementRequest& req);
+
 // The store's form of NodeCapacity: keys vcpu, memory_mib, disk_mib, max_sandboxes, runtimes,
-// templates, warm. FromJson takes missing keys (and null) as their defaults, refuses wrong
+// templates, warm, default_vcpu, default_memory_mib, default_disk_mib. FromJson takes missing keys (and null) as their defaults, refuses wrong
 // types with InvalidArgument and never throws.
 nlohmann::json CapacityToJson(const NodeCapacity& c);
 absl::StatusOr<NodeCapacity> CapacityFromJson(const nlohmann::json& j);

@@ -276,6 +276,25 @@ TEST(PlacementTest, FreeRoomIsRelativeToCapacity) {
   EXPECT_EQ(Chosen({small, big}, Req()), "b-big");
 }
 
+TEST(PlacementTest, UnlimitedNodesAreSpreadByTheirSandboxCount) {
+  // No limit anywhere: every fill is 0, and a burst must not all go to the first name.
+  std::vector<PlacementNode> nodes = {Node("a"), Node("b"), Node("c")};
+  for (PlacementNode& n : nodes) {
+    n.capacity.vcpu = n.capacity.memory_mib = n.capacity.disk_mib = 0;
+    n.capacity.max_sandboxes = 0;
+  }
+  nodes[0].load.sandboxes = 2;
+  nodes[1].load.sandboxes = 1;
+  nodes[2].load.sandboxes = 1;
+  EXPECT_EQ(Chosen(nodes, Req()), "b");
+  nodes[1].load.sandboxes = 2;
+  EXPECT_EQ(Chosen(nodes, Req()), "c");
+  // Fill still comes first where there is one.
+  nodes[2].load.sandboxes = 9;
+  nodes[2].capacity.max_sandboxes = 10;
+  EXPECT_EQ(Chosen(nodes, Req()), "a");
+}
+
 TEST(PlacementTest, TiesAreBrokenByNameWhateverTheOrder) {
   std::vector<PlacementNode> nodes = {Node("c"), Node("a"), Node("b")};
   EXPECT_EQ(Chosen(nodes, Req()), "a");
@@ -316,9 +335,12 @@ TEST(PlacementJsonTest, RoundTrip) {
   c.runtimes = {"ns", "microvm"};
   c.templates = {"base", "python:3.12", "sha256:0123"};
   c.warm = {{"base", 2}, {"python:3.12", 0}};
+  c.default_vcpu = 1;
+  c.default_memory_mib = 512;
+  c.default_disk_mib = 1024;
   const nlohmann::json j = CapacityToJson(c);
-  for (const char* k :
-       {"vcpu", "memory_mib", "disk_mib", "max_sandboxes", "runtimes", "templates", "warm"}) {
+  for (const char* k : {"vcpu", "memory_mib", "disk_mib", "max_sandboxes", "runtimes", "templates",
+                        "warm", "default_vcpu", "default_memory_mib", "default_disk_mib"}) {
     EXPECT_TRUE(j.contains(k)) << k;
   }
   // Through text, as the store keeps it.
@@ -331,6 +353,31 @@ TEST(PlacementJsonTest, RoundTrip) {
   EXPECT_EQ(back->runtimes, c.runtimes);
   EXPECT_EQ(back->templates, c.templates);
   EXPECT_EQ(back->warm, c.warm);
+  EXPECT_EQ(back->default_vcpu, 1);
+  EXPECT_EQ(back->default_memory_mib, 512);
+  EXPECT_EQ(back->default_disk_mib, 1024);
+}
+
+TEST(PlacementTest, ASizeNotAskedForIsTheNodesDefault) {
+  // 1 GiB free on a, 3 GiB on b; a's sandboxes are 2 GiB by default, b's 512 MiB.
+  PlacementNode a = Node("a"), b = Node("b");
+  a.capacity.memory_mib = b.capacity.memory_mib = 4096;
+  a.load.memory_mib = 3072;
+  b.load.memory_mib = 1024;
+  a.capacity.default_memory_mib = 2048;
+  b.capacity.default_memory_mib = 512;
+  PlacementRequest unsized = Req();
+  unsized.memory_mib = 0;  // the create named no memory
+  auto d = Place({a}, unsized);
+  ASSERT_FALSE(d.ok());  // the default does not fit
+  EXPECT_NE(std::string(d.status().message()).find("without the memory"), std::string::npos)
+      << d.status();
+  PlacementRequest small = Req();
+  small.memory_mib = 256;
+  EXPECT_EQ(Chosen({a}, small), "a");
+  EXPECT_EQ(Chosen({a, b}, unsized), "b");
+  EXPECT_EQ(WantOn(a.capacity, unsized).memory_mib, 2048);
+  EXPECT_EQ(WantOn(a.capacity, small).memory_mib, 256);
 }
 
 TEST(PlacementJsonTest, MissingKeysAreDefaults) {

@@ -252,6 +252,10 @@ NodeReport SandboxService::Report() const {
   r.capacity.memory_mib = snap.capacity.memory_mib;
   r.capacity.disk_mib = snap.capacity.disk_mib;
   r.capacity.max_sandboxes = admission_->settings().max_sandboxes;
+  const Demand d = DemandOf(defaults());
+  r.capacity.default_vcpu = d.vcpu;
+  r.capacity.default_memory_mib = d.memory_mib;
+  r.capacity.default_disk_mib = d.disk_mib;
   for (const auto& [name, backend] : backends_) r.capacity.runtimes.push_back(name);
   r.capacity.templates.push_back("base");
   // As a create names them: "name:tag" without the tenant's namespace, and the digest.

@@ -49,6 +49,12 @@ constexpr char kPgListSandboxesAfter[] = "SELECT " SBX_STORE_SANDBOX_COLS
                                          " AND (created_at, id) > ($7::text, $8::text)"
                                          " ORDER BY created_at, id LIMIT $6::bigint";
 #undef SBX_PG_LIST_SANDBOXES_WHERE
+constexpr char kPgCountLabelledByNode[] =
+    "SELECT node, COUNT(*) FROM sandboxes WHERE tenant_id = $1::text"
+    " AND state NOT IN ('deleted', 'failed', 'lost')"
+    " AND jsonb_typeof(labels::jsonb -> $2::text) = 'string'"
+    " AND labels::jsonb ->> $2::text = $3::text"
+    " GROUP BY node";
 // $1 since, $2 after_seq, $3 limit (SQLite's statement has no tenant parameter to skip).
 constexpr char kPgListAuditAll[] = "SELECT " SBX_STORE_AUDIT_COLS
                                    " FROM audit_log WHERE seq > $2::bigint AND time >= $1::text"
@@ -363,6 +369,18 @@ class PgTx final : public Tx {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kNodes));
     SBX_ASSIGN_OR_RETURN(pqxx::result res,
                          Exec(kCountHeldByNode, "count sandboxes by node", {}));
+    std::map<std::string, int64_t> out;
+    for (const pqxx::row& row : res) out[PgRow(row).Text(0)] = PgRow(row).Int(1);
+    return out;
+  }
+
+  absl::StatusOr<std::map<std::string, int64_t>> CountLabelledSandboxesByNode(
+      const std::string& tenant_id, const std::string& key, const std::string& value) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kNodes));
+    PgParams p;
+    p.Bind(1, tenant_id).Bind(2, key).Bind(3, value);
+    SBX_ASSIGN_OR_RETURN(pqxx::result res, Exec(kPgCountLabelledByNode,
+                                                "count labelled sandboxes by node", p));
     std::map<std::string, int64_t> out;
     for (const pqxx::row& row : res) out[PgRow(row).Text(0)] = PgRow(row).Int(1);
     return out;

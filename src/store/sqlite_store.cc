@@ -211,6 +211,22 @@ class SqliteTx final : public Tx {
     return out;
   }
 
+  absl::StatusOr<std::map<std::string, int64_t>> CountLabelledSandboxesByNode(
+      const std::string& tenant_id, const std::string& key, const std::string& value) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kNodes));
+    constexpr std::string_view kStep = "count labelled sandboxes by node";
+    SBX_ASSIGN_OR_RETURN(sqlite3_stmt * stmt, store_.Prepare(kCountLabelledByNode, kStep));
+    StmtCursor q(stmt);
+    q.Bind(1, tenant_id);
+    q.Bind(2, key);
+    q.Bind(3, value);
+    std::map<std::string, int64_t> out;
+    int rc;
+    while ((rc = q.Step()) == SQLITE_ROW) out[q.Text(0)] = q.Int(1);
+    if (rc != SQLITE_DONE) return Error(rc, kStep);
+    return out;
+  }
+
   absl::StatusOr<std::map<std::string, int64_t>> CountLiveSandboxesByState() override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kCountLiveSandboxesByState));
     constexpr std::string_view kStep = "count live sandboxes by state";

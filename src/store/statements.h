@@ -39,6 +39,13 @@ inline constexpr char kClaimUnassignedOperations[] =
 inline constexpr char kCountHeldByNode[] =
     "SELECT node, COUNT(*) FROM sandboxes WHERE state NOT IN ('deleted', 'failed', 'lost')"
     " GROUP BY node";
+// Visits the tenant's rows (sandboxes_by_tenant); json_each as in the list above.
+inline constexpr char kCountLabelledByNode[] =
+    "SELECT node, COUNT(*) FROM sandboxes WHERE tenant_id = ?1"
+    " AND state NOT IN ('deleted', 'failed', 'lost')"
+    " AND EXISTS (SELECT 1 FROM json_each(sandboxes.labels) AS l"
+    "             WHERE l.key = ?2 AND l.type = 'text' AND l.value = ?3)"
+    " GROUP BY node";
 inline constexpr char kGetNode[] = "SELECT " SBX_STORE_NODE_COLS " FROM nodes WHERE name = ?1";
 inline constexpr char kListNodes[] = "SELECT " SBX_STORE_NODE_COLS " FROM nodes ORDER BY name";
 inline constexpr char kPutNode[] = "INSERT INTO nodes (" SBX_STORE_NODE_COLS R"sql()

@@ -268,6 +268,10 @@ class Tx {
   // Sandboxes that hold resources (not deleted, failed or lost) per node; nodes without one
   // are absent.
   virtual absl::StatusOr<std::map<std::string, int64_t>> CountHeldSandboxesByNode() = 0;
+  // The same count restricted to `tenant_id`'s sandboxes whose label `key` is `value`
+  // (placement's anti-affinity).
+  virtual absl::StatusOr<std::map<std::string, int64_t>> CountLabelledSandboxesByNode(
+      const std::string& tenant_id, const std::string& key, const std::string& value) = 0;
 
   virtual absl::StatusOr<SessionRecord> GetSession(const std::string& id) = 0;
   virtual absl::Status PutSession(const SessionRecord& rec) = 0;

@@ -1024,6 +1024,45 @@ TEST_P(StoreTest, EachNodeListsOnlyItsOwnSandboxesAndOperations) {
   EXPECT_TRUE(none_left->empty());
 }
 
+// Anti-affinity counts one tenant's live sandboxes carrying one label value, per node.
+TEST_P(StoreTest, LabelledSandboxesAreCountedPerNodeForOneTenant) {
+  Open();
+  std::vector<SandboxRecord> rows;
+  auto add = [&](const char* id, const char* node, const char* tenant, nlohmann::json labels,
+                 const char* state = "running") {
+    SandboxRecord r = FullSandbox(id);
+    r.node = node;
+    r.tenant_id = tenant;
+    r.labels = std::move(labels);
+    r.state = state;
+    rows.push_back(r);
+  };
+  add("sbx_1", "a", "ten_a", {{"job", "x"}});
+  add("sbx_2", "a", "ten_a", {{"job", "x"}, {"team", "red"}});
+  add("sbx_3", "b", "ten_a", {{"job", "x"}});
+  add("sbx_4", "b", "ten_a", {{"job", "y"}});                 // another value
+  add("sbx_5", "c", "ten_b", {{"job", "x"}});                 // another tenant
+  add("sbx_6", "c", "ten_a", {{"job", "x"}}, "lost");         // holds nothing
+  add("sbx_7", "c", "ten_a", {{"job", "x"}}, "deleted");
+  add("sbx_8", "c", "ten_a", {{"jobs", "x"}, {"Job", "x"}});  // other keys
+  add("sbx_9", "c", "ten_a", {{"job", "x'); DROP TABLE sandboxes; --"}});
+  for (const auto& r : rows) ASSERT_TRUE(Put(r).ok());
+  auto n = Read([&](Tx& tx) { return tx.CountLabelledSandboxesByNode("ten_a", "job", "x"); });
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, (std::map<std::string, int64_t>{{"a", 2}, {"b", 1}}));
+  n = Read([&](Tx& tx) { return tx.CountLabelledSandboxesByNode("ten_b", "job", "x"); });
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, (std::map<std::string, int64_t>{{"c", 1}}));
+  n = Read([&](Tx& tx) {
+    return tx.CountLabelledSandboxesByNode("ten_a", "job", "x'); DROP TABLE sandboxes; --");
+  });
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, (std::map<std::string, int64_t>{{"c", 1}}));
+  n = Read([&](Tx& tx) { return tx.CountLabelledSandboxesByNode("ten_a", "nope", "x"); });
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_TRUE(n->empty());
+}
+
 // A node declared lost may still finish work it had started; the store keeps the verdict.
 TEST_P(StoreTest, LostSandboxesStayLostAndFinishedOperationsStayFinished) {
   Open();
