@@ -83,10 +83,13 @@ def ns_runtime_only(reason: str):
 
 class Daemon:
     def __init__(self, extra_args: list[str] | None = None, extra_env: dict[str, str] | None = None,
-                 listen: str = "127.0.0.1:0", ports_domain: str = PORTS_DOMAIN):
+                 listen: str = "127.0.0.1:0", ports_domain: str = PORTS_DOMAIN,
+                 prefix: list[str] | None = None):
         """`listen` and `ports_domain`: sbxd takes each flag once, so a suite that needs its
         own (tests/e2b: a port known before the start, its own domain) passes them here rather
-        than in `extra_args`."""
+        than in `extra_args`. `prefix`: what sbxd is started under, e.g. `nsenter --net=…` for
+        a node in a network namespace of its own (then `listen` is that namespace's address)."""
+        self.prefix = list(prefix or [])
         self.proc: subprocess.Popen | None = None
         self.extra_args = list(extra_args or [])
         self.extra_env = dict(extra_env or {})
@@ -112,7 +115,7 @@ class Daemon:
         # line of this log.
         # --ports-domain: test_ports.py reaches sandbox ports by Host name too (never resolved:
         # the name only travels in the Host header to 127.0.0.1).
-        argv = [str(self.binary), "--listen", self.listen, "--state-dir", str(self.state_dir),
+        argv = self.prefix + [str(self.binary), "--listen", self.listen, "--state-dir", str(self.state_dir),
                 "--admin-token", self.token, "--log-format", "json",
                 "--ports-domain", self.ports_domain]
         if self.runtime == "fake":
@@ -127,8 +130,9 @@ class Daemon:
 
         def reader():
             # Keeps draining the daemon's output into the log so it never blocks on a full pipe.
-            prefixes = {b"sbxd listening on http://127.0.0.1:": "http",
-                        b"sbxd listening on https://127.0.0.1:": "https"}
+            host = self.listen.rsplit(":", 1)[0]
+            prefixes = {f"sbxd listening on {scheme}://{host}:".encode(): scheme
+                        for scheme in ("http", "https")}
             for line in self.proc.stdout:
                 log.write(line)
                 if not self._listen_line.is_set():
@@ -139,7 +143,7 @@ class Daemon:
                             continue
                         port = text[idx + len(prefix):].split(b"/")[0].decode(errors="replace")
                         if port.isdigit():
-                            self.url = f"{scheme}://127.0.0.1:{port}"
+                            self.url = f"{scheme}://{host}:{port}"
                             self._listen_line.set()
             log.close()
 
@@ -152,7 +156,7 @@ class Daemon:
                 pytest.fail(f"sbxd exited with {self.proc.returncode} before listening; "
                             f"output:\n{self.log_tail()}")
             if time.monotonic() > deadline:
-                pytest.fail(f"sbxd printed no 'sbxd listening on http(s)://127.0.0.1:PORT' line within "
+                pytest.fail(f"sbxd printed no 'sbxd listening on http(s)://{self.listen.rsplit(':', 1)[0]}:PORT' line within "
                             f"{LISTEN_TIMEOUT_S}s; output:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 60) -> str:

@@ -1,6 +1,9 @@
 """One machine as a cluster (docs/scale.md, issue 21): two api replicas (`--role api`) and three
-nodes (`--role node`, each with its own state directory and cgroup parent) on one PostgreSQL,
-Debian's, started for this module on a unix socket by tools/pg_test_server.sh.
+nodes (`--role node`, each with its own state directory, cgroup parent and network namespace) on
+one PostgreSQL, Debian's, started for this module on a unix socket by tools/pg_test_server.sh.
+The nodes' namespaces hang on a bridge in a namespace of this module, which the host reaches
+through one veth (10.254.78.1/24): the replicas dial each node at its own address, as across
+hosts, never through loopback.
 
 Asserted: creates spread over the nodes; a session made through one replica is attached through
 the other with the same bytes; a draining node gets no new sandbox; `kill -9` of a node makes
@@ -49,12 +52,76 @@ def cgroup_dirs(parent: str) -> list[Path]:
     return out
 
 
+SUBNET = "10.254.78"
+
+
+def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    out = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if check and out.returncode:
+        raise AssertionError(f"ip {' '.join(args)}: {out.stderr.strip()}")
+    return out
+
+
+class NodeNetwork:
+    """A network namespace per node on one bridge; the host is .1 on it."""
+
+    def __init__(self, tag: str):
+        self.tag = tag
+        self.bridge_ns = f"sbxc-{tag}"
+        self.host_veth = f"sbxc{tag}"
+        self.namespaces: list[str] = []
+        self.addresses: dict[str, str] = {}
+
+    def start(self) -> None:
+        ip("netns", "add", self.bridge_ns)
+        self.namespaces.append(self.bridge_ns)
+        ip("-n", self.bridge_ns, "link", "add", "br0", "type", "bridge")
+        ip("-n", self.bridge_ns, "link", "set", "br0", "up")
+        ip("link", "add", self.host_veth, "type", "veth", "peer", "name", "host", "netns",
+           self.bridge_ns)
+        ip("-n", self.bridge_ns, "link", "set", "host", "master", "br0", "up")
+        ip("addr", "add", f"{SUBNET}.1/24", "dev", self.host_veth)
+        ip("link", "set", self.host_veth, "up")
+
+    def add(self, name: str) -> str:
+        """The namespace of node `name` (made once; a restarted node gets it back)."""
+        if name in self.addresses:
+            return self.addresses[name]
+        ns = f"sbxc-{self.tag}-{name}"
+        addr = f"{SUBNET}.{10 + len(self.addresses)}"
+        port = f"p{len(self.addresses)}"
+        ip("netns", "add", ns)
+        self.namespaces.append(ns)
+        ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", port, "netns",
+           self.bridge_ns)
+        ip("-n", self.bridge_ns, "link", "set", port, "master", "br0", "up")
+        ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
+        ip("-n", ns, "link", "set", "eth0", "up")
+        ip("-n", ns, "link", "set", "lo", "up")
+        self.addresses[name] = addr
+        return addr
+
+    def prefix(self, name: str) -> list[str]:
+        # nsenter, not `ip netns exec`: that one also mounts a fresh /sys, hiding the cgroups.
+        return ["nsenter", f"--net=/run/netns/sbxc-{self.tag}-{name}"]
+
+    def close(self) -> list[str]:
+        problems = []
+        for ns in reversed(self.namespaces):
+            r = ip("netns", "del", ns, check=False)
+            if r.returncode:
+                problems.append(f"ip netns del {ns}: {r.stderr.strip()}")
+        ip("link", "del", self.host_veth, check=False)  # went with its peer's namespace
+        return problems
+
+
 class Cluster:
     def __init__(self, url: str, validator):
         self.url = url
         self.validator = validator
         self.token = secrets.token_urlsafe(32)
         self.tag = secrets.token_hex(3)
+        self.net = NodeNetwork(self.tag)
         self.nodes: dict[str, Daemon] = {}
         self.apis: list[Daemon] = []
         self.all: list[Daemon] = []
@@ -64,8 +131,10 @@ class Cluster:
                 "--node-lost-after-ms", str(LOST_AFTER_MS)]
 
     def start_node(self, name: str, state: Daemon | None = None) -> Daemon:
+        addr = self.net.add(name)
         d = Daemon(["--role", "node", "--node-name", name,
-                    "--cgroup-parent", cgroup_parent(name, self.tag)] + self.common())
+                    "--cgroup-parent", cgroup_parent(name, self.tag)] + self.common(),
+                   listen=f"{addr}:0", prefix=self.net.prefix(name))
         d.token = self.token
         if state is not None:  # the same node again: its state dir, its log
             d.tmp, d.state_dir, d.log_path = state.tmp, state.state_dir, state.log_path
@@ -128,6 +197,7 @@ def cluster(validator):
         subprocess.run([str(psql[-1]), f"postgresql:///postgres?host={host}&user=sbx", "-qc",
                         f"CREATE DATABASE {name}"], check=True, timeout=60)
         c = Cluster(f"postgresql:///{name}?host={host}&user=sbx", validator)
+        c.net.start()
         for n in NODES:
             c.start_node(n)
         c.start_api()
@@ -136,6 +206,10 @@ def cluster(validator):
         wait_for("three active nodes", lambda: len([
             n for n in api.call("GET", "/v1/admin/nodes", expect=200).body["nodes"]
             if n["state"] == "active" and n["alive"]]) == 3)
+        # Each node is dialled at its own namespace's address, the one it listens on.
+        urls = {n["name"]: n["url"] for n in api.call("GET", "/v1/admin/nodes", expect=200).body["nodes"]}
+        assert urls == {n: d.url for n, d in c.nodes.items()}, urls
+        assert all(u.startswith(f"http://{SUBNET}.") for u in urls.values()), urls
         yield c
     finally:
         problems = []
@@ -165,6 +239,7 @@ def cluster(validator):
                 left = cgroup_dirs(cgroup_parent(n, c.tag))
                 if left:
                     problems.append(f"{n} left cgroups: {[str(p) for p in left]}")
+            problems += c.net.close()
         subprocess.run(["bash", str(SERVER), "stop", str(host)], timeout=120)
         subprocess.run(["rm", "-rf", str(parent)], timeout=60)
         assert not problems, problems
@@ -206,6 +281,46 @@ def test_a_draining_node_gets_no_new_sandbox(cluster):
         api.call("POST", "/v1/admin/nodes/node-b/activate", expect=200)
     missing = api.call("POST", "/v1/admin/nodes/no-such-node/drain", validate=False)
     assert missing.status_code == 404, missing.text
+
+
+def test_anti_affinity_keeps_a_group_apart(cluster):
+    """The group's count comes before every other preference (warm pool, template, fill),
+    read from the store at each create, so through either replica."""
+    a1, a2 = cluster.client(cluster.apis[0]), cluster.client(cluster.apis[1])
+    made: list[str] = []
+
+    def create(client, body) -> str:
+        sid = client.create_sandbox(body)["sandbox"]["id"]
+        made.append(sid)
+        return client.get_sandbox(sid)["node"]
+
+    group = {"job": "aa-1"}
+    spread = {"labels": group, "placement": {"anti_affinity": "job"}}
+    try:
+        for n in ("node-b", "node-c"):
+            a1.call("POST", f"/v1/admin/nodes/{n}/drain", expect=200)
+        try:
+            assert create(a1, {"labels": group}) == "node-a"
+        finally:
+            for n in ("node-b", "node-c"):
+                a1.call("POST", f"/v1/admin/nodes/{n}/activate", expect=200)
+        # node-a holds one of the group: the next two go to the two others, one each. (Through
+        # the replica that activated them: the other one's node view may be 500 ms old.)
+        first = create(a1, spread)
+        second = create(a1, spread)
+        assert sorted([first, second]) == ["node-b", "node-c"], (first, second)
+        # One each everywhere: any node, through the other replica; then, counted in the store
+        # and not in a replica's memory, not that node again.
+        third = create(a2, spread)
+        fourth = create(a1, spread)
+        assert third in NODES and fourth != third, (third, fourth)
+        # The key must be one of the create's labels.
+        bad = a1.call("POST", "/v1/sandboxes", json_body={"labels": group,
+                      "placement": {"anti_affinity": "team"}}, validate=False)
+        assert bad.status_code == 400 and "placement.anti_affinity" in bad.text, bad.text
+    finally:
+        for sid in made:
+            a2.delete_sandbox(sid)
 
 
 def test_a_killed_node_loses_its_sandboxes_and_comes_back_clean(cluster):
