@@ -267,7 +267,19 @@ absl::StatusOr<Cluster::Target> Cluster::AnyNode(const std::vector<std::string>&
 }
 
 absl::StatusOr<Cluster::Target> Cluster::Place(const PlacementRequest& req, std::string* why) {
-  SBX_ASSIGN_OR_RETURN(std::vector<NodeInfo> nodes, Nodes(false));
+  auto placed = PlaceIn(/*fresh_read=*/false, req, why);
+  // The cached view carries this replica's own estimates (each placement charged at once, no
+  // delete ever subtracted): under churn it overstates the load. A refusal is only given on
+  // what the store says now.
+  if (!placed.ok() && ApiErrorCode(placed.status()) == "no_capacity") {
+    return PlaceIn(/*fresh_read=*/true, req, why);
+  }
+  return placed;
+}
+
+absl::StatusOr<Cluster::Target> Cluster::PlaceIn(bool fresh_read, const PlacementRequest& req,
+                                                 std::string* why) {
+  SBX_ASSIGN_OR_RETURN(std::vector<NodeInfo> nodes, Nodes(fresh_read));
   std::vector<PlacementNode> candidates;
   candidates.reserve(nodes.size());
   for (const NodeInfo& n : nodes) {

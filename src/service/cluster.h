@@ -128,6 +128,7 @@ class Cluster {
 
  private:
   absl::StatusOr<std::vector<NodeInfo>> Nodes(bool fresh_read);
+  absl::StatusOr<Target> PlaceIn(bool fresh_read, const PlacementRequest& req, std::string* why);
   bool Alive(const NodeInfo& n) const;
   absl::StatusOr<std::optional<Target>> TargetOfNode(const std::string& node);
   std::optional<std::string> CachedOwner(const std::string& id);

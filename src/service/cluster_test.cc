@@ -251,6 +251,34 @@ TEST_F(ClusterTest, AntiAffinityCountsTheTenantsGroupInTheStore) {
   EXPECT_EQ(placed->node, "node-a");
 }
 
+TEST_F(ClusterTest, ChurnThroughOneReplicaIsNotRefusedOnItsOwnEstimates) {
+  // Room for 4 sandboxes of the default size; create+delete cycles, many more than 4 within
+  // the cached view's lifetime: the replica's running estimate must never refuse on its own.
+  NodeMembership::Options o;
+  o.name = "node-a";
+  o.url = "http://127.0.0.1:1/a";
+  o.role = "node";
+  o.report = [] {
+    NodeReport r;
+    r.capacity.runtimes = {"ns"};
+    r.capacity.vcpu = 4;
+    r.capacity.default_vcpu = 1;
+    return r;
+  };
+  NodeMembership a(*store_, std::move(o));
+  ASSERT_TRUE(a.Register().ok());
+  Cluster cluster(*store_, Cluster::Options{milliseconds(30000)});
+  for (int i = 0; i < 20; ++i) {
+    auto placed = cluster.Place(PlacementRequest{"ns", "base"});
+    ASSERT_TRUE(placed.ok()) << i << ": " << placed.status();
+  }
+  // A real lack of room is still refused (4 held in the store, the report says 4 of 4).
+  for (int i = 0; i < 4; ++i) Put("sbx_" + std::to_string(i), "node-a", "running");
+  auto none = cluster.Place(PlacementRequest{"ns", "base"});
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(ApiErrorCode(none.status()), "no_capacity") << none.status();
+}
+
 TEST_F(ClusterTest, AnyNodeSkipsSilentNodesAndThoseAlreadyTried) {
   auto a = Member("node-a"), b = Member("node-b");
   ASSERT_TRUE(a->Register().ok());
