@@ -97,11 +97,17 @@ constexpr Route kRoutes[] = {
     {verb::get, "v1/admin/nodes", Auth::kTenant, kAdmin, &Routes::ListNodes},
     {verb::post, "v1/admin/nodes/{id}/drain", Auth::kTenant, kAdmin, &Routes::DrainNode},
     {verb::post, "v1/admin/nodes/{id}/activate", Auth::kTenant, kAdmin, &Routes::ActivateNode},
+    // A node's layer blobs, for the other nodes of its cluster (template_peers.cc).
+    {verb::get, "v1/admin/layers/{id}", Auth::kTenant, kAdmin, &Routes::LayerBlob},
 };
 
 }  // namespace
 
 std::span<const Route> RouteTable() { return kRoutes; }
+
+std::string LayerBlobUrl(const std::string& node_url, const std::string& diff_id) {
+  return node_url + "/v1/admin/layers/" + diff_id;
+}
 
 bool PatternMatches(std::string_view pattern, const std::vector<std::string>& segments) {
   size_t i = 0;

@@ -74,6 +74,7 @@ struct Routes {
   static Awaitable DeleteTemplate(Api& api, Call& call);
   static Awaitable TagTemplate(Api& api, Call& call);
   static Awaitable TemplateGc(Api& api, Call& call);
+  static Awaitable LayerBlob(Api& api, Call& call);
   static Awaitable CancelOperation(Api& api, Call& call);
   // admin_routes.cc
   static Awaitable CreateTenant(Api& api, Call& call);
@@ -106,6 +107,8 @@ struct Route {
 };
 
 std::span<const Route> RouteTable();
+// The URL of GET /v1/admin/layers/{diff_id} on the node at `node_url` (for the other nodes).
+std::string LayerBlobUrl(const std::string& node_url, const std::string& diff_id);
 // Whether `pattern` matches the path's segments.
 bool PatternMatches(std::string_view pattern, const std::vector<std::string>& segments);
 

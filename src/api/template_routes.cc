@@ -1,5 +1,9 @@
 // /v1/templates: imports (a streamed archive), pulls, the catalog, delete and gc
 // (docs/templates.md). DELETE /v1/operations/{id} cancels a template operation.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -11,7 +15,9 @@
 #include "common/json_util.h"
 #include "common/log.h"
 #include "common/status_util.h"
+#include "common/unique_fd.h"
 #include "service/template_service.h"
+#include "service/tenancy.h"
 #include "service/views.h"
 
 namespace sbx::api {
@@ -308,6 +314,49 @@ Awaitable Routes::DeleteTemplate(Api& api, Call& call) {
   auto r = log::With(call.ctx.log, [&] { return tpl->Delete(call.caller, call.id); });
   if (!r.ok()) co_return Fail(call.ctx, r.status());
   co_return RenderJson(bhttp::status::ok, *r);
+}
+
+// GET /v1/admin/layers/{diff_id}: the blob a layer was unpacked from, as kept by a cluster
+// node, for another node that lacks the layer (docs/scale.md, "Templates"). The other node
+// verifies what it gets against the diff_id; the admin token guards tenants' layers.
+Awaitable Routes::LayerBlob(Api& api, Call& call) {
+  service::TemplateService* tpl = api.opts_.templates;
+  if (tpl == nullptr) co_return Fail(call.ctx, TemplatesOff());
+  if (auto st = service::RequireOperatorAdmin(call.caller, "the layer store"); !st.ok()) {
+    co_return Fail(call.ctx, st);
+  }
+  auto path = tpl->LayerBlob(call.id);
+  if (!path.ok()) co_return Fail(call.ctx, path.status());
+  UniqueFd fd(::open(path->c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  struct stat st {};
+  if (!fd.valid() || ::fstat(fd.get(), &st) != 0) {
+    co_return Fail(call.ctx, ErrnoStatus(errno, fmt::format("layer blob: open({})", *path)));
+  }
+  bhttp::response_header<> header;
+  header.result(bhttp::status::ok);
+  header.version(call.ctx.req.version());
+  header.set(bhttp::field::content_type, "application/octet-stream");
+  header.set(bhttp::field::content_length, std::to_string(st.st_size));
+  header.set("X-Request-Id", call.ctx.request_id);
+  if (!call.ctx.req.keep_alive()) header.set(bhttp::field::connection, "close");
+  if (!co_await call.ctx.stream.Begin(std::move(header))) co_return std::nullopt;
+  // Reads of a local file that is in the page cache as a rule: short enough for the I/O thread.
+  std::string buf;
+  for (off_t off = 0; off < st.st_size;) {
+    buf.resize(256 << 10);
+    const ssize_t n = ::pread(fd.get(), buf.data(), buf.size(), off);
+    if (n <= 0) {
+      // Short: End() closes the connection, and the other node sees a truncated transfer.
+      SBX_LOG_WARN(call.ctx.log, "layer blob {}: read failed at {} of {} bytes", *path, off,
+                   st.st_size);
+      break;
+    }
+    buf.resize(static_cast<size_t>(n));
+    off += n;
+    if (!co_await call.ctx.stream.Write(std::move(buf))) co_return std::nullopt;
+  }
+  co_await call.ctx.stream.End();
+  co_return std::nullopt;
 }
 
 // PUT /v1/templates/{name}:{tag} {"from": "name:tag" | "name@sha256:…"}

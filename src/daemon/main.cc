@@ -21,6 +21,7 @@
 #include <optional>
 
 #include "api/api.h"
+#include "api/routes.h"
 #include "api/status_to_http.h"
 #include "common/files.h"
 #include "common/ids.h"
@@ -550,6 +551,17 @@ absl::Status StartService(Daemon& d, const sbx::runtime::Resources& defaults) {
   sopts.node_name = sbx::daemon::NodeNameOf(cfg);
   sopts.claim_unassigned = cfg.node.role == "all";
   topts.node_name = sopts.node_name;
+  // Nodes share the catalogue in the store and give each other the layers (docs/scale.md,
+  // "Templates"), with the admin token every node of a cluster is given.
+  topts.cluster = cfg.node.role == "node";
+  topts.limits.keep_blobs = topts.cluster;
+  topts.peer_token = d.admin_token;
+  topts.layer_url = sbx::api::LayerBlobUrl;
+  if (topts.cluster) {
+    sopts.sync_template = [&d](const std::string& ref, const std::string& ns) {
+      return d.template_svc ? d.template_svc->SyncFromCluster(ref, ns) : absl::OkStatus();
+    };
+  }
   sopts.unavailable_runtimes = d.unavailable_runtimes;
   sopts.attach_keys = d.attach_keys;
   sopts.attach_keys_file =

@@ -37,6 +37,11 @@ struct Limits {
   uint64_t max_store_bytes = 0;              // all layers; 0 = no bound but the disk
   uint64_t max_entries_per_layer = 1'000'000;
   uint64_t max_archive_bytes = 32ull << 30;  // an import's archive, as uploaded
+  // Keep each layer's blob, as it was put (compressed or not), beside its tree: a cluster node
+  // gives it to the nodes that lack the layer, which verify it against the diff_id as any
+  // import does (docs/scale.md, "Templates"). Off on a single host: it doubles what a layer
+  // takes on disk.
+  bool keep_blobs = false;
 };
 
 struct LayerInfo {
@@ -76,6 +81,9 @@ class LayerStore {
                                         const CancelFn& cancelled) = 0;
   virtual std::vector<LayerInfo> List() const = 0;
   virtual uint64_t UsedBytes() const = 0;
+  // The blob a layer was put from, kept when Limits::keep_blobs (<root>/blobs/<hex>); NotFound
+  // when the layer is absent or was put before blobs were kept.
+  virtual absl::StatusOr<std::string> BlobOf(const std::string& diff_id) const = 0;
   // Removes a layer no template lists any more (the caller's garbage collection decides).
   virtual absl::Status Remove(const std::string& diff_id) = 0;
   // Start-up: removes what a crash left half-unpacked.

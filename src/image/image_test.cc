@@ -19,6 +19,7 @@
 
 #include "common/digest.h"
 #include "common/test_util.h"
+#include "common/unique_fd.h"
 #include "image/image.h"
 #include "image/layer_unpack.h"
 #include "image/oci.h"
@@ -355,6 +356,46 @@ TEST_F(ImageTest, TheStoreUnpacksOnceSharesAndLeavesNothingOfAFailure) {
   ASSERT_TRUE((*reopened)->Remove(DiffId(tar)).ok());
   EXPECT_FALSE((*reopened)->Has(DiffId(tar)));
   EXPECT_FALSE(fs::exists(*tree));
+}
+
+TEST_F(ImageTest, AClusterNodeKeepsTheVerifiedBlobOfEachLayerItUnpacks) {
+  Limits limits;
+  limits.keep_blobs = true;
+  auto store = LayerStore::Open((dir_ / "store").string(), limits);
+  ASSERT_TRUE(store.ok()) << store.status();
+  const std::string tar = Tar({{.name = "f", .data = "layer"}}, "gzip");
+  WriteFile(dir_ / "l.tar.gz", tar);
+  // As an import hands them over: the blob opened, named by /proc/self/fd.
+  UniqueFd fd(::open((dir_ / "l.tar.gz").c_str(), O_RDONLY | O_CLOEXEC));
+  const std::string plain = Tar({{.name = "f", .data = "layer"}});
+  const std::string diff_id = DiffId(plain);
+  ASSERT_TRUE((*store)->Put("/proc/self/fd/" + std::to_string(fd.get()), diff_id, 1 << 20, {}, {}).ok());
+  fs::remove(dir_ / "l.tar.gz");  // the import's copy goes; the kept one stays
+  auto blob = (*store)->BlobOf(diff_id);
+  ASSERT_TRUE(blob.ok()) << blob.status();
+  EXPECT_EQ(ReadAll(*blob), tar);  // as put: compressed, so another node verifies it itself
+  // A blob that fails its diff_id is not kept, nor is anything of it.
+  WriteFile(dir_ / "bad.tar", Tar({{.name = "f", .data = "other"}}));
+  EXPECT_FALSE((*store)->Put((dir_ / "bad.tar").string(), DiffId("nope"), 1 << 20, {}, {}).ok());
+  EXPECT_EQ((*store)->BlobOf(DiffId("nope")).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ((*store)->BlobOf("sha256:zz").status().code(), absl::StatusCode::kInvalidArgument);
+  // A sweep takes half-copied blobs and those whose layer is gone; Remove takes the blob too.
+  WriteFile(dir_ / "store/blobs/tmp-half", "x");
+  WriteFile(dir_ / "store/blobs" / std::string(64, 'b'), "x");
+  ASSERT_TRUE((*store)->Sweep().ok());
+  EXPECT_FALSE(fs::exists(dir_ / "store/blobs/tmp-half"));
+  EXPECT_FALSE(fs::exists(dir_ / "store/blobs" / std::string(64, 'b')));
+  EXPECT_TRUE((*store)->BlobOf(diff_id).ok());
+  ASSERT_TRUE((*store)->Remove(diff_id).ok());
+  EXPECT_FALSE(fs::exists(*blob));
+
+  // A single host keeps none.
+  auto single = LayerStore::Open((dir_ / "single").string(), Limits{});
+  ASSERT_TRUE(single.ok());
+  WriteFile(dir_ / "l.tar", plain);
+  ASSERT_TRUE((*single)->Put((dir_ / "l.tar").string(), diff_id, 1 << 20, {}, {}).ok());
+  EXPECT_EQ((*single)->BlobOf(diff_id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(fs::is_empty(dir_ / "single/blobs"));
 }
 
 // An OCI layout of two layers written here; skopeo turns it into the archives users bring.

@@ -1,5 +1,6 @@
 // The content-addressed layer store (image.h): <root>/layers/sha256/<hex> trees, their
-// metadata in <root>/meta/<hex>.json, work in progress in <root>/tmp.
+// metadata in <root>/meta/<hex>.json, the blobs they came from in <root>/blobs/<hex> (when
+// kept), work in progress in <root>/tmp.
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -73,6 +74,7 @@ class LayerStoreImpl : public LayerStore {
     SBX_RETURN_IF_ERROR(Mkdir(root_ + "/layers/sha256", 0700));
     SBX_RETURN_IF_ERROR(Mkdir(root_ + "/meta", 0700));
     SBX_RETURN_IF_ERROR(Mkdir(root_ + "/tmp", 0700));
+    SBX_RETURN_IF_ERROR(Mkdir(root_ + "/blobs", 0700));
     Load();
     return absl::OkStatus();
   }
@@ -100,10 +102,18 @@ class LayerStoreImpl : public LayerStore {
       // One unpack per layer at a time: a second import that needs it waits for the first.
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] { return !busy_.count(diff_id); });
-      if (auto it = layers_.find(diff_id); it != layers_.end()) return it->second;
+      if (auto it = layers_.find(diff_id); it != layers_.end()) {
+        const LayerInfo have = it->second;
+        lock.unlock();
+        // Its blob is not kept from here: nothing verifies this one (the tree is not unpacked
+        // again), and what other nodes are given must hash to the diff_id.
+        return have;
+      }
       busy_.insert(diff_id);
     }
     auto result = Unpack(blob_path, diff_id, max_bytes, progress, cancelled);
+    // Only a blob whose tree verified: what other nodes are given always hashes to its diff_id.
+    if (result.ok() && limits_.keep_blobs) KeepBlob(blob_path, diff_id);
     {
       std::lock_guard lock(mu_);
       busy_.erase(diff_id);
@@ -127,6 +137,23 @@ class LayerStoreImpl : public LayerStore {
     return n;
   }
 
+  absl::StatusOr<std::string> BlobOf(const std::string& diff_id) const override {
+    if (!IsDigest(diff_id)) {
+      return absl::InvalidArgumentError(fmt::format("layer: bad diff_id \"{:.80}\"", diff_id));
+    }
+    {
+      std::lock_guard lock(mu_);
+      if (!layers_.count(diff_id)) {
+        return absl::NotFoundError(fmt::format("layer {} is not in the layer store", diff_id));
+      }
+    }
+    if (!BlobKept(diff_id)) {
+      return absl::NotFoundError(fmt::format(
+          "layer {} is here but not its blob (unpacked before this node kept blobs)", diff_id));
+    }
+    return Blob(diff_id);
+  }
+
   absl::Status Remove(const std::string& diff_id) override {
     std::string gone;
     {
@@ -139,6 +166,7 @@ class LayerStoreImpl : public LayerStore {
         return ErrnoStatus(errno, fmt::format("layer store: rename({})", Tree(diff_id)));
       }
       ::unlink(Meta(diff_id).c_str());
+      ::unlink(Blob(diff_id).c_str());
       layers_.erase(diff_id);
     }
     return RemoveTree(gone);
@@ -164,6 +192,10 @@ class LayerStoreImpl : public LayerStore {
     for (const std::string& m : metas) {
       if (!trees.count(m)) ::unlink((root_ + "/meta/" + m + ".json").c_str());
     }
+    // Half-copied blobs, and blobs whose layer a crash removed.
+    for (const std::string& b : Names(root_ + "/blobs")) {
+      if (!IsHex64(b) || !trees.count(b) || !metas.count(b)) ::unlink((root_ + "/blobs/" + b).c_str());
+    }
     std::lock_guard lock(mu_);
     layers_.clear();
     Load();
@@ -178,6 +210,61 @@ class LayerStoreImpl : public LayerStore {
   }
   std::string Meta(const std::string& diff_id) const {
     return root_ + "/meta/" + diff_id.substr(7) + ".json";
+  }
+  std::string Blob(const std::string& diff_id) const {
+    return root_ + "/blobs/" + diff_id.substr(7);
+  }
+  bool BlobKept(const std::string& diff_id) const {
+    struct stat st {};
+    return ::stat(Blob(diff_id).c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  }
+
+  // A hard link when the blob is on the store's file system (an upload, a pull, a build's
+  // layer: all under the state dir), else a copy. Failing only costs other nodes this source,
+  // so it is logged, not returned.
+  void KeepBlob(const std::string& blob_path, const std::string& diff_id) const {
+    const std::string tmp = fmt::format("{}/blobs/tmp-{}-{}", root_, diff_id.substr(7, 12), NewId("b"));
+    absl::Status st = absl::OkStatus();
+    if (::linkat(AT_FDCWD, blob_path.c_str(), AT_FDCWD, tmp.c_str(), AT_SYMLINK_FOLLOW) != 0) {
+      st = CopyFile(blob_path, tmp);
+    }
+    if (st.ok() && ::rename(tmp.c_str(), Blob(diff_id).c_str()) != 0) {
+      st = ErrnoStatus(errno, fmt::format("layer store: rename({})", Blob(diff_id)));
+    }
+    if (!st.ok()) {
+      ::unlink(tmp.c_str());
+      spdlog::warn("layer store: the blob of {} is not kept, other nodes cannot fetch it from "
+                   "here: {}", diff_id, std::string(st.message()));
+    }
+  }
+
+  static absl::Status CopyFile(const std::string& from, const std::string& to) {
+    const int in = ::open(from.c_str(), O_RDONLY | O_CLOEXEC);
+    if (in < 0) return ErrnoStatus(errno, fmt::format("layer store: open({})", from));
+    const int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (out < 0) {
+      const int err = errno;
+      ::close(in);
+      return ErrnoStatus(err, fmt::format("layer store: open({})", to));
+    }
+    absl::Status st = absl::OkStatus();
+    char buf[1 << 16];
+    for (;;) {
+      const ssize_t n = ::read(in, buf, sizeof buf);
+      if (n == 0) break;
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        st = ErrnoStatus(errno, fmt::format("layer store: read({})", from));
+        break;
+      }
+      if (::write(out, buf, static_cast<size_t>(n)) != n) {
+        st = ErrnoStatus(errno, fmt::format("layer store: write({})", to));
+        break;
+      }
+    }
+    ::close(in);
+    ::close(out);
+    return st;
   }
 
   // Every layer with both its tree and its metadata (mu_ held, or before any use).

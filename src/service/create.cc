@@ -119,6 +119,9 @@ absl::StatusOr<Answer<SandboxCreated>> SandboxService::CreateSandbox(
   const TimePoint requested = ServiceMetrics::Clock::now();
   // Before anything is taken or recorded: a bad profile leaves nothing half-created.
   SBX_ASSIGN_OR_RETURN(const nlohmann::json egress, ResolveEgress(req));
+  if (opts_.sync_template) {
+    SBX_RETURN_IF_ERROR(opts_.sync_template(req.template_ref, TemplateNamespaceOf(caller)));
+  }
   // Taken before the transaction, which may run more than once (busy retries); it goes back to
   // the pool unless the transaction records it.
   // One snapshot for the whole create: a reload meanwhile must not give a pooled sandbox built

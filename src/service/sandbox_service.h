@@ -66,6 +66,10 @@ struct ServiceOptions {
   std::string node_name;
   // Whether the reconcile takes the rows of no node (from before schema 9): `--role all` only.
   bool claim_unassigned = true;
+  // A cluster node: called before each create with its template reference and the caller's
+  // template namespace, so the reference resolves as the shared store says now and its layers
+  // are here (TemplateService::SyncFromCluster). Its error fails the create. Unset: one host.
+  std::function<absl::Status(const std::string& ref, const std::string& ns)> sync_template;
   // Runtimes sbxd knows but this host cannot run, with the reason a create is told.
   std::map<std::string, std::string> unavailable_runtimes;
   // Applied where a request omits a resource; pids, open_files, tmp_mib and shm_mib are not

@@ -167,6 +167,11 @@ absl::Status TemplateService::Load() {
   for (const ImageRecord& rec : images) {
     auto spec = SpecOf(rec);
     if (!spec.ok()) {
+      if (opts_.cluster && absl::IsNotFound(spec.status())) {
+        // Made on another node: its first create here fetches it (SyncFromCluster).
+        spdlog::debug("templates: release {} of {} is not on this node yet", rec.digest, rec.name);
+        continue;
+      }
       // Kept in the store (inspect shows it; delete and gc remove it); creates from it fail.
       spdlog::warn("templates: release {} of {} cannot be used: {}", rec.digest, rec.name,
                    std::string(spec.status().message()));

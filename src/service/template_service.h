@@ -60,6 +60,13 @@ struct TemplateServiceOptions {
   std::function<void()> template_changed;
   // Where sbx_template_store_bytes and sbx_template_layers go; nullptr: metrics::Default().
   metrics::Registry* metrics = nullptr;
+  // A cluster node (`--role node`, docs/scale.md "Templates"): creates follow the store's
+  // catalogue (SyncFromCluster) and fetch the layers this node lacks from the nodes that hold
+  // them, with `peer_token` (the admin token every node shares). Set limits.keep_blobs with it.
+  bool cluster = false;
+  std::string peer_token;
+  // Where a node at `node_url` gives the blob of layer `diff_id` (the API's route).
+  std::function<std::string(const std::string& node_url, const std::string& diff_id)> layer_url;
 };
 
 // Where POST /v1/templates:import puts the body while it arrives.
@@ -159,6 +166,14 @@ class TemplateService {
   std::string NamespaceOf(const Caller& caller) const;
   // Bytes of the layer store (metrics, GET /v1/templates).
   uint64_t StoreBytes() const;
+
+  // A cluster node, before a create from `ref` (template_peers.cc): the registry in memory
+  // learns what the store says `ref` names now (a tag moved or removed on another node, a
+  // release made there), and the layers of that release missing here are fetched from a node
+  // that reports it. 503 template_unavailable when no node gives them. A no-op on one host.
+  absl::Status SyncFromCluster(const std::string& ref, const std::string& ns);
+  // GET /v1/admin/layers/{diff_id}: the path of the layer's kept blob (LayerStore::BlobOf).
+  absl::StatusOr<std::string> LayerBlob(const std::string& diff_id) const;
   uint64_t max_archive_bytes() const { return opts_.limits.max_archive_bytes; }
 
  private:
@@ -206,6 +221,7 @@ class TemplateService {
                       const nlohmann::json& source, const image::Image& img);
   void FailOperation(const std::string& op_id, const absl::Status& why);
   absl::StatusOr<runtime::TemplateSpec> SpecOf(const store::ImageRecord& rec) const;
+  absl::Status FetchLayers(const store::ImageRecord& rec, std::vector<store::NodeRecord> nodes);
   // `name` qualified; shown unqualified, with "shared" telling whose it is.
   nlohmann::json TemplateView(const std::string& name,
                               const std::vector<store::TagRecord>& tags,
@@ -236,6 +252,7 @@ class TemplateService {
   metrics::CallbackHandle store_metrics_;  // reads layers_: declared after it
   bool gc_running_ = false;  // under mu_: no import starts while gc removes layers
   std::atomic<bool> stopping_{false};
+  std::mutex fetch_mu_;  // one SyncFromCluster fetch at a time
 };
 
 // The API code of a failed template operation for each kind of failure the image and registry

@@ -18,6 +18,7 @@ import os
 import secrets
 import signal
 import subprocess
+import tarfile
 import tempfile
 import threading
 import time
@@ -321,6 +322,94 @@ def test_anti_affinity_keeps_a_group_apart(cluster):
     finally:
         for sid in made:
             a2.delete_sandbox(sid)
+
+
+def oci_layout_tar(work: Path, name: str, layers: list[bytes]) -> tuple[Path, dict]:
+    import images
+    layout = work / f"{name}-layout"
+    info = images.write_layout(layout, layers, env=["PATH=/bin"], gzip_layers=(1,))
+    out = work / f"{name}.tar"
+    with tarfile.open(out, "w") as t:
+        for p in sorted(layout.rglob("*")):
+            if p.is_file():
+                t.add(p, arcname=str(p.relative_to(layout)))
+    return out, info
+
+
+def holders(api: SbxClient, ref: str) -> set[str]:
+    nodes = api.call("GET", "/v1/admin/nodes", expect=200).body["nodes"]
+    return {n["name"] for n in nodes if ref in n.get("capacity", {}).get("templates", [])}
+
+
+def test_a_template_made_on_one_node_runs_on_every_node_and_follows_its_tag(cluster, tmp_path):
+    """Templates (docs/scale.md): the catalogue is in the store, the layers on the node that
+    imported them. Another node fetches them from it at its first create (verified against
+    their diff_ids), and a tag moved on one node is what every node creates from next."""
+    import images
+    a1, a2 = cluster.client(cluster.apis[0]), cluster.client(cluster.apis[1])
+    base = images.busybox_layer().bytes()
+    top = images.Layer().dir("app").file("app/hello.txt", "first\n").bytes()
+    archive, info = oci_layout_tar(tmp_path, "one", [base, top])
+    made: list[str] = []
+
+    def on(node: str, ref: str) -> tuple[str, str]:
+        """A sandbox of `ref` on `node` (the other nodes drained meanwhile), and what it reads."""
+        others = [n for n in NODES if n != node]
+        for n in others:
+            a1.call("POST", f"/v1/admin/nodes/{n}/drain", expect=200)
+        try:
+            sid = a1.create_sandbox({"template": ref})["sandbox"]["id"]
+        finally:
+            for n in others:
+                a1.call("POST", f"/v1/admin/nodes/{n}/activate", expect=200)
+        made.append(sid)
+        assert a1.get_sandbox(sid)["node"] == node
+        r = a2.run(sid, ["cat", "/app/hello.txt"])
+        assert r.exit and r.exit["exit_code"] == 0, (r.stdout, r.stderr, r.exit)
+        return sid, r.stdout.decode()
+
+    try:
+        op = a1.call("POST", "/v1/templates:import", params={"name": "clu", "tag": "v1"},
+                     data=archive.read_bytes(), headers={"Content-Type": "application/x-tar"},
+                     expect=202).body
+        assert a1.wait_operation(op["operation"]["id"], timeout=120)["state"] == "succeeded"
+        first = wait_for("a node reporting clu:v1", lambda: holders(a1, "clu:v1"))
+        assert len(first) == 1, first
+        holder = next(iter(first))
+        # The holder gives its layers as they were imported (the gzip one compressed), to the
+        # admin token only.
+        direct = SbxClient(cluster.nodes[holder].url, cluster.token, cluster.validator)
+        got = direct.call("GET", f"/v1/admin/layers/{info['diff_ids'][0]}", expect=200,
+                          validate=False)
+        assert images.sha256(got.content) == info["diff_ids"][0]
+        bad = direct.call("GET", "/v1/admin/layers/sha256:nothex", validate=False)  # not the pattern
+        assert bad.status_code == 400, bad.text
+        absent = direct.call("GET", "/v1/admin/layers/sha256:" + "0" * 64)
+        assert absent.status_code == 404, absent.text
+        anon = SbxClient(cluster.nodes[holder].url, "not-a-token", cluster.validator)
+        assert anon.call("GET", f"/v1/admin/layers/{info['diff_ids'][0]}",
+                         validate=False).status_code == 401
+        # Every node runs it: the two others fetch it from the holder at their first create.
+        for n in NODES:
+            assert on(n, "clu:v1")[1] == "first\n", n
+        wait_for("every node reporting clu:v1", lambda: holders(a1, "clu:v1") == set(NODES))
+        # The tag moves, imported wherever the replica sends it: every node creates from the
+        # new release next, and fetches it if the import ran elsewhere.
+        top2 = images.Layer().dir("app").file("app/hello.txt", "second\n").bytes()
+        archive2, _ = oci_layout_tar(tmp_path, "two", [base, top2])
+        op = a2.call("POST", "/v1/templates:import", params={"name": "clu", "tag": "v1"},
+                     data=archive2.read_bytes(), headers={"Content-Type": "application/x-tar"},
+                     expect=202).body
+        assert a2.wait_operation(op["operation"]["id"], timeout=120)["state"] == "succeeded"
+        for n in NODES:
+            assert on(n, "clu:v1")[1] == "second\n", n
+        # The sandboxes of the first release keep it.
+        r = a1.run(made[0], ["cat", "/app/hello.txt"])
+        assert r.stdout == b"first\n"
+    finally:
+        for sid in made:
+            a2.delete_sandbox(sid)
+        a1.call("DELETE", "/v1/templates/clu", validate=False)
 
 
 def test_a_killed_node_loses_its_sandboxes_and_comes_back_clean(cluster):
