@@ -171,6 +171,7 @@ nlohmann::json NodeView(const service::NodeInfo& n) {
           {"heartbeat_at", r.heartbeat_at},
           {"heartbeat_age_ms", n.heartbeat_age_ms},
           {"alive", n.fresh && r.state != service::kNodeLost},
+          {"restart_by", r.restart_by.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.restart_by)},
           {"started_at", r.started_at},
           {"sandboxes", n.sandboxes},
           {"capacity", r.capacity},

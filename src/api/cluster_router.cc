@@ -397,6 +397,16 @@ asio::awaitable<std::optional<http::Response>> ClusterRouter::Forward(
     to = *next;
     up = co_await Connect(ctx, to, &reused);
   }
+  if (!up.ok() && !any) {
+    // Back from a restart at another address (a new port, a new pod IP) since this replica
+    // last read the nodes: the store has it already.
+    auto now = cluster_.CurrentTarget(to.node);
+    if (now.ok() && now->has_value() && (*now)->url != to.url) {
+      forwarded_.WithLabels({to.node, "unreachable"}).Inc();
+      to = **now;
+      up = co_await Connect(ctx, to, &reused);
+    }
+  }
   if (!up.ok()) {
     forwarded_.WithLabels({to.node, "unreachable"}).Inc();
     co_return Fail(ctx, up.status());

@@ -222,8 +222,10 @@ void RegisterNodes(CLI::App& admin, Context& ctx) {
         auto pair = [&](const char* k) {
           return fmt::format("{}/{}", load.value(k, int64_t{0}), cap.value(k, int64_t{0}));
         };
+        // A node away for a restart shows as such until its deadline.
+        const bool restarting = n.contains("restart_by") && n["restart_by"].is_string();
         fmt::print("{:<24} {:<9} {:<6} {:>9} {:>13} {:>17} {:>8}ms\n", n.value("name", ""),
-                   n.value("state", ""), n.value("alive", false) ? "yes" : "no",
+                   n.value("state", ""), restarting ? "restart" : n.value("alive", false) ? "yes" : "no",
                    n.value("sandboxes", int64_t{0}), pair("vcpu"), pair("memory_mib"),
                    n.value("heartbeat_age_ms", int64_t{0}));
       }

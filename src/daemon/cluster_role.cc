@@ -79,6 +79,7 @@ absl::StatusOr<NodeRole> StartNodeRole(const Config& cfg, store::Store& store,
   mo.url = NodeUrlOf(cfg, bound_port);
   mo.role = cfg.node.role;
   mo.heartbeat = std::chrono::milliseconds(cfg.node.heartbeat_ms);
+  mo.restart_grace = std::chrono::milliseconds(cfg.node.restart_grace_ms);
   mo.report = [&svc] { return svc.Report(); };
   mo.on_fenced = [&svc] {
     const int n = svc.ReleaseUnowned();

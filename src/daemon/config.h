@@ -84,6 +84,7 @@ struct Config {
     std::string url;           // empty: from server.listen (a wildcard address: the host name)
     int64_t heartbeat_ms = 2000;
     int64_t lost_after_ms = 30000;
+    int64_t restart_grace_ms = 120000;
     bool operator==(const Node&) const = default;
   };
   struct Ns {

@@ -121,6 +121,12 @@ const std::vector<KeyInfo> kKeys = {
      .help = "a node whose last heartbeat is older than this is declared lost: its sandboxes "
              "become `lost`, its operations fail; at least 3 heartbeats",
      SBX_NUM(node.lost_after_ms)},
+    {.path = "node.restart_grace_ms", .type = Type::kInt, .flag = "--node-restart-grace-ms",
+     .reloadable = false, .min = 0, .max = 86400000, .why = "0 (off) to a day",
+     .help = "a node stopped on purpose (SIGTERM) is not declared lost for this long, and "
+             "nothing is placed on it meanwhile: a rolling restart keeps its sandboxes; 0: a "
+             "stopped node is judged by its heartbeats alone (node.lost_after_ms)",
+     SBX_NUM(node.restart_grace_ms)},
     {.path = "runtime.default", .type = Type::kString, .flag = "--runtime", .reloadable = false,
      .choices = "ns|microvm|fake",
      .help = "default runtime: ns (namespaces), microvm (a guest kernel per sandbox) or fake "

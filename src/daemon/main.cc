@@ -784,6 +784,12 @@ int main(int argc, char** argv) {
   sbx::Ticker trim(std::chrono::seconds(10), [] { malloc_trim(0); });
   LogReady(d, *hopts, loaded->file);
   WaitForSignals(stop, cl, d);
+  if (d.node.membership) {
+    // A stop on purpose: the replicas wait node.restart_grace_ms for this node to be back.
+    if (auto st = d.node.membership->Leave(); !st.ok()) {
+      spdlog::warn("node: could not record the restart deadline: {}", std::string(st.message()));
+    }
+  }
   d.node = {};  // no heartbeat of a node that is going away
   d.server->Stop();
   if (d.template_svc) d.template_svc->Stop();  // imports and pulls end within one read

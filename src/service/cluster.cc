@@ -39,6 +39,13 @@ NodeLoad LoadFromJson(const nlohmann::json& j) {
   return l;
 }
 
+// A node stopped on purpose (NodeMembership::Leave) and not back yet, before its deadline.
+bool RestartPending(const NodeRecord& r, std::chrono::system_clock::time_point now) {
+  if (r.restart_by.empty()) return false;
+  auto by = ParseRfc3339(r.restart_by);
+  return by && now < *by;
+}
+
 nlohmann::json NodeLostError(const std::string& node, const std::string& why) {
   return {{"code", "node_lost"}, {"message", fmt::format("node {} was lost: {}", node, why)}};
 }
@@ -79,6 +86,7 @@ absl::Status NodeMembership::Register() {
     }
     rec.epoch += 1;
     epoch = rec.epoch;
+    rec.restart_by.clear();  // back
     rec.heartbeat_at = now;
     rec.started_at = now;
     rec.capacity = CapacityToJson(report.capacity);
@@ -122,6 +130,32 @@ absl::StatusOr<bool> NodeMembership::Heartbeat() {
   if (opts_.on_fenced) opts_.on_fenced();
   SBX_RETURN_IF_ERROR(Register());
   return true;
+}
+
+absl::Status NodeMembership::Leave() {
+  ticker_.reset();  // no heartbeat after this (it would keep the deadline of a node that is up)
+  if (opts_.restart_grace.count() <= 0) return absl::OkStatus();
+  const int64_t mine = epoch();
+  const auto by = std::chrono::system_clock::now() + opts_.restart_grace;
+  const std::string by_text = FormatRfc3339(by);
+  bool written = false;
+  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+    written = false;
+    auto rec = tx.GetNode(opts_.name);
+    if (absl::IsNotFound(rec.status())) return absl::OkStatus();
+    SBX_RETURN_IF_ERROR(rec.status());
+    // Fenced meanwhile: the deadline is not this process's to set.
+    if (rec->epoch != mine || rec->state == kNodeLost) return absl::OkStatus();
+    rec->restart_by = by_text;
+    written = true;
+    return tx.PutNode(*rec);
+  }));
+  if (written) {
+    spdlog::info("node {}: stopping; it is not declared lost before {} (node.restart_grace_ms), "
+                 "and nothing is placed on it until it is back",
+                 opts_.name, by_text);
+  }
+  return absl::OkStatus();
 }
 
 void NodeMembership::Start() {
@@ -172,9 +206,18 @@ absl::StatusOr<std::vector<NodeInfo>> Cluster::Nodes(bool fresh_read) {
 
 // Judged now, not when the view was read: a view kept for node_cache must not keep a node that
 // went silent meanwhile alive.
+// A node away for a restart stays alive for its sandboxes' requests (forwarded: they fail as
+// 502 node_unreachable, which clients retry, until it is back) but takes nothing new
+// (Placeable).
 bool Cluster::Alive(const NodeInfo& n) const {
-  return n.record.state != kNodeLost && n.heartbeat &&
-         std::chrono::system_clock::now() - *n.heartbeat <= opts_.lost_after;
+  const auto now = std::chrono::system_clock::now();
+  return n.record.state != kNodeLost &&
+         ((n.heartbeat && now - *n.heartbeat <= opts_.lost_after) ||
+          RestartPending(n.record, now));
+}
+
+bool Cluster::Placeable(const NodeInfo& n) const {
+  return Alive(n) && !RestartPending(n.record, std::chrono::system_clock::now());
 }
 
 absl::StatusOr<std::vector<NodeInfo>> Cluster::ListNodes() { return Nodes(/*fresh_read=*/true); }
@@ -188,6 +231,11 @@ absl::StatusOr<std::optional<Cluster::Target>> Cluster::TargetOfNode(const std::
     return Target{n.record.name, n.record.url};
   }
   return std::nullopt;
+}
+
+absl::StatusOr<std::optional<Cluster::Target>> Cluster::CurrentTarget(const std::string& name) {
+  SBX_RETURN_IF_ERROR(Nodes(/*fresh_read=*/true).status());
+  return TargetOfNode(name);
 }
 
 std::optional<std::string> Cluster::CachedOwner(const std::string& id) {
@@ -253,7 +301,7 @@ absl::StatusOr<Cluster::Target> Cluster::AnyNode(const std::vector<std::string>&
   SBX_ASSIGN_OR_RETURN(std::vector<NodeInfo> nodes, Nodes(false));
   std::vector<const NodeInfo*> live;
   for (const NodeInfo& n : nodes) {
-    if (Alive(n) && std::find(except.begin(), except.end(), n.record.name) == except.end()) {
+    if (Placeable(n) && std::find(except.begin(), except.end(), n.record.name) == except.end()) {
       live.push_back(&n);
     }
   }
@@ -286,7 +334,7 @@ absl::StatusOr<Cluster::Target> Cluster::PlaceIn(bool fresh_read, const Placemen
     PlacementNode p;
     p.name = n.record.name;
     p.state = n.record.state;
-    p.fresh = Alive(n);
+    p.fresh = Placeable(n);
     auto cap = CapacityFromJson(n.record.capacity);
     if (cap.ok()) p.capacity = std::move(*cap);
     p.load = LoadFromJson(n.record.load);
@@ -329,8 +377,11 @@ absl::StatusOr<Cluster::Target> Cluster::PlaceIn(bool fresh_read, const Placemen
       nlohmann::json& load = n.record.load;
       if (!load.is_object()) load = nlohmann::json::object();
       // What the node will charge: a create that names no size gets the node's defaults.
-      auto parsed = CapacityFromJson(n.record.capacity);
-      const Want w = WantOn(parsed.ok() ? *parsed : NodeCapacity{}, req);
+      NodeCapacity chosen;
+      for (const PlacementNode& p : candidates) {
+        if (p.name == d.node) chosen = p.capacity;
+      }
+      const Want w = WantOn(chosen, req);
       load["sandboxes"] = load.value("sandboxes", int64_t{0}) + 1;
       load["vcpu"] = load.value("vcpu", int64_t{0}) + w.vcpu;
       load["memory_mib"] = load.value("memory_mib", int64_t{0}) + w.memory_mib;
@@ -390,8 +441,9 @@ absl::Status Cluster::DeclareLost(const std::string& name, const std::string& wh
     // Read again inside the transaction: another replica may have declared it, or the node
     // may have heartbeated since the caller looked.
     auto at = ParseRfc3339(rec.heartbeat_at);
-    if (rec.state == kNodeLost ||
-        (at && std::chrono::system_clock::now() - *at <= opts_.lost_after)) {
+    const auto now_tp = std::chrono::system_clock::now();
+    if (rec.state == kNodeLost || (at && now_tp - *at <= opts_.lost_after) ||
+        RestartPending(rec, now_tp)) {
       return absl::OkStatus();
     }
     declared = true;
@@ -442,12 +494,15 @@ absl::StatusOr<std::vector<std::string>> Cluster::DeclareSilentNodesLost(
   SBX_ASSIGN_OR_RETURN(std::vector<NodeInfo> nodes, Nodes(true));
   std::vector<std::string> out;
   for (const NodeInfo& n : nodes) {
-    if (n.record.state == kNodeLost) continue;
+    if (n.record.state == kNodeLost || RestartPending(n.record, now)) continue;
     auto at = ParseRfc3339(n.record.heartbeat_at);
     if (at && now - *at <= opts_.lost_after) continue;
-    const std::string why = fmt::format("no heartbeat for {} ms (the limit is {} ms; last at {})",
-                                        n.heartbeat_age_ms, opts_.lost_after.count(),
-                                        n.record.heartbeat_at);
+    const std::string why =
+        n.record.restart_by.empty()
+            ? fmt::format("no heartbeat for {} ms (the limit is {} ms; last at {})",
+                          n.heartbeat_age_ms, opts_.lost_after.count(), n.record.heartbeat_at)
+            : fmt::format("stopped for a restart and not back by {} (last heartbeat at {})",
+                          n.record.restart_by, n.record.heartbeat_at);
     SBX_RETURN_IF_ERROR(DeclareLost(n.record.name, why));
     out.push_back(n.record.name);
   }

@@ -53,6 +53,8 @@ class NodeMembership {
     // Called (on the heartbeat's thread) when the node finds it was fenced, before it registers
     // again: drop every sandbox the store no longer gives this node.
     std::function<void()> on_fenced;
+    // node.restart_grace_ms: how long a node stopped on purpose may stay away (Leave).
+    std::chrono::milliseconds restart_grace{0};
   };
   NodeMembership(store::Store& store, Options opts);
   ~NodeMembership();
@@ -62,8 +64,12 @@ class NodeMembership {
   // One heartbeat: the report, if the lease is still this node's; otherwise on_fenced, then
   // Register. Returns whether the node was fenced.
   absl::StatusOr<bool> Heartbeat();
-  // Heartbeats every opts.heartbeat until the destructor.
+  // Heartbeats every opts.heartbeat until the destructor or Leave.
   void Start();
+  // A stop on purpose (SIGTERM; a rolling restart): the heartbeats end and the node's row gets
+  // restart_by = now + restart_grace, before which no replica declares it lost and none places
+  // a sandbox on it; Register clears it. Nothing when restart_grace is 0 or the lease is gone.
+  absl::Status Leave();
   int64_t epoch() const;
 
  private:
@@ -106,6 +112,9 @@ class Cluster {
   absl::StatusOr<std::optional<Target>> NodeOfSandbox(const std::string& id);
   absl::StatusOr<std::optional<Target>> NodeOfSession(const std::string& id);
   absl::StatusOr<std::optional<Target>> NodeOfOperation(const std::string& id);
+  // Where node `name` is now, read from the store (not the cached view); nullopt when it is
+  // not alive.
+  absl::StatusOr<std::optional<Target>> CurrentTarget(const std::string& name);
   // A live, active node (round robin), for requests about no sandbox; unavailable when none.
   absl::StatusOr<Target> AnyNode(const std::vector<std::string>& except = {});
   // The node a new sandbox goes to (placement.h); no_capacity when none can take it.
@@ -130,6 +139,7 @@ class Cluster {
   absl::StatusOr<std::vector<NodeInfo>> Nodes(bool fresh_read);
   absl::StatusOr<Target> PlaceIn(bool fresh_read, const PlacementRequest& req, std::string* why);
   bool Alive(const NodeInfo& n) const;
+  bool Placeable(const NodeInfo& n) const;
   absl::StatusOr<std::optional<Target>> TargetOfNode(const std::string& node);
   std::optional<std::string> CachedOwner(const std::string& id);
   absl::StatusOr<std::optional<Target>> NodeOf(

@@ -185,6 +185,70 @@ TEST_F(ClusterTest, ASilentNodeIsDeclaredLostWithItsSandboxesOperationsAndSessio
             "lost");
 }
 
+TEST_F(ClusterTest, ANodeStoppedForARestartKeepsItsSandboxesUntilItsDeadline) {
+  auto a = Member("node-a"), b = Member("node-b", 5);
+  ASSERT_TRUE(a->Register().ok());
+  ASSERT_TRUE(b->Register().ok());
+  Put("sbx_a1", "node-a", "running");
+  // The stop on purpose: node-a's row carries its deadline; it then goes silent.
+  NodeMembership::Options o;
+  o.name = "node-a";
+  o.url = "http://127.0.0.1:1/node-a";
+  o.role = "node";
+  o.restart_grace = milliseconds(60000);
+  NodeMembership leaving(*store_, o);
+  ASSERT_TRUE(leaving.Register().ok());
+  ASSERT_TRUE(leaving.Leave().ok());
+  auto row = Read<store::NodeRecord>([](store::Tx& tx) { return tx.GetNode("node-a"); });
+  ASSERT_FALSE(row.restart_by.empty());
+  Age("node-a", milliseconds(5000));
+
+  Cluster cluster(*store_, Cluster::Options{milliseconds(1000)});
+  auto none = cluster.DeclareSilentNodesLost();
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->empty());  // silent, but within its restart deadline
+  EXPECT_EQ(Read<store::SandboxRecord>([](store::Tx& tx) { return tx.GetSandbox("sbx_a1"); }).state,
+            "running");
+  // Nothing new goes there (node-b is fuller, yet takes it), nor any request about no sandbox;
+  // its own sandboxes' requests still go to it.
+  auto placed = cluster.Place(PlacementRequest{"ns", "base"});
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  EXPECT_EQ(placed->node, "node-b");
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(cluster.AnyNode()->node, "node-b");
+  auto owner = cluster.NodeOfSandbox("sbx_a1");
+  ASSERT_TRUE(owner.ok() && owner->has_value());
+  EXPECT_EQ((*owner)->node, "node-a");
+
+  // Back: the deadline is cleared, and placement may choose it again.
+  ASSERT_TRUE(Member("node-a")->Register().ok());
+  row = Read<store::NodeRecord>([](store::Tx& tx) { return tx.GetNode("node-a"); });
+  EXPECT_TRUE(row.restart_by.empty());
+  cluster.Invalidate();
+  placed = cluster.Place(PlacementRequest{"ns", "base"});
+  ASSERT_TRUE(placed.ok());
+  EXPECT_EQ(placed->node, "node-a");
+
+  // Not back by its deadline: lost, saying so.
+  ASSERT_TRUE(store_->Transact([&](store::Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(store::NodeRecord n, tx.GetNode("node-a"));
+    n.restart_by = FormatRfc3339(system_clock::now() - milliseconds(1));
+    n.heartbeat_at = FormatRfc3339(system_clock::now() - milliseconds(5000));
+    return tx.PutNode(n);
+  }).ok());
+  auto lost = cluster.DeclareSilentNodesLost();
+  ASSERT_TRUE(lost.ok());
+  EXPECT_EQ(*lost, std::vector<std::string>{"node-a"});
+  row = Read<store::NodeRecord>([](store::Tx& tx) { return tx.GetNode("node-a"); });
+  EXPECT_NE(row.reason.find("not back by"), std::string::npos) << row.reason;
+
+  // No grace configured: Leave writes nothing.
+  auto c = Member("node-c");
+  ASSERT_TRUE(c->Register().ok());
+  ASSERT_TRUE(c->Leave().ok());
+  EXPECT_TRUE(Read<store::NodeRecord>([](store::Tx& tx) { return tx.GetNode("node-c"); })
+                  .restart_by.empty());
+}
+
 TEST_F(ClusterTest, DrainingStopsPlacementAndOutlivesARestart) {
   auto a = Member("node-a"), b = Member("node-b", 5);
   ASSERT_TRUE(a->Register().ok());

@@ -187,7 +187,12 @@ CREATE TABLE nodes (
 );
 )sql";
 
-constexpr const char* kMigrations[] = {kBaseline, kNodes};
+// 10: a node's restart deadline (issue 21), as SQLite's 10.
+constexpr char kNodeRestart[] = R"sql(
+ALTER TABLE nodes ADD COLUMN restart_by TEXT COLLATE "C" NOT NULL DEFAULT '';
+)sql";
+
+constexpr const char* kMigrations[] = {kBaseline, kNodes, kNodeRestart};
 constexpr int kSchemaVersion = kBaselineVersion + static_cast<int>(std::size(kMigrations)) - 1;
 
 // Every sbxd sharing the database takes this lock before it reads or changes the version, so

@@ -43,7 +43,8 @@
 #define SBX_STORE_TOKEN_COLS \
   "id, tenant_id, name, hash, scopes, expires_at, created_at, revoked_at"
 #define SBX_STORE_NODE_COLS \
-  "name, url, role, state, epoch, heartbeat_at, started_at, capacity, load, labels, reason"
+  "name, url, role, state, epoch, heartbeat_at, started_at, capacity, load, labels, reason, " \
+  "restart_by"
 #define SBX_STORE_AUDIT_COLS \
   "seq, time, tenant_id, token_id, action, target, status, code, request_id"
 
@@ -180,6 +181,7 @@ absl::StatusOr<NodeRecord> ReadNode(const Row& q) {
   SBX_ASSIGN_OR_RETURN(r.load, rows_internal::ColumnJson(q, 8, what + " load"));
   SBX_ASSIGN_OR_RETURN(r.labels, rows_internal::ColumnJson(q, 9, what + " labels"));
   r.reason = q.Text(10);
+  r.restart_by = q.Text(11);
   return r;
 }
 
@@ -192,6 +194,7 @@ absl::Status BindNode(Params& q, const NodeRecord& r) {
   SBX_RETURN_IF_ERROR(rows_internal::BindJson(q, 9, r.load, what + " load"));
   SBX_RETURN_IF_ERROR(rows_internal::BindJson(q, 10, r.labels, what + " labels"));
   q.Bind(11, r.reason);
+  q.Bind(12, r.restart_by);
   return absl::OkStatus();
 }
 

@@ -231,6 +231,11 @@ CREATE TABLE nodes (
   reason       TEXT NOT NULL DEFAULT ''
 );
 )sql",
+    // 10: a node's restart deadline (issue 21, docs/scale.md "Rolling restarts"): a node
+    // stopped on purpose is not declared lost before it.
+    R"sql(
+ALTER TABLE nodes ADD COLUMN restart_by TEXT NOT NULL DEFAULT '';
+)sql",
 };
 constexpr int kSchemaVersion = static_cast<int>(std::size(kMigrations));
 

@@ -49,12 +49,12 @@ inline constexpr char kCountLabelledByNode[] =
 inline constexpr char kGetNode[] = "SELECT " SBX_STORE_NODE_COLS " FROM nodes WHERE name = ?1";
 inline constexpr char kListNodes[] = "SELECT " SBX_STORE_NODE_COLS " FROM nodes ORDER BY name";
 inline constexpr char kPutNode[] = "INSERT INTO nodes (" SBX_STORE_NODE_COLS R"sql()
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
 ON CONFLICT (name) DO UPDATE SET
   url = excluded.url, role = excluded.role, state = excluded.state, epoch = excluded.epoch,
   heartbeat_at = excluded.heartbeat_at, started_at = excluded.started_at,
   capacity = excluded.capacity, load = excluded.load, labels = excluded.labels,
-  reason = excluded.reason)sql";
+  reason = excluded.reason, restart_by = excluded.restart_by)sql";
 // The partial index sandboxes_live has the same condition, so only live rows are visited.
 inline constexpr char kCountLiveSandboxesByState[] =
     "SELECT state, COUNT(*) FROM sandboxes WHERE state <> 'deleted' GROUP BY state";

@@ -211,6 +211,9 @@ struct NodeRecord {
   Json load = Json::object();      // {sandboxes, vcpu, memory_mib, disk_mib} it holds
   Json labels = Json::object();
   std::string reason;  // why it is draining or lost; "" when active
+  // RFC 3339: a node stopped on purpose (SIGTERM: a rolling restart) is back by then. Until
+  // then it is not declared lost and nothing is placed on it; "" while it runs (schema 10).
+  std::string restart_by;
 };
 
 struct SandboxFilter {

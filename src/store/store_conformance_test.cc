@@ -882,7 +882,7 @@ TEST_F(SqliteStoreTest, ReopenKeepsDataAndSchemaVersion) {
   store_.reset();
   {
     RawDb raw(path_);
-    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "9");
+    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "10");
     EXPECT_EQ(raw.QueryText("PRAGMA journal_mode"), "wal");
   }
   Open();
@@ -891,7 +891,7 @@ TEST_F(SqliteStoreTest, ReopenKeepsDataAndSchemaVersion) {
   ExpectSandboxEq(*got, FullSandbox("sbx_1"));
   store_.reset();
   RawDb raw(path_);
-  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "9");
+  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "10");
 }
 
 // Undoes migration 7 by hand (sqlite_sequence, which SQLite made for the AUTOINCREMENT, cannot be
@@ -956,6 +956,7 @@ TEST_P(StoreTest, NodesRoundTripAndListByName) {
   a.name = "node-a";
   a.reason = "drained by an operator";
   a.state = "draining";
+  a.restart_by = Ts(60);
   ASSERT_TRUE(store_->Transact([&](Tx& tx) { return tx.PutNode(a); }).ok());
   auto got = Read([&](Tx& tx) { return tx.GetNode("node-b"); });
   ASSERT_TRUE(got.ok()) << got.status();
@@ -974,6 +975,8 @@ TEST_P(StoreTest, NodesRoundTripAndListByName) {
   ASSERT_EQ(all->size(), 2u);
   EXPECT_EQ((*all)[0].name, "node-a");
   EXPECT_EQ((*all)[0].reason, "drained by an operator");
+  EXPECT_EQ((*all)[0].restart_by, Ts(60));
+  EXPECT_EQ((*all)[1].restart_by, "");
   EXPECT_EQ((*all)[1].epoch, 4);
   auto missing = Read([&](Tx& tx) { return tx.GetNode("node-z"); });
   EXPECT_TRUE(absl::IsNotFound(missing.status())) << missing.status();
@@ -1125,6 +1128,29 @@ TEST_F(SqliteStoreTest, SchemaEightDatabaseGainsNodes) {
   auto nodes = Read([&](Tx& tx) { return tx.ListNodes(); });
   ASSERT_TRUE(nodes.ok()) << nodes.status();
   EXPECT_TRUE(nodes->empty());
+}
+
+// A database of schema 9 opens: its nodes gain an empty restart deadline.
+TEST_F(SqliteStoreTest, SchemaNineDatabaseGainsRestartDeadlines) {
+  Open();
+  NodeRecord n;
+  n.name = "node-a";
+  n.url = "http://10.0.0.1:7070";
+  n.role = "node";
+  n.state = "active";
+  n.epoch = 1;
+  n.heartbeat_at = n.started_at = Ts(1);
+  ASSERT_TRUE(store_->Transact([&](Tx& tx) { return tx.PutNode(n); }).ok());
+  store_.reset();
+  {
+    RawDb raw(path_);
+    raw.Exec("ALTER TABLE nodes DROP COLUMN restart_by; PRAGMA user_version = 9;");
+  }
+  Open();
+  auto got = Read([&](Tx& tx) { return tx.GetNode("node-a"); });
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->restart_by, "");
+  EXPECT_EQ(got->url, n.url);
 }
 
 TEST_P(StoreTest, PurgeDeletedSandboxesTakesTheirOperationsAndSessions) {
@@ -1795,7 +1821,7 @@ TEST_F(SqliteStoreTest, SchemaSevenDatabaseGainsEgressProfilesPerTenant) {
   EXPECT_EQ(got->egress_profiles, Json::array({"dev"}));
   store_.reset();
   RawDb raw(path_);
-  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "9");
+  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "10");
 }
 
 // A version-6 database (before tenancy) opens at version 8: its rows are untouched, it gains the
@@ -1816,7 +1842,7 @@ TEST_F(SqliteStoreTest, SchemaSixDatabaseGainsTenancy) {
   store_.reset();
   {
     RawDb raw(path_);
-    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "9");
+    EXPECT_EQ(raw.QueryText("PRAGMA user_version"), "10");
     EXPECT_EQ(raw.QueryText("SELECT group_concat(name, ',') FROM (SELECT name FROM sqlite_master"
                             " WHERE name IN ('tenants', 'tokens', 'audit_log', 'tokens_by_tenant',"
                             " 'audit_by_tenant', 'audit_by_time', 'sandboxes_tenant_usage')"

@@ -461,6 +461,61 @@ def test_a_killed_node_loses_its_sandboxes_and_comes_back_clean(cluster):
             api.delete_sandbox(sb["id"])
 
 
+def test_a_node_restarted_on_purpose_keeps_its_sandboxes_and_every_byte(cluster):
+    """A rolling restart (docs/scale.md): SIGTERM writes the node's restart deadline, so it
+    stays away longer than node.lost_after_ms without being declared lost, while nothing new is
+    placed on it; back, it has its sandbox, and a session that wrote while it was away is read
+    whole through the other replica."""
+    a1, a2 = cluster.client(cluster.apis[0]), cluster.client(cluster.apis[1])
+    made: list[str] = []
+    for n in ("node-a", "node-b"):
+        a1.call("POST", f"/v1/admin/nodes/{n}/drain", expect=200)
+    try:
+        sid = a1.create_sandbox({"labels": {"case": "restart"}})["sandbox"]["id"]
+        made.append(sid)
+    finally:
+        for n in ("node-a", "node-b"):
+            a1.call("POST", f"/v1/admin/nodes/{n}/activate", expect=200)
+    assert a1.get_sandbox(sid)["node"] == "node-c"
+    session = a1.create_session(sid, ["sh", "-c",
+                                      "for i in $(seq 1 60); do echo line $i; sleep 0.05; done"])
+    with a1.attach(session) as stream:
+        for ev in stream.events():
+            if ev.event == "stdout":
+                break  # running: the rest is written while the node is away
+    old = cluster.nodes["node-c"]
+    epoch = {n["name"]: n for n in a1.call("GET", "/v1/admin/nodes", expect=200).body["nodes"]}["node-c"]["epoch"]
+    assert old.stop() in (0, -15)
+
+    def row():
+        return {n["name"]: n for n in a2.call("GET", "/v1/admin/nodes", expect=200).body["nodes"]}["node-c"]
+
+    try:
+        # Silent for longer than node.lost_after_ms, yet not lost: it said when it is back.
+        away = wait_for("node-c silent past lost_after",
+                        lambda: (r := row())["heartbeat_age_ms"] > LOST_AFTER_MS + 500 and r)
+        assert away["state"] == "active" and away["restart_by"], away
+        assert a2.get_sandbox(sid)["state"] == "running"
+        for _ in range(3):
+            other = a2.create_sandbox({"labels": {"case": "restart"}})["sandbox"]["id"]
+            made.append(other)
+            assert a2.get_sandbox(other)["node"] != "node-c"
+        # Requests about its sandbox are the node's: 502 node_unreachable while it is away.
+        r = a2.call("POST", f"/v1/sandboxes/{sid}/sessions", json_body={"argv": ["true"]},
+                    validate=False)
+        assert r.status_code == 502 and r.json()["error"]["code"] == "node_unreachable", r.text
+    finally:
+        cluster.start_node("node-c", state=old)
+    back = wait_for("node-c back", lambda: (r := row())["alive"] and r["restart_by"] is None and r)
+    assert back["epoch"] == epoch + 1 and back["state"] == "active", back
+    assert a2.get_sandbox(sid)["state"] == "running"
+    whole = a2.collect(a2.attach(session["session_id"], last_event_id=0), first_id=1)
+    assert whole.stdout == b"".join(b"line %d\n" % i for i in range(1, 61)), whole.stdout[-200:]
+    assert whole.exit["exit_code"] == 0
+    for s in made:
+        a1.delete_sandbox(s)
+
+
 def test_an_api_replica_killed_mid_create_leaves_exactly_one_sandbox(cluster):
     key = "cluster-kill-" + secrets.token_hex(4)
     doomed = cluster.start_api()
