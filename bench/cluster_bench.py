@@ -192,6 +192,13 @@ def main() -> int:
     finally:
         for p in procs:
             p.stop()
+        # The cgroup parents sbxd made (empty once every sandbox went); a non-empty one stays.
+        for root in [Path("/sys/fs/cgroup")] + list(Path("/sys/fs/cgroup").iterdir()):
+            for d in root.glob(f"sbx-bench-{tag}-*") if root.is_dir() else []:
+                try:
+                    d.rmdir()
+                except OSError as e:
+                    print(f"cgroup parent left: {d}: {e}")
         subprocess.run(["bash", str(ROOT / "tools/pg_test_server.sh"), "stop", str(pg)],
                        timeout=120, stdout=subprocess.DEVNULL)
         shutil.rmtree(work, ignore_errors=True)

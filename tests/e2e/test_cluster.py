@@ -53,6 +53,21 @@ def cgroup_dirs(parent: str) -> list[Path]:
     return out
 
 
+def remove_parent(parent: str) -> list[str]:
+    """The node's (empty) cgroup parent in every hierarchy; sbxd makes it and leaves it."""
+    problems = []
+    roots = [Path("/sys/fs/cgroup")] + [p for p in Path("/sys/fs/cgroup").iterdir()
+                                       if p.is_dir() and not p.is_symlink()]
+    for root in roots:
+        d = root / parent.lstrip("/")
+        if d.is_dir():
+            try:
+                d.rmdir()
+            except OSError as e:
+                problems.append(f"rmdir {d}: {e}")
+    return problems
+
+
 SUBNET = "10.254.78"
 
 
@@ -240,6 +255,8 @@ def cluster(validator):
                 left = cgroup_dirs(cgroup_parent(n, c.tag))
                 if left:
                     problems.append(f"{n} left cgroups: {[str(p) for p in left]}")
+                else:
+                    problems += remove_parent(cgroup_parent(n, c.tag))
             problems += c.net.close()
         subprocess.run(["bash", str(SERVER), "stop", str(host)], timeout=120)
         subprocess.run(["rm", "-rf", str(parent)], timeout=60)
