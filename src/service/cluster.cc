@@ -315,18 +315,20 @@ absl::StatusOr<Cluster::Target> Cluster::AnyNode(const std::vector<std::string>&
 }
 
 absl::StatusOr<Cluster::Target> Cluster::Place(const PlacementRequest& req, std::string* why) {
-  auto placed = PlaceIn(/*fresh_read=*/false, req, why);
+  std::optional<std::map<std::string, int64_t>> group;  // read once for both tries
+  auto placed = PlaceIn(/*fresh_read=*/false, req, why, group);
   // The cached view carries this replica's own estimates (each placement charged at once, no
   // delete ever subtracted): under churn it overstates the load. A refusal is only given on
   // what the store says now.
   if (!placed.ok() && ApiErrorCode(placed.status()) == "no_capacity") {
-    return PlaceIn(/*fresh_read=*/true, req, why);
+    return PlaceIn(/*fresh_read=*/true, req, why, group);
   }
   return placed;
 }
 
-absl::StatusOr<Cluster::Target> Cluster::PlaceIn(bool fresh_read, const PlacementRequest& req,
-                                                 std::string* why) {
+absl::StatusOr<Cluster::Target> Cluster::PlaceIn(
+    bool fresh_read, const PlacementRequest& req, std::string* why,
+    std::optional<std::map<std::string, int64_t>>& group) {
   SBX_ASSIGN_OR_RETURN(std::vector<NodeInfo> nodes, Nodes(fresh_read));
   std::vector<PlacementNode> candidates;
   candidates.reserve(nodes.size());
@@ -353,15 +355,16 @@ absl::StatusOr<Cluster::Target> Cluster::PlaceIn(bool fresh_read, const Placemen
   if (req.anti_affinity && !req.tenant.empty()) {
     // Read fresh, not from the cached view: a client spreading a group creates its members one
     // after another, each seeing the one before.
-    std::map<std::string, int64_t> group;
-    SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
-      SBX_ASSIGN_OR_RETURN(group, tx.CountLabelledSandboxesByNode(req.tenant, req.group_key,
-                                                                  req.group_value));
-      return absl::OkStatus();
-    }));
+    if (!group) {
+      SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+        SBX_ASSIGN_OR_RETURN(group, tx.CountLabelledSandboxesByNode(req.tenant, req.group_key,
+                                                                    req.group_value));
+        return absl::OkStatus();
+      }));
+    }
     for (PlacementNode& p : candidates) {
-      auto it = group.find(p.name);
-      p.same_group = it == group.end() ? 0 : it->second;
+      auto it = group->find(p.name);
+      p.same_group = it == group->end() ? 0 : it->second;
     }
   }
   SBX_ASSIGN_OR_RETURN(PlacementDecision d, service::Place(candidates, req));

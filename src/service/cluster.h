@@ -137,7 +137,9 @@ class Cluster {
 
  private:
   absl::StatusOr<std::vector<NodeInfo>> Nodes(bool fresh_read);
-  absl::StatusOr<Target> PlaceIn(bool fresh_read, const PlacementRequest& req, std::string* why);
+  // `group`: the anti-affinity counts, read from the store at the first call that needs them.
+  absl::StatusOr<Target> PlaceIn(bool fresh_read, const PlacementRequest& req, std::string* why,
+                                 std::optional<std::map<std::string, int64_t>>& group);
   bool Alive(const NodeInfo& n) const;
   bool Placeable(const NodeInfo& n) const;
   absl::StatusOr<std::optional<Target>> TargetOfNode(const std::string& node);

@@ -423,6 +423,25 @@ def test_a_template_made_on_one_node_runs_on_every_node_and_follows_its_tag(clus
         # The sandboxes of the first release keep it.
         r = a1.run(made[0], ["cat", "/app/hello.txt"])
         assert r.stdout == b"first\n"
+        for sid in made:
+            a2.delete_sandbox(sid)
+        made.clear()
+        # Removed through one replica (on whichever node): no node creates from it any more,
+        # though each still held it in memory.
+        a2.call("DELETE", "/v1/templates/clu", expect=200)
+        for n in NODES:
+            others = [o for o in NODES if o != n]
+            for o in others:
+                a1.call("POST", f"/v1/admin/nodes/{o}/drain", expect=200)
+            try:
+                r = a1.call("POST", "/v1/sandboxes", json_body={"template": "clu:v1"},
+                            validate=False)
+            finally:
+                for o in others:
+                    a1.call("POST", f"/v1/admin/nodes/{o}/activate", expect=200)
+            assert r.status_code in (400, 404, 409, 422) and \
+                r.json()["error"]["code"] == "template_not_found", (n, r.text)
+        wait_for("no node reporting clu:v1", lambda: not holders(a1, "clu:v1"))
     finally:
         for sid in made:
             a2.delete_sandbox(sid)
