@@ -109,6 +109,10 @@ std::string LayerBlobUrl(const std::string& node_url, const std::string& diff_id
   return node_url + "/v1/admin/layers/" + diff_id;
 }
 
+std::string NodeGcUrl(const std::string& node_url) {
+  return node_url + "/v1/templates:gc?scope=node";
+}
+
 bool PatternMatches(std::string_view pattern, const std::vector<std::string>& segments) {
   size_t i = 0;
   for (;;) {

@@ -109,6 +109,8 @@ struct Route {
 std::span<const Route> RouteTable();
 // The URL of GET /v1/admin/layers/{diff_id} on the node at `node_url` (for the other nodes).
 std::string LayerBlobUrl(const std::string& node_url, const std::string& diff_id);
+// The URL of POST /v1/templates:gc?scope=node (a node collects its own layer store only).
+std::string NodeGcUrl(const std::string& node_url);
 // Whether `pattern` matches the path's segments.
 bool PatternMatches(std::string_view pattern, const std::vector<std::string>& segments);
 

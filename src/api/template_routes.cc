@@ -379,7 +379,12 @@ Awaitable Routes::TagTemplate(Api& api, Call& call) {
 Awaitable Routes::TemplateGc(Api& api, Call& call) {
   service::TemplateService* tpl = api.opts_.templates;
   if (tpl == nullptr) co_return Fail(call.ctx, TemplatesOff());
-  auto r = log::With(call.ctx.log, [&] { return tpl->Gc(call.caller); });
+  // ?scope=node: what another node of a cluster asks of this one (its layer store only).
+  const auto scope = call.target.Query("scope");
+  if (scope && *scope != "node") {
+    co_return Fail(call.ctx, FieldError("scope", "scope is `node` or absent"));
+  }
+  auto r = log::With(call.ctx.log, [&] { return tpl->Gc(call.caller, scope.has_value()); });
   if (!r.ok()) co_return Fail(call.ctx, r.status());
   co_return RenderJson(bhttp::status::ok, *r);
 }

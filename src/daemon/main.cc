@@ -557,6 +557,7 @@ absl::Status StartService(Daemon& d, const sbx::runtime::Resources& defaults) {
   topts.limits.keep_blobs = topts.cluster;
   topts.peer_token = d.admin_token;
   topts.layer_url = sbx::api::LayerBlobUrl;
+  topts.gc_url = sbx::api::NodeGcUrl;
   if (topts.cluster) {
     sopts.sync_template = [&d](const std::string& ref, const std::string& ns) {
       return d.template_svc ? d.template_svc->SyncFromCluster(ref, ns) : absl::OkStatus();

@@ -332,7 +332,7 @@ absl::StatusOr<json> TemplateService::Tag(const Caller& caller, const std::strin
               {"previous", previous.empty() ? json(nullptr) : json(previous)}};
 }
 
-absl::StatusOr<json> TemplateService::Gc(const Caller& caller) {
+absl::StatusOr<json> TemplateService::Gc(const Caller& caller, bool this_node_only) {
   // The layer store is the deployment's (shared by every tenant's releases).
   if (!NamespaceOf(caller).empty()) {
     return WithDetail(ApiError(absl::StatusCode::kPermissionDenied, "missing_scope",
@@ -371,7 +371,8 @@ absl::StatusOr<json> TemplateService::Gc(const Caller& caller) {
     std::set<std::string> tagged;
     for (const TagRecord& t : tags) tagged.insert(t.digest);
     for (const ImageRecord& rec : images) {
-      bool keep = tagged.count(rec.digest) > 0 || pooled.count(rec.digest) > 0;
+      // Another node's gc decided about the releases: this one only drops what none lists.
+      bool keep = this_node_only || tagged.count(rec.digest) > 0 || pooled.count(rec.digest) > 0;
       if (!keep) {
         SBX_ASSIGN_OR_RETURN(int64_t live, tx.CountLiveSandboxesWithDigest(rec.digest));
         keep = live > 0;
@@ -417,10 +418,13 @@ absl::StatusOr<json> TemplateService::Gc(const Caller& caller) {
   spdlog::info("template gc: {} releases and {} layers removed, {} MiB freed, {} build-cache "
                "entries dropped",
                releases_removed.size(), layers_removed, freed >> 20, cache_removed);
-  return json{{"releases_removed", releases_removed},
-              {"layers_removed", layers_removed},
-              {"bytes_freed", freed},
-              {"cache_entries_removed", cache_removed}};
+  json out{{"releases_removed", releases_removed},
+           {"layers_removed", layers_removed},
+           {"bytes_freed", freed},
+           {"cache_entries_removed", cache_removed}};
+  // Each node of a cluster holds its own layers: the others collect theirs too.
+  if (opts_.cluster && !this_node_only) GcOtherNodes(out);
+  return out;
 }
 
 }  // namespace sbx::service

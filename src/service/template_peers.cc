@@ -135,6 +135,53 @@ absl::Status FetchBlob(const NodeRecord& peer, const std::string& url, const std
   return st;
 }
 
+size_t OnSmallBody(char* data, size_t size, size_t n, void* arg) {
+  auto* body = static_cast<std::string*>(arg);
+  const size_t len = size * n;
+  if (body->size() + len > (64 << 10)) return 0;  // a node's JSON answer is small
+  body->append(data, len);
+  return len;
+}
+
+// POST `url` (no body) with the token; the node's JSON answer, or why there is none.
+absl::StatusOr<nlohmann::json> PostToNode(const NodeRecord& peer, const std::string& url,
+                                          const std::string& token) {
+  CURL* h = curl_easy_init();
+  if (h == nullptr) return absl::InternalError("curl_easy_init failed");
+  const std::string auth = "Authorization: Bearer " + token;
+  curl_slist* headers = curl_slist_append(nullptr, auth.c_str());
+  std::string body;
+  char detail[CURL_ERROR_SIZE] = {0};
+  curl_easy_setopt(h, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
+  curl_easy_setopt(h, CURLOPT_POST, 1L);
+  curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, 0L);
+  curl_easy_setopt(h, CURLOPT_USERAGENT, "sbx-node");
+  curl_easy_setopt(h, CURLOPT_PROXY, "");
+  curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
+  curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 5L);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT, 300L);  // a gc of a large store takes a while
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, &OnSmallBody);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, &body);
+  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, detail);
+  const CURLcode rc = curl_easy_perform(h);
+  long status = 0;
+  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+  curl_slist_free_all(headers);
+  curl_easy_cleanup(h);
+  if (rc != CURLE_OK) {
+    return absl::UnavailableError(fmt::format("node {} ({}): {}", peer.name, url,
+                                              detail[0] != '\0' ? detail : curl_easy_strerror(rc)));
+  }
+  auto j = nlohmann::json::parse(body, nullptr, false);
+  if (status != 200 || !j.is_object()) {
+    return absl::UnavailableError(fmt::format("node {} answered {}: {:.300}", peer.name, status, body));
+  }
+  return j;
+}
+
 bool Reports(const NodeRecord& n, const std::string& digest) {
   auto t = n.capacity.find("templates");
   if (t == n.capacity.end() || !t->is_array()) return false;
@@ -293,6 +340,38 @@ absl::StatusOr<std::string> TemplateService::LayerBlob(const std::string& diff_i
     return ApiError(absl::StatusCode::kNotFound, "not_found", std::string(path.status().message()));
   }
   return path;
+}
+
+void TemplateService::GcOtherNodes(nlohmann::json& out) {
+  if (!opts_.gc_url) return;
+  std::vector<NodeRecord> nodes;
+  absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(nodes, tx.ListNodes());
+    return absl::OkStatus();
+  });
+  nlohmann::json per_node = nlohmann::json::object();
+  if (!st.ok()) {
+    out["nodes"] = {{"error", std::string(st.message())}};
+    return;
+  }
+  per_node[opts_.node_name] = {{"layers_removed", out["layers_removed"]},
+                               {"bytes_freed", out["bytes_freed"]}};
+  // One node at a time: each walks its own disk, and this answer waits for all of them.
+  for (const NodeRecord& n : nodes) {
+    if (n.name == opts_.node_name || n.state == "lost" || n.url.empty()) continue;
+    auto r = PostToNode(n, opts_.gc_url(n.url), opts_.peer_token);
+    if (!r.ok()) {
+      spdlog::warn("template gc: {}", std::string(r.status().message()));
+      per_node[n.name] = {{"error", std::string(r.status().message())}};
+      continue;
+    }
+    const int64_t layers = r->value("layers_removed", int64_t{0});
+    const int64_t bytes = r->value("bytes_freed", int64_t{0});
+    per_node[n.name] = {{"layers_removed", layers}, {"bytes_freed", bytes}};
+    out["layers_removed"] = out["layers_removed"].get<int64_t>() + layers;
+    out["bytes_freed"] = out["bytes_freed"].get<int64_t>() + bytes;
+  }
+  out["nodes"] = std::move(per_node);
 }
 
 }  // namespace sbx::service

@@ -65,8 +65,10 @@ struct TemplateServiceOptions {
   // them, with `peer_token` (the admin token every node shares). Set limits.keep_blobs with it.
   bool cluster = false;
   std::string peer_token;
-  // Where a node at `node_url` gives the blob of layer `diff_id` (the API's route).
+  // Where a node at `node_url` gives the blob of layer `diff_id`, and collects its own layer
+  // store (the API's routes).
   std::function<std::string(const std::string& node_url, const std::string& diff_id)> layer_url;
+  std::function<std::string(const std::string& node_url)> gc_url;
 };
 
 // Where POST /v1/templates:import puts the body while it arrives.
@@ -157,8 +159,10 @@ class TemplateService {
   absl::StatusOr<nlohmann::json> Tag(const Caller& caller, const std::string& target,
                                      const std::string& from);
   // Removes releases no tag names and no live sandbox uses, then layers no release lists.
-  // {"releases_removed", "layers_removed", "bytes_freed"}.
-  absl::StatusOr<nlohmann::json> Gc(const Caller& caller);
+  // {"releases_removed", "layers_removed", "bytes_freed"}. On a cluster node it then asks every
+  // other live node to collect its own layer store (`this_node_only`: what they run), and the
+  // answer sums theirs in and lists each under "nodes".
+  absl::StatusOr<nlohmann::json> Gc(const Caller& caller, bool this_node_only = false);
   // A deleted tenant's templates: its tags go, and its releases with them unless a live
   // sandbox still runs one (gc takes those later). The number of tags removed.
   absl::StatusOr<int> DeleteNamespace(const std::string& tenant_id);
@@ -222,6 +226,7 @@ class TemplateService {
   void FailOperation(const std::string& op_id, const absl::Status& why);
   absl::StatusOr<runtime::TemplateSpec> SpecOf(const store::ImageRecord& rec) const;
   absl::Status FetchLayers(const store::ImageRecord& rec, std::vector<store::NodeRecord> nodes);
+  void GcOtherNodes(nlohmann::json& out);
   // `name` qualified; shown unqualified, with "shared" telling whose it is.
   nlohmann::json TemplateView(const std::string& name,
                               const std::vector<store::TagRecord>& tags,

@@ -413,7 +413,7 @@ def test_a_template_made_on_one_node_runs_on_every_node_and_follows_its_tag(clus
         # The tag moves, imported wherever the replica sends it: every node creates from the
         # new release next, and fetches it if the import ran elsewhere.
         top2 = images.Layer().dir("app").file("app/hello.txt", "second\n").bytes()
-        archive2, _ = oci_layout_tar(tmp_path, "two", [base, top2])
+        archive2, info2 = oci_layout_tar(tmp_path, "two", [base, top2])
         op = a2.call("POST", "/v1/templates:import", params={"name": "clu", "tag": "v1"},
                      data=archive2.read_bytes(), headers={"Content-Type": "application/x-tar"},
                      expect=202).body
@@ -442,6 +442,18 @@ def test_a_template_made_on_one_node_runs_on_every_node_and_follows_its_tag(clus
             assert r.status_code in (400, 404, 409, 422) and \
                 r.json()["error"]["code"] == "template_not_found", (n, r.text)
         wait_for("no node reporting clu:v1", lambda: not holders(a1, "clu:v1"))
+        # One gc, through a replica to whichever node: every node's layer store lets go of them.
+        def stored(n: str) -> set[str]:
+            d = cluster.nodes[n].state_dir / "templates/store/layers/sha256"
+            return {"sha256:" + p.name for p in d.iterdir()} if d.is_dir() else set()
+        ours = set(info["diff_ids"]) | set(info2["diff_ids"])
+        assert all(stored(n) & ours for n in NODES)
+        gc = a2.call("POST", "/v1/templates:gc", expect=200).body
+        assert set(gc["nodes"]) == set(NODES) and not any("error" in v for v in gc["nodes"].values()), gc
+        assert gc["layers_removed"] == sum(v["layers_removed"] for v in gc["nodes"].values()) >= 3 * 2
+        assert not any(stored(n) & ours for n in NODES), {n: stored(n) & ours for n in NODES}
+        bad = a2.call("POST", "/v1/templates:gc", params={"scope": "all"}, validate=False)
+        assert bad.status_code == 400, bad.text
     finally:
         for sid in made:
             a2.delete_sandbox(sid)
