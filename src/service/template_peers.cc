@@ -73,6 +73,23 @@ int OnProgress(void* arg, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
   return d->cancelled != nullptr && *d->cancelled && (*d->cancelled)() ? 1 : 0;
 }
 
+// A handle for one request to another node: the token in `headers`, the node's own address
+// only (never a proxy nor a redirect: the token must not go anywhere else), errors in `detail`.
+CURL* NodeRequest(const std::string& url, curl_slist* headers, char* detail) {
+  CURL* h = curl_easy_init();
+  if (h == nullptr) return nullptr;
+  curl_easy_setopt(h, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
+  curl_easy_setopt(h, CURLOPT_USERAGENT, "sbx-node");
+  curl_easy_setopt(h, CURLOPT_PROXY, "");
+  curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
+  curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 5L);
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, detail);
+  return h;
+}
+
 // GET of `url` (the node's GET /v1/admin/layers/<diff_id>) into `dest` (created; removed on
 // failure).
 absl::Status FetchBlob(const NodeRecord& peer, const std::string& url, const std::string& token,
@@ -83,34 +100,24 @@ absl::Status FetchBlob(const NodeRecord& peer, const std::string& url, const std
   if (d.fd < 0) return ErrnoStatus(errno, fmt::format("template fetch: open({})", dest));
   d.max_bytes = max_bytes;
   d.cancelled = &cancelled;
-  CURL* h = curl_easy_init();
+  const std::string auth = "Authorization: Bearer " + token;
+  curl_slist* headers = curl_slist_append(nullptr, auth.c_str());
+  char detail[CURL_ERROR_SIZE] = {0};
+  CURL* h = NodeRequest(url, headers, detail);
   if (h == nullptr) {
+    curl_slist_free_all(headers);
     ::close(d.fd);
     ::unlink(dest.c_str());
     return absl::InternalError("template fetch: curl_easy_init failed");
   }
   d.handle = h;
-  const std::string auth = "Authorization: Bearer " + token;
-  curl_slist* headers = curl_slist_append(nullptr, auth.c_str());
-  char detail[CURL_ERROR_SIZE] = {0};
-  curl_easy_setopt(h, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
-  curl_easy_setopt(h, CURLOPT_USERAGENT, "sbx-node");
-  // Nodes are dialled as api replicas dial them, never through a proxy nor a redirect: the
-  // token goes to the node's own address only.
-  curl_easy_setopt(h, CURLOPT_PROXY, "");
-  curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
-  curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
-  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 5L);
   curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L);
   curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 30L);
-  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, &OnData);
   curl_easy_setopt(h, CURLOPT_WRITEDATA, &d);
   curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
   curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, &OnProgress);
   curl_easy_setopt(h, CURLOPT_XFERINFODATA, &d);
-  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, detail);
   const CURLcode rc = curl_easy_perform(h);
   if (d.status == 0) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &d.status);
   curl_slist_free_all(headers);
@@ -146,26 +153,20 @@ size_t OnSmallBody(char* data, size_t size, size_t n, void* arg) {
 // POST `url` (no body) with the token; the node's JSON answer, or why there is none.
 absl::StatusOr<nlohmann::json> PostToNode(const NodeRecord& peer, const std::string& url,
                                           const std::string& token) {
-  CURL* h = curl_easy_init();
-  if (h == nullptr) return absl::InternalError("curl_easy_init failed");
   const std::string auth = "Authorization: Bearer " + token;
   curl_slist* headers = curl_slist_append(nullptr, auth.c_str());
   std::string body;
   char detail[CURL_ERROR_SIZE] = {0};
-  curl_easy_setopt(h, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
+  CURL* h = NodeRequest(url, headers, detail);
+  if (h == nullptr) {
+    curl_slist_free_all(headers);
+    return absl::InternalError("curl_easy_init failed");
+  }
   curl_easy_setopt(h, CURLOPT_POST, 1L);
   curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, 0L);
-  curl_easy_setopt(h, CURLOPT_USERAGENT, "sbx-node");
-  curl_easy_setopt(h, CURLOPT_PROXY, "");
-  curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
-  curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
-  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 5L);
   curl_easy_setopt(h, CURLOPT_TIMEOUT, 300L);  // a gc of a large store takes a while
-  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, &OnSmallBody);
   curl_easy_setopt(h, CURLOPT_WRITEDATA, &body);
-  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, detail);
   const CURLcode rc = curl_easy_perform(h);
   long status = 0;
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
