@@ -406,6 +406,21 @@ def test_a_template_made_on_one_node_runs_on_every_node_and_follows_its_tag(clus
         anon = SbxClient(cluster.nodes[holder].url, "not-a-token", cluster.validator)
         assert anon.call("GET", f"/v1/admin/layers/{info['diff_ids'][0]}",
                          validate=False).status_code == 401
+        # A tenant's token, even with every scope, reads no layer (they hold every tenant's
+        # templates); nor does a path that is not a diff_id reach the file system.
+        ten = a1.call("POST", "/v1/admin/tenants", json_body={"name": "layers-" + cluster.tag},
+                      expect=201).body["tenant"]["id"]
+        try:
+            tok = a1.call("POST", f"/v1/admin/tenants/{ten}/tokens",
+                          json_body={"name": "t", "scopes": ["admin"]}, expect=201).body["token"]
+            tenant = SbxClient(cluster.nodes[holder].url, tok["token"], cluster.validator)
+            r = tenant.call("GET", f"/v1/admin/layers/{info['diff_ids'][0]}", validate=False)
+            assert r.status_code == 403, r.text
+        finally:
+            a1.call("DELETE", f"/v1/admin/tenants/{ten}", validate=False)
+        for odd in ("sha256:..%2F..%2Fetc%2Fpasswd", "..", "sha256:" + "A" * 64):
+            r = direct.call("GET", f"/v1/admin/layers/{odd}", validate=False)
+            assert r.status_code in (400, 404), (odd, r.status_code, r.text)
         # Every node runs it: the two others fetch it from the holder at their first create.
         for n in NODES:
             assert on(n, "clu:v1")[1] == "first\n", n
