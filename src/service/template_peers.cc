@@ -236,13 +236,29 @@ absl::Status TemplateService::SyncFromCluster(const std::string& ref, const std:
   // A release this node has not loaded: made on another node, or its layers are missing here.
   ImageRecord rec;
   std::vector<NodeRecord> nodes;
+  bool named = false;  // the release is one `ref` may name (Resolve's rule for name@digest)
   SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+    named = false;
     auto img = tx.GetImage(digest);
-    if (!img.ok()) return img.status();
+    if (absl::IsNotFound(img.status())) return absl::OkStatus();
+    SBX_RETURN_IF_ERROR(img.status());
     rec = *img;
-    SBX_ASSIGN_OR_RETURN(nodes, tx.ListNodes());
+    named = !tag_name.empty() || std::find(names.begin(), names.end(), rec.name) != names.end();
+    if (!named) {
+      SBX_ASSIGN_OR_RETURN(std::vector<TagRecord> tags, tx.ListTags());
+      for (const TagRecord& t : tags) {
+        if (t.digest == digest && std::find(names.begin(), names.end(), t.name) != names.end()) {
+          named = true;
+        }
+      }
+    }
+    if (named) {
+      SBX_ASSIGN_OR_RETURN(nodes, tx.ListNodes());
+    }
     return absl::OkStatus();
   }));
+  // Not a release the caller may name: nothing is fetched, and Resolve says it is not found.
+  if (!named) return absl::OkStatus();
   SBX_RETURN_IF_ERROR(FetchLayers(rec, std::move(nodes)));
   SBX_ASSIGN_OR_RETURN(runtime::TemplateSpec spec, SpecOf(rec));
   templates_.AddImage(spec);
