@@ -162,7 +162,9 @@ TEST(AdmissionLedger, ConcurrentAdmitsNeverOvershoot) {
     threads.emplace_back([&, t] {
       absl::Status st = a.Admit(fmt::format("sbx_{}", t), Demand{1, 256, 1}, "x");
       (st.ok() ? admitted : refused).fetch_add(1);
-      if (!st.ok()) EXPECT_EQ(ApiErrorCode(st), "insufficient_capacity") << st;
+      if (!st.ok()) {
+        EXPECT_EQ(ApiErrorCode(st), "insufficient_capacity") << st;
+      }
     });
   }
   for (auto& th : threads) th.join();
