@@ -17,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/ids.h"
+#include "common/json_util.h"
 #include "common/status_util.h"
 #include "common/time_util.h"
 #include "service/template_ref.h"
@@ -176,11 +177,11 @@ absl::StatusOr<nlohmann::json> PostToNode(const NodeRecord& peer, const std::str
     return absl::UnavailableError(fmt::format("node {} ({}): {}", peer.name, url,
                                               detail[0] != '\0' ? detail : curl_easy_strerror(rc)));
   }
-  auto j = nlohmann::json::parse(body, nullptr, false);
-  if (status != 200 || !j.is_object()) {
+  auto j = ParseUntrustedJson(body);  // bounded depth, as any JSON sbxd did not write
+  if (status != 200 || !j.ok() || !j->is_object()) {
     return absl::UnavailableError(fmt::format("node {} answered {}: {:.300}", peer.name, status, body));
   }
-  return j;
+  return *j;
 }
 
 bool Reports(const NodeRecord& n, const std::string& digest) {
@@ -201,30 +202,26 @@ absl::Status TemplateService::SyncFromCluster(const std::string& ref, const std:
   names.push_back(r->name);
   // What the store says the reference names now; the registry in memory follows it.
   std::string tag_name, digest = r->digest;
-  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
-    tag_name.clear();
-    if (!r->digest.empty()) return absl::OkStatus();
-    for (const std::string& name : names) {
-      auto t = tx.GetTag(name, r->tag);
-      if (absl::IsNotFound(t.status())) continue;
-      SBX_RETURN_IF_ERROR(t.status());
-      tag_name = name;
-      digest = t->digest;
-      return absl::OkStatus();
-    }
-    return absl::OkStatus();
-  }));
-  const auto known = templates_.Tags();
+  // A digest never moves: only a tag costs a read here (on every create of it).
   if (r->digest.empty()) {
-    if (tag_name.empty()) {
-      // Removed on another node: so it is here.
+    SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+      tag_name.clear();
       for (const std::string& name : names) {
-        if (known.count(name + ":" + r->tag)) templates_.RemoveTag(name, r->tag);
+        auto t = tx.GetTag(name, r->tag);
+        if (absl::IsNotFound(t.status())) continue;
+        SBX_RETURN_IF_ERROR(t.status());
+        tag_name = name;
+        digest = t->digest;
+        return absl::OkStatus();
       }
       return absl::OkStatus();
+    }));
+    if (tag_name.empty()) {
+      // Removed on another node: so it is here.
+      for (const std::string& name : names) templates_.RemoveTag(name, r->tag);
+      return absl::OkStatus();
     }
-    auto it = known.find(tag_name + ":" + r->tag);
-    if (it != known.end() && it->second == digest) return absl::OkStatus();
+    if (templates_.TagDigest(tag_name, r->tag) == digest) return absl::OkStatus();
   }
   if (templates_.ResolvePinned(ref, digest).ok()) {
     if (!tag_name.empty()) {

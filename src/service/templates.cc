@@ -199,6 +199,12 @@ std::map<std::string, std::string> TemplateRegistry::Tags() const {
   return out;
 }
 
+std::string TemplateRegistry::TagDigest(const std::string& name, const std::string& tag) const {
+  std::shared_lock lock(images_->mu);
+  auto it = images_->tags.find(name + ":" + tag);
+  return it == images_->tags.end() ? std::string() : it->second;
+}
+
 absl::Status TemplateRegistry::Check(const std::string& ref) const {
   SBX_ASSIGN_OR_RETURN(runtime::TemplateSpec spec, Resolve(ref));
   struct stat st;

@@ -40,6 +40,8 @@ class TemplateRegistry {
   void RemoveTag(const std::string& name, const std::string& tag);
   // "name:tag" -> digest of every tag (names qualified), base's included.
   std::map<std::string, std::string> Tags() const;
+  // The digest one tag (`name` qualified) names here; "" when it names none.
+  std::string TagDigest(const std::string& name, const std::string& tag) const;
   const std::string& base_digest() const { return base_.digest; }
   // Resolve, plus what a launch would find missing only at the first create: the skeleton
   // lower layer and every bind's host path must exist (sbx doctor, sbxd start-up).
