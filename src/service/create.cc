@@ -150,10 +150,13 @@ absl::StatusOr<Answer<SandboxCreated>> SandboxService::CreateSandbox(
       return ApiError(st.code(), field ? "invalid_argument" : "not_implemented", std::string(st.message()),
                       field ? "resources" : "runtime");
     }
-    // The tenant's profiles, read with its quotas (one row, in this transaction).
-    SBX_RETURN_IF_ERROR(CheckEgressProfile(tx, caller.tenant_id, req.egress_profile));
+    // The tenant's profiles and quotas: one row, read once, in this transaction.
+    SBX_ASSIGN_OR_RETURN(std::optional<store::TenantRecord> tenant,
+                         FindTenant(tx, caller.tenant_id));
+    SBX_RETURN_IF_ERROR(CheckEgressProfile(tenant, req.egress_profile));
     // In the transaction that records the sandbox: concurrent creates cannot pass it together.
-    SBX_RETURN_IF_ERROR(CheckSandboxQuota(tx, caller.tenant_id, effective, /*new_sandbox=*/true));
+    SBX_RETURN_IF_ERROR(
+        CheckSandboxQuota(tx, tenant, caller.tenant_id, effective, /*new_sandbox=*/true));
     sb.id = warm ? warm->instance->id() : NewId("sbx");
     sb.node = opts_.node_name;
     sb.port_access = NewPortAccess(req.public_ports, sb.id);

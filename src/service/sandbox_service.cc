@@ -205,7 +205,7 @@ absl::StatusOr<SandboxRecord> SandboxService::VisibleSandbox(Tx& tx, const Calle
 absl::StatusOr<SandboxRecord> SandboxService::GetSandbox(const Caller& caller,
                                                          const std::string& id) {
   SandboxRecord out;
-  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+  SBX_RETURN_IF_ERROR(store_.Read([&](Tx& tx) -> absl::Status {
     SBX_ASSIGN_OR_RETURN(out, VisibleSandbox(tx, caller, id));
     return absl::OkStatus();
   }));
@@ -256,7 +256,7 @@ absl::StatusOr<store::Page<SandboxRecord>> SandboxService::ListSandboxes(
     return FieldError("state", fmt::format("unknown state '{}'", *filter.state));
   }
   store::Page<SandboxRecord> page;
-  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+  SBX_RETURN_IF_ERROR(store_.Read([&](Tx& tx) -> absl::Status {
     SBX_ASSIGN_OR_RETURN(page, tx.ListSandboxes(filter));
     return absl::OkStatus();
   }));
@@ -269,7 +269,7 @@ absl::StatusOr<OperationRecord> SandboxService::GetOperation(const Caller& calle
                                                              const std::string& id) {
   if (!IsValidId(id, "op")) return BadId("operation", id);
   OperationRecord out;
-  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+  SBX_RETURN_IF_ERROR(store_.Read([&](Tx& tx) -> absl::Status {
     auto op = tx.GetOperation(id);
     if (!op.ok() || op->tenant_id != caller.tenant_id) return NotFound("operation", id);
     out = *op;

@@ -373,7 +373,7 @@ absl::StatusOr<json> Tenancy::RevokeToken(const Caller& who, const std::string& 
 
 void Tenancy::Audit(store::AuditRecord rec) {
   if (rec.time.empty()) rec.time = NowRfc3339();
-  absl::Status st = store_.Transact([&](Tx& tx) { return tx.AppendAudit(rec).status(); });
+  absl::Status st = store_.Transact([&](Tx& tx) { return tx.AddAudit(rec); });
   // The log line carries the row as its fields, so a log pipeline has the trail too.
   spdlog::info("audit: {} {} target={} status={} code={} tenant={} token={} request={}{}",
                rec.action, rec.status < 400 ? "ok" : "refused", rec.target, rec.status,
@@ -412,11 +412,24 @@ absl::StatusOr<json> Tenancy::ListAudit(const Caller& who, const store::AuditFil
               {"next_page_token", more ? json(std::to_string(last)) : json(nullptr)}};
 }
 
+absl::StatusOr<std::optional<store::TenantRecord>> FindTenant(Tx& tx,
+                                                              const std::string& tenant_id) {
+  auto t = tx.GetTenant(tenant_id);
+  if (absl::IsNotFound(t.status())) return std::optional<store::TenantRecord>();
+  SBX_RETURN_IF_ERROR(t.status());
+  return std::optional<store::TenantRecord>(std::move(*t));
+}
+
 absl::Status CheckSandboxQuota(Tx& tx, const std::string& tenant_id,
                                const runtime::Resources& adding, bool new_sandbox) {
-  auto t = tx.GetTenant(tenant_id);
-  if (absl::IsNotFound(t.status())) return absl::OkStatus();  // no row: no quotas
-  SBX_RETURN_IF_ERROR(t.status());
+  SBX_ASSIGN_OR_RETURN(std::optional<store::TenantRecord> t, FindTenant(tx, tenant_id));
+  return CheckSandboxQuota(tx, t, tenant_id, adding, new_sandbox);
+}
+
+absl::Status CheckSandboxQuota(Tx& tx, const std::optional<store::TenantRecord>& t,
+                               const std::string& tenant_id, const runtime::Resources& adding,
+                               bool new_sandbox) {
+  if (!t) return absl::OkStatus();  // no row: no quotas
   if (t->state != "active") {
     return ApiError(absl::StatusCode::kFailedPrecondition, "tenant_deleting",
                     fmt::format("tenant {} is being deleted: it takes no new work", tenant_id));
@@ -502,21 +515,33 @@ absl::StatusOr<TemplateUsage> ReadTemplateUsage(Tx& tx, const std::string& ns) {
   });
 }
 
-absl::StatusOr<std::optional<std::set<std::string>>> AllowedEgressProfiles(
-    Tx& tx, const std::string& tenant_id) {
-  auto t = tx.GetTenant(tenant_id);
-  if (absl::IsNotFound(t.status())) return std::optional<std::set<std::string>>();
-  SBX_RETURN_IF_ERROR(t.status());
-  if (!t->egress_profiles.is_array()) return std::optional<std::set<std::string>>();
+namespace {
+
+std::optional<std::set<std::string>> ProfilesOf(const std::optional<store::TenantRecord>& t) {
+  if (!t || !t->egress_profiles.is_array()) return std::nullopt;
   std::set<std::string> names = {"none"};
   for (const json& n : t->egress_profiles) {
     if (n.is_string()) names.insert(n.get<std::string>());
   }
-  return std::optional<std::set<std::string>>(std::move(names));
+  return names;
+}
+
+}  // namespace
+
+absl::StatusOr<std::optional<std::set<std::string>>> AllowedEgressProfiles(
+    Tx& tx, const std::string& tenant_id) {
+  SBX_ASSIGN_OR_RETURN(std::optional<store::TenantRecord> t, FindTenant(tx, tenant_id));
+  return ProfilesOf(t);
 }
 
 absl::Status CheckEgressProfile(Tx& tx, const std::string& tenant_id, const std::string& profile) {
-  SBX_ASSIGN_OR_RETURN(auto allowed, AllowedEgressProfiles(tx, tenant_id));
+  SBX_ASSIGN_OR_RETURN(std::optional<store::TenantRecord> t, FindTenant(tx, tenant_id));
+  return CheckEgressProfile(t, profile);
+}
+
+absl::Status CheckEgressProfile(const std::optional<store::TenantRecord>& tenant,
+                                const std::string& profile) {
+  const std::optional<std::set<std::string>> allowed = ProfilesOf(tenant);
   if (!allowed || allowed->count(profile)) return absl::OkStatus();
   // As for a profile the deployment does not have: to the tenant, it does not exist.
   std::string names;

@@ -117,6 +117,14 @@ class Tenancy {
 //  - a new sandbox (`new_sandbox`) or a suspended one waking, holding `adding`;
 absl::Status CheckSandboxQuota(store::Tx& tx, const std::string& tenant_id,
                                const runtime::Resources& adding, bool new_sandbox);
+// The same with the tenant's row already read (FindTenant), for a request that checks more
+// than one thing of it: each read is a round trip to PostgreSQL.
+absl::Status CheckSandboxQuota(store::Tx& tx, const std::optional<store::TenantRecord>& tenant,
+                               const std::string& tenant_id, const runtime::Resources& adding,
+                               bool new_sandbox);
+// The tenant's row, or none (a token of no tenant row: no quotas, every profile).
+absl::StatusOr<std::optional<store::TenantRecord>> FindTenant(store::Tx& tx,
+                                                              const std::string& tenant_id);
 //  - a new session of `sandbox_id`.
 absl::Status CheckSessionQuota(store::Tx& tx, const std::string& tenant_id,
                                const std::string& sandbox_id);
@@ -145,6 +153,8 @@ absl::StatusOr<std::optional<std::set<std::string>>> AllowedEgressProfiles(
 // 400 on field egress_profile, worded as for a profile the deployment lacks, when the tenant
 // may not use `profile`.
 absl::Status CheckEgressProfile(store::Tx& tx, const std::string& tenant_id,
+                                const std::string& profile);
+absl::Status CheckEgressProfile(const std::optional<store::TenantRecord>& tenant,
                                 const std::string& profile);
 
 // The JSON form of a tenant and of a token (never its secret or hash).

@@ -18,6 +18,7 @@
 
 #include "absl/strings/escaping.h"
 #include "common/status_util.h"
+#include "store/pg_batch.h"
 #include "store/pg_schema.h"
 #include "store/query_timers.h"
 #include "store/rows.h"
@@ -87,49 +88,6 @@ constexpr char kPgGetTenantUsage[] = R"sql(SELECT COUNT(*),
   COALESCE(SUM(COALESCE((effective_resources::jsonb ->> 'disk_mib')::numeric, 0)), 0)::bigint
 FROM sandboxes WHERE tenant_id = $1 AND state NOT IN ('deleted', 'failed') AND state <> 'lost')sql";
 
-// SQLite's ?N placeholders as PostgreSQL's $N. The shared statements hold no '?' elsewhere.
-std::string ToPgPlaceholders(std::string_view sql) {
-  std::string out(sql);
-  for (size_t i = 0; i + 1 < out.size(); ++i) {
-    if (out[i] == '?' && out[i + 1] >= '0' && out[i + 1] <= '9') out[i] = '$';
-  }
-  return out;
-}
-
-// The binder side of rows.h: parameters as text (NULL as nullopt), which PostgreSQL converts to
-// each column's type.
-class PgParams {
- public:
-  PgParams& Bind(int idx, std::string_view v) {
-    Slot(idx) = std::string(v);
-    return *this;
-  }
-  PgParams& Bind(int idx, const std::string& v) { return Bind(idx, std::string_view(v)); }
-  PgParams& Bind(int idx, const char* v) { return Bind(idx, std::string_view(v)); }
-  PgParams& Bind(int idx, int64_t v) { return Bind(idx, std::to_string(v)); }
-  PgParams& Bind(int idx, int v) { return Bind(idx, int64_t{v}); }
-  PgParams& Bind(int idx, bool v) { return Bind(idx, v ? "1" : "0"); }
-  PgParams& BindNull(int idx) {
-    Slot(idx).reset();
-    return *this;
-  }
-  template <typename T>
-  PgParams& Bind(int idx, const std::optional<T>& v) {
-    return v.has_value() ? Bind(idx, *v) : BindNull(idx);
-  }
-
-  // Drops parameter 1 and renumbers the rest (for kPgAppendAudit).
-  void DropFirst() { values_.erase(values_.begin()); }
-  const std::vector<std::optional<std::string>>& values() const { return values_; }
-
- private:
-  std::optional<std::string>& Slot(int idx) {
-    if (values_.size() < static_cast<size_t>(idx)) values_.resize(static_cast<size_t>(idx));
-    return values_[static_cast<size_t>(idx) - 1];
-  }
-  std::vector<std::optional<std::string>> values_;
-};
-
 // The reader side of rows.h over one result row.
 class PgRow {
  public:
@@ -152,41 +110,6 @@ class PgRow {
  private:
   const pqxx::row& row_;
 };
-
-// One pooled connection and the statements prepared on it (named by the SQL's address).
-struct PgConn {
-  explicit PgConn(const std::string& conninfo) : conn(conninfo) {}
-  pqxx::connection conn;
-  std::unordered_map<const char*, std::string> prepared;
-};
-
-// A libpqxx failure as a Status: "store: <step>: <PostgreSQL's first line>", the code by kind.
-absl::Status PgError(const pqxx::pqxx_exception& e, std::string_view step) {
-  std::string msg = e.base().what();
-  if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
-  absl::StatusCode code = absl::StatusCode::kInternal;
-  if (dynamic_cast<const pqxx::unique_violation*>(&e) != nullptr) {
-    code = absl::StatusCode::kAlreadyExists;
-  } else if (dynamic_cast<const pqxx::integrity_constraint_violation*>(&e) != nullptr) {
-    code = absl::StatusCode::kFailedPrecondition;
-  } else if (dynamic_cast<const pqxx::data_exception*>(&e) != nullptr ||
-             dynamic_cast<const pqxx::conversion_error*>(&e) != nullptr) {
-    code = absl::StatusCode::kInvalidArgument;  // e.g. text that is not UTF-8, a NUL byte
-  } else if (dynamic_cast<const pqxx::insufficient_resources*>(&e) != nullptr) {
-    code = absl::StatusCode::kResourceExhausted;
-  } else if (dynamic_cast<const pqxx::broken_connection*>(&e) != nullptr ||
-             dynamic_cast<const pqxx::in_doubt_error*>(&e) != nullptr) {
-    code = absl::StatusCode::kUnavailable;
-  } else if (dynamic_cast<const pqxx::transaction_rollback*>(&e) != nullptr) {
-    code = absl::StatusCode::kAborted;
-  }
-  return absl::Status(code, fmt::format("store: {}: {}", step, msg));
-}
-
-bool IsRetryable(const pqxx::pqxx_exception& e) {
-  return dynamic_cast<const pqxx::serialization_failure*>(&e) != nullptr ||
-         dynamic_cast<const pqxx::deadlock_detected*>(&e) != nullptr;
-}
 
 std::string WithConnectTimeout(const std::string& url) {
   if (url.find("connect_timeout=") != std::string::npos) return url;
@@ -220,18 +143,14 @@ class PgStore final : public Store {
     return absl::OkStatus();
   }
 
-  absl::Status Transact(const std::function<absl::Status(Tx&)>& fn) override;
+  absl::Status Transact(const std::function<absl::Status(Tx&)>& fn) override {
+    return Run(fn, /*autocommit=*/false);
+  }
+  absl::Status Read(const std::function<absl::Status(Tx&)>& fn) override {
+    return Run(fn, /*autocommit=*/true);
+  }
 
   metrics::Histogram& Timer(QueryOp op) { return timers_[op]; }
-
-  // The statement's name on `conn`, prepared on first use there.
-  const std::string& Prepared(PgConn& conn, const char* sql) {
-    auto it = conn.prepared.find(sql);
-    if (it != conn.prepared.end()) return it->second;
-    std::string name = fmt::format("sbx{}", conn.prepared.size());
-    conn.conn.prepare(name, ToPgPlaceholders(sql));
-    return conn.prepared.emplace(sql, std::move(name)).first->second;
-  }
 
  private:
   absl::StatusOr<std::unique_ptr<PgConn>> Connect() {
@@ -277,8 +196,9 @@ class PgStore final : public Store {
   }
 
   // One attempt of fn in one transaction on `conn`. Sets *retry when PostgreSQL asks for one.
-  absl::Status Attempt(PgConn& conn, const std::function<absl::Status(Tx&)>& fn, bool* retry,
-                       bool* broken);
+  absl::Status Attempt(PgConn& conn, const std::function<absl::Status(Tx&)>& fn, bool autocommit,
+                       bool* retry, bool* broken);
+  absl::Status Run(const std::function<absl::Status(Tx&)>& fn, bool autocommit);
 
   const std::string url_;
   const std::string where_;
@@ -291,15 +211,22 @@ class PgStore final : public Store {
   int open_ = 0;  // connections in idle_ or in use
 };
 
+// Round trips are what a transaction costs here (each one wakes the server's process and
+// ours), so a PgTx sends as few as it can. Every statement travels as text in one simple query
+// with what the transaction still owes the server: its BEGIN (sent with the first statement,
+// none at all for a transaction that runs none), the PREPARE of a statement new to the
+// connection, and the writes queued since the last read. Upserts whose result no caller reads
+// (Queue) wait for the next read or ride with the COMMIT, so "read, read, write, write, commit"
+// costs three round trips, not seven. A queued write that fails fails the transaction at that
+// read or at the commit, with its step named, as it would have a statement later.
 class PgTx final : public Tx {
  public:
-  PgTx(PgStore& store, PgConn& conn, pqxx::transaction_base& tx)
-      : store_(store), conn_(conn), tx_(tx) {}
+  // `autocommit`: Store::Read's (pg_batch.h).
+  PgTx(PgStore& store, PgConn& conn, pqxx::nontransaction& tx, bool autocommit)
+      : store_(store),
+        batch_(conn, tx, autocommit, store.Timer(QueryOp::kBegin), store.Timer(QueryOp::kCommit)) {}
 
-  // The first failure inside this transaction: PostgreSQL refuses every later statement of
-  // it, so the transaction cannot commit whatever fn returns.
-  const absl::Status& failure() const { return failure_; }
-  bool retryable() const { return retryable_; }
+  PgBatch& batch() { return batch_; }
 
   absl::StatusOr<SandboxRecord> GetSandbox(const std::string& id) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kGetSandbox));
@@ -357,7 +284,7 @@ class PgTx final : public Tx {
 
   absl::Status PutNode(const NodeRecord& r) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kNodes));
-    return Put(kPutNode, "put node", r, BindNode<PgParams>);
+    return QueuePut(kPutNode, "put node", r, BindNode<PgParams>);
   }
 
   absl::StatusOr<std::vector<NodeRecord>> ListNodes() override {
@@ -397,7 +324,7 @@ class PgTx final : public Tx {
 
   absl::Status PutSandbox(const SandboxRecord& r) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kPutSandbox));
-    return Put(kPutSandbox, "put sandbox", r, BindSandbox<PgParams>);
+    return QueuePut(kPutSandbox, "put sandbox", r, BindSandbox<PgParams>);
   }
 
   absl::StatusOr<OperationRecord> GetOperation(const std::string& id) override {
@@ -409,7 +336,7 @@ class PgTx final : public Tx {
 
   absl::Status PutOperation(const OperationRecord& r) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kPutOperation));
-    return Put(kPutOperation, "put operation", r, BindOperation<PgParams>);
+    return QueuePut(kPutOperation, "put operation", r, BindOperation<PgParams>);
   }
 
   absl::StatusOr<std::vector<OperationRecord>> ListOperations(
@@ -434,7 +361,7 @@ class PgTx final : public Tx {
 
   absl::Status PutSession(const SessionRecord& r) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kPutSession));
-    return Put(kPutSession, "put session", r, BindSession<PgParams>);
+    return QueuePut(kPutSession, "put session", r, BindSession<PgParams>);
   }
 
   absl::StatusOr<std::vector<SessionRecord>> ListSessions(const std::string& sandbox_id) override {
@@ -461,7 +388,7 @@ class PgTx final : public Tx {
     PgParams p;
     SBX_RETURN_IF_ERROR(BindIdempotency(p, r));
     p.Bind(kResponseBodyParam, absl::BytesToHexString(r.response_body));
-    return Exec(kPgPutIdempotency, "put idempotency key", p).status();
+    return Queue(kPgPutIdempotency, "put idempotency key", p);
   }
 
   absl::StatusOr<ImageRecord> GetImage(const std::string& digest) override {
@@ -565,6 +492,14 @@ class PgTx final : public Tx {
     return Count(kPgAppendAudit, "append audit line", p);
   }
 
+  absl::Status AddAudit(const AuditRecord& r) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kAppendAudit));
+    PgParams p;
+    SBX_RETURN_IF_ERROR(BindAudit(p, r));
+    p.DropFirst();
+    return Queue(kPgAppendAudit, "append audit line", p);
+  }
+
   absl::StatusOr<std::vector<AuditRecord>> ListAudit(const AuditFilter& filter) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kListAudit));
     const int64_t limit = std::clamp(filter.limit, 1, kMaxAuditPage);
@@ -615,18 +550,11 @@ class PgTx final : public Tx {
     return p;
   }
 
-  // Runs one statement. After a failure the transaction is spent: this and every later call
-  // return the first failure.
   absl::StatusOr<pqxx::result> Exec(const char* sql, std::string_view step, const PgParams& p) {
-    if (!failure_.ok()) return failure_;
-    try {
-      const std::string& name = store_.Prepared(conn_, sql);
-      return tx_.exec_prepared(name, pqxx::prepare::make_dynamic_params(p.values()));
-    } catch (const pqxx::pqxx_exception& e) {
-      retryable_ = IsRetryable(e);
-      failure_ = PgError(e, step);
-      return failure_;
-    }
+    return batch_.Exec(sql, step, p);
+  }
+  absl::Status Queue(const char* sql, std::string_view step, const PgParams& p) {
+    return batch_.Queue(sql, step, p);
   }
 
   template <typename T, typename ReadFn, typename MissingFn>
@@ -657,6 +585,15 @@ class PgTx final : public Tx {
     return Exec(sql, step, p).status();
   }
 
+  // Put for the upserts no caller reads a result of (their conflicts change nothing and are no
+  // error, store.h): queued.
+  template <typename T, typename BindFn>
+  absl::Status QueuePut(const char* sql, std::string_view step, const T& rec, BindFn bind) {
+    PgParams p;
+    SBX_RETURN_IF_ERROR(bind(p, rec));
+    return Queue(sql, step, p);
+  }
+
   // The first column of the one row a "SELECT COUNT(*)" (or "RETURNING n") gives.
   absl::StatusOr<int64_t> Count(const char* sql, std::string_view step, const PgParams& p) {
     SBX_ASSIGN_OR_RETURN(pqxx::result res, Exec(sql, step, p));
@@ -665,46 +602,45 @@ class PgTx final : public Tx {
   }
 
   PgStore& store_;
-  PgConn& conn_;
-  pqxx::transaction_base& tx_;
-  absl::Status failure_;
-  bool retryable_ = false;
+  PgBatch batch_;
 };
 
 absl::Status PgStore::Attempt(PgConn& conn, const std::function<absl::Status(Tx&)>& fn,
-                              bool* retry, bool* broken) {
-  std::string_view step = "begin";
+                              bool autocommit, bool* retry, bool* broken) {
   try {
-    std::optional<pqxx::transaction<pqxx::serializable>> tx;
-    {
-      metrics::ScopedTimer timer(Timer(QueryOp::kBegin));
-      tx.emplace(conn.conn);
-    }
-    PgTx ptx(*this, conn, *tx);
-    absl::Status st = fn(ptx);
-    if (!ptx.failure().ok()) {
-      *retry = ptx.retryable();
+    pqxx::nontransaction ntx(conn.conn);
+    PgTx tx(*this, conn, ntx, autocommit);
+    PgBatch& batch = tx.batch();
+    absl::Status st = fn(tx);
+    if (!batch.failure().ok()) {
+      *retry = batch.retryable();
+      batch.Rollback();
       if (st.ok()) {
         // fn went on after a failed statement and returned OK: the change is lost, say so.
-        return absl::Status(ptx.failure().code(),
+        return absl::Status(batch.failure().code(),
                             fmt::format("{} (the transaction was rolled back)",
-                                        std::string(ptx.failure().message())));
+                                        std::string(batch.failure().message())));
       }
       return st;
     }
-    if (!st.ok()) return st;  // ~transaction rolls back
-    step = "commit";
-    metrics::ScopedTimer timer(Timer(QueryOp::kCommit));
-    tx->commit();
-    return absl::OkStatus();
+    if (!st.ok()) {
+      batch.Rollback();
+      return st;
+    }
+    st = batch.Commit();
+    if (!st.ok()) {
+      *retry = batch.retryable();
+      batch.Rollback();  // a COMMIT that failed before it ran leaves the transaction open
+    }
+    return st;
   } catch (const pqxx::pqxx_exception& e) {
     *retry = IsRetryable(e);
     *broken = dynamic_cast<const pqxx::broken_connection*>(&e) != nullptr;
-    return PgError(e, step);
+    return PgError(e, "transaction");
   }
 }
 
-absl::Status PgStore::Transact(const std::function<absl::Status(Tx&)>& fn) {
+absl::Status PgStore::Run(const std::function<absl::Status(Tx&)>& fn, bool autocommit) {
   if (t_in_transaction) {
     return absl::FailedPreconditionError("store: Transact called from inside a transaction");
   }
@@ -725,14 +661,14 @@ absl::Status PgStore::Transact(const std::function<absl::Status(Tx&)>& fn) {
       std::unique_ptr<PgConn>* c;
       const bool* broken;
       ~Return() {
-        if (*broken || !(*c)->conn.is_open()) {
+        if (*broken || (*c)->poisoned || !(*c)->conn.is_open()) {
           s->Discard();
         } else {
           s->Release(std::move(*c));
         }
       }
     } give_back{this, &conn, &broken};
-    st = Attempt(*conn, fn, &retry, &broken);
+    st = Attempt(*conn, fn, autocommit, &retry, &broken);
     if (st.ok() || !retry) return st;
     retries_.Inc();
     // Spread the competitors out: 1, 2, 4 ... 64 ms.

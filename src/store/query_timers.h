@@ -56,7 +56,8 @@ class QueryTimers {
     // Most statements take tens of microseconds; the top buckets catch busy waits and fsyncs.
     auto& family = registry.AddHistogram(
         "sbx_store_query_duration_seconds",
-        "Time of one store statement (op: the store method, or Begin/Commit of a transaction).",
+        "Time of one store statement (op: the store method, or Begin/Commit of a transaction; on "
+        "PostgreSQL the round trip that carried the BEGIN or the COMMIT).",
         {"op"},
         {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
          1, 5});

@@ -308,6 +308,9 @@ class Tx {
       const std::string& tenant_id) = 0;  // by created_at, id
   // Appends one line (rec.seq is ignored) and returns the seq it got.
   virtual absl::StatusOr<int64_t> AppendAudit(const AuditRecord& rec) = 0;
+  // The same without the seq, which lets PostgreSQL send the line with the COMMIT (one round
+  // trip for a transaction that only appends).
+  virtual absl::Status AddAudit(const AuditRecord& rec) { return AppendAudit(rec).status(); }
   // By seq ascending.
   virtual absl::StatusOr<std::vector<AuditRecord>> ListAudit(const AuditFilter& filter) = 0;
   // One query over the tenant's live sandboxes (the sandboxes_tenant_usage index).
@@ -333,6 +336,12 @@ class Store {
   // overwritten at its start, and side effects (metrics, logs, kernel or runtime calls,
   // callbacks) belong after Transact returns OK.
   virtual absl::Status Transact(const std::function<absl::Status(Tx&)>& fn) = 0;
+
+  // Runs `fn`, which only reads, each statement seeing what was committed when it ran (no
+  // snapshot spans two statements): for a view of one row or one page. PostgreSQL runs it
+  // outside a transaction, one round trip per statement instead of three; a write in it fails
+  // with FailedPrecondition. SQLite runs it as Transact.
+  virtual absl::Status Read(const std::function<absl::Status(Tx&)>& fn) { return Transact(fn); }
 };
 
 using StorePtr = std::unique_ptr<Store>;

@@ -558,6 +558,89 @@ TEST_P(StoreTest, ExceptionFromFnRollsBack) {
   EXPECT_TRUE(Put(FullSandbox("sbx_2")).ok());
 }
 
+// A transaction's writes are visible to its own later reads, in order, whatever the backend
+// does with them before the commit (PostgreSQL sends them with the next read).
+TEST_P(StoreTest, WritesAreReadBackInsideTheirTransaction) {
+  Open();
+  absl::Status st = store_->Transact([&](Tx& tx) -> absl::Status {
+    SandboxRecord a = MinimalSandbox("sbx_1");
+    a.timeout_s = 1;
+    SBX_RETURN_IF_ERROR(tx.PutSandbox(a));
+    a.timeout_s = 2;
+    SBX_RETURN_IF_ERROR(tx.PutSandbox(a));
+    SBX_ASSIGN_OR_RETURN(SandboxRecord got, tx.GetSandbox("sbx_1"));
+    EXPECT_EQ(got.timeout_s, 2);
+    a.timeout_s = 3;
+    SBX_RETURN_IF_ERROR(tx.PutSandbox(a));  // after the last read: goes with the commit
+    SBX_RETURN_IF_ERROR(tx.PutOperation(MakeOperation("op_1", "sbx_1", "running", 1)));
+    SBX_ASSIGN_OR_RETURN(OperationRecord op, tx.GetOperation("op_1"));
+    EXPECT_EQ(op.sandbox_id, "sbx_1");
+    return tx.PutSandbox(a);
+  });
+  ASSERT_TRUE(st.ok()) << st;
+  auto got = Read([&](Tx& tx) { return tx.GetSandbox("sbx_1"); });
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->timeout_s, 3);
+  // A transaction that runs no statement is no error and changes nothing.
+  EXPECT_TRUE(store_->Transact([](Tx&) { return absl::OkStatus(); }).ok());
+}
+
+// A write refused by the database fails its transaction even when nothing reads after it, and
+// the error names it; the connection then serves the next transaction cleanly, also when the
+// refused write was the first use of its statement on that connection. (SQLite says only
+// "commit"; PostgreSQL also names the writes the COMMIT carried.)
+TEST_P(StoreTest, RefusedWriteAfterTheLastReadFailsTheCommit) {
+  Open();
+  for (int round = 0; round < 3; ++round) {
+    absl::Status st = store_->Transact([&](Tx& tx) -> absl::Status {
+      SBX_RETURN_IF_ERROR(tx.PutSandbox(MinimalSandbox(fmt::format("sbx_keep{}", round))));
+      // A session of no sandbox: the foreign key refuses it at the latest at commit.
+      return tx.PutSession(MakeSession(fmt::format("ses_{}", round), "sbx_ghost", 2));
+    });
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+    EXPECT_NE(absl::AsciiStrToLower(st.message()).find("foreign key"), std::string::npos) << st;
+    EXPECT_EQ(Read([&](Tx& tx) { return tx.GetSandbox(fmt::format("sbx_keep{}", round)); })
+                  .status()
+                  .code(),
+              absl::StatusCode::kNotFound);
+  }
+  // The same, with a read between the write and the commit.
+  absl::Status st = store_->Transact([&](Tx& tx) -> absl::Status {
+    SBX_RETURN_IF_ERROR(tx.PutSession(MakeSession("ses_x", "sbx_ghost", 2)));
+    (void)tx.GetSandbox("sbx_other");
+    return tx.PutSandbox(MinimalSandbox("sbx_after"));
+  });
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(Read([&](Tx& tx) { return tx.GetSandbox("sbx_after"); }).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Put(MinimalSandbox("sbx_ok")).ok());
+  EXPECT_TRUE(Read([&](Tx& tx) { return tx.GetSandbox("sbx_ok"); }).ok());
+}
+
+// An exception from fn after the transaction reached the database (a read sent it) still rolls
+// it back and leaves no transaction open on the connection the next caller gets.
+TEST_P(StoreTest, ExceptionAfterAReadRollsBackAndFreesTheConnection) {
+  Open();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_THROW((void)store_->Transact([&](Tx& tx) -> absl::Status {
+      (void)tx.PutSandbox(FullSandbox(fmt::format("sbx_t{}", i)));
+      (void)tx.GetSandbox(fmt::format("sbx_t{}", i));
+      (void)tx.PutOperation(
+          MakeOperation(fmt::format("op_t{}", i), fmt::format("sbx_t{}", i), "running", 1));
+      throw std::runtime_error("bug");
+    }),
+                 std::runtime_error);
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(Read([&](Tx& tx) { return tx.GetSandbox(fmt::format("sbx_t{}", i)); })
+                  .status()
+                  .code(),
+              absl::StatusCode::kNotFound);
+  }
+  EXPECT_TRUE(Put(FullSandbox("sbx_2")).ok());
+  EXPECT_TRUE(Read([&](Tx& tx) { return tx.GetSandbox("sbx_2"); }).ok());
+}
+
 TEST_P(StoreTest, DanglingReferenceFailsCommitAndRollsBack) {
   Open();
   // Order inside a transaction does not matter (deferred foreign keys)...
@@ -572,7 +655,9 @@ TEST_P(StoreTest, DanglingReferenceFailsCommitAndRollsBack) {
     return tx.PutSession(MakeSession("ses_2", "sbx_ghost", 2));
   });
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
-  EXPECT_TRUE(absl::StartsWith(st.message(), "store: commit: ")) << st;
+  // PostgreSQL's message also names the writes the COMMIT carried ("store: commit (put
+  // sandbox, put session): ...").
+  EXPECT_TRUE(absl::StartsWith(st.message(), "store: commit")) << st;
   EXPECT_NE(absl::AsciiStrToLower(st.message()).find("foreign key"), std::string::npos) << st;
   EXPECT_EQ(Read([&](Tx& tx) { return tx.GetSandbox("sbx_2"); }).status().code(),
             absl::StatusCode::kNotFound);
@@ -598,6 +683,37 @@ TEST_P(StoreTest, InvalidJsonIsRejectedNotThrown) {
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_EQ(Read([&](Tx& tx) { return tx.GetSandbox("sbx_1"); }).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// Text PostgreSQL cannot hold (bytes that are not UTF-8, a NUL) in a plain column is refused
+// with InvalidArgument, whether the write goes alone or with others, never cut short or thrown;
+// the connection serves the next transaction. SQLite keeps such bytes as they are.
+TEST_P(StoreTest, TextPostgresCannotHoldIsRefusedNotCut) {
+  Open();
+  for (const std::string& bad : {std::string("a\xff\xfe"), std::string("a\0b", 3)}) {
+    SandboxRecord r = MinimalSandbox("sbx_1");
+    r.template_ref = bad;
+    if (GetParam() == std::string("sqlite")) {
+      ASSERT_TRUE(Put(r).ok());
+      auto got = Read([&](Tx& tx) { return tx.GetSandbox("sbx_1"); });
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(got->template_ref, bad);
+      continue;
+    }
+    EXPECT_EQ(Put(r).code(), absl::StatusCode::kInvalidArgument);
+    absl::Status st = store_->Transact([&](Tx& tx) -> absl::Status {
+      SBX_RETURN_IF_ERROR(tx.PutSandbox(MinimalSandbox("sbx_2")));
+      SBX_RETURN_IF_ERROR(tx.PutSandbox(r));
+      return tx.GetSandbox("sbx_2").status();
+    });
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_EQ(Read([&](Tx& tx) { return tx.GetSandbox("sbx_2"); }).status().code(),
+              absl::StatusCode::kNotFound);
+    st = store_->Read([&](Tx& tx) { return tx.GetSandbox(bad).status(); });
+    EXPECT_TRUE(st.code() == absl::StatusCode::kInvalidArgument ||
+                st.code() == absl::StatusCode::kNotFound) << st;
+  }
+  EXPECT_TRUE(Put(MinimalSandbox("sbx_3")).ok());
 }
 
 // 30 sandboxes of ten_a, inserted shuffled; pairs share created_at so the id tie-break matters.
@@ -1697,6 +1813,58 @@ TEST_P(StoreTest, AuditPagesAtMostAThousandAndNeverReusesASeq) {
   EXPECT_EQ((*rows)[0].seq, 999);
   EXPECT_EQ((*rows)[0].status, 201);
   EXPECT_EQ((*rows)[1].seq, 1002);
+}
+
+TEST_P(StoreTest, AddAuditAppendsInOrderWithAppendAudit) {
+  Open();
+  auto first = Read([](Tx& tx) { return tx.AppendAudit(MakeAudit("ten_a", 1, "GET /1")); });
+  ASSERT_TRUE(first.ok()) << first.status();
+  for (const char* action : {"POST /2", "POST /3"}) {
+    absl::Status st = store_->Transact([&](Tx& tx) { return tx.AddAudit(MakeAudit("ten_a", 2, action)); });
+    ASSERT_TRUE(st.ok()) << st;
+  }
+  auto last = Read([](Tx& tx) { return tx.AppendAudit(MakeAudit("ten_b", 3, "GET /4")); });
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(*last, *first + 3);
+  auto rows = Read([](Tx& tx) { return tx.ListAudit(AuditFilter{}); });
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ(rows->size(), 4u);
+  const char* actions[] = {"GET /1", "POST /2", "POST /3", "GET /4"};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ((*rows)[i].action, actions[i]);
+    EXPECT_EQ((*rows)[i].seq, *first + static_cast<int64_t>(i));
+  }
+}
+
+// Store::Read: what is committed, one statement at a time; never a write on PostgreSQL, where
+// it runs outside a transaction.
+TEST_P(StoreTest, ReadSeesWhatIsCommitted) {
+  Open();
+  ASSERT_TRUE(Put(FullSandbox("sbx_1")).ok());
+  SandboxRecord got;
+  absl::Status st = store_->Read([&](Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(got, tx.GetSandbox("sbx_1"));
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(got.id, "sbx_1");
+  st = store_->Read([&](Tx& tx) { return tx.GetSandbox("sbx_none").status(); });
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
+  // A failed statement inside a Read leaves the connection usable.
+  for (int i = 0; i < 4; ++i) {
+    st = store_->Read([&](Tx& tx) -> absl::Status {
+      SBX_ASSIGN_OR_RETURN(auto page, tx.ListSandboxes({.tenant_id = "ten_a", .page_token = "junk"}));
+      return absl::OkStatus();
+    });
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_TRUE(Read([&](Tx& tx) { return tx.GetSandbox("sbx_1"); }).ok());
+  }
+  if (GetParam() == std::string("postgresql")) {
+    st = store_->Read([&](Tx& tx) { return tx.PutSandbox(MinimalSandbox("sbx_2")); });
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+    EXPECT_EQ(Read([&](Tx& tx) { return tx.GetSandbox("sbx_2"); }).status().code(),
+              absl::StatusCode::kNotFound);
+  }
 }
 
 SandboxRecord UsageSandbox(const std::string& id, const std::string& tenant, const char* state,
