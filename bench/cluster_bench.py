@@ -3,9 +3,12 @@ whether three nodes on one machine keep up with one.
 
 In one run, on one PostgreSQL (Debian's, started here on a unix socket by
 tools/pg_test_server.sh):
-  single  sbxd --role all on SQLite: today's single process (the peer)
-  cluster sbxd --role api in front of nodes (--role node), each with its own state dir and
-          cgroup parent
+  single     sbxd --role all on SQLite: today's single process (the peer)
+  single_pg  sbxd --role all on the PostgreSQL: one process on the cluster's store, so that
+             what the split into replica and node costs is seen apart from what the database
+             costs
+  cluster    sbxd --role api in front of nodes (--role node), each with its own state dir and
+             cgroup parent
 Rounds alternate between them and the node addressed directly (the same node, no replica: what
 PostgreSQL costs apart from the forwarding). Scenarios (sbx-load): create_cold (create ->
 running) and exec (session, attach, exit) p50, through the replica vs the single process and vs
@@ -147,23 +150,34 @@ def main() -> int:
     try:
         single = start("single", ["--cgroup-parent", f"/sbx-bench-{tag}-single"])
         single.wait_ready()
+        single_pg = start("single_pg", ["--cgroup-parent", f"/sbx-bench-{tag}-single-pg",
+                                        "--store", database()])
+        single_pg.wait_ready()
         api, nodes = cluster(1)
-        p50 = {w: {"create_cold": [], "exec": []} for w in ("single", "node", "replica")}
+        who_all = ("single", "single_pg", "node", "replica")
+        p50 = {w: {"create_cold": [], "exec": []} for w in who_all}
         for r in range(args.rounds):
-            for who, url in (("single", single.url), ("node", nodes[0].url), ("replica", api.url)):
+            for who, url in (("single", single.url), ("single_pg", single_pg.url),
+                             ("node", nodes[0].url), ("replica", api.url)):
                 s = load(build, url, token, "create_cold,exec", work / f"{who}-{r}.json",
                          ["--create-n", str(args.create_n), "--exec-n", str(args.exec_n)])
                 for k in ("create_cold", "exec"):
                     p50[who][k].append(s[k]["p50_ms"])
                 delete_all(url, token)
         for k in ("create_cold", "exec"):
-            a, n, b = (statistics.median(p50[w][k]) for w in ("single", "node", "replica"))
-            result[k] = {"single_p50_ms": p50["single"][k], "node_p50_ms": p50["node"][k],
+            a, g, n, b = (statistics.median(p50[w][k]) for w in who_all)
+            result[k] = {"single_p50_ms": p50["single"][k],
+                         "single_pg_p50_ms": p50["single_pg"][k],
+                         "node_p50_ms": p50["node"][k],
                          "replica_p50_ms": p50["replica"][k], "ratio": round(b / a, 3),
+                         "ratio_to_single_pg": round(b / g, 3),
                          "ratio_to_node": round(b / n, 3)}
-            print(f"{k}: p50 single process (SQLite) {a:.2f} ms, the node itself (PostgreSQL) "
-                  f"{n:.2f} ms, through a replica {b:.2f} ms; replica/single {b / a:.3f}, "
-                  f"replica/node {b / n:.3f}")
+            print(f"{k}: p50 single process on SQLite {a:.2f} ms, on PostgreSQL {g:.2f} ms, "
+                  f"the node itself {n:.2f} ms, through a replica {b:.2f} ms; replica/single "
+                  f"{b / a:.3f}, replica/single on PostgreSQL {b / g:.3f}, replica/node "
+                  f"{b / n:.3f}")
+        for p in (single, single_pg):  # idle from here on, but not to share the CPU
+            p.stop()
         sustained = {}
         s1 = load(build, api.url, token, "sustained", work / "sustained-1.json",
                   ["--sustained-s", str(args.sustained_s)])["sustained"]
