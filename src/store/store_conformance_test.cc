@@ -685,6 +685,42 @@ TEST_P(StoreTest, InvalidJsonIsRejectedNotThrown) {
             absl::StatusCode::kNotFound);
 }
 
+// Values travel as quoted literals on PostgreSQL (pg_batch.h): every character that means
+// something to SQL, a quote parser or a placeholder comes back as it went, in plain columns,
+// JSON columns and keys, and a queued write with one does not disturb the ones around it.
+TEST_P(StoreTest, ValuesThatLookLikeSqlRoundTrip) {
+  Open();
+  const std::vector<std::string> nasty = {
+      "x'); DROP TABLE sandboxes; --", "\\", "'", "''", "\\'", "$1", "$$", "$tag$ x $tag$",
+      "E'\\x41'", ";\nCOMMIT;\nBEGIN", "\u00e9\u2603 \xf0\x9f\x92\xa9", std::string(70000, '\''),
+      "?1", "%s%n", "NULL", "null"};
+  absl::Status st = store_->Transact([&](Tx& tx) -> absl::Status {
+    for (size_t i = 0; i < nasty.size(); ++i) {
+      SandboxRecord r = MinimalSandbox(fmt::format("sbx_{}", i));
+      r.template_ref = nasty[i];
+      r.labels = {{"k", nasty[i]}, {nasty[i].substr(0, 100), "v"}};
+      r.env = {{"E", nasty[i]}};
+      SBX_RETURN_IF_ERROR(tx.PutSandbox(r));
+    }
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(st.ok()) << st;
+  for (size_t i = 0; i < nasty.size(); ++i) {
+    auto got = Read([&](Tx& tx) { return tx.GetSandbox(fmt::format("sbx_{}", i)); });
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->template_ref, nasty[i]) << i;
+    EXPECT_EQ(got->labels["k"], nasty[i]) << i;
+    EXPECT_EQ(got->env["E"], nasty[i]) << i;
+    SandboxFilter f;
+    f.tenant_id = got->tenant_id;
+    f.label = std::make_pair(std::string("k"), nasty[i]);
+    auto page = Read([&](Tx& tx) { return tx.ListSandboxes(f); });
+    ASSERT_TRUE(page.ok()) << page.status();
+    ASSERT_EQ(page->items.size(), 1u) << i;
+    EXPECT_EQ(page->items[0].id, fmt::format("sbx_{}", i));
+  }
+}
+
 // Text PostgreSQL cannot hold (bytes that are not UTF-8, a NUL) in a plain column is refused
 // with InvalidArgument, whether the write goes alone or with others, never cut short or thrown;
 // the connection serves the next transaction. SQLite keeps such bytes as they are.
