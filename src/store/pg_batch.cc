@@ -1,5 +1,7 @@
 #include "store/pg_batch.h"
 
+#include <poll.h>
+
 #include <exception>
 #include <utility>
 
@@ -25,6 +27,13 @@ PgConn::PgConn(const std::string& conninfo) : conn(conninfo) {
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
   conn.inhibit_reactivation(true);
 #pragma GCC diagnostic pop
+}
+
+bool PgConn::IdleAndOpen() {
+  if (!conn.is_open()) return false;
+  pollfd p{conn.sock(), POLLIN, 0};
+  if (p.fd < 0) return false;
+  return ::poll(&p, 1, 0) == 0;
 }
 
 absl::Status PgError(const pqxx::pqxx_exception& e, std::string_view step) {
@@ -128,6 +137,9 @@ absl::StatusOr<std::string> PgBatch::Statement(const char* sql, std::string_view
     }
     try {
       out += tx_.quote(*v);
+    } catch (const pqxx::broken_connection& e) {  // the escaping asks the connection
+      failure_ = PgError(e, step);
+      return failure_;
     } catch (const std::exception& e) {  // libpq refuses bytes invalid in the encoding
       return absl::InvalidArgumentError(fmt::format("store: {}: {}", step, e.what()));
     }

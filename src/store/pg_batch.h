@@ -57,6 +57,10 @@ class PgParams {
 // One pooled connection and the statements prepared on it (named by the SQL's address).
 struct PgConn {
   explicit PgConn(const std::string& conninfo);
+  // Between transactions the server sends an idle session nothing (sbxd does not LISTEN):
+  // anything to read, or a hangup, is its goodbye (a restart, pg_terminate_backend). libpqxx's
+  // silent reconnection is off, so the pool asks this before it hands a connection out.
+  bool IdleAndOpen();
   pqxx::connection conn;
   std::unordered_map<const char*, std::string> prepared;
   // Its session state is unknown (a batch that prepared statements failed, or a ROLLBACK did):

@@ -162,16 +162,24 @@ class PgStore final : public Store {
   }
 
   // A pooled connection, or a new one while fewer than pool_size exist; waits otherwise.
+  // A pooled connection whose server went away while it sat idle (the server restarted, an
+  // administrator's pg_terminate_backend) is replaced here, before a transaction fails on it.
   absl::StatusOr<std::unique_ptr<PgConn>> Acquire() {
-    {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return !idle_.empty() || open_ < options_.pool_size; });
-      if (!idle_.empty()) {
-        std::unique_ptr<PgConn> conn = std::move(idle_.back());
+    while (true) {
+      std::unique_ptr<PgConn> conn;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return !idle_.empty() || open_ < options_.pool_size; });
+        if (idle_.empty()) {
+          ++open_;
+          break;
+        }
+        conn = std::move(idle_.back());
         idle_.pop_back();
-        return conn;
       }
-      ++open_;
+      if (conn->IdleAndOpen()) return conn;
+      conn.reset();  // closes it
+      Discard();
     }
     auto conn = Connect();
     if (!conn.ok()) Discard();

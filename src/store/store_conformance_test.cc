@@ -14,6 +14,7 @@
 #include <random>
 #include <set>
 #include <stdexcept>
+#include <chrono>
 #include <thread>
 
 #include <fmt/format.h>
@@ -683,6 +684,47 @@ TEST_P(StoreTest, InvalidJsonIsRejectedNotThrown) {
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_EQ(Read([&](Tx& tx) { return tx.GetSandbox("sbx_1"); }).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// The store's pooled connections outlive their server sessions: when every session of sbxd's
+// database is ended from outside (a PostgreSQL restart, an administrator's
+// pg_terminate_backend), the next transactions get new ones instead of failing. On SQLite the
+// same steps with nothing ended from outside.
+TEST_P(StoreTest, ConnectionsEndedFromOutsideAreReplaced) {
+  Open();
+  // Four at once, so the pool holds more than one idle connection.
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] { EXPECT_TRUE(Put(MinimalSandbox(fmt::format("sbx_p{}", t))).ok()); });
+  }
+  for (auto& t : threads) t.join();
+  const bool pg = GetParam() == std::string("postgresql");
+  EXPECT_EQ(RawExec(pg ? "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                         "datname = current_database() AND pid <> pg_backend_pid()"
+                       : "SELECT 1"),
+            "");
+  if (pg) {
+    // pg_terminate_backend signals; wait (bounded) until the sessions are gone.
+    for (int i = 0; i < 500; ++i) {
+      try {
+        pqxx::connection c(pg_->url());
+        pqxx::result r = pqxx::nontransaction(c).exec(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND "
+            "pid <> pg_backend_pid()");
+        if (r[0][0].as<int64_t>() == 0) break;
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << e.what();
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  for (int i = 0; i < 6; ++i) {
+    absl::Status st = Put(MinimalSandbox(fmt::format("sbx_after{}", i)));
+    EXPECT_TRUE(st.ok()) << i << ": " << st;
+    auto got = Read([&](Tx& tx) { return tx.GetSandbox("sbx_p0"); });
+    EXPECT_TRUE(got.ok()) << got.status();
+  }
 }
 
 // Values travel as quoted literals on PostgreSQL (pg_batch.h): every character that means
