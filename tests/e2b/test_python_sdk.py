@@ -454,8 +454,10 @@ def test_pause_of_a_microvm_sandbox_releases_its_memory(microvm_lab, tmp_path):
             assert len(vm_processes(state_dir, sid)) == 2, "QEMU and its bridge"
             sbx.files.write("/tmp/state.txt", "kept across pause")
             # A counter in a shell's memory, through sbx's API (the image has no bash for E2B's
-            # commands): after the resume it goes on from where it stood.
-            r = microvm_lab.sbx.run(sid, ["sh", "-c", "(i=0; while true; do i=$((i+1)); echo $i > /tmp/n; "
+            # commands): after the resume it goes on from where it stood. Written aside and
+            # renamed, so a read never meets the file truncated between two counts.
+            r = microvm_lab.sbx.run(sid, ["sh", "-c", "(i=0; while true; do i=$((i+1)); "
+                                                      "echo $i > /tmp/n.new; mv /tmp/n.new /tmp/n; "
                                                       "sleep 0.2; done) >/dev/null 2>&1 & echo started"])
             assert r.exit["exit_code"] == 0, r
             # The loop runs in the background: its first write may come after the session ended
