@@ -1,3 +1,6 @@
+// The Store over PostgreSQL (docs/store.md): the shared statements and row mappers, its own
+// dialect where the databases differ, a pool of connections, and serialization failures run
+// again. How statements travel to the server is pg_batch.h's.
 #include "store/pg_store.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// The Store over SQLite (docs/store.md), the single host's default: one file, its
+// transactions serialized in the process.
 #include "store/sqlite_store.h"
 
 #include <sqlite3.h>
