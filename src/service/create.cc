@@ -155,8 +155,7 @@ absl::StatusOr<Answer<SandboxCreated>> SandboxService::CreateSandbox(
                          FindTenant(tx, caller.tenant_id));
     SBX_RETURN_IF_ERROR(CheckEgressProfile(tenant, req.egress_profile));
     // In the transaction that records the sandbox: concurrent creates cannot pass it together.
-    SBX_RETURN_IF_ERROR(
-        CheckSandboxQuota(tx, tenant, caller.tenant_id, effective, /*new_sandbox=*/true));
+    SBX_RETURN_IF_ERROR(CheckSandboxQuota(tx, tenant, effective, /*new_sandbox=*/true));
     sb.id = warm ? warm->instance->id() : NewId("sbx");
     sb.node = opts_.node_name;
     sb.port_access = NewPortAccess(req.public_ports, sb.id);

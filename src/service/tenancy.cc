@@ -423,13 +423,13 @@ absl::StatusOr<std::optional<store::TenantRecord>> FindTenant(Tx& tx,
 absl::Status CheckSandboxQuota(Tx& tx, const std::string& tenant_id,
                                const runtime::Resources& adding, bool new_sandbox) {
   SBX_ASSIGN_OR_RETURN(std::optional<store::TenantRecord> t, FindTenant(tx, tenant_id));
-  return CheckSandboxQuota(tx, t, tenant_id, adding, new_sandbox);
+  return CheckSandboxQuota(tx, t, adding, new_sandbox);
 }
 
 absl::Status CheckSandboxQuota(Tx& tx, const std::optional<store::TenantRecord>& t,
-                               const std::string& tenant_id, const runtime::Resources& adding,
-                               bool new_sandbox) {
+                               const runtime::Resources& adding, bool new_sandbox) {
   if (!t) return absl::OkStatus();  // no row: no quotas
+  const std::string& tenant_id = t->id;
   if (t->state != "active") {
     return ApiError(absl::StatusCode::kFailedPrecondition, "tenant_deleting",
                     fmt::format("tenant {} is being deleted: it takes no new work", tenant_id));

@@ -120,8 +120,7 @@ absl::Status CheckSandboxQuota(store::Tx& tx, const std::string& tenant_id,
 // The same with the tenant's row already read (FindTenant), for a request that checks more
 // than one thing of it: each read is a round trip to PostgreSQL.
 absl::Status CheckSandboxQuota(store::Tx& tx, const std::optional<store::TenantRecord>& tenant,
-                               const std::string& tenant_id, const runtime::Resources& adding,
-                               bool new_sandbox);
+                               const runtime::Resources& adding, bool new_sandbox);
 // The tenant's row, or none (a token of no tenant row: no quotas, every profile).
 absl::StatusOr<std::optional<store::TenantRecord>> FindTenant(store::Tx& tx,
                                                               const std::string& tenant_id);

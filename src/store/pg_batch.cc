@@ -67,7 +67,7 @@ absl::StatusOr<pqxx::result> PgBatch::Exec(const char* sql, std::string_view ste
                                            const PgParams& p) {
   if (!failure_.ok()) return failure_;
   SBX_ASSIGN_OR_RETURN(std::string stmt, Statement(sql, step, p));
-  return Send(stmt, pending_steps_.empty() ? std::string(step) : Steps(step));
+  return Send(stmt, step);
 }
 
 absl::Status PgBatch::Queue(const char* sql, std::string_view step, const PgParams& p) {
@@ -89,8 +89,7 @@ absl::Status PgBatch::Commit() {
   ended_ = true;
   if (!begun_ || autocommit_) return absl::OkStatus();
   metrics::ScopedTimer timer(commit_timer_);
-  return Send("COMMIT", pending_steps_.empty() ? "commit" : "commit (" + Steps("") + ")")
-      .status();
+  return Send("COMMIT", "commit").status();
 }
 
 void PgBatch::Rollback() noexcept {
@@ -148,7 +147,19 @@ absl::StatusOr<std::string> PgBatch::Statement(const char* sql, std::string_view
   return out;
 }
 
-absl::StatusOr<pqxx::result> PgBatch::Send(std::string_view last, const std::string& step) {
+namespace {
+
+// "get sandbox (after put operation, put session)"; "commit (put sandbox, put session)".
+std::string StepsOf(std::string_view step, const std::vector<std::string_view>& queued) {
+  if (queued.empty()) return std::string(step);
+  std::string out = fmt::format("{} ({}", step, step == "commit" ? "" : "after ");
+  for (size_t i = 0; i < queued.size(); ++i) out += fmt::format("{}{}", i ? ", " : "", queued[i]);
+  return out + ")";
+}
+
+}  // namespace
+
+absl::StatusOr<pqxx::result> PgBatch::Send(std::string_view last, std::string_view step) {
   std::string batch;
   const bool carries_begin = !autocommit_ && !begun_sent_;
   if (carries_begin) {
@@ -158,7 +169,8 @@ absl::StatusOr<pqxx::result> PgBatch::Send(std::string_view last, const std::str
   batch += pending_;
   batch += last;
   pending_.clear();
-  pending_steps_.clear();
+  std::vector<std::string_view> queued;
+  queued.swap(pending_steps_);
   begun_sent_ = true;
   try {
     // "Begin" times the round trip that carried the BEGIN (its count is still the number of
@@ -174,16 +186,9 @@ absl::StatusOr<pqxx::result> PgBatch::Send(std::string_view last, const std::str
     if (!preparing_.empty()) conn_.poisoned = true;
     preparing_.clear();
     retryable_ = IsRetryable(e);
-    failure_ = PgError(e, step);
+    failure_ = PgError(e, StepsOf(step, queued));
     return failure_;
   }
-}
-
-std::string PgBatch::Steps(std::string_view last) const {
-  std::string queued;
-  for (const std::string& s : pending_steps_) queued += (queued.empty() ? "" : ", ") + s;
-  if (last.empty()) return queued;
-  return fmt::format("{} (after {})", last, queued);
 }
 
 }  // namespace sbx::store

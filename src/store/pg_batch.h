@@ -104,6 +104,7 @@ class PgBatch {
   // transaction is spent: this and every later call return the first failure.
   absl::StatusOr<pqxx::result> Exec(const char* sql, std::string_view step, const PgParams& p);
   // A write whose result nobody reads: sent with the next statement of the transaction.
+  // `step` is kept until then: a literal.
   absl::Status Queue(const char* sql, std::string_view step, const PgParams& p);
   // Sends what is queued and COMMIT in one round trip; nothing when no statement ran.
   absl::Status Commit();
@@ -118,11 +119,9 @@ class PgBatch {
   // "EXECUTE name(literals)" for `sql`, after its PREPARE when the connection lacks it.
   absl::StatusOr<std::string> Statement(const char* sql, std::string_view step,
                                         const PgParams& p);
-  // One round trip: BEGIN if not yet sent, the queued writes, then `last`; its result.
-  absl::StatusOr<pqxx::result> Send(std::string_view last, const std::string& step);
-  // The steps a batch carries, for its error: "get sandbox (after put operation, put
-  // session)"; with an empty `last`, the queued ones alone: "put operation, put session".
-  std::string Steps(std::string_view last) const;
+  // One round trip: BEGIN if not yet sent, the queued writes, then `last` (whose step is
+  // `step`); its result. A failure names the queued writes' steps too.
+  absl::StatusOr<pqxx::result> Send(std::string_view last, std::string_view step);
 
   PgConn& conn_;
   pqxx::nontransaction& tx_;
@@ -135,7 +134,7 @@ class PgBatch {
   bool begun_sent_ = false;  // the server has seen the BEGIN (or, autocommit, a statement)
   bool ended_ = false;
   std::string pending_;  // queued statements, each ending in ";\n"
-  std::vector<std::string> pending_steps_;
+  std::vector<std::string_view> pending_steps_;  // the callers' literals
   std::unordered_map<const char*, std::string> preparing_;  // in the batch being sent
 };
 
