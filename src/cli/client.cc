@@ -447,33 +447,39 @@ absl::Status Client::Stream(const StreamOptions& opts, const SseHandler& handler
   info->got_response = true;
   SseParser sse;
   BinaryAttachParser bin;
-  std::vector<SseEvent> sse_events;
-  std::vector<AttachEvent> events;
+  // Events are handled as the parsers complete them, in buffers the parsers reuse: output
+  // events run to hundreds of KiB, and a fresh buffer for each cost the client more CPU than
+  // sbxd spent sending them. The first handler that stops (or fails) ends the stream; events
+  // after it in the same read are not handled.
+  std::optional<absl::StatusOr<bool>> stop;
+  AttachEvent converted;
+  auto handle = [&](const AttachEvent& ev) {
+    if (stop) return;
+    absl::StatusOr<bool> more = handler(ev);
+    if (!more.ok() || !*more) stop = std::move(more);
+  };
   while (!parser.is_done()) {
     size_t n = read_some(opts.idle_timeout, ec);
     if (n > 0) {
-      events.clear();
       const std::string_view got(buf.data(), n);
       absl::Status fed;
       if (binary) {
-        fed = bin.Feed(got, &events);
+        fed = bin.Feed(got, handle);
       } else {
-        sse_events.clear();
-        fed = sse.Feed(got, &sse_events);
-        for (SseEvent& e : sse_events) {
-          events.push_back(AttachEvent{std::move(e.id), std::move(e.type), std::move(e.data)});
-        }
+        fed = sse.Feed(got, [&](const SseEvent& e) {
+          converted.id = e.id;
+          converted.type = e.type;
+          converted.data = e.data;
+          handle(converted);
+        });
+      }
+      if (stop) {
+        impl_->Close();
+        return stop->ok() ? absl::OkStatus() : stop->status();
       }
       if (!fed.ok()) {
         impl_->Close();
         return fed;
-      }
-      for (const AttachEvent& ev : events) {
-        absl::StatusOr<bool> more = handler(ev);
-        if (!more.ok() || !*more) {
-          impl_->Close();
-          return more.ok() ? absl::OkStatus() : more.status();
-        }
       }
     }
     if (ec) return TransportError(ec, "attach stream", opts.idle_timeout);

@@ -13,6 +13,11 @@ constexpr std::string_view kBom = "\xEF\xBB\xBF";
 }  // namespace
 
 absl::Status BinaryAttachParser::Feed(std::string_view bytes, std::vector<AttachEvent>* out) {
+  return Feed(bytes, [out](const AttachEvent& e) { out->push_back(e); });
+}
+
+absl::Status BinaryAttachParser::Feed(std::string_view bytes,
+                                      absl::FunctionRef<void(const AttachEvent&)> on_event) {
   auto be = [](const char* p, int n) {
     uint64_t v = 0;
     for (int i = 0; i < n; ++i) v = v << 8 | static_cast<uint8_t>(p[i]);
@@ -48,14 +53,13 @@ absl::Status BinaryAttachParser::Feed(std::string_view bytes, std::vector<Attach
     const uint64_t id = be(ev.data() + 8, 8);
     static constexpr const char* kKinds[] = {nullptr, "stdout", "stderr", "resync_required",
                                              "error", "process_exited"};
-    if (id != 0) last_event_id_ = std::to_string(id);
+    if (id != 0) ev_.id = std::to_string(id);
     if (kind >= 1 && kind <= 5) {
-      AttachEvent& e = out->emplace_back();
-      e.id = last_event_id_;
-      e.type = kKinds[kind];
-      e.data.assign(ev.substr(kHeaderBytes, length));
-      e.raw = kind <= 2;
-      e.offset = e.raw ? be(ev.data() + 16, 8) : 0;
+      ev_.type = kKinds[kind];
+      ev_.data.assign(ev.substr(kHeaderBytes, length));
+      ev_.raw = kind <= 2;
+      ev_.offset = ev_.raw ? be(ev.data() + 16, 8) : 0;
+      on_event(ev_);
     }
     if (buf_.empty()) {
       in.remove_prefix(kHeaderBytes + length);
@@ -68,6 +72,11 @@ absl::Status BinaryAttachParser::Feed(std::string_view bytes, std::vector<Attach
 }
 
 absl::Status SseParser::Feed(std::string_view bytes, std::vector<SseEvent>* out) {
+  return Feed(bytes, [out](const SseEvent& e) { out->push_back(e); });
+}
+
+absl::Status SseParser::Feed(std::string_view bytes,
+                             absl::FunctionRef<void(const SseEvent&)> on_event) {
   if (!bom_checked_) {
     // The BOM may itself be split across chunks: wait until three bytes (or a mismatch) decide.
     std::string probe = line_ + std::string(bytes.substr(0, kBom.size()));
@@ -108,12 +117,13 @@ absl::Status SseParser::Feed(std::string_view bytes, std::vector<SseEvent>* out)
     }
     after_cr_ = (c == '\r');
     if (line_.empty()) {
-      ProcessLine(bytes.substr(start, i - start), out);
+      ProcessLine(bytes.substr(start, i - start), on_event);
     } else {
+      // line_ keeps its capacity: the next long line (the next event's data) fits without a
+      // reallocation.
       line_.append(bytes.substr(start, i - start));
-      std::string line = std::move(line_);
+      ProcessLine(line_, on_event);
       line_.clear();
-      ProcessLine(line, out);
     }
     start = i + 1;
   }
@@ -128,7 +138,8 @@ absl::Status SseParser::Feed(std::string_view bytes, std::vector<SseEvent>* out)
   return absl::OkStatus();
 }
 
-void SseParser::ProcessLine(std::string_view line, std::vector<SseEvent>* out) {
+void SseParser::ProcessLine(std::string_view line,
+                            absl::FunctionRef<void(const SseEvent&)> on_event) {
   if (line.empty()) {
     event_started_ = false;
     if (!has_data_) {
@@ -136,12 +147,16 @@ void SseParser::ProcessLine(std::string_view line, std::vector<SseEvent>* out) {
       type_.clear();
       return;
     }
-    SseEvent ev;
-    ev.id = last_event_id_;
-    ev.type = type_.empty() ? "message" : std::move(type_);
+    ev_.id = last_event_id_;
+    if (type_.empty()) {
+      ev_.type = "message";
+    } else {
+      ev_.type.swap(type_);
+    }
     if (!data_.empty() && data_.back() == '\n') data_.pop_back();
-    ev.data = std::move(data_);
-    out->push_back(std::move(ev));
+    // Swapped, not moved: both buffers keep their capacity from event to event.
+    ev_.data.swap(data_);
+    on_event(ev_);
     data_.clear();
     type_.clear();
     has_data_ = false;

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 
 namespace sbx::cli {
@@ -41,15 +42,19 @@ class BinaryAttachParser {
   static constexpr size_t kHeaderBytes = 24;
 
   explicit BinaryAttachParser(size_t max_event_bytes = 64u << 20) : max_(max_event_bytes) {}
-  // Consumes `bytes`, appending every event they complete to `out`. An event larger than the
-  // bound is a protocol error (a broken or hostile server); the parser must not be fed again.
+  // Consumes `bytes`, calling `on_event` for every event they complete, in order. The event
+  // is valid during the call only: its buffers are reused for the next one, so a long stream
+  // allocates nothing per event. An event larger than the bound is a protocol error (a broken
+  // or hostile server); the parser must not be fed again.
+  absl::Status Feed(std::string_view bytes, absl::FunctionRef<void(const AttachEvent&)> on_event);
+  // The same, appending a copy of every event to `out`.
   absl::Status Feed(std::string_view bytes, std::vector<AttachEvent>* out);
   bool HasPartialEvent() const { return !buf_.empty(); }
 
  private:
   size_t max_;
   std::string buf_;  // the bytes of an event not complete yet
-  std::string last_event_id_;
+  AttachEvent ev_;   // the event handed to on_event; its id is SSE's last event id
 };
 
 class SseParser {
@@ -61,8 +66,12 @@ class SseParser {
   explicit SseParser(size_t max_line_bytes = kDefaultMaxLineBytes)
       : max_line_bytes_(max_line_bytes) {}
 
-  // Consumes `bytes` and appends every event completed by them to `out`. Bytes that do not
-  // complete a line are kept for the next call. After an error the parser must not be fed again.
+  // Consumes `bytes`, calling `on_event` for every event they complete, in order. Bytes that do
+  // not complete a line are kept for the next call. The event is valid during the call only:
+  // its buffers are reused, so a stream of events of hundreds of KiB (the attach stream's)
+  // allocates nothing per event. After an error the parser must not be fed again.
+  absl::Status Feed(std::string_view bytes, absl::FunctionRef<void(const SseEvent&)> on_event);
+  // The same, appending a copy of every event to `out`.
   absl::Status Feed(std::string_view bytes, std::vector<SseEvent>* out);
 
   // True when some field of an event was seen but its terminating blank line was not: the
@@ -76,14 +85,15 @@ class SseParser {
   const std::string& last_event_id() const { return last_event_id_; }
 
  private:
-  void ProcessLine(std::string_view line, std::vector<SseEvent>* out);
+  void ProcessLine(std::string_view line, absl::FunctionRef<void(const SseEvent&)> on_event);
 
   size_t max_line_bytes_;
   std::string line_;         // bytes of the current, unterminated line
   bool after_cr_ = false;    // the previous byte was a CR: a following LF belongs to it
   bool bom_checked_ = false;
   bool event_started_ = false;
-  std::string data_;
+  std::string data_;  // the data lines so far; swapped with ev_.data at dispatch
+  SseEvent ev_;       // the event handed to on_event
   bool has_data_ = false;
   std::string type_;
   std::string last_event_id_;

@@ -182,6 +182,33 @@ TEST(SseParser, LargeDataAcrossManyChunks) {
   EXPECT_EQ(got[0].data, payload);
 }
 
+// The callback form hands out one event object whose buffers are reused: a long event then
+// short ones must not leak bytes, a type or an id from the event before.
+TEST(SseParser, CallbackEventsReuseBuffersWithoutLeakingTheLastEvent) {
+  const std::string big(300000, 'z');
+  const std::string in = "id: 1\nevent: stdout\ndata: " + big + "\n\n" +
+                         "data: a\n\n" +
+                         "event: stderr\ndata: bc\ndata: d\n\n" +
+                         "id: 7\ndata: " + big.substr(0, 5000) + "\n\n" +
+                         "data: \n\n";
+  for (size_t step : {size_t{1} << 20, size_t{65536}, size_t{4093}, size_t{7}}) {
+    SseParser p;
+    std::vector<SseEvent> got;
+    for (size_t at = 0; at < in.size(); at += step) {
+      ASSERT_TRUE(p.Feed(std::string_view(in).substr(at, step),
+                         [&](const SseEvent& e) { got.push_back(e); })
+                      .ok());
+    }
+    ASSERT_EQ(got.size(), 5u) << step;
+    EXPECT_THAT(got[0], FieldsAre("1", "stdout", big));
+    EXPECT_THAT(got[1], FieldsAre("1", "message", "a"));
+    EXPECT_THAT(got[2], FieldsAre("1", "stderr", "bc\nd"));
+    EXPECT_THAT(got[3], FieldsAre("7", "message", big.substr(0, 5000)));
+    EXPECT_THAT(got[4], FieldsAre("7", "message", ""));
+    EXPECT_FALSE(p.HasPartialEvent());
+  }
+}
+
 // One binary-form event (docs/api.md): kind, 3 zero bytes, u32 length, u64 id, u64 offset.
 std::string BinaryEvent(uint8_t kind, uint64_t id, uint64_t offset, std::string_view payload) {
   std::string out(1, static_cast<char>(kind));
@@ -229,6 +256,24 @@ TEST(BinaryAttachParser, EveryChunkBoundaryGivesTheSameEvents) {
       EXPECT_EQ(got[4].type, "process_exited");
     }
   }
+}
+
+TEST(BinaryAttachParser, CallbackEventsReuseBuffersWithoutLeakingTheLastEvent) {
+  const std::string stream = BinaryEvent(1, 1, 0, std::string(100000, 'x')) +
+                             BinaryEvent(2, 2, 0, "e") + BinaryEvent(3, 0, 0, "{}") +
+                             BinaryEvent(1, 3, 100000, "");
+  BinaryAttachParser p;
+  std::vector<AttachEvent> got;
+  for (size_t at = 0; at < stream.size(); at += 4093) {
+    ASSERT_TRUE(p.Feed(std::string_view(stream).substr(at, 4093),
+                       [&](const AttachEvent& e) { got.push_back(e); })
+                    .ok());
+  }
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(got[0].data, std::string(100000, 'x'));
+  EXPECT_THAT(got[1], FieldsAre("2", "stderr", "e", true, 0u));
+  EXPECT_THAT(got[2], FieldsAre("2", "resync_required", "{}", false, 0u));
+  EXPECT_THAT(got[3], FieldsAre("3", "stdout", "", true, 100000u));
 }
 
 TEST(BinaryAttachParser, PartialAndOversizedEvents) {
