@@ -187,7 +187,8 @@ def tables(d):
     if rep:
         parts.append("### Repeatable forms (CPU time and syscalls per operation)\n\n"
                      "sbxd and every process it started during the scenario (holders, agents, "
-                     "the commands), user + kernel time, over the timed steps only "
+                     "the commands), user + kernel time, over the metered pass that follows the "
+                     "timed steps "
                      "(`perf stat -e task-clock,raw_syscalls:sys_enter -p`); kernel threads are "
                      "not in it. `host CPU` is every CPU's busy time over the same windows "
                      "(/proc/stat): kernel threads included, but also anything else that ran, "
@@ -496,7 +497,7 @@ def print_repeatable(d, ft):
     """A plain-text table for a terminal or a CI log."""
     meta = d.get("meta", {})
     print(f"repeatable forms ({meta.get('mode', '?')} run, commit {meta.get('commit', '?')}): "
-          f"sbxd + the processes it started, timed steps only")
+          f"sbxd + the processes it started, metered pass after the timed one")
     rows = [["scenario", "CPU ms/op", "syscalls/op", "host CPU ms/op", "CPU ns/byte", "ops"]]
     rows += [[c.strip("`") for c in r] for r in repeatable_rows(d)]
     if ft:

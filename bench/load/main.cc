@@ -266,7 +266,7 @@ int main(int argc, char** argv) {
   }
 
   // CPU time and syscalls per operation (SbxdMeter): what a loaded CI host cannot skew.
-  fmt::print("repeatable forms (sbxd + the processes it started, timed steps only):\n");
+  fmt::print("repeatable forms (sbxd + the processes it started, a metered pass after the timed one):\n");
   fmt::print("  {:<20} {:>12} {:>14} {:>16} {:>14}\n", "scenario", "cpu_ms/op", "syscalls/op",
              "host_cpu_ms/op", "cpu_ns/byte");
   for (const auto& row : report["repeatable"]) {

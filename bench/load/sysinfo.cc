@@ -391,7 +391,7 @@ void SbxdMeter::AddTo(nlohmann::json& extra) {
   extra["cpu_ops"] = ops_;
   extra["cpu_basis"] =
       "perf stat task-clock and raw_syscalls:sys_enter of sbxd and every process it started "
-      "(holders, agents, commands), user + kernel, over the timed steps only; kernel threads "
+      "(holders, agents, commands), user + kernel, over a metered pass after the timed steps (up to 50 operations, one attach, a sustained window of up to 10 s: the tracepoint slows what it counts, so timed steps run unmetered); kernel threads "
       "not included (host_cpu_ms_per_op: all CPUs' busy time from /proc/stat over the same "
       "windows, kernel threads and any other load included)";
 }
