@@ -247,7 +247,8 @@ void Exec(const Config& cfg, Results& out) {
   }
   janitor.Add(c->sandbox_id);
   const int n = cfg.exec_n;
-  for (int i = -1; i < n + MeteredOps(cfg.sbxd_pid, n); ++i) {
+  const int metered = MeteredOps(cfg.sbxd_pid, n);
+  for (int i = -1; i < n + metered; ++i) {
     if (i >= n) meter.Begin();
     const auto t0 = Clock::now();
     auto a = api.Exec(c->sandbox_id, {"true"});

@@ -466,10 +466,11 @@ absl::Status Client::Stream(const StreamOptions& opts, const SseHandler& handler
       if (binary) {
         fed = bin.Feed(got, handle);
       } else {
-        fed = sse.Feed(got, [&](const SseEvent& e) {
-          converted.id = e.id;
-          converted.type = e.type;
-          converted.data = e.data;
+        // Swapped, not copied: the parser refills each field before its next event.
+        fed = sse.Feed(got, [&](SseEvent& e) {
+          converted.id.swap(e.id);
+          converted.type.swap(e.type);
+          converted.data.swap(e.data);
           handle(converted);
         });
       }

@@ -76,7 +76,7 @@ absl::Status SseParser::Feed(std::string_view bytes, std::vector<SseEvent>* out)
 }
 
 absl::Status SseParser::Feed(std::string_view bytes,
-                             absl::FunctionRef<void(const SseEvent&)> on_event) {
+                             absl::FunctionRef<void(SseEvent&)> on_event) {
   if (!bom_checked_) {
     // The BOM may itself be split across chunks: wait until three bytes (or a mismatch) decide.
     std::string probe = line_ + std::string(bytes.substr(0, kBom.size()));
@@ -139,7 +139,7 @@ absl::Status SseParser::Feed(std::string_view bytes,
 }
 
 void SseParser::ProcessLine(std::string_view line,
-                            absl::FunctionRef<void(const SseEvent&)> on_event) {
+                            absl::FunctionRef<void(SseEvent&)> on_event) {
   if (line.empty()) {
     event_started_ = false;
     if (!has_data_) {

@@ -69,8 +69,10 @@ class SseParser {
   // Consumes `bytes`, calling `on_event` for every event they complete, in order. Bytes that do
   // not complete a line are kept for the next call. The event is valid during the call only:
   // its buffers are reused, so a stream of events of hundreds of KiB (the attach stream's)
-  // allocates nothing per event. After an error the parser must not be fed again.
-  absl::Status Feed(std::string_view bytes, absl::FunctionRef<void(const SseEvent&)> on_event);
+  // allocates nothing per event. `on_event` may swap the event's strings out (the parser
+  // refills every field before the next call) to keep them without a copy. After an error the
+  // parser must not be fed again.
+  absl::Status Feed(std::string_view bytes, absl::FunctionRef<void(SseEvent&)> on_event);
   // The same, appending a copy of every event to `out`.
   absl::Status Feed(std::string_view bytes, std::vector<SseEvent>* out);
 
@@ -85,7 +87,7 @@ class SseParser {
   const std::string& last_event_id() const { return last_event_id_; }
 
  private:
-  void ProcessLine(std::string_view line, absl::FunctionRef<void(const SseEvent&)> on_event);
+  void ProcessLine(std::string_view line, absl::FunctionRef<void(SseEvent&)> on_event);
 
   size_t max_line_bytes_;
   std::string line_;         // bytes of the current, unterminated line

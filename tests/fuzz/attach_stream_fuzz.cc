@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "cli/sse_parser.h"
@@ -118,14 +119,25 @@ bool Whole(std::string_view in, std::vector<Event>* out) {
   return p.Feed(in, out).ok();
 }
 
-// In pieces, through the callback form; stops at the first error, as a client must.
+// In pieces, through the callback form; stops at the first error, as a client must. SSE
+// events are taken as the CLI takes them: their strings swapped out, which the parser allows.
 template <class Parser, class Event>
 bool Pieces(std::string_view in, size_t piece, std::vector<Event>* out) {
   Parser p(kMax);
   for (size_t at = 0; at < in.size(); at += piece) {
-    if (!p.Feed(in.substr(at, piece), [&](const Event& e) { out->push_back(e); }).ok()) {
-      return false;
+    bool ok;
+    if constexpr (std::is_same_v<Event, SseEvent>) {
+      ok = p.Feed(in.substr(at, piece), [&](SseEvent& e) {
+             SseEvent kept;
+             kept.id.swap(e.id);
+             kept.type.swap(e.type);
+             kept.data.swap(e.data);
+             out->push_back(std::move(kept));
+           }).ok();
+    } else {
+      ok = p.Feed(in.substr(at, piece), [&](const Event& e) { out->push_back(e); }).ok();
     }
+    if (!ok) return false;
   }
   return true;
 }
