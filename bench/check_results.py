@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-SCENARIOS = ["create_cold", "create_warm", "first_output", "first_output_exit", "exec",
+SCENARIOS = ["create_cold", "create_warm", "first_output", "first_output_exit", "exec", "exec_split",
              "concurrent_create", "concurrent_create_warm", "sustained", "attach", "attach_binary", "density", "pause", "pause_wake",
              "pause_delete"]
 PEERS = ["fork_exec_true", "bwrap_echo", "unshare_echo", "runc_echo", "pipe"]

@@ -114,6 +114,16 @@ absl::StatusOr<Session> Api::CreateSession(const std::string& sandbox_id,
   return s;
 }
 
+Session Api::SessionToCreate(const std::string& sandbox_id,
+                             const std::vector<std::string>& argv) {
+  Session s;
+  s.id = "(new session)";
+  s.attach_url = fmt::format("/v1/sandboxes/{}/sessions?attach=true", sandbox_id);
+  s.attach_token = conn_.token();
+  s.create_body = nlohmann::json{{"argv", argv}}.dump();
+  return s;
+}
+
 absl::StatusOr<AttachResult> Api::Attach(const Session& session) {
   AttachResult out;
   bool exited = false;
@@ -156,7 +166,8 @@ absl::StatusOr<AttachResult> Api::Attach(const Session& session) {
               fmt::format("{}: resync_required on a first attach: {}", session.id, ev.data));
         }
         return true;  // read on to the end of the response, so the connection stays reusable
-      });
+      },
+      session.create_body);
   SBX_RETURN_IF_ERROR(st);
   if (!exited) {
     return absl::InternalError(
@@ -192,8 +203,9 @@ absl::StatusOr<AttachResult> Api::AttachBinary(const Session& session) {
     }
     return absl::OkStatus();
   };
+  const char* sep = session.attach_url.find('?') == std::string::npos ? "?" : "&";
   absl::Status st = conn_.StreamBytes(
-      session.attach_url + "?format=binary", session.attach_token,
+      session.attach_url + sep + "format=binary", session.attach_token,
       "application/vnd.sbx.attach+binary", [&](std::string_view bytes) -> absl::StatusOr<bool> {
         while (!bytes.empty()) {
           if (have < sizeof(header)) {
@@ -248,7 +260,8 @@ absl::StatusOr<AttachResult> Api::AttachBinary(const Session& session) {
           }
         }
         return true;  // read on to the end of the response, so the connection stays reusable
-      });
+      },
+      session.create_body);
   SBX_RETURN_IF_ERROR(st);
   if (!exited) {
     return absl::InternalError(
@@ -258,8 +271,14 @@ absl::StatusOr<AttachResult> Api::AttachBinary(const Session& session) {
 }
 
 absl::StatusOr<AttachResult> Api::Exec(const std::string& sandbox_id,
-                                       const std::vector<std::string>& argv, bool binary) {
-  SBX_ASSIGN_OR_RETURN(Session s, CreateSession(sandbox_id, argv));
+                                       const std::vector<std::string>& argv, bool binary,
+                                       ExecForm form) {
+  Session s;
+  if (form == ExecForm::kOneRequest) {
+    s = SessionToCreate(sandbox_id, argv);
+  } else {
+    SBX_ASSIGN_OR_RETURN(s, CreateSession(sandbox_id, argv));
+  }
   SBX_ASSIGN_OR_RETURN(AttachResult r, binary ? AttachBinary(s) : Attach(s));
   if (!r.exit.is_object() || r.exit.value("exit_code", nlohmann::json()) != 0) {
     return absl::InternalError(

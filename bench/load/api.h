@@ -26,6 +26,9 @@ struct Session {
   std::string id;
   std::string attach_url;
   std::string attach_token;
+  // Non-empty: the session is not made yet; attaching POSTs this body to attach_url (a create
+  // with `?attach=true`), which makes it and answers with its stream in one request.
+  std::string create_body;
 };
 
 struct AttachResult {
@@ -68,9 +71,15 @@ class Api {
   // The same on the binary form (?format=binary, docs/api.md): frames parsed as they arrive,
   // ids consecutive and stdout offsets contiguous, the control frames' JSON parsed.
   absl::StatusOr<AttachResult> AttachBinary(const Session& session);
-  // CreateSession + Attach, and the process must exit 0.
+  // The session of CreateAndAttach: made by the attach request itself.
+  Session SessionToCreate(const std::string& sandbox_id, const std::vector<std::string>& argv);
+  // How an exec reaches the process: one request (POST …/sessions?attach=true, what `sbx exec`
+  // sends) or two (POST …/sessions, then GET its attach URL).
+  enum class ExecForm { kOneRequest, kTwoRequests };
+  // The session made and attached to, and the process must exit 0.
   absl::StatusOr<AttachResult> Exec(const std::string& sandbox_id,
-                                    const std::vector<std::string>& argv, bool binary = false);
+                                    const std::vector<std::string>& argv, bool binary = false,
+                                    ExecForm form = ExecForm::kOneRequest);
 
  private:
   HttpConn& conn_;

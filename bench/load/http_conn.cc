@@ -176,7 +176,7 @@ absl::StatusOr<nlohmann::json> HttpConn::Json(std::string_view method, std::stri
 }
 
 absl::Status HttpConn::Stream(std::string_view target, std::string_view bearer,
-                              const EventHandler& handler) {
+                              const EventHandler& handler, std::string_view post_json) {
   const std::string what = fmt::format("attach {}", target);
   cli::SseParser sse;
   // Events are handled where the parser completes them, in its reused buffers: a copy of each
@@ -192,14 +192,21 @@ absl::Status HttpConn::Stream(std::string_view target, std::string_view bearer,
                        if (stop) return *std::move(stop);
                        if (!fed.ok()) return Annotate(fed, what);
                        return true;
-                     });
+                     },
+                     post_json);
 }
 
 absl::Status HttpConn::StreamBytes(std::string_view target, std::string_view bearer,
-                                   std::string_view accept, const BytesHandler& handler) {
+                                   std::string_view accept, const BytesHandler& handler,
+                                   std::string_view post_json) {
   const std::string what = fmt::format("attach {}", target);
-  http::request<http::empty_body> req{http::verb::get,
-                                      endpoint_.base_path + std::string(target), 11};
+  http::request<http::string_body> req{post_json.empty() ? http::verb::get : http::verb::post,
+                                       endpoint_.base_path + std::string(target), 11};
+  if (!post_json.empty()) {
+    req.set(http::field::content_type, "application/json");
+    req.body() = std::string(post_json);
+    req.prepare_payload();
+  }
   req.set(http::field::host, HostHeader(endpoint_));
   req.set(http::field::user_agent, kUserAgent);
   req.set(http::field::accept, std::string(accept));

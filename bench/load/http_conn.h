@@ -42,6 +42,7 @@ class HttpConn {
   HttpConn& operator=(const HttpConn&) = delete;
 
   const cli::Endpoint& endpoint() const { return endpoint_; }
+  const std::string& token() const { return token_; }
 
   // Opens the connection now (so that a timed request does not pay for connect).
   absl::Status Connect();
@@ -57,11 +58,14 @@ class HttpConn {
 
   // GET `target` as text/event-stream with `bearer` as the token and feeds every event to
   // `handler`. OK when the response ended or the handler stopped.
+  // With `post_json`, a POST of that JSON body instead (a create that answers with its
+  // stream, `?attach=true`).
   absl::Status Stream(std::string_view target, std::string_view bearer,
-                      const EventHandler& handler);
+                      const EventHandler& handler, std::string_view post_json = {});
   // The same for any streamed body: GET `target` with `accept` and feed the raw body bytes.
   absl::Status StreamBytes(std::string_view target, std::string_view bearer,
-                           std::string_view accept, const BytesHandler& handler);
+                           std::string_view accept, const BytesHandler& handler,
+                           std::string_view post_json = {});
 
   std::chrono::seconds timeout{90};  // per socket step; above the 30 s long polls we send
 

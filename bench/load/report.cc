@@ -56,6 +56,7 @@ nlohmann::json BuildRatios(const nlohmann::json& scenarios, const nlohmann::json
   latency("first_output_vs_unshare", "first_output", "unshare_echo");
   latency("first_output_vs_runc", "first_output", "runc_echo");
   latency("exec_vs_fork_exec", "exec", "fork_exec_true");
+  latency("exec_split_vs_fork_exec", "exec_split", "fork_exec_true");
   auto throughput = [&](const std::string& name, const std::string& num) {
     auto a = Throughput(scenarios, num);
     auto b = Throughput(peers, "pipe");

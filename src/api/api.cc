@@ -39,21 +39,6 @@ std::optional<std::string> Header(const http::Request& req, std::string_view nam
 // than sent as a buffer of their own.
 constexpr size_t kCopyBelowBytes = 4096;
 
-// Which form of the attach stream the client asked for: `?format=sse|binary`, else an Accept
-// header naming the binary type (docs/api.md, "attach"); SSE by default.
-absl::StatusOr<bool> WantsBinaryAttach(const http::Request& req, const Target& t) {
-  if (std::optional<std::string> format = t.Query("format")) {
-    if (*format == "sse") return false;
-    if (*format == "binary") return true;
-    return FieldError("format", "must be \"sse\" or \"binary\"");
-  }
-  auto it = req.find(bhttp::field::accept);
-  if (it == req.end()) return false;
-  std::string accept(it->value());
-  for (char& c : accept) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return accept.find(kBinaryAttachContentType) != std::string::npos;
-}
-
 metrics::Family<metrics::Counter>& StreamedBytes(metrics::Registry& registry) {
   return registry.AddCounter("sbx_streamed_bytes_total",
                              "Session output delivered to clients over attach streams, in bytes "
@@ -69,6 +54,19 @@ json ExitJson(const service::SessionExit& ev) {
 }
 
 }  // namespace
+
+absl::StatusOr<bool> WantsBinaryAttach(const http::Request& req, const Target& t) {
+  if (std::optional<std::string> format = t.Query("format")) {
+    if (*format == "sse") return false;
+    if (*format == "binary") return true;
+    return FieldError("format", "must be \"sse\" or \"binary\"");
+  }
+  auto it = req.find(bhttp::field::accept);
+  if (it == req.end()) return false;
+  std::string accept(it->value());
+  for (char& c : accept) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return accept.find(kBinaryAttachContentType) != std::string::npos;
+}
 
 absl::Status MethodNotAllowed(const http::Request& req) {
   return ApiError(absl::StatusCode::kInvalidArgument, "method_not_allowed",
@@ -220,7 +218,7 @@ http::asio::awaitable<absl::StatusOr<store::OperationRecord>> Api::WaitForOperat
 }
 
 Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
-                      const std::string& session_id, const Target& t) {
+                      const std::string& session_id, const Target& t, const CreatedHere* created) {
   const std::string& rid = ctx.request_id;
   // The form first: a malformed request is a 400 whatever the session's state.
   auto binary = WantsBinaryAttach(ctx.req, t);
@@ -259,6 +257,13 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
   header.set(bhttp::field::cache_control, "no-store");
   header.set("X-Accel-Buffering", "no");
   header.set("X-Request-Id", rid);
+  if (created != nullptr) {
+    // What the 201 of a plain create carries in its body, for a client that later re-attaches
+    // (GET …/attach with Last-Event-ID) or asks for the exit status.
+    header.set(bhttp::field::location, "/v1/sessions/" + session_id);
+    header.set("Sbx-Session-Id", session_id);
+    if (created->replayed) header.set("Idempotent-Replayed", "true");
+  }
   if (!ctx.req.keep_alive()) header.set(bhttp::field::connection, "close");
   if (!co_await ctx.stream.Begin(std::move(header))) co_return std::nullopt;
   attach_streams_.Inc();

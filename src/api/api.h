@@ -84,10 +84,15 @@ class Api {
   friend struct e2b::Gateway;
   // Authenticates, matches the route table and runs the handler (routes.cc).
   http::asio::awaitable<std::optional<http::Response>> Route(http::RequestContext& ctx);
-  http::asio::awaitable<std::optional<http::Response>> Attach(http::RequestContext& ctx,
-                                                              const service::Caller& caller,
-                                                              const std::string& session_id,
-                                                              const Target& target);
+  // `created`: the session was created by this same request (POST …/sessions?attach=true);
+  // the stream's head names it, as the 201 would have.
+  struct CreatedHere {
+    std::string session_id;
+    bool replayed = false;  // an Idempotency-Key's stored answer, not a new session
+  };
+  http::asio::awaitable<std::optional<http::Response>> Attach(
+      http::RequestContext& ctx, const service::Caller& caller, const std::string& session_id,
+      const Target& target, const CreatedHere* created = nullptr);
   // Output bytes of an attach batch, counted once the client has taken it.
   struct AttachBatch {
     uint64_t stdout_bytes = 0;

@@ -3,6 +3,8 @@
 #pragma once
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "api/target.h"
 #include "http/server.h"
 
 namespace sbx::api {
@@ -12,5 +14,9 @@ namespace sbx::api {
 http::Response Fail(const http::RequestContext& ctx, const absl::Status& s);
 // 405 method_not_allowed, naming the method and the target.
 absl::Status MethodNotAllowed(const http::Request& req);
+// Which form of the attach stream the client asked for: `?format=sse|binary`, else an Accept
+// header naming the binary type (docs/api.md, "attach"); SSE by default. 400 for another
+// `format`.
+absl::StatusOr<bool> WantsBinaryAttach(const http::Request& req, const Target& t);
 
 }  // namespace sbx::api

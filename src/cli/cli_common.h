@@ -112,7 +112,14 @@ struct AttachTarget {
   std::string url;            // attach path; "" → /v1/sessions/{id}/attach
   std::string token;          // attach token; "" → the client's management token
   std::string last_event_id;  // resume after this event
+  // `sbx exec`: the session is created by the first request, which answers with its stream
+  // (POST {create_path}?attach=true with this body); session_id is then learnt from it.
+  std::string create_path;
+  std::string create_body;
+  std::string idempotency_key;
 };
-absl::StatusOr<int> StreamSession(Client& client, const AttachTarget& target);
+// `target.session_id` is set once a create's stream has named the session (also on failure,
+// when it got that far).
+absl::StatusOr<int> StreamSession(Client& client, AttachTarget& target);
 
 }  // namespace sbx::cli

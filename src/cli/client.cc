@@ -390,13 +390,21 @@ absl::Status Client::Stream(const StreamOptions& opts, const SseHandler& handler
   info->connected = true;
   auto& stream = *impl_->stream;
 
-  http::request<http::empty_body> req{http::verb::get, endpoint_.base_path + opts.target, 11};
+  const bool create = !opts.create_body.empty();
+  http::request<http::string_body> req{create ? http::verb::post : http::verb::get,
+                                       endpoint_.base_path + opts.target, 11};
   req.set(http::field::host, HostHeader(endpoint_));
   req.set(http::field::user_agent, kUserAgent);
   req.set(http::field::accept, fmt::format("{}, text/event-stream;q=0.9", kBinaryAttachType));
   req.set(http::field::cache_control, "no-cache");
   req.set(http::field::authorization, "Bearer " + (opts.token.empty() ? token_ : opts.token));
   if (!opts.last_event_id.empty()) req.set("Last-Event-ID", opts.last_event_id);
+  if (create) {
+    if (!opts.idempotency_key.empty()) req.set("Idempotency-Key", opts.idempotency_key);
+    req.set(http::field::content_type, "application/json");
+    req.body() = opts.create_body;
+    req.prepare_payload();
+  }
   stream.tcp().expires_after(request_timeout);
   error_code ec = impl_->Run([&](auto handler) { http::async_write(stream, req, handler); });
   if (ec) return TransportError(ec, "attach", request_timeout);
@@ -445,6 +453,7 @@ absl::Status Client::Stream(const StreamOptions& opts, const SseHandler& handler
   }
 
   info->got_response = true;
+  info->session_id = std::string(parser.get()["Sbx-Session-Id"]);
   SseParser sse;
   BinaryAttachParser bin;
   // Events are handled as the parsers complete them, in buffers the parsers reuse: output

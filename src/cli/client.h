@@ -71,6 +71,10 @@ struct StreamOptions {
   std::string target;             // "/v1/sessions/ses_…/attach" (joined to the base path)
   std::string token;              // bearer token; empty → the client's token
   std::string last_event_id;      // sent as Last-Event-ID when non-empty
+  // A POST that creates the session and answers with its stream (`?attach=true`), with this
+  // JSON body and Idempotency-Key; empty: a GET of `target`.
+  std::string create_body;
+  std::string idempotency_key;
   // The server sends a keepalive every 15 s; silence for this long means the stream is dead.
   std::chrono::seconds idle_timeout{90};
 };
@@ -110,6 +114,7 @@ class Client {
     bool connected = false;        // a TCP connection to sbxd was established
     bool got_response = false;     // a 200 text/event-stream response began
     bool ended_mid_event = false;  // the response ended inside an unterminated event
+    std::string session_id;        // a create's stream: the session it names (Sbx-Session-Id)
   };
   absl::Status Stream(const StreamOptions& opts, const SseHandler& handler,
                       StreamInfo* info = nullptr);

@@ -251,6 +251,33 @@ TEST(Client, StreamAsksForAndReadsTheBinaryForm) {
   EXPECT_THAT(seen, HasSubstr("application/vnd.sbx.attach+binary"));
 }
 
+TEST(Client, StreamCanBeACreateThatNamesItsSession) {
+  std::string seen;
+  FakeServer server([&](tcp::socket& s, const std::string& req) {
+    seen = req;
+    Send(s, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            "Sbx-Session-Id: ses_abc\r\nTransfer-Encoding: chunked\r\n\r\n");
+    Send(s, Chunk("id: 1\nevent: process_exited\ndata: {\"exit_code\":0}\n\n"));
+    Send(s, "0\r\n\r\n");
+  });
+  Client c(*ParseUrl(server.url()), "mgmt");
+  StreamOptions opts;
+  opts.target = "/v1/sandboxes/sbx_1/sessions?attach=true";
+  opts.create_body = R"({"argv":["true"]})";
+  opts.idempotency_key = "key-1";
+  Client::StreamInfo info;
+  int events = 0;
+  absl::Status s = c.Stream(
+      opts, [&](const AttachEvent&) -> absl::StatusOr<bool> { return ++events < 10; }, &info);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(events, 1);
+  EXPECT_EQ(info.session_id, "ses_abc");
+  EXPECT_THAT(seen, HasSubstr("POST /v1/sandboxes/sbx_1/sessions?attach=true HTTP/1.1\r\n"));
+  EXPECT_THAT(seen, HasSubstr("Idempotency-Key: key-1\r\n"));
+  EXPECT_THAT(seen, HasSubstr("Content-Type: application/json\r\n"));
+  EXPECT_THAT(seen, HasSubstr("Content-Length: 17\r\n"));
+}
+
 TEST(Client, StreamBrokenMidway) {
   FakeServer server([&](tcp::socket& s, const std::string&) {
     Send(s, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"

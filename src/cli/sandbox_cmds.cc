@@ -201,27 +201,19 @@ void RegisterRun(CLI::App& app, Context& ctx) {
         PrintError(fmt::format("create sandbox {}: {}", id, Msg(op.status())));
         return finish(kExitFailure);
       }
-      auto ses = client.Request("POST", fmt::format("/v1/sandboxes/{}/sessions", id), &session,
-                                NewIdempotencyKey());
-      if (!ses.ok()) {
-        if (absl::IsCancelled(ses.status())) return interrupted();
-        PrintError(fmt::format("start command in {}: {}", id, Msg(ses.status())));
-        return finish(kExitFailure);
-      }
+      // One request creates the session and streams it (`?attach=true`).
       AttachTarget t;
-      t.session_id = JsonString(ses->body, "session_id");
-      if (absl::Status s = CheckId(t.session_id, "ses"); !s.ok()) {
-        PrintError(fmt::format("start command in {}: sbxd returned {}", id, Msg(s)));
-        return finish(kExitFailure);
-      }
-      if (ses->body.contains("attach") && ses->body["attach"].is_object()) {
-        t.url = JsonString(ses->body["attach"], "url");
-        t.token = JsonString(ses->body["attach"], "token");
-      }
+      t.create_path = fmt::format("/v1/sandboxes/{}/sessions", id);
+      t.create_body = session.dump();
+      t.idempotency_key = NewIdempotencyKey();
       auto code = StreamSession(client, t);
       if (!code.ok()) {
         if (absl::IsCancelled(code.status())) return interrupted();
-        PrintError(code.status());
+        if (t.session_id.empty()) {
+          PrintError(fmt::format("start command in {}: {}", id, Msg(code.status())));
+        } else {
+          PrintError(code.status());
+        }
         return finish(kExitFailure);
       }
       return finish(*code);

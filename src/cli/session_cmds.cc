@@ -155,7 +155,7 @@ absl::StatusOr<bool> HandleEvent(StreamState& st, const AttachEvent& ev) {
 
 }  // namespace
 
-absl::StatusOr<int> StreamSession(Client& client, const AttachTarget& target) {
+absl::StatusOr<int> StreamSession(Client& client, AttachTarget& target) {
   StreamState st;
   st.last_event_id = target.last_event_id;
   if (!target.last_event_id.empty()) {
@@ -172,12 +172,39 @@ absl::StatusOr<int> StreamSession(Client& client, const AttachTarget& target) {
   bool ever_connected = false;
   std::chrono::milliseconds backoff(100);
   for (;;) {
+    // Until a create's stream has named its session, each try is the create again: its
+    // Idempotency-Key makes a retry attach to the session the first try made, if it made one.
+    const bool creating = target.session_id.empty() && !target.create_path.empty();
+    if (creating) {
+      opts.target = target.create_path + "?attach=true";
+      opts.create_body = target.create_body;
+      opts.idempotency_key = target.idempotency_key;
+    }
     opts.last_event_id = st.last_event_id;
     uint64_t events_before = st.events;
     Client::StreamInfo info;
     absl::Status s = client.Stream(
         opts, [&](const AttachEvent& ev) { return HandleEvent(st, ev); }, &info);
     ever_connected = ever_connected || info.connected;
+    if (creating && !info.session_id.empty()) {
+      if (absl::Status bad = CheckId(info.session_id, "ses"); !bad.ok()) {
+        return absl::InternalError(fmt::format("exec: sbxd returned {}", Msg(bad)));
+      }
+      target.session_id = info.session_id;
+      opts.target = fmt::format("/v1/sessions/{}/attach", target.session_id);
+      opts.create_body.clear();
+      opts.idempotency_key.clear();
+      client.set_second_signal_note(fmt::format(
+          "session {} keeps running; reattach with: sbx attach {}", target.session_id,
+          target.session_id));
+    }
+    if (creating && target.session_id.empty() && !s.ok() && info.got_response == false &&
+        ever_connected && !absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s) &&
+        !absl::IsCancelled(s)) {
+      // sbxd refused the create itself (400, 404, 409, ...): nothing runs. The caller names
+      // what it was doing.
+      return s;
+    }
     if (st.exited) return st.exit_code;
     if (st.stream_error) return *st.stream_error;
     std::string why;
@@ -264,35 +291,44 @@ std::optional<nlohmann::json> ExecBody(const ExecOpts& o, Context& ctx) {
   return body;
 }
 
-// Creates the session, then runs it: over the WebSocket with -i/-t, else on the attach stream.
+// Runs the command: over the WebSocket with -i/-t (after a plain create), else on the stream
+// the create itself answers with (one request, `?attach=true`).
 absl::StatusOr<int> RunExec(Client& client, const ExecOpts& o, const nlohmann::json& body) {
-  auto res = client.Request("POST", fmt::format("/v1/sandboxes/{}/sessions", o.sandbox_id),
-                            &body, NewIdempotencyKey());
-  if (!res.ok()) {
-    return absl::Status(res.status().code(), fmt::format("exec: {}", Msg(res.status())));
-  }
+  const std::string path = fmt::format("/v1/sandboxes/{}/sessions", o.sandbox_id);
   AttachTarget t;
-  t.session_id = JsonString(res->body, "session_id");
-  if (absl::Status s = CheckId(t.session_id, "ses"); !s.ok()) {
-    return absl::InternalError(fmt::format("exec: sbxd returned {}", Msg(s)));
-  }
-  if (res->body.contains("attach") && res->body["attach"].is_object()) {
-    t.url = JsonString(res->body["attach"], "url");
-    t.token = JsonString(res->body["attach"], "token");
-  }
   if (o.interactive || o.tty) {
+    auto res = client.Request("POST", path, &body, NewIdempotencyKey());
+    if (!res.ok()) {
+      return absl::Status(res.status().code(), fmt::format("exec: {}", Msg(res.status())));
+    }
+    t.session_id = JsonString(res->body, "session_id");
+    if (absl::Status s = CheckId(t.session_id, "ses"); !s.ok()) {
+      return absl::InternalError(fmt::format("exec: sbxd returned {}", Msg(s)));
+    }
+    if (res->body.contains("attach") && res->body["attach"].is_object()) {
+      t.token = JsonString(res->body["attach"], "token");
+    }
     // stdin and the terminal need the WebSocket; the attach token is enough for it.
     return RunWebSocketSession(client.endpoint(), t.token.empty() ? client.token() : t.token,
                                t.session_id, o.tty);
   }
-  client.set_second_signal_note(fmt::format(
-      "session {} keeps running; reattach with: sbx attach {}", t.session_id, t.session_id));
+  t.create_path = path;
+  t.create_body = body.dump();
+  t.idempotency_key = NewIdempotencyKey();
   auto code = StreamSession(client, t);
   if (!code.ok() && absl::IsCancelled(code.status())) {
-    PrintError(fmt::format(
-        "interrupted; session {} keeps running in sandbox {}; reattach with: sbx attach {}",
-        t.session_id, o.sandbox_id, t.session_id));
+    if (t.session_id.empty()) {
+      PrintError(fmt::format("interrupted before sbxd answered; the command may have started in "
+                             "sandbox {}", o.sandbox_id));
+    } else {
+      PrintError(fmt::format(
+          "interrupted; session {} keeps running in sandbox {}; reattach with: sbx attach {}",
+          t.session_id, o.sandbox_id, t.session_id));
+    }
     return 128 + client.interrupt_signal();
+  }
+  if (!code.ok() && t.session_id.empty()) {
+    return absl::Status(code.status().code(), fmt::format("exec: {}", Msg(code.status())));
   }
   return code;
 }

@@ -216,17 +216,17 @@ class OpenApiValidator:
             raise ResponseInvalid(f"{where}: body does not match the OpenAPI schema:\n"
                                   + "\n".join(lines) + f"\nbody: {str(instance)[:1500]}")
 
-    def validate_sse_event(self, path: str, event: str, data: Any) -> None:
+    def validate_sse_event(self, path: str, event: str, data: Any, method: str = "GET") -> None:
         """Checks one SSE event against the `x-sse-events` map of the route's 200 response
         (event type -> schema). Without such a map only the HTTP response is checked."""
-        template, response = self.find_response("GET", path, 200)
+        template, response = self.find_response(method, path, 200)
         events = response.get("x-sse-events")
         if events is None:
             media = (response.get("content") or {}).get("text/event-stream") or {}
             events = media.get("x-sse-events")
         if events is None:
             return
-        where = f"GET {template} SSE event {event!r}"
+        where = f"{method.upper()} {template} SSE event {event!r}"
         if event not in events:
             raise SpecError(f"{where}: undocumented event type (documented: {sorted(events)})")
         self.validate_schema(events[event], data, where)

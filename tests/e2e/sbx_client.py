@@ -128,7 +128,8 @@ class SseStream:
                         if data_lines or ev_type or ev_id is not None:
                             ev = self._make(ev_id, ev_type, data_lines, raw_lines)
                             if self.validator is not None:
-                                self.validator.validate_sse_event(self.resp.request.path_url, ev.event, ev.data)
+                                self.validator.validate_sse_event(self.resp.request.path_url, ev.event, ev.data,
+                                                                  self.resp.request.method)
                             yield ev
                         ev_id, ev_type, data_lines, raw_lines = None, "", [], []
                         continue

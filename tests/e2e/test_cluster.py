@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, RUNTIME, Daemon, skip_or_fail
-from sbx_client import SbxClient
+from sbx_client import SbxClient, SseStream
 
 SERVER = REPO / "tools" / "pg_test_server.sh"
 HEARTBEAT_MS = 200
@@ -274,6 +274,16 @@ def test_creates_spread_over_the_nodes_and_any_replica_attaches(cluster):
     again = a2.collect(a2.attach(out.session["session_id"], last_event_id=0), first_id=1)
     assert again.stdout == out.stdout and again.stderr == out.stderr == b"err\n"
     assert again.exit["exit_code"] == 0
+    # Sessions made and streamed by one request (?attach=true) through a replica, on each
+    # node; the session each names is read again through the other replica.
+    for node in NODES:
+        sb = made[nodes.index(node)]
+        resp = a1.call("POST", f"/v1/sandboxes/{sb['id']}/sessions", json_body={"argv": ["echo", sb["id"]]},
+                       params={"attach": "true"}, stream=True, timeout=60, expect=200)
+        ses = resp.headers["Sbx-Session-Id"]
+        one = a1.collect(SseStream(resp, a1.validator), first_id=1)
+        assert one.stdout == (sb["id"] + "\n").encode() and one.exit["exit_code"] == 0, one
+        assert a2.get_session(ses)["state"] == "exited"
     # Files through either replica.
     sid = made[1]["id"]
     a1.call("PUT", f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/x.txt"},
