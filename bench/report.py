@@ -343,7 +343,7 @@ PROMISES = [
     dict(promise="Attach throughput, binary stream (asked for by the client)", op=">=", goal=0.8,
          unit="× pipe", by=LOAD.format("attach_binary"), peer="`pipe`",
          measured=_ratio("attach_binary_vs_pipe"), form=_cpu("attach_binary", True)),
-    dict(promise="Exec round trip p50 (session + attach of `true`)", op="<=", goal=1.5,
+    dict(promise="Exec round trip p50 (`true`, one request: create + its stream)", op="<=", goal=1.5,
          unit="× fork+exec", by=LOAD.format("exec"), peer="`fork_exec_true`",
          measured=_ratio("exec_vs_fork_exec"), form=_cpu("exec")),
     dict(promise="Create → running, cold, p50", op="<=", goal=0.5, unit="× bwrap",

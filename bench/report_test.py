@@ -60,7 +60,7 @@ class SpecBlockTest(unittest.TestCase):
     def test_judges_each_direction(self):
         block = report.spec_block(latest(), file_transfer())
         self.assertEqual(row(block, "Create → running, cold, p50")[6], "met")          # 0.45 <= 0.5
-        self.assertEqual(row(block, "Exec round trip p50 (session + attach of `true`)")[6],
+        self.assertEqual(row(block, "Exec round trip p50 (`true`, one request: create + its stream)")[6],
                          "**missed**")                                                  # 2.1 > 1.5
         self.assertEqual(row(block, "Attach throughput (SSE, the default)")[6], "met")  # 0.9 >= 0.8
         self.assertEqual(row(block, "Sustained create + exec + delete (8 workers)")[6], "**missed**")
