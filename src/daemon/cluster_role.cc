@@ -72,7 +72,7 @@ std::unique_ptr<service::Cluster> MakeCluster(const Config& cfg, store::Store& s
 
 absl::StatusOr<NodeRole> StartNodeRole(const Config& cfg, store::Store& store,
                                        service::Cluster& cluster, service::SandboxService& svc,
-                                       uint16_t bound_port) {
+                                       service::TemplateService* templates, uint16_t bound_port) {
   NodeRole role;
   service::NodeMembership::Options mo;
   mo.name = NodeNameOf(cfg);
@@ -80,7 +80,23 @@ absl::StatusOr<NodeRole> StartNodeRole(const Config& cfg, store::Store& store,
   mo.role = cfg.node.role;
   mo.heartbeat = std::chrono::milliseconds(cfg.node.heartbeat_ms);
   mo.restart_grace = std::chrono::milliseconds(cfg.node.restart_grace_ms);
-  mo.report = [&svc] { return svc.Report(); };
+  // Register and the heartbeat thread call it one after another, never at once: `last_sync`
+  // needs no lock.
+  mo.report = [&svc, templates,
+               last_sync = std::chrono::steady_clock::time_point()]() mutable {
+    const auto now = std::chrono::steady_clock::now();
+    if (templates != nullptr && now - last_sync >= kTagSyncEvery) {
+      last_sync = now;
+      auto changed = templates->SyncTagsFromStore();
+      if (!changed.ok()) {
+        spdlog::warn("template tags: reading them from the store failed: {}; reported as they "
+                     "were", std::string(changed.status().message()));
+      } else if (*changed > 0) {
+        spdlog::info("template tags: {} changed on other nodes, followed here", *changed);
+      }
+    }
+    return svc.Report();
+  };
   mo.on_fenced = [&svc] {
     const int n = svc.ReleaseUnowned();
     spdlog::warn("node fenced: {} sandboxes the store no longer gives this node were destroyed", n);

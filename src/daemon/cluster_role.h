@@ -2,6 +2,7 @@
 // registration and heartbeat (role all or node), and the whole of the api role.
 #pragma once
 
+#include <chrono>
 #include <csignal>
 #include <cstdint>
 #include <memory>
@@ -13,6 +14,7 @@
 #include "http/server.h"
 #include "service/cluster.h"
 #include "service/sandbox_service.h"
+#include "service/template_service.h"
 #include "store/store.h"
 
 namespace sbx::daemon {
@@ -30,9 +32,13 @@ struct NodeRole {
 };
 // The view of the nodes (for /v1/admin/nodes and the reaper).
 std::unique_ptr<service::Cluster> MakeCluster(const Config& cfg, store::Store& store);
+// `templates` (may be null): its tags follow the store's from the heartbeat
+// (TemplateService::SyncTagsFromStore), at most every kTagSyncEvery.
 absl::StatusOr<NodeRole> StartNodeRole(const Config& cfg, store::Store& store,
                                        service::Cluster& cluster, service::SandboxService& svc,
-                                       uint16_t bound_port);
+                                       service::TemplateService* templates, uint16_t bound_port);
+// One read of every tag per node: at 1,000 nodes, 100 reads a second (docs/scale.md).
+inline constexpr std::chrono::seconds kTagSyncEvery{10};
 
 // `sbxd --role api`: serves until SIGTERM or SIGINT; the exit code.
 int RunApiRole(const Config& cfg, http::ServerOptions hopts, const sigset_t& stop);

@@ -772,7 +772,7 @@ int main(int argc, char** argv) {
   if (auto st = StartService(d, defaults); !st.ok()) return Fail(st);
   if (auto st = ServeApi(d, *hopts); !st.ok()) return Fail(st);
   auto node = sbx::daemon::StartNodeRole(cfg, *d.store, *d.cluster, *d.svc,
-                                         d.server->port());
+                                         d.template_svc.get(), d.server->port());
   if (!node.ok()) return Fail(node.status());
   d.node = std::move(*node);
 

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <random>
 
 #include <fmt/format.h>
@@ -262,6 +263,42 @@ absl::Status TemplateService::SyncFromCluster(const std::string& ref, const std:
   if (!tag_name.empty()) templates_.SetTag(tag_name, r->tag, digest);
   if (opts_.template_changed) opts_.template_changed();
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> TemplateService::SyncTagsFromStore() {
+  if (!opts_.cluster) return 0;
+  // Taken before the read: a tag this node sets or moves after it (an import, a create's
+  // SyncFromCluster) is newer than what the read saw, and ReplaceTag leaves it alone.
+  const std::map<std::string, std::string> before = templates_.Tags();
+  std::vector<TagRecord> stored;
+  SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
+    SBX_ASSIGN_OR_RETURN(stored, tx.ListTags());
+    return absl::OkStatus();
+  }));
+  std::map<std::string, std::string> want;  // "name:tag" -> digest, as the store has them
+  for (const TagRecord& t : stored) want[t.name + ":" + t.tag] = t.digest;
+  int changed = 0;
+  auto replace = [&](const std::string& key, const std::string& from, const std::string& to) {
+    const size_t colon = key.rfind(':');
+    if (templates_.ReplaceTag(key.substr(0, colon), key.substr(colon + 1), from, to)) ++changed;
+  };
+  for (const auto& [key, digest] : before) {
+    if (key.rfind(':') == std::string::npos || key == "base:latest") continue;
+    auto it = want.find(key);
+    if (it == want.end()) {
+      replace(key, digest, "");  // removed on another node
+    } else if (it->second != digest) {
+      // Moved on another node: followed only to a release held here; otherwise dropped, and the
+      // next create of the tag fetches that release (SyncFromCluster) and sets it.
+      replace(key, digest, templates_.HoldsRelease(it->second) ? it->second : std::string());
+    }
+  }
+  for (const auto& [key, digest] : want) {
+    // A tag made elsewhere on a release this node holds (a second tag on an image it fetched).
+    if (before.count(key) == 0 && templates_.HoldsRelease(digest)) replace(key, "", digest);
+  }
+  if (changed > 0 && opts_.template_changed) opts_.template_changed();
+  return changed;
 }
 
 absl::Status TemplateService::FetchLayers(const ImageRecord& rec, std::vector<NodeRecord> nodes) {

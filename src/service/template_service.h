@@ -176,6 +176,12 @@ class TemplateService {
   // release made there), and the layers of that release missing here are fetched from a node
   // that reports it. 503 template_unavailable when no node gives them. A no-op on one host.
   absl::Status SyncFromCluster(const std::string& ref, const std::string& ns);
+  // A cluster node, from its heartbeat: every tag in memory is made what the store says (one
+  // read of the tags), so that a tag removed or moved on another node stops being reported
+  // here (placement's template locality) without waiting for a create of it. A tag that now
+  // names a release this node does not hold is dropped: the next create of it fetches that
+  // release. A no-op on one host. Returns how many tags changed here.
+  absl::StatusOr<int> SyncTagsFromStore();
   // GET /v1/admin/layers/{diff_id}: the path of the layer's kept blob (LayerStore::BlobOf).
   absl::StatusOr<std::string> LayerBlob(const std::string& diff_id) const;
   uint64_t max_archive_bytes() const { return opts_.limits.max_archive_bytes; }

@@ -199,6 +199,25 @@ std::map<std::string, std::string> TemplateRegistry::Tags() const {
   return out;
 }
 
+bool TemplateRegistry::ReplaceTag(const std::string& name, const std::string& tag,
+                                  const std::string& from, const std::string& to) {
+  std::unique_lock lock(images_->mu);
+  const std::string key = name + ":" + tag;
+  auto it = images_->tags.find(key);
+  if ((it == images_->tags.end() ? std::string() : it->second) != from) return false;
+  if (to.empty()) {
+    if (it != images_->tags.end()) images_->tags.erase(it);
+  } else {
+    images_->tags[key] = to;
+  }
+  return true;
+}
+
+bool TemplateRegistry::HoldsRelease(const std::string& digest) const {
+  std::shared_lock lock(images_->mu);
+  return images_->by_digest.count(digest) != 0;
+}
+
 std::string TemplateRegistry::TagDigest(const std::string& name, const std::string& tag) const {
   std::shared_lock lock(images_->mu);
   auto it = images_->tags.find(name + ":" + tag);

@@ -42,6 +42,12 @@ class TemplateRegistry {
   std::map<std::string, std::string> Tags() const;
   // The digest one tag (`name` qualified) names here; "" when it names none.
   std::string TagDigest(const std::string& name, const std::string& tag) const;
+  // Sets the tag to `to` ("" removes it) only if it still names `from` ("": names nothing);
+  // false when it changed meanwhile (a create or import on this node got there first).
+  bool ReplaceTag(const std::string& name, const std::string& tag, const std::string& from,
+                  const std::string& to);
+  // Whether the image release `digest` is loaded here (its layers are on this host).
+  bool HoldsRelease(const std::string& digest) const;
   const std::string& base_digest() const { return base_.digest; }
   // Resolve, plus what a launch would find missing only at the first create: the skeleton
   // lower layer and every bind's host path must exist (sbx doctor, sbxd start-up).

@@ -95,5 +95,22 @@ TEST_F(TemplateRegistryTest, AnotherNamespacesTemplateIsNotFoundAndNotListed) {
   EXPECT_NE(std::string(r.status().message()).find("secret:1"), std::string::npos) << r.status();
 }
 
+TEST_F(TemplateRegistryTest, ReplaceTagChangesOnlyWhatItWasToldItFound) {
+  // Followed: the tag still names what the caller read.
+  EXPECT_TRUE(reg_->ReplaceTag("py", "latest", D('5'), D('a')));
+  EXPECT_EQ(reg_->TagDigest("py", "latest"), D('a'));
+  // Moved meanwhile (the caller read '5'): left alone.
+  EXPECT_FALSE(reg_->ReplaceTag("py", "latest", D('5'), ""));
+  EXPECT_EQ(reg_->TagDigest("py", "latest"), D('a'));
+  // Removed, then added where the caller saw none; a second add finds one and does nothing.
+  EXPECT_TRUE(reg_->ReplaceTag("py", "latest", D('a'), ""));
+  EXPECT_EQ(reg_->TagDigest("py", "latest"), "");
+  EXPECT_TRUE(reg_->ReplaceTag("py", "v2", "", D('5')));
+  EXPECT_FALSE(reg_->ReplaceTag("py", "v2", "", D('a')));
+  EXPECT_EQ(reg_->TagDigest("py", "v2"), D('5'));
+  EXPECT_TRUE(reg_->HoldsRelease(D('5')));
+  EXPECT_FALSE(reg_->HoldsRelease(D('9')));
+}
+
 }  // namespace
 }  // namespace sbx::service

@@ -474,6 +474,14 @@ def test_a_template_made_on_one_node_runs_on_every_node_and_follows_its_tag(clus
         for sid in made:
             a2.delete_sandbox(sid)
         made.clear()
+        # A tag added, then removed, through a replica (on whichever node), with no create of
+        # it anywhere: every node, holding its release, reports it from its next tag sync
+        # (heartbeat, at most every 10 s), and stops reporting it after the removal.
+        a2.call("PUT", "/v1/templates/clu:v2", json_body={"from": "clu:v1"}, expect=200)
+        wait_for("every node reporting clu:v2", lambda: holders(a1, "clu:v2") == set(NODES))
+        a1.call("DELETE", "/v1/templates/clu:v2", expect=200)
+        wait_for("no node reporting clu:v2", lambda: not holders(a1, "clu:v2"))
+        assert holders(a1, "clu:v1") == set(NODES)
         # Removed through one replica (on whichever node): no node creates from it any more,
         # though each still held it in memory.
         a2.call("DELETE", "/v1/templates/clu", expect=200)
