@@ -10,6 +10,7 @@ import subprocess
 from sbx_client import SseStream, check_error_body
 from test_attach_binary import BINARY, collect as collect_binary
 from test_bad_input import fake_id
+from test_pause import do
 from test_sessions_io import _cli_env, _sbx_binary
 
 
@@ -139,20 +140,16 @@ def test_a_bad_one_request_run_creates_nothing(api, sandbox):
         good = open_run(api, sid, ["true"], key=key)
         assert "Idempotent-Replayed" not in good.headers, (params, body, good.headers)
         assert api.collect(SseStream(good, api.validator)).exit["exit_code"] == 0
-    # A sandbox that does not exist, and one that is not running.
-    resp = api.call("POST", f"/v1/sandboxes/{fake_id('sbx')}/sessions", json_body={"argv": ["true"]},
-                    params={"attach": "true"}, stream=True, timeout=30)
-    assert resp.status_code == 404, resp.body
-    check_error_body(resp, resp.body, "not_found")
-    op = api.call("POST", f"/v1/sandboxes/{sid}/pause", expect=202).body["operation"]
-    assert api.wait_operation(op["id"])["state"] == "succeeded"
-    resp = api.call("POST", f"/v1/sandboxes/{sid}/sessions", json_body={"argv": ["true"]},
-                    params={"attach": "true"}, stream=True, timeout=30)
-    assert resp.status_code == 409, resp.body
-    check_error_body(resp, resp.body, "sandbox_not_running")
+    # A sandbox that does not exist (404), and one that is not running (409).
+    for target, status, code in ((fake_id("sbx"), 404, "not_found"), (sid, 409, "sandbox_not_running")):
+        if target == sid:
+            do(api, sid, "pause")
+        resp = api.call("POST", f"/v1/sandboxes/{target}/sessions", json_body={"argv": ["true"]},
+                        params={"attach": "true"}, stream=True, timeout=30)
+        assert resp.status_code == status, resp.body
+        check_error_body(resp, resp.body, code)
     # attach=false is the plain create.
-    op = api.call("POST", f"/v1/sandboxes/{sid}/wake", expect=202).body["operation"]
-    assert api.wait_operation(op["id"])["state"] == "succeeded"
+    do(api, sid, "wake")
     plain = api.call("POST", f"/v1/sandboxes/{sid}/sessions", json_body={"argv": ["true"]},
                      params={"attach": "false"}, expect=201)
     assert plain.body["session_id"].startswith("ses_"), plain.body
