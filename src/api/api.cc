@@ -232,6 +232,9 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
   uint64_t after = 0;
   std::optional<std::string> last = Header(ctx.req, "Last-Event-ID");
   if (!last) last = t.Query("last_event_id");
+  // A session this request made has sent nothing yet: a Last-Event-ID (say, from a retry whose
+  // Idempotency-Key had expired) would only hide its first events.
+  if (created != nullptr && !created->replayed) last.reset();
   if (last) {
     auto v = ParseLastEventId(*last);
     if (!v.ok()) co_return Fail(ctx, v.status());

@@ -93,6 +93,13 @@ def test_a_retried_one_request_run_attaches_to_the_first_process(api, sandbox):
                      stdout_offset=len(base64.b64decode(r1.events[0].data["data_b64"])))
     assert r3.exit == r1.exit, r3
 
+    # A new key with a Last-Event-ID: a new session, whose first events are not skipped.
+    fresh = open_run(api, sandbox["id"], ["echo", "fresh"], key=secrets.token_hex(8),
+                     headers={"Last-Event-ID": "5"})
+    assert "Idempotent-Replayed" not in fresh.headers and session_of(fresh) != sid
+    r4 = api.collect(SseStream(fresh, api.validator), first_id=1)
+    assert r4.stdout == b"fresh\n" and r4.exit["exit_code"] == 0, r4
+
     check = api.run(sandbox["id"], ["wc", "-l", marker])
     assert check.stdout.split()[0] == b"1", f"the command ran more than once: {check.stdout!r}"
     # The same key with another body is a conflict, not a stream.
