@@ -198,11 +198,10 @@ absl::StatusOr<int> StreamSession(Client& client, AttachTarget& target) {
           "session {} keeps running; reattach with: sbx attach {}", target.session_id,
           target.session_id));
     }
-    if (creating && target.session_id.empty() && !s.ok() && info.got_response == false &&
-        ever_connected && !absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s) &&
-        !absl::IsCancelled(s)) {
-      // sbxd refused the create itself (400, 404, 409, ...): nothing runs. The caller names
-      // what it was doing.
+    if (creating && target.session_id.empty() && !s.ok()) {
+      // No stream named a session: sbxd refused the create (4xx, 503), or the connection failed
+      // before its answer, as a plain create's request would have. Not retried, as that was
+      // not; the caller names what it was doing.
       return s;
     }
     if (st.exited) return st.exit_code;
