@@ -172,8 +172,8 @@ absl::StatusOr<int> StreamSession(Client& client, AttachTarget& target) {
   bool ever_connected = false;
   std::chrono::milliseconds backoff(100);
   for (;;) {
-    // Until a create's stream has named its session, each try is the create again: its
-    // Idempotency-Key makes a retry attach to the session the first try made, if it made one.
+    // The first try is the create itself (`?attach=true`); once its stream has named the
+    // session, a reconnect is a GET of that session's attach route with Last-Event-ID.
     const bool creating = target.session_id.empty() && !target.create_path.empty();
     if (creating) {
       opts.target = target.create_path + "?attach=true";
