@@ -199,6 +199,16 @@ absl::StatusOr<SandboxRecord> SandboxService::VisibleSandbox(Tx& tx, const Calle
   return sb;
 }
 
+absl::StatusOr<store::SandboxAndTenant> SandboxService::VisibleSandboxAndTenant(
+    Tx& tx, const Caller& caller, const std::string& id) {
+  if (!IsValidId(id, "sbx")) return BadId("sandbox", id);
+  auto both = tx.GetSandboxAndTenant(id);
+  // As VisibleSandbox: another tenant's sandbox (and so its tenant's row) is never seen.
+  if (!both.ok() || both->sandbox.tenant_id != caller.tenant_id) return NotFound("sandbox", id);
+  if (caller.initiator == "api") activity_.Touch(id);
+  return both;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Read
 

@@ -416,6 +416,10 @@ class SandboxService {
   void ReadDeniedEgress(const std::string& sandbox_id, bool baseline);
   absl::StatusOr<store::SandboxRecord> VisibleSandbox(store::Tx& tx, const Caller& caller,
                                                       const std::string& id);
+  // The same with its tenant's row, in one read where the store can (a session create).
+  absl::StatusOr<store::SandboxAndTenant> VisibleSandboxAndTenant(store::Tx& tx,
+                                                                  const Caller& caller,
+                                                                  const std::string& id);
 
   // sbx_sandboxes and the warm pool gauges: read at scrape time from the store and the pool.
   void RegisterMetricCallbacks();

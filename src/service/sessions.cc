@@ -24,12 +24,15 @@ absl::StatusOr<Answer<SessionCreated>> SandboxService::CreateSession(
   std::optional<JustCreated> created;
   auto answer = Mutate<SessionCreated>(caller, idem, Sha256Hex(req.canonical.dump()),
                                 [&](Tx& tx) -> absl::StatusOr<Accepted<SessionCreated>> {
-    SBX_ASSIGN_OR_RETURN(SandboxRecord sb, VisibleSandbox(tx, caller, sandbox_id));
+    // One read for both (a round trip on PostgreSQL): the sandbox, and the quota's tenant row.
+    SBX_ASSIGN_OR_RETURN(store::SandboxAndTenant both,
+                         VisibleSandboxAndTenant(tx, caller, sandbox_id));
+    const SandboxRecord& sb = both.sandbox;
     if (sb.state != kRunning) {
       return ApiError(absl::StatusCode::kFailedPrecondition, "sandbox_not_running",
                       fmt::format("sandbox {} is {}, not running", sb.id, sb.state));
     }
-    SBX_RETURN_IF_ERROR(CheckSessionQuota(tx, sb.tenant_id, sb.id));
+    SBX_RETURN_IF_ERROR(CheckSessionQuota(tx, both.tenant, sb.id));
     const std::string now = NowRfc3339();
     SessionRecord s;
     s.id = NewId("ses");
@@ -287,21 +290,15 @@ void SandboxService::RecordSessionExit(const std::string& session_id, const Sess
     if (exits_recorded_.erase(session_id) > 0) return;  // committed by this process already
   }
   std::string was;  // the state this call moved the session from to exited
-  absl::Status st = store_.Transact([&](Tx& tx) -> absl::Status {
-    was.clear();
-    SBX_ASSIGN_OR_RETURN(SessionRecord s, tx.GetSession(session_id));
-    if (s.state == "exited") return absl::OkStatus();
-    was = s.state;
-    const std::string now = NowRfc3339();
-    if (!s.started_at) s.started_at = now;
-    s.state = "exited";
-    s.exit_code = ev.exit_code;
-    s.signal = ev.signal;
-    s.timed_out = ev.timed_out;
-    s.oom_killed = ev.oom_killed;
-    s.exited_at = now;
-    return tx.PutSession(s);
-  });
+  store::SessionEnd end;
+  end.exit_code = ev.exit_code;
+  end.signal = ev.signal;
+  end.timed_out = ev.timed_out;
+  end.oom_killed = ev.oom_killed;
+  end.at = NowRfc3339();
+  auto ended = store_.EndSession(session_id, end);
+  absl::Status st = ended.status();
+  if (ended.ok()) was = *std::move(ended);
   if (st.ok() && !was.empty()) {
     if (was == "created") metrics_->SessionStarted(session_id);  // its start went unrecorded
     metrics_->SessionExited(session_id, ev.oom_killed);

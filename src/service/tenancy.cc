@@ -550,15 +550,13 @@ absl::Status CheckEgressProfile(const std::optional<store::TenantRecord>& tenant
                     fmt::format("unknown profile '{:.64}' (available: {})", profile, names));
 }
 
-absl::Status CheckSessionQuota(Tx& tx, const std::string& tenant_id,
+absl::Status CheckSessionQuota(Tx& tx, const std::optional<store::TenantRecord>& tenant,
                                const std::string& sandbox_id) {
-  auto t = tx.GetTenant(tenant_id);
-  if (absl::IsNotFound(t.status())) return absl::OkStatus();
-  SBX_RETURN_IF_ERROR(t.status());
-  const int64_t limit = QuotaOf(t->quotas, "max_sessions_per_sandbox");
+  if (!tenant) return absl::OkStatus();
+  const int64_t limit = QuotaOf(tenant->quotas, "max_sessions_per_sandbox");
   if (limit < 0) return absl::OkStatus();
   SBX_ASSIGN_OR_RETURN(int64_t live, tx.CountLiveSessions(sandbox_id));
-  if (live + 1 > limit) return Exceeded(tenant_id, "max_sessions_per_sandbox", limit, live, 1);
+  if (live + 1 > limit) return Exceeded(tenant->id, "max_sessions_per_sandbox", limit, live, 1);
   return absl::OkStatus();
 }
 

@@ -124,8 +124,8 @@ absl::Status CheckSandboxQuota(store::Tx& tx, const std::optional<store::TenantR
 // The tenant's row, or none (a token of no tenant row: no quotas, every profile).
 absl::StatusOr<std::optional<store::TenantRecord>> FindTenant(store::Tx& tx,
                                                               const std::string& tenant_id);
-//  - a new session of `sandbox_id`.
-absl::Status CheckSessionQuota(store::Tx& tx, const std::string& tenant_id,
+//  - a new session of `sandbox_id`, with its tenant's row already read (nullopt: none).
+absl::Status CheckSessionQuota(store::Tx& tx, const std::optional<store::TenantRecord>& tenant,
                                const std::string& sandbox_id);
 
 //  - a tenant's own templates: the distinct names its tags use and the unpacked bytes of the

@@ -91,20 +91,45 @@ constexpr char kPgGetTenantUsage[] = R"sql(SELECT COUNT(*),
   COALESCE(SUM(COALESCE((effective_resources::jsonb ->> 'disk_mib')::numeric, 0)), 0)::bigint
 FROM sandboxes WHERE tenant_id = $1 AND state NOT IN ('deleted', 'failed') AND state <> 'lost')sql";
 
-// The reader side of rows.h over one result row.
+constexpr int CountColumns(std::string_view cols) {
+  int n = 1;
+  for (char c : cols) n += c == ',' ? 1 : 0;
+  return n;
+}
+constexpr int kSandboxColumns = CountColumns(SBX_STORE_SANDBOX_COLS);
+
+// The sandbox's columns, then its tenant's (all NULL when the tenant has no row).
+constexpr char kPgGetSandboxAndTenant[] =
+    "SELECT s.*, t.* FROM (SELECT " SBX_STORE_SANDBOX_COLS " FROM sandboxes WHERE id = $1) s"
+    " LEFT JOIN (SELECT " SBX_STORE_TENANT_COLS " FROM tenants) t ON t.id = s.tenant_id";
+// Also a transaction of its own (Store::EndSession, at any isolation level): `old` locks the
+// row and reads its newest state, which the UPDATE (reading `old`, so after it) then changes
+// unless the session had ended already. Answers the state before and whether it changed.
+// $2 is SessionEnd::at.
+constexpr char kPgEndSession[] =
+    "WITH old AS (SELECT id, state FROM sessions WHERE id = $1 FOR UPDATE),"
+    " upd AS (UPDATE sessions s SET state = 'exited',"
+    " started_at = COALESCE(s.started_at, $2::text), exited_at = $2::text,"
+    " exit_code = $3::bigint, signal = $4::text, timed_out = $5::bigint,"
+    " oom_killed = $6::bigint"
+    " FROM old WHERE s.id = old.id AND old.state <> 'exited' RETURNING s.id)"
+    " SELECT old.state, (SELECT COUNT(*) FROM upd) FROM old";
+
+// The reader side of rows.h over one result row; from column `first` on, for a row that
+// holds two records side by side (a join).
 class PgRow {
  public:
-  explicit PgRow(const pqxx::row& row) : row_(row) {}
-  bool IsNull(int col) const { return row_[col].is_null(); }
+  explicit PgRow(const pqxx::row& row, int first = 0) : row_(row), first_(first) {}
+  bool IsNull(int col) const { return row_[first_ + col].is_null(); }
   std::string Text(int col) const {
-    const pqxx::field f = row_[col];
+    const pqxx::field f = row_[first_ + col];
     return f.is_null() ? std::string() : std::string(f.c_str(), f.size());
   }
   std::optional<std::string> OptText(int col) const {
     if (IsNull(col)) return std::nullopt;
     return Text(col);
   }
-  int64_t Int(int col) const { return IsNull(col) ? 0 : row_[col].as<int64_t>(); }
+  int64_t Int(int col) const { return IsNull(col) ? 0 : row_[first_ + col].as<int64_t>(); }
   std::optional<int64_t> OptInt(int col) const {
     if (IsNull(col)) return std::nullopt;
     return Int(col);
@@ -112,6 +137,7 @@ class PgRow {
 
  private:
   const pqxx::row& row_;
+  const int first_;
 };
 
 std::string WithConnectTimeout(const std::string& url) {
@@ -151,6 +177,16 @@ class PgStore final : public Store {
   }
   absl::Status Read(const std::function<absl::Status(Tx&)>& fn) override {
     return Run(fn, /*autocommit=*/true);
+  }
+  absl::StatusOr<std::string> EndSession(const std::string& id, const SessionEnd& end) override {
+    std::string was;
+    SBX_RETURN_IF_ERROR(Run(
+        [&](Tx& tx) -> absl::Status {
+          SBX_ASSIGN_OR_RETURN(was, tx.EndSession(id, end));
+          return absl::OkStatus();
+        },
+        /*autocommit=*/true));
+    return was;
   }
 
   metrics::Histogram& Timer(QueryOp op) { return timers_[op]; }
@@ -243,6 +279,21 @@ class PgTx final : public Tx {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kGetSandbox));
     return GetOne<SandboxRecord>(kGetSandbox, "get sandbox", Key(id), ReadSandbox<PgRow>,
                                  [&] { return fmt::format("sandbox {} not found", id); });
+  }
+
+  absl::StatusOr<SandboxAndTenant> GetSandboxAndTenant(const std::string& id) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kGetSandbox));
+    SBX_ASSIGN_OR_RETURN(pqxx::result res,
+                         Exec(kPgGetSandboxAndTenant, "get sandbox and tenant", Key(id)));
+    if (res.empty()) return absl::NotFoundError(fmt::format("sandbox {} not found", id));
+    SandboxAndTenant out;
+    SBX_ASSIGN_OR_RETURN(out.sandbox, ReadSandbox<PgRow>(PgRow(res[0])));
+    const PgRow tenant(res[0], kSandboxColumns);
+    if (!tenant.IsNull(0)) {
+      SBX_ASSIGN_OR_RETURN(TenantRecord t, ReadTenant<PgRow>(tenant));
+      out.tenant = std::move(t);
+    }
+    return out;
   }
 
   absl::StatusOr<Page<SandboxRecord>> ListSandboxes(const SandboxFilter& filter) override {
@@ -373,6 +424,17 @@ class PgTx final : public Tx {
   absl::Status PutSession(const SessionRecord& r) override {
     metrics::ScopedTimer timer(store_.Timer(QueryOp::kPutSession));
     return QueuePut(kPutSession, "put session", r, BindSession<PgParams>);
+  }
+
+  absl::StatusOr<std::string> EndSession(const std::string& id, const SessionEnd& end) override {
+    metrics::ScopedTimer timer(store_.Timer(QueryOp::kPutSession));
+    PgParams p;
+    p.Bind(1, id).Bind(2, end.at).Bind(3, end.exit_code).Bind(4, end.signal);
+    p.Bind(5, end.timed_out).Bind(6, end.oom_killed);
+    SBX_ASSIGN_OR_RETURN(pqxx::result res, Exec(kPgEndSession, "end session", p));
+    if (res.empty()) return absl::NotFoundError(fmt::format("session {} not found", id));
+    const PgRow row(res[0]);
+    return row.Int(1) > 0 ? row.Text(0) : std::string();
   }
 
   absl::StatusOr<std::vector<SessionRecord>> ListSessions(const std::string& sandbox_id) override {

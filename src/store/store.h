@@ -124,6 +124,15 @@ struct SessionRecord {
   Json error = nullptr;
 };
 
+// What ends a session with an exit of its own (Tx::EndSession).
+struct SessionEnd {
+  std::optional<int> exit_code;
+  std::optional<std::string> signal;
+  bool timed_out = false;
+  bool oom_killed = false;
+  std::string at;  // RFC 3339: exited_at, and started_at if it was never set
+};
+
 struct IdempotencyRecord {
   std::string tenant_id;
   std::string key;
@@ -150,6 +159,11 @@ struct TenantRecord {
   Json egress_profiles = nullptr;
   std::string created_at;            // RFC 3339
   std::string updated_at;
+};
+
+struct SandboxAndTenant {
+  SandboxRecord sandbox;
+  std::optional<TenantRecord> tenant;  // nullopt: the sandbox's tenant has no row
 };
 
 // A management token. The store keeps its hash only, never the token itself.
@@ -237,6 +251,22 @@ class Tx {
   virtual ~Tx() = default;
 
   virtual absl::StatusOr<SandboxRecord> GetSandbox(const std::string& id) = 0;
+  // The sandbox and its tenant's row (nullopt: the tenant has none), which a session create
+  // reads both of. PostgreSQL answers them in one round trip; this default reads one, then
+  // the other.
+  virtual absl::StatusOr<SandboxAndTenant> GetSandboxAndTenant(const std::string& id) {
+    SandboxAndTenant out;
+    auto sb = GetSandbox(id);
+    if (!sb.ok()) return sb.status();
+    out.sandbox = std::move(sb).value();
+    auto t = GetTenant(out.sandbox.tenant_id);
+    if (t.ok()) {
+      out.tenant = std::move(t).value();
+    } else if (!absl::IsNotFound(t.status())) {
+      return t.status();
+    }
+    return out;
+  }
   virtual absl::StatusOr<Page<SandboxRecord>> ListSandboxes(const SandboxFilter& filter) = 0;
   // Every sandbox of `node` not in state "deleted" (all tenants): the start-up reconciler's
   // input.
@@ -278,6 +308,26 @@ class Tx {
 
   virtual absl::StatusOr<SessionRecord> GetSession(const std::string& id) = 0;
   virtual absl::Status PutSession(const SessionRecord& rec) = 0;
+  // Ends session `id` as `end` says unless it has ended already (started_at becomes end.at
+  // if it was never set). Returns the state it ended from, or "" when it had ended before
+  // (nothing changes then); NotFound without such a session. PostgreSQL does it in one
+  // statement (Store::EndSession: one round trip in all); this default reads, then writes.
+  virtual absl::StatusOr<std::string> EndSession(const std::string& id, const SessionEnd& end) {
+    auto got = GetSession(id);
+    if (!got.ok()) return got.status();
+    SessionRecord s = std::move(got).value();
+    if (s.state == "exited") return std::string();
+    std::string was = s.state;
+    if (!s.started_at) s.started_at = end.at;
+    s.state = "exited";
+    s.exit_code = end.exit_code;
+    s.signal = end.signal;
+    s.timed_out = end.timed_out;
+    s.oom_killed = end.oom_killed;
+    s.exited_at = end.at;
+    if (absl::Status st = PutSession(s); !st.ok()) return st;
+    return was;
+  }
   virtual absl::StatusOr<std::vector<SessionRecord>> ListSessions(const std::string& sandbox_id) = 0;
 
   virtual absl::StatusOr<std::optional<IdempotencyRecord>> GetIdempotency(
@@ -342,6 +392,22 @@ class Store {
   // outside a transaction, one round trip per statement instead of three; a write in it fails
   // with FailedPrecondition. SQLite runs it as Transact.
   virtual absl::Status Read(const std::function<absl::Status(Tx&)>& fn) { return Transact(fn); }
+
+  // Tx::EndSession as a transaction of its own: what an exit costs a session. PostgreSQL runs
+  // it as a single statement with no BEGIN or COMMIT around it (atomic by itself, its row
+  // locked while it runs): one round trip where a transaction's read, then write and commit,
+  // took two.
+  virtual absl::StatusOr<std::string> EndSession(const std::string& id, const SessionEnd& end) {
+    std::string was;
+    absl::Status st = Transact([&](Tx& tx) -> absl::Status {
+      auto r = tx.EndSession(id, end);
+      if (!r.ok()) return r.status();
+      was = std::move(r).value();
+      return absl::OkStatus();
+    });
+    if (!st.ok()) return st;
+    return was;
+  }
 };
 
 using StorePtr = std::unique_ptr<Store>;

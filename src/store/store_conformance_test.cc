@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -1689,6 +1690,156 @@ TEST_P(StoreTest, TenantsRoundTripUpsertListAndDelete) {
   all = Read([](Tx& tx) { return tx.ListTenants(); });
   ASSERT_TRUE(all.ok());
   EXPECT_EQ(all->size(), 3u);
+}
+
+// One read where PostgreSQL can: every field of both rows, the sandbox's own columns not
+// shadowed by the tenant's of the same name (id, state, created_at, ...).
+TEST_P(StoreTest, SandboxAndTenantAreReadTogether) {
+  Open();
+  TenantRecord ten = MakeTenant("ten_a", 3);
+  ten.state = "deleting";
+  ten.quotas = {{"max_sessions_per_sandbox", 2}};
+  ASSERT_TRUE(store_->Transact([&](Tx& tx) { return tx.PutTenant(ten); }).ok());
+  SandboxRecord full = FullSandbox("sbx_full");
+  full.tenant_id = "ten_a";
+  SandboxRecord orphan = MinimalSandbox("sbx_orphan");
+  orphan.tenant_id = "ten_without_row";
+  ASSERT_TRUE(Put(full).ok());
+  ASSERT_TRUE(Put(orphan).ok());
+
+  auto both = Read([&](Tx& tx) { return tx.GetSandboxAndTenant("sbx_full"); });
+  ASSERT_TRUE(both.ok()) << both.status();
+  ExpectSandboxEq(both->sandbox, full);
+  ASSERT_TRUE(both->tenant.has_value());
+  ExpectTenantEq(*both->tenant, ten);
+
+  both = Read([&](Tx& tx) { return tx.GetSandboxAndTenant("sbx_orphan"); });
+  ASSERT_TRUE(both.ok()) << both.status();
+  ExpectSandboxEq(both->sandbox, orphan);
+  EXPECT_FALSE(both->tenant.has_value());
+
+  both = Read([&](Tx& tx) { return tx.GetSandboxAndTenant("sbx_nope"); });
+  EXPECT_EQ(both.status(), absl::NotFoundError("sandbox sbx_nope not found"));
+
+  // Inside a transaction, what it wrote before is what it reads.
+  auto in_tx = absl::StatusOr<SandboxAndTenant>(absl::InternalError("not run"));
+  ASSERT_TRUE(store_
+                  ->Transact([&](Tx& tx) -> absl::Status {
+                    TenantRecord renamed = ten;
+                    renamed.name = "renamed";
+                    SBX_RETURN_IF_ERROR(tx.PutTenant(renamed));
+                    in_tx = tx.GetSandboxAndTenant("sbx_full");
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  ASSERT_TRUE(in_tx.ok()) << in_tx.status();
+  ASSERT_TRUE(in_tx->tenant.has_value());
+  EXPECT_EQ(in_tx->tenant->name, "renamed");
+}
+
+// A session ends once: the first end says where it ended from, a second one changes nothing.
+TEST_P(StoreTest, EndSessionEndsOnceAndKeepsWhatItMustNotChange) {
+  Open();
+  ASSERT_TRUE(Put(MinimalSandbox("sbx_1")).ok());
+  SessionRecord created = MakeSession("ses_created", "sbx_1", 1);
+  SessionRecord running = MakeSession("ses_running", "sbx_1", 2);
+  running.state = "running";
+  running.started_at = Ts(3);
+  ASSERT_TRUE(store_
+                  ->Transact([&](Tx& tx) -> absl::Status {
+                    SBX_RETURN_IF_ERROR(tx.PutSession(created));
+                    return tx.PutSession(running);
+                  })
+                  .ok());
+
+  SessionEnd killed;
+  killed.signal = "SIGKILL";
+  killed.oom_killed = true;
+  killed.at = Ts(10);
+  // The store's form, a transaction of its own (one statement on PostgreSQL).
+  auto was = store_->EndSession("ses_created", killed);
+  ASSERT_TRUE(was.ok()) << was.status();
+  EXPECT_EQ(*was, "created");
+  auto got = Read([&](Tx& tx) { return tx.GetSession("ses_created"); });
+  ASSERT_TRUE(got.ok()) << got.status();
+  SessionRecord want = created;
+  want.state = "exited";
+  want.signal = "SIGKILL";
+  want.oom_killed = true;
+  want.started_at = Ts(10);  // never started: it started when it ended
+  want.exited_at = Ts(10);
+  ExpectSessionEq(*got, want);
+  EXPECT_FALSE(got->exit_code.has_value());
+
+  // Ended already: nothing changes.
+  SessionEnd later;
+  later.exit_code = 3;
+  later.at = Ts(20);
+  was = store_->EndSession("ses_created", later);
+  ASSERT_TRUE(was.ok()) << was.status();
+  EXPECT_EQ(*was, "");
+  got = Read([&](Tx& tx) { return tx.GetSession("ses_created"); });
+  ASSERT_TRUE(got.ok());
+  ExpectSessionEq(*got, want);
+
+  SessionEnd exited;
+  exited.exit_code = 0;
+  exited.timed_out = true;
+  exited.at = Ts(30);
+  // Inside a transaction, with what else it does.
+  was = Read([&](Tx& tx) { return tx.EndSession("ses_running", exited); });
+  ASSERT_TRUE(was.ok()) << was.status();
+  EXPECT_EQ(*was, "running");
+  got = Read([&](Tx& tx) { return tx.GetSession("ses_running"); });
+  ASSERT_TRUE(got.ok());
+  want = running;
+  want.state = "exited";
+  want.exit_code = 0;
+  want.timed_out = true;
+  want.exited_at = Ts(30);  // started_at stays Ts(3)
+  ExpectSessionEq(*got, want);
+
+  was = Read([&](Tx& tx) { return tx.EndSession("ses_nope", exited); });
+  EXPECT_EQ(was.status(), absl::NotFoundError("session ses_nope not found"));
+  was = store_->EndSession("ses_nope", exited);
+  EXPECT_EQ(was.status(), absl::NotFoundError("session ses_nope not found"));
+
+  // Ends racing from several threads: exactly one moves it, the others find it ended.
+  SessionRecord raced = MakeSession("ses_raced", "sbx_1", 5);
+  ASSERT_TRUE(store_->Transact([&](Tx& tx) { return tx.PutSession(raced); }).ok());
+  std::atomic<int> moved{0}, found_ended{0}, failed{0};
+  std::vector<std::thread> racers;
+  for (int i = 0; i < 4; ++i) {
+    racers.emplace_back([&, i] {
+      SessionEnd e;
+      e.exit_code = i;
+      e.at = Ts(40 + i);
+      auto r = store_->EndSession("ses_raced", e);
+      if (!r.ok()) {
+        ++failed;
+      } else if (*r == "created") {
+        ++moved;
+      } else if (r->empty()) {
+        ++found_ended;
+      }
+    });
+  }
+  for (auto& t : racers) t.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(moved.load(), 1);
+  EXPECT_EQ(found_ended.load(), 3);
+
+  // Rolled back with its transaction.
+  SessionRecord again = MakeSession("ses_again", "sbx_1", 4);
+  ASSERT_TRUE(store_->Transact([&](Tx& tx) { return tx.PutSession(again); }).ok());
+  absl::Status st = store_->Transact([&](Tx& tx) -> absl::Status {
+    SBX_RETURN_IF_ERROR(tx.EndSession("ses_again", exited).status());
+    return absl::AbortedError("changed my mind");
+  });
+  EXPECT_EQ(st, absl::AbortedError("changed my mind"));
+  got = Read([&](Tx& tx) { return tx.GetSession("ses_again"); });
+  ASSERT_TRUE(got.ok());
+  ExpectSessionEq(*got, again);
 }
 
 TEST_P(StoreTest, TokensRoundTripListAndRevoke) {
