@@ -268,7 +268,14 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
     if (created->replayed) header.set("Idempotent-Replayed", "true");
   }
   if (!ctx.req.keep_alive()) header.set(bhttp::field::connection, "close");
-  if (!co_await ctx.stream.Begin(std::move(header))) co_return std::nullopt;
+  // A process that is over (just now, or before this attach) has its whole answer at hand:
+  // the header goes with its first events (and the end, if they are all), one write and one
+  // wake-up of the client instead of three. A running process's header goes at once: the
+  // client learns the session from it.
+  const bool over = exited.has_value() || target->session.state == "exited";
+  if (!co_await ctx.stream.Begin(std::move(header), /*hold=*/over)) {
+    co_return std::nullopt;
+  }
   attach_streams_.Inc();
   struct OpenStream {
     metrics::Gauge& gauge;
@@ -318,7 +325,10 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
     } else if (!batch.empty()) {
       buffers.emplace_back(batch.data(), batch.size());
     }
-    if (!buffers.empty() && !co_await ctx.stream.WriteBuffers(buffers)) {
+    // The batch with the exit event is the last: it goes with the body's end.
+    const bool sent = more ? buffers.empty() || co_await ctx.stream.WriteBuffers(buffers)
+                           : co_await ctx.stream.WriteLast(buffers);
+    if (!sent) {
       stream->Close();  // client gone; the process keeps running
       co_return std::nullopt;
     }

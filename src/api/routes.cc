@@ -474,7 +474,11 @@ void Api::AuditRequest(const http::RequestContext& ctx, const service::Caller& c
   rec.action = fmt::format("{} {}", std::string(ctx.req.method_string()), path);
   if (rec.action.size() > 512) rec.action.resize(512);
   rec.request_id = ctx.request_id;
-  rec.status = res != nullptr ? static_cast<int>(res->result_int()) : 101;
+  // Without a response: a WebSocket's 101, else what a streamed answer began with (an
+  // attach's 200, not the 101 every stream was logged with before).
+  rec.status = res != nullptr            ? static_cast<int>(res->result_int())
+               : ctx.taken_status != 0   ? static_cast<int>(ctx.taken_status)
+                                         : static_cast<int>(ctx.stream.status());
   // The object acted on: the path's, else the one the answer made.
   const bool admin = seg.size() > 1 && seg[1] == "admin";
   const size_t id_at = admin ? 3 : 2;

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -44,7 +45,7 @@ class ChunkedStream : public ResponseStream {
         method_(method),
         last_(last) {}
 
-  asio::awaitable<bool> Begin(bhttp::response_header<> header) override {
+  asio::awaitable<bool> Begin(bhttp::response_header<> header, bool hold) override {
     status_ = header.result_int();
     requests_.Count(method_, header.result_int());
     bhttp::response<bhttp::empty_body> res{std::move(header)};
@@ -59,66 +60,95 @@ class ChunkedStream : public ResponseStream {
       if (ec == std::errc() && p == v.data() + v.size()) sized_ = n;
     }
     if (!sized_) res.chunked(true);
+    keep_alive_ = res.keep_alive();
+    began_ = true;
+    if (hold) {
+      held_head_ = HeadBytes(res);
+      co_return true;
+    }
     bhttp::response_serializer<bhttp::empty_body> sr{res};
     stream_.tcp().expires_after(write_timeout_);
     auto [ec, n] = co_await bhttp::async_write_header(stream_, sr, kTuple);
-    began_ = !ec;
-    keep_alive_ = res.keep_alive();
     if (ec) failed_ = true;
     co_return !ec;
   }
 
   asio::awaitable<bool> Write(std::string data) override {
-    if (failed_ || data.empty()) co_return !failed_;
-    if (sized_) co_return co_await WriteSized(asio::const_buffer(data.data(), data.size()));
-    stream_.tcp().expires_after(write_timeout_);
-    auto [ec, n] =
-        co_await asio::async_write(stream_, bhttp::make_chunk(asio::buffer(data)), kTuple);
-    if (ec) failed_ = true;
-    co_return !ec;
+    if (failed_ || (data.empty() && held_head_.empty())) co_return !failed_;
+    const asio::const_buffer b(data.data(), data.size());
+    co_return co_await Send(std::span<const asio::const_buffer>(&b, 1), /*last=*/false);
   }
 
   asio::awaitable<bool> WriteBuffers(const std::vector<asio::const_buffer>& buffers) override {
-    if (failed_ || asio::buffer_size(buffers) == 0) co_return !failed_;
-    if (sized_) co_return co_await WriteSized(buffers);
-    stream_.tcp().expires_after(write_timeout_);
-    auto [ec, n] = co_await asio::async_write(stream_, bhttp::make_chunk(buffers), kTuple);
-    if (ec) failed_ = true;
-    co_return !ec;
+    if (failed_ || (asio::buffer_size(buffers) == 0 && held_head_.empty())) co_return !failed_;
+    co_return co_await Send(buffers, /*last=*/false);
+  }
+
+  asio::awaitable<bool> WriteLast(const std::vector<asio::const_buffer>& buffers) override {
+    if (failed_ || ended_) co_return !failed_;
+    co_return co_await Send(buffers, /*last=*/true);
   }
 
   asio::awaitable<void> End() override {
     if (failed_ || ended_) co_return;
-    ended_ = true;
-    if (sized_) {
-      // Short of the length the header promised: the client must not take it as whole.
-      if (written_ != *sized_) failed_ = true;
-      co_return;
-    }
-    stream_.tcp().expires_after(write_timeout_);
-    auto [ec, n] = co_await asio::async_write(stream_, bhttp::make_chunk_last(), kTuple);
-    if (ec) failed_ = true;
+    co_await Send({}, /*last=*/true);
   }
 
   bool began() const { return began_; }
-  unsigned status() const { return status_; }
+  unsigned status() const override { return status_; }
   // The connection can serve another request only after a complete, successful stream.
   bool reusable() const { return began_ && ended_ && !failed_ && keep_alive_; }
 
  private:
-  // A body of the header's Content-Length: its bytes as they are, never more.
-  template <typename Buffers>
-  asio::awaitable<bool> WriteSized(const Buffers& buffers) {
-    const size_t size = asio::buffer_size(buffers);
-    if (written_ + size > *sized_) {
+  // The status line and headers as the serializer writes them.
+  static std::string HeadBytes(bhttp::response<bhttp::empty_body>& res) {
+    bhttp::response_serializer<bhttp::empty_body> sr{res};
+    sr.split(true);
+    std::string out;
+    beast::error_code ec;
+    while (!ec && !sr.is_header_done()) {
+      sr.next(ec, [&](beast::error_code&, const auto& buffers) {
+        for (const auto b : beast::buffers_range_ref(buffers)) {
+          out.append(static_cast<const char*>(b.data()), b.size());
+        }
+        sr.consume(beast::buffer_bytes(buffers));
+      });
+    }
+    return out;
+  }
+
+  // One write: the held header if any, `body` (as one chunk, or as it is under a
+  // Content-Length) and, if `last`, the end of the body.
+  asio::awaitable<bool> Send(std::span<const asio::const_buffer> body, bool last) {
+    const size_t size = asio::buffer_size(body);
+    if (sized_ && written_ + size > *sized_) {
       failed_ = true;
       co_return false;
     }
-    stream_.tcp().expires_after(write_timeout_);
-    auto [ec, n] = co_await asio::async_write(stream_, buffers, kTuple);
-    written_ += n;
-    if (ec) failed_ = true;
-    co_return !ec;
+    gather_.clear();
+    if (!held_head_.empty()) gather_.emplace_back(held_head_.data(), held_head_.size());
+    if (size > 0 && !sized_) {
+      const auto r = fmt::format_to_n(chunk_size_, sizeof(chunk_size_), "{:x}\r\n", size);
+      gather_.emplace_back(chunk_size_, r.size);
+    }
+    for (const asio::const_buffer& b : body) {
+      if (b.size() > 0) gather_.push_back(b);
+    }
+    if (size > 0 && !sized_) gather_.emplace_back("\r\n", 2);
+    if (last && !sized_) gather_.emplace_back("0\r\n\r\n", 5);
+    if (last) {
+      ended_ = true;
+      // Short of the length the header promised: the client must not take it as whole.
+      if (sized_ && written_ + size != *sized_) failed_ = true;
+    }
+    if (!gather_.empty()) {
+      stream_.tcp().expires_after(write_timeout_);
+      auto [ec, n] = co_await asio::async_write(stream_, gather_, kTuple);
+      held_head_.clear();
+      written_ += size;
+      if (ec) failed_ = true;
+    }
+    co_return !failed_;
   }
 
   MaybeTlsStream& stream_;
@@ -133,6 +163,9 @@ class ChunkedStream : public ResponseStream {
   bool failed_ = false;
   bool keep_alive_ = false;
   unsigned status_ = 0;
+  std::string held_head_;  // Begin(hold): sent with the next write
+  std::vector<asio::const_buffer> gather_;
+  char chunk_size_[20];  // a chunk's size line
 };
 
 // RequestContext::body for a streamed route: reads through a buffer_body parser that took over

@@ -49,7 +49,13 @@ class ResponseStream {
   // sets Content-Length, with that length: the writes are then exactly that many bytes (more
   // fails, fewer makes End() close the connection). False if the client is
   // gone.
-  virtual asio::awaitable<bool> Begin(bhttp::response_header<> header) = 0;
+  asio::awaitable<bool> Begin(bhttp::response_header<> header) {
+    return Begin(std::move(header), /*hold=*/false);
+  }
+  // `hold`: keep the status line and headers back and send them with the first write or
+  // End(), in one write. For a handler whose first bytes are already at hand (the attach of a
+  // process that is over): a held header reaches the client no sooner than those bytes.
+  virtual asio::awaitable<bool> Begin(bhttp::response_header<> header, bool hold) = 0;
   // Sends one chunk; false if the client is gone (the handler should stop).
   virtual asio::awaitable<bool> Write(std::string data) = 0;
   // Sends the bytes of `buffers`, in order, as one chunk; they stay the caller's and must
@@ -58,6 +64,11 @@ class ResponseStream {
   virtual asio::awaitable<bool> WriteBuffers(const std::vector<asio::const_buffer>& buffers) = 0;
   // Ends the chunked body; the connection may then serve the next request.
   virtual asio::awaitable<void> End() = 0;
+  // WriteBuffers, then End, in one write: a handler that knows its last bytes saves the client
+  // a wake-up and the server a write. False if the client is gone.
+  virtual asio::awaitable<bool> WriteLast(const std::vector<asio::const_buffer>& buffers) = 0;
+  // The status Begin sent (0 before it).
+  virtual unsigned status() const = 0;
 };
 
 // The body of a request whose route streams it (ServerOptions::stream_body): the handler reads

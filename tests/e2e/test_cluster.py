@@ -17,11 +17,13 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import tarfile
 import tempfile
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -284,6 +286,15 @@ def test_creates_spread_over_the_nodes_and_any_replica_attaches(cluster):
         one = a1.collect(SseStream(resp, a1.validator), first_id=1)
         assert one.stdout == (sb["id"] + "\n").encode() and one.exit["exit_code"] == 0, one
         assert a2.get_session(ses)["state"] == "exited"
+        # The node answers an ended session in one write and the replica relays it as one:
+        # the client's first read holds the header, the events and the body's end.
+        parts = urllib.parse.urlsplit(a2.base_url)
+        with socket.create_connection((parts.hostname, parts.port), timeout=30) as s:
+            s.sendall((f"GET /v1/sessions/{ses}/attach HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+                       f"Authorization: Bearer {a2.token}\r\n\r\n").encode())
+            first = s.recv(1 << 16)
+        assert first.startswith(b"HTTP/1.1 200 ") and first.endswith(b"\r\n0\r\n\r\n"), first
+        assert b"event: stdout" in first and b"process_exited" in first, first
     # Files through either replica.
     sid = made[1]["id"]
     a1.call("PUT", f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/x.txt"},

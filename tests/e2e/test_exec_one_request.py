@@ -4,8 +4,12 @@ first attach is (same events, same exit, same resume), make nothing when the req
 and with an Idempotency-Key never start the process twice."""
 
 import base64
+import datetime
+import json
 import secrets
+import socket
 import subprocess
+import urllib.parse
 
 from sbx_client import SseStream, check_error_body
 from test_attach_binary import BINARY, collect as collect_binary
@@ -173,3 +177,94 @@ def test_cli_exec_and_run_use_one_request(api, sbxd, sandbox):
                           capture_output=True, env=_cli_env(sbxd), timeout=120)
     assert proc.returncode != 0, proc
     assert b"exec:" in proc.stderr and b"not_found" in proc.stderr, proc.stderr
+
+
+def _raw_run(sock, api, sandbox_id, argv) -> None:
+    """Sends a one-request run on a plain socket (the response is the caller's to read)."""
+    body = json.dumps({"argv": argv}).encode()
+    host = urllib.parse.urlsplit(api.base_url).netloc
+    sock.sendall((f"POST /v1/sandboxes/{sandbox_id}/sessions?attach=true HTTP/1.1\r\n"
+                  f"Host: {host}\r\nAuthorization: Bearer {api.token}\r\n"
+                  f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                  ).encode() + body)
+
+
+def _raw_socket(api):
+    """A connection to sbxd for hand-written HTTP/1.1 (through TLS when sbxd speaks it)."""
+    parts = urllib.parse.urlsplit(api.base_url)
+    sock = socket.create_connection((parts.hostname, parts.port), timeout=30)
+    if parts.scheme == "https":
+        sock = api.ssl_context().wrap_socket(sock, server_hostname=parts.hostname)
+    return sock
+
+
+def test_a_finished_session_is_answered_in_one_piece_and_the_connection_stays_open(api, sandbox):
+    """A process that is over has all of its answer at hand: the header, its events and the
+    chunked body's end go out in one write, so the client's first read holds the whole answer
+    (an attach of an ended session here: a one-request run of a short command is the same
+    when the process ends within the first 10 ms, which a test cannot promise). The
+    connection then serves the next request: keep-alive after the fused end."""
+    runs = []
+    for code in (0, 4):
+        resp = open_run(api, sandbox["id"], ["sh", "-c", f"echo one; exit {code}"])
+        sid = session_of(resp)
+        assert api.collect(SseStream(resp, api.validator)).exit["exit_code"] == code
+        runs.append((sid, code))
+    host = urllib.parse.urlsplit(api.base_url).netloc
+    with _raw_socket(api) as s:
+        for sid, code in runs * 2:
+            s.sendall((f"GET /v1/sessions/{sid}/attach HTTP/1.1\r\nHost: {host}\r\n"
+                       f"Authorization: Bearer {api.token}\r\n\r\n").encode())
+            first = s.recv(1 << 16)
+            assert first.startswith(b"HTTP/1.1 200 "), first[:200]
+            assert first.endswith(b"\r\n0\r\n\r\n"), first[-200:]
+            head, _, body = first.partition(b"\r\n\r\n")
+            assert b"transfer-encoding: chunked" in head.lower(), head
+            assert b"event: stdout" in body and b"event: process_exited" in body, body
+            assert f'"exit_code":{code}'.encode() in body, body
+
+
+def test_a_running_command_sends_its_header_before_it_ends(api, sandbox):
+    """Only a finished process's header waits for its events: a running one's goes at once,
+    since the client learns the session from it. The process waits for a file that only a
+    second request writes, after this test has read the header."""
+    gate = f"/tmp/gate-{secrets.token_hex(6)}"
+    with _raw_socket(api) as s:
+        _raw_run(s, api, sandbox["id"],
+                 ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.02; done; echo through"])
+        got = b""
+        while b"\r\n\r\n" not in got:
+            chunk = s.recv(1 << 16)  # the socket's timeout fails the test if the header waits
+            assert chunk, got
+            got += chunk
+        head = got.split(b"\r\n\r\n", 1)[0].decode("latin-1")
+        assert head.startswith("HTTP/1.1 200 ") and "Sbx-Session-Id: ses_" in head, head
+        assert b"through" not in got
+        r = api.run(sandbox["id"], ["touch", gate])
+        assert r.exit["exit_code"] == 0, r.exit
+        while not got.endswith(b"\r\n0\r\n\r\n"):
+            chunk = s.recv(1 << 16)
+            assert chunk, got
+            got += chunk
+        assert b"process_exited" in got, got
+
+
+def test_a_one_request_run_is_audited_with_the_status_it_streamed(api, sandbox):
+    """The audit line of a streamed answer carries its status (200), not the 101 of a WebSocket
+    upgrade, which every stream was recorded with before."""
+    since = (datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=5))
+    resp = open_run(api, sandbox["id"], ["true"])
+    rid = resp.headers["X-Request-Id"]
+    api.collect(SseStream(resp, api.validator))
+    params = {"since": since.strftime("%Y-%m-%dT%H:%M:%S.000Z"), "limit": 500}
+    rows = []
+    for _ in range(100):  # pages of the last seconds' lines; bounded
+        page = api.call("GET", "/v1/admin/audit", params=params, expect=200).body
+        rows += page["audit"]
+        if not page.get("next_page_token"):
+            break
+        params["page_token"] = page["next_page_token"]
+    mine = [r for r in rows if r["request_id"] == rid]
+    assert len(mine) == 1, rows[-5:]
+    assert mine[0]["status"] == 200, mine
+    assert mine[0]["action"] == f"POST /v1/sandboxes/{sandbox['id']}/sessions", mine
