@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/backend.h"
+#include "service/audit_writer.h"
 #include "service/inputs.h"
 #include "service/mgmt_token.h"
 #include "store/store.h"
@@ -94,7 +95,8 @@ class Tenancy {
   absl::StatusOr<nlohmann::json> RevokeToken(const Caller& who, const std::string& token_id);
 
   // Appends one row; never fails the request it describes (a store error is logged). The row
-  // also goes to the JSON log.
+  // also goes to the JSON log. Written by AuditWriter's thread, after the answer; ListAudit
+  // waits for this process's rows so far.
   void Audit(store::AuditRecord rec);
   absl::StatusOr<nlohmann::json> ListAudit(const Caller& who, const store::AuditFilter& filter);
 
@@ -109,6 +111,7 @@ class Tenancy {
   store::Store& store_;
   mutable std::mutex mu_;
   TenancyOptions opts_;
+  AuditWriter audit_{store_};  // last: destroyed (and drained) first
 };
 
 // Quotas (docs/tenancy.md, "Quotas"), checked inside the transaction that records the change,
