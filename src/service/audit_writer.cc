@@ -45,20 +45,37 @@ void AuditWriter::Run() {
     lock.unlock();
     done_.notify_all();  // room in the queue
     const size_t n = batch.size();
-    Write(batch);
+    const bool stored = Write(batch);
     lock.lock();
     written_ += n;
+    if (!stored && stop_) {
+      // A stopping sbxd does not wait on a store that refuses (each try may take a connect
+      // timeout): the rest goes to the log only, each line saying so.
+      batch.swap(queue_);
+      const size_t rest = batch.size();
+      lock.unlock();
+      LogLines(batch, absl::UnavailableError("the store refused the lines before; sbxd is stopping"));
+      batch.clear();
+      lock.lock();
+      written_ += rest;
+    }
     done_.notify_all();
   }
 }
 
-void AuditWriter::Write(std::deque<store::AuditRecord>& batch) {
+bool AuditWriter::Write(std::deque<store::AuditRecord>& batch) {
   absl::Status st = store_.Transact([&](store::Tx& tx) -> absl::Status {
     for (const store::AuditRecord& rec : batch) {
       if (absl::Status s = tx.AddAudit(rec); !s.ok()) return s;
     }
     return absl::OkStatus();
   });
+  LogLines(batch, st);
+  batch.clear();
+  return st.ok();
+}
+
+void AuditWriter::LogLines(const std::deque<store::AuditRecord>& batch, const absl::Status& st) {
   // The log line carries the row as its fields, so a log pipeline has the trail too.
   for (const store::AuditRecord& rec : batch) {
     spdlog::info("audit: {} {} target={} status={} code={} tenant={} token={} request={}{}",
@@ -66,7 +83,6 @@ void AuditWriter::Write(std::deque<store::AuditRecord>& batch) {
                  rec.code, rec.tenant_id, rec.token_id, rec.request_id,
                  st.ok() ? "" : " (not stored: " + std::string(st.message()) + ")");
   }
-  batch.clear();
 }
 
 }  // namespace sbx::service

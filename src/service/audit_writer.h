@@ -6,8 +6,9 @@
 // stall of every other connection on that thread. The writer takes the lines instead, and
 // a thread of its own commits what has piled up in one transaction (one round trip for many
 // lines under load). Nothing is dropped: Add waits while the queue is full, and the
-// destructor commits what is left. Flush waits until every line added before it is
-// committed, so a listing through this process sees its own lines.
+// destructor commits what is left; only a store that refuses while sbxd stops is not waited
+// on again (the remaining lines go to the log alone, marked "not stored"). Flush waits until
+// every line added before it is committed, so a listing through this process sees its own.
 #pragma once
 
 #include <condition_variable>
@@ -16,6 +17,7 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/status/status.h"
 #include "store/store.h"
 
 namespace sbx::service {
@@ -39,8 +41,10 @@ class AuditWriter {
 
  private:
   void Run();
-  // Commits `batch` in one transaction and logs each line (with the store's error, if any).
-  void Write(std::deque<store::AuditRecord>& batch);
+  // Commits `batch` in one transaction and logs each line (with the store's error, if any);
+  // false if the store refused it.
+  bool Write(std::deque<store::AuditRecord>& batch);
+  static void LogLines(const std::deque<store::AuditRecord>& batch, const absl::Status& st);
 
   store::Store& store_;
   std::mutex mu_;

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -357,6 +359,54 @@ TEST_F(TenancyTest, AuditWriterCommitsWhatItHoldsWhenItGoes) {
     return absl::OkStatus();
   });
   EXPECT_TRUE(rows.ok()) << rows;
+}
+
+// A store that refuses every transaction (PostgreSQL gone), counting the tries; each try
+// takes `delay`, as a connect that times out does.
+class RefusingStore : public store::Store {
+ public:
+  explicit RefusingStore(std::chrono::milliseconds delay = {}) : delay_(delay) {}
+  absl::Status Transact(const std::function<absl::Status(store::Tx&)>&) override {
+    ++tries;
+    std::this_thread::sleep_for(delay_);
+    return absl::UnavailableError("store: connect: the server is gone");
+  }
+  std::atomic<int> tries{0};
+
+ private:
+  const std::chrono::milliseconds delay_;
+};
+
+// Refused lines are logged as not stored and count as done: Flush returns, and a stopping
+// writer does not wait on the refusing store once more per batch.
+TEST_F(TenancyTest, AuditWriterWithARefusingStoreNeitherHangsNorRetries) {
+  RefusingStore refusing;
+  {
+    AuditWriter writer(refusing);
+    for (int i = 0; i < 600; ++i) {
+      store::AuditRecord r;
+      r.time = "2026-01-01T00:00:00.000Z";
+      r.action = "POST /v1/sandboxes";
+      r.request_id = "req_refused_" + std::to_string(i);
+      writer.Add(r);
+    }
+    writer.Flush();  // returns: refused lines count as done (logged "not stored")
+    EXPECT_GE(refusing.tries.load(), 3);  // 600 lines: batches of 256 at most
+  }
+
+  // Stopping with 2,000 lines queued (8 batches): the batch being tried when the stop comes
+  // is the last try; the rest go to the log alone instead of 8 tries of a connect timeout.
+  RefusingStore slow(std::chrono::milliseconds(200));
+  {
+    AuditWriter writer(slow);
+    for (int i = 0; i < 2000; ++i) {
+      store::AuditRecord r;
+      r.action = "POST /v1/sandboxes";
+      r.request_id = "req_stopping_" + std::to_string(i);
+      writer.Add(r);
+    }
+  }
+  EXPECT_LE(slow.tries.load(), 2);
 }
 
 }  // namespace sbx::service
