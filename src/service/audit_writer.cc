@@ -29,7 +29,13 @@ void AuditWriter::Add(store::AuditRecord rec) {
 void AuditWriter::Flush() {
   std::unique_lock lock(mu_);
   const uint64_t target = added_;
+  if (written_ >= target) return;
+  ++flushing_;
+  lock.unlock();
+  work_.notify_one();  // ends a linger
+  lock.lock();
   done_.wait(lock, [&] { return written_ >= target; });
+  --flushing_;
 }
 
 void AuditWriter::Run() {
@@ -38,6 +44,10 @@ void AuditWriter::Run() {
   for (;;) {
     work_.wait(lock, [&] { return stop_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stopping, and everything is written
+    // Company for the first line: more lines, until the batch is full, a Flush waits or sbxd
+    // stops.
+    work_.wait_for(lock, kLinger,
+                   [&] { return stop_ || flushing_ > 0 || queue_.size() >= kMaxBatch; });
     while (!queue_.empty() && batch.size() < kMaxBatch) {
       batch.push_back(std::move(queue_.front()));
       queue_.pop_front();

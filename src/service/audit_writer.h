@@ -5,12 +5,15 @@
 // PostgreSQL (an fcntl-locked WAL write on SQLite) on every change a client makes, and a
 // stall of every other connection on that thread. The writer takes the lines instead, and
 // a thread of its own commits what has piled up in one transaction (one round trip for many
-// lines under load). Nothing is dropped: Add waits while the queue is full, and the
+// lines under load). A line that arrives alone waits up to kLinger for company: a client that
+// changes things one request at a time (an exec loop, a create/delete cycle) would otherwise
+// cost a wake-up of this thread and a commit per request. Nothing is dropped: Add waits while the queue is full, and the
 // destructor commits what is left; only a store that refuses while sbxd stops is not waited
 // on again (the remaining lines go to the log alone, marked "not stored"). Flush waits until
 // every line added before it is committed, so a listing through this process sees its own.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -28,6 +31,9 @@ class AuditWriter {
   static constexpr size_t kMaxQueued = 4096;
   // Lines per transaction at most.
   static constexpr size_t kMaxBatch = 256;
+  // How long the first line of a batch waits for more before it is committed. Flush and the
+  // destructor do not wait for it.
+  static constexpr std::chrono::milliseconds kLinger{20};
 
   explicit AuditWriter(store::Store& store) : store_(store) {}
   ~AuditWriter();
@@ -53,6 +59,7 @@ class AuditWriter {
   std::deque<store::AuditRecord> queue_;
   uint64_t added_ = 0;
   uint64_t written_ = 0;
+  int flushing_ = 0;  // Flush calls waiting: the writer commits without lingering
   bool stop_ = false;
   std::thread thread_;
 };
