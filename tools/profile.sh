@@ -10,6 +10,8 @@
 #   exec     `sbx-load --scenarios exec`: session ["true"] + attach, N times in one sandbox
 #   upload   PUTs of 256 MiB through the files API (curl -T), as bench/file_transfer.sh does,
 #            4 of them to the same path (one lasts ~0.5 s: too few samples alone)
+#   sustained `sbx-load --scenarios sustained`: create + exec + delete cycles from 8 workers
+#            (not in the default set)
 # Default: all three. Writes docs/flamegraphs/{create,exec,upload}.svg (SBX_PROFILE_OUT to put
 # them elsewhere) and keeps the folded stacks beside them (*.folded, not tracked).
 #
@@ -17,7 +19,7 @@
 # SBX_PROFILE_FREQ (samples/s per CPU, default 499), SBX_PROFILE_CALLGRAPH (default dwarf,16384:
 # the RelWithDebInfo build omits frame pointers, so `-g` alone would lose most user frames),
 # SBX_PROFILE_CREATES (default 200), SBX_PROFILE_EXECS (default 1000), SBX_PROFILE_UPLOAD_MIB
-# (default 256), SBX_PROFILE_UPLOADS (default 4), SBX_PROFILE_MIN_WIDTH (px, default 0.25:
+# (default 256), SBX_PROFILE_UPLOADS (default 4), SBX_PROFILE_SUSTAINED_S (default 10), SBX_PROFILE_MIN_WIDTH (px, default 0.25:
 # narrower boxes are left out of the SVG), SBX_PROFILE_KTHREADS (regex of kernel threads kept in the graph; on a busy
 # host they also do other processes' work, and "" leaves them out).
 # sbxd, perf and every sandbox are stopped by PID (sandboxes deleted through the API first) and
@@ -35,6 +37,7 @@ CREATES=${SBX_PROFILE_CREATES:-200}
 EXECS=${SBX_PROFILE_EXECS:-1000}
 UPLOAD_MIB=${SBX_PROFILE_UPLOAD_MIB:-256}
 UPLOADS=${SBX_PROFILE_UPLOADS:-4}
+SUSTAINED_S=${SBX_PROFILE_SUSTAINED_S:-10}
 MIN_WIDTH=${SBX_PROFILE_MIN_WIDTH:-0.25}
 KTHREADS=${SBX_PROFILE_KTHREADS-'^(kworker|ksoftirqd|rcu_|jbd2|loop[0-9]|kswapd)'}
 
@@ -45,9 +48,9 @@ scenarios=("$@")
 [[ ${#scenarios[@]} -gt 0 ]] || scenarios=(create exec upload)
 for s in "${scenarios[@]}"; do
   case "$s" in
-    create|exec|upload) ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
-    *) die "unknown scenario $s (create, exec, upload)" ;;
+    create|exec|upload|sustained) ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    *) die "unknown scenario $s (create, exec, upload, sustained)" ;;
   esac
 done
 [[ $(id -u) -eq 0 ]] || die "run as root (sbxd and perf -a need it)"
@@ -193,6 +196,15 @@ for s in "${scenarios[@]}"; do
       rm -f "$WORK/src"
       "$BIN/sbx" rm "$sid" >/dev/null || true
       render upload "sbx: $UPLOADS × PUT $UPLOAD_MIB MiB through the files API (fsync + rename)" "$host"
+      ;;
+    sustained)
+      log "sustained: create + exec + delete, 8 workers, ${SUSTAINED_S} s"
+      start_perf sustained
+      "$BIN/sbx-load" --url "$URL" --token "$TOKEN" --scenarios sustained --peers none \
+        --sustained-s "$SUSTAINED_S" >"$WORK/sustained.load.log" 2>&1 ||
+        { tail -n 20 "$WORK/sustained.load.log" >&2; die "sbx-load sustained failed"; }
+      stop_perf
+      render sustained "sbx: create + exec + delete cycles, 8 workers, ${SUSTAINED_S} s" "$host"
       ;;
   esac
 done
