@@ -289,6 +289,51 @@ void BM_StoreIdempotencyInsert(benchmark::State& state) {
 }
 BENCHMARK(BM_StoreIdempotencyInsert);
 
+// A command's session: stored running, then ended, in one transaction per iteration. Arg 0
+// ends it as SQLite does (the state, then an UPDATE of the exit's columns); arg 1 as the
+// base class's default does (the whole row read, its spec decoded, written back): the
+// difference is what the override saves per exit.
+void BM_StoreSessionEnd(benchmark::State& state) {
+  auto t = TempStore::Open(state);
+  if (!t) return;
+  const sbx::store::SandboxRecord sb = SampleSandbox();
+  absl::Status st = t->store().Transact([&](sbx::store::Tx& tx) { return tx.PutSandbox(sb); });
+  if (!st.ok()) {
+    state.SkipWithError(std::string(st.message()).c_str());
+    return;
+  }
+  const bool whole_row = state.range(0) == 1;
+  sbx::store::SessionRecord s;
+  s.tenant_id = sb.tenant_id;
+  s.sandbox_id = sb.id;
+  s.state = "running";
+  s.spec = nlohmann::json{{"argv", {"python3", "-c", "print(1)"}},
+                          {"cwd", "/root"},
+                          {"env", {{"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"LANG", "C.UTF-8"}}},
+                          {"user", "root"},
+                          {"tty", false},
+                          {"stdin", false},
+                          {"timeout_s", 60}};
+  s.created_at = sbx::NowRfc3339();
+  s.started_at = s.created_at;
+  sbx::store::SessionEnd end;
+  end.exit_code = 0;
+  end.at = s.created_at;
+  for (auto _ : state) {
+    s.id = sbx::NewId("ses");
+    st = t->store().Transact([&](sbx::store::Tx& tx) -> absl::Status {
+      if (absl::Status p = tx.PutSession(s); !p.ok()) return p;
+      auto was = whole_row ? tx.Tx::EndSession(s.id, end) : tx.EndSession(s.id, end);
+      return was.status();
+    });
+    if (!st.ok()) {
+      state.SkipWithError(std::string(st.message()).c_str());
+      break;
+    }
+  }
+}
+BENCHMARK(BM_StoreSessionEnd)->ArgName("whole_row")->Arg(0)->Arg(1);
+
 // ---- metrics -----------------------------------------------------------------------------
 
 // What the attach loop pays per batch and the store per statement: a child looked up once,

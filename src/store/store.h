@@ -311,7 +311,8 @@ class Tx {
   // Ends session `id` as `end` says unless it has ended already (started_at becomes end.at
   // if it was never set). Returns the state it ended from, or "" when it had ended before
   // (nothing changes then); NotFound without such a session. PostgreSQL does it in one
-  // statement (Store::EndSession: one round trip in all); this default reads, then writes.
+  // statement (Store::EndSession: one round trip in all), SQLite in two that leave the spec
+  // alone; this default reads the whole row, then writes it.
   virtual absl::StatusOr<std::string> EndSession(const std::string& id, const SessionEnd& end) {
     auto got = GetSession(id);
     if (!got.ok()) return got.status();
