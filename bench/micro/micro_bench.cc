@@ -16,6 +16,8 @@
 
 #include <benchmark/benchmark.h>
 #include <nlohmann/json.hpp>
+#include <openssl/rand.h>
+#include <openssl/sha.h>
 
 #include "api/attach_events.h"
 #include "api/requests.h"
@@ -333,6 +335,41 @@ void BM_StoreSessionEnd(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_StoreSessionEnd)->ArgName("whole_row")->Arg(0)->Arg(1);
+
+// ---- ids and digests ---------------------------------------------------------------------
+
+// Every request draws a request id and digests its token; a command or a create draws more ids
+// and digests its canonical body. Beside each, the OpenSSL call it replaced (`_openssl`): the
+// implicit fetch by name in SHA256(), and RAND_bytes. Two threads show the shared locks.
+const std::string kDigestInput(200, 'x');  // about a create's canonical body
+
+void BM_Sha256Hex(benchmark::State& state) {
+  for (auto _ : state) benchmark::DoNotOptimize(sbx::Sha256Hex(kDigestInput));
+}
+BENCHMARK(BM_Sha256Hex)->Threads(1)->Threads(2);
+
+void BM_Sha256Hex_openssl(benchmark::State& state) {
+  unsigned char md[SHA256_DIGEST_LENGTH];
+  for (auto _ : state) {
+    SHA256(reinterpret_cast<const unsigned char*>(kDigestInput.data()), kDigestInput.size(), md);
+    benchmark::DoNotOptimize(md);
+  }
+}
+BENCHMARK(BM_Sha256Hex_openssl)->Threads(1)->Threads(2);
+
+void BM_NewId(benchmark::State& state) {
+  for (auto _ : state) benchmark::DoNotOptimize(sbx::NewId("ses"));
+}
+BENCHMARK(BM_NewId)->Threads(1)->Threads(2);
+
+void BM_NewId_openssl(benchmark::State& state) {
+  unsigned char raw[20];
+  for (auto _ : state) {
+    if (RAND_bytes(raw, sizeof(raw)) != 1) state.SkipWithError("RAND_bytes failed");
+    benchmark::DoNotOptimize(raw);
+  }
+}
+BENCHMARK(BM_NewId_openssl)->Threads(1)->Threads(2);
 
 // ---- metrics -----------------------------------------------------------------------------
 

@@ -7,21 +7,40 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <vector>
 
 #include "common/status_util.h"
 
 namespace sbx {
+namespace {
+
+// OpenSSL 3 looks an algorithm up by name (a lock and string compares in its method store) on
+// every implicit use such as SHA256() or EVP_sha256(); fetched once, the lookup is paid once.
+// Every request pays at least one digest (its token's), a command or a create a few more.
+const EVP_MD* Sha256Md() {
+  static const EVP_MD* const md = [] {
+    const EVP_MD* m = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+    return m != nullptr ? m : EVP_sha256();
+  }();
+  return md;
+}
+
+}  // namespace
 
 std::string Sha256Hex(std::string_view in) {
-  unsigned char md[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(in.data()), in.size(), md);
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_Digest(in.data(), in.size(), md, &len, Sha256Md(), nullptr) != 1 ||
+      len != SHA256_DIGEST_LENGTH) {
+    std::abort();  // only on allocation failure: no digest is not a value a caller can use
+  }
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
-  out.reserve(2 * sizeof(md));
-  for (unsigned char c : md) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 15]);
+  out.reserve(2 * SHA256_DIGEST_LENGTH);
+  for (unsigned i = 0; i < len; ++i) {
+    out.push_back(kHex[md[i] >> 4]);
+    out.push_back(kHex[md[i] & 15]);
   }
   return out;
 }
@@ -29,7 +48,7 @@ std::string Sha256Hex(std::string_view in) {
 std::string Sha256Digest(std::string_view in) { return "sha256:" + Sha256Hex(in); }
 
 Sha256Stream::Sha256Stream() : ctx_(EVP_MD_CTX_new()) {
-  EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr);
+  EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), Sha256Md(), nullptr);
 }
 
 Sha256Stream::~Sha256Stream() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_)); }
