@@ -7,10 +7,11 @@
 // a thread of its own commits what has piled up in one transaction (one round trip for many
 // lines under load). A line that arrives alone waits up to kLinger for company: a client that
 // changes things one request at a time (an exec loop, a create/delete cycle) would otherwise
-// cost a wake-up of this thread and a commit per request. Nothing is dropped: Add waits while the queue is full, and the
-// destructor commits what is left; only a store that refuses while sbxd stops is not waited
-// on again (the remaining lines go to the log alone, marked "not stored"). Flush waits until
-// every line added before it is committed, so a listing through this process sees its own.
+// cost a wake-up of this thread and a commit per request. Nothing is dropped: Add waits while
+// the queue is full, and the destructor commits what is left; only a store that refuses while
+// sbxd stops is not waited on again (the remaining lines go to the log alone, marked "not
+// stored"). Flush waits until every line added before it is committed, so a listing through
+// this process sees its own.
 #pragma once
 
 #include <chrono>

@@ -45,9 +45,9 @@ absl::StatusOr<SandboxService::PortAccess> SandboxService::AccessOf(
   if (!access) {
     SandboxRecord sb;
     SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
-      auto r = tx.GetSandbox(sandbox_id);
-      if (!r.ok() || r->state == kDeleted) return NotFound("sandbox", sandbox_id);
-      sb = std::move(*r);
+      SBX_ASSIGN_OR_RETURN(sb, VisibleRow(tx.GetSandbox(sandbox_id), [](const SandboxRecord& r) {
+                             return r.state != kDeleted;
+                           }, "sandbox", sandbox_id));
       return absl::OkStatus();
     }));
     access.emplace();

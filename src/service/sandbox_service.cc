@@ -192,9 +192,11 @@ nlohmann::json SandboxService::Runtimes() const {
 absl::StatusOr<SandboxRecord> SandboxService::VisibleSandbox(Tx& tx, const Caller& caller,
                                                              const std::string& id) {
   if (!IsValidId(id, "sbx")) return BadId("sandbox", id);
-  auto sb = tx.GetSandbox(id);
   // Another tenant's sandbox is indistinguishable from a missing one.
-  if (!sb.ok() || sb->tenant_id != caller.tenant_id) return NotFound("sandbox", id);
+  SBX_ASSIGN_OR_RETURN(SandboxRecord sb,
+                       VisibleRow(tx.GetSandbox(id), [&](const SandboxRecord& r) {
+                         return r.tenant_id == caller.tenant_id;
+                       }, "sandbox", id));
   if (caller.initiator == "api") activity_.Touch(id);
   return sb;
 }
@@ -202,9 +204,12 @@ absl::StatusOr<SandboxRecord> SandboxService::VisibleSandbox(Tx& tx, const Calle
 absl::StatusOr<store::SandboxAndTenant> SandboxService::VisibleSandboxAndTenant(
     Tx& tx, const Caller& caller, const std::string& id) {
   if (!IsValidId(id, "sbx")) return BadId("sandbox", id);
-  auto both = tx.GetSandboxAndTenant(id);
   // As VisibleSandbox: another tenant's sandbox (and so its tenant's row) is never seen.
-  if (!both.ok() || both->sandbox.tenant_id != caller.tenant_id) return NotFound("sandbox", id);
+  auto mine = [&](const store::SandboxAndTenant& r) {
+    return r.sandbox.tenant_id == caller.tenant_id;
+  };
+  SBX_ASSIGN_OR_RETURN(store::SandboxAndTenant both,
+                       VisibleRow(tx.GetSandboxAndTenant(id), mine, "sandbox", id));
   if (caller.initiator == "api") activity_.Touch(id);
   return both;
 }
@@ -280,9 +285,9 @@ absl::StatusOr<OperationRecord> SandboxService::GetOperation(const Caller& calle
   if (!IsValidId(id, "op")) return BadId("operation", id);
   OperationRecord out;
   SBX_RETURN_IF_ERROR(store_.Read([&](Tx& tx) -> absl::Status {
-    auto op = tx.GetOperation(id);
-    if (!op.ok() || op->tenant_id != caller.tenant_id) return NotFound("operation", id);
-    out = *op;
+    SBX_ASSIGN_OR_RETURN(out, VisibleRow(tx.GetOperation(id), [&](const OperationRecord& r) {
+                           return r.tenant_id == caller.tenant_id;
+                         }, "operation", id));
     return absl::OkStatus();
   }));
   return out;

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 
 #include "common/build_info.h"
 #include "common/ids.h"
@@ -688,6 +689,57 @@ TEST_F(SandboxServiceTest, UnknownAndForeignSandboxesAreNotFound) {
   auto other = svc_->RequestLifecycle(Caller{"ten_other", std::nullopt}, id, "pause", std::nullopt);
   EXPECT_EQ(other.status().code(), absl::StatusCode::kNotFound) << other.status();
   EXPECT_EQ(Request("not-an-id", "wake").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A read that fails for another reason than a missing row is that failure, never a 404: a
+// client told "not found" would take its sandbox for gone when the store only failed (here a
+// row whose JSON no longer decodes, DataLoss; in production PostgreSQL gone, Unavailable).
+TEST_F(SandboxServiceTest, AFailedReadIsNeverANotFound) {
+  const std::string id = CreateRunning();
+  CreateSessionRequest req;
+  req.argv = {"true"};
+  req.canonical = json{{"argv", req.argv}};
+  auto created = svc_->CreateSession(caller_, id, req, std::nullopt);
+  ASSERT_TRUE(created.ok()) << created.status();
+  const std::string sid = Body(*created)["session_id"];
+  auto op = Request(id, "pause");
+  ASSERT_TRUE(op.ok()) << op.status();
+  const std::string op_id = (*op)["id"];
+  WaitOp(op_id);
+  auto sql = [&](const std::string& statement) {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open((dir_ / "sbx.db").string().c_str(), &db), SQLITE_OK);
+    sqlite3_busy_timeout(db, 5000);
+    char* err = nullptr;
+    EXPECT_EQ(sqlite3_exec(db, statement.c_str(), nullptr, nullptr, &err), SQLITE_OK)
+        << (err != nullptr ? err : "");
+    sqlite3_free(err);
+    sqlite3_close(db);
+  };
+  const auto kDataLoss = absl::StatusCode::kDataLoss;
+  sql("UPDATE sandboxes SET env = '{not json' WHERE id = '" + id + "'");
+  EXPECT_EQ(svc_->GetSandbox(caller_, id).status().code(), kDataLoss);
+  EXPECT_EQ(Request(id, "wake").status().code(), kDataLoss);
+  EXPECT_EQ(svc_->CreateSession(caller_, id, req, std::nullopt).status().code(), kDataLoss);
+  // A missing sandbox is still a 404, and so is another tenant's readable one.
+  EXPECT_EQ(svc_->GetSandbox(caller_, NewId("sbx")).status().code(), absl::StatusCode::kNotFound);
+  sql("UPDATE sandboxes SET env = '{}' WHERE id = '" + id + "'");
+  EXPECT_EQ(svc_->GetSandbox(Caller{"ten_other", std::nullopt}, id).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(svc_->GetSandbox(caller_, id).ok());
+
+  sql("UPDATE sessions SET spec = '{not json' WHERE id = '" + sid + "'");
+  EXPECT_EQ(svc_->GetSession(caller_, sid).status().code(), kDataLoss);
+  EXPECT_EQ(svc_->GetSession(caller_, NewId("ses")).status().code(), absl::StatusCode::kNotFound);
+  sql("UPDATE sessions SET spec = '{}' WHERE id = '" + sid + "'");
+  EXPECT_TRUE(svc_->GetSession(caller_, sid).ok());
+
+  sql("UPDATE operations SET result = '{not json' WHERE id = '" + op_id + "'");
+  EXPECT_EQ(svc_->GetOperation(caller_, op_id).status().code(), kDataLoss);
+  EXPECT_EQ(svc_->GetOperation(caller_, NewId("op")).status().code(),
+            absl::StatusCode::kNotFound);
+  sql("UPDATE operations SET result = NULL WHERE id = '" + op_id + "'");
+  EXPECT_TRUE(svc_->GetOperation(caller_, op_id).ok());
 }
 
 TEST_F(SandboxServiceTest, InFlightConflictsRepeatsAndDeleteWins) {

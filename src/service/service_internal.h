@@ -36,6 +36,18 @@ nlohmann::json NewPortAccess(bool public_ports, const std::string& sandbox_id);
 // Sandbox.connect(id)); only the secret part authenticates.
 std::string NewEnvdToken(const std::string& sandbox_id);
 absl::Status NotFound(std::string_view kind, const std::string& id);
+// A getter's answer for a row only some callers may see: the row, or 404 (NotFound(kind, id))
+// when it is missing or `visible` says it is not the caller's (the two must look the same).
+// Any other failure of the read (the store unreachable, a row that does not decode, a
+// serialization failure the store retries) is returned as it is: a 404 for it would tell a
+// client that its sandbox is gone when the database only blinked.
+template <typename Row, typename Visible>
+absl::StatusOr<Row> VisibleRow(absl::StatusOr<Row> got, Visible visible, std::string_view kind,
+                               const std::string& id) {
+  if (!got.ok() && !absl::IsNotFound(got.status())) return got.status();
+  if (!got.ok() || !visible(*got)) return NotFound(kind, id);
+  return got;
+}
 nlohmann::json ErrorJson(std::string_view code, const absl::Status& s);
 
 // --- Resources (resources.cc) ---

@@ -119,9 +119,9 @@ absl::StatusOr<SessionRecord> SandboxService::GetSession(const Caller& caller,
   if (caller.session_scope && *caller.session_scope != id) return NotFound("session", id);
   SessionRecord out;
   SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
-    auto s = tx.GetSession(id);
-    if (!s.ok() || s->tenant_id != caller.tenant_id) return NotFound("session", id);
-    out = *s;
+    SBX_ASSIGN_OR_RETURN(out, VisibleRow(tx.GetSession(id), [&](const SessionRecord& r) {
+                           return r.tenant_id == caller.tenant_id;
+                         }, "session", id));
     return absl::OkStatus();
   }));
   if (caller.initiator == "api") activity_.Touch(out.sandbox_id);

@@ -309,7 +309,8 @@ absl::StatusOr<json> TemplateService::Tag(const Caller& caller, const std::strin
   SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
     previous.clear();
     auto img = tx.GetImage(digest);
-    if (!img.ok()) return TemplateNotFound(src.String());  // base, or gone meanwhile
+    if (absl::IsNotFound(img.status())) return TemplateNotFound(src.String());  // base, or gone
+    SBX_RETURN_IF_ERROR(img.status());
     SBX_ASSIGN_OR_RETURN(std::vector<TagRecord> tags, tx.ListTags());
     std::map<std::string, int64_t> sizes;
     SBX_ASSIGN_OR_RETURN(std::vector<ImageRecord> images, tx.ListImages());

@@ -570,12 +570,11 @@ absl::StatusOr<OperationRecord> TemplateService::Cancel(const Caller& caller,
                                                         const std::string& op_id) {
   OperationRecord op;
   SBX_RETURN_IF_ERROR(store_.Transact([&](Tx& tx) -> absl::Status {
-    auto got = tx.GetOperation(op_id);
-    if (!got.ok() || got->tenant_id != caller.tenant_id) {
-      return ApiError(absl::StatusCode::kNotFound, "not_found",
-                      fmt::format("operation {} not found", op_id));
-    }
-    op = *got;
+    SBX_ASSIGN_OR_RETURN(op, internal::VisibleRow(tx.GetOperation(op_id),
+                                                  [&](const OperationRecord& r) {
+                                                    return r.tenant_id == caller.tenant_id;
+                                                  },
+                                                  "operation", op_id));
     return absl::OkStatus();
   }));
   if (!IsTemplateOperation(op.kind)) {

@@ -174,7 +174,10 @@ absl::StatusOr<TokenRecord> Tenancy::VisibleToken(Tx& tx, const Caller& who,
   auto t = tx.GetToken(id);
   if (absl::IsNotFound(t.status())) return TokenNotFound(id);
   SBX_RETURN_IF_ERROR(t.status());
-  if (!VisibleTenant(tx, who, t->tenant_id).ok()) return TokenNotFound(id);
+  // Another tenant's token looks missing; a failed read stays what it is (not a 404).
+  if (auto v = VisibleTenant(tx, who, t->tenant_id); !v.ok()) {
+    return absl::IsNotFound(v.status()) ? TokenNotFound(id) : v.status();
+  }
   return t;
 }
 

@@ -410,7 +410,6 @@ TEST_F(TenancyTest, AuditWriterWithARefusingStoreNeitherHangsNorRetries) {
   EXPECT_LE(slow.tries.load(), 2);
 }
 
-
 // The real store behind a count of its transactions.
 class CountingStore : public store::Store {
  public:
