@@ -9,6 +9,7 @@ import os
 import secrets
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,66 @@ def test_an_unreachable_database_stops_sbxd_with_its_url_and_no_password(pg_host
         assert "hunter2" not in text, text
     finally:
         os.rmdir(empty)
+
+
+def pg_ctl(host: Path, *args: str) -> None:
+    """pg_ctl on the module's server (as `postgres` when root, as tools/pg_test_server.sh does),
+    with the options that script starts it with."""
+    bin_dir = sorted(Path("/usr/lib/postgresql").glob("*/bin"))[-1]
+    argv = [str(bin_dir / "pg_ctl"), "-D", str(host / "data"), "-w", "-t", "60", *args]
+    if os.geteuid() == 0:
+        argv = ["runuser", "-u", "postgres", "--", *argv]
+    subprocess.run(argv, check=True, timeout=90, stdout=subprocess.DEVNULL)
+
+
+def test_a_database_outage_is_503_never_404_and_the_api_serves_again_after_it(restartable, pg_host):
+    """With PostgreSQL stopped, reads of a sandbox, its session and its operation fail with 503
+    `unavailable`: a 404 would tell a client its sandbox is gone. With the server back, the
+    same sbxd answers them again; a stored row that does not decode is a 500, not a 404."""
+    url = make_db(pg_host)
+    api = restartable.start(["--store", url])
+    restartable.track(api)
+    created = api.create_sandbox()
+    sb, op = created["sandbox"], created["operation"]
+    out = api.run(sb["id"], ["sh", "-c", "echo before the outage"])
+    assert out.stdout == b"before the outage\n"
+    session_id = out.session["session_id"]
+    reads = [f"/v1/sandboxes/{sb['id']}", f"/v1/sessions/{session_id}", f"/v1/operations/{op['id']}"]
+    pg_ctl(pg_host, "-m", "fast", "stop")
+    try:
+        for path in reads:
+            resp = api.call("GET", path, expect=(503, 500))
+            assert resp.status_code == 503, (path, resp.status_code, resp.body)
+            assert resp.body["error"]["code"] == "unavailable", (path, resp.body)
+    finally:
+        pg_ctl(pg_host, "-l", str(pg_host / "server.log"), "-o",
+               f"-k {pg_host} -c listen_addresses= -c fsync=off -c synchronous_commit=off "
+               "-c full_page_writes=off -c max_connections=300", "start")
+    deadline = time.monotonic() + 30
+    while True:  # the pool reconnects on the next transaction; bounded by the deadline
+        resp = api.call("GET", reads[0])
+        if resp.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert resp.status_code == 200 and resp.body["state"] == "running", resp.body
+    assert api.get_session(session_id)["exit_code"] == 0
+    assert api.get_operation(op["id"])["state"] == "succeeded"
+
+    # A failure inside a transaction on a live connection, here a row that no longer decodes:
+    # 500 `internal`, not a 404 (which the service made of any failed read before).
+    def psql(statement: str) -> None:
+        exe = sorted(Path("/usr/lib/postgresql").glob("*/bin/psql"))[-1]
+        subprocess.run([str(exe), url, "-qc", statement], check=True, timeout=60)
+    for path, table, column, row_id, sound in [
+            (reads[0], "sandboxes", "env", sb["id"], "'{}'"),
+            (reads[1], "sessions", "spec", session_id, "'{}'"),
+            (reads[2], "operations", "result", op["id"], "NULL")]:
+        psql(f"UPDATE {table} SET {column} = '{{not json' WHERE id = '{row_id}'")
+        try:
+            resp = api.call("GET", path, expect=(500, 404))
+            assert resp.status_code == 500 and resp.body["error"]["code"] == "internal", \
+                (path, resp.status_code, resp.body)
+        finally:  # sound again, so that the sandbox can be listed and deleted whatever happened
+            psql(f"UPDATE {table} SET {column} = {sound} WHERE id = '{row_id}'")
+    assert api.get_sandbox(sb["id"])["state"] == "running"
+    api.delete_sandbox(sb["id"])
