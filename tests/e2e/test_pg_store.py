@@ -101,14 +101,11 @@ def test_an_unreachable_database_stops_sbxd_with_its_url_and_no_password(pg_host
         os.rmdir(empty)
 
 
-def pg_ctl(host: Path, *args: str) -> None:
-    """pg_ctl on the module's server (as `postgres` when root, as tools/pg_test_server.sh does),
-    with the options that script starts it with."""
-    bin_dir = sorted(Path("/usr/lib/postgresql").glob("*/bin"))[-1]
-    argv = [str(bin_dir / "pg_ctl"), "-D", str(host / "data"), "-w", "-t", "60", *args]
-    if os.geteuid() == 0:
-        argv = ["runuser", "-u", "postgres", "--", *argv]
-    subprocess.run(argv, check=True, timeout=90, stdout=subprocess.DEVNULL)
+def pg_server(verb: str, host: Path) -> None:
+    """tools/pg_test_server.sh `pause` (stop, data kept: an outage) or `resume` on the module's
+    server."""
+    subprocess.run(["bash", str(SERVER), verb, str(host)], check=True, timeout=120,
+                   stdout=subprocess.DEVNULL)
 
 
 def test_a_database_outage_is_503_never_404_and_the_api_serves_again_after_it(restartable, pg_host):
@@ -124,16 +121,14 @@ def test_a_database_outage_is_503_never_404_and_the_api_serves_again_after_it(re
     assert out.stdout == b"before the outage\n"
     session_id = out.session["session_id"]
     reads = [f"/v1/sandboxes/{sb['id']}", f"/v1/sessions/{session_id}", f"/v1/operations/{op['id']}"]
-    pg_ctl(pg_host, "-m", "fast", "stop")
+    pg_server("pause", pg_host)
     try:
         for path in reads:
             resp = api.call("GET", path, expect=(503, 500))
             assert resp.status_code == 503, (path, resp.status_code, resp.body)
             assert resp.body["error"]["code"] == "unavailable", (path, resp.body)
     finally:
-        pg_ctl(pg_host, "-l", str(pg_host / "server.log"), "-o",
-               f"-k {pg_host} -c listen_addresses= -c fsync=off -c synchronous_commit=off "
-               "-c full_page_writes=off -c max_connections=300", "start")
+        pg_server("resume", pg_host)
     deadline = time.monotonic() + 30
     while True:  # the pool reconnects on the next transaction; bounded by the deadline
         resp = api.call("GET", reads[0])
