@@ -427,11 +427,22 @@ class SandboxServiceTest : public ::testing::Test {
     return sb.ok() ? sb->state : "";
   }
 
-  absl::Status NewSession(const std::string& id) {
+  static CreateSessionRequest TrueRequest() {
     CreateSessionRequest req;
     req.argv = {"true"};
     req.canonical = json{{"argv", req.argv}};
-    return svc_->CreateSession(caller_, id, req, std::nullopt).status();
+    return req;
+  }
+
+  absl::Status NewSession(const std::string& id) {
+    return svc_->CreateSession(caller_, id, TrueRequest(), std::nullopt).status();
+  }
+
+  // A session of `true` in sandbox `id`; its id ("" after a failed expectation).
+  std::string TrueSession(const std::string& id) {
+    auto r = svc_->CreateSession(caller_, id, TrueRequest(), std::nullopt);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? Body(*r)["session_id"].get<std::string>() : "";
   }
 
   // The value of one series in this test's registry ("" when absent).
@@ -696,12 +707,8 @@ TEST_F(SandboxServiceTest, UnknownAndForeignSandboxesAreNotFound) {
 // row whose JSON no longer decodes, DataLoss; in production PostgreSQL gone, Unavailable).
 TEST_F(SandboxServiceTest, AFailedReadIsNeverANotFound) {
   const std::string id = CreateRunning();
-  CreateSessionRequest req;
-  req.argv = {"true"};
-  req.canonical = json{{"argv", req.argv}};
-  auto created = svc_->CreateSession(caller_, id, req, std::nullopt);
-  ASSERT_TRUE(created.ok()) << created.status();
-  const std::string sid = Body(*created)["session_id"];
+  const std::string sid = TrueSession(id);
+  ASSERT_FALSE(sid.empty());
   auto op = Request(id, "pause");
   ASSERT_TRUE(op.ok()) << op.status();
   const std::string op_id = (*op)["id"];
@@ -720,7 +727,7 @@ TEST_F(SandboxServiceTest, AFailedReadIsNeverANotFound) {
   sql("UPDATE sandboxes SET env = '{not json' WHERE id = '" + id + "'");
   EXPECT_EQ(svc_->GetSandbox(caller_, id).status().code(), kDataLoss);
   EXPECT_EQ(Request(id, "wake").status().code(), kDataLoss);
-  EXPECT_EQ(svc_->CreateSession(caller_, id, req, std::nullopt).status().code(), kDataLoss);
+  EXPECT_EQ(NewSession(id).code(), kDataLoss);
   // A missing sandbox is still a 404, and so is another tenant's readable one.
   EXPECT_EQ(svc_->GetSandbox(caller_, NewId("sbx")).status().code(), absl::StatusCode::kNotFound);
   sql("UPDATE sandboxes SET env = '{}' WHERE id = '" + id + "'");
@@ -1157,12 +1164,8 @@ TEST_F(SandboxServiceTest, SessionMetricsFollowTheDataPlane) {
 // exit the attach then relays costs none, a second client's finds the store unchanged.
 TEST_F(SandboxServiceTest, AProcessOverAtItsFirstAttachIsStoredInOneTransaction) {
   const std::string id = CreateRunning();
-  CreateSessionRequest req;
-  req.argv = {"true"};
-  req.canonical = json{{"argv", req.argv}};
-  auto r = svc_->CreateSession(caller_, id, req, std::nullopt);
-  ASSERT_TRUE(r.ok()) << r.status();
-  const std::string sid = Body(*r)["session_id"].get<std::string>();
+  const std::string sid = TrueSession(id);
+  ASSERT_FALSE(sid.empty());
   // Counted by the session statements: the create's job may still be committing its own.
   auto count = [&](const char* op) {
     return std::stoi(
