@@ -92,6 +92,7 @@ struct Config {
     int64_t userns_pool = 4;
     int64_t netns_pool = 4;
     int64_t disk_pool = 2;
+    int64_t cgroup_pool = 4;
     int64_t removal_backlog = 0;
     std::string seccomp_policy;  // empty: the policy embedded at build time
     bool cgroup_favor_dynmods = true;

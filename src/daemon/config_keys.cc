@@ -211,6 +211,13 @@ const std::vector<KeyInfo> kKeys = {
      .help = "sandbox disks (ext4 images of sandbox.defaults.disk_mib, loop-mounted) kept ready "
              "by an idle-priority thread; 0 makes each one during the launch",
      SBX_NUM(runtime.ns.disk_pool)},
+    {.path = "runtime.ns.cgroup_pool", .type = Type::kInt, .flag = "--cgroup-pool",
+     .reloadable = false, .min = 0, .max = 256, .why = "cgroup sets built ahead",
+     .help = "sandbox cgroup directory sets (cgroup v1 hierarchies: memory, pids, cpu, each with "
+             "its work child) built ahead by an idle-priority thread and renamed to the sandbox's "
+             "id at launch; 0 makes each one during the launch. Pure cgroup v2 hosts make them at "
+             "launch whatever this says (v2 has no rename)",
+     SBX_NUM(runtime.ns.cgroup_pool)},
     {.path = "runtime.ns.removal_backlog", .type = Type::kInt, .flag = "--removal-backlog",
      .reloadable = false, .min = 0, .max = 4096, .why = "deleted sandboxes' files awaiting removal",
      .help = "deleted sandboxes whose files (disk image, upper layer, log) a low-priority thread "

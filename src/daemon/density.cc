@@ -48,7 +48,8 @@ absl::StatusOr<int64_t> ResolveDensity(const Config& cfg, int64_t held_fds) {
   in.ns = cfg.runtime.default_runtime == "ns";
   in.user_namespaces = cfg.runtime.ns.user_namespaces;
   if (in.ns) {
-    in.pooled = cfg.runtime.ns.netns_pool + cfg.runtime.ns.userns_pool + cfg.runtime.ns.disk_pool;
+    in.pooled = cfg.runtime.ns.netns_pool + cfg.runtime.ns.userns_pool + cfg.runtime.ns.disk_pool +
+                cfg.runtime.ns.cgroup_pool;
   }
   in.held_fds = held_fds;
   in.uid_ranges = (runtime::ns::kUidRangeEnd - runtime::ns::kUidRangeFirst) /

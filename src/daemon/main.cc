@@ -746,7 +746,7 @@ int main(int argc, char** argv) {
                                                cfg.runtime.ns.cgroup_parent,
                                                cfg.admission.max_sandboxes,
                                                cfg.runtime.ns.netns_pool + cfg.runtime.ns.userns_pool +
-                                                   cfg.runtime.ns.disk_pool,
+                                                   cfg.runtime.ns.disk_pool + cfg.runtime.ns.cgroup_pool,
                                                cfg.runtime.microvm.qemu, cfg.runtime.microvm.kernel,
                                                cfg.runtime.microvm.vmm, cfg.runtime.microvm.firecracker,
                                                cfg.runtime.microvm.jailer};

@@ -12,6 +12,7 @@ runtime::ns::NsOptions NsOptionsOf(const Config& c, const std::string& agent_pat
   o.cgroup_parent = ns.cgroup_parent;
   o.netns_pool_size = static_cast<int>(ns.netns_pool);
   o.disk_pool_size = static_cast<int>(ns.disk_pool);
+  o.cgroup_pool_size = static_cast<int>(ns.cgroup_pool);
   o.disk_pool_mib = static_cast<int>(c.sandbox.defaults.disk_mib);
   o.removal_backlog = static_cast<size_t>(ns.removal_backlog);
   o.user_namespaces = ns.user_namespaces;

@@ -56,7 +56,9 @@ def cgroup_dirs(parent: str) -> list[Path]:
 
 
 def remove_parent(parent: str) -> list[str]:
-    """The node's (empty) cgroup parent in every hierarchy; sbxd makes it and leaves it."""
+    """The node's (empty) cgroup parent in every hierarchy; sbxd makes it and leaves it. The
+    cgroup sets a node killed on purpose still had pooled (`pool-<tag>-N`, never a sandbox's:
+    the next start of that node would sweep them) go first."""
     problems = []
     roots = [Path("/sys/fs/cgroup")] + [p for p in Path("/sys/fs/cgroup").iterdir()
                                        if p.is_dir() and not p.is_symlink()]
@@ -64,6 +66,10 @@ def remove_parent(parent: str) -> list[str]:
         d = root / parent.lstrip("/")
         if d.is_dir():
             try:
+                for pooled in d.glob("pool-*"):
+                    if (pooled / "work").is_dir():
+                        (pooled / "work").rmdir()
+                    pooled.rmdir()
                 d.rmdir()
             except OSError as e:
                 problems.append(f"rmdir {d}: {e}")

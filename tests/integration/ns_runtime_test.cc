@@ -33,6 +33,7 @@
 #include "common/unique_fd.h"
 #include "protocol/protocol.h"
 #include "runtime/ns/cgroup.h"
+#include "runtime/ns/cgroup_pool.h"
 #include "runtime/ns/fsutil.h"
 #include "runtime/ns/ns_backend.h"
 
@@ -177,12 +178,13 @@ class NsRuntimeTest : public ::testing::Test {
 
   // (Re)makes backend_ on this test's state dir; `removal_backlog` > 0 defers the removal of a
   // destroyed sandbox's directory to the reaper (reaper.h).
-  void MakeBackend(size_t removal_backlog) {
+  void MakeBackend(size_t removal_backlog, int cgroup_pool = 0) {
     backend_.reset();
     NsOptions opts;
     opts.state_dir = base_ + "/state";
     opts.agent_path = agent_;
     opts.removal_backlog = removal_backlog;
+    opts.cgroup_pool_size = cgroup_pool;
     backend_ = std::make_unique<NsBackend>(opts);
     absl::Status probe = backend_->Probe();
     ASSERT_TRUE(probe.ok()) << probe;
@@ -792,6 +794,60 @@ TEST_F(NsRuntimeTest, SweepRemovesLeftovers) {
   // The known sandbox is untouched.
   auto ping = protocol::CallAgent(kept->AgentSocketPath(), Json{{"op", "ping"}});
   EXPECT_TRUE(ping.ok()) << ping.status();
+}
+
+// Pre-built cgroup sets (cgroup_pool.h) on the real cgroupfs: a launch renames one to the
+// sandbox's id (the kernel's v1 rename), the sandbox runs in it under its limits, and the
+// sets still pooled go with the backend. Pure v2 pools nothing.
+TEST_F(NsRuntimeTest, PooledCgroupSetsBecomeTheSandboxsCgroupsAndGoWithTheBackend) {
+  MakeBackend(/*removal_backlog=*/0, /*cgroup_pool=*/2);
+  const std::string prefix = CgroupPoolPrefix(CgroupPoolTag(base_ + "/state"));
+  SandboxSpec spec = Spec();
+  std::vector<std::string> v1_parents;
+  for (const auto& [key, path] : backend_->CgroupPaths(spec.id)) {
+    if (key != kUnifiedKey) v1_parents.push_back(path.substr(0, path.rfind('/')));
+  }
+  auto pooled = [&](const std::string& parent) {
+    int n = 0;
+    auto names = ListDir(parent);
+    if (names.ok()) {
+      for (const auto& name : *names) n += name.rfind(prefix, 0) == 0 ? 1 : 0;
+    }
+    return n;
+  };
+  const bool can_pool = backend_->CgroupDriverName() != "cgroup-v2";
+  for (int i = 0; i < 2000 && can_pool && pooled(v1_parents.front()) < 2; ++i) ::usleep(10000);
+  for (const auto& p : v1_parents) EXPECT_EQ(pooled(p), can_pool ? 2 : 0) << p;
+
+  auto created = backend_->Create(spec);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Instance* inst = Keep(std::move(*created));
+  const pid_t pid = PidOf(*inst);
+  for (const auto& p : v1_parents) {
+    // The first set was taken (serials are never reused); its refill may have come since.
+    if (can_pool) EXPECT_FALSE(PathExists(p + "/" + prefix + "0")) << p;
+    EXPECT_TRUE(PathExists(p + "/" + spec.id + "/work")) << p;
+  }
+  // The agent runs in the directories named after the sandbox, under its limits.
+  auto self = ReadFileToString(fmt::format("/proc/{}/cgroup", pid));
+  ASSERT_TRUE(self.ok()) << self.status();
+  for (const auto& [key, path] : backend_->CgroupPaths(spec.id)) {
+    if (key == "memory") {
+      auto limit = ReadFileToString(path + "/work/memory.limit_in_bytes");
+      ASSERT_TRUE(limit.ok()) << limit.status();
+      EXPECT_EQ(*limit, fmt::format("{}\n", 256LL << 20));
+      EXPECT_NE(self->find("/" + spec.id), std::string::npos) << *self;
+    }
+  }
+  auto ping = protocol::CallAgent(inst->AgentSocketPath(), Json{{"op", "ping"}});
+  EXPECT_TRUE(ping.ok()) << ping.status();
+
+  ASSERT_TRUE(inst->Destroy().ok());
+  live_.clear();
+  ExpectNothingLeft(spec.id, pid);
+  backend_.reset();
+  for (const auto& p : v1_parents) EXPECT_EQ(pooled(p), 0) << p;
+  MakeBackend(/*removal_backlog=*/0);
 }
 
 TEST_F(NsRuntimeTest, DeferredRemovalLeavesNothingReachableThenNothingAtAll) {

@@ -224,6 +224,15 @@ class CgroupDriver {
   virtual bool JoinsByWritingProcs() const = 0;
   // True when sandboxes can be frozen (a v2 hierarchy or the v1 freezer is mounted).
   virtual bool CanFreeze() const = 0;
+  // Removes the pooled sets an earlier run with this `tag` left (cgroup_pool.h), then, when
+  // `size` > 0, keeps that many sets of the driver's v1 directories built ahead for Create.
+  // Returns how many directories per set are pooled: 0 where nothing can be (pure v2 has no
+  // rename), and always 0 with `size` 0.
+  virtual absl::StatusOr<int> StartPool(int size, const std::string& tag) {
+    (void)size;
+    (void)tag;
+    return 0;
+  }
 
   // An owner for existing directories of `id` (Adopt, Sweep): all are treated as ours.
   std::unique_ptr<SandboxCgroup> Existing(const std::string& id) const;

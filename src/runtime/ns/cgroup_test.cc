@@ -194,6 +194,117 @@ TEST(CgroupSplit, HybridPutsTheAgentInTheSandboxDirectory) {
             h.cg("memory/process_api/b393e8e0/sbx/" + old_id + "/agent/memory.oom_control"));
 }
 
+template <typename F>
+bool WaitUntil(F pred) {
+  for (int i = 0; i < 10000 && !pred(); ++i) ::usleep(1000);
+  return pred();
+}
+
+// Pre-built sets (cgroup_pool.h): a split create renames one to the sandbox's id in every v1
+// hierarchy, the v2 directory is still made, and the limits are written as for a new one.
+TEST(CgroupPool, HybridCreateRenamesAPooledSetAndWritesItsLimits) {
+  FakeHost h;
+  h.Write("proc/mounts", kHybridMounts);
+  h.Write("proc/self/cgroup", kHybridSelf);
+  const std::string mem = "cg/memory/process_api/b393e8e0/sbx/";
+  const std::vector<std::string> v1_parents = {mem, "cg/pids/sbx/", "cg/cpu/sbx/"};
+  std::string id;
+  {
+    auto driver = MakeCgroupDriver(h.env());
+    ASSERT_TRUE(driver.ok()) << driver.status();
+    ASSERT_TRUE((*driver)->Setup().ok());
+    auto pooled = (*driver)->StartPool(2, "t1");
+    ASSERT_TRUE(pooled.ok()) << pooled.status();
+    EXPECT_EQ(*pooled, 3);  // memory, pids, cpu; not the unified hierarchy
+    // Two whole sets (the filler makes a set's directories one after another).
+    ASSERT_TRUE(WaitUntil([&] {
+      bool all = true;
+      for (const std::string& p : v1_parents) {
+        all = all && h.Exists(p + "pool-t1-0/work") && h.Exists(p + "pool-t1-1/work");
+      }
+      return all;
+    }));
+    EXPECT_FALSE(h.Exists("cg/unified/sbx/pool-t1-0"));
+
+    id = NewId("sbx");
+    auto cg = (*driver)->Create(id, SplitLimits());
+    ASSERT_TRUE(cg.ok()) << cg.status();
+    for (const std::string& p : v1_parents) {
+      EXPECT_FALSE(h.Exists(p + "pool-t1-0")) << p;  // renamed, first in first out
+      EXPECT_TRUE(h.Exists(p + id + "/work")) << p;
+    }
+    EXPECT_TRUE(h.Exists("cg/unified/sbx/" + id + "/work"));
+    EXPECT_EQ(h.Read(mem + id + "/work/memory.limit_in_bytes"), std::to_string(256 << 20));
+    EXPECT_EQ(h.Read(mem + id + "/memory.limit_in_bytes"), std::to_string((256 + 32) << 20));
+    EXPECT_EQ(h.Read("cg/pids/sbx/" + id + "/pids.max"), "80");
+    EXPECT_EQ(h.Read("cg/cpu/sbx/" + id + "/work/cpu.shares"), std::to_string(kWorkCpuShares));
+    for (const auto& d : (*cg)->dirs()) EXPECT_TRUE(d.created) << d.key;  // Destroy removes them
+    (*cg)->Release();
+
+    // A sandbox without the split makes its own directories: a pooled set has a work child.
+    const std::string plain = NewId("sbx");
+    auto cg2 = (*driver)->Create(plain, Limits());
+    ASSERT_TRUE(cg2.ok()) << cg2.status();
+    EXPECT_FALSE(h.Exists("cg/pids/sbx/" + plain + "/work"));
+    EXPECT_TRUE(h.Exists("cg/pids/sbx/pool-t1-1"));
+    (*cg2)->Release();
+
+    // An id that exists already fails as a mkdir would, and takes the set down with it.
+    auto again = (*driver)->Create(id, SplitLimits());
+    EXPECT_FALSE(again.ok());
+  }
+  // The pool went with its driver, and with it every set it held; the sandbox's stay.
+  for (const std::string& p : v1_parents) {
+    auto names = ListDir(h.cg(p.substr(3)));
+    ASSERT_TRUE(names.ok()) << names.status();
+    for (const std::string& n : *names) EXPECT_NE(n.rfind("pool-", 0), 0u) << p << n;
+    EXPECT_TRUE(h.Exists(p + id + "/work")) << p;
+  }
+}
+
+// What an earlier run of this sbxd left is removed at start; another sbxd's sets (another tag)
+// and sandbox directories are not.
+TEST(CgroupPool, StartRemovesOnlyThisTagsLeftovers) {
+  FakeHost h;
+  h.Write("proc/mounts", kHybridMounts);
+  h.Write("proc/self/cgroup", kHybridSelf);
+  auto driver = MakeCgroupDriver(h.env());
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  ASSERT_TRUE((*driver)->Setup().ok());
+  const std::string sandbox = NewId("sbx");
+  h.Mkdir("cg/pids/sbx/pool-t1-7/work");
+  h.Mkdir("cg/memory/process_api/b393e8e0/sbx/pool-t1-8");
+  h.Mkdir("cg/pids/sbx/pool-t2-7/work");
+  h.Mkdir("cg/pids/sbx/" + sandbox + "/work");
+  auto pooled = (*driver)->StartPool(0, "t1");  // 0: sweep, pool nothing
+  ASSERT_TRUE(pooled.ok()) << pooled.status();
+  EXPECT_EQ(*pooled, 0);
+  EXPECT_FALSE(h.Exists("cg/pids/sbx/pool-t1-7"));
+  EXPECT_FALSE(h.Exists("cg/memory/process_api/b393e8e0/sbx/pool-t1-8"));
+  EXPECT_TRUE(h.Exists("cg/pids/sbx/pool-t2-7/work"));
+  EXPECT_TRUE(h.Exists("cg/pids/sbx/" + sandbox + "/work"));
+  EXPECT_FALSE(h.Exists("cg/pids/sbx/pool-t1-0"));  // nothing pooled with size 0
+}
+
+// Pure v2 has no rename: nothing is pooled, creates make their directories.
+TEST(CgroupPool, PureV2PoolsNothing) {
+  FakeHost h;
+  h.Write("proc/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate 0 0\n");
+  h.Write("proc/self/cgroup", "0::/svc\n");
+  h.Write("cg/svc/cgroup.controllers", "cpu memory pids\n");
+  h.Write("cg/svc/cgroup.subtree_control", "\n");
+  h.Write("cg/svc/cgroup.procs", "\n");
+  auto driver = MakeCgroupDriver(h.env());
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  ASSERT_TRUE((*driver)->Setup().ok());
+  auto pooled = (*driver)->StartPool(4, "t1");
+  ASSERT_TRUE(pooled.ok()) << pooled.status();
+  EXPECT_EQ(*pooled, 0);
+  auto names = ListDir(h.cg("svc/sbx"));
+  ASSERT_TRUE(names.ok()) << names.status();
+  for (const std::string& n : *names) EXPECT_NE(n.rfind("pool-", 0), 0u) << n;
+}
+
 // Pure v2 keeps the agent in a child: the sandbox's directory enables controllers for work/,
 // so it may hold no process (no-internal-processes rule).
 TEST(CgroupSplit, PureV2KeepsTheAgentChild) {

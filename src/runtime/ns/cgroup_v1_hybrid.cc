@@ -16,6 +16,7 @@
 
 #include "common/status_util.h"
 #include "runtime/ns/cgroup.h"
+#include "runtime/ns/cgroup_pool.h"
 #include "runtime/ns/fsutil.h"
 
 namespace sbx::runtime::ns {
@@ -86,7 +87,14 @@ class V1HybridDriver : public CgroupDriver {
     // memory cgroups instead of three (docs/isolation.md, "Cgroups").
     const bool split = l.agent_memory_bytes > 0 || l.agent_pids > 0;
     cg->set_agent_leaf("");
+    // Pooled sets are split ones (the work child is made with them).
+    std::unique_ptr<PooledCgroupSet> pooled = split && pool_ ? pool_->Take() : nullptr;
     for (auto& d : cg->mutable_dirs()) {
+      if (pooled && pooled->dirs().count(d.key) > 0) {
+        SBX_RETURN_IF_ERROR(pooled->RenameTo(d.key, d.path));
+        d.created = true;
+        continue;
+      }
       if (::mkdir(d.path.c_str(), 0755) != 0) {
         return ErrnoStatus(errno, fmt::format("create cgroup: mkdir({})", d.path));
       }
@@ -158,6 +166,21 @@ class V1HybridDriver : public CgroupDriver {
     return cg;
   }
 
+  absl::StatusOr<int> StartPool(int size, const std::string& tag) override {
+    std::map<std::string, std::string> parents;
+    std::vector<std::string> dirs;
+    for (const auto& [key, parent] : Parents()) {
+      if (key == kUnifiedKey) continue;  // v2: no rename
+      parents[key] = parent;
+      dirs.push_back(parent);
+    }
+    SBX_RETURN_IF_ERROR(SweepCgroupPoolLeftovers(dirs, tag));
+    if (size <= 0 || parents.empty()) return 0;
+    pool_ = std::make_unique<CgroupSetPool>(size, std::move(parents), tag);
+    pool_->Start();
+    return static_cast<int>(dirs.size());
+  }
+
   bool UseCloneIntoCgroup() const override { return layout_.has_v2; }
   bool JoinsByWritingProcs() const override { return true; }
 
@@ -223,6 +246,7 @@ class V1HybridDriver : public CgroupDriver {
   CgroupEnv env_;
   std::atomic<int64_t> default_period_{0};  // 0: not read yet
   std::atomic<int> has_memsw_{-1};  // unknown until the first memory cgroup
+  std::unique_ptr<CgroupSetPool> pool_;  // set once by StartPool, before any Create
 };
 
 }  // namespace

@@ -34,6 +34,7 @@
 #include "runtime/ns/caps.h"
 #include "runtime/ns/cgroup.h"
 #include "runtime/ns/cgroup_favor.h"
+#include "runtime/ns/cgroup_pool.h"
 #include "runtime/ns/net_counters.h"
 #include "runtime/ns/netns_pool.h"
 #include "runtime/ns/ns_network.h"
@@ -642,6 +643,17 @@ NsBackend::NsBackend(NsOptions options) : shared_(std::make_shared<Shared>()) {
   } else if (s.opts.netns_pool_size > 0) {
     s.netns_pool = std::make_unique<NetnsPool>(s.opts.netns_pool_size, s.opts.network);
     s.netns_pool->Start();
+  }
+  if (s.Ready().ok()) {
+    // Only a speed-up: without the pool each launch makes its cgroups.
+    absl::StatusOr<int> pooled =
+        s.cgroups->StartPool(s.opts.cgroup_pool_size, CgroupPoolTag(s.opts.state_dir));
+    if (!pooled.ok()) {
+      spdlog::warn("ns runtime: cgroup pool: {}; launches make their cgroups",
+                   std::string(pooled.status().message()));
+    } else if (*pooled > 0) {
+      spdlog::info("ns runtime: {} cgroup sets of {} directories kept ready", s.opts.cgroup_pool_size, *pooled);
+    }
   }
   if (s.Ready().ok() && s.opts.disk_pool_size > 0) s.disks->Start();
   if (s.Ready().ok() && s.userns_pool) s.userns_pool->Start();

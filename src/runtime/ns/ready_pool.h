@@ -1,6 +1,7 @@
 // ReadyPool<T>: a bounded set of kernel objects built ahead of launches by one thread at idle
-// CPU priority, so that a launch takes one instead of building it while a client waits.
-// NetnsPool, UsernsPool and DiskProvider keep their objects in one.
+// CPU priority (or nice 19, set_idle_priority), so that a launch takes one instead of building
+// it while a client waits. NetnsPool, UsernsPool, DiskProvider and CgroupSetPool keep their
+// objects in one.
 //
 // The filler builds with `make` outside the lock; on an error it backs off (0.5 s, doubling up
 // to 30 s) and reports it to `on_error`, which returns false to stop the filler for good (a
@@ -80,6 +81,7 @@ class ReadyPool {
       if (ready_.empty()) return item;
       item.emplace(std::move(ready_.front()));
       ready_.pop_front();
+      last_take_ = std::chrono::steady_clock::now();
     }
     cv_.notify_all();
     return item;
@@ -98,6 +100,14 @@ class ReadyPool {
     return out;
   }
 
+  // Before Start. false: nice 19 instead of SCHED_IDLE, for a filler that holds a global
+  // kernel lock while it builds (cgroup_mutex): on a host whose CPUs are busy a SCHED_IDLE
+  // holder would barely run, and every launch waiting for that lock with it.
+  void set_idle_priority(bool idle) { idle_priority_ = idle; }
+  // Before Start. Refill only once no Take came for this long: a filler that contends with
+  // the launch that just took an item (the same kernel lock) would slow exactly that launch.
+  void set_refill_delay(std::chrono::milliseconds d) { refill_delay_ = d; }
+
   int ready() const {
     std::lock_guard lock(mu_);
     return static_cast<int>(ready_.size());
@@ -107,7 +117,9 @@ class ReadyPool {
   void FillLoop() {
     // Launches that a client waits for come first.
     struct sched_param param{};
-    if (::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &param) != 0) {
+    if (!idle_priority_) {
+      ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);
+    } else if (::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &param) != 0) {
       ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);
     }
     int failures = 0;
@@ -116,6 +128,13 @@ class ReadyPool {
       if (static_cast<int>(ready_.size()) >= size_) {
         cv_.wait(lock);
         continue;
+      }
+      if (refill_delay_.count() > 0) {
+        const auto quiet = last_take_ + refill_delay_;
+        if (std::chrono::steady_clock::now() < quiet) {
+          cv_.wait_until(lock, quiet);
+          continue;
+        }
       }
       const uint64_t generation = generation_;
       lock.unlock();
@@ -151,6 +170,9 @@ class ReadyPool {
   std::deque<T> ready_;
   uint64_t generation_ = 0;  // bumped by Drain
   bool stopping_ = false;
+  bool idle_priority_ = true;
+  std::chrono::milliseconds refill_delay_{0};
+  std::chrono::steady_clock::time_point last_take_{};
   std::thread filler_;
 };
 

@@ -116,5 +116,31 @@ TEST(ReadyPoolTest, AFailedPublishIsAnErrorAndTheItemIsDestroyed) {
   EXPECT_EQ(live->load(), 0);
 }
 
+// A refill waits until no Take came for the delay: the first fill does not, and a take
+// starts the quiet period again.
+TEST(ReadyPoolTest, ARefillWaitsForTheQuietPeriodAfterATake) {
+  auto live = std::make_shared<std::atomic<int>>(0);
+  std::atomic<int> made{0};
+  ReadyPool<Item> pool(
+      1, [&]() -> absl::StatusOr<Item> { return Item(made++, live); },
+      [](const absl::Status&) { return true; });
+  pool.set_refill_delay(3s);
+  const auto start = std::chrono::steady_clock::now();
+  pool.Start();
+  ASSERT_TRUE(WaitFor([&] { return pool.ready() == 1; }));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);  // the first fill does not wait
+  const auto taken_at = std::chrono::steady_clock::now();
+  ASSERT_TRUE(pool.Take().has_value());
+  std::this_thread::sleep_for(100ms);
+  // Measured against the take, so a slow test thread cannot make this fail wrongly.
+  if (std::chrono::steady_clock::now() - taken_at < 3s) {
+    EXPECT_EQ(made.load(), 1);
+    EXPECT_EQ(pool.ready(), 0);
+  }
+  ASSERT_TRUE(WaitFor([&] { return pool.ready() == 1; }));
+  EXPECT_GE(std::chrono::steady_clock::now() - taken_at, 3s);
+  EXPECT_EQ(made.load(), 2);
+}
+
 }  // namespace
 }  // namespace sbx::runtime::ns
