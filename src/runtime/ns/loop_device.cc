@@ -6,7 +6,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <mutex>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -16,10 +20,19 @@
 namespace sbx::runtime::ns {
 namespace {
 
-// Another process (or worker thread) may configure the device LOOP_CTL_GET_FREE just named
-// before we do; each lost race costs one ioctl, so a generous bound only matters when something
+// Another process may configure the device LOOP_CTL_GET_FREE just named before we do; each
+// lost race costs one ioctl and a short wait, so the bound only matters when something else
 // attaches devices in a tight loop.
 constexpr int kMaxAttempts = 32;
+
+// LOOP_CTL_GET_FREE names the same lowest free device to every caller until one of them has
+// configured it, so N threads attaching at once lose up to N-1 races each: a burst of 50
+// creates ran out of attempts (EBUSY) and failed creates. sbxd's own attaches (launches and
+// the disk pool's filler) therefore take turns; only other processes can still race them.
+std::mutex& AttachMutex() {
+  static std::mutex mu;
+  return mu;
+}
 
 void FillInfo(struct loop_info64* info, const std::string& backing_path, uint32_t flags) {
   info->lo_flags = flags;
@@ -56,7 +69,13 @@ absl::StatusOr<LoopDevice> LoopDevice::Attach(int backing_fd, const std::string&
   if (options.direct_io) flags |= LO_FLAGS_DIRECT_IO;
   bool legacy = false;
   int last_err = 0;
+  std::lock_guard<std::mutex> turn(AttachMutex());
   for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
+    if (attempt > 0) {
+      // Another process won the device: give it time to finish configuring it, so the next
+      // LOOP_CTL_GET_FREE names another one (up to ~25 ms over all attempts).
+      std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 50 << std::min(attempt - 1, 5))));
+    }
     int n = ::ioctl(ctl.get(), LOOP_CTL_GET_FREE);
     if (n < 0) return ErrnoStatus(errno, "loop attach: ioctl(/dev/loop-control, LOOP_CTL_GET_FREE)");
     std::string path = fmt::format("/dev/loop{}", n);

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -148,6 +149,40 @@ TEST_F(LoopDeviceTest, ConcurrentAttachesGetDistinctDevices) {
     r->Close();
   }
   for (const auto& n : names) EXPECT_TRUE(WaitDetached(n)) << n;
+}
+
+// A burst of creates attaches many disks at once while deleted sandboxes' devices detach:
+// LOOP_CTL_GET_FREE names the same free device to every attacher that asks at the same time,
+// so without serialization the Nth of them lost N-1 races and a burst of 50 ran out of
+// attempts (EBUSY) and failed a create.
+TEST_F(LoopDeviceTest, ABurstOfAttachesBesideDetachesAllSucceed) {
+  constexpr int kThreads = 48;
+  constexpr int kRounds = 3;
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<std::string> paths;
+    for (int i = 0; i < kThreads; ++i) paths.push_back(MakeFile(fmt::format("b{}-{}.img", round, i)));
+    std::vector<absl::StatusOr<LoopDevice>> results;
+    for (int i = 0; i < kThreads; ++i) results.emplace_back(absl::UnknownError("not run"));
+    std::atomic<bool> go{false};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kThreads; ++i) {
+      threads.emplace_back([&, i] {
+        UniqueFd f(::open(paths[i].c_str(), O_RDWR | O_CLOEXEC));
+        while (!go.load()) std::this_thread::yield();
+        results[i] = LoopDevice::Attach(f.get(), paths[i]);
+      });
+    }
+    go = true;
+    for (auto& t : threads) t.join();
+    std::set<int> numbers;
+    for (int i = 0; i < kThreads; ++i) {
+      ASSERT_TRUE(results[i].ok()) << "round " << round << ": " << results[i].status();
+      numbers.insert(results[i]->number());
+    }
+    EXPECT_EQ(numbers.size(), static_cast<size_t>(kThreads));
+    // Detached (autoclear on the last close) while the next round attaches.
+    for (auto& r : results) r->Close();
+  }
 }
 
 TEST_F(LoopDeviceTest, BackingFileFollowsRenameAndShowsDeletion) {
