@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   bool quick = false, require_peers = false;
   // Count overrides: unset means the mode's default.
   std::optional<int> create_n, warm_n, first_output_n, exec_n, concurrency, rounds, workers,
-      attach_n, density_n, density_parallel, pause_n, peer_n, pipe_n, warm_pace_ms;
+      attach_n, density_n, density_parallel, pause_n, peer_n, pipe_n, warm_pace_ms, create_pace_ms;
   std::optional<double> sustained_s;
   std::optional<uint64_t> attach_bytes;
 
@@ -78,6 +78,8 @@ int main(int argc, char** argv) {
                  "syscalls per operation of create_cold, exec, attach and sustained (perf stat "
                  "on sbxd and what it starts; docs/benchmarks.md)");
   app.add_option("--create-n", create_n, "create_cold iterations (200)");
+  app.add_option("--create-pace-ms", create_pace_ms,
+                 "create_cold: idle time before each create, after the previous delete (0: back to back)");
   app.add_option("--warm-n", warm_n, "create_warm iterations (200)");
   app.add_option("--warm-pace-ms", warm_pace_ms, "pause between warm creates (30)");
   app.add_option("--first-output-n", first_output_n, "first_output iterations (200)");
@@ -143,6 +145,7 @@ int main(int argc, char** argv) {
     if (flag) field = *flag;
   };
   apply(cfg.create_n, create_n);
+  apply(cfg.create_pace_ms, create_pace_ms);
   apply(cfg.warm_n, warm_n);
   apply(cfg.warm_pace_ms, warm_pace_ms);
   apply(cfg.first_output_n, first_output_n);

@@ -166,8 +166,9 @@ Result CreateLoop(const cli::Endpoint& ep, const std::string& token, int n, int 
 }
 
 void CreateCold(const Config& cfg, Results& out) {
-  out["create_cold"] = CreateLoop(cfg.endpoint, cfg.token, cfg.create_n, 0, false, cfg.sbxd_pid,
-                                 cfg.egress_profile);
+  out["create_cold"] = CreateLoop(cfg.endpoint, cfg.token, cfg.create_n, cfg.create_pace_ms, false,
+                                 cfg.sbxd_pid, cfg.egress_profile);
+  if (cfg.create_pace_ms > 0) out["create_cold"].extra["pace_ms"] = cfg.create_pace_ms;
 }
 
 void CreateWarm(const Config& cfg, Results& out) {

@@ -24,6 +24,10 @@ struct Config {
   bool quick = false;
 
   int create_n = 200;
+  // create_cold: idle time before each create (after the previous delete). 0 is the standard
+  // back-to-back loop; a pause measures a create that finds sbxd's pools refilled, as a client
+  // that creates now and then does.
+  int create_pace_ms = 0;
   int warm_n = 200;
   int warm_pace_ms = 30;  // between warm creates, so the pool's background refill keeps up
   int first_output_n = 200;

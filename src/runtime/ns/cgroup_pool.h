@@ -49,11 +49,14 @@ class PooledCgroupSet {
   std::map<std::string, std::string> dirs_;
 };
 
-// The filler refills only after launches pause for kCgroupPoolRefillDelay: its mkdirs hold the
-// kernel's cgroup_mutex, which the launch that took a set needs next (clone into the cgroup,
-// joining the v1 hierarchies); refilled at once, the launch's clone..exec grew by what the
-// rename saved (docs/benchmarks.md). It runs at nice 19, not SCHED_IDLE, for the same lock.
-inline constexpr std::chrono::milliseconds kCgroupPoolRefillDelay{30};
+// The filler refills only after launches pause for kCgroupPoolRefillDelay (a launch that found
+// the pool empty counts): its mkdirs hold the kernel's cgroup_mutex, which the launch that took
+// a set needs next (clone into the cgroup, joining the v1 hierarchies). Refilled at once, the
+// launch's clone..exec grew by what the rename saved, and under a steady stream of launches
+// refills beside them cost the sustained scenario ~6% (docs/benchmarks.md). So the pool serves
+// a create after a pause; a stream of creates makes its own. Nice 19, not SCHED_IDLE, for the
+// same lock.
+inline constexpr std::chrono::milliseconds kCgroupPoolRefillDelay{100};
 
 class CgroupSetPool {
  public:

@@ -78,10 +78,11 @@ class ReadyPool {
     std::optional<T> item;
     {
       std::lock_guard lock(mu_);
+      // A take that found the pool empty counts too: launches are still coming.
+      last_take_ = std::chrono::steady_clock::now();
       if (ready_.empty()) return item;
       item.emplace(std::move(ready_.front()));
       ready_.pop_front();
-      last_take_ = std::chrono::steady_clock::now();
     }
     cv_.notify_all();
     return item;
