@@ -18,6 +18,8 @@
 #                        the blocks run create_warm instead (p50 and warm-pool hits; not metered)
 #   WARM_NET=N           network-ready members instead of WARM (0: networked creates cold, as
 #                        before they existed)
+#   BURST=N              the blocks run concurrent_create instead: N creates at once, 3 rounds
+#                        (p50 and p99 of the burst; errors are printed)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 N=${1:-30}
@@ -81,7 +83,9 @@ echo "sbxd: $SBXD ${SBXD_ARGS:-}"
 printf '%-6s %-5s %8s %8s %10s %10s\n' block egress p50_ms p90_ms cpu_ms/op sysc/op
 for b in $(seq "$BLOCKS"); do
   for profile in none lab; do
-    if [[ -n "${WARM:-}" ]]; then
+    if [[ -n "${BURST:-}" ]]; then
+      args=(--url "$URL" --token "$TOKEN" --scenarios concurrent_create --concurrency "$BURST")
+    elif [[ -n "${WARM:-}" ]]; then
       args=(--url "$URL" --token "$TOKEN" --scenarios create_warm --warm-url "$URL" --warm-n "$N")
     else
       args=(--url "$URL" --token "$TOKEN" --scenarios create_cold --create-n "$N" --sbxd-pid "$SBXD_PID")
@@ -93,12 +97,13 @@ for b in $(seq "$BLOCKS"); do
     python3 - "$WORK/$profile-$b.json" "$b" "$profile" <<'EOF'
 import json, sys
 sc = json.load(open(sys.argv[1]))["scenarios"]
-r = sc.get("create_cold") or sc["create_warm"]
+r = sc.get("create_cold") or sc.get("concurrent_create") or sc["create_warm"]
 s, x = r, r.get("extra", {})
 def f(v): return "-" if v is None else f"{v:.2f}" if isinstance(v, (int, float)) else str(v)
 print(f"{sys.argv[2]:<6} {sys.argv[3]:<5} {f(s.get('p50_ms')):>8} {f(s.get('p90_ms')):>8} "
       f"{f(x.get('cpu_ms_per_op')):>10} {f(x.get('syscalls_per_op')):>10}"
       + (f"  warm-pool hits {x['warm_pool_hits']}" if "warm_pool_hits" in x else "")
+      + (f"  burst p99 {f(s.get('p99_ms'))} ms" if "concurrent_create" in sc else "")
       + (f"  errors {r['errors']}: {r.get('error_messages', [''])[0][:200]}" if r.get("errors") else ""))
 EOF
   done
@@ -109,7 +114,7 @@ import glob, json, os, sys
 out = {}
 for p in sorted(glob.glob(os.path.join(sys.argv[1], "*-*.json"))):
     sc = json.load(open(p))["scenarios"]
-    out[os.path.basename(p)[:-5]] = sc.get("create_cold") or sc["create_warm"]
+    out[os.path.basename(p)[:-5]] = sc.get("create_cold") or sc.get("concurrent_create") or sc["create_warm"]
 json.dump(out, open(sys.argv[2], "w"), indent=1)
 EOF
 fi

@@ -95,7 +95,8 @@ int main(int argc, char** argv) {
   app.add_option("--pause-n", pause_n, "pause: iterations (50)");
   std::string egress_profile;
   app.add_option("--egress-profile", egress_profile,
-                 "create_cold and create_warm: create with this egress profile (default none; "
+                 "create_cold, create_warm, concurrent_create and concurrent_create_warm: create "
+                 "with this egress profile (default none; "
                  "the sbxd must have egress on)");
   app.add_option("--peer-n", peer_n, "peers: spawns of each (200)");
   app.add_option("--pipe-n", pipe_n, "pipe peer: runs (3)");

@@ -302,6 +302,11 @@ Result ConcurrentCreateOn(const Config& cfg, const cli::Endpoint& endpoint, cons
   // after all creates are done, so that no delete overlaps a measured create.
   std::barrier sync(n);
   std::barrier go(n, [&]() noexcept { start = Clock::now(); });
+  nlohmann::json body = {{"template", "base"}};
+  if (!cfg.egress_profile.empty()) {
+    body["egress_profile"] = cfg.egress_profile;
+    r.extra["egress_profile"] = cfg.egress_profile;
+  }
   std::vector<std::thread> threads;
   for (int t = 0; t < n; ++t) {
     threads.emplace_back([&, t] {
@@ -313,7 +318,7 @@ Result ConcurrentCreateOn(const Config& cfg, const cli::Endpoint& endpoint, cons
         go.arrive_and_wait();
         std::optional<std::string> id;
         const auto t0 = Clock::now();
-        absl::StatusOr<Created> c = connected.ok() ? api.CreateSandbox() : connected;
+        absl::StatusOr<Created> c = connected.ok() ? api.CreateSandbox(body) : connected;
         if (c.ok()) {
           janitor.Add(c->sandbox_id);
           id = c->sandbox_id;
