@@ -194,6 +194,21 @@ TEST(CgroupSplit, HybridPutsTheAgentInTheSandboxDirectory) {
             h.cg("memory/process_api/b393e8e0/sbx/" + old_id + "/agent/memory.oom_control"));
 }
 
+// A pure v2 host whose sbxd runs in /svc with every controller delegated, and its driver
+// after Setup.
+absl::StatusOr<std::unique_ptr<CgroupDriver>> PureV2Driver(FakeHost& h) {
+  h.Write("proc/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate 0 0\n");
+  h.Write("proc/self/cgroup", "0::/svc\n");
+  h.Write("cg/svc/cgroup.controllers", "cpu memory pids\n");
+  h.Write("cg/svc/cgroup.subtree_control", "\n");
+  h.Write("cg/svc/cgroup.procs", "\n");
+  auto driver = MakeCgroupDriver(h.env());
+  if (driver.ok()) {
+    if (absl::Status st = (*driver)->Setup(); !st.ok()) return st;
+  }
+  return driver;
+}
+
 template <typename F>
 bool WaitUntil(F pred) {
   for (int i = 0; i < 10000 && !pred(); ++i) ::usleep(1000);
@@ -289,14 +304,8 @@ TEST(CgroupPool, StartRemovesOnlyThisTagsLeftovers) {
 // Pure v2 has no rename: nothing is pooled, creates make their directories.
 TEST(CgroupPool, PureV2PoolsNothing) {
   FakeHost h;
-  h.Write("proc/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate 0 0\n");
-  h.Write("proc/self/cgroup", "0::/svc\n");
-  h.Write("cg/svc/cgroup.controllers", "cpu memory pids\n");
-  h.Write("cg/svc/cgroup.subtree_control", "\n");
-  h.Write("cg/svc/cgroup.procs", "\n");
-  auto driver = MakeCgroupDriver(h.env());
+  auto driver = PureV2Driver(h);
   ASSERT_TRUE(driver.ok()) << driver.status();
-  ASSERT_TRUE((*driver)->Setup().ok());
   auto pooled = (*driver)->StartPool(4, "t1");
   ASSERT_TRUE(pooled.ok()) << pooled.status();
   EXPECT_EQ(*pooled, 0);
@@ -309,14 +318,8 @@ TEST(CgroupPool, PureV2PoolsNothing) {
 // so it may hold no process (no-internal-processes rule).
 TEST(CgroupSplit, PureV2KeepsTheAgentChild) {
   FakeHost h;
-  h.Write("proc/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate 0 0\n");
-  h.Write("proc/self/cgroup", "0::/svc\n");
-  h.Write("cg/svc/cgroup.controllers", "cpu memory pids\n");
-  h.Write("cg/svc/cgroup.subtree_control", "\n");
-  h.Write("cg/svc/cgroup.procs", "\n");
-  auto driver = MakeCgroupDriver(h.env());
+  auto driver = PureV2Driver(h);
   ASSERT_TRUE(driver.ok()) << driver.status();
-  ASSERT_TRUE((*driver)->Setup().ok());
   const std::string id = NewId("sbx");
   auto cg = (*driver)->Create(id, SplitLimits());
   ASSERT_TRUE(cg.ok()) << cg.status();
