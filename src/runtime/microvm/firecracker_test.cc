@@ -128,15 +128,15 @@ TEST(Firecracker, PrepareLinksTheFilesIntoTheRootAndRestoreCleansWhatTheJailerLe
   auto argv = PrepareFirecracker(vm);
   ASSERT_TRUE(argv.ok()) << argv.status();
   const std::string root = FirecrackerRoot(dir);
-  for (const std::string& f : {"/vmlinux", "/initramfs", "/drive0", "/drive1", "/drive2", "/vm-config.json"}) {
+  for (const char* f : {"/vmlinux", "/initramfs", "/drive0", "/drive1", "/drive2", "/vm-config.json"}) {
     EXPECT_TRUE(fs::exists(root + f)) << f;
   }
   EXPECT_EQ(fs::hard_link_count(root + "/drive1"), 2u);  // the sandbox's disk itself, not a copy
   EXPECT_EQ(Json::parse(std::ifstream(root + "/vm-config.json")), FirecrackerConfig(vm));
 
   // What a jailer and a VMM leave in the root, and a suspend's files beside vm.json.
-  for (const std::string& d : {"/dev/net", "/run"}) fs::create_directories(root + d);
-  for (const std::string& f : {"/firecracker-v1.16.1-x86_64", "/firecracker-v1.16.1-x86_64.pid", "/api.sock",
+  for (const char* d : {"/dev/net", "/run"}) fs::create_directories(root + d);
+  for (const char* f : {"/firecracker-v1.16.1-x86_64", "/firecracker-v1.16.1-x86_64.pid", "/api.sock",
                                "/v.sock"}) {
     std::ofstream(root + f) << "x";
   }
@@ -148,7 +148,7 @@ TEST(Firecracker, PrepareLinksTheFilesIntoTheRootAndRestoreCleansWhatTheJailerLe
   ASSERT_TRUE(start.ok()) << start.status();
   EXPECT_EQ(start->argv, JailerArgv(vm, false));
   EXPECT_FALSE(start->fd3.valid());
-  for (const std::string& f : {"/dev", "/run", "/firecracker-v1.16.1-x86_64", "/firecracker-v1.16.1-x86_64.pid",
+  for (const char* f : {"/dev", "/run", "/firecracker-v1.16.1-x86_64", "/firecracker-v1.16.1-x86_64.pid",
                                "/api.sock", "/v.sock"}) {
     EXPECT_FALSE(fs::exists(root + f)) << f;
   }
