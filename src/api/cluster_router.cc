@@ -375,9 +375,7 @@ asio::awaitable<std::optional<http::Response>> ClusterRouter::Forward(
     whole = req.body();
   }
   if (ctx.connection != nullptr) {
-    boost::system::error_code ec;
-    auto ep = ctx.connection->tcp().socket().remote_endpoint(ec);
-    if (!ec) ho.forwarded_for = ep.address().to_string();
+    ho.forwarded_for = ctx.peer_address;
     ho.forwarded_proto = ctx.connection->is_tls() ? "https" : "http";
   }
   std::string head = UpstreamHead(req, std::string(req.target()), ho);

@@ -5,8 +5,6 @@
 
 #include <openssl/ssl.h>
 
-#include <boost/asio/experimental/awaitable_operators.hpp>
-
 #include <array>
 #include <charconv>
 
@@ -325,11 +323,14 @@ Connection::Connection(ConnectionEnv env, asio::ip::tcp::socket socket,
     : env_(env),
       stream_(std::move(socket)),
       buffer_(env_.opts.max_header_bytes + kReadChunk),
-      deadline_(stream_.get_executor()),
+      deadline_(stream_.get_executor(), stream_.tcp().socket()),
       reserve_(reserve),
       rejected_(rejected),
       check_chunk_header_{env_.opts.max_chunk_extension_bytes} {
   if (tls) stream_.StartTls(std::move(tls));
+  boost::system::error_code ec;
+  const auto peer = stream_.tcp().socket().remote_endpoint(ec);
+  if (!ec) peer_ = peer.address().to_string();
 }
 
 // Every Refusal handed to Refuse is a named local: g++ 12 corrupted the heap (free(): invalid
@@ -338,7 +339,7 @@ asio::awaitable<void> Connection::Run() {
   const ServerOptions& opts = env_.opts;
   // The first request's header is due within header_timeout of the accept, the TLS handshake
   // included.
-  deadline_.expires_after(opts.header_timeout);
+  deadline_.ExpiresAfter(opts.header_timeout);
   if (stream_.is_tls() && !co_await Handshake()) co_return;
   for (bool first = true;; first = false) {
     // A write's deadline left from the last response must not cut a read short.
@@ -380,13 +381,12 @@ asio::awaitable<void> Connection::Run() {
     const uint64_t body_limit = stream_it ? opts.max_streamed_body_bytes : opts.max_body_bytes;
     beast::error_code bec = PrepareBody(parser, stream_it ? &streamed : nullptr, body_limit);
     if (!bec && !streamed && !parser.is_done()) {
-      using namespace asio::experimental::awaitable_operators;
-      deadline_.expires_after(opts.read_timeout);
-      auto r = co_await (bhttp::async_read(stream_, buffer_, parser, kTuple) ||
-                         deadline_.async_wait(kTuple));
-      bec = r.index() == 1 ? beast::error_code(beast::error::timeout)
-                           : std::get<0>(std::get<0>(r));
+      deadline_.ExpiresAfter(opts.read_timeout);
+      auto [ec, n] = co_await bhttp::async_read(stream_, buffer_, parser, kTuple);
+      bec = ec && deadline_.expired() ? beast::error_code(beast::error::timeout) : ec;
     }
+    // Handlers may stream for a long time (SSE): no read deadline while they run.
+    deadline_.Never();
     if (bec) {
       if (!Disconnected(bec)) {
         Refusal refusal = BodyRefusal(bec, RequestIdFor(parser.get()), body_limit);
@@ -410,14 +410,11 @@ asio::awaitable<void> Connection::Run() {
 asio::awaitable<bool> Connection::Handshake() {
   // The stream's own timer, not deadline_: it closes the socket when it fires, which ends the
   // handshake wherever it waits, and nothing is to be answered to a client that sent no hello.
-  // The peer is read first: a timeout closes the socket, which then has no peer to name.
-  boost::system::error_code pec;
-  const auto peer = stream_.tcp().socket().remote_endpoint(pec);
   stream_.tcp().expires_at(deadline_.expiry());
   auto [ec] = co_await stream_.tls()->async_handshake(asio::ssl::stream_base::server, kTuple);
   stream_.tcp().expires_never();
   if (!ec) co_return true;
-  spdlog::debug("TLS handshake with {}: {}", pec ? std::string("?") : peer.address().to_string(),
+  spdlog::debug("TLS handshake with {}: {}", peer_.empty() ? std::string("?") : peer_,
                 ec == beast::error::timeout ? std::string("no hello in time") : ec.message());
   if (ec.category() == asio::error::get_ssl_category() &&
       ERR_GET_REASON(static_cast<unsigned long>(ec.value())) == SSL_R_HTTP_REQUEST) {
@@ -451,29 +448,30 @@ asio::awaitable<void> Connection::RefusePlainHttp() {
 }
 
 asio::awaitable<beast::error_code> Connection::ReadSome() {
-  using namespace asio::experimental::awaitable_operators;
   const size_t room = std::min(kReadChunk, buffer_.max_size() - buffer_.size());
   if (room == 0) co_return bhttp::error::buffer_overflow;
   // Over plain TCP straight from the socket: the tcp_stream's timer bookkeeping is not needed
   // with deadline_, and this read is on every request's path.
   const auto into = buffer_.prepare(room);
-  auto read = stream_.is_tls() ? stream_.async_read_some(into, kTuple)
-                               : stream_.tcp().socket().async_read_some(into, kTuple);
-  auto r = co_await (std::move(read) || deadline_.async_wait(kTuple));
-  if (r.index() == 1) co_return beast::error::timeout;
-  auto [ec, n] = std::get<0>(r);
+  auto [ec, n] = stream_.is_tls() ? co_await stream_.async_read_some(into, kTuple)
+                                  : co_await stream_.tcp().socket().async_read_some(into, kTuple);
   buffer_.commit(n);
+  if (ec && deadline_.expired()) co_return beast::error::timeout;
   co_return ec;
 }
 
 asio::awaitable<std::pair<beast::error_code, size_t>> Connection::ReadHeader(bool first) {
   const ServerOptions& opts = env_.opts;
+  // The header is due within header_timeout of its first bytes; the deadline is handed to
+  // deadline_ only when a header takes more than one read: moving it earlier than the idle
+  // deadline re-arms the timer, and most headers arrive in one read.
+  std::optional<ReadDeadline::Clock::time_point> header_due;
   if (!first) {
     if (buffer_.size() == 0) {
-      deadline_.expires_after(opts.idle_timeout);
+      deadline_.ExpiresAfter(opts.idle_timeout);
       if (auto ec = co_await ReadSome()) co_return std::pair{ec, size_t{0}};
     }
-    deadline_.expires_after(opts.header_timeout);
+    header_due = ReadDeadline::Clock::now() + opts.header_timeout;
   }
   size_t searched = 0;
   for (;;) {
@@ -498,6 +496,7 @@ asio::awaitable<std::pair<beast::error_code, size_t>> Connection::ReadHeader(boo
       co_return std::pair{beast::error_code(bhttp::error::header_limit), size_t{0}};
     }
     searched = data.size();
+    if (header_due) deadline_.ExpiresAt(*header_due);
     if (auto ec = co_await ReadSome()) co_return std::pair{ec, size_t{0}};
   }
 }
@@ -566,6 +565,7 @@ asio::awaitable<bool> Connection::Dispatch(HeaderParser& parser,
   RequestContext ctx{req, rid, chunked, stream_.get_executor()};
   ctx.log.request_id = rid;
   ctx.connection = &stream_;
+  ctx.peer_address = peer_;
   if (body) ctx.body = &*body;
   // Handlers may stream for a long time (SSE): no read deadline while they run.
   stream_.tcp().expires_never();
@@ -662,6 +662,8 @@ Connection::Refusal Connection::BodyRefusal(beast::error_code ec, const std::str
 
 asio::awaitable<void> Connection::Refuse(Refusal refusal, const RequestLine& line,
                                          std::chrono::steady_clock::time_point started) {
+  // The refusal's own write and drain have their own time (the stream's timer).
+  deadline_.Never();
   log::Context lctx;
   lctx.request_id = std::string(Sv(refusal.res["X-Request-Id"]));
   const unsigned status = refusal.res.result_int();

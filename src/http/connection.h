@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "http/framing.h"
+#include "http/read_deadline.h"
 #include "http/server.h"
 
 namespace sbx::http {
@@ -116,7 +117,8 @@ class Connection {
   beast::flat_buffer buffer_;
   // The deadline of a header and of a buffered body. Ours, not the stream's: the stream's
   // timer closes the socket when it fires, and then no 408 can go out.
-  asio::steady_timer deadline_;
+  ReadDeadline deadline_;
+  std::string peer_;  // the client's address, read at the accept ("" if it was already gone)
   const bool reserve_;
   metrics::Counter& rejected_;
   // Beast holds a reference to it while a parser lives.

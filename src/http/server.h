@@ -99,6 +99,9 @@ struct RequestContext {
   // server then sends nothing more and closes the connection.
   MaybeTlsStream* connection = nullptr;
   unsigned taken_status = 0;
+  // The client's address ("" if unknown), read once per connection: what a proxied request's
+  // X-Forwarded-For names.
+  std::string_view peer_address;
   // Set for routes that stream their body (req.body() is then empty); nullptr otherwise.
   BodyReader* body = nullptr;
 };

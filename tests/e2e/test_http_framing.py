@@ -433,6 +433,55 @@ def test_keepalive_connection_waits_idle_timeout_then_header_deadline(own_sbxd):
         s.close()
 
 
+def test_idle_keepalive_connection_closed_after_idle_timeout(own_sbxd):
+    """A kept connection with no next request is closed once the idle timeout passes, silently
+    (nothing of a request came, so nothing is answered), and not before."""
+    daemon, port = own_sbxd("--header-timeout-s", "10", "--idle-timeout-s", "2")
+    s = connect(port)
+    try:
+        for _ in range(3):  # the deadline moves with each request
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+            r = read_response(s)
+            assert r is not None and r.status == 200, r
+        start = time.monotonic()
+        data, closed = read_until_closed(s, timeout=20)
+        took = time.monotonic() - start
+    finally:
+        s.close()
+    assert closed, "an idle keep-alive connection was still open 20 s after its last request"
+    assert took >= 1.0, f"closed after {took:.2f}s, before the idle timeout"
+    assert data == b"", f"an idle connection gets no response: {data!r}"
+    assert daemon.proc.poll() is None
+
+
+def test_header_in_several_reads_on_a_kept_connection(own_sbxd):
+    """A next request whose header comes in pieces, within the header deadline, is served; the
+    deadline counts from its first byte, whatever the pauses between the pieces."""
+    daemon, port = own_sbxd("--header-timeout-s", str(HEADER_TIMEOUT_S), "--idle-timeout-s", "30")
+    s = connect(port)
+    try:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+        r = read_response(s)
+        assert r is not None and r.status == 200, r
+        for piece in (b"GET /healthz HT", b"TP/1.1\r\nHo", b"st: t\r\n", b"\r\n"):
+            s.sendall(piece)
+            time.sleep(0.2)
+        r = read_response(s)
+        assert r is not None and r.status == 200, r
+        # And the same pieces spread past the deadline: 408.
+        s.sendall(b"GET /healthz HT")
+        time.sleep(HEADER_TIMEOUT_S + 1)
+        try:
+            s.sendall(b"TP/1.1\r\nHost: t\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        data, closed = read_until_closed(s, timeout=15)
+        assert closed, "a header past its deadline left the connection open"
+        assert [x.status for x in parse_responses(data)] == [408], data
+    finally:
+        s.close()
+
+
 # ---- connection caps ---------------------------------------------------------------------------
 
 def held(port: int, source: str) -> socket.socket:
