@@ -164,11 +164,11 @@ class Api {
   http::asio::awaitable<std::optional<http::Response>> ProxyPort(http::RequestContext& ctx,
                                                                  absl::StatusOr<PortAddress> a);
   // A kept connection to the port when `reused` is given and one is idle (*reused then true),
-  // else a new one.
+  // else a new one. *ipv6: whether it is an IPv6 connection (the server is on ::1).
   http::asio::awaitable<absl::StatusOr<http::asio::ip::tcp::socket>> DialUpstream(
-      http::RequestContext& ctx, const PortAddress& a, bool* reused);
+      http::RequestContext& ctx, const PortAddress& a, bool* reused, bool* ipv6);
   // Gives `up` to upstreams_, and arranges that it is closed in time.
-  void KeepUpstream(const PortAddress& a, http::asio::ip::tcp::socket& up);
+  void KeepUpstream(const PortAddress& a, http::asio::ip::tcp::socket& up, bool ipv6);
   void ArmUpstreamSweep(http::asio::any_io_executor ex);
   void SweepUpstreams(std::shared_ptr<http::asio::steady_timer> timer,
                       boost::system::error_code ec);

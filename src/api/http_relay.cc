@@ -24,46 +24,58 @@ constexpr size_t kPiece = 64 << 10;
 constexpr uint64_t kWholeBelow = 256 << 10;
 constexpr uint32_t kMaxUpstreamHeader = 64 << 10;
 
-// Bytes one way until the source ends or either side fails; then the end is passed on
-// (shutdown of the sending side), so a half-closed WebSocket or TCP stream stays half-closed.
 // Ends a relay once nothing has moved for `idle`: closing the sockets fails their pending reads
 // and writes, so the relay's own error paths end it (never a cancelled write half-way into the
 // client's stream). Without it a server in the sandbox that never answers, or a WebSocket both
 // ends abandoned, would hold the descriptors, and the sandbox's network namespace they keep
-// alive, for ever. `Run` returns when `relay` has returned.
+// alive, for ever. A timer with a plain handler, armed once per idle period and re-armed at the
+// last activity when it fires: not a coroutine raced against the relay (two coroutines and a
+// parallel group per proxied request, issue 16's port round trip). Its handler runs on the
+// sockets' strand, as the relay does; it may run after this object is gone (a wait that
+// completed just before the destructor's cancel), and then sees `gone`.
 class IdleWatch {
  public:
-  IdleWatch(asio::any_io_executor ex, std::chrono::seconds idle) : timer_(ex), idle_(idle) {}
-  void Touch() { last_ = std::chrono::steady_clock::now(); }
-
-  asio::awaitable<void> Run(asio::awaitable<void> relay, tcp::socket& a, tcp::socket* b) {
-    co_await (Finish(std::move(relay)) && Watch(a, b));
+  using Clock = std::chrono::steady_clock;
+  IdleWatch(asio::any_io_executor ex, std::chrono::seconds idle, tcp::socket& a, tcp::socket* b)
+      : st_(std::make_shared<State>(std::move(ex), idle, a, b)) {
+    Arm(st_, st_->last + idle);
   }
+  ~IdleWatch() {
+    st_->gone = true;
+    st_->timer.cancel();
+  }
+  IdleWatch(const IdleWatch&) = delete;
+  IdleWatch& operator=(const IdleWatch&) = delete;
+
+  void Touch() { st_->last = Clock::now(); }
 
  private:
-  asio::awaitable<void> Finish(asio::awaitable<void> relay) {
-    co_await std::move(relay);
-    done_ = true;
-    timer_.cancel();
-  }
-  asio::awaitable<void> Watch(tcp::socket& a, tcp::socket* b) {
-    while (!done_) {
-      const auto due = last_ + idle_;
-      if (std::chrono::steady_clock::now() >= due) {
-        boost::system::error_code ignored;
-        a.close(ignored);
-        if (b != nullptr) b->close(ignored);
-        co_return;
+  struct State {
+    State(asio::any_io_executor ex, std::chrono::seconds i, tcp::socket& sa, tcp::socket* sb)
+        : timer(std::move(ex)), idle(i), a(&sa), b(sb) {}
+    asio::steady_timer timer;
+    std::chrono::seconds idle;
+    tcp::socket* a;  // not used once `gone`
+    tcp::socket* b;
+    Clock::time_point last = Clock::now();
+    bool gone = false;
+  };
+  static void Arm(const std::shared_ptr<State>& st, Clock::time_point at) {
+    st->timer.expires_at(at);
+    st->timer.async_wait([st](const boost::system::error_code& ec) {
+      if (st->gone || ec) return;
+      const auto due = st->last + st->idle;
+      if (Clock::now() < due) {
+        Arm(st, due);
+        return;
       }
-      timer_.expires_at(due);
-      co_await timer_.async_wait(kTuple);  // cancelled once the relay is done
-    }
+      boost::system::error_code ignored;
+      st->a->close(ignored);
+      if (st->b != nullptr) st->b->close(ignored);
+    });
   }
 
-  asio::steady_timer timer_;
-  std::chrono::seconds idle_;
-  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
-  bool done_ = false;  // one strand: no lock
+  std::shared_ptr<State> st_;
 };
 
 // Shuts the sending side of the connection down, passing on the end of the other side.
@@ -76,6 +88,8 @@ void ShutdownSend(tcp::socket& s) {
 // client sees the relayed stream end as a truncated TLS stream.
 void ShutdownSend(MaybeTlsStream& s) { ShutdownSend(s.tcp().socket()); }
 
+// Bytes one way until the source ends or either side fails; then the end is passed on
+// (shutdown of the sending side), so a half-closed WebSocket or TCP stream stays half-closed.
 template <class From, class To>
 asio::awaitable<void> Pump(From& from, To& to, IdleWatch& act) {
   std::unique_ptr<char[]> buf(new char[kPiece]);  // not zeroed: every byte is read into first
@@ -104,9 +118,8 @@ asio::awaitable<void> Tunnel(http::RequestContext& ctx, tcp::socket& up, std::ch
   // Plain or TLS alike: the client's side is the connection's stream, whose TLS (if any) sbxd
   // ends; the upstream is plain TCP.
   MaybeTlsStream& client = *ctx.connection;
-  IdleWatch act(up.get_executor(), idle);
-  auto both_ways = Pump(client, up, act) && Pump(up, client, act);
-  co_await act.Run(std::move(both_ways), up, &client.tcp().socket());
+  IdleWatch act(up.get_executor(), idle, up, &client.tcp().socket());
+  co_await (Pump(client, up, act) && Pump(up, client, act));
 }
 
 asio::awaitable<ExchangeResult> Exchange(http::RequestContext& ctx, tcp::socket& up,
@@ -114,8 +127,10 @@ asio::awaitable<ExchangeResult> Exchange(http::RequestContext& ctx, tcp::socket&
                                          std::chrono::seconds idle, const Unreachable& unreachable) {
   const http::Request& req = ctx.req;
   ExchangeResult out;
+  // Only the upstream is closed when idle: the client then gets the 502 (no answer yet) or
+  // sees the streamed body end.
+  IdleWatch act(up.get_executor(), idle, up, nullptr);
   // Request: the head, then the body as it arrives.
-  IdleWatch act(up.get_executor(), idle);
   bool upload_failed = false;
   bool upload_done = false;  // all of the request went out
   absl::Status upload_error;
@@ -271,10 +286,16 @@ asio::awaitable<ExchangeResult> Exchange(http::RequestContext& ctx, tcp::socket&
     co_await ctx.stream.End();
   };
 
-  // Only the upstream is closed when idle: the client then gets the 502 (no answer yet) or
-  // sees the streamed body end.
-  auto exchange = upload() && relay();
-  co_await act.Run(std::move(exchange), up, nullptr);
+  if (ho.has_body) {
+    // The server may answer before it has read the body (an error, a redirect): both at once.
+    co_await (upload() && relay());
+  } else {
+    // A head alone goes out in one write that does not wait for the server (it fits in the
+    // socket's buffer; an idle watch closes a connection that stalls even so): one coroutine
+    // fewer, and no parallel group, per request.
+    co_await upload();
+    co_await relay();
+  }
   // Kept only after a clean exchange both ways: a connection left mid-request or mid-response
   // would hand the next request the rest of this one.
   out.reusable = answered && keep_alive && upload_done && up.is_open();

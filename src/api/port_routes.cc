@@ -72,7 +72,7 @@ bool Api::IsPortRequest(const http::Request& req) const { return MatchPort(req).
 
 http::asio::awaitable<absl::StatusOr<tcp::socket>> Api::DialUpstream(http::RequestContext& ctx,
                                                                       const PortAddress& a,
-                                                                      bool* reused) {
+                                                                      bool* reused, bool* ipv6) {
   if (reused != nullptr) {
     *reused = false;
     if (auto kept = upstreams_.Take(a.sandbox_id, a.port, UpstreamPool::Clock::now())) {
@@ -81,23 +81,25 @@ http::asio::awaitable<absl::StatusOr<tcp::socket>> Api::DialUpstream(http::Reque
       sock.assign(kept->ipv6 ? tcp::v6() : tcp::v4(), kept->fd.Release(), ec);
       if (!ec) {
         *reused = true;
+        *ipv6 = kept->ipv6;
         co_return std::move(sock);
       }
     }
   }
   absl::Status last;
-  for (bool ipv6 : {false, true}) {
-    auto fd = svc_.DialPort(a.sandbox_id, a.port, ipv6);
+  for (bool v6 : {false, true}) {
+    *ipv6 = v6;
+    auto fd = svc_.DialPort(a.sandbox_id, a.port, v6);
     if (!fd.ok()) {
       last = fd.status();
       if (fd.status().code() == absl::StatusCode::kUnavailable) continue;  // refused at once
       // No IPv6 in the namespace (EADDRNOTAVAIL) is "nothing on ::1".
-      if (ipv6) continue;
+      if (v6) continue;
       co_return fd.status();
     }
     tcp::socket sock(ctx.executor);
     boost::system::error_code ec;
-    sock.assign(ipv6 ? tcp::v6() : tcp::v4(), fd->Release(), ec);
+    sock.assign(v6 ? tcp::v6() : tcp::v4(), fd->Release(), ec);
     if (ec) co_return absl::InternalError(fmt::format("dial port: assign: {}", ec.message()));
     asio::steady_timer deadline(ctx.executor);
     deadline.expires_after(opts_.port_connect_timeout);
@@ -119,10 +121,8 @@ http::asio::awaitable<absl::StatusOr<tcp::socket>> Api::DialUpstream(http::Reque
                            "refused in the sandbox)");
 }
 
-void Api::KeepUpstream(const PortAddress& a, tcp::socket& up) {
+void Api::KeepUpstream(const PortAddress& a, tcp::socket& up, bool ipv6) {
   boost::system::error_code ec;
-  const bool ipv6 = up.local_endpoint(ec).address().is_v6();
-  if (ec) return;
   asio::any_io_executor ex = up.get_executor();
   UniqueFd fd(up.release(ec));
   if (ec || !fd) return;
@@ -227,15 +227,14 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
     if (cl != req.end()) ho.content_length = std::strtoull(std::string(cl->value()).c_str(), nullptr, 10);
   }
   if (ctx.connection != nullptr) {
-    boost::system::error_code ec;
-    auto ep = ctx.connection->tcp().socket().remote_endpoint(ec);
-    if (!ec) ho.forwarded_for = ep.address().to_string();
+    ho.forwarded_for = ctx.peer_address;
     ho.forwarded_proto = ctx.connection->is_tls() ? "https" : "http";
   }
   const std::string head = UpstreamHead(req, a.upstream_target, ho);
 
   if (upgrade) {
-    auto upstream = co_await DialUpstream(ctx, a, nullptr);
+    bool ipv6 = false;
+    auto upstream = co_await DialUpstream(ctx, a, nullptr, &ipv6);
     if (!upstream.ok()) co_return Fail(ctx, upstream.status());
     tcp::socket& up = *upstream;
     // The connection is the upstream's from here: its 101 (or refusal) goes to the client as
@@ -251,12 +250,13 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
   const bool replayable = !ho.has_body && Idempotent(req.method());
   for (int attempt = 0;; ++attempt) {
     bool reused = false;
-    auto upstream = co_await DialUpstream(ctx, a, &reused);
+    bool ipv6 = false;
+    auto upstream = co_await DialUpstream(ctx, a, &reused, &ipv6);
     if (!upstream.ok()) co_return Fail(ctx, upstream.status());
     auto out = co_await relay::Exchange(ctx, *upstream, head, ho, opts_.port_idle_timeout,
                                         [&a](std::string_view why) { return Unreachable(a, why); });
     if (out.stale && reused && replayable && attempt == 0) continue;
-    if (out.reusable) KeepUpstream(a, *upstream);
+    if (out.reusable) KeepUpstream(a, *upstream, ipv6);
     if (out.whole) co_return std::move(out.whole);
     if (!out.began) co_return Fail(ctx, out.error.ok() ? Unreachable(a, "no answer") : out.error);
     co_return std::nullopt;
