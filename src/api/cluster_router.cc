@@ -76,7 +76,7 @@ absl::StatusOr<std::pair<std::string, std::string>> HostPortOf(std::string_view 
 
 asio::awaitable<absl::StatusOr<tcp::socket>> Dial(asio::any_io_executor ex,
                                                   const service::Cluster::Target& to,
-                                                  std::chrono::milliseconds timeout) {
+                                                  std::chrono::milliseconds timeout, bool* ipv6) {
   auto hp = HostPortOf(to.url);
   if (!hp.ok()) co_return NodeUnreachable(to, std::string(hp.status().message()));
   tcp::resolver resolver(ex);
@@ -94,6 +94,7 @@ asio::awaitable<absl::StatusOr<tcp::socket>> Dial(asio::any_io_executor ex,
   if (cec) co_return NodeUnreachable(to, fmt::format("connect: {}", cec.message()));
   boost::system::error_code ignored;
   sock.set_option(tcp::no_delay(true), ignored);
+  *ipv6 = ep.address().is_v6();
   co_return std::move(sock);
 }
 
@@ -339,7 +340,7 @@ asio::awaitable<std::optional<http::Response>> ClusterRouter::Handle(http::Reque
 }
 
 asio::awaitable<absl::StatusOr<tcp::socket>> ClusterRouter::Connect(
-    http::RequestContext& ctx, const service::Cluster::Target& to, bool* reused) {
+    http::RequestContext& ctx, const service::Cluster::Target& to, bool* reused, bool* ipv6) {
   *reused = false;
   if (auto kept = kept_.Take(to.url, 0, UpstreamPool::Clock::now())) {
     tcp::socket sock(ctx.executor);
@@ -347,10 +348,11 @@ asio::awaitable<absl::StatusOr<tcp::socket>> ClusterRouter::Connect(
     sock.assign(kept->ipv6 ? tcp::v6() : tcp::v4(), kept->fd.Release(), ec);
     if (!ec) {
       *reused = true;
+      *ipv6 = kept->ipv6;
       co_return std::move(sock);
     }
   }
-  co_return co_await Dial(ctx.executor, to, opts_.connect_timeout);
+  co_return co_await Dial(ctx.executor, to, opts_.connect_timeout, ipv6);
 }
 
 asio::awaitable<std::optional<http::Response>> ClusterRouter::Forward(
@@ -383,7 +385,8 @@ asio::awaitable<std::optional<http::Response>> ClusterRouter::Forward(
   if (!whole.empty()) ho.has_body = false;  // nothing left to stream
 
   bool reused = false;
-  auto up = co_await Connect(ctx, to, &reused);
+  bool ipv6 = false;
+  auto up = co_await Connect(ctx, to, &reused, &ipv6);
   // A node that died since its last heartbeat: for a request any node may answer, the others
   // are tried in turn (a few: each failed dial costs up to connect_timeout).
   std::vector<std::string> tried;
@@ -393,7 +396,7 @@ asio::awaitable<std::optional<http::Response>> ClusterRouter::Forward(
     auto next = cluster_.AnyNode(tried);
     if (!next.ok()) break;
     to = *next;
-    up = co_await Connect(ctx, to, &reused);
+    up = co_await Connect(ctx, to, &reused, &ipv6);
   }
   if (!up.ok() && !any) {
     // Back from a restart at another address (a new port, a new pod IP) since this replica
@@ -402,7 +405,7 @@ asio::awaitable<std::optional<http::Response>> ClusterRouter::Forward(
     if (now.ok() && now->has_value() && (*now)->url != to.url) {
       forwarded_.WithLabels({to.node, "unreachable"}).Inc();
       to = **now;
-      up = co_await Connect(ctx, to, &reused);
+      up = co_await Connect(ctx, to, &reused, &ipv6);
     }
   }
   if (!up.ok()) {
@@ -424,7 +427,7 @@ asio::awaitable<std::optional<http::Response>> ClusterRouter::Forward(
   // A kept connection the node closed meanwhile fails before any byte of an answer: a request
   // whose body is not streamed (it is all in `head`) goes once more on a new connection.
   if (out.stale && reused && !ho.has_body) {
-    up = co_await Dial(ctx.executor, to, opts_.connect_timeout);
+    up = co_await Dial(ctx.executor, to, opts_.connect_timeout, &ipv6);
     if (!up.ok()) {
       forwarded_.WithLabels({to.node, "unreachable"}).Inc();
       co_return Fail(ctx, up.status());
@@ -433,7 +436,6 @@ asio::awaitable<std::optional<http::Response>> ClusterRouter::Forward(
   }
   if (out.reusable) {
     boost::system::error_code ec;
-    const bool ipv6 = up->local_endpoint(ec).address().is_v6();
     UniqueFd fd(up->release(ec));
     if (!ec && fd) kept_.Put(to.url, 0, UpstreamPool::Conn{std::move(fd), ipv6}, UpstreamPool::Clock::now());
   }

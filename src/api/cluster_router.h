@@ -70,8 +70,9 @@ class ClusterRouter {
   // Remembers where what a create or a new session made lives (its node, from the answer).
   void RememberMade(const std::string& body, const std::string& served_by);
   // A kept connection to the node when one is idle (*reused then true), else a new one.
+  // *ipv6: whether it is an IPv6 connection (what keeping it needs to know).
   http::asio::awaitable<absl::StatusOr<http::asio::ip::tcp::socket>> Connect(
-      http::RequestContext& ctx, const service::Cluster::Target& to, bool* reused);
+      http::RequestContext& ctx, const service::Cluster::Target& to, bool* reused, bool* ipv6);
 
   service::Cluster& cluster_;
   const ClusterRouterOptions opts_;
