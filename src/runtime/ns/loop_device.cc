@@ -5,8 +5,8 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -69,12 +69,15 @@ absl::StatusOr<LoopDevice> LoopDevice::Attach(int backing_fd, const std::string&
   if (options.direct_io) flags |= LO_FLAGS_DIRECT_IO;
   bool legacy = false;
   int last_err = 0;
-  std::lock_guard<std::mutex> turn(AttachMutex());
+  std::unique_lock<std::mutex> turn(AttachMutex());
   for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
     if (attempt > 0) {
       // Another process won the device: give it time to finish configuring it, so the next
-      // LOOP_CTL_GET_FREE names another one (up to ~25 ms over all attempts).
+      // LOOP_CTL_GET_FREE names another one (up to ~25 ms over all attempts). sbxd's other
+      // attaches need not wait out this one's back-off: the turn is given up while it sleeps.
+      turn.unlock();
       std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 50 << std::min(attempt - 1, 5))));
+      turn.lock();
     }
     int n = ::ioctl(ctl.get(), LOOP_CTL_GET_FREE);
     if (n < 0) return ErrnoStatus(errno, "loop attach: ioctl(/dev/loop-control, LOOP_CTL_GET_FREE)");
