@@ -112,6 +112,13 @@ def read_until_closed(s: socket.socket, timeout: float = IO_TIMEOUT_S) -> tuple[
     return data, False
 
 
+
+def wait_closed(s: socket.socket, timeout: float) -> tuple[bytes, bool, float]:
+    """read_until_closed, and how long the wait took."""
+    start = time.monotonic()
+    data, closed = read_until_closed(s, timeout=timeout)
+    return data, closed, time.monotonic() - start
+
 def read_response(s: socket.socket, timeout: float = IO_TIMEOUT_S) -> Response | None:
     """One response, leaving the connection open; None if it closed first."""
     data = b""
@@ -362,9 +369,7 @@ def test_silent_connection_closed_after_header_deadline(own_sbxd):
     daemon, port = own_sbxd("--header-timeout-s", str(HEADER_TIMEOUT_S))
     s = connect(port)
     try:
-        start = time.monotonic()
-        data, closed = read_until_closed(s, timeout=30)
-        took = time.monotonic() - start
+        data, closed, took = wait_closed(s, 30)
     finally:
         s.close()
     # The keep-alive idle timeout (75 s) must not apply before a first request.
@@ -443,9 +448,7 @@ def test_idle_keepalive_connection_closed_after_idle_timeout(own_sbxd):
             s.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
             r = read_response(s)
             assert r is not None and r.status == 200, r
-        start = time.monotonic()
-        data, closed = read_until_closed(s, timeout=20)
-        took = time.monotonic() - start
+        data, closed, took = wait_closed(s, 20)
     finally:
         s.close()
     assert closed, "an idle keep-alive connection was still open 20 s after its last request"
