@@ -113,6 +113,13 @@ def read_until_closed(s: socket.socket, timeout: float = IO_TIMEOUT_S) -> tuple[
 
 
 
+def healthz_ok(s: socket.socket, what: str = "") -> None:
+    """GET /healthz on the connection, answered 200."""
+    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+    r = read_response(s)
+    assert r is not None and r.status == 200, what or r
+
+
 def wait_closed(s: socket.socket, timeout: float) -> tuple[bytes, bool, float]:
     """read_until_closed, and how long the wait took."""
     start = time.monotonic()
@@ -423,13 +430,9 @@ def test_keepalive_connection_waits_idle_timeout_then_header_deadline(own_sbxd):
     daemon, port = own_sbxd("--header-timeout-s", str(HEADER_TIMEOUT_S), "--idle-timeout-s", "30")
     s = connect(port)
     try:
-        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
-        r = read_response(s)
-        assert r is not None and r.status == 200, r
+        healthz_ok(s)
         time.sleep(HEADER_TIMEOUT_S * 2)
-        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
-        r = read_response(s)
-        assert r is not None and r.status == 200, "an idle keep-alive connection was closed by the header deadline"
+        healthz_ok(s, "an idle keep-alive connection was closed by the header deadline")
         s.sendall(b"GET /healthz HTTP/1.1\r\n")  # and then nothing
         data, closed = read_until_closed(s, timeout=25)
         assert closed, "a started header was not cut off by the header deadline"
@@ -445,9 +448,7 @@ def test_idle_keepalive_connection_closed_after_idle_timeout(own_sbxd):
     s = connect(port)
     try:
         for _ in range(3):  # the deadline moves with each request
-            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
-            r = read_response(s)
-            assert r is not None and r.status == 200, r
+            healthz_ok(s)
         data, closed, took = wait_closed(s, 20)
     finally:
         s.close()
@@ -463,9 +464,7 @@ def test_header_in_several_reads_on_a_kept_connection(own_sbxd):
     daemon, port = own_sbxd("--header-timeout-s", str(HEADER_TIMEOUT_S), "--idle-timeout-s", "30")
     s = connect(port)
     try:
-        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
-        r = read_response(s)
-        assert r is not None and r.status == 200, r
+        healthz_ok(s)
         for piece in (b"GET /healthz HT", b"TP/1.1\r\nHo", b"st: t\r\n", b"\r\n"):
             s.sendall(piece)
             time.sleep(0.2)
@@ -492,9 +491,7 @@ def held(port: int, source: str) -> socket.socket:
     apply between requests, so it stays until the test closes it)."""
     s = connect(port, source)
     try:
-        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
-        r = read_response(s)
-        assert r is not None and r.status == 200, f"held connection from {source}: {r!r}"
+        healthz_ok(s, f"held connection from {source}")
     except BaseException:
         s.close()
         raise
@@ -607,10 +604,10 @@ def test_global_cap_keeps_healthz_and_admin(own_sbxd):
         assert_shed(parse_responses(data), closed, data, "connection past the reserve")
         # The reserve's silent connections are cut at the header deadline, and the reserve
         # serves again.
-        def healthz_ok():
+        def healthz_served():
             responses, _, _ = request(port, "127.0.0.7", "/healthz")
             return [r.status for r in responses] == [200]
-        wait_for(healthz_ok, "/healthz once the reserve's silent connections timed out",
+        wait_for(healthz_served, "/healthz once the reserve's silent connections timed out",
                  timeout=HEADER_TIMEOUT_S + 20, interval=0.5)
     finally:
         close_all(socks)
