@@ -27,9 +27,12 @@ namespace sbx::runtime::ns {
 namespace {
 
 // Polls: the kernel detaches an autoclear device at the last close, but give slow kernels time.
-bool WaitDetached(const std::string& loop_name) {
+// Until `loop_name` no longer shows `backing`: detached (not found), or already taken by
+// another process for its own file (parallel tests attach in bursts).
+bool WaitDetached(const std::string& loop_name, const std::string& backing) {
   for (int i = 0; i < 500; ++i) {
-    if (absl::IsNotFound(LoopBackingFile(loop_name).status())) return true;
+    auto now = LoopBackingFile(loop_name);
+    if (absl::IsNotFound(now.status()) || (now.ok() && *now != backing)) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return false;
@@ -117,7 +120,7 @@ TEST_F(LoopDeviceTest, AttachShowsBackingFileAndAutoclearsOnClose) {
   EXPECT_EQ(end, 4 << 20);
   std::string name = loop->name();
   loop->Close();
-  EXPECT_TRUE(WaitDetached(name)) << name << " still attached after its last close";
+  EXPECT_TRUE(WaitDetached(name, path)) << name << " still attached after its last close";
 }
 
 TEST_F(LoopDeviceTest, ConcurrentAttachesGetDistinctDevices) {
@@ -148,7 +151,9 @@ TEST_F(LoopDeviceTest, ConcurrentAttachesGetDistinctDevices) {
     names.push_back(r->name());
     r->Close();
   }
-  for (const auto& n : names) EXPECT_TRUE(WaitDetached(n)) << n;
+  for (size_t i = 0; i < names.size(); ++i) {
+    EXPECT_TRUE(WaitDetached(names[i], paths[i])) << names[i];
+  }
 }
 
 // A burst of creates attaches many disks at once while deleted sandboxes' devices detach:
@@ -217,19 +222,21 @@ TEST_F(LoopDeviceTest, SweepDetachesOnlyDevicesUnderTheDirectory) {
   ASSERT_TRUE(swept.ok()) << swept.status();
   EXPECT_EQ(swept->detached, 1);
   EXPECT_EQ(swept->in_use, 1);
-  EXPECT_TRUE(absl::IsNotFound(LoopBackingFile(ours).status()));
+  // Detached: the device no longer shows our file. Not "not found": another process (a
+  // parallel test's burst of attaches) may already have taken the freed device for its own.
+  EXPECT_NE(LoopBackingFile(ours).value_or(""), dir_ + "/ours/leak.img");
   EXPECT_EQ(LoopBackingFile(other).value_or(""), dir_ + "/other/keep.img");
   EXPECT_TRUE(LoopBackingFile(busy->name()).ok()) << "a device in use must survive the sweep";
   std::string busy_name = busy->name();
   busy->Close();
-  EXPECT_TRUE(WaitDetached(busy_name));
+  EXPECT_TRUE(WaitDetached(busy_name, busy_path));
 
   // The other directory's device: detached by TearDown's sweep of the whole test dir, which
   // checks the sweep a second time.
   auto all = SweepLoopDevices(dir_);
   ASSERT_TRUE(all.ok()) << all.status();
   EXPECT_EQ(all->detached, 1);
-  EXPECT_TRUE(absl::IsNotFound(LoopBackingFile(other).status()));
+  EXPECT_NE(LoopBackingFile(other).value_or(""), dir_ + "/other/keep.img");
 }
 
 }  // namespace
