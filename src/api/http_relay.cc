@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "common/tls_stream.h"
+#include "http/lazy_deadline.h"
 
 namespace sbx::api::relay {
 namespace {
@@ -28,54 +29,25 @@ constexpr uint32_t kMaxUpstreamHeader = 64 << 10;
 // and writes, so the relay's own error paths end it (never a cancelled write half-way into the
 // client's stream). Without it a server in the sandbox that never answers, or a WebSocket both
 // ends abandoned, would hold the descriptors, and the sandbox's network namespace they keep
-// alive, for ever. A timer with a plain handler, armed once per idle period and re-armed at the
-// last activity when it fires: not a coroutine raced against the relay (two coroutines and a
-// parallel group per proxied request, issue 16's port round trip). Its handler runs on the
-// sockets' strand, as the relay does; it may run after this object is gone (a wait that
-// completed just before the destructor's cancel), and then sees `gone`.
+// alive, for ever. A lazy deadline pushed at each piece (a store), not a coroutine raced
+// against the relay (two coroutines and a parallel group per proxied request, issue 16's port
+// round trip). Its sockets must outlive it.
 class IdleWatch {
  public:
-  using Clock = std::chrono::steady_clock;
-  IdleWatch(asio::any_io_executor ex, std::chrono::seconds idle, tcp::socket& a, tcp::socket* b)
-      : st_(std::make_shared<State>(std::move(ex), idle, a, b)) {
-    Arm(st_, st_->last + idle);
+  IdleWatch(const asio::any_io_executor& ex, std::chrono::seconds idle, tcp::socket& a,
+            tcp::socket* b)
+      : idle_(idle), deadline_(ex, [&a, b] {
+          boost::system::error_code ignored;
+          a.close(ignored);
+          if (b != nullptr) b->close(ignored);
+        }) {
+    Touch();
   }
-  ~IdleWatch() {
-    st_->gone = true;
-    st_->timer.cancel();
-  }
-  IdleWatch(const IdleWatch&) = delete;
-  IdleWatch& operator=(const IdleWatch&) = delete;
-
-  void Touch() { st_->last = Clock::now(); }
+  void Touch() { deadline_.ExpiresAfter(idle_); }
 
  private:
-  struct State {
-    State(asio::any_io_executor ex, std::chrono::seconds i, tcp::socket& sa, tcp::socket* sb)
-        : timer(std::move(ex)), idle(i), a(&sa), b(sb) {}
-    asio::steady_timer timer;
-    std::chrono::seconds idle;
-    tcp::socket* a;  // not used once `gone`
-    tcp::socket* b;
-    Clock::time_point last = Clock::now();
-    bool gone = false;
-  };
-  static void Arm(const std::shared_ptr<State>& st, Clock::time_point at) {
-    st->timer.expires_at(at);
-    st->timer.async_wait([st](const boost::system::error_code& ec) {
-      if (st->gone || ec) return;
-      const auto due = st->last + st->idle;
-      if (Clock::now() < due) {
-        Arm(st, due);
-        return;
-      }
-      boost::system::error_code ignored;
-      st->a->close(ignored);
-      if (st->b != nullptr) st->b->close(ignored);
-    });
-  }
-
-  std::shared_ptr<State> st_;
+  const std::chrono::seconds idle_;
+  http::LazyDeadline deadline_;
 };
 
 // Shuts the sending side of the connection down, passing on the end of the other side.

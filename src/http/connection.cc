@@ -323,7 +323,11 @@ Connection::Connection(ConnectionEnv env, asio::ip::tcp::socket socket,
     : env_(env),
       stream_(std::move(socket)),
       buffer_(env_.opts.max_header_bytes + kReadChunk),
-      deadline_(stream_.get_executor(), stream_.tcp().socket()),
+      deadline_(stream_.get_executor(),
+                [this] {
+                  boost::system::error_code ignored;
+                  stream_.tcp().socket().cancel(ignored);
+                }),
       reserve_(reserve),
       rejected_(rejected),
       check_chunk_header_{env_.opts.max_chunk_extension_bytes} {
@@ -465,13 +469,13 @@ asio::awaitable<std::pair<beast::error_code, size_t>> Connection::ReadHeader(boo
   // The header is due within header_timeout of its first bytes; the deadline is handed to
   // deadline_ only when a header takes more than one read: moving it earlier than the idle
   // deadline re-arms the timer, and most headers arrive in one read.
-  std::optional<ReadDeadline::Clock::time_point> header_due;
+  std::optional<LazyDeadline::Clock::time_point> header_due;
   if (!first) {
     if (buffer_.size() == 0) {
       deadline_.ExpiresAfter(opts.idle_timeout);
       if (auto ec = co_await ReadSome()) co_return std::pair{ec, size_t{0}};
     }
-    header_due = ReadDeadline::Clock::now() + opts.header_timeout;
+    header_due = LazyDeadline::Clock::now() + opts.header_timeout;
   }
   size_t searched = 0;
   for (;;) {

@@ -14,7 +14,7 @@
 #include <string_view>
 
 #include "http/framing.h"
-#include "http/read_deadline.h"
+#include "http/lazy_deadline.h"
 #include "http/server.h"
 
 namespace sbx::http {
@@ -117,7 +117,7 @@ class Connection {
   beast::flat_buffer buffer_;
   // The deadline of a header and of a buffered body. Ours, not the stream's: the stream's
   // timer closes the socket when it fires, and then no 408 can go out.
-  ReadDeadline deadline_;
+  LazyDeadline deadline_;  // cancels the pending read when it passes
   std::string peer_;  // the client's address, read at the accept ("" if it was already gone)
   const bool reserve_;
   metrics::Counter& rejected_;

@@ -1,14 +1,14 @@
-#include "http/read_deadline.h"
+#include "http/lazy_deadline.h"
 
 #include <utility>
 
 namespace sbx::http {
 
-struct ReadDeadline::State {
-  State(const boost::asio::any_io_executor& ex, boost::asio::ip::tcp::socket& s)
-      : timer(ex), socket(&s) {}
+struct LazyDeadline::State {
+  State(const boost::asio::any_io_executor& ex, std::function<void()> f)
+      : timer(ex), on_expiry(std::move(f)) {}
   boost::asio::steady_timer timer;
-  boost::asio::ip::tcp::socket* socket;  // not used once `gone`
+  std::function<void()> on_expiry;  // not called once `gone`
   Clock::time_point due = Clock::time_point::max();
   // When the pending wait fires; max: no wait is pending.
   Clock::time_point armed = Clock::time_point::max();
@@ -19,32 +19,32 @@ struct ReadDeadline::State {
   bool gone = false;
 };
 
-ReadDeadline::ReadDeadline(const boost::asio::any_io_executor& ex,
-                           boost::asio::ip::tcp::socket& socket)
-    : st_(std::make_shared<State>(ex, socket)) {}
+LazyDeadline::LazyDeadline(const boost::asio::any_io_executor& ex,
+                           std::function<void()> on_expiry)
+    : st_(std::make_shared<State>(ex, std::move(on_expiry))) {}
 
-ReadDeadline::~ReadDeadline() {
+LazyDeadline::~LazyDeadline() {
   st_->gone = true;
   st_->timer.cancel();
 }
 
-void ReadDeadline::ExpiresAt(Clock::time_point due) {
+void LazyDeadline::ExpiresAt(Clock::time_point due) {
   st_->due = due;
   st_->expired = false;
   // A later due time than the pending wait's is seen when that wait fires.
   if (due < st_->armed) Arm(st_, due);
 }
 
-void ReadDeadline::Never() {
+void LazyDeadline::Never() {
   st_->due = Clock::time_point::max();
   st_->expired = false;
 }
 
-ReadDeadline::Clock::time_point ReadDeadline::expiry() const { return st_->due; }
+LazyDeadline::Clock::time_point LazyDeadline::expiry() const { return st_->due; }
 
-bool ReadDeadline::expired() const { return st_->expired; }
+bool LazyDeadline::expired() const { return st_->expired; }
 
-void ReadDeadline::Arm(const std::shared_ptr<State>& st, Clock::time_point at) {
+void LazyDeadline::Arm(const std::shared_ptr<State>& st, Clock::time_point at) {
   const uint64_t gen = ++st->generation;
   st->armed = at;
   st->timer.expires_at(at);
@@ -57,8 +57,7 @@ void ReadDeadline::Arm(const std::shared_ptr<State>& st, Clock::time_point at) {
       return;
     }
     st->expired = true;
-    boost::system::error_code ignored;
-    st->socket->cancel(ignored);
+    st->on_expiry();
   });
 }
 
