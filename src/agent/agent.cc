@@ -208,20 +208,34 @@ int Agent::Run() {
   Log("info", fmt::format("ready (pid {}, buffer {} bytes per stream)", ::getpid(), opts_.buffer_bytes));
   epoll_event events[64];
   while (!stop_) {
-    // The loop's own timeout: a listening socket paused after EMFILE is retried after 100 ms
-    // (session timeouts are timerfds in the epoll set).
-    int timeout = -1;
-    if (listen_paused_) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          listen_resume_at_ - std::chrono::steady_clock::now());
-      timeout = static_cast<int>(std::max<int64_t>(0, left.count()));
+    // The loop's own timeout: a listening socket paused after EMFILE is retried after 100 ms,
+    // a moderated pipe is read again when due (session timeouts are timerfds in the epoll set).
+    // Microseconds matter for the pipes: epoll_pwait2, or epoll_wait rounded up to 1 ms on a
+    // kernel before 5.11.
+    std::optional<std::chrono::steady_clock::time_point> wake;
+    if (listen_paused_) wake = listen_resume_at_;
+    if (!deferred_.empty() && (!wake || deferred_.front().due < *wake)) wake = deferred_.front().due;
+    int n;
+    if (!wake) {
+      n = ::epoll_wait(epoll_.get(), events, 64, -1);
+    } else {
+      const auto left = std::max<std::chrono::nanoseconds>(
+          std::chrono::nanoseconds(0), *wake - std::chrono::steady_clock::now());
+      const timespec ts{static_cast<time_t>(left.count() / 1'000'000'000),
+                        static_cast<long>(left.count() % 1'000'000'000)};
+      n = have_pwait2_ ? ::epoll_pwait2(epoll_.get(), events, 64, &ts, nullptr) : -1;
+      if (n < 0 && errno == ENOSYS) have_pwait2_ = false;
+      if (!have_pwait2_) {
+        n = ::epoll_wait(epoll_.get(), events, 64,
+                         static_cast<int>((left.count() + 999'999) / 1'000'000));
+      }
     }
-    int n = ::epoll_wait(epoll_.get(), events, 64, timeout);
     if (n < 0) {
       if (errno == EINTR) continue;
       Log("error", fmt::format("epoll_wait: {}", ErrnoMessage(errno)));
       return 1;
     }
+    if (!deferred_.empty()) ResumeDuePipes(std::chrono::steady_clock::now());
     if (listen_paused_ && std::chrono::steady_clock::now() >= listen_resume_at_) {
       listen_paused_ = false;
       epoll_event ev{};

@@ -1031,6 +1031,55 @@ bool ReadUntil(AgentConnection& c, std::string& acc, std::string_view needle,
   return true;
 }
 
+// Output moderation (loop.h, kModerateDelay): a writer of many small chunks (a shell's echo is
+// one write each) has its pipe left alone for a moment between reads. What it writes last must
+// still come while it runs, not at its exit: a pipe whose moment is never over would hold
+// "END" until the exit drain, 30 s later, past ReadUntil's 10 s read timeout.
+TEST(AgentModeration, OutputAfterABurstArrivesWhileTheProcessRuns) {
+  AgentProcess agent;
+  // One stream at a time: output on the other stream would read the held one first.
+  for (const char* redirect : {"", " >&2"}) {
+    SCOPED_TRACE(*redirect ? "stderr" : "stdout");
+    const std::string sid = *redirect ? "err" : "out";
+    AgentConnection c = agent.Connect();
+    ASSERT_TRUE(c.Call(AttachReq(sid, 0,
+                                 Spec({"sh", "-c",
+                                       fmt::format("i=0; while [ $i -lt 3000 ]; do "
+                                                   "echo line{0}; i=$((i+1)); done; "
+                                                   "echo END{0}; exec sleep 30",
+                                                   redirect)})))
+                    .ok());
+    std::string acc;
+    ASSERT_TRUE(ReadUntil(c, acc, "END\n")) << "output after the burst did not arrive";
+    EXPECT_EQ(acc.size(), 3000u * 5 + 4);
+    EXPECT_EQ(Status(agent, sid)["state"], "running");
+    auto r = protocol::CallAgent(agent.socket(),
+                                 Json{{"op", "signal"}, {"session_id", sid}, {"signal", 9}});
+    ASSERT_TRUE(r.ok()) << r.status();
+    Collected rest = ReadStream(c, SIZE_MAX, /*from_start=*/false);
+    ASSERT_TRUE(rest.exit.has_value()) << rest.error;
+    EXPECT_EQ(rest.out.size() + rest.err.size(), 0u);
+  }
+}
+
+// Many small writes on both streams, as a chatty build prints: nothing lost or reordered within
+// a stream (ReadStream checks ids and offsets), whichever stream is held back when.
+TEST(AgentModeration, SmallWritesOnBothStreamsLoseNothing) {
+  AgentProcess agent;
+  Collected r = RunSession(
+      agent, "chatty",
+      Spec({"sh", "-c",
+            "i=0; while [ $i -lt 3000 ]; do echo o$i; echo e$i >&2; i=$((i+1)); done"}));
+  ASSERT_TRUE(r.exit.has_value()) << r.error;
+  std::string want_out, want_err;
+  for (int i = 0; i < 3000; ++i) {
+    want_out += "o" + std::to_string(i) + "\n";
+    want_err += "e" + std::to_string(i) + "\n";
+  }
+  EXPECT_EQ(r.out, want_out);
+  EXPECT_EQ(r.err, want_err);
+}
+
 TEST(AgentStdin, WritesArriveInOrderAndCloseIsEof) {
   AgentProcess agent;
   AgentConnection c = agent.Connect();

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -39,6 +40,16 @@ inline constexpr int kReadsPerWakeup = 16;              // fairness between pipe
 // wakes) once per 1 MiB instead of once per 64 KiB. Best effort: an unprivileged agent past
 // the kernel's pipe-user-pages limits keeps the default size.
 inline constexpr int kOutputPipeBytes = 1 << 20;
+// Output moderation (Agent::OnPipe): a writer that keeps a pipe busy with small writes (coreutils
+// write 8 KiB at a time) would wake the agent, and through it sbxd and the client, once per
+// write. When a wakeup finds less than kModerateBelow bytes and the pipe was read less than
+// kModerateGap ago, the pipe is left for kModerateDelay instead, so the next read takes what
+// piled up in that time. Output a process writes now and then is read at once; a grown pipe
+// (kOutputPipeBytes) absorbs kModerateDelay of any writer this machine runs, so the writer
+// does not block for it.
+inline constexpr size_t kModerateBelow = 128 * 1024;
+inline constexpr std::chrono::microseconds kModerateGap{1000};
+inline constexpr std::chrono::microseconds kModerateDelay{200};
 inline constexpr size_t kMaxConnections = 1024;
 // Bytes of stdin a session may have queued and not yet taken by its process. Bounded because
 // the agent lives inside the sandbox's memory limit; a full queue is the host's signal to wait
@@ -73,6 +84,9 @@ struct Session {
   UniqueFd pipe_fd[2];      // stdout, stderr read ends; closed at EOF or exit
   uint64_t pipe_token[2] = {0, 0};  // epoll registration, 0 = not watched (paused or closed)
   bool pipe_grown[2] = {false, false};  // F_SETPIPE_SZ tried (Agent::ResumePipes)
+  bool pipe_large[2] = {false, false};  // ... and the pipe holds kOutputPipeBytes
+  std::chrono::steady_clock::time_point pipe_read_at[2];  // the last wakeup that read bytes
+  bool pipe_deferred[2] = {false, false};  // in Agent::deferred_: not watched until due
   std::vector<uint64_t> conns;      // ids of attached connections
   bool finished = false;            // exit event delivered: in Agent::finished_
 
@@ -135,6 +149,8 @@ class Agent {
   void OnSignal();
   void OnConnReadable(Connection& c);
   void OnPipe(Session& s, int idx);
+  // Reads what the pipe holds (up to kReadsPerWakeup reads) into the log; closes it at EOF.
+  size_t ReadPipe(Session& s, int idx);
   void FlushStdin(Session& s);
   void CloseStdin(Session& s);
   void OnTimer(Session& s);
@@ -161,6 +177,9 @@ class Agent {
   void UpdateConnEvents(Connection& c, bool want_out);
 
   void PausePipe(Session& s, int idx);
+  // Output moderation (kModerateDelay): leaves the pipe unwatched until due.
+  void DeferPipe(Session& s, int idx, std::chrono::steady_clock::time_point now);
+  void ResumeDuePipes(std::chrono::steady_clock::time_point now);
   void ResumePipes(Session& s);
   void ClosePipe(Session& s, int idx);
   void DrainPipe(Session& s, int idx);
@@ -187,6 +206,13 @@ class Agent {
   std::map<std::string, std::unique_ptr<Session>> sessions_;
   std::unordered_map<pid_t, Session*> by_pid_;  // running sessions only
   std::vector<Session*> finished_;  // sessions whose exit event was delivered, oldest first
+  struct DeferredPipe {
+    Session* session;  // sessions live as long as the agent
+    int index;
+    std::chrono::steady_clock::time_point due;
+  };
+  std::deque<DeferredPipe> deferred_;  // due times in order: one delay for all
+  bool have_pwait2_ = true;            // until the kernel says ENOSYS
   char read_buf_[kReadChunk];
 };
 

@@ -45,10 +45,13 @@ void Agent::PausePipe(Session& s, int idx) { DelWatch(s.pipe_fd[idx].get(), s.pi
 void Agent::ResumePipes(Session& s) {
   for (int idx = 0; idx < 2; ++idx) {
     const Stream stream = idx == 0 ? Stream::kStdout : Stream::kStderr;
-    if (s.pipe_fd[idx] && s.pipe_token[idx] == 0 && s.log.CanRead(stream)) {
+    if (s.pipe_fd[idx] && s.pipe_token[idx] == 0 && !s.pipe_deferred[idx] &&
+        s.log.CanRead(stream)) {
       if (!s.pipe_grown[idx]) {
         s.pipe_grown[idx] = true;
-        if (!s.tty) (void)::fcntl(s.pipe_fd[idx].get(), F_SETPIPE_SZ, kOutputPipeBytes);
+        // A pty's buffer is the line discipline's (a few KiB): never moderated.
+        s.pipe_large[idx] =
+            !s.tty && ::fcntl(s.pipe_fd[idx].get(), F_SETPIPE_SZ, kOutputPipeBytes) >= kOutputPipeBytes;
       }
       Watch w{Kind::kPipe};
       w.session = &s;
@@ -58,9 +61,9 @@ void Agent::ResumePipes(Session& s) {
   }
 }
 
-void Agent::OnPipe(Session& s, int idx) {
+size_t Agent::ReadPipe(Session& s, int idx) {
   const Stream stream = idx == 0 ? Stream::kStdout : Stream::kStderr;
-  bool appended = false;
+  size_t got = 0;
   for (int i = 0; i < kReadsPerWakeup && s.pipe_fd[idx]; ++i) {
     if (!s.log.CanRead(stream)) {
       PausePipe(s, idx);
@@ -69,7 +72,7 @@ void Agent::OnPipe(Session& s, int idx) {
     ssize_t n = ::read(s.pipe_fd[idx].get(), read_buf_, sizeof(read_buf_));
     if (n > 0) {
       s.log.AppendOutput(stream, std::string_view(read_buf_, static_cast<size_t>(n)));
-      appended = true;
+      got += static_cast<size_t>(n);
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -80,9 +83,43 @@ void Agent::OnPipe(Session& s, int idx) {
     }
     ClosePipe(s, idx);  // EOF: every writer is gone
   }
-  if (appended) PumpSession(s);
+  return got;
+}
+
+void Agent::OnPipe(Session& s, int idx) {
+  // What the other stream holds back (moderation) was written before what woke us: read it
+  // first, so events keep the order the process wrote in as well as they did unmoderated.
+  const int other = 1 - idx;
+  const size_t held = s.pipe_deferred[other] && s.pipe_fd[other] ? ReadPipe(s, other) : 0;
+  const size_t got = ReadPipe(s, idx);
+  if (got > 0) {
+    const auto now = std::chrono::steady_clock::now();
+    // A busy writer of small chunks: let its output pile up for a moment (loop.h).
+    if (s.pipe_large[idx] && s.pipe_token[idx] != 0 && got < kModerateBelow &&
+        now - s.pipe_read_at[idx] < kModerateGap) {
+      DeferPipe(s, idx, now);
+    }
+    s.pipe_read_at[idx] = now;
+  }
+  if (held + got > 0) PumpSession(s);
   // The pump may have freed room for a pipe paused above.
   if (s.pipe_fd[idx] && s.pipe_token[idx] == 0) ResumePipes(s);
+}
+
+void Agent::DeferPipe(Session& s, int idx, std::chrono::steady_clock::time_point now) {
+  PausePipe(s, idx);
+  s.pipe_deferred[idx] = true;
+  deferred_.push_back(DeferredPipe{&s, idx, now + kModerateDelay});
+}
+
+void Agent::ResumeDuePipes(std::chrono::steady_clock::time_point now) {
+  while (!deferred_.empty() && deferred_.front().due <= now) {
+    Session& s = *deferred_.front().session;
+    s.pipe_deferred[deferred_.front().index] = false;
+    deferred_.pop_front();
+    // Closed meanwhile (the exit drained it), or held by flow control: ResumePipes decides.
+    ResumePipes(s);
+  }
 }
 
 void Agent::Refill(Connection& c) {
