@@ -224,7 +224,9 @@ int Agent::Run() {
       const timespec ts{static_cast<time_t>(left.count() / 1'000'000'000),
                         static_cast<long>(left.count() % 1'000'000'000)};
       n = have_pwait2_ ? ::epoll_pwait2(epoll_.get(), events, 64, &ts, nullptr) : -1;
-      if (n < 0 && errno == ENOSYS) have_pwait2_ = false;
+      // ENOSYS on kernels before 5.11; whatever else a filter might answer, epoll_wait then
+      // says what is wrong, if anything.
+      if (n < 0 && have_pwait2_ && errno != EINTR) have_pwait2_ = false;
       if (!have_pwait2_) {
         n = ::epoll_wait(epoll_.get(), events, 64,
                          static_cast<int>((left.count() + 999'999) / 1'000'000));

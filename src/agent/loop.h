@@ -212,7 +212,7 @@ class Agent {
     std::chrono::steady_clock::time_point due;
   };
   std::deque<DeferredPipe> deferred_;  // due times in order: one delay for all
-  bool have_pwait2_ = true;            // until the kernel says ENOSYS
+  bool have_pwait2_ = true;            // until epoll_pwait2 fails (ENOSYS before 5.11)
   char read_buf_[kReadChunk];
 };
 
