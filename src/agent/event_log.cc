@@ -1,5 +1,6 @@
 #include "agent/event_log.h"
 
+#include <cstring>
 #include <utility>
 
 namespace sbx::agent {
@@ -10,29 +11,67 @@ EventLog::EventLog(size_t budget_per_stream, size_t merge_up_to)
     : budget_(budget_per_stream == 0 ? 1 : budget_per_stream), merge_up_to_(merge_up_to) {}
 
 uint64_t EventLog::AppendOutput(Stream stream, std::string_view data) {
-  if (data.empty() || has_exit()) return 0;
-  const size_t i = Index(stream);
-  total_[i] += data.size();
-  retained_[i] += data.size();
-  if (!events_.empty()) {
-    LogEvent& last = events_.back();
-    // The exit event is never last here (has_exit() returned above), and an unsealed event
-    // cannot have been delivered, so growing it changes nothing anyone has seen.
-    if (last.id > sealed_ && last.stream == stream &&
-        last.data.size() + data.size() <= merge_up_to_) {
+  std::span<char> room = ReserveOutput(stream, data.size());
+  if (data.empty() || room.size() < data.size()) return 0;  // empty, or after the exit
+  std::memcpy(room.data(), data.data(), data.size());
+  return CommitOutput(stream, data.size());
+}
+
+bool EventLog::MergesIntoTail(Stream stream, size_t n) const {
+  if (events_.empty()) return false;
+  const LogEvent& last = events_.back();
+  // An unsealed event cannot have been handed to a connection, so growing it changes nothing
+  // anyone has seen (and no connection shares its bytes). The exit event is never unsealed
+  // and last when output is appended: has_exit() ends appending.
+  return last.id > sealed_ && !last.is_exit && last.stream == stream &&
+         last.bytes->size() + n <= merge_up_to_;
+}
+
+std::span<char> EventLog::ReserveOutput(Stream stream, size_t max) {
+  reserved_.reset();
+  reserved_room_ = 0;
+  if (max == 0 || has_exit()) return {};
+  reserved_room_ = max;
+  reserved_stream_ = stream;
+  if (MergesIntoTail(stream, max)) {
+    std::shared_ptr<OutputBytes>& tail = events_.back().bytes;
+    if (tail->capacity() - tail->size() < max) {
       // An event that merges once is in a burst and likely grows to the cap: one allocation
-      // instead of the doublings (each a copy of what is there) on the way.
-      if (last.data.capacity() < merge_up_to_) last.data.reserve(merge_up_to_);
-      last.data.append(data);
-      Trim();
-      return last.id;
+      // (and one copy of what is there) instead of the doublings on the way.
+      auto grown = std::make_shared<OutputBytes>(merge_up_to_);
+      std::memcpy(grown->end(), tail->view().data(), tail->size());
+      grown->Commit(tail->size());
+      tail = std::move(grown);
     }
+    return {tail->end(), max};
   }
+  reserved_ = std::make_shared<OutputBytes>(max);
+  return {reserved_->end(), max};
+}
+
+uint64_t EventLog::CommitOutput(Stream stream, size_t n) {
+  const size_t room = reserved_room_;
+  reserved_room_ = 0;
+  // Nothing reserved for this stream, or nothing read: nothing to add.
+  if (n == 0 || n > room || stream != reserved_stream_ || has_exit()) {
+    reserved_.reset();
+    return 0;
+  }
+  const size_t i = Index(stream);
+  total_[i] += n;
+  retained_[i] += n;
+  if (!reserved_) {
+    // ReserveOutput returned room in the tail (it is still the newest: nothing came between).
+    events_.back().bytes->Commit(n);
+    Trim();
+    return events_.back().id;
+  }
+  reserved_->Commit(n);
   LogEvent ev;
   ev.id = next_id();
   ev.stream = stream;
-  ev.offset = total_[i] - data.size();
-  ev.data.assign(data);
+  ev.offset = total_[i] - n;
+  ev.bytes = std::move(reserved_);
   events_.push_back(std::move(ev));
   const uint64_t id = events_.back().id;
   // Growth can make already-delivered events at the front evictable.
@@ -64,8 +103,8 @@ bool EventLog::EvictFront() {
   // The exit event carries no bytes, so an over-budget log never reaches it.
   if (front.is_exit) return false;
   const size_t i = Index(front.stream);
-  retained_[i] -= front.data.size();
-  evicted_[i] += front.data.size();
+  retained_[i] -= front.bytes->size();
+  evicted_[i] += front.bytes->size();
   events_.pop_front();
   ++first_id_;
   return true;

@@ -14,7 +14,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -22,13 +24,35 @@
 
 namespace sbx::agent {
 
+// The bytes of one output event. Filled while the event is the log's open (unsealed) tail,
+// then never changed, and shared: a connection sends large events from here instead of from a
+// copy (Agent::Refill), and a faster connection's delivery may evict the event meanwhile.
+// Allocated uninitialised: a pipe read fills it directly (EventLog::ReserveOutput).
+class OutputBytes {
+ public:
+  explicit OutputBytes(size_t capacity)
+      : buf_(std::make_unique_for_overwrite<char[]>(capacity)), capacity_(capacity) {}
+  std::string_view view() const { return {buf_.get(), size_}; }
+  size_t size() const { return size_; }
+  size_t capacity() const { return capacity_; }
+  char* end() { return buf_.get() + size_; }
+  void Commit(size_t n) { size_ += n; }  // n bytes were written at end()
+
+ private:
+  std::unique_ptr<char[]> buf_;
+  size_t size_ = 0;
+  size_t capacity_;
+};
+
 struct LogEvent {
   uint64_t id = 0;
   bool is_exit = false;
   protocol::Stream stream = protocol::Stream::kStdout;  // output events only
   uint64_t offset = 0;                                  // output events only
-  std::string data;                                     // output events only
+  std::shared_ptr<OutputBytes> bytes;                   // output events only
   protocol::ExitEvent exit;                             // exit event only
+
+  std::string_view data() const { return bytes ? bytes->view() : std::string_view(); }
 };
 
 class EventLog {
@@ -44,6 +68,14 @@ class EventLog {
   // events instead of many small ones (each event costs a frame, an SSE event and a write on
   // the way to the client), while a reader that keeps up still gets every chunk at once.
   uint64_t AppendOutput(protocol::Stream stream, std::string_view data);
+  // AppendOutput without the copy, for a read straight into the log: room for up to `max`
+  // bytes at the stream's end (in the newest event when AppendOutput would merge `max` bytes
+  // into it, else in a new buffer of `max` bytes: ask for what there is to read), of which CommitOutput then adds the first `n` as AppendOutput
+  // would; it returns AppendOutput's id (0 for n = 0 or more than was reserved). The room is
+  // valid until the next call that changes the log; a reservation not committed is
+  // forgotten. Empty after the exit event.
+  std::span<char> ReserveOutput(protocol::Stream stream, size_t max);
+  uint64_t CommitOutput(protocol::Stream stream, size_t n);
 
   // Freezes every event up to `id`: called before an event is handed to any connection, since
   // ids and bytes a client has seen must be replayed exactly.
@@ -88,10 +120,15 @@ class EventLog {
   bool OverBudget() const;
   bool EvictFront();
   bool Trim();
+  // AppendOutput's rule: `n` more bytes of `stream` go into the newest event.
+  bool MergesIntoTail(protocol::Stream stream, size_t n) const;
 
   size_t budget_;
   size_t merge_up_to_;
   std::deque<LogEvent> events_;
+  std::shared_ptr<OutputBytes> reserved_;  // ReserveOutput's new buffer, until committed
+  size_t reserved_room_ = 0;               // what ReserveOutput returned (0: nothing)
+  protocol::Stream reserved_stream_ = protocol::Stream::kStdout;
   uint64_t sealed_ = 0;
   uint64_t first_id_ = 1;
   uint64_t delivered_ = 0;

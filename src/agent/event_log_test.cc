@@ -1,6 +1,9 @@
 #include "agent/event_log.h"
 
+#include <memory>
+#include <span>
 #include <string>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -206,14 +209,14 @@ TEST(EventLog, ReaderThatKeepsUpGetsEveryByte) {
       const LogEvent* e = log.Get(cursor);
       if (e) {
         ASSERT_EQ(e->offset, read.size());
-        read += e->data;
+        read += e->data();
         log.MarkDelivered(cursor++);
       }
     }
     ASSERT_LE(log.retained_bytes(Stream::kStdout), 1000u + 300u);
   }
   while (const LogEvent* e = log.Get(cursor)) {
-    read += e->data;
+    read += e->data();
     log.MarkDelivered(cursor++);
   }
   EXPECT_EQ(read, written);
@@ -232,14 +235,14 @@ TEST(EventLogMerge, GrowsTheUnsealedNewestEventOfTheSameStream) {
   EXPECT_EQ(log.AppendOutput(Stream::kStdout, "def"), 1u);  // merged
   EXPECT_EQ(log.AppendOutput(Stream::kStderr, "E"), 2u);    // other stream: a new event
   EXPECT_EQ(log.AppendOutput(Stream::kStdout, "ghi"), 3u);  // not the newest any more
-  EXPECT_EQ(log.Get(1)->data, "abcdef");
+  EXPECT_EQ(log.Get(1)->data(), "abcdef");
   EXPECT_EQ(log.Get(1)->offset, 0u);
   EXPECT_EQ(log.Get(3)->offset, 6u);
   EXPECT_EQ(log.Get(2)->offset, 0u);
   EXPECT_EQ(log.AppendOutput(Stream::kStderr, "F"), 4u);
   EXPECT_EQ(log.AppendOutput(Stream::kStderr, "G"), 4u);
   EXPECT_EQ(log.Get(4)->offset, 1u);
-  EXPECT_EQ(log.Get(4)->data, "FG");
+  EXPECT_EQ(log.Get(4)->data(), "FG");
   EXPECT_EQ(log.total_bytes(Stream::kStdout), 9u);
   EXPECT_EQ(log.retained_bytes(Stream::kStdout), 9u);
   EXPECT_EQ(log.total_bytes(Stream::kStderr), 3u);
@@ -253,8 +256,8 @@ TEST(EventLogMerge, RespectsTheCap) {
   EXPECT_EQ(log.AppendOutput(Stream::kStdout, "9"), 2u);
   EXPECT_EQ(log.AppendOutput(Stream::kStdout, std::string(20, 'x')), 3u);  // larger than the cap
   EXPECT_EQ(log.AppendOutput(Stream::kStdout, "y"), 4u);
-  EXPECT_EQ(log.Get(1)->data, "12345678");
-  EXPECT_EQ(log.Get(3)->data.size(), 20u);
+  EXPECT_EQ(log.Get(1)->data(), "12345678");
+  EXPECT_EQ(log.Get(3)->data().size(), 20u);
   EXPECT_EQ(log.Get(4)->offset, 29u);
 }
 
@@ -263,12 +266,12 @@ TEST(EventLogMerge, NeverChangesASealedOrDeliveredEvent) {
   EXPECT_EQ(log.AppendOutput(Stream::kStdout, "seen"), 1u);
   log.Seal(1);  // a connection took it
   EXPECT_EQ(log.AppendOutput(Stream::kStdout, "more"), 2u);
-  EXPECT_EQ(log.Get(1)->data, "seen");
+  EXPECT_EQ(log.Get(1)->data(), "seen");
   EXPECT_EQ(log.AppendOutput(Stream::kStdout, "+"), 2u);
   EXPECT_TRUE(!log.MarkDelivered(2));  // delivered implies sealed
   EXPECT_EQ(log.sealed(), 2u);
   EXPECT_EQ(log.AppendOutput(Stream::kStdout, "next"), 3u);
-  EXPECT_EQ(log.Get(2)->data, "more+");
+  EXPECT_EQ(log.Get(2)->data(), "more+");
   EXPECT_EQ(log.Get(3)->offset, 9u);
 }
 
@@ -293,7 +296,77 @@ TEST(EventLogMerge, NothingMergesIntoOrAfterTheExit) {
   ev.exit_code = 0;
   EXPECT_EQ(log.AppendExit(ev), 2u);
   EXPECT_EQ(log.AppendOutput(Stream::kStdout, "b"), 0u);
-  EXPECT_EQ(log.Get(1)->data, "a");
+  EXPECT_EQ(log.Get(1)->data(), "a");
+}
+
+}  // namespace
+}  // namespace sbx::agent
+
+namespace sbx::agent {
+namespace {
+
+// A read straight into the log (ReserveOutput + CommitOutput) must leave exactly what
+// AppendOutput of the same bytes leaves: ids, offsets, merging, budget.
+TEST(EventLogReserve, CommitIsAppendOutputWithoutTheCopy) {
+  EventLog direct(1 << 20, /*merge_up_to=*/10);
+  EventLog copied(1 << 20, /*merge_up_to=*/10);
+  const std::pair<Stream, std::string> chunks[] = {
+      {Stream::kStdout, "abc"}, {Stream::kStdout, "def"},   {Stream::kStderr, "E"},
+      {Stream::kStdout, "ghi"}, {Stream::kStdout, "jklmnop"}, {Stream::kStdout, "q"}};
+  for (const auto& [stream, text] : chunks) {
+    // The agent reserves what the pipe holds (FIONREAD) and reads that.
+    std::span<char> room = direct.ReserveOutput(stream, text.size());
+    ASSERT_EQ(room.size(), text.size());
+    text.copy(room.data(), text.size());
+    EXPECT_EQ(direct.CommitOutput(stream, text.size()), copied.AppendOutput(stream, text));
+  }
+  ASSERT_EQ(direct.next_id(), copied.next_id());
+  for (uint64_t id = 1; id < direct.next_id(); ++id) {
+    EXPECT_EQ(direct.Get(id)->data(), copied.Get(id)->data()) << id;
+    EXPECT_EQ(direct.Get(id)->offset, copied.Get(id)->offset) << id;
+    EXPECT_EQ(direct.Get(id)->stream, copied.Get(id)->stream) << id;
+  }
+  EXPECT_EQ(direct.total_bytes(Stream::kStdout), copied.total_bytes(Stream::kStdout));
+  EXPECT_EQ(direct.retained_bytes(Stream::kStderr), copied.retained_bytes(Stream::kStderr));
+}
+
+TEST(EventLogReserve, NothingReadOrTooMuchClaimedAddsNothing) {
+  EventLog log(1 << 20, /*merge_up_to=*/1 << 10);
+  ASSERT_FALSE(log.ReserveOutput(Stream::kStdout, 8).empty());
+  EXPECT_EQ(log.CommitOutput(Stream::kStdout, 0), 0u);  // EOF: the read returned 0
+  EXPECT_EQ(log.next_id(), 1u);
+  ASSERT_FALSE(log.ReserveOutput(Stream::kStdout, 8).empty());
+  EXPECT_EQ(log.CommitOutput(Stream::kStdout, 9), 0u);  // more than the room
+  EXPECT_EQ(log.CommitOutput(Stream::kStderr, 1), 0u);  // nothing reserved any more
+  EXPECT_EQ(log.next_id(), 1u);
+  ASSERT_FALSE(log.ReserveOutput(Stream::kStdout, 8).empty());
+  EXPECT_EQ(log.CommitOutput(Stream::kStderr, 4), 0u);  // reserved for the other stream
+  EXPECT_EQ(log.total_bytes(Stream::kStdout) + log.total_bytes(Stream::kStderr), 0u);
+  EXPECT_TRUE(log.ReserveOutput(Stream::kStdout, 0).empty());
+}
+
+TEST(EventLogReserve, NoRoomAfterTheExit) {
+  EventLog log(1 << 20, /*merge_up_to=*/1 << 10);
+  std::span<char> room = log.ReserveOutput(Stream::kStdout, 4);
+  ASSERT_EQ(room.size(), 4u);
+  protocol::ExitEvent ev;
+  log.AppendExit(ev);
+  EXPECT_EQ(log.CommitOutput(Stream::kStdout, 4), 0u);
+  EXPECT_TRUE(log.ReserveOutput(Stream::kStdout, 4).empty());
+  EXPECT_EQ(log.next_id(), 2u);
+}
+
+// A connection keeps the bytes of the events it is sending (Agent::Refill): eviction by a
+// faster connection's delivery, or growth of the tail, must not change them under it.
+TEST(EventLogReserve, SharedBytesOutliveEvictionAndAreNeverGrown) {
+  EventLog log(/*budget=*/8, /*merge_up_to=*/1 << 10);
+  EXPECT_EQ(log.AppendOutput(Stream::kStdout, "12345678"), 1u);
+  log.Seal(1);
+  std::shared_ptr<const OutputBytes> held = log.Get(1)->bytes;
+  EXPECT_EQ(log.AppendOutput(Stream::kStdout, "9"), 2u);  // sealed: not merged into 1
+  log.MarkDelivered(1);                                    // over budget: 1 is evicted
+  EXPECT_EQ(log.Get(1), nullptr);
+  EXPECT_EQ(held->view(), "12345678");
 }
 
 }  // namespace

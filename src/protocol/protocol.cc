@@ -253,13 +253,9 @@ std::string EncodeOutput(const OutputEvent& ev) {
   return out;
 }
 
-void AppendOutputFrame(std::string& out, uint64_t event_id, Stream stream, uint64_t offset,
-                       std::string_view data) {
-  const size_t payload = kOutputHeader + data.size();
-  // Geometric growth: `out` collects many frames, and an exact reserve per frame would copy
-  // everything queued before it each time.
-  const size_t need = out.size() + kHeaderSize + payload;
-  if (out.capacity() < need) out.reserve(std::max(need, 2 * out.capacity()));
+void AppendOutputFrameHeader(std::string& out, uint64_t event_id, Stream stream,
+                             uint64_t offset, size_t data_size) {
+  const size_t payload = kOutputHeader + data_size;
   PutU32(out, static_cast<uint32_t>(payload));
   out.push_back(static_cast<char>(kVersion));
   out.push_back(static_cast<char>(FrameType::kOutput));
@@ -267,6 +263,15 @@ void AppendOutputFrame(std::string& out, uint64_t event_id, Stream stream, uint6
   PutU64(out, event_id);
   out.push_back(static_cast<char>(stream));
   PutU64(out, offset);
+}
+
+void AppendOutputFrame(std::string& out, uint64_t event_id, Stream stream, uint64_t offset,
+                       std::string_view data) {
+  // Geometric growth: `out` collects many frames, and an exact reserve per frame would copy
+  // everything queued before it each time.
+  const size_t need = out.size() + kHeaderSize + kOutputHeader + data.size();
+  if (out.capacity() < need) out.reserve(std::max(need, 2 * out.capacity()));
+  AppendOutputFrameHeader(out, event_id, stream, offset, data.size());
   out.append(data);
 }
 

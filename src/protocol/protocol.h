@@ -222,6 +222,10 @@ std::string EncodeOutput(const OutputEvent& ev);
 // Same bytes as EncodeFrame(kOutput, EncodeOutput(...)).
 void AppendOutputFrame(std::string& out, uint64_t event_id, Stream stream, uint64_t offset,
                        std::string_view data);
+// The same frame without its data: what goes on the wire before `data_size` bytes of output
+// that the caller sends from where they are (the agent's large events, by sendmsg).
+void AppendOutputFrameHeader(std::string& out, uint64_t event_id, Stream stream,
+                             uint64_t offset, size_t data_size);
 absl::StatusOr<OutputEvent> DecodeOutput(std::string_view payload);
 // DecodeOutput without copying the data: `data` points into `payload`.
 struct OutputEventView {

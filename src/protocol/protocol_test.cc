@@ -294,6 +294,16 @@ TEST(Output, AppendOutputFrameMatchesEncodeFrame) {
   EXPECT_EQ(v->data.data(), (*f)->payload.data() + 17);  // a view, not a copy
 }
 
+TEST(Output, HeaderThenDataIsTheWholeFrame) {
+  const std::string data(70000, 'z');  // beyond 16 bits of length
+  std::string split = "p";
+  AppendOutputFrameHeader(split, 42, Stream::kStdout, 1u << 20, data.size());
+  split += data;
+  std::string whole = "p";
+  AppendOutputFrame(whole, 42, Stream::kStdout, 1u << 20, data);
+  EXPECT_EQ(split, whole);
+}
+
 TEST(Output, ViewRejectsWhatDecodeRejects) {
   EXPECT_FALSE(DecodeOutputView(std::string(16, '\0')).ok());
   std::string p = EncodeOutput({1, Stream::kStdout, 0, "x"});
