@@ -184,8 +184,11 @@ struct Collected {
 // Reads the stream after an attach response until kExit and the agent's close. Checks on the
 // way that ids increase by one and that offsets are contiguous per stream, except across a
 // kResync, after which ids and offsets restart where the resync says.
-Collected ReadStream(AgentConnection& c, size_t max_events = SIZE_MAX, bool from_start = true) {
+// `after_frame` (given the number of frames read) lets a test be a slow reader.
+Collected ReadStream(AgentConnection& c, size_t max_events = SIZE_MAX, bool from_start = true,
+                     const std::function<void(size_t)>& after_frame = {}) {
   Collected r;
+  size_t frames = 0;
   std::optional<uint64_t> next_offset[3];
   if (from_start) next_offset[1] = next_offset[2] = 0;
   std::optional<uint64_t> next_id;
@@ -195,6 +198,7 @@ Collected ReadStream(AgentConnection& c, size_t max_events = SIZE_MAX, bool from
       r.error = std::string(f.status().message());
       return r;
     }
+    if (after_frame) after_frame(++frames);
     switch (f->type) {
       case FrameType::kResync: {
         auto ev = protocol::DecodeResync(f->payload);
@@ -843,6 +847,34 @@ TEST(Agent, TwoConnectionsOnOneSessionEachGetEverything) {
   EXPECT_EQ(ra.out, rb.out);
   EXPECT_EQ(ra.ids, rb.ids);
   EXPECT_TRUE(ra.exit.has_value());
+}
+
+// Large events leave the agent from the log's own buffer (Connection::spliced), shared by
+// every connection that has them in flight. A reader that takes its frames in small gulps has
+// partial sends in the middle of such buffers while the other reader's delivery evicts their
+// events: both must still get every byte they are told about, where the offsets say.
+TEST(Agent, TwoReadersOfLargeEventsEachGetExactBytes) {
+  AgentProcess agent({"--buffer-bytes", "1048576"});
+  const std::string file = RandomBytes(6u << 20, 11);
+  std::string path = WriteFile(agent.dir() / "big.bin", file);
+  AgentConnection a = agent.Connect();
+  AgentConnection b = agent.Connect();
+  ASSERT_TRUE(a.Call(AttachReq("s", 0, Spec({"sh", "-c", "sleep 0.1; cat \"$0\"", path}))).ok());
+  ASSERT_TRUE(b.Call(AttachReq("s", 0)).ok());
+  Collected ra, rb;
+  std::thread ta([&] { ra = ReadStream(a); });
+  std::thread tb([&] {
+    // Slower: a pause every few frames keeps the agent's sends to it partial.
+    rb = ReadStream(b, SIZE_MAX, true, [](size_t frames) {
+      if (frames % 8 == 0) std::this_thread::sleep_for(1ms);
+    });
+  });
+  ta.join();
+  tb.join();
+  ASSERT_TRUE(ra.exit.has_value()) << ra.error;
+  ASSERT_TRUE(rb.exit.has_value()) << rb.error;
+  ExpectStdoutMatches(ra, file);
+  ExpectStdoutMatches(rb, file);
 }
 
 TEST(Agent, OrphansAreReaped) {

@@ -35,6 +35,9 @@ inline constexpr size_t kReadChunk = 64 * 1024;  // one pipe read (a pipe holds 
 // load grows. An SSE data line carries 4/3 of it in base64.
 inline constexpr size_t kMaxEventBytes = 256 * 1024;
 inline constexpr size_t kOutBufferTarget = 256 * 1024;  // frames queued per connection at a time
+// Output events at least this large are sent from the log's buffer (Connection::spliced);
+// smaller ones are copied next to their frame header, which costs less than an iovec.
+inline constexpr size_t kSpliceFrom = 4096;
 inline constexpr int kReadsPerWakeup = 16;              // fairness between pipes and sockets
 // What each output pipe is grown to when first watched: a writer then blocks (and the agent
 // wakes) once per 1 MiB instead of once per 64 KiB. Best effort: an unprivileged agent past
@@ -113,9 +116,20 @@ struct Connection {
   bool want_out = false;  // EPOLLOUT registered
   protocol::FrameDecoder decoder;
   int frames_seen = 0;  // hello, then request; anything later is ignored for now
+  // What is queued to send, in order: frames built here (`out`), and after `out`'s first `at`
+  // bytes each large output event's bytes, sent from the log's own buffer (Agent::Pump, one
+  // sendmsg for all) instead of copied in: shared, so that eviction cannot free them midway.
   std::string out;
-  size_t out_off = 0;
-  uint64_t out_last_id = 0;  // highest event id in `out`
+  struct Spliced {
+    size_t at;
+    std::shared_ptr<const OutputBytes> bytes;
+  };
+  std::vector<Spliced> spliced;
+  size_t out_off = 0;       // bytes of `out` sent
+  size_t spliced_next = 0;  // the first of `spliced` not wholly sent
+  size_t spliced_off = 0;   // ... and how much of it was
+  uint64_t out_last_id = 0;  // highest event id queued
+  bool AllSent() const { return out_off == out.size() && spliced_next == spliced.size(); }
   bool close_after_flush = false;
   Session* session = nullptr;  // set while streaming an attach
   uint64_t cursor = 0;         // next event id to queue

@@ -3,11 +3,15 @@
 // non-blocking; what every connection has taken frees room and resumes the pipes.
 #include <fcntl.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <span>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -50,8 +54,9 @@ void Agent::ResumePipes(Session& s) {
       if (!s.pipe_grown[idx]) {
         s.pipe_grown[idx] = true;
         // A pty's buffer is the line discipline's (a few KiB): never moderated.
+        const int fd = s.pipe_fd[idx].get();
         s.pipe_large[idx] =
-            !s.tty && ::fcntl(s.pipe_fd[idx].get(), F_SETPIPE_SZ, kOutputPipeBytes) >= kOutputPipeBytes;
+            !s.tty && ::fcntl(fd, F_SETPIPE_SZ, kOutputPipeBytes) >= kOutputPipeBytes;
       }
       Watch w{Kind::kPipe};
       w.session = &s;
@@ -64,12 +69,38 @@ void Agent::ResumePipes(Session& s) {
 size_t Agent::ReadPipe(Session& s, int idx) {
   const Stream stream = idx == 0 ? Stream::kStdout : Stream::kStderr;
   size_t got = 0;
+  // What the pipe holds (FIONREAD) is read straight into the log, in events sized to fit (a
+  // small write must not hold a large buffer), and once it is read the wake-up is over: the
+  // watch is level-triggered, so what came meanwhile wakes the loop again, and no read is
+  // spent on EAGAIN. An empty pipe (EOF, or bytes that came after the count) and a pty take
+  // the copying read.
+  size_t held = 0;
+  bool counted = s.tty;
   for (int i = 0; i < kReadsPerWakeup && s.pipe_fd[idx]; ++i) {
     if (!s.log.CanRead(stream)) {
       PausePipe(s, idx);
       break;
     }
-    ssize_t n = ::read(s.pipe_fd[idx].get(), read_buf_, sizeof(read_buf_));
+    const int fd = s.pipe_fd[idx].get();
+    if (!counted) {
+      int n = 0;
+      if (::ioctl(fd, FIONREAD, &n) == 0 && n > 0) held = static_cast<size_t>(n);
+      counted = true;
+    }
+    if (held > 0) {
+      std::span<char> room = s.log.ReserveOutput(stream, std::min(held, kMaxEventBytes));
+      ssize_t n = ::read(fd, room.data(), room.size());
+      if (n > 0) {
+        s.log.CommitOutput(stream, static_cast<size_t>(n));
+        got += static_cast<size_t>(n);
+        held -= std::min(held, static_cast<size_t>(n));
+        if (held == 0) break;
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      held = 0;  // the copying read below says what happened
+    }
+    ssize_t n = ::read(fd, read_buf_, sizeof(read_buf_));
     if (n > 0) {
       s.log.AppendOutput(stream, std::string_view(read_buf_, static_cast<size_t>(n)));
       got += static_cast<size_t>(n);
@@ -132,30 +163,95 @@ void Agent::Refill(Connection& c) {
     if (resync) c.out += EncodeFrame(FrameType::kResync, protocol::EncodeResync(*resync));
     c.cursor = log.oldest_id();
   }
-  while (c.out.size() - c.out_off < kOutBufferTarget) {
+  size_t queued = c.out.size() - c.out_off;
+  for (size_t i = c.spliced_next; i < c.spliced.size(); ++i) queued += c.spliced[i].bytes->size();
+  queued -= c.spliced_off;
+  while (queued < kOutBufferTarget) {
     const LogEvent* e = log.Get(c.cursor);
     if (!e) break;
     log.Seal(e->id);  // from now on its bytes are what every attach replays
+    const size_t before = c.out.size();
     if (e->is_exit) {
       c.out += EncodeFrame(FrameType::kExit, protocol::EncodeExit(e->exit));
       c.exit_queued = true;
+    } else if (e->data().size() < kSpliceFrom) {
+      protocol::AppendOutputFrame(c.out, e->id, e->stream, e->offset, e->data());
     } else {
-      protocol::AppendOutputFrame(c.out, e->id, e->stream, e->offset, e->data);
+      protocol::AppendOutputFrameHeader(c.out, e->id, e->stream, e->offset, e->data().size());
+      c.spliced.push_back(Connection::Spliced{c.out.size(), e->bytes});
+      queued += e->data().size();
     }
+    queued += c.out.size() - before;
     c.out_last_id = e->id;
     ++c.cursor;
     if (c.exit_queued) break;
   }
 }
 
+namespace {
+
+// Up to `max` iovecs for what `c` has queued and not sent, in order; returns how many.
+int GatherUnsent(const Connection& c, iovec* iov, int max) {
+  int k = 0;
+  size_t text = c.out_off;
+  size_t next = c.spliced_next;
+  size_t skip = c.spliced_off;
+  while (k < max) {
+    const size_t text_end = next < c.spliced.size() ? c.spliced[next].at : c.out.size();
+    if (text < text_end) {
+      iov[k++] = {const_cast<char*>(c.out.data()) + text, text_end - text};
+      text = text_end;
+      continue;
+    }
+    if (next == c.spliced.size()) break;
+    const std::string_view bytes = c.spliced[next].bytes->view();
+    iov[k++] = {const_cast<char*>(bytes.data()) + skip, bytes.size() - skip};
+    skip = 0;
+    ++next;
+  }
+  return k;
+}
+
+// Marks `n` more bytes of what GatherUnsent listed as sent.
+void AdvanceSent(Connection& c, size_t n) {
+  while (n > 0) {
+    const size_t text_end =
+        c.spliced_next < c.spliced.size() ? c.spliced[c.spliced_next].at : c.out.size();
+    if (c.out_off < text_end) {
+      const size_t take = std::min(n, text_end - c.out_off);
+      c.out_off += take;
+      n -= take;
+      continue;
+    }
+    if (c.spliced_next == c.spliced.size()) break;  // more than was queued: not from sendmsg
+    const size_t left = c.spliced[c.spliced_next].bytes->size() - c.spliced_off;
+    const size_t take = std::min(n, left);
+    c.spliced_off += take;
+    n -= take;
+    if (take == left) {
+      ++c.spliced_next;
+      c.spliced_off = 0;
+    }
+  }
+}
+
+}  // namespace
+
 void Agent::Pump(Connection& c) {
   const uint64_t id = c.id;
+  // Refill queues up to kOutBufferTarget in frames of at least kSpliceFrom bytes of output
+  // or of a header: well under this many pieces, or they go in the next sendmsg.
+  constexpr int kMaxIov = 128;
+  iovec iov[kMaxIov];
   for (;;) {
-    if (c.out_off == c.out.size()) {
+    if (c.AllSent()) {
       c.out.clear();
       c.out_off = 0;
+      c.spliced.clear();  // lets go of the log's bytes
+      c.spliced_next = 0;
+      c.spliced_off = 0;
       Refill(c);
-      if (c.out.empty()) {
+      if (c.AllSent()) {
         const bool done =
             c.close_after_flush || c.exit_queued ||
             (c.session && c.session->log.has_exit() && c.cursor > c.session->log.exit_id());
@@ -167,8 +263,10 @@ void Agent::Pump(Connection& c) {
         return;
       }
     }
-    ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_off, c.out.size() - c.out_off,
-                       MSG_NOSIGNAL | MSG_DONTWAIT);
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(GatherUnsent(c, iov, kMaxIov));
+    ssize_t n = ::sendmsg(c.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -178,8 +276,8 @@ void Agent::Pump(Connection& c) {
       CloseConn(id);  // EPIPE/ECONNRESET: the client is gone
       return;
     }
-    c.out_off += static_cast<size_t>(n);
-    if (c.out_off == c.out.size() && c.out_last_id != 0 && c.session) {
+    AdvanceSent(c, static_cast<size_t>(n));
+    if (c.AllSent() && c.out_last_id != 0 && c.session) {
       Session& s = *c.session;
       s.log.MarkDelivered(c.out_last_id);
       c.out_last_id = 0;
