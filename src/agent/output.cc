@@ -163,9 +163,8 @@ void Agent::Refill(Connection& c) {
     if (resync) c.out += EncodeFrame(FrameType::kResync, protocol::EncodeResync(*resync));
     c.cursor = log.oldest_id();
   }
+  // Pump refills only what it has wholly sent and cleared: nothing is spliced yet.
   size_t queued = c.out.size() - c.out_off;
-  for (size_t i = c.spliced_next; i < c.spliced.size(); ++i) queued += c.spliced[i].bytes->size();
-  queued -= c.spliced_off;
   while (queued < kOutBufferTarget) {
     const LogEvent* e = log.Get(c.cursor);
     if (!e) break;
