@@ -42,13 +42,17 @@ std::optional<ChunkFields> ScanChunkEvent(std::string_view data) {
   constexpr std::string_view kOffset = "\"offset\":";
   ChunkFields f;
   size_t d = data.find(kData);
-  size_t o = data.find(kOffset);
-  if (d == std::string_view::npos || o == std::string_view::npos) return std::nullopt;
+  if (d == std::string_view::npos) return std::nullopt;
   size_t q = data.find_first_not_of(' ', d + kData.size());
   if (q == std::string_view::npos || data[q] != '"') return std::nullopt;
   size_t end = data.find('"', q + 1);  // base64 never contains a quote or a backslash
   if (end == std::string_view::npos) return std::nullopt;
   f.data_b64 = data.substr(q + 1, end - q - 1);
+  // sbxd writes the offset after the bytes: looked for there first, so the base64 (hundreds
+  // of KiB) is scanned once.
+  size_t o = data.find(kOffset, end + 1);
+  if (o == std::string_view::npos) o = data.substr(0, d).find(kOffset);
+  if (o == std::string_view::npos) return std::nullopt;
   size_t i = data.find_first_not_of(' ', o + kOffset.size());
   if (i == std::string_view::npos || data[i] < '0' || data[i] > '9') return std::nullopt;
   for (; i < data.size() && data[i] >= '0' && data[i] <= '9'; ++i) {

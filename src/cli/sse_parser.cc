@@ -5,10 +5,13 @@
 
 #include <fmt/format.h>
 
+#include "common/byte_scan.h"
+
 namespace sbx::cli {
 namespace {
 
 constexpr std::string_view kBom = "\xEF\xBB\xBF";
+constexpr std::string_view kDataField = "data:";
 
 }  // namespace
 
@@ -92,45 +95,60 @@ absl::Status SseParser::Feed(std::string_view bytes,
     }
   }
   size_t start = 0;
-  // Jump from line end to line end with memchr (data lines run to hundreds of KiB); the next
-  // CR and LF positions are each searched once and reused until passed.
+  // Jump from line end to line end (data lines run to hundreds of KiB): one scan for CR or LF,
+  // reused until passed.
   const size_t n = bytes.size();
-  auto find = [&](char ch, size_t from) -> size_t {
-    if (from >= n) return n;
-    const void* p = std::memchr(bytes.data() + from, ch, n - from);
-    return p == nullptr ? n : static_cast<size_t>(static_cast<const char*>(p) - bytes.data());
-  };
-  size_t next_lf = find('\n', 0);
-  size_t next_cr = find('\r', 0);
-  for (;;) {
-    const size_t i = std::min(next_lf, next_cr);
-    if (i >= n) break;
+  size_t next = FindEitherByte(bytes, '\r', '\n');
+  while (next < n) {
+    const size_t i = next;
     const char c = bytes[i];
-    if (i == next_lf) next_lf = find('\n', i + 1);
-    if (i == next_cr) next_cr = find('\r', i + 1);
+    next = FindEitherByte(bytes, '\r', '\n', i + 1);
     if (i > start) after_cr_ = false;  // ordinary characters came before this line end
-    if (c == '\n' && after_cr_ && i == start && line_.empty()) {
+    if (c == '\n' && after_cr_ && i == start && line_.empty() && !in_data_line_) {
       // Second half of a CRLF whose CR ended the previous line.
       after_cr_ = false;
       start = i + 1;
       continue;
     }
     after_cr_ = (c == '\r');
-    if (line_.empty()) {
+    if (in_data_line_) {
+      // The rest of a data line whose value went straight into data_ (see below).
+      data_.append(bytes.substr(start, i - start));
+      data_.push_back('\n');
+      in_data_line_ = false;
+    } else if (line_.empty()) {
       ProcessLine(bytes.substr(start, i - start), on_event);
     } else {
-      // line_ keeps its capacity: the next long line (the next event's data) fits without a
-      // reallocation.
+      // line_ keeps its capacity: the next long line fits without a reallocation.
       line_.append(bytes.substr(start, i - start));
       ProcessLine(line_, on_event);
       line_.clear();
     }
     start = i + 1;
   }
-  if (start < bytes.size()) {
-    line_.append(bytes.substr(start));
+  if (start < n) {
+    const std::string_view tail = bytes.substr(start);
     after_cr_ = false;
-    if (line_.size() > max_line_bytes_) {
+    if (in_data_line_) {
+      data_.append(tail);
+      line_bytes_ += tail.size();
+    } else if (line_.empty() && tail.size() > kDataField.size() &&
+               tail.substr(0, kDataField.size()) == kDataField) {
+      // A data line that goes on in the next read (an output event's, hundreds of KiB) is
+      // appended to data_ as it comes instead of gathered in line_ and copied from there. Only
+      // once the byte after "data:" is here: it decides whether a space is dropped.
+      std::string_view value = tail.substr(kDataField.size());
+      if (value.front() == ' ') value.remove_prefix(1);
+      data_.append(value);
+      event_started_ = true;
+      has_data_ = true;
+      in_data_line_ = true;
+      line_bytes_ = tail.size();
+    } else {
+      line_.append(tail);
+      line_bytes_ = line_.size();
+    }
+    if (line_bytes_ > max_line_bytes_) {
       return absl::ResourceExhaustedError(
           fmt::format("event stream: a line exceeds {} bytes", max_line_bytes_));
     }

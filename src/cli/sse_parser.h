@@ -78,7 +78,7 @@ class SseParser {
 
   // True when some field of an event was seen but its terminating blank line was not: the
   // stream ended in the middle of an event (which is then discarded, as the spec requires).
-  bool HasPartialEvent() const { return !line_.empty() || event_started_; }
+  bool HasPartialEvent() const { return !line_.empty() || in_data_line_ || event_started_; }
 
   // Number of comment lines seen (the server's ": keepalive").
   uint64_t comments() const { return comments_; }
@@ -91,6 +91,9 @@ class SseParser {
 
   size_t max_line_bytes_;
   std::string line_;         // bytes of the current, unterminated line
+  // The current, unterminated line is a data line whose value is appended to data_ directly.
+  bool in_data_line_ = false;
+  size_t line_bytes_ = 0;    // length of the current, unterminated line (line_ or in data_)
   bool after_cr_ = false;    // the previous byte was a CR: a following LF belongs to it
   bool bom_checked_ = false;
   bool event_started_ = false;

@@ -182,6 +182,59 @@ TEST(SseParser, LargeDataAcrossManyChunks) {
   EXPECT_EQ(got[0].data, payload);
 }
 
+// A data line cut by a read goes straight into the event's data (not through the line
+// buffer): the result must not depend on where the cut falls, around the field name above all
+// ("data" then ":" then the optional space), nor take a field that only starts with "data".
+TEST(SseParser, DataLinesCutAnywhereGiveTheSameEvents) {
+  const std::string long_value(300, 'v');
+  const std::string in = "data:x\n"
+                         "data:  two spaces, one dropped\r\n"
+                         "datax: not data\n"
+                         "data\n"
+                         "data:\n"
+                         "data: " + long_value + "\r\n\r\n"
+                         "id: 3\ndata: " + long_value + "\n\n"
+                         "data:" + long_value + "\r\r";
+  SseParser whole;
+  std::vector<SseEvent> expected;
+  ASSERT_TRUE(whole.Feed(in, &expected).ok());
+  ASSERT_EQ(expected.size(), 3u);
+  EXPECT_EQ(expected[0].data, "x\n two spaces, one dropped\n\n\n" + long_value);
+  EXPECT_THAT(expected[1], FieldsAre("3", "message", long_value));
+  EXPECT_THAT(expected[2], FieldsAre("3", "message", long_value));
+  for (size_t a = 0; a <= in.size(); ++a) {
+    for (size_t b = a; b <= in.size(); b += 5) {
+      SseParser p;
+      auto got = FeedInPieces(in, {a, b}, &p);
+      ASSERT_EQ(got.size(), expected.size()) << "cuts " << a << "," << b;
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_THAT(got[i], FieldsAre(expected[i].id, expected[i].type, expected[i].data))
+            << "cuts " << a << "," << b;
+      }
+      EXPECT_FALSE(p.HasPartialEvent());
+    }
+  }
+}
+
+TEST(SseParser, StreamEndingInsideADataLineIsPartial) {
+  SseParser p;
+  std::vector<SseEvent> out;
+  ASSERT_TRUE(p.Feed("data: first\n\ndata: abcdefgh", &out).ok());
+  ASSERT_TRUE(p.Feed("ijk", &out).ok());
+  EXPECT_THAT(out, ElementsAre(FieldsAre("", "message", "first")));
+  EXPECT_TRUE(p.HasPartialEvent());
+}
+
+TEST(SseParser, OverlongLineOfAnyFieldIsAnErrorAcrossReads) {
+  for (std::string_view field : {"data: ", "data:", "event: ", "id: ", "dat"}) {
+    SseParser p(16);
+    std::vector<SseEvent> out;
+    std::string first = std::string(field) + std::string(16 - field.size(), 'a');
+    EXPECT_TRUE(p.Feed(first, &out).ok()) << field;
+    EXPECT_FALSE(p.Feed("b", &out).ok()) << field;
+  }
+}
+
 // The callback form hands out one event object whose buffers are reused: a long event then
 // short ones must not leak bytes, a type or an id from the event before.
 TEST(SseParser, CallbackEventsReuseBuffersWithoutLeakingTheLastEvent) {

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/byte_scan.h"
+
 namespace sbx {
 namespace {
 constexpr char kStd[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -30,14 +32,8 @@ constexpr PairTable kUrlPairs = MakePairTable(kUrl);
 // AVX2 (the SIMD scheme of Wojciech Mula and Daniel Lemire, "Faster Base64 Encoding and
 // Decoding using AVX2 Instructions", 2018): 24 input bytes -> 32 characters per step, ~4x the
 // pair table's speed; the attach stream's SSE form base64s every output byte, and the CPU it
-// costs competes with the agent and the client on a small host. Checked once at run time.
-bool HaveAvx2() {
-  static const bool have = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") != 0;
-  }();
-  return have;
-}
+// costs competes with the agent and the client on a small host. Checked once at run time
+// (HaveAvx2, common/byte_scan.h).
 
 // Encodes 24-byte groups of `p` while 28 bytes can be read (the second 16-byte load starts at
 // +12); returns the bytes consumed, a multiple of 3. Only for the standard alphabet.
