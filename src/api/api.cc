@@ -288,7 +288,7 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
   // and `batch` (the SSE text, or the binary form's headers) keeps its capacity from batch to
   // batch: a busy stream allocates nothing per batch, and the binary form copies no output.
   std::vector<service::AttachFrame> frames;
-  std::string batch;
+  ByteBuffer batch;
   AttachPieces pieces;
   std::vector<http::asio::const_buffer> buffers;
   for (;;) {
@@ -342,7 +342,7 @@ Awaitable Api::Attach(http::RequestContext& ctx, const service::Caller& caller,
 }
 
 bool Api::AppendAttachEvent(http::RequestContext& ctx, const std::string& session_id,
-                            const service::AttachFrame& f, bool binary, std::string& batch,
+                            const service::AttachFrame& f, bool binary, ByteBuffer& batch,
                             AttachPieces& pieces, AttachBatch& counts) {
   auto ev = f.Decode();
   if (!ev.ok()) return false;  // a frame that does not decode ends the stream, unsent
@@ -381,7 +381,7 @@ bool Api::AppendAttachEvent(http::RequestContext& ctx, const std::string& sessio
       if (binary) {
         control(BinaryKind::kResyncRequired, 0, data.dump());
       } else {
-        batch += SseEvent(0, "resync_required", data.dump());
+        batch.append(SseEvent(0, "resync_required", data.dump()));
       }
       return true;
     }
@@ -390,7 +390,7 @@ bool Api::AppendAttachEvent(http::RequestContext& ctx, const std::string& sessio
       if (binary) {
         control(BinaryKind::kProcessExited, ev->exit.event_id, ExitJson(ev->exit).dump());
       } else {
-        batch += SseEvent(ev->exit.event_id, "process_exited", ExitJson(ev->exit).dump());
+        batch.append(SseEvent(ev->exit.event_id, "process_exited", ExitJson(ev->exit).dump()));
       }
       return false;  // the exit event ends the stream
     case service::AttachEvent::Kind::kOther:

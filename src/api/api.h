@@ -14,6 +14,7 @@
 #include "api/upstream_pool.h"
 #include "api/requests.h"
 #include "api/target.h"
+#include "common/byte_buffer.h"
 #include "common/metrics.h"
 #include "http/server.h"
 #include "service/agent_client.h"
@@ -110,7 +111,7 @@ class Api {
   // `batch`; false when the stream ends with it (the exit event, which is appended and
   // recorded, or a frame that does not decode, which is not).
   bool AppendAttachEvent(http::RequestContext& ctx, const std::string& session_id,
-                         const service::AttachFrame& f, bool binary, std::string& batch,
+                         const service::AttachFrame& f, bool binary, ByteBuffer& batch,
                          AttachPieces& pieces, AttachBatch& counts);
   // The SSE error of an attach whose agent stream broke before the exit event: how the agent
   // ended when it died (sandbox_failed), else agent_unavailable or sandbox_not_running.

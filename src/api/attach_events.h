@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/byte_buffer.h"
 #include "service/agent_types.h"
 
 namespace sbx::api {
@@ -15,8 +16,9 @@ namespace sbx::api {
 // Appends "id: <id>\nevent: stdout|stderr\ndata: {"data_b64":"<base64>","offset":<offset>}\n\n"
 // to `out`: byte for byte what SseEvent() with nlohmann's compact dump of that object gives,
 // built in place (base64 never needs JSON escaping), so that several events can share one
-// buffer and one write. `id` 0 means no id line, as in SseEvent().
-void AppendSseOutputEvent(std::string& out, uint64_t id, service::OutputStream stream,
+// buffer and one write. A ByteBuffer: the base64 is written into room that was not zeroed
+// first. `id` 0 means no id line, as in SseEvent().
+void AppendSseOutputEvent(ByteBuffer& out, uint64_t id, service::OutputStream stream,
                           uint64_t offset, std::string_view data);
 // An upper bound of what AppendSseOutputEvent appends for `data_bytes` bytes of output.
 inline size_t SseOutputEventSizeBound(size_t data_bytes) {
@@ -42,10 +44,10 @@ enum class BinaryKind : uint8_t {
   kProcessExited = 5,
 };
 inline constexpr size_t kBinaryHeaderBytes = 24;
-void AppendBinaryHeader(std::string& out, BinaryKind kind, uint64_t id, uint64_t offset,
+void AppendBinaryHeader(ByteBuffer& out, BinaryKind kind, uint64_t id, uint64_t offset,
                         uint32_t length);
 // Header and payload.
-void AppendBinaryEvent(std::string& out, BinaryKind kind, uint64_t id, uint64_t offset,
+void AppendBinaryEvent(ByteBuffer& out, BinaryKind kind, uint64_t id, uint64_t offset,
                        std::string_view payload);
 std::string BinaryEvent(BinaryKind kind, uint64_t id, uint64_t offset, std::string_view payload);
 

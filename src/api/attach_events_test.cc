@@ -49,10 +49,11 @@ TEST(SseOutputEvent, MatchesTheJsonBuiltEventForAnyBytes) {
 }
 
 TEST(SseOutputEvent, AppendsToWhatIsThere) {
-  std::string out = ": keepalive\n\n";
+  ByteBuffer out;
+  out.append(": keepalive\n\n");
   AppendSseOutputEvent(out, 1, Stream::kStdout, 0, "a");
   AppendSseOutputEvent(out, 2, Stream::kStderr, 0, "bc");
-  EXPECT_EQ(out, ": keepalive\n\n" + Reference(1, Stream::kStdout, 0, "a") +
+  EXPECT_EQ(out.view(), ": keepalive\n\n" + Reference(1, Stream::kStdout, 0, "a") +
                      Reference(2, Stream::kStderr, 0, "bc"));
 }
 
@@ -84,7 +85,7 @@ TEST(BinaryEvent, KindsAreTheDocumentedNumbers) {
 // the next header right after the payload, and the offset and id come back as given.
 TEST(BinaryEvent, AppendedEventsParseBack) {
   std::mt19937_64 rng(11);
-  std::string out;
+  ByteBuffer buf;
   struct Sent {
     uint64_t id, offset;
     std::string data;
@@ -93,9 +94,10 @@ TEST(BinaryEvent, AppendedEventsParseBack) {
   for (size_t n : {0, 1, 2, 4095, 4096, 65536, 262144}) {
     Sent s{rng(), rng(), std::string(n, '\0')};
     for (char& c : s.data) c = static_cast<char>(rng());
-    AppendBinaryEvent(out, BinaryKind::kStdout, s.id, s.offset, s.data);
+    AppendBinaryEvent(buf, BinaryKind::kStdout, s.id, s.offset, s.data);
     sent.push_back(std::move(s));
   }
+  const std::string_view out = buf.view();
   auto be = [&](size_t at, int bytes) {
     uint64_t v = 0;
     for (int i = 0; i < bytes; ++i) v = (v << 8) | static_cast<uint8_t>(out[at + i]);

@@ -66,13 +66,16 @@ __attribute__((target("avx2"))) size_t EncodeAvx2(const uint8_t* p, size_t n, ch
   return i;
 }
 
-void EncodeAppend(std::string_view in, const char* alphabet, const PairTable& pairs, bool pad,
-                  std::string& out) {
+size_t EncodedSize(size_t n, bool pad) {
+  const size_t rest = n % 3;
+  return n / 3 * 4 + (rest == 0 ? 0 : pad ? 4 : rest + 1);
+}
+
+// Writes exactly EncodedSize(in.size(), pad) characters at `o`.
+void EncodeTo(std::string_view in, const char* alphabet, const PairTable& pairs, bool pad,
+              char* o) {
   const size_t full = in.size() / 3 * 3;
   const size_t rest = in.size() - full;
-  const size_t old_size = out.size();
-  out.resize(old_size + full / 3 * 4 + (rest == 0 ? 0 : pad ? 4 : rest + 1));
-  char* o = out.data() + old_size;
   const auto* p = reinterpret_cast<const uint8_t*>(in.data());
   size_t start = 0;
   if (alphabet == kStd && full >= 28 && HaveAvx2()) {
@@ -95,6 +98,13 @@ void EncodeAppend(std::string_view in, const char* alphabet, const PairTable& pa
       if (rest == 1) *o++ = '=';
     }
   }
+}
+
+void EncodeAppend(std::string_view in, const char* alphabet, const PairTable& pairs, bool pad,
+                  std::string& out) {
+  const size_t old_size = out.size();
+  out.resize(old_size + EncodedSize(in.size(), pad));
+  EncodeTo(in, alphabet, pairs, pad, out.data() + old_size);
 }
 
 // Four tables, one per position in a 4-character group, holding the 6-bit value already
@@ -211,6 +221,10 @@ std::string Base64Encode(std::string_view in) {
 }
 void Base64EncodeAppend(std::string_view in, std::string& out) {
   EncodeAppend(in, kStd, kStdPairs, /*pad=*/true, out);
+}
+size_t Base64EncodedSize(size_t n) { return EncodedSize(n, /*pad=*/true); }
+void Base64EncodeTo(std::string_view in, char* out) {
+  EncodeTo(in, kStd, kStdPairs, /*pad=*/true, out);
 }
 std::optional<std::string> Base64Decode(std::string_view in) { return Decode(in, kStdRev); }
 bool Base64DecodeTo(std::string_view in, std::string& out) { return DecodeTo(in, kStdRev, out); }

@@ -12,6 +12,10 @@ std::string Base64Encode(std::string_view in);
 // Appends the standard, padded base64 of `in` to `out`: the attach stream's hot path, which
 // builds a whole SSE event in one buffer.
 void Base64EncodeAppend(std::string_view in, std::string& out);
+// The same into memory the caller provides, exactly Base64EncodedSize(in.size()) bytes at
+// `out`: for a buffer that does not zero what it grows into (common/byte_buffer.h).
+size_t Base64EncodedSize(size_t n);
+void Base64EncodeTo(std::string_view in, char* out);
 // Padding is optional: trailing '=' are ignored.
 std::optional<std::string> Base64Decode(std::string_view in);
 // Decodes standard base64 into `out` (replacing its contents, reusing its capacity): the hot

@@ -93,6 +93,20 @@ TEST(Base64, EncodeAppendAndUrlVariant) {
   EXPECT_EQ(Base64Decode(Base64Encode(all)).value(), all);
 }
 
+// Into caller memory: exactly Base64EncodedSize bytes, the same as Base64Encode, and not one
+// byte past them (the bytes after are left as they were).
+TEST(Base64, EncodeToWritesExactlyItsSize) {
+  std::string in;
+  for (size_t n = 0; n < 200; ++n) {
+    const std::string want = Base64Encode(in);
+    ASSERT_EQ(Base64EncodedSize(n), want.size()) << n;
+    std::string room(want.size() + 8, '#');
+    Base64EncodeTo(in, room.data());
+    EXPECT_EQ(room, want + "########") << n;
+    in.push_back(static_cast<char>(n * 37 + 11));
+  }
+}
+
 // The decoder sbx-agent had of its own before it linked this file: Base64DecodePadded must
 // accept and reject exactly what it did, since that is what a client's stdin met.
 std::optional<std::string> AgentReferenceDecode(std::string_view in) {
