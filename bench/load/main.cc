@@ -2,6 +2,7 @@
 // real client, spawns the peers (bare fork+exec, bwrap, unshare, runc, a pipe) in the same run,
 // and writes every sample, summary, ratio and target to one JSON file (bench/report.py turns
 // it into the plot and the tables).
+#include <algorithm>
 #include <unistd.h>
 
 #include <csignal>
@@ -89,7 +90,7 @@ int main(int argc, char** argv) {
   app.add_option("--sustained-workers", workers, "sustained: workers (8)");
   app.add_option("--sustained-s", sustained_s, "sustained: seconds (60)");
   app.add_option("--attach-bytes", attach_bytes, "attach: bytes of output (1 GiB)");
-  app.add_option("--attach-n", attach_n, "attach: runs (1)");
+  app.add_option("--attach-n", attach_n, "attach: runs (3; 1 with --quick)");
   app.add_option("--density-n", density_n, "density: sandboxes (5000)");
   app.add_option("--density-parallel", density_parallel, "density: creates in flight (4)");
   app.add_option("--pause-n", pause_n, "pause: iterations (50)");
@@ -137,6 +138,7 @@ int main(int argc, char** argv) {
     cfg.concurrent_rounds = 1;
     cfg.sustained_s = 5;
     cfg.attach_bytes = 16ull << 20;
+    cfg.attach_n = 1;
     cfg.density_n = 20;
     cfg.pause_n = 5;
     peer_iterations = 10;
@@ -173,6 +175,7 @@ int main(int argc, char** argv) {
   }
   std::vector<std::string> peers = peers_flag.empty() ? kPeers : SplitList(peers_flag);
   if (peers_flag == "none") peers.clear();
+  cfg.pipe_beside_attach = std::find(peers.begin(), peers.end(), "pipe") != peers.end();
   for (const auto& p : peers) {
     if (std::find(kPeers.begin(), kPeers.end(), p) == kPeers.end()) {
       fmt::print(stderr, "sbx-load: unknown peer \"{}\"\n", p);

@@ -27,6 +27,21 @@ TEST(BuildRatiosTest, DividesP50sAndThroughputs) {
   EXPECT_FALSE(r.contains("create_cold_vs_bwrap"));
 }
 
+// An attach run with the pipe peer beside it is divided by those runs, not by the peer
+// list's; one without them falls back to the peer list's.
+TEST(BuildRatiosTest, AttachPrefersThePipeRunsBesideIt) {
+  nlohmann::json scen = {
+      {"attach", {{"throughput", {{"value", 600.0}, {"unit", "MB/s"}}},
+                  {"extra", {{"pipe_beside_mb_s", 1000.0}}}}},
+      {"attach_binary", {{"throughput", {{"value", 800.0}, {"unit", "MB/s"}}}}}};
+  nlohmann::json peers = {{"pipe", {{"throughput", {{"value", 500.0}, {"unit", "MB/s"}}}}}};
+  nlohmann::json r = BuildRatios(scen, peers);
+  EXPECT_DOUBLE_EQ(r["attach_vs_pipe"]["value"].get<double>(), 0.6);
+  EXPECT_NE(r["attach_vs_pipe"]["denominator"].get<std::string>().find("beside"),
+            std::string::npos);
+  EXPECT_DOUBLE_EQ(r["attach_binary_vs_pipe"]["value"].get<double>(), 1.6);
+}
+
 TEST(BuildRatiosTest, SkippedOrMissingSidesAreLeftOut) {
   nlohmann::json scen = {{"first_output", {{"n", 0}, {"p50_ms", nullptr}}}};
   nlohmann::json peers = {{"bwrap_echo", {{"missing", "bwrap not found"}, {"p50_ms", nullptr}}}};

@@ -12,6 +12,7 @@
 #include "common/status_util.h"
 #include "load/api.h"
 #include "load/http_conn.h"
+#include "load/peers.h"
 #include "load/sysinfo.h"
 
 namespace sbx::load {
@@ -473,10 +474,20 @@ void Attach(const Config& cfg, Results& out, bool binary) {
   const std::vector<std::string> argv = {"head", "-c", std::to_string(cfg.attach_bytes),
                                          "/dev/zero"};
   nlohmann::json rates = nlohmann::json::array();
-  // The timed runs, then one metered run (its rate is not among the samples).
+  std::vector<double> pipe_ms;
+  auto pipe_run = [&] {
+    if (!cfg.pipe_beside_attach) return;
+    Result p = RunPipePeer(cfg.attach_bytes, 1);
+    for (double ms : p.samples_ms) pipe_ms.push_back(ms);
+    for (const auto& m : p.error_messages) r.AddError("pipe peer beside: " + m);
+  };
+  // The timed runs, each after a run of the pipe peer, one more of it after the last, then
+  // one metered run (its rate is not among the samples).
   const int metered = MeteredOps(cfg.sbxd_pid, 1);
   for (int i = 0; i < cfg.attach_n + metered; ++i) {
     const bool timed = i < cfg.attach_n;
+    if (timed) pipe_run();
+    if (i == cfg.attach_n) pipe_run();
     if (!timed) meter.Begin();
     auto a = api.Exec(c->sandbox_id, argv, binary);
     if (!timed) meter.End(a.ok() ? 1 : 0, a.ok() ? static_cast<double>(a->stdout_bytes) : 0);
@@ -498,6 +509,11 @@ void Attach(const Config& cfg, Results& out, bool binary) {
     r.throughput = static_cast<double>(cfg.attach_bytes) / 1e6 / (s->p50 / 1000.0);
     r.throughput_unit = "MB/s";
     r.extra["throughput_basis"] = "bytes / p50 time from the first stdout byte to process_exited";
+  }
+  if (cfg.attach_n > 0 && metered == 0) pipe_run();  // the run after the last timed one
+  if (auto p = Summarize(pipe_ms)) {
+    r.extra["pipe_beside_ms"] = pipe_ms;
+    r.extra["pipe_beside_mb_s"] = Round(static_cast<double>(cfg.attach_bytes) / 1e6 / (p->p50 / 1000.0), 1);
   }
   r.extra["bytes"] = cfg.attach_bytes;
   r.extra["mb_per_s"] = rates;

@@ -37,7 +37,10 @@ struct Config {
   int sustained_workers = 8;
   double sustained_s = 60;
   uint64_t attach_bytes = 1ull << 30;
-  int attach_n = 1;
+  int attach_n = 3;
+  // Runs the pipe peer beside the attach scenarios (one run before each timed attach and one
+  // after the last), so their ratio compares runs minutes apart on a host whose speed drifts.
+  bool pipe_beside_attach = false;
   int density_n = 5000;  // issue 15's goal: 5,000 running on one host
   int density_parallel = 4;  // creates in flight while filling
   int pause_n = 50;
