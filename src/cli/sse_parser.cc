@@ -125,6 +125,7 @@ absl::Status SseParser::Feed(std::string_view bytes,
       line_.clear();
     }
     start = i + 1;
+    if (data_.size() > max_line_bytes_) return DataTooLarge();
   }
   if (start < n) {
     const std::string_view tail = bytes.substr(start);
@@ -152,8 +153,14 @@ absl::Status SseParser::Feed(std::string_view bytes,
       return absl::ResourceExhaustedError(
           fmt::format("event stream: a line exceeds {} bytes", max_line_bytes_));
     }
+    if (data_.size() > max_line_bytes_) return DataTooLarge();
   }
   return absl::OkStatus();
+}
+
+absl::Status SseParser::DataTooLarge() const {
+  return absl::ResourceExhaustedError(
+      fmt::format("event stream: an event's data lines exceed {} bytes", max_line_bytes_));
 }
 
 void SseParser::ProcessLine(std::string_view line,

@@ -59,8 +59,9 @@ class BinaryAttachParser {
 
 class SseParser {
  public:
-  // A single line longer than this is treated as a protocol error rather than buffered
-  // without bound: a hostile or broken server must not make the client use unbounded memory.
+  // A single line longer than this, or an event whose data lines add up to more, is treated
+  // as a protocol error rather than buffered without bound: a hostile or broken server must
+  // not make the client use unbounded memory.
   static constexpr size_t kDefaultMaxLineBytes = 64u << 20;
 
   explicit SseParser(size_t max_line_bytes = kDefaultMaxLineBytes)
@@ -88,6 +89,7 @@ class SseParser {
 
  private:
   void ProcessLine(std::string_view line, absl::FunctionRef<void(SseEvent&)> on_event);
+  absl::Status DataTooLarge() const;
 
   size_t max_line_bytes_;
   std::string line_;         // bytes of the current, unterminated line

@@ -216,6 +216,25 @@ TEST(SseParser, DataLinesCutAnywhereGiveTheSameEvents) {
   }
 }
 
+// Many short data lines without the blank line that ends the event: bounded like one line.
+TEST(SseParser, DataLinesAddingUpPastTheBoundAreAnError) {
+  for (size_t step : {size_t{1}, size_t{5}, size_t{1000}}) {
+    SseParser p(16);
+    std::vector<SseEvent> out;
+    const std::string in = "data: 01234\ndata: 56789\ndata: abcde\ndata: fghij\n";
+    absl::Status st;
+    for (size_t at = 0; at < in.size() && st.ok(); at += step) {
+      st = p.Feed(std::string_view(in).substr(at, step), &out);
+    }
+    EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << step;
+    EXPECT_TRUE(out.empty());
+  }
+  SseParser fits(16);  // the same bytes as separate events are fine
+  std::vector<SseEvent> out;
+  EXPECT_TRUE(fits.Feed("data: 01234\n\ndata: 56789\n\ndata: abcde\n\n", &out).ok());
+  EXPECT_EQ(out.size(), 3u);
+}
+
 TEST(SseParser, StreamEndingInsideADataLineIsPartial) {
   SseParser p;
   std::vector<SseEvent> out;
