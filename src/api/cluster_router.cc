@@ -342,15 +342,10 @@ asio::awaitable<std::optional<http::Response>> ClusterRouter::Handle(http::Reque
 asio::awaitable<absl::StatusOr<tcp::socket>> ClusterRouter::Connect(
     http::RequestContext& ctx, const service::Cluster::Target& to, bool* reused, bool* ipv6) {
   *reused = false;
-  if (auto kept = kept_.Take(to.url, 0, UpstreamPool::Clock::now())) {
-    tcp::socket sock(ctx.executor);
-    boost::system::error_code ec;
-    sock.assign(kept->ipv6 ? tcp::v6() : tcp::v4(), kept->fd.Release(), ec);
-    if (!ec) {
-      *reused = true;
-      *ipv6 = kept->ipv6;
-      co_return std::move(sock);
-    }
+  if (auto kept = kept_.Take(to.url, 0, UpstreamPool::Clock::now(), ctx.executor)) {
+    *reused = true;
+    *ipv6 = kept->ipv6;
+    co_return std::move(kept->sock);
   }
   co_return co_await Dial(ctx.executor, to, opts_.connect_timeout, ipv6);
 }
@@ -435,9 +430,7 @@ asio::awaitable<std::optional<http::Response>> ClusterRouter::Forward(
     out = co_await relay::Exchange(ctx, *up, head, ho, opts_.idle_timeout, unreachable);
   }
   if (out.reusable) {
-    boost::system::error_code ec;
-    UniqueFd fd(up->release(ec));
-    if (!ec && fd) kept_.Put(to.url, 0, UpstreamPool::Conn{std::move(fd), ipv6}, UpstreamPool::Clock::now());
+    kept_.Put(to.url, 0, UpstreamPool::Conn{std::move(*up), ipv6}, UpstreamPool::Clock::now());
   }
   forwarded_.WithLabels({to.node, out.whole || out.began ? "ok" : "unreachable"}).Inc();
   *served_by = to.node;

@@ -75,15 +75,11 @@ http::asio::awaitable<absl::StatusOr<tcp::socket>> Api::DialUpstream(http::Reque
                                                                       bool* reused, bool* ipv6) {
   if (reused != nullptr) {
     *reused = false;
-    if (auto kept = upstreams_.Take(a.sandbox_id, a.port, UpstreamPool::Clock::now())) {
-      tcp::socket sock(ctx.executor);
-      boost::system::error_code ec;
-      sock.assign(kept->ipv6 ? tcp::v6() : tcp::v4(), kept->fd.Release(), ec);
-      if (!ec) {
-        *reused = true;
-        *ipv6 = kept->ipv6;
-        co_return std::move(sock);
-      }
+    if (auto kept = upstreams_.Take(a.sandbox_id, a.port, UpstreamPool::Clock::now(),
+                                    ctx.executor)) {
+      *reused = true;
+      *ipv6 = kept->ipv6;
+      co_return std::move(kept->sock);
     }
   }
   absl::Status last;
@@ -122,12 +118,9 @@ http::asio::awaitable<absl::StatusOr<tcp::socket>> Api::DialUpstream(http::Reque
 }
 
 void Api::KeepUpstream(const PortAddress& a, tcp::socket& up, bool ipv6) {
-  boost::system::error_code ec;
   asio::any_io_executor ex = up.get_executor();
-  UniqueFd fd(up.release(ec));
-  if (ec || !fd) return;
   bool needs_watch = false;
-  if (!upstreams_.Put(a.sandbox_id, a.port, UpstreamPool::Conn{std::move(fd), ipv6},
+  if (!upstreams_.Put(a.sandbox_id, a.port, UpstreamPool::Conn{std::move(up), ipv6},
                       UpstreamPool::Clock::now(), &needs_watch)) {
     return;
   }

@@ -5,6 +5,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <memory>
+
+#include <boost/asio/io_context.hpp>
+#include "common/unique_fd.h"
 #include <gtest/gtest.h>
 
 namespace sbx::api {
@@ -35,7 +39,26 @@ Pair Connect() {
   return p;
 }
 
-UpstreamPool::Conn ConnOf(UniqueFd fd) { return UpstreamPool::Conn{std::move(fd), false}; }
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+// The io_context the tests' sockets belong to (nothing runs it: the pool does no I/O).
+asio::io_context& Ioc() {
+  static asio::io_context ioc;
+  return ioc;
+}
+
+UpstreamPool::Conn ConnOf(UniqueFd fd, asio::io_context& ioc = Ioc()) {
+  tcp::socket s(ioc);
+  s.assign(tcp::v4(), fd.Release());
+  return UpstreamPool::Conn{std::move(s), false};
+}
+
+asio::any_io_executor Ex(asio::io_context& ioc = Ioc()) { return ioc.get_executor(); }
+
+const void* ContextOf(tcp::socket& s) {
+  return &asio::query(s.get_executor(), asio::execution::context);
+}
 
 TEST(UpstreamPoolTest, GivesBackAKeptConnectionOfTheSamePortOnly) {
   UpstreamPool pool;
@@ -45,13 +68,13 @@ TEST(UpstreamPoolTest, GivesBackAKeptConnectionOfTheSamePortOnly) {
   bool watch = false;
   ASSERT_TRUE(pool.Put("sbx_a", 8000, ConnOf(std::move(p.client)), now, &watch));
   EXPECT_TRUE(watch) << "the first connection of a sandbox asks for a watch";
-  EXPECT_FALSE(pool.Take("sbx_a", 8001, now));
-  EXPECT_FALSE(pool.Take("sbx_b", 8000, now));
-  auto c = pool.Take("sbx_a", 8000, now);
+  EXPECT_FALSE(pool.Take("sbx_a", 8001, now, Ex()));
+  EXPECT_FALSE(pool.Take("sbx_b", 8000, now, Ex()));
+  auto c = pool.Take("sbx_a", 8000, now, Ex());
   ASSERT_TRUE(c);
-  EXPECT_EQ(c->fd.get(), fd);
+  EXPECT_EQ(c->sock.native_handle(), fd);
   EXPECT_EQ(pool.size(), 0u);
-  EXPECT_FALSE(pool.Take("sbx_a", 8000, now));
+  EXPECT_FALSE(pool.Take("sbx_a", 8000, now, Ex()));
 }
 
 TEST(UpstreamPoolTest, DropsAConnectionTheServerClosedOrWroteTo) {
@@ -65,9 +88,9 @@ TEST(UpstreamPoolTest, DropsAConnectionTheServerClosedOrWroteTo) {
   closed.server.Reset();
   ASSERT_EQ(::write(chatty.server.get(), "x", 1), 1);
   // The newest two are unusable; the oldest is still good.
-  auto c = pool.Take("sbx_a", 80, now);
+  auto c = pool.Take("sbx_a", 80, now, Ex());
   ASSERT_TRUE(c);
-  EXPECT_EQ(c->fd.get(), good_fd);
+  EXPECT_EQ(c->sock.native_handle(), good_fd);
   EXPECT_EQ(pool.size(), 0u);
 }
 
@@ -96,7 +119,7 @@ TEST(UpstreamPoolTest, AConnectionIdleTooLongIsNotGivenAndIsSwept) {
   // The server sees its connection closed once it is swept.
   char b;
   EXPECT_EQ(::read(p.server.get(), &b, 1), 0);
-  EXPECT_FALSE(pool.Take("sbx_a", 80, t0 + 150ms)) << "past max_idle";
+  EXPECT_FALSE(pool.Take("sbx_a", 80, t0 + 150ms, Ex())) << "past max_idle";
   EXPECT_FALSE(pool.Sweep(t0 + 200ms, &unwatch));
   EXPECT_EQ(unwatch, std::vector<uint64_t>{7}) << "no connection left: the watch goes";
 }
@@ -113,7 +136,7 @@ TEST(UpstreamPoolTest, ForgetClosesEveryPortOfTheSandboxOnly) {
   char c;
   EXPECT_EQ(::read(a1.server.get(), &c, 1), 0);
   EXPECT_EQ(::read(a2.server.get(), &c, 1), 0);
-  EXPECT_TRUE(pool.Take("sbx_b", 80, now));
+  EXPECT_TRUE(pool.Take("sbx_b", 80, now, Ex()));
   // Forgotten: a watch arranged late finds nothing to watch, and the next Put asks again.
   EXPECT_FALSE(pool.Watching("sbx_a", 9));
   Pair again = Connect();
@@ -155,6 +178,57 @@ TEST(UpstreamPoolTest, BoundsPerPortAndInTotal) {
   EXPECT_TRUE(pool.Put("sbx_a", 81, ConnOf(std::move(pairs[3].client)), now));
   EXPECT_FALSE(pool.Put("sbx_b", 80, ConnOf(std::move(pairs[4].client)), now));
   EXPECT_EQ(pool.size(), 3u);
+}
+
+TEST(UpstreamPoolTest, PrefersASocketOfTheAskingIoContextAndMovesOneOver) {
+  asio::io_context other;
+  UpstreamPool pool;
+  const auto now = Clock::now();
+  Pair mine = Connect(), theirs = Connect();
+  const int mine_fd = mine.client.get();
+  ASSERT_TRUE(pool.Put("sbx_a", 80, ConnOf(std::move(mine.client)), now));
+  ASSERT_TRUE(pool.Put("sbx_a", 80, ConnOf(std::move(theirs.client), other), now));
+  // The newer one belongs to `other`: the asking io_context's own comes first, as it is.
+  auto c = pool.Take("sbx_a", 80, now, Ex());
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->sock.native_handle(), mine_fd);
+  EXPECT_EQ(ContextOf(c->sock), &Ioc());
+  // Only `other`'s is left: it comes over to the asking io_context, still connected.
+  auto d = pool.Take("sbx_a", 80, now, Ex());
+  ASSERT_TRUE(d);
+  EXPECT_EQ(ContextOf(d->sock), &Ioc());
+  ASSERT_EQ(::write(d->sock.native_handle(), "x", 1), 1);
+  char b;
+  EXPECT_EQ(::read(theirs.server.get(), &b, 1), 1);
+  EXPECT_EQ(pool.size(), 0u);
+}
+
+TEST(UpstreamPoolTest, AnIoContextThatGoesClosesItsKeptSocketsFirst) {
+  UpstreamPool pool;
+  const auto now = Clock::now();
+  Pair gone = Connect(), stays = Connect();
+  {
+    asio::io_context other;
+    ASSERT_TRUE(pool.Put("sbx_a", 80, ConnOf(std::move(gone.client), other), now));
+    ASSERT_TRUE(pool.Put("sbx_a", 80, ConnOf(std::move(stays.client)), now));
+    EXPECT_EQ(pool.size(), 2u);
+  }  // a socket must not outlive its io_context: the pool lets go of it here
+  EXPECT_EQ(pool.size(), 1u);
+  char b;
+  EXPECT_EQ(::read(gone.server.get(), &b, 1), 0);
+  EXPECT_TRUE(pool.Take("sbx_a", 80, now, Ex()));
+}
+
+TEST(UpstreamPoolTest, APoolThatGoesBeforeItsIoContextsLeavesThemNothing) {
+  Pair p = Connect();
+  auto other = std::make_unique<asio::io_context>();
+  {
+    UpstreamPool pool;
+    ASSERT_TRUE(pool.Put("sbx_a", 80, ConnOf(std::move(p.client), *other), Clock::now()));
+  }
+  char b;
+  EXPECT_EQ(::read(p.server.get(), &b, 1), 0);
+  other.reset();  // its shutdown finds no pool to call (ASan would see one freed)
 }
 
 }  // namespace
