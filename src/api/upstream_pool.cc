@@ -19,8 +19,8 @@ bool StillIdle(int fd) {
 
 namespace {
 
-const void* HomeOf(const boost::asio::any_io_executor& ex) {
-  return &boost::asio::query(ex, boost::asio::execution::context);
+boost::asio::execution_context& ContextOf(const boost::asio::any_io_executor& ex) {
+  return boost::asio::query(ex, boost::asio::execution::context);
 }
 
 }  // namespace
@@ -71,8 +71,8 @@ UpstreamPool::~UpstreamPool() {
 std::optional<UpstreamPool::Conn> UpstreamPool::Take(const std::string& sandbox, uint16_t port,
                                                      Clock::time_point now,
                                                      const boost::asio::any_io_executor& ex) {
-  const void* want = HomeOf(ex);
-  std::vector<Idle> drop;  // closed outside the lock
+  const void* want = &ContextOf(ex);
+  std::vector<Idle> drop;  // closed outside the lock; allocates only when one is found dead
   std::optional<Conn> out;
   const void* home = nullptr;
   {
@@ -81,13 +81,16 @@ std::optional<UpstreamPool::Conn> UpstreamPool::Take(const std::string& sandbox,
     if (it == idle_.end()) return std::nullopt;
     auto& v = it->second;
     // The newest usable one (the least likely to have been closed), or better the newest on
-    // `ex`'s io_context; the unusable ones met on the way are dropped.
+    // `ex`'s io_context; the unusable ones met on the way are dropped. The common case is one
+    // peek at the newest and a pop_back.
     constexpr size_t kNone = static_cast<size_t>(-1);
     size_t pick = kNone, any = kNone;
-    std::vector<bool> dead(v.size(), false);
     for (size_t i = v.size(); i-- > 0;) {
       if (now - v[i].since >= opts_.max_idle || !StillIdle(v[i].conn.sock.native_handle())) {
-        dead[i] = true;
+        drop.push_back(std::move(v[i]));
+        v.erase(v.begin() + static_cast<std::ptrdiff_t>(i));
+        --count_;
+        if (any != kNone) --any;  // it sat above i
         continue;
       }
       if (v[i].home == want) {
@@ -97,23 +100,13 @@ std::optional<UpstreamPool::Conn> UpstreamPool::Take(const std::string& sandbox,
       if (any == kNone) any = i;
     }
     if (pick == kNone) pick = any;
-    std::vector<Idle> keep;
-    for (size_t i = 0; i < v.size(); ++i) {
-      if (i == pick) {
-        out.emplace(std::move(v[i].conn));
-        home = v[i].home;
-      } else if (dead[i]) {
-        drop.push_back(std::move(v[i]));
-      } else {
-        keep.push_back(std::move(v[i]));
-      }
+    if (pick != kNone) {
+      out.emplace(std::move(v[pick].conn));
+      home = v[pick].home;
+      v.erase(v.begin() + static_cast<std::ptrdiff_t>(pick));
+      --count_;
     }
-    count_ -= v.size() - keep.size();
-    if (keep.empty()) {
-      idle_.erase(it);
-    } else {
-      v = std::move(keep);
-    }
+    if (v.empty()) idle_.erase(it);
   }
   if (!out || home == want) return out;
   // Kept by another io_context: its descriptor moves over (deregistered there, registered
@@ -133,7 +126,7 @@ std::optional<UpstreamPool::Conn> UpstreamPool::Take(const std::string& sandbox,
 bool UpstreamPool::Put(const std::string& sandbox, uint16_t port, Conn c, Clock::time_point now,
                        bool* needs_watch) {
   if (needs_watch != nullptr) *needs_watch = false;
-  auto& ctx = boost::asio::query(c.sock.get_executor(), boost::asio::execution::context);
+  auto& ctx = ContextOf(c.sock.get_executor());
   std::lock_guard lock(mu_);
   auto& v = idle_[Key(sandbox, port)];
   if (v.size() >= opts_.per_port || count_ >= opts_.total) {

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <memory>
 
 #include <boost/asio/io_context.hpp>
@@ -201,6 +202,37 @@ TEST(UpstreamPoolTest, PrefersASocketOfTheAskingIoContextAndMovesOneOver) {
   char b;
   EXPECT_EQ(::read(theirs.server.get(), &b, 1), 1);
   EXPECT_EQ(pool.size(), 0u);
+}
+
+TEST(UpstreamPoolTest, DeadOnesBetweenUsableOnesOfAnotherIoContextAreDroppedInPassing) {
+  asio::io_context other;
+  UpstreamPool pool;
+  const auto now = Clock::now();
+  // Oldest to newest: theirs_old, dead (the server wrote to it), theirs_new, dead2 (closed).
+  Pair theirs_old = Connect(), dead = Connect(), theirs_new = Connect(), dead2 = Connect();
+  const int old_fd = theirs_old.client.get(), new_fd = theirs_new.client.get();
+  ASSERT_TRUE(pool.Put("sbx_a", 80, ConnOf(std::move(theirs_old.client), other), now));
+  ASSERT_TRUE(pool.Put("sbx_a", 80, ConnOf(std::move(dead.client), other), now));
+  ASSERT_TRUE(pool.Put("sbx_a", 80, ConnOf(std::move(theirs_new.client), other), now));
+  ASSERT_TRUE(pool.Put("sbx_a", 80, ConnOf(std::move(dead2.client), other), now));
+  ASSERT_EQ(::write(dead.server.get(), "x", 1), 1);
+  dead2.server.Reset();
+  // None is the asking io_context's: the newest usable one comes over, and both dead ones
+  // (above it and below it) are dropped on the way.
+  auto c = pool.Take("sbx_a", 80, now, Ex());
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->sock.native_handle(), new_fd);
+  EXPECT_EQ(ContextOf(c->sock), &Ioc());
+  EXPECT_EQ(pool.size(), 1u);
+  char b;
+  // Closed with the server's byte unread: a reset, not an end of stream.
+  EXPECT_EQ(::recv(dead.server.get(), &b, 1, MSG_DONTWAIT), -1);
+  EXPECT_EQ(errno, ECONNRESET) << "the pool closed its end";
+  auto d = pool.Take("sbx_a", 80, now, Ex());
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->sock.native_handle(), old_fd);
+  EXPECT_EQ(pool.size(), 0u);
+  EXPECT_FALSE(pool.Take("sbx_a", 80, now, Ex()));
 }
 
 TEST(UpstreamPoolTest, AnIoContextThatGoesClosesItsKeptSocketsFirst) {
