@@ -38,13 +38,28 @@ except Exception as e:
 
 
 def sbxd_pid(api) -> int:
-    """sbxd's PID: the process listening on the API's port in this (the lab's) namespace."""
+    """sbxd's PID: of the processes holding the API's listening socket in this (the lab's)
+    namespace, the one whose parent is none of them. sbxd's short-lived clones (a user
+    namespace's holder lives until its maps are written) hold a copy of its descriptors, the
+    socket too, and `ss` may name one of them first; its descriptors are a snapshot, gone once
+    it is killed."""
     port = int(api.base_url.rsplit(":", 1)[1].split("/")[0])
     out = subprocess.run(["ss", "-Htlnp", f"sport = :{port}"], capture_output=True, text=True,
                          check=True).stdout
-    m = re.search(r"pid=(\d+)", out)
-    assert m, out
-    return int(m.group(1))
+    pids = {int(p) for p in re.findall(r"pid=(\d+)", out)}
+    assert pids, out
+
+    def parent(pid: int) -> int:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return -1  # gone meanwhile: a clone that was killed
+        m = re.search(r"^PPid:\s+(\d+)", status, re.M)
+        return int(m.group(1)) if m else -1
+
+    roots = [p for p in pids if parent(p) not in pids and parent(p) != -1]
+    assert len(roots) == 1, (out, roots)
+    return roots[0]
 
 
 def veth_aliases() -> dict[str, str]:
