@@ -176,6 +176,16 @@ if ! build/bin/sbx-micro-bench --benchmark_out="$MICRO" --benchmark_out_format=j
   tail -n 30 "$WORK/micro.txt" >&2
   exit 1
 fi
+# A user namespace's making against the size of sbxd's descriptor table (density, issue 15).
+USERNS_N=200
+[[ $quick -eq 1 ]] && USERNS_N=20
+log "running sbx-userns-cost --owned --fds 0,5000 --n $USERNS_N"
+if ! build/bin/sbx-userns-cost --owned --fds 0,5000 --n "$USERNS_N" > "$WORK/userns.txt" 2>&1; then
+  echo "bench: sbx-userns-cost failed; its output:" >&2
+  tail -n 30 "$WORK/userns.txt" >&2
+  exit 1
+fi
+cat "$WORK/userns.txt"
 # File transfer through the files API against bwrap (its own sbxd; ~1 minute with 256 MiB).
 log "running bench/file_transfer.sh $FT_MIB (results: $FT_JSON)"
 if ! bash bench/file_transfer.sh "$FT_MIB" --json "$FT_JSON" > "$WORK/file_transfer.txt" 2>&1; then
