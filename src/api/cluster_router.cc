@@ -15,6 +15,7 @@
 #include "common/json_util.h"
 #include "common/log.h"
 #include "common/status_util.h"
+#include "common/unique_fd.h"
 
 namespace sbx::api {
 namespace {
@@ -92,6 +93,7 @@ asio::awaitable<absl::StatusOr<tcp::socket>> Dial(asio::any_io_executor ex,
   }
   auto [cec, ep] = std::get<0>(r);
   if (cec) co_return NodeUnreachable(to, fmt::format("connect: {}", cec.message()));
+  (void)SetCloseOnExec(sock.native_handle());  // asio opened it without SOCK_CLOEXEC
   boost::system::error_code ignored;
   sock.set_option(tcp::no_delay(true), ignored);
   *ipv6 = ep.address().is_v6();

@@ -53,6 +53,9 @@ absl::StatusOr<int> RunProgram(const std::vector<std::string>& argv, std::string
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&fa, wr.get(), 1);
   posix_spawn_file_actions_adddup2(&fa, wr.get(), 2);
+  // Nothing else of sbxd's: a descriptor a library opened without O_CLOEXEC (a client's
+  // connection, the listening socket) would otherwise stay open in the program until it ends.
+  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);

@@ -18,7 +18,7 @@ absl::StatusOr<std::string> FindProgram(const std::string& name);
 
 // Runs argv[0] (an absolute path) with stdin from /dev/null to its end and returns its exit
 // status (128 + signal when killed); its stdout and stderr (the first 4 KiB) go to *output for
-// error messages.
+// error messages. It inherits no other descriptor.
 absl::StatusOr<int> RunProgram(const std::vector<std::string>& argv, std::string* output);
 
 struct DetachedOptions {

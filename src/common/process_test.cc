@@ -40,6 +40,24 @@ TEST(Process, RunProgramReturnsTheExitStatusAndOutput) {
   EXPECT_FALSE(RunProgram({"/nonexistent"}, &out).ok());
 }
 
+TEST(Process, RunProgramPassesOnNoDescriptorButItsOutput) {
+  // One without O_CLOEXEC, as asio makes its sockets: the program must not get it.
+  const int fd = ::fcntl(STDERR_FILENO, F_DUPFD, 200);
+  ASSERT_GE(fd, 200);
+  std::string out;
+  auto rc = RunProgram({"/bin/sh", "-c", "test -e /proc/self/fd/" + std::to_string(fd) +
+                                             " && echo inherited; ls /proc/self/fd"},
+                       &out);
+  ::close(fd);
+  ASSERT_TRUE(rc.ok()) << rc.status();
+  EXPECT_EQ(*rc, 0) << out;
+  EXPECT_EQ(out.find("inherited"), std::string::npos) << out;
+  // 0-2, and the descriptor `ls` reads /proc/self/fd with.
+  std::istringstream lines(out);
+  std::string line;
+  while (std::getline(lines, line)) EXPECT_LE(std::atoi(line.c_str()), 3) << out;
+}
+
 TEST(Process, SpawnDetachedGivesASessionALogAndFd3) {
   char dir[] = "/tmp/sbx-process-test-XXXXXX";
   ASSERT_NE(::mkdtemp(dir), nullptr);

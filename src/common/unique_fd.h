@@ -2,6 +2,7 @@
 // who care about close errors call Close().
 #pragma once
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <utility>
@@ -39,5 +40,10 @@ class UniqueFd {
  private:
   int fd_ = -1;
 };
+
+// Marks `fd` close-on-exec. For descriptors a library makes without it (asio opens and accepts
+// sockets without SOCK_CLOEXEC): a program sbxd starts must not inherit its connections or its
+// listening socket. False (errno set) on error.
+inline bool SetCloseOnExec(int fd) { return ::fcntl(fd, F_SETFD, FD_CLOEXEC) == 0; }
 
 }  // namespace sbx

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "common/ids.h"
+#include "common/unique_fd.h"
 #include "http/connection.h"
 
 namespace sbx::http {
@@ -183,6 +184,10 @@ absl::Status Server::Listen() {
   }
   asio::ip::tcp::endpoint ep(addr, opts_.port);
   acceptor_.open(ep.protocol(), ec);
+  // asio opens without SOCK_CLOEXEC: a program sbxd starts must not inherit the listener.
+  if (!ec && !SetCloseOnExec(acceptor_.native_handle())) {
+    ec = boost::system::error_code(errno, boost::system::system_category());
+  }
   if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) acceptor_.bind(ep, ec);
   if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
@@ -297,6 +302,10 @@ asio::awaitable<void> Server::AcceptLoop() {
       co_await t.async_wait(kTuple);
       continue;
     }
+    // Accepted without SOCK_CLOEXEC (asio uses accept(2)): a program sbxd starts must not
+    // hold a client's connection open. Every program is also started with closefrom(3); this
+    // covers a start that races the accept.
+    (void)SetCloseOnExec(socket.native_handle());
     boost::system::error_code oec;
     socket.set_option(asio::ip::tcp::no_delay(true), oec);
     const auto peer = socket.remote_endpoint(oec);

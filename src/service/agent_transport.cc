@@ -1,5 +1,11 @@
 #include "service/agent_transport.h"
 
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include <fmt/format.h>
 
 namespace sbx::service {
@@ -39,6 +45,20 @@ class UnixStream final : public AgentByteStream {
 asio::awaitable<absl::StatusOr<std::unique_ptr<AgentByteStream>>> UnixSocketTransport::Open(
     asio::any_io_executor ex) {
   auto s = std::make_unique<UnixStream>(ex);
+  // Made here, close-on-exec (asio's own open would make it without): a program sbxd starts
+  // must not inherit a connection to an agent.
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    const int err = errno;
+    co_return absl::UnavailableError(fmt::format("connect to agent ({}): socket(AF_UNIX): {}",
+                                                 path_, std::strerror(err)));
+  }
+  boost::system::error_code aec;
+  s->socket().assign(asio::local::stream_protocol(), fd, aec);
+  if (aec) {
+    ::close(fd);
+    co_return absl::UnavailableError(fmt::format("connect to agent ({}): {}", path_, aec.message()));
+  }
   auto [ec] = co_await s->socket().async_connect(asio::local::stream_protocol::endpoint(path_),
                                                  kTuple);
   if (ec) {

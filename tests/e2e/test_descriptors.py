@@ -1,0 +1,54 @@
+"""sbxd's descriptors are close-on-exec: a program it starts (mke2fs for a new disk size, QEMU,
+a helper) must not inherit a client's connection, the listening socket or a connection to an
+agent. asio makes sockets without SOCK_CLOEXEC; sbxd marks them itself."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import os
+
+O_CLOEXEC = 0o2000000
+
+
+def open_without_cloexec(pid: int) -> list[str]:
+    """Descriptors of `pid` from 3 up that lack O_CLOEXEC, as "fd -> target"."""
+    found = []
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        fd = int(name)
+        if fd < 3:
+            continue
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+            with open(f"/proc/{pid}/fdinfo/{name}") as f:
+                flags = next(int(line.split()[1], 8) for line in f if line.startswith("flags:"))
+        except (OSError, StopIteration):
+            continue  # closed meanwhile
+        if not flags & O_CLOEXEC:
+            found.append(f"{fd} -> {target}")
+    return found
+
+
+def test_connections_listener_and_agent_sockets_are_close_on_exec(api, sbxd):
+    sid = api.create_sandbox({"labels": {"e2e": "descriptors"}})["sandbox"]["id"]
+    # While it is inspected: a session whose attach stream is open (a client connection, and
+    # sbxd's connection to the agent), and a second, idle keep-alive connection.
+    session = api.create_session(sid, ["sh", "-c", "echo ready; sleep 30"])
+    stream = api.attach(session)
+    idle = None
+    try:
+        first = next(stream.events())
+        assert first.event == "stdout" and base64.b64decode(first.data["data_b64"]) == b"ready\n", first
+        host, port = sbxd.url.split("//", 1)[1].rsplit(":", 1)
+        idle = http.client.HTTPConnection(host, int(port.split("/")[0]), timeout=30)
+        idle.request("GET", "/healthz")
+        resp = idle.getresponse()
+        resp.read()
+        assert resp.status == 200
+        assert open_without_cloexec(sbxd.proc.pid) == []
+    finally:
+        if idle is not None:
+            idle.close()
+        stream.close()
+        api.call("POST", f"/v1/sessions/{session['session_id']}/signal",
+                 json_body={"signal": "KILL"}, validate=False)
