@@ -39,10 +39,10 @@ except Exception as e:
 
 def sbxd_pid(api) -> int:
     """sbxd's PID: of the processes holding the API's listening socket in this (the lab's)
-    namespace, the one whose parent is none of them. sbxd's short-lived clones (a user
-    namespace's holder lives until its maps are written) hold a copy of its descriptors, the
-    socket too, and `ss` may name one of them first; its descriptors are a snapshot, gone once
-    it is killed."""
+    namespace, the one whose parent is none of them. sbxd's short-lived clones hold the
+    socket too (a launch child copies sbxd's descriptors until it closes them; a user
+    namespace's holder shares sbxd's table until its maps are written), and `ss` may name one
+    of them first."""
     port = int(api.base_url.rsplit(":", 1)[1].split("/")[0])
     out = subprocess.run(["ss", "-Htlnp", f"sport = :{port}"], capture_output=True, text=True,
                          check=True).stdout
@@ -57,7 +57,8 @@ def sbxd_pid(api) -> int:
         m = re.search(r"^PPid:\s+(\d+)", status, re.M)
         return int(m.group(1)) if m else -1
 
-    roots = [p for p in pids if parent(p) not in pids and parent(p) != -1]
+    parents = {p: parent(p) for p in pids}
+    roots = [p for p, pp in parents.items() if pp not in pids and pp != -1]
     assert len(roots) == 1, (out, roots)
     return roots[0]
 
