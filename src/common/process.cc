@@ -1,5 +1,6 @@
 #include "common/process.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -8,6 +9,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -113,6 +115,23 @@ absl::StatusOr<pid_t> SpawnDetached(const std::vector<std::string>& args, const 
   posix_spawnattr_destroy(&attr);
   if (rc != 0) return ErrnoStatus(rc, fmt::format("posix_spawn({})", args[0]));
   return pid;
+}
+
+absl::StatusOr<int> CloseInheritedDescriptors() {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return ErrnoStatus(errno, "close inherited descriptors: opendir(/proc/self/fd)");
+  // Collected first: closing while readdir walks the directory may skip or repeat entries.
+  std::vector<int> inherited;
+  while (const dirent* d = ::readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(d->d_name, &end, 10);
+    if (end == d->d_name || *end != '\0' || fd < 3 || fd == ::dirfd(dir)) continue;
+    const int flags = ::fcntl(static_cast<int>(fd), F_GETFD);
+    if (flags >= 0 && (flags & FD_CLOEXEC) == 0) inherited.push_back(static_cast<int>(fd));
+  }
+  ::closedir(dir);
+  for (int fd : inherited) ::close(fd);
+  return static_cast<int>(inherited.size());
 }
 
 }  // namespace sbx

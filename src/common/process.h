@@ -31,4 +31,11 @@ struct DetachedOptions {
 // sbxd's group reaches it), stdin /dev/null, default signal dispositions, no other open fds.
 absl::StatusOr<pid_t> SpawnDetached(const std::vector<std::string>& argv, const DetachedOptions& opts);
 
+// Closes every descriptor from 3 up that this process inherited: those without FD_CLOEXEC
+// (a descriptor that survived the exec cannot have it). A shell's `$(sbxd &)` or a supervisor's
+// pipe otherwise stays open in sbxd for its whole life, and whoever waits for its end waits
+// forever. Call first thing in main, before anything opens descriptors of its own. Returns how
+// many it closed.
+absl::StatusOr<int> CloseInheritedDescriptors();
+
 }  // namespace sbx

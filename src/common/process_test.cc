@@ -58,6 +58,31 @@ TEST(Process, RunProgramPassesOnNoDescriptorButItsOutput) {
   while (std::getline(lines, line)) EXPECT_LE(std::atoi(line.c_str()), 3) << out;
 }
 
+TEST(Process, CloseInheritedDescriptorsClosesWhatLacksCloseOnExecOnly) {
+  // In a child: the function closes descriptors of the whole process, the test runner's too.
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int inherited[2], own[2];
+    if (::pipe(inherited) != 0 || ::pipe2(own, O_CLOEXEC) != 0) ::_exit(10);
+    const int high = ::fcntl(inherited[0], F_DUPFD, 300);  // far above the others
+    auto closed = CloseInheritedDescriptors();
+    if (!closed.ok() || *closed < 3) ::_exit(11);
+    for (int fd : {inherited[0], inherited[1], high}) {
+      if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) ::_exit(12);
+    }
+    for (int fd : {own[0], own[1], 0, 1, 2}) {
+      if (::fcntl(fd, F_GETFD) == -1) ::_exit(13);
+    }
+    auto again = CloseInheritedDescriptors();  // nothing is left to close
+    ::_exit(again.ok() && *again == 0 ? 0 : 14);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "10 pipes, 11 count, 12 left open, 13 closed too much, 14 second call";
+}
+
 TEST(Process, SpawnDetachedGivesASessionALogAndFd3) {
   char dir[] = "/tmp/sbx-process-test-XXXXXX";
   ASSERT_NE(::mkdtemp(dir), nullptr);

@@ -18,7 +18,13 @@ namespace sbx::daemon {
 // Descriptors are sbxd's first limit on density (one pidfd per sandbox, beside the
 // connections): the soft limit goes up to the hard one, which needs no privilege. Before
 // CheckSettings, whose derived connection caps read the soft limit.
-void RaiseOpenFiles() {
+void RaiseOpenFiles(const absl::StatusOr<int>& inherited) {
+  if (!inherited.ok()) {
+    spdlog::warn("density: {}; descriptors inherited from the parent stay open",
+                 std::string(inherited.status().message()));
+  } else if (*inherited > 0) {
+    spdlog::info("closed {} descriptor(s) inherited from the parent", *inherited);
+  }
   rlimit rl{};
   if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) {
     spdlog::warn("density: getrlimit(RLIMIT_NOFILE): {}", ErrnoMessage(errno));

@@ -10,7 +10,8 @@
 namespace sbx::daemon {
 
 // Raises the soft RLIMIT_NOFILE to the hard one (no privilege needed); a failure is logged.
-void RaiseOpenFiles();
+// Logs, too, what sbx::CloseInheritedDescriptors closed first thing in main (`inherited`).
+void RaiseOpenFiles(const absl::StatusOr<int>& inherited);
 
 // How many sandboxes the host holds, with `held_fds` descriptors kept for connections: the cap
 // of admission.max_sandboxes 0. An explicit maximum the host cannot hold is FailedPrecondition

@@ -26,6 +26,7 @@
 #include "common/files.h"
 #include "common/ids.h"
 #include "common/log.h"
+#include "common/process.h"
 #include "common/status_util.h"
 #include "daemon/cluster_role.h"
 #include "daemon/config.h"
@@ -200,8 +201,6 @@ void ReloadTls(const Config& running, Config& next, sbx::http::Server& server) {
                next.tls.cert_file, sbx::http::DescribeServerTls(**ctx));
 }
 
-// SIGHUP: re-reads the file and the environment over the same flags and applies what can change
-// while sbxd runs. Any error leaves the running configuration as it was.
 sbx::service::TenancyOptions TenancyOptionsOf(const Config& c) {
   sbx::service::TenancyOptions o;
   o.default_rate_per_s = static_cast<double>(c.tenancy.rate_limit_rps);
@@ -212,6 +211,8 @@ sbx::service::TenancyOptions TenancyOptionsOf(const Config& c) {
   return o;
 }
 
+// SIGHUP: re-reads the file and the environment over the same flags and applies what can change
+// while sbxd runs. Any error leaves the running configuration as it was.
 void Reload(const sbx::daemon::CommandLine& cl, Config& running, sbx::api::Api& api,
             sbx::service::SandboxService& svc, sbx::service::Tenancy& tenancy,
             sbx::http::Server& server) {
@@ -709,11 +710,11 @@ void WaitForSignals(const sigset_t& stop, const sbx::daemon::CommandLine& cl, Da
 }  // namespace
 
 int main(int argc, char** argv) {
+  const auto inherited = sbx::CloseInheritedDescriptors();  // before sbxd opens any of its own
   // Large buffers (guest-sized agent replies, file chunks) come from mmap and go back to the
   // system when freed. glibc's threshold otherwise rises to the size of the first large block
-  // freed, and from then on a 4 MiB reply is carved from the heap, which is not given back:
-  // sbxd's RSS would stay at its peak after a burst of them (issue 13, finding 6). A fixed
-  // threshold turns that adjustment off.
+  // freed, and a 4 MiB reply is then carved from the heap, never given back: sbxd's RSS would
+  // stay at its peak after a burst (issue 13, finding 6). A fixed threshold stops that.
   mallopt(M_MMAP_THRESHOLD, 256 << 10);
   sbx::daemon::CommandLine cl;
   CLI::App app{"sbxd: runs untrusted code in isolated sandboxes behind an HTTP API. Settings come "
@@ -752,7 +753,7 @@ int main(int argc, char** argv) {
                                                cfg.runtime.microvm.jailer};
   if (check) return sbx::daemon::RunCheckCommand(preflight, check_json);
 
-  sbx::daemon::RaiseOpenFiles();
+  sbx::daemon::RaiseOpenFiles(inherited);
   auto hopts = CheckSettings(cfg);
   if (!hopts.ok()) return Fail(hopts.status());
   // Connections, their reserve and as many spare descriptors (docs/config.md, [server]).

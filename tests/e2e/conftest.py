@@ -84,12 +84,14 @@ def ns_runtime_only(reason: str):
 class Daemon:
     def __init__(self, extra_args: list[str] | None = None, extra_env: dict[str, str] | None = None,
                  listen: str = "127.0.0.1:0", ports_domain: str = PORTS_DOMAIN,
-                 prefix: list[str] | None = None):
+                 prefix: list[str] | None = None, pass_fds: tuple[int, ...] = ()):
         """`listen` and `ports_domain`: sbxd takes each flag once, so a suite that needs its
         own (tests/e2b: a port known before the start, its own domain) passes them here rather
         than in `extra_args`. `prefix`: what sbxd is started under, e.g. `nsenter --net=…` for
-        a node in a network namespace of its own (then `listen` is that namespace's address)."""
+        a node in a network namespace of its own (then `listen` is that namespace's address).
+        `pass_fds`: descriptors sbxd inherits, as from a careless parent."""
         self.prefix = list(prefix or [])
+        self.pass_fds = tuple(pass_fds)
         self.proc: subprocess.Popen | None = None
         self.extra_args = list(extra_args or [])
         self.extra_env = dict(extra_env or {})
@@ -126,7 +128,7 @@ class Daemon:
         log = open(self.log_path, "ab", buffering=0)
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, env=env, cwd=str(self.tmp),
-                                     start_new_session=True)
+                                     start_new_session=True, pass_fds=self.pass_fds)
 
         def reader():
             # Keeps draining the daemon's output into the log so it never blocks on a full pipe.

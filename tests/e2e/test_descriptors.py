@@ -1,12 +1,18 @@
 """sbxd's descriptors are close-on-exec: a program it starts (mke2fs for a new disk size, QEMU,
 a helper) must not inherit a client's connection, the listening socket or a connection to an
-agent. asio makes sockets without SOCK_CLOEXEC; sbxd marks them itself."""
+agent. asio makes sockets without SOCK_CLOEXEC; sbxd marks them itself. And sbxd keeps
+nothing its own parent left open."""
 
 from __future__ import annotations
 
 import base64
 import http.client
 import os
+import select
+
+import pytest
+
+from conftest import Daemon, shutdown
 
 O_CLOEXEC = 0o2000000
 
@@ -52,3 +58,27 @@ def test_connections_listener_and_agent_sockets_are_close_on_exec(api, sbxd):
         stream.close()
         api.call("POST", f"/v1/sessions/{session['session_id']}/signal",
                  json_body={"signal": "KILL"}, validate=False)
+
+
+def test_sbxd_closes_what_its_parent_left_open(validator):
+    """A shell's `out=$(sbxd ... &)`, or a supervisor that hands sbxd the write end of a pipe,
+    waits for that pipe's end: sbxd must not hold it for its whole life."""
+    r, w = os.pipe()
+    daemon = Daemon(pass_fds=(w,))
+    problems = []
+    try:
+        daemon.start()
+        os.close(w)
+        w = -1
+        ready, _, _ = select.select([r], [], [], 30)
+        assert ready, "the pipe's write end is still open in sbxd after it started listening"
+        assert os.read(r, 1) == b"", "sbxd wrote into a descriptor it inherited"
+        assert open_without_cloexec(daemon.proc.pid) == []
+        assert "closed 1 descriptor(s) inherited from the parent" in daemon.log_path.read_text()
+    finally:
+        if w >= 0:
+            os.close(w)
+        os.close(r)
+        problems = shutdown(daemon, validator, [])
+    if problems:
+        pytest.fail("stopping the test's sbxd: " + "; ".join(problems))
