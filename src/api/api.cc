@@ -68,10 +68,12 @@ absl::StatusOr<bool> WantsBinaryAttach(const http::Request& req, const Target& t
   return accept.find(kBinaryAttachContentType) != std::string::npos;
 }
 
-absl::Status MethodNotAllowed(const http::Request& req) {
-  return ApiError(absl::StatusCode::kInvalidArgument, "method_not_allowed",
-                  fmt::format("method {} is not allowed on {}", std::string(req.method_string()),
-                              std::string(req.target())));
+absl::Status MethodNotAllowed(const http::Request& req, std::string_view allow) {
+  return WithDetail(ApiError(absl::StatusCode::kInvalidArgument, "method_not_allowed",
+                             fmt::format("method {} is not allowed on {} (allowed: {})",
+                                         std::string(req.method_string()),
+                                         std::string(req.target()), allow)),
+                    "allow", allow);
 }
 
 // The error response for `s`. A 500 is a bug or a broken host, which only the log can explain

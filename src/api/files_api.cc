@@ -276,9 +276,9 @@ Awaitable Api::Files(http::RequestContext& ctx, const service::Caller& caller,
                          method == bhttp::verb::delete_)
                       : method == (want_post ? bhttp::verb::post : bhttp::verb::get);
   if (!method_ok) {
-    co_return fail(ApiError(absl::StatusCode::kInvalidArgument, "method_not_allowed",
-                            fmt::format("method {} is not allowed on {}",
-                                        std::string(ctx.req.method_string()), t.path)));
+    co_return fail(MethodNotAllowed(ctx.req, what == "files" ? "GET, PUT, DELETE"
+                                             : want_post      ? "POST"
+                                                              : "GET"));
   }
   // Tenancy first (another tenant's sandbox is 404), then state: like sessions, only a
   // running, unfrozen sandbox has an agent to talk to.

@@ -2,6 +2,8 @@
 // session_ws.cc) answers the same way.
 #pragma once
 
+#include <string_view>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "api/target.h"
@@ -12,8 +14,9 @@ namespace sbx::api {
 // The error response for `s` (status_to_http.cc picks the code); a 500 is also logged, with the
 // request's context, since only the log can explain it to an operator.
 http::Response Fail(const http::RequestContext& ctx, const absl::Status& s);
-// 405 method_not_allowed, naming the method and the target.
-absl::Status MethodNotAllowed(const http::Request& req);
+// 405 method_not_allowed, naming the method and the target; `allow` ("GET, PUT") becomes the
+// answer's Allow header (RFC 9110 requires it on every 405).
+absl::Status MethodNotAllowed(const http::Request& req, std::string_view allow);
 // Which form of the attach stream the client asked for: `?format=sse|binary`, else an Accept
 // header naming the binary type (docs/api.md, "attach"); SSE by default. 400 for another
 // `format`.

@@ -187,6 +187,23 @@ http::asio::awaitable<std::optional<http::Response>> Api::ProxyPort(
   if (!addr.ok()) co_return Fail(ctx, addr.status());
   const PortAddress& a = *addr;
   const http::Request& req = ctx.req;
+  // The methods of HTTP's semantics that a server's application serves, and no others: a
+  // TRACE would echo to the client what the relay added (X-Forwarded-For, the headers that
+  // reach the server), CONNECT asks for a tunnel to elsewhere, and the rest (WebDAV's, QUERY)
+  // are not relayed. Whoever asks and whatever the sandbox's state: the answer names only
+  // what the route is.
+  switch (req.method()) {
+    case bhttp::verb::get:
+    case bhttp::verb::head:
+    case bhttp::verb::post:
+    case bhttp::verb::put:
+    case bhttp::verb::patch:
+    case bhttp::verb::delete_:
+    case bhttp::verb::options:
+      break;
+    default:
+      co_return Fail(ctx, MethodNotAllowed(req, "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"));
+  }
   service::SandboxService::PortCredentials creds;
   bool used_authorization = false;
   if (req.find(bhttp::field::authorization) != req.end()) {

@@ -308,7 +308,14 @@ Awaitable Api::Route(http::RequestContext& ctx) {
       break;
     }
   }
-  if (route == nullptr) co_return Fail(ctx, MethodNotAllowed(req));
+  if (route == nullptr) {
+    std::string allow;  // every row here names its method: one without would have matched
+    for (const api::Route* r : rows) {
+      if (!allow.empty()) allow += ", ";
+      allow += std::string(http::bhttp::to_string(*r->method));
+    }
+    co_return Fail(ctx, MethodNotAllowed(req, allow));
+  }
   if (auth == Auth::kSession && caller.session_scope && *caller.session_scope != seg[2]) {
     co_return Fail(ctx, ApiError(absl::StatusCode::kUnauthenticated, "unauthenticated",
                                  "the attach token belongs to another session"));

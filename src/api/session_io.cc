@@ -101,7 +101,7 @@ http::asio::awaitable<std::optional<http::Response>> Api::SessionIo(
     return Fail(ctx, s);
   };
   if (ctx.req.method() != bhttp::verb::post) {
-    co_return fail(MethodNotAllowed(ctx.req));
+    co_return fail(MethodNotAllowed(ctx.req, "POST"));
   }
   // The body first: a malformed request is a 400 whatever the session's state.
   auto call = ParseIoBody(ctx.req, action);
@@ -136,7 +136,7 @@ http::asio::awaitable<std::optional<http::Response>> Api::Processes(
     return Fail(ctx, s);
   };
   if (ctx.req.method() != bhttp::verb::get) {
-    co_return fail(MethodNotAllowed(ctx.req));
+    co_return fail(MethodNotAllowed(ctx.req, "GET"));
   }
   auto agent = log::With(ctx.log, [&] { return svc_.SandboxAgent(caller, sandbox_id); });
   if (!agent.ok()) co_return fail(agent.status());

@@ -223,7 +223,7 @@ http::asio::awaitable<std::optional<http::Response>> Api::WebSocket(
     return Fail(ctx, s);
   };
   if (ctx.req.method() != bhttp::verb::get) {
-    co_return fail(MethodNotAllowed(ctx.req));
+    co_return fail(MethodNotAllowed(ctx.req, "GET"));
   }
   if (!websocket::is_upgrade(ctx.req)) {
     co_return fail(ApiError(absl::StatusCode::kInvalidArgument, "invalid_argument",

@@ -131,6 +131,9 @@ http::Response ErrorResponse(const absl::Status& s, const std::string& request_i
   auto res = JsonResponse(HttpStatusFor(s), nlohmann::json{{"error", err}}.dump(
                                                 -1, ' ', false, nlohmann::json::error_handler_t::replace));
   res.set("X-Request-Id", request_id);
+  if (std::string allow = ApiErrorDetail(s, "allow"); !allow.empty()) {
+    res.set(http::bhttp::field::allow, allow);
+  }
   // Capacity comes back when some sandbox is deleted: a client may try again, not at once.
   if (ApiCodeFor(s) == "insufficient_capacity") res.set(http::bhttp::field::retry_after, "5");
   return res;

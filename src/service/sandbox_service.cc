@@ -1,5 +1,6 @@
 #include "service/sandbox_service.h"
 
+#include <algorithm>
 #include <set>
 
 #include <fmt/format.h>
@@ -139,6 +140,14 @@ absl::StatusOr<runtime::Backend*> SandboxService::BackendFor(const std::string& 
     }
     std::string have;
     for (const auto& [n, b] : backends_) have += (have.empty() ? "" : ", ") + n;
+    // A runtime sbx has, which this sbxd does not run, is the host's lack (501); any other
+    // name is the client's mistake, not a feature missing here.
+    constexpr std::string_view kRuntimes[] = {"ns", "microvm", "fake"};
+    if (std::find(std::begin(kRuntimes), std::end(kRuntimes), name) == std::end(kRuntimes)) {
+      return FieldError("runtime", fmt::format("'{}' is not a runtime (runtimes: ns, microvm; on "
+                                               "this host: {})",
+                                               name, have));
+    }
     return ApiError(absl::StatusCode::kUnimplemented, "not_implemented",
                     fmt::format("runtime '{}' is not available on this host (available: {})",
                                 name, have),

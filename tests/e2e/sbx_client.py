@@ -260,7 +260,9 @@ class SbxClient:
         if stream and resp.status_code >= 400:
             resp.content  # an error is a plain JSON response: read it whole
             stream = False
-        if not stream:
+        if method.upper() == "HEAD":
+            pass  # headers as a GET's would be, and never a body (RFC 9110 §9.3.2)
+        elif not stream:
             if is_json:
                 try:
                     resp.body = resp.json()
@@ -273,7 +275,7 @@ class SbxClient:
         if validate:
             self.validator.validate(method, resp.request.path_url, resp.status_code, ctype,
                                     resp.body, has_body=bool(ctype) and (stream or bool(resp.content)))
-        if resp.status_code >= 400 and not stream:
+        if resp.status_code >= 400 and not stream and method.upper() != "HEAD":
             check_error_body(resp, resp.body)
         if expect is not None:
             ok = resp.status_code in expect if isinstance(expect, tuple) else resp.status_code == expect

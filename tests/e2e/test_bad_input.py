@@ -95,7 +95,11 @@ CREATE_CASES = [
      "resources.output_buffer_bytes"),
     ("unknown_template", {"template": "no-such-template"}, 422, "template_not_found", "template"),
     ("unknown_template_tag", {"template": "base:no-such-tag"}, 422, "template_not_found", "template"),
-    ("unsupported_runtime", {"runtime": "firecracker"}, 501, "not_implemented", "runtime"),
+    # A name that is no runtime of sbx's is the client's error; one sbx has that this sbxd
+    # does not run (the e2e sbxd runs ns and microvm, not fake) is the host's lack.
+    ("unknown_runtime", {"runtime": "firecracker"}, 400, "invalid_argument", "runtime"),
+    ("unknown_runtime_unicode", {"runtime": "O\u00bfc\u205a"}, 400, "invalid_argument", "runtime"),
+    ("runtime_not_on_this_host", {"runtime": "fake"}, 501, "not_implemented", "runtime"),
     ("ttl_zero", {"timeout_s": 0}, 400, "invalid_argument", "timeout_s"),
     ("ttl_over_30_days", {"timeout_s": 30 * 86400 + 1}, 400, "invalid_argument", "timeout_s"),
     ("ttl_string", {"timeout_s": "60"}, 400, "invalid_argument", "timeout_s"),
@@ -294,25 +298,38 @@ def test_chunked_body_accepted(api):
 
 def test_wrong_method_is_405(api, sandbox, nothing_created):
     sbx = sandbox["id"]
+    ses = fake_id("ses")
+    # Every 405 names what the route serves in Allow (RFC 9110): the route table's, and those
+    # the handlers that serve several methods answer themselves (files, a session's I/O, ws,
+    # processes, a port's relay).
     cases = [
-        ("PUT", "/v1/sandboxes"),
-        ("PATCH", f"/v1/sandboxes/{sbx}"),
-        ("PUT", f"/v1/sandboxes/{sbx}"),
-        ("GET", f"/v1/sandboxes/{sbx}/sessions"),
+        ("PUT", "/v1/sandboxes", "POST, GET"),
+        ("PATCH", f"/v1/sandboxes/{sbx}", "GET, DELETE"),
+        ("PUT", f"/v1/sandboxes/{sbx}", "GET, DELETE"),
+        ("GET", f"/v1/sandboxes/{sbx}/sessions", "POST"),
         # DELETE cancels a template operation (docs/templates.md): PUT is still no method.
-        ("PUT", f"/v1/operations/{fake_id('op')}"),
-        ("PUT", "/v1/templates"),
-        ("PATCH", "/v1/templates/x"),
-        ("GET", "/v1/templates:import"),
-        ("POST", f"/v1/sessions/{fake_id('ses')}"),
-        ("POST", "/healthz"),
+        ("PUT", f"/v1/operations/{fake_id('op')}", "GET, DELETE"),
+        ("PUT", "/v1/templates", "POST, GET"),
+        ("PATCH", "/v1/templates/x", "GET, DELETE, PUT"),
+        ("GET", "/v1/templates:import", "POST"),
+        ("POST", f"/v1/sessions/{ses}", "GET"),
+        ("POST", "/healthz", "GET, HEAD"),
+        ("TRACE", f"/v1/sandboxes/{sbx}", "GET, DELETE"),
+        ("POST", f"/v1/sandboxes/{sbx}/files?path=/tmp/x", "GET, PUT, DELETE"),
+        ("GET", f"/v1/sandboxes/{sbx}/files:mkdir", "POST"),
+        ("POST", f"/v1/sandboxes/{sbx}/files:stat?path=/tmp", "GET"),
+        ("GET", f"/v1/sessions/{ses}/stdin", "POST"),
+        ("POST", f"/v1/sessions/{ses}/ws", "GET"),
+        ("POST", f"/v1/sandboxes/{sbx}/processes", "GET"),
+        ("TRACE", f"/v1/sandboxes/{sbx}/ports/8080/x", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
     ]
     failures = []
-    for method, path in cases:
+    for method, path, allow in cases:
         kwargs = {"json_body": {}} if method in ("POST", "PUT", "PATCH") else {}
         resp = api.call(method, path, validate=False, **kwargs)
         try:
             assert resp.status_code == 405, f"{method} {path}: expected 405, got {resp.status_code}"
+            assert resp.headers.get("Allow") == allow, f"{method} {path}: Allow {resp.headers.get('Allow')!r}, expected {allow!r}"
             check_error_body(resp, resp.body, "method_not_allowed")
             validate_as_error(api, resp)
         except AssertionError as e:

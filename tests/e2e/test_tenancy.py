@@ -99,7 +99,8 @@ def test_another_tenants_objects_are_404_on_every_route_and_nothing_changes(lab)
         url, kwargs = cross_tenant.request(method, path, ids)
         r = b.call(method, url, **kwargs)
         assert r.status_code == 404, f"{method} {url}: {r.status_code} {r.body}"
-        assert r.body["error"]["code"] == "not_found", (url, r.body)
+        if method != "HEAD":  # a HEAD's answer has no body
+            assert r.body["error"]["code"] == "not_found", (url, r.body)
         checked.append(f"{method} {path}")
     # Operations: A's create operation, read and cancelled by B.
     a_ops = a.call("POST", f"/v1/sandboxes/{sb['id']}/pause", json_body={}, expect=202).body
@@ -120,8 +121,9 @@ def test_another_tenants_objects_are_404_on_every_route_and_nothing_changes(lab)
     rows = lab.admin.call("GET", "/v1/admin/audit", params={"tenant": b_ten, "limit": 500},
                           expect=200).body["audit"]
     audited = {r["action"] for r in rows if r["status"] == 404}
+    # A port's relay is the sandbox's data plane, not a management action: never audited.
     for method, path in cross_tenant.routes():
-        if method in ("GET", "HEAD") or path.endswith(("/stdin", "/resize")):
+        if method in ("GET", "HEAD") or path.endswith(("/stdin", "/resize")) or "/ports/" in path:
             continue
         url, _ = cross_tenant.request(method, path, dict(ids, operation_id=op_id))
         assert f"{method} {url}" in audited, (method, url, sorted(audited))

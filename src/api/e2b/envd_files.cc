@@ -432,7 +432,7 @@ Awaitable FilesRest(EnvdCall& call) {
   const auto method = call.ctx.req.method();
   if (method == bhttp::verb::get) co_return co_await Download(call);
   if (method == bhttp::verb::post) co_return co_await Upload(call);
-  co_return RestError(call.ctx, MethodNotAllowed(call.ctx.req), Side::kEnvd);
+  co_return RestError(call.ctx, MethodNotAllowed(call.ctx.req, "GET, POST"), Side::kEnvd);
 }
 
 }  // namespace sbx::api::e2b

@@ -47,6 +47,7 @@ http::Response RestError(const http::RequestContext& ctx, const absl::Status& s,
   http::Response res = RestJson(ctx, status, body.dump(-1, ' ', false,
                                                        nlohmann::json::error_handler_t::replace));
   if (status == 429 || status == 503) res.set(bhttp::field::retry_after, "1");
+  if (std::string allow = ApiErrorDetail(s, "allow"); !allow.empty()) res.set(bhttp::field::allow, allow);
   return res;
 }
 

@@ -233,7 +233,7 @@ Awaitable Gateway::HandleEnvd(Api& api, http::RequestContext& ctx, std::string s
   auto user = BasicUser(req);
   if (!user.ok()) co_return fail(user.status());
   if (rpc && req.method() != bhttp::verb::post) {
-    co_return fail(MethodNotAllowed(req));
+    co_return fail(MethodNotAllowed(req, "POST"));
   }
   if (rpc && ShapeOf(req) == Shape::kUnsupported) {
     co_return fail(ApiError(absl::StatusCode::kInvalidArgument, "invalid_argument",
@@ -252,7 +252,7 @@ Awaitable Gateway::HandleEnvd(Api& api, http::RequestContext& ctx, std::string s
   if (!agent.ok()) co_return fail(agent.status());
   if (route.kind == EnvdRoute::Kind::kHealth) {
     if (req.method() != bhttp::verb::get && req.method() != bhttp::verb::head) {
-      co_return fail(MethodNotAllowed(req));
+      co_return fail(MethodNotAllowed(req, "GET, HEAD"));
     }
     co_return RestEmpty(ctx, 204);
   }
