@@ -30,7 +30,7 @@ template <typename T>
 AgentClient::Call<T> AgentClient::Unary(Ex ex, std::string request, std::string_view what,
                                         std::chrono::milliseconds timeout) {
   auto s = co_await AgentStream::Open(ex, *transport_, std::move(request), timeout);
-  if (!s.ok()) co_return s.status();
+  if (!s.ok()) co_return Explained(s.status());
   (*s)->Close();
   co_return DecodeReply<T>((*s)->response_payload(), what);
 }
@@ -39,7 +39,7 @@ template <typename T>
 AgentClient::Call<std::pair<std::unique_ptr<AgentStream>, T>> AgentClient::OpenStream(
     Ex ex, std::string request, std::string_view what) {
   auto s = co_await AgentStream::Open(ex, *transport_, std::move(request), kStreamOpenTimeout);
-  if (!s.ok()) co_return s.status();
+  if (!s.ok()) co_return Explained(s.status());
   auto reply = DecodeReply<T>((*s)->response_payload(), what);
   if (!reply.ok()) {
     (*s)->Close();
@@ -53,7 +53,7 @@ AgentClient::Call<std::string> AgentClient::GuestSized(Ex ex, std::string reques
                                                        std::string head) {
   auto s = co_await AgentStream::Open(ex, *transport_, std::move(request), kFileCallTimeout,
                                       /*guest_sized=*/true);
-  if (!s.ok()) co_return s.status();
+  if (!s.ok()) co_return Explained(s.status());
   (*s)->Close();
   std::string payload = std::move((*s)->response_payload());
   s->reset();

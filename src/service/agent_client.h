@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -202,7 +203,16 @@ class AgentClient {
 
   const AgentTransport& transport() const { return *transport_; }
 
+  // Turns a lost agent (Unavailable: the stream closed, the socket refused) into what happened
+  // to its sandbox meanwhile, e.g. a suspend that ended the agent while a file op waited: the
+  // caller then gets 409 sandbox_not_running, as a moment later, not a 503.
+  using Explainer = std::function<absl::Status(absl::Status)>;
+  void set_explainer(Explainer e) { explain_ = std::move(e); }
+
  private:
+  absl::Status Explained(absl::Status s) const {
+    return s.code() == absl::StatusCode::kUnavailable && explain_ ? explain_(std::move(s)) : s;
+  }
   // One request, its reply decoded as T; the stream is closed.
   template <typename T>
   Call<T> Unary(Ex ex, std::string request, std::string_view what,
@@ -217,6 +227,7 @@ class AgentClient {
                                std::string head);
 
   std::shared_ptr<AgentTransport> transport_;
+  Explainer explain_;
 };
 
 }  // namespace sbx::service

@@ -244,7 +244,14 @@ class SandboxService {
   // a caller waiting for its timeout.
   std::optional<std::string> AgentSocketFor(const std::string& sandbox_id) const;
   // The client of that agent (same conditions).
-  std::optional<AgentClient> AgentFor(const std::string& sandbox_id) const;
+  std::optional<AgentClient> AgentFor(const std::string& sandbox_id);
+  // A client of the agent at `sock` whose lost connections say what became of `sandbox_id`
+  // (ExplainAgentLoss).
+  AgentClient ClientFor(const std::string& sandbox_id, std::string sock);
+  // `lost` (the agent stopped answering) as what happened to the sandbox meanwhile: 409
+  // sandbox_not_running when it is no longer running, is being paused, suspended or deleted,
+  // or its agent died (then marked failed); `lost` itself otherwise.
+  absl::Status ExplainAgentLoss(const std::string& sandbox_id, absl::Status lost);
   // When the sandbox's agent has died (a kernel bug, a host OOM: nothing the guest does can
   // end it, src/agent/identity.h): marks the sandbox failed (code agent_lost, with how it
   // ended) and its unfinished sessions exited with error sandbox_failed, once, and returns

@@ -110,7 +110,7 @@ absl::StatusOr<AgentClient> SandboxService::SandboxAgent(const Caller& caller,
     return ApiError(absl::StatusCode::kFailedPrecondition, "sandbox_not_running",
                     fmt::format("sandbox {} is {}, not running", sb.id, state));
   }
-  return AgentClient::ForSocket(*sock);
+  return ClientFor(sb.id, *sock);
 }
 
 absl::StatusOr<SessionRecord> SandboxService::GetSession(const Caller& caller,
@@ -138,8 +138,8 @@ absl::StatusOr<SandboxService::AttachTarget> SandboxService::PrepareAttach(
       (!caller.session_scope || *caller.session_scope == session_id)) {
     if (auto sock = AgentSocketFor(just->record.sandbox_id)) {
       if (caller.initiator == "api") activity_.Touch(just->record.sandbox_id);
-      return AttachTarget{std::move(just->record), AgentClient::ForSocket(*sock),
-                          std::move(just->spec)};
+      AgentClient agent = ClientFor(just->record.sandbox_id, *sock);
+      return AttachTarget{std::move(just->record), std::move(agent), std::move(just->spec)};
     }
   }
   SBX_ASSIGN_OR_RETURN(SessionRecord s, GetSession(caller, session_id));
@@ -164,13 +164,55 @@ absl::StatusOr<SandboxService::AttachTarget> SandboxService::PrepareAttach(
   // The spec as CreateSession wrote it; one that no longer decodes is a store edited by hand,
   // which the agent would refuse the same way.
   SBX_ASSIGN_OR_RETURN(SessionSpec spec, SessionSpec::FromJson(s.spec));
-  return AttachTarget{std::move(s), AgentClient::ForSocket(*sock), std::move(spec)};
+  AgentClient agent = ClientFor(s.sandbox_id, *sock);
+  return AttachTarget{std::move(s), std::move(agent), std::move(spec)};
 }
 
-std::optional<AgentClient> SandboxService::AgentFor(const std::string& sandbox_id) const {
+std::optional<AgentClient> SandboxService::AgentFor(const std::string& sandbox_id) {
   auto sock = AgentSocketFor(sandbox_id);
   if (!sock) return std::nullopt;
-  return AgentClient::ForSocket(*sock);
+  return ClientFor(sandbox_id, *sock);
+}
+
+AgentClient SandboxService::ClientFor(const std::string& sandbox_id, std::string sock) {
+  AgentClient agent = AgentClient::ForSocket(std::move(sock));
+  agent.set_explainer([this, sandbox_id](absl::Status lost) {
+    return ExplainAgentLoss(sandbox_id, std::move(lost));
+  });
+  return agent;
+}
+
+absl::Status SandboxService::ExplainAgentLoss(const std::string& sandbox_id, absl::Status lost) {
+  if (auto dead = CheckAgentLost(sandbox_id)) {
+    return ApiError(absl::StatusCode::kFailedPrecondition, "sandbox_not_running",
+                    fmt::format("sandbox {} is failed: {}", sandbox_id, *dead));
+  }
+  SandboxRecord sb;
+  (void)store_.Transact([&](Tx& tx) -> absl::Status {
+    auto r = tx.GetSandbox(sandbox_id);
+    if (r.ok()) sb = *r;
+    return absl::OkStatus();
+  });
+  const bool frozen = [&] {
+    std::lock_guard lock(mu_);
+    return frozen_.count(sandbox_id) > 0;
+  }();
+  std::string state;
+  if (sb.state.empty()) {
+    state = "gone";
+  } else if (sb.state != kRunning) {
+    state = sb.state;
+  } else if (frozen) {
+    state = "being paused";
+  } else if (sb.current_operation_id) {
+    state = fmt::format("being changed by operation {}", *sb.current_operation_id);
+  } else {
+    return lost;  // running as far as sbxd knows: the agent's own trouble, retried by the caller
+  }
+  return ApiError(absl::StatusCode::kFailedPrecondition, "sandbox_not_running",
+                  fmt::format("sandbox {} is {}, not running (its agent stopped answering "
+                              "during the request: {})",
+                              sandbox_id, state, std::string(lost.message())));
 }
 
 std::optional<std::string> SandboxService::AgentSocketFor(const std::string& sandbox_id) const {
