@@ -6,6 +6,8 @@
 #   1. ctest on build/ (unit tests and the root integration tests, label `root`)
 #   1'. deploy: tools/test_deploy.sh (the Helm chart renders, validates, matches deploy/k8s)
 #   2. the end-to-end suite (tests/e2e, pytest) against a real sbxd
+#   2-. api-fuzz: schemathesis generates requests from docs/api/openapi.yaml against a real
+#       sbxd (tests/e2e/test_openapi_fuzz.py; pinned by tools/schemathesis/requirements.lock)
 #   2'. e2e-microvm: the session, exit, output, file and port cases of tests/e2e again on microvm
 #   2''. e2e-firecracker: the Firecracker driver's lifecycle, where SBX_FIRECRACKER is set
 #   2a. the escape and abuse suite (tests/security, pytest): attacks from inside real sandboxes
@@ -108,6 +110,7 @@ else
   record ctest "failed (not run: no build)"
   record deploy "failed (not run: no build)"
   record e2e "failed (not run: no build)"
+  record api-fuzz "failed (not run: no build)"
   record security "failed (not run: no build)"
   record e2b "failed (not run: no build)"
   record soak "failed (not run: no build)"
@@ -145,8 +148,20 @@ export SBX_BUILD_DIR="$ROOT/build"  # the tree built above, whatever the caller 
 suite_start
 # shellcheck disable=SC2086
 timeout -k 30 "${SBX_E2E_TIMEOUT_S:-1200}" "$PY" -m pytest tests/e2e -v \
-  --junitxml="$RESULTS_DIR/e2e.xml" ${PYTEST_ARGS:-}
+  --ignore=tests/e2e/test_openapi_fuzz.py --junitxml="$RESULTS_DIR/e2e.xml" ${PYTEST_ARGS:-}
 judge e2e "$(pytest_result $?)" "$RESULTS_DIR/e2e.xml"
+
+# ---- the contract, fuzzed -----------------------------------------------------------------------
+# schemathesis (tools/schemathesis/requirements.lock, installed once per lock hash) generates
+# valid and invalid requests for every operation of docs/api/openapi.yaml against an sbxd of
+# the test's own, within a time budget (SBX_APIFUZZ_MAX_S, default 150); any 5xx, answer the
+# contract does not document, invalid input accepted or route served without the token fails.
+banner "api-fuzz (schemathesis against docs/api/openapi.yaml)"
+suite_start
+# shellcheck disable=SC2086
+timeout -k 30 "${SBX_APIFUZZ_TIMEOUT_S:-900}" "$PY" -m pytest tests/e2e/test_openapi_fuzz.py -v -s \
+  --junitxml="$RESULTS_DIR/api-fuzz.xml" ${PYTEST_ARGS:-}
+judge api-fuzz "$(pytest_result $?)" "$RESULTS_DIR/api-fuzz.xml"
 
 # ---- the same cases on the microvm runtime -------------------------------------------------------
 # Sessions (stdin, signals, deadlines, processes, PTY, WebSocket, replay), exit codes and output
