@@ -18,18 +18,14 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 REQ="$ROOT/tests/deploy"
-BASE_PY=/usr/bin/python3
 CACHE="${SBX_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/sbx}"
 export SBX_CACHE_DIR="$CACHE"
 
+# shellcheck source=tools/pylock.sh
+source "$ROOT/tools/pylock.sh"
 if [[ ${1:-} == --relock ]]; then
-  scratch=$(mktemp -d "${TMPDIR:-/tmp}/sbx-relock.XXXXXX")
-  trap 'rm -rf "$scratch"' EXIT
-  "$BASE_PY" -m venv "$scratch/venv"
-  "$scratch/venv/bin/pip" install -q pip-tools
-  (cd "$REQ" && "$scratch/venv/bin/pip-compile" -q --generate-hashes --allow-unsafe --strip-extras \
-     --no-emit-index-url --no-emit-find-links --rebuild -o requirements.lock requirements.in)
-  exit 0
+  pylock_relock "$REQ"
+  exit
 fi
 [[ $# -eq 1 ]] || { echo "usage: $0 JUNIT_XML | --relock" >&2; exit 2; }
 junit=$(realpath -m "$1")
@@ -44,17 +40,7 @@ helm=$(bash "$ROOT/tools/helm/build.sh" | tail -n1)
 took helm
 
 step "preparing the venv (tests/deploy/requirements.lock)"
-pyver=$("$BASE_PY" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')
-venv="$CACHE/deploy/py-$(printf '%s' "$pyver" | cat - "$REQ/requirements.lock" | sha256sum | cut -c1-16)"
-if [[ ! -f "$venv/.complete" ]]; then  # the marker comes last: an interrupted install is redone
-  rm -rf "$venv"
-  mkdir -p "$(dirname "$venv")"
-  "$BASE_PY" -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check --require-hashes --no-deps \
-    -r "$REQ/requirements.lock" >&2
-  "$venv/bin/pip" check >&2
-  touch "$venv/.complete"
-fi
+venv=$(pylock_venv "$REQ/requirements.lock" "$CACHE/deploy")
 took venv
 
 step "pytest tests/deploy"
