@@ -156,6 +156,8 @@ class Api {
   http::asio::awaitable<std::optional<http::Response>> FileUpload(
       http::RequestContext& ctx, const std::string& sandbox_id, service::AgentClient& agent,
       service::WriteRequest request, uint64_t disk_cap_bytes);
+  // A stream's Unavailable as what became of the sandbox (SandboxService::ExplainAgentLoss).
+  absl::Status AfterAgentLoss(const std::string& sandbox_id, absl::Status s);
   // The request of PUT /v1/sandboxes/{id}/files from its query (files_api.cc).
   static absl::StatusOr<service::WriteRequest> UploadRequest(const http::Request& req,
                                                              const Target& t, std::string path);

@@ -455,6 +455,13 @@ Awaitable Api::FileWatch(http::RequestContext& ctx, service::AgentClient& agent,
   co_return std::nullopt;
 }
 
+// An upload's stream outlives the client's explainer (AgentClient::Explained): a suspend or
+// delete that ends the agent mid-upload is told as the sandbox's state, not a 503.
+absl::Status Api::AfterAgentLoss(const std::string& sandbox_id, absl::Status s) {
+  if (s.code() != absl::StatusCode::kUnavailable) return s;
+  return svc_.ExplainAgentLoss(sandbox_id, std::move(s));
+}
+
 Awaitable Api::FileUpload(http::RequestContext& ctx, const std::string& sandbox_id,
                           service::AgentClient& agent, service::WriteRequest request,
                           uint64_t disk_cap) {
@@ -493,10 +500,10 @@ Awaitable Api::FileUpload(http::RequestContext& ctx, const std::string& sandbox_
     }
     if (n == 0) break;
     auto sent = co_await stream->Send(std::string_view(buf.data(), n));
-    if (!sent.ok()) co_return ErrorResponse(sent, ctx.request_id);
+    if (!sent.ok()) co_return ErrorResponse(AfterAgentLoss(sandbox_id, sent), ctx.request_id);
   }
   auto end = co_await stream->Finish();
-  if (!end.ok()) co_return ErrorResponse(end.status(), ctx.request_id);
+  if (!end.ok()) co_return ErrorResponse(AfterAgentLoss(sandbox_id, end.status()), ctx.request_id);
   json body = end->entry ? json{{"entry", end->entry->ToJson()}}
                          : json{{"entries", end->tar->entries}, {"skipped", end->tar->skipped}};
   co_return JsonOk(bhttp::status::ok, body);
