@@ -10,6 +10,9 @@ on tests that did not run; a "Not Run" that is not a skip counts as failed, as c
 Usage: python3 tools/junit_counts.py REPORT.xml   (exit 2 when the report cannot be read)
        python3 tools/junit_counts.py --failed REPORT.xml   the failed tests' names, one a line
        (what the drift suite prints: its row must say which tests a new SDK release broke)
+       python3 tools/junit_counts.py --why REPORT.xml   each failed test's name and the start of
+       its failure message (tools/test.sh prints them next to the results table: a CI log that
+       is cut in the middle still says why a suite failed)
 """
 from __future__ import annotations
 
@@ -53,7 +56,41 @@ def failed_names(path: str) -> list[str]:
             for (cls, name), outcome in outcomes(path).items() if outcome == "failed"]
 
 
+def failure_reasons(path: str, limit: int = 1500) -> list[str]:
+    """'name: message' of each failed test case, the message cut to `limit` characters."""
+    root = ET.parse(path).getroot()
+    out = []
+    for tc in root.iter("testcase"):
+        bad = tc.find("failure")
+        if bad is None:
+            bad = tc.find("error")
+        if bad is None:
+            continue
+        cls, name = tc.get("classname", ""), tc.get("name", "?")
+        text = (bad.get("message") or "").strip() or (bad.text or "").strip()
+        if text:
+            if len(text) > limit:
+                text = text[:limit] + f" [... {len(text) - limit} more characters in {path}]"
+        else:  # ctest's reports put the test's output under <system-out>: its end says why
+            log = tc.find("system-out")
+            text = ((log.text or "") if log is not None else "").strip()
+            text = text[-limit:] if text else "(no message)"
+        out.append(f"{cls + '::' if cls else ''}{name}: {text}")
+    return out
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[1] == "--why":
+        try:
+            reasons = failure_reasons(argv[2])
+        except (OSError, ET.ParseError) as e:
+            print(f"junit_counts: cannot read {argv[2]}: {e}", file=sys.stderr)
+            return 2
+        for r in reasons[:10]:
+            print(r)
+        if len(reasons) > 10:
+            print(f"... and {len(reasons) - 10} more failed tests in {argv[2]}")
+        return 0
     if len(argv) == 3 and argv[1] == "--failed":
         try:
             names = failed_names(argv[2])

@@ -47,6 +47,20 @@ class JunitCountsTest(unittest.TestCase):
         self.addCleanup(os.unlink, path)
         return path
 
+    def test_why_names_each_failure_with_its_message(self):
+        reasons = junit_counts.failure_reasons(self.write(PYTEST))
+        self.assertEqual(reasons, ["test_s::test_fail: assert False",
+                                   "test_s::test_teardown: failed on teardown",
+                                   "test_s::test_setup: failed on setup"])
+        # ctest: an empty message, the output's end instead; a long message is cut and says so.
+        ctest = CTEST.replace('<failure message=""/></testcase>',
+                              '<failure message=""/><system-out>start\nExpected: 1\n</system-out></testcase>')
+        self.assertEqual(junit_counts.failure_reasons(self.write(ctest)),
+                         ["bad::bad: start\nExpected: 1"])
+        long = PYTEST.replace('message="assert False"', f'message="{"x" * 3000}"')
+        first = junit_counts.failure_reasons(self.write(long), limit=100)[0]
+        self.assertTrue(first.startswith("test_s::test_fail: " + "x" * 100 + " [... 2900 more"), first)
+
     def test_pytest_report(self):
         self.assertEqual(junit_counts.counts(self.write(PYTEST)), (3, 3, 1))
 

@@ -2,7 +2,8 @@
 # tests really ran (from a JUnit report, not from the exit status alone) and its wall time.
 # tools/test_lib_test.sh drives these functions with fake suites (ctest runs it).
 #
-# Needs: $ROOT (the repository), $PY (a python3), $START (the script's start, date +%s).
+# Needs: $ROOT (the repository), $PY (a python3), $START (the script's start, date +%s),
+# $RESULTS_DIR (where the suites write their JUnit reports, NAME.xml: finish quotes failures).
 # Under CI=true a suite that ran nothing (no test, or every test skipped) fails; elsewhere it
 # shows as skipped, never as passed.
 
@@ -148,7 +149,16 @@ run_budgeted() {
 # The final tables and the summary line; exits non-zero if any suite failed or none passed.
 # A "drift" row (drift_verdict) is reported on its own line and fails nothing.
 finish() {
-  local passed=0 failed=0 skipped=0 i p f s drift=()
+  local passed=0 failed=0 skipped=0 i p f s drift=() why=0
+  # Why each failed suite failed, from its report, next to the table: a long CI log is kept
+  # only at its head and its tail, and the failure itself sits in the cut middle.
+  for i in "${!NAMES[@]}"; do
+    case "${RESULTS[$i]}" in passed*|skipped*|drift*) continue ;; esac
+    [[ -n "${RESULTS_DIR:-}" && -s "$RESULTS_DIR/${NAMES[$i]}.xml" ]] || continue
+    (( why++ == 0 )) && banner "why the failed suites failed (first 1500 characters of each failure)"
+    echo "  ${NAMES[$i]}:"
+    "$PY" "$ROOT/tools/junit_counts.py" --why "$RESULTS_DIR/${NAMES[$i]}.xml" 2>&1 | sed 's/^/    /'
+  done
   banner "results"
   printf '  %-14s %7s %7s %8s  %s\n' suite passed failed skipped result
   for i in "${!NAMES[@]}"; do

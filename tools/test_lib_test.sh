@@ -162,6 +162,18 @@ fi
 out=$(NAMES=() RESULTS=() COUNTS=() WALL=(); record a passed; record b "passed (3 attacks tried)"; finish)
 expect_eq "passed with a note counts as passed" "$?|$(tail -1 <<<"$out")" "0|summary: 2 passed, 0 failed"
 
+out=$(
+  NAMES=() RESULTS=() COUNTS=() WALL=()
+  RESULTS_DIR="$TMP/results"; mkdir -p "$RESULTS_DIR"
+  junit "$RESULTS_DIR/e2e.xml" 1 1 0; junit "$RESULTS_DIR/soak.xml" 0 1 0
+  record e2e "failed (pytest exit 1)" "1 1 0"; record soak passed; finish
+)
+if grep -A2 '^===== why the failed suites failed' <<<"$out" | tr '\n' '|' | grep -q '|  e2e:|    t::f0: x|$'; then
+  ok "a failed suite's failures are quoted before the table, a passed one's are not"
+else
+  bad "no failure reasons (or soak's too) in: $out"
+fi
+
 # ---- the drift suite: reported, never failing -----------------------------------------------------
 expect_eq "drift: all passed" "$(drift_verdict 0 "$TMP/some.xml" "e2b 9.9")" "passed (e2b 9.9)"
 expect_eq "drift: failures name the tests" "$(drift_verdict 1 "$TMP/fails.xml" "e2b 9.9")" \
