@@ -7,7 +7,16 @@
   - src/service names no route and includes nothing of HTTP: src/api renders its results;
   - the CLI links no agent code; the agent includes nothing of sbxd;
   - no file is read through std::istreambuf_iterator: libstdc++ throws from it when read(2)
-    fails (ESRCH on a vanished /proc/<pid>), common/files.h reads without exceptions.
+    fails (ESRCH on a vanished /proc/<pid>), common/files.h reads without exceptions;
+  - every descriptor is made close-on-exec in the call that makes it: sbxd and the agent fork
+    and exec from many threads, and a descriptor opened without O_CLOEXEC leaks into whatever
+    another thread starts meanwhile (a sandbox's process, QEMU, mke2fs). So each open, socket,
+    pipe2, accept4, dup3, eventfd, memfd_create... names a *CLOEXEC flag in its arguments, dup
+    becomes fcntl(F_DUPFD_CLOEXEC), fopen's mode has "e", and std::fstream (which cannot ask
+    for it) is not used. libcurl and libnftables make theirs without it: curl_easy_init is
+    called only by common/curl_init.h and nft_ctx_new only by net/nft.cc, which mark them. A
+    call that must stay inheritable says so: `inheritable:` in a comment on its line or the
+    two above.
 
 Function length (~120 lines at most, table-like switches aside) needs a parser: `lizard -l cpp
 src` checks it by hand. Exits 1 and names every breach; `--root` points at another tree (tests).
@@ -37,6 +46,97 @@ FORBIDDEN = [
 ]
 
 
+# Calls that make a descriptor. A bare name preceded by an identifier, `&` or `*` is a
+# declaration (`tcp::socket socket(ex)`), and a name qualified by anything but the global `::`
+# is someone else's function.
+_FD_CALL = re.compile(
+    r'(?:(?<![\w:])::|std::|(?<![\w.>:$&*]))'
+    r'(open|openat|open64|openat2|creat|socket|socketpair|accept|accept4|pipe|pipe2|'
+    r'epoll_create|epoll_create1|eventfd|memfd_create|inotify_init|inotify_init1|'
+    r'timerfd_create|signalfd|dup|dup3|fsopen|fsmount|open_tree|mkstemp|mkostemp|fopen|fdopen|'
+    r'mnl_socket_open|curl_easy_init|nft_ctx_new)\s*\(')
+# Libraries that make descriptors without asking: each is called in one place that marks them.
+_WRAPPED = {"curl_easy_init": "src/common/curl_init.h", "nft_ctx_new": "src/net/nft.cc"}
+_DECLARATOR = re.compile(r'[\w&*>]\s*$')
+_FSTREAM = re.compile(r'std::(?:i|o)?fstream\b')
+
+
+def _blank_comments_and_strings(text: str) -> str:
+    """`text` with comments and the insides of literals blanked, offsets and newlines kept."""
+    out = []
+    i, n = 0, len(text)
+    while i < n:
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+        elif text[i] in "\"'":
+            j = i + 1
+            while j < n and text[j] != text[i] and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            out.append(text[i] + re.sub(r"[^\n]", " ", text[i + 1:j]) + text[j:j + 1])
+            i = j + 1
+            continue
+        else:
+            out.append(text[i])
+            i += 1
+            continue
+        out.append(re.sub(r"[^\n]", " ", text[i:j]))
+        i = j
+    return "".join(out)
+
+
+def _call_end(code: str, open_paren: int) -> int:
+    depth = 0
+    for j in range(open_paren, len(code)):
+        if code[j] == "(":
+            depth += 1
+        elif code[j] == ")":
+            depth -= 1
+            if depth == 0:
+                return j + 1
+    return len(code)
+
+
+def inheritable_descriptors(text: str, rel: str = "") -> list[tuple[int, str]]:
+    """(line, call) of each descriptor made without close-on-exec in a source text (at `rel`,
+    the path from the repository's root)."""
+    code = _blank_comments_and_strings(text)
+    lines = text.splitlines()
+    found = []
+    for m in _FD_CALL.finditer(code):
+        name = m.group(1)
+        qualified = code[m.start():m.start(1)].endswith("::")
+        if not qualified and _DECLARATOR.search(code[:m.start()].rsplit("\n", 1)[-1]):
+            before = code[:m.start()].rstrip()
+            if not before.endswith("return"):
+                continue
+        end = _call_end(code, m.end() - 1)
+        call = text[m.start(1):end]
+        if code[m.end():end - 1].strip() == "" and name not in _WRAPPED and name != "inotify_init":
+            continue  # a member or accessor of that name: those system calls take arguments
+        if name in _WRAPPED:
+            if rel == _WRAPPED[name]:
+                continue
+        elif name in ("fopen", "fdopen"):
+            modes = re.findall(r'"([^"]*)"', call)
+            if modes and "e" in modes[-1]:
+                continue
+        elif "CLOEXEC" in call and name not in ("dup", "pipe", "accept", "inotify_init",
+                                                 "epoll_create", "creat", "mkstemp"):
+            continue
+        line = code.count("\n", 0, m.start()) + 1
+        if any("inheritable:" in l for l in lines[max(0, line - 3):line]):
+            continue
+        found.append((line, " ".join(call.split())))
+    for m in _FSTREAM.finditer(code):
+        line = code.count("\n", 0, m.start()) + 1
+        found.append((line, m.group(0)))
+    return sorted(found)
+
+
 def is_test(path: Path) -> bool:
     return path.stem.endswith("_test") or path.stem.endswith("_test_util") or path.name == "test_util.h"
 
@@ -52,6 +152,9 @@ def problems(root: Path) -> list[str]:
         if len(lines) > MAX_LINES:
             out.append(f"{rel}: {len(lines)} lines (at most {MAX_LINES}: cut it along its seams)")
         folder = path.relative_to(src).parts[0]
+        for n, call in inheritable_descriptors("\n".join(lines), rel.as_posix()):
+            out.append(f"{rel}:{n}: {call} (the descriptor is inheritable: make it close-on-exec "
+                       "in this call, or say `inheritable:` why not)")
         for top, pattern, why in FORBIDDEN:
             if top not in ("*", folder):
                 continue

@@ -58,6 +58,40 @@ class CheckHouseTest(unittest.TestCase):
         self.assertNotIn("src/common/files.h", found)
         self.assertNotIn("u_test.cc", found)
 
+    def test_descriptors_made_without_close_on_exec_are_named(self):
+        bad = {
+            "src/a/open.cc": "int f = ::open(p, O_RDONLY);\n",
+            "src/a/dup.cc": "UniqueFd c(::dup(fd));\n",
+            "src/a/dup_cloexec_word.cc": "int c = ::dup(fd);  // O_CLOEXEC is not asked here\nint d = dup(fd) + O_CLOEXEC;\n",
+            "src/a/pipe.cc": "if (pipe(p) != 0) {}\n",
+            "src/a/fopen.cc": 'FILE* f = std::fopen(path, "wbx");\n',
+            "src/a/stream.cc": "std::ifstream in(path);\n",
+            "src/a/curl.cc": "CURL* c = curl_easy_init();\n",
+            "src/a/mnl.cc": "auto* nl = mnl_socket_open(NETLINK_ROUTE);\n",
+            "src/a/socket.cc": "int s = socket(AF_INET,\n    SOCK_STREAM, 0);\n",
+        }
+        good = {
+            "src/b/open.cc": "int f = ::open(p,\n    O_RDONLY | O_CLOEXEC);\n",
+            "src/b/dup.cc": "int c = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);\n",
+            "src/b/pipe.cc": "if (::pipe2(p, O_CLOEXEC) != 0) {}\n",
+            "src/b/fopen.cc": 'FILE* f = std::fopen(path, "wbxe");\n',
+            "src/b/mnl.cc": "auto* nl = mnl_socket_open2(NETLINK_ROUTE, SOCK_CLOEXEC);\n",
+            "src/b/decl.cc": "tcp::socket socket(ex);\nstd::string accept(it->value());\n"
+                             "auto& s = conn.socket();\nsize_t open() const;\nint n = socket_.open();\n",
+            "src/b/text.cc": '// socket(AF_NETLINK, ...) filters\nauto m = "open(/dev/null)";\n'
+                             "/* ::dup(fd) */ int x = 0;\n",
+            "src/b/inheritable.cc": "// inheritable: it becomes fd 4 of the VMM\nint t = ::open(p, O_RDWR);\n",
+            "src/common/curl_init.h": "CURL* c = curl_easy_init();\n",
+            "src/b/x_test.cc": "std::ofstream out(path);\nint f = ::open(p, O_RDONLY);\n",
+        }
+        found = "\n".join(check_house.problems(tree({**bad, **good})))
+        for path in bad:
+            self.assertIn(path + ":1", found)
+        self.assertIn("src/a/dup_cloexec_word.cc:2", found)  # CLOEXEC beside a dup is no excuse
+        for path in good:
+            self.assertNotIn(path, found)
+        self.assertIn("close-on-exec", found)
+
 
 if __name__ == "__main__":
     unittest.main()

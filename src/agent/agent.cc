@@ -92,7 +92,7 @@ absl::Status Agent::Init() {
   // pipe ends are >= 3.
   for (int fd = 0; fd <= 2; ++fd) {
     if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
-      int n = ::open("/dev/null", O_RDWR);
+      int n = ::open("/dev/null", O_RDWR);  // inheritable: it becomes fd 0-2 of every process
       if (n >= 0 && n != fd) {
         ::dup2(n, fd);
         ::close(n);

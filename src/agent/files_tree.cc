@@ -104,7 +104,7 @@ absl::Status RemoveTree(int dir, const std::string& name, const std::string& pat
       if (!S_ISDIR(child.st_mode)) {
         return FileErrnoStatus(unlink_errno, fmt::format("delete {}/{}: unlinkat", path, n));
       }
-      SBX_RETURN_IF_ERROR(RefuseMountPoint(ParentRef{UniqueFd(::dup(fd.get())), n},
+      SBX_RETURN_IF_ERROR(RefuseMountPoint(ParentRef{UniqueFd(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0)), n},
                                            path + "/" + n, "delete"));
       SBX_RETURN_IF_ERROR(RemoveTree(fd.get(), n, path + "/" + n, depth + 1));
     }

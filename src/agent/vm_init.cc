@@ -24,7 +24,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <sstream>
 #include <string>
@@ -34,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/vm_jail.h"
+#include "common/files.h"
 #include "protocol/mux.h"
 
 extern char** environ;
@@ -87,12 +87,7 @@ void Mount(const char* src, const std::string& dst, const char* type, unsigned l
   }
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string ReadFile(const std::string& path) { return ReadFileOrEmpty(path); }
 
 // virtio_mmio is a module in Debian's kernel, so the devices QEMU lists on the command line
 // (virtio_mmio.device=...) reach it only when init passes them, as modprobe would.
@@ -115,7 +110,7 @@ std::string ModuleParams(const std::string& module) {
 }
 
 void LoadModules() {
-  std::ifstream list("/lib/modules/load.list");
+  std::stringstream list(ReadFile("/lib/modules/load.list"));
   std::string path;
   while (std::getline(list, path)) {
     if (path.empty()) continue;
@@ -305,10 +300,7 @@ void BindResolvConf(const Json& net) {
   const std::string text = net.value("resolv_conf", std::string());
   std::string target = "/newroot" + net.value("resolv_path", std::string("/etc/resolv.conf"));
   const std::string src = "/newroot/run/sbx/resolv.conf";
-  {
-    std::ofstream out(src);
-    out << text;
-  }
+  if (absl::Status st = WriteFileContents(src, text); !st.ok()) FailMsg(std::string(st.message()));
   ::chmod(src.c_str(), 0644);
   if (::access(target.c_str(), F_OK) != 0) {
     MkdirP(target.substr(0, target.rfind('/')));
@@ -443,7 +435,7 @@ static int VmInit() {
   // step's layer (export_layer.cc). Inherited by the agent, which marks it close-on-exec.
   int upper = -1;
   if (cfg.value("keep_writable_layer", false)) {
-    upper = ::open("/disk/upper", O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+    upper = ::open("/disk/upper", O_RDONLY | O_DIRECTORY | O_NOFOLLOW);  // inheritable: see above
     if (upper < 0) Fail("open /disk/upper");
   }
 

@@ -17,9 +17,9 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 
+#include "common/files.h"
 #include "common/status_util.h"
 
 namespace sbx::agent {
@@ -94,10 +94,7 @@ void BoundFiles(const JailSpec& spec) {
 
 int RunVmJail(const std::string& spec_path, const std::vector<std::string>& argv) {
   if (argv.empty()) DieMsg("no program to run");
-  std::ifstream in(spec_path);
-  std::stringstream text;
-  text << in.rdbuf();
-  const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, false);
+  const nlohmann::json j = nlohmann::json::parse(ReadFileOrEmpty(spec_path), nullptr, false);
   JailSpec spec;
   std::string error;
   if (j.is_discarded() || !JailSpec::FromJson(j, &spec, &error)) DieMsg(spec_path + ": " + error);
@@ -115,6 +112,7 @@ int RunVmJail(const std::string& spec_path, const std::vector<std::string>& argv
   }
   // 2. The tap: opening a tap by name needs CAP_NET_ADMIN and the host's network namespace.
   if (!spec.tap.empty()) {
+    // inheritable: the VMM execed below finds its tap at fd 4.
     const int fd = ::open("/dev/net/tun", O_RDWR);
     if (fd < 0) Die("open /dev/net/tun");
     ifreq ifr{};
@@ -168,10 +166,8 @@ absl::Status ConfineBridge(uint32_t uid, const std::string& empty_dir, const std
   auto fail = [](const char* step) { return ErrnoStatus(errno, std::string("confine the bridge: ") + step); };
   if (uid == 0) return absl::InvalidArgumentError("confine the bridge: uid 0 is no confinement");
   // The VM's cgroups: what the bridge uses counts against the VM's memory and task limits.
-  if (std::ifstream in(jail_spec); in) {
-    std::stringstream text;
-    text << in.rdbuf();
-    const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, false);
+  if (absl::StatusOr<std::string> text = ReadFileToString(jail_spec); text.ok()) {
+    const nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
     JailSpec spec;
     std::string error;
     if (j.is_discarded() || !JailSpec::FromJson(j, &spec, &error)) {

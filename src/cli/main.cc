@@ -3,13 +3,12 @@
 
 #include <csignal>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 
 #include "cli/cli_common.h"
 #include "cli/tls.h"
+#include "common/files.h"
 
 namespace {
 
@@ -92,10 +91,7 @@ int main(int argc, char** argv) {
     }
     token = !ctx.token_flag.empty() ? ctx.token_flag : Env("SBX_TOKEN");
     if (token.empty() && ::access(kAdminTokenFile, R_OK) == 0) {
-      std::ifstream in(kAdminTokenFile);
-      std::stringstream ss;
-      ss << in.rdbuf();
-      token = Trim(ss.str());
+      token = Trim(sbx::ReadFileOrEmpty(kAdminTokenFile));
     }
     if (token.empty()) {
       PrintError(fmt::format("no API token: set SBX_TOKEN or pass --token (or make {} readable)",

@@ -34,4 +34,20 @@ std::string ReadFileOrEmpty(const std::string& path) {
   return text.ok() ? std::move(*text) : std::string();
 }
 
+absl::Status WriteFileContents(const std::string& path, std::string_view contents, mode_t mode) {
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode));
+  if (!fd) return ErrnoStatus(errno, fmt::format("write file: open({})", path));
+  while (!contents.empty()) {
+    const ssize_t n = ::write(fd.get(), contents.data(), contents.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, fmt::format("write file: write({})", path));
+    }
+    contents.remove_prefix(static_cast<size_t>(n));
+  }
+  // close(2) reports what a network or full file system deferred.
+  if (fd.Close() != 0) return ErrnoStatus(errno, fmt::format("write file: close({})", path));
+  return absl::OkStatus();
+}
+
 }  // namespace sbx

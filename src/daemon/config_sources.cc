@@ -6,10 +6,9 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <fstream>
 #include <map>
-#include <sstream>
 
+#include "common/files.h"
 #include "common/status_util.h"
 #include "daemon/config.h"
 #include "daemon/config_internal.h"
@@ -365,17 +364,11 @@ absl::StatusOr<Loaded> Load(const CommandLine& cl, const std::vector<std::string
     }
   }
   if (file && !file->empty()) {
-    std::ifstream in(*file, std::ios::binary);
-    if (!in) {
-      return ErrnoStatus(errno, fmt::format("configuration file {} (from {}): open", *file,
-                                            named_by));
+    absl::StatusOr<std::string> text = ReadFileToString(*file);
+    if (!text.ok()) {
+      return Annotate(text.status(), fmt::format("configuration file (from {})", named_by));
     }
-    std::stringstream text;
-    text << in.rdbuf();
-    if (in.bad()) {
-      return ErrnoStatus(errno, fmt::format("configuration file {}: read", *file));
-    }
-    SBX_RETURN_IF_ERROR(ApplyToml(out.config, text.str(), *file));
+    SBX_RETURN_IF_ERROR(ApplyToml(out.config, *text, *file));
     out.file = *file;
     struct stat st{};
     if (out.config.origins.count("server.admin_token") &&

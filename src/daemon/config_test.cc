@@ -514,7 +514,8 @@ TEST(Config, LoadPicksTheFile) {
   ASSERT_TRUE(cl.ok());
   l = Load(*cl, {}, def);
   EXPECT_FALSE(l.ok());
-  EXPECT_THAT(std::string(l.status().message()), HasSubstr("missing.toml (from --config): open"));
+  EXPECT_THAT(std::string(l.status().message()), HasSubstr("configuration file (from --config): read file: open(" +
+                                                          (dir.path() / "missing.toml").string() + ")"));
   EXPECT_THAT(std::string(l.status().message()), HasSubstr("No such file"));
 
   // Errors of any layer stop the load.

@@ -5,11 +5,10 @@
 
 #include <algorithm>
 #include <charconv>
-#include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 
+#include "common/files.h"
 #include "common/status_util.h"
 
 namespace sbx::daemon {
@@ -64,10 +63,8 @@ absl::StatusOr<service::HostCapacity> ProbeHostCapacity(
   }
   if (cpus <= 0) return absl::InternalError("admission: sched_getaffinity reported no CPU");
 
-  std::ifstream f("/proc/meminfo");
-  std::stringstream text;
-  text << f.rdbuf();
-  auto kib = ParseMemTotalKib(text.str());
+  SBX_ASSIGN_OR_RETURN(const std::string meminfo, ReadFileToString("/proc/meminfo"));
+  auto kib = ParseMemTotalKib(meminfo);
   if (!kib) return absl::InternalError("admission: no MemTotal in /proc/meminfo");
 
   struct statvfs vfs {};

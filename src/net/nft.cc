@@ -1,6 +1,11 @@
 #include "net/nft.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <nftables/libnftables.h>
+#include <sys/socket.h>
+
+#include <cstdlib>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -27,11 +32,34 @@ absl::StatusOr<Json> Items(const std::string& text, const std::string& what) {
   return std::move(j["nftables"]);
 }
 
+// libnftables 1.0.6 opens its netlink socket in nft_ctx_new without SOCK_CLOEXEC and keeps it
+// for the context's life (sbxd's), where every program sbxd starts could inherit it. It gives
+// no access to the descriptor, so each netlink socket that lacks the flag is given it: sbxd
+// makes its own with SOCK_CLOEXEC (tools/check_house.py), so no other one is touched.
+void MarkNetlinkSocketsCloseOnExec() {
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return;
+  while (dirent* e = ::readdir(d)) {
+    const int fd = std::atoi(e->d_name);
+    if (fd < 3 || fd == ::dirfd(d)) continue;
+    const int flags = ::fcntl(fd, F_GETFD);
+    int domain = 0;
+    socklen_t len = sizeof(domain);
+    if (flags < 0 || (flags & FD_CLOEXEC) != 0 ||
+        ::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) != 0 || domain != AF_NETLINK) {
+      continue;
+    }
+    ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+  }
+  ::closedir(d);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Nft>> Nft::Open() {
   nft_ctx* ctx = nft_ctx_new(NFT_CTX_DEFAULT);
   if (ctx == nullptr) return absl::InternalError("nftables: nft_ctx_new failed");
+  MarkNetlinkSocketsCloseOnExec();
   if (nft_ctx_buffer_output(ctx) != 0 || nft_ctx_buffer_error(ctx) != 0) {
     nft_ctx_free(ctx);
     return absl::InternalError("nftables: cannot buffer libnftables output");

@@ -25,6 +25,7 @@
 #include <spdlog/spdlog.h>
 
 #include "archive/untar.h"
+#include "common/curl_init.h"
 #include "common/digest.h"
 #include "common/json_util.h"
 #include "common/status_util.h"
@@ -257,7 +258,7 @@ class Puller {
   }
 
   absl::Status Perform(const Request& rq, Response* r) const {
-    std::unique_ptr<CURL, void (*)(CURL*)> c(curl_easy_init(), curl_easy_cleanup);
+    std::unique_ptr<CURL, void (*)(CURL*)> c(CurlEasyInit(), curl_easy_cleanup);
     if (!c) return absl::InternalError("registry: curl_easy_init failed");
     Transfer t{this, &rq, r, c.get(), rq.resume_from};
     curl_slist* headers = nullptr;
@@ -359,7 +360,7 @@ class Puller {
           "registry {}: its token realm {:.200} is plain http; sbx sends credentials there only "
           "when the registry is configured insecure", ref_.registry, realm));
     }
-    std::unique_ptr<CURL, void (*)(CURL*)> c(curl_easy_init(), curl_easy_cleanup);
+    std::unique_ptr<CURL, void (*)(CURL*)> c(CurlEasyInit(), curl_easy_cleanup);
     auto escape = [&](const std::string& s) {
       char* e = curl_easy_escape(c.get(), s.data(), static_cast<int>(s.size()));
       std::string out = e ? e : "";

@@ -4,12 +4,14 @@
 // connection resumed with Range, a server that ignores Range, limits, cancellation during a
 // transfer and the errors' codes and texts.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <memory>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -25,6 +27,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/curl_init.h"
 #include "common/digest.h"
 #include "common/files.h"
 #include "registry/registry.h"
@@ -455,6 +458,36 @@ TEST_F(ClientTest, ErrorsNameTheRegistrysCode) {
   auto refused = PullToLayout(*ref, options_, (dir_ / "out").string(), {}, {});
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+}
+
+// Every curl handle sbx makes (CurlEasyInit) connects through a close-on-exec socket: libcurl's
+// own would be inherited by whatever another thread of sbxd starts during a pull.
+TEST(CurlInit, TheHandlesSocketsAreCloseOnExec) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  std::unique_ptr<CURL, void (*)(CURL*)> c(CurlEasyInit(), curl_easy_cleanup);
+  ASSERT_NE(c, nullptr);
+  std::vector<int> flags;  // F_GETFD of each socket the transfer made
+  auto record = +[](void* out, curl_socket_t fd, curlsocktype) -> int {
+    static_cast<std::vector<int>*>(out)->push_back(::fcntl(fd, F_GETFD));
+    return CURL_SOCKOPT_OK;
+  };
+  const std::string url = fmt::format("http://127.0.0.1:{}/v2/", ntohs(addr.sin_port));
+  curl_easy_setopt(c.get(), CURLOPT_URL, url.c_str());
+  curl_easy_setopt(c.get(), CURLOPT_SOCKOPTFUNCTION, record);
+  curl_easy_setopt(c.get(), CURLOPT_SOCKOPTDATA, &flags);
+  curl_easy_setopt(c.get(), CURLOPT_TIMEOUT_MS, 300L);  // nobody answers: the connect is enough
+  curl_easy_perform(c.get());
+  ::close(listener);
+  ASSERT_EQ(flags.size(), 1u);
+  EXPECT_EQ(flags[0] & FD_CLOEXEC, FD_CLOEXEC);
 }
 
 }  // namespace

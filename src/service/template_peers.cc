@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "common/curl_init.h"
 #include "common/ids.h"
 #include "common/json_util.h"
 #include "common/status_util.h"
@@ -78,7 +79,7 @@ int OnProgress(void* arg, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
 // A handle for one request to another node: the token in `headers`, the node's own address
 // only (never a proxy nor a redirect: the token must not go anywhere else), errors in `detail`.
 CURL* NodeRequest(const std::string& url, curl_slist* headers, char* detail) {
-  CURL* h = curl_easy_init();
+  CURL* h = CurlEasyInit();
   if (h == nullptr) return nullptr;
   curl_easy_setopt(h, CURLOPT_URL, url.c_str());
   curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);

@@ -195,7 +195,7 @@ def lab(validator, profiles_toml: str, extra_args: Sequence[str] = (),
         daemon = d
         d.start()
         fresh = SbxClient(d.url, d.token, validator)
-        fresh.netns, fresh.restart = net, restart
+        fresh.netns, fresh.restart, fresh.daemon_pid = net, restart, d.proc.pid
         fresh.created_sandboxes = client.created_sandboxes  # what the cleanup checks
         client.close()
         client = fresh
@@ -225,6 +225,7 @@ def lab(validator, profiles_toml: str, extra_args: Sequence[str] = (),
         client = SbxClient(daemon.url, daemon.token, validator)
         client.netns = net  # tests reach the namespaces' names through it
         client.restart = restart  # a test that restarts sbxd uses the client it returns
+        client.daemon_pid = daemon.proc.pid  # sbxd's own (nsenter execs it)
         yield client
     finally:
         problems = []

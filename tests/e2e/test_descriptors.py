@@ -1,6 +1,7 @@
 """sbxd's descriptors are close-on-exec: a program it starts (mke2fs for a new disk size, QEMU,
 a helper) must not inherit a client's connection, the listening socket or a connection to an
-agent. asio makes sockets without SOCK_CLOEXEC; sbxd marks them itself. And sbxd keeps
+agent. asio makes sockets without SOCK_CLOEXEC; sbxd marks them itself. Nothing it holds
+lacks the flag even for a moment (fd_watch.py samples along a workload). And sbxd keeps
 nothing its own parent left open."""
 
 from __future__ import annotations
@@ -13,27 +14,7 @@ import select
 import pytest
 
 from conftest import Daemon, shutdown
-
-O_CLOEXEC = 0o2000000
-
-
-def open_without_cloexec(pid: int) -> list[str]:
-    """Descriptors of `pid` from 3 up that lack O_CLOEXEC, as "fd -> target"."""
-    found = []
-    for name in os.listdir(f"/proc/{pid}/fd"):
-        fd = int(name)
-        if fd < 3:
-            continue
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{name}")
-            with open(f"/proc/{pid}/fdinfo/{name}") as f:
-                flags = next(int(line.split()[1], 8) for line in f if line.startswith("flags:"))
-        except (OSError, StopIteration):
-            continue  # closed meanwhile
-        if not flags & O_CLOEXEC:
-            found.append(f"{fd} -> {target}")
-    return found
-
+from fd_watch import FdWatch, open_without_cloexec
 
 def test_connections_listener_and_agent_sockets_are_close_on_exec(api, sbxd):
     sid = api.create_sandbox({"labels": {"e2e": "descriptors"}})["sandbox"]["id"]
@@ -82,3 +63,27 @@ def test_sbxd_closes_what_its_parent_left_open(validator):
         problems = shutdown(daemon, validator, [])
     if problems:
         pytest.fail("stopping the test's sbxd: " + "; ".join(problems))
+
+
+def test_nothing_sbxd_holds_along_a_workload_is_inheritable(api, sbxd):
+    """Sampled all along: create, a session with output, files up and down, pause and wake,
+    the metrics (which read /proc), the host's capacity (read on each admission), delete."""
+    with FdWatch(sbxd.proc.pid) as watch:
+        sid = api.create_sandbox({"labels": {"e2e": "descriptors"}})["sandbox"]["id"]
+        try:
+            r = api.run(sid, ["sh", "-c", "head -c 100000 /dev/zero | tr '\\0' x; echo done >&2"])
+            assert r.exit["exit_code"] == 0 and len(r.stdout) == 100000, (r.exit, r.stderr)
+            files = f"/v1/sandboxes/{sid}/files"
+            body = os.urandom(1 << 20)
+            api.call("PUT", files, params={"path": "/tmp/blob"}, data=body,
+                     headers={"Content-Type": "application/octet-stream"}, expect=200)
+            assert api.call("GET", files, params={"path": "/tmp/blob"}, expect=200).content == body
+            for kind in ("pause", "wake"):
+                op = api.call("POST", f"/v1/sandboxes/{sid}/{kind}", expect=202).body["operation"]
+                assert api.wait_operation(op["id"], timeout=60)["state"] == "succeeded", op
+            api.call("GET", "/metrics", expect=200, validate=False)
+            api.list_sandboxes()
+        finally:
+            api.delete_sandbox(sid)
+    assert watch.samples > 10, f"only {watch.samples} looks at sbxd's descriptors"
+    assert sorted(watch.seen) == [], f"inheritable descriptors in sbxd ({watch.samples} looks)"

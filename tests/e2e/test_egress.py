@@ -12,6 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import netlab  # noqa: E402
+from fd_watch import FdWatch  # noqa: E402
 from netlab import (FAR, HOST_SERVICE_PORT, HTTP_PORT, INTERNET, OTHER_PORT, POOL4,  # noqa: E402,F401
                     UDP_PORT, UPLINK_HOST, create, probe)
 from sbx_client import SbxClient  # noqa: E402,F401
@@ -177,6 +178,23 @@ def test_spoofed_sources_are_dropped(lab):
         assert "spoofed" not in seen, seen
     finally:
         lab.delete_sandbox(sb["id"])
+
+
+def test_nothing_sbxd_holds_with_egress_is_inheritable(lab):
+    """With egress on, sbxd holds libnftables' netlink socket for its whole life (made without
+    SOCK_CLOEXEC by the library; net/nft.cc marks it) and its own netlink, conntrack and
+    resolver sockets: none is inheritable, looked at all along a create, a flow out and a
+    delete (fd_watch.py; test_descriptors.py does the same without egress)."""
+    with FdWatch(lab.daemon_pid) as watch:
+        sb = create(lab, {"egress_profile": "open"})
+        try:
+            assert probe(lab, sb["id"], f"tcp:{INTERNET}:{HTTP_PORT}") == {
+                f"tcp:{INTERNET}:{HTTP_PORT}": "ok"}
+            lab.call("GET", f"/v1/sandboxes/{sb['id']}/egress", expect=200)
+        finally:
+            lab.delete_sandbox(sb["id"])
+    assert watch.samples > 0, "no look at sbxd's descriptors"
+    assert sorted(watch.seen) == [], f"inheritable descriptors in sbxd ({watch.samples} looks)"
 
 
 def test_narrowing_at_create_and_widening_refused(lab):

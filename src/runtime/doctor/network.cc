@@ -34,8 +34,8 @@ constexpr char kNftProbe[] =
 
 // Child side. Returns 0 or an errno; *step names the call that failed.
 int CreateVeth(const char** step) {
-  *step = "mnl_socket_open(NETLINK_ROUTE)";
-  struct mnl_socket* nl = mnl_socket_open(NETLINK_ROUTE);
+  *step = "mnl_socket_open2(NETLINK_ROUTE)";
+  struct mnl_socket* nl = mnl_socket_open2(NETLINK_ROUTE, SOCK_CLOEXEC);
   if (nl == nullptr) return errno;
   int err = 0;
   do {
@@ -88,6 +88,7 @@ int CreateVeth(const char** step) {
 
 // Child side: the first line of libnftables' error, or "" when the commands ran.
 std::string CreateNftTable(int* rc) {
+  // inheritable: its socket lives in a probe's child, which execs nothing and exits.
   struct nft_ctx* nft = nft_ctx_new(NFT_CTX_DEFAULT);
   if (nft == nullptr) {
     *rc = -1;

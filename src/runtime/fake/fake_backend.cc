@@ -18,7 +18,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <map>
 #include <optional>
@@ -403,13 +402,8 @@ absl::StatusOr<InstancePtr> FakeBackend::Create(const SandboxSpec& spec) {
   }
   instance = std::make_unique<FakeInstance>(spec.id, dir, pid);
 
-  {
-    std::ofstream pid_file(dir + "/agent.pid");
-    pid_file << pid << "\n";
-    if (!pid_file) {
-      return fail(absl::InternalError(
-          fmt::format("create sandbox {}: write {}/agent.pid", spec.id, dir)));
-    }
+  if (absl::Status st = WriteFileContents(dir + "/agent.pid", fmt::format("{}\n", pid)); !st.ok()) {
+    return fail(Annotate(st, fmt::format("create sandbox {}", spec.id)));
   }
   bool reaped = false;
   if (absl::Status ready = WaitForAgent(spec.id, socket, pid, log_path, &reaped); !ready.ok()) {

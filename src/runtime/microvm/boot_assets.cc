@@ -98,7 +98,7 @@ absl::Status WriteInitramfs(const std::string& path, const std::string& agent,
 }
 
 absl::Status WriteFile(const std::string& path, const std::string& data) {
-  FILE* f = std::fopen(path.c_str(), "wbx");
+  FILE* f = std::fopen(path.c_str(), "wbxe");
   if (f == nullptr) return ErrnoStatus(errno, fmt::format("boot assets: fopen({})", path));
   const bool ok = std::fwrite(data.data(), 1, data.size(), f) == data.size();
   if (std::fclose(f) != 0 || !ok) return ErrnoStatus(errno, fmt::format("boot assets: write {}", path));

@@ -6,12 +6,13 @@
 
 #include <cerrno>
 #include <filesystem>
-#include <fstream>
 #include <thread>
 
 #include <curl/curl.h>
 #include <fmt/format.h>
 
+#include "common/curl_init.h"
+#include "common/files.h"
 #include "common/json_util.h"
 #include "common/status_util.h"
 #include "common/unique_fd.h"
@@ -125,11 +126,8 @@ absl::StatusOr<std::vector<std::string>> PrepareFirecracker(const FirecrackerVm&
   for (size_t i = 0; i < vm.drives.size(); ++i) {
     SBX_RETURN_IF_ERROR(LinkInto(vm.drives[i].host_path, fmt::format("{}/drive{}", root, i)));
   }
-  {
-    std::ofstream out(root + kConfigFile);
-    out << FirecrackerConfig(vm).dump(2);
-    if (!out) return absl::InternalError(fmt::format("firecracker: write {}{}", root, kConfigFile));
-  }
+  SBX_RETURN_IF_ERROR(Annotate(WriteFileContents(root + kConfigFile, FirecrackerConfig(vm).dump(2)),
+                               "firecracker"));
   // The VMM writes its sockets and a suspend's files in its root.
   if (::chown(root.c_str(), vm.uid, vm.uid) != 0) return ErrnoStatus(errno, fmt::format("chown({})", root));
   return JailerArgv(vm, true);
@@ -138,7 +136,7 @@ absl::StatusOr<std::vector<std::string>> PrepareFirecracker(const FirecrackerVm&
 absl::StatusOr<std::string> FirecrackerRequest(const std::string& socket, const std::string& method,
                                                const std::string& path, const Json& body,
                                                std::chrono::milliseconds timeout) {
-  CURL* c = curl_easy_init();
+  CURL* c = CurlEasyInit();
   if (c == nullptr) return absl::InternalError("firecracker api: curl_easy_init failed");
   std::string response;
   const std::string payload = body.is_null() ? std::string() : body.dump();

@@ -42,9 +42,23 @@ absl::Status CopyFile(int src_dir, const char* name, int dst_dir, const struct s
   return absl::OkStatus();
 }
 
+// A DIR* over a close-on-exec copy of `dir` (closedir closes the copy, `dir` stays open);
+// nullptr with errno set.
+DIR* OpenDirCopy(int dir) {
+  const int copy = ::fcntl(dir, F_DUPFD_CLOEXEC, 0);
+  if (copy < 0) return nullptr;
+  DIR* d = ::fdopendir(copy);
+  if (d == nullptr) {
+    const int err = errno;
+    ::close(copy);
+    errno = err;
+  }
+  return d;
+}
+
 absl::Status CopyTree(int src, int dst, const std::string& rel,
                       const std::map<std::string, bool>& masks) {
-  DIR* d = ::fdopendir(::dup(src));
+  DIR* d = OpenDirCopy(src);
   if (d == nullptr) return ErrnoStatus(errno, fmt::format("host view: opendir {}", rel));
   absl::Status first;
   while (dirent* e = ::readdir(d)) {
@@ -96,7 +110,7 @@ absl::Status CopyTree(int src, int dst, const std::string& rel,
 // What changes when anything in the tree changes (names, kinds, modes, owners, sizes, mtimes,
 // link targets): a view is named by it, so a view in use is never rewritten.
 void Stamp(int dir, const std::string& rel, std::string& out) {
-  DIR* d = ::fdopendir(::dup(dir));
+  DIR* d = OpenDirCopy(dir);
   if (d == nullptr) return;
   std::vector<std::string> names;
   while (dirent* e = ::readdir(d)) {

@@ -19,7 +19,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <thread>
 #include <vector>
 
@@ -359,9 +358,7 @@ absl::StatusOr<InstancePtr> MicrovmBackend::Create(const SandboxSpec& spec) {
     // A raw disk: the JSON, then zeros to a whole number of 4 KiB blocks.
     std::string text = cfg.dump();
     text.resize((text.size() / 4096 + 1) * 4096, '\0');
-    std::ofstream out(dir + "/guest.cfg", std::ios::binary);
-    out << text;
-    if (!out) return fail(absl::InternalError(fmt::format("write {}/guest.cfg", dir)));
+    if (absl::Status st = WriteFileContents(dir + "/guest.cfg", text); !st.ok()) return fail(st);
   }
   ::chmod((dir + "/guest.cfg").c_str(), 0644);  // the VMM's uid reads it
   if (auto disk = DiskImage(spec.resources.disk_mib, dir + "/vmm/disk.img"); !disk.ok()) {
@@ -415,11 +412,7 @@ unsigned long long MaxFileBytes(const SandboxSpec& spec) {
 
 absl::StatusOr<std::vector<std::string>> Jailed(const std::string& agent, const std::string& dir,
                                                 const protocol::JailSpec& jail, const std::vector<std::string>& argv) {
-  {
-    std::ofstream out(dir + "/jail.json");
-    out << jail.ToJson().dump();
-    if (!out) return absl::InternalError(fmt::format("write {}/jail.json", dir));
-  }
+  SBX_RETURN_IF_ERROR(WriteFileContents(dir + "/jail.json", jail.ToJson().dump()));
   std::vector<std::string> out = {agent, "--vm-jail", dir + "/jail.json", "--"};
   out.insert(out.end(), argv.begin(), argv.end());
   return out;

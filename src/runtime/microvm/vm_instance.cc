@@ -14,7 +14,6 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
-#include <fstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -153,15 +152,10 @@ absl::StatusOr<VmRecord> ReadRecord(const std::string& dir) {
 
 absl::Status WriteRecord(const std::string& dir, const VmRecord& r) {
   const std::string tmp = dir + "/vm.json.tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << Json{{"vmm", r.vmm}, {"vmm_pid", r.vmm_pid}, {"bridge_pid", r.bridge},
-                {"suspended", r.suspended}, {"migratable", r.migratable}, {"vmm_argv", r.vmm_argv},
-                {"uid", r.uid}, {"vcpus", r.vcpus}, {"memory_mib", r.memory_mib}}
-               .dump()
-        << "\n";
-    if (!out) return absl::InternalError(fmt::format("write {}", tmp));
-  }
+  const Json record{{"vmm", r.vmm}, {"vmm_pid", r.vmm_pid}, {"bridge_pid", r.bridge},
+                    {"suspended", r.suspended}, {"migratable", r.migratable}, {"vmm_argv", r.vmm_argv},
+                    {"uid", r.uid}, {"vcpus", r.vcpus}, {"memory_mib", r.memory_mib}};
+  SBX_RETURN_IF_ERROR(WriteFileContents(tmp, record.dump() + "\n"));
   if (::rename(tmp.c_str(), (dir + "/vm.json").c_str()) != 0) {
     return ErrnoStatus(errno, fmt::format("rename({}, vm.json)", tmp));
   }

@@ -17,8 +17,7 @@
 namespace sbx::runtime::ns {
 
 absl::Status WriteStringToFile(const std::string& path, const std::string& value, bool create) {
-  int flags = O_WRONLY | O_TRUNC | O_CLOEXEC | (create ? O_CREAT : 0);
-  UniqueFd fd(::open(path.c_str(), flags, 0644));
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC | (create ? O_CREAT : 0), 0644));
   if (!fd) return ErrnoStatus(errno, fmt::format("write file: open({})", path));
   ssize_t n;
   do {
