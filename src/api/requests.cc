@@ -61,6 +61,14 @@ absl::StatusOr<Json> ParseObject(std::string_view body, bool empty_ok,
   return j;
 }
 
+// Whether an optional field was given: the contract's convention is that null means the same
+// as leaving the field out (docs/api/openapi.yaml marks every optional field nullable), so a
+// client that serializes its unset fields as null is answered as if it had omitted them.
+bool Given(const Json& obj, const char* key) {
+  const auto it = obj.find(key);
+  return it != obj.end() && !it->is_null();
+}
+
 absl::Status CheckKnown(const Json& obj, std::initializer_list<const char*> known,
                         const std::string& prefix) {
   for (const auto& [key, value] : obj.items()) {
@@ -171,11 +179,11 @@ absl::StatusOr<CreateSandboxRequest> ParseCreateSandbox(const std::string& body,
                                   "placement"},
                                  ""));
   CreateSandboxRequest r;
-  if (j.contains("template")) {
+  if (Given(j, "template")) {
     SBX_ASSIGN_OR_RETURN(r.template_ref, GetString(j["template"], "template", 255));
     if (r.template_ref.empty()) return FieldError("template", "must not be empty");
   }
-  if (j.contains("resources") && !j["resources"].is_null()) {
+  if (Given(j, "resources")) {
     const Json& res = j["resources"];
     if (!res.is_object()) {
       return FieldError("resources", fmt::format("must be an object, got {}", TypeName(res)));
@@ -199,49 +207,49 @@ absl::StatusOr<CreateSandboxRequest> ParseCreateSandbox(const std::string& body,
                            GetInt(res[q.key], fmt::format("resources.{}", q.key), q.min, q.max));
     }
   }
-  if (j.contains("egress_profile") && !j["egress_profile"].is_null()) {
+  if (Given(j, "egress_profile")) {
     SBX_ASSIGN_OR_RETURN(r.egress_profile, GetString(j["egress_profile"], "egress_profile", 63));
   }
   // Resolved against the deployment's profiles by the service (which knows them); only the
   // shape is checked here.
-  if (j.contains("egress") && !j["egress"].is_null()) {
+  if (Given(j, "egress")) {
     if (!j["egress"].is_object()) {
       return FieldError("egress", fmt::format("must be an object ({{\"allow\": [rules]}}), got {}",
                                               TypeName(j["egress"])));
     }
     r.egress = j["egress"];
   }
-  if (j.contains("env") && !j["env"].is_null()) {
+  if (Given(j, "env")) {
     SBX_ASSIGN_OR_RETURN(r.env, GetEnv(j["env"], "env"));
   }
-  if (j.contains("labels") && !j["labels"].is_null()) {
+  if (Given(j, "labels")) {
     SBX_ASSIGN_OR_RETURN(r.labels, GetLabels(j["labels"], "labels"));
   }
-  if (j.contains("runtime") && !j["runtime"].is_null()) {
+  if (Given(j, "runtime")) {
     SBX_ASSIGN_OR_RETURN(std::string rt, GetString(j["runtime"], "runtime", 32));
     r.runtime = rt;
   }
-  if (j.contains("timeout_s") && !j["timeout_s"].is_null()) {
+  if (Given(j, "timeout_s")) {
     SBX_ASSIGN_OR_RETURN(r.timeout_s, GetInt(j["timeout_s"], "timeout_s", 1, 30LL * 86400));
   }
-  if (j.contains("idle_suspend_s") && !j["idle_suspend_s"].is_null()) {
+  if (Given(j, "idle_suspend_s")) {
     SBX_ASSIGN_OR_RETURN(r.idle_suspend_s,
                          GetInt(j["idle_suspend_s"], "idle_suspend_s", 0, 30LL * 86400));
   }
-  if (j.contains("public_ports") && !j["public_ports"].is_null()) {
+  if (Given(j, "public_ports")) {
     if (!j["public_ports"].is_boolean()) {
       return FieldError("public_ports",
                         fmt::format("must be a boolean, got {}", TypeName(j["public_ports"])));
     }
     r.public_ports = j["public_ports"].get<bool>();
   }
-  if (j.contains("placement") && !j["placement"].is_null()) {
+  if (Given(j, "placement")) {
     const Json& pl = j["placement"];
     if (!pl.is_object()) {
       return FieldError("placement", fmt::format("must be an object, got {}", TypeName(pl)));
     }
     SBX_RETURN_IF_ERROR(CheckKnown(pl, {"anti_affinity"}, "placement."));
-    if (pl.contains("anti_affinity") && !pl["anti_affinity"].is_null()) {
+    if (Given(pl, "anti_affinity")) {
       SBX_ASSIGN_OR_RETURN(std::string key,
                            GetString(pl["anti_affinity"], "placement.anti_affinity", 63));
       // Spreading by a value the sandbox does not have would spread it by nothing.
@@ -288,12 +296,12 @@ absl::StatusOr<service::TenantSpec> ParseTenantSpec(const std::string& body, boo
   SBX_ASSIGN_OR_RETURN(Json j, ParseObject(body, /*empty_ok=*/!create));
   SBX_RETURN_IF_ERROR(CheckKnown(j, {"name", "quotas", "rate_limit", "egress_profiles"}, ""));
   service::TenantSpec out;
-  if (j.contains("name")) {
+  if (Given(j, "name")) {
     SBX_ASSIGN_OR_RETURN(out.name, GetName(j["name"], "name"));
   } else if (create) {
     return FieldError("name", "is required");
   }
-  if (j.contains("quotas")) {
+  if (Given(j, "quotas")) {
     const Json& q = j["quotas"];
     if (!q.is_object()) return FieldError("quotas", "must be an object");
     SBX_RETURN_IF_ERROR(CheckKnown(q, {"max_sandboxes", "max_vcpu", "max_memory_mib",
@@ -302,25 +310,26 @@ absl::StatusOr<service::TenantSpec> ParseTenantSpec(const std::string& body, boo
                                    "quotas."));
     Json checked = Json::object();
     for (const auto& [k, v] : q.items()) {
+      if (v.is_null()) continue;  // left out
       SBX_ASSIGN_OR_RETURN(checked[k], GetInt(v, "quotas." + k, 0, int64_t{1} << 53));
     }
     out.quotas = std::move(checked);
   }
-  if (j.contains("rate_limit")) {
+  if (Given(j, "rate_limit")) {
     const Json& r = j["rate_limit"];
     if (!r.is_object()) return FieldError("rate_limit", "must be an object");
     SBX_RETURN_IF_ERROR(CheckKnown(r, {"requests_per_s", "burst"}, "rate_limit."));
     Json checked = Json::object();
-    if (r.contains("requests_per_s")) {
+    if (Given(r, "requests_per_s")) {
       const Json& v = r["requests_per_s"];
       if (!v.is_number() || v.get<double>() <= 0 || v.get<double>() > 1e6) {
         return FieldError("rate_limit.requests_per_s", "must be a number above 0, at most 1e6");
       }
       checked["requests_per_s"] = v.get<double>();
-      if (r.contains("burst")) {
+      if (Given(r, "burst")) {
         SBX_ASSIGN_OR_RETURN(checked["burst"], GetInt(r["burst"], "rate_limit.burst", 1, 1000000));
       }
-    } else if (r.contains("burst")) {
+    } else if (Given(r, "burst")) {
       return FieldError("rate_limit.burst", "needs rate_limit.requests_per_s");
     }
     out.rate_limit = std::move(checked);
@@ -363,7 +372,7 @@ absl::StatusOr<service::TokenSpec> ParseTokenSpec(const std::string& body) {
     SBX_ASSIGN_OR_RETURN(std::string name, GetString(sc[i], fmt::format("scopes[{}]", i), 32));
     out.scopes.push_back(std::move(name));
   }
-  if (j.contains("expires_in_s")) {
+  if (Given(j, "expires_in_s")) {
     SBX_ASSIGN_OR_RETURN(out.expires_in_s,
                          GetInt(j["expires_in_s"], "expires_in_s", 1, int64_t{10} * 366 * 86400));
   }
@@ -391,15 +400,15 @@ absl::StatusOr<CreateSessionRequest> ParseCreateSession(const std::string& body)
   }
   if (r.argv[0].empty()) return FieldError("argv[0]", "must not be empty");
   if (total > (512 << 10)) return FieldError("argv", "at most 512 KiB in total");
-  if (j.contains("cwd") && !j["cwd"].is_null()) {
+  if (Given(j, "cwd")) {
     SBX_ASSIGN_OR_RETURN(std::string cwd, GetString(j["cwd"], "cwd", 4096));
     if (cwd.empty() || cwd[0] != '/') return FieldError("cwd", "must be an absolute path");
     r.cwd = cwd;
   }
-  if (j.contains("env") && !j["env"].is_null()) {
+  if (Given(j, "env")) {
     SBX_ASSIGN_OR_RETURN(r.env, GetEnv(j["env"], "env"));
   }
-  if (j.contains("user") && !j["user"].is_null()) {
+  if (Given(j, "user")) {
     SBX_ASSIGN_OR_RETURN(std::string user, GetString(j["user"], "user", 32));
     if (user.empty()) return FieldError("user", "must not be empty");
     for (char c : user) {
@@ -409,17 +418,17 @@ absl::StatusOr<CreateSessionRequest> ParseCreateSession(const std::string& body)
     }
     r.user = user;
   }
-  if (j.contains("tty") && !j["tty"].is_null()) {
+  if (Given(j, "tty")) {
     const Json& tty = j["tty"];
     if (tty.is_object()) {
       // {"rows","cols"}: a terminal of that size (each defaults to 24x80's).
       SBX_RETURN_IF_ERROR(CheckKnown(tty, {"rows", "cols"}, "tty."));
       r.tty = true;
-      if (tty.contains("rows")) {
+      if (Given(tty, "rows")) {
         SBX_ASSIGN_OR_RETURN(int64_t v, GetInt(tty["rows"], "tty.rows", 1, 1000));
         r.tty_rows = static_cast<int>(v);
       }
-      if (tty.contains("cols")) {
+      if (Given(tty, "cols")) {
         SBX_ASSIGN_OR_RETURN(int64_t v, GetInt(tty["cols"], "tty.cols", 1, 1000));
         r.tty_cols = static_cast<int>(v);
       }
@@ -427,13 +436,13 @@ absl::StatusOr<CreateSessionRequest> ParseCreateSession(const std::string& body)
       SBX_ASSIGN_OR_RETURN(r.tty, GetBool(tty, "tty"));
     }
   }
-  if (j.contains("stdin") && !j["stdin"].is_null()) {
+  if (Given(j, "stdin")) {
     SBX_ASSIGN_OR_RETURN(r.stdin_open, GetBool(j["stdin"], "stdin"));
   }
-  if (j.contains("timeout_s") && !j["timeout_s"].is_null()) {
+  if (Given(j, "timeout_s")) {
     SBX_ASSIGN_OR_RETURN(r.timeout_s, GetInt(j["timeout_s"], "timeout_s", 1, 30LL * 86400));
   }
-  if (j.contains("kill_grace_s") && !j["kill_grace_s"].is_null()) {
+  if (Given(j, "kill_grace_s")) {
     SBX_ASSIGN_OR_RETURN(r.kill_grace_s, GetInt(j["kill_grace_s"], "kill_grace_s", 0, 300));
     if (!r.timeout_s) return FieldError("kill_grace_s", "is only valid with timeout_s");
   }
@@ -503,7 +512,7 @@ absl::StatusOr<std::string> ParseStdinBody(const std::string& body, bool json_bo
   }
   SBX_ASSIGN_OR_RETURN(Json j, ParseObject(body, /*empty_ok=*/false));
   SBX_RETURN_IF_ERROR(CheckKnown(j, {"data", "data_b64"}, ""));
-  const bool text = j.contains("data"), b64 = j.contains("data_b64");
+  const bool text = Given(j, "data"), b64 = Given(j, "data_b64");
   if (text == b64) return FieldError("data", "exactly one of data and data_b64 is required");
   std::string out;
   if (text) {

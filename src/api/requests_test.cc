@@ -201,6 +201,42 @@ TEST(ParseStdinBody, RawAndJsonForms) {
   EXPECT_TRUE(ParseStdinBody(std::string(kMaxStdinBytes, 'x'), false).ok());
 }
 
+// null is a field left out (the contract's convention), in each optional field of these bodies.
+TEST(NullIsLeftOut, StdinTenantTokenAndTty) {
+  EXPECT_EQ(*ParseStdinBody(R"({"data":null,"data_b64":"eA=="})", true), "x");
+  EXPECT_EQ(*ParseStdinBody(R"({"data":"y","data_b64":null})", true), "y");
+  EXPECT_EQ(FieldOf(ParseStdinBody(R"({"data":null,"data_b64":null})", true).status()), "data");
+
+  auto t = ParseTenantSpec(
+      R"({"name":"a","quotas":{"max_sandboxes":null,"max_vcpu":2},"rate_limit":{"requests_per_s":1,"burst":null}})",
+      true);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(*t->quotas, nlohmann::json({{"max_vcpu", 2}}));
+  EXPECT_EQ(*t->rate_limit, nlohmann::json({{"requests_per_s", 1.0}}));
+  auto patch = ParseTenantSpec(R"({"name":null,"quotas":null,"rate_limit":null})", false);
+  ASSERT_TRUE(patch.ok()) << patch.status();  // a PATCH that changes nothing
+  EXPECT_FALSE(patch->name.has_value());
+  EXPECT_FALSE(patch->quotas.has_value());
+  EXPECT_FALSE(patch->rate_limit.has_value());
+  EXPECT_EQ(FieldOf(ParseTenantSpec(R"({"name":null})", true).status()), "name");  // required
+  auto no_rate = ParseTenantSpec(R"({"rate_limit":{"requests_per_s":null,"burst":null}})", false);
+  ASSERT_TRUE(no_rate.ok()) << no_rate.status();
+  EXPECT_EQ(*no_rate->rate_limit, nlohmann::json::object());  // as {}: back to the default
+
+  auto tok = ParseTokenSpec(R"({"name":"ci","scopes":["read"],"expires_in_s":null})");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_FALSE(tok->expires_in_s.has_value());
+
+  auto s = ParseCreateSession(R"({"argv":["sh"],"tty":{"rows":null,"cols":null},"cwd":null,"env":null,"user":null,"stdin":null,"timeout_s":null,"kill_grace_s":null})");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->tty);
+  EXPECT_FALSE(s->tty_rows.has_value());
+  EXPECT_FALSE(s->tty_cols.has_value());
+  auto c = ParseCreateSandbox(R"({"template":null,"resources":null,"env":null,"labels":null,"timeout_s":null})", kLimits);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->template_ref, "base");
+}
+
 TEST(ParseSignalBody, NamesAndNumbers) {
   EXPECT_EQ(*ParseSignalBody(R"({"signal":"TERM"})"), 15);
   EXPECT_EQ(*ParseSignalBody(R"({"signal":"sigint"})"), 2);

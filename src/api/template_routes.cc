@@ -65,8 +65,11 @@ absl::StatusOr<json> ParseStart(const json& j, const std::string& field) {
     if (v[0].get_ref<const std::string&>().empty()) return FieldError(f, f + "[0] is empty");
     return absl::OkStatus();
   };
+  json out = json::object();  // without the null (left-out) fields
   for (const auto& [k, v] : j.items()) {
     const std::string f = field + "." + k;
+    if (v.is_null() && (k == "cmd" || k == "ready" || k == "timeout_s")) continue;
+    out[k] = v;
     if (k == "cmd") {
       if (!(v.is_boolean() && v.get<bool>())) SBX_RETURN_IF_ERROR(argv(v, f));
     } else if (k == "ready") {
@@ -79,11 +82,11 @@ absl::StatusOr<json> ParseStart(const json& j, const std::string& field) {
       return FieldError(f, "unknown field " + f);
     }
   }
-  if (!j.contains("cmd")) {
+  if (!out.contains("cmd")) {
     return FieldError(field + ".cmd", field + ".cmd is required: an argv, or true for the "
                                               "image's Entrypoint and Cmd");
   }
-  return j;
+  return out;
 }
 
 // ?start=JSON of an import or a build.
@@ -144,6 +147,9 @@ absl::StatusOr<service::BuildSpec> ParseBuild(const json& b, const ResourceLimit
   service::BuildSpec spec;
   for (const auto& [k, v] : b.items()) {
     const std::string f = field + "." + k;
+    const bool known = k == "dockerfile" || k == "dockerfile_path" || k == "args" ||
+                       k == "no_cache" || k == "sandbox";
+    if (known && v.is_null()) continue;  // left out
     if (k == "dockerfile" || k == "dockerfile_path") {
       if (!v.is_string()) return FieldError(f, f + " must be a string");
       (k == "dockerfile" ? spec.dockerfile : spec.dockerfile_path) = v.get<std::string>();
@@ -219,7 +225,7 @@ Awaitable Routes::BuildTemplate(Api& api, Call& call) {
   if (auto q = call.target.Query("no_cache"); q && b.is_object()) {
     b["no_cache"] = *q == "1" || *q == "true";
   }
-  if (b.is_object() && b.contains("dockerfile")) {
+  if (b.is_object() && b.contains("dockerfile") && !b["dockerfile"].is_null()) {
     co_return Fail(call.ctx, FieldError("build.dockerfile",
                                         "the Dockerfile of POST /v1/templates:build is a file of "
                                         "the context (dockerfile=PATH)"));
@@ -268,7 +274,7 @@ Awaitable Routes::CreateTemplate(Api& api, Call& call) {
   if (src == body->end() || !src->is_object()) {
     co_return Fail(call.ctx, FieldError("source", "source must be an object: {\"image\": REF}"));
   }
-  if (auto build = src->find("build"); build != src->end()) {
+  if (auto build = src->find("build"); build != src->end() && !build->is_null()) {
     auto spec = ParseBuild(*build, api.limits(), "source.build");
     if (!spec.ok()) co_return Fail(call.ctx, spec.status());
     if (spec->dockerfile.empty()) {

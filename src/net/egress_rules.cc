@@ -149,12 +149,14 @@ absl::StatusOr<EgressRule> ParseRule(const Json& j, std::string_view field) {
                  fmt::format("unknown key '{}' (a rule has cidr or domain, ports, protocol)", key));
     }
   }
-  if (j.contains("cidr") == j.contains("domain")) {
+  // null is a key left out (the API's convention; a TOML file has no null).
+  auto given = [&j](const char* key) { return j.contains(key) && !j[key].is_null(); };
+  if (given("cidr") == given("domain")) {
     return Bad(field, "a rule has exactly one of \"cidr\" (\"203.0.113.0/24\") and \"domain\" "
                       "(\"pypi.org\", \"*.pythonhosted.org\")");
   }
   EgressRule r;
-  if (j.contains("domain")) {
+  if (given("domain")) {
     std::string df = fmt::format("{}.domain", field);
     if (!j["domain"].is_string()) return Bad(df, "a string such as \"pypi.org\"");
     std::string_view text = j["domain"].get_ref<const std::string&>();
@@ -176,7 +178,7 @@ absl::StatusOr<EgressRule> ParseRule(const Json& j, std::string_view field) {
     if (!prefix.ok()) return Bad(cidr_field, std::string(prefix.status().message()));
     r.dest = *prefix;
   }
-  if (j.contains("protocol")) {
+  if (given("protocol")) {
     const Json& p = j["protocol"];
     std::string pf = fmt::format("{}.protocol", field);
     if (!p.is_string()) return Bad(pf, "a string: tcp, udp or any");
@@ -190,7 +192,7 @@ absl::StatusOr<EgressRule> ParseRule(const Json& j, std::string_view field) {
                      "before the first packet leaves");
     }
   }
-  if (j.contains("ports")) {
+  if (given("ports")) {
     const Json& p = j["ports"];
     std::string pf = fmt::format("{}.ports", field);
     if (p.is_number_integer()) {

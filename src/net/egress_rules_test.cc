@@ -20,6 +20,18 @@ TEST(EgressRules, ParsesCidrPortsAndProtocol) {
   EXPECT_EQ(p->protocol, Protocol::kAny);
 }
 
+TEST(EgressRules, NullIsAKeyLeftOut) {
+  auto r = ParseRule(Json::parse(R"({"cidr":"10.0.0.0/8","domain":null,"ports":null,"protocol":null})"), "r");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->any_port());
+  EXPECT_EQ(r->protocol, Protocol::kAny);
+  auto d = ParseRule(Json::parse(R"({"cidr":null,"domain":"pypi.org"})"), "r");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->domain, "pypi.org");
+  // Both null is neither given.
+  EXPECT_FALSE(ParseRule(Json::parse(R"({"cidr":null,"domain":null})"), "r").ok());
+}
+
 TEST(EgressRules, BadRulesNameTheField) {
   struct Case {
     const char* json;
