@@ -170,8 +170,7 @@ bool Idempotent(bhttp::verb v) {
   switch (v) {
     case bhttp::verb::get:
     case bhttp::verb::head:
-    case bhttp::verb::options:
-    case bhttp::verb::trace:
+    case bhttp::verb::options:  // TRACE is idempotent too, but never relayed (405)
     case bhttp::verb::put:
     case bhttp::verb::delete_:
       return true;
