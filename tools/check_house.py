@@ -28,6 +28,9 @@ import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from check_tests import strip_cc  # noqa: E402  (comments and literals blanked, offsets kept)
+
 MAX_LINES = 800
 SOURCE_SUFFIXES = {".cc", ".h"}
 
@@ -61,33 +64,6 @@ _DECLARATOR = re.compile(r'[\w&*>]\s*$')
 _FSTREAM = re.compile(r'std::(?:i|o)?fstream\b')
 
 
-def _blank_comments_and_strings(text: str) -> str:
-    """`text` with comments and the insides of literals blanked, offsets and newlines kept."""
-    out = []
-    i, n = 0, len(text)
-    while i < n:
-        if text.startswith("//", i):
-            j = text.find("\n", i)
-            j = n if j < 0 else j
-        elif text.startswith("/*", i):
-            j = text.find("*/", i + 2)
-            j = n if j < 0 else j + 2
-        elif text[i] in "\"'":
-            j = i + 1
-            while j < n and text[j] != text[i] and text[j] != "\n":
-                j += 2 if text[j] == "\\" else 1
-            out.append(text[i] + re.sub(r"[^\n]", " ", text[i + 1:j]) + text[j:j + 1])
-            i = j + 1
-            continue
-        else:
-            out.append(text[i])
-            i += 1
-            continue
-        out.append(re.sub(r"[^\n]", " ", text[i:j]))
-        i = j
-    return "".join(out)
-
-
 def _call_end(code: str, open_paren: int) -> int:
     depth = 0
     for j in range(open_paren, len(code)):
@@ -103,7 +79,7 @@ def _call_end(code: str, open_paren: int) -> int:
 def inheritable_descriptors(text: str, rel: str = "") -> list[tuple[int, str]]:
     """(line, call) of each descriptor made without close-on-exec in a source text (at `rel`,
     the path from the repository's root)."""
-    code = _blank_comments_and_strings(text)
+    code = strip_cc(text)
     lines = text.splitlines()
     found = []
     for m in _FD_CALL.finditer(code):

@@ -258,30 +258,37 @@ def check_orphans_build(root: Path, build: Path) -> list[str]:
 # ---- raw skips ---------------------------------------------------------------------------------
 
 def strip_cc(text: str) -> str:
-    """Comments and string/char literals blanked (newlines kept, so line numbers hold)."""
+    """Comments and the insides of string/char literals blanked, every other character where it
+    was (so line numbers and offsets hold: tools/check_house.py slices the original by them)."""
+    def blank(chunk: str) -> str:
+        return re.sub(r"[^\n]", " ", chunk)
+
     out, i, n = [], 0, len(text)
     while i < n:
         c = text[i]
         if text.startswith("//", i):
             j = text.find("\n", i)
-            i = n if j < 0 else j
+            j = n if j < 0 else j
+            out.append(blank(text[i:j]))
+            i = j
         elif text.startswith("/*", i):
             j = text.find("*/", i + 2)
             j = n if j < 0 else j + 2
-            out.append(re.sub(r"[^\n]", " ", text[i:j]))
+            out.append(blank(text[i:j]))
             i = j
         elif c == "R" and re.match(r'R"([^(\s]*)\(', text[i:]):
             delim = re.match(r'R"([^(\s]*)\(', text[i:]).group(1)
             j = text.find(")" + delim + '"', i)
             j = n if j < 0 else j + len(delim) + 2
-            out.append('""' + re.sub(r"[^\n]", "", text[i:j]))
+            out.append('R"' + blank(text[i + 2:j - 1]) + text[j - 1:j])
             i = j
         elif c in "\"'" and not (c == "'" and i > 0 and text[i - 1].isalnum()):
             j = i + 1
             while j < n and text[j] != c and text[j] != "\n":
                 j += 2 if text[j] == "\\" else 1
-            out.append(c + c)
-            i = j + 1
+            j = min(j, n - 1) if j >= n else j
+            out.append(c + blank(text[i + 1:j]) + (text[j] if j < n and text[j] == c else ""))
+            i = j + 1 if j < n and text[j] == c else j
         else:
             out.append(c)
             i += 1

@@ -80,25 +80,18 @@ def failure_reasons(path: str, limit: int = 1500) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 3 and argv[1] == "--why":
+    if len(argv) == 3 and argv[1] in ("--why", "--failed"):
+        report, why = argv[2], argv[1] == "--why"
         try:
-            reasons = failure_reasons(argv[2])
+            lines = failure_reasons(report) if why else failed_names(report)
         except (OSError, ET.ParseError) as e:
-            print(f"junit_counts: cannot read {argv[2]}: {e}", file=sys.stderr)
+            print(f"junit_counts: cannot read {report}: {e}", file=sys.stderr)
             return 2
-        for r in reasons[:10]:
-            print(r)
-        if len(reasons) > 10:
-            print(f"... and {len(reasons) - 10} more failed tests in {argv[2]}")
-        return 0
-    if len(argv) == 3 and argv[1] == "--failed":
-        try:
-            names = failed_names(argv[2])
-        except (OSError, ET.ParseError) as e:
-            print(f"junit_counts: cannot read {argv[2]}: {e}", file=sys.stderr)
-            return 2
-        for n in names:
-            print(n)
+        shown = lines[:10] if why else lines
+        for line in shown:
+            print(line)
+        if len(lines) > len(shown):
+            print(f"... and {len(lines) - len(shown)} more failed tests in {report}")
         return 0
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
