@@ -45,7 +45,7 @@ def test_unknown_key_in_the_file_stops_sbxd_naming_its_path(tmp_path):
 @pytest.mark.parametrize("env, words", [
     ({"SBX_SANDBOX_DEFAULTS_MEMROY_MIB": "128"}, "unknown configuration variable SBX_SANDBOX_DEFAULTS_MEMROY_MIB"),
     ({"SBX_SANDBOX_LIMITS_MAX_VCPU": "0"}, "SBX_SANDBOX_LIMITS_MAX_VCPU=0: must be between 1 and 1024"),
-    ({"SBX_CONFIG": "/nonexistent/sbxd.toml"}, "/nonexistent/sbxd.toml (from SBX_CONFIG): open"),
+    ({"SBX_CONFIG": "/nonexistent/sbxd.toml"}, "(from SBX_CONFIG): read file: open(/nonexistent/sbxd.toml)"),
 ])
 def test_bad_environment_stops_sbxd(tmp_path, env, words):
     state = tmp_path / "state"
