@@ -6,8 +6,10 @@ look at the running process, where libraries (libcurl, libnftables) make descrip
 
 from __future__ import annotations
 
+import json
 import os
-import threading
+import subprocess
+import sys
 
 O_CLOEXEC = 0o2000000
 
@@ -30,31 +32,62 @@ def open_without_cloexec(pid: int) -> list[str]:
     return found
 
 
-class FdWatch:
-    """Samples `pid`'s table from a thread until the `with` ends; `.seen` is every inheritable
-    descriptor found, `.samples` how many looks were taken (a watch that took none proves
-    nothing, so the caller checks it). Bounded: it stops after `max_samples` looks."""
+# The sampler, run as a process of its own so the test's threads (its HTTP client) do not share
+# its interpreter: in a thread of the test it took ~30 looks a second, alone it takes hundreds.
+# It stops when its stdin closes, after max_samples looks or after max_s seconds, and prints
+# {"samples": N, "seen": [...]}.
+_SAMPLER = r"""
+import json, os, select, sys, time
+pid, max_samples, max_s = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+seen, samples, end = set(), 0, time.monotonic() + max_s
+def look():
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        if int(name) < 3:
+            continue
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+            with open(f"/proc/{pid}/fdinfo/{name}") as f:
+                flags = next(int(l.split()[1], 8) for l in f if l.startswith("flags:"))
+        except (OSError, StopIteration):
+            continue
+        if not flags & 0o2000000:
+            seen.add(f"{name} -> {target}")
+try:
+    while samples < max_samples and time.monotonic() < end:
+        if select.select([sys.stdin], [], [], 0)[0]:
+            break
+        look()
+        samples += 1
+except FileNotFoundError:
+    pass
+print(json.dumps({"samples": samples, "seen": sorted(seen)}))
+"""
 
-    def __init__(self, pid: int, max_samples: int = 200_000):
+
+class FdWatch:
+    """Samples `pid`'s table from a process of its own until the `with` ends; `.seen` is every
+    inheritable descriptor found, `.samples` how many looks were taken (a watch that took none
+    proves nothing, so the caller checks it). Bounded: at most `max_samples` looks and
+    `max_s` seconds."""
+
+    def __init__(self, pid: int, max_samples: int = 1_000_000, max_s: float = 600):
         self.pid = pid
-        self.max_samples = max_samples
         self.seen: set[str] = set()
         self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"fd-watch-{pid}", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set() and self.samples < self.max_samples:
-            try:
-                self.seen.update(open_without_cloexec(self.pid))
-            except FileNotFoundError:
-                return  # the process is gone; the test says why
-            self.samples += 1
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _SAMPLER, str(pid), str(max_samples), str(max_s)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def __enter__(self) -> "FdWatch":
-        self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(10)
+        try:
+            out, _ = self._proc.communicate(input="stop\n", timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+            raise
+        found = json.loads(out or "{}")
+        self.samples = found.get("samples", 0)
+        self.seen = set(found.get("seen", []))
