@@ -87,3 +87,25 @@ def test_nothing_sbxd_holds_along_a_workload_is_inheritable(api, sbxd):
             api.delete_sandbox(sid)
     assert watch.samples > 10, f"only {watch.samples} looks at sbxd's descriptors"
     assert sorted(watch.seen) == [], f"inheritable descriptors in sbxd ({watch.samples} looks)"
+
+
+LIST_FDS = ("import os; fds = sorted(int(n) for n in os.listdir('/proc/self/fd')); "
+            "print(' '.join(f'{n}:{os.readlink(f\"/proc/self/fd/{n}\")}' for n in fds[:-1] if n > 2))")
+
+
+def test_a_sandbox_process_inherits_nothing_beyond_its_stdio(api, sandbox):
+    """What the agent holds (its socket to sbxd, the event log, the pipes of other sessions)
+    never reaches a session's process: plain, with stdin open, and beside a second session
+    that is running. The listing's own directory descriptor is the last one and is left out."""
+    sid = sandbox["id"]
+    other = api.create_session(sid, ["sleep", "30"], stdin=True)
+    running = api.attach(other)  # starts it
+    try:
+        for fields in ({}, {"stdin": True}, {"tty": True}):
+            r = api.run(sid, ["/usr/bin/python3", "-c", LIST_FDS], **fields)
+            assert r.exit["exit_code"] == 0, (r.exit, r.stderr)
+            assert r.stdout.decode().strip() == "", f"{fields}: inherited {r.stdout.decode()}"
+    finally:
+        running.close()
+        api.call("POST", f"/v1/sessions/{other['session_id']}/signal",
+                 json_body={"signal": "KILL"}, validate=False)
